@@ -1,0 +1,1 @@
+"""Checkpoint engine plug-ins: one module each, named in configs/engines/<name>.yaml."""

@@ -1,0 +1,45 @@
+"""The DeepSpeed JSON config for a RunSpec: ZeRO stage 1, torch AdamW, bf16 or fp32, plus the engine's block."""
+
+from __future__ import annotations
+
+import copy
+
+from restart_harness.spec.runspec import RunSpec
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def build_ds_config(spec: RunSpec) -> dict:
+    """ds_config.json contents; the engine plug-in may add its own block (datastates_ckpt, checkpoint.writer)."""
+    from engines import registry
+
+    config = {
+        "train_batch_size": spec.global_batch,
+        "train_micro_batch_size_per_gpu": spec.micro_batch,
+        "gradient_accumulation_steps": spec.grad_accum,
+        "zero_optimization": {"stage": 1},
+        "optimizer": {
+            "type": "AdamW",
+            # torch_adam: FusedAdam needs CUDA; torch's AdamW is the same math on every device.
+            "params": {"lr": spec.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,
+                       "torch_adam": True},
+        },
+        "gradient_clipping": 1.0,
+        "bf16": {"enabled": spec.precision == "bf16"},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    engine = registry.get_spec(spec.engine)
+    config = deep_merge(config, engine.ds_config)
+    hook = getattr(engine.plugin(), "ds_config", None)
+    if hook is not None:
+        config = deep_merge(config, hook(spec))
+    return config

@@ -1,0 +1,27 @@
+"""`./submit-job.sh --help`: keys, presets and engines, read from the same places the parser uses."""
+
+from __future__ import annotations
+
+from engines import registry
+from restart_harness.spec.args import CHOICES, run_keys
+from restart_harness.spec.model_shape import FIELDS, preset_names
+
+
+def usage() -> str:
+    keys = run_keys()
+    lines = [
+        "usage: ./submit-job.sh MODEL [key=value ...]",
+        "",
+        f"MODEL: {', '.join(preset_names())} (configs/models/), or a path to an HF config.json",
+        "",
+        "keys:",
+    ]
+    for key, kind in keys.items():
+        choice = f" ({' | '.join(CHOICES[key])})" if key in CHOICES else ""
+        lines.append(f"  {key}={kind}{choice}")
+    lines += ["", f"model overrides: {', '.join(FIELDS)}", "", "engines:"]
+    for name in registry.names():
+        spec = registry.get_spec(name)
+        opts = f" options: {', '.join(f'{k}={v}' for k, v in spec.defaults.items())}" if spec.defaults else ""
+        lines.append(f"  {name}: {spec.description}{opts}")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""Per-rank worker: started by the launcher once per rank and phase."""

@@ -1,0 +1,10 @@
+"""Rank entry point. The process-start timestamp is taken before any heavy import."""
+
+import time
+
+PROCESS_START = time.time()
+
+if __name__ == "__main__":
+    from restart_harness.worker.main import main
+
+    raise SystemExit(main(PROCESS_START))

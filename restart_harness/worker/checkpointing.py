@@ -1,0 +1,154 @@
+"""Save and load through DeepSpeed's own save_checkpoint / load_checkpoint, with the installed checkpoint
+engine wrapped so every file it writes or reads is timed, and with durability made explicit:
+
+  blocking_seconds  wall time inside engine.save_checkpoint() on this rank (what training waits for)
+  durable_seconds   from the same start until every file this rank wrote is fsync'd (file data, then the
+                    directories that name them), after the plug-in's wait_durable() for async engines
+  commit_seconds    from the same start until `latest` names the tag: after a barrier (all ranks durable)
+                    rank 0 writes `latest` to a temp file, fsyncs it, renames it over `latest`, fsyncs the
+                    directory. DeepSpeed's own `latest` write (before its last barrier, never fsync'd) is
+                    disabled with save_latest=False, so `latest` never names a torn checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+
+from restart_harness.results.atomic import fsync_dir, write_text_atomic
+
+
+def files_under(path: Path) -> list[Path]:
+    """The regular files at path: the file itself, or every file below a directory (sharded engines)."""
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file())
+    return []
+
+
+def fsync_paths(paths: list[Path]) -> None:
+    dirs = set()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        dirs.add(path.parent)
+    for d in sorted(dirs):
+        fsync_dir(d)
+
+
+class RecordingEngine(CheckpointEngine):
+    """Delegates to the real CheckpointEngine; records path and seconds of every save and load call."""
+
+    def __init__(self, inner: CheckpointEngine):
+        self.inner = inner
+        self.name = f"Recording({getattr(inner, 'name', type(inner).__name__)})"
+        self.saved: list[tuple[str, float]] = []
+        self.loaded: list[tuple[str, float]] = []
+
+    def create(self, info):
+        return self.inner.create(info)
+
+    def save(self, state_dict, path: str):
+        start = time.perf_counter()
+        result = self.inner.save(state_dict, path)
+        self.saved.append((path, time.perf_counter() - start))
+        return result
+
+    def load(self, path: str, map_location=None):
+        start = time.perf_counter()
+        result = self.inner.load(path, map_location=map_location)
+        self.loaded.append((path, time.perf_counter() - start))
+        return result
+
+    def makedirs(self, path, exist_ok=False):
+        return self.inner.makedirs(path, exist_ok=exist_ok)
+
+    def commit(self, info):
+        return self.inner.commit(info)
+
+    def is_data_parallel_writer(self, dp_rank):
+        return self.inner.is_data_parallel_writer(dp_rank)
+
+    def is_decoupled(self):
+        return self.inner.is_decoupled()
+
+    def set_commit_info(self, info):
+        return self.inner.set_commit_info(info)
+
+    def get_commit_info(self):
+        return self.inner.get_commit_info()
+
+    def cleanup(self):
+        return self.inner.cleanup()
+
+    def preserves_storage_sharing(self):
+        return self.inner.preserves_storage_sharing()
+
+    def __getattr__(self, name):  # engine-specific extras (wait, ...)
+        return getattr(self.__dict__["inner"], name)
+
+
+def install(ds_engine, plugin, spec) -> RecordingEngine:
+    """Install the plug-in's CheckpointEngine (if it brings one) and wrap it for recording."""
+    replacement = plugin.make_checkpoint_engine(ds_engine, spec) if hasattr(plugin, "make_checkpoint_engine") else None
+    if replacement is not None:
+        ds_engine.checkpoint_engine = replacement
+    recorder = RecordingEngine(ds_engine.checkpoint_engine)
+    ds_engine.checkpoint_engine = recorder
+    return recorder
+
+
+def save(ds_engine, recorder: RecordingEngine, plugin, ckpt_root: Path, tag: str, client_state: dict,
+         rank: int, barrier) -> dict:
+    """One checkpoint, durable and committed; returns this rank's save record (seconds, files, bytes)."""
+    recorder.saved.clear()
+    wall_start = time.time()
+    start = time.perf_counter()
+    ds_engine.save_checkpoint(str(ckpt_root), tag=tag, client_state=client_state, save_latest=False)
+    blocking = time.perf_counter() - start
+    wait = getattr(plugin, "wait_durable", None)
+    if wait is not None:
+        wait(recorder.inner)
+    mine = [f for path, _ in recorder.saved for f in files_under(Path(path))]
+    fsync_paths(mine)
+    durable = time.perf_counter() - start
+    barrier()
+    tag_dir = ckpt_root / tag
+    if rank == 0:
+        fsync_paths(files_under(tag_dir))  # files DeepSpeed writes outside the engine (recovery scripts)
+        write_text_atomic(ckpt_root / "latest", tag)
+    barrier()
+    committed = time.perf_counter() - start
+    files = [
+        {"path": str(Path(path).relative_to(tag_dir)), "bytes": sum(f.stat().st_size for f in files_under(Path(path))),
+         "seconds": seconds}
+        for path, seconds in recorder.saved
+    ]
+    return {
+        "tag": tag,
+        "start": wall_start,
+        "blocking_seconds": blocking,
+        "durable_seconds": durable,
+        "commit_seconds": committed,
+        "files": files,
+        "bytes": sum(f["bytes"] for f in files),
+    }
+
+
+def load(ds_engine, ckpt_root: Path) -> tuple[str, dict]:
+    """Load the checkpoint `latest` names; a missing or unreadable one is an error, never a silent no-op."""
+    latest = ckpt_root / "latest"
+    if not latest.is_file():
+        raise FileNotFoundError(f"no 'latest' file in {ckpt_root}: nothing committed to restart from")
+    tag = latest.read_text().strip()
+    path, client_state = ds_engine.load_checkpoint(str(ckpt_root), tag=tag)
+    if path is None:
+        raise RuntimeError(f"DeepSpeed load_checkpoint found no checkpoint for tag {tag!r} in {ckpt_root}")
+    return tag, client_state or {}

@@ -1,0 +1,28 @@
+"""Per-rank event log: one JSON object per line, appended and flushed as it happens (schema in README)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+
+class EventLog:
+    def __init__(self, path: Path, rank: int):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.rank = rank
+        self._file = open(path, "a", buffering=1)  # line-buffered: the launcher follows progress live
+
+    def emit(self, event: str, t: float | None = None, **fields) -> None:
+        record = {"t": time.time() if t is None else t, "rank": self.rank, "event": event, **fields}
+        self._file.write(json.dumps(record, sort_keys=False) + "\n")
+
+    def mark(self, name: str, t: float | None = None) -> None:
+        """A restart/startup milestone: process_start, imports_done, dist_init_done, ..."""
+        self.emit("mark", t=t, name=name)
+
+    def close(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()

@@ -1,0 +1,149 @@
+"""One rank of one phase: build the model, train, checkpoint (phase=checkpoint) or restart from the
+committed checkpoint, verify it, and train on (phase=restart). Every fact goes to the rank's event log."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+import traceback
+from pathlib import Path
+
+import deepspeed
+import torch
+import torch.distributed as dist
+from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
+
+from engines import registry
+from restart_harness.results.atomic import read_json, write_json_atomic
+from restart_harness.spec.runspec import RunSpec
+from restart_harness.worker import checkpointing, digest
+from restart_harness.worker.data import step_batches
+from restart_harness.worker.events import EventLog
+from restart_harness.worker.model import LlamaForCausalLM, pipeline_module
+from restart_harness.worker.tensor_parallel import TPGroup
+
+
+def parse(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--run-dir", type=Path, required=True)
+    p.add_argument("--phase", choices=("checkpoint", "restart"), required=True)
+    p.add_argument("--record", required=True, help="event folder name: checkpoint, restart-01, ...")
+    p.add_argument("--ckpt-root", type=Path, required=True)
+    return p.parse_args(argv)
+
+
+def main(process_start: float, argv=None) -> int:
+    args = parse(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    log = EventLog(args.run_dir / "events" / args.record / f"rank-{rank:05d}.jsonl", rank)
+    log.mark("process_start", t=process_start)
+    log.mark("imports_done")
+    try:
+        run(args, log, rank)
+        log.emit("done")
+        return 0
+    except BaseException as exc:  # recorded for the summary, then re-raised so the launch fails
+        log.emit("error", message=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())
+        raise
+    finally:
+        log.close()
+
+
+def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
+    spec = RunSpec.from_json(read_json(args.run_dir / "spec.json"))
+    ds_config = read_json(args.run_dir / "ds_config.json")
+    plugin = registry.get_spec(spec.engine).plugin()
+    device = _init_distributed(spec)
+    log.mark("dist_init_done")
+
+    grid = PipelineParallelGrid(topology=PipeModelDataParallelTopology(spec.pp, spec.tp, spec.dp))
+    tp = TPGroup(grid.get_slice_parallel_group(), grid.get_slice_parallel_rank(), spec.tp)
+    topo = grid._topo
+    if spec.pp > 1:
+        model = pipeline_module(spec.shape, tp, spec.seed, topo)
+    else:
+        model = LlamaForCausalLM(spec.shape, tp, spec.seed)
+    log.mark("model_built")
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    mpu = None if spec.pp > 1 else grid
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config, mpu=mpu)
+    recorder = checkpointing.install(engine, plugin, spec)
+    log.mark("engine_initialized")
+    log.emit("layout", dp_rank=grid.get_data_parallel_rank(), tp_rank=tp.rank,
+             pp_rank=grid.get_pipe_parallel_rank(), device=str(device),
+             local_parameters=sum(p.numel() for p in params))
+
+    first, last = 1, spec.iters
+    if args.phase == "restart":
+        tag, client_state = checkpointing.load(engine, args.ckpt_root)
+        log.mark("checkpoint_loaded")
+        log.emit("loaded", tag=tag, files=[{"path": p, "seconds": s} for p, s in recorder.loaded])
+        _verify(args.run_dir, tag, engine, rank, log)
+        first = int(client_state["harness_step"]) + 1
+        last = first + spec.after - 1
+
+    saves = getattr(plugin, "SAVES", True) and args.phase == "checkpoint"
+    for step in range(first, last + 1):
+        start = time.perf_counter()
+        loss = _train_step(engine, spec, step, grid.get_data_parallel_rank(), device)
+        log.emit("step", step=step, loss=loss, seconds=time.perf_counter() - start, last=last)
+        if step == first and args.phase == "restart":
+            log.mark("first_step_done")
+        if saves and step % spec.save_interval == 0:
+            _save(args, engine, recorder, plugin, step, rank, log)
+    dist.barrier()
+
+
+def _init_distributed(spec: RunSpec) -> torch.device:
+    if spec.device == "cuda":
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        deepspeed.init_distributed(dist_backend="nccl")
+        return torch.device("cuda", local_rank)
+    deepspeed.init_distributed(dist_backend="gloo")
+    return torch.device("cpu")
+
+
+def _train_step(engine, spec: RunSpec, step: int, dp_rank: int, device: torch.device) -> float:
+    batches = step_batches(spec, step, dp_rank)
+    if spec.pp > 1:
+        loss = engine.train_batch(data_iter=iter(batches))
+        return float(loss)
+    total = 0.0
+    for ids, labels in batches:
+        loss = engine(ids.to(device), labels.to(device))
+        engine.backward(loss)
+        engine.step()
+        total += float(loss)
+    return total / len(batches)
+
+
+def _digest_path(run_dir: Path, tag: str, rank: int) -> Path:
+    return run_dir / "digests" / tag / f"rank-{rank:05d}.json"
+
+
+def _save(args, engine, recorder, plugin, step: int, rank: int, log: EventLog) -> None:
+    tag = f"global_step{step}"
+    start = time.perf_counter()
+    digests = digest.state_digests(engine)  # state cannot change during the save: taken just before it
+    path = _digest_path(args.run_dir, tag, rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"tag": tag, "rank": rank, "combined": digest.combined(digests), "tensors": digests})
+    log.emit("digest", tag=tag, seconds=time.perf_counter() - start, tensors=len(digests))
+    record = checkpointing.save(engine, recorder, plugin, args.ckpt_root, tag, {"harness_step": step}, rank,
+                                dist.barrier)
+    log.emit("save", step=step, **record)
+
+
+def _verify(run_dir: Path, tag: str, engine, rank: int, log: EventLog) -> None:
+    """Compare the restored state with the digest this rank recorded at save time."""
+    start = time.perf_counter()
+    restored = digest.state_digests(engine)
+    path = _digest_path(run_dir, tag, rank)
+    saved = json.loads(path.read_text())["tensors"] if path.is_file() else {}
+    diff = digest.differences(saved, restored) if saved else ["<no digest recorded at save>"]
+    log.emit("verify", tag=tag, ok=not diff, differing=diff[:50], differing_count=len(diff),
+             tensors=len(restored), seconds=time.perf_counter() - start)

@@ -1,0 +1,174 @@
+"""The LLaMA architecture (RMSNorm, SwiGLU, rotary, grouped-query attention, untied embedding and head),
+tensor-parallel, as one module for pp=1 or as DeepSpeed PipelineModule layers for pp>1.
+Decoder-layer parameter names follow transformers' LlamaForCausalLM; shapes and counts are the real models'.."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from restart_harness.spec.model_shape import ModelShape
+from restart_harness.worker.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TPGroup,
+    VocabParallelEmbedding,
+    copy_to_tp,
+    gather_last_dim,
+)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((-b, a), dim=-1)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding on [batch, heads, seq, head_dim] (computed on the fly: no buffers saved)."""
+    seq, dim = q.shape[-2], q.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, device=q.device, dtype=torch.float32) / dim))
+    angles = torch.outer(torch.arange(seq, device=q.device, dtype=torch.float32), inv_freq)
+    emb = torch.cat((angles, angles), dim=-1)
+    cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+class Attention(nn.Module):
+    """Grouped-query attention; q/k/v column-parallel and o row-parallel, so heads split across TP ranks."""
+
+    def __init__(self, shape: ModelShape, tp: TPGroup):
+        super().__init__()
+        self.tp, self.theta = tp, shape.rope_theta
+        self.head_dim = shape.dim_per_head
+        self.heads = shape.num_attention_heads // tp.size
+        self.kv_heads = shape.num_key_value_heads // tp.size
+        h = shape.hidden_size
+        self.q_proj = ColumnParallelLinear(h, shape.num_attention_heads * self.head_dim, tp)
+        self.k_proj = ColumnParallelLinear(h, shape.num_key_value_heads * self.head_dim, tp)
+        self.v_proj = ColumnParallelLinear(h, shape.num_key_value_heads * self.head_dim, tp)
+        self.o_proj = RowParallelLinear(shape.num_attention_heads * self.head_dim, h, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        x = copy_to_tp(x, self.tp)
+        q = self.q_proj(x).view(b, s, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, k, self.theta)
+        if self.kv_heads != self.heads:
+            k = k.repeat_interleave(self.heads // self.kv_heads, dim=1)
+            v = v.repeat_interleave(self.heads // self.kv_heads, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)); gate/up column-parallel, down row-parallel."""
+
+    def __init__(self, shape: ModelShape, tp: TPGroup):
+        super().__init__()
+        self.tp = tp
+        h, f = shape.hidden_size, shape.intermediate_size
+        self.gate_proj = ColumnParallelLinear(h, f, tp)
+        self.up_proj = ColumnParallelLinear(h, f, tp)
+        self.down_proj = RowParallelLinear(f, h, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = copy_to_tp(x, self.tp)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _seeded(seed: int, index: int, tp: TPGroup) -> None:
+    # Same weights on every data-parallel replica; each TP rank its own shard's seed.
+    torch.manual_seed(seed * 100_003 + index * 1_009 + tp.rank)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, shape: ModelShape, tp: TPGroup, index: int, seed: int):
+        super().__init__()
+        _seeded(seed, index, tp)
+        self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.self_attn = Attention(shape, tp)
+        self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        self.mlp = MLP(shape, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x))
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Embedding(nn.Module):
+    def __init__(self, shape: ModelShape, tp: TPGroup, seed: int):
+        super().__init__()
+        _seeded(seed, 0, tp)
+        self.embed_tokens = VocabParallelEmbedding(shape.vocab_size, shape.hidden_size, tp)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(ids)
+
+
+class FinalNorm(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)
+
+
+class LMHead(nn.Module):
+    """Vocabulary-parallel output head; logits gathered over TP so the loss sees the whole vocabulary."""
+
+    def __init__(self, shape: ModelShape, tp: TPGroup, seed: int):
+        super().__init__()
+        _seeded(seed, shape.num_hidden_layers + 1, tp)
+        self.tp = tp
+        self.lm_head = ColumnParallelLinear(shape.hidden_size, shape.vocab_size, tp)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gather_last_dim(self.lm_head(copy_to_tp(x, self.tp)), self.tp)
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+
+
+class LlamaForCausalLM(nn.Module):
+    """pp=1: the whole (TP-sharded) model as one module; forward returns the loss."""
+
+    def __init__(self, shape: ModelShape, tp: TPGroup, seed: int):
+        super().__init__()
+        self.embed = Embedding(shape, tp, seed)
+        self.layers = nn.ModuleList(DecoderLayer(shape, tp, i + 1, seed) for i in range(shape.num_hidden_layers))
+        self.final = FinalNorm(shape)
+        self.head = LMHead(shape, tp, seed)
+
+    def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return lm_loss(self.head(self.final(x)), labels)
+
+
+def pipeline_module(shape: ModelShape, tp: TPGroup, seed: int, topology):
+    """pp>1: DeepSpeed PipelineModule of LayerSpecs, partitioned by decoder layer like Megatron-DeepSpeed."""
+    from deepspeed.pipe import LayerSpec, PipelineModule
+
+    layers = [LayerSpec(Embedding, shape, tp, seed)]
+    layers += [LayerSpec(DecoderLayer, shape, tp, i + 1, seed) for i in range(shape.num_hidden_layers)]
+    layers += [LayerSpec(FinalNorm, shape), LayerSpec(LMHead, shape, tp, seed)]
+    return PipelineModule(layers=layers, loss_fn=lm_loss, topology=topology,
+                          partition_method="type:DecoderLayer", activation_checkpoint_interval=0)

@@ -36,7 +36,7 @@ class RunSpec:
     after: int = 2  # steps trained after the restart
     micro_batch: int = 2
     grad_accum: int = 2
-    seq_len: int | None = None  # default: min(max_position_embeddings, 2048)
+    seq_len: int | None = None  # default: min(max_position_embeddings, 2048) / shrink (>= 16)
     lr: float = 1e-4
     seed: int = 1234
     # checkpoint engine
@@ -103,7 +103,8 @@ class RunSpec:
         self._resolve_ranks()
         self._check_model_split()
         if self.seq_len is None:
-            self.seq_len = min(self.shape.max_position_embeddings, 2048)
+            # Sequence length shapes activations only, never the checkpoint: shrink divides it too.
+            self.seq_len = min(self.shape.max_position_embeddings, max(16, 2048 // self.shrink))
         if self.seq_len > self.shape.max_position_embeddings:
             raise UsageError(
                 f"seq_len={self.seq_len} exceeds max_position_embeddings={self.shape.max_position_embeddings}"

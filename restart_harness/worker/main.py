@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import time
 import traceback
 from pathlib import Path
@@ -42,7 +43,8 @@ def main(process_start: float, argv=None) -> int:
     log.mark("imports_done")
     try:
         run(args, log, rank)
-        log.emit("done")
+        # Linux reports ru_maxrss in KiB: the peak resident memory of this rank's process.
+        log.emit("done", max_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
         return 0
     except BaseException as exc:  # recorded for the summary, then re-raised so the launch fails
         log.emit("error", message=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc())

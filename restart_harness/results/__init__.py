@@ -1,0 +1,1 @@
+"""Event records -> inventory and summary files, and the terminal table."""

@@ -1,0 +1,58 @@
+"""Run directory files -> inventory.json and summary.json. A pure function of what is on disk, so it
+can be re-run at any time (and after every restart-only re-run)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from restart_harness.results import events as ev
+from restart_harness.results import inventory as inv
+from restart_harness.results import summary as sm
+from restart_harness.results.atomic import read_json, write_json_atomic
+
+
+def _writers(run_dir: Path) -> dict[str, dict[str, int]]:
+    """tag -> {path relative to the tag dir: writing rank}, from the save events."""
+    out: dict[str, dict[str, int]] = {}
+    for rank, saves in ev.of_kind(ev.read_record(run_dir, "checkpoint"), "save").items():
+        for save in saves:
+            for f in save["files"]:
+                out.setdefault(save["tag"], {})[f["path"]] = rank
+    return out
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((run_dir / "records").glob("restart-*.json"))]
+
+
+def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
+    spec = read_json(run_dir / "spec.json")
+    ckpt_root = Path(spec["checkpoint_root"])
+    writers = _writers(run_dir)
+    committed = {}
+    for tag in writers:
+        if (ckpt_root / tag).is_dir():
+            files = [p for p in (ckpt_root / tag).rglob("*") if p.is_file()]
+            committed[tag] = {"files": len(files), "bytes": sum(p.stat().st_size for p in files)}
+    restarts = []
+    for info in _records(run_dir):
+        record = ev.read_record(run_dir, info["record"])
+        tag = next((e["tag"] for evs in record.values() for e in evs if e["event"] == "loaded"), None)
+        restarts.append(sm.restart(record, info["record"], info, info.get("cache"),
+                                   committed.get(tag, {}).get("bytes")))
+    tag = restarts[-1]["tag"] if restarts and restarts[-1]["tag"] else None
+    if tag is None and (ckpt_root / "latest").is_file():
+        tag = (ckpt_root / "latest").read_text().strip()
+    inventory = None
+    if tag and (ckpt_root / tag).is_dir():
+        inventory = inv.build(ckpt_root / tag, writers.get(tag))
+        inventory["tag"] = tag
+        write_json_atomic(run_dir / "inventory.json", inventory)
+    status = {"state": state, "reason": reason, "time": time.time()}
+    summary = sm.build(run_dir, spec, status, {"root": str(ckpt_root), "committed": committed}, inventory,
+                       restarts)
+    write_json_atomic(run_dir / "summary.json", summary)
+    write_json_atomic(run_dir / "status.json", status)
+    return summary

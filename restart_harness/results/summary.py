@@ -1,0 +1,152 @@
+"""Event records + inventory -> summary.json (schema in README.md, 'Results')."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from restart_harness import SCHEMA_VERSION
+from restart_harness.results import events as ev
+
+MIB = 1024 * 1024
+# (phase name, mark that starts it, mark that ends it); the restart's phases in order.
+RESTART_PHASES = [
+    ("imports", "process_start", "imports_done"),
+    ("dist_init", "imports_done", "dist_init_done"),
+    ("model_build", "dist_init_done", "model_built"),
+    ("engine_init", "model_built", "engine_initialized"),
+    ("checkpoint_load", "engine_initialized", "checkpoint_loaded"),
+    ("first_step", "checkpoint_loaded", "first_step_done"),
+]
+
+
+def mib_s(nbytes: int, seconds: float) -> float | None:
+    return round(nbytes / MIB / seconds, 3) if seconds > 0 else None
+
+
+def saves(record: dict[int, list[dict]], committed: dict[str, dict]) -> list[dict]:
+    """Per save: the slowest rank's seconds; bytes and files of the whole tag directory."""
+    by_tag: dict[str, list[dict]] = {}
+    for rank, evs in sorted(ev.of_kind(record, "save").items()):
+        for e in evs:
+            by_tag.setdefault(e["tag"], []).append({**e, "rank": rank})
+    out = []
+    for tag, per_rank in by_tag.items():
+        whole = committed.get(tag, {})
+        nbytes = whole.get("bytes", sum(r["bytes"] for r in per_rank))
+        blocking = max(r["blocking_seconds"] for r in per_rank)
+        durable = max(r["durable_seconds"] for r in per_rank)
+        out.append({
+            "tag": tag,
+            "step": per_rank[0]["step"],
+            "files": whole.get("files", sum(len(r["files"]) for r in per_rank)),
+            "bytes": nbytes,
+            "blocking_seconds": round(blocking, 6),
+            "durable_seconds": round(durable, 6),
+            "commit_seconds": round(max(r["commit_seconds"] for r in per_rank), 6),
+            "throughput_mib_s": {"blocking": mib_s(nbytes, blocking), "durable": mib_s(nbytes, durable)},
+            "per_rank": [
+                {"rank": r["rank"], "blocking_seconds": round(r["blocking_seconds"], 6),
+                 "durable_seconds": round(r["durable_seconds"], 6), "files": len(r["files"]), "bytes": r["bytes"]}
+                for r in per_rank
+            ],
+        })
+    return out
+
+
+def training(record: dict[int, list[dict]]) -> dict:
+    steps = ev.of_kind(record, "step").get(0, [])
+    seconds = [s["seconds"] for s in steps]
+    rss = [e["max_rss_bytes"] for evs in ev.of_kind(record, "done").values() for e in evs if "max_rss_bytes" in e]
+    return {
+        "max_rss_bytes_per_rank": max(rss) if rss else None,
+        "steps": len(steps),
+        "step_seconds_median": round(statistics.median(seconds), 6) if seconds else None,
+        "losses": [round(s["loss"], 6) for s in steps],
+    }
+
+
+def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict | None,
+            load_bytes: int | None) -> dict:
+    """Phases as the slowest rank's seconds; the verification digest is timed apart and excluded."""
+    per_rank = []
+    for rank, evs in sorted(record.items()):
+        m = ev.marks(evs)
+        verify = next((e for e in evs if e["event"] == "verify"), None)
+        verify_s = verify["seconds"] if verify else 0.0
+        phases = {}
+        for phase, a, b in RESTART_PHASES:
+            if a in m and b in m:
+                phases[phase] = m[b] - m[a] - (verify_s if phase == "first_step" else 0.0)
+        total = (m["first_step_done"] - m["process_start"] - verify_s
+                 if "first_step_done" in m and "process_start" in m else None)
+        loaded = next((e for e in evs if e["event"] == "loaded"), None)
+        done = next((e for e in evs if e["event"] == "done"), {})
+        per_rank.append({
+            "rank": rank, "phases": phases, "max_rss_bytes": done.get("max_rss_bytes"), "total_seconds": total, "verify": verify,
+            "process_start": m.get("process_start"), "tag": loaded["tag"] if loaded else None,
+            "load_seconds": sum(f["seconds"] for f in loaded["files"]) if loaded else None,
+        })
+    phases = {}
+    for phase, _, _ in RESTART_PHASES:
+        values = [r["phases"][phase] for r in per_rank if phase in r["phases"]]
+        if values and len(values) == len(per_rank):
+            phases[phase] = round(max(values), 6)
+    totals = [r["total_seconds"] for r in per_rank if r["total_seconds"] is not None]
+    verifies = [r["verify"] for r in per_rank]
+    verified = bool(per_rank) and all(v is not None and v["ok"] for v in verifies)
+    differing = sorted({f"rank {r['rank']}: {d}" for r in per_rank if r["verify"] for d in r["verify"]["differing"]})
+    starts = [r["process_start"] for r in per_rank if r["process_start"]]
+    load_s = [r["load_seconds"] for r in per_rank if r["load_seconds"] is not None]
+    return {
+        "record": name,
+        "tag": next((r["tag"] for r in per_rank if r["tag"]), None),
+        "ranks": len(per_rank),
+        "max_rss_bytes_per_rank": max((r["max_rss_bytes"] for r in per_rank if r["max_rss_bytes"]), default=None),
+        "phases": phases,
+        "total_seconds": round(max(totals), 6) if totals and len(totals) == len(per_rank) else None,
+        "launch_seconds": round(max(starts) - launch["start"], 6) if starts and launch.get("start") else None,
+        "wall_seconds": launch.get("wall_seconds"),
+        "verify_seconds": round(max((v["seconds"] for v in verifies if v), default=0.0), 6),
+        "verified": verified,
+        "verified_tensors": sum(v["tensors"] for v in verifies if v),
+        "differing": differing[:100],
+        "cache": cache,
+        "load_seconds": round(max(load_s), 6) if load_s else None,
+        "load_throughput_mib_s": mib_s(load_bytes, max(load_s)) if load_bytes and load_s else None,
+        "exit_code": launch.get("exit_code"),
+        "errors": ev.errors(record),
+    }
+
+
+def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict | None,
+          restarts: list[dict]) -> dict:
+    checkpoint_record = ev.read_record(run_dir, "checkpoint")
+    save_list = saves(checkpoint_record, ckpt.get("committed", {}))
+    last = save_list[-1] if save_list else None
+    loaded_tag = restarts[-1]["tag"] if restarts and restarts[-1]["tag"] else (last or {}).get("tag")
+    loaded = next((s for s in save_list if s["tag"] == loaded_tag), last)
+    by_rank = [v["bytes"] for k, v in (inventory or {}).get("by_rank", {}).items() if k != "unknown"]
+    checkpoint = {
+        "root": ckpt.get("root"),
+        "dir": inventory["dir"] if inventory else None,
+        "tag": loaded_tag,
+        "files": inventory["total_files"] if inventory else 0,
+        "bytes": inventory["total_bytes"] if inventory else 0,
+        "by_kind": inventory["by_kind"] if inventory else {},
+        "bytes_per_rank": {
+            "max": max(by_rank), "min": min(by_rank), "mean": round(statistics.mean(by_rank), 1),
+        } if by_rank else None,
+        "saves": save_list,
+        "throughput_mib_s": loaded["throughput_mib_s"] if loaded else None,
+    }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_dir.name,
+        "status": status,
+        "spec": spec,
+        "checkpoint": checkpoint,
+        "training": training(checkpoint_record),
+        "restart": restarts[-1] if restarts else None,
+        "restarts": restarts,
+    }

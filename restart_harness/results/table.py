@@ -1,0 +1,47 @@
+"""The one-screen summary printed at the end of a run."""
+
+from __future__ import annotations
+
+MIB = 1024 * 1024
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f} s"
+
+
+def render(summary: dict) -> str:
+    spec, ck, rs = summary["spec"], summary["checkpoint"], summary["restart"]
+    d = spec["derived"]
+    shrunk = f" (shrunk /{spec['shrink']})" if d["shrunk"] else ""
+    rows = [
+        ("run", summary["run_id"]),
+        ("model", f"{spec['model']}{shrunk}: {d['num_parameters'] / 1e6:,.2f} M parameters, {spec['precision']}, "
+                  f"seq {spec['seq_len']}, global batch {d['global_batch']}"),
+        ("layout", f"tp={spec['tp']} pp={spec['pp']} dp={spec['dp']} ({d['world_size']} ranks on {spec['device']}), "
+                   f"engine {spec['engine']}"),
+        ("status", summary["status"]["state"] + (f": {summary['status']['reason']}" if summary["status"]["reason"] else "")),
+    ]
+    if summary["training"]["step_seconds_median"] is not None:
+        rows.append(("train step", f"median {_s(summary['training']['step_seconds_median'])} "
+                                   f"over {summary['training']['steps']} steps"))
+    if ck["files"]:
+        kinds = ", ".join(f"{k} {v['files']}" for k, v in ck["by_kind"].items() if v["files"])
+        rows.append(("checkpoint", f"{ck['tag']}: {ck['files']} files, {ck['bytes'] / MIB:,.2f} MiB ({kinds})"))
+        if ck["bytes_per_rank"]:
+            b = ck["bytes_per_rank"]
+            rows.append(("per rank", f"max {b['max'] / MIB:,.2f} / min {b['min'] / MIB:,.2f} / "
+                                     f"mean {b['mean'] / MIB:,.2f} MiB written"))
+        for save in ck["saves"]:
+            t = save["throughput_mib_s"]
+            rows.append((f"save {save['tag']}",
+                         f"blocking {_s(save['blocking_seconds'])} ({t['blocking'] or 0:,.1f} MiB/s), "
+                         f"durable {_s(save['durable_seconds'])} ({t['durable'] or 0:,.1f} MiB/s)"))
+    if rs:
+        c = rs["cache"] or {}
+        rows.append(("restart", f"{_s(rs['total_seconds'])} process start -> first step done "
+                                f"(+{_s(rs['launch_seconds'])} launcher); cache {c.get('observed', '-')}"))
+        rows.append(("phases", "  ".join(f"{k} {v:.2f}" for k, v in rs["phases"].items())))
+        verdict = "yes" if rs["verified"] else "NO: " + ", ".join(rs["differing"][:3])
+        rows.append(("verified", f"{verdict} ({rs['ranks']} ranks, {rs['verified_tensors']} tensors)"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -1,0 +1,59 @@
+"""Every user mistake, typed into ./submit-job.sh: exit code 2, one line on stderr, nothing created."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+CASES = {
+    "tp=0": (["tiny", "tp=0"], "tp=0"),
+    "tp=abc": (["tiny", "tp=abc"], "tp=abc"),
+    "tp=3 with 32 heads": (["7B", "tp=3"], "num_attention_heads=32"),
+    "pp larger than layers": (["tiny", "pp=9"], "pp=9"),
+    "dp not matching ranks": (["tiny", "dp=3", "ranks_per_node=2"], "dp=3"),
+    "unknown model": (["llama-9000"], "llama-9000"),
+    "unknown key": (["tiny", "colour=blue"], "colour"),
+    "malformed token": (["tiny", "dp2"], "dp2"),
+    "unknown engine": (["tiny", "engine=floppy"], "floppy"),
+    "negative iters": (["tiny", "iters=-3"], "iters=-3"),
+    "save_interval > iters": (["tiny", "iters=2", "save_interval=3"], "save_interval=3"),
+    "shell metacharacters": (["tiny", "dp=2;touch INJECTED"], "dp=2;touch INJECTED"),
+    "shell metacharacters in text": (["tiny", "ckpt_dir=/tmp/$(touch INJECTED)"], "ckpt_dir="),
+    "missing HF config path": (["/nonexistent/model/config.json"], "/nonexistent/model/config.json"),
+    "non-numeric float": (["tiny", "lr=big"], "lr=big"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input(name, tmp_path):
+    tokens, named = CASES[name]
+    results = tmp_path / "results"
+    proc = subprocess.run([str(REPO / "submit-job.sh"), *tokens, f"results_dir={results}"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not results.exists()
+    assert not (tmp_path / "INJECTED").exists() and not (REPO / "INJECTED").exists()
+
+
+def test_unsafe_yaml_preset(tmp_path):
+    preset = tmp_path / "evil.yaml"
+    preset.write_text("!!python/object/apply:os.system ['touch INJECTED']\n")
+    proc = subprocess.run([str(REPO / "submit-job.sh"), str(preset), f"results_dir={tmp_path / 'r'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "not safe YAML" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "INJECTED").exists() and not (tmp_path / "r").exists()
+
+
+def test_help_lists_keys_models_engines():
+    proc = subprocess.run([str(REPO / "submit-job.sh"), "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0
+    for word in ("tp=", "save_interval=", "tiny", "70B", "default"):
+        assert word in proc.stdout

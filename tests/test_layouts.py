@@ -1,0 +1,92 @@
+"""Issue 3's layout table: real launches; expected file names and counts derived from the layout rules of
+DeepSpeed / Megatron-DeepSpeed, not from a recorded listing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import load_summary, run_cli, run_dir_of
+
+from restart_harness.spec import parse_args
+
+pytestmark = pytest.mark.slow
+
+LAYOUTS = {
+    "dp4": ["tiny", "dp=4"],
+    "tp2-dp2": ["tiny", "tp=2", "dp=2"],
+    "pp2-dp2": ["tiny", "pp=2", "dp=2"],
+    "tp2-pp2": ["tiny", "tp=2", "pp=2"],
+    "tp2-pp2-dp2": ["tiny", "tp=2", "pp=2", "dp=2"],
+    "70B-tp2-pp4-shrink64": ["70B", "tp=2", "pp=4", "shrink=64"],
+}
+SHORT = ["iters=2", "save_interval=2", "after=1"]
+
+
+def expected_files(tp: int, pp: int, dp: int, layers: int, bf16: bool) -> dict[str, tuple[str, int]]:
+    """file name -> (kind, writing global rank). Rank = coordinates on DeepSpeed's (pipe, data, model) axes."""
+    def rank(stage: int, d: int, t: int) -> int:
+        return (stage * dp + d) * tp + t
+
+    prefix = "bf16_" if bf16 else ""
+    out = {}
+    if pp == 1:
+        for t in range(tp):
+            out[f"mp_rank_{t:02d}_model_states.pt"] = ("model_states", rank(0, 0, t))
+            for d in range(dp):
+                out[f"{prefix}zero_pp_rank_{d}_mp_rank_{t:02d}_optim_states.pt"] = ("optimizer_states", rank(0, d, t))
+        return out
+    # PipelineModule: embedding, the decoder layers, final norm, head; split by decoder layer across stages.
+    per_stage = [layers // pp + (1 if s < layers % pp else 0) for s in range(pp)]
+    first_layer_of = [sum(per_stage[:s]) for s in range(pp)]
+
+    def stage_of(layer_index: int) -> int:
+        if layer_index == 0:
+            return 0
+        if layer_index > layers:
+            return pp - 1
+        return max(s for s in range(pp) if first_layer_of[s] < layer_index)
+
+    for i in range(layers + 3):
+        for t in range(tp):
+            out[f"layer_{i:02d}-model_{t:02d}-model_states.pt"] = ("layer_states", rank(stage_of(i), 0, t))
+    for s in range(pp):
+        for t in range(tp):
+            m = s * tp + t
+            out[f"mp_rank_{m:02d}_model_states.pt"] = ("model_states", rank(s, 0, t))
+            for d in range(dp):
+                out[f"{prefix}zero_pp_rank_{d}_mp_rank_{m:02d}_optim_states.pt"] = ("optimizer_states", rank(s, d, t))
+    return out
+
+
+@pytest.fixture(scope="module")
+def layout_runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("layouts")
+    return {name: run_dir_of(run_cli(args + SHORT, root, timeout=900)) for name, args in LAYOUTS.items()}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_layout_files_match_the_layout_rules(layout_runs, name):
+    spec = parse_args(LAYOUTS[name])
+    run_dir = layout_runs[name]
+    inventory = json.loads((run_dir / "inventory.json").read_text())
+    want = expected_files(spec.tp, spec.pp, spec.dp, spec.shape.num_hidden_layers, spec.precision == "bf16")
+    got = {f["path"]: (f["kind"], f["rank"]) for f in inventory["files"]}
+    assert got == want
+    summary = load_summary(run_dir)
+    assert summary["restart"]["verified"] is True and summary["restart"]["ranks"] == spec.world_size
+    by_kind = summary["checkpoint"]["by_kind"]
+    for kind in ("layer_states", "model_states", "optimizer_states"):
+        assert by_kind[kind]["files"] == sum(1 for k, _ in want.values() if k == kind)
+    per_rank = summary["checkpoint"]["bytes_per_rank"]
+    ranks = {str(r) for _, r in want.values()}
+    writer_bytes = [inventory["by_rank"][r]["bytes"] for r in ranks]
+    assert per_rank["max"] == max(writer_bytes) and per_rank["min"] == min(writer_bytes)
+
+
+def test_shrunk_run_says_so(layout_runs):
+    summary = load_summary(layout_runs["70B-tp2-pp4-shrink64"])
+    assert summary["spec"]["shrink"] == 64 and summary["spec"]["derived"]["shrunk"] is True
+    assert summary["spec"]["shape"]["num_hidden_layers"] == 80
+    assert summary["run_id"].startswith("70B-shrink64-tp2-pp4-dp1-default-")

@@ -32,7 +32,7 @@ CASES = {
 def test_bad_input(name, tmp_path):
     tokens, named = CASES[name]
     results = tmp_path / "results"
-    proc = subprocess.run([str(REPO / "submit-job.sh"), *tokens, f"results_dir={results}"], cwd=tmp_path,
+    proc = subprocess.run([str(REPO / "submit-job.sh"), *tokens, f"results_dir={results}"], cwd=tmp_path, check=False,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -46,14 +46,14 @@ def test_unsafe_yaml_preset(tmp_path):
     preset = tmp_path / "evil.yaml"
     preset.write_text("!!python/object/apply:os.system ['touch INJECTED']\n")
     proc = subprocess.run([str(REPO / "submit-job.sh"), str(preset), f"results_dir={tmp_path / 'r'}"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                          cwd=tmp_path, check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "not safe YAML" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "INJECTED").exists() and not (tmp_path / "r").exists()
 
 
 def test_help_lists_keys_models_engines():
-    proc = subprocess.run([str(REPO / "submit-job.sh"), "--help"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([str(REPO / "submit-job.sh"), "--help"], check=False, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0
     for word in ("tp=", "save_interval=", "tiny", "70B", "default"):
         assert word in proc.stdout

@@ -12,7 +12,8 @@ class EventLog:
     def __init__(self, path: Path, rank: int):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
-        self._file = open(path, "a", buffering=1)  # line-buffered: the launcher follows progress live
+        # Kept open for the life of the rank, line-buffered: the launcher follows progress live.
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115
 
     def emit(self, event: str, t: float | None = None, **fields) -> None:
         record = {"t": time.time() if t is None else t, "rank": self.rank, "event": event, **fields}

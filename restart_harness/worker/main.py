@@ -14,7 +14,7 @@ from pathlib import Path
 import deepspeed
 import torch
 import torch.distributed as dist
-from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology, PipelineParallelGrid
+from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
 from engines import registry
 from restart_harness.results.atomic import read_json, write_json_atomic

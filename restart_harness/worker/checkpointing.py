@@ -19,6 +19,7 @@ from pathlib import Path
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
 from restart_harness.results.atomic import fsync_dir, write_text_atomic
+from restart_harness.worker import faults
 
 
 def files_under(path: Path) -> list[Path]:
@@ -51,6 +52,7 @@ class RecordingEngine(CheckpointEngine):
         self.name = f"Recording({getattr(inner, 'name', type(inner).__name__)})"
         self.saved: list[tuple[str, float]] = []
         self.loaded: list[tuple[str, float]] = []
+        self.step: int | None = None  # training step of the save in progress (for fault injection)
 
     def create(self, info):
         return self.inner.create(info)
@@ -59,6 +61,7 @@ class RecordingEngine(CheckpointEngine):
         start = time.perf_counter()
         result = self.inner.save(state_dict, path)
         self.saved.append((path, time.perf_counter() - start))
+        faults.hit("save", int(os.environ.get("RANK", "0")), self.step)
         return result
 
     def load(self, path: str, map_location=None):
@@ -109,6 +112,7 @@ def save(ds_engine, recorder: RecordingEngine, plugin, ckpt_root: Path, tag: str
          rank: int, barrier) -> dict:
     """One checkpoint, durable and committed; returns this rank's save record (seconds, files, bytes)."""
     recorder.saved.clear()
+    recorder.step = client_state.get("harness_step")
     wall_start = time.time()
     start = time.perf_counter()
     ds_engine.save_checkpoint(str(ckpt_root), tag=tag, client_state=client_state, save_latest=False)

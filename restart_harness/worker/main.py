@@ -19,7 +19,7 @@ from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataP
 from engines import registry
 from restart_harness.results.atomic import read_json, write_json_atomic
 from restart_harness.spec.runspec import RunSpec
-from restart_harness.worker import checkpointing, digest
+from restart_harness.worker import checkpointing, digest, faults
 from restart_harness.worker.data import step_batches
 from restart_harness.worker.events import EventLog
 from restart_harness.worker.model import LlamaForCausalLM, pipeline_module
@@ -89,6 +89,7 @@ def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
 
     saves = getattr(plugin, "SAVES", True) and args.phase == "checkpoint"
     for step in range(first, last + 1):
+        faults.hit("step", rank, step)
         start = time.perf_counter()
         loss = _train_step(engine, spec, step, grid.get_data_parallel_rank(), device)
         log.emit("step", step=step, loss=loss, seconds=time.perf_counter() - start, last=last)

@@ -1,0 +1,47 @@
+"""Deterministic fault injection for the reliability tests: RH_FAULT="<action>@<point>:rank=R:step=S".
+
+    kill@save   SIGKILL this rank inside the checkpoint engine's save, after its first file is written
+    hang@step   sleep forever before training step S (exercises the launch timeout)
+    enospc@save raise OSError(ENOSPC) from the engine's save (a full disk without a small filesystem)
+
+Unset in normal runs; the harness never sets it itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import time
+
+
+def _parse() -> dict | None:
+    text = os.environ.get("RH_FAULT")
+    if not text:
+        return None
+    head, *fields = text.split(":")
+    action, _, point = head.partition("@")
+    spec = {"action": action, "point": point}
+    for field in fields:
+        key, _, value = field.partition("=")
+        spec[key] = int(value)
+    return spec
+
+
+FAULT = _parse()
+
+
+def hit(point: str, rank: int, step: int | None = None) -> None:
+    """Trigger the configured fault if it targets this point, rank and step."""
+    f = FAULT
+    if not f or f["point"] != point or f.get("rank", rank) != rank:
+        return
+    if step is not None and f.get("step", step) != step:
+        return
+    if f["action"] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif f["action"] == "hang":
+        while True:
+            time.sleep(3600)
+    elif f["action"] == "enospc":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -12,7 +12,9 @@ engine wrapped so every file it writes or reads is timed, and with durability ma
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -115,7 +117,10 @@ def save(ds_engine, recorder: RecordingEngine, plugin, ckpt_root: Path, tag: str
     recorder.step = client_state.get("harness_step")
     wall_start = time.time()
     start = time.perf_counter()
-    ds_engine.save_checkpoint(str(ckpt_root), tag=tag, client_state=client_state, save_latest=False)
+    try:
+        ds_engine.save_checkpoint(str(ckpt_root), tag=tag, client_state=client_state, save_latest=False)
+    except Exception as exc:
+        raise _explain_save_failure(exc, ckpt_root, tag) from exc
     blocking = time.perf_counter() - start
     wait = getattr(plugin, "wait_durable", None)
     if wait is not None:
@@ -144,6 +149,18 @@ def save(ds_engine, recorder: RecordingEngine, plugin, ckpt_root: Path, tag: str
         "files": files,
         "bytes": sum(f["bytes"] for f in files),
     }
+
+
+FULL_DISK_BYTES = 1 << 20
+
+
+def _explain_save_failure(exc: Exception, ckpt_root: Path, tag: str) -> Exception:
+    """torch.save reports a full disk as 'unexpected pos ...' from its zip writer: name the real cause."""
+    free = shutil.disk_usage(ckpt_root).free
+    if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or free < FULL_DISK_BYTES:
+        return OSError(errno.ENOSPC, f"No space left on device while saving {tag}: {free} bytes free on the "
+                                     f"checkpoint filesystem at {ckpt_root} ({type(exc).__name__}: {exc})")
+    return exc
 
 
 def load(ds_engine, ckpt_root: Path) -> tuple[str, dict]:

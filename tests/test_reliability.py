@@ -1,0 +1,98 @@
+"""Issue 8: a rank killed mid-save, a full disk, a hung rank. Real launches, real faults (RH_FAULT injects them
+at a chosen point: restart_harness/worker/faults.py), real filesystems."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, load_summary
+
+pytestmark = pytest.mark.slow
+
+
+def run_with_fault(args: list[str], results: Path, fault: str | None, timeout: int = 600):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if fault:
+        env["RH_FAULT"] = fault
+    return subprocess.run([sys.executable, str(REPO / "config-n-run.py"), *args, f"results_dir={results}"],
+                          check=False, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+
+
+def only_run(results: Path) -> Path:
+    runs = [p for p in results.iterdir() if p.is_dir()]
+    assert len(runs) == 1
+    return runs[0]
+
+
+@pytest.fixture(scope="module")
+def killed_mid_save(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    results = tmp_path_factory.mktemp("killed")
+    proc = run_with_fault(["tiny", "dp=2", "iters=4", "save_interval=2", "after=1"], results,
+                          "kill@save:rank=1:step=4")
+    return proc, only_run(results)
+
+
+def test_killed_rank_fails_the_run_with_its_reason(killed_mid_save):
+    proc, run_dir = killed_mid_save
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: checkpoint phase")
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "failed" and "checkpoint phase" in status["reason"]
+    summary = load_summary(run_dir)
+    assert summary["status"]["state"] == "failed" and summary["restart"] is None
+
+
+def test_latest_names_only_the_last_complete_checkpoint(killed_mid_save):
+    _, run_dir = killed_mid_save
+    ckpt = run_dir / "checkpoint"
+    assert (ckpt / "latest").read_text() == "global_step2"
+    # the torn save exists on disk but was never committed
+    assert (ckpt / "global_step4").is_dir()
+    assert load_summary(run_dir)["checkpoint"]["tag"] == "global_step2"
+    assert load_summary(run_dir)["checkpoint"]["files"] == 3
+
+
+def test_full_disk_fails_cleanly_and_keeps_earlier_checkpoint(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    try:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mount)], check=True,
+                       capture_output=True)
+    except (subprocess.CalledProcessError, FileNotFoundError) as exc:
+        pytest.skip(f"cannot mount a size-limited tmpfs here: {exc}")
+    try:
+        results = tmp_path / "results"
+        proc = run_with_fault(["tiny", "dp=2", "iters=4", "save_interval=2", "after=1", f"ckpt_dir={mount}"],
+                              results, None)
+        assert proc.returncode == 1
+        assert "No space left on device" in proc.stderr.strip().splitlines()[-1]
+        run_dir = only_run(results)
+        ckpt = mount / run_dir.name
+        assert (ckpt / "latest").read_text() == "global_step2"
+        summary = load_summary(run_dir)
+        assert summary["status"]["state"] == "failed" and "No space left" in summary["status"]["reason"]
+        assert summary["checkpoint"]["tag"] == "global_step2" and summary["checkpoint"]["files"] == 3
+        saved = {f["path"]: f["bytes"] for f in json.loads((run_dir / "inventory.json").read_text())["files"]}
+        assert all((ckpt / "global_step2" / p).stat().st_size == b for p, b in saved.items())
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_hung_rank_is_killed_by_the_timeout(tmp_path):
+    results = tmp_path / "results"
+    proc = run_with_fault(["tiny", "dp=2", "iters=3", "save_interval=3", "timeout=45"], results,
+                          "hang@step:rank=1:step=2", timeout=300)
+    assert proc.returncode == 1
+    assert "timed out" in proc.stderr.strip().splitlines()[-1]
+    run_dir = only_run(results)
+    record = json.loads((run_dir / "records" / "checkpoint.json").read_text())
+    assert record["timed_out"] is True
+    # no rank of this run is left behind
+    leftovers = subprocess.run(["pgrep", "-f", str(run_dir)], check=False, capture_output=True, text=True)
+    assert leftovers.stdout.strip() == ""
+    assert load_summary(run_dir)["status"]["state"] == "failed"

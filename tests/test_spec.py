@@ -116,3 +116,11 @@ def test_launch_script_uses_deepspeed_launcher(tmp_path):
     assert "deepspeed.launcher.runner" in text and "--num_gpus 2" in text and "--master_port 29555" in text
     assert "export DS_ACCELERATOR=cpu" in text and "export OMP_NUM_THREADS=1" in text
     assert "TORCH_EXTENSIONS_DIR=" in text and "--module restart_harness.worker" in text
+
+
+def test_run_directories_never_collide(tmp_path):
+    from restart_harness.launch.runner import new_run_dir
+
+    spec = parse_args(["tiny", f"results_dir={tmp_path}"])
+    dirs = {new_run_dir(spec) for _ in range(3)}  # same second, same spec
+    assert len(dirs) == 3 and all(d.is_dir() for d in dirs)

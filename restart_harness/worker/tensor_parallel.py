@@ -76,6 +76,13 @@ def gather_last_dim(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
 
 def _init(weight: torch.Tensor, fan_in: int) -> None:
     nn.init.normal_(weight, mean=0.0, std=1.0 / math.sqrt(fan_in))
+    _mark_sharded(weight)
+
+
+def _mark_sharded(weight: torch.Tensor) -> None:
+    # DeepSpeed's gradient norm counts a parameter on every TP rank only when it is marked model-parallel;
+    # unmarked (replicated) parameters are counted on TP rank 0 alone.
+    weight.tensor_model_parallel = True
 
 
 class ColumnParallelLinear(nn.Module):
@@ -113,6 +120,7 @@ class VocabParallelEmbedding(nn.Module):
         self.start = tp.rank * self.per_rank
         self.weight = nn.Parameter(torch.empty(self.per_rank, hidden_size))
         nn.init.normal_(self.weight, mean=0.0, std=0.02)
+        _mark_sharded(self.weight)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:

@@ -10,6 +10,7 @@ from analysis.table import KINDS, Group, Stat, num, stat
 
 PHASE_COLORS = {"launch": "#bbbbbb"}
 UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
+LEGEND = {"fontsize": "small", "loc": "upper left", "bbox_to_anchor": (1.0, 1.0)}  # outside: never on a bar
 CAPTION = "bars: median over repeats; whiskers: min-max where n > 1"
 
 
@@ -40,21 +41,25 @@ def _group_tick(g: Group) -> str:
 
 def grouped_bars(ax, categories: list[str], series: dict[str, list[Stat | None]], scale: float = 1.0,
                  value_format: str | None = None) -> None:
-    """One bar per (category, series) that has a value, median height, min-max whisker when n > 1."""
-    width = 0.8 / max(1, len(series))
+    """One bar per (category, series) that has a value, median height, min-max whisker when n > 1. Within a
+    category the bars present share its width, so a category with one series gets one centred bar."""
+    present = [[name for name, stats in series.items() if stats[j] is not None] for j in range(len(categories))]
     for i, (name, stats) in enumerate(series.items()):
-        xs, hs, lo, hi = [], [], [], []
+        xs, hs, lo, hi, ns = [], [], [], [], []
         for j, s in enumerate(stats):
             if s is None:
                 continue
-            xs.append(j - 0.4 + width * (i + 0.5))
+            width = 0.8 / len(present[j])
+            xs.append(j - 0.4 + width * (present[j].index(name) + 0.5))
             hs.append(s.median / scale)
-            lo.append((s.median - s.min) / scale if s.n > 1 else 0.0)
-            hi.append((s.max - s.median) / scale if s.n > 1 else 0.0)
-        bars = ax.bar(xs, hs, width=width * 0.95, label=name, color=f"C{i}")
+            lo.append((s.median - s.min) / scale)
+            hi.append((s.max - s.median) / scale)
+            ns.append(s.n)
+        widths = [0.8 / len(present[round(x)]) * 0.95 for x in xs]
+        bars = ax.bar(xs, hs, width=widths, label=name, color=f"C{i}")
         if value_format:
             ax.bar_label(bars, fmt=value_format, fontsize="small", padding=2)
-        reps = [k for k, s in enumerate(x for x in stats if x is not None) if s.n > 1]
+        reps = [k for k, n in enumerate(ns) if n > 1]
         if reps:
             ax.errorbar([xs[k] for k in reps], [hs[k] for k in reps], yerr=[[lo[k] for k in reps],
                         [hi[k] for k in reps]], fmt="none", ecolor="black", capsize=4, elinewidth=1.2)
@@ -84,7 +89,7 @@ def checkpoint_by_layout(groups: list[Group], column: str, ylabel: str, title: s
     ax.set_xlabel("layout (tensor, pipeline, data parallel degrees)")
     ax.set_ylabel(ylabel.format(unit=unit))
     ax.set_title(title)
-    ax.legend(title="model, engine", fontsize="small")
+    ax.legend(title="model, engine", **LEGEND)
     _caption(fig, CAPTION)
     return fig
 
@@ -113,7 +118,7 @@ def save_seconds(groups: list[Group]) -> Figure | None:
     })
     ax.set_ylabel("save time (s)")
     ax.set_title("Save time per engine: blocking vs durable (slowest rank, every save)")
-    ax.legend(fontsize="small")
+    ax.legend(**LEGEND)
     _caption(fig, CAPTION)
     return fig
 
@@ -140,7 +145,7 @@ def throughput(groups: list[Group]) -> Figure | None:
                 labelled = True
     ax.set_ylabel("throughput (MiB/s)")
     ax.set_title("Checkpoint throughput per engine (bytes / slowest rank's seconds)")
-    ax.legend(fontsize="small")
+    ax.legend(**LEGEND)
     _caption(fig, CAPTION)
     return fig
 
@@ -170,7 +175,7 @@ def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
     ax.set_xlim(-0.6, len(gs) - 0.4)
     ax.set_ylabel("restart time (s)")
     ax.set_title("Restart time by phase (slowest rank per phase)")
-    ax.legend(title="phase", fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(title="phase", **LEGEND)
     _caption(fig, "stacks: median of each phase; dot and whisker: median and min-max of the total over "
              "restarts, where n > 1")
     return fig
@@ -205,23 +210,23 @@ def file_sizes(groups: list[Group]) -> Figure | None:
     ax.set_xlabel("file size (bytes, log scale)")
     ax.set_title("Checkpoint file sizes (each dot one file)")
     ax.grid(axis="x", which="both", alpha=0.3)
-    ax.legend(title="kind", fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.legend(title="kind", **LEGEND)
     return fig
 
 
 def step_seconds(groups: list[Group]) -> Figure | None:
     """Median training step seconds per configuration (engine none is the no-checkpoint baseline)."""
-    gs = [g for g in groups if g.run_stat("step_seconds_median")]
+    gs = [g for g in groups if g.run_stat("step_median_seconds")]
     if not gs:
         return None
-    series = {"all steps": [g.run_stat("step_seconds_median") for g in gs]}
-    if any(g.run_stat("step_seconds_median_in_flight") for g in gs):
-        series["steps with a save in flight"] = [g.run_stat("step_seconds_median_in_flight") for g in gs]
+    series = {"all steps": [g.run_stat("step_median_seconds") for g in gs]}
+    if any(g.run_stat("step_in_flight_median_seconds") for g in gs):
+        series["steps with a save in flight"] = [g.run_stat("step_in_flight_median_seconds") for g in gs]
     fig, ax = _figure(len(gs))
     grouped_bars(ax, [_group_tick(g) for g in gs], series)
     ax.set_ylabel("training step time, median per run (s)")
     ax.set_title("Training step time per engine")
-    ax.legend(fontsize="small")
+    ax.legend(**LEGEND)
     _caption(fig, CAPTION + " (over runs)")
     return fig
 

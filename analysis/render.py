@@ -28,7 +28,11 @@ def fmt(s: Stat | None, digits: int = 3, scale: float = 1.0) -> str:
     if s is None:
         return "-"
     m = f"{s.median / scale:.{digits}f}"
-    return m if s.n == 1 else f"{m} [{s.min / scale:.{digits}f}-{s.max / scale:.{digits}f}] (n={s.n})"
+    if s.n == 1:
+        return m
+    if s.min == s.max:
+        return f"{m} (n={s.n})"
+    return f"{m} [{s.min / scale:.{digits}f}-{s.max / scale:.{digits}f}] (n={s.n})"
 
 
 def _v(value: object, digits: int = 3, scale: float = 1.0) -> str:

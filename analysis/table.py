@@ -111,8 +111,8 @@ def run_columns(run: Run) -> dict:
     losses = [x for x in tr.get("losses") or [] if num(x) is not None]
     row.update({
         "training_steps": num(tr.get("steps")),
-        "step_seconds_median": num(tr.get("step_seconds_median")),
-        "step_seconds_median_in_flight": num(tr.get("step_seconds_median_in_flight")),
+        "step_median_seconds": num(tr.get("step_seconds_median")),
+        "step_in_flight_median_seconds": num(tr.get("step_seconds_median_in_flight")),
         "final_loss": losses[-1] if losses else None,
         "train_max_rss_bytes": num(tr.get("max_rss_bytes_per_rank")),
         "baseline_write_mib_s": num(get(s, "baseline", "write_mib_s")),

@@ -104,8 +104,8 @@ def run_columns(run: Run) -> dict:
     for kind in KINDS:
         row[f"{kind}_files"] = num(get(ck, "by_kind", kind, "files"))
         row[f"{kind}_bytes"] = num(get(ck, "by_kind", kind, "bytes"))
-    row["rank_max_bytes"] = num(get(ck, "bytes_per_rank", "max"))
-    row["rank_min_bytes"] = num(get(ck, "bytes_per_rank", "min"))
+    row["checkpoint_rank_max_bytes"] = num(get(ck, "bytes_per_rank", "max"))
+    row["checkpoint_rank_min_bytes"] = num(get(ck, "bytes_per_rank", "min"))
     row["saves_count"] = len(get(ck, "saves", default=[]) or [])
     tr = s.get("training") or {}
     losses = [x for x in tr.get("losses") or [] if num(x) is not None]
@@ -165,7 +165,9 @@ def rows(runs: list[Run]) -> list[dict]:
     for run in runs:
         base = run_columns(run)
         for rec in restart_records(run.summary) or [None]:
-            out.append({**base, **restart_columns(run.summary, rec, phases), "run_dir": str(run.dir)})
+            # run_id and restart_record first: together they name the row
+            out.append({"run_id": base["run_id"], "restart_record": (rec or {}).get("record"), **base,
+                        **restart_columns(run.summary, rec, phases), "run_dir": str(run.dir)})
     return out
 
 

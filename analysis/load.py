@@ -153,7 +153,9 @@ def sweep_failures(roots: list[Path], runs: list[Run]) -> list[SweepFailure]:
     for root in roots:
         for path in sorted(root.rglob("sweep.json")) if root.is_dir() else []:
             data, problem = _read_json(path)
-            entries = data.get("runs") if isinstance(data, dict) else data
+            # a list of entries, or an object holding one (the sweep writer's exact layout is its own)
+            entries = next((data[k] for k in ("runs", "combinations", "entries") if isinstance(data.get(k), list)),
+                           None) if isinstance(data, dict) else data
             if problem or not isinstance(entries, list):
                 continue
             for entry in entries:

@@ -158,14 +158,14 @@ def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
         return None
     cols = ["restart_launch_seconds"] + [f"phase_{p}_seconds" for p in phases]
     names = ["launch"] + phases
-    used = [(c, n) for c, n in zip(cols, names) if any(g.stat(c) for g in gs)]
+    used = [(c, n) for c, n in zip(cols, names, strict=True) if any(g.stat(c) for g in gs)]
     fig, ax = _figure(len(gs), height=4.8)
     bottoms = [0.0] * len(gs)
     for i, (col, name) in enumerate(used):
         heights = [(g.stat(col) or Stat(0, 0, 0, 0)).median for g in gs]
         ax.bar(range(len(gs)), heights, bottom=bottoms, width=0.6, label=name.replace("_", " "),
                color=PHASE_COLORS.get(name, f"C{i - 1}"))
-        bottoms = [b + h for b, h in zip(bottoms, heights)]
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     for j, g in enumerate(gs):
         sums = stat([sum(num(r.get(c)) or 0.0 for c, _ in used) for r in g.rows if r.get("restart_record")])
         if sums and sums.n > 1:

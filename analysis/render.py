@@ -85,7 +85,8 @@ def runs_table(table: list[dict]) -> Table:
 def baseline_table(table: list[dict]) -> Table | None:
     """Storage baselines recorded with the runs, with the efficiency the harness derived from them."""
     rows = [[r["run_id"], _v(r.get("baseline_method")), _v(r.get("baseline_write_mib_s"), 1),
-             _v(r.get("baseline_read_mib_s"), 1), _v(r.get("efficiency_save_ratio")), _v(r.get("efficiency_load_ratio"))]
+             _v(r.get("baseline_read_mib_s"), 1), _v(r.get("efficiency_save_ratio")),
+             _v(r.get("efficiency_load_ratio"))]
             for r in table if r.get("baseline_write_mib_s") is not None or r.get("baseline_read_mib_s") is not None]
     if not rows:
         return None
@@ -99,7 +100,8 @@ def problems_table(skipped: list[Skipped], runs: list[Run], failures: list[Sweep
     rows = [["skipped", str(s.path), s.reason] for s in skipped]
     for r in runs:
         if r.state != "complete":
-            rows.append([r.state, str(r.dir), f"in runs.csv, left out of the plots: {get(r.summary, 'status', 'reason', default='no reason given')}"])
+            reason = get(r.summary, "status", "reason", default="no reason given")
+            rows.append([r.state, str(r.dir), f"in runs.csv, left out of the plots: {reason}"])
         rows.extend(["note", str(r.dir), n] for n in r.notes)
     rows.extend(["sweep " + f.state, f"{f.sweep}: {f.combination}", f.reason] for f in failures)
     return Table("Skipped and incomplete", ["what", "where", "why"], rows) if rows else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import statistics
 from dataclasses import dataclass, field
 
@@ -35,7 +36,7 @@ def num(value: object) -> float | None:
     """A finite number or None (strings, booleans and nested objects are not figures)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return value if value == value and abs(value) != float("inf") else None
+    return value if math.isfinite(value) else None
 
 
 def restart_records(summary: dict) -> list[dict]:
@@ -272,7 +273,7 @@ def groups(runs: list[Run], table: list[dict] | None = None, states: tuple[str, 
     shown = {"model", "shrink", "tp", "pp", "dp", "nodes", "ranks_per_node", "engine"}  # rpn follows the layout
     varying = [k for k in (configs[0] if configs else {}) if k not in shown and len({c[k] for c in configs}) > 1]
     out: dict[tuple, Group] = {}
-    for run, config in zip(chosen, configs):
+    for run, config in zip(chosen, configs, strict=True):
         key = tuple(sorted(config.items()))
         if key not in out:
             extra = " ".join(f"{k.split('.')[-1]}={json.loads(config[k])}" for k in varying)

@@ -13,13 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load_summary, run_cli, run_dir_of
+from conftest import REPO, load_summary, run_cli
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.container import BarContainer, ErrorbarContainer
 
 from analysis import load as ld
-from analysis import plots, report
-from analysis import table as tb
+from analysis import report
 
 MIB = 2**20
 TINY = ["tiny", "engine=default", "iters=4", "save_interval=2", "after=2"]
@@ -166,7 +165,7 @@ def test_save_and_throughput_figures(built):
     assert len(blocking) == len(durable) == 2
     one_run = load_summary(groups[1].runs[0].dir)["checkpoint"]["saves"]
     assert blocking[1].get_height() == pytest.approx(statistics.median(s["blocking_seconds"] for s in one_run))
-    assert all(d.get_height() >= b.get_height() for b, d in zip(blocking, durable))
+    assert all(d.get_height() >= b.get_height() for b, d in zip(blocking, durable, strict=True))
     assert len(_errorbars(ax)) == 2  # both configurations have several saves
     assert ax.get_ylabel() == "save time (s)"
     ax = built["figures"]["throughput_mib_s"].axes[0]
@@ -269,6 +268,24 @@ def test_bad_inputs_named_and_skipped(tiny_dp2: Path, tmp_path: Path):
     # the failed run is in the table but not in the plots: one configuration of two complete runs
     assert len(report.build(*ld.load([tmp_path / "results"]), [])["groups"][0].runs) == 2
     assert str(good) not in proc.stderr
+
+
+@pytest.mark.slow
+def test_sweep_folder(tiny_dp2: Path, tmp_path: Path):
+    """A sweep folder is searched like any other; its runs carry its name, its failed combinations are named."""
+    sweep = tmp_path / "results" / "sweep-20261122-101010"
+    _copy_results(tiny_dp2, sweep / "000-run")
+    (sweep / "sweep.json").write_text(json.dumps({"runs": [
+        {"index": 0, "combination": "engine=default", "run_dir": "000-run", "state": "complete", "reason": None},
+        {"index": 1, "combination": "engine=nope2", "run_dir": None, "state": "failed", "reason": "launch failed"}]}))
+    proc = report_cmd(str(tmp_path / "results"), "-o", str(tmp_path / "out"))
+    assert proc.returncode == 0
+    assert proc.stderr.strip().splitlines() == [
+        "sweep sweep-20261122-101010: combination engine=nope2 failed: launch failed"]
+    with open(tmp_path / "out" / "runs.csv") as f:
+        (row,) = csv.DictReader(f)
+    assert row["sweep"] == "sweep-20261122-101010"
+    assert "engine=nope2" in (tmp_path / "out" / "report.md").read_text()
 
 
 @pytest.mark.slow

@@ -328,16 +328,14 @@ def test_never_imports_the_harness():
 
 
 @pytest.mark.slow
-def test_notebook_runs_top_to_bottom(more_runs: Path):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+def test_notebook_runs_top_to_bottom(more_runs: Path, monkeypatch):
+    import nbclient
+    import nbformat
+
     nb = nbformat.read(REPO / "analysis" / "restart_study.ipynb", as_version=4)
-    os.environ["RH_RESULTS"] = str(more_runs)  # the kernel inherits this process's environment
-    try:
-        nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
-                                resources={"metadata": {"path": str(REPO / "analysis")}}).execute()
-    finally:
-        del os.environ["RH_RESULTS"]
+    monkeypatch.setenv("RH_RESULTS", str(more_runs))  # the kernel inherits this process's environment
+    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO / "analysis")}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("2 runs read from" in o.get("text", "") for o in outputs)

@@ -11,6 +11,7 @@ from analysis.table import KINDS, Group, Stat, num, stat
 PHASE_COLORS = {"launch": "#bbbbbb"}
 UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
 LEGEND = {"fontsize": "small", "loc": "upper left", "bbox_to_anchor": (1.0, 1.0)}  # outside: never on a bar
+MAX_WIDTH_IN = 20.0
 CAPTION = "bars: median over repeats; whiskers: min-max where n > 1"
 
 
@@ -23,8 +24,11 @@ def byte_unit(largest: float) -> tuple[str, float]:
 
 
 def _figure(n_categories: int, height: float = 4.2) -> tuple[Figure, object]:
-    fig = Figure(figsize=(max(6.0, 1.6 + 1.5 * n_categories), height), layout="constrained")
+    # wide enough for multi-line tick labels, but capped so a big sweep still fits a screen (smaller ticks then)
+    fig = Figure(figsize=(min(MAX_WIDTH_IN, max(6.0, 1.6 + 1.5 * n_categories)), height), layout="constrained")
     ax = fig.add_subplot()
+    if 1.6 + 1.5 * n_categories > MAX_WIDTH_IN:
+        ax.tick_params(axis="x", labelsize="x-small")
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
     return fig, ax

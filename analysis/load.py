@@ -1,0 +1,197 @@
+"""Find run directories under the paths given and read their result files (summary.json, inventory.json,
+status.json, sweep.json). Reads only files: never imports the harness, so it works wherever matplotlib does."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The summary.json schema versions this analysis understands (README, "Results").
+KNOWN_SCHEMA_VERSIONS = (1,)
+# spec fields that must be present for a run to be placed on any table or plot.
+REQUIRED_SPEC = ("model", "tp", "pp", "dp", "engine")
+
+
+@dataclass
+class Run:
+    """One readable run: its directory, its summary, and what the analysis noticed while reading it."""
+
+    dir: Path
+    summary: dict
+    inventory: dict | None = None
+    sweep: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def run_id(self) -> str:
+        return str(self.summary.get("run_id") or self.dir.name)
+
+    @property
+    def spec(self) -> dict:
+        return self.summary["spec"]
+
+    @property
+    def state(self) -> str:
+        return str((self.summary.get("status") or {}).get("state") or "unknown")
+
+
+@dataclass
+class Skipped:
+    """A path that could not be used, and why (one line for stderr and the report)."""
+
+    path: Path
+    reason: str
+
+    def line(self) -> str:
+        return f"skipped {self.path}: {self.reason}"
+
+
+@dataclass
+class SweepFailure:
+    """A sweep combination that left no readable run (from sweep.json)."""
+
+    sweep: str
+    combination: str
+    state: str
+    reason: str
+
+
+def _read_json(path: Path) -> tuple[object | None, str | None]:
+    """(data, None) or (None, what is wrong with the file)."""
+    try:
+        return json.loads(path.read_text()), None
+    except FileNotFoundError:
+        return None, f"no {path.name}"
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"cannot read {path.name} ({exc.__class__.__name__}: {exc})"
+    except json.JSONDecodeError as exc:
+        return None, f"corrupt {path.name} (not JSON: {exc.msg} at line {exc.lineno} column {exc.colno})"
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Run directories (those holding spec.json) at or below root; a run's own subfolders are not searched."""
+    if (root / "spec.json").is_file():
+        return [root]
+    found = []
+    for here, dirs, files in os.walk(root):
+        if "spec.json" in files:
+            found.append(Path(here))
+            dirs.clear()  # a run directory holds checkpoints, not other runs
+        else:
+            dirs.sort()
+    return sorted(found)
+
+
+def _sweep_of(run_dir: Path, root: Path) -> str | None:
+    """Name of the nearest folder between run_dir and root holding a sweep.json, if any."""
+    for parent in [run_dir.parent, *run_dir.parent.parents]:
+        if (parent / "sweep.json").is_file():
+            return parent.name
+        if parent == root or parent == parent.parent:
+            break
+    return None
+
+
+def _check_summary(summary: object) -> tuple[str | None, list[str]]:
+    """(reason it cannot be read, or None; notes about what it lacks)."""
+    if not isinstance(summary, dict):
+        return f"corrupt summary.json (top level is {type(summary).__name__}, expected an object)", []
+    version = summary.get("schema_version")
+    notes = []
+    if not isinstance(version, int) or isinstance(version, bool):
+        return ("summary.json has no integer schema_version, so it is not a restart-harness summary this analysis "
+                f"can read (it reads schema_version {', '.join(map(str, KNOWN_SCHEMA_VERSIONS))})"), []
+    if version < min(KNOWN_SCHEMA_VERSIONS):
+        return f"summary.json schema_version {version} is older than any this analysis reads", []
+    if version > max(KNOWN_SCHEMA_VERSIONS):
+        notes.append(f"schema_version {version} is newer than this analysis knows "
+                     f"({max(KNOWN_SCHEMA_VERSIONS)}); only the fields it knows are used")
+    spec = summary.get("spec")
+    if not isinstance(spec, dict):
+        return "summary.json has no spec object", notes
+    missing = [k for k in REQUIRED_SPEC if k not in spec]
+    if missing:
+        return f"summary.json spec lacks {', '.join(missing)}", notes
+    for key, kind in (("checkpoint", dict), ("restart", dict), ("restarts", list), ("training", dict)):
+        value = summary.get(key)
+        if value is not None and not isinstance(value, kind):
+            return f"summary.json field {key} is {type(value).__name__}, expected {kind.__name__} or null", notes
+    return None, notes
+
+
+def read_run(run_dir: Path, root: Path | None = None) -> Run | Skipped:
+    """A Run, or Skipped naming why not (still running, no or corrupt summary.json, unknown schema)."""
+    status, status_problem = _read_json(run_dir / "status.json")
+    if isinstance(status, dict) and status.get("state") == "running":
+        return Skipped(run_dir, "run still in progress (status.json state is running; or it died before finishing)")
+    summary, problem = _read_json(run_dir / "summary.json")
+    if problem:
+        if problem == "no summary.json":
+            problem = "no summary.json (the run never finished writing its results)"
+        return Skipped(run_dir, problem)
+    reason, notes = _check_summary(summary)
+    if reason:
+        return Skipped(run_dir, reason)
+    if status_problem and status_problem != "no status.json":
+        notes.append(status_problem)
+    inventory, inv_problem = _read_json(run_dir / "inventory.json")
+    if inv_problem and inv_problem != "no inventory.json":
+        notes.append(f"{inv_problem}; no file-size distribution for this run")
+    if inventory is not None and not (isinstance(inventory, dict) and isinstance(inventory.get("files"), list)):
+        notes.append("inventory.json has no files list; no file-size distribution for this run")
+        inventory = None
+    return Run(dir=run_dir, summary=summary, inventory=inventory, sweep=_sweep_of(run_dir, root or run_dir),
+               notes=notes)
+
+
+def sweep_failures(roots: list[Path], runs: list[Run]) -> list[SweepFailure]:
+    """Combinations a sweep.json records as not complete whose run is not among the runs read."""
+    read = {r.dir.resolve() for r in runs}
+    out = []
+    for root in roots:
+        for path in sorted(root.rglob("sweep.json")) if root.is_dir() else []:
+            data, problem = _read_json(path)
+            # a list of entries, or an object holding one (the sweep writer's exact layout is its own)
+            entries = next((data[k] for k in ("runs", "combinations", "entries") if isinstance(data.get(k), list)),
+                           None) if isinstance(data, dict) else data
+            if problem or not isinstance(entries, list):
+                continue
+            for entry in entries:
+                if not isinstance(entry, dict) or entry.get("state") == "complete":
+                    continue
+                run_dir = entry.get("run_dir")
+                if run_dir and (path.parent / run_dir).resolve() in read:
+                    continue
+                combo = entry.get("combination") or entry.get("args") or entry.get("index")
+                out.append(SweepFailure(path.parent.name, json.dumps(combo) if not isinstance(combo, str) else combo,
+                                        str(entry.get("state")), str(entry.get("reason") or "")))
+    return out
+
+
+def load(paths: list[str | Path]) -> tuple[list[Run], list[Skipped]]:
+    """Every run found under the paths (each read once), and every path or run that was skipped."""
+    runs: list[Run] = []
+    skipped: list[Skipped] = []
+    seen: set[Path] = set()
+    for given in paths:
+        root = Path(given)
+        if not root.exists():
+            skipped.append(Skipped(root, "no such file or directory"))
+            continue
+        if not root.is_dir():
+            skipped.append(Skipped(root, "not a directory (give run directories or folders containing runs)"))
+            continue
+        dirs = find_run_dirs(root)
+        if not dirs:
+            skipped.append(Skipped(root, "no run directories found (none holds a spec.json)"))
+            continue
+        for run_dir in dirs:
+            key = run_dir.resolve()
+            if key in seen:
+                continue
+            seen.add(key)
+            result = read_run(run_dir, root)
+            (skipped if isinstance(result, Skipped) else runs).append(result)
+    return runs, skipped

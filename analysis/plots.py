@@ -1,0 +1,248 @@
+"""Figures from groups of runs. Each function returns a matplotlib Figure (object API, no pyplot state, so it
+works headless and in a notebook alike), or None when no run has the data it plots. Bars are medians over
+repeats; a black whisker spans min to max where a bar has more than one repeat."""
+
+from __future__ import annotations
+
+from matplotlib.figure import Figure
+
+from analysis.table import KINDS, Group, Stat, num, stat
+
+PHASE_COLORS = {"launch": "#bbbbbb"}
+UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
+LEGEND = {"fontsize": "small", "loc": "upper left", "bbox_to_anchor": (1.0, 1.0)}  # outside: never on a bar
+MAX_WIDTH_IN = 20.0
+CAPTION = "bars: median over repeats; whiskers: min-max where n > 1"
+
+
+def byte_unit(largest: float) -> tuple[str, float]:
+    """The binary unit that keeps the largest value readable (at least 1 of it)."""
+    for name, size in UNITS:
+        if largest >= size:
+            return name, size
+    return "bytes", 1
+
+
+def _figure(n_categories: int, height: float = 4.2) -> tuple[Figure, object]:
+    # wide enough for multi-line tick labels, but capped so a big sweep still fits a screen (smaller ticks then)
+    fig = Figure(figsize=(min(MAX_WIDTH_IN, max(6.0, 1.6 + 1.5 * n_categories)), height), layout="constrained")
+    ax = fig.add_subplot()
+    if 1.6 + 1.5 * n_categories > MAX_WIDTH_IN:
+        ax.tick_params(axis="x", labelsize="x-small")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    return fig, ax
+
+
+def _caption(fig: Figure, text: str) -> None:
+    """Small grey note under the axes (a supxlabel, so the layout makes room for it)."""
+    fig.supxlabel(text, fontsize="x-small", color="0.4")
+
+
+def _group_tick(g: Group) -> str:
+    return "\n".join(x for x in (g.model, g.layout, g.engine, g.extra) if x)
+
+
+def grouped_bars(ax, categories: list[str], series: dict[str, list[Stat | None]], scale: float = 1.0,
+                 value_format: str | None = None) -> None:
+    """One bar per (category, series) that has a value, median height, min-max whisker when n > 1. Within a
+    category the bars present share its width, so a category with one series gets one centred bar."""
+    present = [[name for name, stats in series.items() if stats[j] is not None] for j in range(len(categories))]
+    for i, (name, stats) in enumerate(series.items()):
+        xs, hs, lo, hi, ns = [], [], [], [], []
+        for j, s in enumerate(stats):
+            if s is None:
+                continue
+            width = 0.8 / len(present[j])
+            xs.append(j - 0.4 + width * (present[j].index(name) + 0.5))
+            hs.append(s.median / scale)
+            lo.append((s.median - s.min) / scale)
+            hi.append((s.max - s.median) / scale)
+            ns.append(s.n)
+        widths = [0.8 / len(present[round(x)]) * 0.95 for x in xs]
+        bars = ax.bar(xs, hs, width=widths, label=name, color=f"C{i}")
+        if value_format:
+            ax.bar_label(bars, fmt=value_format, fontsize="small", padding=2)
+        reps = [k for k, n in enumerate(ns) if n > 1]
+        if reps:
+            ax.errorbar([xs[k] for k in reps], [hs[k] for k in reps], yerr=[[lo[k] for k in reps],
+                        [hi[k] for k in reps]], fmt="none", ecolor="black", capsize=4, elinewidth=1.2)
+    ax.set_xticks(range(len(categories)), categories)
+    ax.set_xlim(-0.6, len(categories) - 0.4)
+
+
+def _with_checkpoint(groups: list[Group]) -> list[Group]:
+    """Groups whose runs wrote a checkpoint (engine none writes none)."""
+    return [g for g in groups if (g.run_stat("checkpoint_bytes") or Stat(0, 0, 0, 0)).median > 0]
+
+
+def checkpoint_by_layout(groups: list[Group], column: str, ylabel: str, title: str) -> Figure | None:
+    """Bars per layout (x) and model/engine (series) of a per-run checkpoint figure."""
+    gs = _with_checkpoint(groups)
+    if not gs:
+        return None
+    layouts = list(dict.fromkeys(g.layout for g in gs))
+    series: dict[str, list[Stat | None]] = {}
+    for g in gs:
+        name = " ".join(x for x in (g.model, g.engine, g.extra) if x)
+        series.setdefault(name, [None] * len(layouts))[layouts.index(g.layout)] = g.run_stat(column)
+    largest = max(s.max for ss in series.values() for s in ss if s)
+    unit, scale = byte_unit(largest) if column.endswith("_bytes") else ("", 1)
+    fig, ax = _figure(len(layouts) * max(1, len(series)) / 2 + 1)
+    grouped_bars(ax, layouts, series, scale, "{:,.0f}" if scale == 1 else "{:,.2f}")
+    ax.set_xlabel("layout (tensor, pipeline, data parallel degrees)")
+    ax.set_ylabel(ylabel.format(unit=unit))
+    ax.set_title(title)
+    ax.legend(title="model, engine", **LEGEND)
+    _caption(fig, CAPTION)
+    return fig
+
+
+def checkpoint_bytes(groups: list[Group]) -> Figure | None:
+    """Checkpoint size per layout and model (the tag directory the restart loaded)."""
+    return checkpoint_by_layout(groups, "checkpoint_bytes", "checkpoint size ({unit})",
+                                "Checkpoint size per layout and model")
+
+
+def checkpoint_files(groups: list[Group]) -> Figure | None:
+    """Checkpoint file count per layout and model."""
+    return checkpoint_by_layout(groups, "checkpoint_files", "files in the checkpoint (count)",
+                                "Checkpoint files per layout and model")
+
+
+def save_seconds(groups: list[Group]) -> Figure | None:
+    """Blocking vs durable save seconds per configuration, over every save of its runs."""
+    gs = [g for g in groups if g.save_stat("blocking_seconds")]
+    if not gs:
+        return None
+    fig, ax = _figure(len(gs))
+    grouped_bars(ax, [_group_tick(g) for g in gs], {
+        "blocking (training waits)": [g.save_stat("blocking_seconds") for g in gs],
+        "durable (on stable storage)": [g.save_stat("durable_seconds") for g in gs],
+    })
+    ax.set_ylabel("save time (s)")
+    ax.set_title("Save time per engine: blocking vs durable (slowest rank, every save)")
+    ax.legend(**LEGEND)
+    _caption(fig, CAPTION)
+    return fig
+
+
+def throughput(groups: list[Group]) -> Figure | None:
+    """Save (blocking, durable) and restart load throughput per configuration; storage baseline where measured."""
+    gs = [g for g in groups if g.save_stat("throughput_durable_mib_s") or g.stat("restart_load_throughput_mib_s")]
+    if not gs:
+        return None
+    fig, ax = _figure(len(gs))
+    grouped_bars(ax, [_group_tick(g) for g in gs], {
+        "save, blocking": [g.save_stat("throughput_blocking_mib_s") for g in gs],
+        "save, durable": [g.save_stat("throughput_durable_mib_s") for g in gs],
+        "restart load": [g.stat("restart_load_throughput_mib_s") for g in gs],
+    })
+    for column, style, name in (("baseline_write_mib_s", "--", "storage baseline, write"),
+                                ("baseline_read_mib_s", ":", "storage baseline, read")):
+        labelled = False
+        for j, g in enumerate(gs):
+            s = g.run_stat(column)
+            if s:
+                ax.hlines(s.median, j - 0.45, j + 0.45, colors="black", linestyles=style, linewidth=1.6,
+                          label=None if labelled else name)
+                labelled = True
+    ax.set_ylabel("throughput (MiB/s)")
+    ax.set_title("Checkpoint throughput per engine (bytes / slowest rank's seconds)")
+    ax.legend(**LEGEND)
+    _caption(fig, CAPTION)
+    return fig
+
+
+def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
+    """Restart seconds as stacked phases per configuration: launcher, then each phase (medians); the whisker
+    spans min-max of the stacked sum over restart records."""
+    gs = [g for g in groups if any(r.get("restart_record") for r in g.rows)]
+    if not gs:
+        return None
+    cols = ["restart_launch_seconds"] + [f"phase_{p}_seconds" for p in phases]
+    names = ["launch"] + phases
+    used = [(c, n) for c, n in zip(cols, names, strict=True) if any(g.stat(c) for g in gs)]
+    fig, ax = _figure(len(gs), height=4.8)
+    bottoms = [0.0] * len(gs)
+    for i, (col, name) in enumerate(used):
+        heights = [(g.stat(col) or Stat(0, 0, 0, 0)).median for g in gs]
+        ax.bar(range(len(gs)), heights, bottom=bottoms, width=0.6, label=name.replace("_", " "),
+               color=PHASE_COLORS.get(name, f"C{i - 1}"))
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    for j, g in enumerate(gs):
+        sums = stat([sum(num(r.get(c)) or 0.0 for c, _ in used) for r in g.rows if r.get("restart_record")])
+        if sums and sums.n > 1:
+            ax.errorbar([j + 0.34], [sums.median], yerr=[[sums.median - sums.min], [sums.max - sums.median]],
+                        fmt="o", color="black", markersize=3, capsize=4, elinewidth=1.2)
+    ax.set_xticks(range(len(gs)), [_group_tick(g) for g in gs])
+    ax.set_xlim(-0.6, len(gs) - 0.4)
+    ax.set_ylabel("restart time (s)")
+    ax.set_title("Restart time by phase (slowest rank per phase)")
+    ax.legend(title="phase", **LEGEND)
+    _caption(fig, "stacks: median of each phase; dot and whisker: median and min-max of the total over "
+             "restarts, where n > 1")
+    return fig
+
+
+def file_sizes(groups: list[Group]) -> Figure | None:
+    """Every checkpoint file's size (log scale), one row per configuration (its latest run's inventory),
+    coloured by kind (model states, optimizer states, layer states, other)."""
+    rows = []
+    for g in groups:
+        inv = next((r.inventory for r in reversed(g.runs) if r.inventory), None)
+        files = [f for f in (inv or {}).get("files", []) if isinstance(f, dict) and num(f.get("bytes"))]
+        if files:
+            rows.append((g, files))
+    if not rows:
+        return None
+    fig = Figure(figsize=(9.0, 1.6 + 0.55 * len(rows)), layout="constrained")
+    ax = fig.add_subplot()
+    kinds = list(dict.fromkeys([*KINDS, *(str(f.get("kind")) for _, fs in rows for f in fs)]))
+    for i, kind in enumerate(kinds):
+        xs, ys = [], []
+        for j, (_, files) in enumerate(rows):
+            mine = [f["bytes"] for f in files if str(f.get("kind")) == kind]
+            xs += mine
+            # spread the files of a row over a band so that equal sizes do not hide each other
+            ys += [j + 0.3 * ((k * 0.618) % 1 - 0.5) for k in range(len(mine))]
+        if xs:
+            ax.scatter(xs, ys, s=22, alpha=0.8, color=f"C{i}", label=kind.replace("_", " "))
+    ax.set_xscale("log")
+    ax.set_yticks(range(len(rows)), [f"{g.label}\n({len(fs)} files)" for g, fs in rows], fontsize="small")
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlabel("file size (bytes, log scale)")
+    ax.set_title("Checkpoint file sizes (each dot one file)")
+    ax.grid(axis="x", which="both", alpha=0.3)
+    ax.legend(title="kind", **LEGEND)
+    return fig
+
+
+def step_seconds(groups: list[Group]) -> Figure | None:
+    """Median training step seconds per configuration (engine none is the no-checkpoint baseline)."""
+    gs = [g for g in groups if g.run_stat("step_median_seconds")]
+    if not gs:
+        return None
+    series = {"all steps": [g.run_stat("step_median_seconds") for g in gs]}
+    if any(g.run_stat("step_in_flight_median_seconds") for g in gs):
+        series["steps with a save in flight"] = [g.run_stat("step_in_flight_median_seconds") for g in gs]
+    fig, ax = _figure(len(gs))
+    grouped_bars(ax, [_group_tick(g) for g in gs], series)
+    ax.set_ylabel("training step time, median per run (s)")
+    ax.set_title("Training step time per engine")
+    ax.legend(**LEGEND)
+    _caption(fig, CAPTION + " (over runs)")
+    return fig
+
+
+def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | None]:
+    """Every figure by file name (unit in the name); None where no run has its data."""
+    return {
+        "checkpoint_bytes": checkpoint_bytes(groups),
+        "checkpoint_files": checkpoint_files(groups),
+        "save_seconds": save_seconds(groups),
+        "throughput_mib_s": throughput(groups),
+        "restart_phases_seconds": restart_phases(groups, phases),
+        "file_size_bytes": file_sizes(groups),
+        "step_seconds": step_seconds(groups),
+    }

@@ -1,0 +1,153 @@
+"""Tables of the report (as header + string rows) rendered to Markdown and to one self-contained HTML page
+(plots embedded as base64 PNG, styles inline: no external resource)."""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass
+
+from analysis.load import Run, Skipped, SweepFailure
+from analysis.table import Group, Stat, get, num
+
+MIB = 2**20
+
+
+@dataclass
+class Table:
+    """A titled table: header and rows of already formatted cells."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    note: str = ""
+
+
+def fmt(s: Stat | None, digits: int = 3, scale: float = 1.0) -> str:
+    """`median` or `median [min-max] (n)` for repeats; `-` when absent."""
+    if s is None:
+        return "-"
+    m = f"{s.median / scale:.{digits}f}"
+    if s.n == 1:
+        return m
+    if s.min == s.max:
+        return f"{m} (n={s.n})"
+    return f"{m} [{s.min / scale:.{digits}f}-{s.max / scale:.{digits}f}] (n={s.n})"
+
+
+def _v(value: object, digits: int = 3, scale: float = 1.0) -> str:
+    x = num(value)
+    if x is None:
+        return "-" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    return f"{x / scale:.{digits}f}" if scale != 1 or isinstance(value, float) else str(value)
+
+
+def configurations(groups: list[Group]) -> Table:
+    """One row per configuration: the headline figures, median [min-max] over its repeats."""
+    rows = []
+    for g in groups:
+        restarts = [r for r in g.rows if r.get("restart_record")]
+        verified = sum(1 for r in restarts if r.get("restart_verified") is True)
+        rows.append([g.label, str(len(g.runs)), str(len(restarts)), fmt(g.run_stat("checkpoint_files"), 0),
+                     fmt(g.run_stat("checkpoint_bytes"), 2, MIB), fmt(g.save_stat("blocking_seconds")),
+                     fmt(g.save_stat("durable_seconds")), fmt(g.save_stat("throughput_durable_mib_s"), 1),
+                     fmt(g.stat("restart_total_seconds")), fmt(g.stat("phase_checkpoint_load_seconds")),
+                     f"{verified}/{len(restarts)}" if restarts else "-"])
+    return Table("Configurations", ["configuration", "runs", "restarts", "checkpoint files", "checkpoint MiB",
+                                    "save blocking s", "save durable s", "save durable MiB/s", "restart total s",
+                                    "checkpoint load s", "verified"], rows,
+                 "median [min-max] (n) over repeats; save figures over every save of the configuration's runs")
+
+
+def phases_table(groups: list[Group], phases: list[str]) -> Table:
+    """Median seconds of each restart phase per configuration."""
+    cols = ["restart_launch_seconds"] + [f"phase_{p}_seconds" for p in phases] + ["restart_total_seconds"]
+    rows = [[g.label] + [fmt(g.stat(c)) for c in cols] for g in groups if any(r.get("restart_record") for r in g.rows)]
+    return Table("Restart phases (seconds, slowest rank)", ["configuration", "launch"] + phases + ["total"], rows,
+                 "total: slowest rank's process start to first step done, launch not included")
+
+
+def runs_table(table: list[dict]) -> Table:
+    """One row per run and restart record."""
+    rows = []
+    for r in table:
+        rows.append([r["run_id"], r.get("restart_record") or "-", r["state"], f"{r['model']}",
+                     f"tp{r['tp']} pp{r['pp']} dp{r['dp']}", str(r["engine"]), _v(r.get("checkpoint_files")),
+                     _v(r.get("checkpoint_bytes"), 2, MIB), _v(r.get("save_blocking_seconds")),
+                     _v(r.get("save_durable_seconds")), _v(r.get("restart_total_seconds")),
+                     _v(r.get("restart_cache_observed")), _v(r.get("restart_verified"))])
+    return Table("Runs and restart records", ["run", "restart", "state", "model", "layout", "engine", "files", "MiB",
+                                              "save blocking s", "save durable s", "restart total s", "cache",
+                                              "verified"], rows,
+                 "save figures are those of the save the restart loaded; every column is in runs.csv")
+
+
+def baseline_table(table: list[dict]) -> Table | None:
+    """Storage baselines recorded with the runs, with the efficiency the harness derived from them."""
+    rows = [[r["run_id"], _v(r.get("baseline_method")), _v(r.get("baseline_write_mib_s"), 1),
+             _v(r.get("baseline_read_mib_s"), 1), _v(r.get("efficiency_save_ratio")),
+             _v(r.get("efficiency_load_ratio"))]
+            for r in table if r.get("baseline_write_mib_s") is not None or r.get("baseline_read_mib_s") is not None]
+    if not rows:
+        return None
+    return Table("Storage baseline", ["run", "method", "write MiB/s", "read MiB/s", "save efficiency",
+                                      "load efficiency"], rows,
+                 "efficiency: durable save (load) throughput / baseline write (read) throughput")
+
+
+def problems_table(skipped: list[Skipped], runs: list[Run], failures: list[SweepFailure]) -> Table | None:
+    """What was skipped, what was read with caveats, and failed sweep combinations."""
+    rows = [["skipped", str(s.path), s.reason] for s in skipped]
+    for r in runs:
+        if r.state != "complete":
+            reason = get(r.summary, "status", "reason", default="no reason given")
+            rows.append([r.state, str(r.dir), f"in runs.csv, left out of the plots: {reason}"])
+        rows.extend(["note", str(r.dir), n] for n in r.notes)
+    rows.extend(["sweep " + f.state, f"{f.sweep}: {f.combination}", f.reason] for f in failures)
+    return Table("Skipped and incomplete", ["what", "where", "why"], rows) if rows else None
+
+
+def markdown(title: str, tables: list[Table], figures: list[str], missing: list[str]) -> str:
+    """The report as Markdown: tables, then the figures as image links."""
+    out = [f"# {title}", ""]
+    for t in tables:
+        out += [f"## {t.title}", ""]
+        out.append("| " + " | ".join(_md(h) for h in t.header) + " |")
+        out.append("|" + "---|" * len(t.header))
+        out += ["| " + " | ".join(_md(c) for c in row) + " |" for row in t.rows]
+        out += ["", f"_{t.note}_", ""] if t.note else [""]
+    out += ["## Figures", ""]
+    out += [f"![{name}]({name}.png)\n" for name in figures]
+    if missing:
+        out += [f"No data in these runs for: {', '.join(missing)}.", ""]
+    return "\n".join(out)
+
+
+def _md(cell: str) -> str:
+    return cell.replace("|", "\\|").replace("\n", " ")
+
+
+STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:.25em .6em;font-size:.9em;text-align:left}th{background:#f0f0f0}
+tr:nth-child(even) td{background:#fafafa}img{max-width:100%;border:1px solid #eee;margin:.5em 0}
+.note{color:#666;font-size:.85em}"""
+
+
+def html_page(title: str, tables: list[Table], pngs: dict[str, bytes], missing: list[str]) -> str:
+    """One HTML page holding everything: tables, and each PNG as a data: URI."""
+    e = html.escape
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
+             f"<style>{STYLE}</style></head><body><h1>{e(title)}</h1>"]
+    for t in tables:
+        parts.append(f"<h2>{e(t.title)}</h2><table><tr>" + "".join(f"<th>{e(h)}</th>" for h in t.header) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in t.rows]
+        parts.append("</table>" + (f"<p class='note'>{e(t.note)}</p>" if t.note else ""))
+    parts.append("<h2>Figures</h2>")
+    for name, png in pngs.items():
+        data = base64.b64encode(png).decode()
+        parts.append(f"<figure><img alt='{e(name)}' src='data:image/png;base64,{data}'>"
+                     f"<figcaption class='note'>{e(name)}.png</figcaption></figure>")
+    if missing:
+        parts.append(f"<p class='note'>No data in these runs for: {e(', '.join(missing))}.</p>")
+    parts.append("</body></html>")
+    return "\n".join(parts)

@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""./analysis/report.py RUN_OR_SWEEP_DIR... [-o REPORT_DIR]   (also: python -m analysis ...)
+
+Finds every run directory (one holding spec.json) at or below the paths given, and writes a report folder:
+runs.csv (one row per run and restart record), saves.csv (one row per save), report.md, one PNG per figure and
+report.html (everything embedded). Unreadable inputs are named on stderr, one line each, and skipped. The last
+line printed is the report folder. Exit 0 if at least one run was read, 2 if none (nothing is written then)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import sys
+import tempfile
+from datetime import datetime
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FIGURE_DPI = 110
+
+
+def _find_matplotlib() -> None:
+    """Run as a script by a python3 without matplotlib: re-run with the project's Python (RH_PYTHON, .venv)."""
+    try:
+        import matplotlib  # noqa: F401
+        return
+    except ImportError:
+        pass
+    for candidate in (os.environ.get("RH_PYTHON"), str(REPO / ".venv" / "bin" / "python")):
+        if candidate and Path(candidate).is_file() and not os.environ.get("RH_ANALYSIS_REEXEC"):
+            os.environ["RH_ANALYSIS_REEXEC"] = "1"  # never loop between interpreters
+            os.execv(candidate, [candidate, str(Path(__file__).resolve()), *sys.argv[1:]])
+    print(f"error: matplotlib is not importable by {sys.executable}; pip install matplotlib, or set RH_PYTHON "
+          "to a Python that has it", file=sys.stderr)
+    sys.exit(2)
+
+
+if __name__ == "__main__":
+    _find_matplotlib()
+    sys.path.insert(0, str(REPO))
+
+from analysis import load as ld  # noqa: E402
+from analysis import plots, render  # noqa: E402
+from analysis import table as tb  # noqa: E402
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:
+        """One line, exit 2 (argparse would print the whole usage first)."""
+        print(f"error: {message} (usage: report.py RUN_OR_SWEEP_DIR... [-o REPORT_DIR])", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = _Parser(prog="report.py", description=__doc__.split("\n\n")[1],
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP_DIR",
+                   help="run directories, sweep folders or whole results/ folders (searched recursively)")
+    p.add_argument("-o", "--output", type=Path, default=None,
+                   help="report folder to create (must not exist or be empty); default reports/report-<time>/")
+    return p.parse_args(argv)
+
+
+def report_dir(requested: Path | None) -> Path:
+    """The report folder, created here; an earlier report is never overwritten."""
+    if requested is not None:
+        if requested.exists() and (not requested.is_dir() or any(requested.iterdir())):
+            raise FileExistsError(f"{requested} already exists and is not an empty folder; give a new one")
+        requested.mkdir(parents=True, exist_ok=True)
+        return requested.resolve()
+    base = Path("reports") / f"report-{datetime.now():%Y%m%d-%H%M%S}"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir()  # exclusive: two reports in the same second get -2, -3...
+            return path.resolve()
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a fresh folder next to {base}")
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Temp file in the same folder, then rename: a reader never sees half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is for reading
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def png_bytes(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=FIGURE_DPI)
+    return buf.getvalue()
+
+
+def build(runs: list[ld.Run], skipped: list[ld.Skipped], failures: list[ld.SweepFailure]) -> dict:
+    """Everything the report holds: rows, groups, tables and figures (nothing written yet)."""
+    rows = tb.rows(runs)
+    phases = [p for p in tb.phase_names(runs) if any(r.get(f"phase_{p}_seconds") is not None for r in rows)]
+    groups = tb.groups(runs, rows)
+    figures = plots.all_figures(groups, phases)
+    tables = [render.configurations(groups), render.phases_table(groups, phases), render.runs_table(rows)]
+    tables += [t for t in (render.baseline_table(rows), render.problems_table(skipped, runs, failures)) if t]
+    return {"rows": rows, "saves": tb.save_rows(runs), "groups": groups, "figures": figures, "tables": tables}
+
+
+def write(out: Path, built: dict, title: str) -> list[Path]:
+    """The report files under out; returns them."""
+    figures = {k: v for k, v in built["figures"].items() if v is not None}
+    missing = [k for k, v in built["figures"].items() if v is None]
+    pngs = {name: png_bytes(fig) for name, fig in figures.items()}
+    files = {
+        "runs.csv": tb.to_csv(built["rows"]).encode(),
+        "saves.csv": tb.to_csv(built["saves"]).encode(),
+        "report.md": render.markdown(title, built["tables"], list(pngs), missing).encode(),
+        "report.html": render.html_page(title, built["tables"], pngs, missing).encode(),
+        **{f"{name}.png": data for name, data in pngs.items()},
+    }
+    for name, data in files.items():
+        write_atomic(out / name, data)
+    return [out / name for name in files]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    if args.output is not None and args.output.exists() and (not args.output.is_dir() or any(args.output.iterdir())):
+        print(f"error: -o {args.output} already exists and is not an empty folder; give a new one", file=sys.stderr)
+        return 2
+    runs, skipped = ld.load(args.paths)
+    for s in skipped:
+        print(s.line(), file=sys.stderr)
+    for r in runs:
+        for note in r.notes:
+            print(f"note {r.dir}: {note}", file=sys.stderr)
+        if r.state != "complete":
+            reason = tb.get(r.summary, "status", "reason", default="no reason given")
+            print(f"run {r.dir} is {r.state} ({reason}): in runs.csv, left out of the plots", file=sys.stderr)
+    if not runs:
+        print(f"error: no readable run in {' '.join(map(str, args.paths))}; nothing written", file=sys.stderr)
+        return 2
+    failures = ld.sweep_failures([Path(p) for p in args.paths], runs)
+    for f in failures:
+        print(f"sweep {f.sweep}: combination {f.combination} {f.state}: {f.reason}", file=sys.stderr)
+    built = build(runs, skipped, failures)
+    try:
+        out = report_dir(args.output)
+    except OSError as exc:
+        print(f"error: cannot create the report folder: {exc}", file=sys.stderr)
+        return 2
+    n_restarts = sum(1 for r in built["rows"] if r.get("restart_record"))
+    title = f"Restart-harness report: {len(runs)} runs, {n_restarts} restarts, {len(built['groups'])} configurations"
+    written = write(out, built, title)
+    print(f"{len(runs)} runs ({n_restarts} restart records) in {len(built['groups'])} configurations; "
+          f"{len(skipped)} skipped; wrote {', '.join(p.name for p in written)}")
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

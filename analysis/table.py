@@ -1,0 +1,285 @@
+"""Runs -> flat rows (one per run and restart record; one per save) with units in every column name, and
+groups of repeats (runs of the same configuration) with their median, min and max."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from analysis.load import Run
+
+# Restart phases in the order the README defines them; phases a newer harness adds follow, in first-seen order.
+KNOWN_PHASES = ("imports", "dist_init", "model_build", "engine_init", "checkpoint_load", "first_step")
+KINDS = ("model_states", "optimizer_states", "layer_states", "other")
+# The spec fields that make two runs repeats of one configuration (seed, paths, ports and timeouts do not).
+CONFIG_FIELDS = ("model", "shape", "shrink", "precision", "tp", "pp", "dp", "nodes", "ranks_per_node", "engine",
+                 "engine_options", "device", "launcher", "cache", "iters", "save_interval", "after", "micro_batch",
+                 "grad_accum", "seq_len")
+# Fields outside spec proper that also separate configurations: another machine or another file system.
+PLACE_FIELDS = (("host", "hostname"), ("checkpoint_filesystem", "mount"), ("checkpoint_filesystem", "type"))
+
+
+def get(d: object, *keys: str, default: object = None) -> object:
+    """d[k1][k2]... or default when any level is missing or not an object."""
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return default
+        d = d[k]
+    return default if d is None else d
+
+
+def num(value: object) -> float | None:
+    """A finite number or None (strings, booleans and nested objects are not figures)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def restart_records(summary: dict) -> list[dict]:
+    """Every restart record, oldest first; a summary with only `restart` gives that one."""
+    records = [r for r in summary.get("restarts") or [] if isinstance(r, dict)]
+    if not records and isinstance(summary.get("restart"), dict):
+        records = [summary["restart"]]
+    return records
+
+
+def phase_names(runs: list[Run]) -> list[str]:
+    """Known phases first, then any others found, in first-seen order."""
+    seen = [p for p in KNOWN_PHASES]
+    for run in runs:
+        for rec in restart_records(run.summary):
+            for name in get(rec, "phases", default={}) or {}:
+                if name not in seen:
+                    seen.append(name)
+    return seen
+
+
+def loaded_save(summary: dict, tag: str | None) -> dict:
+    """The save a restart loaded (by tag), else the checkpoint's tag, else the last save; {} if none."""
+    saves = [s for s in get(summary, "checkpoint", "saves", default=[]) if isinstance(s, dict)]
+    for want in (tag, get(summary, "checkpoint", "tag")):
+        for s in saves:
+            if want and s.get("tag") == want:
+                return s
+    return saves[-1] if saves else {}
+
+
+def model_label(spec: dict) -> str:
+    shrink = num(spec.get("shrink")) or 1
+    return f"{spec['model']}/{shrink:g}" if shrink > 1 else str(spec["model"])
+
+
+def layout_label(spec: dict) -> str:
+    nodes = num(spec.get("nodes")) or 1
+    return f"tp{spec['tp']} pp{spec['pp']} dp{spec['dp']}" + (f" {nodes:g}n" if nodes > 1 else "")
+
+
+def run_columns(run: Run) -> dict:
+    """Columns that are the same for every restart record of a run."""
+    s, spec = run.summary, run.spec
+    ck = s.get("checkpoint") or {}
+    row = {
+        "run_id": run.run_id,
+        "state": run.state,
+        "state_reason": get(s, "status", "reason"),
+        "sweep": run.sweep,
+        "schema_version": s.get("schema_version"),
+        "model": spec["model"],
+        "shrink": spec.get("shrink"),
+        "precision": spec.get("precision"),
+        "tp": spec["tp"], "pp": spec["pp"], "dp": spec["dp"],
+        "nodes": spec.get("nodes"),
+        "world_size": get(spec, "derived", "world_size"),
+        "engine": spec["engine"],
+        "device": spec.get("device"),
+        "cache_requested": spec.get("cache"),
+        "num_parameters": get(spec, "derived", "num_parameters"),
+        "checkpoint_tag": ck.get("tag"),
+        "checkpoint_files": num(ck.get("files")),
+        "checkpoint_bytes": num(ck.get("bytes")),
+    }
+    for kind in KINDS:
+        row[f"{kind}_files"] = num(get(ck, "by_kind", kind, "files"))
+        row[f"{kind}_bytes"] = num(get(ck, "by_kind", kind, "bytes"))
+    row["checkpoint_rank_max_bytes"] = num(get(ck, "bytes_per_rank", "max"))
+    row["checkpoint_rank_min_bytes"] = num(get(ck, "bytes_per_rank", "min"))
+    row["saves_count"] = len(get(ck, "saves", default=[]) or [])
+    tr = s.get("training") or {}
+    losses = [x for x in tr.get("losses") or [] if num(x) is not None]
+    row.update({
+        "training_steps": num(tr.get("steps")),
+        "step_median_seconds": num(tr.get("step_seconds_median")),
+        "step_in_flight_median_seconds": num(tr.get("step_seconds_median_in_flight")),
+        "final_loss": losses[-1] if losses else None,
+        "train_max_rss_bytes": num(tr.get("max_rss_bytes_per_rank")),
+        "baseline_write_mib_s": num(get(s, "baseline", "write_mib_s")),
+        "baseline_read_mib_s": num(get(s, "baseline", "read_mib_s")),
+        "baseline_method": get(s, "baseline", "method"),
+        "efficiency_save_ratio": num(get(ck, "efficiency", "save")),
+        "efficiency_load_ratio": num(get(ck, "efficiency", "load")),
+    })
+    return row
+
+
+def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
+    """Columns of one restart record, and of the save it loaded (all empty for a run without a restart)."""
+    rec = rec or {}
+    save = loaded_save(summary, rec.get("tag")) if summary.get("checkpoint") else {}
+    row = {
+        "save_tag": save.get("tag"),
+        "save_step": num(save.get("step")),
+        "save_blocking_seconds": num(save.get("blocking_seconds")),
+        "save_durable_seconds": num(save.get("durable_seconds")),
+        "save_commit_seconds": num(save.get("commit_seconds")),
+        "throughput_blocking_mib_s": num(get(save, "throughput_mib_s", "blocking")),
+        "throughput_durable_mib_s": num(get(save, "throughput_mib_s", "durable")),
+        "restart_record": rec.get("record"),
+        "restart_tag": rec.get("tag"),
+        "restart_ranks": num(rec.get("ranks")),
+        "restart_total_seconds": num(rec.get("total_seconds")),
+        "restart_launch_seconds": num(rec.get("launch_seconds")),
+        "restart_wall_seconds": num(rec.get("wall_seconds")),
+    }
+    for p in phases:
+        row[f"phase_{p}_seconds"] = num(get(rec, "phases", p))
+    row.update({
+        "restart_verify_seconds": num(rec.get("verify_seconds")),
+        "restart_verified": rec.get("verified") if rec else None,
+        "restart_verified_tensors": num(rec.get("verified_tensors")),
+        "restart_cache_observed": get(rec, "cache", "observed"),
+        "restart_load_seconds": num(rec.get("load_seconds")),
+        "restart_load_throughput_mib_s": num(rec.get("load_throughput_mib_s")),
+        "restart_max_rss_bytes": num(rec.get("max_rss_bytes_per_rank")),
+        "restart_exit_code": rec.get("exit_code"),
+    })
+    return row
+
+
+def rows(runs: list[Run]) -> list[dict]:
+    """One row per (run, restart record); a run without restarts (engine none, a failed run) gets one row."""
+    phases = phase_names(runs)
+    out = []
+    for run in runs:
+        base = run_columns(run)
+        for rec in restart_records(run.summary) or [None]:
+            # run_id and restart_record first: together they name the row
+            out.append({"run_id": base["run_id"], "restart_record": (rec or {}).get("record"), **base,
+                        **restart_columns(run.summary, rec, phases), "run_dir": str(run.dir)})
+    return out
+
+
+def save_rows(runs: list[Run]) -> list[dict]:
+    """One row per save of every run (every save is one measurement of its configuration)."""
+    out = []
+    for run in runs:
+        for s in get(run.summary, "checkpoint", "saves", default=[]) or []:
+            if not isinstance(s, dict):
+                continue
+            out.append({
+                "run_id": run.run_id, "model": run.spec["model"], "tp": run.spec["tp"], "pp": run.spec["pp"],
+                "dp": run.spec["dp"], "engine": run.spec["engine"], "tag": s.get("tag"), "step": num(s.get("step")),
+                "files": num(s.get("files")), "bytes": num(s.get("bytes")),
+                "blocking_seconds": num(s.get("blocking_seconds")), "durable_seconds": num(s.get("durable_seconds")),
+                "commit_seconds": num(s.get("commit_seconds")),
+                "throughput_blocking_mib_s": num(get(s, "throughput_mib_s", "blocking")),
+                "throughput_durable_mib_s": num(get(s, "throughput_mib_s", "durable")),
+                "run_dir": str(run.dir),
+            })
+    return out
+
+
+def columns_of(table: list[dict]) -> list[str]:
+    """Column names in first-seen order over all rows."""
+    cols: list[str] = []
+    for row in table:
+        cols.extend(k for k in row if k not in cols)
+    return cols
+
+
+def to_csv(table: list[dict]) -> str:
+    """CSV text; empty cells for missing values, booleans as true/false."""
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns_of(table), lineterminator="\n")
+    writer.writeheader()
+    for row in table:
+        writer.writerow({k: ("" if v is None else str(v).lower() if isinstance(v, bool) else v)
+                         for k, v in row.items()})
+    return buf.getvalue()
+
+
+@dataclass
+class Stat:
+    """Median, min and max of the repeats of one figure (n of them)."""
+
+    median: float
+    min: float
+    max: float
+    n: int
+
+
+def stat(values: list[object]) -> Stat | None:
+    """Stat over the numeric values, None if there are none."""
+    xs = [v for v in (num(v) for v in values) if v is not None]
+    return Stat(statistics.median(xs), min(xs), max(xs), len(xs)) if xs else None
+
+
+@dataclass
+class Group:
+    """Runs of one configuration (repeats), with their rows (one per restart record) and saves."""
+
+    model: str
+    layout: str
+    engine: str
+    extra: str
+    runs: list[Run] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)
+    saves: list[dict] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return " ".join(x for x in (self.model, self.layout, self.engine, self.extra) if x)
+
+    def stat(self, column: str) -> Stat | None:
+        return stat([r.get(column) for r in self.rows])
+
+    def run_stat(self, column: str) -> Stat | None:
+        """Over runs, not restart records: one value per run (checkpoint bytes, files...)."""
+        firsts = {r["run_dir"]: r.get(column) for r in reversed(self.rows)}
+        return stat(list(firsts.values()))
+
+    def save_stat(self, column: str) -> Stat | None:
+        return stat([s.get(column) for s in self.saves])
+
+
+def _config(run: Run) -> dict:
+    spec = run.spec
+    out = {k: json.dumps(spec.get(k), sort_keys=True) for k in CONFIG_FIELDS}
+    for a, b in PLACE_FIELDS:
+        out[f"{a}.{b}"] = json.dumps(get(spec, a, b))
+    return out
+
+
+def groups(runs: list[Run], table: list[dict] | None = None, states: tuple[str, ...] = ("complete",)) -> list[Group]:
+    """Runs in the given states grouped by configuration, in first-seen order. A group's `extra` names the
+    settings (beyond model, layout, engine) that tell it apart from other groups, e.g. `cache=warm`."""
+    table = rows(runs) if table is None else table
+    saves = save_rows(runs)
+    chosen = [r for r in runs if r.state in states]
+    configs = [_config(r) for r in chosen]
+    shown = {"model", "shrink", "tp", "pp", "dp", "nodes", "ranks_per_node", "engine"}  # rpn follows the layout
+    varying = [k for k in (configs[0] if configs else {}) if k not in shown and len({c[k] for c in configs}) > 1]
+    out: dict[tuple, Group] = {}
+    for run, config in zip(chosen, configs, strict=True):
+        key = tuple(sorted(config.items()))
+        if key not in out:
+            extra = " ".join(f"{k.split('.')[-1]}={json.loads(config[k])}" for k in varying)
+            out[key] = Group(model_label(run.spec), layout_label(run.spec), str(run.spec["engine"]), extra)
+        g = out[key]
+        g.runs.append(run)
+        g.rows.extend(r for r in table if r["run_dir"] == str(run.dir))
+        g.saves.extend(s for s in saves if s["run_dir"] == str(run.dir))
+    return list(out.values())

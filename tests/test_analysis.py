@@ -1,0 +1,361 @@
+"""analysis/: the report command, its CSV, figures, notebook and HTML page, on real results of tiny runs
+(tiny_dp2 plus a repeat of it and a dp=1 run), and on corrupt or unfinished inputs made from copies of them."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, load_summary, run_cli
+from matplotlib.collections import LineCollection, PathCollection
+from matplotlib.container import BarContainer, ErrorbarContainer
+
+from analysis import load as ld
+from analysis import report
+
+MIB = 2**20
+TINY = ["tiny", "engine=default", "iters=4", "save_interval=2", "after=2"]
+FIGURES = ["checkpoint_bytes", "checkpoint_files", "save_seconds", "throughput_mib_s", "restart_phases_seconds",
+           "file_size_bytes", "step_seconds"]
+# Every column is an identifier/setting, or a figure whose name ends with its unit.
+UNIT_SUFFIXES = ("_seconds", "_bytes", "_files", "_mib_s", "_ratio", "_count", "_steps", "_tensors", "_ranks")
+NOT_FIGURES = {"run_id", "state", "state_reason", "sweep", "schema_version", "model", "shrink", "precision", "tp", "pp",
+               "dp", "nodes", "world_size", "engine", "device", "cache_requested", "num_parameters", "checkpoint_tag",
+               "save_tag", "save_step", "restart_record", "restart_tag", "restart_verified", "restart_cache_observed",
+               "restart_exit_code", "baseline_method", "final_loss", "run_dir", "training_steps"}
+
+
+def report_cmd(*args: str, cwd: Path = REPO, module: bool = False) -> subprocess.CompletedProcess:
+    """The real command: ./analysis/report.py (or python -m analysis) with the interpreter running pytest."""
+    entry = ["-m", "analysis"] if module else [str(REPO / "analysis" / "report.py")]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, *entry, *args], capture_output=True, text=True, cwd=cwd, env=env,
+                          timeout=300, check=False)
+
+
+@pytest.fixture(scope="session")
+def more_runs(tmp_path_factory) -> Path:
+    """A repeat of tiny_dp2's configuration and a second layout (dp=1), in their own results folder."""
+    results = tmp_path_factory.mktemp("analysis-results")
+    run_cli([*TINY, "dp=2"], results)
+    run_cli([*TINY, "dp=1"], results)
+    return results
+
+
+@pytest.fixture(scope="session")
+def study(tiny_dp2: Path, more_runs: Path) -> list[Path]:
+    """The inputs given to the report: a run directory and a folder of runs."""
+    return [tiny_dp2, more_runs]
+
+
+@pytest.fixture(scope="session")
+def made_report(study: list[Path], tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    out = tmp_path_factory.mktemp("report") / "r"
+    proc = report_cmd(*map(str, study), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return proc, out
+
+
+@pytest.fixture(scope="session")
+def built(study: list[Path]) -> dict:
+    runs, skipped = ld.load(study)
+    assert not skipped
+    return report.build(runs, skipped, [])
+
+
+def _copy_results(run: Path, dest: Path) -> Path:
+    """A run directory's result files (not its checkpoint) copied to dest."""
+    dest.mkdir(parents=True)
+    for name in ("spec.json", "summary.json", "status.json", "inventory.json"):
+        shutil.copy(run / name, dest / name)
+    return dest
+
+
+def _edit_summary(run: Path, change) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    change(summary)
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def _bars(ax) -> list[BarContainer]:
+    return [c for c in ax.containers if isinstance(c, BarContainer)]
+
+
+def _errorbars(ax) -> list[ErrorbarContainer]:
+    return [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
+
+
+@pytest.mark.slow
+def test_report_command_writes_every_file(made_report):
+    proc, out = made_report
+    assert Path(proc.stdout.strip().splitlines()[-1]) == out.resolve()
+    assert proc.stderr == ""
+    for name in ("runs.csv", "saves.csv", "report.md", "report.html", *(f"{f}.png" for f in FIGURES)):
+        assert (out / name).is_file(), name
+    for f in FIGURES:
+        png = (out / f"{f}.png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, f
+    md = (out / "report.md").read_text()
+    assert "| tiny tp1 pp1 dp2 default | 2 | 2 |" in md and "| tiny tp1 pp1 dp1 default | 1 | 1 |" in md
+    html = (out / "report.html").read_text()
+    assert html.count("src='data:image/png;base64,") == len(FIGURES)
+    assert "http://" not in html and "https://" not in html and "<link" not in html and "<script" not in html
+
+
+@pytest.mark.slow
+def test_csv_matches_summaries(made_report, study):
+    _, out = made_report
+    with open(out / "runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 3 and {r["restart_record"] for r in rows} == {"restart-01"}
+    for col in rows[0]:
+        assert col in NOT_FIGURES or col.endswith(UNIT_SUFFIXES), f"column {col} names no unit"
+    assert "phase_checkpoint_load_seconds" in rows[0] and "throughput_durable_mib_s" in rows[0]
+    for row in rows:
+        s = load_summary(Path(row["run_dir"]))
+        ck, rs = s["checkpoint"], s["restart"]
+        save = next(x for x in ck["saves"] if x["tag"] == rs["tag"])
+        assert (row["model"], row["engine"], int(row["tp"]), int(row["pp"]), int(row["dp"])) == (
+            "tiny", "default", 1, 1, s["spec"]["dp"])
+        assert int(row["checkpoint_bytes"]) == ck["bytes"] and int(row["checkpoint_files"]) == ck["files"]
+        assert int(row["optimizer_states_bytes"]) == ck["by_kind"]["optimizer_states"]["bytes"]
+        assert float(row["save_blocking_seconds"]) == save["blocking_seconds"]
+        assert float(row["save_durable_seconds"]) == save["durable_seconds"]
+        assert float(row["throughput_durable_mib_s"]) == ck["throughput_mib_s"]["durable"]
+        assert float(row["restart_total_seconds"]) == rs["total_seconds"]
+        for phase, seconds in rs["phases"].items():
+            assert float(row[f"phase_{phase}_seconds"]) == seconds
+        assert row["restart_verified"] == "true" and row["restart_cache_observed"] == rs["cache"]["observed"]
+        assert row["baseline_write_mib_s"] == ""  # none measured: an empty cell, not 0
+    with open(out / "saves.csv") as f:
+        saves = list(csv.DictReader(f))
+    assert len(saves) == 6 and {s["tag"] for s in saves} == {"global_step2", "global_step4"}
+
+
+@pytest.mark.slow
+def test_checkpoint_figures_per_layout(built):
+    groups = built["groups"]
+    assert [(g.layout, len(g.runs)) for g in groups] == [("tp1 pp1 dp2", 2), ("tp1 pp1 dp1", 1)]
+    dp2, dp1 = (load_summary(g.runs[0].dir)["checkpoint"] for g in groups)
+    ax = built["figures"]["checkpoint_bytes"].axes[0]
+    (bars,) = _bars(ax)
+    assert bars.get_label() == "tiny default" and len(bars) == 2
+    assert [b.get_height() for b in bars] == pytest.approx([dp2["bytes"] / MIB, dp1["bytes"] / MIB])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["tp1 pp1 dp2", "tp1 pp1 dp1"]
+    assert ax.get_ylabel() == "checkpoint size (MiB)"
+    (err,) = _errorbars(ax)  # only the dp2 bar has repeats
+    assert len(err.lines[2][0].get_segments()) == 1
+    (bars,) = _bars(built["figures"]["checkpoint_files"].axes[0])
+    assert [b.get_height() for b in bars] == [3, 2]
+
+
+@pytest.mark.slow
+def test_save_and_throughput_figures(built):
+    groups = built["groups"]
+    ax = built["figures"]["save_seconds"].axes[0]
+    blocking, durable = _bars(ax)
+    assert (blocking.get_label(), durable.get_label()) == ("blocking (training waits)", "durable (on stable storage)")
+    assert len(blocking) == len(durable) == 2
+    one_run = load_summary(groups[1].runs[0].dir)["checkpoint"]["saves"]
+    assert blocking[1].get_height() == pytest.approx(statistics.median(s["blocking_seconds"] for s in one_run))
+    assert all(d.get_height() >= b.get_height() for b, d in zip(blocking, durable, strict=True))
+    assert len(_errorbars(ax)) == 2  # both configurations have several saves
+    assert ax.get_ylabel() == "save time (s)"
+    ax = built["figures"]["throughput_mib_s"].axes[0]
+    assert [b.get_label() for b in _bars(ax)] == ["save, blocking", "save, durable", "restart load"]
+    assert all(len(b) == 2 for b in _bars(ax)) and ax.get_ylabel() == "throughput (MiB/s)"
+    assert not [c for c in ax.collections if isinstance(c, LineCollection) and "baseline" in c.get_label()]
+
+
+@pytest.mark.slow
+def test_restart_phase_figure(built):
+    groups = built["groups"]
+    ax = built["figures"]["restart_phases_seconds"].axes[0]
+    stacks = _bars(ax)
+    assert [b.get_label() for b in stacks] == ["launch", "imports", "dist init", "model build", "engine init",
+                                               "checkpoint load", "first step"]
+    assert all(len(b) == 2 for b in stacks)
+    rs = load_summary(groups[1].runs[0].dir)["restart"]  # one restart: the stack is exactly its phases
+    assert sum(b[1].get_height() for b in stacks) == pytest.approx(rs["launch_seconds"] + sum(rs["phases"].values()))
+    assert len(_errorbars(ax)) == 1  # only dp2 has two restarts
+    assert ax.get_ylabel() == "restart time (s)"
+
+
+@pytest.mark.slow
+def test_file_size_figure(built, study):
+    ax = built["figures"]["file_size_bytes"].axes[0]
+    assert ax.get_xscale() == "log" and "bytes" in ax.get_xlabel()
+    dots = {c.get_label(): c.get_offsets() for c in ax.collections if isinstance(c, PathCollection)}
+    assert set(dots) == {"model states", "optimizer states"}
+    assert len(dots["model states"]) == 2 and len(dots["optimizer states"]) == 3  # dp2: 1 + 2 files; dp1: 1 + 1
+    inventory = json.loads((study[0] / "inventory.json").read_text())
+    optim = {f["bytes"] for f in inventory["files"] if f["kind"] == "optimizer_states"}
+    assert optim and optim <= set(dots["optimizer states"][:, 0])
+
+
+@pytest.mark.slow
+def test_optional_fields_and_engine_none(tiny_dp2: Path, tmp_path: Path):
+    """Fields other helpers add (baseline, efficiency, in-flight step time) are used when present; an engine=none
+    run (no checkpoint, no restart) appears only where it has data."""
+    fast = _copy_results(tiny_dp2, tmp_path / "ts" / "run")
+
+    def add_baseline(s):
+        s["spec"]["engine"] = "torchsnapshot"
+        s["baseline"] = {"write_mib_s": 300.0, "read_mib_s": 1800.0, "method": "fio", "file_bytes": 2**30, "ranks": 2}
+        s["checkpoint"]["efficiency"] = {"save": 0.5, "load": 0.25}
+        s["training"]["step_seconds_median_in_flight"] = 0.5
+    _edit_summary(fast, add_baseline)
+    none = _copy_results(tiny_dp2, tmp_path / "none" / "run")
+
+    def no_checkpoint(s):
+        s["spec"]["engine"] = "none"
+        s["checkpoint"].update(files=0, bytes=0, saves=[], by_kind={}, bytes_per_rank=None, throughput_mib_s=None)
+        s["restart"], s["restarts"] = None, []
+    _edit_summary(none, no_checkpoint)
+    (none / "inventory.json").unlink()
+    runs, skipped = ld.load([tmp_path])
+    built = report.build(runs, skipped, [])
+    row = next(r for r in built["rows"] if r["engine"] == "torchsnapshot")
+    assert (row["baseline_write_mib_s"], row["efficiency_save_ratio"], row["step_in_flight_median_seconds"]) == (
+        300.0, 0.5, 0.5)
+    assert next(r for r in built["rows"] if r["engine"] == "none")["restart_record"] is None
+    figs = built["figures"]
+    ax = figs["throughput_mib_s"].axes[0]
+    lines = {c.get_label() for c in ax.collections if isinstance(c, LineCollection)}
+    assert {"storage baseline, write", "storage baseline, read"} <= lines
+    assert [t.get_text().split("\n")[-1] for t in ax.get_xticklabels()] == ["torchsnapshot"]
+    for name in ("checkpoint_bytes", "save_seconds", "restart_phases_seconds"):
+        assert all(len(b) == 1 for b in _bars(figs[name].axes[0])), name
+    step = figs["step_seconds"].axes[0]
+    assert [b.get_label() for b in _bars(step)] == ["all steps", "steps with a save in flight"]
+    assert len(_bars(step)[0]) == 2 and len(_bars(step)[1]) == 1
+
+
+@pytest.mark.slow
+def test_bad_inputs_named_and_skipped(tiny_dp2: Path, tmp_path: Path):
+    good = _copy_results(tiny_dp2, tmp_path / "results" / "good")
+    corrupt = _copy_results(tiny_dp2, tmp_path / "results" / "corrupt")
+    (corrupt / "summary.json").write_text('{"schema_version": 1, "run_id": ')
+    running = _copy_results(tiny_dp2, tmp_path / "results" / "running")
+    (running / "status.json").write_text(json.dumps({"state": "running", "reason": None, "time": 0}))
+    alien = _copy_results(tiny_dp2, tmp_path / "results" / "alien")
+    _edit_summary(alien, lambda s: s.pop("schema_version"))
+    newer = _copy_results(tiny_dp2, tmp_path / "results" / "newer")
+    _edit_summary(newer, lambda s: s.update(schema_version=2, something_new={"x": 1}))
+    failed = _copy_results(tiny_dp2, tmp_path / "results" / "failed")
+    _edit_summary(failed, lambda s: s.update(status={"state": "failed", "reason": "restart phase timed out"}))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    proc = report_cmd(str(tmp_path / "results"), str(empty), "-o", str(tmp_path / "out"), module=True)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    expected = {corrupt: "corrupt summary.json (not JSON", running: "still in progress", empty: "no run directories",
+                alien: "no integer schema_version", newer: "schema_version 2 is newer", failed: "is failed (restart"}
+    for path, words in expected.items():
+        assert len([line for line in lines if str(path) in line and words in line]) == 1, (path, proc.stderr)
+    assert len(lines) == len(expected)
+    with open(tmp_path / "out" / "runs.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted(Path(r["run_dir"]).name for r in rows) == ["failed", "good", "newer"]
+    assert "Skipped and incomplete" in (tmp_path / "out" / "report.md").read_text()
+    # the failed run is in the table but not in the plots: one configuration of two complete runs
+    assert len(report.build(*ld.load([tmp_path / "results"]), [])["groups"][0].runs) == 2
+    assert str(good) not in proc.stderr
+
+
+@pytest.mark.slow
+def test_sweep_folder(tiny_dp2: Path, tmp_path: Path):
+    """A sweep folder is searched like any other; its runs carry its name, its failed combinations are named."""
+    sweep = tmp_path / "results" / "sweep-20261122-101010"
+    _copy_results(tiny_dp2, sweep / "000-run")
+    (sweep / "sweep.json").write_text(json.dumps({"runs": [
+        {"index": 0, "combination": "engine=default", "run_dir": "000-run", "state": "complete", "reason": None},
+        {"index": 1, "combination": "engine=nope2", "run_dir": None, "state": "failed", "reason": "launch failed"}]}))
+    proc = report_cmd(str(tmp_path / "results"), "-o", str(tmp_path / "out"))
+    assert proc.returncode == 0
+    assert proc.stderr.strip().splitlines() == [
+        "sweep sweep-20261122-101010: combination engine=nope2 failed: launch failed"]
+    with open(tmp_path / "out" / "runs.csv") as f:
+        (row,) = csv.DictReader(f)
+    assert row["sweep"] == "sweep-20261122-101010"
+    assert "engine=nope2" in (tmp_path / "out" / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_default_folder_never_overwrites(tiny_dp2: Path, tmp_path: Path):
+    first = report_cmd(str(tiny_dp2), cwd=tmp_path)
+    second = report_cmd(str(tiny_dp2), cwd=tmp_path)
+    assert first.returncode == second.returncode == 0
+    a, b = (Path(p.stdout.strip().splitlines()[-1]) for p in (first, second))
+    assert a != b and a.parent == b.parent == tmp_path / "reports" and a.name.startswith("report-")
+    assert (a / "runs.csv").read_text() == (b / "runs.csv").read_text()
+    taken = report_cmd(str(tiny_dp2), "-o", str(a))
+    assert taken.returncode == 2 and len(taken.stderr.strip().splitlines()) == 1 and str(a) in taken.stderr
+
+
+def test_nothing_readable_is_exit_2(tmp_path: Path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    broken = tmp_path / "broken" / "run"
+    broken.mkdir(parents=True)
+    (broken / "spec.json").write_text("{}")
+    (broken / "summary.json").write_text("[1, 2")
+    out = tmp_path / "out"
+    proc = report_cmd(str(empty), str(tmp_path / "broken"), str(tmp_path / "missing"), "-o", str(out))
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 4 and lines[-1].startswith("error: no readable run")
+    assert "no run directories" in lines[0] and "corrupt summary.json" in lines[1] and "no such file" in lines[2]
+    assert not out.exists()
+    usage = report_cmd(cwd=tmp_path)
+    assert usage.returncode == 2 and len(usage.stderr.strip().splitlines()) == 1 and not (tmp_path / "reports").exists()
+
+
+def test_never_imports_the_harness():
+    """The analysis must run where only matplotlib is installed: no import of restart_harness anywhere in it."""
+    code = ("import sys, analysis.report, analysis.load, analysis.table, analysis.plots, analysis.render; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('restart_harness', 'engines', 'torch', "
+            "'deepspeed', 'yaml')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_notebook_runs_top_to_bottom(more_runs: Path, monkeypatch):
+    import nbclient
+    import nbformat
+
+    nb = nbformat.read(REPO / "analysis" / "restart_study.ipynb", as_version=4)
+    monkeypatch.setenv("RH_RESULTS", str(more_runs))  # the kernel inherits this process's environment
+    nbclient.NotebookClient(nb, timeout=180, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO / "analysis")}}).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    assert any("2 runs read from" in o.get("text", "") for o in outputs)
+    assert len([o for o in outputs if "image/png" in o.get("data", {})]) == len(FIGURES)
+
+
+@pytest.mark.slow
+def test_html_opens_in_headless_chromium(made_report, tmp_path: Path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium binary (Debian package chromium, listed in scripts/apt/analysis.txt)")
+    _, out = made_report
+    shot = tmp_path / "shot.png"
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'p'}",
+                    "--window-size=1280,2400", f"--screenshot={shot}", (out / "report.html").as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    from matplotlib.image import imread
+
+    pixels = imread(shot)
+    assert pixels.shape[:2] == (2400, 1280)
+    # a page that rendered tables and images has many distinct colours, a blank or error page very few
+    flat = (pixels[:, :, :3] * 255).astype("uint8").reshape(-1, 3)
+    assert len({tuple(p) for p in flat[::97]}) > 50

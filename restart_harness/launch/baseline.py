@@ -327,3 +327,18 @@ def main(tokens: list[str]) -> int:
     directory, file_bytes, ranks, tool = parse_command(tokens)
     print(render(measure(directory, file_bytes, ranks, tool)))
     return 0
+
+
+def record_for_run(run_dir: Path, spec, ckpt_root: Path) -> dict | None:
+    """Before the checkpoint phase: the baseline of the checkpoint file system (cached, or a bounded probe at the
+    planned checkpoint's typical file size and rank count) into run_dir/baseline.json; None with baseline=false."""
+    from engines import registry
+
+    if not spec.baseline or not getattr(registry.get_spec(spec.engine).plugin(), "SAVES", True):
+        return None
+    from restart_harness.plan import checkpoint, report
+
+    files = checkpoint.files(spec)
+    record = for_run(ckpt_root.parent, report.typical_file_bytes(files), spec.world_size)
+    write_json_atomic(run_dir / "baseline.json", record)
+    return record

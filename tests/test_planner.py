@@ -102,8 +102,10 @@ def test_model_layers_are_built_from_the_table(model, tp):
 
     shape = parse_args([model, f"tp={tp}"] + (["shrink=64"] if model == "70B" else [])).shape
     group = TPGroup(None, tp - 1, tp)  # construction needs no communication
-    build = {table.EMBEDDING: lambda: Embedding(shape, group, 1), table.DECODER: lambda: DecoderLayer(shape, group, 1, 1),
-             table.FINAL_NORM: lambda: FinalNorm(shape), table.LM_HEAD: lambda: LMHead(shape, group, 1)}
+    build = {table.EMBEDDING: lambda: Embedding(shape, group, 1),
+             table.DECODER: lambda: DecoderLayer(shape, group, 1, 1),
+             table.FINAL_NORM: lambda: FinalNorm(shape),
+             table.LM_HEAD: lambda: LMHead(shape, group, 1)}
     torch.manual_seed(0)
     for kind in set(table.pipeline_layers(shape)):
         got = [(n, tuple(p.shape)) for n, p in build[kind]().named_parameters()]

@@ -7,7 +7,8 @@ record says whether the read was really cold), then `ranks` readers read them ba
 bytes / the slowest writer's (reader's) seconds, in MiB/s: the MLPerf Storage definition the summary's checkpoint
 throughput uses too. Tools: fio (psync engine, end_fsync=1, one job per rank; its job_runtime includes the fsync;
 fallocate=none, because torch.save does not preallocate and fio's default posix_fallocate made writes ~9x slower on
-ext4 here: unwritten extents converted at fsync) or a built-in probe (one thread per rank, os.write / os.fsync / readinto; both release the GIL).
+ext4 here: unwritten extents converted at fsync) or a built-in probe (one thread per rank, os.write / os.fsync /
+readinto; all release the GIL).
 
 Results are cached per host, file system, file size and rank count under .cache/baseline/ (RH_BASELINE_CACHE
 overrides the folder), written atomically with the time and method.
@@ -98,7 +99,8 @@ def _evict(files: list[Path]) -> dict:
         finally:
             os.close(fd)
     resident = resident_total(files)
-    observed = "cold" if resident == 0 else "warm" if resident >= total else f"partial ({resident / total:.0%} resident)"
+    observed = ("cold" if resident == 0 else "warm" if resident >= total
+                else f"partial ({resident / total:.0%} resident)")
     return {"method": "posix_fadvise_dontneed", "error": error, "resident_bytes_before_read": resident,
             "observed": observed}
 
@@ -210,7 +212,8 @@ def measure(directory: Path, file_bytes: int, ranks: int, tool: str = "auto") ->
     record = {
         "write_mib_s": write["mib_s"], "read_mib_s": read["mib_s"], "method": method, "tool": tool,
         "file_bytes": file_bytes, "ranks": ranks, "block_bytes": min(BLOCK_BYTES, file_bytes), "dir": str(directory),
-        "filesystem": host.filesystem(directory), "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "filesystem": host.filesystem(directory),
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "probe_seconds": round(time.perf_counter() - started, 3), "write": write, "read": read, "read_cache": cache,
     }
     path = cache_path(directory, file_bytes, ranks)
@@ -311,15 +314,17 @@ def parse_command(tokens: list[str]) -> tuple[Path, int, int, str]:
 
 def render(record: dict) -> str:
     cache = record["read_cache"]
+    where = cache_path(Path(record["dir"]), record["file_bytes"], record["ranks"])
     return "\n".join([
         f"storage baseline of {record['dir']} ({record['filesystem']['type']} on {record['filesystem']['device']}, "
         f"mounted at {record['filesystem']['mount']})",
         f"  method        {record['method']}, {record['ranks']} ranks x {record['file_bytes']} bytes, "
         f"{record['block_bytes']} byte blocks",
-        f"  write_mib_s   {record['write_mib_s']}  (sequential write + fsync; {record['write']['seconds']} s slowest rank)",
+        f"  write_mib_s   {record['write_mib_s']}  (sequential write + fsync; slowest rank "
+        f"{record['write']['seconds']} s)",
         f"  read_mib_s    {record['read_mib_s']}  (sequential read; page cache before the read: {cache['observed']}"
         + (f", {cache['error']}" if cache["error"] else "") + ")",
-        f"  measured_at   {record['measured_at']}; cached in {cache_path(Path(record['dir']), record['file_bytes'], record['ranks'])}",
+        f"  measured_at   {record['measured_at']}; cached in {where}",
     ])
 
 

@@ -260,7 +260,7 @@ def for_run(directory: Path, typical_file_bytes: int, ranks: int) -> dict:
         return summary_record(hit, True)
     try:
         return summary_record(measure(directory, file_bytes, ranks), False)
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}", "dir": str(directory), "cached": False}
 
 
@@ -329,8 +329,16 @@ def render(record: dict) -> str:
 
 
 def main(tokens: list[str]) -> int:
+    """`./submit-job.sh baseline ...`: bad input raises UsageError (exit 2); a failed measurement exits 1."""
+    import sys
+
     directory, file_bytes, ranks, tool = parse_command(tokens)
-    print(render(measure(directory, file_bytes, ranks, tool)))
+    try:
+        record = measure(directory, file_bytes, ranks, tool)
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
+        print(f"error: baseline of {directory} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(render(record))
     return 0
 
 

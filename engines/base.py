@@ -6,6 +6,8 @@
                                      -> a deepspeed CheckpointEngine to install, or None to keep DeepSpeed's
     wait_durable(checkpoint_engine)  -> block until every file of the last save is on stable storage
     SAVES = False                    -> the engine writes no checkpoint (iteration-time baseline)
+    PLAN = "predicted"               -> the planner's file names are this engine's (DeepSpeed's torch.save files);
+                                        without it the plan shows DeepSpeed's logical files, "sizes only"
 
 Plug-ins import torch and deepspeed inside functions only: the command line imports them to validate.
 DeepSpeed's save_checkpoint / load_checkpoint drive whichever CheckpointEngine is installed, so the file

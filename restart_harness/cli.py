@@ -17,7 +17,16 @@ def main(argv: list[str] | None = None) -> int:
     from restart_harness.spec import parse_args
 
     try:
-        spec = parse_args(argv)
+        if argv and argv[0] == "baseline":
+            from restart_harness.launch import baseline
+
+            return baseline.main(argv[1:])
+        from restart_harness.plan import report
+
+        plan_mode, bandwidth, argv = report.split_plan_tokens(argv)
+        spec = parse_args(argv, check_engine=plan_mode is None)  # a plan needs no engine runnable here
+        if plan_mode:
+            return report.print_plan(spec, plan_mode, bandwidth)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ from engines import registry
 from restart_harness.errors import RunFailed
 from restart_harness.generate.ds_config import build_ds_config
 from restart_harness.generate.launch import launch_script, local_command, worker_args
-from restart_harness.launch import cache, host
+from restart_harness.launch import baseline, cache, host
 from restart_harness.results import finalize
 from restart_harness.results.atomic import write_json_atomic, write_text_atomic
 from restart_harness.spec.runspec import RunSpec
@@ -145,6 +145,9 @@ def run(spec: RunSpec) -> Path:
     say(f"run {run_dir.name}: {spec.model_label}, {spec.layout} ({spec.world_size} ranks, {spec.device}), "
         f"engine {spec.engine}, {spec.precision}")
     try:
+        probe = baseline.record_for_run(run_dir, spec, ckpt_root)
+        if probe:
+            say(f"  [baseline] {probe.get('error') or _baseline_line(probe)}")
         say(f"  [checkpoint] launching {spec.world_size} ranks (log: {run_dir / 'logs' / 'checkpoint.log'})")
         info = launch(run_dir, "checkpoint", spec.timeout)
         _save_record(run_dir, info)
@@ -162,6 +165,11 @@ def run(spec: RunSpec) -> Path:
     if summary["restart"] and not summary["restart"]["verified"]:
         raise RunFailed(f"restart did not restore the saved state: {', '.join(summary['restart']['differing'][:5])}")
     return run_dir
+
+
+def _baseline_line(b: dict) -> str:
+    return (f"storage {'(cached) ' if b['cached'] else ''}write {b['write_mib_s']} MiB/s, read {b['read_mib_s']} MiB/s "
+            f"({b['method']}, {b['ranks']} x {b['file_bytes']} bytes)")
 
 
 def restart(run_dir: Path, ckpt_root: Path, spec: RunSpec, record: str) -> dict:

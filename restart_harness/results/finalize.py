@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from restart_harness.results import efficiency
 from restart_harness.results import events as ev
 from restart_harness.results import inventory as inv
 from restart_harness.results import summary as sm
@@ -53,6 +54,7 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
     status = {"state": state, "reason": reason, "time": time.time()}
     summary = sm.build(run_dir, spec, status, {"root": str(ckpt_root), "committed": committed}, inventory,
                        restarts)
+    efficiency.add(summary, run_dir)
     write_json_atomic(run_dir / "summary.json", summary)
     write_json_atomic(run_dir / "status.json", status)
     return summary

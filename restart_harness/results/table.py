@@ -43,5 +43,11 @@ def render(summary: dict) -> str:
         rows.append(("phases", "  ".join(f"{k} {v:.2f}" for k, v in rs["phases"].items())))
         verdict = "yes" if rs["verified"] else "NO: " + ", ".join(rs["differing"][:3])
         rows.append(("verified", f"{verdict} ({rs['ranks']} ranks, {rs['verified_tensors']} tensors)"))
+    base, eff = summary.get("baseline") or {}, ck.get("efficiency") or {}
+    if base.get("write_mib_s"):
+        pct = {k: "-" if v is None else f"{v:.0%}" for k, v in eff.items()}
+        rows.append(("storage", f"baseline write {base['write_mib_s']:,.1f} / read {base['read_mib_s']:,.1f} MiB/s "
+                                f"({base['method']}{', cached' if base['cached'] else ''}); efficiency save "
+                                f"{pct.get('save', '-')}, load {pct.get('load', '-')}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

@@ -19,7 +19,10 @@ def usage() -> str:
     for key, kind in keys.items():
         choice = f" ({' | '.join(CHOICES[key])})" if key in CHOICES else ""
         lines.append(f"  {key}={kind}{choice}")
-    lines += ["", f"model overrides: {', '.join(FIELDS)}", "", "engines:"]
+    lines += ["", f"model overrides: {', '.join(FIELDS)}",
+              "", "planner (launches nothing): plan=true|json [bandwidth_gbps=GB/s, 10^9 bytes/s]",
+              "storage baseline: ./submit-job.sh baseline dir=PATH [tool=auto|fio|builtin] [file_bytes=64M] [ranks=N]",
+              "", "engines:"]
     for name in registry.names():
         spec = registry.get_spec(name)
         opts = f" options: {', '.join(f'{k}={v}' for k, v in spec.defaults.items())}" if spec.defaults else ""

@@ -49,6 +49,7 @@ class RunSpec:
     results_dir: str = "results"
     ckpt_dir: str | None = None  # default: <run dir>/checkpoint
     timeout: int = 1800  # seconds one launch may take before its process group is killed
+    baseline: bool = True  # measure the checkpoint file system once (cached) and report save/load efficiency
     master_port: int | None = None
 
     # ---- derived values -------------------------------------------------------------

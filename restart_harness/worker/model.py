@@ -1,6 +1,8 @@
 """The LLaMA architecture (RMSNorm, SwiGLU, rotary, grouped-query attention, untied embedding and head),
 tensor-parallel, as one module for pp=1 or as DeepSpeed PipelineModule layers for pp>1.
-Decoder-layer parameter names follow transformers' LlamaForCausalLM; shapes and counts are the real models'.."""
+Decoder-layer parameter names follow transformers' LlamaForCausalLM; shapes and counts are the real models'.
+Every module takes its parameters' names and local shapes from restart_harness.spec.parameters, the table the
+checkpoint planner sizes files from."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from restart_harness.spec import parameters as table
 from restart_harness.spec.model_shape import ModelShape
+from restart_harness.spec.parameters import Param
 from restart_harness.worker.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -20,10 +24,10 @@ from restart_harness.worker.tensor_parallel import (
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
+    def __init__(self, param: Param, eps: float):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(size))
+        self.weight = nn.Parameter(torch.ones(param.shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
@@ -49,17 +53,16 @@ def apply_rotary(q: torch.Tensor, k: torch.Tensor, theta: float) -> tuple[torch.
 class Attention(nn.Module):
     """Grouped-query attention; q/k/v column-parallel and o row-parallel, so heads split across TP ranks."""
 
-    def __init__(self, shape: ModelShape, tp: TPGroup):
+    def __init__(self, shape: ModelShape, tp: TPGroup, params: dict[str, Param]):
         super().__init__()
         self.tp, self.theta = tp, shape.rope_theta
         self.head_dim = shape.dim_per_head
         self.heads = shape.num_attention_heads // tp.size
         self.kv_heads = shape.num_key_value_heads // tp.size
-        h = shape.hidden_size
-        self.q_proj = ColumnParallelLinear(h, shape.num_attention_heads * self.head_dim, tp)
-        self.k_proj = ColumnParallelLinear(h, shape.num_key_value_heads * self.head_dim, tp)
-        self.v_proj = ColumnParallelLinear(h, shape.num_key_value_heads * self.head_dim, tp)
-        self.o_proj = RowParallelLinear(shape.num_attention_heads * self.head_dim, h, tp)
+        self.q_proj = ColumnParallelLinear(params["q_proj.weight"], tp)
+        self.k_proj = ColumnParallelLinear(params["k_proj.weight"], tp)
+        self.v_proj = ColumnParallelLinear(params["v_proj.weight"], tp)
+        self.o_proj = RowParallelLinear(params["o_proj.weight"], tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -78,13 +81,12 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)); gate/up column-parallel, down row-parallel."""
 
-    def __init__(self, shape: ModelShape, tp: TPGroup):
+    def __init__(self, tp: TPGroup, params: dict[str, Param]):
         super().__init__()
         self.tp = tp
-        h, f = shape.hidden_size, shape.intermediate_size
-        self.gate_proj = ColumnParallelLinear(h, f, tp)
-        self.up_proj = ColumnParallelLinear(h, f, tp)
-        self.down_proj = RowParallelLinear(f, h, tp)
+        self.gate_proj = ColumnParallelLinear(params["gate_proj.weight"], tp)
+        self.up_proj = ColumnParallelLinear(params["up_proj.weight"], tp)
+        self.down_proj = RowParallelLinear(params["down_proj.weight"], tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = copy_to_tp(x, self.tp)
@@ -100,10 +102,11 @@ class DecoderLayer(nn.Module):
     def __init__(self, shape: ModelShape, tp: TPGroup, index: int, seed: int):
         super().__init__()
         _seeded(seed, index, tp)
-        self.input_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
-        self.self_attn = Attention(shape, tp)
-        self.post_attention_layernorm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
-        self.mlp = MLP(shape, tp)
+        params = table.by_name(table.layer_params(shape, tp.size, table.DECODER))
+        self.input_layernorm = RMSNorm(params["input_layernorm.weight"], shape.rms_norm_eps)
+        self.self_attn = Attention(shape, tp, table.by_name(list(params.values()), "self_attn."))
+        self.post_attention_layernorm = RMSNorm(params["post_attention_layernorm.weight"], shape.rms_norm_eps)
+        self.mlp = MLP(tp, table.by_name(list(params.values()), "mlp."))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x))
@@ -114,7 +117,8 @@ class Embedding(nn.Module):
     def __init__(self, shape: ModelShape, tp: TPGroup, seed: int):
         super().__init__()
         _seeded(seed, 0, tp)
-        self.embed_tokens = VocabParallelEmbedding(shape.vocab_size, shape.hidden_size, tp)
+        (param,) = table.layer_params(shape, tp.size, table.EMBEDDING)
+        self.embed_tokens = VocabParallelEmbedding(param, tp)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(ids)
@@ -123,7 +127,8 @@ class Embedding(nn.Module):
 class FinalNorm(nn.Module):
     def __init__(self, shape: ModelShape):
         super().__init__()
-        self.norm = RMSNorm(shape.hidden_size, shape.rms_norm_eps)
+        (param,) = table.layer_params(shape, 1, table.FINAL_NORM)  # replicated: the same on every TP rank
+        self.norm = RMSNorm(param, shape.rms_norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(x)
@@ -136,7 +141,8 @@ class LMHead(nn.Module):
         super().__init__()
         _seeded(seed, shape.num_hidden_layers + 1, tp)
         self.tp = tp
-        self.lm_head = ColumnParallelLinear(shape.hidden_size, shape.vocab_size, tp)
+        (param,) = table.layer_params(shape, tp.size, table.LM_HEAD)
+        self.lm_head = ColumnParallelLinear(param, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gather_last_dim(self.lm_head(copy_to_tp(x, self.tp)), self.tp)
@@ -167,8 +173,13 @@ def pipeline_module(shape: ModelShape, tp: TPGroup, seed: int, topology):
     """pp>1: DeepSpeed PipelineModule of LayerSpecs, partitioned by decoder layer like Megatron-DeepSpeed."""
     from deepspeed.pipe import LayerSpec, PipelineModule
 
-    layers = [LayerSpec(Embedding, shape, tp, seed)]
-    layers += [LayerSpec(DecoderLayer, shape, tp, i + 1, seed) for i in range(shape.num_hidden_layers)]
-    layers += [LayerSpec(FinalNorm, shape), LayerSpec(LMHead, shape, tp, seed)]
+    specs = {
+        table.EMBEDDING: lambda i: LayerSpec(Embedding, shape, tp, seed),
+        table.DECODER: lambda i: LayerSpec(DecoderLayer, shape, tp, i, seed),
+        table.FINAL_NORM: lambda i: LayerSpec(FinalNorm, shape),
+        table.LM_HEAD: lambda i: LayerSpec(LMHead, shape, tp, seed),
+    }
+    # Pipeline layer i is the file layer_{i:02d}-model_TT-model_states.pt: the planner reads the same list.
+    layers = [specs[kind](i) for i, kind in enumerate(table.pipeline_layers(shape))]
     return PipelineModule(layers=layers, loss_fn=lm_loss, topology=topology,
                           partition_method="type:DecoderLayer", activation_checkpoint_interval=0)

@@ -10,6 +10,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from restart_harness.spec.parameters import Param
+
 
 class TPGroup:
     """The tensor-parallel group of this rank (size 1: no communication at all)."""
@@ -88,10 +90,10 @@ def _mark_sharded(weight: torch.Tensor) -> None:
 class ColumnParallelLinear(nn.Module):
     """y = x W^T with W split by output rows; the caller applies copy_to_tp to x once for all siblings."""
 
-    def __init__(self, in_features: int, out_features: int, tp: TPGroup):
+    def __init__(self, param: Param, tp: TPGroup):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features // tp.size, in_features))
-        _init(self.weight, in_features)
+        self.weight = nn.Parameter(torch.empty(param.shape))  # (out_features / tp, in_features)
+        _init(self.weight, param.fan_in)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
@@ -100,11 +102,11 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """y = sum over TP ranks of x_local W_local^T, W split by input columns."""
 
-    def __init__(self, in_features: int, out_features: int, tp: TPGroup):
+    def __init__(self, param: Param, tp: TPGroup):
         super().__init__()
         self.tp = tp
-        self.weight = nn.Parameter(torch.empty(out_features, in_features // tp.size))
-        _init(self.weight, in_features)
+        self.weight = nn.Parameter(torch.empty(param.shape))  # (out_features, in_features / tp)
+        _init(self.weight, param.fan_in)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return reduce_from_tp(F.linear(x, self.weight), self.tp)
@@ -113,12 +115,12 @@ class RowParallelLinear(nn.Module):
 class VocabParallelEmbedding(nn.Module):
     """Embedding table split by vocabulary rows; ids outside this rank's range contribute zeros."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup):
+    def __init__(self, param: Param, tp: TPGroup):
         super().__init__()
         self.tp = tp
-        self.per_rank = vocab_size // tp.size
+        self.per_rank = param.shape[0]  # vocabulary rows of this rank
         self.start = tp.rank * self.per_rank
-        self.weight = nn.Parameter(torch.empty(self.per_rank, hidden_size))
+        self.weight = nn.Parameter(torch.empty(param.shape))
         nn.init.normal_(self.weight, mean=0.0, std=0.02)
         _mark_sharded(self.weight)
 

@@ -1,0 +1,357 @@
+"""Storage baseline: what the checkpoint file system does for plain sequential I/O, so a save or a load can be
+read as a fraction of it.
+
+One measurement: `ranks` writers each write one file of `file_bytes` in 4 MiB blocks and fsync it (write), the files
+are evicted from the page cache with posix_fadvise(DONTNEED) and their residency read back with mincore (so the
+record says whether the read was really cold), then `ranks` readers read them back (read). Throughput is total
+bytes / the slowest writer's (reader's) seconds, in MiB/s: the MLPerf Storage definition the summary's checkpoint
+throughput uses too. Tools: fio (psync engine, end_fsync=1, one job per rank; its job_runtime includes the fsync;
+fallocate=none, because torch.save does not preallocate and fio's default posix_fallocate made writes ~9x slower on
+ext4 here: unwritten extents converted at fsync) or a built-in probe (one thread per rank, os.write / os.fsync /
+readinto; all release the GIL).
+
+Results are cached per host, file system, file size and rank count under .cache/baseline/ (RH_BASELINE_CACHE
+overrides the folder), written atomically with the time and method.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from restart_harness import REPO_ROOT
+from restart_harness.errors import UsageError
+from restart_harness.launch import host
+from restart_harness.launch.cache import resident_total
+from restart_harness.results.atomic import write_json_atomic
+
+MIB = 1 << 20
+BLOCK_BYTES = 4 * MIB
+TOOLS = ("auto", "fio", "builtin")
+# The automatic probe before a run: bounded so it costs about a second, never minutes.
+AUTO_MIN_FILE_BYTES = 16 * MIB  # fio reports whole milliseconds: smaller files would round to noise
+AUTO_MAX_TOTAL_BYTES = 128 * MIB
+AUTO_MAX_RANKS = 8
+AUTO_MAX_FREE_FRACTION = 0.1
+DEFAULT_FILE_BYTES = 64 * MIB
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("RH_BASELINE_CACHE") or REPO_ROOT / ".cache" / "baseline")
+
+
+def filesystem_key(directory: Path) -> str:
+    """One folder per host and file system: the bandwidth is the file system's, not the folder's."""
+    fs = host.filesystem(directory)
+    ident = f"{socket.gethostname()}|{fs['device']}|{fs['mount']}|{fs['type']}"
+    return f"{fs['type'] or 'fs'}-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
+
+
+def cache_path(directory: Path, file_bytes: int, ranks: int) -> Path:
+    return cache_root() / filesystem_key(directory) / f"{file_bytes}x{ranks}.json"
+
+
+def cached(directory: Path, file_bytes: int | None = None, ranks: int | None = None) -> dict | None:
+    """The cached baseline for directory's file system: the exact size and rank count if given and present, else
+    the most recent measurement there (its file_bytes and ranks say what it was measured at)."""
+    folder = cache_root() / filesystem_key(directory)
+    if file_bytes is not None and ranks is not None:
+        exact = folder / f"{file_bytes}x{ranks}.json"
+        if exact.is_file():
+            return _read(exact)
+    if not folder.is_dir():
+        return None
+    entries = [e for e in (_read(p) for p in folder.glob("*.json")) if e]
+    return max(entries, key=lambda e: e.get("measured_at", ""), default=None)
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # a damaged cache entry is measured again, never trusted
+
+
+def fio_available() -> bool:
+    return shutil.which("fio") is not None
+
+
+def _evict(files: list[Path]) -> dict:
+    """Drop these files' pages (clean after fsync) and report what mincore then sees."""
+    total = sum(f.stat().st_size for f in files)
+    error = None
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError as exc:
+            error = f"posix_fadvise: {exc.strerror or exc}"
+        finally:
+            os.close(fd)
+    resident = resident_total(files)
+    observed = ("cold" if resident == 0 else "warm" if resident >= total
+                else f"partial ({resident / total:.0%} resident)")
+    return {"method": "posix_fadvise_dontneed", "error": error, "resident_bytes_before_read": resident,
+            "observed": observed}
+
+
+def _threads(count: int, work) -> list[float]:
+    """Run work(i) in `count` threads released together; each one's seconds from the common start."""
+    barrier = threading.Barrier(count + 1)
+    ends: list[float] = [0.0] * count
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            work(i)
+        except BaseException as exc:  # re-raised in the caller
+            errors.append(exc)
+        ends[i] = time.perf_counter()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [e - start for e in ends]
+
+
+def _builtin(files: list[Path], file_bytes: int) -> tuple[dict, dict, dict]:
+    block = os.urandom(min(BLOCK_BYTES, file_bytes))  # random: no file system can compress it away
+
+    def write(i: int) -> None:
+        fd = os.open(files[i], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            left = file_bytes
+            while left:
+                left -= os.write(fd, block[: min(left, len(block))])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def read(i: int) -> None:
+        buf = bytearray(len(block))
+        with open(files[i], "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+    write_s = _threads(len(files), write)
+    cache = _evict(files)
+    read_s = _threads(len(files), read)
+    return _phase(files, file_bytes, write_s), _phase(files, file_bytes, read_s), cache
+
+
+def _phase(files: list[Path], file_bytes: int, seconds: list[float]) -> dict:
+    total = file_bytes * len(files)
+    slowest = max(seconds)
+    return {"bytes": total, "seconds": round(slowest, 6), "mib_s": round(total / MIB / slowest, 3) if slowest else None}
+
+
+def _fio_run(workdir: Path, rw: str, file_bytes: int, ranks: int) -> dict:
+    cmd = ["fio", "--name=rh-baseline", f"--directory={workdir}", f"--rw={rw}", f"--bs={min(BLOCK_BYTES, file_bytes)}",
+           f"--size={file_bytes}", f"--numjobs={ranks}", "--ioengine=psync", "--fallocate=none",
+           "--filename_format=rh.$jobnum",
+           "--output-format=json"]
+    if rw == "write":
+        cmd.append("--end_fsync=1")
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise OSError(f"fio {rw} exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+    jobs = json.loads(proc.stdout[proc.stdout.index("{"):])["jobs"]
+    total = sum(j[rw]["io_bytes"] for j in jobs)
+    slowest = max(j["job_runtime"] for j in jobs) / 1000.0  # ms; includes end_fsync for writes
+    return {"bytes": total, "seconds": round(slowest, 6), "mib_s": round(total / MIB / slowest, 3) if slowest else None}
+
+
+def _fio(workdir: Path, files: list[Path], file_bytes: int) -> tuple[dict, dict, dict]:
+    ranks = len(files)
+    write = _fio_run(workdir, "write", file_bytes, ranks)
+    cache = _evict(files)
+    read = _fio_run(workdir, "read", file_bytes, ranks)  # fio also invalidates the files' cache itself
+    return write, read, cache
+
+
+def fio_version() -> str:
+    proc = subprocess.run(["fio", "--version"], check=False, capture_output=True, text=True, timeout=30)
+    return proc.stdout.strip()
+
+
+def measure(directory: Path, file_bytes: int, ranks: int, tool: str = "auto") -> dict:
+    """Measure write (with fsync) and cold read in a temporary folder under directory; cache and return it."""
+    directory = Path(directory).resolve()
+    if tool == "auto":
+        tool = "fio" if fio_available() else "builtin"
+    workdir = directory / f".rh-baseline-{os.getpid()}-{int(time.time() * 1000)}"
+    workdir.mkdir(parents=True)
+    started = time.perf_counter()
+    try:
+        files = [workdir / f"rh.{i}" for i in range(ranks)]
+        if tool == "fio":
+            write, read, cache = _fio(workdir, files, file_bytes)
+            method = fio_version() or "fio"
+        else:
+            write, read, cache = _builtin(files, file_bytes)
+            method = "builtin"
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    record = {
+        "write_mib_s": write["mib_s"], "read_mib_s": read["mib_s"], "method": method, "tool": tool,
+        "file_bytes": file_bytes, "ranks": ranks, "block_bytes": min(BLOCK_BYTES, file_bytes), "dir": str(directory),
+        "filesystem": host.filesystem(directory),
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "probe_seconds": round(time.perf_counter() - started, 3), "write": write, "read": read, "read_cache": cache,
+    }
+    path = cache_path(directory, file_bytes, ranks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, record)
+    return record
+
+
+def auto_size(typical_file_bytes: int, ranks: int, free_bytes: int) -> tuple[int, int] | None:
+    """(file_bytes, ranks) for the automatic probe: the checkpoint's typical file and rank count, bounded so the
+    probe stays around a second; None when the file system has too little free space to probe at all."""
+    ranks = max(1, min(ranks, AUTO_MAX_RANKS))
+    budget = min(AUTO_MAX_TOTAL_BYTES, int(free_bytes * AUTO_MAX_FREE_FRACTION))
+    file_bytes = min(max(typical_file_bytes, AUTO_MIN_FILE_BYTES), budget // ranks)
+    file_bytes -= file_bytes % 4096
+    if file_bytes < AUTO_MIN_FILE_BYTES:
+        return None
+    return file_bytes, ranks
+
+
+def summary_record(record: dict | None, cached_flag: bool) -> dict | None:
+    """The summary.json `baseline` object."""
+    if record is None:
+        return None
+    keys = ("write_mib_s", "read_mib_s", "method", "file_bytes", "ranks", "dir", "measured_at")
+    out = {k: record.get(k) for k in keys}
+    out["cached"] = cached_flag
+    out["read_cache_observed"] = (record.get("read_cache") or {}).get("observed")
+    if record.get("error"):
+        out["error"] = record["error"]
+    return out
+
+
+def for_run(directory: Path, typical_file_bytes: int, ranks: int) -> dict:
+    """The baseline a run records: the cached one for this file system, size and rank count, else a bounded
+    measurement now. Never fails the run: a probe that cannot run is recorded with its error."""
+    directory.mkdir(parents=True, exist_ok=True)
+    size = auto_size(typical_file_bytes, ranks, shutil.disk_usage(directory).free)
+    if size is None:
+        return {"error": "too little free space for a probe", "dir": str(directory), "cached": False}
+    file_bytes, ranks = size
+    hit = cached(directory, file_bytes, ranks)
+    if hit and hit.get("file_bytes") == file_bytes and hit.get("ranks") == ranks:
+        return summary_record(hit, True)
+    try:
+        return summary_record(measure(directory, file_bytes, ranks), False)
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "dir": str(directory), "cached": False}
+
+
+# ---- ./submit-job.sh baseline dir=PATH [tool=auto|fio|builtin] [file_bytes=64M] [ranks=N] ----------------------
+_SIZE = re.compile(r"^(\d+)([kKmMgG]i?[bB]?)?$")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(key: str, text: str) -> int:
+    """'67108864', '64M', '64MiB', '1G' -> bytes (binary units); one clear line when it is none of these."""
+    match = _SIZE.match(text)
+    if not match or int(match.group(1)) <= 0:
+        raise UsageError(f"{key}={text}: expected a positive size in bytes, e.g. 67108864, 64M, 1G")
+    unit = (match.group(2) or "")[:1].lower()
+    return int(match.group(1)) * _UNITS[unit]
+
+
+def parse_command(tokens: list[str]) -> tuple[Path, int, int, str]:
+    """Validate `baseline key=value ...` before anything is written; returns (dir, file_bytes, ranks, tool)."""
+    values: dict[str, str] = {}
+    for token in tokens:
+        key, sep, value = token.partition("=")
+        if not sep or key not in ("dir", "tool", "file_bytes", "ranks"):
+            raise UsageError(f"{token!r}: baseline accepts dir=PATH, tool={'|'.join(TOOLS)}, file_bytes=SIZE, ranks=N")
+        if key in values:
+            raise UsageError(f"{key}: given twice")
+        values[key] = value
+    if "dir" not in values or not values["dir"]:
+        raise UsageError("baseline needs dir=PATH: the directory (file system) to measure, e.g. dir=/scratch/ckpt")
+    directory = Path(values["dir"])
+    if not directory.is_dir():
+        raise UsageError(f"dir={values['dir']}: no such directory")
+    if not os.access(directory, os.W_OK):
+        raise UsageError(f"dir={values['dir']}: not writable")
+    tool = values.get("tool", "auto")
+    if tool not in TOOLS:
+        raise UsageError(f"tool={tool}: accepted values are {', '.join(TOOLS)}")
+    if tool == "fio" and not fio_available():
+        raise UsageError("tool=fio: fio is not installed (apt-get install fio), use tool=builtin")
+    file_bytes = parse_size("file_bytes", values.get("file_bytes", str(DEFAULT_FILE_BYTES)))
+    ranks_text = values.get("ranks", str(min(os.cpu_count() or 1, AUTO_MAX_RANKS)))
+    if not re.fullmatch(r"\d+", ranks_text) or int(ranks_text) < 1:
+        raise UsageError(f"ranks={ranks_text}: expected a positive integer")
+    ranks = int(ranks_text)
+    need = file_bytes * ranks
+    free = shutil.disk_usage(directory).free
+    if need > free // 2:
+        raise UsageError(f"file_bytes x ranks = {need} bytes is more than half the {free} bytes free in {directory}")
+    return directory, file_bytes, ranks, tool
+
+
+def render(record: dict) -> str:
+    cache = record["read_cache"]
+    where = cache_path(Path(record["dir"]), record["file_bytes"], record["ranks"])
+    return "\n".join([
+        f"storage baseline of {record['dir']} ({record['filesystem']['type']} on {record['filesystem']['device']}, "
+        f"mounted at {record['filesystem']['mount']})",
+        f"  method        {record['method']}, {record['ranks']} ranks x {record['file_bytes']} bytes, "
+        f"{record['block_bytes']} byte blocks",
+        f"  write_mib_s   {record['write_mib_s']}  (sequential write + fsync; slowest rank "
+        f"{record['write']['seconds']} s)",
+        f"  read_mib_s    {record['read_mib_s']}  (sequential read; page cache before the read: {cache['observed']}"
+        + (f", {cache['error']}" if cache["error"] else "") + ")",
+        f"  measured_at   {record['measured_at']}; cached in {where}",
+    ])
+
+
+def main(tokens: list[str]) -> int:
+    """`./submit-job.sh baseline ...`: bad input raises UsageError (exit 2); a failed measurement exits 1."""
+    import sys
+
+    directory, file_bytes, ranks, tool = parse_command(tokens)
+    try:
+        record = measure(directory, file_bytes, ranks, tool)
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
+        print(f"error: baseline of {directory} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(render(record))
+    return 0
+
+
+def record_for_run(run_dir: Path, spec, ckpt_root: Path) -> dict | None:
+    """Before the checkpoint phase: the baseline of the checkpoint file system (cached, or a bounded probe at the
+    planned checkpoint's typical file size and rank count) into run_dir/baseline.json; None with baseline=false."""
+    from engines import registry
+
+    if not spec.baseline or not getattr(registry.get_spec(spec.engine).plugin(), "SAVES", True):
+        return None
+    from restart_harness.plan import checkpoint, report
+
+    files = checkpoint.files(spec)
+    record = for_run(ckpt_root.parent, report.typical_file_bytes(files), spec.world_size)
+    write_json_atomic(run_dir / "baseline.json", record)
+    return record

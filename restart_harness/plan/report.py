@@ -1,0 +1,202 @@
+"""`./submit-job.sh MODEL ... plan=true|json [bandwidth_gbps=X]`: the checkpoint a run would write, and what
+saving and restarting it would cost at a given storage bandwidth. Launches nothing, writes nothing.
+
+Estimate (README, "Planner"): the storage's bandwidth is an aggregate shared by all ranks, so
+    save_seconds            = total_bytes / write bandwidth
+    restart_read_seconds    = restart_read_bytes / read bandwidth
+where restart_read_bytes counts every file each rank's load_checkpoint reads (plan/checkpoint.py restart_reads).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+
+from engines import registry
+from restart_harness.errors import UsageError
+from restart_harness.launch import baseline
+from restart_harness.plan import checkpoint
+from restart_harness.results.inventory import KINDS
+from restart_harness.spec.args import parse_bool
+from restart_harness.spec.runspec import RunSpec
+
+GB = 10**9
+MIB = 1 << 20
+PLAN_KEYS = ("plan", "bandwidth_gbps")
+ESTIMATE_IGNORES = ("per-rank and per-client limits (one rank may not reach the aggregate bandwidth), file creation "
+                    "and metadata costs, serialization CPU time, the page cache, the commit barrier, and the "
+                    "restart's non-I/O phases (imports, process-group and engine initialization, first step)")
+
+
+def split_plan_tokens(tokens: list[str]) -> tuple[str | None, float | None, list[str]]:
+    """Take plan= and bandwidth_gbps= out of the command line: (mode None|'text'|'json', GB/s, the rest)."""
+    mode, bandwidth, rest = None, None, []
+    for token in tokens:
+        key, sep, value = token.partition("=")
+        if sep and key == "plan":
+            if value.lower() == "json":
+                mode = "json"
+            else:
+                try:
+                    mode = "text" if parse_bool("plan", value) else None
+                except UsageError:
+                    raise UsageError(f"plan={value}: accepted values are true, json, false") from None
+        elif sep and key == "bandwidth_gbps":
+            try:
+                bandwidth = float(value)
+            except ValueError:
+                raise UsageError(f"bandwidth_gbps={value}: not a number (GB/s, 10^9 bytes per second)") from None
+            if not bandwidth > 0 or bandwidth == float("inf"):
+                raise UsageError(f"bandwidth_gbps={value}: must be a positive number of GB/s (10^9 bytes per second)")
+        else:
+            rest.append(token)
+    if bandwidth is not None and mode is None:
+        raise UsageError("bandwidth_gbps= is a planner key: use it with plan=true or plan=json")
+    return mode, bandwidth, rest
+
+
+def _stats(values: list[int]) -> dict | None:
+    if not values:
+        return None
+    return {"max": max(values), "min": min(values), "mean": round(statistics.mean(values), 1)}
+
+
+def typical_file_bytes(files: list[checkpoint.PlannedFile]) -> int:
+    """The checkpoint's typical file: the median planned file size (what the storage baseline is measured at)."""
+    return int(statistics.median(f.bytes for f in files)) if files else 0
+
+
+def checkpoint_dir(spec: RunSpec) -> Path:
+    """Where the run's checkpoints would go (a fresh folder is made under it)."""
+    return Path(spec.ckpt_dir or spec.results_dir).resolve()
+
+
+def _estimate(spec: RunSpec, files: list, total: int, read_total: int, bandwidth_gbps: float | None) -> dict:
+    if bandwidth_gbps is not None:
+        write = read = bandwidth_gbps
+        source = f"bandwidth_gbps={bandwidth_gbps:g} (GB/s = 10^9 bytes/s, for writing and reading)"
+    else:
+        found = baseline.cached(checkpoint_dir(spec), typical_file_bytes(files), spec.world_size)
+        if not found or not found.get("write_mib_s") or not found.get("read_mib_s"):
+            return {"source": None, "save_seconds": None, "restart_read_seconds": None,
+                    "note": "no bandwidth: give bandwidth_gbps=, or measure with ./submit-job.sh baseline "
+                            f"dir={checkpoint_dir(spec)}"}
+        write, read = found["write_mib_s"] * MIB / GB, found["read_mib_s"] * MIB / GB
+        source = (f"cached baseline of {found['dir']} ({found['method']}, {found['ranks']} ranks x "
+                  f"{found['file_bytes']} bytes, measured {found['measured_at']})")
+    return {
+        "source": source,
+        "write_gb_s": round(write, 6),
+        "read_gb_s": round(read, 6),
+        "save_seconds": round(total / (write * GB), 6),
+        "restart_read_seconds": round(read_total / (read * GB), 6),
+        "definition": "save_seconds = total_bytes / write bandwidth; restart_read_seconds = restart_read_bytes / "
+                      "read bandwidth; the bandwidth is an aggregate shared by all ranks",
+        "ignores": ESTIMATE_IGNORES,
+    }
+
+
+def build(spec: RunSpec, bandwidth_gbps: float | None = None) -> dict:
+    """The plan as plain data (what plan=json prints)."""
+    start = time.perf_counter()
+    plugin = registry.get_spec(spec.engine).plugin()
+    saves = getattr(plugin, "SAVES", True)
+    names = getattr(plugin, "PLAN", "sizes only") if saves else "none"
+    files = checkpoint.files(spec) if saves else []
+    reads = checkpoint.restart_reads(spec) if saves else {}
+    size_of = {f.path: f.bytes for f in files}
+    by_rank = {r: {"files": 0, "bytes": 0} for r in range(spec.world_size)}
+    by_kind = {k: {"files": 0, "bytes": 0} for k in KINDS}
+    for f in files:
+        by_rank[f.rank]["files"] += 1
+        by_rank[f.rank]["bytes"] += f.bytes
+        by_kind[f.kind]["files"] += 1
+        by_kind[f.kind]["bytes"] += f.bytes
+    read_per_rank = {r: sum(size_of[p] for p in paths) for r, paths in reads.items()}
+    total = sum(f.bytes for f in files)
+    read_total = sum(read_per_rank.values())
+    note = {
+        "predicted": "file names, writing ranks and tensor bytes follow DeepSpeed's rules exactly; each file's pickle "
+                     "and zip overhead is estimated (see README, Planner)",
+        "sizes only": f"engine {spec.engine} writes its own layout (e.g. a directory of shards per DeepSpeed file): "
+                      "the entries below are DeepSpeed's logical files with their tensor bytes; actual file names "
+                      "are not predicted",
+        "none": f"engine {spec.engine} writes no checkpoint",
+    }[names]
+    plan = {
+        "model": spec.model_label,
+        "num_parameters": spec.shape.num_parameters(),
+        "layout": {"tp": spec.tp, "pp": spec.pp, "dp": spec.dp, "world_size": spec.world_size},
+        "precision": spec.precision,
+        "engine": spec.engine,
+        "names": names,
+        "note": note,
+        "files": [{"path": f.path, "bytes": f.bytes, "rank": f.rank, "kind": f.kind, "tensor_bytes": f.tensor_bytes}
+                  for f in files],
+        "total_files": len(files),
+        "total_bytes": total,
+        "tensor_bytes": sum(f.tensor_bytes for f in files),
+        "typical_file_bytes": typical_file_bytes(files),
+        "by_kind": by_kind,
+        "bytes_per_rank": _stats([v["bytes"] for v in by_rank.values()]) if files else None,
+        "by_rank": {str(r): v for r, v in by_rank.items()},
+        "restart_read_bytes": read_total,
+        "restart_read_bytes_per_rank": _stats(list(read_per_rank.values())),
+        "restart_reads": {str(r): paths for r, paths in reads.items()},
+    }
+    plan["estimate"] = _estimate(spec, files, total, read_total, bandwidth_gbps) if files else None
+    plan["plan_seconds"] = round(time.perf_counter() - start, 6)
+    return plan
+
+
+def _size(n: float) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def render(plan: dict) -> str:
+    """Every file, then totals, bytes per rank and the estimate."""
+    lay = plan["layout"]
+    lines = [f"plan: {plan['model']} ({plan['num_parameters']:,} parameters), tp={lay['tp']} pp={lay['pp']} "
+             f"dp={lay['dp']} ({lay['world_size']} ranks), {plan['precision']}, engine {plan['engine']}",
+             f"names: {plan['names']}: {plan['note']}", ""]
+    if plan["files"]:
+        width = max(len(f["path"]) for f in plan["files"])
+        lines.append(f"{'path':<{width}}  {'bytes':>15}  {'rank':>5}  kind")
+        for f in plan["files"]:
+            lines.append(f"{f['path']:<{width}}  {f['bytes']:>15,}  {f['rank']:>5}  {f['kind']}")
+        lines.append("")
+    lines.append(f"total_files        {plan['total_files']}")
+    lines.append(f"total_bytes        {plan['total_bytes']:,} ({_size(plan['total_bytes'])}; tensors "
+                 f"{plan['tensor_bytes']:,})")
+    for kind, v in plan["by_kind"].items():
+        if v["files"]:
+            lines.append(f"  {kind:<17}{v['files']} files, {v['bytes']:,} bytes")
+    per = plan["bytes_per_rank"]
+    if per:
+        lines.append(f"bytes_per_rank     max {per['max']:,} ({_size(per['max'])}), min {per['min']:,} "
+                     f"({_size(per['min'])}), mean {per['mean']:,.0f}")
+        read = plan["restart_read_bytes_per_rank"]
+        lines.append(f"restart_read_bytes {plan['restart_read_bytes']:,} ({_size(plan['restart_read_bytes'])}); per "
+                     f"rank max {read['max']:,}, min {read['min']:,}")
+    est = plan["estimate"]
+    if est and est["source"]:
+        lines += [f"estimate           at {est['source']}",
+                  f"  save_seconds          {est['save_seconds']:.3f}  (total_bytes / {est['write_gb_s']:g} GB/s)",
+                  f"  restart_read_seconds  {est['restart_read_seconds']:.3f}  (restart_read_bytes / "
+                  f"{est['read_gb_s']:g} GB/s)",
+                  f"  ignores: {est['ignores']}"]
+    elif est:
+        lines.append(f"estimate           {est['note']}")
+    return "\n".join(lines)
+
+
+def print_plan(spec: RunSpec, mode: str, bandwidth_gbps: float | None) -> int:
+    import json
+
+    plan = build(spec, bandwidth_gbps)
+    print(json.dumps(plan, indent=1) if mode == "json" else render(plan))
+    return 0

@@ -1,0 +1,78 @@
+"""Storage baseline: both tools really write, fsync and read files in a temporary folder, the result is cached
+atomically, the probe cleans up after itself, and bad input is one line with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from restart_harness.launch import baseline
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def baseline_cli(args: list[str], cache: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RH_BASELINE_CACHE": str(cache)}
+    return subprocess.run([str(REPO / "submit-job.sh"), "baseline", *args], cwd=cwd, check=False,
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.mark.parametrize("tool", ["fio", "builtin"])
+def test_baseline_measures_and_caches(tool, tmp_path, monkeypatch):
+    assert tool != "fio" or shutil.which("fio"), "fio missing: scripts/apt/baseline.txt installs it"
+    target, cache = tmp_path / "disk", tmp_path / "cache"
+    target.mkdir()
+    proc = baseline_cli([f"dir={target}", f"tool={tool}", "file_bytes=4M", "ranks=2"], cache, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "write_mib_s" in proc.stdout and "read_mib_s" in proc.stdout
+    entries = list(cache.rglob("*.json"))
+    assert len(entries) == 1 and entries[0].name == f"{4 << 20}x2.json"
+    record = json.loads(entries[0].read_text())
+    assert record["tool"] == tool and record["method"].startswith("fio" if tool == "fio" else "builtin")
+    assert record["file_bytes"] == 4 << 20 and record["ranks"] == 2 and record["dir"] == str(target.resolve())
+    assert record["write"]["bytes"] == record["read"]["bytes"] == 8 << 20
+    assert record["write_mib_s"] > 0 and record["read_mib_s"] > 0
+    assert record["read_cache"]["observed"]  # what mincore saw before the read, whatever it was
+    assert list(target.iterdir()) == []  # the probe's files are gone
+    monkeypatch.setenv("RH_BASELINE_CACHE", str(cache))
+    assert baseline.cached(target, 4 << 20, 2)["measured_at"] == record["measured_at"]
+
+
+def test_automatic_probe_is_bounded_and_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("RH_BASELINE_CACHE", str(tmp_path / "cache"))
+    # A 70B-sized typical file and 64 ranks are probed at most 8 ranks x 16 MiB: seconds, not minutes.
+    assert baseline.auto_size(300 << 30, 64, 1 << 40) == (16 << 20, 8)
+    assert baseline.auto_size(50_000, 2, 1 << 40) == (16 << 20, 2)
+    assert baseline.auto_size(50_000, 2, 5 << 20) is None  # a nearly full file system is not probed
+    first = baseline.for_run(tmp_path / "ckpt", 50_000, 2)
+    again = baseline.for_run(tmp_path / "ckpt", 50_000, 2)
+    assert first["cached"] is False and again["cached"] is True
+    assert again["write_mib_s"] == first["write_mib_s"] and again["measured_at"] == first["measured_at"]
+
+
+@pytest.mark.parametrize("args, named", [
+    ([], "dir="),
+    (["dir=/nonexistent/rh-disk"], "/nonexistent/rh-disk"),
+    (["dir={tmp}", "tool=dd"], "tool=dd"),
+])
+def test_baseline_bad_input(args, named, tmp_path):
+    args = [a.format(tmp=tmp_path) for a in args]
+    before = set(tmp_path.iterdir())
+    proc = baseline_cli(args, tmp_path / "cache", tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], proc.stderr
+    assert set(tmp_path.iterdir()) == before  # no cache, no probe folder
+
+
+@pytest.mark.parametrize("token, named", [("file_bytes=0", "file_bytes=0"), ("file_bytes=lots", "file_bytes=lots"),
+                                          ("ranks=0", "ranks=0"), ("colour=blue", "colour=blue")])
+def test_baseline_bad_values(token, named, tmp_path):
+    proc = baseline_cli([f"dir={tmp_path}", token], tmp_path / "cache", tmp_path)
+    assert proc.returncode == 2 and named in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "cache").exists()

@@ -1,0 +1,42 @@
+"""Inside a Slurm or PBS job: `python -m restart_harness.launch.job RUN_DIR` runs the phases of a run that
+prepare() wrote at submission (checkpoint launch, page cache, restart launch, finalize), into that directory."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+
+from restart_harness.errors import RunFailed
+
+
+def _terminate(signum, frame):  # scancel / qdel / walltime send SIGTERM first: record the run as failed
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m restart_harness.launch.job RUN_DIR", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _terminate)
+    from restart_harness.launch import runner
+    from restart_harness.results import table
+    from restart_harness.results.atomic import read_json
+
+    run_dir = Path(argv[0]).resolve()
+    try:
+        runner.execute(run_dir)
+    except RunFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("terminated", file=sys.stderr)
+        return 143
+    print(table.render(read_json(run_dir / "summary.json")))
+    print(run_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -191,6 +191,8 @@ def run(spec: RunSpec, prefix: str = "") -> Path:
     if launchers.submits(spec):
         script = write_job_script(spec, run_dir)
         job_id = launchers.submit(spec.launcher, script)
+        job = {"scheduler": spec.launcher, "job_id": job_id, "script": script.name, "submitted": time.time()}
+        write_json_atomic(run_dir / "job.json", job)
         set_status(run_dir, "submitted", None, scheduler=spec.launcher, job_id=job_id)
         say(f"run {run_dir.name}: submitted {script.name} to {spec.launcher} as job {job_id}")
         print(f"job {job_id}")

@@ -19,7 +19,7 @@ _SOURCES = {
         "LOCAL_RANK": ("SLURM_LOCALID",),
         "CROSS_RANK": ("SLURM_NODEID",),
         "CROSS_SIZE": ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"),
-        "LOCAL_SIZE": ("SLURM_NTASKS_PER_NODE",),
+        "LOCAL_SIZE": ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
     },
     # Cray PALS (ALCF Polaris), MPICH/Hydra, Open MPI
     "pbs": {

@@ -94,7 +94,8 @@ def prepare(spec: RunSpec, prefix: str = "") -> tuple[Path, Path]:
     port = spec.master_port or free_port()
     write_launch(spec, run_dir, ckpt_root, "checkpoint", "checkpoint", port)
     if spec.phase == "all":
-        write_launch(spec, run_dir, ckpt_root, "restart", allocate_record(run_dir), port)
+        # written now so that it can be read (dry_run) and re-run by hand; claimed when it is launched
+        write_launch(spec, run_dir, ckpt_root, "restart", "restart-01", port)
     return run_dir, ckpt_root
 
 
@@ -228,7 +229,10 @@ def execute(run_dir: Path) -> Path:
         if info["exit_code"] != 0:
             raise RunFailed(_failure(run_dir, info))
         if spec.phase == "all" and getattr(registry.get_spec(spec.engine).plugin(), "SAVES", True):
-            restart(run_dir, ckpt_root, spec, "restart-01")
+            record = allocate_record(run_dir)
+            if record != "restart-01":  # someone forced a restart-only re-run meanwhile: never share a record
+                write_launch(spec, run_dir, ckpt_root, "restart", record, spec.master_port or free_port())
+            restart(run_dir, ckpt_root, spec, record)
         summary = finalize.finalize(run_dir, state="complete")
     except RunFailed as exc:
         finalize.finalize(run_dir, state="failed", reason=str(exc))

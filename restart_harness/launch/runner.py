@@ -18,8 +18,8 @@ from pathlib import Path
 
 from engines import registry
 from restart_harness.errors import RunFailed
-from restart_harness.generate.ds_config import build_ds_config
 from restart_harness.generate.batch import job_script
+from restart_harness.generate.ds_config import build_ds_config
 from restart_harness.generate.launch import launch_script, rank_command, worker_args
 from restart_harness.launch import cache, host, launchers
 from restart_harness.results import finalize

@@ -43,7 +43,7 @@ def expand(tokens: list[str]) -> tuple[dict[str, list[str]], list[tuple[dict[str
 
     if not tokens:
         split_tokens(tokens)  # the usual "missing MODEL" line
-    model, pairs = split_tokens([tokens[0].replace(",", "_"), *tokens[1:]])
+    _, pairs = split_tokens([tokens[0].replace(",", "_"), *tokens[1:]])
     pairs = {"MODEL": tokens[0], **pairs}
     lists = {}
     for key, text in pairs.items():

@@ -19,23 +19,37 @@ pytestmark = [pytest.mark.slow,
 
 
 @pytest.fixture(scope="module")
-def slurm_run(tmp_path_factory):
+def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm")
-    results = root / "results"
     with slurm_cluster(root / "cluster") as env:
-        proc = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "tiny", "dp=2", "launcher=slurm",
-                               "walltime=00:10:00", "iters=2", "save_interval=2", "after=1",
-                               f"results_dir={results}"], check=False, capture_output=True, text=True, env=env,
-                              timeout=120, cwd=REPO)
-        assert proc.returncode == 0, proc.stderr
-        run_dir = Path(proc.stdout.strip().splitlines()[-1])
-        deadline = time.time() + 400
-        while time.time() < deadline:
-            state = json.loads((run_dir / "status.json").read_text())["state"]
-            if state in ("complete", "failed"):
-                break
-            time.sleep(2)
-        queue = subprocess.run(["squeue", "-h"], capture_output=True, text=True, env=env, check=False).stdout
+        yield env, root / "results"
+
+
+def cli(env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "config-n-run.py"), *args], check=False, capture_output=True,
+                          text=True, env=env, timeout=120, cwd=REPO)
+
+
+def wait_for_job(env: dict, job_id: str, seconds: int = 400) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        queue = subprocess.run(["squeue", "-h", "-j", job_id], capture_output=True, text=True, env=env,
+                               check=False).stdout
+        if job_id not in queue:
+            return
+        time.sleep(2)
+    raise AssertionError(f"slurm job {job_id} still queued or running after {seconds} s")
+
+
+@pytest.fixture(scope="module")
+def slurm_run(cluster):
+    env, results = cluster
+    proc = cli(env, "tiny", "dp=2", "launcher=slurm", "walltime=00:10:00", "iters=2", "save_interval=2", "after=1",
+               f"results_dir={results}")
+    assert proc.returncode == 0, proc.stderr
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    wait_for_job(env, json.loads((run_dir / "job.json").read_text())["job_id"])
+    queue = subprocess.run(["squeue", "-h"], capture_output=True, text=True, env=env, check=False).stdout
     return proc, run_dir, queue
 
 
@@ -67,3 +81,18 @@ def test_restart_is_a_separate_srun_step_in_fresh_processes(slurm_run):
         assert start > ended  # started after every checkpoint rank had exited
     ranks = sorted(p.name for p in (run_dir / "events" / "checkpoint").iterdir())
     assert ranks == ["rank-00000.jsonl", "rank-00001.jsonl"]
+
+
+def test_restart_only_rerun_is_a_job_of_its_own(cluster, slurm_run):
+    env, _ = cluster
+    _, run_dir, _ = slurm_run
+    proc = cli(env, "phase=restart", f"run={run_dir}", "cache=warm")
+    assert proc.returncode == 0, proc.stderr
+    job = json.loads((run_dir / "job-restart-1.json").read_text())
+    assert f"job {job['job_id']}" in proc.stdout.splitlines() and job["args"] == ["cache=warm"]
+    assert (run_dir / "job-restart-1.sbatch").read_text().rstrip().endswith(f"{run_dir} phase=restart cache=warm")
+    wait_for_job(env, job["job_id"])
+    summary = load_summary(run_dir)
+    assert [r["record"] for r in summary["restarts"]] == ["restart-01", "restart-02"]
+    assert summary["restart"]["verified"] is True and summary["restart"]["cache"]["requested"] == "warm"
+    assert json.loads((run_dir / "records" / "restart-02.json").read_text())["launcher"] == "slurm"

@@ -289,6 +289,8 @@ def restart_only(request) -> Path:
     from restart_harness.results.status import observed
 
     run_dir, spec, ckpt_root = request.run_dir, request.spec, request.ckpt_root
+    if launchers.submits(spec):
+        return submit_restart_job(request)
     prior = observed(run_dir)
     state, reason = ("complete", None) if prior["state"] == "complete" else ("failed", prior.get("reason"))
     say(f"run {run_dir.name}: {request.repeats} restart(s) of {spec.model_label}, {spec.layout} from "
@@ -310,4 +312,27 @@ def restart_only(request) -> Path:
         raise RunFailed(f"restart did not restore the saved state: {', '.join(summary['restart']['differing'][:5])}")
     if not spec.keep:
         discard_checkpoint(run_dir, ckpt_root)
+    return run_dir
+
+
+def submit_restart_job(request) -> Path:
+    """phase=restart with launcher=slurm|pbs from outside an allocation: a batch job of its own runs the restarts
+    (records are claimed inside the job, when each restart starts). Writes job-restart-N.<ext> and its .json."""
+    run_dir, spec = request.run_dir, request.spec
+    for n in range(1, 10000):
+        claim = run_dir / f"job-restart-{n}.json"
+        try:
+            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))  # exclusive: concurrent submissions
+            break
+        except FileExistsError:
+            continue
+    name, text = job_script(spec, run_dir, ["phase=restart", *request.tokens])
+    script = run_dir / name.replace("job.", f"job-restart-{n}.")
+    write_text_atomic(script, text, mode=0o755)
+    job_id = launchers.submit(spec.launcher, script)
+    write_json_atomic(claim, {"scheduler": spec.launcher, "job_id": job_id, "script": script.name,
+                              "submitted": time.time(), "phase": "restart", "args": request.tokens})
+    say(f"run {run_dir.name}: submitted {script.name} ({request.repeats} restart(s)) to {spec.launcher} "
+        f"as job {job_id}")
+    print(f"job {job_id}")
     return run_dir

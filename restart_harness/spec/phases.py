@@ -27,6 +27,7 @@ class RestartRequest:
     spec: RunSpec
     ckpt_root: Path
     repeats: int
+    tokens: list[str]  # the overrides as given (key=value), handed on to a submitted restart-only job
 
 
 def wants_restart(tokens: list[str]) -> bool:
@@ -69,11 +70,9 @@ def parse_restart(tokens: list[str]) -> RestartRequest:
     if status["state"] in ("running", "submitted"):
         where = f"job {status.get('job_id')}" if status["state"] == "submitted" else f"pid {status.get('pid')}"
         raise UsageError(f"run={run_dir}: still {status['state']} ({where}); restart it once it has finished")
-    if spec.launcher in launchers.SUBMIT and not launchers.inside_job(spec.launcher):
-        raise UsageError(f"launcher={spec.launcher}: a restart-only re-run starts its ranks directly; run it inside "
-                         "an allocation (salloc / qsub -I) or pass launcher=local|torchrun")
-    launchers.check(spec)
+    launchers.check(spec)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
     registry.get_spec(spec.engine).check_runnable(spec)
     ckpt_root = Path(data["checkpoint_root"])
     preflight.committed_checkpoint(run_dir, ckpt_root)
-    return RestartRequest(run_dir=run_dir, spec=spec, ckpt_root=ckpt_root, repeats=spec.repeats)
+    given = [f"{k}={v}" for k, v in pairs.items()]
+    return RestartRequest(run_dir=run_dir, spec=spec, ckpt_root=ckpt_root, repeats=spec.repeats, tokens=given)

@@ -146,8 +146,8 @@ def test_restart_after_kill_loads_last_complete_checkpoint(killed_mid_save):
 
 
 def test_crashed_harness_leaves_run_marked_running(tmp_path):
-    """SIGKILL the harness itself (it cannot write `failed`): status.json keeps `running` with its pid and host,
-    readers see `crashed`, and what was learned so far (spec, events, the committed save) stays."""
+    """SIGKILL the harness itself (it cannot write `failed`): its ranks end too, status.json keeps `running` with
+    its pid and host, readers see `crashed`, and what was learned so far (spec, events, the committed save) stays."""
     import signal
     import time
 
@@ -173,10 +173,18 @@ def test_crashed_harness_leaves_run_marked_running(tmp_path):
         if harness.poll() is None:
             harness.kill()
     run_dir = only_run(results)
-    # the ranks were in their own session: end them as an operator would
-    pids = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True, check=False).stdout.split()
-    for pgid in {os.getpgid(int(p)) for p in pids if p.strip()}:
-        os.killpg(pgid, signal.SIGKILL)
+    # the launcher gets SIGTERM when the harness dies (PR_SET_PDEATHSIG) and ends its ranks: none outlives it
+    deadline, left = time.time() + 60, ["?"]
+    while time.time() < deadline and left:
+        time.sleep(1)
+        left = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True,
+                              check=False).stdout.split()
+    for pid in left:  # clean up before failing, never leave ranks behind
+        try:
+            os.killpg(os.getpgid(int(pid)), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert left == [], "ranks outlived the killed harness"
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "running" and status["pid"] == harness.pid and status["host"]
     seen = observed(run_dir)

@@ -125,6 +125,7 @@ def launch(run_dir: Path, record: str, timeout: int) -> dict:
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(["bash", str(run_dir / f"launch-{record}.sh")], stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+        watchdog = _watchdog(proc.pid)
         try:
             timed_out = _follow(proc, events, record, start, timeout)
         except BaseException:
@@ -132,10 +133,36 @@ def launch(run_dir: Path, record: str, timeout: int) -> dict:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise
+        finally:
+            watchdog.kill()
+            watchdog.wait()
     result = {"record": record, "start": start, "wall_seconds": round(time.time() - start, 3),
               "exit_code": proc.returncode, "timed_out": timed_out, "log": str(log_path.relative_to(run_dir))}
     (run_dir / "records").mkdir(exist_ok=True)
     return result
+
+
+# Kills the launch's process group on SIGTERM, which the kernel sends it when the harness dies (PR_SET_PDEATHSIG=1).
+_WATCHDOG = """
+import ctypes, os, signal, sys
+def end(*_):
+    try:
+        os.killpg(int(sys.argv[1]), signal.SIGKILL)
+    finally:
+        os._exit(0)
+signal.signal(signal.SIGTERM, end)
+ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)
+if os.getppid() != int(sys.argv[2]):  # the harness died before the death signal was armed
+    end()
+while True:
+    signal.pause()
+"""
+
+
+def _watchdog(pgid: int) -> subprocess.Popen:
+    """A harness killed outright (SIGKILL, OOM killer) cannot end its launch; this small process does, so no rank
+    outlives the harness. Launchers do not reliably pass a SIGTERM on (DeepSpeed's runner leaves its ranks)."""
+    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(pgid), str(os.getpid())], start_new_session=True)
 
 
 def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, timeout: int) -> bool:

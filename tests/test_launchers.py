@@ -72,6 +72,7 @@ def test_sbatch_script(tmp_path):
                      f"--output={run_dir}/logs/job-%j.log"):
         assert expected in d, (expected, d)
     assert f"-m restart_harness.launch.job {run_dir}" in job
+    assert job.index(f"source {hook}") < job.index("exec ")
     launch = (run_dir / "launch-restart-01.sh").read_text()
     assert re.search(r"exec srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --kill-on-bad-exit=1 ", launch)
     assert "scontrol show hostnames" in launch and f"source {hook}" in launch

@@ -3,7 +3,7 @@
 The job runs `python -m restart_harness.launch.job RUN_DIR`, which does inside the allocation what a local run
 does: the checkpoint launch, the page-cache step, the restart as a second, separate launch (a real restart in
 fresh processes), and finalize, all into the same run directory. The Python that submitted the job runs it
-(clusters share the file system); env_hook= is sourced by every launch script for the ranks' modules/conda.
+(clusters share the file system); env_hook= is sourced by the job script and by every launch script.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ def _job_name(run_dir: Path, limit: int) -> str:
     return name[:limit]
 
 
-def _body(run_dir: Path, job_args: list[str]) -> list[str]:
-    return [
-        "set -euo pipefail",
-        f"cd {shlex.quote(str(REPO_ROOT))}",
+def _body(spec: RunSpec, run_dir: Path, job_args: list[str]) -> list[str]:
+    lines = ["set -euo pipefail", f"cd {shlex.quote(str(REPO_ROOT))}"]
+    if spec.env_hook:  # the harness's own Python may need the modules too (shared libraries); ranks source it again
+        lines.append(f"source {shlex.quote(spec.env_hook)}  # env_hook: modules, conda, ...")
+    return lines + [
         f'export PYTHONPATH={shlex.quote(str(REPO_ROOT))}"${{PYTHONPATH:+:$PYTHONPATH}}"',
         "exec " + " ".join(shlex.quote(p) for p in [sys.executable, "-m", JOB_MODULE, str(run_dir), *job_args]),
     ]
@@ -52,7 +53,7 @@ def sbatch_script(spec: RunSpec, run_dir: Path, job_args: list[str] | None = Non
     if spec.account:
         lines.append(f"#SBATCH --account={spec.account}")
     lines.append("# restart-harness job, generated: checkpoint launch, page cache, restart launch, finalize")
-    return "\n".join(lines + _body(run_dir, job_args or [])) + "\n"
+    return "\n".join(lines + _body(spec, run_dir, job_args or [])) + "\n"
 
 
 def qsub_script(spec: RunSpec, run_dir: Path, job_args: list[str] | None = None) -> str:
@@ -76,7 +77,7 @@ def qsub_script(spec: RunSpec, run_dir: Path, job_args: list[str] | None = None)
     if spec.account:
         lines.append(f"#PBS -A {spec.account}")
     lines.append("# restart-harness job, generated: checkpoint launch, page cache, restart launch, finalize")
-    return "\n".join(lines + _body(run_dir, job_args or [])) + "\n"
+    return "\n".join(lines + _body(spec, run_dir, job_args or [])) + "\n"
 
 
 def job_script(spec: RunSpec, run_dir: Path, job_args: list[str] | None = None) -> tuple[str, str]:

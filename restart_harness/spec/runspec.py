@@ -60,7 +60,7 @@ class RunSpec:
     queue: str | None = None  # slurm partition / pbs queue
     account: str | None = None  # slurm account / pbs project (-A)
     filesystems: str | None = None  # pbs: -l filesystems=home:eagle (ALCF)
-    env_hook: str | None = None  # slurm/pbs: bash file sourced in the job before anything runs (modules, conda)
+    env_hook: str | None = None  # bash file sourced by the job script and every launch script (modules, conda)
 
     # ---- derived values -------------------------------------------------------------
     @property

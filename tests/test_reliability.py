@@ -96,3 +96,98 @@ def test_hung_rank_is_killed_by_the_timeout(tmp_path):
     leftovers = subprocess.run(["pgrep", "-f", str(run_dir)], check=False, capture_output=True, text=True)
     assert leftovers.stdout.strip() == ""
     assert load_summary(run_dir)["status"]["state"] == "failed"
+
+
+def restart_only(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "phase=restart", f"run={run_dir}", *args],
+                          check=False, capture_output=True, text=True, timeout=600, cwd=REPO,
+                          env={k: v for k, v in os.environ.items() if k != "RH_FAULT"})
+
+
+def test_torn_or_missing_checkpoint_refused_before_launch(killed_mid_save):
+    _, run_dir = killed_mid_save
+    tag_dir = run_dir / "checkpoint" / "global_step2"
+    victim = tag_dir / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    original = victim.read_bytes()
+    cases = []
+    try:
+        victim.write_bytes(original[: len(original) // 2])
+        cases.append((restart_only(run_dir), f"{victim}: {len(original) // 2} bytes", "truncated"))
+        victim.unlink()
+        cases.append((restart_only(run_dir), f"{victim}: missing", "recorded"))
+    finally:
+        victim.write_bytes(original)
+    latest = run_dir / "checkpoint" / "latest"
+    try:
+        latest.write_text("global_step9")
+        cases.append((restart_only(run_dir), "global_step9: missing", "latest"))
+    finally:
+        latest.write_text("global_step2")
+    for proc, named, why in cases:
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and named in lines[0] and why in lines[0], proc.stderr
+    assert not (run_dir / "events" / "restart-01").exists()  # nothing launched, no record claimed
+
+
+def test_restart_after_kill_loads_last_complete_checkpoint(killed_mid_save):
+    _, run_dir = killed_mid_save
+    proc = restart_only(run_dir)
+    assert proc.returncode == 0, proc.stderr
+    summary = load_summary(run_dir)
+    restart = summary["restart"]
+    assert restart["record"] == "restart-01" and restart["tag"] == "global_step2" and restart["verified"] is True
+    assert summary["restarts"] == [restart]
+    # the run keeps the failure of its checkpoint phase: a restart does not make the torn save good
+    assert summary["status"]["state"] == "failed" and "checkpoint phase" in summary["status"]["reason"]
+    steps = [json.loads(line) for line in (run_dir / "events" / "restart-01" / "rank-00000.jsonl").read_text()
+             .splitlines()]
+    assert [e["step"] for e in steps if e["event"] == "step"] == [3]  # trained on from step 2, not 4
+
+
+def test_crashed_harness_leaves_run_marked_running(tmp_path):
+    """SIGKILL the harness itself (it cannot write `failed`): its ranks end too, status.json keeps `running` with
+    its pid and host, readers see `crashed`, and what was learned so far (spec, events, the committed save) stays."""
+    import signal
+    import time
+
+    from restart_harness.results.status import observed
+
+    results = tmp_path / "results"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RH_FAULT": "hang@step:rank=0:step=3"}
+    harness = subprocess.Popen([sys.executable, str(REPO / "config-n-run.py"), "tiny", "dp=2", "iters=4",
+                                "save_interval=2", f"results_dir={results}"], cwd=REPO, env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 240
+        saved = None
+        while time.time() < deadline and saved is None:
+            time.sleep(0.5)
+            logs = list(results.glob("*/events/checkpoint/rank-00000.jsonl"))
+            if logs and '"event": "save"' in logs[0].read_text():
+                saved = logs[0]
+        assert saved is not None, "the first save never happened"
+        harness.kill()
+        harness.wait()
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+    run_dir = only_run(results)
+    # the launcher gets SIGTERM when the harness dies (PR_SET_PDEATHSIG) and ends its ranks: none outlives it
+    deadline, left = time.time() + 60, ["?"]
+    while time.time() < deadline and left:
+        time.sleep(1)
+        left = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True,
+                              check=False).stdout.split()
+    for pid in left:  # clean up before failing, never leave ranks behind
+        try:
+            os.killpg(os.getpgid(int(pid)), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert left == [], "ranks outlived the killed harness"
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == "running" and status["pid"] == harness.pid and status["host"]
+    seen = observed(run_dir)
+    assert seen["state"] == "crashed" and str(harness.pid) in seen["reason"]
+    assert (run_dir / "checkpoint" / "latest").read_text() == "global_step2"
+    assert (run_dir / "spec.json").is_file() and not (run_dir / "summary.json").exists()

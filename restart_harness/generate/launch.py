@@ -1,4 +1,13 @@
-"""Launch scripts: the exact commands that start the ranks of one phase, written into the run directory."""
+"""Launch scripts: the exact commands that start the ranks of one phase, written into the run directory.
+
+One command builder per launcher (the `launcher=` key):
+  local     DeepSpeed's own launcher on this node (sets CROSS_RANK/CROSS_SIZE/LOCAL_SIZE itself)
+  torchrun  torch.distributed.run on this node
+  slurm     srun inside the job's allocation; MASTER_ADDR is the allocation's first host
+  pbs       mpiexec over $PBS_NODEFILE (ALCF Polaris style); MASTER_ADDR is its first host
+torchrun, srun and mpiexec do not set the variables DeepSpeed's newer checkpoint writers read; the worker fills
+them from the launcher's own (restart_harness/worker/rank_env.py, told which launcher by RH_LAUNCHER).
+"""
 
 from __future__ import annotations
 
@@ -12,12 +21,17 @@ from restart_harness.spec.runspec import RunSpec
 WORKER_MODULE = "restart_harness.worker"
 
 
+class Raw(str):
+    """A command part written into the script unquoted (a shell variable such as "$PBS_NODEFILE")."""
+
+
 def rank_environment(spec: RunSpec) -> dict[str, str]:
     """Environment every rank gets. The JIT-built DeepSpeed ops are cached project-locally."""
     env = {
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
         "TORCH_EXTENSIONS_DIR": str(REPO_ROOT / ".cache" / "torch_extensions"),
+        "RH_LAUNCHER": spec.launcher,
     }
     if spec.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
@@ -38,16 +52,61 @@ def local_command(spec: RunSpec, port: int, args: list[str]) -> list[str]:
     ]
 
 
-def launch_script(spec: RunSpec, phase: str, command: list[str]) -> str:
-    """A self-contained bash script: re-running it by hand repeats the launch exactly."""
+def torchrun_command(spec: RunSpec, port: int, args: list[str]) -> list[str]:
+    """torch.distributed.run on this node; a rank that dies makes it end the others."""
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        "--nnodes", "1", "--nproc-per-node", str(spec.ranks_per_node),
+        "--master-addr", "127.0.0.1", "--master-port", str(port),
+        "--module", WORKER_MODULE, *args,
+    ]
+
+
+def srun_command(spec: RunSpec, port: int, args: list[str]) -> list[str]:
+    """One srun step over the job's allocation; --kill-on-bad-exit ends every rank when one fails."""
+    return [
+        "srun", f"--nodes={spec.nodes}", f"--ntasks={spec.world_size}", f"--ntasks-per-node={spec.ranks_per_node}",
+        "--kill-on-bad-exit=1", sys.executable, "-m", WORKER_MODULE, *args,
+    ]
+
+
+def mpiexec_command(spec: RunSpec, port: int, args: list[str]) -> list[str]:
+    """mpiexec over PBS's node file (Cray PALS / MPICH option names, as on ALCF Polaris)."""
+    return [
+        "mpiexec", "-n", str(spec.world_size), "--ppn", str(spec.ranks_per_node),
+        "--hostfile", Raw('"$PBS_NODEFILE"'), sys.executable, "-m", WORKER_MODULE, *args,
+    ]
+
+
+COMMANDS = {"local": local_command, "torchrun": torchrun_command, "slurm": srun_command, "pbs": mpiexec_command}
+
+# Lines run before the command: where the rendezvous is (DeepSpeed's and torchrun's launchers do it themselves).
+_RENDEZVOUS = {
+    "slurm": ['MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"'],
+    "pbs": ['MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE")"'],
+}
+
+
+def rank_command(spec: RunSpec, port: int, args: list[str]) -> list[str]:
+    """The command that starts every rank of one phase with spec.launcher."""
+    return COMMANDS[spec.launcher](spec, port, args)
+
+
+def launch_script(spec: RunSpec, phase: str, command: list[str], port: int | None = None) -> str:
+    """A self-contained bash script: re-running it by hand (inside the job, for slurm/pbs) repeats the launch."""
     env = rank_environment(spec)
     lines = [
         "#!/usr/bin/env bash",
-        f"# restart-harness {phase} launch, generated; re-run by hand to repeat it.",
+        f"# restart-harness {phase} launch ({spec.launcher}), generated; re-run by hand to repeat it.",
         "set -euo pipefail",
         f"cd {shlex.quote(str(REPO_ROOT))}",
-        f'export PYTHONPATH={shlex.quote(str(REPO_ROOT))}"${{PYTHONPATH:+:$PYTHONPATH}}"',
     ]
+    if spec.env_hook:
+        lines.append(f"source {shlex.quote(spec.env_hook)}  # env_hook: modules, conda, ...")
+    lines.append(f'export PYTHONPATH={shlex.quote(str(REPO_ROOT))}"${{PYTHONPATH:+:$PYTHONPATH}}"')
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
-    lines.append("exec " + " ".join(shlex.quote(part) for part in command))
+    if spec.launcher in _RENDEZVOUS:
+        lines += _RENDEZVOUS[spec.launcher]
+        lines.append(f"export MASTER_ADDR MASTER_PORT={port}")
+    lines.append("exec " + " ".join(p if isinstance(p, Raw) else shlex.quote(p) for p in command))
     return "\n".join(lines) + "\n"

@@ -83,5 +83,5 @@ def prepare(files: list[Path], requested: str) -> dict:
     elif after >= total:
         record["observed"] = "warm"
     else:
-        record["observed"] = f"partial ({after / total:.0%} resident)"
+        record["observed"] = f"partial ({after / total:.1%} resident)"
     return record

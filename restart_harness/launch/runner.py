@@ -1,5 +1,8 @@
 """Run one RunSpec: create the run directory, write the generated artifacts, launch the checkpoint phase,
-make the page-cache state asked for, launch the restart phase in fresh processes, and finalize."""
+make the page-cache state asked for, launch the restart phase in fresh processes, and finalize.
+
+prepare() writes; execute() runs the phases from what prepare() wrote (locally, or inside a Slurm/PBS job via
+restart_harness.launch.job); restart_only() appends restart records to an existing run."""
 
 from __future__ import annotations
 
@@ -15,9 +18,10 @@ from pathlib import Path
 
 from engines import registry
 from restart_harness.errors import RunFailed
+from restart_harness.generate.batch import job_script
 from restart_harness.generate.ds_config import build_ds_config
-from restart_harness.generate.launch import launch_script, local_command, worker_args
-from restart_harness.launch import baseline, cache, host
+from restart_harness.generate.launch import launch_script, rank_command, worker_args
+from restart_harness.launch import baseline, cache, host, launchers
 from restart_harness.results import finalize
 from restart_harness.results.atomic import write_json_atomic, write_text_atomic
 from restart_harness.spec.runspec import RunSpec
@@ -27,12 +31,12 @@ def say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def new_run_dir(spec: RunSpec) -> Path:
+def new_run_dir(spec: RunSpec, prefix: str = "") -> Path:
     """results/<model>-<layout>-<engine>-<time>, created exclusively: a run never reuses another's folder."""
     root = Path(spec.results_dir)
     root.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = f"{spec.model_label}-{spec.layout}-{spec.engine}-{stamp}".replace("/", "_")
+    base = prefix + f"{spec.model_label}-{spec.layout}-{spec.engine}-{stamp}".replace("/", "_")
     for n in range(1, 1000):
         path = root / (base if n == 1 else f"{base}-{n}")
         try:
@@ -49,22 +53,49 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def set_status(run_dir: Path, state: str, reason: str | None = None) -> None:
-    write_json_atomic(run_dir / "status.json", {"state": state, "reason": reason, "time": time.time()})
+def set_status(run_dir: Path, state: str, reason: str | None = None, **extra) -> None:
+    """status.json; `running` carries this process's pid and host so a reader can tell a crashed run."""
+    status = {"state": state, "reason": reason, "time": time.time(), **extra}
+    if state == "running":
+        status.update(pid=os.getpid(), host=socket.gethostname())
+    write_json_atomic(run_dir / "status.json", status)
 
 
-def prepare(spec: RunSpec) -> tuple[Path, Path]:
+def allocate_record(run_dir: Path) -> str:
+    """The next free restart record name (restart-01, restart-02, ...), claimed by creating its event folder:
+    mkdir is atomic, so two concurrent restart-only re-runs never get the same record."""
+    events = run_dir / "events"
+    events.mkdir(exist_ok=True)
+    for n in range(1, 10000):
+        record = f"restart-{n:02d}"
+        try:
+            (events / record).mkdir()
+            return record
+        except FileExistsError:
+            continue
+    raise RunFailed(f"no free restart record name under {events}")
+
+
+def write_launch(spec: RunSpec, run_dir: Path, ckpt_root: Path, phase: str, record: str, port: int) -> Path:
+    command = rank_command(spec, port, worker_args(run_dir, phase, record, ckpt_root))
+    path = run_dir / f"launch-{record}.sh"
+    write_text_atomic(path, launch_script(spec, phase, command, port), mode=0o755)
+    return path
+
+
+def prepare(spec: RunSpec, prefix: str = "") -> tuple[Path, Path]:
     """Run directory with spec.json, ds_config.json and the launch scripts; returns (run_dir, ckpt_root)."""
-    run_dir = new_run_dir(spec)
+    run_dir = new_run_dir(spec, prefix)
     set_status(run_dir, "running")
     ckpt_root = Path(spec.ckpt_dir).resolve() / run_dir.name if spec.ckpt_dir else run_dir / "checkpoint"
     write_json_atomic(run_dir / "spec.json", {**spec.to_json(), **host.facts(ckpt_root.parent if spec.ckpt_dir else run_dir),
                                              "checkpoint_root": str(ckpt_root)})
     write_json_atomic(run_dir / "ds_config.json", build_ds_config(spec))
     port = spec.master_port or free_port()
-    for phase, record in (("checkpoint", "checkpoint"), ("restart", "restart-01")):
-        command = local_command(spec, port, worker_args(run_dir, phase, record, ckpt_root))
-        write_text_atomic(run_dir / f"launch-{record}.sh", launch_script(spec, phase, command), mode=0o755)
+    write_launch(spec, run_dir, ckpt_root, "checkpoint", "checkpoint", port)
+    if spec.phase == "all":
+        # written now so that it can be read (dry_run) and re-run by hand; claimed when it is launched
+        write_launch(spec, run_dir, ckpt_root, "restart", "restart-01", port)
     return run_dir, ckpt_root
 
 
@@ -94,34 +125,71 @@ def launch(run_dir: Path, record: str, timeout: int) -> dict:
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(["bash", str(run_dir / f"launch-{record}.sh")], stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-        offset, timed_out = 0, False
-        while True:
-            try:
-                proc.wait(timeout=0.5)
-                done = True
-            except subprocess.TimeoutExpired:
-                done = False
-            if events.is_file():
-                with open(events) as f:
-                    f.seek(offset)
-                    chunk = f.read()
-                complete = chunk[: chunk.rfind("\n") + 1]
-                offset += len(complete.encode())
-                for line in complete.splitlines():
-                    msg = _progress_line(record, json.loads(line))
-                    if msg:
-                        say(msg)
-            if done:
-                break
-            if time.time() - start > timeout:
-                timed_out = True
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                break
+        watchdog = _watchdog(proc.pid)
+        try:
+            timed_out = _follow(proc, events, record, start, timeout)
+        except BaseException:
+            # the harness is going away (Ctrl-C, SIGTERM, an exception): take the ranks with it
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+        finally:
+            watchdog.kill()
+            watchdog.wait()
     result = {"record": record, "start": start, "wall_seconds": round(time.time() - start, 3),
               "exit_code": proc.returncode, "timed_out": timed_out, "log": str(log_path.relative_to(run_dir))}
     (run_dir / "records").mkdir(exist_ok=True)
     return result
+
+
+# Kills the launch's process group on SIGTERM, which the kernel sends it when the harness dies (PR_SET_PDEATHSIG=1).
+_WATCHDOG = """
+import ctypes, os, signal, sys
+def end(*_):
+    try:
+        os.killpg(int(sys.argv[1]), signal.SIGKILL)
+    finally:
+        os._exit(0)
+signal.signal(signal.SIGTERM, end)
+ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)
+if os.getppid() != int(sys.argv[2]):  # the harness died before the death signal was armed
+    end()
+while True:
+    signal.pause()
+"""
+
+
+def _watchdog(pgid: int) -> subprocess.Popen:
+    """A harness killed outright (SIGKILL, OOM killer) cannot end its launch; this small process does, so no rank
+    outlives the harness. Launchers do not reliably pass a SIGTERM on (DeepSpeed's runner leaves its ranks)."""
+    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(pgid), str(os.getpid())], start_new_session=True)
+
+
+def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, timeout: int) -> bool:
+    """Show rank 0's progress until the launch ends; SIGKILL its process group after `timeout` s (-> True)."""
+    offset = 0
+    while True:
+        try:
+            proc.wait(timeout=0.5)
+            done = True
+        except subprocess.TimeoutExpired:
+            done = False
+        if events.is_file():
+            with open(events) as f:
+                f.seek(offset)
+                chunk = f.read()
+            complete = chunk[: chunk.rfind("\n") + 1]
+            offset += len(complete.encode())
+            for line in complete.splitlines():
+                msg = _progress_line(record, json.loads(line))
+                if msg:
+                    say(msg)
+        if done:
+            return False
+        if time.time() - start > timeout:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return True
 
 
 def _save_record(run_dir: Path, info: dict) -> None:
@@ -139,11 +207,48 @@ def _failure(run_dir: Path, info: dict) -> str:
     return f"{info['record']} phase exited with code {info['exit_code']}; see {run_dir / info['log']}"
 
 
-def run(spec: RunSpec) -> Path:
-    """checkpoint phase -> cache state -> restart phase -> summary. Returns the run directory."""
-    run_dir, ckpt_root = prepare(spec)
+def run(spec: RunSpec, prefix: str = "") -> Path:
+    """Prepare, then: dry_run -> print what was written; slurm/pbs -> submit the job; else execute here."""
+    run_dir, _ = prepare(spec, prefix)
+    if spec.dry_run:
+        set_status(run_dir, "dry_run", "dry_run=true: written, nothing launched")
+        if spec.launcher in launchers.SUBMIT:
+            write_job_script(spec, run_dir)
+        show_generated(run_dir)
+        return run_dir
+    if launchers.submits(spec):
+        script = write_job_script(spec, run_dir)
+        job_id = launchers.submit(spec.launcher, script)
+        job = {"scheduler": spec.launcher, "job_id": job_id, "script": script.name, "submitted": time.time()}
+        write_json_atomic(run_dir / "job.json", job)
+        set_status(run_dir, "submitted", None, scheduler=spec.launcher, job_id=job_id)
+        say(f"run {run_dir.name}: submitted {script.name} to {spec.launcher} as job {job_id}")
+        print(f"job {job_id}")
+        return run_dir
+    return execute(run_dir)
+
+
+def write_job_script(spec: RunSpec, run_dir: Path, job_args: list[str] | None = None) -> Path:
+    name, text = job_script(spec, run_dir, job_args)
+    (run_dir / "logs").mkdir(exist_ok=True)  # the scheduler writes the job's output there
+    write_text_atomic(run_dir / name, text, mode=0o755)
+    return run_dir / name
+
+
+def show_generated(run_dir: Path) -> None:
+    """Print every generated file (dry_run=true)."""
+    for path in [run_dir / "ds_config.json", *sorted(run_dir.glob("launch-*.sh")), *sorted(run_dir.glob("job.*"))]:
+        print(f"==> {path} <==")
+        print(path.read_text().rstrip())
+
+
+def execute(run_dir: Path) -> Path:
+    """checkpoint phase -> cache state -> restart phase -> summary, from the run directory prepare() wrote."""
+    data = json.loads((run_dir / "spec.json").read_text())
+    spec, ckpt_root = RunSpec.from_json(data), Path(data["checkpoint_root"])
+    set_status(run_dir, "running", **_job_fields())
     say(f"run {run_dir.name}: {spec.model_label}, {spec.layout} ({spec.world_size} ranks, {spec.device}), "
-        f"engine {spec.engine}, {spec.precision}")
+        f"engine {spec.engine}, {spec.precision}, launcher {spec.launcher}")
     try:
         probe = baseline.record_for_run(run_dir, spec, ckpt_root)
         if probe:
@@ -153,8 +258,11 @@ def run(spec: RunSpec) -> Path:
         _save_record(run_dir, info)
         if info["exit_code"] != 0:
             raise RunFailed(_failure(run_dir, info))
-        if getattr(registry.get_spec(spec.engine).plugin(), "SAVES", True):
-            restart(run_dir, ckpt_root, spec, "restart-01")
+        if spec.phase == "all" and getattr(registry.get_spec(spec.engine).plugin(), "SAVES", True):
+            record = allocate_record(run_dir)
+            if record != "restart-01":  # someone forced a restart-only re-run meanwhile: never share a record
+                write_launch(spec, run_dir, ckpt_root, "restart", record, spec.master_port or free_port())
+            restart(run_dir, ckpt_root, spec, record)
         summary = finalize.finalize(run_dir, state="complete")
     except RunFailed as exc:
         finalize.finalize(run_dir, state="failed", reason=str(exc))
@@ -164,12 +272,30 @@ def run(spec: RunSpec) -> Path:
         raise
     if summary["restart"] and not summary["restart"]["verified"]:
         raise RunFailed(f"restart did not restore the saved state: {', '.join(summary['restart']['differing'][:5])}")
+    if not spec.keep:
+        discard_checkpoint(run_dir, ckpt_root)
     return run_dir
 
 
 def _baseline_line(b: dict) -> str:
     return (f"storage {'(cached) ' if b['cached'] else ''}write {b['write_mib_s']} MiB/s, read {b['read_mib_s']} MiB/s "
             f"({b['method']}, {b['ranks']} x {b['file_bytes']} bytes)")
+
+
+def _job_fields() -> dict:
+    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID")
+    return {"job_id": job} if job else {}
+
+
+def discard_checkpoint(run_dir: Path, ckpt_root: Path) -> None:
+    """keep=false: delete the checkpoint after the results are written (summary.json already describes it)."""
+    import shutil
+
+    if ckpt_root.is_dir():
+        shutil.rmtree(ckpt_root)
+        say(f"  keep=false: deleted {ckpt_root}")
+    status = json.loads((run_dir / "status.json").read_text())
+    write_json_atomic(run_dir / "status.json", {**status, "checkpoint_deleted": True})
 
 
 def restart(run_dir: Path, ckpt_root: Path, spec: RunSpec, record: str) -> dict:
@@ -183,8 +309,65 @@ def restart(run_dir: Path, ckpt_root: Path, spec: RunSpec, record: str) -> dict:
         + (f" ({state['error']})" if state["error"] else ""))
     say(f"  [{record}] launching {spec.world_size} fresh ranks")
     info = launch(run_dir, record, spec.timeout)
-    info["cache"] = state
+    info.update(cache=state, launcher=spec.launcher)
     _save_record(run_dir, info)
     if info["exit_code"] != 0:
         raise RunFailed(_failure(run_dir, info))
     return info
+
+
+def restart_only(request) -> Path:
+    """phase=restart: `repeats` more restarts of an existing run, each its own record; then finalize again.
+
+    The run's state stays what its checkpoint phase made it (a run whose checkpoint phase failed stays failed,
+    a crashed one becomes failed with that reason); a failing re-run marks the run failed with its reason."""
+    from restart_harness.results.status import observed
+
+    run_dir, spec, ckpt_root = request.run_dir, request.spec, request.ckpt_root
+    if launchers.submits(spec):
+        return submit_restart_job(request)
+    prior = observed(run_dir)
+    state, reason = ("complete", None) if prior["state"] == "complete" else ("failed", prior.get("reason"))
+    say(f"run {run_dir.name}: {request.repeats} restart(s) of {spec.model_label}, {spec.layout} from "
+        f"{(ckpt_root / 'latest').read_text().strip()}, launcher {spec.launcher}, cache={spec.cache}")
+    try:
+        for n in range(request.repeats):
+            record = allocate_record(run_dir)
+            write_launch(spec, run_dir, ckpt_root, "restart", record, spec.master_port or free_port())
+            say(f"  restart {n + 1}/{request.repeats}: record {record}")
+            restart(run_dir, ckpt_root, spec, record)
+    except RunFailed as exc:
+        finalize.finalize(run_dir, state="failed", reason=str(exc))
+        raise
+    except KeyboardInterrupt:
+        finalize.finalize(run_dir, state="failed", reason="interrupted during a restart-only re-run")
+        raise
+    summary = finalize.finalize(run_dir, state=state, reason=reason)
+    if not summary["restart"]["verified"]:
+        raise RunFailed(f"restart did not restore the saved state: {', '.join(summary['restart']['differing'][:5])}")
+    if not spec.keep:
+        discard_checkpoint(run_dir, ckpt_root)
+    return run_dir
+
+
+def submit_restart_job(request) -> Path:
+    """phase=restart with launcher=slurm|pbs from outside an allocation: a batch job of its own runs the restarts
+    (records are claimed inside the job, when each restart starts). Writes job-restart-N.<ext> and its .json."""
+    run_dir, spec = request.run_dir, request.spec
+    for n in range(1, 10000):
+        claim = run_dir / f"job-restart-{n}.json"
+        try:
+            os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))  # exclusive: concurrent submissions
+            break
+        except FileExistsError:
+            continue
+    name, text = job_script(spec, run_dir, ["phase=restart", *request.tokens])
+    script = run_dir / name.replace("job.", f"job-restart-{n}.")
+    write_text_atomic(script, text, mode=0o755)
+    job_id = launchers.submit(spec.launcher, script)
+    write_json_atomic(claim, {"scheduler": spec.launcher, "job_id": job_id, "script": script.name,
+                              "submitted": time.time(), "phase": "restart", "args": request.tokens})
+    say(f"run {run_dir.name}: submitted {script.name} ({request.repeats} restart(s)) to {spec.launcher} "
+        f"as job {job_id}")
+    print(f"job {job_id}")
+    return run_dir

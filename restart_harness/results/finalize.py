@@ -25,7 +25,8 @@ def _writers(run_dir: Path) -> dict[str, dict[str, int]]:
 
 
 def _records(run_dir: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted((run_dir / "records").glob("restart-*.json"))]
+    paths = sorted((run_dir / "records").glob("restart-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    return [json.loads(p.read_text()) for p in paths]  # in record order: restart-100 after restart-99
 
 
 def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:

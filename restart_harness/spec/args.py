@@ -18,6 +18,7 @@ CHOICES = {
     "cache": runspec.CACHE_MODES,
     "device": runspec.DEVICES,
     "launcher": runspec.LAUNCHERS,
+    "phase": runspec.PHASES,
 }
 _TOKEN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 _SAFE_TEXT = re.compile(r"^[A-Za-z0-9_.,/:+@%=-]*$")

@@ -5,12 +5,16 @@ from __future__ import annotations
 from engines import registry
 from restart_harness.spec.args import CHOICES, run_keys
 from restart_harness.spec.model_shape import FIELDS, preset_names
+from restart_harness.spec.phases import RESTART_KEYS
 
 
 def usage() -> str:
     keys = run_keys()
     lines = [
         "usage: ./submit-job.sh MODEL [key=value ...]",
+        "       ./submit-job.sh MODEL key=a,b [key=c,d ...] [repeats=N]   a sweep: every combination, one folder",
+        "       ./submit-job.sh phase=restart run=RUN_DIR [key=value ...]  restart-only re-runs of a run; keys: "
+        + ", ".join(RESTART_KEYS),
         "",
         f"MODEL: {', '.join(preset_names())} (configs/models/), or a path to an HF config.json",
         "",

@@ -12,7 +12,8 @@ from restart_harness.spec.model_shape import ModelShape
 PRECISIONS = ("bf16", "fp32")
 CACHE_MODES = ("drop", "warm")
 DEVICES = ("auto", "cpu", "cuda")
-LAUNCHERS = ("local",)
+LAUNCHERS = ("local", "torchrun", "slurm", "pbs")
+PHASES = ("all", "checkpoint")  # phase=restart re-runs an existing run: restart_harness/spec/phases.py
 
 
 @dataclass
@@ -51,6 +52,16 @@ class RunSpec:
     timeout: int = 1800  # seconds one launch may take before its process group is killed
     baseline: bool = True  # measure the checkpoint file system once (cached) and report save/load efficiency
     master_port: int | None = None
+    # phases, repeats, clusters (restart_harness/launch/launchers.py, restart_harness/generate/batch.py)
+    phase: str = "all"  # all | checkpoint (phase=restart run=DIR re-runs only the restart of an existing run)
+    repeats: int = 1  # runs of each combination (phase=restart: restarts)
+    keep: bool = True  # keep=false deletes the checkpoint after a complete run
+    dry_run: bool = False  # write and print ds_config and launch scripts, run nothing
+    walltime: str = "01:00:00"  # slurm/pbs: job time limit, HH:MM:SS
+    queue: str | None = None  # slurm partition / pbs queue
+    account: str | None = None  # slurm account / pbs project (-A)
+    filesystems: str | None = None  # pbs: -l filesystems=home:eagle (ALCF)
+    env_hook: str | None = None  # bash file sourced by the job script and every launch script (modules, conda)
 
     # ---- derived values -------------------------------------------------------------
     @property
@@ -91,7 +102,7 @@ class RunSpec:
     def resolve(self) -> RunSpec:
         """Fill derived defaults and check the layout; raises UsageError naming the numbers."""
         for key in ("tp", "pp", "nodes", "shrink", "iters", "save_interval", "after", "micro_batch",
-                    "grad_accum", "timeout"):
+                    "grad_accum", "timeout", "repeats"):
             if getattr(self, key) < 1:
                 raise UsageError(f"{key}={getattr(self, key)}: must be a positive integer")
         for key in ("dp", "ranks_per_node", "seq_len"):

@@ -5,6 +5,9 @@ import time
 PROCESS_START = time.time()
 
 if __name__ == "__main__":
+    from restart_harness.worker import rank_env
+
+    rank_env.fill()  # torchrun / srun / mpiexec: the variables DeepSpeed's launcher would have set
     from restart_harness.worker.main import main
 
     raise SystemExit(main(PROCESS_START))

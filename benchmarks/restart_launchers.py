@@ -1,0 +1,65 @@
+#!/usr/bin/env python3
+"""Restart time by launcher and page-cache state, from restart-only re-runs of one checkpoint.
+
+Method
+- For each launcher (local = DeepSpeed's launcher, torchrun): one `phase=checkpoint` run of MODEL (default
+  `tiny dp=2`), then `phase=restart run=<it> cache=drop repeats=R` and `phase=restart run=<it> cache=warm
+  repeats=R`, in sequence, on an otherwise idle machine. Every restart is a fresh launch from the same committed
+  checkpoint; the harness verifies each one.
+- Figures come from summary.json's `restarts[]` (the harness's own per-rank marks): `launch_seconds` (launcher
+  start -> last rank's process start), `total_seconds` (slowest rank's process start -> first step done, the
+  verification digest excluded), `checkpoint_load` phase, `wall_seconds` (the whole launch, teardown included),
+  and the cache state `observed` (so a `drop` that did not evict shows up).
+- Medians, min and max over the R restarts of each case.
+
+Usage: .venv/bin/python benchmarks/restart_launchers.py [REPEATS] [MODEL key=value ...]   (prints a Markdown table)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def cli(args: list[str]) -> Path:
+    proc = subprocess.run([str(REPO / "submit-job.sh"), *args], check=True, capture_output=True, text=True)
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def stats(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def main() -> None:
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    model = sys.argv[2:] or ["tiny", "dp=2"]
+    results = Path(tempfile.mkdtemp(prefix="rh-bench-"))
+    print(f"{' '.join(model)}; {repeats} restarts per case; median (min-max) seconds")
+    print("| launcher | cache | observed | launch_seconds | total_seconds | checkpoint_load | wall_seconds |")
+    print("|---|---|---|---|---|---|---|")
+    for launcher in ("local", "torchrun"):
+        run_dir = cli([*model, f"launcher={launcher}", "phase=checkpoint", f"results_dir={results}"])
+        seen = 0
+        for cache in ("drop", "warm"):
+            cli(["phase=restart", f"run={run_dir}", f"cache={cache}", f"repeats={repeats}"])
+            restarts = json.loads((run_dir / "summary.json").read_text())["restarts"][seen:]
+            seen += len(restarts)
+            observed = Counter(r["cache"]["observed"] for r in restarts)
+            print(f"| {launcher} | {cache} | {', '.join(f'{k} x{v}' for k, v in observed.items())} "
+                  f"| {stats([r['launch_seconds'] for r in restarts])} "
+                  f"| {stats([r['total_seconds'] for r in restarts])} "
+                  f"| {stats([r['phases']['checkpoint_load'] for r in restarts])} "
+                  f"| {stats([r['wall_seconds'] for r in restarts])} |")
+    shutil.rmtree(results, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

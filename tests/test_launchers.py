@@ -1,0 +1,192 @@
+"""Launchers, batch scripts, sweeps and restart-only command lines without launching ranks: the generated files
+(dry_run=true writes them), the rank-environment mapping, and every bad input (exit 2, one line, nothing made)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from restart_harness.launch.runner import allocate_record
+from restart_harness.launch.sweep import expand
+from restart_harness.worker import rank_env
+
+
+def cli(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "config-n-run.py"), *args], cwd=cwd, check=False,
+                          capture_output=True, text=True, timeout=120, env=env or {**os.environ})
+
+
+def dry_run(tmp_path: Path, *args: str) -> Path:
+    results = tmp_path / "results"
+    proc = cli([*args, "dry_run=true", f"results_dir={results}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "dry_run"
+    assert not (run_dir / "events" / "checkpoint").exists() and not (run_dir / "logs" / "checkpoint.log").exists()
+    return run_dir
+
+
+def directives(text: str, prefix: str) -> list[str]:
+    return [line[len(prefix):].strip() for line in text.splitlines() if line.startswith(prefix)]
+
+
+def bash_n(path: Path) -> None:
+    proc = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_dry_run_writes_and_prints_config_and_launch_scripts(tmp_path):
+    run_dir = dry_run(tmp_path, "tiny", "dp=2")
+    assert json.loads((run_dir / "ds_config.json").read_text())["train_batch_size"] == 8
+    for record in ("checkpoint", "restart-01"):
+        script = (run_dir / f"launch-{record}.sh").read_text()
+        assert "deepspeed.launcher.runner" in script and f"--record {record}" in script
+        bash_n(run_dir / f"launch-{record}.sh")
+
+
+def test_torchrun_script(tmp_path):
+    run_dir = dry_run(tmp_path, "tiny", "dp=2", "launcher=torchrun", "phase=checkpoint")
+    script = (run_dir / "launch-checkpoint.sh").read_text()
+    assert "-m torch.distributed.run --nnodes 1 --nproc-per-node 2" in script
+    assert "export RH_LAUNCHER=torchrun" in script
+    assert not (run_dir / "launch-restart-01.sh").exists()  # phase=checkpoint: no restart launch
+    bash_n(run_dir / "launch-checkpoint.sh")
+
+
+def test_sbatch_script(tmp_path):
+    hook = tmp_path / "modules.sh"
+    hook.write_text("export FROM_HOOK=1\n")
+    run_dir = dry_run(tmp_path, "tiny", "tp=2", "nodes=2", "ranks_per_node=4", "launcher=slurm", "queue=gpu",
+                      "account=proj42", "walltime=00:30:00", f"env_hook={hook}")
+    job = (run_dir / "job.sbatch").read_text()
+    d = directives(job, "#SBATCH")
+    for expected in ("--nodes=2", "--ntasks-per-node=4", "--time=00:30:00", "--partition=gpu", "--account=proj42",
+                     f"--output={run_dir}/logs/job-%j.log"):
+        assert expected in d, (expected, d)
+    assert f"-m restart_harness.launch.job {run_dir}" in job
+    assert job.index(f"source {hook}") < job.index("exec ")
+    launch = (run_dir / "launch-restart-01.sh").read_text()
+    assert re.search(r"exec srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --kill-on-bad-exit=1 ", launch)
+    assert "scontrol show hostnames" in launch and f"source {hook}" in launch
+    for path in (run_dir / "job.sbatch", run_dir / "launch-checkpoint.sh", run_dir / "launch-restart-01.sh"):
+        bash_n(path)
+
+
+def test_qsub_script_polaris_style(tmp_path):
+    run_dir = dry_run(tmp_path, "tiny", "dp=8", "nodes=2", "launcher=pbs", "queue=debug-scaling", "account=MyProj",
+                      "walltime=01:00:00", "filesystems=home:eagle")
+    job = (run_dir / "job.pbs").read_text()
+    d = directives(job, "#PBS")
+    for expected in ("-l select=2:mpiprocs=4", "-l place=scatter", "-l walltime=01:00:00",
+                     "-l filesystems=home:eagle", "-q debug-scaling", "-A MyProj"):
+        assert expected in d, (expected, d)
+    name = next(x for x in d if x.startswith("-N "))[3:]
+    assert len(name) <= 15 and name[0].isalpha()  # PBS job-name rules
+    launch = (run_dir / "launch-checkpoint.sh").read_text()
+    assert 'exec mpiexec -n 8 --ppn 4 --hostfile "$PBS_NODEFILE" ' in launch
+    assert 'MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE")"' in launch
+    for path in (run_dir / "job.pbs", run_dir / "launch-checkpoint.sh"):
+        bash_n(path)
+
+
+@pytest.mark.parametrize("launcher,env,expected", [
+    ("slurm", {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
+               "SLURM_NNODES": "2", "SLURM_TASKS_PER_NODE": "4(x2)"},
+     {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "CROSS_RANK": "1", "CROSS_SIZE": "2", "LOCAL_SIZE": "4"}),
+    ("pbs", {"PALS_RANKID": "6", "PMI_SIZE": "8", "PALS_LOCAL_RANKID": "2", "PALS_LOCAL_SIZE": "4"},
+     {"RANK": "6", "WORLD_SIZE": "8", "LOCAL_RANK": "2", "CROSS_RANK": "1", "CROSS_SIZE": "2", "LOCAL_SIZE": "4"}),
+    ("torchrun", {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "GROUP_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
+     {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "CROSS_RANK": "1", "CROSS_SIZE": "2", "LOCAL_SIZE": "2"}),
+    ("local", {"RANK": "1", "WORLD_SIZE": "2", "CROSS_RANK": "0", "CROSS_SIZE": "1", "LOCAL_SIZE": "2"},
+     {"RANK": "1", "WORLD_SIZE": "2", "CROSS_RANK": "0", "CROSS_SIZE": "1", "LOCAL_SIZE": "2"}),
+])
+def test_rank_environment_from_each_launcher(launcher, env, expected):
+    env = {**env, "RH_LAUNCHER": launcher}
+    rank_env.fill(env)
+    assert {k: env.get(k) for k in expected} == expected
+
+
+def test_sweep_expands_product_and_repeats(tmp_path):
+    lists, combos = expand(["tiny", "engine=default,none", "tp=1,2", "iters=2"])
+    assert lists == {"engine": ["default", "none"], "tp": ["1", "2"]}
+    assert [c[0] for c in combos] == [{"engine": e, "tp": t} for e in ("default", "none") for t in ("1", "2")]
+    results = tmp_path / "results"
+    proc = cli(["tiny", "tp=1,2", "repeats=2", "dry_run=true", f"results_dir={results}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    sweep_dir = Path(proc.stdout.strip().splitlines()[-1])
+    assert sweep_dir.parent == results and sweep_dir.name.startswith("sweep-")
+    sweep = json.loads((sweep_dir / "sweep.json").read_text())
+    assert [(r["index"], r["combination"], r["repeat"], r["state"]) for r in sweep["runs"]] == [
+        (1, {"tp": "1"}, 1, "dry_run"), (2, {"tp": "1"}, 2, "dry_run"),
+        (3, {"tp": "2"}, 1, "dry_run"), (4, {"tp": "2"}, 2, "dry_run")]
+    for r in sweep["runs"]:
+        assert Path(r["run_dir"]).parent == sweep_dir and Path(r["run_dir"]).name.startswith(f"{r['index']:03d}-tiny-")
+    assert sweep["state"] == "complete" and sweep["counts"] == {"dry_run": 4}
+    assert "[sweep 4/4" in proc.stderr
+
+
+def _claim(run_dir: str, queue) -> None:
+    queue.put([allocate_record(Path(run_dir)) for _ in range(5)])
+
+
+def test_record_names_never_collide_across_processes(tmp_path):
+    queue = multiprocessing.get_context("fork").Queue()
+    procs = [multiprocessing.get_context("fork").Process(target=_claim, args=(str(tmp_path), queue))
+             for _ in range(4)]
+    for p in procs:
+        p.start()
+    names = [n for _ in procs for n in queue.get(timeout=60)]
+    for p in procs:
+        p.join()
+    assert sorted(names) == [f"restart-{n:02d}" for n in range(1, 21)]
+
+
+BAD = {
+    "unknown launcher": (["tiny", "launcher=mpi"], "launcher=mpi"),
+    "slurm without sbatch": (["tiny", "launcher=slurm"], "sbatch"),
+    "pbs without qsub": (["tiny", "launcher=pbs"], "qsub"),
+    "local on two nodes": (["tiny", "dp=2", "nodes=2"], "nodes=2"),
+    "bad walltime": (["tiny", "launcher=slurm", "dry_run=true", "walltime=90min"], "walltime=90min"),
+    "missing env hook": (["tiny", "env_hook=/nonexistent/hook.sh"], "/nonexistent/hook.sh"),
+    "bad phase": (["tiny", "phase=resume"], "phase=resume"),
+    "bad combination in a sweep": (["tiny", "tp=1,3", "hidden_size=64"], "tp=3"),
+    "list on results_dir": (["tiny", "iters=2,4", "results_dir=a,b"], "results_dir"),
+    "restart without run=": (["phase=restart"], "run="),
+    "restart with MODEL": (["tiny", "phase=restart", "run=x"], "MODEL"),
+    "restart of no run": (["phase=restart", "run=/nonexistent/run"], "/nonexistent/run"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_input(name, tmp_path):
+    args, named = BAD[name]
+    results = tmp_path / "results"
+    env = {**os.environ}
+    if name.endswith(("sbatch", "qsub")):
+        env["PATH"] = str(tmp_path / "empty-bin")  # no scheduler client here, whatever this machine has
+    if "results_dir" not in " ".join(args) and not args[0].startswith("phase="):
+        args = [*args, f"results_dir={results}"]
+    proc = cli(args, tmp_path, env)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], proc.stderr
+    assert not results.exists() and not (tmp_path / "a").exists()
+
+
+def test_restart_refuses_keys_that_change_the_run(tmp_path):
+    run_dir = dry_run(tmp_path, "tiny", "dp=2")
+    proc = cli(["phase=restart", f"run={run_dir}", "tp=2"], tmp_path)
+    assert proc.returncode == 2 and "tp=" in proc.stderr and "cache" in proc.stderr
+    before = sorted(p.name for p in run_dir.rglob("*"))
+    proc = cli(["phase=restart", f"run={run_dir}", "cache=warm"], tmp_path)
+    assert proc.returncode == 2 and "nothing to restart from" in proc.stderr  # a dry run has no checkpoint
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert sorted(p.name for p in run_dir.rglob("*")) == before

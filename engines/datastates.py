@@ -1,7 +1,7 @@
 """engine=datastates: DeepSpeed's own DataStatesCheckpointEngine (DataStates-LLM, "lazy asynchronous
 checkpointing"), switched on by the `datastates_ckpt` block in ds_config.json. DeepSpeed creates the engine; it is
-decoupled: save() returns once the copy is queued, and DeepSpeed commits it (waits until persisted) in the next
-engine.step(). DataStates-LLM is not on PyPI and its constructor needs CUDA: refused before launch elsewhere."""
+decoupled: save() returns once the copy is queued and DataStates flushes in the background (see wait_durable for
+when it is durable). DataStates-LLM is not on PyPI and its constructor needs CUDA: refused before launch elsewhere."""
 
 from __future__ import annotations
 
@@ -33,3 +33,10 @@ def ds_config(spec) -> dict:
 
 def make_checkpoint_engine(ds_engine, spec):
     return None  # DeepSpeed built DataStatesCheckpointEngine from the datastates_ckpt block
+
+
+def wait_durable(checkpoint_engine) -> None:
+    """Until DataStates has persisted every queued save. DeepSpeed 0.19.8's DataStatesCheckpointEngine keeps its
+    commit info but does not override get_commit_info(), so engine.step() never commits it (only cleanup at exit
+    does): the harness's waiter thread waits on DataStates' own wait(persist=True) instead."""
+    checkpoint_engine.ckpt_engine.wait(persist=True)

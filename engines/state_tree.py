@@ -68,8 +68,8 @@ def relocate(tensors: dict[str, torch.Tensor], map_location: object) -> dict[str
     if callable(map_location):
         out = {}
         for key, t in tensors.items():
-            storage = map_location(t.untyped_storage(), "cpu")
-            out[key] = t if storage is t.untyped_storage() else torch.empty(0, dtype=t.dtype, device=storage.device).set_(
+            storage = map_location(t.untyped_storage(), "cpu")  # as torch.load would call it
+            out[key] = torch.empty(0, dtype=t.dtype, device=storage.device).set_(
                 storage, t.storage_offset(), t.size(), t.stride())
         return out
     return {key: t.to(map_location) for key, t in tensors.items()}

@@ -67,6 +67,7 @@ def test_engine_saves_restarts_and_verifies(engine_runs, name):
     want = expected_files(spec.tp, spec.pp, spec.dp, spec.shape.num_hidden_layers, spec.precision == "bf16")
     assert {top: kinds.pop() for top, kinds in tops.items() if len(kinds) == 1} == want
     assert inventory["by_kind"]["other"]["files"] == 0 and "unknown" not in inventory["by_rank"]
+    assert inventory["total_entries"] == len(want) < inventory["total_files"]
     metadata = ".snapshot_metadata" if spec.engine == "torchsnapshot" else ".metadata"
     assert {f["path"].split("/")[0] for f in inventory["files"] if f["path"].endswith(metadata)} == set(want)
 
@@ -211,6 +212,14 @@ def test_engine_options_parse_into_the_spec():
 
 # ---- the pieces the sharded engines are built from ------------------------------------------------------------
 
+def test_relocate_follows_torch_load_map_location():
+    tensors = {"t0": torch.arange(6.0).view(2, 3)[:, 1:]}
+    same = state_tree.relocate(tensors, lambda storage, loc: storage)  # what DeepSpeed passes
+    assert torch.equal(same["t0"], tensors["t0"]) and same["t0"].stride() == tensors["t0"].stride()
+    assert state_tree.relocate(tensors, "cpu")["t0"].device.type == "cpu"
+    assert state_tree.relocate(tensors, None) is tensors
+
+
 def test_state_tree_round_trip_keeps_types_and_objects():
     w = torch.randn(3, 2, requires_grad=True)
     state = {"module": collections.OrderedDict(w=w, b=torch.ones(2, dtype=torch.bfloat16)),
@@ -250,4 +259,14 @@ def test_torchsnapshot_shims_still_needed():
     proc = subprocess.run([sys.executable, "-c", SHIM_CHECK], cwd=REPO, check=False, capture_output=True, text=True,
                           timeout=120, env={**__import__("os").environ, "PORT": str(port), "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
-    assert "bug_present True" in proc.stdout, "torchsnapshot now copies CPU tensors in async_take: drop async_private_copy"
+    assert "bug_present True" in proc.stdout, "torchsnapshot copies CPU tensors in async_take now: drop the shim"
+
+
+@pytest.mark.slow
+def test_engine_none_trains_without_checkpoints(tmp_path):
+    run_dir = run_dir_of(run_cli(["tiny", "dp=2", "engine=none", *SHORT], tmp_path / "results", timeout=600))
+    summary = load_summary(run_dir)
+    assert summary["status"]["state"] == "complete" and summary["restart"] is None
+    assert summary["checkpoint"]["saves"] == [] and summary["training"]["steps"] == 2
+    assert summary["training"]["steps_in_flight"] == 0
+    assert not (run_dir / "checkpoint" / "latest").exists()

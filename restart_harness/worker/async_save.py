@@ -68,12 +68,11 @@ class Saver:
     def _wait(self, pending: _Pending) -> None:
         """Waiter thread: engine flush finished, then fsync; never a collective (the main thread owns those)."""
         try:
-            if self.decoupled:
-                self.recorder.committed.wait()
-            else:
-                wait = getattr(self.plugin, "wait_durable", None)
-                if wait is not None:
-                    wait(self.recorder.inner)
+            wait = getattr(self.plugin, "wait_durable", None)
+            if wait is not None:
+                wait(self.recorder.inner)  # the engine's own flush (torchsnapshot, dcp, DataStates)
+            elif self.decoupled:
+                self.recorder.committed.wait()  # DeepSpeed's commit in engine.step() (its decoupled writer)
             files = [f for path, _ in pending.saved for f in checkpointing.files_under(Path(path))]
             checkpointing.fsync_paths(files)
             pending.durable_at = time.perf_counter()
@@ -101,7 +100,7 @@ class Saver:
         """Before the next save and at the end of the phase: wait for the flush on every rank, then commit."""
         if self.pending is None:
             return None
-        if self.decoupled and not self.recorder.committed.is_set():
+        if self.decoupled and not hasattr(self.plugin, "wait_durable") and not self.recorder.committed.is_set():
             # No engine.step() since the save: let DeepSpeed commit now, as its step() would (all ranks call it).
             self.ds_engine._commit_decoupled_checkpoint()
         self.pending.thread.join()

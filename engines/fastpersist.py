@@ -34,8 +34,8 @@ def ds_config(spec) -> dict:
     }}}
 
 
-def make_checkpoint_engine(ds_engine, spec):
+def make_checkpoint_engine(ds_engine, spec) -> None:
+    """Keep the engine DeepSpeed built from checkpoint.writer (None), with its load fixed by the shim."""
     from third_party.deepspeed_writer_load import load_without_weights_only
 
     load_without_weights_only(ds_engine.checkpoint_engine)
-    return None  # keep the engine DeepSpeed built from checkpoint.writer

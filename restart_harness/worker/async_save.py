@@ -25,7 +25,7 @@ class _Pending:
         self.tag, self.step, self.wall_start, self.start, self.blocking = tag, step, wall_start, start, blocking
         self.saved = saved
         self.durable_at: float | None = None
-        self.error: BaseException | None = None
+        self.error: Exception | None = None
         self.in_flight_steps = 0
         self.thread: threading.Thread | None = None
 
@@ -76,7 +76,7 @@ class Saver:
             files = [f for path, _ in pending.saved for f in checkpointing.files_under(Path(path))]
             checkpointing.fsync_paths(files)
             pending.durable_at = time.perf_counter()
-        except BaseException as exc:  # re-raised in the main thread by _commit
+        except Exception as exc:  # noqa: BLE001 - any failure is re-raised in the main thread by _commit
             pending.error = exc
 
     def overlapped(self, step_start: float) -> bool:

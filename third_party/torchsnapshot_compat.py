@@ -6,8 +6,9 @@
    acts as a single-process group (no collectives, rank 0 of 1), exactly as torchsnapshot behaves without
    torch.distributed. Passing a size-1 subgroup does not work instead (torchsnapshot broadcasts with a global
    src rank). Remove when torchsnapshot gains a no-collectives option: check with
-   `python -c "import torch.distributed as d, torchsnapshot.pg_wrapper as w; ..."` that PGWrapper(None).pg is
-   None with a process group initialized, or that Snapshot.take accepts such an option.
+   tests/test_engines.py::test_torchsnapshot_shims_still_needed, which asserts PGWrapper(None).pg is WORLD with a
+   process group initialized. async_take's background thread runs after the block has ended, but it only uses
+   the rank (0) and world size (1) captured inside it, so it stays single-process too.
 
 2. async_private_copy(): in 0.1.0, TensorBufferStager._should_copy_cpu_tensor compares the entry's serializer
    (a str) with the Serializer enum, which is never equal, so async_take does NOT copy CPU tensors before

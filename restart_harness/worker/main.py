@@ -24,6 +24,7 @@ from restart_harness.worker.data import step_batches
 from restart_harness.worker.events import EventLog
 from restart_harness.worker.model import LlamaForCausalLM, pipeline_module
 from restart_harness.worker.tensor_parallel import TPGroup
+from third_party.deepspeed_shm_unlink import unlink_own_buffer
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -124,6 +125,8 @@ def _init_distributed(spec: RunSpec) -> torch.device:
         deepspeed.init_distributed(dist_backend="nccl")
         return torch.device("cuda", local_rank)
     deepspeed.init_distributed(dist_backend="gloo")
+    dist.barrier()  # every rank has opened every rank's shared-memory buffer: the names can go (third_party)
+    unlink_own_buffer(dist.get_rank())
     return torch.device("cpu")
 
 

@@ -290,3 +290,13 @@ def test_async_kill_mid_save_keeps_latest_on_the_last_durable_checkpoint(tmp_pat
     assert committed == {0: ["global_step2"], 1: ["global_step2"]}
     summary = load_summary(run_dir)
     assert summary["status"]["state"] == "failed" and summary["checkpoint"]["tag"] == "global_step2"
+
+
+@pytest.mark.slow
+def test_no_shared_memory_left_behind(engine_runs):
+    """third_party/deepspeed_shm_unlink: finished launches leave no DeepSpeed allreduce buffer in /dev/shm."""
+    import re
+
+    for run_dir in engine_runs.values():
+        port = re.search(r"--master_port (\d+)", (run_dir / "launch-checkpoint.sh").read_text()).group(1)
+        assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*")), run_dir.name

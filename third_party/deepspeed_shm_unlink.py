@@ -1,5 +1,5 @@
 """DeepSpeed 0.19.8's CPU shared-memory allreduce (ops/csrc/cpu/comm/shm.cpp, JIT-built deepspeed_shm_comm)
-creates /dev/shm/deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank> (~32 MiB per rank) and never
+creates /dev/shm/deepspeed_allreduce_buffer_<uid>_<MASTER_ADDR>_<MASTER_PORT>_<rank> (~66 MiB per rank) and never
 unlinks it: `shared_close()` exists but nothing calls it. Every launch therefore leaks its ranks' buffers into
 /dev/shm, which is RAM: a test suite of launches fills memory until ranks are OOM-killed.
 

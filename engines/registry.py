@@ -26,6 +26,7 @@ class EngineSpec:
     module: str
     description: str = ""
     defaults: dict = field(default_factory=dict)  # option -> default value (its type is the option's type)
+    choices: dict = field(default_factory=dict)  # option -> accepted values (YAML: <option>_choices)
     ds_config: dict = field(default_factory=dict)  # merged into ds_config.json
 
     def plugin(self) -> ModuleType:
@@ -44,7 +45,7 @@ class EngineSpec:
                 return float(text)
         except ValueError:
             raise UsageError(f"{key}={text}: engine {self.name} expects a {type(default).__name__}") from None
-        choices = self.defaults.get(f"{key}_choices")
+        choices = self.choices.get(key)
         if choices and text not in choices:
             raise UsageError(f"{key}={text}: engine {self.name} accepts {', '.join(choices)}")
         return text
@@ -66,6 +67,7 @@ def get_spec(name: str) -> EngineSpec:
         name=name,
         module=data.get("module", f"engines.{name}"),
         description=data.get("description", ""),
-        defaults={k: v for k, v in options.items()},
+        defaults={k: v for k, v in options.items() if not k.endswith("_choices")},
+        choices={k.removesuffix("_choices"): [str(c) for c in v] for k, v in options.items() if k.endswith("_choices")},
         ds_config=data.get("ds_config") or {},
     )

@@ -30,6 +30,7 @@ def test_build_totals_kinds_and_ranks(tmp_path):
                "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt": 1, "shards.pt": 1}
     inv = inventory.build(tmp_path, writers)
     assert inv["total_files"] == 6 and inv["total_bytes"] == sum(files.values())
+    assert inv["total_entries"] == 5  # shards.pt/ is one DeepSpeed file written as a directory
     assert inv["by_kind"]["optimizer_states"] == {"files": 2, "bytes": 600}
     assert inv["by_kind"]["other"] == {"files": 3, "bytes": 21}
     assert inv["by_rank"]["0"] == {"files": 2, "bytes": 400}

@@ -44,6 +44,8 @@ def build(tag_dir: Path, writers: dict[str, int] | None = None) -> dict:
         "dir": str(tag_dir.resolve()),
         "files": files,
         "total_files": len(files),
+        # DeepSpeed files: one per engine.save() path, whether a file or a directory of shards (torchsnapshot, dcp)
+        "total_entries": len({f["path"].split("/", 1)[0] for f in files}),
         "total_bytes": sum(f["bytes"] for f in files),
         "by_kind": by_kind,
         "by_rank": dict(sorted(by_rank.items(), key=lambda kv: (kv[0] == "unknown", int(kv[0]) if kv[0].isdigit() else 0))),

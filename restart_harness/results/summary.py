@@ -44,6 +44,8 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict]) -> list[dic
             "blocking_seconds": round(blocking, 6),
             "durable_seconds": round(durable, 6),
             "commit_seconds": round(max(r["commit_seconds"] for r in per_rank), 6),
+            "async": any(r.get("async", False) for r in per_rank),
+            "in_flight_steps": max(r.get("in_flight_steps", 0) for r in per_rank),
             "throughput_mib_s": {"blocking": mib_s(nbytes, blocking), "durable": mib_s(nbytes, durable)},
             "per_rank": [
                 {"rank": r["rank"], "blocking_seconds": round(r["blocking_seconds"], 6),
@@ -63,7 +65,19 @@ def training(record: dict[int, list[dict]]) -> dict:
         "steps": len(steps),
         "step_seconds_median": round(statistics.median(seconds), 6) if seconds else None,
         "losses": [round(s["loss"], 6) for s in steps],
+        **_overlap(steps),
     }
+
+
+def _overlap(steps: list[dict]) -> dict:
+    """Median step seconds with and without an async flush in flight (rank 0's steps): the overlap cost."""
+    def median(values: list[float]) -> float | None:
+        return round(statistics.median(values), 6) if values else None
+
+    busy = [s["seconds"] for s in steps if s.get("in_flight")]
+    idle = [s["seconds"] for s in steps if not s.get("in_flight")]
+    return {"steps_in_flight": len(busy), "step_seconds_median_in_flight": median(busy),
+            "step_seconds_median_no_flush": median(idle)}
 
 
 def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict | None,

@@ -24,6 +24,10 @@ def render(summary: dict) -> str:
     if summary["training"]["step_seconds_median"] is not None:
         rows.append(("train step", f"median {_s(summary['training']['step_seconds_median'])} "
                                    f"over {summary['training']['steps']} steps"))
+    if summary["training"].get("steps_in_flight"):
+        tr = summary["training"]
+        rows.append(("overlap", f"median step {_s(tr['step_seconds_median_in_flight'])} with a flush in flight "
+                                f"({tr['steps_in_flight']} steps), {_s(tr['step_seconds_median_no_flush'])} without"))
     if ck["files"]:
         kinds = ", ".join(f"{k} {v['files']}" for k, v in ck["by_kind"].items() if v["files"])
         rows.append(("checkpoint", f"{ck['tag']}: {ck['files']} files, {ck['bytes'] / MIB:,.2f} MiB ({kinds})"))
@@ -35,7 +39,8 @@ def render(summary: dict) -> str:
             t = save["throughput_mib_s"]
             rows.append((f"save {save['tag']}",
                          f"blocking {_s(save['blocking_seconds'])} ({t['blocking'] or 0:,.1f} MiB/s), "
-                         f"durable {_s(save['durable_seconds'])} ({t['durable'] or 0:,.1f} MiB/s)"))
+                         f"durable {_s(save['durable_seconds'])} ({t['durable'] or 0:,.1f} MiB/s)"
+                         + (f", async: committed {_s(save['commit_seconds'])}" if save.get("async") else "")))
     if rs:
         c = rs["cache"] or {}
         rows.append(("restart", f"{_s(rs['total_seconds'])} process start -> first step done "

@@ -29,6 +29,8 @@ def usage() -> str:
               "", "engines:"]
     for name in registry.names():
         spec = registry.get_spec(name)
-        opts = f" options: {', '.join(f'{k}={v}' for k, v in spec.defaults.items())}" if spec.defaults else ""
+        shown = [f"{k}={v}" + (f" ({' | '.join(spec.choices[k])})" if k in spec.choices else "")
+                 for k, v in spec.defaults.items()]
+        opts = f" options: {', '.join(shown)}" if shown else ""
         lines.append(f"  {name}: {spec.description}{opts}")
     return "\n".join(lines)

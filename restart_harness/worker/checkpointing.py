@@ -8,6 +8,13 @@ engine wrapped so every file it writes or reads is timed, and with durability ma
                     rank 0 writes `latest` to a temp file, fsyncs it, renames it over `latest`, fsyncs the
                     directory. DeepSpeed's own `latest` write (before its last barrier, never fsync'd) is
                     disabled with save_latest=False, so `latest` never names a torn checkpoint.
+
+Async engines (torchsnapshot async_take, dcp async_save, and DeepSpeed's decoupled engines: datastates,
+decoupled) return from save_checkpoint before the files are written. A per-rank waiter thread then waits for the
+engine's flush (or, for DeepSpeed-decoupled engines, for DeepSpeed's own commit in the next engine.step()),
+fsyncs the files and stamps durable_seconds the moment that finishes. Training goes on meanwhile; `latest` is
+committed (barrier + atomic write) only once every rank is durable: checked at each step boundary (one MIN
+all-reduce of a done flag), and waited for before the next save and at the end of the phase.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -55,6 +63,7 @@ class RecordingEngine(CheckpointEngine):
         self.saved: list[tuple[str, float]] = []
         self.loaded: list[tuple[str, float]] = []
         self.step: int | None = None  # training step of the save in progress (for fault injection)
+        self.committed = threading.Event()  # set when DeepSpeed commits a decoupled engine's checkpoint
 
     def create(self, info):
         return self.inner.create(info)
@@ -76,7 +85,9 @@ class RecordingEngine(CheckpointEngine):
         return self.inner.makedirs(path, exist_ok=exist_ok)
 
     def commit(self, info):
-        return self.inner.commit(info)
+        result = self.inner.commit(info)
+        self.committed.set()
+        return result
 
     def is_data_parallel_writer(self, dp_rank):
         return self.inner.is_data_parallel_writer(dp_rank)
@@ -128,18 +139,9 @@ def save(ds_engine, recorder: RecordingEngine, plugin, ckpt_root: Path, tag: str
     mine = [f for path, _ in recorder.saved for f in files_under(Path(path))]
     fsync_paths(mine)
     durable = time.perf_counter() - start
-    barrier()
-    tag_dir = ckpt_root / tag
-    if rank == 0:
-        fsync_paths(files_under(tag_dir))  # files DeepSpeed writes outside the engine (recovery scripts)
-        write_text_atomic(ckpt_root / "latest", tag)
-    barrier()
+    commit_latest(ckpt_root, tag, rank, barrier)
     committed = time.perf_counter() - start
-    files = [
-        {"path": str(Path(path).relative_to(tag_dir)), "bytes": sum(f.stat().st_size for f in files_under(Path(path))),
-         "seconds": seconds}
-        for path, seconds in recorder.saved
-    ]
+    files = file_records(recorder.saved, ckpt_root / tag)
     return {
         "tag": tag,
         "start": wall_start,
@@ -149,6 +151,24 @@ def save(ds_engine, recorder: RecordingEngine, plugin, ckpt_root: Path, tag: str
         "files": files,
         "bytes": sum(f["bytes"] for f in files),
     }
+
+
+def commit_latest(ckpt_root: Path, tag: str, rank: int, barrier) -> None:
+    """Every rank calls this once its files are durable: barrier, then rank 0 atomically points `latest` at tag."""
+    barrier()
+    if rank == 0:
+        fsync_paths(files_under(ckpt_root / tag))  # files DeepSpeed writes outside the engine (recovery scripts)
+        write_text_atomic(ckpt_root / "latest", tag)
+    barrier()
+
+
+def file_records(saved: list[tuple[str, float]], tag_dir: Path) -> list[dict]:
+    """path (relative to the tag dir), bytes (all shards of a directory) and seconds of each engine.save() call."""
+    return [
+        {"path": str(Path(path).relative_to(tag_dir)), "bytes": sum(f.stat().st_size for f in files_under(Path(path))),
+         "seconds": seconds}
+        for path, seconds in saved
+    ]
 
 
 FULL_DISK_BYTES = 1 << 20

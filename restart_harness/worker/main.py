@@ -19,11 +19,12 @@ from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataP
 from engines import registry
 from restart_harness.results.atomic import read_json, write_json_atomic
 from restart_harness.spec.runspec import RunSpec
-from restart_harness.worker import checkpointing, digest, faults
+from restart_harness.worker import async_save, checkpointing, digest, faults
 from restart_harness.worker.data import step_batches
 from restart_harness.worker.events import EventLog
 from restart_harness.worker.model import LlamaForCausalLM, pipeline_module
 from restart_harness.worker.tensor_parallel import TPGroup
+from third_party.deepspeed_shm_unlink import unlink_own_buffer
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -88,16 +89,33 @@ def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
         last = first + spec.after - 1
 
     saves = getattr(plugin, "SAVES", True) and args.phase == "checkpoint"
+    saver = async_save.Saver(engine, recorder, plugin, spec, args.ckpt_root, rank, dist.barrier,
+                             lambda flag: _all_true(flag, device))
     for step in range(first, last + 1):
         faults.hit("step", rank, step)
         start = time.perf_counter()
         loss = _train_step(engine, spec, step, grid.get_data_parallel_rank(), device)
-        log.emit("step", step=step, loss=loss, seconds=time.perf_counter() - start, last=last)
+        seconds = time.perf_counter() - start
+        log.emit("step", step=step, loss=loss, seconds=seconds, last=last, in_flight=saver.overlapped(start))
         if step == first and args.phase == "restart":
             log.mark("first_step_done")
+        _emit_save(log, saver.poll())  # an async save commits at the first step boundary where all are durable
         if saves and step % spec.save_interval == 0:
-            _save(args, engine, recorder, plugin, step, rank, log)
+            _emit_save(log, saver.finish())  # never two flushes in flight
+            _save(args, engine, saver, step, rank, log)
+    _emit_save(log, saver.finish())
     dist.barrier()
+
+
+def _all_true(flag: bool, device: torch.device) -> bool:
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return bool(value.item())
+
+
+def _emit_save(log: EventLog, record: dict | None) -> None:
+    if record is not None:
+        log.emit("save", **record)
 
 
 def _init_distributed(spec: RunSpec) -> torch.device:
@@ -107,6 +125,8 @@ def _init_distributed(spec: RunSpec) -> torch.device:
         deepspeed.init_distributed(dist_backend="nccl")
         return torch.device("cuda", local_rank)
     deepspeed.init_distributed(dist_backend="gloo")
+    dist.barrier()  # every rank has opened every rank's shared-memory buffer: the names can go (third_party)
+    unlink_own_buffer(dist.get_rank())
     return torch.device("cpu")
 
 
@@ -128,7 +148,7 @@ def _digest_path(run_dir: Path, tag: str, rank: int) -> Path:
     return run_dir / "digests" / tag / f"rank-{rank:05d}.json"
 
 
-def _save(args, engine, recorder, plugin, step: int, rank: int, log: EventLog) -> None:
+def _save(args, engine, saver: async_save.Saver, step: int, rank: int, log: EventLog) -> None:
     tag = f"global_step{step}"
     start = time.perf_counter()
     digests = digest.state_digests(engine)  # state cannot change during the save: taken just before it
@@ -136,9 +156,7 @@ def _save(args, engine, recorder, plugin, step: int, rank: int, log: EventLog) -
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {"tag": tag, "rank": rank, "combined": digest.combined(digests), "tensors": digests})
     log.emit("digest", tag=tag, seconds=time.perf_counter() - start, tensors=len(digests))
-    record = checkpointing.save(engine, recorder, plugin, args.ckpt_root, tag, {"harness_step": step}, rank,
-                                dist.barrier)
-    log.emit("save", step=step, **record)
+    _emit_save(log, saver.save(tag, step))
 
 
 def _verify(run_dir: Path, tag: str, engine, rank: int, log: EventLog) -> None:

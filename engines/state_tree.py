@@ -1,0 +1,75 @@
+"""Split a DeepSpeed state dict into its tensors and the rest, and put it back together exactly.
+
+DeepSpeed's state dicts mix tensors with Python objects (the ds_config dict, ints, strings, OrderedDicts,
+dataclass slice mappings). Tensor-oriented writers (torchsnapshot, DCP) flatten containers their own way and
+hand back plain dicts and lists. So the sharded engines write the tensors under flat keys and the rest, with a
+TensorSlot where each tensor was, as one pickled skeleton: load returns the same types, keys and order.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+SKELETON_KEY = "skeleton"
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where a tensor sat in the state dict; key names it in the flat tensor mapping."""
+
+    key: str
+
+
+def split(state: object) -> tuple[dict[str, torch.Tensor], bytes]:
+    """(flat tensors 't0', 't1', ..., pickled skeleton) of a nested state dict."""
+    tensors: dict[str, torch.Tensor] = {}
+
+    def walk(obj: object) -> object:
+        if isinstance(obj, torch.Tensor):
+            key = f"t{len(tensors)}"
+            tensors[key] = obj.detach()  # writers read the data; autograd history is not state
+            return TensorSlot(key)
+        if isinstance(obj, Mapping):
+            # type(obj)(...) keeps OrderedDict and friends; insertion order is kept either way.
+            return type(obj)((k, walk(v)) for k, v in obj.items())
+        if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+            return type(obj)(walk(v) for v in obj)
+        return obj  # any other object is pickled whole (no tensors hide in DeepSpeed's)
+
+    skeleton = walk(state)
+    return tensors, pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def merge(tensors: Mapping[str, torch.Tensor], skeleton: bytes) -> object:
+    """The state dict split() took apart, with the restored tensors in their slots."""
+
+    def walk(obj: object) -> object:
+        if isinstance(obj, TensorSlot):
+            return tensors[obj.key]
+        if isinstance(obj, Mapping):
+            return type(obj)((k, walk(v)) for k, v in obj.items())
+        if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+            return type(obj)(walk(v) for v in obj)
+        return obj
+
+    # The skeleton is the harness's own file, written by split() above, never downloaded data.
+    return walk(pickle.loads(skeleton))
+
+
+def relocate(tensors: dict[str, torch.Tensor], map_location: object) -> dict[str, torch.Tensor]:
+    """torch.load's map_location for tensors read onto the CPU: a device (or its name), or a callable
+    (storage, 'cpu') -> storage as DeepSpeed passes; a dict remap keeps them where they were read."""
+    if map_location is None or isinstance(map_location, dict):
+        return tensors
+    if callable(map_location):
+        out = {}
+        for key, t in tensors.items():
+            storage = map_location(t.untyped_storage(), "cpu")  # as torch.load would call it
+            out[key] = torch.empty(0, dtype=t.dtype, device=storage.device).set_(
+                storage, t.storage_offset(), t.size(), t.stride())
+        return out
+    return {key: t.to(map_location) for key, t in tensors.items()}

@@ -23,7 +23,7 @@ from restart_harness.generate.ds_config import build_ds_config
 from restart_harness.generate.launch import launch_script, rank_command, worker_args
 from restart_harness.launch import baseline, cache, host, launchers
 from restart_harness.results import finalize
-from restart_harness.results.atomic import write_json_atomic, write_text_atomic
+from restart_harness.results.atomic import make_fresh_dir, write_json_atomic, write_text_atomic
 from restart_harness.spec.runspec import RunSpec
 
 
@@ -33,18 +33,12 @@ def say(message: str) -> None:
 
 def new_run_dir(spec: RunSpec, prefix: str = "") -> Path:
     """results/<model>-<layout>-<engine>-<time>, created exclusively: a run never reuses another's folder."""
-    root = Path(spec.results_dir)
-    root.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     base = prefix + f"{spec.model_label}-{spec.layout}-{spec.engine}-{stamp}".replace("/", "_")
-    for n in range(1, 1000):
-        path = root / (base if n == 1 else f"{base}-{n}")
-        try:
-            path.mkdir()
-            return path.resolve()
-        except FileExistsError:
-            continue
-    raise RunFailed(f"could not create a fresh run directory under {root}")
+    try:
+        return make_fresh_dir(Path(spec.results_dir), base)
+    except FileExistsError as exc:
+        raise RunFailed(str(exc)) from None
 
 
 def free_port() -> int:

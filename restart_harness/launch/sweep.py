@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 
 from restart_harness.errors import RunFailed, UsageError
-from restart_harness.results.atomic import write_json_atomic
+from restart_harness.results.atomic import make_fresh_dir, write_json_atomic
 from restart_harness.spec.runspec import RunSpec
 
 SCHEMA_VERSION = 1
@@ -83,17 +83,10 @@ def plan(tokens: list[str]) -> tuple[dict[str, list[str]], list[Combination]]:
 
 
 def new_sweep_dir(results_dir: str) -> Path:
-    root = Path(results_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    base = f"sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    for n in range(1, 1000):
-        path = root / (base if n == 1 else f"{base}-{n}")
-        try:
-            path.mkdir()
-            return path.resolve()
-        except FileExistsError:
-            continue
-    raise RunFailed(f"could not create a fresh sweep directory under {root}")
+    try:
+        return make_fresh_dir(Path(results_dir), f"sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    except FileExistsError as exc:
+        raise RunFailed(str(exc)) from None
 
 
 def _bar(done: int, total: int, width: int = 20) -> str:

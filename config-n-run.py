@@ -1,10 +1,7 @@
 #!/usr/bin/env python3
-"""Entry point: validate `MODEL key=value ...`, generate the DeepSpeed config and launch scripts, run."""
+"""Entry point (./submit-job.sh runs it): `[COMMAND] MODEL key=value ...`; see restart_harness/cli.py."""
 
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from restart_harness.cli import main
 

@@ -1,5 +1,6 @@
 """Find run directories under the paths given and read their result files (summary.json, inventory.json,
-status.json, sweep.json). Reads only files: never imports the harness, so it works wherever matplotlib does."""
+status.json, sweep.json). Reads only files, with the harness's schema module (standard library only): never the
+runner, torch or DeepSpeed, so it works wherever matplotlib does."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The summary.json schema versions this analysis understands (README, "Results").
-KNOWN_SCHEMA_VERSIONS = (1,)
+from restart_harness.results import schema
+
+KNOWN_SCHEMA_VERSIONS = schema.READABLE_VERSIONS
 # spec fields that must be present for a run to be placed on any table or plot.
 REQUIRED_SPEC = ("model", "tp", "pp", "dp", "engine")
 

@@ -10,39 +10,20 @@ from __future__ import annotations
 
 import argparse
 import io
-import os
 import sys
-import tempfile
 from datetime import datetime
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
 FIGURE_DPI = 110
 
-
-def _find_matplotlib() -> None:
-    """Run as a script by a python3 without matplotlib: re-run with the project's Python (RH_PYTHON, .venv)."""
-    try:
-        import matplotlib  # noqa: F401
-        return
-    except ImportError:
-        pass
-    for candidate in (os.environ.get("RH_PYTHON"), str(REPO / ".venv" / "bin" / "python")):
-        if candidate and Path(candidate).is_file() and not os.environ.get("RH_ANALYSIS_REEXEC"):
-            os.environ["RH_ANALYSIS_REEXEC"] = "1"  # never loop between interpreters
-            os.execv(candidate, [candidate, str(Path(__file__).resolve()), *sys.argv[1:]])
-    print(f"error: matplotlib is not importable by {sys.executable}; pip install matplotlib, or set RH_PYTHON "
-          "to a Python that has it", file=sys.stderr)
-    sys.exit(2)
-
-
-if __name__ == "__main__":
-    _find_matplotlib()
-    sys.path.insert(0, str(REPO))
-
-from analysis import load as ld  # noqa: E402
-from analysis import plots, render  # noqa: E402
-from analysis import table as tb  # noqa: E402
+try:
+    from analysis import load as ld
+    from analysis import plots, render
+    from analysis import table as tb
+    from restart_harness.storage.atomic import make_fresh_dir, write_bytes_atomic
+except ImportError as exc:  # run as ./analysis/report.py by a Python without the project or matplotlib
+    sys.exit(f"error: {exc}: this Python ({sys.executable}) lacks the restart-harness package or matplotlib; use "
+             "./submit-job.sh report ..., or pip install -e '.[analysis]' into it")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -69,30 +50,7 @@ def report_dir(requested: Path | None) -> Path:
             raise FileExistsError(f"{requested} already exists and is not an empty folder; give a new one")
         requested.mkdir(parents=True, exist_ok=True)
         return requested.resolve()
-    base = Path("reports") / f"report-{datetime.now():%Y%m%d-%H%M%S}"
-    base.parent.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 1000):
-        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
-        try:
-            path.mkdir()  # exclusive: two reports in the same second get -2, -3...
-            return path.resolve()
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"could not create a fresh folder next to {base}")
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Temp file in the same folder, then rename: a reader never sees half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; a report is for reading
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    return make_fresh_dir(Path("reports"), f"report-{datetime.now():%Y%m%d-%H%M%S}")
 
 
 def png_bytes(fig) -> bytes:
@@ -125,7 +83,7 @@ def write(out: Path, built: dict, title: str) -> list[Path]:
         **{f"{name}.png": data for name, data in pngs.items()},
     }
     for name, data in files.items():
-        write_atomic(out / name, data)
+        write_bytes_atomic(out / name, data)
     return [out / name for name in files]
 
 

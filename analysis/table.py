@@ -11,18 +11,10 @@ import statistics
 from dataclasses import dataclass, field
 
 from analysis.load import Run
+from restart_harness.results.schema import CONFIG_FIELDS, KINDS, PHASE_NAMES, PLACE_FIELDS, layout_label, model_label
 
-# Restart phases in the order the README defines them; phases a newer harness adds follow, in first-seen order.
-KNOWN_PHASES = ("imports", "dist_init", "model_build", "engine_init", "checkpoint_load", "first_step")
-KINDS = ("model_states", "optimizer_states", "layer_states", "other")
-# The spec fields that make two runs repeats of one configuration (seed, paths, ports and timeouts do not).
-CONFIG_FIELDS = ("model", "shape", "shrink", "precision", "tp", "pp", "dp", "nodes", "ranks_per_node", "engine",
-                 "engine_options", "device", "launcher", "cache", "iters", "save_interval", "after", "micro_batch",
-                 "grad_accum", "seq_len")
-# Fields outside spec proper that also separate configurations: another machine or another file system.
-PLACE_FIELDS = (("host", "hostname"), ("checkpoint_filesystem", "mount"), ("checkpoint_filesystem", "type"))
-
-
+# Restart phases in the schema's order; phases a newer harness adds follow, in first-seen order.
+KNOWN_PHASES = PHASE_NAMES
 def get(d: object, *keys: str, default: object = None) -> object:
     """d[k1][k2]... or default when any level is missing or not an object."""
     for k in keys:
@@ -66,16 +58,6 @@ def loaded_save(summary: dict, tag: str | None) -> dict:
             if want and s.get("tag") == want:
                 return s
     return saves[-1] if saves else {}
-
-
-def model_label(spec: dict) -> str:
-    shrink = num(spec.get("shrink")) or 1
-    return f"{spec['model']}/{shrink:g}" if shrink > 1 else str(spec["model"])
-
-
-def layout_label(spec: dict) -> str:
-    nodes = num(spec.get("nodes")) or 1
-    return f"tp{spec['tp']} pp{spec['pp']} dp{spec['dp']}" + (f" {nodes:g}n" if nodes > 1 else "")
 
 
 def run_columns(run: Run) -> dict:

@@ -1,15 +1,64 @@
-"""The interface every engine plug-in module implements (module-level functions, all optional).
+"""The interface between the harness and a checkpoint engine. Every engine is one module in engines/ holding one
+subclass of Engine; everything the harness asks of an engine has an explicit default here, so a plug-in states only
+where it differs. Options are a dataclass of declared keys (restart_harness/spec/keys.py): they appear in --help,
+are parsed by the one coercion path, and reach the engine typed (self.options).
 
-    check(spec)                      -> raise UsageError when the engine cannot run here (before launch)
-    ds_config(spec)                  -> dict merged into ds_config.json (default: the YAML's ds_config)
-    make_checkpoint_engine(ds_engine, spec)
-                                     -> a deepspeed CheckpointEngine to install, or None to keep DeepSpeed's
-    wait_durable(checkpoint_engine)  -> block until every file of the last save is on stable storage
-    SAVES = False                    -> the engine writes no checkpoint (iteration-time baseline)
-    PLAN = "predicted"               -> the planner's file names are this engine's (DeepSpeed's torch.save files);
-                                        without it the plan shows DeepSpeed's logical files, "sizes only"
-
-Plug-ins import torch and deepspeed inside functions only: the command line imports them to validate.
-DeepSpeed's save_checkpoint / load_checkpoint drive whichever CheckpointEngine is installed, so the file
-layout stays DeepSpeed's.
+Plug-ins import torch and deepspeed inside methods only: the command line imports every engine to validate and to
+print --help. DeepSpeed's save_checkpoint / load_checkpoint drive whichever CheckpointEngine is installed, so file
+names and the split of state over files stay DeepSpeed's unless an engine says otherwise.
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+
+@dataclass
+class NoOptions:
+    """An engine without options."""
+
+
+class Engine:
+    """One checkpoint engine, constructed for one resolved RunSpec."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    Options: ClassVar[type] = NoOptions  # dataclass of key() fields
+    saves: ClassVar[bool] = True  # False: the training-step baseline, writes no checkpoint
+    # True: the files are DeepSpeed's torch.save files, whose names the planner predicts exactly. False: the engine
+    # writes its own layout (e.g. a directory of shards per DeepSpeed file) and the plan gives sizes only.
+    planned_names: ClassVar[bool] = False
+    # How a restart at another layout reads this engine's checkpoint: "universal" (DeepSpeed's ds_to_universal
+    # conversion of torch.save files), or None (it cannot).
+    reshard: ClassVar[str | None] = None
+
+    def __init__(self, spec: Any):
+        self.spec = spec
+        self.options = self.Options(**spec.engine_options)
+
+    def is_async(self) -> bool:
+        """save() returns before the files are written; the harness then waits for durability in the background."""
+        return False
+
+    def check(self) -> None:
+        """Raise UsageError (one line) when the engine cannot run for this spec on this machine. Called before
+        anything is created."""
+
+    def ds_config(self) -> dict:
+        """Block merged into ds_config.json (e.g. datastates_ckpt, checkpoint.writer)."""
+        return {}
+
+    def checkpoint_engine(self, ds_engine: Any) -> Any:
+        """The deepspeed CheckpointEngine to install on the DeepSpeed engine, or None to keep DeepSpeed's own."""
+        return None
+
+    def wait_durable(self, checkpoint_engine: Any) -> None:
+        """Block until the engine's last save has finished writing (async engines); the harness fsyncs after."""
+
+
+def engine_options_of(cls: type[Engine]) -> dict:
+    """Default option values of an engine, as a plain dict (what spec.json stores)."""
+    from dataclasses import asdict
+
+    return asdict(cls.Options())

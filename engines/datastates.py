@@ -6,37 +6,49 @@ when it is durable). DataStates-LLM is not on PyPI and its constructor needs CUD
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import dataclass
 
+from engines.base import Engine
 from restart_harness.errors import UsageError
+from restart_harness.spec.keys import key
 
-SAVES = True
 INSTALL = ("build and install it from https://github.com/DataStates/datastates-llm (not on PyPI: CMake, the CUDA "
-           "toolkit, liburing; then `pip install .` into this Python)")
+           "toolkit, liburing; then `pip install .` into this Python; scripts/bundle/ does it offline)")
 
 
-def check(spec) -> None:
-    missing = importlib.util.find_spec("datastates") is None
-    if missing or spec.device != "cuda":
-        why = []
-        if missing:
-            why.append("Python module 'datastates' is not installed")
-        if spec.device != "cuda":
-            why.append(f"it needs a CUDA GPU (device={spec.device})")
-        raise UsageError(f"engine=datastates cannot run here: {' and '.join(why)}; {INSTALL}")
+@dataclass
+class Options:
+    host_cache_size: int = key(16, "pinned host memory per rank for the device-to-host copies",
+                               group="checkpoint", unit="GB", minimum=1)
+    parser_threads: int = key(8, "threads that serialize and write", group="checkpoint", minimum=1)
 
 
-def ds_config(spec) -> dict:
-    """The datastates_ckpt block DeepSpeed reads (host_cache_size in GB, parser_threads) from the options."""
-    return {"datastates_ckpt": {"host_cache_size": spec.engine_options["host_cache_size"],
-                                "parser_threads": spec.engine_options["parser_threads"]}}
+class DataStatesEngine(Engine):
+    name = "datastates"
+    description = ("DataStates-LLM via DeepSpeed's DataStatesCheckpointEngine - lazy async copy to a host cache, "
+                   "flushed in the background (CUDA only)")
+    Options = Options
 
+    def is_async(self) -> bool:
+        return True  # DeepSpeed's DataStates engine is decoupled
 
-def make_checkpoint_engine(ds_engine, spec):
-    return None  # DeepSpeed built DataStatesCheckpointEngine from the datastates_ckpt block
+    def check(self) -> None:
+        missing = importlib.util.find_spec("datastates") is None
+        if missing or self.spec.device != "cuda":
+            why = []
+            if missing:
+                why.append("Python module 'datastates' is not installed")
+            if self.spec.device != "cuda":
+                why.append(f"it needs a CUDA GPU (device={self.spec.device})")
+            raise UsageError(f"engine=datastates cannot run here: {' and '.join(why)}; {INSTALL}")
 
+    def ds_config(self) -> dict:
+        """The datastates_ckpt block DeepSpeed reads (host_cache_size in GB, parser_threads)."""
+        return {"datastates_ckpt": {"host_cache_size": self.options.host_cache_size,
+                                    "parser_threads": self.options.parser_threads}}
 
-def wait_durable(checkpoint_engine) -> None:
-    """Until DataStates has persisted every queued save. DeepSpeed 0.19.8's DataStatesCheckpointEngine keeps its
-    commit info but does not override get_commit_info(), so engine.step() never commits it (only cleanup at exit
-    does): the harness's waiter thread waits on DataStates' own wait(persist=True) instead."""
-    checkpoint_engine.ckpt_engine.wait(persist=True)
+    def wait_durable(self, checkpoint_engine) -> None:
+        """Until DataStates has persisted every queued save. DeepSpeed 0.19.8's DataStatesCheckpointEngine keeps its
+        commit info but does not override get_commit_info(), so engine.step() never commits it (only cleanup at exit
+        does): the harness's waiter thread waits on DataStates' own wait(persist=True) instead."""
+        checkpoint_engine.ckpt_engine.wait(persist=True)

@@ -4,19 +4,31 @@ collectives, no cross-rank planning. async_save=true returns once DCP has staged
 
 from __future__ import annotations
 
-SAVES = True
+from dataclasses import dataclass
+
+from engines.base import Engine
+from restart_harness.spec.keys import key
 
 
-def is_async(spec) -> bool:
-    return bool(spec.engine_options.get("async_save"))
+@dataclass
+class Options:
+    async_save: bool = key(False, "dcp.async_save: return once staged in memory, write in a background thread",
+                           group="checkpoint")
 
 
-def make_checkpoint_engine(ds_engine, spec):
-    return _engine_class()(bool(spec.engine_options["async_save"]))
+class DCPEngine(Engine):
+    name = "dcp"
+    description = "PyTorch Distributed Checkpoint per rank (a directory of .distcp shards per DeepSpeed file), no collectives"
+    Options = Options
 
+    def is_async(self) -> bool:
+        return self.options.async_save
 
-def wait_durable(checkpoint_engine) -> None:
-    checkpoint_engine.wait()
+    def checkpoint_engine(self, ds_engine):
+        return _engine_class()(self.options.async_save)
+
+    def wait_durable(self, checkpoint_engine) -> None:
+        checkpoint_engine.wait()
 
 
 def _engine_class():
@@ -26,7 +38,7 @@ def _engine_class():
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from engines import state_tree
+    from engines import _state_tree as state_tree
 
     class DCPCheckpointEngine(CheckpointEngine):
         """dcp.save / dcp.async_save of {tensors flat, skeleton} per save() call; load rebuilds from .metadata."""

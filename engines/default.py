@@ -1,8 +1,10 @@
-"""engine=default: DeepSpeed's own TorchCheckpointEngine (one torch.save per file)."""
+"""engine=default: DeepSpeed's own TorchCheckpointEngine (one torch.save per file, synchronous)."""
 
-SAVES = True
-PLAN = "predicted"  # the planner predicts this engine's file names (TorchCheckpointEngine: one torch.save each)
+from engines.base import Engine
 
 
-def make_checkpoint_engine(ds_engine, spec):
-    return None  # keep the engine DeepSpeed configured
+class DefaultEngine(Engine):
+    name = "default"
+    description = "DeepSpeed TorchCheckpointEngine - torch.save of each state dict, synchronous"
+    planned_names = True
+    reshard = "universal"

@@ -4,38 +4,57 @@ engine from ds_config.json. On CPU, DeepSpeed 0.19.8 cannot run it (refused befo
 
 from __future__ import annotations
 
-from restart_harness.errors import UsageError
+from dataclasses import dataclass
 
-SAVES = True
-DECOUPLED = False
+from engines.base import Engine
+from restart_harness.errors import UsageError
+from restart_harness.spec.keys import key
+
 CPU_LIMITATION = ("DeepSpeed 0.19.8's FastCheckpointEngine needs a CUDA device: on its CPU accelerator it fails "
                   "on pin_memory() and on the UtilsBuilder op (not implemented for CPU), and its per-rank "
                   "NAME.pt-R.N files are not found by load_checkpoint")
 
 
-def check(spec) -> None:
-    if spec.device != "cuda":
-        raise UsageError(f"engine={spec.engine} cannot run on device={spec.device}: {CPU_LIMITATION}; "
-                         "use engine=default, torchsnapshot or dcp on CPU")
+@dataclass
+class Options:
+    io_buffer_mib: int = key(64, "checkpoint.writer.io_buffer_size", group="checkpoint", unit="MiB", minimum=1)
+    io_buffer_double: bool = key(True, "double buffering", group="checkpoint")
+    io_multiplier: int = key(1, "checkpoint.writer.io_multiplier", group="checkpoint", minimum=1)
+    data_parallel: str = key("replica", "which data-parallel ranks write", group="checkpoint",
+                             choices=("replica", "socket", "machine"))
+    show_statistics: bool = key(False, "DeepSpeed prints the writer's statistics", group="checkpoint")
 
 
-def ds_config(spec) -> dict:
-    """DeepSpeed's checkpoint.writer block, from the engine options."""
-    o = spec.engine_options
-    return {"checkpoint": {"writer": {
-        "type": "fast",
-        "decoupled": DECOUPLED,
-        "io_buffer_size": int(o["io_buffer_mib"]) * 2**20,
-        "io_buffer_double": bool(o["io_buffer_double"]),
-        "io_multiplier": int(o["io_multiplier"]),
-        # Without a data_parallel unit DeepSpeed 0.19.8 crashes at initialize on pure data parallel.
-        "data_parallel": o["data_parallel"],
-        "show_statistics": bool(o["show_statistics"]),
-    }}}
+class FastPersistEngine(Engine):
+    name = "fastpersist"
+    description = "DeepSpeed FastPersist writer (checkpoint.writer type fast) - libaio, pinned double buffers (CUDA only)"
+    Options = Options
+    decoupled = False
 
+    def is_async(self) -> bool:
+        return self.decoupled
 
-def make_checkpoint_engine(ds_engine, spec) -> None:
-    """Keep the engine DeepSpeed built from checkpoint.writer (None), with its load fixed by the shim."""
-    from third_party.deepspeed_writer_load import load_without_weights_only
+    def check(self) -> None:
+        if self.spec.device != "cuda":
+            raise UsageError(f"engine={self.name} cannot run on device={self.spec.device}: {CPU_LIMITATION}; "
+                             "use engine=default, torchsnapshot or dcp on CPU")
 
-    load_without_weights_only(ds_engine.checkpoint_engine)
+    def ds_config(self) -> dict:
+        """DeepSpeed's checkpoint.writer block, from the options."""
+        o = self.options
+        return {"checkpoint": {"writer": {
+            "type": "fast",
+            "decoupled": self.decoupled,
+            "io_buffer_size": o.io_buffer_mib * 2**20,
+            "io_buffer_double": o.io_buffer_double,
+            "io_multiplier": o.io_multiplier,
+            # Without a data_parallel unit DeepSpeed 0.19.8 crashes at initialize on pure data parallel.
+            "data_parallel": o.data_parallel,
+            "show_statistics": o.show_statistics,
+        }}}
+
+    def checkpoint_engine(self, ds_engine) -> None:
+        """Keep the engine DeepSpeed built from checkpoint.writer (None), with its load fixed by the shim."""
+        from third_party.deepspeed_writer_load import load_without_weights_only
+
+        load_without_weights_only(ds_engine.checkpoint_engine)

@@ -1,14 +1,14 @@
 """engine=none: train without checkpoints; the iteration-time baseline the others are compared with."""
 
+from engines.base import Engine
 from restart_harness.errors import UsageError
 
-SAVES = False
 
+class NoCheckpoint(Engine):
+    name = "none"
+    description = "no checkpoint at all - the training-step baseline (no restart phase)"
+    saves = False
 
-def check(spec) -> None:
-    if getattr(spec, "phase", "all") == "restart":
-        raise UsageError("engine=none writes no checkpoint, so there is nothing to restart from")
-
-
-def make_checkpoint_engine(ds_engine, spec):
-    return None
+    def check(self) -> None:
+        if self.spec.phase == "restart":
+            raise UsageError("engine=none writes no checkpoint, so there is nothing to restart from")

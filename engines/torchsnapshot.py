@@ -5,34 +5,48 @@ state is staged in memory and writes in torchsnapshot's background thread."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
-SAVES = True
+from engines.base import Engine
+from restart_harness.spec.keys import key
+
 MEMORY_BUDGET_ENV = "TORCHSNAPSHOT_PER_RANK_MEMORY_BUDGET_BYTES"
 
 
-def is_async(spec) -> bool:
-    return bool(spec.engine_options.get("async_take"))
+@dataclass
+class Options:
+    async_take: bool = key(False, "Snapshot.async_take: return once staged in memory, write in the background",
+                           group="checkpoint")
+    memory_budget_mib: int = key(2048, "staging memory per rank (TORCHSNAPSHOT_PER_RANK_MEMORY_BUDGET_BYTES)",
+                                 group="checkpoint", unit="MiB", minimum=1)
 
 
-def make_checkpoint_engine(ds_engine, spec):
-    # Each rank thinks it is alone (third_party shim) and would claim the whole host's memory: budget per rank.
-    os.environ[MEMORY_BUDGET_ENV] = str(int(spec.engine_options["memory_budget_mib"]) * 2**20)
-    return _engine_class()(bool(spec.engine_options["async_take"]))
+class TorchSnapshotEngine(Engine):
+    name = "torchsnapshot"
+    description = "torchsnapshot per rank (a directory of shards per DeepSpeed file), no cross-rank de-duplication"
+    Options = Options
 
+    def is_async(self) -> bool:
+        return self.options.async_take
 
-def wait_durable(checkpoint_engine) -> None:
-    checkpoint_engine.wait()
+    def checkpoint_engine(self, ds_engine):
+        # Each rank thinks it is alone (third_party shim) and would claim the whole host's memory: budget per rank.
+        os.environ[MEMORY_BUDGET_ENV] = str(self.options.memory_budget_mib * 2**20)
+        return _engine_class()(self.options.async_take)
+
+    def wait_durable(self, checkpoint_engine) -> None:
+        checkpoint_engine.wait()
 
 
 def _engine_class():
     from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
     from torchsnapshot import Snapshot, StateDict
 
-    from engines import state_tree
+    from engines import _state_tree as state_tree
     from third_party.torchsnapshot_compat import async_private_copy, single_process
 
     class TorchSnapshotCheckpointEngine(CheckpointEngine):
-        """One snapshot per save() call: tensors flat, the rest as one pickled skeleton (engines/state_tree)."""
+        """One snapshot per save() call: tensors flat, the rest as one pickled skeleton (engines/_state_tree.py)."""
 
         def __init__(self, async_take: bool):
             super().__init__()

@@ -2,8 +2,9 @@
 
 from pathlib import Path
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = REPO_ROOT / "configs"
-SCHEMA_VERSION = 1
+# The folder holding this package (the checkout, for an editable install): generated scripts cd here so that
+# `python -m restart_harness...` finds the package whichever Python runs it.
+SOURCE_ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = SOURCE_ROOT / "configs"

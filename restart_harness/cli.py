@@ -1,12 +1,5 @@
-"""`config-n-run.py MODEL key=value ...`: validate, run, summarize. User mistakes: one line, exit code 2.
-
-Shapes of command line, each validated completely before anything is written:
-  MODEL key=value ...                 one run (phase=all or phase=checkpoint; dry_run=true writes only)
-  MODEL key=value ... plan=true|json  the checkpoint's files and sizes, predicted; nothing launched
-  baseline dir=PATH [...]             measure the storage (restart_harness/launch/baseline.py)
-  MODEL key=a,b ... [repeats=N]       a sweep: the product of the lists, each run in one sweep folder
-  phase=restart run=RUN_DIR [...]     restart-only re-runs of an existing run (restart_harness/spec/phases.py)
-"""
+"""`./submit-job.sh [COMMAND] ...`: parse and validate (spec/command.py), check the machine (preflight.py), then
+act. Every user mistake is one line on stderr and exit code 2, before anything is created."""
 
 from __future__ import annotations
 
@@ -27,43 +20,82 @@ def main(argv: list[str] | None = None) -> int:
 
         print(usage())
         return 0
-    from restart_harness.launch import launchers, sweep
-    from restart_harness.spec import parse_args
-    from restart_harness.spec.phases import parse_restart, wants_restart
+    from restart_harness import preflight
+    from restart_harness.spec import command
 
     try:
-        if argv and argv[0] == "baseline":
-            from restart_harness.launch import baseline
+        name, tokens = command.split_command(argv)
+        if name == "report":
+            from analysis.report import main as report
 
-            return baseline.main(argv[1:])
-        from restart_harness.plan import report
-
-        plan_mode, bandwidth, argv = report.split_plan_tokens(argv)
-        if plan_mode:  # a plan needs no engine runnable here
-            return report.print_plan(parse_args(argv, check_engine=False), plan_mode, bandwidth)
-        if wants_restart(argv):
-            mode, request = "restart", parse_restart(argv)
-        elif sweep.is_sweep(argv):
-            mode, request = "sweep", sweep.plan(argv)
+            return report(tokens)
+        if name == "baseline":
+            options = command.parse_baseline(tokens)
+            preflight.baseline(options)
+            return _baseline(options)
+        if name == "plan":
+            request = command.parse_plan(tokens)
+            return _plan(request)
+        if name == "restart":
+            request = command.parse_restart(tokens)
+            preflight.restart(request)
+        elif command.is_sweep(tokens):
+            request = command.parse_sweep(tokens)
+            for combo in request.combos:
+                preflight.run(combo.spec)
+            if len({c.spec.results_dir for c in request.combos}) > 1:
+                raise UsageError("results_dir=: a sweep writes into one folder")
+            name = "sweep"
         else:
-            mode, request = "run", parse_args(argv)
-            launchers.check(request)
+            request, _ = command.parse_run(tokens)
+            preflight.run(request)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    return _execute(name, request)
+
+
+def _baseline(options) -> int:
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from restart_harness.storage import baseline
+
+    ranks = options.ranks or min(os.cpu_count() or 1, baseline.AUTO_MAX_RANKS)
+    try:
+        record = baseline.measure(Path(options.dir), options.file_bytes, ranks, options.tool)
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
+        print(f"error: baseline of {options.dir} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(baseline.render(record))
+    return 0
+
+
+def _plan(request) -> int:
+    import json
+
+    from restart_harness.plan import report
+
+    plan = report.build(request.spec, request.options.bandwidth_gbps)
+    print(json.dumps(plan, indent=1) if request.options.plan == "json" else report.render(plan))
+    return 0
+
+
+def _execute(name: str, request) -> int:
     signal.signal(signal.SIGTERM, _terminate)
-    from restart_harness.launch import runner
+    from restart_harness.launch import runner, sweep
     from restart_harness.results import table
-    from restart_harness.results.atomic import read_json
+    from restart_harness.storage.atomic import read_json
 
     try:
-        if mode == "sweep":
-            sweep_dir = sweep.run(argv, *request)
+        if name == "sweep":
+            sweep_dir = sweep.run(request)
             summary = read_json(sweep_dir / "sweep.json")
             print(sweep.render(summary))
             print(sweep_dir)
             return 0 if all(r["state"] in ("complete", "submitted", "dry_run") for r in summary["runs"]) else 1
-        run_dir = runner.restart_only(request) if mode == "restart" else runner.run(request)
+        run_dir = runner.restart_only(request) if name == "restart" else runner.run(request)
     except RunFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -2,8 +2,8 @@
 #   1. RH_PYTHON=/path/to/python        use exactly that interpreter (nothing is installed)
 #   2. the active python3, if it already imports torch and deepspeed (a cluster's module or conda env)
 #      unless RH_VENV=1 forces the project-local environment
-#   3. otherwise the project-local .venv, created and filled from requirements.txt on first use
-#      (again whenever requirements.txt changes)
+#   3. otherwise the project-local .venv: created on first use, the project installed into it (editable, with the
+#      extras of pyproject.toml under the pins of requirements.txt); again whenever either file changes
 RH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 rh_log() { echo "[setup] $*" >&2; }
@@ -18,15 +18,18 @@ rh_choose_python() {
     RH_PY="$(command -v python3)"; return
   fi
   local venv="$RH_ROOT/.venv" stamp
-  stamp="$venv/.installed-$(sha256sum "$RH_ROOT/requirements.txt" | cut -c1-16)"
+  stamp="$venv/.installed-$(cat "$RH_ROOT/requirements.txt" "$RH_ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
   if [[ ! -f "$stamp" ]]; then
     rh_log "creating the project environment in $venv (first use; a few minutes)"
     python3 -m venv "$venv" || { rh_log "python3 -m venv failed (Debian: apt-get install python3-venv)"; exit 1; }
-    "$venv/bin/python" -m pip install -q --upgrade pip >&2
-    rh_log "installing torch (pinned CPU build)"
-    "$venv/bin/python" -m pip install -q "$(grep -E '^torch==' "$RH_ROOT/requirements.txt")" >&2 || exit 1
-    rh_log "installing deepspeed and the rest of requirements.txt"
-    DS_BUILD_OPS=0 "$venv/bin/python" -m pip install -q -r "$RH_ROOT/requirements.txt" >&2 || exit 1
+    local log="$venv/install.log"
+    rh_log "installing torch (pinned CPU build); pip's output goes to $log"
+    { "$venv/bin/python" -m pip install -q --upgrade pip \
+      && "$venv/bin/python" -m pip install -q "$(grep -E '^torch==' "$RH_ROOT/requirements.txt")"; } >"$log" 2>&1 \
+      || { cat "$log" >&2; exit 1; }
+    rh_log "installing the project with its extras (run, analysis, test) under requirements.txt's pins"
+    DS_BUILD_OPS=0 "$venv/bin/python" -m pip install -q -c "$RH_ROOT/requirements.txt" \
+      -e "$RH_ROOT[run,analysis,test]" >>"$log" 2>&1 || { cat "$log" >&2; exit 1; }
     rm -f "$venv"/.installed-* && touch "$stamp"
   fi
   RH_PY="$venv/bin/python"

@@ -25,6 +25,13 @@ CASES = {
     "shell metacharacters in text": (["tiny", "ckpt_dir=/tmp/$(touch INJECTED)"], "ckpt_dir="),
     "missing HF config path": (["/nonexistent/model/config.json"], "/nonexistent/model/config.json"),
     "non-numeric float": (["tiny", "lr=big"], "lr=big"),
+    "not a finite number": (["tiny", "lr=nan"], "lr=nan"),
+    "infinite number": (["tiny", "rope_theta=inf"], "rope_theta=inf"),
+    "checkpoints on a pseudo file system": (["tiny", "ckpt_dir=/proc/x"], "ckpt_dir=/proc/x"),
+    "results into a device file": (["tiny", "results_dir=/dev/null"], "results_dir=/dev/null"),
+    "an option of another engine": (["tiny", "engine=dcp", "async_take=true"], "engine torchsnapshot"),
+    "a key of another command": (["tiny", "dir=/tmp"], "baseline"),
+    "misspelt key": (["tiny", "tpp=2"], "did you mean tp"),
 }
 
 

@@ -5,26 +5,25 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import REPO, require_tool
 
-from restart_harness.launch import baseline
-
-REPO = Path(__file__).resolve().parent.parent
+from restart_harness.storage import baseline
 
 
 def baseline_cli(args: list[str], cache: Path, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RH_BASELINE_CACHE": str(cache)}
+    env = {**os.environ, "RH_CACHE_DIR": str(cache)}
     return subprocess.run([str(REPO / "submit-job.sh"), "baseline", *args], cwd=cwd, check=False,
                           capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.mark.parametrize("tool", ["fio", "builtin"])
 def test_baseline_measures_and_caches(tool, tmp_path, monkeypatch):
-    assert tool != "fio" or shutil.which("fio"), "fio missing: scripts/apt/baseline.txt installs it"
+    if tool == "fio":
+        require_tool("fio", package="fio")
     target, cache = tmp_path / "disk", tmp_path / "cache"
     target.mkdir()
     proc = baseline_cli([f"dir={target}", f"tool={tool}", "file_bytes=4M", "ranks=2"], cache, tmp_path)
@@ -39,12 +38,12 @@ def test_baseline_measures_and_caches(tool, tmp_path, monkeypatch):
     assert record["write_mib_s"] > 0 and record["read_mib_s"] > 0
     assert record["read_cache"]["observed"]  # what mincore saw before the read, whatever it was
     assert list(target.iterdir()) == []  # the probe's files are gone
-    monkeypatch.setenv("RH_BASELINE_CACHE", str(cache))
+    monkeypatch.setenv("RH_CACHE_DIR", str(cache))
     assert baseline.cached(target, 4 << 20, 2)["measured_at"] == record["measured_at"]
 
 
 def test_automatic_probe_is_bounded_and_cached(tmp_path, monkeypatch):
-    monkeypatch.setenv("RH_BASELINE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RH_CACHE_DIR", str(tmp_path / "cache"))
     # A 70B-sized typical file and 64 ranks are probed at most 8 ranks x 16 MiB: seconds, not minutes.
     assert baseline.auto_size(300 << 30, 64, 1 << 40) == (16 << 20, 8)
     assert baseline.auto_size(50_000, 2, 1 << 40) == (16 << 20, 2)

@@ -1,12 +1,11 @@
-"""Issue 4: checkpoint engines. A table of real launches (every engine that runs here, for dp=2 and tp=2 pp=2,
+"""Checkpoint engines: the engine cases of the run table (every engine that runs here, for dp=2 and tp=2 pp=2,
 each engine's sync and async variant alternating over the layouts), clean refusals for engines that cannot run
 here, the generated ds_config for every engine (read back by DeepSpeed's own config parser), bad engine input,
-and the third_party shims checked against the dependency versions they address."""
+the typed engine interface, and the third_party shims checked against the dependency versions they address."""
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
 import subprocess
 import sys
@@ -14,44 +13,26 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, load_summary, run_cli, run_dir_of
+from conftest import REPO, RUNS, cases, events, load_summary, submit
 from test_layouts import expected_files
 
-from engines import registry, state_tree
+from engines import _state_tree as state_tree
+from engines import registry
+from engines.base import Engine
+from restart_harness.errors import UsageError
 from restart_harness.generate.ds_config import build_ds_config
 from restart_harness.spec import parse_args
 
 CLOSE_CALL_SECONDS = 0.005  # step start is reconstructed from the event's wall time minus its seconds
-SHORT = ["iters=2", "save_interval=2", "after=1"]
-# Async variants save every step so a flush can overlap the next step (iters=3: saves at 1, 2, 3).
-ASYNC_SHORT = ["iters=3", "save_interval=1", "after=1"]
-RUNS = {
-    "torchsnapshot-dp2": (["tiny", "dp=2", "engine=torchsnapshot"], SHORT),
-    "torchsnapshot-async-tp2-pp2": (["tiny", "tp=2", "pp=2", "engine=torchsnapshot", "async_take=true"], ASYNC_SHORT),
-    "dcp-async-dp2": (["tiny", "dp=2", "engine=dcp", "async_save=true"], ASYNC_SHORT),
-    "dcp-tp2-pp2": (["tiny", "tp=2", "pp=2", "engine=dcp"], SHORT),
-}
-
-
-@pytest.fixture(scope="session")
-def engine_runs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("engines")
-    return {name: run_dir_of(run_cli(args + extra, root, timeout=900)) for name, (args, extra) in RUNS.items()}
-
-
-def _events(run_dir: Path, record: str = "checkpoint") -> dict[int, list[dict]]:
-    out = {}
-    for path in sorted((run_dir / "events" / record).glob("rank-*.jsonl")):
-        out[int(path.stem.split("-")[1])] = [json.loads(line) for line in path.read_text().splitlines()]
-    return out
+SHARDED = cases("torchsnapshot-dp2", "torchsnapshot-async-tp2-pp2", "dcp-async-dp2", "dcp-tp2-pp2")
+ASYNC = cases("torchsnapshot-async-tp2-pp2", "dcp-async-dp2")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(RUNS))
-def test_engine_saves_restarts_and_verifies(engine_runs, name):
-    args, extra = RUNS[name]
-    spec = parse_args(args + extra)
-    run_dir = engine_runs[name]
+@pytest.mark.parametrize("name", SHARDED)
+def test_engine_saves_restarts_and_verifies(harness, name):
+    spec = parse_args(RUNS[name].tokens)
+    run_dir = harness.run(name)
     summary = load_summary(run_dir)
     assert summary["status"]["state"] == "complete"
     assert summary["restart"]["verified"] is True and summary["restart"]["ranks"] == spec.world_size
@@ -73,12 +54,12 @@ def test_engine_saves_restarts_and_verifies(engine_runs, name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n, (args, _) in RUNS.items() if any(a.startswith("async") for a in args)])
-def test_async_saves_commit_only_when_durable_everywhere(engine_runs, name):
-    run_dir = engine_runs[name]
-    events = _events(run_dir)
+@pytest.mark.parametrize("name", ASYNC)
+def test_async_saves_commit_only_when_durable_everywhere(harness, name):
+    run_dir = harness.run(name)
+    record = events(run_dir)
     saves = collections.defaultdict(dict)
-    for rank, evs in events.items():
+    for rank, evs in record.items():
         for e in evs:
             if e["event"] == "save":
                 saves[e["tag"]][rank] = e
@@ -92,7 +73,7 @@ def test_async_saves_commit_only_when_durable_everywhere(engine_runs, name):
         committed = min(e["start"] + e["commit_seconds"] for e in per_rank.values())
         assert committed >= durable_everywhere, tag
     # A step is marked in_flight exactly when some save's flush (save return .. durable) overlapped it on that rank.
-    for rank, evs in events.items():
+    for rank, evs in record.items():
         flushes = [(e["start"] + e["blocking_seconds"], e["start"] + e["durable_seconds"])
                    for e in evs if e["event"] == "save"]
         flagged = 0
@@ -107,13 +88,13 @@ def test_async_saves_commit_only_when_durable_everywhere(engine_runs, name):
         assert flagged == sum(e["in_flight_steps"] for e in evs if e["event"] == "save")
     summary = load_summary(run_dir)
     training = summary["training"]
-    assert training["steps_in_flight"] == sum(1 for e in events[0] if e["event"] == "step" and e["in_flight"])
+    assert training["steps_in_flight"] == sum(1 for e in record[0] if e["event"] == "step" and e["in_flight"])
     assert all(s["async"] for s in summary["checkpoint"]["saves"])
 
 
 @pytest.mark.slow
-def test_sync_engine_has_no_flush_in_flight(engine_runs):
-    summary = load_summary(engine_runs["torchsnapshot-dp2"])
+def test_sync_engine_has_no_flush_in_flight(harness):
+    summary = load_summary(harness.run("torchsnapshot-dp2"))
     assert summary["training"]["steps_in_flight"] == 0
     assert summary["training"]["step_seconds_median_in_flight"] is None
     save = summary["checkpoint"]["saves"][0]
@@ -133,9 +114,7 @@ REFUSED_ON_CPU = {
 @pytest.mark.parametrize("engine", list(REFUSED_ON_CPU))
 def test_engine_that_cannot_run_here_is_refused(engine, tmp_path):
     results = tmp_path / "results"
-    proc = subprocess.run([str(REPO / "submit-job.sh"), "tiny", f"engine={engine}", "device=cpu",
-                           f"results_dir={results}"], cwd=tmp_path, check=False, capture_output=True, text=True,
-                          timeout=120)
+    proc = submit(["tiny", f"engine={engine}", "device=cpu", f"results_dir={results}"], tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: engine={engine} cannot run"), proc.stderr
@@ -145,7 +124,7 @@ def test_engine_that_cannot_run_here_is_refused(engine, tmp_path):
 
 BAD_ENGINE_INPUT = {
     "unknown engine": (["engine=floppy"], "floppy"),
-    "option the engine does not take": (["engine=dcp", "async_take=true"], "async_take"),
+    "option the engine does not take": (["engine=dcp", "async_take=true"], "an option of engine torchsnapshot"),
     "bad bool option value": (["engine=torchsnapshot", "async_take=maybe"], "async_take=maybe"),
     "bad int option value": (["engine=torchsnapshot", "memory_budget_mib=lots"], "memory_budget_mib=lots"),
     "bad choice option value": (["engine=fastpersist", "data_parallel=rack"], "data_parallel=rack"),
@@ -156,8 +135,7 @@ BAD_ENGINE_INPUT = {
 def test_bad_engine_input(name, tmp_path):
     tokens, named = BAD_ENGINE_INPUT[name]
     results = tmp_path / "results"
-    proc = subprocess.run([str(REPO / "submit-job.sh"), "tiny", *tokens, f"results_dir={results}"], cwd=tmp_path,
-                          check=False, capture_output=True, text=True, timeout=120)
+    proc = submit(["tiny", *tokens, f"results_dir={results}"], tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and named in lines[0] and "Traceback" not in proc.stderr, proc.stderr
@@ -165,10 +143,8 @@ def test_bad_engine_input(name, tmp_path):
 
 
 def _spec_for(engine: str, **options):
-    """A resolved tiny dp=1 spec with engine set directly (bypassing the runnable check: config only)."""
-    spec = parse_args(["tiny"])
-    engine_spec = registry.get_spec(engine)
-    return dataclasses.replace(spec, engine=engine, engine_options={**engine_spec.defaults, **options})
+    """A resolved tiny dp=1 spec with engine set directly (the runnable check is preflight's: config only)."""
+    return parse_args(["tiny", f"engine={engine}", *(f"{k}={str(v).lower()}" for k, v in options.items())])
 
 
 def _deepspeed_reads(config: dict):
@@ -208,6 +184,20 @@ def test_engine_options_parse_into_the_spec():
     spec = parse_args(["tiny", "engine=torchsnapshot", "async_take=true", "memory_budget_mib=64"])
     assert spec.engine_options == {"async_take": True, "memory_budget_mib": 64}
     assert parse_args(["tiny", "engine=dcp"]).engine_options == {"async_save": False}
+    engine = registry.get("torchsnapshot")(spec)
+    assert engine.options.async_take is True and engine.options.memory_budget_mib == 64 and engine.is_async()
+
+
+def test_every_engine_is_one_typed_plug_in():
+    """Each engine module holds one Engine subclass; everything the harness asks has a default on the base."""
+    assert set(registry.names()) >= {"default", "none", "torchsnapshot", "dcp", "datastates", "fastpersist",
+                                     "decoupled"}
+    for name, cls in registry.all_engines().items():
+        assert issubclass(cls, Engine) and cls.name == name and cls.description
+        engine = cls(parse_args(["tiny", f"engine={name}"]))
+        assert isinstance(engine.is_async(), bool) and isinstance(engine.ds_config(), dict)
+    with pytest.raises(UsageError, match="engine=floppy: unknown engine"):
+        registry.get("floppy")
 
 
 # ---- the pieces the sharded engines are built from ------------------------------------------------------------
@@ -263,8 +253,8 @@ def test_torchsnapshot_shims_still_needed():
 
 
 @pytest.mark.slow
-def test_engine_none_trains_without_checkpoints(tmp_path):
-    run_dir = run_dir_of(run_cli(["tiny", "dp=2", "engine=none", *SHORT], tmp_path / "results", timeout=600))
+def test_engine_none_trains_without_checkpoints(harness):
+    run_dir = harness.run("none-dp2")
     summary = load_summary(run_dir)
     assert summary["status"]["state"] == "complete" and summary["restart"] is None
     assert summary["checkpoint"]["saves"] == [] and summary["training"]["steps"] == 2
@@ -286,17 +276,17 @@ def test_async_kill_mid_save_keeps_latest_on_the_last_durable_checkpoint(tmp_pat
     assert proc.returncode == 1, proc.stderr
     (run_dir,) = [p for p in results.iterdir() if p.is_dir()]
     assert (run_dir / "checkpoint" / "latest").read_text() == "global_step2"
-    committed = {rank: [e["tag"] for e in evs if e["event"] == "save"] for rank, evs in _events(run_dir).items()}
+    committed = {rank: [e["tag"] for e in evs if e["event"] == "save"] for rank, evs in events(run_dir).items()}
     assert committed == {0: ["global_step2"], 1: ["global_step2"]}
     summary = load_summary(run_dir)
     assert summary["status"]["state"] == "failed" and summary["checkpoint"]["tag"] == "global_step2"
 
 
 @pytest.mark.slow
-def test_no_shared_memory_left_behind(engine_runs):
+def test_no_shared_memory_left_behind(harness):
     """third_party/deepspeed_shm_unlink: finished launches leave no DeepSpeed allreduce buffer in /dev/shm."""
     import re
 
-    for run_dir in engine_runs.values():
+    for run_dir in (harness.run(name) for name in SHARDED):
         port = re.search(r"--master_port (\d+)", (run_dir / "launch-checkpoint.sh").read_text()).group(1)
         assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*")), run_dir.name

@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO
 
 from restart_harness.launch.runner import allocate_record
-from restart_harness.launch.sweep import expand
+from restart_harness.spec.command import parse_sweep
 from restart_harness.worker import rank_env
 
 
@@ -115,9 +115,12 @@ def test_rank_environment_from_each_launcher(launcher, env, expected):
 
 
 def test_sweep_expands_product_and_repeats(tmp_path):
-    lists, combos = expand(["tiny", "engine=default,none", "tp=1,2", "iters=2"])
-    assert lists == {"engine": ["default", "none"], "tp": ["1", "2"]}
-    assert [c[0] for c in combos] == [{"engine": e, "tp": t} for e in ("default", "none") for t in ("1", "2")]
+    request = parse_sweep(["tiny", "engine=default,none", "tp=1,2", "iters=2"])
+    assert request.lists == {"engine": ["default", "none"], "tp": ["1", "2"]}
+    assert [c.values for c in request.combos] == [{"engine": e, "tp": t} for e in ("default", "none")
+                                                  for t in ("1", "2")]
+    assert [(c.spec.engine, c.spec.tp) for c in request.combos] == [("default", 1), ("default", 2), ("none", 1),
+                                                                    ("none", 2)]
     results = tmp_path / "results"
     proc = cli(["tiny", "tp=1,2", "repeats=2", "dry_run=true", f"results_dir={results}"], tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -162,6 +165,11 @@ BAD = {
     "restart without run=": (["phase=restart"], "run="),
     "restart with MODEL": (["tiny", "phase=restart", "run=x"], "MODEL"),
     "restart of no run": (["phase=restart", "run=/nonexistent/run"], "/nonexistent/run"),
+    "restart command of no run": (["restart", "run=/nonexistent/run"], "/nonexistent/run"),
+    "checkpoints into /proc": (["tiny", "ckpt_dir=/proc/x"], "ckpt_dir=/proc/x"),
+    "results into a file": (["tiny", "results_dir=/dev/null"], "results_dir=/dev/null"),
+    "results under a file": (["tiny", "results_dir=/dev/null/x"], "/dev/null exists and is not a directory"),
+    "no room for the checkpoints": (["70B", "tp=8", "pp=4", "dp=2", "ckpt_dir=/dev/shm/rh-x"], "MiB free"),
 }
 
 
@@ -172,13 +180,13 @@ def test_bad_input(name, tmp_path):
     env = {**os.environ}
     if name.endswith(("sbatch", "qsub")):
         env["PATH"] = str(tmp_path / "empty-bin")  # no scheduler client here, whatever this machine has
-    if "results_dir" not in " ".join(args) and not args[0].startswith("phase="):
+    if "results_dir" not in " ".join(args) and not args[0].startswith(("phase=", "restart")):
         args = [*args, f"results_dir={results}"]
     proc = cli(args, tmp_path, env)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], proc.stderr
-    assert not results.exists() and not (tmp_path / "a").exists()
+    assert not results.exists() and not (tmp_path / "a").exists() and not Path("/dev/shm/rh-x").exists()
 
 
 def test_restart_refuses_keys_that_change_the_run(tmp_path):

@@ -1,27 +1,18 @@
-"""Issue 3's layout table: real launches; expected file names and counts derived from the layout rules of
-DeepSpeed / Megatron-DeepSpeed, not from a recorded listing."""
+"""The layout cases of the run table (conftest.RUNS): expected file names and counts derived from the layout rules
+of DeepSpeed / Megatron-DeepSpeed, not from a recorded listing."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
-from conftest import load_summary, run_cli, run_dir_of
+from conftest import RUNS, cases, load_summary
 
 from restart_harness.spec import parse_args
 
 pytestmark = pytest.mark.slow
 
-LAYOUTS = {
-    "dp4": ["tiny", "dp=4"],
-    "tp2-dp2": ["tiny", "tp=2", "dp=2"],
-    "pp2-dp2": ["tiny", "pp=2", "dp=2"],
-    "tp2-pp2": ["tiny", "tp=2", "pp=2"],
-    "tp2-pp2-dp2": ["tiny", "tp=2", "pp=2", "dp=2"],
-    "70B-tp2-pp4-shrink64": ["70B", "tp=2", "pp=4", "shrink=64"],
-}
-SHORT = ["iters=2", "save_interval=2", "after=1"]
+LAYOUTS = cases("dp4", "tp2-dp2", "pp2-dp2", "tp2-pp2", "tp2-pp2-dp2", "70B-tp2-pp4-shrink64")
 
 
 def expected_files(tp: int, pp: int, dp: int, layers: int, bf16: bool) -> dict[str, tuple[str, int]]:
@@ -60,16 +51,10 @@ def expected_files(tp: int, pp: int, dp: int, layers: int, bf16: bool) -> dict[s
     return out
 
 
-@pytest.fixture(scope="module")
-def layout_runs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("layouts")
-    return {name: run_dir_of(run_cli(args + SHORT, root, timeout=900)) for name, args in LAYOUTS.items()}
-
-
-@pytest.mark.parametrize("name", list(LAYOUTS))
-def test_layout_files_match_the_layout_rules(layout_runs, name):
-    spec = parse_args(LAYOUTS[name])
-    run_dir = layout_runs[name]
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_layout_files_match_the_layout_rules(harness, name):
+    spec = parse_args(RUNS[name].tokens)
+    run_dir = harness.run(name)
     inventory = json.loads((run_dir / "inventory.json").read_text())
     want = expected_files(spec.tp, spec.pp, spec.dp, spec.shape.num_hidden_layers, spec.precision == "bf16")
     got = {f["path"]: (f["kind"], f["rank"]) for f in inventory["files"]}
@@ -85,8 +70,8 @@ def test_layout_files_match_the_layout_rules(layout_runs, name):
     assert per_rank["max"] == max(writer_bytes) and per_rank["min"] == min(writer_bytes)
 
 
-def test_shrunk_run_says_so(layout_runs):
-    summary = load_summary(layout_runs["70B-tp2-pp4-shrink64"])
+def test_shrunk_run_says_so(harness):
+    summary = load_summary(harness.run("70B-tp2-pp4-shrink64"))
     assert summary["spec"]["shrink"] == 64 and summary["spec"]["derived"]["shrunk"] is True
     assert summary["spec"]["shape"]["num_hidden_layers"] == 80
     assert summary["run_id"].startswith("70B-shrink64-tp2-pp4-dp1-default-")

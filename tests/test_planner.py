@@ -11,20 +11,19 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import load_summary, run_cli, run_dir_of
+from conftest import REPO, cases, load_summary
 
 from restart_harness.plan import checkpoint, rules
 from restart_harness.spec import parameters as table
 from restart_harness.spec import parse_args
 from restart_harness.spec.runspec import RunSpec
 
-REPO = Path(__file__).resolve().parent.parent
 KIB = 1024
 
 
 def plan_cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    """./submit-job.sh ... with a temporary results_dir and baseline cache, so nothing real is touched."""
-    env = {**os.environ, "RH_BASELINE_CACHE": str(tmp_path / "cache")}
+    """./submit-job.sh ... with a temporary results_dir and cache, so nothing real is touched."""
+    env = {**os.environ, "RH_CACHE_DIR": str(tmp_path / "cache")}
     return subprocess.run([str(REPO / "submit-job.sh"), *args, f"results_dir={tmp_path / 'results'}"], cwd=tmp_path,
                           check=False, capture_output=True, text=True, timeout=120, env=env)
 
@@ -147,17 +146,7 @@ def test_zero1_padding_is_deepspeeds():
 
 
 # ---- against reality: the files real runs wrote and the files their restarts read ------------------------------
-REAL = {
-    "tiny-tp2-pp2": ["tiny", "tp=2", "pp=2", "iters=2", "save_interval=2", "after=1", "baseline=false"],
-    "70B-tp2-pp4-shrink64": ["70B", "tp=2", "pp=4", "shrink=64", "iters=2", "save_interval=2", "after=1"],
-}
-
-
-@pytest.fixture(scope="module")
-def real_runs(tiny_dp2, tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("planner")
-    runs = {name: run_dir_of(run_cli(args, root, timeout=900)) for name, args in REAL.items()}
-    return {"tiny-dp2": tiny_dp2, **runs}
+REAL = cases("tiny-dp2", "tp2-pp2", "70B-tp2-pp4-shrink64")
 
 
 def _loaded(run_dir: Path) -> dict[int, list[str]]:
@@ -171,9 +160,9 @@ def _loaded(run_dir: Path) -> dict[int, list[str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tiny-dp2", *REAL])
-def test_plan_equals_the_real_checkpoint(real_runs, name):
-    run_dir = real_runs[name]
+@pytest.mark.parametrize("name", REAL)
+def test_plan_equals_the_real_checkpoint(harness, name):
+    run_dir = harness.run(name)
     spec = RunSpec.from_json(json.loads((run_dir / "spec.json").read_text()))  # resolved: the shape as trained
     inventory = json.loads((run_dir / "inventory.json").read_text())
     real = {f["path"]: f for f in inventory["files"]}
@@ -189,8 +178,8 @@ def test_plan_equals_the_real_checkpoint(real_runs, name):
 
 
 @pytest.mark.slow
-def test_runs_record_baseline_and_efficiency(real_runs):
-    summary = load_summary(real_runs["70B-tp2-pp4-shrink64"])
+def test_runs_record_baseline_and_efficiency(harness):
+    summary = load_summary(harness.run("70B-tp2-pp4-shrink64"))
     base = summary["baseline"]
     for key in ("write_mib_s", "read_mib_s", "method", "file_bytes", "ranks", "dir", "measured_at", "cached"):
         assert key in base, key
@@ -199,9 +188,9 @@ def test_runs_record_baseline_and_efficiency(real_runs):
     durable = summary["checkpoint"]["throughput_mib_s"]["durable"]
     assert eff["save"] == pytest.approx(durable / base["write_mib_s"], rel=1e-3)
     assert eff["load"] == pytest.approx(summary["restart"]["load_throughput_mib_s"] / base["read_mib_s"], rel=1e-3)
-    off = load_summary(real_runs["tiny-tp2-pp2"])
+    off = load_summary(harness.run("tp2-pp2"))  # baseline=false
     assert off["baseline"] is None and off["checkpoint"]["efficiency"] == {"save": None, "load": None}
-    assert not (real_runs["tiny-tp2-pp2"] / "baseline.json").exists()
+    assert not (harness.run("tp2-pp2") / "baseline.json").exists()
 
 
 if __name__ == "__main__":

@@ -11,15 +11,15 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load_summary
-from slurm_cluster import missing, slurm_cluster
+from conftest import REPO, load_summary, require_tool
+from slurm_cluster import BINARIES, slurm_cluster
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(bool(missing()), reason=f"slurm binaries absent: {', '.join(missing())}")]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    require_tool(*BINARIES, package="slurm-wlm and munge")
     root = tmp_path_factory.mktemp("slurm")
     with slurm_cluster(root / "cluster") as env:
         yield env, root / "results"

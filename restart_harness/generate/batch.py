@@ -13,7 +13,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from restart_harness import REPO_ROOT
+from restart_harness import SOURCE_ROOT
 from restart_harness.spec.runspec import RunSpec
 
 SCRIPT_NAMES = {"slurm": "job.sbatch", "pbs": "job.pbs"}
@@ -27,11 +27,10 @@ def _job_name(run_dir: Path, limit: int) -> str:
 
 
 def _body(spec: RunSpec, run_dir: Path, job_args: list[str]) -> list[str]:
-    lines = ["set -euo pipefail", f"cd {shlex.quote(str(REPO_ROOT))}"]
+    lines = ["set -euo pipefail", f"cd {shlex.quote(str(SOURCE_ROOT))}"]
     if spec.env_hook:  # the harness's own Python may need the modules too (shared libraries); ranks source it again
         lines.append(f"source {shlex.quote(spec.env_hook)}  # env_hook: modules, conda, ...")
     return lines + [
-        f'export PYTHONPATH={shlex.quote(str(REPO_ROOT))}"${{PYTHONPATH:+:$PYTHONPATH}}"',
         "exec " + " ".join(shlex.quote(p) for p in [sys.executable, "-m", JOB_MODULE, str(run_dir), *job_args]),
     ]
 

@@ -37,9 +37,4 @@ def build_ds_config(spec: RunSpec) -> dict:
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
-    engine = registry.get_spec(spec.engine)
-    config = deep_merge(config, engine.ds_config)
-    hook = getattr(engine.plugin(), "ds_config", None)
-    if hook is not None:
-        config = deep_merge(config, hook(spec))
-    return config
+    return deep_merge(config, registry.get(spec.engine)(spec).ds_config())

@@ -15,8 +15,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from restart_harness import REPO_ROOT
+from restart_harness import SOURCE_ROOT
 from restart_harness.spec.runspec import RunSpec
+from restart_harness.storage.cache_dir import cache_dir
 
 WORKER_MODULE = "restart_harness.worker"
 
@@ -26,11 +27,11 @@ class Raw(str):
 
 
 def rank_environment(spec: RunSpec) -> dict[str, str]:
-    """Environment every rank gets. The JIT-built DeepSpeed ops are cached project-locally."""
+    """Environment every rank gets. DeepSpeed's JIT-built ops are cached in the user cache directory."""
     env = {
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
-        "TORCH_EXTENSIONS_DIR": str(REPO_ROOT / ".cache" / "torch_extensions"),
+        "TORCH_EXTENSIONS_DIR": str(cache_dir("torch_extensions")),
         "RH_LAUNCHER": spec.launcher,
     }
     if spec.device == "cpu":
@@ -99,11 +100,10 @@ def launch_script(spec: RunSpec, phase: str, command: list[str], port: int | Non
         "#!/usr/bin/env bash",
         f"# restart-harness {phase} launch ({spec.launcher}), generated; re-run by hand to repeat it.",
         "set -euo pipefail",
-        f"cd {shlex.quote(str(REPO_ROOT))}",
+        f"cd {shlex.quote(str(SOURCE_ROOT))}  # python -m finds the harness here, installed or not",
     ]
     if spec.env_hook:
         lines.append(f"source {shlex.quote(spec.env_hook)}  # env_hook: modules, conda, ...")
-    lines.append(f'export PYTHONPATH={shlex.quote(str(REPO_ROOT))}"${{PYTHONPATH:+:$PYTHONPATH}}"')
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
     if spec.launcher in _RENDEZVOUS:
         lines += _RENDEZVOUS[spec.launcher]

@@ -8,26 +8,15 @@ import socket
 from importlib import metadata
 from pathlib import Path
 
+import restart_harness
+from restart_harness.storage.filesystem import filesystem
+
 
 def _version(package: str) -> str | None:
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
-
-
-def filesystem(path: Path) -> dict:
-    """Mount point, type and device of the filesystem holding path (longest /proc/mounts prefix)."""
-    path = path.resolve()
-    best = {"mount": "/", "type": None, "device": None}
-    try:
-        for line in Path("/proc/mounts").read_text().splitlines():
-            device, mount, fstype = line.split()[:3]
-            if (str(path) == mount or str(path).startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best["mount"]):
-                best = {"mount": mount, "type": fstype, "device": device}
-    except OSError:
-        pass
-    return best
 
 
 def facts(ckpt_root: Path) -> dict:
@@ -43,7 +32,7 @@ def facts(ckpt_root: Path) -> dict:
             "python": platform.python_version(),
             "torch": _version("torch"),
             "deepspeed": _version("deepspeed"),
-            "restart_harness": __import__("restart_harness").__version__,
+            "restart_harness": restart_harness.__version__,
         },
         "host": {
             "hostname": socket.gethostname(),

@@ -21,15 +21,18 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m restart_harness.launch.job RUN_DIR [phase=restart key=value ...]", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _terminate)
+    from restart_harness import preflight
     from restart_harness.launch import runner
     from restart_harness.results import table
-    from restart_harness.results.atomic import read_json
-    from restart_harness.spec.phases import parse_restart
+    from restart_harness.spec.command import parse_restart
+    from restart_harness.storage.atomic import read_json
 
     run_dir = Path(argv[0]).resolve()
     try:
         if argv[1:]:  # a restart-only job: checked again here, then launched directly (we are in the allocation)
-            runner.restart_only(parse_restart([*argv[1:], f"run={run_dir}"]))
+            request = parse_restart([*argv[1:], f"run={run_dir}"])
+            preflight.restart(request)
+            runner.restart_only(request)
         else:
             runner.execute(run_dir)
     except UsageError as exc:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,7 +12,6 @@ from restart_harness.spec.runspec import RunSpec
 
 SUBMIT = {"slurm": "sbatch", "pbs": "qsub"}
 _JOB_ENV = {"slurm": "SLURM_JOB_ID", "pbs": "PBS_JOBID"}
-_WALLTIME = re.compile(r"^(\d+-)?\d+:\d{2}:\d{2}$")
 
 
 def inside_job(launcher: str) -> bool:
@@ -31,8 +29,6 @@ def check(spec: RunSpec) -> None:
     if spec.launcher in ("local", "torchrun") and spec.nodes > 1:
         raise UsageError(f"nodes={spec.nodes} with launcher={spec.launcher}: it starts ranks on this node only; "
                          "accepted: nodes=1, or launcher=slurm|pbs for several nodes")
-    if not _WALLTIME.match(spec.walltime):
-        raise UsageError(f"walltime={spec.walltime}: accepted HH:MM:SS (or D-HH:MM:SS)")
     if spec.env_hook:
         hook = Path(spec.env_hook).expanduser()
         if not hook.is_file():

@@ -21,10 +21,11 @@ from restart_harness.errors import RunFailed
 from restart_harness.generate.batch import job_script
 from restart_harness.generate.ds_config import build_ds_config
 from restart_harness.generate.launch import launch_script, rank_command, worker_args
-from restart_harness.launch import baseline, cache, host, launchers
+from restart_harness.launch import host, launchers
 from restart_harness.results import finalize
-from restart_harness.results.atomic import make_fresh_dir, write_json_atomic, write_text_atomic
 from restart_harness.spec.runspec import RunSpec
+from restart_harness.storage import baseline, pagecache
+from restart_harness.storage.atomic import make_fresh_dir, write_json_atomic, write_text_atomic
 
 
 def say(message: str) -> None:
@@ -244,7 +245,7 @@ def execute(run_dir: Path) -> Path:
     say(f"run {run_dir.name}: {spec.model_label}, {spec.layout} ({spec.world_size} ranks, {spec.device}), "
         f"engine {spec.engine}, {spec.precision}, launcher {spec.launcher}")
     try:
-        probe = baseline.record_for_run(run_dir, spec, ckpt_root)
+        probe = record_baseline(run_dir, spec, ckpt_root)
         if probe:
             say(f"  [baseline] {probe.get('error') or _baseline_line(probe)}")
         say(f"  [checkpoint] launching {spec.world_size} ranks (log: {run_dir / 'logs' / 'checkpoint.log'})")
@@ -252,7 +253,7 @@ def execute(run_dir: Path) -> Path:
         _save_record(run_dir, info)
         if info["exit_code"] != 0:
             raise RunFailed(_failure(run_dir, info))
-        if spec.phase == "all" and getattr(registry.get_spec(spec.engine).plugin(), "SAVES", True):
+        if spec.phase == "all" and registry.get(spec.engine).saves:
             record = allocate_record(run_dir)
             if record != "restart-01":  # someone forced a restart-only re-run meanwhile: never share a record
                 write_launch(spec, run_dir, ckpt_root, "restart", record, spec.master_port or free_port())
@@ -269,6 +270,19 @@ def execute(run_dir: Path) -> Path:
     if not spec.keep:
         discard_checkpoint(run_dir, ckpt_root)
     return run_dir
+
+
+def record_baseline(run_dir: Path, spec: RunSpec, ckpt_root: Path) -> dict | None:
+    """Before the checkpoint phase: the baseline of the checkpoint file system (cached, or a bounded probe at the
+    planned checkpoint's typical file size and rank count) into run_dir/baseline.json; None with baseline=false."""
+    if not spec.baseline or not registry.get(spec.engine).saves:
+        return None
+    from restart_harness.plan import checkpoint, report
+
+    files = checkpoint.files(spec)
+    record = baseline.for_run(ckpt_root.parent, report.typical_file_bytes(files), spec.world_size)
+    write_json_atomic(run_dir / "baseline.json", record)
+    return record
 
 
 def _baseline_line(b: dict) -> str:
@@ -298,7 +312,7 @@ def restart(run_dir: Path, ckpt_root: Path, spec: RunSpec, record: str) -> dict:
         raise RunFailed(f"no committed checkpoint under {ckpt_root} (no 'latest'): nothing to restart from")
     tag_dir = ckpt_root / latest.read_text().strip()
     files = [p for p in tag_dir.rglob("*") if p.is_file()]
-    state = cache.prepare(files, spec.cache)
+    state = pagecache.prepare(files, spec.cache)
     say(f"  [{record}] page cache: asked {state['requested']}, observed {state['observed']}"
         + (f" ({state['error']})" if state["error"] else ""))
     say(f"  [{record}] launching {spec.world_size} fresh ranks")

@@ -6,80 +6,15 @@ reason, and a failing combination is recorded and the sweep goes on."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from restart_harness.errors import RunFailed, UsageError
-from restart_harness.results.atomic import make_fresh_dir, write_json_atomic
-from restart_harness.spec.runspec import RunSpec
-
-SCHEMA_VERSION = 1
-_NO_LISTS = ("results_dir", "phase", "dry_run")  # one sweep folder, one kind of run
-
-
-@dataclass
-class Combination:
-    """One point of the product: the values that vary, the tokens that produce it, its validated RunSpec."""
-
-    values: dict[str, str]
-    tokens: list[str]
-    spec: RunSpec
-
-
-def is_sweep(tokens: list[str]) -> bool:
-    """Comma lists anywhere, or repeats > 1."""
-    if any("," in t for t in tokens):
-        return True
-    return any(t.startswith("repeats=") and t.split("=", 1)[1] not in ("1", "+1") for t in tokens[1:])
-
-
-def expand(tokens: list[str]) -> tuple[dict[str, list[str]], list[tuple[dict[str, str], list[str]]]]:
-    """MODEL key=a,b ... -> (the lists, [(varying values, tokens of one combination), ...]) in product order."""
-    from restart_harness.spec.args import split_tokens
-
-    if not tokens:
-        split_tokens(tokens)  # the usual "missing MODEL" line
-    _, pairs = split_tokens([tokens[0].replace(",", "_"), *tokens[1:]])
-    pairs = {"MODEL": tokens[0], **pairs}
-    lists = {}
-    for key, text in pairs.items():
-        values = text.split(",")
-        if len(values) > 1:
-            if key in _NO_LISTS:
-                raise UsageError(f"{key}={text}: a sweep takes one {key}")
-            if any(v == "" for v in values) or len(set(values)) != len(values):
-                raise UsageError(f"{key}={text}: a sweep list needs distinct, non-empty values")
-            lists[key] = values
-    combos = []
-    for choice in itertools.product(*lists.values()):
-        chosen = dict(zip(lists, choice))
-        merged = {**pairs, **chosen}
-        combos.append((chosen, [merged.pop("MODEL"), *(f"{k}={v}" for k, v in merged.items())]))
-    return lists, combos
-
-
-def plan(tokens: list[str]) -> tuple[dict[str, list[str]], list[Combination]]:
-    """Expand and validate every combination (UsageError names the combination) before anything is written."""
-    from restart_harness.launch import launchers
-    from restart_harness.spec.args import parse_args
-
-    lists, combos = expand(tokens)
-    out = []
-    for values, combo_tokens in combos:
-        try:
-            spec = parse_args(combo_tokens)
-            launchers.check(spec)
-        except UsageError as exc:
-            where = " ".join(f"{k}={v}" for k, v in values.items())
-            raise UsageError(f"{exc} (in the sweep combination {where})" if where else str(exc)) from None
-        out.append(Combination(values, combo_tokens, spec))
-    if len({c.spec.results_dir for c in out}) > 1:
-        raise UsageError("results_dir=: a sweep writes into one folder")
-    return lists, out
+from restart_harness.errors import RunFailed
+from restart_harness.results.schema import SWEEP_SCHEMA_VERSION
+from restart_harness.spec.command import SweepRequest
+from restart_harness.storage.atomic import make_fresh_dir, write_json_atomic
 
 
 def new_sweep_dir(results_dir: str) -> Path:
@@ -94,11 +29,12 @@ def _bar(done: int, total: int, width: int = 20) -> str:
     return "#" * filled + "." * (width - filled)
 
 
-def run(tokens: list[str], lists: dict[str, list[str]], combos: list[Combination]) -> Path:
+def run(request: SweepRequest) -> Path:
     """Run every combination x repeat in order into one sweep folder; returns it. Never stops on a failure."""
     from restart_harness.launch import runner
     from restart_harness.results.status import observed
 
+    tokens, lists, combos = request.tokens, request.lists, request.combos
     sweep_dir = new_sweep_dir(combos[0].spec.results_dir)
     runs = []
     for combo in combos:
@@ -106,7 +42,7 @@ def run(tokens: list[str], lists: dict[str, list[str]], combos: list[Combination
             runs.append({"index": len(runs) + 1, "combination": combo.values, "repeat": rep,
                          "repeats": combo.spec.repeats, "command": combo.tokens, "run_dir": None,
                          "state": "pending", "reason": None})
-    sweep = {"schema_version": SCHEMA_VERSION, "sweep_id": sweep_dir.name, "command": tokens, "lists": lists,
+    sweep = {"schema_version": SWEEP_SCHEMA_VERSION, "sweep_id": sweep_dir.name, "command": tokens, "lists": lists,
              "state": "running", "started": time.time(), "finished": None, "runs": runs}
     write_json_atomic(sweep_dir / "sweep.json", sweep)
     total = len(runs)

@@ -1,7 +1,7 @@
-"""`./submit-job.sh MODEL ... plan=true|json [bandwidth_gbps=X]`: the checkpoint a run would write, and what
+"""`./submit-job.sh plan MODEL ... [plan=json] [bandwidth_gbps=X]`: the checkpoint a run would write, and what
 saving and restarting it would cost at a given storage bandwidth. Launches nothing, writes nothing.
 
-Estimate (README, "Planner"): the storage's bandwidth is an aggregate shared by all ranks, so
+Estimate (docs/planner.md): the storage's bandwidth is an aggregate shared by all ranks, so
     save_seconds            = total_bytes / write bandwidth
     restart_read_seconds    = restart_read_bytes / read bandwidth
 where restart_read_bytes counts every file each rank's load_checkpoint reads (plan/checkpoint.py restart_reads).
@@ -14,46 +14,15 @@ import time
 from pathlib import Path
 
 from engines import registry
-from restart_harness.errors import UsageError
-from restart_harness.launch import baseline
 from restart_harness.plan import checkpoint
-from restart_harness.results.inventory import KINDS
-from restart_harness.spec.args import parse_bool
+from restart_harness.results.schema import KINDS, MIB
 from restart_harness.spec.runspec import RunSpec
+from restart_harness.storage import baseline
 
 GB = 10**9
-MIB = 1 << 20
-PLAN_KEYS = ("plan", "bandwidth_gbps")
 ESTIMATE_IGNORES = ("per-rank and per-client limits (one rank may not reach the aggregate bandwidth), file creation "
                     "and metadata costs, serialization CPU time, the page cache, the commit barrier, and the "
                     "restart's non-I/O phases (imports, process-group and engine initialization, first step)")
-
-
-def split_plan_tokens(tokens: list[str]) -> tuple[str | None, float | None, list[str]]:
-    """Take plan= and bandwidth_gbps= out of the command line: (mode None|'text'|'json', GB/s, the rest)."""
-    mode, bandwidth, rest = None, None, []
-    for token in tokens:
-        key, sep, value = token.partition("=")
-        if sep and key == "plan":
-            if value.lower() == "json":
-                mode = "json"
-            else:
-                try:
-                    mode = "text" if parse_bool("plan", value) else None
-                except UsageError:
-                    raise UsageError(f"plan={value}: accepted values are true, json, false") from None
-        elif sep and key == "bandwidth_gbps":
-            try:
-                bandwidth = float(value)
-            except ValueError:
-                raise UsageError(f"bandwidth_gbps={value}: not a number (GB/s, 10^9 bytes per second)") from None
-            if not bandwidth > 0 or bandwidth == float("inf"):
-                raise UsageError(f"bandwidth_gbps={value}: must be a positive number of GB/s (10^9 bytes per second)")
-        else:
-            rest.append(token)
-    if bandwidth is not None and mode is None:
-        raise UsageError("bandwidth_gbps= is a planner key: use it with plan=true or plan=json")
-    return mode, bandwidth, rest
 
 
 def _stats(values: list[int]) -> dict | None:
@@ -100,9 +69,9 @@ def _estimate(spec: RunSpec, files: list, total: int, read_total: int, bandwidth
 def build(spec: RunSpec, bandwidth_gbps: float | None = None) -> dict:
     """The plan as plain data (what plan=json prints)."""
     start = time.perf_counter()
-    plugin = registry.get_spec(spec.engine).plugin()
-    saves = getattr(plugin, "SAVES", True)
-    names = getattr(plugin, "PLAN", "sizes only") if saves else "none"
+    engine = registry.get(spec.engine)
+    saves = engine.saves
+    names = ("predicted" if engine.planned_names else "sizes only") if saves else "none"
     files = checkpoint.files(spec) if saves else []
     reads = checkpoint.restart_reads(spec) if saves else {}
     size_of = {f.path: f.bytes for f in files}
@@ -118,7 +87,7 @@ def build(spec: RunSpec, bandwidth_gbps: float | None = None) -> dict:
     read_total = sum(read_per_rank.values())
     note = {
         "predicted": "file names, writing ranks and tensor bytes follow DeepSpeed's rules exactly; each file's pickle "
-                     "and zip overhead is estimated (see README, Planner)",
+                     "and zip overhead is estimated (docs/planner.md)",
         "sizes only": f"engine {spec.engine} writes its own layout (e.g. a directory of shards per DeepSpeed file): "
                       "the entries below are DeepSpeed's logical files with their tensor bytes; actual file names "
                       "are not predicted",
@@ -160,8 +129,8 @@ def _size(n: float) -> str:
 def render(plan: dict) -> str:
     """Every file, then totals, bytes per rank and the estimate."""
     lay = plan["layout"]
-    lines = [f"plan: {plan['model']} ({plan['num_parameters']:,} parameters), tp={lay['tp']} pp={lay['pp']} "
-             f"dp={lay['dp']} ({lay['world_size']} ranks), {plan['precision']}, engine {plan['engine']}",
+    lines = [(f"plan: {plan['model']} ({plan['num_parameters']:,} parameters), tp={lay['tp']} pp={lay['pp']} "
+             f"dp={lay['dp']} ({lay['world_size']} ranks), {plan['precision']}, engine {plan['engine']}"),
              f"names: {plan['names']}: {plan['note']}", ""]
     if plan["files"]:
         width = max(len(f["path"]) for f in plan["files"])
@@ -186,17 +155,9 @@ def render(plan: dict) -> str:
     if est and est["source"]:
         lines += [f"estimate           at {est['source']}",
                   f"  save_seconds          {est['save_seconds']:.3f}  (total_bytes / {est['write_gb_s']:g} GB/s)",
-                  f"  restart_read_seconds  {est['restart_read_seconds']:.3f}  (restart_read_bytes / "
-                  f"{est['read_gb_s']:g} GB/s)",
+                  (f"  restart_read_seconds  {est['restart_read_seconds']:.3f}  (restart_read_bytes / "
+                  f"{est['read_gb_s']:g} GB/s)"),
                   f"  ignores: {est['ignores']}"]
     elif est:
         lines.append(f"estimate           {est['note']}")
     return "\n".join(lines)
-
-
-def print_plan(spec: RunSpec, mode: str, bandwidth_gbps: float | None) -> int:
-    import json
-
-    plan = build(spec, bandwidth_gbps)
-    print(json.dumps(plan, indent=1) if mode == "json" else render(plan))
-    return 0

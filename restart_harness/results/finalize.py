@@ -11,7 +11,7 @@ from restart_harness.results import efficiency
 from restart_harness.results import events as ev
 from restart_harness.results import inventory as inv
 from restart_harness.results import summary as sm
-from restart_harness.results.atomic import read_json, write_json_atomic
+from restart_harness.storage.atomic import read_json, write_json_atomic
 
 
 def _writers(run_dir: Path) -> dict[str, dict[str, int]]:

@@ -2,25 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from pathlib import Path
 
-KINDS = ("layer_states", "model_states", "optimizer_states", "other")
-_PATTERNS = [
-    ("layer_states", re.compile(r"^layer_\d+-model_\d+-model_states\.pt$")),
-    ("model_states", re.compile(r"^(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt$")),
-    ("optimizer_states", re.compile(r"^(bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt$")),
-]
-
-
-def classify(relpath: str) -> str:
-    """Kind of a file by the DeepSpeed name of its top component (sharded engines write directories)."""
-    top = relpath.split("/", 1)[0]
-    for kind, pattern in _PATTERNS:
-        if pattern.match(top):
-            return kind
-    return "other"
+from restart_harness.results.schema import KINDS, classify
 
 
 def build(tag_dir: Path, writers: dict[str, int] | None = None) -> dict:

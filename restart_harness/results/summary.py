@@ -1,23 +1,12 @@
-"""Event records + inventory -> summary.json (schema in README.md, 'Results')."""
+"""Event records + inventory -> summary.json (schema: results/schema.py, docs/results.md)."""
 
 from __future__ import annotations
 
 import statistics
 from pathlib import Path
 
-from restart_harness import SCHEMA_VERSION
 from restart_harness.results import events as ev
-
-MIB = 1024 * 1024
-# (phase name, mark that starts it, mark that ends it); the restart's phases in order.
-RESTART_PHASES = [
-    ("imports", "process_start", "imports_done"),
-    ("dist_init", "imports_done", "dist_init_done"),
-    ("model_build", "dist_init_done", "model_built"),
-    ("engine_init", "model_built", "engine_initialized"),
-    ("checkpoint_load", "engine_initialized", "checkpoint_loaded"),
-    ("first_step", "checkpoint_loaded", "first_step_done"),
-]
+from restart_harness.results.schema import MIB, RESTART_PHASES, SCHEMA_VERSION
 
 
 def mib_s(nbytes: int, seconds: float) -> float | None:

@@ -1,36 +1,47 @@
-"""`./submit-job.sh --help`: keys, presets and engines, read from the same places the parser uses."""
+"""`./submit-job.sh --help`: the commands, then every key grouped, each with its type, default, unit and meaning,
+generated from the declarations (spec/keys.py) that the parser uses; then presets and engines."""
 
 from __future__ import annotations
 
-from engines import registry
-from restart_harness.spec.args import CHOICES, run_keys
-from restart_harness.spec.model_shape import FIELDS, preset_names
-from restart_harness.spec.phases import RESTART_KEYS
+from restart_harness.spec.command import BaselineOptions, PlanOptions, RestartOptions, restart_keys
+from restart_harness.spec.keys import GROUPS, describe, keys_of
+from restart_harness.spec.model_shape import preset_names, shape_keys
+from restart_harness.spec.runspec import run_keys
+
+USAGE = """\
+usage: ./submit-job.sh [run] MODEL [key=value ...]          train, checkpoint, restart in fresh processes, verify
+       ./submit-job.sh MODEL key=a,b [key=c,d ...] [repeats=N]   a sweep: every combination, one folder
+       ./submit-job.sh plan MODEL [key=value ...]            the checkpoint a run would write; launches nothing
+       ./submit-job.sh restart run=RUN_DIR [key=value ...]   restart-only re-runs of an earlier run
+       ./submit-job.sh baseline dir=PATH [key=value ...]     storage: sequential write+fsync and cold read
+       ./submit-job.sh report RUN_OR_SWEEP_DIR... [-o DIR]   runs.csv, report.md/.html and plots (analysis/)
+(older spellings: `phase=restart run=DIR`, `MODEL ... plan=true|json`)
+
+MODEL: {presets} (configs/models/), a .yaml preset, or a local HF config.json (or its folder)
+"""
+
+
+def _section(title: str, keys: list) -> list[str]:
+    return [f"{title}:", *(f"  {describe(k, 'from MODEL' if k.group == 'model' else 'required')}" for k in keys), ""]
 
 
 def usage() -> str:
-    keys = run_keys()
-    lines = [
-        "usage: ./submit-job.sh MODEL [key=value ...]",
-        "       ./submit-job.sh MODEL key=a,b [key=c,d ...] [repeats=N]   a sweep: every combination, one folder",
-        "       ./submit-job.sh phase=restart run=RUN_DIR [key=value ...]  restart-only re-runs of a run; keys: "
-        + ", ".join(RESTART_KEYS),
-        "",
-        f"MODEL: {', '.join(preset_names())} (configs/models/), or a path to an HF config.json",
-        "",
-        "keys:",
-    ]
-    for key, kind in keys.items():
-        choice = f" ({' | '.join(CHOICES[key])})" if key in CHOICES else ""
-        lines.append(f"  {key}={kind}{choice}")
-    lines += ["", f"model overrides: {', '.join(FIELDS)}",
-              "", "planner (launches nothing): plan=true|json [bandwidth_gbps=GB/s, 10^9 bytes/s]",
-              "storage baseline: ./submit-job.sh baseline dir=PATH [tool=auto|fio|builtin] [file_bytes=64M] [ranks=N]",
-              "", "engines:"]
-    for name in registry.names():
-        spec = registry.get_spec(name)
-        shown = [f"{k}={v}" + (f" ({' | '.join(spec.choices[k])})" if k in spec.choices else "")
-                 for k, v in spec.defaults.items()]
-        opts = f" options: {', '.join(shown)}" if shown else ""
-        lines.append(f"  {name}: {spec.description}{opts}")
+    from engines import registry
+
+    lines = [USAGE.format(presets=", ".join(preset_names()))]
+    run = run_keys()
+    for group in GROUPS:
+        keys = [k for k in run.values() if k.group == group]
+        if group == "model":
+            keys += list(shape_keys().values())
+        if keys:
+            lines += _section(f"{group} keys", keys)
+    lines += _section("plan keys (with `plan`)", list(keys_of(PlanOptions).values()))
+    lines += _section("baseline keys (with `baseline`)", list(keys_of(BaselineOptions).values()))
+    lines += [*_section("restart keys (with `restart`)", list(keys_of(RestartOptions).values()))[:-1],
+              f"  and of the run keys above: {', '.join(restart_keys())}", ""]
+    lines.append("engines (engine=NAME) and their options (keys too):")
+    for name, cls in registry.all_engines().items():
+        lines.append(f"  {name}: {cls.description}")
+        lines += [f"      {describe(k)}" for k in keys_of(cls.Options).values()]
     return "\n".join(lines)

@@ -1,34 +1,41 @@
-"""Model shapes: YAML presets under configs/models/ or a local HF config.json, LlamaConfig field names."""
+"""Model shapes: YAML presets under configs/models/ or a local HF config.json, with transformers' LlamaConfig field
+names. Each field is a declared key (group `model`): a preset's values and command-line overrides are checked by
+the same declaration."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 
 import yaml
 
 from restart_harness import CONFIGS
 from restart_harness.errors import UsageError
+from restart_harness.spec.keys import check, key, keys_of
 
 MODELS_DIR = CONFIGS / "models"
+
+
+def _shape(default, help: str, **kw) -> dataclasses.Field:
+    return key(default, help, group="model", restart=False, **kw)
 
 
 @dataclass(frozen=True)
 class ModelShape:
     """The LLaMA shape fields the harness uses, named as in transformers' LlamaConfig."""
 
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    vocab_size: int
-    max_position_embeddings: int = 2048
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    head_dim: int | None = None
+    hidden_size: int = _shape(MISSING, "model width (a preset's value unless overridden)", minimum=1)
+    intermediate_size: int = _shape(MISSING, "SwiGLU feed-forward width", minimum=1)
+    num_hidden_layers: int = _shape(MISSING, "decoder layers", minimum=1)
+    num_attention_heads: int = _shape(MISSING, "attention heads", minimum=1)
+    num_key_value_heads: int = _shape(MISSING, "key/value heads (grouped-query attention)", minimum=1)
+    vocab_size: int = _shape(MISSING, "vocabulary size", minimum=1)
+    max_position_embeddings: int = _shape(2048, "longest sequence the model takes", minimum=1)
+    rms_norm_eps: float = _shape(1e-5, "RMSNorm epsilon", above=0)
+    rope_theta: float = _shape(10000.0, "rotary embedding base", above=0)
+    head_dim: int | None = _shape(None, "head dimension (default hidden_size / num_attention_heads)", minimum=1)
 
     @property
     def dim_per_head(self) -> int:
@@ -61,50 +68,45 @@ class ModelShape:
         )
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(ModelShape)}
+def shape_keys():
+    return keys_of(ModelShape)
 
 
 def preset_names() -> list[str]:
     return sorted(p.stem for p in MODELS_DIR.glob("*.yaml"))
 
 
-def _from_mapping(data: object, source: str) -> ModelShape:
+def from_mapping(data: object, source: str) -> ModelShape:
+    """A ModelShape from a preset's or config's mapping; unknown fields are ignored, each known one checked."""
     if not isinstance(data, dict):
         raise UsageError(f"model preset {source}: expected a mapping of LlamaConfig fields")
-    known = {k: v for k, v in data.items() if k in FIELDS}
-    missing = [n for n, f in FIELDS.items() if f.default is dataclasses.MISSING and n not in known]
+    keys = shape_keys()
+    missing = [name for name, k in keys.items() if k.required and name not in data]
     if missing:
         raise UsageError(f"model preset {source}: missing field(s) {', '.join(missing)}")
     values = {}
-    for key, value in known.items():
-        values[key] = cast_field(key, value, source)
+    for name, k in keys.items():
+        if name in data:
+            try:
+                values[name] = check(k, data[name])
+            except UsageError as exc:
+                raise UsageError(f"{source}: {exc}") from None
     return ModelShape(**values)
 
 
-def cast_field(key: str, value: object, source: str) -> int | float | None:
-    """Check one shape field's value against its type; one clear line when it does not fit."""
-    want = FIELDS[key].type
-    if value is None and "None" in str(want):
-        return None
-    if "int" in str(want):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise UsageError(f"{source}: {key}={value!r} must be a positive integer")
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise UsageError(f"{source}: {key}={value!r} must be a positive number")
-    return float(value)
+def _read_yaml(path: Path) -> object:
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        first = str(exc).splitlines()[0]
+        raise UsageError(f"model preset {path}: not safe YAML ({first})") from None
 
 
 def load_model(name: str) -> tuple[ModelShape, str]:
-    """Resolve MODEL: a preset name, or a path to a local HF config.json (or a folder holding one)."""
+    """Resolve MODEL: a preset name, or a path to a local HF config.json (or a folder holding one), or a .yaml."""
     preset = MODELS_DIR / f"{name}.yaml"
     if "/" not in name and preset.is_file():
-        try:
-            data = yaml.safe_load(preset.read_text())
-        except yaml.YAMLError as exc:
-            first = str(exc).splitlines()[0]
-            raise UsageError(f"model preset {preset}: not safe YAML ({first})") from None
-        return _from_mapping(data, str(preset)), str(preset)
+        return from_mapping(_read_yaml(preset), str(preset)), str(preset)
     path = Path(name)
     if path.is_dir():
         path = path / "config.json"
@@ -115,12 +117,7 @@ def load_model(name: str) -> tuple[ModelShape, str]:
     if path.suffix in (".yaml", ".yml"):
         if not path.is_file():
             raise UsageError(f"model {name!r}: no such preset file")
-        try:
-            data = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            first = str(exc).splitlines()[0]
-            raise UsageError(f"model preset {path}: not safe YAML ({first})") from None
-        return _from_mapping(data, str(path)), str(path.resolve())
+        return from_mapping(_read_yaml(path), str(path)), str(path.resolve())
     raise UsageError(
         f"unknown model {name!r}; accepted: {', '.join(preset_names())}, "
         "a path to an HF config.json, or a .yaml preset file"
@@ -133,15 +130,16 @@ def _from_hf_config(path: Path) -> ModelShape:
         raw = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise UsageError(f"model config {path}: unreadable JSON ({exc})") from None
+    keys = shape_keys()
     try:
         from transformers import LlamaConfig
     except ImportError:  # the shape fields are plain JSON; transformers only adds defaults
-        return _from_mapping(raw, str(path))
+        return from_mapping(raw, str(path))
     try:
-        cfg = LlamaConfig.from_dict({k: v for k, v in raw.items() if k in FIELDS or k == "rope_scaling"})
+        cfg = LlamaConfig.from_dict({k: v for k, v in raw.items() if k in keys or k == "rope_scaling"})
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for bad configs
         raise UsageError(f"model config {path}: rejected by LlamaConfig ({exc})") from None
-    data = {k: getattr(cfg, k) for k in FIELDS if getattr(cfg, k, None) is not None}
+    data = {k: getattr(cfg, k) for k in keys if getattr(cfg, k, None) is not None}
     if "rope_theta" not in raw and isinstance(getattr(cfg, "rope_parameters", None), dict):
         data["rope_theta"] = cfg.rope_parameters.get("rope_theta", 10000.0)
-    return _from_mapping(data, str(path))
+    return from_mapping(data, str(path))

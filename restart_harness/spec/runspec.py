@@ -1,67 +1,90 @@
-"""RunSpec: every resolved setting of one run, validated once, then passed around as one object."""
+"""RunSpec: every setting of one run. Each field is a declared key (restart_harness/spec/keys.py): its help, default,
+unit, accepted values and range live here and nowhere else. Parsed and validated once (spec/command.py), then
+passed around as one object and written to spec.json. resolve() is pure: it never looks at the machine."""
 
 from __future__ import annotations
 
 import dataclasses
-import glob
+import re
 from dataclasses import dataclass, field
 
 from restart_harness.errors import UsageError
+from restart_harness.spec.keys import Path, key, keys_of
 from restart_harness.spec.model_shape import ModelShape
 
-PRECISIONS = ("bf16", "fp32")
-CACHE_MODES = ("drop", "warm")
-DEVICES = ("auto", "cpu", "cuda")
-LAUNCHERS = ("local", "torchrun", "slurm", "pbs")
-PHASES = ("all", "checkpoint")  # phase=restart re-runs an existing run: restart_harness/spec/phases.py
+PHASES = ("all", "checkpoint")  # `restart` is a command of its own: ./submit-job.sh restart run=DIR
+_WALLTIME = re.compile(r"^(\d+-)?\d+:\d{2}:\d{2}$")
 
 
 @dataclass
 class RunSpec:
-    """What the user asked for, with defaults filled in. Field docs are the key's help text."""
+    """What the user asked for, with defaults filled in."""
 
     model: str
     shape: ModelShape
     model_source: str = ""
+    engine_options: dict = field(default_factory=dict)  # the engine's declared options (engines/<name>.py)
+
+    # model
+    shrink: int = key(1, "divide head dimension, FFN and vocabulary (and the default seq_len) by K; layers and "
+                         "heads stay, so file names and counts are the real model's", group="model", minimum=1)
     # layout
-    tp: int = 1  # tensor-parallel degree (Megatron-style split)
-    pp: int = 1  # pipeline-parallel degree (DeepSpeed PipelineModule when > 1)
-    dp: int | None = None  # data-parallel degree; derived from nodes x ranks_per_node when omitted, else 1
-    nodes: int = 1
-    ranks_per_node: int | None = None  # derived from tp x pp x dp / nodes when omitted
-    shrink: int = 1  # divide head dim, ffn and vocab by K, keep layers and heads
+    tp: int = key(1, "tensor-parallel degree (Megatron-style split)", group="layout", minimum=1)
+    pp: int = key(1, "pipeline-parallel degree (DeepSpeed PipelineModule when > 1)", group="layout", minimum=1)
+    dp: int | None = key(None, "data-parallel degree; default nodes x ranks_per_node / (tp x pp), or 1",
+                         group="layout", minimum=1)
+    nodes: int = key(1, "nodes (slurm and pbs launchers)", group="layout", minimum=1)
+    ranks_per_node: int | None = key(None, "ranks (GPUs) per node; default tp x pp x dp / nodes", group="layout",
+                                     minimum=1)
     # training
-    precision: str = "bf16"  # bf16 | fp32
-    iters: int = 4  # training steps of the checkpoint phase
-    save_interval: int = 2  # checkpoint every N steps
-    after: int = 2  # steps trained after the restart
-    micro_batch: int = 2
-    grad_accum: int = 2
-    seq_len: int | None = None  # default: min(max_position_embeddings, 2048) / shrink (>= 16)
-    lr: float = 1e-4
-    seed: int = 1234
-    # checkpoint engine
-    engine: str = "default"
-    engine_options: dict = field(default_factory=dict)
-    # where and how
-    device: str = "auto"  # auto | cpu | cuda
-    launcher: str = "local"
-    cache: str = "drop"  # drop | warm: evict the checkpoint from the page cache before the restart
-    results_dir: str = "results"
-    ckpt_dir: str | None = None  # default: <run dir>/checkpoint
-    timeout: int = 1800  # seconds one launch may take before its process group is killed
-    baseline: bool = True  # measure the checkpoint file system once (cached) and report save/load efficiency
-    master_port: int | None = None
-    # phases, repeats, clusters (restart_harness/launch/launchers.py, restart_harness/generate/batch.py)
-    phase: str = "all"  # all | checkpoint (phase=restart run=DIR re-runs only the restart of an existing run)
-    repeats: int = 1  # runs of each combination (phase=restart: restarts)
-    keep: bool = True  # keep=false deletes the checkpoint after a complete run
-    dry_run: bool = False  # write and print ds_config and launch scripts, run nothing
-    walltime: str = "01:00:00"  # slurm/pbs: job time limit, HH:MM:SS
-    queue: str | None = None  # slurm partition / pbs queue
-    account: str | None = None  # slurm account / pbs project (-A)
-    filesystems: str | None = None  # pbs: -l filesystems=home:eagle (ALCF)
-    env_hook: str | None = None  # bash file sourced by the job script and every launch script (modules, conda)
+    precision: str = key("bf16", "training precision (ZeRO-1 keeps fp32 master weights either way)",
+                         group="training", choices=("bf16", "fp32"))
+    iters: int = key(4, "training steps of the checkpoint phase", group="training", minimum=1)
+    save_interval: int = key(2, "checkpoint every N steps", group="training", minimum=1)
+    after: int = key(2, "steps trained after the restart", group="training", minimum=1)
+    micro_batch: int = key(2, "samples per rank per micro-batch", group="training", minimum=1)
+    grad_accum: int = key(2, "micro-batches per optimizer step", group="training", minimum=1)
+    seq_len: int | None = key(None, "tokens per sample; default min(max_position_embeddings, 2048) / shrink, >= 16",
+                              group="training", minimum=1)
+    lr: float = key(1e-4, "AdamW learning rate", group="training", above=0)
+    seed: int = key(1234, "seed of weights and synthetic data", group="training", minimum=0)
+    # checkpoint
+    engine: str = key("default", "checkpoint engine (engines/; list below); its options are keys too",
+                      group="checkpoint")
+    cache: str = key("drop", "page cache before the restart: drop = evict the checkpoint's pages, warm = leave "
+                             "them", group="checkpoint", choices=("drop", "warm"), restart=True)
+    ckpt_dir: Path | None = key(None, "where checkpoints go (a parallel file system); default <run dir>/checkpoint",
+                                group="checkpoint", sweep=False)
+    keep: bool = key(True, "false: delete the checkpoint once the run's results are written", group="checkpoint",
+                     restart=True)
+    baseline: bool = key(True, "measure the checkpoint file system once (cached) and report save/load efficiency",
+                         group="checkpoint")
+    # launch
+    device: str = key("auto", "auto = cuda when NVIDIA devices are present, else cpu (DeepSpeed over gloo)",
+                       group="launch", choices=("auto", "cpu", "cuda"))
+    launcher: str = key("local", "local = DeepSpeed's launcher, torchrun, slurm (sbatch + srun), pbs (qsub + "
+                                 "mpiexec)", group="launch", choices=("local", "torchrun", "slurm", "pbs"),
+                        restart=True)
+    timeout: int = key(1800, "seconds one launch may take before its whole process group is killed",
+                       group="launch", unit="s", minimum=1, restart=True)
+    master_port: int | None = key(None, "rendezvous port; default a free one", group="launch", minimum=1,
+                                  restart=True)
+    phase: str = key("all", "all = checkpoint then restart; checkpoint = the checkpoint phase only (restart an "
+                            "existing run with ./submit-job.sh restart run=DIR)", group="launch", choices=PHASES,
+                     sweep=False)
+    repeats: int = key(1, "runs of each combination (a sweep folder when > 1); restart: restarts",
+                       group="launch", minimum=1, sweep=False, restart=True)
+    dry_run: bool = key(False, "write ds_config.json and the launch (and job) scripts, print them, launch nothing",
+                        group="launch", sweep=False)
+    # cluster
+    walltime: str = key("01:00:00", "slurm/pbs job time limit, HH:MM:SS or D-HH:MM:SS", group="cluster")
+    queue: str | None = key(None, "Slurm partition / PBS queue", group="cluster")
+    account: str | None = key(None, "Slurm account / PBS project (-A)", group="cluster")
+    filesystems: str | None = key(None, "pbs: -l filesystems= (ALCF, e.g. home:eagle)", group="cluster")
+    env_hook: Path | None = key(None, "bash file sourced by the job script and every launch script (modules, "
+                                      "conda)", group="cluster", sweep=False)
+    # output
+    results_dir: Path = key("results", "where run directories go", group="output", sweep=False)
 
     # ---- derived values -------------------------------------------------------------
     @property
@@ -94,23 +117,15 @@ class RunSpec:
 
     @classmethod
     def from_json(cls, data: dict) -> RunSpec:
-        data = {k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(cls)}}
+        """A RunSpec from spec.json (fields of older or newer harness versions it does not know are ignored)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        data = {k: v for k, v in data.items() if k in known}
         data["shape"] = ModelShape(**data["shape"])
         return cls(**data)
 
-    # ---- validation ---------------------------------------------------------------
+    # ---- validation (pure) --------------------------------------------------------------
     def resolve(self) -> RunSpec:
         """Fill derived defaults and check the layout; raises UsageError naming the numbers."""
-        for key in ("tp", "pp", "nodes", "shrink", "iters", "save_interval", "after", "micro_batch",
-                    "grad_accum", "timeout", "repeats"):
-            if getattr(self, key) < 1:
-                raise UsageError(f"{key}={getattr(self, key)}: must be a positive integer")
-        for key in ("dp", "ranks_per_node", "seq_len"):
-            value = getattr(self, key)
-            if value is not None and value < 1:
-                raise UsageError(f"{key}={value}: must be a positive integer")
-        if self.lr <= 0:
-            raise UsageError(f"lr={self.lr}: must be a positive number")
         self.shape = self.shape.shrunk(self.shrink)
         self._resolve_ranks()
         self._check_model_split()
@@ -121,13 +136,13 @@ class RunSpec:
             raise UsageError(
                 f"seq_len={self.seq_len} exceeds max_position_embeddings={self.shape.max_position_embeddings}"
             )
+        if not _WALLTIME.match(self.walltime):
+            raise UsageError(f"walltime={self.walltime}: accepted HH:MM:SS (or D-HH:MM:SS)")
         if self.save_interval > self.iters:
             raise UsageError(
                 f"save_interval={self.save_interval} is larger than iters={self.iters}: no checkpoint would be "
                 "written; accepted: 1 <= save_interval <= iters"
             )
-        if self.device == "auto":
-            self.device = "cuda" if glob.glob("/dev/nvidia[0-9]*") else "cpu"
         return self
 
     def _resolve_ranks(self) -> None:
@@ -188,3 +203,8 @@ class RunSpec:
                 f"pp={self.pp} is larger than the {s.num_hidden_layers} transformer layers "
                 "(each pipeline stage needs at least one)"
             )
+
+
+def run_keys() -> dict:
+    """The declared keys of a run (not MODEL, shape fields or engine options)."""
+    return keys_of(RunSpec)

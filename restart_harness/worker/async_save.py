@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+from restart_harness.storage.atomic import files_under, fsync_paths
 from restart_harness.worker import checkpointing
 
 
@@ -34,12 +35,11 @@ class Saver:
     """Drives checkpointing for one rank: sync engines as before; async ones with a waiter thread and a deferred
     commit of `latest`. all_true(flag) is a collective returning True when flag is True on every rank."""
 
-    def __init__(self, ds_engine, recorder, plugin, spec, ckpt_root: Path, rank: int, barrier, all_true):
+    def __init__(self, ds_engine, recorder, plugin, ckpt_root: Path, rank: int, barrier, all_true):
         self.ds_engine, self.recorder, self.plugin = ds_engine, recorder, plugin
         self.ckpt_root, self.rank, self.barrier, self.all_true = ckpt_root, rank, barrier, all_true
         self.decoupled = bool(recorder.inner.is_decoupled())  # DeepSpeed commits it in the next engine.step()
-        is_async = getattr(plugin, "is_async", None)
-        self.asynchronous = self.decoupled or bool(is_async and is_async(spec))
+        self.asynchronous = self.decoupled or plugin.is_async()
         self.pending: _Pending | None = None
 
     def save(self, tag: str, step: int) -> dict | None:
@@ -68,13 +68,12 @@ class Saver:
     def _wait(self, pending: _Pending) -> None:
         """Waiter thread: engine flush finished, then fsync; never a collective (the main thread owns those)."""
         try:
-            wait = getattr(self.plugin, "wait_durable", None)
-            if wait is not None:
-                wait(self.recorder.inner)  # the engine's own flush (torchsnapshot, dcp, DataStates)
-            elif self.decoupled:
+            if self.decoupled and not self._waits_itself():
                 self.recorder.committed.wait()  # DeepSpeed's commit in engine.step() (its decoupled writer)
-            files = [f for path, _ in pending.saved for f in checkpointing.files_under(Path(path))]
-            checkpointing.fsync_paths(files)
+            else:
+                self.plugin.wait_durable(self.recorder.inner)  # the engine's own flush (torchsnapshot, dcp, ...)
+            files = [f for path, _ in pending.saved for f in files_under(Path(path))]
+            fsync_paths(files)
             pending.durable_at = time.perf_counter()
         except Exception as exc:  # noqa: BLE001 - any failure is re-raised in the main thread by _commit
             pending.error = exc
@@ -100,11 +99,17 @@ class Saver:
         """Before the next save and at the end of the phase: wait for the flush on every rank, then commit."""
         if self.pending is None:
             return None
-        if self.decoupled and not hasattr(self.plugin, "wait_durable") and not self.recorder.committed.is_set():
+        if self.decoupled and not self._waits_itself() and not self.recorder.committed.is_set():
             # No engine.step() since the save: let DeepSpeed commit now, as its step() would (all ranks call it).
             self.ds_engine._commit_decoupled_checkpoint()
         self.pending.thread.join()
         return self._commit()
+
+    def _waits_itself(self) -> bool:
+        """The plug-in knows when its flush is done (it overrides wait_durable); else DeepSpeed's commit says so."""
+        from engines.base import Engine
+
+        return type(self.plugin).wait_durable is not Engine.wait_durable
 
     def _commit(self) -> dict:
         p, self.pending = self.pending, None

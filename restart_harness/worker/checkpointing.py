@@ -28,30 +28,8 @@ from pathlib import Path
 
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
-from restart_harness.results.atomic import fsync_dir, write_text_atomic
+from restart_harness.storage.atomic import files_under, fsync_paths, write_text_atomic
 from restart_harness.worker import faults
-
-
-def files_under(path: Path) -> list[Path]:
-    """The regular files at path: the file itself, or every file below a directory (sharded engines)."""
-    if path.is_file():
-        return [path]
-    if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.is_file())
-    return []
-
-
-def fsync_paths(paths: list[Path]) -> None:
-    dirs = set()
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        dirs.add(path.parent)
-    for d in sorted(dirs):
-        fsync_dir(d)
 
 
 class RecordingEngine(CheckpointEngine):
@@ -111,9 +89,9 @@ class RecordingEngine(CheckpointEngine):
         return getattr(self.__dict__["inner"], name)
 
 
-def install(ds_engine, plugin, spec) -> RecordingEngine:
+def install(ds_engine, plugin) -> RecordingEngine:
     """Install the plug-in's CheckpointEngine (if it brings one) and wrap it for recording."""
-    replacement = plugin.make_checkpoint_engine(ds_engine, spec) if hasattr(plugin, "make_checkpoint_engine") else None
+    replacement = plugin.checkpoint_engine(ds_engine)
     if replacement is not None:
         ds_engine.checkpoint_engine = replacement
     recorder = RecordingEngine(ds_engine.checkpoint_engine)
@@ -133,9 +111,7 @@ def save(ds_engine, recorder: RecordingEngine, plugin, ckpt_root: Path, tag: str
     except Exception as exc:
         raise _explain_save_failure(exc, ckpt_root, tag) from exc
     blocking = time.perf_counter() - start
-    wait = getattr(plugin, "wait_durable", None)
-    if wait is not None:
-        wait(recorder.inner)
+    plugin.wait_durable(recorder.inner)
     mine = [f for path, _ in recorder.saved for f in files_under(Path(path))]
     fsync_paths(mine)
     durable = time.perf_counter() - start

@@ -17,8 +17,8 @@ import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
 from engines import registry
-from restart_harness.results.atomic import read_json, write_json_atomic
 from restart_harness.spec.runspec import RunSpec
+from restart_harness.storage.atomic import read_json, write_json_atomic
 from restart_harness.worker import async_save, checkpointing, digest, faults
 from restart_harness.worker.data import step_batches
 from restart_harness.worker.events import EventLog
@@ -57,7 +57,7 @@ def main(process_start: float, argv=None) -> int:
 def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
     spec = RunSpec.from_json(read_json(args.run_dir / "spec.json"))
     ds_config = read_json(args.run_dir / "ds_config.json")
-    plugin = registry.get_spec(spec.engine).plugin()
+    plugin = registry.get(spec.engine)(spec)
     device = _init_distributed(spec)
     log.mark("dist_init_done")
 
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     mpu = None if spec.pp > 1 else grid
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config, mpu=mpu)
-    recorder = checkpointing.install(engine, plugin, spec)
+    recorder = checkpointing.install(engine, plugin)
     log.mark("engine_initialized")
     log.emit("layout", dp_rank=grid.get_data_parallel_rank(), tp_rank=tp.rank,
              pp_rank=grid.get_pipe_parallel_rank(), device=str(device),
@@ -88,8 +88,8 @@ def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
         first = int(client_state["harness_step"]) + 1
         last = first + spec.after - 1
 
-    saves = getattr(plugin, "SAVES", True) and args.phase == "checkpoint"
-    saver = async_save.Saver(engine, recorder, plugin, spec, args.ckpt_root, rank, dist.barrier,
+    saves = plugin.saves and args.phase == "checkpoint"
+    saver = async_save.Saver(engine, recorder, plugin, args.ckpt_root, rank, dist.barrier,
                              lambda flag: _all_true(flag, device))
     for step in range(first, last + 1):
         faults.hit("step", rank, step)

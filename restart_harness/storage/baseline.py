@@ -10,8 +10,8 @@ fallocate=none, because torch.save does not preallocate and fio's default posix_
 ext4 here: unwritten extents converted at fsync) or a built-in probe (one thread per rank, os.write / os.fsync /
 readinto; all release the GIL).
 
-Results are cached per host, file system, file size and rank count under .cache/baseline/ (RH_BASELINE_CACHE
-overrides the folder), written atomically with the time and method.
+Results are cached per host, file system, file size and rank count under the user cache directory
+(storage/cache_dir.py: <cache>/baseline/), written atomically with the time and method.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -28,11 +27,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from restart_harness import REPO_ROOT
-from restart_harness.errors import UsageError
-from restart_harness.launch import host
-from restart_harness.launch.cache import resident_total
-from restart_harness.results.atomic import write_json_atomic
+from restart_harness.storage.atomic import write_json_atomic
+from restart_harness.storage.cache_dir import cache_dir
+from restart_harness.storage.filesystem import filesystem
+from restart_harness.storage.pagecache import resident_total
 
 MIB = 1 << 20
 BLOCK_BYTES = 4 * MIB
@@ -46,12 +44,12 @@ DEFAULT_FILE_BYTES = 64 * MIB
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("RH_BASELINE_CACHE") or REPO_ROOT / ".cache" / "baseline")
+    return cache_dir("baseline")
 
 
 def filesystem_key(directory: Path) -> str:
     """One folder per host and file system: the bandwidth is the file system's, not the folder's."""
-    fs = host.filesystem(directory)
+    fs = filesystem(directory)
     ident = f"{socket.gethostname()}|{fs['device']}|{fs['mount']}|{fs['type']}"
     return f"{fs['type'] or 'fs'}-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
 
@@ -115,7 +113,7 @@ def _threads(count: int, work) -> list[float]:
         barrier.wait()
         try:
             work(i)
-        except BaseException as exc:  # re-raised in the caller
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
             errors.append(exc)
         ends[i] = time.perf_counter()
 
@@ -212,7 +210,7 @@ def measure(directory: Path, file_bytes: int, ranks: int, tool: str = "auto") ->
     record = {
         "write_mib_s": write["mib_s"], "read_mib_s": read["mib_s"], "method": method, "tool": tool,
         "file_bytes": file_bytes, "ranks": ranks, "block_bytes": min(BLOCK_BYTES, file_bytes), "dir": str(directory),
-        "filesystem": host.filesystem(directory),
+        "filesystem": filesystem(directory),
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "probe_seconds": round(time.perf_counter() - started, 3), "write": write, "read": read, "read_cache": cache,
     }
@@ -264,94 +262,17 @@ def for_run(directory: Path, typical_file_bytes: int, ranks: int) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}", "dir": str(directory), "cached": False}
 
 
-# ---- ./submit-job.sh baseline dir=PATH [tool=auto|fio|builtin] [file_bytes=64M] [ranks=N] ----------------------
-_SIZE = re.compile(r"^(\d+)([kKmMgG]i?[bB]?)?$")
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-def parse_size(key: str, text: str) -> int:
-    """'67108864', '64M', '64MiB', '1G' -> bytes (binary units); one clear line when it is none of these."""
-    match = _SIZE.match(text)
-    if not match or int(match.group(1)) <= 0:
-        raise UsageError(f"{key}={text}: expected a positive size in bytes, e.g. 67108864, 64M, 1G")
-    unit = (match.group(2) or "")[:1].lower()
-    return int(match.group(1)) * _UNITS[unit]
-
-
-def parse_command(tokens: list[str]) -> tuple[Path, int, int, str]:
-    """Validate `baseline key=value ...` before anything is written; returns (dir, file_bytes, ranks, tool)."""
-    values: dict[str, str] = {}
-    for token in tokens:
-        key, sep, value = token.partition("=")
-        if not sep or key not in ("dir", "tool", "file_bytes", "ranks"):
-            raise UsageError(f"{token!r}: baseline accepts dir=PATH, tool={'|'.join(TOOLS)}, file_bytes=SIZE, ranks=N")
-        if key in values:
-            raise UsageError(f"{key}: given twice")
-        values[key] = value
-    if "dir" not in values or not values["dir"]:
-        raise UsageError("baseline needs dir=PATH: the directory (file system) to measure, e.g. dir=/scratch/ckpt")
-    directory = Path(values["dir"])
-    if not directory.is_dir():
-        raise UsageError(f"dir={values['dir']}: no such directory")
-    if not os.access(directory, os.W_OK):
-        raise UsageError(f"dir={values['dir']}: not writable")
-    tool = values.get("tool", "auto")
-    if tool not in TOOLS:
-        raise UsageError(f"tool={tool}: accepted values are {', '.join(TOOLS)}")
-    if tool == "fio" and not fio_available():
-        raise UsageError("tool=fio: fio is not installed (apt-get install fio), use tool=builtin")
-    file_bytes = parse_size("file_bytes", values.get("file_bytes", str(DEFAULT_FILE_BYTES)))
-    ranks_text = values.get("ranks", str(min(os.cpu_count() or 1, AUTO_MAX_RANKS)))
-    if not re.fullmatch(r"\d+", ranks_text) or int(ranks_text) < 1:
-        raise UsageError(f"ranks={ranks_text}: expected a positive integer")
-    ranks = int(ranks_text)
-    need = file_bytes * ranks
-    free = shutil.disk_usage(directory).free
-    if need > free // 2:
-        raise UsageError(f"file_bytes x ranks = {need} bytes is more than half the {free} bytes free in {directory}")
-    return directory, file_bytes, ranks, tool
-
-
 def render(record: dict) -> str:
     cache = record["read_cache"]
     where = cache_path(Path(record["dir"]), record["file_bytes"], record["ranks"])
     return "\n".join([
-        f"storage baseline of {record['dir']} ({record['filesystem']['type']} on {record['filesystem']['device']}, "
-        f"mounted at {record['filesystem']['mount']})",
-        f"  method        {record['method']}, {record['ranks']} ranks x {record['file_bytes']} bytes, "
-        f"{record['block_bytes']} byte blocks",
-        f"  write_mib_s   {record['write_mib_s']}  (sequential write + fsync; slowest rank "
-        f"{record['write']['seconds']} s)",
+        (f"storage baseline of {record['dir']} ({record['filesystem']['type']} on {record['filesystem']['device']}, "
+        f"mounted at {record['filesystem']['mount']})"),
+        (f"  method        {record['method']}, {record['ranks']} ranks x {record['file_bytes']} bytes, "
+        f"{record['block_bytes']} byte blocks"),
+        (f"  write_mib_s   {record['write_mib_s']}  (sequential write + fsync; slowest rank "
+        f"{record['write']['seconds']} s)"),
         f"  read_mib_s    {record['read_mib_s']}  (sequential read; page cache before the read: {cache['observed']}"
         + (f", {cache['error']}" if cache["error"] else "") + ")",
         f"  measured_at   {record['measured_at']}; cached in {where}",
     ])
-
-
-def main(tokens: list[str]) -> int:
-    """`./submit-job.sh baseline ...`: bad input raises UsageError (exit 2); a failed measurement exits 1."""
-    import sys
-
-    directory, file_bytes, ranks, tool = parse_command(tokens)
-    try:
-        record = measure(directory, file_bytes, ranks, tool)
-    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
-        print(f"error: baseline of {directory} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(render(record))
-    return 0
-
-
-def record_for_run(run_dir: Path, spec, ckpt_root: Path) -> dict | None:
-    """Before the checkpoint phase: the baseline of the checkpoint file system (cached, or a bounded probe at the
-    planned checkpoint's typical file size and rank count) into run_dir/baseline.json; None with baseline=false."""
-    from engines import registry
-
-    if not spec.baseline or not getattr(registry.get_spec(spec.engine).plugin(), "SAVES", True):
-        return None
-    from restart_harness.plan import checkpoint, report
-
-    files = checkpoint.files(spec)
-    record = for_run(ckpt_root.parent, report.typical_file_bytes(files), spec.world_size)
-    write_json_atomic(run_dir / "baseline.json", record)
-    return record

@@ -1,4 +1,5 @@
-"""Atomic file writes: temp file in the same directory, fsync, rename, fsync the directory."""
+"""Files that are either whole or absent: temp file in the same directory, fsync, rename, fsync the directory.
+Exclusive directories (mkdir is the claim), and fsync of files a checkpoint engine wrote."""
 
 from __future__ import annotations
 
@@ -16,21 +17,49 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+def fsync_paths(paths: list[Path]) -> None:
+    """fsync each file's data, then each directory that names one (so the names are durable too)."""
+    dirs = set()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        dirs.add(Path(path).parent)
+    for d in sorted(dirs):
+        fsync_dir(d)
+
+
+def files_under(path: Path) -> list[Path]:
+    """The regular files at path: the file itself, or every file below a directory (sharded engines)."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted(p for p in path.rglob("*") if p.is_file())
+    return []
+
+
+def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, mode)
+        os.chmod(tmp, mode)  # mkstemp makes it private
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def write_text_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    write_bytes_atomic(path, text.encode(), mode)
 
 
 def write_json_atomic(path: Path, data: object) -> None:

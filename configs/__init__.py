@@ -1,0 +1,1 @@
+"""Data, not code: model presets (configs/models/*.yaml, LlamaConfig field names), shipped with the package."""

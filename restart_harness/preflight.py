@@ -1,0 +1,144 @@
+"""Checks of the machine and the file systems, after the command line is validated and before anything is created:
+the device, whether the engine runs here, the launcher's tools, that the result and checkpoint folders can be
+created (proven with a probe, not guessed), that the checkpoint fits, and for a restart-only re-run that the run is
+finished and its committed checkpoint whole. Each problem is one UsageError line (exit code 2)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+from pathlib import Path
+
+from restart_harness.errors import UsageError
+from restart_harness.launch import launchers
+from restart_harness.results import events as ev
+from restart_harness.spec.command import BaselineOptions, RestartRequest
+from restart_harness.spec.runspec import RunSpec
+from restart_harness.storage.filesystem import free_bytes, nearest_existing, why_not_a_directory
+
+MIB = 1 << 20
+
+
+def resolve_device(spec: RunSpec) -> None:
+    if spec.device == "auto":
+        spec.device = "cuda" if glob.glob("/dev/nvidia[0-9]*") else "cpu"
+
+
+def engine(spec: RunSpec):
+    from engines import registry
+
+    eng = registry.get(spec.engine)(spec)
+    eng.check()
+    return eng
+
+
+def directory(key: str, path: str) -> None:
+    reason = why_not_a_directory(Path(path))
+    if reason:
+        raise UsageError(f"{key}={path}: {reason}")
+
+
+def checkpoint_space(spec: RunSpec) -> None:
+    """Every checkpoint of the run must fit where it goes (the run keeps every tag it saves)."""
+    from engines import registry
+    from restart_harness.plan import checkpoint
+
+    if not registry.get(spec.engine).saves or spec.phase == "restart":
+        return
+    saves = spec.iters // spec.save_interval
+    need = saves * sum(f.bytes for f in checkpoint.files(spec))
+    where = nearest_existing(Path(spec.ckpt_dir or spec.results_dir))
+    free = free_bytes(where)
+    if need > free:
+        raise UsageError(f"the checkpoints need {need / MIB:,.1f} MiB ({saves} saves of {need // saves / MIB:,.1f} "
+                         f"MiB, planned) but the file system holding {where} has {free / MIB:,.1f} MiB free; "
+                         "give ckpt_dir= on a larger one, or fewer saves (iters, save_interval)")
+
+
+def run(spec: RunSpec) -> None:
+    """A run (or one combination of a sweep): everything that can be checked before the run directory exists."""
+    resolve_device(spec)
+    engine(spec)
+    launchers.check(spec)
+    directory("results_dir", spec.results_dir)
+    if spec.ckpt_dir:
+        directory("ckpt_dir", spec.ckpt_dir)
+    if not spec.dry_run:
+        checkpoint_space(spec)
+
+
+def restart(request: RestartRequest) -> None:
+    """A restart-only re-run: the run is not in progress, its launcher and engine run here, its checkpoint is whole."""
+    from restart_harness.results.status import observed
+
+    spec, run_dir = request.spec, request.run_dir
+    status = observed(run_dir)
+    if status["state"] in ("running", "submitted"):
+        where = f"job {status.get('job_id')}" if status["state"] == "submitted" else f"pid {status.get('pid')}"
+        raise UsageError(f"run={run_dir}: still {status['state']} ({where}); restart it once it has finished")
+    launchers.check(spec)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
+    engine(spec)
+    committed_checkpoint(run_dir, request.ckpt_root)
+
+
+def baseline(options: BaselineOptions) -> None:
+    from restart_harness.storage.baseline import fio_available
+
+    d = Path(options.dir)
+    if not d.is_dir():
+        raise UsageError(f"dir={options.dir}: no such directory")
+    if not os.access(d, os.W_OK) or why_not_a_directory(d):
+        raise UsageError(f"dir={options.dir}: not writable")
+    if options.tool == "fio" and not fio_available():
+        raise UsageError("tool=fio: fio is not installed (apt-get install fio); use tool=builtin")
+    ranks = options.ranks or min(os.cpu_count() or 1, 8)
+    need, free = options.file_bytes * ranks, shutil.disk_usage(d).free
+    if need > free // 2:
+        raise UsageError(f"file_bytes x ranks = {need} bytes is more than half the {free} bytes free in {d}")
+
+
+# ---- restart-only: is the committed checkpoint whole? ---------------------------------------------------------
+def _size(path: Path) -> int | None:
+    """Bytes of a file, or of every file below a directory (sharded engines); None when absent."""
+    if path.is_file():
+        return path.stat().st_size
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return None
+
+
+def recorded_files(run_dir: Path, tag: str) -> dict[str, int]:
+    """path (relative to the tag directory) -> bytes, from every rank's save event for tag."""
+    out: dict[str, int] = {}
+    for saves in ev.of_kind(ev.read_record(run_dir, "checkpoint"), "save").values():
+        for save in saves:
+            if save["tag"] == tag:
+                out.update({f["path"]: f["bytes"] for f in save["files"]})
+    return out
+
+
+def committed_checkpoint(run_dir: Path, ckpt_root: Path) -> str:
+    """The tag `latest` names, after checking every file the save recorded for it (path and bytes); raises
+    UsageError naming the first missing, truncated or torn file."""
+    if not ckpt_root.is_dir():
+        raise UsageError(f"run {run_dir.name}: checkpoint directory {ckpt_root} is missing; nothing to restart from")
+    latest = ckpt_root / "latest"
+    if not latest.is_file():
+        raise UsageError(f"{latest}: missing, no checkpoint was committed; nothing to restart from")
+    tag = latest.read_text().strip()
+    tag_dir = ckpt_root / tag
+    if not tag or not tag_dir.is_dir():
+        raise UsageError(f"{tag_dir}: missing, but {latest} names it")
+    recorded = recorded_files(run_dir, tag)
+    if not recorded:
+        raise UsageError(f"{tag_dir}: no save of {tag} is recorded in {run_dir / 'events' / 'checkpoint'}, "
+                         "so it cannot be checked as complete")
+    for rel, nbytes in sorted(recorded.items()):
+        actual = _size(tag_dir / rel)
+        if actual is None:
+            raise UsageError(f"{tag_dir / rel}: missing (the save of {tag} recorded {nbytes} bytes)")
+        if actual != nbytes:
+            raise UsageError(f"{tag_dir / rel}: {actual} bytes, but the save of {tag} recorded {nbytes} "
+                             "(truncated or torn)")
+    return tag

@@ -1,0 +1,74 @@
+"""The result files' schema: names, versions, kinds, phases, states and labels, written down once. The harness
+writes with it and analysis/ reads with it. Standard library only: analysis/ must import it where only matplotlib
+is installed. The field-by-field reference is docs/results.md."""
+
+from __future__ import annotations
+
+import re
+
+SCHEMA_VERSION = 1  # summary.json; analysis reads every version in READABLE_VERSIONS
+READABLE_VERSIONS = (1,)
+SWEEP_SCHEMA_VERSION = 1  # sweep.json
+MIB = 1 << 20  # every *_mib_s figure is 2^20 bytes per second
+
+# Files of a run directory.
+SPEC, DS_CONFIG, STATUS, SUMMARY, INVENTORY, BASELINE = (
+    "spec.json", "ds_config.json", "status.json", "summary.json", "inventory.json", "baseline.json")
+SWEEP = "sweep.json"
+
+# status.json `state`; `crashed` is never written: status.observed() reports it for a dead harness's `running`.
+STATES = ("running", "submitted", "dry_run", "complete", "failed", "crashed")
+FINISHED_STATES = ("complete", "failed")
+
+# Kinds of checkpoint files, by the DeepSpeed name of the file (or of the directory a sharded engine writes).
+KINDS = ("model_states", "optimizer_states", "layer_states", "other")
+_KIND_PATTERNS = (
+    ("layer_states", re.compile(r"^layer_\d+-model_\d+-model_states\.pt$")),
+    ("model_states", re.compile(r"^(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt$")),
+    ("optimizer_states", re.compile(r"^(bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt$")),
+)
+
+
+def classify(relpath: str) -> str:
+    """Kind of a file by the DeepSpeed name of its top component (sharded engines write directories)."""
+    top = relpath.split("/", 1)[0]
+    return next((kind for kind, pattern in _KIND_PATTERNS if pattern.match(top)), "other")
+
+
+# The restart's phases: (name, mark that starts it, mark that ends it), in order. The summary gives each as the
+# slowest rank's seconds (restart.phases.<name>).
+RESTART_PHASES = (
+    ("imports", "process_start", "imports_done"),
+    ("dist_init", "imports_done", "dist_init_done"),
+    ("model_build", "dist_init_done", "model_built"),
+    ("engine_init", "model_built", "engine_initialized"),
+    ("checkpoint_load", "engine_initialized", "checkpoint_loaded"),
+    ("first_step", "checkpoint_loaded", "first_step_done"),
+)
+PHASE_NAMES = tuple(name for name, _, _ in RESTART_PHASES)
+
+# The spec fields that make two runs repeats of one configuration (seed, paths, ports and timeouts do not), and
+# where else a configuration can differ: another machine or another file system.
+CONFIG_FIELDS = ("model", "shape", "shrink", "precision", "tp", "pp", "dp", "nodes", "ranks_per_node", "engine",
+                 "engine_options", "device", "launcher", "cache", "iters", "save_interval", "after", "micro_batch",
+                 "grad_accum", "seq_len")
+PLACE_FIELDS = (("host", "hostname"), ("checkpoint_filesystem", "mount"), ("checkpoint_filesystem", "type"))
+
+
+def model_label(spec: dict) -> str:
+    """`70B` or `70B-shrink64`: the run directory's and every table's name for the model."""
+    shrink = spec.get("shrink") or 1
+    return str(spec["model"]) if shrink == 1 else f"{spec['model']}-shrink{shrink}"
+
+
+def layout_label(spec: dict) -> str:
+    """`tp2 pp4 dp1` (and `2n` with several nodes)."""
+    nodes = spec.get("nodes") or 1
+    return f"tp{spec['tp']} pp{spec['pp']} dp{spec['dp']}" + (f" {nodes}n" if nodes > 1 else "")
+
+
+def engine_label(spec: dict) -> str:
+    """The engine and any option that differs from false/default, e.g. `dcp async_save`."""
+    options = spec.get("engine_options") or {}
+    on = [k for k, v in options.items() if v is True]
+    return " ".join([str(spec["engine"]), *on])

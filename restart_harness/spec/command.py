@@ -1,0 +1,290 @@
+"""The command line -> one validated request. Pure: reads only the files the command names (model presets, an
+earlier run's spec.json), never checks or changes the machine (that is restart_harness/preflight.py).
+
+    ./submit-job.sh [run] MODEL key=value ...        one run; comma lists (key=a,b) or repeats>1 make a sweep
+    ./submit-job.sh plan MODEL key=value ...         the checkpoint a run would write; launches nothing
+    ./submit-job.sh restart run=RUN_DIR key=value    restart-only re-runs of an earlier run
+    ./submit-job.sh baseline dir=PATH key=value      the storage's sequential write+fsync and cold read
+    ./submit-job.sh report RUN_OR_SWEEP_DIR... [-o DIR]   tables and plots (analysis/)
+
+Older spellings still work: `phase=restart run=DIR` is `restart run=DIR`; `MODEL ... plan=true|json` is `plan`.
+Every key=value goes through keys.coerce() with its declaration; a key given twice, a malformed token, an unknown
+key or a bad value is one UsageError line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import itertools
+import json
+import re
+from dataclasses import MISSING, dataclass
+from pathlib import Path as FsPath
+
+from restart_harness.errors import UsageError
+from restart_harness.spec.keys import Key, Path, Size, coerce, key, keys_of
+from restart_harness.spec.model_shape import load_model, shape_keys
+from restart_harness.spec.runspec import RunSpec, run_keys
+
+COMMANDS = ("run", "plan", "restart", "baseline", "report")
+_TOKEN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
+
+
+@dataclass
+class PlanOptions:
+    plan: str = key("text", "output: text (a table) or json", group="plan", choices=("text", "json"))
+    bandwidth_gbps: float | None = key(None, "storage bandwidth for the estimate (both directions); default: the "
+                                             "cached storage baseline of the checkpoint directory's file system",
+                                       group="plan", unit="GB/s = 10^9 bytes/s", above=0)
+
+
+@dataclass
+class BaselineOptions:
+    dir: Path = key(MISSING, "the directory (file system) to measure, e.g. dir=/scratch/ckpt", group="baseline")
+    tool: str = key("auto", "auto = fio when installed, else the built-in probe", group="baseline",
+                    choices=("auto", "fio", "builtin"))
+    file_bytes: Size = key(Size(64 << 20), "bytes each rank writes and reads", group="baseline", unit="bytes",
+                           minimum=1)
+    ranks: int | None = key(None, "concurrent writers/readers; default the CPU count, at most 8", group="baseline",
+                            minimum=1)
+
+
+@dataclass
+class RestartOptions:
+    run: Path = key(MISSING, "the run directory an earlier run printed", group="restart")
+
+
+@dataclass
+class PlanRequest:
+    spec: RunSpec
+    options: PlanOptions
+
+
+@dataclass
+class RestartRequest:
+    """An existing run directory, its RunSpec with the restart overrides applied, and how many restarts."""
+
+    run_dir: FsPath
+    spec: RunSpec
+    ckpt_root: FsPath
+    repeats: int
+    tokens: list[str]  # the overrides as given (key=value), handed on to a submitted restart-only job
+
+
+@dataclass
+class Combination:
+    """One point of a sweep: the values that vary, the tokens that produce it, its validated RunSpec."""
+
+    values: dict[str, str]
+    tokens: list[str]
+    spec: RunSpec
+
+
+@dataclass
+class SweepRequest:
+    tokens: list[str]
+    lists: dict[str, list[str]]
+    combos: list[Combination]
+
+
+# ---- tokens ------------------------------------------------------------------------------------------------
+def split_command(argv: list[str]) -> tuple[str, list[str]]:
+    """(command, its tokens). The command word is optional (run); the older spellings map onto commands."""
+    if argv and argv[0] in COMMANDS:
+        return argv[0], argv[1:]
+    if "phase=restart" in argv:
+        return "restart", [t for t in argv if t != "phase=restart"]
+    if any(t.startswith("plan=") for t in argv):
+        plan = next(t for t in argv if t.startswith("plan="))
+        value = plan.split("=", 1)[1].lower()
+        if value == "json":
+            return "plan", [t if t != plan else "plan=json" for t in argv]
+        try:
+            wanted = parse_bool_text(value)
+        except ValueError:
+            raise UsageError(f"{plan}: accepted values are true, json, false") from None
+        rest = [t for t in argv if t != plan]
+        return ("plan", rest) if wanted else ("run", rest)
+    return "run", argv
+
+
+def parse_bool_text(text: str) -> bool:
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+def pairs_of(tokens: list[str]) -> dict[str, str]:
+    """key=value tokens -> {key: text}; each key at most once."""
+    pairs: dict[str, str] = {}
+    for token in tokens:
+        match = _TOKEN.match(token)
+        if not match:
+            raise UsageError(f"{token!r}: malformed argument; expected key=value")
+        name, value = match.groups()
+        if name in pairs:
+            raise UsageError(f"{name}: given twice ({name}={pairs[name]} and {token})")
+        pairs[name] = value
+    return pairs
+
+
+def _unknown(name: str, accepted: list[str], engine: str | None = None) -> UsageError:
+    from engines import registry
+
+    owners = [e for e in registry.owner_of_option(name) if e != engine]
+    if owners:
+        return UsageError(f"{name}=: an option of engine {', '.join(owners)}, not of engine {engine}; "
+                          f"engine {engine} takes: {', '.join(keys_of(registry.get(engine).Options)) or 'no options'}")
+    for command, options in (("plan", PlanOptions), ("baseline", BaselineOptions), ("restart", RestartOptions)):
+        if name in keys_of(options):
+            return UsageError(f"{name}=: a key of the {command} command; usage: ./submit-job.sh {command} ... {name}=...")
+    near = difflib.get_close_matches(name, accepted, n=1)
+    hint = f" (did you mean {near[0]}?)" if near else ""
+    return UsageError(f"unknown key {name!r}{hint}; accepted keys are listed by ./submit-job.sh --help")
+
+
+def _fill(target: dict, declared: dict[str, Key], pairs: dict[str, str]) -> dict[str, str]:
+    """Coerce the pairs declared in `declared` into target; returns the pairs left over."""
+    rest = {}
+    for name, text in pairs.items():
+        if name in declared:
+            target[name] = coerce(declared[name], text)
+        else:
+            rest[name] = text
+    return rest
+
+
+def _required(declared: dict[str, Key], values: dict, command: str) -> None:
+    for name, k in declared.items():
+        if k.required and name not in values:
+            raise UsageError(f"{command} needs {name}=: {k.help}")
+
+
+# ---- run -----------------------------------------------------------------------------------------------------
+def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[RunSpec, dict]:
+    """`MODEL key=value ...` -> (resolved RunSpec, values of the `extra` keys). Raises UsageError on the first
+    problem, naming it."""
+    from engines import registry
+
+    if not tokens:
+        raise UsageError("missing MODEL; usage: ./submit-job.sh MODEL [key=value ...] (try: ./submit-job.sh tiny)")
+    model, *rest = tokens
+    if "=" in model:
+        raise UsageError(f"{model!r}: the first argument must be a MODEL (preset name or config.json path)")
+    pairs = pairs_of(rest)
+    shape, source = load_model(model)
+    values: dict = {}
+    pairs = _fill(values, run_keys(), pairs)
+    engine = registry.get(values.get("engine", "default"))
+    options: dict = {}
+    pairs = _fill(options, keys_of(engine.Options), pairs)
+    shape_values: dict = {}
+    pairs = _fill(shape_values, shape_keys(), pairs)
+    extra_values: dict = {}
+    pairs = _fill(extra_values, extra or {}, pairs)
+    if pairs:
+        name = next(iter(pairs))
+        accepted = [*run_keys(), *shape_keys(), *keys_of(engine.Options), *(extra or {})]
+        raise _unknown(name, accepted, engine.name)
+    if shape_values:
+        shape = dataclasses.replace(shape, **shape_values)
+    engine_options = {**dataclasses.asdict(engine.Options()), **options}
+    spec = RunSpec(model=model, shape=shape, model_source=source, engine_options=engine_options, **values)
+    return spec.resolve(), extra_values
+
+
+def parse_plan(tokens: list[str]) -> PlanRequest:
+    spec, values = parse_run(tokens, keys_of(PlanOptions))
+    return PlanRequest(spec, PlanOptions(**values))
+
+
+def parse_baseline(tokens: list[str]) -> BaselineOptions:
+    declared = keys_of(BaselineOptions)
+    values: dict = {}
+    rest = _fill(values, declared, pairs_of(tokens))
+    if rest:
+        name = next(iter(rest))
+        raise UsageError(f"{name}={rest[name]}: not a baseline key; baseline accepts "
+                         f"{', '.join(f'{k}=' for k in declared)}")
+    _required(declared, values, "baseline")
+    return BaselineOptions(**values)
+
+
+# ---- sweeps ----------------------------------------------------------------------------------------------------
+def sweep_keys() -> dict[str, Key]:
+    return {k: v for k, v in run_keys().items() if v.sweep}
+
+
+def is_sweep(tokens: list[str]) -> bool:
+    """A comma list in MODEL or any value, or repeats > 1."""
+    if any("," in t for t in tokens):
+        return True
+    return any(t.startswith("repeats=") and t.split("=", 1)[1] not in ("1", "+1") for t in tokens[1:])
+
+
+def parse_sweep(tokens: list[str]) -> SweepRequest:
+    """Expand MODEL key=a,b ... into its product and validate every combination before anything is written."""
+    if not tokens:
+        parse_run(tokens)  # the usual "missing MODEL" line
+    pairs = {"MODEL": tokens[0], **pairs_of(tokens[1:])}
+    declared = run_keys()
+    lists: dict[str, list[str]] = {}
+    for name, text in pairs.items():
+        values = text.split(",")
+        if len(values) > 1:
+            if name in declared and not declared[name].sweep:
+                raise UsageError(f"{name}={text}: a sweep takes one {name}")
+            if any(v == "" for v in values) or len(set(values)) != len(values):
+                raise UsageError(f"{name}={text}: a sweep list needs distinct, non-empty values")
+            lists[name] = values
+    combos = []
+    for choice in itertools.product(*lists.values()):
+        chosen = dict(zip(lists, choice, strict=True))
+        merged = {**pairs, **chosen}
+        combo_tokens = [merged.pop("MODEL"), *(f"{k}={v}" for k, v in merged.items())]
+        try:
+            spec, _ = parse_run(combo_tokens)
+        except UsageError as exc:
+            where = " ".join(f"{k}={v}" for k, v in chosen.items())
+            raise UsageError(f"{exc} (in the sweep combination {where})" if where else str(exc)) from None
+        combos.append(Combination(chosen, combo_tokens, spec))
+    return SweepRequest(tokens, lists, combos)
+
+
+# ---- restart-only re-runs -------------------------------------------------------------------------------------
+def restart_keys() -> dict[str, Key]:
+    """What a restart-only re-run may change (nothing the ranks' checkpoint depends on)."""
+    return {k: v for k, v in run_keys().items() if v.restart}
+
+
+def parse_restart(tokens: list[str]) -> RestartRequest:
+    """`restart run=RUN_DIR [key=value ...]`: the run's spec.json with the overrides applied. The run's status and
+    checkpoint are checked in preflight."""
+    if tokens and "=" not in tokens[0]:
+        raise UsageError(f"{tokens[0]!r}: restart takes no MODEL (the run's spec.json has it); "
+                         "usage: ./submit-job.sh restart run=RUN_DIR [cache=warm] [repeats=N]")
+    pairs = pairs_of(tokens)
+    pairs.pop("phase", None)  # `phase=restart` spelled as a key
+    options: dict = {}
+    pairs = _fill(options, keys_of(RestartOptions), pairs)
+    _required(keys_of(RestartOptions), options, "restart")
+    allowed = restart_keys()
+    overrides: dict = {}
+    for name, text in pairs.items():
+        if name not in allowed:
+            raise UsageError(f"{name}=: cannot change for a restart of an existing run (fixed by its spec.json); "
+                             f"accepted with restart: run, {', '.join(allowed)}")
+        overrides[name] = coerce(allowed[name], text)
+    run_dir = FsPath(options["run"]).expanduser()
+    if not (run_dir / "spec.json").is_file():
+        raise UsageError(f"run={options['run']}: not a run directory (no spec.json)")
+    run_dir = run_dir.resolve()
+    data = json.loads((run_dir / "spec.json").read_text())
+    spec = dataclasses.replace(RunSpec.from_json(data), **overrides)
+    spec.phase, spec.dry_run = "restart", False
+    given = [f"{k}={v}" for k, v in pairs.items()]
+    return RestartRequest(run_dir=run_dir, spec=spec, ckpt_root=FsPath(data["checkpoint_root"]),
+                          repeats=spec.repeats, tokens=given)

@@ -1,0 +1,195 @@
+"""Every key of every command is declared once, as a dataclass field made with key(): its type (the annotation),
+default, unit, one-line help, accepted values, range, group in --help, and whether a sweep list or a restart-only
+re-run may set it. coerce() is the one way text becomes a value, for every command and every engine option;
+check() is the one way a value (from text, YAML or JSON) is checked. Nothing here touches the machine.
+
+    @dataclass
+    class Example:
+        tp: int = key(1, "tensor-parallel degree", group="layout", minimum=1, restart=True)
+
+Types: int, float (always finite), bool, str, Path (text naming a file or folder), Size (bytes: 4096, 64M, 1G),
+and `X | None` (None written as `none` or `auto`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import typing
+from dataclasses import dataclass
+from functools import cache
+
+from restart_harness.errors import UsageError
+
+GROUPS = ("model", "layout", "training", "checkpoint", "launch", "cluster", "output", "plan", "baseline", "restart")
+# Text values never pass through a shell unquoted; this keeps them free of shell and JSON surprises as well.
+_SAFE_TEXT = re.compile(r"^[A-Za-z0-9_.,/:+@%=~-]*$")
+_INT = re.compile(r"^[+-]?\d+$")
+_SIZE = re.compile(r"^(\d+)([kKmMgGtT]i?[bB]?)?$")
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+
+
+class Size(int):
+    """A byte count; on the command line 4096, 64K, 64M, 64MiB, 1G (binary units)."""
+
+
+class Path(str):
+    """Text naming a file or folder (checked against the machine in preflight, never here)."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One declared key."""
+
+    name: str
+    type: type  # int, float, bool, str, Path or Size
+    optional: bool  # None is a value (`none` / `auto` on the command line)
+    default: object
+    help: str
+    group: str
+    unit: str | None = None
+    choices: tuple[str, ...] | None = None
+    minimum: float | None = None  # inclusive
+    above: float | None = None  # exclusive
+    sweep: bool = True  # may take a comma list (one run per value)
+    restart: bool = False  # a restart-only re-run may set it
+    required: bool = False
+
+    @property
+    def type_name(self) -> str:
+        name = {int: "int", float: "float", bool: "bool", str: "text", Path: "path", Size: "bytes"}[self.type]
+        return name + (" | none" if self.optional else "")
+
+    def accepted(self) -> str:
+        """What the key accepts, in words (for error lines and --help)."""
+        if self.choices:
+            return ", ".join(self.choices)
+        if self.type is bool:
+            return "true, false"
+        words = {int: "an integer", float: "a finite number", Size: "a size in bytes (4096, 64M, 1G)",
+                 str: "text of [A-Za-z0-9_.,/:+@%=~-]", Path: "a path of [A-Za-z0-9_.,/:+@%=~-]"}[self.type]
+        if self.minimum is not None:
+            words += f" >= {self.minimum:g}"
+        if self.above is not None:
+            words += f" > {self.above:g}"
+        return words + (" or none" if self.optional else "")
+
+
+def key(default: object, help: str, *, group: str, unit: str | None = None, choices: tuple[str, ...] | None = None,
+        minimum: float | None = None, above: float | None = None, sweep: bool = True, restart: bool = False,
+        required: bool = False) -> dataclasses.Field:
+    """A dataclass field that is also a declared key."""
+    if group not in GROUPS:
+        raise ValueError(f"unknown key group {group!r}")
+    meta = {"key": {"help": help, "group": group, "unit": unit, "choices": choices, "minimum": minimum, "above": above,
+                        "sweep": sweep, "restart": restart, "required": required or default is dataclasses.MISSING}}
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _split_type(hint: object) -> tuple[type, bool]:
+    args = typing.get_args(hint)
+    if args and type(None) in args:
+        (inner,) = [a for a in args if a is not type(None)]
+        return inner, True
+    return hint, False  # type: ignore[return-value]
+
+
+@cache
+def keys_of(cls: type) -> dict[str, Key]:
+    """name -> Key for the fields of cls declared with key(), in declaration order."""
+    hints = typing.get_type_hints(cls)  # a module using Path or Size imports them from here
+    out = {}
+    for f in dataclasses.fields(cls):
+        meta = f.metadata.get("key")
+        if meta is None:
+            continue
+        kind, optional = _split_type(hints[f.name])
+        out[f.name] = Key(name=f.name, type=kind, optional=optional, default=f.default, **meta)
+    return out
+
+
+def parse_bool(name: str, text: str) -> bool:
+    lowered = text.lower()
+    if lowered in TRUE:
+        return True
+    if lowered in FALSE:
+        return False
+    raise UsageError(f"{name}={text}: accepted values are true, false")
+
+
+def parse_size(name: str, text: str) -> int:
+    match = _SIZE.match(text)
+    if not match:
+        raise UsageError(f"{name}={text}: expected a size in bytes, e.g. 4096, 64M, 1G")
+    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "")[:1].lower()]
+
+
+def coerce(k: Key, text: str) -> object:
+    """Command-line text -> the key's value, checked; raises UsageError naming `name=text` and what is accepted."""
+    if text == "":
+        raise UsageError(f"{k.name}=: empty value; accepted: {k.accepted()}")
+    if k.optional and text.lower() in ("none", "auto"):
+        return None
+    if k.type is bool:
+        value: object = parse_bool(k.name, text)
+    elif k.type is int:
+        if not _INT.match(text):
+            raise UsageError(f"{k.name}={text}: not an integer")
+        value = int(text)
+    elif k.type is Size:
+        value = parse_size(k.name, text)
+    elif k.type is float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise UsageError(f"{k.name}={text}: not a number") from None
+    else:
+        if not _SAFE_TEXT.match(text):
+            raise UsageError(f"{k.name}={text}: contains characters outside [A-Za-z0-9_.,/:+@%=~-]")
+        value = text
+    return check(k, value, text)
+
+
+def check(k: Key, value: object, text: str | None = None) -> object:
+    """A value of any origin (command line, YAML preset, spec.json) against the key's declaration."""
+    shown = f"{k.name}={value if text is None else text}"
+    if value is None:
+        if k.optional:
+            return None
+        raise UsageError(f"{k.name}: a value is required; accepted: {k.accepted()}")
+    if k.type is bool:
+        if not isinstance(value, bool):
+            raise UsageError(f"{shown}: accepted values are true, false")
+        return value
+    if k.type in (int, Size):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UsageError(f"{shown}: must be an integer")
+        value = int(value)
+    elif k.type is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise UsageError(f"{shown}: must be a number")
+        value = float(value)
+        if not math.isfinite(value):
+            raise UsageError(f"{shown}: must be a finite number")
+    elif not isinstance(value, str):
+        raise UsageError(f"{shown}: must be text")
+    if k.choices and value not in k.choices:
+        raise UsageError(f"{shown}: accepted values are {', '.join(k.choices)}")
+    if k.minimum is not None and value < k.minimum:
+        what = "a positive integer" if k.type in (int, Size) and k.minimum == 1 else f">= {k.minimum:g}"
+        raise UsageError(f"{shown}: must be {what}")
+    if k.above is not None and value <= k.above:
+        what = "a positive number" if k.above == 0 else f"> {k.above:g}"
+        raise UsageError(f"{shown}: must be {what}")
+    return value
+
+
+def describe(k: Key, required_text: str = "required") -> str:
+    """One --help line: name=<type> (default), unit, meaning, accepted values."""
+    default = required_text if k.required else ("none" if k.default is None else
+                                                   str(k.default).lower() if isinstance(k.default, bool) else k.default)
+    unit = f" [{k.unit}]" if k.unit else ""
+    choices = f" ({' | '.join(k.choices)})" if k.choices else ""
+    return f"{k.name}={k.type_name}{choices}  default {default}{unit}: {k.help}"

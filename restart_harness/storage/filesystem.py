@@ -1,0 +1,63 @@
+"""Facts about the file system that holds a path, and whether a directory can be created there; no harness imports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+# File systems that hold no data: a checkpoint or a result written there is lost or refused.
+PSEUDO_FILESYSTEMS = frozenset({"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "securityfs", "debugfs",
+                                "tracefs", "configfs", "fusectl", "mqueue", "pstore", "bpf", "binfmt_misc",
+                                "hugetlbfs", "autofs", "efivarfs", "nsfs"})
+
+
+def filesystem(path: Path) -> dict:
+    """Mount point, type and device of the file system holding path (longest /proc/mounts prefix)."""
+    path = Path(path).resolve()
+    best = {"mount": "/", "type": None, "device": None}
+    try:
+        for line in Path("/proc/mounts").read_text().splitlines():
+            device, mount, fstype = line.split()[:3]
+            inside = str(path) == mount or str(path).startswith(mount.rstrip("/") + "/")
+            if inside and len(mount) >= len(best["mount"]):
+                best = {"mount": mount, "type": fstype, "device": device}
+    except OSError:
+        pass
+    return best
+
+
+def nearest_existing(path: Path) -> Path:
+    """path itself, or its closest ancestor that exists."""
+    path = Path(path).expanduser().absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def free_bytes(path: Path) -> int:
+    return shutil.disk_usage(nearest_existing(path)).free
+
+
+def why_not_a_directory(path: Path) -> str | None:
+    """None when path is a directory that can be written, or one that can be created; else the reason, one line.
+
+    Proven, not guessed: a temporary directory is created and removed in the nearest existing ancestor (os.access
+    says yes to root on /proc, where mkdir then fails)."""
+    path = Path(path).expanduser().absolute()
+    for p in [path, *path.parents]:
+        if p.exists() and not p.is_dir():
+            return f"{p} exists and is not a directory"
+        if p.exists():
+            break
+    base = nearest_existing(path)
+    fs = filesystem(base)
+    if fs["type"] in PSEUDO_FILESYSTEMS:
+        return f"{base} is on a {fs['type']} file system (mounted at {fs['mount']}), which holds no files"
+    try:
+        probe = tempfile.mkdtemp(prefix=".rh-probe-", dir=base)
+        os.rmdir(probe)
+    except OSError as exc:
+        return f"cannot create directories in {base} ({exc.strerror or exc})"
+    return None

@@ -1,0 +1,156 @@
+"""The project's shape: no import cycle between its modules (imports inside functions count too), every key
+declared once and explained by --help with its default, no sys.path or PYTHONPATH edits, ruff clean."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, submit
+
+from engines import registry
+from restart_harness.spec.command import BaselineOptions, PlanOptions, RestartOptions
+from restart_harness.spec.keys import keys_of
+from restart_harness.spec.model_shape import shape_keys
+from restart_harness.spec.runspec import run_keys
+
+PACKAGES = ("restart_harness", "engines", "analysis", "third_party", "configs")
+
+
+def project_modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports anywhere in its body (a package's __init__ counts as importing
+    nothing of its own children)."""
+    modules = project_modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                names = [base, *(f"{base}.{a.name}" for a in node.names)]
+            else:
+                continue
+            for name in names:
+                target = resolve(name)
+                if target and target != module and not module.startswith(target + "."):
+                    graph[module].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    graph = import_graph()
+    assert len(graph) > 40 and graph["restart_harness.cli"]  # the scan sees the project
+    assert cycles(graph) == []
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_storage_layer_imports_nothing_above_it():
+    graph = import_graph()
+    for module, targets in graph.items():
+        if module.startswith("restart_harness.storage"):
+            assert all(t.startswith("restart_harness.storage") or t == "restart_harness" for t in targets), module
+
+
+def test_every_key_is_declared_once():
+    groups = {"run": run_keys(), "model": shape_keys(), "plan": keys_of(PlanOptions),
+              "baseline": keys_of(BaselineOptions), "restart": keys_of(RestartOptions)}
+    seen: dict[str, str] = {}
+    for where, keys in groups.items():
+        for name in keys:
+            assert name not in seen, f"{name} declared by {seen.get(name)} and {where}"
+            seen[name] = where
+    for engine, cls in registry.all_engines().items():
+        for name in keys_of(cls.Options):
+            assert name not in seen, f"engine {engine} option {name} shadows the {seen.get(name)} key"
+
+
+def test_help_explains_every_key_with_its_default(tmp_path):
+    proc = submit(["--help"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout
+    for keys in (run_keys(), shape_keys(), keys_of(PlanOptions), keys_of(BaselineOptions), keys_of(RestartOptions)):
+        for name, k in keys.items():
+            line = next((x for x in text.splitlines() if x.strip().startswith(f"{name}=")), None)
+            assert line and "default " in line and k.help in line, name
+    for name, cls in registry.all_engines().items():
+        assert f"  {name}: {cls.description}" in text
+    for group in ("model keys", "layout keys", "training keys", "checkpoint keys", "launch keys", "cluster keys",
+                  "output keys", "plan keys", "baseline keys", "restart keys"):
+        assert f"{group}" in text
+
+
+@pytest.mark.parametrize("needle", ["sys.path.insert", "sys.path.append", "PYTHONPATH"])
+def test_no_path_edits_in_the_project(needle):
+    offenders = [str(p.relative_to(REPO)) for p in project_modules().values() if needle in p.read_text()]
+    offenders += [s for s in ("config-n-run.py", "submit-job.sh", "run-tests.sh") if needle in (REPO / s).read_text()]
+    assert offenders == []
+
+
+def test_ruff_clean():
+    proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(REPO)], capture_output=True,
+                          text=True, cwd=REPO, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from analysis.table import KINDS, Group, Stat, num, stat
+from analysis.table import KINDS, LOAD_CATEGORIES, SAVE_CATEGORIES, Group, Stat, common_label, num, stat
 
 PHASE_COLORS = {"launch": "#bbbbbb"}
 UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
@@ -34,13 +34,15 @@ def _figure(n_categories: int, height: float = 4.2) -> tuple[Figure, object]:
     return fig, ax
 
 
-def _caption(fig: Figure, text: str) -> None:
-    """Small grey note under the axes (a supxlabel, so the layout makes room for it)."""
-    fig.supxlabel(text, fontsize="x-small", color="0.4")
+def _caption(fig: Figure, text: str, groups: list[Group] | None = None) -> None:
+    """Small grey note under the axes (a supxlabel, so the layout makes room for it); with groups, also what every
+    configuration shown shares (their labels leave it out)."""
+    common = common_label(groups) if groups else ""
+    fig.supxlabel(text + (f"\nevery configuration: {common}" if common else ""), fontsize="x-small", color="0.4")
 
 
 def _group_tick(g: Group) -> str:
-    return "\n".join(x for x in (g.model, g.layout, g.engine, g.extra) if x)
+    return g.tick
 
 
 def grouped_bars(ax, categories: list[str], series: dict[str, list[Stat | None]], scale: float = 1.0,
@@ -123,7 +125,7 @@ def save_seconds(groups: list[Group]) -> Figure | None:
     ax.set_ylabel("save time (s)")
     ax.set_title("Save time per engine: blocking vs durable (slowest rank, every save)")
     ax.legend(**LEGEND)
-    _caption(fig, CAPTION)
+    _caption(fig, CAPTION, gs)
     return fig
 
 
@@ -150,7 +152,7 @@ def throughput(groups: list[Group]) -> Figure | None:
     ax.set_ylabel("throughput (MiB/s)")
     ax.set_title("Checkpoint throughput per engine (bytes / slowest rank's seconds)")
     ax.legend(**LEGEND)
-    _caption(fig, CAPTION)
+    _caption(fig, CAPTION, gs)
     return fig
 
 
@@ -181,7 +183,7 @@ def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
     ax.set_title("Restart time by phase (slowest rank per phase)")
     ax.legend(title="phase", **LEGEND)
     _caption(fig, "stacks: median of each phase; dot and whisker: median and min-max of the total over "
-             "restarts, where n > 1")
+             "restarts, where n > 1", gs)
     return fig
 
 
@@ -231,8 +233,115 @@ def step_seconds(groups: list[Group]) -> Figure | None:
     ax.set_ylabel("training step time, median per run (s)")
     ax.set_title("Training step time per engine")
     ax.legend(**LEGEND)
-    _caption(fig, CAPTION + " (over runs)")
+    _caption(fig, CAPTION + " (over runs)", gs)
     return fig
+
+
+def _stacked(groups: list[Group], columns: list[tuple[str, str]], ylabel: str, title: str, caption: str,
+             source=None) -> Figure | None:
+    """One stacked bar per configuration: each (column, name) a segment, its median over the group's rows."""
+    stat_of = source or (lambda g, c: g.stat(c))
+    gs = [g for g in groups if any(stat_of(g, c) for c, _ in columns)]
+    if not gs:
+        return None
+    fig, ax = _figure(len(gs), height=4.6)
+    bottoms = [0.0] * len(gs)
+    for i, (column, name) in enumerate(columns):
+        heights = [(stat_of(g, column) or Stat(0, 0, 0, 0)).median for g in gs]
+        if not any(heights):
+            continue
+        ax.bar(range(len(gs)), heights, bottom=bottoms, width=0.6, label=name, color=CATEGORY_COLORS.get(name, f"C{i}"))
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    ax.set_xticks(range(len(gs)), [g.tick for g in gs])
+    ax.set_xlim(-0.6, len(gs) - 0.4)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(title="where the time goes", **LEGEND)
+    _caption(fig, caption, gs)
+    return fig
+
+
+# Phases in light colours, what happens inside the load in strong ones, so the two never read as the same.
+PHASE_PALETTE = ("#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#f7b6d2", "#dbdb8d", "#9edae5", "#c49c94")
+CATEGORY_COLORS = {"read": "#1f77b4", "write": "#1f77b4", "deserialize": "#ff7f0e", "serialize": "#ff7f0e",
+                   "copy": "#2ca02c", "fsync": "#9467bd", "wait": "#d62728", "other": "#bbbbbb",
+                   "verify": "#8c564b", "launcher": "#dddddd"}
+
+
+def load_breakdown(groups: list[Group]) -> Figure | None:
+    """The restart's checkpoint load split into read, deserialize, copy, wait and other (slowest rank)."""
+    return _stacked(groups, [(f"load_{c}_seconds", c) for c in LOAD_CATEGORIES], "load time (s)",
+                    "Where checkpoint load time goes (slowest rank)",
+                    "stacks: median over restarts of the slowest rank's seconds per category (docs/anatomy.md)")
+
+
+def save_breakdown(groups: list[Group]) -> Figure | None:
+    """Saves split into serialize, write, fsync, wait and other (slowest rank; the blocking part for async)."""
+    return _stacked(groups, [(f"{c}_seconds", c) for c in SAVE_CATEGORIES], "save time (s)",
+                    "Where save time goes (slowest rank; async engines: the blocking part)",
+                    "stacks: median over every save of the slowest rank's seconds per category (docs/anatomy.md)",
+                    source=lambda g, c: g.save_stat(c))
+
+
+MAX_TIMELINES = 6
+
+
+def restart_timeline(groups: list[Group], phases: list[str]) -> Figure | None:
+    """One restart per configuration (its latest), every rank a row: the launcher, each phase, the verification,
+    and inside the checkpoint load what the rank's main thread did (read+deserialize, copy, wait)."""
+    shown = []
+    for g in groups:
+        rec = next((r for run in reversed(g.runs) for r in reversed(run.summary.get("restarts") or [])
+                    if isinstance(r, dict) and r.get("per_rank") and all("marks" in x for x in r["per_rank"])), None)
+        if rec:
+            shown.append((g, rec))
+    if not shown:
+        return None
+    shown = shown[:MAX_TIMELINES]
+    heights = [1.0 + 0.35 * len(rec["per_rank"]) for _, rec in shown]
+    fig = Figure(figsize=(11.0, 1.2 + sum(heights)), layout="constrained")
+    axes = fig.subplots(len(shown), 1, squeeze=False, height_ratios=heights)[:, 0]
+    marks_order = [("process_start", "imports_done", "imports"), ("imports_done", "dist_init_done", "dist_init"),
+                   ("dist_init_done", "model_built", "model_build"), ("model_built", "engine_initialized", "engine_init"),
+                   ("engine_initialized", "checkpoint_loaded", "checkpoint_load"),
+                   ("checkpoint_loaded", "first_step_done", "first_step")]
+    colors = {p: PHASE_PALETTE[i % len(PHASE_PALETTE)] for i, p in enumerate(phases)}
+    used: dict[str, object] = {}
+    for ax, (g, rec) in zip(axes, shown, strict=True):
+        ranks = sorted(rec["per_rank"], key=lambda r: r["rank"])
+        t0 = min(r["marks"]["process_start"] for r in ranks if "process_start" in r["marks"])
+        launch = rec.get("launch_start")
+        lb = rec.get("load_breakdown") or {}
+        for y, r in enumerate(ranks):
+            m = r["marks"]
+            if launch and "process_start" in m:
+                used["launcher"] = ax.barh(y, m["process_start"] - launch, left=launch - t0, height=0.5,
+                                           color=CATEGORY_COLORS["launcher"])
+            for a, b, name in marks_order:
+                if a in m and b in m:
+                    used[name] = ax.barh(y, m[b] - m[a], left=m[a] - t0, height=0.5, color=colors.get(name, "C9"))
+            if r.get("verify_seconds") and "checkpoint_loaded" in m:
+                used["verify"] = ax.barh(y, r["verify_seconds"], left=m["checkpoint_loaded"] - t0, height=0.5,
+                                         color=CATEGORY_COLORS["verify"], hatch="//")
+            start = (lb.get("starts") or {}).get(str(r["rank"]), (lb.get("starts") or {}).get(r["rank"]))
+            for cat, a, b in (lb.get("intervals") or {}).get(str(r["rank"]), []) or \
+                    (lb.get("intervals") or {}).get(r["rank"], []):
+                if start is not None:
+                    name = "load: engine.load (read + deserialize)" if cat == "deserialize" else f"load: {cat}"
+                    used[name] = ax.barh(y + 0.38, b - a, left=start + a - t0, height=0.22,
+                                         color=CATEGORY_COLORS.get(cat, "black"))
+        ax.set_yticks(range(len(ranks)), [f"rank {r['rank']}" for r in ranks], fontsize="small")
+        ax.set_ylim(len(ranks) - 0.4, -0.6)
+        ax.set_title(f"{g.full_label}: {rec.get('record')}", fontsize="medium", loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1].set_xlabel("seconds since the first rank's process start")
+    fig.legend(list(used.values()), [n.replace("_", " ") for n in used], loc="outside right upper", fontsize="small")
+    fig.suptitle("Restart timeline per rank (one restart per configuration)")
+    _caption(fig, "wide bars: each rank's phases between its own marks; thin bars: inside the checkpoint load, what "
+                  "the main thread did (docs/anatomy.md)" + (f"; first {MAX_TIMELINES} configurations"
+                                                              if len(groups) > MAX_TIMELINES else ""))
+    return fig
+
 
 
 def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | None]:
@@ -245,4 +354,7 @@ def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | No
         "restart_phases_seconds": restart_phases(groups, phases),
         "file_size_bytes": file_sizes(groups),
         "step_seconds": step_seconds(groups),
+        "load_breakdown_seconds": load_breakdown(groups),
+        "save_breakdown_seconds": save_breakdown(groups),
+        "restart_timeline_seconds": restart_timeline(groups, phases),
     }

@@ -8,7 +8,7 @@ import html
 from dataclasses import dataclass
 
 from analysis.load import Run, Skipped, SweepFailure
-from analysis.table import Group, Stat, get, num
+from analysis.table import LOAD_CATEGORIES, SAVE_CATEGORIES, Group, Stat, common_label, get, num
 
 MIB = 2**20
 
@@ -43,7 +43,8 @@ def _v(value: object, digits: int = 3, scale: float = 1.0) -> str:
 
 
 def configurations(groups: list[Group]) -> Table:
-    """One row per configuration: the headline figures, median [min-max] over its repeats."""
+    """One row per configuration: the headline figures, median [min-max] over its repeats. Labels name what tells
+    configurations apart; what they all share is in the note."""
     rows = []
     for g in groups:
         restarts = [r for r in g.rows if r.get("restart_record")]
@@ -56,7 +57,8 @@ def configurations(groups: list[Group]) -> Table:
     return Table("Configurations", ["configuration", "runs", "restarts", "checkpoint files", "checkpoint MiB",
                                     "save blocking s", "save durable s", "save durable MiB/s", "restart total s",
                                     "checkpoint load s", "verified"], rows,
-                 "median [min-max] (n) over repeats; save figures over every save of the configuration's runs")
+                 "median [min-max] (n) over repeats; save figures over every save of the configuration's runs"
+                 + (f"; every configuration: {common_label(groups)}" if common_label(groups) else ""))
 
 
 def phases_table(groups: list[Group], phases: list[str]) -> Table:
@@ -65,6 +67,64 @@ def phases_table(groups: list[Group], phases: list[str]) -> Table:
     rows = [[g.label] + [fmt(g.stat(c)) for c in cols] for g in groups if any(r.get("restart_record") for r in g.rows)]
     return Table("Restart phases (seconds, slowest rank)", ["configuration", "launch"] + phases + ["total"], rows,
                  "total: slowest rank's process start to first step done, launch not included")
+
+
+def _latest_restart(g: Group) -> dict | None:
+    return next((r for run in reversed(g.runs) for r in reversed(run.summary.get("restarts") or [])
+                 if isinstance(r, dict)), None)
+
+
+def anatomy_table(groups: list[Group]) -> Table | None:
+    """Load and save anatomy per configuration: seconds per category (slowest rank), medians over repeats."""
+    rows = []
+    for g in groups:
+        load = [fmt(g.stat(f"load_{c}_seconds")) for c in LOAD_CATEGORIES]
+        save = [fmt(g.save_stat(f"{c}_seconds")) for c in SAVE_CATEGORIES]
+        if set(load) | set(save) != {"-"}:
+            rows.append([g.label, fmt(g.stat("phase_checkpoint_load_seconds")), *load, *save])
+    if not rows:
+        return None
+    return Table("Where the time goes (slowest rank, seconds)",
+                 ["configuration", "checkpoint load", *(f"load {c}" for c in LOAD_CATEGORIES),
+                  *(f"save {c}" for c in SAVE_CATEGORIES)], rows,
+                 "load: the restart's checkpoint_load phase split by what the slowest rank's main thread did; save: "
+                 "each save split the same way (async engines: the blocking part); definitions in docs/anatomy.md")
+
+
+def stragglers_table(groups: list[Group]) -> Table | None:
+    """Per configuration (its latest restart) and phase: the slowest rank and its excess over the median rank."""
+    phases: list[str] = []
+    found = []
+    for g in groups:
+        rec = _latest_restart(g)
+        st = (rec or {}).get("stragglers") or {}
+        if st:
+            found.append((g, rec, st))
+            phases += [p for p in st if p not in phases]
+    if not found:
+        return None
+    rows = [[g.label, str(rec.get("record")), *(f"rank {st[p]['rank']} +{st[p]['excess_over_median_seconds']:.3f}"
+                                                 if p in st else "-" for p in phases)] for g, rec, st in found]
+    return Table("Slowest rank per restart phase", ["configuration", "restart", *phases], rows,
+                 "rank r +x: rank r took longest, x seconds more than the median rank (the latest restart of each "
+                 "configuration)")
+
+
+def memory_table(groups: list[Group]) -> Table | None:
+    """Host memory high-water mark per restart phase (largest over ranks), the latest restart of each."""
+    phases: list[str] = []
+    found = []
+    for g in groups:
+        mem = (_latest_restart(g) or {}).get("memory") or {}
+        if mem:
+            found.append((g, mem))
+            phases += [p for p in mem if p not in phases]
+    if not found:
+        return None
+    rows = [[g.label, *(f"{mem[p]['peak_rss_bytes_max'] / MIB:,.0f}" if p in mem else "-" for p in phases)]
+            for g, mem in found]
+    return Table("Restart memory per phase (MiB, peak RSS of the largest rank)", ["configuration", *phases], rows,
+                 "each rank's resident-memory high-water mark within the phase (VmHWM, reset at each phase)")
 
 
 def runs_table(table: list[dict]) -> Table:

@@ -65,7 +65,10 @@ def build(runs: list[ld.Run], skipped: list[ld.Skipped], failures: list[ld.Sweep
     phases = [p for p in tb.phase_names(runs) if any(r.get(f"phase_{p}_seconds") is not None for r in rows)]
     groups = tb.groups(runs, rows)
     figures = plots.all_figures(groups, phases)
-    tables = [render.configurations(groups), render.phases_table(groups, phases), render.runs_table(rows)]
+    tables = [render.configurations(groups), render.phases_table(groups, phases)]
+    tables += [t for t in (render.anatomy_table(groups), render.stragglers_table(groups), render.memory_table(groups))
+               if t]
+    tables.append(render.runs_table(rows))
     tables += [t for t in (render.baseline_table(rows), render.problems_table(skipped, runs, failures)) if t]
     return {"rows": rows, "saves": tb.save_rows(runs), "groups": groups, "figures": figures, "tables": tables}
 

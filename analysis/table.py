@@ -11,7 +11,17 @@ import statistics
 from dataclasses import dataclass, field
 
 from analysis.load import Run
-from restart_harness.results.schema import CONFIG_FIELDS, KINDS, PHASE_NAMES, PLACE_FIELDS, layout_label, model_label
+from restart_harness.results.schema import (
+    CONFIG_FIELDS,
+    KINDS,
+    LOAD_CATEGORIES,
+    PHASE_NAMES,
+    PLACE_FIELDS,
+    SAVE_CATEGORIES,
+    engine_label,
+    layout_label,
+    model_label,
+)
 
 # Restart phases in the schema's order; phases a newer harness adds follow, in first-seen order.
 KNOWN_PHASES = PHASE_NAMES
@@ -128,6 +138,16 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
     }
     for p in phases:
         row[f"phase_{p}_seconds"] = num(get(rec, "phases", p))
+    lb = rec.get("load_breakdown") or {}
+    for c in LOAD_CATEGORIES:
+        row[f"load_{c}_seconds"] = num(lb.get(f"{c}_seconds"))
+    row["load_slowest_rank"] = lb.get("slowest_rank")
+    row["load_read_bytes"] = sum(num(r.get("read_bytes")) or 0 for r in lb.get("per_rank", [])) or None
+    peaks = [num(v.get("peak_rss_bytes_max")) for v in (rec.get("memory") or {}).values() if isinstance(v, dict)]
+    row["restart_peak_rss_bytes"] = max((p for p in peaks if p is not None), default=None)
+    bd = save.get("breakdown") or {}
+    for c in SAVE_CATEGORIES:
+        row[f"save_{c}_seconds"] = num(bd.get(f"{c}_seconds"))
     row.update({
         "restart_verify_seconds": num(rec.get("verify_seconds")),
         "restart_verified": rec.get("verified") if rec else None,
@@ -169,6 +189,7 @@ def save_rows(runs: list[Run]) -> list[dict]:
                 "commit_seconds": num(s.get("commit_seconds")),
                 "throughput_blocking_mib_s": num(get(s, "throughput_mib_s", "blocking")),
                 "throughput_durable_mib_s": num(get(s, "throughput_mib_s", "durable")),
+                **{f"{c}_seconds": num(get(s, "breakdown", f"{c}_seconds")) for c in SAVE_CATEGORIES},
                 "run_dir": str(run.dir),
             })
     return out
@@ -217,13 +238,28 @@ class Group:
     layout: str
     engine: str
     extra: str
+    common: frozenset = frozenset()  # which of model, layout, engine every group of the report shares
     runs: list[Run] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)
     saves: list[dict] = field(default_factory=list)
 
     @property
     def label(self) -> str:
+        """What tells this configuration apart from the others it is shown with (set by groups())."""
+        parts = [x for name, x in (("model", self.model), ("layout", self.layout), ("engine", self.engine))
+                 if name not in self.common]
+        return " ".join(x for x in (*parts, self.extra) if x) or self.full_label
+
+    @property
+    def full_label(self) -> str:
         return " ".join(x for x in (self.model, self.layout, self.engine, self.extra) if x)
+
+    @property
+    def tick(self) -> str:
+        """label on several lines, for an axis."""
+        parts = [x for name, x in (("model", self.model), ("layout", self.layout), ("engine", self.engine))
+                 if name not in self.common]
+        return "\n".join(x for x in (*parts, self.extra) if x) or self.full_label
 
     def stat(self, column: str) -> Stat | None:
         return stat([r.get(column) for r in self.rows])
@@ -258,10 +294,45 @@ def groups(runs: list[Run], table: list[dict] | None = None, states: tuple[str, 
     for run, config in zip(chosen, configs, strict=True):
         key = tuple(sorted(config.items()))
         if key not in out:
-            extra = " ".join(f"{k.split('.')[-1]}={json.loads(config[k])}" for k in varying)
-            out[key] = Group(model_label(run.spec), layout_label(run.spec), str(run.spec["engine"]), extra)
+            out[key] = Group(model_label(run.spec), layout_label(run.spec), engine_label(run.spec),
+                             _extra(run.spec, config, varying, configs))
         g = out[key]
         g.runs.append(run)
         g.rows.extend(r for r in table if r["run_dir"] == str(run.dir))
         g.saves.extend(s for s in saves if s["run_dir"] == str(run.dir))
-    return list(out.values())
+    found = list(out.values())
+    common = frozenset(name for name in ("model", "layout", "engine")
+                       if len({getattr(g, name) for g in found}) == 1 and len(found) > 1)
+    for g in found:
+        g.common = common
+    return found
+
+
+def common_label(groups: list[Group]) -> str:
+    """What every configuration shown shares (for a caption): e.g. `tiny, tp1 pp1 dp2`."""
+    if not groups:
+        return ""
+    g = groups[0]
+    return ", ".join(getattr(g, name) for name in ("model", "layout", "engine") if name in g.common)
+
+
+def _extra(spec: dict, config: dict, varying: list[str], configs: list[dict]) -> str:
+    """The settings beyond model, layout and engine that differ between the configurations; engine options only
+    where the engine label does not show them; model shape fields only those that differ for one model."""
+    parts = []
+    for k in varying:
+        if len({c[k] for c in configs if c["model"] == config["model"]}) == 1 and k not in ("engine_options",):
+            continue  # the same for every configuration of this model: it follows from the model (seq_len, shape)
+        if k == "engine_options":  # engine_label shows the options switched on; others only where they differ
+            mine = json.loads(config[k]) or {}
+            same = [json.loads(c[k]) or {} for c in configs if c["engine"] == config["engine"]]
+            parts += [f"{f}={v}" for f, v in mine.items()
+                      if not isinstance(v, bool) and len({json.dumps(s.get(f)) for s in same}) > 1]
+            continue
+        if k == "shape":
+            same_model = [json.loads(c["shape"]) for c in configs if c["model"] == config["model"]]
+            mine = json.loads(config["shape"])
+            parts += [f"{f}={mine[f]}" for f in mine if len({json.dumps(s.get(f)) for s in same_model}) > 1]
+            continue
+        parts.append(f"{k.split('.')[-1]}={json.loads(config[k])}")
+    return " ".join(parts)

@@ -29,7 +29,6 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 CASES = [
     ("none", ["engine=none"]),

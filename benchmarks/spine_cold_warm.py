@@ -2,7 +2,7 @@
 """End-to-end wall time of `./submit-job.sh tiny` (checkpoint + restart), cold and warm, and the 8-rank layout.
 
 Method
-- cold: DeepSpeed's JIT-built op cache (.cache/torch_extensions) is moved aside first, so the run pays the
+- cold: DeepSpeed's JIT-built op cache (<user cache>/torch_extensions) is moved aside first, so the run pays the
   deepspeed_shm_comm build, as a first run on a fresh machine does (the Python environment is already installed).
 - warm: the cache is in place (a second run).
 - 8 ranks: `./submit-job.sh tiny tp=2 pp=2 dp=2`, warm; peak resident memory per rank from summary.json
@@ -24,8 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from restart_harness.storage.cache_dir import cache_dir
+
 REPO = Path(__file__).resolve().parent.parent
-CACHE = REPO / ".cache" / "torch_extensions"
+CACHE = cache_dir("torch_extensions")
 
 
 def timed(args: list[str], results: Path) -> tuple[float, Path]:

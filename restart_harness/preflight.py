@@ -56,10 +56,19 @@ def checkpoint_space(spec: RunSpec) -> None:
                          "give ckpt_dir= on a larger one, or fewer saves (iters, save_interval)")
 
 
+def tracer(spec: RunSpec) -> None:
+    from third_party.dftracer_compat import preload_library
+
+    if spec.trace and preload_library() is None:
+        raise UsageError("trace=true needs dftracer (the PyPI package), which this Python lacks: "
+                         "pip install 'restart-harness[trace]' (or dftracer==2.2.0), or trace=false")
+
+
 def run(spec: RunSpec) -> None:
     """A run (or one combination of a sweep): everything that can be checked before the run directory exists."""
     resolve_device(spec)
     engine(spec)
+    tracer(spec)
     launchers.check(spec)
     directory("results_dir", spec.results_dir)
     if spec.ckpt_dir:
@@ -79,6 +88,7 @@ def restart(request: RestartRequest) -> None:
         raise UsageError(f"run={run_dir}: still {status['state']} ({where}); restart it once it has finished")
     launchers.check(spec)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
     engine(spec)
+    tracer(spec)
     committed_checkpoint(run_dir, request.ckpt_root)
 
 

@@ -52,6 +52,8 @@ RUNS: dict[str, Case] = {
     "dcp-async-dp2": Case(f"tiny dp=2 engine=dcp async_save=true {ASYNC_SHORT}"),
     "dcp-tp2-pp2": Case(f"tiny tp=2 pp=2 engine=dcp {SHORT}"),
     "none-dp2": Case(f"tiny dp=2 engine=none {SHORT}"),
+    # observation: every POSIX I/O call traced with dftracer
+    "traced-tp2-dp2": Case(f"tiny tp=2 dp=2 trace=true {SHORT}"),
 }
 
 

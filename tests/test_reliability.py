@@ -58,17 +58,19 @@ def test_latest_names_only_the_last_complete_checkpoint(killed_mid_save):
 
 
 def test_full_disk_fails_cleanly_and_keeps_earlier_checkpoint(tmp_path):
+    """A 16 MiB tmpfs holds both planned saves (preflight passes); before step 4 rank 0 fills it, as another job
+    would, so the save of global_step4 meets a real ENOSPC from torch.save."""
     mount = tmp_path / "small"
     mount.mkdir()
     try:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mount)], check=True,
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)], check=True,
                        capture_output=True)
     except (subprocess.CalledProcessError, FileNotFoundError) as exc:
         pytest.skip(f"cannot mount a size-limited tmpfs here: {exc}")
     try:
         results = tmp_path / "results"
-        proc = run_with_fault(["tiny", "dp=2", "iters=4", "save_interval=2", "after=1", f"ckpt_dir={mount}"],
-                              results, None)
+        proc = run_with_fault(["tiny", "dp=2", "iters=4", "save_interval=2", "after=1", f"ckpt_dir={mount}",
+                               "baseline=false"], results, "fill@step:rank=0:step=4")
         assert proc.returncode == 1
         assert "No space left on device" in proc.stderr.strip().splitlines()[-1]
         run_dir = only_run(results)

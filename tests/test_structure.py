@@ -154,3 +154,10 @@ def test_ruff_clean():
     proc = subprocess.run([sys.executable, "-m", "ruff", "check", "--no-cache", str(REPO)], capture_output=True,
                           text=True, cwd=REPO, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+def test_docs_keys_page_is_generated_from_the_declarations():
+    from restart_harness.spec.help import markdown
+
+    assert (REPO / "docs" / "keys.md").read_text() == markdown(), \
+        "docs/keys.md is stale: python -m restart_harness.spec.help > docs/keys.md"

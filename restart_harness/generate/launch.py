@@ -93,9 +93,14 @@ def rank_command(spec: RunSpec, port: int, args: list[str]) -> list[str]:
     return COMMANDS[spec.launcher](spec, port, args)
 
 
-def launch_script(spec: RunSpec, phase: str, command: list[str], port: int | None = None) -> str:
-    """A self-contained bash script: re-running it by hand (inside the job, for slurm/pbs) repeats the launch."""
+def launch_script(spec: RunSpec, phase: str, command: list[str], port: int | None = None,
+                  observe: dict[str, str] | None = None) -> str:
+    """A self-contained bash script: re-running it by hand (inside the job, for slurm/pbs) repeats the launch.
+    `observe`: the I/O instrumentation's environment (launch/observe.py); its LD_PRELOAD keeps any existing one."""
     env = rank_environment(spec)
+    observe = dict(observe or {})
+    preload = observe.pop("LD_PRELOAD", None)
+    env.update(observe)
     lines = [
         "#!/usr/bin/env bash",
         f"# restart-harness {phase} launch ({spec.launcher}), generated; re-run by hand to repeat it.",
@@ -105,6 +110,8 @@ def launch_script(spec: RunSpec, phase: str, command: list[str], port: int | Non
     if spec.env_hook:
         lines.append(f"source {shlex.quote(spec.env_hook)}  # env_hook: modules, conda, ...")
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    if preload:
+        lines.append(f'export LD_PRELOAD={shlex.quote(preload)}"${{LD_PRELOAD:+ $LD_PRELOAD}}"')
     if spec.launcher in _RENDEZVOUS:
         lines += _RENDEZVOUS[spec.launcher]
         lines.append(f"export MASTER_ADDR MASTER_PORT={port}")

@@ -21,7 +21,7 @@ from restart_harness.errors import RunFailed
 from restart_harness.generate.batch import job_script
 from restart_harness.generate.ds_config import build_ds_config
 from restart_harness.generate.launch import launch_script, rank_command, worker_args
-from restart_harness.launch import host, launchers
+from restart_harness.launch import host, launchers, observe
 from restart_harness.results import finalize
 from restart_harness.spec.runspec import RunSpec
 from restart_harness.storage import baseline, pagecache
@@ -74,7 +74,8 @@ def allocate_record(run_dir: Path) -> str:
 def write_launch(spec: RunSpec, run_dir: Path, ckpt_root: Path, phase: str, record: str, port: int) -> Path:
     command = rank_command(spec, port, worker_args(run_dir, phase, record, ckpt_root))
     path = run_dir / f"launch-{record}.sh"
-    write_text_atomic(path, launch_script(spec, phase, command, port), mode=0o755)
+    env = observe.environment(spec, run_dir, record, ckpt_root)
+    write_text_atomic(path, launch_script(spec, phase, command, port, env), mode=0o755)
     return path
 
 

@@ -43,7 +43,7 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
         record = ev.read_record(run_dir, info["record"])
         tag = next((e["tag"] for evs in record.values() for e in evs if e["event"] == "loaded"), None)
         restarts.append(sm.restart(record, info["record"], info, info.get("cache"),
-                                   committed.get(tag, {}).get("bytes")))
+                                   committed.get(tag, {}).get("bytes"), str(ckpt_root), run_dir))
     tag = restarts[-1]["tag"] if restarts and restarts[-1]["tag"] else None
     if tag is None and (ckpt_root / "latest").is_file():
         tag = (ckpt_root / "latest").read_text().strip()

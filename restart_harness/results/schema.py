@@ -46,12 +46,20 @@ RESTART_PHASES = (
     ("first_step", "checkpoint_loaded", "first_step_done"),
 )
 PHASE_NAMES = tuple(name for name, _, _ in RESTART_PHASES)
+# Memory high-water marks are recorded per phase: the restart's phases, then the steps after the first; for the
+# checkpoint phase the same start-up phases, then training (saves included).
+MEMORY_PHASES_RESTART = (*RESTART_PHASES, ("training", "first_step_done", "finished"))
+MEMORY_PHASES_CHECKPOINT = (*RESTART_PHASES[:4], ("training", "engine_initialized", "finished"))
+
+# The anatomy of a load and of a save (restart_harness/worker/anatomy.py defines each category).
+LOAD_CATEGORIES = ("read", "deserialize", "copy", "wait", "other")
+SAVE_CATEGORIES = ("serialize", "write", "fsync", "wait", "other")
 
 # The spec fields that make two runs repeats of one configuration (seed, paths, ports and timeouts do not), and
 # where else a configuration can differ: another machine or another file system.
 CONFIG_FIELDS = ("model", "shape", "shrink", "precision", "tp", "pp", "dp", "nodes", "ranks_per_node", "engine",
                  "engine_options", "device", "launcher", "cache", "iters", "save_interval", "after", "micro_batch",
-                 "grad_accum", "seq_len")
+                 "grad_accum", "seq_len", "anatomy", "trace")
 PLACE_FIELDS = (("host", "hostname"), ("checkpoint_filesystem", "mount"), ("checkpoint_filesystem", "type"))
 
 

@@ -5,15 +5,27 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from restart_harness.results import anatomy, trace
 from restart_harness.results import events as ev
-from restart_harness.results.schema import MIB, RESTART_PHASES, SCHEMA_VERSION
+from restart_harness.results.schema import (
+    MEMORY_PHASES_CHECKPOINT,
+    MEMORY_PHASES_RESTART,
+    MIB,
+    PHASE_NAMES,
+    RESTART_PHASES,
+    SCHEMA_VERSION,
+)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
 
 
 def mib_s(nbytes: int, seconds: float) -> float | None:
     return round(nbytes / MIB / seconds, 3) if seconds > 0 else None
 
 
-def saves(record: dict[int, list[dict]], committed: dict[str, dict]) -> list[dict]:
+def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str | None = None) -> list[dict]:
     """Per save: the slowest rank's seconds; bytes and files of the whole tag directory."""
     by_tag: dict[str, list[dict]] = {}
     for rank, evs in sorted(ev.of_kind(record, "save").items()):
@@ -41,6 +53,7 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict]) -> list[dic
                  "durable_seconds": round(r["durable_seconds"], 6), "files": len(r["files"]), "bytes": r["bytes"]}
                 for r in per_rank
             ],
+            "breakdown": anatomy.save(per_rank, root),
         })
     return out
 
@@ -51,6 +64,7 @@ def training(record: dict[int, list[dict]]) -> dict:
     rss = [e["max_rss_bytes"] for evs in ev.of_kind(record, "done").values() for e in evs if "max_rss_bytes" in e]
     return {
         "max_rss_bytes_per_rank": max(rss) if rss else None,
+        "memory": anatomy.memory(record, MEMORY_PHASES_CHECKPOINT),
         "steps": len(steps),
         "step_seconds_median": round(statistics.median(seconds), 6) if seconds else None,
         "losses": [round(s["loss"], 6) for s in steps],
@@ -70,7 +84,7 @@ def _overlap(steps: list[dict]) -> dict:
 
 
 def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict | None,
-            load_bytes: int | None) -> dict:
+            load_bytes: int | None, root: str | None = None, run_dir: Path | None = None) -> dict:
     """Phases as the slowest rank's seconds; the verification digest is timed apart and excluded."""
     per_rank = []
     for rank, evs in sorted(record.items()):
@@ -86,7 +100,8 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         loaded = next((e for e in evs if e["event"] == "loaded"), None)
         done = next((e for e in evs if e["event"] == "done"), {})
         per_rank.append({
-            "rank": rank, "phases": phases, "max_rss_bytes": done.get("max_rss_bytes"), "total_seconds": total, "verify": verify,
+            "rank": rank, "phases": phases, "marks": m, "max_rss_bytes": done.get("max_rss_bytes"),
+            "total_seconds": total, "verify": verify,
             "process_start": m.get("process_start"), "tag": loaded["tag"] if loaded else None,
             "load_seconds": sum(f["seconds"] for f in loaded["files"]) if loaded else None,
         })
@@ -101,6 +116,7 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
     differing = sorted({f"rank {r['rank']}: {d}" for r in per_rank if r["verify"] for d in r["verify"]["differing"]})
     starts = [r["process_start"] for r in per_rank if r["process_start"]]
     load_s = [r["load_seconds"] for r in per_rank if r["load_seconds"] is not None]
+    measured = {r["rank"]: r["phases"]["checkpoint_load"] for r in per_rank if "checkpoint_load" in r["phases"]}
     return {
         "record": name,
         "tag": next((r["tag"] for r in per_rank if r["tag"]), None),
@@ -119,13 +135,21 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         "load_throughput_mib_s": mib_s(load_bytes, max(load_s)) if load_bytes and load_s else None,
         "exit_code": launch.get("exit_code"),
         "errors": ev.errors(record),
+        "load_breakdown": anatomy.load(record, measured, root),
+        "memory": anatomy.memory(record, MEMORY_PHASES_RESTART),
+        "stragglers": anatomy.stragglers(per_rank, PHASE_NAMES),
+        "trace": trace.summarize(run_dir / "traces" / name, record, list(MEMORY_PHASES_RESTART)) if run_dir else None,
+        "per_rank": [{"rank": r["rank"], "marks": r["marks"], "verify_seconds": _round(r["verify"]["seconds"])
+                      if r["verify"] else None, "phases": {k: round(v, 6) for k, v in r["phases"].items()}}
+                     for r in per_rank],
+        "launch_start": launch.get("start"),
     }
 
 
 def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict | None,
           restarts: list[dict]) -> dict:
     checkpoint_record = ev.read_record(run_dir, "checkpoint")
-    save_list = saves(checkpoint_record, ckpt.get("committed", {}))
+    save_list = saves(checkpoint_record, ckpt.get("committed", {}), ckpt.get("root"))
     last = save_list[-1] if save_list else None
     loaded_tag = restarts[-1]["tag"] if restarts and restarts[-1]["tag"] else (last or {}).get("tag")
     loaded = next((s for s in save_list if s["tag"] == loaded_tag), last)
@@ -142,6 +166,7 @@ def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict |
         } if by_rank else None,
         "saves": save_list,
         "throughput_mib_s": loaded["throughput_mib_s"] if loaded else None,
+        "trace": trace.summarize(run_dir / "traces" / "checkpoint", checkpoint_record, list(MEMORY_PHASES_CHECKPOINT)),
     }
     return {
         "schema_version": SCHEMA_VERSION,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-MIB = 1024 * 1024
+from restart_harness.results.schema import LOAD_CATEGORIES, MIB, SAVE_CATEGORIES
 
 
 def _s(value: float | None) -> str:
@@ -41,11 +41,24 @@ def render(summary: dict) -> str:
                          f"blocking {_s(save['blocking_seconds'])} ({t['blocking'] or 0:,.1f} MiB/s), "
                          f"durable {_s(save['durable_seconds'])} ({t['durable'] or 0:,.1f} MiB/s)"
                          + (f", async: committed {_s(save['commit_seconds'])}" if save.get("async") else "")))
+        bd = (ck["saves"][-1] if ck["saves"] else {}).get("breakdown")
+        if bd:
+            parts = "  ".join(f"{c} {bd[f'{c}_seconds']:.3f}" if bd[f"{c}_seconds"] is not None else f"{c} -"
+                              for c in SAVE_CATEGORIES)
+            rows.append(("save anatomy", f"{parts}  (s, {ck['saves'][-1]['tag']}, slowest rank {bd['slowest_rank']})"))
     if rs:
         c = rs["cache"] or {}
         rows.append(("restart", f"{_s(rs['total_seconds'])} process start -> first step done "
                                 f"(+{_s(rs['launch_seconds'])} launcher); cache {c.get('observed', '-')}"))
         rows.append(("phases", "  ".join(f"{k} {v:.2f}" for k, v in rs["phases"].items())))
+        lb = rs.get("load_breakdown")
+        if lb:
+            parts = "  ".join(f"{c} {lb[f'{c}_seconds']:.3f}" if lb[f"{c}_seconds"] is not None else f"{c} -"
+                              for c in LOAD_CATEGORIES)
+            rows.append(("load anatomy", f"{parts}  (s, slowest rank {lb['slowest_rank']})"))
+        peak = max(((v["peak_rss_bytes_max"], k) for k, v in (rs.get("memory") or {}).items()), default=None)
+        if peak:
+            rows.append(("memory", f"restart peak RSS {peak[0] / MIB:,.0f} MiB per rank, in {peak[1]}"))
         verdict = "yes" if rs["verified"] else "NO: " + ", ".join(rs["differing"][:3])
         rows.append(("verified", f"{verdict} ({rs['ranks']} ranks, {rs['verified_tensors']} tensors)"))
     base, eff = summary.get("baseline") or {}, ck.get("efficiency") or {}

@@ -45,3 +45,42 @@ def usage() -> str:
         lines.append(f"  {name}: {cls.description}")
         lines += [f"      {describe(k)}" for k in keys_of(cls.Options).values()]
     return "\n".join(lines)
+
+
+def markdown() -> str:
+    """docs/keys.md: the same declarations as tables (tests/test_structure.py keeps the file equal to this)."""
+    from engines import registry
+
+    def table(keys: list) -> list[str]:
+        rows = ["| key | type | default | unit | meaning |", "|---|---|---|---|---|"]
+        for k in keys:
+            default = ("from MODEL" if k.group == "model" else "required") if k.required else (
+                "none" if k.default is None else str(k.default).lower() if isinstance(k.default, bool) else k.default)
+            kind = k.type_name.replace("|", r"\|") + (" (" + r" \| ".join(k.choices) + ")" if k.choices else "")
+            flags = [f for f, on in (("restart", k.restart), ("no sweep list", not k.sweep)) if on]
+            extra = f" *[{', '.join(flags)}]*" if flags else ""
+            rows.append(f"| `{k.name}` | {kind} | `{default}` | {k.unit or ''} | {k.help}{extra} |")
+        return rows + [""]
+
+    lines = ["# Every key", "",
+             ("Generated from the declarations (`python -m restart_harness.spec.help > docs/keys.md`); the parser, "
+             "`--help` and this page read the same ones. *restart*: a restart-only re-run may set it; *no sweep "
+             "list*: one value per sweep."), ""]
+    run = run_keys()
+    for group in GROUPS:
+        keys = [k for k in run.values() if k.group == group] + (list(shape_keys().values()) if group == "model" else [])
+        if keys:
+            lines += [f"## {group}", "", *table(keys)]
+    for title, options in (("plan (`./submit-job.sh plan ...`)", PlanOptions),
+                           ("baseline (`./submit-job.sh baseline ...`)", BaselineOptions),
+                           ("restart (`./submit-job.sh restart ...`)", RestartOptions)):
+        lines += [f"## {title}", "", *table(list(keys_of(options).values()))]
+    lines += ["## engine options", ""]
+    for name, cls in registry.all_engines().items():
+        keys = list(keys_of(cls.Options).values())
+        lines += [f"### `engine={name}`", "", cls.description, ""] + (table(keys) if keys else [])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")

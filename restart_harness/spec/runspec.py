@@ -59,6 +59,11 @@ class RunSpec:
                      restart=True)
     baseline: bool = key(True, "measure the checkpoint file system once (cached) and report save/load efficiency",
                          group="checkpoint")
+    # observe
+    anatomy: bool = key(True, "split each load and save into read/write, (de)serialization, copies, waiting (I/O "
+                              "counters preloaded into every rank; docs/anatomy.md)", group="observe", restart=True)
+    trace: bool = key(False, "record every POSIX I/O call on the checkpoint with dftracer; raw traces in "
+                             "traces/<record>/, summarized per phase", group="observe", restart=True)
     # launch
     device: str = key("auto", "auto = cuda when NVIDIA devices are present, else cpu (DeepSpeed over gloo)",
                        group="launch", choices=("auto", "cpu", "cuda"))

@@ -15,8 +15,10 @@ import threading
 import time
 from pathlib import Path
 
+from restart_harness.iocount import delta
 from restart_harness.storage.atomic import files_under, fsync_paths
 from restart_harness.worker import checkpointing
+from restart_harness.worker.anatomy import SAVE_CATEGORIES
 
 
 class _Pending:
@@ -25,6 +27,8 @@ class _Pending:
     def __init__(self, tag: str, step: int, wall_start: float, start: float, blocking: float, saved: list):
         self.tag, self.step, self.wall_start, self.start, self.blocking = tag, step, wall_start, start, blocking
         self.saved = saved
+        self.anatomy: dict | None = None  # the blocking part's breakdown (worker/anatomy.py)
+        self.flush: dict | None = None  # the background part: seconds, and write/fsync busy seconds in it
         self.durable_at: float | None = None
         self.error: Exception | None = None
         self.in_flight_steps = 0
@@ -55,11 +59,15 @@ class Saver:
         rec.committed.clear()
         rec.step = step
         wall_start, start = time.time(), time.perf_counter()
-        try:
-            self.ds_engine.save_checkpoint(str(self.ckpt_root), tag=tag, client_state=client_state, save_latest=False)
-        except Exception as exc:
-            raise checkpointing._explain_save_failure(exc, self.ckpt_root, tag) from exc
+        with rec.anatomy.measure(SAVE_CATEGORIES) as window:
+            try:
+                self.ds_engine.save_checkpoint(str(self.ckpt_root), tag=tag, client_state=client_state,
+                                               save_latest=False)
+            except Exception as exc:
+                raise checkpointing._explain_save_failure(exc, self.ckpt_root, tag) from exc
+            blocking_record = window.close()
         pending = _Pending(tag, step, wall_start, start, time.perf_counter() - start, list(rec.saved))
+        pending.anatomy = blocking_record
         pending.thread = threading.Thread(target=self._wait, args=(pending,), name=f"durable-{tag}", daemon=True)
         pending.thread.start()
         self.pending = pending
@@ -67,6 +75,8 @@ class Saver:
 
     def _wait(self, pending: _Pending) -> None:
         """Waiter thread: engine flush finished, then fsync; never a collective (the main thread owns those)."""
+        counters = self.recorder.anatomy.counters
+        before, begun = counters.totals(), time.perf_counter()
         try:
             if self.decoupled and not self._waits_itself():
                 self.recorder.committed.wait()  # DeepSpeed's commit in engine.step() (its decoupled writer)
@@ -75,6 +85,11 @@ class Saver:
             files = [f for path, _ in pending.saved for f in files_under(Path(path))]
             fsync_paths(files)
             pending.durable_at = time.perf_counter()
+            io = delta(counters.totals(), before)
+            pending.flush = {"seconds": round(pending.durable_at - begun, 6),
+                             "write_busy_seconds": round(io["write"]["busy_seconds"], 6) if io else None,
+                             "fsync_busy_seconds": round(io["sync"]["busy_seconds"], 6) if io else None,
+                             "io": io}
         except Exception as exc:  # noqa: BLE001 - any failure is re-raised in the main thread by _commit
             pending.error = exc
 
@@ -116,7 +131,7 @@ class Saver:
         p.thread.join()
         if p.error is not None:
             raise checkpointing._explain_save_failure(p.error, self.ckpt_root, p.tag) from p.error
-        checkpointing.commit_latest(self.ckpt_root, p.tag, self.rank, self.barrier)
+        checkpointing.commit_latest(self.ckpt_root, p.tag, self.rank, self.barrier, self.recorder.anatomy)
         committed = time.perf_counter() - p.start
         files = checkpointing.file_records(p.saved, self.ckpt_root / p.tag)
         return {
@@ -130,4 +145,6 @@ class Saver:
             "bytes": sum(f["bytes"] for f in files),
             "async": True,
             "in_flight_steps": p.in_flight_steps,
+            "anatomy": p.anatomy,
+            "flush": p.flush,
         }

@@ -30,13 +30,16 @@ from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngi
 
 from restart_harness.storage.atomic import files_under, fsync_paths, write_text_atomic
 from restart_harness.worker import faults
+from restart_harness.worker.anatomy import SAVE_CATEGORIES, Anatomy
 
 
 class RecordingEngine(CheckpointEngine):
-    """Delegates to the real CheckpointEngine; records path and seconds of every save and load call."""
+    """Delegates to the real CheckpointEngine; records path and seconds of every save and load call, and attributes
+    them to the anatomy's serialize/write/fsync (save) and read/deserialize (load) categories."""
 
-    def __init__(self, inner: CheckpointEngine):
+    def __init__(self, inner: CheckpointEngine, anatomy: Anatomy):
         self.inner = inner
+        self.anatomy = anatomy
         self.name = f"Recording({getattr(inner, 'name', type(inner).__name__)})"
         self.saved: list[tuple[str, float]] = []
         self.loaded: list[tuple[str, float]] = []
@@ -48,14 +51,16 @@ class RecordingEngine(CheckpointEngine):
 
     def save(self, state_dict, path: str):
         start = time.perf_counter()
-        result = self.inner.save(state_dict, path)
+        with self.anatomy.region("serialize", io=("write", "sync")):
+            result = self.inner.save(state_dict, path)
         self.saved.append((path, time.perf_counter() - start))
         faults.hit("save", int(os.environ.get("RANK", "0")), self.step)
         return result
 
     def load(self, path: str, map_location=None):
         start = time.perf_counter()
-        result = self.inner.load(path, map_location=map_location)
+        with self.anatomy.region("deserialize", io=("read",)):
+            result = self.inner.load(path, map_location=map_location)
         self.loaded.append((path, time.perf_counter() - start))
         return result
 
@@ -89,34 +94,43 @@ class RecordingEngine(CheckpointEngine):
         return getattr(self.__dict__["inner"], name)
 
 
-def install(ds_engine, plugin) -> RecordingEngine:
-    """Install the plug-in's CheckpointEngine (if it brings one) and wrap it for recording."""
+def install(ds_engine, plugin, anatomy: Anatomy) -> RecordingEngine:
+    """Install the plug-in's CheckpointEngine (if it brings one) and wrap it for recording; hook the copies into
+    the engine's state and DeepSpeed's collectives into the anatomy."""
     replacement = plugin.checkpoint_engine(ds_engine)
     if replacement is not None:
         ds_engine.checkpoint_engine = replacement
-    recorder = RecordingEngine(ds_engine.checkpoint_engine)
+    recorder = RecordingEngine(ds_engine.checkpoint_engine, anatomy)
     ds_engine.checkpoint_engine = recorder
+    anatomy.wrap(ds_engine, "load_module_state_dict", "copy")
+    if ds_engine.optimizer is not None:
+        anatomy.wrap(ds_engine.optimizer, "load_state_dict", "copy")
+    anatomy.hook_collectives()
     return recorder
 
 
 def save(ds_engine, recorder: RecordingEngine, plugin, ckpt_root: Path, tag: str, client_state: dict,
          rank: int, barrier) -> dict:
     """One checkpoint, durable and committed; returns this rank's save record (seconds, files, bytes)."""
+    anatomy = recorder.anatomy
     recorder.saved.clear()
     recorder.step = client_state.get("harness_step")
     wall_start = time.time()
     start = time.perf_counter()
-    try:
-        ds_engine.save_checkpoint(str(ckpt_root), tag=tag, client_state=client_state, save_latest=False)
-    except Exception as exc:
-        raise _explain_save_failure(exc, ckpt_root, tag) from exc
-    blocking = time.perf_counter() - start
-    plugin.wait_durable(recorder.inner)
-    mine = [f for path, _ in recorder.saved for f in files_under(Path(path))]
-    fsync_paths(mine)
-    durable = time.perf_counter() - start
-    commit_latest(ckpt_root, tag, rank, barrier)
-    committed = time.perf_counter() - start
+    with anatomy.measure(SAVE_CATEGORIES) as window:
+        try:
+            ds_engine.save_checkpoint(str(ckpt_root), tag=tag, client_state=client_state, save_latest=False)
+        except Exception as exc:
+            raise _explain_save_failure(exc, ckpt_root, tag) from exc
+        blocking = time.perf_counter() - start
+        with anatomy.region("fsync"):
+            plugin.wait_durable(recorder.inner)
+            mine = [f for path, _ in recorder.saved for f in files_under(Path(path))]
+            fsync_paths(mine)
+        durable = time.perf_counter() - start
+        commit_latest(ckpt_root, tag, rank, barrier, anatomy)
+        committed = time.perf_counter() - start
+        record = window.close()
     files = file_records(recorder.saved, ckpt_root / tag)
     return {
         "tag": tag,
@@ -126,16 +140,20 @@ def save(ds_engine, recorder: RecordingEngine, plugin, ckpt_root: Path, tag: str
         "commit_seconds": committed,
         "files": files,
         "bytes": sum(f["bytes"] for f in files),
+        "anatomy": record,
     }
 
 
-def commit_latest(ckpt_root: Path, tag: str, rank: int, barrier) -> None:
+def commit_latest(ckpt_root: Path, tag: str, rank: int, barrier, anatomy: Anatomy) -> None:
     """Every rank calls this once its files are durable: barrier, then rank 0 atomically points `latest` at tag."""
-    barrier()
+    with anatomy.region("wait"):
+        barrier()
     if rank == 0:
-        fsync_paths(files_under(ckpt_root / tag))  # files DeepSpeed writes outside the engine (recovery scripts)
+        with anatomy.region("fsync"):
+            fsync_paths(files_under(ckpt_root / tag))  # files DeepSpeed writes outside the engine (recovery scripts)
         write_text_atomic(ckpt_root / "latest", tag)
-    barrier()
+    with anatomy.region("wait"):
+        barrier()
 
 
 def file_records(saved: list[tuple[str, float]], tag_dir: Path) -> list[dict]:

@@ -9,9 +9,11 @@ from pathlib import Path
 
 
 class EventLog:
-    def __init__(self, path: Path, rank: int):
+    def __init__(self, path: Path, rank: int, peak_memory=None):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
+        # () -> {name: bytes}: memory high-water marks since the previous call (worker/main.py); None: not recorded
+        self.peak_memory = peak_memory
         # Kept open for the life of the rank, line-buffered: the launcher follows progress live.
         self._file = open(path, "a", buffering=1)  # noqa: SIM115
 
@@ -20,8 +22,10 @@ class EventLog:
         self._file.write(json.dumps(record, sort_keys=False) + "\n")
 
     def mark(self, name: str, t: float | None = None) -> None:
-        """A restart/startup milestone: process_start, imports_done, dist_init_done, ..."""
-        self.emit("mark", t=t, name=name)
+        """A milestone (process_start, imports_done, dist_init_done, ...), with the memory high-water marks of the
+        phase it ends (since the previous mark)."""
+        memory = self.peak_memory() if self.peak_memory else {}
+        self.emit("mark", t=t, name=name, **memory)
 
     def close(self) -> None:
         self._file.flush()

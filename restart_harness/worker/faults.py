@@ -3,6 +3,8 @@
     kill@save   SIGKILL this rank inside the checkpoint engine's save, after its first file is written
     hang@step   sleep forever before training step S (exercises the launch timeout)
     enospc@save raise OSError(ENOSPC) from the engine's save (a full disk without a small filesystem)
+    fill@step   before step S, fill the checkpoint's file system with a filler file until it is full (as another
+                job would), so the next save meets a real ENOSPC
 
 Unset in normal runs; the harness never sets it itself.
 """
@@ -31,8 +33,8 @@ def _parse() -> dict | None:
 FAULT = _parse()
 
 
-def hit(point: str, rank: int, step: int | None = None) -> None:
-    """Trigger the configured fault if it targets this point, rank and step."""
+def hit(point: str, rank: int, step: int | None = None, where: str | None = None) -> None:
+    """Trigger the configured fault if it targets this point, rank and step (`where`: the checkpoint root)."""
     f = FAULT
     if not f or f["point"] != point or f.get("rank", rank) != rank:
         return
@@ -45,3 +47,23 @@ def hit(point: str, rank: int, step: int | None = None) -> None:
             time.sleep(3600)
     elif f["action"] == "enospc":
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    elif f["action"] == "fill" and where:
+        _fill(os.path.join(where, ".filler"))
+
+
+def _fill(path: str) -> None:
+    block = b"\xff" * (1 << 20)
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(block)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+        for size in (1 << 16, 1 << 12, 1):  # the last partial blocks too: nothing may be left
+            try:
+                while True:
+                    f.write(block[:size])
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise

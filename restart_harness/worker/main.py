@@ -20,6 +20,7 @@ from engines import registry
 from restart_harness.spec.runspec import RunSpec
 from restart_harness.storage.atomic import read_json, write_json_atomic
 from restart_harness.worker import async_save, checkpointing, digest, faults
+from restart_harness.worker.anatomy import LOAD_CATEGORIES, Anatomy, peak_rss_bytes_since_last
 from restart_harness.worker.data import step_batches
 from restart_harness.worker.events import EventLog
 from restart_harness.worker.model import LlamaForCausalLM, pipeline_module
@@ -39,7 +40,8 @@ def parse(argv=None) -> argparse.Namespace:
 def main(process_start: float, argv=None) -> int:
     args = parse(argv)
     rank = int(os.environ.get("RANK", "0"))
-    log = EventLog(args.run_dir / "events" / args.record / f"rank-{rank:05d}.jsonl", rank)
+    log = EventLog(args.run_dir / "events" / args.record / f"rank-{rank:05d}.jsonl", rank, _peak_memory)
+    log.emit("process", pid=os.getpid())
     log.mark("process_start", t=process_start)
     log.mark("imports_done")
     try:
@@ -73,17 +75,22 @@ def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
     params = [p for p in model.parameters() if p.requires_grad]
     mpu = None if spec.pp > 1 else grid
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=ds_config, mpu=mpu)
-    recorder = checkpointing.install(engine, plugin)
-    log.mark("engine_initialized")
+    anatomy = Anatomy(device.type, enabled=spec.anatomy)
+    anatomy.add_prefix(args.ckpt_root)
+    recorder = checkpointing.install(engine, plugin, anatomy)
     log.emit("layout", dp_rank=grid.get_data_parallel_rank(), tp_rank=tp.rank,
              pp_rank=grid.get_pipe_parallel_rank(), device=str(device),
              local_parameters=sum(p.numel() for p in params))
+    log.mark("engine_initialized")
 
     first, last = 1, spec.iters
     if args.phase == "restart":
-        tag, client_state = checkpointing.load(engine, args.ckpt_root)
+        with anatomy.measure(LOAD_CATEGORIES) as window:
+            tag, client_state = checkpointing.load(engine, args.ckpt_root)
+            breakdown = window.close()
         log.mark("checkpoint_loaded")
         log.emit("loaded", tag=tag, files=[{"path": p, "seconds": s} for p, s in recorder.loaded])
+        log.emit("load_anatomy", **breakdown)
         _verify(args.run_dir, tag, engine, rank, log)
         first = int(client_state["harness_step"]) + 1
         last = first + spec.after - 1
@@ -92,7 +99,7 @@ def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
     saver = async_save.Saver(engine, recorder, plugin, args.ckpt_root, rank, dist.barrier,
                              lambda flag: _all_true(flag, device))
     for step in range(first, last + 1):
-        faults.hit("step", rank, step)
+        faults.hit("step", rank, step, where=str(args.ckpt_root))
         start = time.perf_counter()
         loss = _train_step(engine, spec, step, grid.get_data_parallel_rank(), device)
         seconds = time.perf_counter() - start
@@ -105,6 +112,16 @@ def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
             _save(args, engine, saver, step, rank, log)
     _emit_save(log, saver.finish())
     dist.barrier()
+    log.mark("finished")
+
+
+def _peak_memory() -> dict:
+    """The phase's memory high-water marks (host RSS; allocated device memory on CUDA), reset for the next one."""
+    out = {"peak_rss_bytes": peak_rss_bytes_since_last()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["peak_device_bytes"] = torch.cuda.max_memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    return out
 
 
 def _all_true(flag: bool, device: torch.device) -> bool:

@@ -1,0 +1,153 @@
+"""Per-process counters of the I/O done on the checkpoint's files (rhio.c, loaded with LD_PRELOAD into each rank):
+calls, bytes, request sizes, seconds inside the calls and the wall time during which any such call was in flight.
+
+The library is compiled once per machine into the user cache directory (`cc`, a few hundred milliseconds) by the
+harness before it launches ranks; a machine without a C compiler runs without it, and the anatomy then reports no
+read/write split (documented in docs/anatomy.md). Python reads the counters of its own process through ctypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from restart_harness.storage.cache_dir import cache_dir
+
+SOURCE = Path(__file__).with_name("rhio.c")
+CLASSES = ("read", "write", "sync")
+HIST_BUCKETS = 24  # bucket b: requests of [2^(b+9), 2^(b+10)) bytes; 0 is < 1 KiB, the last >= 4 GiB
+PATH_MAX = 4096
+ENV_PREFIXES = "RH_IO_PREFIXES"
+ENV_FOPEN_VIA_OPEN = "RH_IO_FOPEN_VIA_OPEN"
+
+
+class _Totals(ctypes.Structure):
+    _fields_ = [("calls", ctypes.c_uint64 * 3), ("bytes", ctypes.c_uint64 * 3), ("ns", ctypes.c_uint64 * 3),
+                ("busy_ns", ctypes.c_uint64 * 3), ("opens", ctypes.c_uint64), ("files", ctypes.c_uint64)]
+
+
+class _File(ctypes.Structure):
+    _fields_ = [("path", ctypes.c_char * PATH_MAX), ("opens", ctypes.c_uint64), ("calls", ctypes.c_uint64 * 3),
+                ("bytes", ctypes.c_uint64 * 3), ("ns", ctypes.c_uint64 * 3),
+                ("hist", (ctypes.c_uint64 * HIST_BUCKETS) * 2)]
+
+
+def bucket_label(b: int) -> str:
+    """Request sizes counted in bucket b, e.g. `4M-8M`."""
+    def size(n: int) -> str:
+        for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+            if n >= scale:
+                return f"{n // scale}{unit}"
+        return str(n)
+
+    if b == 0:
+        return "<1K"
+    if b == HIST_BUCKETS - 1:
+        return f">={size(1 << (b + 9))}"
+    return f"{size(1 << (b + 9))}-{size(1 << (b + 10))}"
+
+
+def library_path() -> Path:
+    """Where this machine's build of rhio.c lives (named by the source's hash: an edit rebuilds it)."""
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    return cache_dir("iocount") / f"librhio-{platform.machine()}-{digest}.so"
+
+
+def build() -> Path | None:
+    """The compiled library (compiling it first if needed), or None where no C compiler is available."""
+    target = library_path()
+    if target.is_file():
+        return target
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".librhio-", suffix=".so")
+    os.close(fd)
+    try:
+        proc = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-Wall", "-o", tmp, str(SOURCE), "-ldl",
+                               "-lpthread"], capture_output=True, text=True, timeout=120, check=False)
+        if proc.returncode != 0:
+            raise OSError(f"{compiler} failed on {SOURCE}: {proc.stderr.strip()[-500:]}")
+        os.replace(tmp, target)  # atomic: concurrent builders leave one whole library
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+class Counters:
+    """This process's counters, when rhio is preloaded into it (else `available` is False)."""
+
+    def __init__(self):
+        lib = ctypes.CDLL(None)
+        self.available = hasattr(lib, "rh_io_version")
+        if self.available:
+            self._lib = lib
+            lib.rh_io_totals.argtypes = [ctypes.POINTER(_Totals)]
+            lib.rh_io_file.argtypes = [ctypes.c_int, ctypes.POINTER(_File)]
+            lib.rh_io_add_prefix.argtypes = [ctypes.c_char_p]
+
+    def add_prefix(self, path: Path) -> None:
+        if self.available:
+            self._lib.rh_io_add_prefix(str(Path(path).resolve()).encode())
+
+    def totals(self) -> dict | None:
+        """Per class (read, write, sync): calls, bytes, seconds summed over calls, and wall seconds during which
+        at least one call of the class was in flight (busy); opens and distinct files."""
+        if not self.available:
+            return None
+        t = _Totals()
+        self._lib.rh_io_totals(ctypes.byref(t))
+        out = {c: {"calls": t.calls[i], "bytes": t.bytes[i], "seconds": t.ns[i] / 1e9, "busy_seconds": t.busy_ns[i] / 1e9}
+               for i, c in enumerate(CLASSES)}
+        out.update(opens=t.opens, files=t.files)
+        return out
+
+    def files(self) -> dict[str, dict]:
+        """path -> per class calls, bytes, seconds, and the read and write request-size histograms."""
+        if not self.available:
+            return {}
+        out = {}
+        f = _File()
+        for i in range(self._lib.rh_io_nfiles()):
+            if self._lib.rh_io_file(i, ctypes.byref(f)) != 0:
+                continue
+            record = {c: {"calls": f.calls[k], "bytes": f.bytes[k], "seconds": f.ns[k] / 1e9}
+                      for k, c in enumerate(CLASSES)}
+            record["opens"] = f.opens
+            record["read"]["sizes"] = list(f.hist[0])
+            record["write"]["sizes"] = list(f.hist[1])
+            out[f.path.decode()] = record
+        return out
+
+
+def delta(after: dict | None, before: dict | None) -> dict | None:
+    """totals() difference (after - before), class by class."""
+    if after is None or before is None:
+        return None
+    out = {c: {k: after[c][k] - before[c][k] for k in after[c]} for c in CLASSES}
+    out.update(opens=after["opens"] - before["opens"], files=after["files"] - before["files"])
+    return out
+
+
+def file_delta(after: dict[str, dict], before: dict[str, dict]) -> dict[str, dict]:
+    """files() difference, keeping only files with I/O in between."""
+    out = {}
+    for path, rec in after.items():
+        prev = before.get(path)
+        d = {}
+        for c in CLASSES:
+            d[c] = {k: (rec[c][k] - prev[c][k] if prev else rec[c][k]) if k != "sizes"
+                    else [a - b for a, b in zip(rec[c][k], prev[c][k] if prev else [0] * HIST_BUCKETS, strict=True)]
+                    for k in rec[c]}
+        d["opens"] = rec["opens"] - (prev["opens"] if prev else 0)
+        if d["opens"] or any(d[c]["calls"] for c in CLASSES):
+            out[path] = d
+    return out

@@ -1,0 +1,412 @@
+/* rhio: per-process counters of the I/O a process does on the files under a few path prefixes (the checkpoint
+ * directory), loaded with LD_PRELOAD into every rank. For each such file it counts read and write calls, bytes,
+ * request sizes (power-of-two histogram), seconds inside the calls, and fsyncs; for the process it also keeps the
+ * wall time during which at least one read (write, sync) call was in flight on any thread, so that concurrent I/O is
+ * not counted twice. Python reads the counters through ctypes (restart_harness/iocount/__init__.py).
+ *
+ * What it sees: open/openat/creat and fopen (both 64-bit spellings), read/pread/readv/preadv, write/pwrite/writev/
+ * pwritev, fread/fwrite, fsync/fdatasync, close/fclose, called through the dynamic linker (every library's PLT,
+ * Python's and libtorch's included). What it cannot see: I/O submitted through io_uring or libaio, memory-mapped
+ * file access, and calls glibc makes to itself (fread's internal read is counted once, as the fread).
+ *
+ * RH_IO_FOPEN_VIA_OPEN=1 makes fopen of a tracked file an open() plus fdopen(): the same file, mode and stream,
+ * but a POSIX tracer below this library (dftracer 2.2.0) then learns the descriptor and sees the writes that
+ * libstdc++'s ofstream (torch.save) makes on it. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RH_MAX_FD 65536
+#define RH_MAX_FILES 8192
+#define RH_MAX_PREFIXES 8
+#define RH_HIST 24 /* bucket b counts requests of [2^(b+9), 2^(b+10)) bytes; 0 takes < 1 KiB, 23 takes >= 4 GiB */
+enum { RH_READ = 0, RH_WRITE = 1, RH_SYNC = 2, RH_CLASSES = 3 };
+
+typedef struct {
+    char path[PATH_MAX];
+    uint64_t opens, calls[RH_CLASSES], bytes[RH_CLASSES], ns[RH_CLASSES];
+    uint64_t hist[2][RH_HIST];
+} rh_file_t;
+
+typedef struct {
+    uint64_t calls[RH_CLASSES], bytes[RH_CLASSES], ns[RH_CLASSES], busy_ns[RH_CLASSES], opens, files;
+} rh_totals_t;
+
+static rh_file_t rh_files[RH_MAX_FILES];
+static int rh_nfiles;
+static int rh_fd_file[RH_MAX_FD]; /* file index + 1; 0 = not tracked */
+static char rh_prefix[RH_MAX_PREFIXES][PATH_MAX];
+static int rh_nprefix;
+static int rh_fopen_via_open;
+static rh_totals_t rh_total;
+static int rh_inflight[RH_CLASSES];
+static uint64_t rh_busy_since[RH_CLASSES];
+static pthread_mutex_t rh_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int (*real_open)(const char *, int, ...);
+static int (*real_open64)(const char *, int, ...);
+static int (*real_openat)(int, const char *, int, ...);
+static int (*real_openat64)(int, const char *, int, ...);
+static int (*real_creat)(const char *, mode_t);
+static int (*real_close)(int);
+static FILE *(*real_fopen)(const char *, const char *);
+static FILE *(*real_fopen64)(const char *, const char *);
+static int (*real_fclose)(FILE *);
+static ssize_t (*real_read)(int, void *, size_t);
+static ssize_t (*real_pread)(int, void *, size_t, off_t);
+static ssize_t (*real_pread64)(int, void *, size_t, off_t);
+static ssize_t (*real_readv)(int, const struct iovec *, int);
+static ssize_t (*real_preadv)(int, const struct iovec *, int, off_t);
+static ssize_t (*real_write)(int, const void *, size_t);
+static ssize_t (*real_pwrite)(int, const void *, size_t, off_t);
+static ssize_t (*real_pwrite64)(int, const void *, size_t, off_t);
+static ssize_t (*real_writev)(int, const struct iovec *, int);
+static ssize_t (*real_pwritev)(int, const struct iovec *, int, off_t);
+static size_t (*real_fread)(void *, size_t, size_t, FILE *);
+static size_t (*real_fwrite)(const void *, size_t, size_t, FILE *);
+static int (*real_fsync)(int);
+static int (*real_fdatasync)(int);
+
+/* The real functions come from libc's own handle, not dlsym(RTLD_NEXT): a GOT-patching tracer loaded beside this
+ * library (dftracer's gotcha) answers RTLD_NEXT look-ups with its own wrappers, which would call back into here. */
+static void *rh_libc;
+static void *libc_symbol(const char *name) {
+    if (!rh_libc) rh_libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    void *f = rh_libc ? dlsym(rh_libc, name) : NULL;
+    return f ? f : dlsym(RTLD_NEXT, name);
+}
+#define RESOLVE(name) \
+    do { if (!real_##name) real_##name = libc_symbol(#name); } while (0)
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void add_prefixes(const char *list) {
+    char buf[RH_MAX_PREFIXES * PATH_MAX];
+    if (!list) return;
+    strncpy(buf, list, sizeof buf - 1);
+    buf[sizeof buf - 1] = 0;
+    for (char *save = NULL, *p = strtok_r(buf, ":", &save); p && rh_nprefix < RH_MAX_PREFIXES;
+         p = strtok_r(NULL, ":", &save)) {
+        if (p[0] != '/') continue;
+        strncpy(rh_prefix[rh_nprefix], p, PATH_MAX - 1);
+        rh_nprefix++;
+    }
+}
+
+__attribute__((constructor)) static void rh_init(void) {
+    add_prefixes(getenv("RH_IO_PREFIXES"));
+    const char *v = getenv("RH_IO_FOPEN_VIA_OPEN");
+    rh_fopen_via_open = v && v[0] == '1';
+}
+
+/* Python adds the checkpoint root at run time. */
+void rh_io_add_prefix(const char *prefix) {
+    pthread_mutex_lock(&rh_lock);
+    add_prefixes(prefix);
+    pthread_mutex_unlock(&rh_lock);
+}
+
+static int tracked_path(const char *path, char *absolute) {
+    if (!path || rh_nprefix == 0) return 0;
+    if (path[0] == '/') {
+        strncpy(absolute, path, PATH_MAX - 1);
+        absolute[PATH_MAX - 1] = 0;
+    } else {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd)) return 0;
+        snprintf(absolute, PATH_MAX, "%s/%s", cwd, path);
+    }
+    for (int i = 0; i < rh_nprefix; i++) {
+        size_t n = strlen(rh_prefix[i]);
+        if (strncmp(absolute, rh_prefix[i], n) == 0 && (absolute[n] == 0 || absolute[n] == '/')) return 1;
+    }
+    return 0;
+}
+
+static void track(int fd, const char *path) {
+    char absolute[PATH_MAX];
+    if (fd < 0 || fd >= RH_MAX_FD || !tracked_path(path, absolute)) return;
+    pthread_mutex_lock(&rh_lock);
+    int idx = -1;
+    for (int i = 0; i < rh_nfiles; i++)
+        if (strcmp(rh_files[i].path, absolute) == 0) { idx = i; break; }
+    if (idx < 0 && rh_nfiles < RH_MAX_FILES) {
+        idx = rh_nfiles++;
+        strncpy(rh_files[idx].path, absolute, PATH_MAX - 1);
+        rh_total.files++;
+    }
+    if (idx >= 0) {
+        rh_files[idx].opens++;
+        rh_total.opens++;
+        rh_fd_file[fd] = idx + 1;
+    }
+    pthread_mutex_unlock(&rh_lock);
+}
+
+static int file_of(int fd) { return (fd >= 0 && fd < RH_MAX_FD) ? rh_fd_file[fd] - 1 : -1; }
+
+/* The start of a call on a tracked descriptor: the class becomes busy if nothing of it was in flight. */
+static uint64_t begin(int cls) {
+    uint64_t t = now_ns();
+    pthread_mutex_lock(&rh_lock);
+    if (rh_inflight[cls]++ == 0) rh_busy_since[cls] = t;
+    pthread_mutex_unlock(&rh_lock);
+    return t;
+}
+
+static int bucket(uint64_t n) {
+    int b = 0;
+    for (uint64_t s = n >> 10; s && b < RH_HIST - 1; s >>= 1) b++;
+    return b;
+}
+
+static void end(int cls, int idx, uint64_t t0, ssize_t bytes) {
+    uint64_t t1 = now_ns(), dt = t1 - t0;
+    pthread_mutex_lock(&rh_lock);
+    if (--rh_inflight[cls] == 0) rh_total.busy_ns[cls] += t1 - rh_busy_since[cls];
+    rh_total.calls[cls]++;
+    rh_total.ns[cls] += dt;
+    if (bytes > 0) rh_total.bytes[cls] += (uint64_t)bytes;
+    if (idx >= 0) {
+        rh_file_t *f = &rh_files[idx];
+        f->calls[cls]++;
+        f->ns[cls] += dt;
+        if (bytes > 0) f->bytes[cls] += (uint64_t)bytes;
+        if (cls != RH_SYNC && bytes >= 0) f->hist[cls][bucket((uint64_t)bytes)]++;
+    }
+    pthread_mutex_unlock(&rh_lock);
+}
+
+/* ---- opens and closes --------------------------------------------------------------------------------------- */
+static mode_t mode_arg(int flags, va_list ap) {
+    return (flags & O_CREAT) || (flags & __O_TMPFILE) == __O_TMPFILE ? (mode_t)va_arg(ap, int) : 0;
+}
+
+int open(const char *path, int flags, ...) {
+    va_list ap;
+    va_start(ap, flags);
+    mode_t mode = mode_arg(flags, ap);
+    va_end(ap);
+    RESOLVE(open);
+    int fd = real_open(path, flags, mode);
+    track(fd, path);
+    return fd;
+}
+
+int open64(const char *path, int flags, ...) {
+    va_list ap;
+    va_start(ap, flags);
+    mode_t mode = mode_arg(flags, ap);
+    va_end(ap);
+    RESOLVE(open64);
+    int fd = real_open64(path, flags, mode);
+    track(fd, path);
+    return fd;
+}
+
+static void track_at(int fd, int dirfd, const char *path) {
+    if (fd < 0 || !path) return;
+    if (path[0] == '/' || dirfd == AT_FDCWD) {
+        track(fd, path);
+        return;
+    }
+    char link[64], dir[PATH_MAX], full[PATH_MAX];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", dirfd);
+    ssize_t n = readlink(link, dir, sizeof dir - 1);
+    if (n <= 0) return;
+    dir[n] = 0;
+    snprintf(full, sizeof full, "%s/%s", dir, path);
+    track(fd, full);
+}
+
+int openat(int dirfd, const char *path, int flags, ...) {
+    va_list ap;
+    va_start(ap, flags);
+    mode_t mode = mode_arg(flags, ap);
+    va_end(ap);
+    RESOLVE(openat);
+    int fd = real_openat(dirfd, path, flags, mode);
+    track_at(fd, dirfd, path);
+    return fd;
+}
+
+int openat64(int dirfd, const char *path, int flags, ...) {
+    va_list ap;
+    va_start(ap, flags);
+    mode_t mode = mode_arg(flags, ap);
+    va_end(ap);
+    RESOLVE(openat64);
+    int fd = real_openat64(dirfd, path, flags, mode);
+    track_at(fd, dirfd, path);
+    return fd;
+}
+
+int creat(const char *path, mode_t mode) {
+    RESOLVE(creat);
+    int fd = real_creat(path, mode);
+    track(fd, path);
+    return fd;
+}
+
+static void untrack(int fd) {
+    if (fd >= 0 && fd < RH_MAX_FD) rh_fd_file[fd] = 0;
+}
+
+int close(int fd) {
+    RESOLVE(close);
+    untrack(fd);
+    return real_close(fd);
+}
+
+static int open_flags(const char *mode) {
+    int flags = 0, plus = strchr(mode, '+') != NULL;
+    switch (mode[0]) {
+    case 'r': flags = plus ? O_RDWR : O_RDONLY; break;
+    case 'w': flags = (plus ? O_RDWR : O_WRONLY) | O_CREAT | O_TRUNC; break;
+    case 'a': flags = (plus ? O_RDWR : O_WRONLY) | O_CREAT | O_APPEND; break;
+    default: return -1;
+    }
+    if (strchr(mode, 'x')) flags |= O_EXCL;
+    if (strchr(mode, 'e')) flags |= O_CLOEXEC;
+    return flags;
+}
+
+static FILE *fopen_common(FILE *(*real)(const char *, const char *), const char *path, const char *mode) {
+    char absolute[PATH_MAX];
+    if (rh_fopen_via_open && tracked_path(path, absolute)) {
+        int flags = open_flags(mode);
+        if (flags >= 0) {
+            /* through the dynamic linker, so that a tracer wrapping open() sees it (this library's open tracks it) */
+            int fd = open(path, flags, 0666);
+            if (fd < 0) return NULL;
+            FILE *f = fdopen(fd, mode);
+            if (!f) {
+                int saved = errno;
+                close(fd);
+                errno = saved;
+                return NULL;
+            }
+            return f;
+        }
+    }
+    FILE *f = real(path, mode);
+    if (f) track(fileno(f), path);
+    return f;
+}
+
+FILE *fopen(const char *path, const char *mode) {
+    RESOLVE(fopen);
+    return fopen_common(real_fopen, path, mode);
+}
+
+FILE *fopen64(const char *path, const char *mode) {
+    RESOLVE(fopen64);
+    return fopen_common(real_fopen64, path, mode);
+}
+
+int fclose(FILE *f) {
+    RESOLVE(fclose);
+    if (f) untrack(fileno(f));
+    return real_fclose(f);
+}
+
+/* ---- data and sync ------------------------------------------------------------------------------------------ */
+#define IO_CALL(cls, fd, call)                            \
+    do {                                                  \
+        int idx_ = file_of(fd);                           \
+        if (idx_ < 0) return call;                        \
+        uint64_t t0_ = begin(cls);                        \
+        ssize_t r_ = call;                                \
+        int saved_ = errno;                               \
+        end(cls, idx_, t0_, r_);                          \
+        errno = saved_;                                   \
+        return r_;                                        \
+    } while (0)
+
+ssize_t read(int fd, void *buf, size_t n) { RESOLVE(read); IO_CALL(RH_READ, fd, real_read(fd, buf, n)); }
+ssize_t pread(int fd, void *buf, size_t n, off_t o) { RESOLVE(pread); IO_CALL(RH_READ, fd, real_pread(fd, buf, n, o)); }
+ssize_t pread64(int fd, void *buf, size_t n, off_t o) {
+    RESOLVE(pread64);
+    IO_CALL(RH_READ, fd, real_pread64(fd, buf, n, o));
+}
+ssize_t readv(int fd, const struct iovec *v, int c) { RESOLVE(readv); IO_CALL(RH_READ, fd, real_readv(fd, v, c)); }
+ssize_t preadv(int fd, const struct iovec *v, int c, off_t o) {
+    RESOLVE(preadv);
+    IO_CALL(RH_READ, fd, real_preadv(fd, v, c, o));
+}
+ssize_t write(int fd, const void *buf, size_t n) { RESOLVE(write); IO_CALL(RH_WRITE, fd, real_write(fd, buf, n)); }
+ssize_t pwrite(int fd, const void *buf, size_t n, off_t o) {
+    RESOLVE(pwrite);
+    IO_CALL(RH_WRITE, fd, real_pwrite(fd, buf, n, o));
+}
+ssize_t pwrite64(int fd, const void *buf, size_t n, off_t o) {
+    RESOLVE(pwrite64);
+    IO_CALL(RH_WRITE, fd, real_pwrite64(fd, buf, n, o));
+}
+ssize_t writev(int fd, const struct iovec *v, int c) { RESOLVE(writev); IO_CALL(RH_WRITE, fd, real_writev(fd, v, c)); }
+ssize_t pwritev(int fd, const struct iovec *v, int c, off_t o) {
+    RESOLVE(pwritev);
+    IO_CALL(RH_WRITE, fd, real_pwritev(fd, v, c, o));
+}
+
+size_t fread(void *buf, size_t size, size_t n, FILE *f) {
+    RESOLVE(fread);
+    int idx = f ? file_of(fileno(f)) : -1;
+    if (idx < 0) return real_fread(buf, size, n, f);
+    uint64_t t0 = begin(RH_READ);
+    size_t r = real_fread(buf, size, n, f);
+    end(RH_READ, idx, t0, (ssize_t)(r * size));
+    return r;
+}
+
+size_t fwrite(const void *buf, size_t size, size_t n, FILE *f) {
+    RESOLVE(fwrite);
+    int idx = f ? file_of(fileno(f)) : -1;
+    if (idx < 0) return real_fwrite(buf, size, n, f);
+    uint64_t t0 = begin(RH_WRITE);
+    size_t r = real_fwrite(buf, size, n, f);
+    end(RH_WRITE, idx, t0, (ssize_t)(r * size));
+    return r;
+}
+
+int fsync(int fd) { RESOLVE(fsync); IO_CALL(RH_SYNC, fd, real_fsync(fd)); }
+int fdatasync(int fd) { RESOLVE(fdatasync); IO_CALL(RH_SYNC, fd, real_fdatasync(fd)); }
+
+/* ---- what Python reads ---------------------------------------------------------------------------------------- */
+int rh_io_version(void) { return 1; }
+
+void rh_io_totals(rh_totals_t *out) {
+    pthread_mutex_lock(&rh_lock);
+    *out = rh_total;
+    uint64_t t = now_ns();
+    for (int c = 0; c < RH_CLASSES; c++) /* calls in flight count up to now */
+        if (rh_inflight[c] > 0) out->busy_ns[c] += t - rh_busy_since[c];
+    pthread_mutex_unlock(&rh_lock);
+}
+
+int rh_io_nfiles(void) { return rh_nfiles; }
+
+int rh_io_file(int i, rh_file_t *out) {
+    if (i < 0 || i >= rh_nfiles) return -1;
+    pthread_mutex_lock(&rh_lock);
+    *out = rh_files[i];
+    pthread_mutex_unlock(&rh_lock);
+    return 0;
+}

@@ -1,0 +1,134 @@
+"""dftracer traces (trace=true) -> per phase I/O summaries in summary.json. The raw traces stay in
+traces/<record>/ (one compressed JSON-lines file per process, dftracer's format: Chrome trace events with `ts` and
+`dur` in microseconds since the epoch). Each event is given to the rank whose process wrote it (the rank's `process`
+event names its pid) and to the phase of that rank whose window holds the event's start.
+
+Per phase: operations by name, bytes read and written (the calls' return values), request sizes (power-of-two
+buckets, as the anatomy's), seconds inside I/O calls (summed over calls), distinct files opened, metadata operations
+(opens, closes, seeks, stats and other calls that move no data)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from restart_harness import iocount
+
+READS = {"read", "pread", "pread64", "readv", "preadv", "preadv2", "fread"}
+WRITES = {"write", "pwrite", "pwrite64", "writev", "pwritev", "pwritev2", "fwrite"}
+SYNCS = {"fsync", "fdatasync", "sync_file_range", "msync"}
+OPENS = {"open", "open64", "openat", "openat64", "creat", "creat64", "fopen", "fopen64"}
+
+
+def read_events(folder: Path) -> list[dict]:
+    """Every event on a file, of every trace file in folder (a torn tail of a killed process is skipped)."""
+    out = []
+    for path in sorted(folder.glob("*.pfw*")):
+        try:
+            raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        except (OSError, EOFError, zlib.error):
+            raw = _partial_gzip(path)
+        for line in raw.decode(errors="replace").splitlines():
+            line = line.strip().rstrip(",")
+            if not line.startswith("{"):
+                continue
+            try:
+                e = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            # calls on files only (dftracer also records process calls: exec, fork, waitpid)
+            if e.get("cat") in ("POSIX", "STDIO") and "ts" in e and (e.get("args") or {}).get("fhash"):
+                out.append(e)
+    return out
+
+
+def _partial_gzip(path: Path) -> bytes:
+    """What can be decompressed of a gzip file whose writer was killed before it finished."""
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        return d.decompress(path.read_bytes())
+    except zlib.error:
+        return b""
+
+
+def _bucket(n: int) -> int:
+    b, s = 0, n >> 10
+    while s and b < iocount.HIST_BUCKETS - 1:
+        s >>= 1
+        b += 1
+    return b
+
+
+def _empty() -> dict:
+    return {"operations": Counter(), "read_bytes": 0, "write_bytes": 0, "io_seconds": 0.0, "files": set(),
+            "metadata_operations": 0, "sizes": Counter()}
+
+
+def _add(acc: dict, e: dict) -> None:
+    name, args = e["name"], e.get("args") or {}
+    acc["operations"][name] += 1
+    acc["io_seconds"] += e.get("dur", 0) / 1e6
+    size = args.get("ret")  # bytes the call moved: the histogram, like the anatomy's, is of completed sizes
+    if name in READS and isinstance(size, int) and size >= 0:
+        acc["read_bytes"] += size
+        acc["sizes"][("read", _bucket(size))] += 1
+    elif name in WRITES and isinstance(size, int) and size >= 0:
+        acc["write_bytes"] += size
+        acc["sizes"][("write", _bucket(size))] += 1
+    elif name not in READS | WRITES | SYNCS:
+        acc["metadata_operations"] += 1
+    if name in OPENS and args.get("fhash"):
+        acc["files"].add(args["fhash"])
+
+
+def _render(acc: dict) -> dict:
+    sizes: dict[str, dict[str, int]] = {"read": {}, "write": {}}
+    for (cls, b), n in sorted(acc["sizes"].items()):
+        sizes[cls][iocount.bucket_label(b)] = n
+    return {"operations": dict(sorted(acc["operations"].items())), "read_bytes": acc["read_bytes"],
+            "write_bytes": acc["write_bytes"], "io_seconds": round(acc["io_seconds"], 6),
+            "files_opened": len(acc["files"]), "metadata_operations": acc["metadata_operations"],
+            "request_sizes": sizes}
+
+
+def summarize(folder: Path, record: dict[int, list[dict]], phases: list[tuple[str, str, str]]) -> dict | None:
+    """Per phase (over ranks) and per rank: the I/O the trace shows. `phases`: (name, start mark, end mark); each
+    save of the record is a phase of its own ("save <tag>", its start to its commit) and takes precedence."""
+    if not folder.is_dir():
+        return None
+    pid_rank = {e["pid"]: rank for rank, evs in record.items() for e in evs if e["event"] == "process"}
+    windows: dict[int, list[tuple[str, float, float]]] = defaultdict(list)
+    for rank, evs in record.items():
+        marks = {e["name"]: e["t"] for e in evs if e["event"] == "mark"}
+        for e in evs:
+            if e["event"] == "save":
+                windows[rank].append((f"save {e['tag']}", e["start"], e["start"] + e["commit_seconds"]))
+        for name, a, b in phases:
+            if a in marks and b in marks:
+                windows[rank].append((name, marks[a], marks[b]))
+    by_phase: dict[str, dict] = defaultdict(_empty)
+    by_rank: dict[int, dict] = defaultdict(_empty)
+    unplaced = _empty()
+    events = read_events(folder)
+    for e in events:
+        rank = pid_rank.get(e.get("pid"))
+        t = e["ts"] / 1e6
+        phase = next((n for n, a, b in windows.get(rank, []) if a <= t <= b), None) if rank is not None else None
+        _add(by_phase[phase] if phase else unplaced, e)
+        if rank is not None:
+            _add(by_rank[rank], e)
+    order = [n for n, _, _ in phases]
+    return {
+        "tool": "dftracer",
+        "events": len(events),
+        "raw": str(folder),
+        "phases": {name: _render(acc) for name, acc in sorted(by_phase.items(),
+                                                                 key=lambda kv: (kv[0] not in order,
+                                                                                 order.index(kv[0]) if kv[0] in order
+                                                                                 else 0, kv[0]))},
+        "outside_phases": _render(unplaced),
+        "per_rank": {str(rank): _render(acc) for rank, acc in sorted(by_rank.items())},
+    }

@@ -1,0 +1,187 @@
+"""Where a load's (or a save's) wall time goes, on one rank: every second of the window is attributed to exactly one
+category, by what this rank's main thread was doing.
+
+    read         inside the engine's load of a file, while a read of a checkpoint file was in flight (any thread)
+    deserialize  inside the engine's load of a file, no read in flight: unpickling, building tensors
+    serialize    inside the engine's save of a file, no write or fsync in flight: pickling, staging copies
+    write        inside the engine's save, while a write was in flight
+    fsync        a sync of checkpoint files in flight (the engine's own, or the harness's fsync for durability)
+    copy         copying loaded state into the engine: module.load_state_dict, the ZeRO optimizer's
+                 load_state_dict (into its flat partitions; host->device on CUDA)
+    wait         inside a barrier or collective (DeepSpeed's comm, the harness's commit barrier): waiting for
+                 other ranks and exchanging data with them
+    other        the rest of the window: DeepSpeed's own code between those calls (file-name globbing,
+                 state-dict assembly, logging, copying its recovery scripts)
+
+Regions nest: a region's own time excludes the regions inside it, so the categories partition the window. "In
+flight" comes from the I/O counters preloaded into the rank (restart_harness/iocount): the wall time during which at
+least one read (write, sync) call on a checkpoint file was running on any thread. Without those counters (no C
+compiler) read and write cannot be told apart from deserialize and serialize, and are reported as null.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections import defaultdict
+
+from restart_harness import iocount
+from restart_harness.results.schema import LOAD_CATEGORIES, SAVE_CATEGORIES
+
+__all__ = ["LOAD_CATEGORIES", "SAVE_CATEGORIES", "Anatomy", "peak_rss_bytes_since_last"]
+MAX_INTERVALS = 2000  # for the timeline figure; a window with more regions keeps the first ones
+# DeepSpeed's comm functions that block until the other ranks take part.
+COLLECTIVES = ("barrier", "monitored_barrier", "broadcast", "broadcast_object_list", "all_reduce", "all_gather",
+               "all_gather_into_tensor", "allgather_fn", "reduce", "reduce_scatter_tensor", "reduce_scatter_fn",
+               "all_to_all_single", "gather", "scatter")
+
+
+class Window:
+    """One timed window (a restart's load, or one save) with exclusive attribution of its seconds."""
+
+    def __init__(self, counters: iocount.Counters, categories: tuple[str, ...], sync=None):
+        self.counters, self.categories, self.sync = counters, categories, sync
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.intervals: list[tuple[str, float, float]] = []
+        self._stack: list[list] = []
+        self.start_wall = time.time()
+        self.start = time.perf_counter()
+        self.io_start = counters.totals()
+        self.files_start = counters.files()
+        self.end: float | None = None
+
+    def _busy(self) -> dict[str, float]:
+        t = self.counters.totals()
+        return {c: t[c]["busy_seconds"] for c in iocount.CLASSES} if t else {}
+
+    @contextlib.contextmanager
+    def region(self, category: str, io: tuple[str, ...] = ()):
+        """Time a region; `io` classes in flight during its own time are attributed to those categories instead
+        (read for a load; write and sync->fsync for a save)."""
+        if self.sync is not None:
+            self.sync()  # device work queued before the region belongs to what came before
+        frame = [category, time.perf_counter(), 0.0, self._busy() if io else {}]
+        self._stack.append(frame)
+        try:
+            yield
+        finally:
+            if self.sync is not None:
+                self.sync()
+            end = time.perf_counter()
+            self._stack.pop()
+            elapsed = end - frame[1]
+            own = elapsed - frame[2]
+            if io and frame[3]:
+                busy = self._busy()
+                for cls in io:
+                    share = min(max(0.0, busy[cls] - frame[3][cls]), own)
+                    self.seconds["fsync" if cls == "sync" else cls] += share
+                    own -= share
+            self.seconds[category] += own
+            if self._stack:
+                self._stack[-1][2] += elapsed
+            if len(self.intervals) < MAX_INTERVALS:
+                self.intervals.append((category, frame[1] - self.start, end - self.start))
+
+    def close(self) -> dict:
+        """The window's record: seconds per category (other = the remainder), I/O counted in it, per-file I/O."""
+        self.end = time.perf_counter()
+        total = self.end - self.start
+        attributed = sum(self.seconds.values())
+        out = {c: round(self.seconds.get(c, 0.0), 6) for c in self.categories if c != "other"}
+        out["other"] = round(max(0.0, total - attributed), 6)
+        io_known = self.io_start is not None
+        if not io_known:  # no counters: the I/O categories cannot be separated from (de)serialization
+            for c in ("read", "write", "fsync"):
+                if c in out:
+                    out[c] = None
+        io = iocount.delta(self.counters.totals(), self.io_start)
+        files = iocount.file_delta(self.counters.files(), self.files_start) if io_known else {}
+        return {
+            "start": self.start_wall,
+            "window_seconds": round(total, 6),
+            "seconds": out,
+            "io": io,
+            "files": files,
+            "intervals": [(c, round(a, 6), round(b, 6)) for c, a, b in self.intervals],
+            "method": "preloaded I/O counters" if io_known else "no I/O counters (no C compiler when launched)",
+        }
+
+
+class Anatomy:
+    """The rank's current window, if any; the hooks below attribute time to it while one is open."""
+
+    def __init__(self, device_type: str = "cpu", enabled: bool = True):
+        self.enabled = enabled
+        self.counters = iocount.Counters()
+        self.window: Window | None = None
+        self._sync = None
+        if device_type == "cuda":
+            import torch
+
+            self._sync = torch.cuda.synchronize
+
+    def add_prefix(self, path) -> None:
+        self.counters.add_prefix(path)
+
+    @contextlib.contextmanager
+    def measure(self, categories: tuple[str, ...]):
+        """Open a window for the duration of the block; yields it (close() gives its record; None when disabled)."""
+        if not self.enabled:
+            yield _Off()
+            return
+        self.window = Window(self.counters, categories, self._sync)
+        try:
+            yield self.window
+        finally:
+            self.window = None
+
+    @contextlib.contextmanager
+    def region(self, category: str, io: tuple[str, ...] = ()):
+        if self.window is None:
+            yield
+            return
+        with self.window.region(category, io):
+            yield
+
+    def wrap(self, owner: object, name: str, category: str, io: tuple[str, ...] = ()) -> None:
+        """Replace owner.name (a callable attribute) by one that runs inside region(category)."""
+        if not self.enabled:
+            return
+        inner = getattr(owner, name)
+        anatomy = self
+
+        def wrapped(*args, **kwargs):
+            with anatomy.region(category, io):
+                return inner(*args, **kwargs)
+
+        wrapped.__wrapped__ = inner
+        setattr(owner, name, wrapped)
+
+    def hook_collectives(self) -> None:
+        """DeepSpeed's comm functions, attributed to `wait` (module attributes: every caller looks them up)."""
+        from deepspeed import comm
+
+        for name in COLLECTIVES:
+            if callable(getattr(comm, name, None)):
+                self.wrap(comm, name, "wait")
+
+
+class _Off:
+    """The window of a disabled anatomy (anatomy=false): records nothing."""
+
+    def close(self) -> None:
+        return None
+
+
+def peak_rss_bytes_since_last() -> int | None:
+    """This process's resident-memory high-water mark since the previous call (VmHWM, then reset to the current
+    RSS by writing 5 to /proc/self/clear_refs, Linux >= 4.0). None where /proc does not allow it."""
+    try:
+        with open("/proc/self/status") as f:
+            hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return hwm
+    except (OSError, StopIteration, ValueError):
+        return None

@@ -32,6 +32,9 @@ class Engine:
     # How a restart at another layout reads this engine's checkpoint: "universal" (DeepSpeed's ds_to_universal
     # conversion of torch.save files), or None (it cannot).
     reshard: ClassVar[str | None] = None
+    # emulate=true can write this engine's files without DeepSpeed building the engine (engines DeepSpeed creates
+    # from its own config inside deepspeed.initialize cannot be emulated).
+    emulates: ClassVar[bool] = True
 
     def __init__(self, spec: Any):
         self.spec = spec
@@ -55,6 +58,19 @@ class Engine:
 
     def wait_durable(self, checkpoint_engine: Any) -> None:
         """Block until the engine's last save has finished writing (async engines); the harness fsyncs after."""
+
+    def emulation_engine(self) -> Any:
+        """The CheckpointEngine an emulated rank saves and loads through: the plug-in's own, else DeepSpeed's
+        TorchCheckpointEngine with the zip serialization DeepSpeed configures by default."""
+        engine = self.checkpoint_engine(None)
+        if engine is not None:
+            return engine
+        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+        from deepspeed.runtime.model_checkpointing.constants import CHECKPOINT_SERIALIZATION_DEFAULT
+
+        engine = TorchCheckpointEngine()
+        engine.zipfile_serialization = CHECKPOINT_SERIALIZATION_DEFAULT
+        return engine
 
 
 def engine_options_of(cls: type[Engine]) -> dict:

@@ -28,6 +28,7 @@ class DataStatesEngine(Engine):
     description = ("DataStates-LLM via DeepSpeed's DataStatesCheckpointEngine - lazy async copy to a host cache, "
                    "flushed in the background (CUDA only)")
     Options = Options
+    emulates = False  # DeepSpeed builds the engine from its config inside deepspeed.initialize
 
     def is_async(self) -> bool:
         return True  # DeepSpeed's DataStates engine is decoupled

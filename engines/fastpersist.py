@@ -29,6 +29,7 @@ class FastPersistEngine(Engine):
     name = "fastpersist"
     description = "DeepSpeed FastPersist writer (checkpoint.writer type fast) - libaio, pinned double buffers (CUDA only)"
     Options = Options
+    emulates = False  # DeepSpeed builds the engine from its config inside deepspeed.initialize
     decoupled = False
 
     def is_async(self) -> bool:

@@ -8,6 +8,7 @@ class NoCheckpoint(Engine):
     name = "none"
     description = "no checkpoint at all - the training-step baseline (no restart phase)"
     saves = False
+    emulates = False
 
     def check(self) -> None:
         if self.spec.phase == "restart":

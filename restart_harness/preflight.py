@@ -46,7 +46,7 @@ def checkpoint_space(spec: RunSpec) -> None:
 
     if not registry.get(spec.engine).saves or spec.phase == "restart":
         return
-    saves = spec.iters // spec.save_interval
+    saves = 1 if spec.emulate else spec.iters // spec.save_interval
     need = saves * sum(f.bytes for f in checkpoint.files(spec))
     where = nearest_existing(Path(spec.ckpt_dir or spec.results_dir))
     free = free_bytes(where)
@@ -64,11 +64,54 @@ def tracer(spec: RunSpec) -> None:
                          "pip install 'restart-harness[trace]' (or dftracer==2.2.0), or trace=false")
 
 
+def available_memory_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+EMULATE_MEMORY_FRACTION = 0.6
+
+
+def default_emulate_memory_gib() -> float:
+    """60% of the memory this node has available now."""
+    return round(EMULATE_MEMORY_FRACTION * (available_memory_bytes() or 8 << 30) / 2**30, 3)
+
+
+def emulation(spec: RunSpec) -> None:
+    """emulate=true: the engine can be emulated; the memory budget is set (this node's) and the largest file's
+    state fits in it (a rank holds one file at a time)."""
+    from engines import registry
+    from restart_harness.plan import checkpoint
+
+    if not spec.emulate:
+        return
+    if not registry.get(spec.engine).emulates:
+        raise UsageError(f"emulate=true cannot emulate engine={spec.engine}: DeepSpeed builds that engine from its "
+                         "own config inside deepspeed.initialize; accepted with emulate=true: "
+                         + ", ".join(n for n, c in registry.all_engines().items() if c.emulates))
+    if spec.emulate_memory_gib is None:
+        if launchers.submits(spec) or spec.dry_run:
+            return  # the compute node's memory decides, inside the job (launch/runner.py)
+        spec.emulate_memory_gib = default_emulate_memory_gib()
+    need = checkpoint.emulated_file_state_bytes(spec)
+    if need > spec.emulate_memory_gib * 2**30:
+        raise UsageError(f"emulate=true: the largest file needs {need / 2**30:,.1f} GiB of memory to build and save "
+                         f"(its tensors, and what the engine stages beside them) but emulate_memory_gib="
+                         f"{spec.emulate_memory_gib:g}; give more memory, or a layout with more ranks (tp, pp, dp) "
+                         "so that files are smaller")
+
+
 def run(spec: RunSpec) -> None:
     """A run (or one combination of a sweep): everything that can be checked before the run directory exists."""
     resolve_device(spec)
     engine(spec)
     tracer(spec)
+    emulation(spec)
     launchers.check(spec)
     directory("results_dir", spec.results_dir)
     if spec.ckpt_dir:

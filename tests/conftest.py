@@ -52,6 +52,10 @@ RUNS: dict[str, Case] = {
     "dcp-async-dp2": Case(f"tiny dp=2 engine=dcp async_save=true {ASYNC_SHORT}"),
     "dcp-tp2-pp2": Case(f"tiny tp=2 pp=2 engine=dcp {SHORT}"),
     "none-dp2": Case(f"tiny dp=2 engine=none {SHORT}"),
+    # emulation (no model, no training): each beside the real run above it must equal (tests/test_emulate.py)
+    "emulated-tiny-dp2": Case("tiny dp=2 engine=default iters=4 save_interval=2 after=2 emulate=true"),
+    "emulated-tp2-pp2": Case(f"tiny tp=2 pp=2 baseline=false {SHORT} emulate=true"),
+    "emulated-dcp-tp2-pp2": Case(f"tiny tp=2 pp=2 engine=dcp {SHORT} emulate=true"),
     # observation: every POSIX I/O call traced with dftracer
     "traced-tp2-dp2": Case(f"tiny tp=2 dp=2 trace=true {SHORT}"),
 }

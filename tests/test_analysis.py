@@ -22,13 +22,15 @@ from analysis import report
 MIB = 2**20
 TINY = ["tiny", "engine=default", "iters=4", "save_interval=2", "after=2"]
 FIGURES = ["checkpoint_bytes", "checkpoint_files", "save_seconds", "throughput_mib_s", "restart_phases_seconds",
-           "file_size_bytes", "step_seconds"]
+           "file_size_bytes", "step_seconds", "load_breakdown_seconds", "save_breakdown_seconds",
+           "restart_timeline_seconds"]
 # Every column is an identifier/setting, or a figure whose name ends with its unit.
 UNIT_SUFFIXES = ("_seconds", "_bytes", "_files", "_mib_s", "_ratio", "_count", "_steps", "_tensors", "_ranks")
 NOT_FIGURES = {"run_id", "state", "state_reason", "sweep", "schema_version", "model", "shrink", "precision", "tp", "pp",
                "dp", "nodes", "world_size", "engine", "device", "cache_requested", "num_parameters", "checkpoint_tag",
                "save_tag", "save_step", "restart_record", "restart_tag", "restart_verified", "restart_cache_observed",
-               "restart_exit_code", "baseline_method", "final_loss", "run_dir", "training_steps"}
+               "restart_exit_code", "baseline_method", "final_loss", "run_dir", "training_steps",
+               "load_slowest_rank"}
 
 
 def report_cmd(*args: str, cwd: Path = REPO, module: bool = False) -> subprocess.CompletedProcess:
@@ -101,7 +103,10 @@ def test_report_command_writes_every_file(made_report):
         png = (out / f"{f}.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000, f
     md = (out / "report.md").read_text()
-    assert "| tiny tp1 pp1 dp2 default | 2 | 2 |" in md and "| tiny tp1 pp1 dp1 default | 1 | 1 |" in md
+    # labels name only what tells configurations apart; what they share is said once
+    assert "| tp1 pp1 dp2 | 2 | 2 |" in md and "| tp1 pp1 dp1 | 1 | 1 |" in md
+    assert "every configuration: tiny, default" in md
+    assert "## Where the time goes" in md and "## Slowest rank per restart phase" in md and "## Restart memory" in md
     html = (out / "report.html").read_text()
     assert html.count("src='data:image/png;base64,") == len(FIGURES)
     assert "http://" not in html and "https://" not in html and "<link" not in html and "<script" not in html

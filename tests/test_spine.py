@@ -78,7 +78,7 @@ def test_restart_verified_with_phases_in_order(tiny_dp2: Path):
         marks = [e for e in map(json.loads, path.read_text().splitlines()) if e["event"] == "mark"]
         names = [m["name"] for m in marks]
         assert names == ["process_start", "imports_done", "dist_init_done", "model_built", "engine_initialized",
-                         "checkpoint_loaded", "first_step_done"]
+                         "checkpoint_loaded", "first_step_done", "finished"]
         assert [m["t"] for m in marks] == sorted(m["t"] for m in marks)
 
 

@@ -242,6 +242,11 @@ def execute(run_dir: Path) -> Path:
     """checkpoint phase -> cache state -> restart phase -> summary, from the run directory prepare() wrote."""
     data = json.loads((run_dir / "spec.json").read_text())
     spec, ckpt_root = RunSpec.from_json(data), Path(data["checkpoint_root"])
+    if spec.emulate and spec.emulate_memory_gib is None:  # submitted: this (compute) node's memory decides
+        from restart_harness.preflight import default_emulate_memory_gib
+
+        spec.emulate_memory_gib = data["emulate_memory_gib"] = default_emulate_memory_gib()
+        write_json_atomic(run_dir / "spec.json", data)
     set_status(run_dir, "running", **_job_fields())
     say(f"run {run_dir.name}: {spec.model_label}, {spec.layout} ({spec.world_size} ranks, {spec.device}), "
         f"engine {spec.engine}, {spec.precision}, launcher {spec.launcher}")

@@ -4,6 +4,7 @@ DeepSpeed's placement rules (restart_harness/plan/rules.py). No torch, no DeepSp
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from restart_harness.plan import rules
@@ -47,11 +48,9 @@ def stage_layers(spec: RunSpec) -> list[list[int]]:
 
 
 def _module_prefix(kind: str, index: int, pp: int) -> str:
-    """How the engine's module names a pipeline layer's parameters (PipelineModule: '<index>.'; pp=1 attributes)."""
-    if pp > 1:
-        return f"{index}."
-    return {table.EMBEDDING: "embed.", table.DECODER: f"layers.{index - 1}.", table.FINAL_NORM: "final.",
-            table.LM_HEAD: "head."}[kind]
+    """How the engine's module names a pipeline layer's parameters: '<index>.' at every pp (PipelineModule's
+    naming; the pp=1 model names its layers the same way, worker/model.py)."""
+    return f"{index}."
 
 
 def shards(spec: RunSpec) -> list[RankShard]:
@@ -69,53 +68,93 @@ def shards(spec: RunSpec) -> list[RankShard]:
     return out
 
 
-def _saved_files(spec: RunSpec) -> list[tuple[SavedFile, str, int]]:
-    """(what torch.save gets, kind, writing global rank) for every file of the checkpoint's tag directory."""
-    elem = ELEMENT_BYTES[spec.precision]
+@dataclass(frozen=True)
+class FileRecipe:
+    """What one checkpoint file holds, as DeepSpeed 0.19.8 writes it: enough to rebuild its state dict (emulation,
+    worker/emulate.py) and to size it (the planner)."""
+
+    path: str  # relative to the tag directory
+    kind: str  # layer_states | model_states | optimizer_states
+    writer: int  # global rank whose engine.save() writes it
+    stage: int
+    tp_rank: int
+    dp_rank: int | None  # optimizer files: the ZeRO partition
+    layer: int | None  # layer files: the pipeline layer index
+    params: tuple[tuple[str, tuple[int, ...]], ...]  # (name, local shape) in the module's registration order
+    pipe: bool  # pp > 1: PipelineModule (layer files, model files without a module)
+
+    @property
+    def numel(self) -> int:
+        return sum(math.prod(shape) for _, shape in self.params)
+
+
+def recipes(spec: RunSpec) -> list[FileRecipe]:
+    """Every file of the checkpoint's tag directory, in the order DeepSpeed's ranks write them."""
     kinds = table.pipeline_layers(spec.shape)
     prefix = "bf16_" if spec.precision == "bf16" else ""
-    dp, tp = spec.dp, spec.tp
+    dp, tp, pipe = spec.dp, spec.tp, spec.pp > 1
     out = []
     for shard in shards(spec):
         s, t = shard.stage, shard.tp_rank
         writer = rules.global_rank(s, 0, t, dp, tp)
         mp_rank = s * tp + t  # DeepSpeed's checkpoint_mp_rank: pipeline stage x TP degree + TP rank
-        if spec.pp > 1:
-            for i in shard.layers:
-                params = table.layer_params(spec.shape, tp, kinds[i])
-                stem = f"layer_{i:02d}-model_{t:02d}-model_states"
-                # Each layer's state dict is cloned before saving: one storage per tensor.
-                saved = SavedFile(stem, tuple(elem * p.numel for p in params), "layer_states",
-                                  tuple(p.name for p in params))
-                out.append((saved, "layer_states", writer))
-            model = SavedFile(f"mp_rank_{mp_rank:02d}_model_states", (), "model_states_pipe", tuple(shard.names))
-        else:
-            # The module's weights are views into ZeRO's padded flat buffer and are saved uncloned: one storage.
-            flat = elem * rules.zero1_flat_numel(shard.numel, dp)
-            model = SavedFile(f"mp_rank_{mp_rank:02d}_model_states", (flat,), "model_states", tuple(shard.names))
-        out.append((model, "model_states", writer))
-        partition = 4 * rules.zero1_partition_numel(shard.numel, dp)
+        named = []
+        for i in shard.layers:
+            layer = tuple((p.name, p.shape) for p in table.layer_params(spec.shape, tp, kinds[i]))
+            named += [(_module_prefix(kinds[i], i, spec.pp) + n, shp) for n, shp in layer]
+            if pipe:
+                out.append(FileRecipe(f"layer_{i:02d}-model_{t:02d}-model_states.pt", "layer_states", writer, s, t,
+                                      None, i, layer, pipe))
+        out.append(FileRecipe(f"mp_rank_{mp_rank:02d}_model_states.pt", "model_states", writer, s, t, None, None,
+                              tuple(named), pipe))
         for d in range(dp):
-            optim = SavedFile(f"{prefix}zero_pp_rank_{d}_mp_rank_{mp_rank:02d}_optim_states",
-                              (partition,) * OPTIMIZER_STATES + (ADAM_STEP_BYTES,), "optimizer_states",
-                              tuple(shard.names))
-            out.append((optim, "optimizer_states", rules.global_rank(s, d, t, dp, tp)))
+            out.append(FileRecipe(f"{prefix}zero_pp_rank_{d}_mp_rank_{mp_rank:02d}_optim_states.pt",
+                                  "optimizer_states", rules.global_rank(s, d, t, dp, tp), s, t, d, None,
+                                  tuple(named), pipe))
     return out
+
+
+def _saved_file(spec: RunSpec, r: FileRecipe) -> SavedFile:
+    """What torch.save gets for a recipe: its tensor storages (exact) and the names its pickle holds."""
+    elem = ELEMENT_BYTES[spec.precision]
+    stem, names = r.path.removesuffix(".pt"), tuple(n for n, _ in r.params)
+    if r.kind == "layer_states":
+        # Each layer's state dict is cloned before saving: one storage per tensor.
+        return SavedFile(stem, tuple(elem * math.prod(shp) for _, shp in r.params), "layer_states", names)
+    if r.kind == "model_states":
+        if r.pipe:
+            return SavedFile(stem, (), "model_states_pipe", names)
+        # The module's weights are views into ZeRO's padded flat buffer and are saved uncloned: one storage.
+        return SavedFile(stem, (elem * rules.zero1_flat_numel(r.numel, spec.dp),), "model_states", names)
+    partition = 4 * rules.zero1_partition_numel(r.numel, spec.dp)
+    return SavedFile(stem, (partition,) * OPTIMIZER_STATES + (ADAM_STEP_BYTES,), "optimizer_states", names)
+
+
+# An emulated rank holds one file's tensors and, at worst, as much again while the engine stages or serializes them.
+EMULATED_STATE_FACTOR = 2
+
+
+def emulated_file_state_bytes(spec: RunSpec) -> int:
+    """Memory an emulated rank needs for the largest file of the checkpoint (emulate=true)."""
+    return max((_saved_file(spec, r).tensor_bytes for r in recipes(spec)), default=0) * EMULATED_STATE_FACTOR
 
 
 def files(spec: RunSpec) -> list[PlannedFile]:
     """Every file DeepSpeed's TorchCheckpointEngine writes into the tag directory, sorted by path."""
-    planned = [PlannedFile(f"{saved.stem}.pt", saved.bytes(), kind, rank, saved.tensor_bytes)
-               for saved, kind, rank in _saved_files(spec)]
+    planned = []
+    for r in recipes(spec):
+        saved = _saved_file(spec, r)
+        planned.append(PlannedFile(r.path, saved.bytes(), r.kind, r.writer, saved.tensor_bytes))
     return sorted(planned, key=lambda f: f.path)
 
 
-def restart_reads(spec: RunSpec) -> dict[int, list[str]]:
-    """global rank -> the distinct files its load_checkpoint reads in full (DeepSpeed 0.19.8, default engine).
+def restart_read_sequence(spec: RunSpec) -> dict[int, list[str]]:
+    """global rank -> the files its load_checkpoint reads in full, in order and with repeats (DeepSpeed 0.19.8,
+    default engine): one engine.load() each.
 
     DeepSpeed's state-dict loader first torch.loads the first file of the sorted list of candidates (mp_rank_00,
-    or a layer's model_00 file) to check the saved model-parallel size, then the rank's own file; ZeRO-1 (not
-    elastic) reads only the rank's own optimizer file."""
+    or a layer's model_00 file) to check the saved model-parallel size, then the rank's own file (for pp=1 at TP rank
+    0 the same file, read twice); ZeRO-1 (not elastic) reads only the rank's own optimizer file."""
     prefix = "bf16_" if spec.precision == "bf16" else ""
     out = {}
     for shard in shards(spec):
@@ -127,5 +166,10 @@ def restart_reads(spec: RunSpec) -> dict[int, list[str]]:
                 for i in shard.layers:
                     names += [f"layer_{i:02d}-model_00-model_states.pt", f"layer_{i:02d}-model_{t:02d}-model_states.pt"]
             names.append(f"{prefix}zero_pp_rank_{d}_mp_rank_{mp_rank:02d}_optim_states.pt")
-            out[rules.global_rank(s, d, t, spec.dp, spec.tp)] = list(dict.fromkeys(names))
+            out[rules.global_rank(s, d, t, spec.dp, spec.tp)] = names
     return dict(sorted(out.items()))
+
+
+def restart_reads(spec: RunSpec) -> dict[int, list[str]]:
+    """global rank -> the distinct files its load_checkpoint reads in full (restart_read_sequence without repeats)."""
+    return {rank: list(dict.fromkeys(names)) for rank, names in restart_read_sequence(spec).items()}

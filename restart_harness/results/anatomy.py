@@ -103,9 +103,12 @@ def save(per_rank_saves: list[dict], root: str | None = None) -> dict | None:
 def memory(record: dict[int, list[dict]], phases: tuple) -> dict | None:
     """Per phase, the largest host RSS high-water mark over ranks (and device memory on CUDA), with the rank."""
     out: dict[str, dict] = {}
-    for name, _, end_mark in phases:
+    for name, start_mark, end_mark in phases:
         rss, device = [], []
         for rank, evs in sorted(record.items()):
+            names = {e["name"] for e in evs if e["event"] == "mark"}
+            if start_mark not in names:  # a phase this record does not have (an emulated restart trains nothing)
+                continue
             mark = next((e for e in evs if e["event"] == "mark" and e["name"] == end_mark), None)
             if mark and mark.get("peak_rss_bytes") is not None:
                 rss.append((mark["peak_rss_bytes"], rank))

@@ -50,6 +50,8 @@ PHASE_NAMES = tuple(name for name, _, _ in RESTART_PHASES)
 # checkpoint phase the same start-up phases, then training (saves included).
 MEMORY_PHASES_RESTART = (*RESTART_PHASES, ("training", "first_step_done", "finished"))
 MEMORY_PHASES_CHECKPOINT = (*RESTART_PHASES[:4], ("training", "engine_initialized", "finished"))
+# emulate=true builds no model and trains nothing: after start-up the checkpoint phase only writes the files
+MEMORY_PHASES_EMULATED = (*RESTART_PHASES[:2], ("save", "engine_initialized", "finished"))
 
 # The anatomy of a load and of a save (restart_harness/worker/anatomy.py defines each category).
 LOAD_CATEGORIES = ("read", "deserialize", "copy", "wait", "other")

@@ -9,6 +9,7 @@ from restart_harness.results import anatomy, trace
 from restart_harness.results import events as ev
 from restart_harness.results.schema import (
     MEMORY_PHASES_CHECKPOINT,
+    MEMORY_PHASES_EMULATED,
     MEMORY_PHASES_RESTART,
     MIB,
     PHASE_NAMES,
@@ -58,13 +59,13 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str |
     return out
 
 
-def training(record: dict[int, list[dict]]) -> dict:
+def training(record: dict[int, list[dict]], emulated: bool = False) -> dict:
     steps = ev.of_kind(record, "step").get(0, [])
     seconds = [s["seconds"] for s in steps]
     rss = [e["max_rss_bytes"] for evs in ev.of_kind(record, "done").values() for e in evs if "max_rss_bytes" in e]
     return {
         "max_rss_bytes_per_rank": max(rss) if rss else None,
-        "memory": anatomy.memory(record, MEMORY_PHASES_CHECKPOINT),
+        "memory": anatomy.memory(record, MEMORY_PHASES_EMULATED if emulated else MEMORY_PHASES_CHECKPOINT),
         "steps": len(steps),
         "step_seconds_median": round(statistics.median(seconds), 6) if seconds else None,
         "losses": [round(s["loss"], 6) for s in steps],
@@ -95,8 +96,10 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         for phase, a, b in RESTART_PHASES:
             if a in m and b in m:
                 phases[phase] = m[b] - m[a] - (verify_s if phase == "first_step" else 0.0)
-        total = (m["first_step_done"] - m["process_start"] - verify_s
-                 if "first_step_done" in m and "process_start" in m else None)
+        # an emulated restart trains no step: its total ends when the checkpoint is loaded
+        end = "first_step_done" if "first_step_done" in m else "checkpoint_loaded"
+        total = (m[end] - m["process_start"] - (verify_s if end == "first_step_done" else 0.0)
+                 if end in m and "process_start" in m else None)
         loaded = next((e for e in evs if e["event"] == "loaded"), None)
         done = next((e for e in evs if e["event"] == "done"), {})
         per_rank.append({
@@ -174,7 +177,7 @@ def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict |
         "status": status,
         "spec": spec,
         "checkpoint": checkpoint,
-        "training": training(checkpoint_record),
+        "training": training(checkpoint_record, bool(spec.get("emulate"))),
         "restart": restarts[-1] if restarts else None,
         "restarts": restarts,
     }

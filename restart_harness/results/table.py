@@ -16,7 +16,9 @@ def render(summary: dict) -> str:
     rows = [
         ("run", summary["run_id"]),
         ("model", f"{spec['model']}{shrunk}: {d['num_parameters'] / 1e6:,.2f} M parameters, {spec['precision']}, "
-                  f"seq {spec['seq_len']}, global batch {d['global_batch']}"),
+                  f"seq {spec['seq_len']}, global batch {d['global_batch']}"
+                  + ("; EMULATED: no model, no training, the checkpoint's files written and read back"
+                     if spec.get("emulate") else "")),
         ("layout", f"tp={spec['tp']} pp={spec['pp']} dp={spec['dp']} ({d['world_size']} ranks on {spec['device']}), "
                    f"engine {spec['engine']}"),
         ("status", summary["status"]["state"] + (f": {summary['status']['reason']}" if summary["status"]["reason"] else "")),
@@ -48,7 +50,8 @@ def render(summary: dict) -> str:
             rows.append(("save anatomy", f"{parts}  (s, {ck['saves'][-1]['tag']}, slowest rank {bd['slowest_rank']})"))
     if rs:
         c = rs["cache"] or {}
-        rows.append(("restart", f"{_s(rs['total_seconds'])} process start -> first step done "
+        until = "checkpoint loaded" if spec.get("emulate") else "first step done"
+        rows.append(("restart", f"{_s(rs['total_seconds'])} process start -> {until} "
                                 f"(+{_s(rs['launch_seconds'])} launcher); cache {c.get('observed', '-')}"))
         rows.append(("phases", "  ".join(f"{k} {v:.2f}" for k, v in rs["phases"].items())))
         lb = rs.get("load_breakdown")

@@ -59,6 +59,12 @@ class RunSpec:
                      restart=True)
     baseline: bool = key(True, "measure the checkpoint file system once (cached) and report save/load efficiency",
                          group="checkpoint")
+    emulate: bool = key(False, "no model, no training: each rank writes exactly the planned files of one checkpoint "
+                               "(real names, sizes, tensors, format) through the engine, and its restart reads them "
+                               "back (docs/emulation.md)", group="checkpoint")
+    emulate_memory_gib: float | None = key(None, "emulate: file state a node may hold at once (ranks work in waves "
+                                                 "within it); default 60% of the memory available at launch",
+                                           group="checkpoint", unit="GiB", above=0)
     # observe
     anatomy: bool = key(True, "split each load and save into read/write, (de)serialization, copies, waiting (I/O "
                               "counters preloaded into every rank; docs/anatomy.md)", group="observe", restart=True)

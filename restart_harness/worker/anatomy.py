@@ -39,13 +39,17 @@ COLLECTIVES = ("barrier", "monitored_barrier", "broadcast", "broadcast_object_li
 class Window:
     """One timed window (a restart's load, or one save) with exclusive attribution of its seconds."""
 
-    def __init__(self, counters: iocount.Counters, categories: tuple[str, ...], sync=None):
-        self.counters, self.categories, self.sync = counters, categories, sync
+    def __init__(self, counters: iocount.Counters, categories: tuple[str, ...], sync=None,
+                 excluded: tuple[str, ...] = ()):
+        # excluded: regions that are not part of what is measured (an emulated save's data generation, waiting
+        # for another wave of ranks, verification between loads): taken out of the window altogether
+        self.counters, self.categories, self.sync, self.excluded = counters, categories, sync, excluded
         self.seconds: dict[str, float] = defaultdict(float)
         self.intervals: list[tuple[str, float, float]] = []
         self._stack: list[list] = []
         self.start_wall = time.time()
         self.start = time.perf_counter()
+        self.end_wall: float | None = None
         self.io_start = counters.totals()
         self.files_start = counters.files()
         self.end: float | None = None
@@ -86,8 +90,9 @@ class Window:
     def close(self) -> dict:
         """The window's record: seconds per category (other = the remainder), I/O counted in it, per-file I/O."""
         self.end = time.perf_counter()
-        total = self.end - self.start
-        attributed = sum(self.seconds.values())
+        self.end_wall = self.start_wall + (self.end - self.start)
+        total = self.end - self.start - sum(self.seconds.get(c, 0.0) for c in self.excluded)
+        attributed = sum(v for c, v in self.seconds.items() if c not in self.excluded)
         out = {c: round(self.seconds.get(c, 0.0), 6) for c in self.categories if c != "other"}
         out["other"] = round(max(0.0, total - attributed), 6)
         io_known = self.io_start is not None
@@ -99,8 +104,10 @@ class Window:
         files = iocount.file_delta(self.counters.files(), self.files_start) if io_known else {}
         return {
             "start": self.start_wall,
+            "end": self.end_wall,
             "window_seconds": round(total, 6),
             "seconds": out,
+            "excluded_seconds": {c: round(self.seconds.get(c, 0.0), 6) for c in self.excluded},
             "io": io,
             "files": files,
             "intervals": [(c, round(a, 6), round(b, 6)) for c, a, b in self.intervals],
@@ -125,12 +132,12 @@ class Anatomy:
         self.counters.add_prefix(path)
 
     @contextlib.contextmanager
-    def measure(self, categories: tuple[str, ...]):
+    def measure(self, categories: tuple[str, ...], excluded: tuple[str, ...] = ()):
         """Open a window for the duration of the block; yields it (close() gives its record; None when disabled)."""
         if not self.enabled:
             yield _Off()
             return
-        self.window = Window(self.counters, categories, self._sync)
+        self.window = Window(self.counters, categories, self._sync, excluded)
         try:
             yield self.window
         finally:

@@ -21,10 +21,11 @@ class EventLog:
         record = {"t": time.time() if t is None else t, "rank": self.rank, "event": event, **fields}
         self._file.write(json.dumps(record, sort_keys=False) + "\n")
 
-    def mark(self, name: str, t: float | None = None) -> None:
+    def mark(self, name: str, t: float | None = None, memory: dict | None = None) -> None:
         """A milestone (process_start, imports_done, dist_init_done, ...), with the memory high-water marks of the
-        phase it ends (since the previous mark)."""
-        memory = self.peak_memory() if self.peak_memory else {}
+        phase it ends (since the previous mark; `memory`: read earlier, for a mark recorded after the fact)."""
+        if memory is None:
+            memory = self.peak_memory() if self.peak_memory else {}
         self.emit("mark", t=t, name=name, **memory)
 
     def close(self) -> None:

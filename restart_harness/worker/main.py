@@ -60,6 +60,11 @@ def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
     spec = RunSpec.from_json(read_json(args.run_dir / "spec.json"))
     ds_config = read_json(args.run_dir / "ds_config.json")
     plugin = registry.get(spec.engine)(spec)
+    if spec.emulate:
+        from restart_harness.worker import emulate
+
+        emulate.run(args, log, rank, spec, ds_config, plugin, _init_distributed)
+        return
     device = _init_distributed(spec)
     log.mark("dist_init_done")
 
@@ -81,14 +86,19 @@ def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
     log.emit("layout", dp_rank=grid.get_data_parallel_rank(), tp_rank=tp.rank,
              pp_rank=grid.get_pipe_parallel_rank(), device=str(device),
              local_parameters=sum(p.numel() for p in params))
-    log.mark("engine_initialized")
 
     first, last = 1, spec.iters
-    if args.phase == "restart":
+    if args.phase != "restart":
+        log.mark("engine_initialized")
+    else:
+        # the load window is the checkpoint_load phase: its marks carry the window's own start and end (the memory
+        # of engine_init is read before the window opens)
+        engine_init_memory = _peak_memory()
         with anatomy.measure(LOAD_CATEGORIES) as window:
             tag, client_state = checkpointing.load(engine, args.ckpt_root)
             breakdown = window.close()
-        log.mark("checkpoint_loaded")
+        log.mark("engine_initialized", t=breakdown["start"] if breakdown else None, memory=engine_init_memory)
+        log.mark("checkpoint_loaded", t=breakdown["end"] if breakdown else None)
         log.emit("loaded", tag=tag, files=[{"path": p, "seconds": s} for p, s in recorder.loaded])
         log.emit("load_anatomy", **breakdown)
         _verify(args.run_dir, tag, engine, rank, log)

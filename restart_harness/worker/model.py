@@ -152,21 +152,34 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
+def _build_layer(kind: str, index: int, shape: ModelShape, tp: TPGroup, seed: int) -> nn.Module:
+    """Pipeline layer `index` (embedding, decoder layers, final norm, head)."""
+    if kind == table.EMBEDDING:
+        return Embedding(shape, tp, seed)
+    if kind == table.DECODER:
+        return DecoderLayer(shape, tp, index, seed)
+    if kind == table.FINAL_NORM:
+        return FinalNorm(shape)
+    return LMHead(shape, tp, seed)
+
+
 class LlamaForCausalLM(nn.Module):
-    """pp=1: the whole (TP-sharded) model as one module; forward returns the loss."""
+    """pp=1: the whole (TP-sharded) model as one module; forward returns the loss. Its pipeline layers are children
+    named by index, as in DeepSpeed's PipelineModule ("0.embed_tokens.weight", "1.input_layernorm.weight", ...), so
+    a parameter has the same name at every pipeline degree and checkpoints convert across pp (universal
+    checkpointing keys on these names)."""
 
     def __init__(self, shape: ModelShape, tp: TPGroup, seed: int):
         super().__init__()
-        self.embed = Embedding(shape, tp, seed)
-        self.layers = nn.ModuleList(DecoderLayer(shape, tp, i + 1, seed) for i in range(shape.num_hidden_layers))
-        self.final = FinalNorm(shape)
-        self.head = LMHead(shape, tp, seed)
+        self.kinds = table.pipeline_layers(shape)
+        for i, kind in enumerate(self.kinds):
+            self.add_module(str(i), _build_layer(kind, i, shape, tp, seed))
 
     def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        x = self.embed(ids)
-        for layer in self.layers:
-            x = layer(x)
-        return lm_loss(self.head(self.final(x)), labels)
+        x = ids
+        for i in range(len(self.kinds)):
+            x = self._modules[str(i)](x)
+        return lm_loss(x, labels)
 
 
 def pipeline_module(shape: ModelShape, tp: TPGroup, seed: int, topology):

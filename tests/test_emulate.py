@@ -1,0 +1,169 @@
+"""emulate=true: the emulated checkpoint is the real one file by file (names, kinds, writing ranks, sizes, and the
+whole structure of every state dict), its data cannot be compressed or de-duplicated, its restart reads exactly
+what DeepSpeed's load_checkpoint reads and verifies it, memory is bounded by waves, and bad input is refused."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import RUNS, cases, events, load_summary, run_cli, run_dir_of
+
+from engines import registry
+from restart_harness.spec import parse_args
+
+# Each emulated case (conftest.RUNS) beside the real run it must equal (same model, layout, engine, last step).
+PAIRS = {"emulated-tiny-dp2": "tiny-dp2", "emulated-tp2-pp2": "tp2-pp2", "emulated-dcp-tp2-pp2": "dcp-tp2-pp2"}
+cases(*PAIRS, *PAIRS.values())
+
+
+def _inventory(run_dir: Path) -> dict[str, dict]:
+    return {f["path"]: f for f in json.loads((run_dir / "inventory.json").read_text())["files"]}
+
+
+def structure_differences(a: object, b: object, path: str = "") -> list[str]:
+    """Where two loaded state dicts differ: types, keys and their order, tensor dtype/shape/storage size, every
+    non-tensor value (objects by their attributes). Tensor values are not compared (emulated data is random)."""
+    if type(a) is not type(b):
+        return [f"{path}: {type(a).__name__} != {type(b).__name__}"]
+    if isinstance(a, torch.Tensor):
+        same = a.dtype == b.dtype and a.shape == b.shape and \
+            a.untyped_storage().nbytes() == b.untyped_storage().nbytes()
+        return [] if same else [f"{path}: {a.dtype}{tuple(a.shape)} != {b.dtype}{tuple(b.shape)}"]
+    if isinstance(a, dict):
+        if list(a) != list(b):
+            return [f"{path}: keys {list(a)} != {list(b)}"]
+        out = structure_differences(getattr(a, "_metadata", None), getattr(b, "_metadata", None), f"{path}._metadata")
+        return out + [d for k in a for d in structure_differences(a[k], b[k], f"{path}/{k}")]
+    if isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path}: {len(a)} items != {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in structure_differences(x, y, f"{path}/{i}")]
+    if hasattr(a, "__dict__") and not isinstance(a, enum.Enum):
+        return structure_differences(vars(a), vars(b), f"{path}.__dict__")
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("emulated", list(PAIRS))
+def test_emulated_files_equal_the_real_ones(harness, emulated):
+    """Names, kinds and writing ranks exactly; each DeepSpeed file's size (a sharded engine's directory: all its
+    shards) within 1%; the torch.save files here to the byte. (DCP's .metadata holds the checkpoint's own path,
+    which differs between two run directories by a few bytes.)"""
+    real, emu = _inventory(harness.run(PAIRS[emulated])), _inventory(harness.run(emulated))
+    assert sorted(emu) == sorted(real)
+    entries: dict[str, list[int]] = {}
+    for path, f in real.items():
+        assert (emu[path]["kind"], emu[path]["rank"]) == (f["kind"], f["rank"]), path
+        sizes = entries.setdefault(path.split("/")[0], [0, 0])
+        sizes[0] += f["bytes"]
+        sizes[1] += emu[path]["bytes"]
+    for entry, (real_bytes, emu_bytes) in entries.items():
+        assert emu_bytes == pytest.approx(real_bytes, rel=0.01), entry
+    if "engine=" not in RUNS[emulated].args or "engine=default" in RUNS[emulated].args:
+        assert all(emu[p]["bytes"] == f["bytes"] for p, f in real.items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("emulated", list(PAIRS))
+def test_every_emulated_state_dict_is_deepspeeds(harness, emulated):
+    """Each file, loaded through the run's own engine: the same state dict as the real run's, key by key."""
+    real_dir, emu_dir = harness.run(PAIRS[emulated]), harness.run(emulated)
+    spec = parse_args(RUNS[emulated].tokens)
+    engine = registry.get(spec.engine)(spec).emulation_engine()
+    real_tag = Path(load_summary(real_dir)["checkpoint"]["dir"])
+    emu_tag = Path(load_summary(emu_dir)["checkpoint"]["dir"])
+    assert real_tag.name == emu_tag.name
+    tops = sorted({p.split("/")[0] for p in _inventory(real_dir)})
+    for top in tops:
+        a = engine.load(str(real_tag / top), map_location="cpu")
+        b = engine.load(str(emu_tag / top), map_location="cpu")
+        assert structure_differences(a, b) == [], top
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("emulated", list(PAIRS))
+def test_emulated_restart_reads_what_deepspeed_reads_and_verifies(harness, emulated):
+    real_dir, emu_dir = harness.run(PAIRS[emulated]), harness.run(emulated)
+    summary = load_summary(emu_dir)
+    restart = summary["restart"]
+    assert summary["spec"]["emulate"] is True and summary["status"]["state"] == "complete"
+    assert restart["verified"] is True and restart["verified_tensors"] > 0
+    # phases that do not apply are absent, not zero
+    assert set(restart["phases"]) == {"imports", "dist_init", "checkpoint_load"}
+    assert summary["training"]["steps"] == 0 and summary["training"]["step_seconds_median"] is None
+    # the same engine.load calls, in the same order, as DeepSpeed's load_checkpoint made in the real restart
+    for rank, evs in events(real_dir, "restart-01").items():
+        real_calls = [Path(f["path"]).name for f in next(e for e in evs if e["event"] == "loaded")["files"]]
+        emu_evs = events(emu_dir, "restart-01")[rank]
+        emu_calls = [Path(f["path"]).name for f in next(e for e in emu_evs if e["event"] == "loaded")["files"]]
+        assert emu_calls == real_calls, rank
+    lb = restart["load_breakdown"]
+    for row in lb["per_rank"]:
+        assert row["read_bytes"] > 0 and row["copy_seconds"] == 0.0
+
+
+@pytest.mark.slow
+def test_emulated_data_is_neither_compressible_nor_deduplicable(harness):
+    tag_dir = Path(load_summary(harness.run("emulated-tiny-dp2"))["checkpoint"]["dir"])
+    seen: set[bytes] = set()
+    blocks = 0
+    for path in sorted(tag_dir.glob("*.pt")):
+        data = path.read_bytes()
+        assert len(zlib.compress(data, 6)) > 0.98 * len(data), path.name
+        for i in range(0, len(data) - 4096, 4096):
+            seen.add(hashlib.blake2b(data[i:i + 4096], digest_size=16).digest())
+            blocks += 1
+    assert len(seen) == blocks  # no 4 KiB block repeats, within a file or across files
+
+
+@pytest.mark.slow
+def test_memory_budget_makes_ranks_work_in_waves(tmp_path):
+    """tiny dp=4: a rank's largest file (its optimizer partition) needs 1.5 MB with what the engine stages beside
+    it; a budget of 1.6 MB lets one rank work at a time."""
+    run_dir = run_dir_of(run_cli(["tiny", "dp=4", "emulate=true", "emulate_memory_gib=0.0015", "baseline=false",
+                                  "phase=checkpoint"], tmp_path / "results"))
+    saves = [e for evs in events(run_dir).values() for e in evs if e["event"] == "save"]
+    assert len(saves) == 4 and all(e["waves"] == 4 for e in saves)
+    starts = sorted((e["start"], e["rank"]) for e in saves)
+    assert [r for _, r in starts] == [0, 1, 2, 3]  # the waves run in rank order
+    assert json.loads((run_dir / "spec.json").read_text())["emulate_memory_gib"] == 0.0015
+
+
+BAD = {
+    "engine that DeepSpeed builds": (["tiny", "emulate=true", "engine=none"], "cannot emulate engine=none"),
+    "no memory": (["tiny", "emulate=true", "emulate_memory_gib=0"], "emulate_memory_gib=0"),
+    "a file larger than the budget": (["3B", "emulate=true", "emulate_memory_gib=1"], "the largest file needs"),
+    "no room for the checkpoint": (["70B", "tp=8", "pp=4", "dp=2", "emulate=true", "emulate_memory_gib=64",
+                                    "ckpt_dir=/dev/shm/rh-emu"], "MiB free"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_emulation_input(name, tmp_path):
+    tokens, named = BAD[name]
+    proc = run_cli(tokens, tmp_path / "results", check=False, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0], proc.stderr
+    assert not (tmp_path / "results").exists() and not Path("/dev/shm/rh-emu").exists()
+
+
+def test_70B_emulation_on_slurm_is_one_command(tmp_path):
+    """The real 70B layout (no shrink), emulated on 8 nodes x 8 ranks: the job script is generated and checked here;
+    the memory budget is left to the compute node."""
+    proc = run_cli(["70B", "tp=8", "pp=4", "dp=2", "nodes=8", "ranks_per_node=8", "emulate=true", "launcher=slurm",
+                    "dry_run=true", "walltime=02:00:00"], tmp_path / "results")
+    run_dir = run_dir_of(proc)
+    job = (run_dir / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=8" in job and "#SBATCH --ntasks-per-node=8" in job and "#SBATCH --time=02:00:00" in job
+    launch = (run_dir / "launch-checkpoint.sh").read_text()
+    assert "srun --nodes=8 --ntasks=64 --ntasks-per-node=8" in launch
+    spec = json.loads((run_dir / "spec.json").read_text())
+    assert spec["emulate"] is True and spec["emulate_memory_gib"] is None and spec["shrink"] == 1
+    assert spec["derived"]["num_parameters"] > 70e9

@@ -343,6 +343,37 @@ def restart_timeline(groups: list[Group], phases: list[str]) -> Figure | None:
     return fig
 
 
+def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
+    """Each restart at another layout beside its run's same-layout restart: conversion, then the restart's phases."""
+    bars: list[tuple[str, dict]] = []
+    for g in groups:
+        if not g.resharded:
+            continue
+        same = [r for r in g.rows if r.get("restart_record")]
+        if same:
+            bars.append((f"{g.tick}\n{same[-1].get('restart_layout_saved') or 'own layout'}", same[-1]))
+        bars += [(f"{g.tick}\n-> {r['restart_layout_loaded']}", r) for r in g.resharded]
+    if not bars:
+        return None
+    fig, ax = _figure(len(bars), height=4.8)
+    segments = [("conversion_seconds", "conversion")] + [(f"phase_{p}_seconds", p) for p in phases]
+    bottoms = [0.0] * len(bars)
+    for i, (column, name) in enumerate(segments):
+        heights = [num(r.get(column)) or 0.0 for _, r in bars]
+        if not any(heights):
+            continue
+        color = "#444444" if name == "conversion" else PHASE_PALETTE[(i - 1) % len(PHASE_PALETTE)]
+        ax.bar(range(len(bars)), heights, bottom=bottoms, width=0.6, label=name.replace("_", " "), color=color)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    ax.set_xticks(range(len(bars)), [label for label, _ in bars])
+    ax.set_xlim(-0.6, len(bars) - 0.4)
+    ax.set_ylabel("seconds")
+    ax.set_title("Restart at another layout: conversion and restart phases (slowest rank)")
+    ax.legend(**LEGEND)
+    _caption(fig, "first bar of each run: its restart at the layout that wrote the checkpoint; conversion is "
+                  "paid once per checkpoint and reused by later restarts (shown where it ran)")
+    return fig
+
 
 def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | None]:
     """Every figure by file name (unit in the name); None where no run has its data."""
@@ -357,4 +388,5 @@ def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | No
         "load_breakdown_seconds": load_breakdown(groups),
         "save_breakdown_seconds": save_breakdown(groups),
         "restart_timeline_seconds": restart_timeline(groups, phases),
+        "reshard_seconds": reshard_seconds(groups, phases),
     }

@@ -127,6 +127,34 @@ def memory_table(groups: list[Group]) -> Table | None:
                  "each rank's resident-memory high-water mark within the phase (VmHWM, reset at each phase)")
 
 
+def reshard_table(groups: list[Group]) -> Table | None:
+    """Restarts at another layout beside their run's same-layout restarts: conversion, phases, continuity."""
+    rows = []
+    for g in groups:
+        if not g.resharded:
+            continue
+        same = [r for r in g.rows if r.get("restart_record")]
+        if same:
+            rows.append([g.label, same[-1]["restart_record"], f"{same[-1].get('restart_layout_saved') or '-'} (own)",
+                         "-", _v(same[-1].get("phase_checkpoint_load_seconds")),
+                         _v(same[-1].get("restart_total_seconds")), _v(same[-1].get("first_step_loss"), 6), "-",
+                         _v(same[-1].get("restart_verified"))])
+        for r in g.resharded:
+            conv = _v(r.get("conversion_seconds")) + (" (reused)" if r.get("conversion_reused") else "")
+            rows.append([g.label, r["restart_record"], f"{r['restart_layout_saved']} -> {r['restart_layout_loaded']}",
+                         conv, _v(r.get("phase_checkpoint_load_seconds")), _v(r.get("restart_total_seconds")),
+                         _v(r.get("first_step_loss"), 6), _v(r.get("first_loss_diff_ratio"), 6),
+                         _v(r.get("restart_verified"))])
+    if not rows:
+        return None
+    return Table("Restarts at another layout", ["configuration", "restart", "layout", "conversion s",
+                                                "checkpoint load s", "restart total s", "first loss",
+                                                "first loss difference", "verified"], rows,
+                 "conversion: DeepSpeed's ds_to_universal, once per checkpoint (later restarts reuse it); first loss "
+                 "difference: relative to the same-layout restart's first loss on the same global batch; verified: "
+                 "every parameter's full fp32 weights and Adam moments equal the saved ones, and the loss continues")
+
+
 def runs_table(table: list[dict]) -> Table:
     """One row per run and restart record."""
     rows = []

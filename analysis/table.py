@@ -148,6 +148,18 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
     bd = save.get("breakdown") or {}
     for c in SAVE_CATEGORIES:
         row[f"save_{c}_seconds"] = num(bd.get(f"{c}_seconds"))
+    layout, conversion = rec.get("layout") or {}, rec.get("conversion") or {}
+    continuity = rec.get("loss_continuity") or {}
+    row.update({
+        "restart_layout_saved": layout.get("saved"),
+        "restart_layout_loaded": layout.get("loaded"),
+        "conversion_seconds": num(conversion.get("seconds")),
+        "conversion_reused": conversion.get("reused"),
+        "conversion_written_bytes": num(conversion.get("bytes_written")),
+        "conversion_read_bytes": num(conversion.get("bytes_read_counted")),
+        "first_step_loss": num(rec.get("first_step_loss")),
+        "first_loss_diff_ratio": num(continuity.get("rel_diff")),
+    })
     row.update({
         "restart_verify_seconds": num(rec.get("verify_seconds")),
         "restart_verified": rec.get("verified") if rec else None,
@@ -241,6 +253,7 @@ class Group:
     common: frozenset = frozenset()  # which of model, layout, engine every group of the report shares
     runs: list[Run] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)
+    resharded: list[dict] = field(default_factory=list)  # restart records at another layout than the run's
     saves: list[dict] = field(default_factory=list)
 
     @property
@@ -298,7 +311,10 @@ def groups(runs: list[Run], table: list[dict] | None = None, states: tuple[str, 
                              _extra(run.spec, config, varying, configs))
         g = out[key]
         g.runs.append(run)
-        g.rows.extend(r for r in table if r["run_dir"] == str(run.dir))
+        mine = [r for r in table if r["run_dir"] == str(run.dir)]
+        # a restart at another layout is another configuration of restart: kept apart, not pooled with these
+        g.rows.extend(r for r in mine if not _resharded(r))
+        g.resharded.extend(r for r in mine if _resharded(r))
         g.saves.extend(s for s in saves if s["run_dir"] == str(run.dir))
     found = list(out.values())
     common = frozenset(name for name in ("model", "layout", "engine")
@@ -306,6 +322,11 @@ def groups(runs: list[Run], table: list[dict] | None = None, states: tuple[str, 
     for g in found:
         g.common = common
     return found
+
+
+def _resharded(row: dict) -> bool:
+    saved, loaded = row.get("restart_layout_saved"), row.get("restart_layout_loaded")
+    return bool(saved and loaded and saved != loaded)
 
 
 def common_label(groups: list[Group]) -> str:

@@ -89,8 +89,10 @@ def large(tokens: list[str]) -> None:
         print(f"`{' '.join(tokens)} emulate=true cache=drop`: {ck['files']} files, {ck['bytes'] / 2**30:.2f} GiB, "
               f"{s['spec']['derived']['world_size']} ranks in {waves} wave(s) of emulate_memory_gib="
               f"{s['spec']['emulate_memory_gib']}")
-        print(f"save: blocking {save['blocking_seconds']:.1f} s ({save['throughput_mib_s']['blocking']:,.0f} MiB/s), "
-              f"durable {save['durable_seconds']:.1f} s ({save['throughput_mib_s']['durable']:,.0f} MiB/s)")
+        t = save["throughput_mib_s"]
+        print(f"save: per rank in its wave: blocking {save['blocking_seconds']:.1f} s ({t['blocking']:,.0f} MiB/s), "
+              f"durable {save['durable_seconds']:.1f} s ({t['durable']:,.0f} MiB/s); whole checkpoint, all waves: "
+              f"committed after {save['commit_seconds']:.1f} s ({t['commit']:,.0f} MiB/s)")
         print(f"restart ({rs['cache']['observed']}): checkpoint_load {load:.1f} s, {read / 2**30:.2f} GiB read "
               f"({read / MIB / load:,.0f} MiB/s over the phase), engine load calls {rs['load_seconds']:.1f} s "
               f"({rs['load_throughput_mib_s']:,.0f} MiB/s); verified {rs['verified']} "

@@ -77,7 +77,7 @@ def _plan(request) -> int:
 
     from restart_harness.plan import report
 
-    plan = report.build(request.spec, request.options.bandwidth_gbps)
+    plan = report.build(request.spec, request.options.bandwidth_gbps, request.target)
     print(json.dumps(plan, indent=1) if request.options.plan == "json" else report.render(plan))
     return 0
 

@@ -130,9 +130,30 @@ def restart(request: RestartRequest) -> None:
         where = f"job {status.get('job_id')}" if status["state"] == "submitted" else f"pid {status.get('pid')}"
         raise UsageError(f"run={run_dir}: still {status['state']} ({where}); restart it once it has finished")
     launchers.check(spec)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
-    engine(spec)
+    eng = engine(spec)
     tracer(spec)
-    committed_checkpoint(run_dir, request.ckpt_root)
+    tag = committed_checkpoint(run_dir, request.ckpt_root)
+    if request.reshard:
+        reshardable(request, eng, tag)
+
+
+def reshardable(request: RestartRequest, eng, tag: str) -> None:
+    """A restart at another layout needs an engine whose files DeepSpeed's converter reads, a trained (not emulated)
+    checkpoint, and the universal-checkpoint information the worker saves in every checkpoint."""
+    spec, original = request.spec, request.original
+    change = f"{original.layout} -> {spec.layout}"
+    if eng.reshard != "universal":
+        raise UsageError(f"restart at another layout ({change}): engine={spec.engine} writes its own format, which "
+                         "DeepSpeed's universal-checkpoint converter cannot read; accepted: engine=default runs")
+    if spec.emulate:
+        raise UsageError(f"restart at another layout ({change}): an emulated checkpoint holds random data, not a "
+                         "trained state; accepted: runs trained with emulate=false")
+    saves = [s for evs in ev.of_kind(ev.read_record(request.run_dir, "checkpoint"), "save").values() for s in evs
+             if s["tag"] == tag]
+    if not all(s.get("universal_info") for s in saves):
+        raise UsageError(f"restart at another layout ({change}): {tag} was written without the universal-checkpoint "
+                         "information DeepSpeed's converter needs (a run of an older harness); restart it at its own "
+                         "layout")
 
 
 def baseline(options: BaselineOptions) -> None:

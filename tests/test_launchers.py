@@ -191,8 +191,8 @@ def test_bad_input(name, tmp_path):
 
 def test_restart_refuses_keys_that_change_the_run(tmp_path):
     run_dir = dry_run(tmp_path, "tiny", "dp=2")
-    proc = cli(["phase=restart", f"run={run_dir}", "tp=2"], tmp_path)
-    assert proc.returncode == 2 and "tp=" in proc.stderr and "cache" in proc.stderr
+    proc = cli(["phase=restart", f"run={run_dir}", "precision=fp32"], tmp_path)
+    assert proc.returncode == 2 and "precision=" in proc.stderr and "cache" in proc.stderr
     before = sorted(p.name for p in run_dir.rglob("*"))
     proc = cli(["phase=restart", f"run={run_dir}", "cache=warm"], tmp_path)
     assert proc.returncode == 2 and "nothing to restart from" in proc.stderr  # a dry run has no checkpoint

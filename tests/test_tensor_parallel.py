@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from restart_harness.spec.model_shape import ModelShape
-from restart_harness.worker.data import micro_batch
+from restart_harness.worker.data import sample
 from restart_harness.worker.model import LlamaForCausalLM
 from restart_harness.worker.tensor_parallel import TPGroup
 
@@ -33,7 +33,8 @@ def shard_dim(name: str) -> int | None:
 def _worker(rank: int, init_file: str, queue) -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
-    ids, labels = micro_batch(seed=7, step=1, micro=0, dp_rank=0, batch=2, seq_len=12, vocab=SHAPE.vocab_size)
+    tokens = torch.stack([sample(seed=7, step=1, index=j, seq_len=12, vocab=SHAPE.vocab_size) for j in range(2)])
+    ids, labels = tokens[:, :-1], tokens[:, 1:]
     full = LlamaForCausalLM(SHAPE, TPGroup(), seed=3)
     full_loss = full(ids, labels)
     full_loss.backward()

@@ -24,6 +24,7 @@ CLASSES = ("read", "write", "sync")
 HIST_BUCKETS = 24  # bucket b: requests of [2^(b+9), 2^(b+10)) bytes; 0 is < 1 KiB, the last >= 4 GiB
 PATH_MAX = 4096
 ENV_PREFIXES = "RH_IO_PREFIXES"
+ENV_SHARED = "RH_IO_SHARED"
 ENV_FOPEN_VIA_OPEN = "RH_IO_FOPEN_VIA_OPEN"
 
 
@@ -150,4 +151,21 @@ def file_delta(after: dict[str, dict], before: dict[str, dict]) -> dict[str, dic
         d["opens"] = rec["opens"] - (prev["opens"] if prev else 0)
         if d["opens"] or any(d[c]["calls"] for c in CLASSES):
             out[path] = d
+    return out
+
+
+def read_shared(path: Path) -> dict | None:
+    """The totals a process tree added to an RH_IO_SHARED file: per class calls, bytes, seconds; opens."""
+    import struct
+
+    try:
+        raw = Path(path).read_bytes()
+    except OSError:
+        return None
+    if len(raw) < 10 * 8:
+        return None
+    values = struct.unpack("<10Q", raw[:80])
+    calls, nbytes, ns = values[0:3], values[3:6], values[6:9]
+    out = {c: {"calls": calls[i], "bytes": nbytes[i], "seconds": ns[i] / 1e9} for i, c in enumerate(CLASSES)}
+    out["opens"] = values[9]
     return out

@@ -23,7 +23,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -110,10 +112,40 @@ static void add_prefixes(const char *list) {
     }
 }
 
+/* RH_IO_SHARED=<file>: every process of a tree (a converter and the worker processes it forks) adds its calls and
+ * bytes to one shared record in that file, with atomic adds, so the totals survive processes that end with _exit. */
+typedef struct {
+    uint64_t calls[RH_CLASSES], bytes[RH_CLASSES], ns[RH_CLASSES], opens;
+} rh_shared_t;
+static rh_shared_t *rh_shared;
+
+static void map_shared(const char *path) {
+    int fd = (int)syscall(SYS_openat, AT_FDCWD, path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    if (ftruncate(fd, sizeof(rh_shared_t)) == 0) {
+        void *p = mmap(NULL, sizeof(rh_shared_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (p != MAP_FAILED) rh_shared = p;
+    }
+    syscall(SYS_close, fd);
+}
+
+static void shared_add(int cls, uint64_t ns, ssize_t bytes, int opened) {
+    if (!rh_shared) return;
+    if (opened) {
+        __atomic_fetch_add(&rh_shared->opens, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    __atomic_fetch_add(&rh_shared->calls[cls], 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&rh_shared->ns[cls], ns, __ATOMIC_RELAXED);
+    if (bytes > 0) __atomic_fetch_add(&rh_shared->bytes[cls], (uint64_t)bytes, __ATOMIC_RELAXED);
+}
+
 __attribute__((constructor)) static void rh_init(void) {
     add_prefixes(getenv("RH_IO_PREFIXES"));
     const char *v = getenv("RH_IO_FOPEN_VIA_OPEN");
     rh_fopen_via_open = v && v[0] == '1';
+    const char *shared = getenv("RH_IO_SHARED");
+    if (shared && shared[0] == '/') map_shared(shared);
 }
 
 /* Python adds the checkpoint root at run time. */
@@ -158,6 +190,7 @@ static void track(int fd, const char *path) {
         rh_fd_file[fd] = idx + 1;
     }
     pthread_mutex_unlock(&rh_lock);
+    if (idx >= 0) shared_add(0, 0, 0, 1);
 }
 
 static int file_of(int fd) { return (fd >= 0 && fd < RH_MAX_FD) ? rh_fd_file[fd] - 1 : -1; }
@@ -192,6 +225,7 @@ static void end(int cls, int idx, uint64_t t0, ssize_t bytes) {
         if (cls != RH_SYNC && bytes >= 0) f->hist[cls][bucket((uint64_t)bytes)]++;
     }
     pthread_mutex_unlock(&rh_lock);
+    shared_add(cls, dt, bytes, 0);
 }
 
 /* ---- opens and closes --------------------------------------------------------------------------------------- */

@@ -71,8 +71,9 @@ def allocate_record(run_dir: Path) -> str:
     raise RunFailed(f"no free restart record name under {events}")
 
 
-def write_launch(spec: RunSpec, run_dir: Path, ckpt_root: Path, phase: str, record: str, port: int) -> Path:
-    command = rank_command(spec, port, worker_args(run_dir, phase, record, ckpt_root))
+def write_launch(spec: RunSpec, run_dir: Path, ckpt_root: Path, phase: str, record: str, port: int,
+                 extra: list[str] | None = None) -> Path:
+    command = rank_command(spec, port, worker_args(run_dir, phase, record, ckpt_root) + (extra or []))
     path = run_dir / f"launch-{record}.sh"
     env = observe.environment(spec, run_dir, record, ckpt_root)
     write_text_atomic(path, launch_script(spec, phase, command, port, env), mode=0o755)
@@ -312,18 +313,21 @@ def discard_checkpoint(run_dir: Path, ckpt_root: Path) -> None:
     write_json_atomic(run_dir / "status.json", {**status, "checkpoint_deleted": True})
 
 
-def restart(run_dir: Path, ckpt_root: Path, spec: RunSpec, record: str) -> dict:
+def restart(run_dir: Path, ckpt_root: Path, spec: RunSpec, record: str, load_dir: Path | None = None,
+            extra: dict | None = None) -> dict:
+    """One restart launch of a prepared record; `load_dir`: what it reads (a universal checkpoint), whose pages the
+    cache step acts on; `extra`: facts for its record (the layouts, the conversion)."""
     latest = ckpt_root / "latest"
     if not latest.is_file():
         raise RunFailed(f"no committed checkpoint under {ckpt_root} (no 'latest'): nothing to restart from")
-    tag_dir = ckpt_root / latest.read_text().strip()
+    tag_dir = load_dir or ckpt_root / latest.read_text().strip()
     files = [p for p in tag_dir.rglob("*") if p.is_file()]
     state = pagecache.prepare(files, spec.cache)
     say(f"  [{record}] page cache: asked {state['requested']}, observed {state['observed']}"
         + (f" ({state['error']})" if state["error"] else ""))
     say(f"  [{record}] launching {spec.world_size} fresh ranks")
     info = launch(run_dir, record, spec.timeout)
-    info.update(cache=state, launcher=spec.launcher)
+    info.update(cache=state, launcher=spec.launcher, **(extra or {}))
     _save_record(run_dir, info)
     if info["exit_code"] != 0:
         raise RunFailed(_failure(run_dir, info))
@@ -342,14 +346,29 @@ def restart_only(request) -> Path:
         return submit_restart_job(request)
     prior = observed(run_dir)
     state, reason = ("complete", None) if prior["state"] == "complete" else ("failed", prior.get("reason"))
-    say(f"run {run_dir.name}: {request.repeats} restart(s) of {spec.model_label}, {spec.layout} from "
-        f"{(ckpt_root / 'latest').read_text().strip()}, launcher {spec.launcher}, cache={spec.cache}")
+    tag = (ckpt_root / "latest").read_text().strip()
+    layouts = {"saved": request.original.layout if request.original else spec.layout, "loaded": spec.layout}
+    say(f"run {run_dir.name}: {request.repeats} restart(s) of {spec.model_label} from {tag}, saved at "
+        f"{layouts['saved']}, loaded at {spec.layout}; launcher {spec.launcher}, cache={spec.cache}")
     try:
+        extra_args, load_dir, facts = [], None, {"layout": layouts}
+        if request.reshard:
+            from restart_harness.launch import reshard
+
+            conversion = reshard.convert(run_dir, ckpt_root, tag, say)
+            reference = reshard.reference(run_dir, ckpt_root, tag, request.original)
+            load_dir = ckpt_root / reshard.universal_tag(tag)
+            facts["conversion"] = conversion
+            extra_args = ["--load-tag", reshard.universal_tag(tag), "--full-state-reference", str(reference)]
         for n in range(request.repeats):
             record = allocate_record(run_dir)
-            write_launch(spec, run_dir, ckpt_root, "restart", record, spec.master_port or free_port())
+            args = list(extra_args)
+            if request.reshard:
+                spec_path, config_path = reshard.record_files(run_dir, record, spec)
+                args += ["--spec", str(spec_path), "--ds-config", str(config_path)]
+            write_launch(spec, run_dir, ckpt_root, "restart", record, spec.master_port or free_port(), args)
             say(f"  restart {n + 1}/{request.repeats}: record {record}")
-            restart(run_dir, ckpt_root, spec, record)
+            restart(run_dir, ckpt_root, spec, record, load_dir, facts)
     except RunFailed as exc:
         finalize.finalize(run_dir, state="failed", reason=str(exc))
         raise

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from engines import registry
+from restart_harness.errors import UsageError
 from restart_harness.plan import checkpoint
 from restart_harness.results.schema import KINDS, MIB
 from restart_harness.spec.runspec import RunSpec
@@ -66,8 +67,8 @@ def _estimate(spec: RunSpec, files: list, total: int, read_total: int, bandwidth
     }
 
 
-def build(spec: RunSpec, bandwidth_gbps: float | None = None) -> dict:
-    """The plan as plain data (what plan=json prints)."""
+def build(spec: RunSpec, bandwidth_gbps: float | None = None, target: RunSpec | None = None) -> dict:
+    """The plan as plain data (what plan=json prints); with target, the restart at that layout too."""
     start = time.perf_counter()
     engine = registry.get(spec.engine)
     saves = engine.saves
@@ -115,6 +116,13 @@ def build(spec: RunSpec, bandwidth_gbps: float | None = None) -> dict:
         "restart_reads": {str(r): paths for r, paths in reads.items()},
     }
     plan["estimate"] = _estimate(spec, files, total, read_total, bandwidth_gbps) if files else None
+    if target is not None:
+        from restart_harness.plan import universal
+
+        if engine.reshard != "universal":
+            raise UsageError(f"to_tp/to_pp/to_dp: engine={spec.engine} cannot restart at another layout (DeepSpeed's "
+                             "universal-checkpoint converter reads torch.save files only); accepted: engine=default")
+        plan["reshard"] = universal.plan(spec, target)
     plan["plan_seconds"] = round(time.perf_counter() - start, 6)
     return plan
 
@@ -160,4 +168,13 @@ def render(plan: dict) -> str:
                   f"  ignores: {est['ignores']}"]
     elif est:
         lines.append(f"estimate           {est['note']}")
+    rs = plan.get("reshard")
+    if rs:
+        per = rs["restart_read_bytes_per_rank"]
+        lines += ["", f"restart at {rs['to']} (from {rs['from']}), through DeepSpeed's universal checkpoint:",
+                  (f"  converted          {rs['total_files']} files, {rs['total_bytes']:,} bytes "
+                  f"({_size(rs['total_bytes'])}): zero/<parameter>/{{fp32,exp_avg,exp_avg_sq,step}}.pt at full size, "
+                  "optimizer_state.pt, the mp_rank files"),
+                  (f"  restart_read_bytes {rs['restart_read_bytes']:,} ({_size(rs['restart_read_bytes'])}); per rank "
+                  f"max {per['max']:,}, min {per['min']:,}")]
     return "\n".join(lines)

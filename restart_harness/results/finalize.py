@@ -44,7 +44,10 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
         tag = next((e["tag"] for evs in record.values() for e in evs if e["event"] == "loaded"), None)
         restarts.append(sm.restart(record, info["record"], info, info.get("cache"),
                                    committed.get(tag, {}).get("bytes"), str(ckpt_root), run_dir))
+    sm.loss_continuity(restarts)
     tag = restarts[-1]["tag"] if restarts and restarts[-1]["tag"] else None
+    if tag and tag.endswith("_universal"):  # a restart at another layout loaded the converted copy of this tag
+        tag = tag.removesuffix("_universal")
     if tag is None and (ckpt_root / "latest").is_file():
         tag = (ckpt_root / "latest").read_text().strip()
     inventory = None

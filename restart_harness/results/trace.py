@@ -23,9 +23,8 @@ SYNCS = {"fsync", "fdatasync", "sync_file_range", "msync"}
 OPENS = {"open", "open64", "openat", "openat64", "creat", "creat64", "fopen", "fopen64"}
 
 
-def read_events(folder: Path) -> list[dict]:
-    """Every event on a file, of every trace file in folder (a torn tail of a killed process is skipped)."""
-    out = []
+def _records(folder: Path):
+    """Every JSON record of every trace file in folder (a torn tail of a killed process is skipped)."""
     for path in sorted(folder.glob("*.pfw*")):
         try:
             raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
@@ -36,12 +35,24 @@ def read_events(folder: Path) -> list[dict]:
             if not line.startswith("{"):
                 continue
             try:
-                e = json.loads(line)
+                yield json.loads(line)
             except json.JSONDecodeError:
                 continue
-            # calls on files only (dftracer also records process calls: exec, fork, waitpid)
-            if e.get("cat") in ("POSIX", "STDIO") and "ts" in e and (e.get("args") or {}).get("fhash"):
-                out.append(e)
+
+
+def read_events(folder: Path) -> list[dict]:
+    """Every event on a file, of every trace file in folder, with the file's path as `file` where the trace names
+    it (dftracer writes each path once, as an `FH` record mapping its hash to the name)."""
+    names, out = {}, []
+    for e in _records(folder):
+        args = e.get("args") or {}
+        if e.get("name") == "FH" and args.get("value"):
+            names[args["value"]] = args.get("name")
+        # calls on files only (dftracer also records process calls: exec, fork, waitpid)
+        elif e.get("cat") in ("POSIX", "STDIO") and "ts" in e and args.get("fhash"):
+            out.append(e)
+    for e in out:
+        e["file"] = names.get(e["args"]["fhash"])
     return out
 
 

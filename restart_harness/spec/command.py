@@ -37,6 +37,11 @@ class PlanOptions:
     bandwidth_gbps: float | None = key(None, "storage bandwidth for the estimate (both directions); default: the "
                                              "cached storage baseline of the checkpoint directory's file system",
                                        group="plan", unit="GB/s = 10^9 bytes/s", above=0)
+    to_tp: int | None = key(None, "plan a restart at another layout too: its tensor-parallel degree (default the "
+                                  "run's); shows the universal checkpoint and what each rank reads of it",
+                            group="plan", minimum=1)
+    to_pp: int | None = key(None, "... its pipeline-parallel degree (default the run's)", group="plan", minimum=1)
+    to_dp: int | None = key(None, "... its data-parallel degree (default the run's)", group="plan", minimum=1)
 
 
 @dataclass
@@ -59,6 +64,7 @@ class RestartOptions:
 class PlanRequest:
     spec: RunSpec
     options: PlanOptions
+    target: RunSpec | None = None  # plan a restart at this layout too (to_tp, to_pp, to_dp)
 
 
 @dataclass
@@ -70,6 +76,13 @@ class RestartRequest:
     ckpt_root: FsPath
     repeats: int
     tokens: list[str]  # the overrides as given (key=value), handed on to a submitted restart-only job
+    original: RunSpec | None = None  # the run's own spec (the layout that wrote the checkpoint)
+
+    @property
+    def reshard(self) -> bool:
+        """The restart's layout differs from the one that wrote the checkpoint (tp, pp or dp)."""
+        o = self.original
+        return o is not None and (self.spec.tp, self.spec.pp, self.spec.dp) != (o.tp, o.pp, o.dp)
 
 
 @dataclass
@@ -198,7 +211,13 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
 
 def parse_plan(tokens: list[str]) -> PlanRequest:
     spec, values = parse_run(tokens, keys_of(PlanOptions))
-    return PlanRequest(spec, PlanOptions(**values))
+    options = PlanOptions(**values)
+    target = None
+    if any(v is not None for v in (options.to_tp, options.to_pp, options.to_dp)):
+        target = dataclasses.replace(spec, tp=options.to_tp or spec.tp, pp=options.to_pp or spec.pp,
+                                     dp=options.to_dp or spec.dp, ranks_per_node=None)
+        target.resolve_layout()
+    return PlanRequest(spec, options, target)
 
 
 def parse_baseline(tokens: list[str]) -> BaselineOptions:
@@ -283,8 +302,33 @@ def parse_restart(tokens: list[str]) -> RestartRequest:
         raise UsageError(f"run={options['run']}: not a run directory (no spec.json)")
     run_dir = run_dir.resolve()
     data = json.loads((run_dir / "spec.json").read_text())
-    spec = dataclasses.replace(RunSpec.from_json(data), **overrides)
+    original = RunSpec.from_json(data)
+    spec = dataclasses.replace(original, **overrides)
     spec.phase, spec.dry_run = "restart", False
+    if LAYOUT_KEYS & overrides.keys():
+        _relayout(spec, original, overrides)
     given = [f"{k}={v}" for k, v in pairs.items()]
     return RestartRequest(run_dir=run_dir, spec=spec, ckpt_root=FsPath(data["checkpoint_root"]),
-                          repeats=spec.repeats, tokens=given)
+                          repeats=spec.repeats, tokens=given, original=original)
+
+
+LAYOUT_KEYS = frozenset({"tp", "pp", "dp", "nodes", "ranks_per_node"})
+
+
+def _relayout(spec: RunSpec, original: RunSpec, overrides: dict) -> None:
+    """A restart at another layout: keys not given keep the run's values (ranks per node follows); the model
+    must fit the new layout; the global batch stays the run's (micro-batch and accumulation adjusted), so the first
+    step after the restart trains on the same samples as at the original layout."""
+    if "ranks_per_node" not in overrides:
+        spec.ranks_per_node = None
+    if "dp" not in overrides and "ranks_per_node" in overrides:
+        spec.dp = None
+    spec.resolve_layout()
+    batch = original.global_batch
+    if batch % spec.dp:
+        raise UsageError(f"dp={spec.dp}: the run's global batch of {batch} samples (micro_batch {original.micro_batch} "
+                         f"x grad_accum {original.grad_accum} x dp {original.dp}) does not split over {spec.dp} "
+                         "data-parallel ranks; accepted: dp dividing it")
+    per_rank = batch // spec.dp
+    spec.micro_batch = max(m for m in range(1, min(original.micro_batch, per_rank) + 1) if per_rank % m == 0)
+    spec.grad_accum = per_rank // spec.micro_batch

@@ -5,6 +5,7 @@ two cannot drift apart. No torch here: the planner must answer in well under a s
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from restart_harness.spec.model_shape import ModelShape
@@ -73,3 +74,25 @@ def layer_params(shape: ModelShape, tp: int, kind: str) -> list[Param]:
 def by_name(params: list[Param], prefix: str = "") -> dict[str, Param]:
     """name -> Param for the names under `prefix` (prefix removed): what one sub-module builds from."""
     return {p.name[len(prefix):]: p for p in params if p.name.startswith(prefix)}
+
+
+def universal_checkpoint_patterns(shape: ModelShape) -> dict:
+    """What DeepSpeed's ds_to_universal needs to know about the split of each parameter (client state
+    `universal_checkpoint_info`, saved in every checkpoint so that any run can be resharded later), from this table:
+    row-parallel weights are concatenated on dim 1, replicated ones (the norms) must be equal on every TP rank,
+    vocabulary-parallel ones carry the unpadded vocabulary size; the rest (column-parallel) concatenate on dim 0.
+    Names are matched (re.match) against `<pipeline layer index>.<name>`."""
+    by_split: dict[str, set[str]] = {}
+    for kind in (EMBEDDING, DECODER, FINAL_NORM, LM_HEAD):
+        for p in layer_params(shape, 1, kind):
+            by_split.setdefault(p.split, set()).add(p.name)
+
+    def patterns(split: str) -> list[str]:
+        return [rf"^\d+\.{re.escape(name)}$" for name in sorted(by_split.get(split, ()))]
+
+    return {
+        "tp_replicated_parameter_patterns": patterns("replicated"),
+        "parameter_with_row_parallelism_patterns": patterns("row"),
+        "vocabulary_parameter_patterns": patterns("vocab"),
+        "original_vocab_size": shape.vocab_size,
+    }

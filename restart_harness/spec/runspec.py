@@ -29,13 +29,14 @@ class RunSpec:
     shrink: int = key(1, "divide head dimension, FFN and vocabulary (and the default seq_len) by K; layers and "
                          "heads stay, so file names and counts are the real model's", group="model", minimum=1)
     # layout
-    tp: int = key(1, "tensor-parallel degree (Megatron-style split)", group="layout", minimum=1)
-    pp: int = key(1, "pipeline-parallel degree (DeepSpeed PipelineModule when > 1)", group="layout", minimum=1)
+    tp: int = key(1, "tensor-parallel degree (Megatron-style split)", group="layout", minimum=1, restart=True)
+    pp: int = key(1, "pipeline-parallel degree (DeepSpeed PipelineModule when > 1)", group="layout", minimum=1,
+                  restart=True)
     dp: int | None = key(None, "data-parallel degree; default nodes x ranks_per_node / (tp x pp), or 1",
-                         group="layout", minimum=1)
-    nodes: int = key(1, "nodes (slurm and pbs launchers)", group="layout", minimum=1)
+                         group="layout", minimum=1, restart=True)
+    nodes: int = key(1, "nodes (slurm and pbs launchers)", group="layout", minimum=1, restart=True)
     ranks_per_node: int | None = key(None, "ranks (GPUs) per node; default tp x pp x dp / nodes", group="layout",
-                                     minimum=1)
+                                     minimum=1, restart=True)
     # training
     precision: str = key("bf16", "training precision (ZeRO-1 keeps fp32 master weights either way)",
                          group="training", choices=("bf16", "fp32"))
@@ -138,8 +139,7 @@ class RunSpec:
     def resolve(self) -> RunSpec:
         """Fill derived defaults and check the layout; raises UsageError naming the numbers."""
         self.shape = self.shape.shrunk(self.shrink)
-        self._resolve_ranks()
-        self._check_model_split()
+        self.resolve_layout()
         if self.seq_len is None:
             # Sequence length shapes activations only, never the checkpoint: shrink divides it too.
             self.seq_len = min(self.shape.max_position_embeddings, max(16, 2048 // self.shrink))
@@ -155,6 +155,11 @@ class RunSpec:
                 "written; accepted: 1 <= save_interval <= iters"
             )
         return self
+
+    def resolve_layout(self) -> None:
+        """Derive dp / ranks_per_node and check that the (already resolved) model can be placed on the layout."""
+        self._resolve_ranks()
+        self._check_model_split()
 
     def _resolve_ranks(self) -> None:
         per_replica = self.tp * self.pp
@@ -208,11 +213,12 @@ class RunSpec:
                 hint = ""
                 if name == "num_key_value_heads":
                     hint = " (key/value heads are split across TP ranks, not replicated)"
-                raise UsageError(f"tp={tp} does not divide {name}={value}{hint}")
+                raise UsageError(f"tp={tp} does not divide {name}={value}{hint}; accepted: tp dividing "
+                                 + ", ".join(f"{n}={v}" for n, v in checks))
         if self.pp > s.num_hidden_layers:
             raise UsageError(
                 f"pp={self.pp} is larger than the {s.num_hidden_layers} transformer layers "
-                "(each pipeline stage needs at least one)"
+                f"(each pipeline stage needs at least one); accepted: pp from 1 to {s.num_hidden_layers}"
             )
 
 

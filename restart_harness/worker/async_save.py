@@ -48,7 +48,7 @@ class Saver:
 
     def save(self, tag: str, step: int) -> dict | None:
         """Start a save; the save record when already committed (sync engines), else None (see poll, finish)."""
-        client_state = {"harness_step": step}
+        client_state = checkpointing.client_state(self.plugin.spec, step)
         if not self.asynchronous:
             record = checkpointing.save(self.ds_engine, self.recorder, self.plugin, self.ckpt_root, tag, client_state,
                                         self.rank, self.barrier)
@@ -147,4 +147,5 @@ class Saver:
             "in_flight_steps": p.in_flight_steps,
             "anatomy": p.anatomy,
             "flush": p.flush,
+            "universal_info": True,
         }

@@ -94,6 +94,23 @@ class RecordingEngine(CheckpointEngine):
         return getattr(self.__dict__["inner"], name)
 
 
+def client_state(spec, step: int) -> dict:
+    """What every checkpoint carries beside DeepSpeed's state: the step, and the universal-checkpoint information
+    DeepSpeed's ds_to_universal needs to reshard it later (which parameters are row-parallel, TP-replicated,
+    vocabulary-parallel; restart_harness/spec/parameters.py)."""
+    from deepspeed.checkpoint.constants import (
+        UNIVERSAL_CHECKPOINT_INFO,
+        UNIVERSAL_CHECKPOINT_VERSION_KEY,
+        UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+    )
+
+    from restart_harness.spec.parameters import universal_checkpoint_patterns
+
+    info = {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+            **universal_checkpoint_patterns(spec.shape)}
+    return {"harness_step": step, UNIVERSAL_CHECKPOINT_INFO: info}
+
+
 def install(ds_engine, plugin, anatomy: Anatomy) -> RecordingEngine:
     """Install the plug-in's CheckpointEngine (if it brings one) and wrap it for recording; hook the copies into
     the engine's state and DeepSpeed's collectives into the anatomy."""
@@ -103,8 +120,8 @@ def install(ds_engine, plugin, anatomy: Anatomy) -> RecordingEngine:
     recorder = RecordingEngine(ds_engine.checkpoint_engine, anatomy)
     ds_engine.checkpoint_engine = recorder
     anatomy.wrap(ds_engine, "load_module_state_dict", "copy")
-    if ds_engine.optimizer is not None:
-        anatomy.wrap(ds_engine.optimizer, "load_state_dict", "copy")
+    if ds_engine.optimizer is not None:  # a universal load reads its files in here: those reads count as reads
+        anatomy.wrap(ds_engine.optimizer, "load_state_dict", "copy", io=("read",))
     anatomy.hook_collectives()
     return recorder
 
@@ -141,6 +158,7 @@ def save(ds_engine, recorder: RecordingEngine, plugin, ckpt_root: Path, tag: str
         "files": files,
         "bytes": sum(f["bytes"] for f in files),
         "anatomy": record,
+        "universal_info": True,  # client_state() carried it: ds_to_universal can convert this checkpoint
     }
 
 
@@ -177,12 +195,14 @@ def _explain_save_failure(exc: Exception, ckpt_root: Path, tag: str) -> Exceptio
     return exc
 
 
-def load(ds_engine, ckpt_root: Path) -> tuple[str, dict]:
-    """Load the checkpoint `latest` names; a missing or unreadable one is an error, never a silent no-op."""
+def load(ds_engine, ckpt_root: Path, tag: str | None = None) -> tuple[str, dict]:
+    """Load the checkpoint `latest` names (or `tag`: a universal checkpoint beside it); a missing or unreadable one
+    is an error, never a silent no-op."""
     latest = ckpt_root / "latest"
-    if not latest.is_file():
-        raise FileNotFoundError(f"no 'latest' file in {ckpt_root}: nothing committed to restart from")
-    tag = latest.read_text().strip()
+    if tag is None:
+        if not latest.is_file():
+            raise FileNotFoundError(f"no 'latest' file in {ckpt_root}: nothing committed to restart from")
+        tag = latest.read_text().strip()
     path, client_state = ds_engine.load_checkpoint(str(ckpt_root), tag=tag)
     if path is None:
         raise RuntimeError(f"DeepSpeed load_checkpoint found no checkpoint for tag {tag!r} in {ckpt_root}")

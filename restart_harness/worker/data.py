@@ -1,20 +1,24 @@
-"""Synthetic token batches: a pure function of (seed, step, micro-batch, data-parallel rank), so a
-restarted run sees exactly the batches a continuous run would."""
+"""Synthetic token batches. Sample i of step s is a pure function of (seed, s, i); a step's global batch is samples
+0 .. micro_batch x grad_accum x dp - 1, and data-parallel rank d takes, in micro-batch m, the samples
+(m x dp + d) x micro_batch + j. So a restarted run sees exactly the batches a continuous run would, and a restart at
+another layout (dp, grad_accum, micro_batch) trains on the same global batch."""
 
 from __future__ import annotations
 
 import torch
 
 
-def micro_batch(seed: int, step: int, micro: int, dp_rank: int, batch: int, seq_len: int, vocab: int):
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 10_007 + micro * 101 + dp_rank)
-    tokens = torch.randint(0, vocab, (batch, seq_len + 1), generator=gen)
-    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+def sample(seed: int, step: int, index: int, seq_len: int, vocab: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 10_007 + index * 101)
+    return torch.randint(0, vocab, (seq_len + 1,), generator=gen)
 
 
 def step_batches(spec, step: int, dp_rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The gradient-accumulation micro-batches of one optimizer step."""
-    return [
-        micro_batch(spec.seed, step, m, dp_rank, spec.micro_batch, spec.seq_len, spec.shape.vocab_size)
-        for m in range(spec.grad_accum)
-    ]
+    """(inputs, labels) of each gradient-accumulation micro-batch of one optimizer step, for one DP rank."""
+    out = []
+    for m in range(spec.grad_accum):
+        first = (m * spec.dp + dp_rank) * spec.micro_batch
+        tokens = torch.stack([sample(spec.seed, step, first + j, spec.seq_len, spec.shape.vocab_size)
+                              for j in range(spec.micro_batch)])
+        out.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
+    return out

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from restart_harness.plan import checkpoint, rules
 from restart_harness.results.schema import LOAD_CATEGORIES, SAVE_CATEGORIES
 from restart_harness.storage.atomic import files_under, fsync_paths, write_json_atomic, write_text_atomic
-from restart_harness.worker import digest
+from restart_harness.worker import checkpointing, digest
 from restart_harness.worker.anatomy import Anatomy
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -219,7 +219,7 @@ def save(args, spec, ds_config: dict, engine, plugin, anatomy: Anatomy, rank: in
     recipes = checkpoint.recipes(spec)
     mine = [r for r in recipes if r.writer == rank]
     filler = Filler(rank, spec.seed)
-    client_state = {"harness_step": step}
+    client_state = checkpointing.client_state(spec, step)
     written: list[tuple[str, float]] = []
     digests: dict[str, dict[str, str]] = {}
     timing = {"save": 0.0, "durable": 0.0, "start": time.time()}
@@ -243,16 +243,16 @@ def save(args, spec, ds_config: dict, engine, plugin, anatomy: Anatomy, rank: in
             written.append((path, saved - start))
             del state
 
+    began = time.perf_counter()  # every rank, before the first wave: commit_seconds spans all the waves
     with anatomy.measure(SAVE_CATEGORIES, excluded=("generate", "wave")) as window:
         count = _in_waves(spec, recipes, rank, work, anatomy)
-        commit_start = time.perf_counter()
         with anatomy.region("wait"):
             dist.barrier()
         if rank == 0:
             write_text_atomic(args.ckpt_root / "latest", tag)
         with anatomy.region("wait"):
             dist.barrier()
-        commit = time.perf_counter() - commit_start
+        committed = time.perf_counter() - began
         record = window.close()
     digest_path = args.run_dir / "digests" / tag / f"emulated-rank-{rank:05d}.json"
     digest_path.parent.mkdir(parents=True, exist_ok=True)
@@ -260,7 +260,7 @@ def save(args, spec, ds_config: dict, engine, plugin, anatomy: Anatomy, rank: in
     files = [{"path": str(Path(p).relative_to(tag_dir)),
               "bytes": sum(f.stat().st_size for f in files_under(Path(p))), "seconds": s} for p, s in written]
     log.emit("save", tag=tag, step=step, start=timing["start"], blocking_seconds=timing["save"],
-             durable_seconds=timing["durable"], commit_seconds=timing["durable"] + commit, files=files,
+             durable_seconds=timing["durable"], commit_seconds=committed, files=files,
              bytes=sum(f["bytes"] for f in files), anatomy=record, emulated=True, waves=count,
              **{"async": plugin.is_async()}, in_flight_steps=0)
 

@@ -19,7 +19,7 @@ from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataP
 from engines import registry
 from restart_harness.spec.runspec import RunSpec
 from restart_harness.storage.atomic import read_json, write_json_atomic
-from restart_harness.worker import async_save, checkpointing, digest, faults
+from restart_harness.worker import async_save, checkpointing, digest, faults, full_state
 from restart_harness.worker.anatomy import LOAD_CATEGORIES, Anatomy, peak_rss_bytes_since_last
 from restart_harness.worker.data import step_batches
 from restart_harness.worker.events import EventLog
@@ -34,6 +34,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--phase", choices=("checkpoint", "restart"), required=True)
     p.add_argument("--record", required=True, help="event folder name: checkpoint, restart-01, ...")
     p.add_argument("--ckpt-root", type=Path, required=True)
+    p.add_argument("--spec", type=Path, help="this launch's spec (a restart at another layout); default the run's")
+    p.add_argument("--ds-config", type=Path, help="this launch's DeepSpeed config; default the run's")
+    p.add_argument("--load-tag", help="restart: the tag to load (a universal checkpoint); default what latest names")
+    p.add_argument("--full-state-reference", type=Path,
+                   help="restart: verify the full state against these digests (a restart at another layout)")
     return p.parse_args(argv)
 
 
@@ -57,8 +62,8 @@ def main(process_start: float, argv=None) -> int:
 
 
 def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
-    spec = RunSpec.from_json(read_json(args.run_dir / "spec.json"))
-    ds_config = read_json(args.run_dir / "ds_config.json")
+    spec = RunSpec.from_json(read_json(args.spec or args.run_dir / "spec.json"))
+    ds_config = read_json(args.ds_config or args.run_dir / "ds_config.json")
     plugin = registry.get(spec.engine)(spec)
     if spec.emulate:
         from restart_harness.worker import emulate
@@ -95,13 +100,17 @@ def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
         # of engine_init is read before the window opens)
         engine_init_memory = _peak_memory()
         with anatomy.measure(LOAD_CATEGORIES) as window:
-            tag, client_state = checkpointing.load(engine, args.ckpt_root)
+            tag, client_state = checkpointing.load(engine, args.ckpt_root, args.load_tag)
             breakdown = window.close()
         log.mark("engine_initialized", t=breakdown["start"] if breakdown else None, memory=engine_init_memory)
         log.mark("checkpoint_loaded", t=breakdown["end"] if breakdown else None)
         log.emit("loaded", tag=tag, files=[{"path": p, "seconds": s} for p, s in recorder.loaded])
-        log.emit("load_anatomy", **breakdown)
-        _verify(args.run_dir, tag, engine, rank, log)
+        if breakdown:
+            log.emit("load_anatomy", **breakdown)
+        if args.full_state_reference:
+            _verify_full_state(args.full_state_reference, tag, engine, model, spec, grid, log)
+        else:
+            _verify(args.run_dir, tag, engine, rank, log)
         first = int(client_state["harness_step"]) + 1
         last = first + spec.after - 1
 
@@ -111,7 +120,7 @@ def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
     for step in range(first, last + 1):
         faults.hit("step", rank, step, where=str(args.ckpt_root))
         start = time.perf_counter()
-        loss = _train_step(engine, spec, step, grid.get_data_parallel_rank(), device)
+        loss = _train_step(engine, spec, step, grid, device)
         seconds = time.perf_counter() - start
         log.emit("step", step=step, loss=loss, seconds=seconds, last=last, in_flight=saver.overlapped(start))
         if step == first and args.phase == "restart":
@@ -157,18 +166,21 @@ def _init_distributed(spec: RunSpec) -> torch.device:
     return torch.device("cpu")
 
 
-def _train_step(engine, spec: RunSpec, step: int, dp_rank: int, device: torch.device) -> float:
-    batches = step_batches(spec, step, dp_rank)
+def _train_step(engine, spec: RunSpec, step: int, grid, device: torch.device) -> float:
+    """One optimizer step; returns the loss of the whole global batch (the mean over data-parallel ranks), the same
+    at every layout that trains on that batch."""
+    batches = step_batches(spec, step, grid.get_data_parallel_rank())
     if spec.pp > 1:
-        loss = engine.train_batch(data_iter=iter(batches))
-        return float(loss)
-    total = 0.0
+        return float(engine.train_batch(data_iter=iter(batches)))  # DeepSpeed averages it over the DP group
+    total = torch.zeros((), dtype=torch.float64, device=device)
     for ids, labels in batches:
         loss = engine(ids.to(device), labels.to(device))
         engine.backward(loss)
         engine.step()
-        total += float(loss)
-    return total / len(batches)
+        total += loss.detach().double()
+    if spec.dp > 1:
+        dist.all_reduce(total, group=grid.get_data_parallel_group())
+    return float(total) / (len(batches) * spec.dp)
 
 
 def _digest_path(run_dir: Path, tag: str, rank: int) -> Path:
@@ -184,6 +196,18 @@ def _save(args, engine, saver: async_save.Saver, step: int, rank: int, log: Even
     write_json_atomic(path, {"tag": tag, "rank": rank, "combined": digest.combined(digests), "tensors": digests})
     log.emit("digest", tag=tag, seconds=time.perf_counter() - start, tensors=len(digests))
     _emit_save(log, saver.save(tag, step))
+
+
+def _verify_full_state(reference: Path, tag: str, engine, model, spec: RunSpec, grid, log: EventLog) -> None:
+    """A restart at another layout: every parameter's full fp32 master weights and Adam moments, gathered, against
+    the digests taken from the original checkpoint's files (launch/reshard.py)."""
+    start = time.perf_counter()
+    restored = full_state.digests(engine, model, spec, grid)
+    saved = json.loads(reference.read_text())["parameters"]
+    diff = [f"{name}.{key}" for name, keys in sorted(restored.items()) for key, d in keys.items()
+            if saved.get(name, {}).get(key) != d]
+    log.emit("verify", tag=tag, ok=not diff, differing=diff[:50], differing_count=len(diff),
+             tensors=sum(len(k) for k in restored.values()), seconds=time.perf_counter() - start, full_state=True)
 
 
 def _verify(run_dir: Path, tag: str, engine, rank: int, log: EventLog) -> None:

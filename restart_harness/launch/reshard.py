@@ -1,0 +1,144 @@
+"""A restart at another layout, DeepSpeed's way: convert the committed checkpoint with DeepSpeed's own
+ds_to_universal (a timed, recorded phase), then restart with `checkpoint.load_universal` at the new layout, and verify
+the full state against a reference taken from the original files by code of our own.
+
+convert()    runs `python -m deepspeed.checkpoint.ds_to_universal --input_folder ROOT/TAG --output_folder
+             ROOT/TAG_universal` once per tag (a later reshard of the same run reuses it and says so), with the I/O
+             counter library preloaded into it and every worker process it forks (one shared record of their reads
+             and writes); records seconds, bytes read and written, files written: records/convert-<tag>.json.
+reference()  from the original checkpoint's ZeRO files: every parameter's full fp32 master weights and Adam moments
+             (each TP shard from the data-parallel partitions in order, the shards put back together by each
+             parameter's split), digested: digests/<tag>/full-state.json. Independent of the converter it checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from restart_harness import iocount
+from restart_harness.errors import RunFailed
+from restart_harness.generate.ds_config import build_ds_config, deep_merge
+from restart_harness.spec.runspec import RunSpec
+from restart_harness.storage.atomic import files_under, read_json, write_json_atomic
+
+MARKER = ".rh-converted.json"
+CONVERTER = "deepspeed.checkpoint.ds_to_universal"
+
+
+def universal_tag(tag: str) -> str:
+    return f"{tag}_universal"
+
+
+def convert(run_dir: Path, ckpt_root: Path, tag: str, say=print) -> dict:
+    """The universal checkpoint of tag (converting it now, or the earlier conversion's record)."""
+    out = ckpt_root / universal_tag(tag)
+    if (out / MARKER).is_file():
+        return {**read_json(out / MARKER), "reused": True}
+    if out.exists():  # an interrupted conversion: start over
+        import shutil
+
+        shutil.rmtree(out)
+    workers = max(1, min(4, os.cpu_count() or 1))
+    cmd = [sys.executable, "-m", CONVERTER, "--input_folder", str(ckpt_root / tag), "--output_folder", str(out),
+           "--num_extract_workers", str(workers), "--num_merge_workers", str(workers)]
+    log_path = run_dir / "logs" / f"convert-{tag}.log"
+    log_path.parent.mkdir(exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    fd, shared = tempfile.mkstemp(prefix=".rh-io-", dir=run_dir)
+    os.close(fd)
+    try:
+        lib = iocount.build()
+    except OSError:
+        lib = None
+    if lib is not None:
+        env.update({"LD_PRELOAD": f"{lib} {env.get('LD_PRELOAD', '')}".strip(), iocount.ENV_PREFIXES: str(ckpt_root),
+                    iocount.ENV_SHARED: shared})
+    say(f"  [convert] {tag} -> {out.name} with {CONVERTER} ({workers} extract and merge workers; log {log_path})")
+    start, wall = time.perf_counter(), time.time()
+    with open(log_path, "wb") as log:
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, check=False)
+    seconds = time.perf_counter() - start
+    io = iocount.read_shared(Path(shared)) if lib is not None else None
+    Path(shared).unlink(missing_ok=True)
+    if proc.returncode != 0:
+        tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+        raise RunFailed(f"converting {tag} to a universal checkpoint failed (exit {proc.returncode}): {tail[0]}; "
+                        f"see {log_path}")
+    written = files_under(out)
+    record = {
+        "tag": tag, "output": str(out), "converter": CONVERTER, "workers": workers, "start": wall,
+        "seconds": round(seconds, 6),
+        "files_written": len(written), "bytes_written": sum(p.stat().st_size for p in written),
+        "bytes_read_counted": io["read"]["bytes"] if io else None,
+        "bytes_written_counted": io["write"]["bytes"] if io else None,
+        "read_calls": io["read"]["calls"] if io else None, "write_calls": io["write"]["calls"] if io else None,
+        "input_bytes": sum(p.stat().st_size for p in files_under(ckpt_root / tag)),
+        "input_files": len(files_under(ckpt_root / tag)),
+        "log": str(log_path.relative_to(run_dir)), "reused": False,
+    }
+    write_json_atomic(out / MARKER, record)
+    (run_dir / "records").mkdir(exist_ok=True)
+    write_json_atomic(run_dir / "records" / f"convert-{tag}.json", record)
+    say(f"  [convert] {record['files_written']} files, {record['bytes_written'] / 2**20:,.1f} MiB written in "
+        f"{seconds:.2f} s")
+    return record
+
+
+def reference(run_dir: Path, ckpt_root: Path, tag: str, original: RunSpec) -> Path:
+    """digests/<tag>/full-state.json: each parameter's full fp32 weights and Adam moments from the original files."""
+    path = run_dir / "digests" / tag / "full-state.json"
+    if path.is_file():
+        return path
+    import torch
+
+    from restart_harness.plan import checkpoint
+    from restart_harness.worker import digest
+    from restart_harness.worker.full_state import KEYS, merge_tp, split_of
+
+    shards: dict[str, list[dict[str, torch.Tensor]]] = {}  # name -> per TP rank {key: shard}
+    step = None
+    for recipe in checkpoint.recipes(original):
+        if recipe.kind != "optimizer_states" or recipe.dp_rank != 0:
+            continue  # one recipe per (stage, TP rank): the partitions of all DP ranks are read below
+        flats: dict[str, list[torch.Tensor]] = {k: [] for k in KEYS}
+        for d in range(original.dp):
+            name = recipe.path.replace("zero_pp_rank_0_", f"zero_pp_rank_{d}_")
+            osd = torch.load(ckpt_root / tag / name, map_location="cpu", weights_only=False)["optimizer_state_dict"]
+            state = osd["base_optimizer_state"]["state"][0]
+            flats["fp32"].append(osd["single_partition_of_fp32_groups"][0])
+            flats["exp_avg"].append(state["exp_avg"])
+            flats["exp_avg_sq"].append(state["exp_avg_sq"])
+            step = float(state["step"])
+        flat = {k: torch.cat(v)[: recipe.numel] for k, v in flats.items()}  # the last partition's padding off
+        offset = 0
+        for pname, shape in recipe.params:
+            n = 1
+            for s in shape:
+                n *= s
+            per_tp = shards.setdefault(pname, [{} for _ in range(original.tp)])
+            per_tp[recipe.tp_rank] = {k: flat[k][offset:offset + n].view(shape) for k in KEYS}
+            offset += n
+    parameters = {}
+    for pname, per_tp in shards.items():
+        split = split_of(original.shape, pname)
+        parameters[pname] = {k: digest.tensor_digest(merge_tp([s[k] for s in per_tp], split)) for k in KEYS}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, {"tag": tag, "layout": original.layout, "adam_step": step, "parameters": parameters})
+    return path
+
+
+def record_files(run_dir: Path, record: str, spec: RunSpec) -> tuple[Path, Path]:
+    """The restart's own spec and DeepSpeed config (its layout; universal loading): records/{spec,ds_config}-<record>.json."""
+    folder = run_dir / "records"
+    folder.mkdir(exist_ok=True)
+    spec_path, config_path = folder / f"spec-{record}.json", folder / f"ds_config-{record}.json"
+    data = {**json.loads((run_dir / "spec.json").read_text()), **spec.to_json()}
+    write_json_atomic(spec_path, data)
+    write_json_atomic(config_path, deep_merge(build_ds_config(spec), {"checkpoint": {"load_universal": True}}))
+    return spec_path, config_path

@@ -52,6 +52,10 @@ RUNS: dict[str, Case] = {
     "dcp-async-dp2": Case(f"tiny dp=2 engine=dcp async_save=true {ASYNC_SHORT}"),
     "dcp-tp2-pp2": Case(f"tiny tp=2 pp=2 engine=dcp {SHORT}"),
     "none-dp2": Case(f"tiny dp=2 engine=none {SHORT}"),
+    # the harness's own engine; lazy-dp2 is tiny-dp2 with engine=lazy (tests/test_lazy.py compares their files),
+    # its model file split over both replicas even at this size
+    "lazy-dp2": Case("tiny dp=2 engine=lazy balance_min_mib=0 iters=4 save_interval=2 after=2"),
+    "lazy-tp2-pp2-dp2": Case(f"tiny tp=2 pp=2 dp=2 engine=lazy {SHORT}"),
     # emulation (no model, no training): each beside the real run above it must equal (tests/test_emulate.py)
     "emulated-tiny-dp2": Case("tiny dp=2 engine=default iters=4 save_interval=2 after=2 emulate=true"),
     "emulated-tp2-pp2": Case(f"tiny tp=2 pp=2 baseline=false {SHORT} emulate=true"),

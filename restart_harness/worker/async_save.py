@@ -90,6 +90,9 @@ class Saver:
                              "write_busy_seconds": round(io["write"]["busy_seconds"], 6) if io else None,
                              "fsync_busy_seconds": round(io["sync"]["busy_seconds"], 6) if io else None,
                              "io": io}
+            stats = getattr(self.recorder.inner, "flush_stats", None)  # the engine's own account, where it keeps one
+            if stats is not None:
+                pending.flush["engine"] = stats()
         except Exception as exc:  # noqa: BLE001 - any failure is re-raised in the main thread by _commit
             pending.error = exc
 

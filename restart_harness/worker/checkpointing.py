@@ -53,7 +53,11 @@ class RecordingEngine(CheckpointEngine):
         start = time.perf_counter()
         with self.anatomy.region("serialize", io=("write", "sync")):
             result = self.inner.save(state_dict, path)
-        self.saved.append((path, time.perf_counter() - start))
+        seconds = time.perf_counter() - start
+        # An engine that writes only part of what `path` names (engine=lazy's shares of a replicated file) returns
+        # the files it writes; otherwise everything under path is this rank's.
+        written = result if isinstance(result, list) else [path]
+        self.saved += [(p, seconds / len(written)) for p in written]
         faults.hit("save", int(os.environ.get("RANK", "0")), self.step)
         return result
 

@@ -1,6 +1,8 @@
 """Deterministic fault injection for the reliability tests: RH_FAULT="<action>@<point>:rank=R:step=S".
 
     kill@save   SIGKILL this rank inside the checkpoint engine's save, after its first file is written
+    kill@flush  SIGKILL this rank in the middle of a background flush (engine=lazy: after the first write request
+                of a part file of the save after step S, before the rest and before its fsync)
     hang@step   sleep forever before training step S (exercises the launch timeout)
     enospc@save raise OSError(ENOSPC) from the engine's save (a full disk without a small filesystem)
     fill@step   before step S, fill the checkpoint's file system with a filler file until it is full (as another

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Restart at another layout against a restart at the layout that wrote the checkpoint.
+
+Method: for each source layout of MODEL (default `small`), one run (iters=2 save_interval=2 after=1 cache=drop:
+it checkpoints at step 2 and restarts once at its own layout). Then REPEATS rounds; in each round, interleaved, one
+restart at the source layout and one at each target layout, all cold (cache=drop), all from the same checkpoint. The
+first restart at another layout converts the checkpoint with DeepSpeed's ds_to_universal; later ones reuse it.
+
+Reported per (source -> target): the conversion (seconds, files and bytes written, bytes read as counted by the
+preloaded I/O counters), and medians over rounds of the restart's checkpoint_load seconds, engine_init seconds and
+restart total seconds (slowest rank, process start to first step done), each with its ratio to the same-layout
+restart's median of the same round set; the first loss's relative difference to the same-layout restart; verified
+(full-state equality and loss continuity) in every round. On a 2-core machine a 4-rank layout oversubscribes the cores:
+compare ratios between targets of equal rank count.
+
+Usage: .venv/bin/python benchmarks/reshard.py [REPEATS] [MODEL]     (default 2 small)
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MIB = 1 << 20
+COMMON = ["iters=2", "save_interval=2", "after=1", "cache=drop"]
+# source layout -> target layouts: every change of issue 15 (dp 2->1, 1->2, 2->4; tp 1->2, 2->1; pp 1->2, 2->1; one
+# combined change)
+PLAN = {
+    "dp=2": ["dp=1", "dp=4", "tp=2 dp=2", "pp=2 dp=2", "tp=2 pp=2 dp=1"],
+    "tp=2 pp=2 dp=1": ["tp=1 pp=2 dp=2", "tp=2 pp=1 dp=2", "tp=1 pp=1 dp=2"],
+    "dp=1": ["dp=2"],
+}
+
+
+def launch(args: list[str]) -> str:
+    proc = subprocess.run([str(REPO / "submit-job.sh"), *args], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def main() -> None:
+    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+    model = sys.argv[2] if len(sys.argv) > 2 else "small"
+    results = Path(tempfile.mkdtemp(prefix="rh-bench-reshard-"))
+    rows = []
+    for source, targets in PLAN.items():
+        run_dir = Path(launch([model, *source.split(), *COMMON, f"results_dir={results}"]))
+        print(f"[{model} {source}] {run_dir}", file=sys.stderr, flush=True)
+        records: dict[str, list[str]] = {"same": [], **{t: [] for t in targets}}
+        for r in range(repeats):
+            for target in ["same", *targets]:
+                extra = [] if target == "same" else target.split()
+                before = len(json.loads((run_dir / "summary.json").read_text())["restarts"])
+                launch(["restart", f"run={run_dir}", "cache=drop", *extra])
+                summary = json.loads((run_dir / "summary.json").read_text())
+                assert len(summary["restarts"]) == before + 1
+                records[target].append(summary["restarts"][-1]["record"])
+                print(f"  round {r + 1}: {target}: {summary['restarts'][-1]['record']}", file=sys.stderr, flush=True)
+        by_record = {x["record"]: x for x in json.loads((run_dir / "summary.json").read_text())["restarts"]}
+        same = [by_record[n] for n in records["same"]]
+
+        def med(rs: list[dict], key: str) -> float | None:
+            return median([(x["phases"].get(key) if key != "total" else x["total_seconds"]) for x in rs])
+
+        base = {k: med(same, k) for k in ("checkpoint_load", "engine_init", "total")}
+        rows.append({"source": source, "target": "(same layout)", **{f"{k}_s": v for k, v in base.items()},
+                     "verified": all(x["verified"] for x in same)})
+        for target in targets:
+            rs = [by_record[n] for n in records[target]]
+            conv = next((x["conversion"] for x in rs if x.get("conversion") and not x["conversion"]["reused"]),
+                        rs[0].get("conversion") or {})
+            row = {"source": source, "target": target, "conversion_s": conv.get("seconds"),
+                   "conversion_files": conv.get("files_written"), "conversion_written_mib": conv["bytes_written"] / MIB,
+                   "conversion_read_mib": (conv.get("bytes_read_counted") or 0) / MIB,
+                   "verified": all(x["verified"] for x in rs),
+                   "loss_rel_diff_max": max((x.get("loss_continuity") or {}).get("rel_diff", 0.0) for x in rs)}
+            for k in ("checkpoint_load", "engine_init", "total"):
+                v = med(rs, k)
+                row[f"{k}_s"] = v
+                row[f"{k}_ratio"] = v / base[k] if v and base[k] else None
+            rows.append(row)
+    out = results / "reshard.json"
+    out.write_text(json.dumps({"model": model, "repeats": repeats, "rows": rows}, indent=1))
+    print(f"# {model}, medians over {repeats} rounds (results in {results})")
+    print("| source | target | conversion s | conv. files | conv. written MiB | conv. read MiB | checkpoint_load s "
+          "(x same) | engine_init s (x same) | restart total s (x same) | loss rel diff | verified |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def f(v, d=2):
+        return "" if v is None else f"{v:.{d}f}"
+
+    for r in rows:
+        loss = f"{r['loss_rel_diff_max']:.1e}" if "loss_rel_diff_max" in r else ""
+        print(f"| {r['source']} | {r['target']} | {f(r.get('conversion_s'))} | {r.get('conversion_files') or ''} | "
+              f"{f(r.get('conversion_written_mib'), 1)} | {f(r.get('conversion_read_mib'), 1)} | "
+              f"{f(r['checkpoint_load_s'])} ({f(r.get('checkpoint_load_ratio'))}) | "
+              f"{f(r['engine_init_s'])} ({f(r.get('engine_init_ratio'))}) | "
+              f"{f(r['total_s'])} ({f(r.get('total_ratio'))}) | "
+              f"{loss} | "
+              f"{r['verified']} |")
+
+
+if __name__ == "__main__":
+    main()

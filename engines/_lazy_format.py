@@ -1,0 +1,202 @@
+"""The on-disk format of engine=lazy, its reader and its converter to DeepSpeed's own torch.save layout. Needs only
+torch (and whatever the state's non-tensor objects need to unpickle, as torch.load of DeepSpeed's own file does).
+
+Every file DeepSpeed asks the engine to write (`.../global_step8/mp_rank_00_model_states.pt`, a ZeRO optimizer
+file, a pipeline layer file) becomes a directory of that name:
+
+    header.json      {"format": "restart-harness-lazy", "version": 1, "alignment": 4096,
+                      "tensors": [{"dtype": "bfloat16", "shape": [4096, 4096], "part": 0, "offset": 0,
+                                   "nbytes": 33554432}, ...],          # in the order the remainder refers to them
+                      "parts": [{"file": "part-0.bin", "bytes": 33554432, "writer_dp_rank": 0}, ...],
+                      "remainder": "remainder.pkl"}
+    remainder.pkl    the state dict pickled (protocol 5) with every tensor replaced by a persistent id ("t", i):
+                     i indexes header["tensors"]; everything that is not tensor data (ints, strings, the ds_config,
+                     DeepSpeed's slice mappings) is here
+    part-<k>.bin     raw tensor bytes, C-contiguous, native byte order; each tensor starts at a multiple of
+                     `alignment`; nothing else (no per-tensor headers, no pickling)
+
+A file replicated over data-parallel ranks (the model weights of a pp=1 run) is split into parts written by
+different replicas (part k by data-parallel rank k); the header and the remainder are written by replica 0.
+A directory is complete when every part has its `bytes`; the harness commits `latest` only after every rank's files
+are durable.
+
+    python -m engines._lazy_format to-torch-save CKPT/global_step8 OUT/global_step8
+writes the same checkpoint as DeepSpeed's default engine would have (one torch.save file per directory, other files
+copied), so DeepSpeed's zero_to_fp32.py, ds_to_universal and a default-engine restart can read it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import io
+import json
+import os
+import pickle
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+FORMAT = "restart-harness-lazy"
+VERSION = 1
+ALIGNMENT = 4096
+HEADER, REMAINDER = "header.json", "remainder.pkl"
+READ_CHUNK_BYTES = 16 << 20
+
+
+def part_name(k: int) -> str:
+    return f"part-{k}.bin"
+
+
+def is_lazy(path: str | Path) -> bool:
+    return (Path(path) / HEADER).is_file()
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def aligned(n: int, alignment: int = ALIGNMENT) -> int:
+    return -(-n // alignment) * alignment
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """A writable memoryview over a contiguous CPU tensor's bytes (no numpy, no copy)."""
+    n = t.numel() * t.element_size()
+    return memoryview((ctypes.c_ubyte * n).from_address(t.data_ptr())).cast("B") if n else memoryview(b"")
+
+
+class _Pickler(pickle.Pickler):
+    def __init__(self, f, tensors: list):
+        super().__init__(f, protocol=5)
+        self.tensors = tensors
+        self.index: dict[int, int] = {}  # id(tensor) -> its index: a tensor referred to twice is stored once
+
+    def persistent_id(self, obj):
+        if isinstance(obj, torch.Tensor):
+            if id(obj) not in self.index:
+                self.index[id(obj)] = len(self.tensors)
+                self.tensors.append(obj)
+            return ("t", self.index[id(obj)])
+        return None
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, f, tensors: list):
+        super().__init__(f)
+        self.tensors = tensors
+
+    def persistent_load(self, pid):
+        kind, i = pid
+        assert kind == "t", pid
+        return self.tensors[i]
+
+
+def split(state: object) -> tuple[list[torch.Tensor], bytes]:
+    """(the state's tensors in pickling order, the remainder pickled with persistent ids in their place)."""
+    tensors: list[torch.Tensor] = []
+    buf = io.BytesIO()
+    _Pickler(buf, tensors).dump(state)
+    return tensors, buf.getvalue()
+
+
+def _read_into(path: Path, buf: torch.Tensor, pool: ThreadPoolExecutor) -> None:
+    """The whole file into buf, in large requests issued in parallel."""
+    view = byte_view(buf)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        def chunk(off: int) -> None:
+            end = min(off + READ_CHUNK_BYTES, len(view))
+            while off < end:
+                n = os.preadv(fd, [view[off:end]], off)
+                if n <= 0:
+                    raise OSError(f"{path}: short read at byte {off} of {len(view)} (a torn checkpoint?)")
+                off += n
+
+        list(pool.map(chunk, range(0, len(view), READ_CHUNK_BYTES)))
+    finally:
+        os.close(fd)
+
+
+def load(path: str | Path, threads: int = 4, map_location=None) -> object:
+    """The state dict saved at path: each part read into one buffer, tensors built as views of it."""
+    path = Path(path)
+    header = json.loads((path / HEADER).read_text())
+    if header.get("format") != FORMAT or header.get("version") != VERSION:
+        raise ValueError(f"{path}: not a {FORMAT} v{VERSION} directory")
+    buffers = []
+    with ThreadPoolExecutor(threads) as pool:
+        for part in header["parts"]:
+            f = path / part["file"]
+            if f.stat().st_size < part["bytes"]:
+                raise OSError(f"{f}: {f.stat().st_size} bytes, {part['bytes']} expected (a torn checkpoint?)")
+            buf = torch.empty(part["bytes"], dtype=torch.uint8)
+            _read_into(f, buf, pool)
+            buffers.append(buf)
+    tensors = []
+    for t in header["tensors"]:
+        flat = buffers[t["part"]][t["offset"]:t["offset"] + t["nbytes"]]
+        tensors.append(flat.view(getattr(torch, t["dtype"])).view(t["shape"]))
+    tensors = _relocate(tensors, map_location)
+    with open(path / header["remainder"], "rb") as f:
+        return _Unpickler(f, tensors).load()
+
+
+def _relocate(tensors: list[torch.Tensor], map_location) -> list[torch.Tensor]:
+    """torch.load's map_location for tensors read onto the CPU (a device, its name, or DeepSpeed's callable)."""
+    if map_location is None or isinstance(map_location, dict):
+        return tensors
+    if callable(map_location):
+        out = []
+        for t in tensors:
+            storage = map_location(t.untyped_storage(), "cpu")
+            out.append(torch.empty(0, dtype=t.dtype, device=storage.device).set_(
+                storage, t.storage_offset(), t.size(), t.stride()))
+        return out
+    return [t.to(map_location) for t in tensors]
+
+
+def to_torch_save(src: str | Path, dst: str | Path) -> list[Path]:
+    """A checkpoint tag directory of engine=lazy -> the same tag as DeepSpeed's default engine writes it."""
+    src, dst = Path(src), Path(dst)
+    written = []
+    for entry in sorted(src.rglob("*")):
+        rel = entry.relative_to(src)
+        if any(is_lazy(p) for p in [src / q for q in _parents(rel)]):
+            continue  # inside a lazy directory: converted with it
+        out = dst / rel
+        if entry.is_dir() and is_lazy(entry):
+            out.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(load(entry), out)
+            written.append(out)
+        elif entry.is_file():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(entry, out)
+            written.append(out)
+    return written
+
+
+def _parents(rel: Path) -> list[Path]:
+    return [p for p in rel.parents if str(p) != "."]
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[0] != "to-torch-save":
+        print("usage: python -m engines._lazy_format to-torch-save SRC_TAG_DIR DST_TAG_DIR", file=sys.stderr)
+        return 2
+    src, dst = Path(argv[1]), Path(argv[2])
+    if not src.is_dir():
+        print(f"error: {src}: no such checkpoint directory", file=sys.stderr)
+        return 2
+    if dst.exists() and any(dst.iterdir()):
+        print(f"error: {dst}: exists and is not empty", file=sys.stderr)
+        return 2
+    files = to_torch_save(src, dst)
+    print(f"{len(files)} files written under {dst}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,149 @@
+"""engine=lazy (engines/lazy.py, format in engines/_lazy_format.py): the format round-trips every kind of tensor a
+DeepSpeed state holds; real runs save, restart and verify at dp=2 (the replicated model file split over both
+replicas) and tp=2 pp=2 dp=2 (layer files spread over replicas); its checkpoint converted to DeepSpeed's layout
+equals the default engine's checkpoint of the same run tensor for tensor and is read by DeepSpeed's zero_to_fp32;
+a rank killed in the middle of a flush leaves `latest` on the last checkpoint every rank made durable."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, events, load_summary, run_cli
+
+from engines.lazy import Options, _engine_class
+
+
+def _engine(**options):
+    return _engine_class()(Options(**options), None)
+
+
+def test_format_round_trips_every_kind_of_tensor(tmp_path):
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    state = OrderedDict(
+        module=OrderedDict(w=torch.randn(3, 5, dtype=torch.bfloat16), view=base[:, 1:3], row=base[2],
+                           scalar=torch.tensor(7, dtype=torch.int64), empty=torch.empty(0, 4),
+                           mask=torch.tensor([True, False])),
+        optimizer={"state": {0: {"exp_avg": torch.randn(10), "step": torch.tensor(3.0)}}, "lr": 1e-3},
+        same=[base, base],  # one tensor referred to twice
+        note="text", steps=8,
+    )
+    engine = _engine(write_chunk_mib=1)
+    path = tmp_path / "tag" / "mp_rank_00_model_states.pt"
+    written = engine.save(state, str(path))
+    engine.wait()
+    assert sorted(Path(p).name for p in written) == ["header.json", "part-0.bin", "remainder.pkl"]
+    header = json.loads((path / "header.json").read_text())
+    assert all(t["offset"] % header["alignment"] == 0 for t in header["tensors"])
+    back = engine.load(str(path))
+    assert back.keys() == state.keys() and back["note"] == "text" and back["steps"] == 8
+    for k, v in state["module"].items():
+        assert back["module"][k].dtype == v.dtype and torch.equal(back["module"][k], v), k
+    assert torch.equal(back["optimizer"]["state"][0]["exp_avg"], state["optimizer"]["state"][0]["exp_avg"])
+    assert back["same"][0] is back["same"][1]
+    # a torn part is an error naming the file, never a silently short tensor
+    part = path / "part-0.bin"
+    part.write_bytes(part.read_bytes()[:100])
+    with pytest.raises(OSError, match="part-0.bin"):
+        engine.load(str(path))
+
+
+def test_buffers_are_reused_by_later_saves_of_the_same_layout(tmp_path):
+    engine = _engine()
+    for step in range(3):
+        state = {"w": torch.full((256, 256), float(step))}
+        engine.save(state, str(tmp_path / f"global_step{step}" / "mp_rank_00_model_states.pt"))
+        engine.wait()
+        assert torch.equal(engine.load(str(tmp_path / f"global_step{step}" / "mp_rank_00_model_states.pt"))["w"],
+                           state["w"])
+    assert engine.flush_stats()["buffers_allocated"] == 1 and engine.flush_stats()["buffers_reused"] == 2
+
+
+@pytest.fixture(scope="module")
+def lazy_dp2(harness) -> Path:
+    return harness.run("lazy-dp2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["lazy-dp2", "lazy-tp2-pp2-dp2"])
+def test_lazy_saves_restarts_and_verifies(harness, name):
+    run_dir = harness.run(name)
+    summary = load_summary(run_dir)
+    assert summary["status"]["state"] == "complete" and summary["restart"]["verified"] is True
+    saves = [e for evs in events(run_dir).values() for e in evs if e["event"] == "save"]
+    assert saves and all(s["async"] and s["blocking_seconds"] <= s["durable_seconds"] <= s["commit_seconds"]
+                         for s in saves)
+    assert all(s["flush"]["engine"]["copy_seconds"] >= 0 for s in saves)
+    inventory = json.loads((run_dir / "inventory.json").read_text())
+    tops = {f["path"].split("/")[0] for f in inventory["files"] if "/" in f["path"]}
+    headers = {f["path"].split("/")[0] for f in inventory["files"] if f["path"].endswith("/header.json")}
+    assert tops == headers  # every DeepSpeed file is a directory in the format
+    writers = {f["rank"] for f in inventory["files"] if f["kind"] in ("model_states", "layer_states")}
+    # model weights are no longer all written by data-parallel rank 0: with dp=2 both replicas write some
+    dp_ranks = {json.loads(line)["dp_rank"] for p in (run_dir / "events" / "checkpoint").glob("rank-*.jsonl")
+                for line in p.read_text().splitlines() if json.loads(line)["event"] == "layout"
+                and json.loads(line)["rank"] in writers}
+    assert dp_ranks == {0, 1}
+
+
+@pytest.mark.slow
+def test_converted_checkpoint_equals_the_default_engines(lazy_dp2, tiny_dp2, tmp_path):
+    """Same run (tiny dp=2, same seed and steps) with engine=lazy and engine=default: the lazy checkpoint converted
+    to DeepSpeed's layout holds the same tensors in the same files, and DeepSpeed's zero_to_fp32 reads it."""
+    src = lazy_dp2 / "checkpoint" / "global_step4"
+    out = tmp_path / "converted" / "global_step4"
+    proc = subprocess.run([sys.executable, "-m", "engines._lazy_format", "to-torch-save", str(src), str(out)],
+                          capture_output=True, text=True, cwd=REPO, check=False)
+    assert proc.returncode == 0, proc.stderr
+    default = tiny_dp2 / "checkpoint" / "global_step4"
+    names = sorted(p.name for p in default.iterdir())
+    assert sorted(p.name for p in out.iterdir()) == names
+
+    def tensors(obj, prefix=""):
+        if isinstance(obj, torch.Tensor):
+            yield prefix, obj
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                yield from tensors(v, f"{prefix}/{k}")
+        elif isinstance(obj, (list, tuple)):
+            for i, v in enumerate(obj):
+                yield from tensors(v, f"{prefix}/{i}")
+
+    for name in names:
+        if not name.endswith(".pt"):
+            continue
+        a = dict(tensors(torch.load(default / name, weights_only=False)))
+        b = dict(tensors(torch.load(out / name, weights_only=False)))
+        assert a.keys() == b.keys(), name
+        for k, t in a.items():
+            assert t.dtype == b[k].dtype and torch.equal(t, b[k]), (name, k)
+    (out.parent / "latest").write_text("global_step4")
+    script = ("import sys, torch; from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint "
+              "as f; a = f(sys.argv[1]); b = f(sys.argv[2]); assert a.keys() == b.keys() and a; "
+              "assert all(torch.equal(a[k], b[k]) for k in a); print(len(a))")
+    proc = subprocess.run([sys.executable, "-c", script, str(out.parent), str(default.parent)], capture_output=True,
+                          text=True, cwd=REPO, check=False, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    assert proc.returncode == 0 and int(proc.stdout.strip().splitlines()[-1]) > 0, proc.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_rank_killed_mid_flush_leaves_latest_on_the_last_durable_checkpoint(tmp_path):
+    proc = run_cli(["tiny", "dp=2", "engine=lazy", "iters=4", "save_interval=2", "after=1", "baseline=false"],
+                   tmp_path, check=False, env={"RH_FAULT": "kill@flush:rank=1:step=4"})
+    assert proc.returncode == 1 and "checkpoint phase" in proc.stderr.strip().splitlines()[-1]
+    run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
+    ckpt = run_dir / "checkpoint"
+    assert (ckpt / "latest").read_text() == "global_step2"
+    assert (ckpt / "global_step4").is_dir()  # written in part, never committed
+    env = {k: v for k, v in os.environ.items() if k != "RH_FAULT"}
+    again = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "restart", f"run={run_dir}"],
+                           capture_output=True, text=True, cwd=REPO, check=False, env=env, timeout=600)
+    assert again.returncode == 0, again.stderr
+    restart = load_summary(run_dir)["restart"]
+    assert restart["tag"] == "global_step2" and restart["verified"] is True

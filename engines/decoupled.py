@@ -16,4 +16,4 @@ class DecoupledEngine(FastPersistEngine):
         if self.spec.device != "cuda":
             raise UsageError(f"engine=decoupled cannot run on device={self.spec.device}: {CPU_LIMITATION}; "
                              "its decoupled writer also fails on non-leaf tensors in ZeRO-1 state on CPU; "
-                             "use engine=torchsnapshot async_take=true or engine=dcp async_save=true on CPU")
+                             "use engine=lazy, engine=torchsnapshot async_take=true or engine=dcp async_save=true on CPU")

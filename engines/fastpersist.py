@@ -38,7 +38,7 @@ class FastPersistEngine(Engine):
     def check(self) -> None:
         if self.spec.device != "cuda":
             raise UsageError(f"engine={self.name} cannot run on device={self.spec.device}: {CPU_LIMITATION}; "
-                             "use engine=default, torchsnapshot or dcp on CPU")
+                             "use engine=default, torchsnapshot, dcp or lazy on CPU")
 
     def ds_config(self) -> dict:
         """DeepSpeed's checkpoint.writer block, from the options."""

@@ -36,6 +36,14 @@ def main(argv: list[str] | None = None) -> int:
         if name == "plan":
             request = command.parse_plan(tokens)
             return _plan(request)
+        if name == "matrix":
+            from restart_harness.launch import matrix
+
+            options = command.parse_matrix(tokens)
+            matrix.device_of(options)  # device=cuda without a device: refused before anything is created
+            folder = matrix.run(options)
+            print(folder)
+            return 0 if matrix.ok(folder) else 1
         if name == "restart":
             request = command.parse_restart(tokens)
             preflight.restart(request)

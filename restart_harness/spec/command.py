@@ -27,7 +27,7 @@ from restart_harness.spec.keys import Key, Path, Size, coerce, key, keys_of
 from restart_harness.spec.model_shape import load_model, shape_keys
 from restart_harness.spec.runspec import RunSpec, run_keys
 
-COMMANDS = ("run", "plan", "restart", "baseline", "report")
+COMMANDS = ("run", "plan", "restart", "baseline", "report", "matrix")
 _TOKEN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 
@@ -53,6 +53,19 @@ class BaselineOptions:
                            minimum=1)
     ranks: int | None = key(None, "concurrent writers/readers; default the CPU count, at most 8", group="baseline",
                             minimum=1)
+
+
+@dataclass
+class MatrixOptions:
+    device: str = key("auto", "auto = cuda when NVIDIA devices are present, else cpu (the CPU subset)",
+                      group="matrix", choices=("auto", "cpu", "cuda"))
+    model: str | None = key(None, "model preset; default 1B on cuda, tiny on cpu", group="matrix")
+    engines: str = key("all", "comma list of engines, or all (every registered engine that saves)", group="matrix")
+    layouts: str = key("auto", "comma list of layouts as tpT-ppP-dpD, or auto: those that fit the node's devices "
+                               "(cpu: tp1-pp1-dp2 and tp2-pp2-dp1)", group="matrix")
+    gpus: int | None = key(None, "devices on the node (default: the NVIDIA devices found)", group="matrix", minimum=1)
+    results_dir: Path = key(Path("results/matrix"), "where the matrix's runs, matrix.json and its report go",
+                            group="matrix")
 
 
 @dataclass
@@ -230,6 +243,31 @@ def parse_baseline(tokens: list[str]) -> BaselineOptions:
                          f"{', '.join(f'{k}=' for k in declared)}")
     _required(declared, values, "baseline")
     return BaselineOptions(**values)
+
+
+def parse_matrix(tokens: list[str]) -> MatrixOptions:
+    declared = keys_of(MatrixOptions)
+    values: dict = {}
+    rest = _fill(values, declared, pairs_of(tokens))
+    if rest:
+        name = next(iter(rest))
+        raise UsageError(f"{name}={rest[name]}: not a matrix key; matrix accepts "
+                         f"{', '.join(f'{k}=' for k in declared)}")
+    options = MatrixOptions(**values)
+    if options.model is not None:
+        load_model(options.model)  # an unknown preset: one line naming the accepted ones
+    for layout in ([] if options.layouts == "auto" else options.layouts.split(",")):
+        if not re.fullmatch(r"tp[1-9][0-9]*-pp[1-9][0-9]*-dp[1-9][0-9]*", layout):
+            raise UsageError(f"layouts={options.layouts}: {layout!r} is not a layout; accepted: tpT-ppP-dpD, "
+                             "e.g. tp2-pp2-dp1, comma-separated, or auto")
+    if options.engines != "all":
+        from engines import registry
+
+        for name in options.engines.split(","):
+            if name not in registry.names():
+                raise UsageError(f"engines={options.engines}: unknown engine {name!r}; accepted: "
+                                 f"{', '.join(registry.names())}, or all")
+    return options
 
 
 # ---- sweeps ----------------------------------------------------------------------------------------------------

@@ -3,7 +3,7 @@ generated from the declarations (spec/keys.py) that the parser uses; then preset
 
 from __future__ import annotations
 
-from restart_harness.spec.command import BaselineOptions, PlanOptions, RestartOptions, restart_keys
+from restart_harness.spec.command import BaselineOptions, MatrixOptions, PlanOptions, RestartOptions, restart_keys
 from restart_harness.spec.keys import GROUPS, describe, keys_of
 from restart_harness.spec.model_shape import preset_names, shape_keys
 from restart_harness.spec.runspec import run_keys
@@ -15,6 +15,7 @@ usage: ./submit-job.sh [run] MODEL [key=value ...]          train, checkpoint, r
        ./submit-job.sh restart run=RUN_DIR [key=value ...]   restart-only re-runs of an earlier run
        ./submit-job.sh baseline dir=PATH [key=value ...]     storage: sequential write+fsync and cold read
        ./submit-job.sh report RUN_OR_SWEEP_DIR... [-o DIR]   runs.csv, report.md/.html and plots (analysis/)
+       ./submit-job.sh matrix [key=value ...]                every engine x layouts that fit the node, verified
 (older spellings: `phase=restart run=DIR`, `MODEL ... plan=true|json`)
 
 MODEL: {presets} (configs/models/), a .yaml preset, or a local HF config.json (or its folder)
@@ -38,6 +39,7 @@ def usage() -> str:
             lines += _section(f"{group} keys", keys)
     lines += _section("plan keys (with `plan`)", list(keys_of(PlanOptions).values()))
     lines += _section("baseline keys (with `baseline`)", list(keys_of(BaselineOptions).values()))
+    lines += _section("matrix keys (with `matrix`)", list(keys_of(MatrixOptions).values()))
     lines += [*_section("restart keys (with `restart`)", list(keys_of(RestartOptions).values()))[:-1],
               f"  and of the run keys above: {', '.join(restart_keys())}", ""]
     lines.append("engines (engine=NAME) and their options (keys too):")
@@ -73,6 +75,7 @@ def markdown() -> str:
             lines += [f"## {group}", "", *table(keys)]
     for title, options in (("plan (`./submit-job.sh plan ...`)", PlanOptions),
                            ("baseline (`./submit-job.sh baseline ...`)", BaselineOptions),
+                           ("matrix (`./submit-job.sh matrix ...`)", MatrixOptions),
                            ("restart (`./submit-job.sh restart ...`)", RestartOptions)):
         lines += [f"## {title}", "", *table(list(keys_of(options).values()))]
     lines += ["## engine options", ""]

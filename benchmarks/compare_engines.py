@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Checkpoint engines side by side (named compare_engines.py: a script named engines.py would shadow the engines
+package) on the `small` preset: median blocking and durable save seconds, throughput.
+
+Method
+- Engines: every engine whose plug-in accepts this machine (check() passes: on CPU default, torchsnapshot and
+  its async_take variant, dcp and its async_save variant; on CUDA also datastates where installed, fastpersist,
+  decoupled), plus engine=none for the step-time baseline.
+- Each case is one `./submit-job.sh small dp=2 engine=... iters=6 save_interval=2 after=1 cache=drop` (override
+  the layout and counts with extra key=value arguments), run REPEATS times in sequence on an otherwise idle
+  machine, cases interleaved per repeat so drift hits all engines alike.
+- Per run: for each save, the slowest rank's blocking_seconds (inside save_checkpoint) and durable_seconds (until
+  the flush finished and every file is fsync'd), from summary.json; the first save of a run is dropped as warm-up
+  when there are more. Per case: medians over all kept saves of all repeats; throughput_mib_s is checkpoint
+  bytes / median seconds (2^20 bytes per MiB; MLPerf Storage's bytes over the slowest rank).
+- Step seconds: the median training step with and without a flush in flight (rank 0), medians over repeats, to
+  show what overlapping a flush costs the training loop; restart load seconds and load MiB/s (checkpoint bytes read
+  by all ranks / checkpoint_load seconds) are reported too.
+- Storage: in each repeat, before its engines, `./submit-job.sh baseline` measures the results directory's file
+  system afresh with as many ranks as the run has (write: each rank writes BASELINE_FILE_MIB and fsyncs; read: cold).
+  Ratios: blocking / default's blocking; durable MiB/s / baseline write MiB/s; load MiB/s / baseline read MiB/s
+  (medians over repeats).
+
+Usage: <python> benchmarks/compare_engines.py [REPEATS] [MODEL] [key=value ...]   (default 3 small dp=2; a Markdown table)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+CASES = [
+    ("none", ["engine=none"]),
+    ("default", ["engine=default"]),
+    ("torchsnapshot", ["engine=torchsnapshot"]),
+    ("torchsnapshot async_take", ["engine=torchsnapshot", "async_take=true"]),
+    ("dcp", ["engine=dcp"]),
+    ("dcp async_save", ["engine=dcp", "async_save=true"]),
+    ("datastates", ["engine=datastates"]),
+    ("fastpersist", ["engine=fastpersist"]),
+    ("decoupled", ["engine=decoupled"]),
+    ("lazy", ["engine=lazy"]),
+]
+BASE = ["dp=2", "iters=6", "save_interval=2", "after=1", "cache=drop"]
+BASELINE_FILE_MIB = 256
+
+
+def runnable(tokens: list[str]) -> bool:
+    from restart_harness.errors import UsageError
+    from restart_harness.spec import parse_args
+
+    try:
+        parse_args(tokens)
+        return True
+    except UsageError as exc:
+        print(f"skipped {' '.join(tokens)}: {exc}", file=sys.stderr)
+        return False
+
+
+def run(tokens: list[str], results: Path) -> dict:
+    proc = subprocess.run([str(REPO / "submit-job.sh"), *tokens, f"results_dir={results}"], check=True,
+                          capture_output=True, text=True)
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def baseline(results: Path, ranks: int) -> dict:
+    """A fresh storage baseline of the results directory: {write_mib_s, read_mib_s} from the command's output."""
+    proc = subprocess.run([str(REPO / "submit-job.sh"), "baseline", f"dir={results}", f"ranks={ranks}",
+                           f"file_bytes={BASELINE_FILE_MIB}MiB"], check=False, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"baseline failed: {proc.stderr.strip()}")
+    out = {}
+    for line in proc.stdout.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] in ("write_mib_s", "read_mib_s"):
+            out[words[0]] = float(words[1])
+    return out
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    repeats = int(args.pop(0)) if args and args[0].isdigit() else 3
+    model = args.pop(0) if args and "=" not in args[0] else "small"
+    base = [model, *BASE, *args]
+    cases = [(name, base + extra) for name, extra in CASES if runnable(base + extra)]
+    from restart_harness.spec import parse_args
+
+    world = parse_args(base).world_size
+    results = Path(tempfile.mkdtemp(prefix="rh-bench-engines-"))
+    collected: dict[str, list[dict]] = {name: [] for name, _ in cases}
+    storage = []
+    for r in range(repeats):
+        storage.append(baseline(results, world))
+        for name, tokens in cases:
+            print(f"repeat {r + 1}/{repeats}: {name}", file=sys.stderr, flush=True)
+            collected[name].append(run(tokens, results))
+    write_mib_s = median([b["write_mib_s"] for b in storage])
+    read_mib_s = median([b["read_mib_s"] for b in storage])
+    print(f"`{' '.join(base)}`, {repeats} repeats; medians over saves (first save of each run dropped) and runs; "
+          f"storage baseline ({world} ranks, {BASELINE_FILE_MIB} MiB each, measured in each repeat): write "
+          f"{write_mib_s:.1f} MiB/s, cold read {read_mib_s:.1f} MiB/s\n")
+    print("| engine | checkpoint MiB | blocking s | x default | durable s | durable MiB/s | x baseline write "
+          "| step s (no flush) | step s (flush in flight) | restart load s | load MiB/s | x baseline read |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = {}
+    for name, _ in cases:
+        summaries = collected[name]
+        saves = [s for summary in summaries for s in (summary["checkpoint"]["saves"][1:]
+                                                      or summary["checkpoint"]["saves"])]
+        nbytes = median([s["bytes"] for s in saves])
+        training = [summary["training"] for summary in summaries]
+        restarts = [summary["restart"] or {} for summary in summaries]
+        rows[name] = {
+            "mib": nbytes / 2**20 if nbytes else None,
+            "blocking": median([s["blocking_seconds"] for s in saves]),
+            "durable": median([s["durable_seconds"] for s in saves]),
+            "no_flush": median([t.get("step_seconds_median_no_flush", t["step_seconds_median"]) for t in training]),
+            "in_flight": median([t.get("step_seconds_median_in_flight") for t in training]),
+            "load": median([r.get("load_seconds") for r in restarts]),
+            "load_mib_s": median([r.get("load_throughput_mib_s") for r in restarts]),
+        }
+    default_blocking = (rows.get("default") or {}).get("blocking")
+    for name, r in rows.items():
+        mib, blocking, durable = r["mib"], r["blocking"], r["durable"]
+        durable_mib_s = mib / durable if mib and durable else None
+        print(f"| {name} | {fmt(mib, 1)} | {fmt(blocking)} "
+              f"| {fmt(blocking / default_blocking if blocking is not None and default_blocking else None, 3)} "
+              f"| {fmt(durable)} | {fmt(durable_mib_s, 1)} "
+              f"| {fmt(durable_mib_s / write_mib_s if durable_mib_s else None, 2)} "
+              f"| {fmt(r['no_flush'])} | {fmt(r['in_flight'])} | {fmt(r['load'])} | {fmt(r['load_mib_s'], 1)} "
+              f"| {fmt(r['load_mib_s'] / read_mib_s if r['load_mib_s'] else None, 2)} |")
+    shutil.rmtree(results, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Gather, on a machine with internet, everything a compute node without internet needs to run the harness
+# (docs/clusters.md#offline-install). Run it with the same Python minor version and CPU architecture as the nodes.
+#
+#   scripts/bundle/gather.sh OUT_DIR [--torch-index URL] [--datastates GIT_URL|DIR|none]
+#
+#   --torch-index   where the node's torch build comes from, e.g. https://download.pytorch.org/whl/cu126
+#                   (default: pip's own configuration: PyPI's default build, or a local wheel pip is set up to find)
+#   --datastates    DataStates-LLM sources to carry (default https://github.com/DataStates/datastates-llm.git);
+#                   `none` leaves it out (engine=datastates is then refused on the node, with the reason)
+#
+# OUT_DIR gets: wheels/ (torch at requirements.txt's pin, every dependency of the extras run, analysis and trace,
+# build tools for DeepSpeed's ops and DataStates-LLM), src/ (DeepSpeed's source distribution, DataStates-LLM's
+# sources), project.tar.gz (this checkout, git archive of HEAD), MANIFEST.sha256. Install with
+# scripts/bundle/install.sh OUT_DIR DEST on the node.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+die() { echo "error: $*" >&2; exit 2; }
+[[ $# -ge 1 ]] || die "usage: scripts/bundle/gather.sh OUT_DIR [--torch-index URL] [--datastates GIT_URL|DIR|none]"
+OUT="$1"; shift
+TORCH_INDEX="" DATASTATES="https://github.com/DataStates/datastates-llm.git"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --torch-index) TORCH_INDEX="${2:?}"; shift 2 ;;
+    --datastates) DATASTATES="${2:?}"; shift 2 ;;
+    *) die "unknown option $1; accepted: --torch-index URL, --datastates GIT_URL|DIR|none" ;;
+  esac
+done
+[[ -e "$OUT" && -n "$(ls -A "$OUT" 2>/dev/null)" ]] && die "$OUT exists and is not empty"
+PY="${PYTHON:-python3}"
+mkdir -p "$OUT/wheels" "$OUT/src"
+OUT="$(cd "$OUT" && pwd)"
+log() { echo "[bundle] $*" >&2; }
+LOG="$OUT/gather.log"
+quiet() { "$@" >>"$LOG" 2>&1 || { tail -30 "$LOG" >&2; die "failed: $* (whole log: $LOG)"; }; }
+pin() { grep -E "^$1==" "$ROOT/requirements.txt" | head -1; }
+
+log "torch ($(pin torch))"
+quiet "$PY" -m pip download -d "$OUT/wheels" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "$(pin torch)"
+
+log "DeepSpeed source distribution ($(pin deepspeed)): built on the node, with the ops its CUDA allows"
+quiet "$PY" -m pip download -d "$OUT/src" --no-deps --no-binary deepspeed "$(pin deepspeed)"
+
+log "every dependency of the extras run, analysis and trace, under requirements.txt's pins"
+# the extras' requirements, read from pyproject.toml (torch is already there; deepspeed's own dependencies come
+# from its metadata)
+mapfile -t REQS < <("$PY" - "$ROOT/pyproject.toml" <<'PYEOF'
+import sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+reqs = list(project["dependencies"])
+for extra in ("run", "analysis", "trace"):
+    reqs += project["optional-dependencies"][extra]
+import re
+print("\n".join(r for r in reqs if not re.match(r"torch\s*([<>=!~;]|$)", r)))
+PYEOF
+)
+# build tools: DeepSpeed's ops (ninja), DataStates-LLM (cmake, nanobind), the project itself (setuptools)
+quiet "$PY" -m pip download -d "$OUT/wheels" -c "$ROOT/requirements.txt" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} \
+  "${REQS[@]}" "$(pin torch)" setuptools wheel ninja packaging cmake nanobind pip
+
+log "DataStates-LLM sources ($DATASTATES)"
+case "$DATASTATES" in
+  none) echo "not gathered (--datastates none)" > "$OUT/src/datastates-llm.MISSING" ;;
+  *)
+    if [[ -d "$DATASTATES" ]]; then
+      tar -C "$DATASTATES/.." -czf "$OUT/src/datastates-llm.tar.gz" "$(basename "$DATASTATES")"
+    elif tmp="$(mktemp -d)" && git clone -q --depth 1 "$DATASTATES" "$tmp/datastates-llm" 2>"$tmp/err"; then
+      git -C "$tmp/datastates-llm" rev-parse HEAD > "$OUT/src/datastates-llm.commit"
+      tar -C "$tmp" --exclude=.git -czf "$OUT/src/datastates-llm.tar.gz" datastates-llm
+      rm -rf "$tmp"
+    else
+      log "could not clone $DATASTATES ($(tail -1 "$tmp/err")): engine=datastates will be refused on the node"
+      echo "clone of $DATASTATES failed: $(tail -1 "$tmp/err")" > "$OUT/src/datastates-llm.MISSING"
+    fi ;;
+esac
+
+log "this checkout (HEAD)"
+if git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1; then
+  git -C "$ROOT" archive --format=tar.gz -o "$OUT/project.tar.gz" HEAD
+  git -C "$ROOT" rev-parse HEAD > "$OUT/project.commit"
+else
+  tar -C "$ROOT" --exclude=.venv --exclude=results --exclude=reports -czf "$OUT/project.tar.gz" .
+fi
+
+(cd "$OUT" && find . -type f ! -name MANIFEST.sha256 ! -name gather.log -print0 | sort -z | xargs -0 sha256sum > MANIFEST.sha256)
+log "$(wc -l < "$OUT/MANIFEST.sha256") files, $(du -sh "$OUT" | cut -f1) in $OUT; on the node: scripts/bundle/install.sh $OUT DEST"

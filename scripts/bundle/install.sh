@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Install, on a node without internet, the harness from a bundle made by scripts/bundle/gather.sh: nothing is
+# downloaded (pip runs with --no-index, the bundle's wheels only, this machine's pip configuration ignored).
+#
+#   scripts/bundle/install.sh BUNDLE DEST [--cuda auto|yes|no]
+#
+# DEST gets the project (from the bundle's project.tar.gz) and DEST/.venv with torch, DeepSpeed (built from source:
+# with its async_io op on CUDA when libaio's headers are there, which FastPersist needs; no ops otherwise, they
+# JIT-build on first use), the extras run, analysis and trace, and, on CUDA, DataStates-LLM built against the node's
+# CUDA and torch. DEST/submit-job.sh then uses that environment as is.
+set -euo pipefail
+die() { echo "error: $*" >&2; exit 2; }
+log() { echo "[install] $*" >&2; }
+[[ $# -ge 2 ]] || die "usage: scripts/bundle/install.sh BUNDLE DEST [--cuda auto|yes|no]"
+BUNDLE="$(cd "$1" && pwd)" || die "$1: no such bundle directory"; DEST="$2"; shift 2
+CUDA=auto
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --cuda) CUDA="${2:?}"; shift 2 ;;
+    *) die "unknown option $1; accepted: --cuda auto|yes|no" ;;
+  esac
+done
+[[ "$CUDA" =~ ^(auto|yes|no)$ ]] || die "--cuda $CUDA; accepted: auto, yes, no"
+[[ -f "$BUNDLE/MANIFEST.sha256" ]] || die "$BUNDLE: no MANIFEST.sha256 (not a bundle of scripts/bundle/gather.sh)"
+[[ -e "$DEST" && -n "$(ls -A "$DEST" 2>/dev/null)" ]] && die "$DEST exists and is not empty"
+
+log "checking the bundle's files against MANIFEST.sha256"
+(cd "$BUNDLE" && sha256sum --quiet -c MANIFEST.sha256) || die "$BUNDLE: files differ from MANIFEST.sha256"
+
+mkdir -p "$DEST"
+DEST="$(cd "$DEST" && pwd)"
+tar -C "$DEST" -xzf "$BUNDLE/project.tar.gz"
+PY="${PYTHON:-python3}"
+"$PY" -m venv "$DEST/.venv" || die "python3 -m venv failed (Debian: apt-get install python3-venv)"
+VPY="$DEST/.venv/bin/python"
+export PIP_CONFIG_FILE=/dev/null PIP_NO_INDEX=1 PIP_FIND_LINKS="$BUNDLE/wheels" PIP_DISABLE_PIP_VERSION_CHECK=1
+unset PIP_EXTRA_INDEX_URL PIP_INDEX_URL
+pin() { grep -E "^$1==" "$DEST/requirements.txt" | head -1; }
+LOG="$DEST/.venv/install.log"
+run() { "$@" >>"$LOG" 2>&1 || { tail -30 "$LOG" >&2; die "failed: $* (whole log: $LOG)"; }; }
+
+log "torch and build tools (log: $LOG)"
+run "$VPY" -m pip install --upgrade pip
+run "$VPY" -m pip install "$(pin torch)" setuptools wheel ninja packaging cmake nanobind
+
+if [[ "$CUDA" == auto ]]; then
+  CUDA=no
+  if "$VPY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null \
+     && command -v nvcc >/dev/null; then CUDA=yes; fi
+fi
+DS_SRC="$(ls "$BUNDLE"/src/deepspeed-*.tar.gz | head -1)"
+if [[ "$CUDA" == yes ]]; then
+  if echo '#include <libaio.h>' | cc -E - >/dev/null 2>&1; then
+    log "DeepSpeed from source with its async_io op (FastPersist; a few minutes)"
+    run env DS_BUILD_OPS=0 DS_BUILD_AIO=1 "$VPY" -m pip install --no-build-isolation "$DS_SRC"
+  else
+    log "libaio headers missing (Debian: libaio-dev): DeepSpeed without prebuilt ops; engine=fastpersist JIT-builds"
+    run env DS_BUILD_OPS=0 "$VPY" -m pip install --no-build-isolation "$DS_SRC"
+  fi
+else
+  log "DeepSpeed from source, no prebuilt ops (CPU node: ops JIT-build on first use)"
+  run env DS_BUILD_OPS=0 "$VPY" -m pip install --no-build-isolation "$DS_SRC"
+fi
+
+log "the project with its extras run, analysis and trace, under requirements.txt's pins"
+run "$VPY" -m pip install --no-build-isolation -c "$DEST/requirements.txt" -e "$DEST[run,analysis,trace]"
+
+if [[ -f "$BUNDLE/src/datastates-llm.tar.gz" && "$CUDA" == yes ]]; then
+  log "DataStates-LLM, built against this node's CUDA and torch"
+  tar -C "$DEST/.venv" -xzf "$BUNDLE/src/datastates-llm.tar.gz"
+  run "$VPY" -m pip install --no-build-isolation "$DEST/.venv/datastates-llm"
+elif [[ -f "$BUNDLE/src/datastates-llm.tar.gz" ]]; then
+  log "DataStates-LLM not built: it needs CUDA (engine=datastates is refused on this node, with the reason)"
+else
+  log "DataStates-LLM not in the bundle ($(cat "$BUNDLE"/src/datastates-llm.MISSING 2>/dev/null))"
+fi
+
+# what scripts/env.sh looks for: this environment is complete, use it as is
+touch "$DEST/.venv/.installed-$(cat "$DEST/requirements.txt" "$DEST/pyproject.toml" | sha256sum | cut -c1-16)"
+"$VPY" -c 'import torch, deepspeed, restart_harness; print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}, cuda {torch.cuda.is_available()}")' >&2
+log "done: $DEST/submit-job.sh tiny   (GPU check matrix: $DEST/submit-job.sh matrix)"

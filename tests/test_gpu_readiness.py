@@ -1,0 +1,75 @@
+"""Ready for a GPU cluster (docs/clusters.md#gpu-nodes): the offline bundle installs into a fresh environment from
+its own files only, and the check matrix runs its CPU subset end to end, listing what this node cannot run with the
+reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def matrix(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "matrix", *args,
+                           f"results_dir={tmp_path}"], capture_output=True, text=True, cwd=REPO, check=False,
+                          timeout=900)
+
+
+def test_matrix_runs_what_this_node_can_and_says_why_not_the_rest(tmp_path):
+    proc = matrix(tmp_path, "engines=default,lazy,fastpersist,datastates", "layouts=tp1-pp1-dp2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    folder = Path(proc.stdout.strip().splitlines()[-1])
+    record = json.loads((folder / "matrix.json").read_text())
+    assert record["device"] == "cpu"
+    by_engine = {c["engine"]: c for c in record["cases"]}
+    for name in ("default", "lazy"):
+        c = by_engine[name]
+        assert c["refused"] is None and c["exit_code"] == 0 and c["verified"] is True
+        assert c["blocking_seconds"] > 0 and c["load_seconds"] > 0
+    for name in ("fastpersist", "datastates"):
+        assert "cpu" in by_engine[name]["refused"] and "exit_code" not in by_engine[name]
+    assert (folder / "report" / "report.md").is_file() and "refused" in proc.stdout
+
+
+@pytest.mark.parametrize("args, named", [(["device=cuda"], "device=cuda"), (["layouts=tp2"], "layouts=tp2"),
+                                         (["engines=fast"], "engines=fast")])
+def test_matrix_bad_input_is_one_line_and_creates_nothing(tmp_path, args, named):
+    proc = matrix(tmp_path / "m", *args)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and named in lines[0] and "accepted" in lines[0], proc.stderr
+    assert not (tmp_path / "m").exists()
+
+
+def test_offline_bundle_installs_from_its_own_files_only(tmp_path):
+    bundle, dest = tmp_path / "bundle", tmp_path / "dest"
+    gather = subprocess.run([str(REPO / "scripts/bundle/gather.sh"), str(bundle), "--datastates", "none"],
+                            capture_output=True, text=True, check=False, timeout=1200)
+    assert gather.returncode == 0, gather.stderr[-3000:]
+    assert list((bundle / "src").glob("deepspeed-*.tar.gz")) and list((bundle / "wheels").glob("torch-*.whl"))
+    assert (bundle / "src" / "datastates-llm.MISSING").is_file()
+    # pip gets no index and no find-links but the bundle's (install.sh sets that); the machine's config is ignored
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    install = subprocess.run([str(REPO / "scripts/bundle/install.sh"), str(bundle), str(dest), "--cuda", "no"],
+                             capture_output=True, text=True, check=False, timeout=1200, env=env)
+    assert install.returncode == 0, install.stderr[-3000:]
+    py = dest / ".venv" / "bin" / "python"
+    check = subprocess.run([str(py), "-c", ("import torch, deepspeed, torchsnapshot, transformers, dftracer, "
+                            "matplotlib, restart_harness; print(torch.__version__, deepspeed.__version__)")],
+                           capture_output=True, text=True, check=False)
+    assert check.returncode == 0 and "0.19.8" in check.stdout, check.stderr[-2000:]
+    # the installed checkout uses that environment as is (no set-up step runs)
+    plan = subprocess.run([str(dest / "submit-job.sh"), "plan", "tiny", "dp=2"], capture_output=True, text=True,
+                          check=False, cwd=dest, env={**env, "RH_VENV": "1"}, timeout=300)
+    assert plan.returncode == 0 and "[setup]" not in plan.stderr, plan.stderr[-2000:]
+    # a bundle whose files changed is refused before anything is installed
+    (bundle / "project.tar.gz").write_bytes(b"x")
+    again = subprocess.run([str(REPO / "scripts/bundle/install.sh"), str(bundle), str(tmp_path / "d2")],
+                           capture_output=True, text=True, check=False, env=env)
+    assert again.returncode == 2 and "MANIFEST" in again.stderr and not (tmp_path / "d2").exists()

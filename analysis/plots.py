@@ -359,7 +359,9 @@ def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
     segments = [("conversion_seconds", "conversion")] + [(f"phase_{p}_seconds", p) for p in phases]
     bottoms = [0.0] * len(bars)
     for i, (column, name) in enumerate(segments):
-        heights = [num(r.get(column)) or 0.0 for _, r in bars]
+        # a reused conversion was paid by an earlier restart: drawn only where it ran
+        heights = [0.0 if name == "conversion" and r.get("conversion_reused") in (True, "true") else
+                   num(r.get(column)) or 0.0 for _, r in bars]
         if not any(heights):
             continue
         color = "#444444" if name == "conversion" else PHASE_PALETTE[(i - 1) % len(PHASE_PALETTE)]

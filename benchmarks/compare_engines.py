@@ -53,11 +53,14 @@ BASELINE_FILE_MIB = 256
 
 
 def runnable(tokens: list[str]) -> bool:
+    from restart_harness import preflight
     from restart_harness.errors import UsageError
     from restart_harness.spec import parse_args
 
     try:
-        parse_args(tokens)
+        spec = parse_args(tokens)
+        preflight.resolve_device(spec)
+        preflight.engine(spec)  # the engine's own check: e.g. CUDA-only engines on a CPU machine
         return True
     except UsageError as exc:
         print(f"skipped {' '.join(tokens)}: {exc}", file=sys.stderr)
@@ -98,7 +101,8 @@ def main() -> None:
     args = sys.argv[1:]
     repeats = int(args.pop(0)) if args and args[0].isdigit() else 3
     model = args.pop(0) if args and "=" not in args[0] else "small"
-    base = [model, *BASE, *args]
+    given = {a.split("=", 1)[0] for a in args}
+    base = [model, *(b for b in BASE if b.split("=", 1)[0] not in given), *args]
     cases = [(name, base + extra) for name, extra in CASES if runnable(base + extra)]
     from restart_harness.spec import parse_args
 

@@ -120,21 +120,24 @@ def _read_into(path: Path, buf: torch.Tensor, pool: ThreadPoolExecutor) -> None:
         os.close(fd)
 
 
-def load(path: str | Path, threads: int = 4, map_location=None) -> object:
-    """The state dict saved at path: each part read into one buffer, tensors built as views of it."""
+def load(path: str | Path, threads: int = 4, map_location=None, reuse: dict | None = None) -> object:
+    """The state dict saved at path: each part read into one buffer, tensors built as views of it. With `reuse`
+    (a dict the caller keeps), loading the same path again right after rebuilds the state from the buffers already
+    read instead of reading the files again (DeepSpeed's load reads a pp=1 model file twice)."""
     path = Path(path)
     header = json.loads((path / HEADER).read_text())
     if header.get("format") != FORMAT or header.get("version") != VERSION:
         raise ValueError(f"{path}: not a {FORMAT} v{VERSION} directory")
-    buffers = []
-    with ThreadPoolExecutor(threads) as pool:
-        for part in header["parts"]:
-            f = path / part["file"]
-            if f.stat().st_size < part["bytes"]:
-                raise OSError(f"{f}: {f.stat().st_size} bytes, {part['bytes']} expected (a torn checkpoint?)")
-            buf = torch.empty(part["bytes"], dtype=torch.uint8)
-            _read_into(f, buf, pool)
-            buffers.append(buf)
+    for part in header["parts"]:  # checked on every load, a reused one too
+        f = path / part["file"]
+        if f.stat().st_size < part["bytes"]:
+            raise OSError(f"{f}: {f.stat().st_size} bytes, {part['bytes']} expected (a torn checkpoint?)")
+    if reuse is not None and reuse.get("path") == str(path):
+        buffers = reuse["buffers"]
+    else:
+        buffers = _read_parts(path, header, threads)
+        if reuse is not None:
+            reuse.update(path=str(path), buffers=buffers)
     tensors = []
     for t in header["tensors"]:
         flat = buffers[t["part"]][t["offset"]:t["offset"] + t["nbytes"]]
@@ -142,6 +145,17 @@ def load(path: str | Path, threads: int = 4, map_location=None) -> object:
     tensors = _relocate(tensors, map_location)
     with open(path / header["remainder"], "rb") as f:
         return _Unpickler(f, tensors).load()
+
+
+def _read_parts(path: Path, header: dict, threads: int) -> list[torch.Tensor]:
+    buffers = []
+    with ThreadPoolExecutor(threads) as pool:
+        for part in header["parts"]:
+            f = path / part["file"]
+            buf = torch.empty(part["bytes"], dtype=torch.uint8)
+            _read_into(f, buf, pool)
+            buffers.append(buf)
+    return buffers
 
 
 def _relocate(tensors: list[torch.Tensor], map_location) -> list[torch.Tensor]:

@@ -101,6 +101,7 @@ def _engine_class():
             self.lock = threading.Lock()
             self.dp_rank, self.dp_size = 0, 1
             self.ds_engine = ds_engine
+            self.last_read: dict = {}  # the buffers of the last file loaded: a second load of it reads nothing
             if ds_engine is not None:
                 self.dp_rank, self.dp_size = _data_parallel(ds_engine)
                 if options.balance and self.dp_size > 1:
@@ -121,6 +122,7 @@ def _engine_class():
             os.makedirs(path, exist_ok=exist_ok)
 
         def save(self, state_dict, path: str):
+            self.last_read.clear()
             tensors, remainder = fmt.split(state_dict)
             tensors = [t.detach() for t in tensors]
             replicated = bool(REPLICATED.search(path)) and self.options.balance and self.dp_size > 1
@@ -248,7 +250,7 @@ def _engine_class():
         # --- load -------------------------------------------------------------------------------------------
         def load(self, path: str, map_location=None):
             if fmt.is_lazy(path):
-                return fmt.load(path, threads=self.options.readers, map_location=map_location)
+                return fmt.load(path, threads=self.options.readers, map_location=map_location, reuse=self.last_read)
             return torch.load(path, map_location=map_location, weights_only=False)
 
         def commit(self, info):

@@ -30,7 +30,8 @@ NOT_FIGURES = {"run_id", "state", "state_reason", "sweep", "schema_version", "mo
                "dp", "nodes", "world_size", "engine", "device", "cache_requested", "num_parameters", "checkpoint_tag",
                "save_tag", "save_step", "restart_record", "restart_tag", "restart_verified", "restart_cache_observed",
                "restart_exit_code", "baseline_method", "final_loss", "run_dir", "training_steps",
-               "load_slowest_rank"}
+               "load_slowest_rank", "restart_layout_saved", "restart_layout_loaded", "conversion_reused",
+               "first_step_loss"}
 
 
 def report_cmd(*args: str, cwd: Path = REPO, module: bool = False) -> subprocess.CompletedProcess:

@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import REPO, events, load_summary, run_cli
 
+from engines import _lazy_format as fmt
 from engines.lazy import Options, _engine_class
 
 
@@ -63,6 +64,13 @@ def test_buffers_are_reused_by_later_saves_of_the_same_layout(tmp_path):
         assert torch.equal(engine.load(str(tmp_path / f"global_step{step}" / "mp_rank_00_model_states.pt"))["w"],
                            state["w"])
     assert engine.flush_stats()["buffers_allocated"] == 1 and engine.flush_stats()["buffers_reused"] == 2
+    # loading the same file twice in a row (DeepSpeed does, for a pp=1 model file) reads it once
+    reuse: dict = {}
+    path = tmp_path / "global_step2" / "mp_rank_00_model_states.pt"
+    first = fmt.load(path, reuse=reuse)
+    buffers = reuse["buffers"]
+    second = fmt.load(path, reuse=reuse)
+    assert reuse["buffers"] is buffers and torch.equal(first["w"], second["w"]) and first["w"] is not second["w"]
 
 
 @pytest.fixture(scope="module")

@@ -72,11 +72,18 @@ static ssize_t (*real_pread)(int, void *, size_t, off_t);
 static ssize_t (*real_pread64)(int, void *, size_t, off_t);
 static ssize_t (*real_readv)(int, const struct iovec *, int);
 static ssize_t (*real_preadv)(int, const struct iovec *, int, off_t);
+/* what callers built with 64-bit file offsets (CPython's os.preadv/os.pwritev among them) actually call */
+static ssize_t (*real_preadv64)(int, const struct iovec *, int, off_t);
+static ssize_t (*real_preadv2)(int, const struct iovec *, int, off_t, int);
+static ssize_t (*real_preadv64v2)(int, const struct iovec *, int, off_t, int);
 static ssize_t (*real_write)(int, const void *, size_t);
 static ssize_t (*real_pwrite)(int, const void *, size_t, off_t);
 static ssize_t (*real_pwrite64)(int, const void *, size_t, off_t);
 static ssize_t (*real_writev)(int, const struct iovec *, int);
 static ssize_t (*real_pwritev)(int, const struct iovec *, int, off_t);
+static ssize_t (*real_pwritev64)(int, const struct iovec *, int, off_t);
+static ssize_t (*real_pwritev2)(int, const struct iovec *, int, off_t, int);
+static ssize_t (*real_pwritev64v2)(int, const struct iovec *, int, off_t, int);
 static size_t (*real_fread)(void *, size_t, size_t, FILE *);
 static size_t (*real_fwrite)(const void *, size_t, size_t, FILE *);
 static int (*real_fsync)(int);
@@ -385,6 +392,18 @@ ssize_t preadv(int fd, const struct iovec *v, int c, off_t o) {
     RESOLVE(preadv);
     IO_CALL(RH_READ, fd, real_preadv(fd, v, c, o));
 }
+ssize_t preadv64(int fd, const struct iovec *v, int c, off_t o) {
+    RESOLVE(preadv64);
+    IO_CALL(RH_READ, fd, real_preadv64(fd, v, c, o));
+}
+ssize_t preadv2(int fd, const struct iovec *v, int c, off_t o, int f) {
+    RESOLVE(preadv2);
+    IO_CALL(RH_READ, fd, real_preadv2(fd, v, c, o, f));
+}
+ssize_t preadv64v2(int fd, const struct iovec *v, int c, off_t o, int f) {
+    RESOLVE(preadv64v2);
+    IO_CALL(RH_READ, fd, real_preadv64v2(fd, v, c, o, f));
+}
 ssize_t write(int fd, const void *buf, size_t n) { RESOLVE(write); IO_CALL(RH_WRITE, fd, real_write(fd, buf, n)); }
 ssize_t pwrite(int fd, const void *buf, size_t n, off_t o) {
     RESOLVE(pwrite);
@@ -398,6 +417,18 @@ ssize_t writev(int fd, const struct iovec *v, int c) { RESOLVE(writev); IO_CALL(
 ssize_t pwritev(int fd, const struct iovec *v, int c, off_t o) {
     RESOLVE(pwritev);
     IO_CALL(RH_WRITE, fd, real_pwritev(fd, v, c, o));
+}
+ssize_t pwritev64(int fd, const struct iovec *v, int c, off_t o) {
+    RESOLVE(pwritev64);
+    IO_CALL(RH_WRITE, fd, real_pwritev64(fd, v, c, o));
+}
+ssize_t pwritev2(int fd, const struct iovec *v, int c, off_t o, int f) {
+    RESOLVE(pwritev2);
+    IO_CALL(RH_WRITE, fd, real_pwritev2(fd, v, c, o, f));
+}
+ssize_t pwritev64v2(int fd, const struct iovec *v, int c, off_t o, int f) {
+    RESOLVE(pwritev64v2);
+    IO_CALL(RH_WRITE, fd, real_pwritev64v2(fd, v, c, o, f));
 }
 
 size_t fread(void *buf, size_t size, size_t n, FILE *f) {

@@ -233,27 +233,26 @@ def parse_plan(tokens: list[str]) -> PlanRequest:
     return PlanRequest(spec, options, target)
 
 
-def parse_baseline(tokens: list[str]) -> BaselineOptions:
-    declared = keys_of(BaselineOptions)
+def _options(cls: type, tokens: list[str], command: str):
+    """A command's own options (a dataclass of key() fields) from its tokens: unknown keys and missing required
+    ones refused with one line naming what the command accepts."""
+    declared = keys_of(cls)
     values: dict = {}
     rest = _fill(values, declared, pairs_of(tokens))
     if rest:
         name = next(iter(rest))
-        raise UsageError(f"{name}={rest[name]}: not a baseline key; baseline accepts "
+        raise UsageError(f"{name}={rest[name]}: not a {command} key; {command} accepts "
                          f"{', '.join(f'{k}=' for k in declared)}")
-    _required(declared, values, "baseline")
-    return BaselineOptions(**values)
+    _required(declared, values, command)
+    return cls(**values)
+
+
+def parse_baseline(tokens: list[str]) -> BaselineOptions:
+    return _options(BaselineOptions, tokens, "baseline")
 
 
 def parse_matrix(tokens: list[str]) -> MatrixOptions:
-    declared = keys_of(MatrixOptions)
-    values: dict = {}
-    rest = _fill(values, declared, pairs_of(tokens))
-    if rest:
-        name = next(iter(rest))
-        raise UsageError(f"{name}={rest[name]}: not a matrix key; matrix accepts "
-                         f"{', '.join(f'{k}=' for k in declared)}")
-    options = MatrixOptions(**values)
+    options = _options(MatrixOptions, tokens, "matrix")
     if options.model is not None:
         load_model(options.model)  # an unknown preset: one line naming the accepted ones
     for layout in ([] if options.layouts == "auto" else options.layouts.split(",")):

@@ -16,12 +16,16 @@ Method
 - Step seconds: the median training step with and without a flush in flight (rank 0), medians over repeats, to
   show what overlapping a flush costs the training loop; restart load seconds and load MiB/s (checkpoint bytes read
   by all ranks / checkpoint_load seconds) are reported too.
+- Stacks: the `fsdp2 ...` cases train the same model on the same samples with stack=fsdp2 (docs/fsdp2.md); their
+  checkpoint is 12 bytes per parameter (fp32 weights and two moments) against DeepSpeed's 14 (a bf16 model copy
+  besides), so compare them in MiB/s, not in seconds. `only=LABEL,LABEL` runs the named cases alone.
 - Storage: in each repeat, before its engines, `./submit-job.sh baseline` measures the results directory's file
   system afresh with as many ranks as the run has (write: each rank writes BASELINE_FILE_MIB and fsyncs; read: cold).
   Ratios: blocking / default's blocking; durable MiB/s / baseline write MiB/s; load MiB/s / baseline read MiB/s
   (medians over repeats).
 
-Usage: <python> benchmarks/compare_engines.py [REPEATS] [MODEL] [key=value ...]   (default 3 small dp=2; a Markdown table)
+Usage: <python> benchmarks/compare_engines.py [REPEATS] [MODEL] [only=LABEL,...] [key=value ...]
+       (default 3 small dp=2, every case that runs here; a Markdown table)
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ CASES = [
     ("fastpersist", ["engine=fastpersist"]),
     ("decoupled", ["engine=decoupled"]),
     ("lazy", ["engine=lazy"]),
+    # the PyTorch-native stack: the same model and data, FSDP2 sharding, one collective DCP save per checkpoint
+    ("fsdp2 none", ["stack=fsdp2", "engine=none"]),
+    ("fsdp2 dcp", ["stack=fsdp2", "engine=dcp"]),
+    ("fsdp2 dcp async_save", ["stack=fsdp2", "engine=dcp", "async_save=true"]),
 ]
 BASE = ["dp=2", "iters=6", "save_interval=2", "after=1", "cache=drop"]
 BASELINE_FILE_MIB = 256
@@ -101,9 +109,15 @@ def main() -> None:
     args = sys.argv[1:]
     repeats = int(args.pop(0)) if args and args[0].isdigit() else 3
     model = args.pop(0) if args and "=" not in args[0] else "small"
+    only = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("only=")), None)
+    args = [a for a in args if not a.startswith("only=")]
+    unknown = set(only or ()) - {name for name, _ in CASES}
+    if unknown:
+        sys.exit(f"only=: unknown case(s) {', '.join(sorted(unknown))}; cases: {', '.join(n for n, _ in CASES)}")
     given = {a.split("=", 1)[0] for a in args}
     base = [model, *(b for b in BASE if b.split("=", 1)[0] not in given), *args]
-    cases = [(name, base + extra) for name, extra in CASES if runnable(base + extra)]
+    cases = [(name, base + extra) for name, extra in CASES
+             if (only is None or name in only) and runnable(base + extra)]
     from restart_harness.spec import parse_args
 
     world = parse_args(base).world_size
@@ -121,8 +135,9 @@ def main() -> None:
           f"storage baseline ({world} ranks, {BASELINE_FILE_MIB} MiB each, measured in each repeat): write "
           f"{write_mib_s:.1f} MiB/s, cold read {read_mib_s:.1f} MiB/s\n")
     print("| engine | checkpoint MiB | blocking s | x default | durable s | durable MiB/s | x baseline write "
-          "| step s (no flush) | step s (flush in flight) | restart load s | load MiB/s | x baseline read |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| step s (no flush) | step s (flush in flight) | restart load s | load MiB/s | x baseline read "
+          "| checkpoint_load s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     rows = {}
     for name, _ in cases:
         summaries = collected[name]
@@ -139,6 +154,7 @@ def main() -> None:
             "in_flight": median([t.get("step_seconds_median_in_flight") for t in training]),
             "load": median([r.get("load_seconds") for r in restarts]),
             "load_mib_s": median([r.get("load_throughput_mib_s") for r in restarts]),
+            "phase": median([(r.get("phases") or {}).get("checkpoint_load") for r in restarts]),
         }
     default_blocking = (rows.get("default") or {}).get("blocking")
     for name, r in rows.items():
@@ -149,7 +165,7 @@ def main() -> None:
               f"| {fmt(durable)} | {fmt(durable_mib_s, 1)} "
               f"| {fmt(durable_mib_s / write_mib_s if durable_mib_s else None, 2)} "
               f"| {fmt(r['no_flush'])} | {fmt(r['in_flight'])} | {fmt(r['load'])} | {fmt(r['load_mib_s'], 1)} "
-              f"| {fmt(r['load_mib_s'] / read_mib_s if r['load_mib_s'] else None, 2)} |")
+              f"| {fmt(r['load_mib_s'] / read_mib_s if r['load_mib_s'] else None, 2)} | {fmt(r['phase'])} |")
     shutil.rmtree(results, ignore_errors=True)
 
 

@@ -35,6 +35,9 @@ class Engine:
     # emulate=true can write this engine's files without DeepSpeed building the engine (engines DeepSpeed creates
     # from its own config inside deepspeed.initialize cannot be emulated).
     emulates: ClassVar[bool] = True
+    # The training stacks (RunSpec.stack) the engine checkpoints. stack=fsdp2 saves the whole FSDP2 state with one
+    # collective call per checkpoint: an engine listing it provides fsdp2_checkpoint_engine().
+    stacks: ClassVar[tuple[str, ...]] = ("deepspeed",)
 
     def __init__(self, spec: Any):
         self.spec = spec
@@ -55,6 +58,12 @@ class Engine:
     def checkpoint_engine(self, ds_engine: Any) -> Any:
         """The deepspeed CheckpointEngine to install on the DeepSpeed engine, or None to keep DeepSpeed's own."""
         return None
+
+    def fsdp2_checkpoint_engine(self) -> Any:
+        """stack=fsdp2: the object that saves and loads the state dict of get_state_dict (model and optimizer,
+        sharded) at a path: save(state, path) -> this rank's files, load(path) (into self.template, in place),
+        wait() for async saves. Only engines whose `stacks` name fsdp2."""
+        raise NotImplementedError(f"engine {self.name} does not checkpoint stack=fsdp2")
 
     def wait_durable(self, checkpoint_engine: Any) -> None:
         """Block until the engine's last save has finished writing (async engines); the harness fsyncs after."""

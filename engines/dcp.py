@@ -1,6 +1,12 @@
-"""engine=dcp: PyTorch Distributed Checkpoint writes each DeepSpeed state dict at DeepSpeed's path (a directory
-with .metadata and .distcp shards). Every rank saves its own distinct state, so DCP runs with no_dist=True: no
-collectives, no cross-rank planning. async_save=true returns once DCP has staged the state in memory."""
+"""engine=dcp: PyTorch Distributed Checkpoint.
+
+stack=deepspeed: DCP writes each DeepSpeed state dict at DeepSpeed's path (a directory with .metadata and .distcp
+shards). Every rank saves its own distinct state, so DCP runs with no_dist=True: no collectives, no cross-rank
+planning.
+stack=fsdp2: one collective dcp.save of the whole sharded state (get_state_dict of model and optimizer) per
+checkpoint, DCP's own way: every rank writes __<rank>_0.distcp, rank 0 the global .metadata; loading reshards to
+any number of ranks.
+async_save=true returns once DCP has staged the state in memory; the files are written in a background thread."""
 
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ class DCPEngine(Engine):
     name = "dcp"
     description = "PyTorch Distributed Checkpoint per rank (a directory of .distcp shards per DeepSpeed file), no collectives"
     Options = Options
+    stacks = ("deepspeed", "fsdp2")
 
     def is_async(self) -> bool:
         return self.options.async_save
@@ -27,8 +34,53 @@ class DCPEngine(Engine):
     def checkpoint_engine(self, ds_engine):
         return _engine_class()(self.options.async_save)
 
+    def fsdp2_checkpoint_engine(self):
+        return _fsdp2_class()(self.options.async_save)
+
     def wait_durable(self, checkpoint_engine) -> None:
         checkpoint_engine.wait()
+
+
+def _fsdp2_class():
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    class FSDP2DCP:
+        """Collective dcp.save / dcp.async_save / dcp.load of a sharded state dict at a directory."""
+
+        name = "FSDP2DCP"
+
+        def __init__(self, async_save: bool):
+            self.async_save = async_save
+            self.pending = []
+            self.template: dict | None = None  # the state dict a load fills in place (set by the caller)
+            # DCP's own group: an async save plans and gathers in its background thread while training's
+            # collectives run on the default group; two threads on one gloo group deadlock.
+            self.group = dist.new_group(backend="gloo")
+
+        def save(self, state_dict, path: str) -> list[str]:
+            """This rank's files: DCP's file system writer (one file per rank) names them __<rank>_0.distcp, and
+            rank 0 (the coordinator) writes .metadata once every rank's plan is in."""
+            if self.async_save:
+                self.pending.append(dcp.async_save(state_dict, checkpoint_id=path, process_group=self.group))
+            else:
+                dcp.save(state_dict, checkpoint_id=path, process_group=self.group)
+            rank = dist.get_rank()
+            return [f"{path}/__{rank}_0.distcp"] + ([f"{path}/.metadata"] if rank == 0 else [])
+
+        def wait(self) -> None:
+            pending, self.pending = self.pending, []
+            for future in pending:
+                future.result()
+
+        def load(self, path: str, map_location=None):
+            dcp.load(self.template, checkpoint_id=path, process_group=self.group)
+            return self.template
+
+        def is_decoupled(self) -> bool:
+            return False
+
+    return FSDP2DCP
 
 
 def _engine_class():

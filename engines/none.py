@@ -9,6 +9,7 @@ class NoCheckpoint(Engine):
     description = "no checkpoint at all - the training-step baseline (no restart phase)"
     saves = False
     emulates = False
+    stacks = ("deepspeed", "fsdp2")
 
     def check(self) -> None:
         if self.spec.phase == "restart":

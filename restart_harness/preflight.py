@@ -139,9 +139,11 @@ def restart(request: RestartRequest) -> None:
 
 def reshardable(request: RestartRequest, eng, tag: str) -> None:
     """A restart at another layout needs an engine whose files DeepSpeed's converter reads, a trained (not emulated)
-    checkpoint, and the universal-checkpoint information the worker saves in every checkpoint."""
+    checkpoint, and the universal-checkpoint information the worker saves in every checkpoint (stack=deepspeed)."""
     spec, original = request.spec, request.original
     change = f"{original.layout} -> {spec.layout}"
+    if spec.stack == "fsdp2":
+        return  # DCP reshards a stack=fsdp2 checkpoint while it loads; only dp can differ (RunSpec refuses tp, pp)
     if eng.reshard != "universal":
         raise UsageError(f"restart at another layout ({change}): engine={spec.engine} writes its own format, which "
                          "DeepSpeed's universal-checkpoint converter cannot read; accepted: engine=default runs")

@@ -52,6 +52,8 @@ RUNS: dict[str, Case] = {
     "dcp-async-dp2": Case(f"tiny dp=2 engine=dcp async_save=true {ASYNC_SHORT}"),
     "dcp-tp2-pp2": Case(f"tiny tp=2 pp=2 engine=dcp {SHORT}"),
     "none-dp2": Case(f"tiny dp=2 engine=none {SHORT}"),
+    # the PyTorch-native stack: FSDP2 checkpointed by DCP (tests/test_fsdp2.py)
+    "fsdp2-async-dp2": Case(f"tiny dp=2 stack=fsdp2 async_save=true {ASYNC_SHORT}"),
     # the harness's own engine; lazy-dp2 is tiny-dp2 with engine=lazy (tests/test_lazy.py compares their files),
     # its model file split over both replicas even at this size
     "lazy-dp2": Case("tiny dp=2 engine=lazy balance_min_mib=0 iters=4 save_interval=2 after=2"),

@@ -93,6 +93,17 @@ def test_async_save_breakdown_covers_the_blocking_part_and_the_flush(harness):
 
 # ---- memory -----------------------------------------------------------------------------------------------------
 @pytest.mark.slow
+def test_without_anatomy_the_load_phase_still_holds_the_load(tmp_path):
+    """anatomy=false opens no window: the checkpoint_load phase is still the load (once measured as 0 s, the load
+    counted into engine_init)."""
+    run_dir = run_dir_of(run_cli(["tiny", "dp=2", "anatomy=false", "iters=2", "save_interval=2", "after=1"],
+                                 tmp_path / "results"))
+    restart = load_summary(run_dir)["restart"]
+    assert restart["verified"] is True and restart.get("load_breakdown") is None
+    assert restart["phases"]["checkpoint_load"] >= restart["load_seconds"] > 0
+
+
+@pytest.mark.slow
 def test_memory_high_water_mark_per_phase(harness):
     summary = load_summary(harness.run("tiny-dp2"))
     restart_memory = summary["restart"]["memory"]

@@ -32,6 +32,11 @@ CASES = {
     "an option of another engine": (["tiny", "engine=dcp", "async_take=true"], "engine torchsnapshot"),
     "a key of another command": (["tiny", "dir=/tmp"], "baseline"),
     "misspelt key": (["tiny", "tpp=2"], "did you mean tp"),
+    "unknown stack": (["tiny", "stack=megatron"], "stack=megatron"),
+    "fsdp2 with tensor parallelism": (["tiny", "stack=fsdp2", "tp=2"], "tp=2"),
+    "fsdp2 with pipeline parallelism": (["tiny", "stack=fsdp2", "pp=2"], "pp=2"),
+    "fsdp2 with an engine of DeepSpeed's": (["tiny", "stack=fsdp2", "engine=lazy"], "engine=lazy"),
+    "fsdp2 emulated": (["tiny", "stack=fsdp2", "emulate=true"], "emulate=true"),
 }
 
 

@@ -25,7 +25,7 @@ from restart_harness.spec import parse_args
 
 CLOSE_CALL_SECONDS = 0.005  # step start is reconstructed from the event's wall time minus its seconds
 SHARDED = cases("torchsnapshot-dp2", "torchsnapshot-async-tp2-pp2", "dcp-async-dp2", "dcp-tp2-pp2")
-ASYNC = cases("torchsnapshot-async-tp2-pp2", "dcp-async-dp2")
+ASYNC = cases("torchsnapshot-async-tp2-pp2", "dcp-async-dp2", "fsdp2-async-dp2")
 
 
 @pytest.mark.slow

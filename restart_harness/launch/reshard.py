@@ -133,12 +133,13 @@ def reference(run_dir: Path, ckpt_root: Path, tag: str, original: RunSpec) -> Pa
     return path
 
 
-def record_files(run_dir: Path, record: str, spec: RunSpec) -> tuple[Path, Path]:
-    """The restart's own spec and DeepSpeed config (its layout; universal loading): records/{spec,ds_config}-<record>.json."""
+def record_files(run_dir: Path, record: str, spec: RunSpec, universal: bool = True) -> tuple[Path, Path]:
+    """The restart's own spec and DeepSpeed config (its layout; universal loading unless the stack reshards
+    natively): records/{spec,ds_config}-<record>.json."""
     folder = run_dir / "records"
     folder.mkdir(exist_ok=True)
     spec_path, config_path = folder / f"spec-{record}.json", folder / f"ds_config-{record}.json"
     data = {**json.loads((run_dir / "spec.json").read_text()), **spec.to_json()}
     write_json_atomic(spec_path, data)
-    write_json_atomic(config_path, deep_merge(build_ds_config(spec), {"checkpoint": {"load_universal": True}}))
+    write_json_atomic(config_path, deep_merge(build_ds_config(spec), {"checkpoint": {"load_universal": universal}}))
     return spec_path, config_path

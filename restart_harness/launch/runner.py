@@ -35,7 +35,8 @@ def say(message: str) -> None:
 def new_run_dir(spec: RunSpec, prefix: str = "") -> Path:
     """results/<model>-<layout>-<engine>-<time>, created exclusively: a run never reuses another's folder."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = prefix + f"{spec.model_label}-{spec.layout}-{spec.engine}-{stamp}".replace("/", "_")
+    engine = spec.engine if spec.stack == "deepspeed" else f"{spec.stack}-{spec.engine}"
+    base = prefix + f"{spec.model_label}-{spec.layout}-{engine}-{stamp}".replace("/", "_")
     try:
         return make_fresh_dir(Path(spec.results_dir), base)
     except FileExistsError as exc:
@@ -352,9 +353,10 @@ def restart_only(request) -> Path:
         f"{layouts['saved']}, loaded at {spec.layout}; launcher {spec.launcher}, cache={spec.cache}")
     try:
         extra_args, load_dir, facts = [], None, {"layout": layouts}
+        native = spec.stack == "fsdp2"  # DCP reshards while it loads: no conversion, no reference from the files
         if request.reshard:
             from restart_harness.launch import reshard
-
+        if request.reshard and not native:
             conversion = reshard.convert(run_dir, ckpt_root, tag, say)
             reference = reshard.reference(run_dir, ckpt_root, tag, request.original)
             load_dir = ckpt_root / reshard.universal_tag(tag)
@@ -364,7 +366,7 @@ def restart_only(request) -> Path:
             record = allocate_record(run_dir)
             args = list(extra_args)
             if request.reshard:
-                spec_path, config_path = reshard.record_files(run_dir, record, spec)
+                spec_path, config_path = reshard.record_files(run_dir, record, spec, universal=not native)
                 args += ["--spec", str(spec_path), "--ds-config", str(config_path)]
             write_launch(spec, run_dir, ckpt_root, "restart", record, spec.master_port or free_port(), args)
             say(f"  restart {n + 1}/{request.repeats}: record {record}")

@@ -20,9 +20,12 @@ SWEEP = "sweep.json"
 STATES = ("running", "submitted", "dry_run", "complete", "failed", "crashed")
 FINISHED_STATES = ("complete", "failed")
 
-# Kinds of checkpoint files, by the DeepSpeed name of the file (or of the directory a sharded engine writes).
-KINDS = ("model_states", "optimizer_states", "layer_states", "other")
+# Kinds of checkpoint files, by the DeepSpeed name of the file (or of the directory a sharded engine writes); a
+# stack=fsdp2 checkpoint is DCP's own: a shard file per rank and one global metadata file.
+KINDS = ("model_states", "optimizer_states", "layer_states", "dcp_shards", "dcp_metadata", "other")
 _KIND_PATTERNS = (
+    ("dcp_shards", re.compile(r"^__\d+_\d+\.distcp$")),
+    ("dcp_metadata", re.compile(r"^\.metadata$")),
     ("layer_states", re.compile(r"^layer_\d+-model_\d+-model_states\.pt$")),
     ("model_states", re.compile(r"^(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt$")),
     ("optimizer_states", re.compile(r"^(bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt$")),
@@ -59,7 +62,7 @@ SAVE_CATEGORIES = ("serialize", "write", "fsync", "wait", "other")
 
 # The spec fields that make two runs repeats of one configuration (seed, paths, ports and timeouts do not), and
 # where else a configuration can differ: another machine or another file system.
-CONFIG_FIELDS = ("model", "shape", "shrink", "precision", "tp", "pp", "dp", "nodes", "ranks_per_node", "engine",
+CONFIG_FIELDS = ("model", "shape", "shrink", "stack", "precision", "tp", "pp", "dp", "nodes", "ranks_per_node", "engine",
                  "engine_options", "device", "launcher", "cache", "iters", "save_interval", "after", "micro_batch",
                  "grad_accum", "seq_len", "anatomy", "trace")
 PLACE_FIELDS = (("host", "hostname"), ("checkpoint_filesystem", "mount"), ("checkpoint_filesystem", "type"))
@@ -78,7 +81,9 @@ def layout_label(spec: dict) -> str:
 
 
 def engine_label(spec: dict) -> str:
-    """The engine and any option that differs from false/default, e.g. `dcp async_save`."""
+    """The engine and any option that differs from false/default, e.g. `dcp async_save`; the training stack first
+    where it is not DeepSpeed (`fsdp2 dcp`)."""
     options = spec.get("engine_options") or {}
     on = [k for k, v in options.items() if v is True]
-    return " ".join([str(spec["engine"]), *on])
+    stack = [] if spec.get("stack", "deepspeed") == "deepspeed" else [str(spec["stack"])]
+    return " ".join([*stack, str(spec["engine"]), *on])

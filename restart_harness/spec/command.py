@@ -204,7 +204,9 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
     shape, source = load_model(model)
     values: dict = {}
     pairs = _fill(values, run_keys(), pairs)
-    engine = registry.get(values.get("engine", "default"))
+    if "engine" not in values:  # each stack's own default: DeepSpeed's torch.save, DCP for FSDP2
+        values["engine"] = "dcp" if values.get("stack") == "fsdp2" else "default"
+    engine = registry.get(values["engine"])
     options: dict = {}
     pairs = _fill(options, keys_of(engine.Options), pairs)
     shape_values: dict = {}
@@ -219,6 +221,10 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
         shape = dataclasses.replace(shape, **shape_values)
     engine_options = {**dataclasses.asdict(engine.Options()), **options}
     spec = RunSpec(model=model, shape=shape, model_source=source, engine_options=engine_options, **values)
+    if spec.stack not in engine.stacks:
+        takers = [n for n, c in registry.all_engines().items() if spec.stack in c.stacks]
+        raise UsageError(f"engine={engine.name} does not checkpoint stack={spec.stack}; accepted with "
+                         f"stack={spec.stack}: engine={', '.join(takers)}")
     return spec.resolve(), extra_values
 
 

@@ -38,6 +38,10 @@ class RunSpec:
     ranks_per_node: int | None = key(None, "ranks (GPUs) per node; default tp x pp x dp / nodes", group="layout",
                                      minimum=1, restart=True)
     # training
+    stack: str = key("deepspeed", "training stack: deepspeed = DeepSpeed ZeRO-1 with TP/PP; fsdp2 = torch FSDP2 "
+                                  "(fully_shard over the data-parallel ranks) checkpointed with Distributed "
+                                  "Checkpoint: engine=dcp, tp=1, pp=1 (docs/fsdp2.md)", group="training",
+                     choices=("deepspeed", "fsdp2"))
     precision: str = key("bf16", "training precision (ZeRO-1 keeps fp32 master weights either way)",
                          group="training", choices=("bf16", "fp32"))
     iters: int = key(4, "training steps of the checkpoint phase", group="training", minimum=1)
@@ -50,7 +54,8 @@ class RunSpec:
     lr: float = key(1e-4, "AdamW learning rate", group="training", above=0)
     seed: int = key(1234, "seed of weights and synthetic data", group="training", minimum=0)
     # checkpoint
-    engine: str = key("default", "checkpoint engine (engines/; list below); its options are keys too",
+    engine: str = key("default", "checkpoint engine (engines/; list below); its options are keys too; default "
+                                 "default (stack=deepspeed), dcp (stack=fsdp2)",
                       group="checkpoint")
     cache: str = key("drop", "page cache before the restart: drop = evict the checkpoint's pages, warm = leave "
                              "them", group="checkpoint", choices=("drop", "warm"), restart=True)
@@ -147,6 +152,8 @@ class RunSpec:
             raise UsageError(
                 f"seq_len={self.seq_len} exceeds max_position_embeddings={self.shape.max_position_embeddings}"
             )
+        if self.stack == "fsdp2":
+            self._check_fsdp2()
         if not _WALLTIME.match(self.walltime):
             raise UsageError(f"walltime={self.walltime}: accepted HH:MM:SS (or D-HH:MM:SS)")
         if self.save_interval > self.iters:
@@ -160,6 +167,15 @@ class RunSpec:
         """Derive dp / ranks_per_node and check that the (already resolved) model can be placed on the layout."""
         self._resolve_ranks()
         self._check_model_split()
+
+    def _check_fsdp2(self) -> None:
+        """FSDP2 shards over the data-parallel ranks only; tensor and pipeline parallelism are DeepSpeed's here."""
+        for name in ("tp", "pp"):
+            if getattr(self, name) != 1:
+                raise UsageError(f"{name}={getattr(self, name)}: stack=fsdp2 shards over data-parallel ranks only; "
+                                 f"accepted: {name}=1 (tensor and pipeline parallelism: stack=deepspeed)")
+        if self.emulate:
+            raise UsageError("emulate=true: emulation writes DeepSpeed's files; accepted with stack=deepspeed only")
 
     def _resolve_ranks(self) -> None:
         per_replica = self.tp * self.pp

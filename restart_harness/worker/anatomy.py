@@ -22,6 +22,7 @@ compiler) read and write cannot be told apart from deserialize and serialize, an
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections import defaultdict
 
@@ -33,7 +34,8 @@ MAX_INTERVALS = 2000  # for the timeline figure; a window with more regions keep
 # DeepSpeed's comm functions that block until the other ranks take part.
 COLLECTIVES = ("barrier", "monitored_barrier", "broadcast", "broadcast_object_list", "all_reduce", "all_gather",
                "all_gather_into_tensor", "allgather_fn", "reduce", "reduce_scatter_tensor", "reduce_scatter_fn",
-               "all_to_all_single", "gather", "scatter")
+               "all_to_all_single", "gather", "scatter", "all_gather_object", "broadcast_object_list",
+               "gather_object", "scatter_object_list")
 
 
 class Window:
@@ -145,7 +147,8 @@ class Anatomy:
 
     @contextlib.contextmanager
     def region(self, category: str, io: tuple[str, ...] = ()):
-        if self.window is None:
+        # the main thread's doing only: a background flush's collectives and calls are not the window's
+        if self.window is None or threading.current_thread() is not threading.main_thread():
             yield
             return
         with self.window.region(category, io):
@@ -165,9 +168,11 @@ class Anatomy:
         wrapped.__wrapped__ = inner
         setattr(owner, name, wrapped)
 
-    def hook_collectives(self) -> None:
-        """DeepSpeed's comm functions, attributed to `wait` (module attributes: every caller looks them up)."""
-        from deepspeed import comm
+    def hook_collectives(self, comm=None) -> None:
+        """The collectives of `comm` (default DeepSpeed's comm; torch.distributed for stack=fsdp2), attributed to
+        `wait` (module attributes: every caller looks them up)."""
+        if comm is None:
+            from deepspeed import comm
 
         for name in COLLECTIVES:
             if callable(getattr(comm, name, None)):

@@ -65,6 +65,11 @@ def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
     spec = RunSpec.from_json(read_json(args.spec or args.run_dir / "spec.json"))
     ds_config = read_json(args.ds_config or args.run_dir / "ds_config.json")
     plugin = registry.get(spec.engine)(spec)
+    if spec.stack == "fsdp2":
+        from restart_harness.worker import fsdp2
+
+        fsdp2.run(args, log, rank, spec, plugin, _peak_memory)
+        return
     if spec.emulate:
         from restart_harness.worker import emulate
 
@@ -100,11 +105,14 @@ def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
         # the load window is the checkpoint_load phase: its marks carry the window's own start and end (the memory
         # of engine_init is read before the window opens)
         engine_init_memory = _peak_memory()
+        load_start = time.time()
         with anatomy.measure(LOAD_CATEGORIES) as window:
             tag, client_state = checkpointing.load(engine, args.ckpt_root, args.load_tag)
             _sync(device)  # host-to-device copies may still be queued: the load ends when they do
             breakdown = window.close()
-        log.mark("engine_initialized", t=breakdown["start"] if breakdown else None, memory=engine_init_memory)
+        # anatomy=false: no window record, the load's start taken here (a mark stamped now would put the whole
+        # load into engine_init)
+        log.mark("engine_initialized", t=breakdown["start"] if breakdown else load_start, memory=engine_init_memory)
         log.mark("checkpoint_loaded", t=breakdown["end"] if breakdown else None)
         log.emit("loaded", tag=tag, files=[{"path": p, "seconds": s} for p, s in recorder.loaded])
         if breakdown:

@@ -1,0 +1,106 @@
+"""stack=fsdp2 (docs/fsdp2.md): the same model and data as the DeepSpeed runs, sharded with FSDP2 and checkpointed by
+one collective DCP save per checkpoint; restarted in fresh processes at the saving data-parallel size and at others
+(DCP reshards while it loads), every parameter's and optimizer moment's full tensor verified against the digests
+taken at save time. Real launches on CPU over gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, events, load_summary, run_cli, run_dir_of
+
+pytestmark = pytest.mark.slow
+SOURCE = "iters=2 save_interval=2 after=1"
+
+
+def restart(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "restart", f"run={run_dir}", *args],
+                          check=False, capture_output=True, text=True, timeout=900, cwd=REPO,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.fixture(scope="module")
+def fsdp2(tmp_path_factory) -> Path:
+    """tiny dp=2 stack=fsdp2 (engine dcp by default), restarted at dp=2, then at dp=1 and dp=4."""
+    run_dir = run_dir_of(run_cli(["tiny", "dp=2", "stack=fsdp2", *SOURCE.split()], tmp_path_factory.mktemp("fsdp2")))
+    for args in (["dp=1"], ["dp=4"]):
+        proc = restart(run_dir, *args)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return run_dir
+
+
+def test_checkpoint_is_dcp_s_own_files_one_per_rank(fsdp2):
+    spec = json.loads((fsdp2 / "spec.json").read_text())
+    assert spec["stack"] == "fsdp2" and spec["engine"] == "dcp" and fsdp2.name.startswith("tiny-tp1-pp1-dp2-fsdp2-dcp")
+    inventory = json.loads((fsdp2 / "inventory.json").read_text())
+    assert sorted((f["path"], f["kind"], f["rank"]) for f in inventory["files"]) == [
+        (".metadata", "dcp_metadata", 0), ("__0_0.distcp", "dcp_shards", 0), ("__1_0.distcp", "dcp_shards", 1)]
+    # the shards hold the fp32 parameters and both Adam moments (12 bytes per parameter), and DCP frames every item
+    # (each rank's piece of a parameter, of each moment, and the step) as a small torch.save archive of its own
+    params = spec["derived"]["num_parameters"]
+    digests = json.loads((fsdp2 / "digests" / "global_step2" / "rank-00000.json").read_text())["tensors"]
+    items = 2 * 4 * sum(1 for name in digests if name.startswith("model."))
+    shards = inventory["by_kind"]["dcp_shards"]["bytes"]
+    assert 12 * params < shards < 12 * params + 2048 * items
+    sizes = [f["bytes"] for f in inventory["files"] if f["kind"] == "dcp_shards"]
+    assert max(sizes) / min(sizes) < 1.1
+    # each rank's save record names exactly its own files
+    for rank, evs in events(fsdp2).items():
+        for save in (e for e in evs if e["event"] == "save"):
+            want = {f"__{rank}_0.distcp"} | ({".metadata"} if rank == 0 else set())
+            assert {f["path"] for f in save["files"]} == want
+            assert 0 < save["blocking_seconds"] <= save["durable_seconds"] <= save["commit_seconds"]
+            assert "universal_info" not in save
+
+
+def test_restarts_at_every_data_parallel_size_restore_the_full_state(fsdp2):
+    summary = load_summary(fsdp2)
+    assert summary["status"]["state"] == "complete"
+    own, one, four = summary["restarts"]
+    assert not own.get("layout") or own["layout"]["loaded"] == own["layout"]["saved"]
+    for r, ranks, loaded in ((own, 2, None), (one, 1, "tp1-pp1-dp1"), (four, 4, "tp1-pp1-dp4")):
+        assert r["verified"] is True and r["differing"] == [] and r["ranks"] == ranks
+        assert r["verified_tensors"] == ranks * r["verified_tensors"] // ranks > 0
+        assert r["tag"] == "global_step2" and r["first_step"] == 3 and r["conversion"] is None
+        if loaded:
+            assert r["layout"] == {"saved": "tp1-pp1-dp2", "loaded": loaded}
+    # the same global batch from the same state: the same first loss to the bit at every data-parallel size
+    assert one["first_step_loss"] == own["first_step_loss"] == four["first_step_loss"]
+    # each rank's verification covered the whole state (every parameter, both moments, the steps)
+    for record in ("restart-01", "restart-02", "restart-03"):
+        checks = [e for evs in events(fsdp2, record).values() for e in evs if e["event"] == "verify"]
+        assert len({e["tensors"] for e in checks}) == 1 and all(e["full_state"] for e in checks)
+    # no DeepSpeed universal conversion, and the restart's own spec at its layout
+    assert not (fsdp2 / "checkpoint" / "global_step2_universal").exists()
+    spec = json.loads((fsdp2 / "records" / "spec-restart-03.json").read_text())
+    assert spec["dp"] == 4 and spec["micro_batch"] * spec["grad_accum"] * 4 == 8
+
+
+def test_restart_report_has_the_load_anatomy_and_reads(fsdp2):
+    r = load_summary(fsdp2)["restarts"][0]
+    b = r["load_breakdown"]
+    assert b["sum_of_categories_seconds"] == pytest.approx(b["window_seconds"], rel=0.02)
+    read = {f["path"] for f in b["files"]}
+    assert {"global_step2/.metadata", "global_step2/__0_0.distcp", "global_step2/__1_0.distcp"} <= read
+
+
+def test_a_changed_shard_fails_verification(fsdp2):
+    """Last in this file: it changes the run's checkpoint (and puts it back)."""
+    shard = fsdp2 / "checkpoint" / "global_step2" / "__1_0.distcp"
+    original = shard.read_bytes()
+    data = bytearray(original)
+    data[len(data) // 2] ^= 0x40  # one bit, inside the tensor data (the file is tensors with a small pickle tail)
+    shard.write_bytes(bytes(data))
+    try:
+        proc = restart(fsdp2)
+    finally:
+        shard.write_bytes(original)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "did not restore the saved state" in proc.stderr
+    last = load_summary(fsdp2)["restarts"][-1]
+    assert last["verified"] is False and 1 <= len(last["differing"]) <= 2

@@ -37,6 +37,7 @@ CASES = {
     "fsdp2 with pipeline parallelism": (["tiny", "stack=fsdp2", "pp=2"], "pp=2"),
     "fsdp2 with an engine of DeepSpeed's": (["tiny", "stack=fsdp2", "engine=lazy"], "engine=lazy"),
     "fsdp2 emulated": (["tiny", "stack=fsdp2", "emulate=true"], "emulate=true"),
+    "fsdp2 planned": (["plan", "tiny", "stack=fsdp2"], "stack=fsdp2"),
 }
 
 

@@ -356,12 +356,13 @@ def restart_only(request) -> Path:
         native = spec.stack == "fsdp2"  # DCP reshards while it loads: no conversion, no reference from the files
         if request.reshard:
             from restart_harness.launch import reshard
-        if request.reshard and not native:
-            conversion = reshard.convert(run_dir, ckpt_root, tag, say)
-            reference = reshard.reference(run_dir, ckpt_root, tag, request.original)
-            load_dir = ckpt_root / reshard.universal_tag(tag)
-            facts["conversion"] = conversion
-            extra_args = ["--load-tag", reshard.universal_tag(tag), "--full-state-reference", str(reference)]
+
+            if not native:
+                conversion = reshard.convert(run_dir, ckpt_root, tag, say)
+                reference = reshard.reference(run_dir, ckpt_root, tag, request.original)
+                load_dir = ckpt_root / reshard.universal_tag(tag)
+                facts["conversion"] = conversion
+                extra_args = ["--load-tag", reshard.universal_tag(tag), "--full-state-reference", str(reference)]
         for n in range(request.repeats):
             record = allocate_record(run_dir)
             args = list(extra_args)

@@ -230,6 +230,9 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
 
 def parse_plan(tokens: list[str]) -> PlanRequest:
     spec, values = parse_run(tokens, keys_of(PlanOptions))
+    if spec.stack != "deepspeed":
+        raise UsageError(f"stack={spec.stack}: the planner predicts DeepSpeed's checkpoint files; accepted: "
+                         "stack=deepspeed (a stack=fsdp2 checkpoint is one DCP shard file per rank and .metadata)")
     options = PlanOptions(**values)
     target = None
     if any(v is not None for v in (options.to_tp, options.to_pp, options.to_dp)):

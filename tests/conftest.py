@@ -91,6 +91,13 @@ def submit(args: list[str], cwd: Path, timeout: int = 120, env: dict | None = No
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
+def restart(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    """`config-n-run.py restart run=<run_dir> key=value ...`: a restart-only re-run (exit code not checked)."""
+    return subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "restart", f"run={run_dir}", *args],
+                          check=False, capture_output=True, text=True, timeout=900, cwd=REPO,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
 def run_dir_of(proc: subprocess.CompletedProcess) -> Path:
     """The last line printed is the run directory."""
     return Path(proc.stdout.strip().splitlines()[-1])

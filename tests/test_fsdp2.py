@@ -6,22 +6,13 @@ taken at save time. Real launches on CPU over gloo."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, events, load_summary, run_cli, run_dir_of
+from conftest import events, load_summary, restart, run_cli, run_dir_of
 
 pytestmark = pytest.mark.slow
 SOURCE = "iters=2 save_interval=2 after=1"
-
-
-def restart(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "restart", f"run={run_dir}", *args],
-                          check=False, capture_output=True, text=True, timeout=900, cwd=REPO,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from collections import defaultdict
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, load_summary, run_cli, run_dir_of
+from conftest import REPO, load_summary, restart, run_cli, run_dir_of
 
 from restart_harness.plan import universal
 from restart_harness.results import trace
@@ -25,12 +24,6 @@ from restart_harness.spec.runspec import RunSpec
 
 pytestmark = pytest.mark.slow
 SOURCE = "iters=2 save_interval=2 after=1"
-
-
-def restart(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "restart", f"run={run_dir}", *args],
-                          check=False, capture_output=True, text=True, timeout=900, cwd=REPO,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 def listing(run_dir: Path) -> list[tuple[str, int]]:

@@ -30,7 +30,7 @@ from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngi
 
 from restart_harness.storage.atomic import files_under, fsync_paths, write_text_atomic
 from restart_harness.worker import faults
-from restart_harness.worker.anatomy import SAVE_CATEGORIES, Anatomy
+from restart_harness.worker.anatomy import LOAD_CATEGORIES, SAVE_CATEGORIES, Anatomy
 
 
 class RecordingEngine(CheckpointEngine):
@@ -197,6 +197,26 @@ def _explain_save_failure(exc: Exception, ckpt_root: Path, tag: str) -> Exceptio
         return OSError(errno.ENOSPC, f"No space left on device while saving {tag}: {free} bytes free on the "
                                      f"checkpoint filesystem at {ckpt_root} ({type(exc).__name__}: {exc})")
     return exc
+
+
+def measured_load(engine, recorder: RecordingEngine, ckpt_root: Path, tag: str | None, log, peak_memory,
+                  sync) -> tuple[str, dict]:
+    """The restart's checkpoint_load phase: load() and sync() (queued device copies belong to it) inside the anatomy
+    window, whose own start and end the phase's marks carry; the memory of engine_init is read before the window
+    opens. With anatomy=false (no window record) the start is taken here: a mark stamped afterwards would put the
+    whole load into engine_init. Emits the files loaded and the breakdown; returns load()'s (tag, client_state)."""
+    engine_init_memory = peak_memory()
+    load_start = time.time()
+    with recorder.anatomy.measure(LOAD_CATEGORIES) as window:
+        loaded_tag, client_state = load(engine, ckpt_root, tag)
+        sync()
+        breakdown = window.close()
+    log.mark("engine_initialized", t=breakdown["start"] if breakdown else load_start, memory=engine_init_memory)
+    log.mark("checkpoint_loaded", t=breakdown["end"] if breakdown else None)
+    log.emit("loaded", tag=loaded_tag, files=[{"path": p, "seconds": s} for p, s in recorder.loaded])
+    if breakdown:
+        log.emit("load_anatomy", **breakdown)
+    return loaded_tag, client_state
 
 
 def load(ds_engine, ckpt_root: Path, tag: str | None = None) -> tuple[str, dict]:

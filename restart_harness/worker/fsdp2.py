@@ -24,7 +24,7 @@ import torch.distributed as dist
 from restart_harness.spec.runspec import RunSpec
 from restart_harness.storage.atomic import write_json_atomic
 from restart_harness.worker import async_save, checkpointing, digest, faults
-from restart_harness.worker.anatomy import LOAD_CATEGORIES, Anatomy
+from restart_harness.worker.anatomy import Anatomy
 from restart_harness.worker.data import step_batches
 from restart_harness.worker.events import EventLog
 from restart_harness.worker.model import LlamaForCausalLM
@@ -89,19 +89,8 @@ def run(args, log: EventLog, rank: int, spec: RunSpec, plugin, peak_memory) -> N
     if args.phase != "restart":
         log.mark("engine_initialized")
     else:
-        engine_init_memory = peak_memory()
-        load_start = time.time()
-        with anatomy.measure(LOAD_CATEGORIES) as window:
-            tag, client_state = checkpointing.load(engine, args.ckpt_root, args.load_tag)
-            _sync(device)
-            breakdown = window.close()
-        # anatomy=false: no window record, the load's start taken here (a mark stamped now would put the whole
-        # load into engine_init)
-        log.mark("engine_initialized", t=breakdown["start"] if breakdown else load_start, memory=engine_init_memory)
-        log.mark("checkpoint_loaded", t=breakdown["end"] if breakdown else None)
-        log.emit("loaded", tag=tag, files=[{"path": p, "seconds": s} for p, s in recorder.loaded])
-        if breakdown:
-            log.emit("load_anatomy", **breakdown)
+        tag, client_state = checkpointing.measured_load(engine, recorder, args.ckpt_root, args.load_tag, log,
+                                                        peak_memory, lambda: _sync(device))
         _verify(args.run_dir, tag, model, optimizer, log)
         first = int(client_state["harness_step"]) + 1
         last = first + spec.after - 1

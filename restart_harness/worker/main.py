@@ -20,7 +20,7 @@ from engines import registry
 from restart_harness.spec.runspec import RunSpec
 from restart_harness.storage.atomic import read_json, write_json_atomic
 from restart_harness.worker import async_save, checkpointing, digest, faults, full_state
-from restart_harness.worker.anatomy import LOAD_CATEGORIES, Anatomy, peak_rss_bytes_since_last
+from restart_harness.worker.anatomy import Anatomy, peak_rss_bytes_since_last
 from restart_harness.worker.data import step_batches
 from restart_harness.worker.events import EventLog
 from restart_harness.worker.model import LlamaForCausalLM, pipeline_module
@@ -102,21 +102,8 @@ def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
     if args.phase != "restart":
         log.mark("engine_initialized")
     else:
-        # the load window is the checkpoint_load phase: its marks carry the window's own start and end (the memory
-        # of engine_init is read before the window opens)
-        engine_init_memory = _peak_memory()
-        load_start = time.time()
-        with anatomy.measure(LOAD_CATEGORIES) as window:
-            tag, client_state = checkpointing.load(engine, args.ckpt_root, args.load_tag)
-            _sync(device)  # host-to-device copies may still be queued: the load ends when they do
-            breakdown = window.close()
-        # anatomy=false: no window record, the load's start taken here (a mark stamped now would put the whole
-        # load into engine_init)
-        log.mark("engine_initialized", t=breakdown["start"] if breakdown else load_start, memory=engine_init_memory)
-        log.mark("checkpoint_loaded", t=breakdown["end"] if breakdown else None)
-        log.emit("loaded", tag=tag, files=[{"path": p, "seconds": s} for p, s in recorder.loaded])
-        if breakdown:
-            log.emit("load_anatomy", **breakdown)
+        tag, client_state = checkpointing.measured_load(engine, recorder, args.ckpt_root, args.load_tag, log,
+                                                        _peak_memory, lambda: _sync(device))
         if args.full_state_reference:
             _verify_full_state(args.full_state_reference, tag, engine, model, spec, grid, log)
         else:

@@ -1,5 +1,5 @@
-"""`matrix`: the check to run on a GPU node before trusting it with real runs. Every engine at a few layouts that fit
-the node, each checkpointed, restarted cold in fresh processes and verified, then one table and the report. What
+"""`matrix`: the check to run on a GPU node before trusting it with real runs. Every engine (and stack=fsdp2 with DCP,
+case `fsdp2-dcp`) at a few layouts that fit the node, each checkpointed, restarted cold in fresh processes and verified, then one table and the report. What
 cannot run on the node is listed with the reason (the same one-line refusal a run would get), not skipped silently.
 
 On CUDA the model is 1B by default (real NCCL, bf16 on the devices, device-side digests); on a CPU machine it is the
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from restart_harness.errors import UsageError
-from restart_harness.spec.command import MatrixOptions
+from restart_harness.spec.command import MATRIX_STACK_CASES, MatrixOptions
 from restart_harness.storage.atomic import read_json, write_json_atomic
 
 SHORT = ["iters=4", "save_interval=2", "after=1", "cache=drop"]
@@ -50,7 +50,7 @@ def engines(options: MatrixOptions) -> list[str]:
 
     if options.engines != "all":
         return options.engines.split(",")
-    return [n for n in registry.names() if registry.get(n).saves]
+    return [n for n in registry.names() if registry.get(n).saves] + list(MATRIX_STACK_CASES)
 
 
 def cases(options: MatrixOptions, folder: Path) -> tuple[str, list[dict]]:
@@ -63,8 +63,8 @@ def cases(options: MatrixOptions, folder: Path) -> tuple[str, list[dict]]:
     out = []
     for tp, pp, dp in layouts(options, device, gpus):
         for engine in engines(options):
-            tokens = [model, f"tp={tp}", f"pp={pp}", f"dp={dp}", f"engine={engine}", f"device={device}", *SHORT,
-                      f"results_dir={folder / 'runs'}"]
+            tokens = [model, f"tp={tp}", f"pp={pp}", f"dp={dp}", *MATRIX_STACK_CASES.get(engine, [f"engine={engine}"]),
+                      f"device={device}", *SHORT, f"results_dir={folder / 'runs'}"]
             case = {"name": f"{engine} tp{tp}-pp{pp}-dp{dp}", "engine": engine, "layout": f"tp{tp}-pp{pp}-dp{dp}",
                     "tokens": tokens, "refused": None}
             try:

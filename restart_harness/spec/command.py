@@ -55,12 +55,17 @@ class BaselineOptions:
                             minimum=1)
 
 
+# The matrix's cases beyond DeepSpeed's engines: another training stack with its engine (docs/fsdp2.md).
+MATRIX_STACK_CASES = {"fsdp2-dcp": ["stack=fsdp2", "engine=dcp"]}
+
+
 @dataclass
 class MatrixOptions:
     device: str = key("auto", "auto = cuda when NVIDIA devices are present, else cpu (the CPU subset)",
                       group="matrix", choices=("auto", "cpu", "cuda"))
     model: str | None = key(None, "model preset; default 1B on cuda, tiny on cpu", group="matrix")
-    engines: str = key("all", "comma list of engines, or all (every registered engine that saves)", group="matrix")
+    engines: str = key("all", "comma list of engines (and fsdp2-dcp: stack=fsdp2 with DCP), or all (every engine "
+                              "that saves, and fsdp2-dcp)", group="matrix")
     layouts: str = key("auto", "comma list of layouts as tpT-ppP-dpD, or auto: those that fit the node's devices "
                                "(cpu: tp1-pp1-dp2 and tp2-pp2-dp1)", group="matrix")
     gpus: int | None = key(None, "devices on the node (default: the NVIDIA devices found)", group="matrix", minimum=1)
@@ -272,9 +277,9 @@ def parse_matrix(tokens: list[str]) -> MatrixOptions:
         from engines import registry
 
         for name in options.engines.split(","):
-            if name not in registry.names():
+            if name not in registry.names() and name not in MATRIX_STACK_CASES:
                 raise UsageError(f"engines={options.engines}: unknown engine {name!r}; accepted: "
-                                 f"{', '.join(registry.names())}, or all")
+                                 f"{', '.join([*registry.names(), *MATRIX_STACK_CASES])}, or all")
     return options
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from restart_harness.errors import UsageError
@@ -118,6 +119,17 @@ def run(spec: RunSpec) -> None:
         directory("ckpt_dir", spec.ckpt_dir)
     if not spec.dry_run:
         checkpoint_space(spec)
+        extension_locks()
+
+
+def extension_locks() -> None:
+    """A JIT build lock left by a killed build would hang every rank in init_distributed (third_party)."""
+    from restart_harness.storage.cache_dir import cache_dir
+    from third_party.torch_extension_lock import remove_stale
+
+    for lock in remove_stale(cache_dir("torch_extensions")):
+        print(f"[setup] removed {lock}: a JIT build lock no process holds (left by an interrupted build)",
+              file=sys.stderr)
 
 
 def restart(request: RestartRequest) -> None:
@@ -132,6 +144,7 @@ def restart(request: RestartRequest) -> None:
     launchers.check(spec)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
     eng = engine(spec)
     tracer(spec)
+    extension_locks()
     tag = committed_checkpoint(run_dir, request.ckpt_root)
     if request.reshard:
         reshardable(request, eng, tag)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import time
 
 import pytest
 
@@ -127,3 +129,39 @@ def test_run_directories_never_collide(tmp_path):
     spec = parse_args(["tiny", f"results_dir={tmp_path}"])
     dirs = {new_run_dir(spec) for _ in range(3)}  # same second, same spec
     assert len(dirs) == 3 and all(d.is_dir() for d in dirs)
+
+
+# ---- third_party/torch_extension_lock --------------------------------------------------------------------------
+def test_stale_extension_lock_is_removed_and_a_held_or_young_one_kept(tmp_path):
+    from third_party.torch_extension_lock import STALE_SECONDS, remove_stale
+
+    stale, held, young = (tmp_path / name / "lock" for name in ("stale_op", "held_op", "young_op"))
+    for lock in (stale, held, young):
+        lock.parent.mkdir()
+        lock.touch()
+    old = time.time() - STALE_SECONDS - 60
+    for lock in (stale, held):
+        os.utime(lock, (old, old))
+    fd = os.open(held, os.O_RDONLY)  # a build in progress keeps its lock open
+    try:
+        assert remove_stale(tmp_path) == [stale]
+    finally:
+        os.close(fd)
+    assert not stale.exists() and held.exists() and young.exists()
+
+
+def test_torch_file_baton_still_waits_on_an_ownerless_lock(tmp_path):
+    """The reason for third_party/torch_extension_lock: torch's baton waits on a lock whose builder is gone. When this
+    fails, torch recovers by itself and the shim can go."""
+    import threading
+
+    from torch.utils.file_baton import FileBaton
+
+    lock = tmp_path / "lock"
+    lock.touch()  # left behind by a killed build: no process holds it
+    waiter = threading.Thread(target=FileBaton(str(lock), wait_seconds=0.05).wait, daemon=True)
+    waiter.start()
+    waiter.join(timeout=1.0)
+    assert waiter.is_alive()
+    lock.unlink()  # let the thread end
+    waiter.join(timeout=1.0)

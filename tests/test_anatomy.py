@@ -247,12 +247,17 @@ def test_counter_library_builds_and_counts(tmp_path):
     code = ("import os, sys; from restart_harness import iocount; c = iocount.Counters(); p = sys.argv[1]; "
             "f = open(p, 'wb'); f.write(b'x' * 5000); f.flush(); os.fsync(f.fileno()); f.close(); "
             "open(p, 'rb').read(); import json; print(json.dumps(c.totals()))")
+    totals = _preloaded(lib, code, tmp_path)
+    assert totals["write"]["bytes"] == 5000 and totals["sync"]["calls"] == 1 and totals["read"]["bytes"] == 5000
+    assert totals["files"] == 1 and totals["opens"] == 2
+
+
+def _preloaded(lib: Path, code: str, tmp_path: Path) -> dict:
+    """Run `code` (it prints the counters' totals as JSON; sys.argv[1] is a file under tmp_path) with lib preloaded."""
     env = {**os.environ, "LD_PRELOAD": str(lib), iocount.ENV_PREFIXES: str(tmp_path)}
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "f")], env=env, capture_output=True,
                          text=True, check=True, timeout=60).stdout
-    totals = json.loads(out)
-    assert totals["write"]["bytes"] == 5000 and totals["sync"]["calls"] == 1 and totals["read"]["bytes"] == 5000
-    assert totals["files"] == 1 and totals["opens"] == 2
+    return json.loads(out)
 
 
 def test_counter_library_counts_vector_and_positioned_calls(tmp_path):
@@ -262,9 +267,6 @@ def test_counter_library_counts_vector_and_positioned_calls(tmp_path):
             "fd = os.open(p, os.O_RDWR | os.O_CREAT); os.pwritev(fd, [b'a' * 3000, b'b' * 1000], 0); "
             "os.pwrite(fd, b'c' * 96, 4000); buf = bytearray(4096); os.preadv(fd, [buf], 0); "
             "os.pread(fd, 10, 0); os.close(fd); print(json.dumps(c.totals()))")
-    env = {**os.environ, "LD_PRELOAD": str(lib), iocount.ENV_PREFIXES: str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "f")], env=env, capture_output=True,
-                         text=True, check=True, timeout=60).stdout
-    totals = json.loads(out)
+    totals = _preloaded(lib, code, tmp_path)
     assert totals["write"]["bytes"] == 4096 and totals["write"]["calls"] == 2
     assert totals["read"]["bytes"] == 4096 + 10 and totals["read"]["calls"] == 2

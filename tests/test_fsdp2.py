@@ -80,6 +80,15 @@ def test_restart_report_has_the_load_anatomy_and_reads(fsdp2):
     assert {"global_step2/.metadata", "global_step2/__0_0.distcp", "global_step2/__1_0.distcp"} <= read
 
 
+def test_restart_at_tensor_or_pipeline_parallel_layouts_is_refused(fsdp2):
+    records = sorted(p.name for p in (fsdp2 / "events").iterdir())
+    for key in ("tp=2", "pp=2"):
+        proc = restart(fsdp2, key)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and key in lines[0] and "stack=fsdp2" in lines[0], proc.stderr
+    assert sorted(p.name for p in (fsdp2 / "events").iterdir()) == records
+
+
 def test_a_changed_shard_fails_verification(fsdp2):
     """Last in this file: it changes the run's checkpoint (and puts it back)."""
     shard = fsdp2 / "checkpoint" / "global_step2" / "__1_0.distcp"

@@ -152,8 +152,6 @@ class RunSpec:
             raise UsageError(
                 f"seq_len={self.seq_len} exceeds max_position_embeddings={self.shape.max_position_embeddings}"
             )
-        if self.stack == "fsdp2":
-            self._check_fsdp2()
         if not _WALLTIME.match(self.walltime):
             raise UsageError(f"walltime={self.walltime}: accepted HH:MM:SS (or D-HH:MM:SS)")
         if self.save_interval > self.iters:
@@ -164,9 +162,12 @@ class RunSpec:
         return self
 
     def resolve_layout(self) -> None:
-        """Derive dp / ranks_per_node and check that the (already resolved) model can be placed on the layout."""
+        """Derive dp / ranks_per_node and check that the (already resolved) model can be placed on the layout (a
+        run's, or a restart's at another layout)."""
         self._resolve_ranks()
         self._check_model_split()
+        if self.stack == "fsdp2":
+            self._check_fsdp2()
 
     def _check_fsdp2(self) -> None:
         """FSDP2 shards over the data-parallel ranks only; tensor and pipeline parallelism are DeepSpeed's here."""

@@ -38,6 +38,10 @@ class Engine:
     # The training stacks (RunSpec.stack) the engine checkpoints. stack=fsdp2 saves the whole FSDP2 state with one
     # collective call per checkpoint: an engine listing it provides fsdp2_checkpoint_engine().
     stacks: ClassVar[tuple[str, ...]] = ("deepspeed",)
+    # ckpt_dir=s3://... : the engine writes and reads objects through s3torchconnector (docs/s3.md). The worker
+    # sets `store` (restart_harness/storage/s3.py ObjectStore) before asking for the checkpoint engine.
+    s3: ClassVar[bool] = False
+    store: Any = None
 
     def __init__(self, spec: Any):
         self.spec = spec

@@ -6,7 +6,9 @@ planning.
 stack=fsdp2: one collective dcp.save of the whole sharded state (get_state_dict of model and optimizer) per
 checkpoint, DCP's own way: every rank writes __<rank>_0.distcp, rank 0 the global .metadata; loading reshards to
 any number of ranks.
-async_save=true returns once DCP has staged the state in memory; the files are written in a background thread."""
+async_save=true returns once DCP has staged the state in memory; the files are written in a background thread.
+To an s3:// ckpt_dir, the same calls with s3torchconnector's DCP storage writer and reader (same file names, as
+objects)."""
 
 from __future__ import annotations
 
@@ -27,18 +29,38 @@ class DCPEngine(Engine):
     description = "PyTorch Distributed Checkpoint per rank (a directory of .distcp shards per DeepSpeed file), no collectives"
     Options = Options
     stacks = ("deepspeed", "fsdp2")
+    s3 = True
 
     def is_async(self) -> bool:
         return self.options.async_save
 
     def checkpoint_engine(self, ds_engine):
-        return _engine_class()(self.options.async_save)
+        return _engine_class()(self.options.async_save, self.store)
 
     def fsdp2_checkpoint_engine(self):
-        return _fsdp2_class()(self.options.async_save)
+        return _fsdp2_class()(self.options.async_save, self.store)
 
     def wait_durable(self, checkpoint_engine) -> None:
         checkpoint_engine.wait()
+
+
+def _save_args(store, path: str) -> dict:
+    """dcp.save's target for `path`: DCP's own file system writer, or s3torchconnector's writer for objects."""
+    if store is None:
+        return {"checkpoint_id": path}
+    from s3torchconnector.dcp import S3StorageWriter
+
+    return {"storage_writer": S3StorageWriter(store.settings.region, str(store.url_of(path)),
+                                              s3client_config=store.settings.client_config())}
+
+
+def _load_args(store, path: str) -> dict:
+    if store is None:
+        return {"checkpoint_id": path}
+    from s3torchconnector.dcp import S3StorageReader
+
+    return {"storage_reader": S3StorageReader(store.settings.region, str(store.url_of(path)),
+                                              s3client_config=store.settings.client_config())}
 
 
 def _fsdp2_class():
@@ -50,8 +72,9 @@ def _fsdp2_class():
 
         name = "FSDP2DCP"
 
-        def __init__(self, async_save: bool):
+        def __init__(self, async_save: bool, store=None):
             self.async_save = async_save
+            self.store = store
             self.pending = []
             self.template: dict | None = None  # the state dict a load fills in place (set by the caller)
             # DCP's own group: an async save plans and gathers in its background thread while training's
@@ -62,9 +85,14 @@ def _fsdp2_class():
             """This rank's files: DCP's file system writer (one file per rank) names them __<rank>_0.distcp, and
             rank 0 (the coordinator) writes .metadata once every rank's plan is in."""
             if self.async_save:
-                self.pending.append(dcp.async_save(state_dict, checkpoint_id=path, process_group=self.group))
+                self.pending.append(dcp.async_save(state_dict, process_group=self.group,
+                                                   **_save_args(self.store, path)))
             else:
-                dcp.save(state_dict, checkpoint_id=path, process_group=self.group)
+                dcp.save(state_dict, process_group=self.group, **_save_args(self.store, path))
+            if self.store is not None:
+                self.store.placeholder(f"{path}/__{dist.get_rank()}_0.distcp")
+                if dist.get_rank() == 0:  # the restart looks for it before loading
+                    self.store.placeholder(f"{path}/.metadata")
             rank = dist.get_rank()
             return [f"{path}/__{rank}_0.distcp"] + ([f"{path}/.metadata"] if rank == 0 else [])
 
@@ -74,7 +102,7 @@ def _fsdp2_class():
                 future.result()
 
         def load(self, path: str, map_location=None):
-            dcp.load(self.template, checkpoint_id=path, process_group=self.group)
+            dcp.load(self.template, process_group=self.group, **_load_args(self.store, path))
             return self.template
 
         def is_decoupled(self) -> bool:
@@ -95,10 +123,11 @@ def _engine_class():
     class DCPCheckpointEngine(CheckpointEngine):
         """dcp.save / dcp.async_save of {tensors flat, skeleton} per save() call; load rebuilds from .metadata."""
 
-        def __init__(self, async_save: bool):
+        def __init__(self, async_save: bool, store=None):
             super().__init__()
             self.name = "DCPCheckpointEngine"
             self.async_save = async_save
+            self.store = store
             self.pending = []
 
         def create(self, info):
@@ -108,9 +137,11 @@ def _engine_class():
             tensors, skeleton = state_tree.split(state_dict)
             flat = {**tensors, state_tree.SKELETON_KEY: skeleton}
             if self.async_save:
-                self.pending.append(dcp.async_save(flat, checkpoint_id=path, no_dist=True))
+                self.pending.append(dcp.async_save(flat, no_dist=True, **_save_args(self.store, path)))
             else:
-                dcp.save(flat, checkpoint_id=path, no_dist=True)
+                dcp.save(flat, no_dist=True, **_save_args(self.store, path))
+            if self.store is not None:
+                self.store.placeholder(path)
 
         def wait(self) -> None:
             """Block until every pending async save has written its files and metadata."""
@@ -120,13 +151,14 @@ def _engine_class():
 
         def load(self, path: str, map_location=None):
             # DCP loads in place: allocate each tensor from the checkpoint's own metadata first.
-            metadata = FileSystemReader(path).read_metadata()
+            reader = FileSystemReader(path) if self.store is None else _load_args(self.store, path)["storage_reader"]
+            metadata = reader.read_metadata()
             target = {
                 key: torch.empty(meta.size, dtype=meta.properties.dtype)
                 if isinstance(meta, TensorStorageMetadata) else None
                 for key, meta in metadata.state_dict_metadata.items()
             }
-            dcp.load(target, checkpoint_id=path, no_dist=True)
+            dcp.load(target, no_dist=True, **_load_args(self.store, path))
             skeleton = target.pop(state_tree.SKELETON_KEY)
             return state_tree.merge(state_tree.relocate(target, map_location), skeleton)
 

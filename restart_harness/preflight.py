@@ -17,6 +17,7 @@ from restart_harness.results import events as ev
 from restart_harness.spec.command import BaselineOptions, RestartRequest
 from restart_harness.spec.runspec import RunSpec
 from restart_harness.storage.filesystem import free_bytes, nearest_existing, why_not_a_directory
+from restart_harness.storage.s3 import S3Settings, S3Url, check_writable, is_s3
 
 MIB = 1 << 20
 
@@ -115,11 +116,28 @@ def run(spec: RunSpec) -> None:
     emulation(spec)
     launchers.check(spec)
     directory("results_dir", spec.results_dir)
-    if spec.ckpt_dir:
+    if is_s3(spec.ckpt_dir):
+        if not spec.dry_run:
+            object_store("ckpt_dir", spec.ckpt_dir)
+    elif spec.ckpt_dir:
         directory("ckpt_dir", spec.ckpt_dir)
     if not spec.dry_run:
-        checkpoint_space(spec)
+        if not is_s3(spec.ckpt_dir):
+            checkpoint_space(spec)
         extension_locks()
+
+
+def object_store(key: str, url: str) -> None:
+    """An s3:// target: the client is installed, the endpoint answers, the bucket exists, the credentials list and
+    write there (a probe object, deleted again)."""
+    try:
+        import s3torchconnector  # noqa: F401
+    except ImportError:
+        raise UsageError(f"{key}={url}: object storage needs s3torchconnector, which this Python lacks: "
+                         "pip install 'restart-harness[s3]'") from None
+    problem = check_writable(S3Url.parse(url), S3Settings.from_environment())
+    if problem:
+        raise UsageError(f"{key}={url}: {problem}")
 
 
 def extension_locks() -> None:
@@ -145,7 +163,10 @@ def restart(request: RestartRequest) -> None:
     eng = engine(spec)
     tracer(spec)
     extension_locks()
-    tag = committed_checkpoint(run_dir, request.ckpt_root)
+    url = request.checkpoint_url
+    if url:
+        object_store("run", url)
+    tag = committed_checkpoint(run_dir, request.ckpt_root, url)
     if request.reshard:
         reshardable(request, eng, tag)
 
@@ -157,6 +178,10 @@ def reshardable(request: RestartRequest, eng, tag: str) -> None:
     change = f"{original.layout} -> {spec.layout}"
     if spec.stack == "fsdp2":
         return  # DCP reshards a stack=fsdp2 checkpoint while it loads; only dp can differ (RunSpec refuses tp, pp)
+    if request.checkpoint_url:
+        raise UsageError(f"restart at another layout ({change}): DeepSpeed's universal-checkpoint converter reads a "
+                         f"file system, and this checkpoint is in {request.checkpoint_url}; accepted: a restart at "
+                         "its own layout (stack=fsdp2 runs reshard from object storage)")
     if eng.reshard != "universal":
         raise UsageError(f"restart at another layout ({change}): engine={spec.engine} writes its own format, which "
                          "DeepSpeed's universal-checkpoint converter cannot read; accepted: engine=default runs")
@@ -174,6 +199,9 @@ def reshardable(request: RestartRequest, eng, tag: str) -> None:
 def baseline(options: BaselineOptions) -> None:
     from restart_harness.storage.baseline import fio_available
 
+    if is_s3(options.dir):
+        object_store("dir", options.dir)
+        return
     d = Path(options.dir)
     if not d.is_dir():
         raise UsageError(f"dir={options.dir}: no such directory")
@@ -207,9 +235,21 @@ def recorded_files(run_dir: Path, tag: str) -> dict[str, int]:
     return out
 
 
-def committed_checkpoint(run_dir: Path, ckpt_root: Path) -> str:
-    """The tag `latest` names, after checking every file the save recorded for it (path and bytes); raises
-    UsageError naming the first missing, truncated or torn file."""
+def _object_sizes(url: str, tag: str) -> dict[str, int]:
+    """path -> bytes of every object of tag, and of every 'directory' of them (a DCP checkpoint per DeepSpeed file)."""
+    from restart_harness.storage.s3 import listing
+
+    out: dict[str, int] = {}
+    for key, nbytes in listing(S3Url.parse(url).child(tag), S3Settings.from_environment()):
+        parts = key.split("/")
+        for i in range(1, len(parts) + 1):
+            out["/".join(parts[:i])] = out.get("/".join(parts[:i]), 0) + nbytes
+    return out
+
+
+def committed_checkpoint(run_dir: Path, ckpt_root: Path, url: str | None = None) -> str:
+    """The tag `latest` names, after checking every file the save recorded for it (path and bytes; for an object
+    store, the bucket listing's); raises UsageError naming the first missing, truncated or torn file."""
     if not ckpt_root.is_dir():
         raise UsageError(f"run {run_dir.name}: checkpoint directory {ckpt_root} is missing; nothing to restart from")
     latest = ckpt_root / "latest"
@@ -223,8 +263,9 @@ def committed_checkpoint(run_dir: Path, ckpt_root: Path) -> str:
     if not recorded:
         raise UsageError(f"{tag_dir}: no save of {tag} is recorded in {run_dir / 'events' / 'checkpoint'}, "
                          "so it cannot be checked as complete")
+    objects = _object_sizes(url, tag) if url else None
     for rel, nbytes in sorted(recorded.items()):
-        actual = _size(tag_dir / rel)
+        actual = objects.get(rel) if objects is not None else _size(tag_dir / rel)
         if actual is None:
             raise UsageError(f"{tag_dir / rel}: missing (the save of {tag} recorded {nbytes} bytes)")
         if actual != nbytes:

@@ -26,6 +26,7 @@ from restart_harness.results import finalize
 from restart_harness.spec.runspec import RunSpec
 from restart_harness.storage import baseline, pagecache
 from restart_harness.storage.atomic import make_fresh_dir, write_json_atomic, write_text_atomic
+from restart_harness.storage.s3 import S3Settings, S3Url, is_s3
 
 
 def say(message: str) -> None:
@@ -85,9 +86,17 @@ def prepare(spec: RunSpec, prefix: str = "") -> tuple[Path, Path]:
     """Run directory with spec.json, ds_config.json and the launch scripts; returns (run_dir, ckpt_root)."""
     run_dir = new_run_dir(spec, prefix)
     set_status(run_dir, "running")
-    ckpt_root = Path(spec.ckpt_dir).resolve() / run_dir.name if spec.ckpt_dir else run_dir / "checkpoint"
-    write_json_atomic(run_dir / "spec.json", {**spec.to_json(), **host.facts(ckpt_root.parent if spec.ckpt_dir else run_dir),
-                                             "checkpoint_root": str(ckpt_root)})
+    objects = is_s3(spec.ckpt_dir)  # the objects go to <ckpt_dir>/<run name>/; checkpoint/ indexes their names
+    local = spec.ckpt_dir and not objects
+    ckpt_root = Path(spec.ckpt_dir).resolve() / run_dir.name if local else run_dir / "checkpoint"
+    where = {"checkpoint_root": str(ckpt_root)}
+    if objects:
+        settings = S3Settings.from_environment()
+        where["checkpoint_url"] = str(S3Url.parse(spec.ckpt_dir).child(run_dir.name))
+        where["checkpoint_object_store"] = {"region": settings.region, "endpoint_url": settings.endpoint_url,
+                                            "path_style": settings.path_style, "client": "s3torchconnector"}
+    write_json_atomic(run_dir / "spec.json", {**spec.to_json(), **host.facts(ckpt_root.parent if local else run_dir),
+                                             **where})
     write_json_atomic(run_dir / "ds_config.json", build_ds_config(spec))
     port = spec.master_port or free_port()
     write_launch(spec, run_dir, ckpt_root, "checkpoint", "checkpoint", port)
@@ -288,7 +297,8 @@ def record_baseline(run_dir: Path, spec: RunSpec, ckpt_root: Path) -> dict | Non
     from restart_harness.plan import checkpoint, report
 
     files = checkpoint.files(spec)
-    record = baseline.for_run(ckpt_root.parent, report.typical_file_bytes(files), spec.world_size)
+    where = spec.ckpt_dir if is_s3(spec.ckpt_dir) else ckpt_root.parent
+    record = baseline.for_run(where, report.typical_file_bytes(files), spec.world_size)
     write_json_atomic(run_dir / "baseline.json", record)
     return record
 
@@ -303,10 +313,18 @@ def _job_fields() -> dict:
     return {"job_id": job} if job else {}
 
 
+def _checkpoint_url(run_dir: Path) -> str | None:
+    return json.loads((run_dir / "spec.json").read_text()).get("checkpoint_url")
+
+
 def discard_checkpoint(run_dir: Path, ckpt_root: Path) -> None:
     """keep=false: delete the checkpoint after the results are written (summary.json already describes it)."""
     import shutil
 
+    if url := _checkpoint_url(run_dir):
+        from restart_harness.storage.s3 import delete_all
+
+        say(f"  keep=false: deleted {delete_all(S3Url.parse(url), S3Settings.from_environment())} objects under {url}")
     if ckpt_root.is_dir():
         shutil.rmtree(ckpt_root)
         say(f"  keep=false: deleted {ckpt_root}")
@@ -322,8 +340,10 @@ def restart(run_dir: Path, ckpt_root: Path, spec: RunSpec, record: str, load_dir
     if not latest.is_file():
         raise RunFailed(f"no committed checkpoint under {ckpt_root} (no 'latest'): nothing to restart from")
     tag_dir = load_dir or ckpt_root / latest.read_text().strip()
-    files = [p for p in tag_dir.rglob("*") if p.is_file()]
-    state = pagecache.prepare(files, spec.cache)
+    if _checkpoint_url(run_dir) and load_dir is None:
+        state = pagecache.not_applicable(spec.cache, "object storage: the restart reads over the network")
+    else:
+        state = pagecache.prepare([p for p in tag_dir.rglob("*") if p.is_file()], spec.cache)
     say(f"  [{record}] page cache: asked {state['requested']}, observed {state['observed']}"
         + (f" ({state['error']})" if state["error"] else ""))
     say(f"  [{record}] launching {spec.world_size} fresh ranks")

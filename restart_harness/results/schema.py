@@ -82,8 +82,9 @@ def layout_label(spec: dict) -> str:
 
 def engine_label(spec: dict) -> str:
     """The engine and any option that differs from false/default, e.g. `dcp async_save`; the training stack first
-    where it is not DeepSpeed (`fsdp2 dcp`)."""
+    where it is not DeepSpeed (`fsdp2 dcp`), and `s3` last for a checkpoint in object storage (`default s3`)."""
     options = spec.get("engine_options") or {}
     on = [k for k, v in options.items() if v is True]
     stack = [] if spec.get("stack", "deepspeed") == "deepspeed" else [str(spec["stack"])]
-    return " ".join([*stack, str(spec["engine"]), *on])
+    target = ["s3"] if str(spec.get("ckpt_dir") or "").startswith("s3://") else []
+    return " ".join([*stack, str(spec["engine"]), *on, *target])

@@ -95,6 +95,7 @@ class RestartRequest:
     repeats: int
     tokens: list[str]  # the overrides as given (key=value), handed on to a submitted restart-only job
     original: RunSpec | None = None  # the run's own spec (the layout that wrote the checkpoint)
+    checkpoint_url: str | None = None  # s3://... where the run's checkpoint objects are (ckpt_dir=s3://...)
 
     @property
     def reshard(self) -> bool:
@@ -230,7 +231,29 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
         takers = [n for n, c in registry.all_engines().items() if spec.stack in c.stacks]
         raise UsageError(f"engine={engine.name} does not checkpoint stack={spec.stack}; accepted with "
                          f"stack={spec.stack}: engine={', '.join(takers)}")
+    _check_object_target(spec, engine)
     return spec.resolve(), extra_values
+
+
+def _check_object_target(spec, engine) -> None:
+    """ckpt_dir=s3://...: a well-formed URL, an engine that writes objects, no emulation (machine checks, such as
+    the bucket and the credentials, are preflight's)."""
+    from engines import registry
+    from restart_harness.storage.s3 import S3Url, is_s3
+
+    if not is_s3(spec.ckpt_dir):
+        return
+    try:
+        S3Url.parse(spec.ckpt_dir)
+    except ValueError as exc:
+        raise UsageError(f"ckpt_dir={spec.ckpt_dir}: {exc}") from None
+    if not engine.s3:
+        takers = [n for n, c in registry.all_engines().items() if c.s3 and spec.stack in c.stacks]
+        raise UsageError(f"ckpt_dir={spec.ckpt_dir}: engine={engine.name} writes to a file system, not to object "
+                         f"storage; accepted with an s3:// ckpt_dir: engine={', '.join(takers)}")
+    if spec.emulate:
+        raise UsageError(f"ckpt_dir={spec.ckpt_dir}: emulate=true writes to a file system; accepted with an s3:// "
+                         "ckpt_dir: emulate=false")
 
 
 def parse_plan(tokens: list[str]) -> PlanRequest:
@@ -360,6 +383,7 @@ def parse_restart(tokens: list[str]) -> RestartRequest:
         _relayout(spec, original, overrides)
     given = [f"{k}={v}" for k, v in pairs.items()]
     return RestartRequest(run_dir=run_dir, spec=spec, ckpt_root=FsPath(data["checkpoint_root"]),
+                          checkpoint_url=data.get("checkpoint_url"),
                           repeats=spec.repeats, tokens=given, original=original)
 
 

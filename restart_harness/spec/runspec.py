@@ -59,7 +59,8 @@ class RunSpec:
                       group="checkpoint")
     cache: str = key("drop", "page cache before the restart: drop = evict the checkpoint's pages, warm = leave "
                              "them", group="checkpoint", choices=("drop", "warm"), restart=True)
-    ckpt_dir: Path | None = key(None, "where checkpoints go (a parallel file system); default <run dir>/checkpoint",
+    ckpt_dir: Path | None = key(None, "where checkpoints go: a parallel file system, or s3://bucket/prefix "
+                                      "(engine=default or dcp; docs/s3.md); default <run dir>/checkpoint",
                                 group="checkpoint", sweep=False)
     keep: bool = key(True, "false: delete the checkpoint once the run's results are written", group="checkpoint",
                      restart=True)

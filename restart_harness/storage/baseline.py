@@ -10,8 +10,12 @@ fallocate=none, because torch.save does not preallocate and fio's default posix_
 ext4 here: unwritten extents converted at fsync) or a built-in probe (one thread per rank, os.write / os.fsync /
 readinto; all release the GIL).
 
-Results are cached per host, file system, file size and rank count under the user cache directory
-(storage/cache_dir.py: <cache>/baseline/), written atomically with the time and method.
+For an object store (an s3:// URL), the same shape with the client the engines use (s3torchconnector's checkpoint
+streams): `ranks` threads each PUT one object of `file_bytes` (a multipart upload, complete when the write returns:
+that is its durability), then GET it back whole; the objects are deleted afterwards. No page cache is involved.
+
+Results are cached per host, file system (or endpoint and bucket), file size and rank count under the user cache
+directory (storage/cache_dir.py: <cache>/baseline/), written atomically with the time and method.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from restart_harness.storage.atomic import write_json_atomic
 from restart_harness.storage.cache_dir import cache_dir
 from restart_harness.storage.filesystem import filesystem
 from restart_harness.storage.pagecache import resident_total
+from restart_harness.storage.s3 import S3Settings, S3Url, is_s3
 
 MIB = 1 << 20
 BLOCK_BYTES = 4 * MIB
@@ -47,8 +52,13 @@ def cache_root() -> Path:
     return cache_dir("baseline")
 
 
-def filesystem_key(directory: Path) -> str:
-    """One folder per host and file system: the bandwidth is the file system's, not the folder's."""
+def filesystem_key(directory: Path | str) -> str:
+    """One folder per host and file system (or endpoint and bucket): the bandwidth is the storage's, not the
+    folder's."""
+    if is_s3(directory):
+        url, settings = S3Url.parse(directory), S3Settings.from_environment()
+        ident = f"{socket.gethostname()}|{settings.endpoint_url}|{settings.region}|{url.bucket}"
+        return f"s3-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
     fs = filesystem(directory)
     ident = f"{socket.gethostname()}|{fs['device']}|{fs['mount']}|{fs['type']}"
     return f"{fs['type'] or 'fs'}-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
@@ -189,8 +199,57 @@ def fio_version() -> str:
     return proc.stdout.strip()
 
 
+def measure_object_store(where: str, file_bytes: int, ranks: int) -> dict:
+    """PUT then GET `ranks` objects of file_bytes in parallel under the s3:// URL `where`; cache and return it."""
+    from s3torchconnector import S3Checkpoint
+
+    url, settings = S3Url.parse(where), S3Settings.from_environment()
+    streams = S3Checkpoint(settings.region, endpoint=settings.endpoint_url, s3client_config=settings.client_config())
+    scratch = url.child(f".rh-baseline-{socket.gethostname()}-{os.getpid()}-{int(time.time() * 1000)}")
+    keys = [str(scratch.child(f"rh.{i}")) for i in range(ranks)]
+    payload = os.urandom(min(BLOCK_BYTES, file_bytes))
+    started = time.perf_counter()
+
+    def put(i: int) -> None:
+        left = file_bytes
+        with streams.writer(keys[i]) as stream:
+            while left:
+                left -= stream.write(payload[:min(left, len(payload))])
+
+    def get(i: int) -> None:
+        got = 0
+        with streams.reader(keys[i]) as stream:
+            while block := stream.read(BLOCK_BYTES):
+                got += len(block)
+        if got != file_bytes:
+            raise OSError(f"read {got} bytes of {keys[i]}, wrote {file_bytes}")
+
+    try:
+        write = _phase(keys, file_bytes, _threads(ranks, put))
+        read = _phase(keys, file_bytes, _threads(ranks, get))
+    finally:
+        from restart_harness.storage.s3 import delete_all
+
+        delete_all(scratch, settings)
+    record = {
+        "write_mib_s": write["mib_s"], "read_mib_s": read["mib_s"], "method": "s3torchconnector put/get",
+        "tool": "s3", "file_bytes": file_bytes, "ranks": ranks, "block_bytes": len(payload), "dir": where,
+        "filesystem": {"type": "s3", "device": settings.endpoint_url or f"AWS {settings.region}",
+                       "mount": f"s3://{url.bucket}"},
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "probe_seconds": round(time.perf_counter() - started, 3), "write": write, "read": read,
+        "read_cache": {"observed": "not applicable", "error": None},
+    }
+    path = cache_path(where, file_bytes, ranks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, record)
+    return record
+
+
 def measure(directory: Path, file_bytes: int, ranks: int, tool: str = "auto") -> dict:
     """Measure write (with fsync) and cold read in a temporary folder under directory; cache and return it."""
+    if is_s3(directory):
+        return measure_object_store(directory, file_bytes, ranks)
     directory = Path(directory).resolve()
     if tool == "auto":
         tool = "fio" if fio_available() else "builtin"
@@ -248,8 +307,12 @@ def summary_record(record: dict | None, cached_flag: bool) -> dict | None:
 def for_run(directory: Path, typical_file_bytes: int, ranks: int) -> dict:
     """The baseline a run records: the cached one for this file system, size and rank count, else a bounded
     measurement now. Never fails the run: a probe that cannot run is recorded with its error."""
-    directory.mkdir(parents=True, exist_ok=True)
-    size = auto_size(typical_file_bytes, ranks, shutil.disk_usage(directory).free)
+    if is_s3(directory):
+        free = AUTO_MAX_TOTAL_BYTES / AUTO_MAX_FREE_FRACTION  # a bucket has no free-space figure
+    else:
+        directory.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(directory).free
+    size = auto_size(typical_file_bytes, ranks, free)
     if size is None:
         return {"error": "too little free space for a probe", "dir": str(directory), "cached": False}
     file_bytes, ranks = size
@@ -258,21 +321,25 @@ def for_run(directory: Path, typical_file_bytes: int, ranks: int) -> dict:
         return summary_record(hit, True)
     try:
         return summary_record(measure(directory, file_bytes, ranks), False)
-    except (OSError, ValueError, KeyError, subprocess.SubprocessError) as exc:
+    except Exception as exc:  # noqa: BLE001 - includes the S3 client's errors; recorded, never fatal
         return {"error": f"{type(exc).__name__}: {exc}", "dir": str(directory), "cached": False}
 
 
 def render(record: dict) -> str:
-    cache = record["read_cache"]
-    where = cache_path(Path(record["dir"]), record["file_bytes"], record["ranks"])
+    cache, fs = record["read_cache"], record["filesystem"]
+    where = cache_path(record["dir"] if is_s3(record["dir"]) else Path(record["dir"]), record["file_bytes"],
+                       record["ranks"])
+    objects = fs["type"] == "s3"
     return "\n".join([
-        (f"storage baseline of {record['dir']} ({record['filesystem']['type']} on {record['filesystem']['device']}, "
-        f"mounted at {record['filesystem']['mount']})"),
+        f"storage baseline of {record['dir']} (" + (f"object store at {fs['device']})" if objects else
+                                                    f"{fs['type']} on {fs['device']}, mounted at {fs['mount']})"),
         (f"  method        {record['method']}, {record['ranks']} ranks x {record['file_bytes']} bytes, "
         f"{record['block_bytes']} byte blocks"),
-        (f"  write_mib_s   {record['write_mib_s']}  (sequential write + fsync; slowest rank "
-        f"{record['write']['seconds']} s)"),
-        f"  read_mib_s    {record['read_mib_s']}  (sequential read; page cache before the read: {cache['observed']}"
-        + (f", {cache['error']}" if cache["error"] else "") + ")",
+        (f"  write_mib_s   {record['write_mib_s']}  (" + ("PUT until the upload completes" if objects else
+                                                        "sequential write + fsync")
+         + f"; slowest rank {record['write']['seconds']} s)"),
+        f"  read_mib_s    {record['read_mib_s']}  (" + ("GET of each whole object" if objects else "sequential read")
+        + f"; page cache before the read: {cache['observed']}" + (f", {cache['error']}" if cache["error"] else "")
+        + ")",
         f"  measured_at   {record['measured_at']}; cached in {where}",
     ])

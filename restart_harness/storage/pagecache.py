@@ -59,6 +59,12 @@ def _fadvise_dontneed(files: list[Path]) -> None:
             os.close(fd)
 
 
+def not_applicable(requested: str, why: str) -> dict:
+    """The cache step's record where no local page cache holds the checkpoint (object storage)."""
+    return {"requested": requested, "method": None, "error": None, "bytes": None, "resident_bytes_before": None,
+            "resident_bytes_after": None, "observed": "not applicable", "why": why}
+
+
 def prepare(files: list[Path], requested: str) -> dict:
     """Make the cache state `requested` (drop | warm) for files; report what was tried and observed."""
     total = sum(f.stat().st_size for f in files)

@@ -134,9 +134,10 @@ class Saver:
         p.thread.join()
         if p.error is not None:
             raise checkpointing._explain_save_failure(p.error, self.ckpt_root, p.tag) from p.error
-        checkpointing.commit_latest(self.ckpt_root, p.tag, self.rank, self.barrier, self.recorder.anatomy)
+        checkpointing.commit_latest(self.ckpt_root, p.tag, self.rank, self.barrier, self.recorder.anatomy,
+                                    self.plugin.store)
         committed = time.perf_counter() - p.start
-        files = checkpointing.file_records(p.saved, self.ckpt_root / p.tag)
+        files = checkpointing.file_records(p.saved, self.ckpt_root / p.tag, self.plugin.store)
         return {
             "tag": p.tag,
             "step": p.step,

@@ -149,10 +149,10 @@ def save(ds_engine, recorder: RecordingEngine, plugin, ckpt_root: Path, tag: str
             mine = [f for path, _ in recorder.saved for f in files_under(Path(path))]
             fsync_paths(mine)
         durable = time.perf_counter() - start
-        commit_latest(ckpt_root, tag, rank, barrier, anatomy)
+        commit_latest(ckpt_root, tag, rank, barrier, anatomy, plugin.store)
         committed = time.perf_counter() - start
         record = window.close()
-    files = file_records(recorder.saved, ckpt_root / tag)
+    files = file_records(recorder.saved, ckpt_root / tag, plugin.store)
     return {
         "tag": tag,
         "start": wall_start,
@@ -166,25 +166,45 @@ def save(ds_engine, recorder: RecordingEngine, plugin, ckpt_root: Path, tag: str
     }
 
 
-def commit_latest(ckpt_root: Path, tag: str, rank: int, barrier, anatomy: Anatomy) -> None:
-    """Every rank calls this once its files are durable: barrier, then rank 0 atomically points `latest` at tag."""
+def commit_latest(ckpt_root: Path, tag: str, rank: int, barrier, anatomy: Anatomy, store=None) -> None:
+    """Every rank calls this once its files are durable: barrier, then rank 0 atomically points `latest` at tag
+    (and, for an object store, writes the `latest` object too: a single PUT is atomic)."""
     with anatomy.region("wait"):
         barrier()
     if rank == 0:
         with anatomy.region("fsync"):
             fsync_paths(files_under(ckpt_root / tag))  # files DeepSpeed writes outside the engine (recovery scripts)
+        if store is not None:
+            store.put_text(ckpt_root / "latest", tag)
         write_text_atomic(ckpt_root / "latest", tag)
     with anatomy.region("wait"):
         barrier()
 
 
-def file_records(saved: list[tuple[str, float]], tag_dir: Path) -> list[dict]:
-    """path (relative to the tag dir), bytes (all shards of a directory) and seconds of each engine.save() call."""
-    return [
-        {"path": str(Path(path).relative_to(tag_dir)), "bytes": sum(f.stat().st_size for f in files_under(Path(path))),
-         "seconds": seconds}
-        for path, seconds in saved
-    ]
+def file_records(saved: list[tuple[str, float]], tag_dir: Path, store=None) -> list[dict]:
+    """path (relative to the tag dir), bytes (all shards of a directory) and seconds of each engine.save() call; for
+    an object store, the bytes of the objects the path names (never the local placeholders')."""
+    def size(path: str) -> int:
+        if store is not None:
+            return sum(n for _, n in store.objects(path))
+        return sum(f.stat().st_size for f in files_under(Path(path)))
+
+    return [{"path": str(Path(path).relative_to(tag_dir)), "bytes": size(path), "seconds": seconds}
+            for path, seconds in saved]
+
+
+def object_store(run_dir: Path, ckpt_root: Path, plugin) -> None:
+    """ckpt_dir=s3://...: give the plug-in the run's ObjectStore (spec.json's checkpoint_url) before it builds its
+    checkpoint engine."""
+    from restart_harness.storage.atomic import read_json
+
+    url = read_json(run_dir / "spec.json").get("checkpoint_url")
+    if url:
+        from restart_harness.storage.s3 import ObjectStore, S3Settings, S3Url
+
+        settings = S3Settings.from_environment()
+        settings.export()
+        plugin.store = ObjectStore(ckpt_root, S3Url.parse(url), settings)
 
 
 FULL_DISK_BYTES = 1 << 20
@@ -192,7 +212,10 @@ FULL_DISK_BYTES = 1 << 20
 
 def _explain_save_failure(exc: Exception, ckpt_root: Path, tag: str) -> Exception:
     """torch.save reports a full disk as 'unexpected pos ...' from its zip writer: name the real cause."""
-    free = shutil.disk_usage(ckpt_root).free
+    try:
+        free = shutil.disk_usage(ckpt_root).free
+    except OSError:
+        return exc
     if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or free < FULL_DISK_BYTES:
         return OSError(errno.ENOSPC, f"No space left on device while saving {tag}: {free} bytes free on the "
                                      f"checkpoint filesystem at {ckpt_root} ({type(exc).__name__}: {exc})")

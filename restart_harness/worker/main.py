@@ -65,6 +65,7 @@ def run(args: argparse.Namespace, log: EventLog, rank: int) -> None:
     spec = RunSpec.from_json(read_json(args.spec or args.run_dir / "spec.json"))
     ds_config = read_json(args.ds_config or args.run_dir / "ds_config.json")
     plugin = registry.get(spec.engine)(spec)
+    checkpointing.object_store(args.run_dir, args.ckpt_root, plugin)
     if spec.stack == "fsdp2":
         from restart_harness.worker import fsdp2
 

@@ -1,0 +1,161 @@
+"""ckpt_dir=s3://... (docs/s3.md) against a real S3 server: a single-node Ceph RADOS Gateway started for this module
+and stopped after it (restart_harness/storage/local_s3.py), with the ETag proxy of third_party/rgw_multipart_etag.py
+in front. Real launches: DeepSpeed's torch.save engine through s3torchconnector's checkpoint streams, DCP on
+DeepSpeed and on FSDP2 through its DCP writer and reader; every restart verified."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from conftest import load_summary, require_tool, restart, run_cli, run_dir_of, submit
+
+pytestmark = pytest.mark.slow
+SOURCE = "iters=2 save_interval=2 after=1"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    require_tool("radosgw", "ceph-mon", "ceph-osd", package="radosgw ceph-mon ceph-osd ceph-common")
+    from restart_harness.storage import local_s3
+
+    root = Path(f"/tmp/rh-s3-{os.getpid()}")  # short: Ceph's admin sockets live here (108-byte socket paths)
+    s3 = local_s3.start(root, memory_mib=1024)
+    saved = {k: os.environ.get(k) for k in s3.environment()}
+    try:
+        s3.create_bucket("ckpt")
+        os.environ.update(s3.environment())  # every run and restart below inherits it, as a user's shell would
+        yield s3
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        local_s3.stop(root)
+
+
+def objects(server, prefix: str) -> dict[str, int]:
+    from restart_harness.storage.s3 import S3Settings, S3Url, listing
+
+    return dict(listing(S3Url.parse(f"s3://ckpt/{prefix}"), S3Settings.from_environment()))
+
+
+@pytest.fixture(scope="module")
+def default_s3(server, tmp_path_factory) -> Path:
+    return run_dir_of(run_cli(["tiny", "dp=2", "ckpt_dir=s3://ckpt/runs", *SOURCE.split()],
+                              tmp_path_factory.mktemp("s3-default")))
+
+
+def test_torch_save_round_trips_through_the_object_store(server, default_s3):
+    summary = load_summary(default_s3)
+    assert summary["restart"]["verified"] and summary["restart"]["cache"]["observed"] == "not applicable"
+    spec = json.loads((default_s3 / "spec.json").read_text())
+    url = spec["checkpoint_url"]
+    assert url == f"s3://ckpt/runs/{default_s3.name}"
+    stored = objects(server, f"runs/{default_s3.name}")
+    # every DeepSpeed file is an object of the run's prefix, `latest` too; sizes and counts are the listing's
+    tag_files = {k.split("/", 1)[1]: n for k, n in stored.items() if k.startswith("global_step2/")}
+    assert set(tag_files) == {"mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
+                              "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"}
+    assert "latest" in stored
+    inventory = json.loads((default_s3 / "inventory.json").read_text())
+    assert inventory["dir"] == f"{url}/global_step2"
+    assert {f["path"]: f["bytes"] for f in inventory["files"]} == tag_files
+    assert summary["checkpoint"]["bytes"] == sum(tag_files.values()) > 1 << 20
+    # the local index holds names only: an empty placeholder per object, never counted
+    local = default_s3 / "checkpoint" / "global_step2"
+    assert {p.name for p in local.iterdir()} == set(tag_files)
+    assert all(p.stat().st_size == 0 for p in local.iterdir())
+    # the baseline is the object store's, measured with the same client
+    assert summary["baseline"]["method"] == "s3torchconnector put/get"
+
+
+def test_fsdp2_dcp_round_trips_and_reshards_from_the_object_store(server, tmp_path):
+    run_dir = run_dir_of(run_cli(["tiny", "dp=2", "stack=fsdp2", "async_save=true", "ckpt_dir=s3://ckpt/runs",
+                                  *SOURCE.split()], tmp_path))
+    assert load_summary(run_dir)["restart"]["verified"]
+    stored = objects(server, f"runs/{run_dir.name}/global_step2")
+    assert set(stored) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
+    proc = restart(run_dir, "dp=1")  # DCP reshards while it reads the objects
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    record = json.loads((run_dir / "records" / "restart-02.json").read_text())
+    assert record["layout"]["loaded"] == "tp1-pp1-dp1"
+    assert load_summary(run_dir)["restart"]["verified"]
+
+
+def test_dcp_on_deepspeed_round_trips_through_the_object_store(server, tmp_path):
+    run_dir = run_dir_of(run_cli(["tiny", "dp=2", "engine=dcp", "ckpt_dir=s3://ckpt/runs", *SOURCE.split()],
+                                 tmp_path))
+    assert load_summary(run_dir)["restart"]["verified"]
+    stored = objects(server, f"runs/{run_dir.name}/global_step2")
+    assert "mp_rank_00_model_states.pt/.metadata" in stored and len(stored) == 6
+
+
+@pytest.mark.parametrize("args, env, message", [
+    (["ckpt_dir=s3://nosuchbucket/x"], {}, "the bucket does not exist"),
+    (["ckpt_dir=s3://ckpt/x"], {"AWS_SECRET_ACCESS_KEY": "wrong"}, "wrong or missing credentials"),
+    (["ckpt_dir=s3://ckpt/x"], {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, "is unreachable"),
+    (["ckpt_dir=s3://ckpt/x", "engine=lazy"], {}, "engine=lazy writes to a file system, not to object storage"),
+    (["ckpt_dir=s3://ckpt/x", "emulate=true"], {}, "emulate=true writes to a file system"),
+    (["ckpt_dir=s3://c/x"], {}, "is not a bucket name"),
+])
+def test_bad_object_store_input_is_one_line_before_anything_exists(server, tmp_path, args, env, message):
+    proc = submit(["tiny", *args, f"results_dir={tmp_path / 'results'}"], tmp_path, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("error: ckpt_dir="), proc.stderr
+    assert not (tmp_path / "results").exists()
+    assert not [k for k in objects(server, "x")]
+
+
+def test_restart_at_another_layout_of_a_deepspeed_run_in_the_store_is_refused(server, default_s3):
+    proc = restart(default_s3, "dp=1")
+    assert proc.returncode == 2 and "universal-checkpoint converter reads a file system" in proc.stderr
+
+
+def test_object_store_baseline_puts_and_gets_with_the_engines_client(server, tmp_path):
+    proc = submit(["baseline", "dir=s3://ckpt/probe", "file_bytes=8M", "ranks=2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "object store at " + server.endpoint_url in proc.stdout and "PUT until the upload completes" in proc.stdout
+    assert objects(server, "probe") == {}  # its objects are deleted
+
+
+def test_gateway_still_returns_an_empty_multipart_etag(server):
+    """The reason for third_party/rgw_multipart_etag.py: straight to radosgw, s3torchconnector cannot write. When
+    this fails, the gateway fills the ETag itself and the proxy can go."""
+    from s3torchconnector import S3Checkpoint, S3ClientConfig, S3Exception
+
+    direct = S3Checkpoint(server.region, endpoint=server.gateway_url, s3client_config=S3ClientConfig(force_path_style=True))
+    with pytest.raises(S3Exception, match="ETag"), direct.writer("s3://ckpt/etag-probe") as stream:
+        stream.write(b"x" * 1024)
+
+
+def test_proxy_fills_in_the_etag_s3_defines_for_multipart_objects(server):
+    """The ETag the proxy writes into CompleteMultipartUpload is the one the gateway itself reports afterwards."""
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=server.endpoint_url, region_name=server.region,
+                      aws_access_key_id=server.access_key, aws_secret_access_key=server.secret_key)
+    upload = s3.create_multipart_upload(Bucket="ckpt", Key="etag-check")["UploadId"]
+    parts = [{"PartNumber": n, "ETag": s3.upload_part(Bucket="ckpt", Key="etag-check", UploadId=upload, PartNumber=n,
+                                                      Body=bytes([n]) * (5 << 20))["ETag"]} for n in (1, 2)]
+    done = s3.complete_multipart_upload(Bucket="ckpt", Key="etag-check", UploadId=upload,
+                                        MultipartUpload={"Parts": parts})
+    assert done["ETag"].endswith('-2"')
+    assert done["ETag"] == s3.head_object(Bucket="ckpt", Key="etag-check")["ETag"]
+    s3.delete_object(Bucket="ckpt", Key="etag-check")
+
+
+def test_a_changed_object_fails_the_restart(server, default_s3):
+    """Verification reads what the store returns: overwrite one optimizer object with another rank's."""
+    from restart_harness.storage.s3 import S3Settings
+
+    client = S3Settings.from_environment().client()
+    base = f"runs/{default_s3.name}/global_step2/bf16_zero_pp_rank_"
+    client.copy_object("ckpt", base + "1_mp_rank_00_optim_states.pt", "ckpt", base + "0_mp_rank_00_optim_states.pt")
+    proc = restart(default_s3)
+    assert proc.returncode != 0
+    assert "truncated or torn" in proc.stderr or "MISMATCH" in proc.stdout + proc.stderr, proc.stdout + proc.stderr

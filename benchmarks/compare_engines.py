@@ -23,14 +23,21 @@ Method
   system afresh with as many ranks as the run has (write: each rank writes BASELINE_FILE_MIB and fsyncs; read: cold).
   Ratios: blocking / default's blocking; durable MiB/s / baseline write MiB/s; load MiB/s / baseline read MiB/s
   (medians over repeats).
+- Targets: `targets=fs,s3` runs every case that can write to object storage (engine default and dcp, both stacks)
+  a second time with ckpt_dir=s3://bench/runs on a local Ceph RADOS Gateway that the script starts (objects in
+  memory, restart_harness/storage/local_s3.py) and stops; those rows are labelled `... s3`, their runs use
+  keep=false (the store's memory is bounded), and their ratios are to the S3 baseline (`./submit-job.sh baseline
+  dir=s3://bench/probe`: PUT and GET with the engines' own client), measured in each repeat beside the disk's. The
+  restart phases and the load and save anatomy (median seconds of the slowest rank) show where the time goes.
 
-Usage: <python> benchmarks/compare_engines.py [REPEATS] [MODEL] [only=LABEL,...] [key=value ...]
-       (default 3 small dp=2, every case that runs here; a Markdown table)
+Usage: <python> benchmarks/compare_engines.py [REPEATS] [MODEL] [only=LABEL,...] [targets=fs,s3] [key=value ...]
+       (default 3 small dp=2, every case that runs here, on the file system; a Markdown table)
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -91,8 +98,9 @@ def fmt(value: float | None, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def baseline(results: Path, ranks: int) -> dict:
-    """A fresh storage baseline of the results directory: {write_mib_s, read_mib_s} from the command's output."""
+def baseline(results: Path | str, ranks: int) -> dict:
+    """A fresh storage baseline of the results directory (or an s3:// URL): {write_mib_s, read_mib_s} from the
+    command's output."""
     proc = subprocess.run([str(REPO / "submit-job.sh"), "baseline", f"dir={results}", f"ranks={ranks}",
                            f"file_bytes={BASELINE_FILE_MIB}MiB"], check=False, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -110,30 +118,63 @@ def main() -> None:
     repeats = int(args.pop(0)) if args and args[0].isdigit() else 3
     model = args.pop(0) if args and "=" not in args[0] else "small"
     only = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("only=")), None)
-    args = [a for a in args if not a.startswith("only=")]
+    targets = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("targets=")), ["fs"])
+    args = [a for a in args if not a.startswith(("only=", "targets="))]
+    if set(targets) - {"fs", "s3"}:
+        sys.exit(f"targets={','.join(targets)}: accepted fs, s3 (comma list)")
     unknown = set(only or ()) - {name for name, _ in CASES}
     if unknown:
         sys.exit(f"only=: unknown case(s) {', '.join(sorted(unknown))}; cases: {', '.join(n for n, _ in CASES)}")
     given = {a.split("=", 1)[0] for a in args}
     base = [model, *(b for b in BASE if b.split("=", 1)[0] not in given), *args]
-    cases = [(name, base + extra) for name, extra in CASES
-             if (only is None or name in only) and runnable(base + extra)]
+    chosen = [(name, extra) for name, extra in CASES if only is None or name in only]
+    cases = [(name, base + extra) for name, extra in chosen if "fs" in targets and runnable(base + extra)]
+    server = None
+    if "s3" in targets:
+        server = start_object_store()
+        cases += [(f"{name} s3", [*base, *extra, S3_TARGET, "keep=false"]) for name, extra in chosen
+                  if runnable([*base, *extra, S3_TARGET])]
+    try:
+        measure(cases, base, repeats, targets)
+    finally:
+        if server is not None:
+            from restart_harness.storage import local_s3
+
+            local_s3.stop(server.root)
+
+
+S3_TARGET = "ckpt_dir=s3://bench/runs"
+
+
+def start_object_store():
+    """A local RADOS Gateway for the s3 rows; its AWS_* settings go to every run through the environment."""
+    from restart_harness.storage import local_s3
+
+    server = local_s3.start(Path(f"/tmp/rh-bench-s3-{os.getpid()}"), memory_mib=6144)
+    server.create_bucket("bench")
+    os.environ.update(server.environment())
+    return server
+
+
+def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, targets: list[str]) -> None:
     from restart_harness.spec import parse_args
 
     world = parse_args(base).world_size
     results = Path(tempfile.mkdtemp(prefix="rh-bench-engines-"))
     collected: dict[str, list[dict]] = {name: [] for name, _ in cases}
-    storage = []
+    storage: dict[str, list[dict]] = {t: [] for t in targets}
     for r in range(repeats):
-        storage.append(baseline(results, world))
+        for target in targets:
+            storage[target].append(baseline(results if target == "fs" else "s3://bench/probe", world))
         for name, tokens in cases:
             print(f"repeat {r + 1}/{repeats}: {name}", file=sys.stderr, flush=True)
             collected[name].append(run(tokens, results))
-    write_mib_s = median([b["write_mib_s"] for b in storage])
-    read_mib_s = median([b["read_mib_s"] for b in storage])
+    speeds = {t: (median([b["write_mib_s"] for b in storage[t]]), median([b["read_mib_s"] for b in storage[t]]))
+              for t in targets}
     print(f"`{' '.join(base)}`, {repeats} repeats; medians over saves (first save of each run dropped) and runs; "
-          f"storage baseline ({world} ranks, {BASELINE_FILE_MIB} MiB each, measured in each repeat): write "
-          f"{write_mib_s:.1f} MiB/s, cold read {read_mib_s:.1f} MiB/s\n")
+          f"storage baselines ({world} ranks, {BASELINE_FILE_MIB} MiB each, measured in each repeat): "
+          + "; ".join(f"{'file system' if t == 'fs' else 'local S3 (RGW)'} write {w:.1f} MiB/s, "
+                      f"{'cold ' if t == 'fs' else ''}read {rd:.1f} MiB/s" for t, (w, rd) in speeds.items()) + "\n")
     print("| engine | checkpoint MiB | blocking s | x default | durable s | durable MiB/s | x baseline write "
           "| step s (no flush) | step s (flush in flight) | restart load s | load MiB/s | x baseline read "
           "| checkpoint_load s |")
@@ -155,9 +196,16 @@ def main() -> None:
             "load": median([r.get("load_seconds") for r in restarts]),
             "load_mib_s": median([r.get("load_throughput_mib_s") for r in restarts]),
             "phase": median([(r.get("phases") or {}).get("checkpoint_load") for r in restarts]),
+            "phases": {k: median([(r.get("phases") or {}).get(k) for r in restarts])
+                       for k in ("imports", "dist_init", "model_build", "engine_init", "checkpoint_load", "first_step")},
+            "save_anatomy": {k: median([(s.get("breakdown") or {}).get(f"{k}_seconds") for s in saves])
+                             for k in ("serialize", "write", "fsync", "wait")},
+            "load_anatomy": {k: median([(r.get("load_breakdown") or {}).get(f"{k}_seconds") for r in restarts])
+                             for k in ("read", "deserialize", "copy", "wait")},
         }
     default_blocking = (rows.get("default") or {}).get("blocking")
     for name, r in rows.items():
+        write_mib_s, read_mib_s = speeds["s3" if name.endswith(" s3") else "fs"]
         mib, blocking, durable = r["mib"], r["blocking"], r["durable"]
         durable_mib_s = mib / durable if mib and durable else None
         print(f"| {name} | {fmt(mib, 1)} | {fmt(blocking)} "
@@ -166,6 +214,14 @@ def main() -> None:
               f"| {fmt(durable_mib_s / write_mib_s if durable_mib_s else None, 2)} "
               f"| {fmt(r['no_flush'])} | {fmt(r['in_flight'])} | {fmt(r['load'])} | {fmt(r['load_mib_s'], 1)} "
               f"| {fmt(r['load_mib_s'] / read_mib_s if r['load_mib_s'] else None, 2)} | {fmt(r['phase'])} |")
+    print("\nWhere the time goes (medians; slowest rank's anatomy, docs/anatomy.md): restart phases in seconds, then "
+          "one save's and the load's categories.\n")
+    print("| engine | imports | dist_init | model_build | engine_init | checkpoint_load | first_step "
+          "| save: serialize | write | fsync | wait | load: read | deserialize | copy | wait |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        cells = [*r["phases"].values(), *r["save_anatomy"].values(), *r["load_anatomy"].values()]
+        print(f"| {name} | " + " | ".join(fmt(c) for c in cells) + " |")
     shutil.rmtree(results, ignore_errors=True)
 
 

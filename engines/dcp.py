@@ -50,8 +50,10 @@ def _save_args(store, path: str) -> dict:
         return {"checkpoint_id": path}
     from s3torchconnector.dcp import S3StorageWriter
 
-    return {"storage_writer": S3StorageWriter(store.settings.region, str(store.url_of(path)),
-                                              s3client_config=store.settings.client_config())}
+    writer = S3StorageWriter(store.settings.region, str(store.url_of(path)),
+                             s3client_config=store.settings.client_config())
+    store.timed_file_system(writer.fs)
+    return {"storage_writer": writer}
 
 
 def _load_args(store, path: str) -> dict:
@@ -59,8 +61,10 @@ def _load_args(store, path: str) -> dict:
         return {"checkpoint_id": path}
     from s3torchconnector.dcp import S3StorageReader
 
-    return {"storage_reader": S3StorageReader(store.settings.region, str(store.url_of(path)),
-                                              s3client_config=store.settings.client_config())}
+    reader = S3StorageReader(store.settings.region, str(store.url_of(path)),
+                             s3client_config=store.settings.client_config())
+    store.timed_file_system(reader.fs)
+    return {"storage_reader": reader}
 
 
 def _fsdp2_class():

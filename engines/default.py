@@ -35,12 +35,12 @@ def _s3_engine_class():
             pass  # objects need no folders; the local index gets its placeholders in save()
 
         def save(self, state_dict, path: str):
-            with self.streams.writer(str(self.store.url_of(path))) as stream:
+            with self.store.timed(self.streams.writer(str(self.store.url_of(path))), "write") as stream:
                 torch.save(state_dict, stream)
             self.store.placeholder(path)
 
         def load(self, path: str, map_location=None):
-            with self.streams.reader(str(self.store.url_of(path))) as stream:
+            with self.store.timed(self.streams.reader(str(self.store.url_of(path))), "read") as stream:
                 return torch.load(stream, map_location=map_location, weights_only=False)
 
     return S3TorchCheckpointEngine

@@ -97,6 +97,7 @@ rgw_frontends = beast endpoint=127.0.0.1:{gateway_port}
 auth_client_required = none
 ms_mon_client_mode = crc
 rgw_gc_obj_min_wait = 0
+rgw_gc_processor_period = 5
 rgw_data = {root}/rgw
 """
 

@@ -19,6 +19,7 @@ placeholders.
 from __future__ import annotations
 
 import configparser
+import contextlib
 import os
 import socket
 import urllib.parse
@@ -174,13 +175,73 @@ def delete_all(url: S3Url, settings: S3Settings) -> int:
     return len(objects)
 
 
+class TimedStream:
+    """An object stream whose blocking calls run inside region(category): the save and load anatomy's `write` and
+    `read` for object storage, where the I/O counters see no files (the bytes go over the network). write() hands
+    data to the client's uploader and blocks while its buffers are full; close() completes the multipart upload;
+    read()/readinto() wait for the GET's bytes."""
+
+    def __init__(self, stream, region, category: str):
+        self._stream, self._region, self._category = stream, region, category
+
+    def _timed(self, name: str, *args):
+        with self._region(self._category):
+            return getattr(self._stream, name)(*args)
+
+    def write(self, data):
+        return self._timed("write", data)
+
+    def read(self, *args):
+        return self._timed("read", *args)
+
+    def readinto(self, buffer):
+        return self._timed("readinto", buffer)
+
+    def flush(self):
+        return self._timed("flush")
+
+    def close(self):
+        return self._timed("close")
+
+    def __enter__(self):
+        self._stream.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        with self._region(self._category):
+            return self._stream.__exit__(*exc)
+
+    def __getattr__(self, name):  # seek, tell, readable, ...
+        return getattr(self._stream, name)
+
+
+def _no_region(category: str):
+    return contextlib.nullcontext()
+
+
 class ObjectStore:
     """A run's checkpoint objects: every local path under `local_root` (what DeepSpeed and DCP are handed) names
-    the object at the same relative key under `url`."""
+    the object at the same relative key under `url`. `region` is the rank's anatomy region (set by the worker)."""
 
     def __init__(self, local_root: Path, url: S3Url, settings: S3Settings):
         self.local_root, self.url, self.settings = Path(local_root), url, settings
         self._client = None
+        self.region = _no_region
+
+    def timed(self, stream, category: str) -> TimedStream:
+        return TimedStream(stream, lambda c: self.region(c), category)
+
+    def timed_file_system(self, fs):
+        """s3torchconnector's DCP S3FileSystem with its streams timed (write for "wb", read for "rb")."""
+        opened = fs.create_stream
+
+        @contextlib.contextmanager
+        def create_stream(path, mode):
+            with opened(path, mode) as stream:
+                yield self.timed(stream, "write" if "w" in mode else "read")
+
+        fs.create_stream = create_stream
+        return fs
 
     @property
     def client(self):

@@ -123,6 +123,8 @@ def install(ds_engine, plugin, anatomy: Anatomy) -> RecordingEngine:
         ds_engine.checkpoint_engine = replacement
     recorder = RecordingEngine(ds_engine.checkpoint_engine, anatomy)
     ds_engine.checkpoint_engine = recorder
+    if plugin.store is not None:
+        plugin.store.region = anatomy.region
     anatomy.wrap(ds_engine, "load_module_state_dict", "copy")
     if ds_engine.optimizer is not None:  # a universal load reads its files in here: those reads count as reads
         anatomy.wrap(ds_engine.optimizer, "load_state_dict", "copy", io=("read",))

@@ -78,6 +78,8 @@ def run(args, log: EventLog, rank: int, spec: RunSpec, plugin, peak_memory) -> N
     anatomy = Anatomy(device.type, enabled=spec.anatomy)
     anatomy.add_prefix(args.ckpt_root)
     anatomy.hook_collectives(dist)
+    if plugin.store is not None:
+        plugin.store.region = anatomy.region
     inner = plugin.fsdp2_checkpoint_engine() if plugin.saves else None
     recorder = checkpointing.RecordingEngine(inner, anatomy) if inner is not None else None
     engine = FSDP2Engine(model, optimizer, recorder, anatomy)

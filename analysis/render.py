@@ -160,7 +160,8 @@ def runs_table(table: list[dict]) -> Table:
     rows = []
     for r in table:
         rows.append([r["run_id"], r.get("restart_record") or "-", r["state"], f"{r['model']}",
-                     f"tp{r['tp']} pp{r['pp']} dp{r['dp']}", str(r["engine"]), _v(r.get("checkpoint_files")),
+                     f"tp{r['tp']} pp{r['pp']} dp{r['dp']}", str(r.get("engine_label") or r["engine"]),
+                     _v(r.get("checkpoint_files")),
                      _v(r.get("checkpoint_bytes"), 2, MIB), _v(r.get("save_blocking_seconds")),
                      _v(r.get("save_durable_seconds")), _v(r.get("restart_total_seconds")),
                      _v(r.get("restart_cache_observed")), _v(r.get("restart_verified"))])

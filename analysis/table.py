@@ -87,6 +87,7 @@ def run_columns(run: Run) -> dict:
         "nodes": spec.get("nodes"),
         "world_size": get(spec, "derived", "world_size"),
         "engine": spec["engine"],
+        "engine_label": engine_label(spec),
         "device": spec.get("device"),
         "cache_requested": spec.get("cache"),
         "num_parameters": get(spec, "derived", "num_parameters"),
@@ -344,8 +345,8 @@ def _extra(spec: dict, config: dict, varying: list[str], configs: list[dict]) ->
     for k in varying:
         if len({c[k] for c in configs if c["model"] == config["model"]}) == 1 and k not in ("engine_options",):
             continue  # the same for every configuration of this model: it follows from the model (seq_len, shape)
-        if k == "stack":
-            continue  # engine_label names a stack other than DeepSpeed ("fsdp2 dcp")
+        if k in ("stack", "checkpoint_object_store.endpoint_url"):
+            continue  # engine_label names a stack other than DeepSpeed ("fsdp2 dcp") and object storage ("... s3")
         if k == "engine_options":  # engine_label shows the options switched on; others only where they differ
             mine = json.loads(config[k]) or {}
             same = [json.loads(c[k]) or {} for c in configs if c["engine"] == config["engine"]]

@@ -44,27 +44,17 @@ class DCPEngine(Engine):
         checkpoint_engine.wait()
 
 
-def _save_args(store, path: str) -> dict:
-    """dcp.save's target for `path`: DCP's own file system writer, or s3torchconnector's writer for objects."""
+def _target(store, path: str, write: bool) -> dict:
+    """dcp.save's (write) or dcp.load's target for `path`: DCP's own file system writer and reader, or
+    s3torchconnector's for objects (their streams timed for the anatomy)."""
     if store is None:
         return {"checkpoint_id": path}
-    from s3torchconnector.dcp import S3StorageWriter
+    from s3torchconnector.dcp import S3StorageReader, S3StorageWriter
 
-    writer = S3StorageWriter(store.settings.region, str(store.url_of(path)),
-                             s3client_config=store.settings.client_config())
-    store.timed_file_system(writer.fs)
-    return {"storage_writer": writer}
-
-
-def _load_args(store, path: str) -> dict:
-    if store is None:
-        return {"checkpoint_id": path}
-    from s3torchconnector.dcp import S3StorageReader
-
-    reader = S3StorageReader(store.settings.region, str(store.url_of(path)),
-                             s3client_config=store.settings.client_config())
-    store.timed_file_system(reader.fs)
-    return {"storage_reader": reader}
+    cls, name = (S3StorageWriter, "storage_writer") if write else (S3StorageReader, "storage_reader")
+    target = cls(store.settings.region, str(store.url_of(path)), s3client_config=store.settings.client_config())
+    store.timed_file_system(target.fs)
+    return {name: target}
 
 
 def _fsdp2_class():
@@ -90,9 +80,9 @@ def _fsdp2_class():
             rank 0 (the coordinator) writes .metadata once every rank's plan is in."""
             if self.async_save:
                 self.pending.append(dcp.async_save(state_dict, process_group=self.group,
-                                                   **_save_args(self.store, path)))
+                                                   **_target(self.store, path, write=True)))
             else:
-                dcp.save(state_dict, process_group=self.group, **_save_args(self.store, path))
+                dcp.save(state_dict, process_group=self.group, **_target(self.store, path, write=True))
             if self.store is not None:
                 self.store.placeholder(f"{path}/__{dist.get_rank()}_0.distcp")
                 if dist.get_rank() == 0:  # the restart looks for it before loading
@@ -106,7 +96,7 @@ def _fsdp2_class():
                 future.result()
 
         def load(self, path: str, map_location=None):
-            dcp.load(self.template, process_group=self.group, **_load_args(self.store, path))
+            dcp.load(self.template, process_group=self.group, **_target(self.store, path, write=False))
             return self.template
 
         def is_decoupled(self) -> bool:
@@ -141,9 +131,9 @@ def _engine_class():
             tensors, skeleton = state_tree.split(state_dict)
             flat = {**tensors, state_tree.SKELETON_KEY: skeleton}
             if self.async_save:
-                self.pending.append(dcp.async_save(flat, no_dist=True, **_save_args(self.store, path)))
+                self.pending.append(dcp.async_save(flat, no_dist=True, **_target(self.store, path, write=True)))
             else:
-                dcp.save(flat, no_dist=True, **_save_args(self.store, path))
+                dcp.save(flat, no_dist=True, **_target(self.store, path, write=True))
             if self.store is not None:
                 self.store.placeholder(path)
 
@@ -155,14 +145,14 @@ def _engine_class():
 
         def load(self, path: str, map_location=None):
             # DCP loads in place: allocate each tensor from the checkpoint's own metadata first.
-            reader = FileSystemReader(path) if self.store is None else _load_args(self.store, path)["storage_reader"]
+            reader = FileSystemReader(path) if self.store is None else _target(self.store, path, write=False)["storage_reader"]
             metadata = reader.read_metadata()
             target = {
                 key: torch.empty(meta.size, dtype=meta.properties.dtype)
                 if isinstance(meta, TensorStorageMetadata) else None
                 for key, meta in metadata.state_dict_metadata.items()
             }
-            dcp.load(target, no_dist=True, **_load_args(self.store, path))
+            dcp.load(target, no_dist=True, **_target(self.store, path, write=False))
             skeleton = target.pop(state_tree.SKELETON_KEY)
             return state_tree.merge(state_tree.relocate(target, map_location), skeleton)
 

@@ -69,13 +69,13 @@ def _baseline(options) -> int:
     from pathlib import Path
 
     from restart_harness.storage import baseline
-    from restart_harness.storage.s3 import S3Exception, is_s3
+    from restart_harness.storage.s3 import client_errors, is_s3
 
     ranks = options.ranks or min(os.cpu_count() or 1, baseline.AUTO_MAX_RANKS)
     try:
         where = options.dir if is_s3(options.dir) else Path(options.dir)
         record = baseline.measure(where, options.file_bytes, ranks, options.tool)
-    except (OSError, ValueError, KeyError, subprocess.SubprocessError, S3Exception) as exc:
+    except (OSError, ValueError, KeyError, subprocess.SubprocessError, *client_errors()) as exc:
         print(f"error: baseline of {options.dir} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(baseline.render(record))

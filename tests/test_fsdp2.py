@@ -89,6 +89,35 @@ def test_restart_at_tensor_or_pipeline_parallel_layouts_is_refused(fsdp2):
     assert sorted(p.name for p in (fsdp2 / "events").iterdir()) == records
 
 
+def test_hybrid_sharding_writes_each_shard_once_and_restarts_as_plain_fsdp(fsdp2, tmp_path):
+    """replicate=2 at dp=4: two replicas, each sharding the state over 2 ranks (HSDP, as across 2 nodes). DCP saves
+    every shard once (replicas' copies deduplicated), and the checkpoint restarts at dp=2 as plain FSDP, verified."""
+    run_dir = run_dir_of(run_cli(["tiny", "dp=4", "replicate=2", "stack=fsdp2", *SOURCE.split()], tmp_path))
+    summary = load_summary(run_dir)
+    assert summary["restart"]["verified"] and summary["restart"]["ranks"] == 4
+    inventory = json.loads((run_dir / "inventory.json").read_text())
+    shards = inventory["by_kind"]["dcp_shards"]
+    assert shards["files"] == 4
+    # the same state as the dp=2 FSDP run's: each element once, within DCP's per-item framing
+    plain = json.loads((fsdp2 / "inventory.json").read_text())["by_kind"]["dcp_shards"]["bytes"]
+    assert abs(shards["bytes"] - plain) < 0.05 * plain
+    proc = restart(run_dir, "dp=2", "replicate=1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    again = load_summary(run_dir)["restart"]
+    assert again["verified"] and again["layout"] == {"saved": "tp1-pp1-dp4", "loaded": "tp1-pp1-dp2"}
+    # the same global batch from the same state: the loss of dp=4 HSDP's restart and of dp=2 FSDP's agree
+    assert again["first_step_loss"] == pytest.approx(summary["restart"]["first_step_loss"], rel=1e-5)
+
+
+def test_replicate_that_does_not_fit_is_refused(tmp_path):
+    for args, message in ((["dp=4", "replicate=3", "stack=fsdp2"], "replicate=3 does not divide dp=4"),
+                          (["dp=2", "replicate=2"], "hybrid sharding is stack=fsdp2's")):
+        proc = run_cli(["tiny", *args], tmp_path, check=False)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and message in lines[0], proc.stderr
+    assert not any(tmp_path.iterdir())  # nothing created
+
+
 def test_a_changed_shard_fails_verification(fsdp2):
     """Last in this file: it changes the run's checkpoint (and puts it back)."""
     shard = fsdp2 / "checkpoint" / "global_step2" / "__1_0.distcp"

@@ -5,6 +5,7 @@ DeepSpeed and on FSDP2 through its DCP writer and reader; every restart verified
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from pathlib import Path
@@ -84,6 +85,33 @@ def test_fsdp2_dcp_round_trips_and_reshards_from_the_object_store(server, tmp_pa
     record = json.loads((run_dir / "records" / "restart-02.json").read_text())
     assert record["layout"]["loaded"] == "tp1-pp1-dp1"
     assert load_summary(run_dir)["restart"]["verified"]
+
+
+def test_pipeline_layer_files_round_trip_through_the_object_store(server, tmp_path):
+    """pp=2: DeepSpeed's pipeline loader globs for layer files; it finds the placeholders and reads the objects."""
+    run_dir = run_dir_of(run_cli(["tiny", "pp=2", "ckpt_dir=s3://ckpt/runs", *SOURCE.split()], tmp_path))
+    assert load_summary(run_dir)["restart"]["verified"]
+    stored = objects(server, f"runs/{run_dir.name}/global_step2")
+    assert sum(1 for k in stored if k.startswith("layer_")) >= 4
+    inventory = json.loads((run_dir / "inventory.json").read_text())
+    assert inventory["by_kind"]["layer_states"]["files"] == sum(1 for k in stored if k.startswith("layer_"))
+
+
+def test_both_targets_and_both_stacks_side_by_side_in_one_report(server, default_s3, tmp_path):
+    """A file-system run of the same configuration is another configuration, never pooled with the S3 run."""
+    fsdp2 = run_dir_of(run_cli(["tiny", "dp=2", "stack=fsdp2", "ckpt_dir=s3://ckpt/runs", *SOURCE.split()],
+                               tmp_path / "fsdp2"))
+    local = run_dir_of(run_cli(["tiny", "dp=2", *SOURCE.split()], tmp_path / "fs"))
+    proc = submit(["report", str(default_s3), str(fsdp2), str(local), "-o", str(tmp_path / "report")], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    with open(tmp_path / "report" / "runs.csv", newline="") as f:
+        labels = sorted(row["engine_label"] for row in csv.DictReader(f))
+    assert labels == ["default", "default s3", "fsdp2 dcp s3"]
+    from analysis.load import load
+    from analysis.table import groups
+
+    found = groups(load([default_s3, local])[0])
+    assert sorted(g.engine for g in found) == ["default", "default s3"]
 
 
 def test_dcp_on_deepspeed_round_trips_through_the_object_store(server, tmp_path):

@@ -62,10 +62,11 @@ SAVE_CATEGORIES = ("serialize", "write", "fsync", "wait", "other")
 
 # The spec fields that make two runs repeats of one configuration (seed, paths, ports and timeouts do not), and
 # where else a configuration can differ: another machine or another file system.
-CONFIG_FIELDS = ("model", "shape", "shrink", "stack", "precision", "tp", "pp", "dp", "nodes", "ranks_per_node", "engine",
-                 "engine_options", "device", "launcher", "cache", "iters", "save_interval", "after", "micro_batch",
-                 "grad_accum", "seq_len", "anatomy", "trace")
-PLACE_FIELDS = (("host", "hostname"), ("checkpoint_filesystem", "mount"), ("checkpoint_filesystem", "type"))
+CONFIG_FIELDS = ("model", "shape", "shrink", "stack", "precision", "tp", "pp", "dp", "nodes", "ranks_per_node",
+                 "replicate", "engine", "engine_options", "device", "launcher", "cache", "iters", "save_interval",
+                 "after", "micro_batch", "grad_accum", "seq_len", "anatomy", "trace")
+PLACE_FIELDS = (("host", "hostname"), ("checkpoint_filesystem", "mount"), ("checkpoint_filesystem", "type"),
+                ("checkpoint_object_store", "endpoint_url"))  # s3:// runs: never pooled with file-system runs
 
 
 def model_label(spec: dict) -> str:

@@ -46,7 +46,8 @@ class PlanOptions:
 
 @dataclass
 class BaselineOptions:
-    dir: Path = key(MISSING, "the directory (file system) to measure, e.g. dir=/scratch/ckpt", group="baseline")
+    dir: Path = key(MISSING, "the directory (file system) to measure, e.g. dir=/scratch/ckpt, or an object store: "
+                             "dir=s3://bucket/prefix (PUT and GET)", group="baseline")
     tool: str = key("auto", "auto = fio when installed, else the built-in probe", group="baseline",
                     choices=("auto", "fio", "builtin"))
     file_bytes: Size = key(Size(64 << 20), "bytes each rank writes and reads", group="baseline", unit="bytes",

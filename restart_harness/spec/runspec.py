@@ -37,6 +37,10 @@ class RunSpec:
     nodes: int = key(1, "nodes (slurm and pbs launchers)", group="layout", minimum=1, restart=True)
     ranks_per_node: int | None = key(None, "ranks (GPUs) per node; default tp x pp x dp / nodes", group="layout",
                                      minimum=1, restart=True)
+    replicate: int | None = key(None, "stack=fsdp2: hybrid sharding (HSDP), the data-parallel ranks as this many "
+                                      "replicas that each shard the whole state over dp / replicate ranks; default "
+                                      "nodes (shard within a node, replicate across nodes)", group="layout",
+                                minimum=1, restart=True)
     # training
     stack: str = key("deepspeed", "training stack: deepspeed = DeepSpeed ZeRO-1 with TP/PP; fsdp2 = torch FSDP2 "
                                   "(fully_shard over the data-parallel ranks) checkpointed with Distributed "
@@ -169,6 +173,9 @@ class RunSpec:
         self._check_model_split()
         if self.stack == "fsdp2":
             self._check_fsdp2()
+        elif self.replicate is not None:
+            raise UsageError(f"replicate={self.replicate}: hybrid sharding is stack=fsdp2's; DeepSpeed's ZeRO-1 "
+                             "shards the optimizer state over every data-parallel rank; accepted: stack=fsdp2")
 
     def _check_fsdp2(self) -> None:
         """FSDP2 shards over the data-parallel ranks only; tensor and pipeline parallelism are DeepSpeed's here."""
@@ -178,6 +185,16 @@ class RunSpec:
                                  f"accepted: {name}=1 (tensor and pipeline parallelism: stack=deepspeed)")
         if self.emulate:
             raise UsageError("emulate=true: emulation writes DeepSpeed's files; accepted with stack=deepspeed only")
+        replicas = self.replicas
+        if self.dp % replicas:
+            given = f"replicate={replicas}" if self.replicate else f"replicate (default nodes={replicas})"
+            raise UsageError(f"{given} does not divide dp={self.dp}: each replica shards the state over dp / "
+                             "replicate ranks; accepted: replicate dividing dp")
+
+    @property
+    def replicas(self) -> int:
+        """stack=fsdp2: the replicas of hybrid sharding (1: plain FSDP over all data-parallel ranks)."""
+        return self.replicate or self.nodes
 
     def _resolve_ranks(self) -> None:
         per_replica = self.tp * self.pp

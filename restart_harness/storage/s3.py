@@ -28,11 +28,14 @@ from pathlib import Path
 
 SCHEME = "s3://"
 
-try:
-    from s3torchconnectorclient import S3Exception
-except ImportError:  # the s3 extra is not installed: nothing can raise it
-    class S3Exception(Exception):
-        pass
+
+def client_errors() -> tuple[type[BaseException], ...]:
+    """The S3 client's exception types (none when the s3 extra is not installed: nothing can raise them)."""
+    try:
+        from s3torchconnectorclient import S3Exception
+    except ImportError:
+        return ()
+    return (S3Exception,)
 DEFAULT_REGION = "us-east-1"
 
 
@@ -141,7 +144,7 @@ def check_writable(url: S3Url, settings: S3Settings) -> str | None:
         next(iter(client.list_objects(url.bucket, url.prefix + "/" if url.prefix else "", "/", 1)), None)
         client.put_object(url.bucket, probe.prefix).close()
         client.delete_object(url.bucket, probe.prefix)
-    except S3Exception as exc:
+    except client_errors() as exc:
         return f"{_explain(str(exc))} ({settings.describe()})"
     return None
 
@@ -179,7 +182,7 @@ class TimedStream:
     """An object stream whose blocking calls run inside region(category): the save and load anatomy's `write` and
     `read` for object storage, where the I/O counters see no files (the bytes go over the network). write() hands
     data to the client's uploader and blocks while its buffers are full; close() completes the multipart upload;
-    read()/readinto() wait for the GET's bytes."""
+    read()/readinto()/seek() wait for the GET's bytes."""
 
     def __init__(self, stream, region, category: str):
         self._stream, self._region, self._category = stream, region, category
@@ -196,6 +199,9 @@ class TimedStream:
 
     def readinto(self, buffer):
         return self._timed("readinto", buffer)
+
+    def seek(self, *args):  # the reader fetches up to a forward target (and may ask the object's size)
+        return self._timed("seek", *args)
 
     def flush(self):
         return self._timed("flush")

@@ -124,11 +124,16 @@ def run(args, log: EventLog, rank: int, spec: RunSpec, plugin, peak_memory) -> N
 
 
 def build(spec: RunSpec, device: torch.device, world: int):
-    """The model, its pipeline layers and then the root fully_shard-ed over all ranks, and AdamW over the shards."""
+    """The model, its pipeline layers and then the root fully_shard-ed over all ranks (or, with replicate > 1, over
+    each replica's ranks: hybrid sharding on a 2-D mesh), and AdamW over the shards."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
+    replicas = spec.replicas
+    if replicas > 1:  # HSDP: shard within each replica group, replicate (all-reduce gradients) across them
+        mesh = init_device_mesh(device.type, (replicas, world // replicas), mesh_dim_names=("replicate", "shard"))
+    else:
+        mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
     model = LlamaForCausalLM(spec.shape, TPGroup(), spec.seed).to(device)
     # fp32 parameters (the master weights, what the checkpoint holds); bf16 compute with fp32 gradient reduction,
     # as DeepSpeed's bf16 + ZeRO-1 runs

@@ -94,7 +94,7 @@ def checkpoint_by_layout(groups: list[Group], column: str, ylabel: str, title: s
     grouped_bars(ax, layouts, series, scale, "{:,.0f}" if scale == 1 else "{:,.2f}")
     ax.set_xlabel("layout (tensor, pipeline, data parallel degrees)")
     ax.set_ylabel(ylabel.format(unit=unit))
-    ax.set_title(title)
+    ax.set_title(title, loc="left")
     ax.legend(title="model, engine", **LEGEND)
     _caption(fig, CAPTION)
     return fig
@@ -123,7 +123,7 @@ def save_seconds(groups: list[Group]) -> Figure | None:
         "durable (on stable storage)": [g.save_stat("durable_seconds") for g in gs],
     })
     ax.set_ylabel("save time (s)")
-    ax.set_title("Save time per engine: blocking vs durable (slowest rank, every save)")
+    ax.set_title("Save time per engine: blocking vs durable\n(slowest rank, every save)", loc="left")
     ax.legend(**LEGEND)
     _caption(fig, CAPTION, gs)
     return fig
@@ -150,7 +150,7 @@ def throughput(groups: list[Group]) -> Figure | None:
                           label=None if labelled else name)
                 labelled = True
     ax.set_ylabel("throughput (MiB/s)")
-    ax.set_title("Checkpoint throughput per engine (bytes / slowest rank's seconds)")
+    ax.set_title("Checkpoint throughput per engine (bytes / slowest rank's seconds)", loc="left")
     ax.legend(**LEGEND)
     _caption(fig, CAPTION, gs)
     return fig
@@ -180,7 +180,7 @@ def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
     ax.set_xticks(range(len(gs)), [_group_tick(g) for g in gs])
     ax.set_xlim(-0.6, len(gs) - 0.4)
     ax.set_ylabel("restart time (s)")
-    ax.set_title("Restart time by phase (slowest rank per phase)")
+    ax.set_title("Restart time by phase (slowest rank per phase)", loc="left")
     ax.legend(title="phase", **LEGEND)
     _caption(fig, "stacks: median of each phase; dot and whisker: median and min-max of the total over "
              "restarts, where n > 1", gs)
@@ -214,7 +214,7 @@ def file_sizes(groups: list[Group]) -> Figure | None:
     ax.set_yticks(range(len(rows)), [f"{g.label}\n({len(fs)} files)" for g, fs in rows], fontsize="small")
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlabel("file size (bytes, log scale)")
-    ax.set_title("Checkpoint file sizes (each dot one file)")
+    ax.set_title("Checkpoint file sizes (each dot one file)", loc="left")
     ax.grid(axis="x", which="both", alpha=0.3)
     ax.legend(title="kind", **LEGEND)
     return fig
@@ -231,7 +231,7 @@ def step_seconds(groups: list[Group]) -> Figure | None:
     fig, ax = _figure(len(gs))
     grouped_bars(ax, [_group_tick(g) for g in gs], series)
     ax.set_ylabel("training step time, median per run (s)")
-    ax.set_title("Training step time per engine")
+    ax.set_title("Training step time per engine", loc="left")
     ax.legend(**LEGEND)
     _caption(fig, CAPTION + " (over runs)", gs)
     return fig
@@ -255,7 +255,7 @@ def _stacked(groups: list[Group], columns: list[tuple[str, str]], ylabel: str, t
     ax.set_xticks(range(len(gs)), [g.tick for g in gs])
     ax.set_xlim(-0.6, len(gs) - 0.4)
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(title, loc="left")
     ax.legend(title="where the time goes", **LEGEND)
     _caption(fig, caption, gs)
     return fig
@@ -278,7 +278,7 @@ def load_breakdown(groups: list[Group]) -> Figure | None:
 def save_breakdown(groups: list[Group]) -> Figure | None:
     """Saves split into serialize, write, fsync, wait and other (slowest rank; the blocking part for async)."""
     return _stacked(groups, [(f"{c}_seconds", c) for c in SAVE_CATEGORIES], "save time (s)",
-                    "Where save time goes (slowest rank; async engines: the blocking part)",
+                    "Where save time goes\n(slowest rank; async engines: the blocking part)",
                     "stacks: median over every save of the slowest rank's seconds per category (docs/anatomy.md)",
                     source=lambda g, c: g.save_stat(c))
 
@@ -370,7 +370,7 @@ def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
     ax.set_xticks(range(len(bars)), [label for label, _ in bars])
     ax.set_xlim(-0.6, len(bars) - 0.4)
     ax.set_ylabel("seconds")
-    ax.set_title("Restart at another layout: conversion and restart phases (slowest rank)")
+    ax.set_title("Restart at another layout:\nconversion and restart phases (slowest rank)", loc="left")
     ax.legend(**LEGEND)
     _caption(fig, "first bar of each run: its restart at the layout that wrote the checkpoint; conversion is "
                   "paid once per checkpoint and reused by later restarts (shown where it ran)")

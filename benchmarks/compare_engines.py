@@ -69,8 +69,8 @@ BASELINE_FILE_MIB = 256
 
 def runnable(tokens: list[str]) -> bool:
     from restart_harness import preflight
+    from restart_harness.command import parse_args
     from restart_harness.errors import UsageError
-    from restart_harness.spec import parse_args
 
     try:
         spec = parse_args(tokens)
@@ -157,7 +157,7 @@ def start_object_store():
 
 
 def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, targets: list[str]) -> None:
-    from restart_harness.spec import parse_args
+    from restart_harness.command import parse_args
 
     world = parse_args(base).world_size
     results = Path(tempfile.mkdtemp(prefix="rh-bench-engines-"))

@@ -4,6 +4,7 @@ DeepSpeed's state dicts mix tensors with Python objects (the ds_config dict, int
 dataclass slice mappings). Tensor-oriented writers (torchsnapshot, DCP) flatten containers their own way and
 hand back plain dicts and lists. So the sharded engines write the tensors under flat keys and the rest, with a
 TensorSlot where each tensor was, as one pickled skeleton: load returns the same types, keys and order.
+torch is imported by the functions that need it: engine modules import this one when the command line reads them.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import torch
+from typing import Any
 
 SKELETON_KEY = "skeleton"
 
@@ -24,8 +24,10 @@ class TensorSlot:
     key: str
 
 
-def split(state: object) -> tuple[dict[str, torch.Tensor], bytes]:
+def split(state: object) -> tuple[dict[str, Any], bytes]:
     """(flat tensors 't0', 't1', ..., pickled skeleton) of a nested state dict."""
+    import torch
+
     tensors: dict[str, torch.Tensor] = {}
 
     def walk(obj: object) -> object:
@@ -44,7 +46,7 @@ def split(state: object) -> tuple[dict[str, torch.Tensor], bytes]:
     return tensors, pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def merge(tensors: Mapping[str, torch.Tensor], skeleton: bytes) -> object:
+def merge(tensors: Mapping[str, Any], skeleton: bytes) -> object:
     """The state dict split() took apart, with the restored tensors in their slots."""
 
     def walk(obj: object) -> object:
@@ -60,9 +62,11 @@ def merge(tensors: Mapping[str, torch.Tensor], skeleton: bytes) -> object:
     return walk(pickle.loads(skeleton))
 
 
-def relocate(tensors: dict[str, torch.Tensor], map_location: object) -> dict[str, torch.Tensor]:
+def relocate(tensors: dict[str, Any], map_location: object) -> dict[str, Any]:
     """torch.load's map_location for tensors read onto the CPU: a device (or its name), or a callable
     (storage, 'cpu') -> storage as DeepSpeed passes; a dict remap keeps them where they were read."""
+    import torch
+
     if map_location is None or isinstance(map_location, dict):
         return tensors
     if callable(map_location):

@@ -1,17 +1,25 @@
 """The interface between the harness and a checkpoint engine. Every engine is one module in engines/ holding one
-subclass of Engine; everything the harness asks of an engine has an explicit default here, so a plug-in states only
-where it differs. Options are a dataclass of declared keys (restart_harness/spec/keys.py): they appear in --help,
-are parsed by the one coercion path, and reach the engine typed (self.options).
+subclass of Engine (the plug-in: what it is, what it can do, its options, its checks) and, at module level, the
+CheckpointIO class its ranks save and load through. Everything the harness asks has an explicit default here, so a
+plug-in states only where it differs.
 
-Plug-ins import torch and deepspeed inside methods only: the command line imports every engine to validate and to
-print --help. DeepSpeed's save_checkpoint / load_checkpoint drive whichever CheckpointEngine is installed, so file
-names and the split of state over files stay DeepSpeed's unless an engine says otherwise.
+Options are a dataclass of declared keys (restart_harness/spec/keys.py): they appear in --help, are parsed by the one
+coercion path, and reach the engine typed (self.options). Engine modules import no torch at module level: the
+command line imports every engine to validate and to print --help; a CheckpointIO imports what it needs when a rank
+calls it.
+
+A rank's checkpoint manager (restart_harness/worker/manager.py) is the only caller of a CheckpointIO: DeepSpeed's
+save_checkpoint / load_checkpoint (and FSDP2's one collective save) call save() and load() per file through it, so
+file names and the split of state over files stay the training stack's.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+from restart_harness.errors import UsageError
 
 
 @dataclass
@@ -19,7 +27,78 @@ class NoOptions:
     """An engine without options."""
 
 
-class Engine:
+@dataclass(frozen=True)
+class EngineContext:
+    """What a rank hands its engine when it opens it (after the training stack is built)."""
+
+    spec: Any  # the run's RunSpec
+    target: Any  # the placed storage target (restart_harness/targets/): streams, DCP writer/reader, paths
+    # the training stack saves its whole sharded state with one collective call per checkpoint (FSDP2 + DCP),
+    # instead of one call per file of the rank's own state (DeepSpeed)
+    collective: bool = False
+    # the checkpoint engine DeepSpeed itself would use on this rank: the one it built from ds_config.json, or its
+    # TorchCheckpointEngine for an emulated rank; None where the stack is not DeepSpeed's
+    native: Any = None
+    training: Any = None  # the DeepSpeed engine, where the stack is DeepSpeed's (engine=lazy hooks its step)
+
+
+class CheckpointIO(ABC):
+    """One rank's reads and writes of checkpoint files for one engine."""
+
+    # the DeepSpeed checkpoint engine this one delegates to: DeepSpeed then keeps its own create / commit /
+    # decoupled lifecycle for it (engines DeepSpeed builds from ds_config.json); None for the harness's own
+    native: Any = None
+
+    @abstractmethod
+    def save(self, state: Any, path: str) -> list[str]:
+        """Write `state` at `path` (a file, or a folder of shards); return the paths this rank wrote there (usually
+        [path]; a share of a file split over ranks names only its own parts; [] when another rank writes it)."""
+
+    @abstractmethod
+    def load(self, path: str, map_location: Any = None, into: Any = None) -> Any:
+        """The state saved at `path`; `into`: a state dict of the right shapes to load into in place (DCP)."""
+
+    def wait(self) -> None:
+        """Until every save so far is written (an asynchronous engine's flush); the harness makes it durable after."""
+
+    def statistics(self) -> dict | None:
+        """The engine's own account of its last flush (copy, wait and write seconds, buffers), or None."""
+        return None
+
+    # DeepSpeed's questions to its checkpoint engine, with DeepSpeed's own answers by default
+    def is_data_parallel_writer(self, dp_rank: int) -> bool:
+        """Does this data-parallel rank write the files DeepSpeed has one replica write (model states)?"""
+        return dp_rank == 0
+
+    def preserves_storage_sharing(self) -> bool:
+        """False: the engine writes each view's own elements, so DeepSpeed need not clone tensors before saving."""
+        return True
+
+
+class NativeIO(CheckpointIO):
+    """The checkpoint engine DeepSpeed built (or would build), used as it is, through the target's destination
+    (torch.save and torch.load take the path itself, or the object store's stream)."""
+
+    def __init__(self, native: Any, target: Any):
+        self.native, self.target = native, target
+
+    def save(self, state, path):
+        with self.target.destination(path, "wb") as dest:
+            self.native.save(state, dest)
+        return [path]
+
+    def load(self, path, map_location=None, into=None):
+        with self.target.destination(path, "rb") as source:
+            return self.native.load(source, map_location=map_location)
+
+    def is_data_parallel_writer(self, dp_rank):
+        return self.native.is_data_parallel_writer(dp_rank)
+
+    def preserves_storage_sharing(self):
+        return self.native.preserves_storage_sharing()
+
+
+class Engine(ABC):
     """One checkpoint engine, constructed for one resolved RunSpec."""
 
     name: ClassVar[str]
@@ -27,27 +106,26 @@ class Engine:
     Options: ClassVar[type] = NoOptions  # dataclass of key() fields
     saves: ClassVar[bool] = True  # False: the training-step baseline, writes no checkpoint
     # True: the files are DeepSpeed's torch.save files, whose names the planner predicts exactly. False: the engine
-    # writes its own layout (e.g. a directory of shards per DeepSpeed file) and the plan gives sizes only.
+    # writes its own layout (e.g. a folder of shards per DeepSpeed file) and the plan gives sizes only.
     planned_names: ClassVar[bool] = False
-    # How a restart at another layout reads this engine's checkpoint: "universal" (DeepSpeed's ds_to_universal
-    # conversion of torch.save files), or None (it cannot).
-    reshard: ClassVar[str | None] = None
+    # A restart at another layout can convert this engine's checkpoint with DeepSpeed's universal-checkpoint
+    # converter (it reads torch.save files).
+    universal: ClassVar[bool] = False
     # emulate=true can write this engine's files without DeepSpeed building the engine (engines DeepSpeed creates
     # from its own config inside deepspeed.initialize cannot be emulated).
     emulates: ClassVar[bool] = True
-    # The training stacks (RunSpec.stack) the engine checkpoints. stack=fsdp2 saves the whole FSDP2 state with one
-    # collective call per checkpoint: an engine listing it provides fsdp2_checkpoint_engine().
-    stacks: ClassVar[tuple[str, ...]] = ("deepspeed",)
-    # ckpt_dir=s3://... : the engine writes and reads objects through s3torchconnector (docs/s3.md). The worker
-    # sets `store` (restart_harness/storage/s3.py ObjectStore) before asking for the checkpoint engine.
-    s3: ClassVar[bool] = False
-    store: Any = None
+    stacks: ClassVar[tuple[str, ...]] = ("deepspeed",)  # the training stacks (restart_harness/stacks/) it checkpoints
+    # the kinds of storage target it writes to (targets/base.py): POSIX paths, or also objects through the target's
+    # streams and DCP storage layer
+    target_kinds: ClassVar[tuple[str, ...]] = ("posix",)
+    # DeepSpeed's decoupled writer: DeepSpeed commits a save in the next engine.step(); the save is durable then
+    committed_by_deepspeed: ClassVar[bool] = False
 
     def __init__(self, spec: Any):
         self.spec = spec
         self.options = self.Options(**spec.engine_options)
 
-    def is_async(self) -> bool:
+    def asynchronous(self) -> bool:
         """save() returns before the files are written; the harness then waits for durability in the background."""
         return False
 
@@ -59,35 +137,9 @@ class Engine:
         """Block merged into ds_config.json (e.g. datastates_ckpt, checkpoint.writer)."""
         return {}
 
-    def checkpoint_engine(self, ds_engine: Any) -> Any:
-        """The deepspeed CheckpointEngine to install on the DeepSpeed engine, or None to keep DeepSpeed's own."""
-        return None
-
-    def fsdp2_checkpoint_engine(self) -> Any:
-        """stack=fsdp2: the object that saves and loads the state dict of get_state_dict (model and optimizer,
-        sharded) at a path: save(state, path) -> this rank's files, load(path) (into self.template, in place),
-        wait() for async saves. Only engines whose `stacks` name fsdp2."""
-        raise NotImplementedError(f"engine {self.name} does not checkpoint stack=fsdp2")
-
-    def wait_durable(self, checkpoint_engine: Any) -> None:
-        """Block until the engine's last save has finished writing (async engines); the harness fsyncs after."""
-
-    def emulation_engine(self) -> Any:
-        """The CheckpointEngine an emulated rank saves and loads through: the plug-in's own, else DeepSpeed's
-        TorchCheckpointEngine with the zip serialization DeepSpeed configures by default."""
-        engine = self.checkpoint_engine(None)
-        if engine is not None:
-            return engine
-        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
-        from deepspeed.runtime.model_checkpointing.constants import CHECKPOINT_SERIALIZATION_DEFAULT
-
-        engine = TorchCheckpointEngine()
-        engine.zipfile_serialization = CHECKPOINT_SERIALIZATION_DEFAULT
-        return engine
-
-
-def engine_options_of(cls: type[Engine]) -> dict:
-    """Default option values of an engine, as a plain dict (what spec.json stores)."""
-    from dataclasses import asdict
-
-    return asdict(cls.Options())
+    def open(self, ctx: EngineContext) -> CheckpointIO:
+        """This rank's CheckpointIO. By default DeepSpeed's own checkpoint engine (ctx.native), as DeepSpeed uses it."""
+        if ctx.native is None:
+            raise UsageError(f"engine={self.name} saves through DeepSpeed's checkpoint engine, which the training "
+                             f"stack does not have; accepted stacks: {', '.join(self.stacks)}")
+        return NativeIO(ctx.native, ctx.target)

@@ -1,6 +1,6 @@
 """engine=datastates: DeepSpeed's own DataStatesCheckpointEngine (DataStates-LLM, "lazy asynchronous
 checkpointing"), switched on by the `datastates_ckpt` block in ds_config.json. DeepSpeed creates the engine; it is
-decoupled: save() returns once the copy is queued and DataStates flushes in the background (see wait_durable for
+decoupled: save() returns once the copy is queued and DataStates flushes in the background (see DataStatesIO.wait for
 when it is durable). DataStates-LLM is not on PyPI and its constructor needs CUDA: refused before launch elsewhere."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
-from engines.base import Engine
+from engines.base import CheckpointIO, Engine, EngineContext, NativeIO
 from restart_harness.errors import UsageError
 from restart_harness.spec.keys import key
 
@@ -30,7 +30,7 @@ class DataStatesEngine(Engine):
     Options = Options
     emulates = False  # DeepSpeed builds the engine from its config inside deepspeed.initialize
 
-    def is_async(self) -> bool:
+    def asynchronous(self) -> bool:
         return True  # DeepSpeed's DataStates engine is decoupled
 
     def check(self) -> None:
@@ -48,8 +48,13 @@ class DataStatesEngine(Engine):
         return {"datastates_ckpt": {"host_cache_size": self.options.host_cache_size,
                                     "parser_threads": self.options.parser_threads}}
 
-    def wait_durable(self, checkpoint_engine) -> None:
+    def open(self, ctx: EngineContext) -> CheckpointIO:
+        return DataStatesIO(ctx.native, ctx.target)
+
+
+class DataStatesIO(NativeIO):
+    def wait(self) -> None:
         """Until DataStates has persisted every queued save. DeepSpeed 0.19.8's DataStatesCheckpointEngine keeps its
         commit info but does not override get_commit_info(), so engine.step() never commits it (only cleanup at exit
-        does): the harness's waiter thread waits on DataStates' own wait(persist=True) instead."""
-        checkpoint_engine.ckpt_engine.wait(persist=True)
+        does): the harness waits on DataStates' own wait(persist=True) instead."""
+        self.native.ckpt_engine.wait(persist=True)

@@ -11,6 +11,7 @@ class DecoupledEngine(FastPersistEngine):
     name = "decoupled"
     description = "DeepSpeed FastPersist writer in a decoupled process, committed at the next step (CUDA only)"
     decoupled = True
+    committed_by_deepspeed = True
 
     def check(self) -> None:
         if self.spec.device != "cuda":

@@ -1,12 +1,13 @@
 """engine=fastpersist: DeepSpeed's FastPersist writer (`checkpoint.writer` type `fast`, decoupled=false): torch
 serialization through DeepSpeed's async_io (libaio) op with pinned, double-buffered I/O. DeepSpeed creates the
-engine from ds_config.json. On CPU, DeepSpeed 0.19.8 cannot run it (refused before launch, see check)."""
+engine from ds_config.json; the harness saves and loads through it (its load with the third_party fix). On CPU,
+DeepSpeed 0.19.8 cannot run it (refused before launch, see check)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engines.base import Engine
+from engines.base import CheckpointIO, Engine, EngineContext, NativeIO
 from restart_harness.errors import UsageError
 from restart_harness.spec.keys import key
 
@@ -32,7 +33,7 @@ class FastPersistEngine(Engine):
     emulates = False  # DeepSpeed builds the engine from its config inside deepspeed.initialize
     decoupled = False
 
-    def is_async(self) -> bool:
+    def asynchronous(self) -> bool:
         return self.decoupled
 
     def check(self) -> None:
@@ -54,8 +55,14 @@ class FastPersistEngine(Engine):
             "show_statistics": o.show_statistics,
         }}}
 
-    def checkpoint_engine(self, ds_engine) -> None:
-        """Keep the engine DeepSpeed built from checkpoint.writer (None), with its load fixed by the shim."""
-        from third_party.deepspeed_writer_load import load_without_weights_only
+    def open(self, ctx: EngineContext) -> CheckpointIO:
+        return WriterIO(ctx.native, ctx.target)
 
-        load_without_weights_only(ds_engine.checkpoint_engine)
+
+class WriterIO(NativeIO):
+    """The engine DeepSpeed built from checkpoint.writer, its load fixed by third_party/deepspeed_writer_load.py."""
+
+    def load(self, path, map_location=None, into=None):
+        from third_party.deepspeed_writer_load import load
+
+        return load(path, map_location)

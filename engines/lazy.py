@@ -19,10 +19,17 @@ Format, reader, converter to DeepSpeed's torch.save layout: engines/_lazy_format
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
-from engines.base import Engine
+from engines.base import CheckpointIO, Engine, EngineContext
+from restart_harness import faults
 from restart_harness.spec.keys import key
 
 REPLICATED = re.compile(r"mp_rank_\d+_model_states\.pt$")  # the files DeepSpeed has data-parallel replica 0 write
@@ -48,259 +55,251 @@ class LazyEngine(Engine):
     Options = Options
     emulates = False  # needs the DeepSpeed engine to hook its optimizer step
 
-    def is_async(self) -> bool:
+    def asynchronous(self) -> bool:
         return True
 
     def ds_config(self) -> dict:
         return {"checkpoint": {"parallel_write": {"pipeline_stage": True}}} if self.spec.pp > 1 else {}
 
-    def checkpoint_engine(self, ds_engine):
-        return _engine_class()(self.options, ds_engine)
-
-    def wait_durable(self, checkpoint_engine) -> None:
-        checkpoint_engine.wait()
+    def open(self, ctx: EngineContext) -> CheckpointIO:
+        return LazyIO(self.options, ctx.training)
 
 
-def _engine_class():
-    import json
-    import os
-    import threading
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-    from pathlib import Path
+class _Part:
+    """One part file this rank writes: its buffer, and which tensors go where in it."""
 
-    import torch
-    import torch.distributed as dist
-    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+    def __init__(self, path: Path, size: int, pinned: bool, copies: list[tuple[int, int, int]]):
+        import torch
 
-    from engines import _lazy_format as fmt
-    from restart_harness.worker import faults
+        self.path, self.size = path, size
+        self.buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+        self.copies = copies  # (tensor index, offset, nbytes)
+        self.busy = False
 
-    class _Part:
-        """One part file this rank writes: its buffer, and which tensors go where in it."""
 
-        def __init__(self, path: Path, size: int, pinned: bool):
-            self.path, self.size = path, size
-            self.buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
-            self.copies: list[tuple[int, int, int]] = []  # (tensor index, offset, nbytes)
+class LazyIO(CheckpointIO):
+    def __init__(self, options: Options, ds_engine):
+        self.options = options
+        self.writers = ThreadPoolExecutor(options.writers, thread_name_prefix="lazy-write")
+        self.copier = ThreadPoolExecutor(1, thread_name_prefix="lazy-copy")
+        self.plans: dict[tuple, _Part] = {}  # (file name, layout signature) -> reusable part
+        self.copies: list = []  # futures of copies not yet waited for by an optimizer step
+        self.writes: list = []  # futures of writes not yet waited for by wait()
+        self.cuda_events: list = []
+        self.side_stream = None
+        self.stats = {"copy_seconds": 0.0, "step_wait_seconds": 0.0, "write_seconds": 0.0, "buffers_reused": 0,
+                      "buffers_allocated": 0}
+        self.lock = threading.Lock()
+        self.last_read: dict = {}  # the buffers of the last file loaded: a second load of it reads nothing
+        self.ds_engine = ds_engine  # None: the format alone (tests), no step to wait in
+        self.dp_rank, self.dp_size = _data_parallel(ds_engine) if ds_engine is not None else (0, 1)
+        if ds_engine is None:
+            return
+        if options.balance and self.dp_size > 1:
+            ds_engine.save_non_zero_checkpoint = True  # every replica is handed the replicated files
+        step = ds_engine._take_model_step
 
-    class LazyCheckpointEngine(CheckpointEngine):
-        def __init__(self, options: Options, ds_engine):
-            super().__init__()
-            self.name = "LazyCheckpointEngine"
-            self.options = options
-            self.writers = ThreadPoolExecutor(options.writers, thread_name_prefix="lazy-write")
-            self.copier = ThreadPoolExecutor(1, thread_name_prefix="lazy-copy")
-            self.plans: dict[tuple, list[dict]] = {}  # (file name, layout signature) -> reusable parts
-            self.copies: list = []  # futures of copies not yet waited for by an optimizer step
-            self.writes: list = []  # futures of writes not yet waited for by wait()
-            self.cuda_events: list = []
-            self.side_stream = None
-            self.stats = {"copy_seconds": 0.0, "step_wait_seconds": 0.0, "write_seconds": 0.0, "buffers_reused": 0,
-                          "buffers_allocated": 0}
-            self.lock = threading.Lock()
-            self.dp_rank, self.dp_size = 0, 1
-            self.ds_engine = ds_engine
-            self.last_read: dict = {}  # the buffers of the last file loaded: a second load of it reads nothing
-            if ds_engine is not None:
-                self.dp_rank, self.dp_size = _data_parallel(ds_engine)
-                if options.balance and self.dp_size > 1:
-                    ds_engine.save_non_zero_checkpoint = True  # every replica is handed the replicated files
-                step = ds_engine._take_model_step
+        def take_model_step(*args, **kwargs):
+            self.wait_copied()  # nothing may change the state while it is being copied
+            return step(*args, **kwargs)
 
-                def take_model_step(*args, **kwargs):
-                    self.wait_copied()  # nothing may change the state while it is being copied
-                    return step(*args, **kwargs)
+        ds_engine._take_model_step = take_model_step
 
-                ds_engine._take_model_step = take_model_step
+    # --- save -------------------------------------------------------------------------------------------------
+    def save(self, state, path):
+        from engines import _lazy_format as fmt
 
-        # --- save -------------------------------------------------------------------------------------------
-        def create(self, info):
-            return None
-
-        def makedirs(self, path, exist_ok=False):
-            os.makedirs(path, exist_ok=exist_ok)
-
-        def save(self, state_dict, path: str):
-            self.last_read.clear()
-            tensors, remainder = fmt.split(state_dict)
-            tensors = [t.detach() for t in tensors]
-            replicated = bool(REPLICATED.search(path)) and self.options.balance and self.dp_size > 1
-            total = sum(t.numel() * t.element_size() for t in tensors)
-            shares = self.dp_size if replicated and total >= self.dp_size * self.options.balance_min_mib * 2**20 else 1
-            if replicated and shares == 1 and self.dp_rank != 0:
-                return []  # replica 0 writes this (small) file whole, as DeepSpeed would
-            mine = self.dp_rank if shares > 1 else 0
-            header, placements = _plan(tensors, shares)
-            d = Path(path)
-            d.mkdir(parents=True, exist_ok=True)
-            written: list[str] = []
-            if mine == 0:  # the header and the remainder: small, written and fsync'd by the pool too
-                small = [(d / fmt.REMAINDER, remainder), (d / fmt.HEADER, json.dumps(header).encode())]
-                with self.lock:
-                    self.writes += [self.writers.submit(_write_small, p, data) for p, data in small]
-                written += [str(p) for p, _ in small]
-            size = header["parts"][mine]["bytes"]
-            part = self._part(d, mine, size, tensors, placements)
-            written.append(str(part.path))
-            on_cuda = any(t.is_cuda for t in tensors)
-            if on_cuda:
-                event = self._copy_on_side_stream(part, tensors)
-                copy = self.copier.submit(self._after_event, event)
-            else:
-                copy = self.copier.submit(self._copy, part, tensors)
-            step = getattr(self.ds_engine, "global_steps", None)
+        self.last_read.clear()
+        tensors, remainder = fmt.split(state)
+        tensors = [t.detach() for t in tensors]
+        replicated = bool(REPLICATED.search(path)) and self.options.balance and self.dp_size > 1
+        total = sum(t.numel() * t.element_size() for t in tensors)
+        shares = self.dp_size if replicated and total >= self.dp_size * self.options.balance_min_mib * 2**20 else 1
+        if replicated and shares == 1 and self.dp_rank != 0:
+            return []  # replica 0 writes this (small) file whole, as DeepSpeed would
+        mine = self.dp_rank if shares > 1 else 0
+        header, placements = _plan(tensors, shares)
+        d = Path(path)
+        d.mkdir(parents=True, exist_ok=True)
+        written: list[str] = []
+        if mine == 0:  # the header and the remainder: small, written and fsync'd by the pool too
+            small = [(d / fmt.REMAINDER, remainder), (d / fmt.HEADER, json.dumps(header).encode())]
             with self.lock:
-                self.copies.append(copy)
-                self.writes.append(self.writers.submit(self._write_after, copy, part, step))
-            return written
+                self.writes += [self.writers.submit(_write_small, p, data) for p, data in small]
+            written += [str(p) for p, _ in small]
+        part = self._part(d, mine, header["parts"][mine]["bytes"], tensors, placements)
+        written.append(str(part.path))
+        if any(t.is_cuda for t in tensors):
+            event = self._copy_on_side_stream(part, tensors)
+            copy = self.copier.submit(self._after_event, event)
+        else:
+            copy = self.copier.submit(self._copy, part, tensors)
+        step = getattr(self.ds_engine, "global_steps", None)
+        with self.lock:
+            self.copies.append(copy)
+            self.writes.append(self.writers.submit(self._write_after, copy, part, step))
+        return written
 
-        def _part(self, d: Path, k: int, size: int, tensors, placements) -> _Part:
-            signature = (d.name, k, size, tuple((str(t.dtype), tuple(t.shape), t.device.type) for t in tensors))
-            cached = self.plans.get(signature)
-            if cached is not None and not cached.busy:
-                self.stats["buffers_reused"] += 1
-                part = cached
-            else:
-                pinned = torch.cuda.is_available() and any(t.is_cuda for t in tensors)
-                part = _Part(d / fmt.part_name(k), size, pinned)
-                part.busy = False
-                part.copies = [(i, off, n) for i, (p, off, n) in enumerate(placements) if p == k]
-                self.plans[signature] = part
-                self.stats["buffers_allocated"] += 1
-            part.path = d / fmt.part_name(k)
-            part.busy = True
-            return part
+    def _part(self, d: Path, k: int, size: int, tensors, placements) -> _Part:
+        import torch
 
-        def _copy(self, part: _Part, tensors) -> None:
-            start = time.perf_counter()
+        from engines import _lazy_format as fmt
+
+        signature = (d.name, k, size, tuple((str(t.dtype), tuple(t.shape), t.device.type) for t in tensors))
+        part = self.plans.get(signature)
+        if part is not None and not part.busy:
+            self.stats["buffers_reused"] += 1
+        else:
+            pinned = torch.cuda.is_available() and any(t.is_cuda for t in tensors)
+            copies = [(i, off, n) for i, (p, off, n) in enumerate(placements) if p == k]
+            part = _Part(d / fmt.part_name(k), size, pinned, copies)
+            self.plans[signature] = part
+            self.stats["buffers_allocated"] += 1
+        part.path = d / fmt.part_name(k)
+        part.busy = True
+        return part
+
+    def _copy(self, part: _Part, tensors) -> None:
+        start = time.perf_counter()
+        for i, off, n in part.copies:
+            t = tensors[i]
+            part.buffer[off:off + n].view(t.dtype).view(t.shape).copy_(t)
+        self._add("copy_seconds", time.perf_counter() - start)
+
+    def _add(self, name: str, seconds: float) -> None:
+        with self.lock:
+            self.stats[name] += seconds
+
+    def _copy_on_side_stream(self, part: _Part, tensors):
+        import torch
+
+        if self.side_stream is None:
+            self.side_stream = torch.cuda.Stream()
+        self.side_stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.side_stream):
             for i, off, n in part.copies:
                 t = tensors[i]
-                part.buffer[off:off + n].view(t.dtype).view(t.shape).copy_(t)
-            self._add("copy_seconds", time.perf_counter() - start)
+                part.buffer[off:off + n].view(t.dtype).view(t.shape).copy_(t, non_blocking=True)
+                t.record_stream(self.side_stream)
+            event = torch.cuda.Event()
+            event.record(self.side_stream)
+        self.cuda_events.append(event)
+        return event
 
-        def _add(self, name: str, seconds: float) -> None:
-            with self.lock:
-                self.stats[name] += seconds
+    def _after_event(self, event) -> None:
+        start = time.perf_counter()
+        event.synchronize()
+        self._add("copy_seconds", time.perf_counter() - start)
 
-        def _copy_on_side_stream(self, part: _Part, tensors):
-            if self.side_stream is None:
-                self.side_stream = torch.cuda.Stream()
-            self.side_stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self.side_stream):
-                for i, off, n in part.copies:
-                    t = tensors[i]
-                    part.buffer[off:off + n].view(t.dtype).view(t.shape).copy_(t, non_blocking=True)
-                    t.record_stream(self.side_stream)
-                event = torch.cuda.Event()
-                event.record(self.side_stream)
-            self.cuda_events.append(event)
-            return event
+    def _write_after(self, copy, part: _Part, step: int | None) -> None:
+        from engines import _lazy_format as fmt
 
-        def _after_event(self, event) -> None:
-            start = time.perf_counter()
-            event.synchronize()
-            self._add("copy_seconds", time.perf_counter() - start)
-
-        def _write_after(self, copy, part: _Part, step: int | None) -> None:
-            copy.result()
-            start = time.perf_counter()
-            chunk = self.options.write_chunk_mib * 2**20
-            view = fmt.byte_view(part.buffer)
-            fd = os.open(part.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                for off in range(0, part.size, chunk):  # requests of `chunk` bytes at aligned offsets
-                    end, pos = min(off + chunk, part.size), off
-                    while pos < end:
-                        pos += os.pwrite(fd, view[pos:end], pos)
-                    faults.hit("flush", int(os.environ.get("RANK", "0")), step)  # tests: killed mid-flush
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-                part.busy = False
-            self._add("write_seconds", time.perf_counter() - start)
-
-        def wait_copied(self) -> None:
-            """Before an optimizer step: the copies of every save so far are done (on CUDA: the step's stream
-            waits for them on the GPU)."""
-            with self.lock:
-                copies, self.copies = self.copies, []
-                events, self.cuda_events = self.cuda_events, []
-            if not copies:
-                return
-            start = time.perf_counter()
-            if events:
-                for event in events:
-                    torch.cuda.current_stream().wait_event(event)
-            else:
-                for c in copies:
-                    c.result()
-            self._add("step_wait_seconds", time.perf_counter() - start)
-
-        def wait(self) -> None:
-            """Every save so far is written and fsync'd (its copies too)."""
-            with self.lock:
-                writes, self.writes = self.writes, []
-            for w in writes:
-                w.result()
-
-        def flush_stats(self) -> dict:
-            return {k: round(v, 6) if isinstance(v, float) else v for k, v in self.stats.items()}
-
-        # --- load -------------------------------------------------------------------------------------------
-        def load(self, path: str, map_location=None):
-            if fmt.is_lazy(path):
-                return fmt.load(path, threads=self.options.readers, map_location=map_location, reuse=self.last_read)
-            return torch.load(path, map_location=map_location, weights_only=False)
-
-        def commit(self, info):
-            return True  # durability is wait() + the harness's fsync, then its own commit of `latest`
-
-        def preserves_storage_sharing(self):
-            return False  # each view's own elements are copied: no defensive clone needed
-
-        def is_data_parallel_writer(self, dp_rank):
-            return dp_rank == 0 or (self.options.balance and self.dp_size > 1)
-
-    def _data_parallel(ds_engine) -> tuple[int, int]:
-        group = getattr(ds_engine.optimizer, "dp_process_group", None)
-        if group is None or not dist.is_initialized():
-            return 0, 1
-        return dist.get_rank(group=group), dist.get_world_size(group=group)
-
-    def _plan(tensors, shares: int) -> tuple[dict, list[tuple[int, int, int]]]:
-        """The header, and (part, offset, nbytes) of each tensor: tensors in order, cut into `shares` parts of
-        about equal bytes, each tensor at an aligned offset of its part."""
-        sizes = [t.numel() * t.element_size() for t in tensors]
-        total = sum(sizes)
-        placements, part, offset, done = [], 0, 0, 0
-        ends = [0] * shares
-        for n in sizes:
-            if part < shares - 1 and offset > 0 and done + n / 2 > total * (part + 1) / shares:
-                ends[part] = offset
-                part, offset = part + 1, 0
-            placements.append((part, offset, n))
-            offset = fmt.aligned(offset + n)
-            done += n
-        ends[part] = offset
-        header = {
-            "format": fmt.FORMAT, "version": fmt.VERSION, "alignment": fmt.ALIGNMENT,
-            "tensors": [{"dtype": fmt.dtype_name(t.dtype), "shape": list(t.shape), "part": p, "offset": o,
-                         "nbytes": n} for t, (p, o, n) in zip(tensors, placements, strict=True)],
-            # part k of a file split over replicas is written by data-parallel rank k
-            "parts": [{"file": fmt.part_name(k), "bytes": ends[k], "writer_dp_rank": k} for k in range(shares)],
-            "remainder": fmt.REMAINDER,
-        }
-        return header, placements
-
-    def _write_small(path: Path, data: bytes) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        copy.result()
+        start = time.perf_counter()
+        chunk = self.options.write_chunk_mib * 2**20
+        view = fmt.byte_view(part.buffer)
+        fd = os.open(part.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            view, pos = memoryview(data), 0
-            while pos < len(view):
-                pos += os.write(fd, view[pos:])
+            for off in range(0, part.size, chunk):  # requests of `chunk` bytes at aligned offsets
+                end, pos = min(off + chunk, part.size), off
+                while pos < end:
+                    pos += os.pwrite(fd, view[pos:end], pos)
+                faults.hit("flush", int(os.environ.get("RANK", "0")), step)  # tests: killed mid-flush
             os.fsync(fd)
         finally:
             os.close(fd)
+            part.busy = False
+        self._add("write_seconds", time.perf_counter() - start)
 
-    return LazyCheckpointEngine
+    def wait_copied(self) -> None:
+        """Before an optimizer step: the copies of every save so far are done (on CUDA: the step's stream waits for
+        them on the GPU)."""
+        with self.lock:
+            copies, self.copies = self.copies, []
+            events, self.cuda_events = self.cuda_events, []
+        if not copies:
+            return
+        start = time.perf_counter()
+        if events:
+            import torch
+
+            for event in events:
+                torch.cuda.current_stream().wait_event(event)
+        else:
+            for c in copies:
+                c.result()
+        self._add("step_wait_seconds", time.perf_counter() - start)
+
+    def wait(self) -> None:
+        """Every save so far is written and fsync'd (its copies too)."""
+        with self.lock:
+            writes, self.writes = self.writes, []
+        for w in writes:
+            w.result()
+
+    def statistics(self) -> dict:
+        return {k: round(v, 6) if isinstance(v, float) else v for k, v in self.stats.items()}
+
+    # --- load -------------------------------------------------------------------------------------------------
+    def load(self, path, map_location=None, into=None):
+        import torch
+
+        from engines import _lazy_format as fmt
+
+        if fmt.is_lazy(path):
+            return fmt.load(path, threads=self.options.readers, map_location=map_location, reuse=self.last_read)
+        return torch.load(path, map_location=map_location, weights_only=False)
+
+    def preserves_storage_sharing(self):
+        return False  # each view's own elements are copied: no defensive clone needed
+
+    def is_data_parallel_writer(self, dp_rank):
+        return dp_rank == 0 or (self.options.balance and self.dp_size > 1)
+
+
+def _data_parallel(ds_engine) -> tuple[int, int]:
+    import torch.distributed as dist
+
+    group = getattr(ds_engine.optimizer, "dp_process_group", None)
+    if group is None or not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(group=group), dist.get_world_size(group=group)
+
+
+def _plan(tensors, shares: int) -> tuple[dict, list[tuple[int, int, int]]]:
+    """The header, and (part, offset, nbytes) of each tensor: tensors in order, cut into `shares` parts of about
+    equal bytes, each tensor at an aligned offset of its part."""
+    from engines import _lazy_format as fmt
+
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    total = sum(sizes)
+    placements, part, offset, done = [], 0, 0, 0
+    ends = [0] * shares
+    for n in sizes:
+        if part < shares - 1 and offset > 0 and done + n / 2 > total * (part + 1) / shares:
+            ends[part] = offset
+            part, offset = part + 1, 0
+        placements.append((part, offset, n))
+        offset = fmt.aligned(offset + n)
+        done += n
+    ends[part] = offset
+    header = {
+        "format": fmt.FORMAT, "version": fmt.VERSION, "alignment": fmt.ALIGNMENT,
+        "tensors": [{"dtype": fmt.dtype_name(t.dtype), "shape": list(t.shape), "part": p, "offset": o,
+                     "nbytes": n} for t, (p, o, n) in zip(tensors, placements, strict=True)],
+        # part k of a file split over replicas is written by data-parallel rank k
+        "parts": [{"file": fmt.part_name(k), "bytes": ends[k], "writer_dp_rank": k} for k in range(shares)],
+        "remainder": fmt.REMAINDER,
+    }
+    return header, placements
+
+
+def _write_small(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view, pos = memoryview(data), 0
+        while pos < len(view):
+            pos += os.write(fd, view[pos:])
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -10,6 +10,7 @@ class NoCheckpoint(Engine):
     saves = False
     emulates = False
     stacks = ("deepspeed", "fsdp2")
+    target_kinds = ("posix", "object")
 
     def check(self) -> None:
         if self.spec.phase == "restart":

@@ -1,13 +1,14 @@
 """engine=torchsnapshot: each rank takes (and restores) its own torchsnapshot of each DeepSpeed state dict, at
-DeepSpeed's path, which becomes a directory of shards instead of a .pt file. async_take=true returns once the
-state is staged in memory and writes in torchsnapshot's background thread."""
+DeepSpeed's path, which becomes a folder of shards instead of a .pt file. async_take=true returns once the state is
+staged in memory and writes in torchsnapshot's background thread."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
-from engines.base import Engine
+from engines import _state_tree as state_tree
+from engines.base import CheckpointIO, Engine, EngineContext
 from restart_harness.spec.keys import key
 
 MEMORY_BUDGET_ENV = "TORCHSNAPSHOT_PER_RANK_MEMORY_BUDGET_BYTES"
@@ -26,66 +27,55 @@ class TorchSnapshotEngine(Engine):
     description = "torchsnapshot per rank (a directory of shards per DeepSpeed file), no cross-rank de-duplication"
     Options = Options
 
-    def is_async(self) -> bool:
+    def asynchronous(self) -> bool:
         return self.options.async_take
 
-    def checkpoint_engine(self, ds_engine):
+    def open(self, ctx: EngineContext) -> CheckpointIO:
         # Each rank thinks it is alone (third_party shim) and would claim the whole host's memory: budget per rank.
         os.environ[MEMORY_BUDGET_ENV] = str(self.options.memory_budget_mib * 2**20)
-        return _engine_class()(self.options.async_take)
-
-    def wait_durable(self, checkpoint_engine) -> None:
-        checkpoint_engine.wait()
+        return TorchSnapshotIO(self.options.async_take)
 
 
-def _engine_class():
-    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
-    from torchsnapshot import Snapshot, StateDict
+class TorchSnapshotIO(CheckpointIO):
+    """One snapshot per file: tensors flat, the rest as one pickled skeleton (engines/_state_tree.py)."""
 
-    from engines import _state_tree as state_tree
-    from third_party.torchsnapshot_compat import async_private_copy, single_process
+    def __init__(self, async_take: bool):
+        self.async_take = async_take
+        self.pending: list = []
 
-    class TorchSnapshotCheckpointEngine(CheckpointEngine):
-        """One snapshot per save() call: tensors flat, the rest as one pickled skeleton (engines/_state_tree.py)."""
+    def save(self, state, path):
+        from torchsnapshot import Snapshot, StateDict
 
-        def __init__(self, async_take: bool):
-            super().__init__()
-            self.name = "TorchSnapshotCheckpointEngine"
-            self.async_take = async_take
-            self.pending = []
+        from third_party.torchsnapshot_compat import async_private_copy, single_process
 
-        def create(self, info):
-            return None
+        tensors, skeleton = state_tree.split(state)
+        app_state = {"state": StateDict({**tensors, state_tree.SKELETON_KEY: skeleton})}
+        with single_process():
+            if self.async_take:
+                self.pending.append(Snapshot.async_take(path, app_state,
+                                                        _custom_tensor_prepare_func=async_private_copy))
+            else:
+                Snapshot.take(path, app_state)
+        return [path]
 
-        def save(self, state_dict, path: str):
-            tensors, skeleton = state_tree.split(state_dict)
-            app_state = {"state": StateDict({**tensors, state_tree.SKELETON_KEY: skeleton})}
-            with single_process():
-                if self.async_take:
-                    self.pending.append(Snapshot.async_take(path, app_state,
-                                                            _custom_tensor_prepare_func=async_private_copy))
-                else:
-                    Snapshot.take(path, app_state)
+    def wait(self) -> None:
+        """Until every pending async snapshot is written (metadata included)."""
+        pending, self.pending = self.pending, []
+        for snapshot in pending:
+            snapshot.wait()
 
-        def wait(self) -> None:
-            """Block until every pending async snapshot is written (metadata included)."""
-            pending, self.pending = self.pending, []
-            for snapshot in pending:
-                snapshot.wait()
+    def load(self, path, map_location=None, into=None):
+        from torchsnapshot import Snapshot, StateDict
 
-        def load(self, path: str, map_location=None):
-            target = StateDict()
-            with single_process():
-                Snapshot(path).restore({"state": target})
-            data = dict(target)
-            skeleton = data.pop(state_tree.SKELETON_KEY)
-            return state_tree.merge(state_tree.relocate(data, map_location), skeleton)
+        from third_party.torchsnapshot_compat import single_process
 
-        def commit(self, info):
-            return True  # durability is the harness's wait_durable + fsync, then its own commit of `latest`
+        restored = StateDict()
+        with single_process():
+            Snapshot(path).restore({"state": restored})
+        data = dict(restored)
+        skeleton = data.pop(state_tree.SKELETON_KEY)
+        return state_tree.merge(state_tree.relocate(data, map_location), skeleton)
 
-        def preserves_storage_sharing(self):
-            # torchsnapshot writes each view's own elements: DeepSpeed's defensive clone would only cost time.
-            return False
-
-    return TorchSnapshotCheckpointEngine
+    def preserves_storage_sharing(self):
+        # torchsnapshot writes each view's own elements: DeepSpeed's defensive clone would only cost time.
+        return False

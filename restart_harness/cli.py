@@ -1,5 +1,6 @@
-"""`./submit-job.sh [COMMAND] ...`: parse and validate (spec/command.py), check the machine (preflight.py), then
-act. Every user mistake is one line on stderr and exit code 2, before anything is created."""
+"""`./submit-job.sh [COMMAND] ...`: parse and validate (command/), complete the spec against this machine
+(machine.py), check the machine (preflight.py), then act. Every user mistake is one line on stderr and exit code 2,
+before anything is created."""
 
 from __future__ import annotations
 
@@ -16,12 +17,14 @@ def _terminate(signum, frame):  # SIGTERM ends a run like Ctrl-C: ranks killed, 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in ("-h", "--help", "help"):
-        from restart_harness.spec.help import usage
+        from restart_harness.command.help import usage
 
         print(usage())
         return 0
-    from restart_harness import preflight
-    from restart_harness.spec import command
+    import dataclasses
+
+    from restart_harness import machine, preflight
+    from restart_harness.command import parse as command
 
     try:
         name, tokens = command.split_command(argv)
@@ -49,13 +52,14 @@ def main(argv: list[str] | None = None) -> int:
             preflight.restart(request)
         elif command.is_sweep(tokens):
             request = command.parse_sweep(tokens)
+            request.combos = [dataclasses.replace(c, spec=machine.resolve(c.spec)) for c in request.combos]
             for combo in request.combos:
                 preflight.run(combo.spec)
             if len({c.spec.results_dir for c in request.combos}) > 1:
                 raise UsageError("results_dir=: a sweep writes into one folder")
             name = "sweep"
         else:
-            request, _ = command.parse_run(tokens)
+            request = machine.resolve(command.parse_run(tokens)[0])
             preflight.run(request)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -65,20 +69,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def _baseline(options) -> int:
     import os
-    import subprocess
-    from pathlib import Path
 
+    from restart_harness import targets
     from restart_harness.storage import baseline
-    from restart_harness.storage.s3 import client_errors, is_s3
 
     ranks = options.ranks or min(os.cpu_count() or 1, baseline.AUTO_MAX_RANKS)
+    target = targets.for_location(options.dir, ".")
     try:
-        where = options.dir if is_s3(options.dir) else Path(options.dir)
-        record = baseline.measure(where, options.file_bytes, ranks, options.tool)
-    except (OSError, ValueError, KeyError, subprocess.SubprocessError, *client_errors()) as exc:
+        record = baseline.measure(target, options.file_bytes, ranks, options.tool)
+    except Exception as exc:  # noqa: BLE001 - a probe failing on the storage (OSError, the S3 client's errors)
         print(f"error: baseline of {options.dir} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    print(baseline.render(record))
+    print(baseline.render(record, baseline.cache_path(target, options.file_bytes, ranks)))
     return 0
 
 

@@ -1,35 +1,30 @@
-"""Checks of the machine and the file systems, after the command line is validated and before anything is created:
-the device, whether the engine runs here, the launcher's tools, that the result and checkpoint folders can be
-created (proven with a probe, not guessed), that the checkpoint fits, and for a restart-only re-run that the run is
-finished and its committed checkpoint whole. Each problem is one UsageError line (exit code 2)."""
+"""Checks of the machine and the storage, after the command line is validated and the spec completed against the
+machine (machine.resolve), before anything is created: whether the engine and the stack run here, the launcher's
+tools, that the result folder can be created (proven with a probe, not guessed), that the checkpoint target takes
+the checkpoints (the target's own preflight: folders, free space, a bucket and credentials), and for a restart-only
+re-run that the run is finished and its committed checkpoint whole. Each problem is one UsageError line (exit code
+2). Nothing here changes the spec or the machine (but for removing a JIT build lock no process holds)."""
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import sys
 from pathlib import Path
 
+from engines import registry
+from restart_harness import machine, stacks, targets
+from restart_harness.command.options import BaselineOptions
+from restart_harness.command.parse import RestartRequest
 from restart_harness.errors import UsageError
-from restart_harness.launch import launchers
 from restart_harness.results import events as ev
-from restart_harness.spec.command import BaselineOptions, RestartRequest
 from restart_harness.spec.runspec import RunSpec
-from restart_harness.storage.filesystem import free_bytes, nearest_existing, why_not_a_directory
-from restart_harness.storage.s3 import S3Settings, S3Url, check_writable, is_s3
+from restart_harness.storage.filesystem import why_not_a_directory
 
 MIB = 1 << 20
 
 
-def resolve_device(spec: RunSpec) -> None:
-    if spec.device == "auto":
-        spec.device = "cuda" if glob.glob("/dev/nvidia[0-9]*") else "cpu"
-
-
 def engine(spec: RunSpec):
-    from engines import registry
-
     eng = registry.get(spec.engine)(spec)
     eng.check()
     return eng
@@ -41,21 +36,12 @@ def directory(key: str, path: str) -> None:
         raise UsageError(f"{key}={path}: {reason}")
 
 
-def checkpoint_space(spec: RunSpec) -> None:
-    """Every checkpoint of the run must fit where it goes (the run keeps every tag it saves)."""
-    from engines import registry
+def planned_bytes(spec: RunSpec) -> int:
+    """Bytes every checkpoint of the run would take (the planner's DeepSpeed files; the run keeps every tag)."""
     from restart_harness.plan import checkpoint
 
-    if not registry.get(spec.engine).saves or spec.phase == "restart":
-        return
-    saves = 1 if spec.emulate else spec.iters // spec.save_interval
-    need = saves * sum(f.bytes for f in checkpoint.files(spec))
-    where = nearest_existing(Path(spec.ckpt_dir or spec.results_dir))
-    free = free_bytes(where)
-    if need > free:
-        raise UsageError(f"the checkpoints need {need / MIB:,.1f} MiB ({saves} saves of {need // saves / MIB:,.1f} "
-                         f"MiB, planned) but the file system holding {where} has {free / MIB:,.1f} MiB free; "
-                         "give ckpt_dir= on a larger one, or fewer saves (iters, save_interval)")
+    saves = len(spec.save_steps()) if stacks.of(spec).trains else 1
+    return saves * sum(f.bytes for f in checkpoint.files(spec))
 
 
 def tracer(spec: RunSpec) -> None:
@@ -66,40 +52,13 @@ def tracer(spec: RunSpec) -> None:
                          "pip install 'restart-harness[trace]' (or dftracer==2.2.0), or trace=false")
 
 
-def available_memory_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-EMULATE_MEMORY_FRACTION = 0.6
-
-
-def default_emulate_memory_gib() -> float:
-    """60% of the memory this node has available now."""
-    return round(EMULATE_MEMORY_FRACTION * (available_memory_bytes() or 8 << 30) / 2**30, 3)
-
-
 def emulation(spec: RunSpec) -> None:
-    """emulate=true: the engine can be emulated; the memory budget is set (this node's) and the largest file's
-    state fits in it (a rank holds one file at a time)."""
-    from engines import registry
+    """emulate=true: the largest file's state fits in the memory budget (a rank holds one file at a time); the budget
+    of a submitted run is the compute node's (checked inside the job)."""
     from restart_harness.plan import checkpoint
 
-    if not spec.emulate:
+    if not spec.emulate or spec.emulate_memory_gib is None:
         return
-    if not registry.get(spec.engine).emulates:
-        raise UsageError(f"emulate=true cannot emulate engine={spec.engine}: DeepSpeed builds that engine from its "
-                         "own config inside deepspeed.initialize; accepted with emulate=true: "
-                         + ", ".join(n for n, c in registry.all_engines().items() if c.emulates))
-    if spec.emulate_memory_gib is None:
-        if launchers.submits(spec) or spec.dry_run:
-            return  # the compute node's memory decides, inside the job (launch/runner.py)
-        spec.emulate_memory_gib = default_emulate_memory_gib()
     need = checkpoint.emulated_file_state_bytes(spec)
     if need > spec.emulate_memory_gib * 2**30:
         raise UsageError(f"emulate=true: the largest file needs {need / 2**30:,.1f} GiB of memory to build and save "
@@ -108,36 +67,36 @@ def emulation(spec: RunSpec) -> None:
                          "so that files are smaller")
 
 
+def launcher(spec: RunSpec) -> None:
+    """The launcher can run here; nothing has been written yet."""
+    if spec.launcher in ("local", "torchrun") and spec.nodes > 1:
+        raise UsageError(f"nodes={spec.nodes} with launcher={spec.launcher}: it starts ranks on this node only; "
+                         "accepted: nodes=1, or launcher=slurm|pbs for several nodes")
+    if spec.env_hook and not Path(spec.env_hook).is_file():
+        raise UsageError(f"env_hook={spec.env_hook}: no such file (a bash file sourced before the ranks start)")
+    needs = []
+    if spec.launcher == "slurm":
+        needs = ["srun", "scontrol"] if machine.inside_job("slurm") else ([] if spec.dry_run else ["sbatch"])
+    elif spec.launcher == "pbs":
+        needs = ["mpiexec"] if machine.inside_job("pbs") else ([] if spec.dry_run else ["qsub"])
+    for program in needs:
+        if shutil.which(program) is None:
+            raise UsageError(f"launcher={spec.launcher} needs {program}, which is not installed here (not on PATH); "
+                             "accepted here: launcher=local, launcher=torchrun, or dry_run=true to only write "
+                             "the job script")
+
+
 def run(spec: RunSpec) -> None:
     """A run (or one combination of a sweep): everything that can be checked before the run directory exists."""
-    resolve_device(spec)
     engine(spec)
     tracer(spec)
     emulation(spec)
-    launchers.check(spec)
+    launcher(spec)
     directory("results_dir", spec.results_dir)
-    if is_s3(spec.ckpt_dir):
-        if not spec.dry_run:
-            object_store("ckpt_dir", spec.ckpt_dir)
-    elif spec.ckpt_dir:
-        directory("ckpt_dir", spec.ckpt_dir)
+    need = planned_bytes(spec) if registry.get(spec.engine).saves and not spec.dry_run else None
+    targets.for_spec(spec).preflight("ckpt_dir", need, reach=not spec.dry_run)
     if not spec.dry_run:
-        if not is_s3(spec.ckpt_dir):
-            checkpoint_space(spec)
         extension_locks()
-
-
-def object_store(key: str, url: str) -> None:
-    """An s3:// target: the client is installed, the endpoint answers, the bucket exists, the credentials list and
-    write there (a probe object, deleted again)."""
-    try:
-        import s3torchconnector  # noqa: F401
-    except ImportError:
-        raise UsageError(f"{key}={url}: object storage needs s3torchconnector, which this Python lacks: "
-                         "pip install 'restart-harness[s3]'") from None
-    problem = check_writable(S3Url.parse(url), S3Settings.from_environment())
-    if problem:
-        raise UsageError(f"{key}={url}: {problem}")
 
 
 def extension_locks() -> None:
@@ -151,7 +110,8 @@ def extension_locks() -> None:
 
 
 def restart(request: RestartRequest) -> None:
-    """A restart-only re-run: the run is not in progress, its launcher and engine run here, its checkpoint is whole."""
+    """A restart-only re-run: the run is not in progress, its launcher and engine run here, its checkpoint is whole,
+    and a restart at another layout is one its stack can make."""
     from restart_harness.results.status import observed
 
     spec, run_dir = request.spec, request.run_dir
@@ -159,74 +119,39 @@ def restart(request: RestartRequest) -> None:
     if status["state"] in ("running", "submitted"):
         where = f"job {status.get('job_id')}" if status["state"] == "submitted" else f"pid {status.get('pid')}"
         raise UsageError(f"run={run_dir}: still {status['state']} ({where}); restart it once it has finished")
-    launchers.check(spec)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
+    launcher(spec)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
     eng = engine(spec)
     tracer(spec)
     extension_locks()
-    url = request.checkpoint_url
-    if url:
-        object_store("run", url)
-    tag = committed_checkpoint(run_dir, request.ckpt_root, url)
-    if request.reshard:
-        reshardable(request, eng, tag)
-
-
-def reshardable(request: RestartRequest, eng, tag: str) -> None:
-    """A restart at another layout needs an engine whose files DeepSpeed's converter reads, a trained (not emulated)
-    checkpoint, and the universal-checkpoint information the worker saves in every checkpoint (stack=deepspeed)."""
-    spec, original = request.spec, request.original
-    change = f"{original.layout} -> {spec.layout}"
-    if spec.stack == "fsdp2":
-        return  # DCP reshards a stack=fsdp2 checkpoint while it loads; only dp can differ (RunSpec refuses tp, pp)
-    if request.checkpoint_url:
-        raise UsageError(f"restart at another layout ({change}): DeepSpeed's universal-checkpoint converter reads a "
-                         f"file system, and this checkpoint is in {request.checkpoint_url}; accepted: a restart at "
-                         "its own layout (stack=fsdp2 runs reshard from object storage)")
-    if eng.reshard != "universal":
-        raise UsageError(f"restart at another layout ({change}): engine={spec.engine} writes its own format, which "
-                         "DeepSpeed's universal-checkpoint converter cannot read; accepted: engine=default runs")
-    if spec.emulate:
-        raise UsageError(f"restart at another layout ({change}): an emulated checkpoint holds random data, not a "
-                         "trained state; accepted: runs trained with emulate=false")
-    saves = [s for evs in ev.of_kind(ev.read_record(request.run_dir, "checkpoint"), "save").values() for s in evs
-             if s["tag"] == tag]
-    if not all(s.get("universal_info") for s in saves):
-        raise UsageError(f"restart at another layout ({change}): {tag} was written without the universal-checkpoint "
-                         "information DeepSpeed's converter needs (a run of an older harness); restart it at its own "
-                         "layout")
+    target = targets.for_run(request.run)
+    target.preflight("run", None)
+    tag = committed_checkpoint(request.run, target)
+    if request.relayout:
+        saves = [s for evs in ev.of_kind(ev.read_record(run_dir, "checkpoint"), "save").values() for s in evs
+                 if s["tag"] == tag]
+        stacks.of(spec).check_relayout(request.original, spec, type(eng), type(target), saves)
 
 
 def baseline(options: BaselineOptions) -> None:
-    from restart_harness.storage.baseline import fio_available
-
-    if is_s3(options.dir):
-        object_store("dir", options.dir)
-        return
-    d = Path(options.dir)
-    if not d.is_dir():
-        raise UsageError(f"dir={options.dir}: no such directory")
-    if not os.access(d, os.W_OK) or why_not_a_directory(d):
-        raise UsageError(f"dir={options.dir}: not writable")
-    if options.tool == "fio" and not fio_available():
+    target = targets.for_location(options.dir, ".")
+    if target.kind == "posix":
+        d = Path(options.dir)
+        if not d.is_dir():
+            raise UsageError(f"dir={options.dir}: no such directory")
+        if not os.access(d, os.W_OK) or why_not_a_directory(d):
+            raise UsageError(f"dir={options.dir}: not writable")
+    target.preflight("dir", None)
+    if options.tool == "fio" and shutil.which("fio") is None:
         raise UsageError("tool=fio: fio is not installed (apt-get install fio); use tool=builtin")
     ranks = options.ranks or min(os.cpu_count() or 1, 8)
-    need, free = options.file_bytes * ranks, shutil.disk_usage(d).free
-    if need > free // 2:
-        raise UsageError(f"file_bytes x ranks = {need} bytes is more than half the {free} bytes free in {d}")
+    need, free = options.file_bytes * ranks, target.free_bytes()
+    if free is not None and need > free // 2:
+        raise UsageError(f"file_bytes x ranks = {need} bytes is more than half the {free} bytes free in {options.dir}")
 
 
 # ---- restart-only: is the committed checkpoint whole? ---------------------------------------------------------
-def _size(path: Path) -> int | None:
-    """Bytes of a file, or of every file below a directory (sharded engines); None when absent."""
-    if path.is_file():
-        return path.stat().st_size
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return None
-
-
 def recorded_files(run_dir: Path, tag: str) -> dict[str, int]:
-    """path (relative to the tag directory) -> bytes, from every rank's save event for tag."""
+    """path (relative to the tag) -> bytes, from every rank's save event for tag."""
     out: dict[str, int] = {}
     for saves in ev.of_kind(ev.read_record(run_dir, "checkpoint"), "save").values():
         for save in saves:
@@ -235,40 +160,37 @@ def recorded_files(run_dir: Path, tag: str) -> dict[str, int]:
     return out
 
 
-def _object_sizes(url: str, tag: str) -> dict[str, int]:
-    """path -> bytes of every object of tag, and of every 'directory' of them (a DCP checkpoint per DeepSpeed file)."""
-    from restart_harness.storage.s3 import listing
+def committed_checkpoint(run, target) -> str:
+    """The tag `latest` names, after checking every file the save recorded for it (path and bytes, as the target
+    stores them); raises UsageError naming the first missing, truncated or torn file."""
+    where = target.describe()
+    if target.kind == "posix" and not target.root.is_dir():
+        raise UsageError(f"run {run.run_dir.name}: checkpoint directory {where} is missing; nothing to restart from")
+    tag = target.latest()
+    if tag is None:
+        raise UsageError(f"{where}/latest: missing, no checkpoint was committed; nothing to restart from")
+    stored = _sizes(target.listing().get(tag, []))
+    if not tag or not stored:
+        raise UsageError(f"{where}/{tag}: missing, but {where}/latest names it")
+    recorded = recorded_files(run.run_dir, tag)
+    if not recorded:
+        raise UsageError(f"{where}/{tag}: no save of {tag} is recorded in {run.run_dir / 'events' / 'checkpoint'}, "
+                         "so it cannot be checked as complete")
+    for rel, nbytes in sorted(recorded.items()):
+        actual = stored.get(rel)
+        if actual is None:
+            raise UsageError(f"{where}/{tag}/{rel}: missing (the save of {tag} recorded {nbytes} bytes)")
+        if actual != nbytes:
+            raise UsageError(f"{where}/{tag}/{rel}: {actual} bytes, but the save of {tag} recorded {nbytes} "
+                             "(truncated or torn)")
+    return tag
 
+
+def _sizes(entries: list[tuple[str, int]]) -> dict[str, int]:
+    """path -> bytes of every stored file, and of every folder of them (an engine's folder of shards per file)."""
     out: dict[str, int] = {}
-    for key, nbytes in listing(S3Url.parse(url).child(tag), S3Settings.from_environment()):
-        parts = key.split("/")
+    for rel, nbytes in entries:
+        parts = rel.split("/")
         for i in range(1, len(parts) + 1):
             out["/".join(parts[:i])] = out.get("/".join(parts[:i]), 0) + nbytes
     return out
-
-
-def committed_checkpoint(run_dir: Path, ckpt_root: Path, url: str | None = None) -> str:
-    """The tag `latest` names, after checking every file the save recorded for it (path and bytes; for an object
-    store, the bucket listing's); raises UsageError naming the first missing, truncated or torn file."""
-    if not ckpt_root.is_dir():
-        raise UsageError(f"run {run_dir.name}: checkpoint directory {ckpt_root} is missing; nothing to restart from")
-    latest = ckpt_root / "latest"
-    if not latest.is_file():
-        raise UsageError(f"{latest}: missing, no checkpoint was committed; nothing to restart from")
-    tag = latest.read_text().strip()
-    tag_dir = ckpt_root / tag
-    if not tag or not tag_dir.is_dir():
-        raise UsageError(f"{tag_dir}: missing, but {latest} names it")
-    recorded = recorded_files(run_dir, tag)
-    if not recorded:
-        raise UsageError(f"{tag_dir}: no save of {tag} is recorded in {run_dir / 'events' / 'checkpoint'}, "
-                         "so it cannot be checked as complete")
-    objects = _object_sizes(url, tag) if url else None
-    for rel, nbytes in sorted(recorded.items()):
-        actual = objects.get(rel) if objects is not None else _size(tag_dir / rel)
-        if actual is None:
-            raise UsageError(f"{tag_dir / rel}: missing (the save of {tag} recorded {nbytes} bytes)")
-        if actual != nbytes:
-            raise UsageError(f"{tag_dir / rel}: {actual} bytes, but the save of {tag} recorded {nbytes} "
-                             "(truncated or torn)")
-    return tag

@@ -16,8 +16,8 @@ import torch
 from conftest import REPO, cases, events, load_summary, run_cli, run_dir_of
 
 from restart_harness import iocount
+from restart_harness.model import digest
 from restart_harness.results.schema import LOAD_CATEGORIES, SAVE_CATEGORIES
-from restart_harness.worker import digest
 
 ANATOMY_RUNS = cases("tiny-dp2", "tp2-pp2-dp2", "torchsnapshot-dp2", "dcp-tp2-pp2")
 WITHIN = 0.05  # the bound: categories add up to the measured figure within 5%

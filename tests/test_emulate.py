@@ -15,7 +15,7 @@ import torch
 from conftest import RUNS, cases, events, load_summary, run_cli, run_dir_of
 
 from engines import registry
-from restart_harness.spec import parse_args
+from restart_harness.command import parse_args
 
 # Each emulated case (conftest.RUNS) beside the real run it must equal (same model, layout, engine, last step).
 PAIRS = {"emulated-tiny-dp2": "tiny-dp2", "emulated-tp2-pp2": "tp2-pp2", "emulated-dcp-tp2-pp2": "dcp-tp2-pp2"}
@@ -69,13 +69,23 @@ def test_emulated_files_equal_the_real_ones(harness, emulated):
         assert all(emu[p]["bytes"] == f["bytes"] for p, f in real.items())
 
 
+def _open(spec):
+    """The run's engine as an emulated rank opens it (DeepSpeed's TorchCheckpointEngine beneath), on a file system."""
+    from engines.base import EngineContext
+    from restart_harness.stacks.emulated import EmulatedStack
+    from restart_harness.targets.filesystem import FileSystemTarget
+
+    native = EmulatedStack.engine_context(None)["native"]
+    return registry.get(spec.engine)(spec).open(EngineContext(spec, FileSystemTarget(None), native=native))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("emulated", list(PAIRS))
 def test_every_emulated_state_dict_is_deepspeeds(harness, emulated):
     """Each file, loaded through the run's own engine: the same state dict as the real run's, key by key."""
     real_dir, emu_dir = harness.run(PAIRS[emulated]), harness.run(emulated)
     spec = parse_args(RUNS[emulated].tokens)
-    engine = registry.get(spec.engine)(spec).emulation_engine()
+    engine = _open(spec)
     real_tag = Path(load_summary(real_dir)["checkpoint"]["dir"])
     emu_tag = Path(load_summary(emu_dir)["checkpoint"]["dir"])
     assert real_tag.name == emu_tag.name
@@ -130,7 +140,7 @@ def test_memory_budget_makes_ranks_work_in_waves(tmp_path):
                                   "phase=checkpoint"], tmp_path / "results"))
     saves = [e for evs in events(run_dir).values() for e in evs if e["event"] == "save"]
     assert len(saves) == 4 and all(e["waves"] == 4 for e in saves)
-    starts = sorted((e["start"], e["rank"]) for e in saves)
+    starts = sorted((e["wave_start"], e["rank"]) for e in saves)
     assert [r for _, r in starts] == [0, 1, 2, 3]  # the waves run in rank order
     assert json.loads((run_dir / "spec.json").read_text())["emulate_memory_gib"] == 0.0015
 

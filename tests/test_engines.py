@@ -19,9 +19,9 @@ from test_layouts import expected_files
 from engines import _state_tree as state_tree
 from engines import registry
 from engines.base import Engine
+from restart_harness.command import parse_args
 from restart_harness.errors import UsageError
 from restart_harness.generate.ds_config import build_ds_config
-from restart_harness.spec import parse_args
 
 CLOSE_CALL_SECONDS = 0.005  # step start is reconstructed from the event's wall time minus its seconds
 SHARDED = cases("torchsnapshot-dp2", "torchsnapshot-async-tp2-pp2", "dcp-async-dp2", "dcp-tp2-pp2")
@@ -185,7 +185,7 @@ def test_engine_options_parse_into_the_spec():
     assert spec.engine_options == {"async_take": True, "memory_budget_mib": 64}
     assert parse_args(["tiny", "engine=dcp"]).engine_options == {"async_save": False}
     engine = registry.get("torchsnapshot")(spec)
-    assert engine.options.async_take is True and engine.options.memory_budget_mib == 64 and engine.is_async()
+    assert engine.options.async_take is True and engine.options.memory_budget_mib == 64 and engine.asynchronous()
 
 
 def test_every_engine_is_one_typed_plug_in():
@@ -195,7 +195,7 @@ def test_every_engine_is_one_typed_plug_in():
     for name, cls in registry.all_engines().items():
         assert issubclass(cls, Engine) and cls.name == name and cls.description
         engine = cls(parse_args(["tiny", f"engine={name}"]))
-        assert isinstance(engine.is_async(), bool) and isinstance(engine.ds_config(), dict)
+        assert isinstance(engine.asynchronous(), bool) and isinstance(engine.ds_config(), dict)
     with pytest.raises(UsageError, match="engine=floppy: unknown engine"):
         registry.get("floppy")
 

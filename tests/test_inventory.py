@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from restart_harness.results import inventory
+from restart_harness.targets.filesystem import FileSystemTarget
 
 
 def test_classify_deepspeed_names():
@@ -23,12 +24,14 @@ def test_build_totals_kinds_and_ranks(tmp_path):
         "shards.pt/0/b": 9,
         "notes.txt": 5,
     }
+    tag = tmp_path / "global_step2"
     for rel, size in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_bytes(b"x" * size)
+        (tag / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tag / rel).write_bytes(b"x" * size)
     writers = {"mp_rank_00_model_states.pt": 0, "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt": 0,
                "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt": 1, "shards.pt": 1}
-    inv = inventory.build(tmp_path, writers)
+    entries = FileSystemTarget(None, root=tmp_path).listing()["global_step2"]  # what the file system stores
+    inv = inventory.build(str(tag), writers, entries)
     assert inv["total_files"] == 6 and inv["total_bytes"] == sum(files.values())
     assert inv["total_entries"] == 5  # shards.pt/ is one DeepSpeed file written as a directory
     assert inv["by_kind"]["optimizer_states"] == {"files": 2, "bytes": 600}

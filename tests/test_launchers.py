@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from restart_harness.command.parse import parse_sweep
 from restart_harness.launch.runner import allocate_record
-from restart_harness.spec.command import parse_sweep
 from restart_harness.worker import rank_env
 
 

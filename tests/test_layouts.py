@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import RUNS, cases, load_summary
 
-from restart_harness.spec import parse_args
+from restart_harness.command import parse_args
 
 pytestmark = pytest.mark.slow
 

@@ -18,11 +18,11 @@ import torch
 from conftest import REPO, events, load_summary, run_cli
 
 from engines import _lazy_format as fmt
-from engines.lazy import Options, _engine_class
+from engines.lazy import LazyIO, Options
 
 
 def _engine(**options):
-    return _engine_class()(Options(**options), None)
+    return LazyIO(Options(**options), None)
 
 
 def test_format_round_trips_every_kind_of_tensor(tmp_path):
@@ -63,7 +63,7 @@ def test_buffers_are_reused_by_later_saves_of_the_same_layout(tmp_path):
         engine.wait()
         assert torch.equal(engine.load(str(tmp_path / f"global_step{step}" / "mp_rank_00_model_states.pt"))["w"],
                            state["w"])
-    assert engine.flush_stats()["buffers_allocated"] == 1 and engine.flush_stats()["buffers_reused"] == 2
+    assert engine.statistics()["buffers_allocated"] == 1 and engine.statistics()["buffers_reused"] == 2
     # loading the same file twice in a row (DeepSpeed does, for a pp=1 model file) reads it once
     reuse: dict = {}
     path = tmp_path / "global_step2" / "mp_rank_00_model_states.pt"

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO, cases, load_summary
 
+from restart_harness.command import parse_args
 from restart_harness.plan import checkpoint, rules
 from restart_harness.spec import parameters as table
-from restart_harness.spec import parse_args
 from restart_harness.spec.runspec import RunSpec
 
 KIB = 1024
@@ -96,8 +96,8 @@ def test_plan_bad_input(tokens, named, tmp_path):
 def test_model_layers_are_built_from_the_table(model, tp):
     import torch
 
-    from restart_harness.worker.model import DecoderLayer, Embedding, FinalNorm, LMHead
-    from restart_harness.worker.tensor_parallel import TPGroup
+    from restart_harness.model.llama import DecoderLayer, Embedding, FinalNorm, LMHead
+    from restart_harness.model.tensor_parallel import TPGroup
 
     shape = parse_args([model, f"tp={tp}"] + (["shrink=64"] if model == "70B" else [])).shape
     group = TPGroup(None, tp - 1, tp)  # construction needs no communication

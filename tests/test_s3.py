@@ -39,7 +39,7 @@ def server(tmp_path_factory):
 
 
 def objects(server, prefix: str) -> dict[str, int]:
-    from restart_harness.storage.s3 import S3Settings, S3Url, listing
+    from restart_harness.targets.s3 import S3Settings, S3Url, listing
 
     return dict(listing(S3Url.parse(f"s3://ckpt/{prefix}"), S3Settings.from_environment()))
 
@@ -179,7 +179,7 @@ def test_proxy_fills_in_the_etag_s3_defines_for_multipart_objects(server):
 
 def test_a_changed_object_fails_the_restart(server, default_s3):
     """Verification reads what the store returns: overwrite one optimizer object with another rank's."""
-    from restart_harness.storage.s3 import S3Settings
+    from restart_harness.targets.s3 import S3Settings
 
     client = S3Settings.from_environment().client()
     base = f"runs/{default_s3.name}/global_step2/bf16_zero_pp_rank_"

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
+from restart_harness.command import parse_args
 from restart_harness.errors import UsageError
 from restart_harness.generate.ds_config import build_ds_config
 from restart_harness.generate.launch import launch_script, local_command, worker_args
-from restart_harness.spec import parse_args
 from restart_harness.spec.model_shape import load_model, preset_names
 
 
@@ -116,7 +116,7 @@ def test_ds_config_zero1_adamw_batch():
 
 def test_launch_script_uses_deepspeed_launcher(tmp_path):
     spec = parse_args(["tiny", "dp=2", "device=cpu"])
-    cmd = local_command(spec, 29555, worker_args(tmp_path, "checkpoint", "checkpoint", tmp_path / "ckpt"))
+    cmd = local_command(spec, 29555, worker_args(tmp_path, "checkpoint", "checkpoint"))
     text = launch_script(spec, "checkpoint", cmd)
     assert "deepspeed.launcher.runner" in text and "--num_gpus 2" in text and "--master_port 29555" in text
     assert "export DS_ACCELERATOR=cpu" in text and "export OMP_NUM_THREADS=1" in text

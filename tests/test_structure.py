@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO, submit
 
 from engines import registry
-from restart_harness.spec.command import BaselineOptions, PlanOptions, RestartOptions
+from restart_harness.command.options import BaselineOptions, PlanOptions, RestartOptions
 from restart_harness.spec.keys import keys_of
 from restart_harness.spec.model_shape import shape_keys
 from restart_harness.spec.runspec import run_keys
@@ -157,7 +157,7 @@ def test_ruff_clean():
 
 
 def test_docs_keys_page_is_generated_from_the_declarations():
-    from restart_harness.spec.help import markdown
+    from restart_harness.command.help import markdown
 
     assert (REPO / "docs" / "keys.md").read_text() == markdown(), \
-        "docs/keys.md is stale: python -m restart_harness.spec.help > docs/keys.md"
+        "docs/keys.md is stale: python -m restart_harness.command.help > docs/keys.md"

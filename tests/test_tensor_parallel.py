@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from restart_harness.model.data import sample
+from restart_harness.model.llama import LlamaForCausalLM
+from restart_harness.model.tensor_parallel import TPGroup
 from restart_harness.spec.model_shape import ModelShape
-from restart_harness.worker.data import sample
-from restart_harness.worker.model import LlamaForCausalLM
-from restart_harness.worker.tensor_parallel import TPGroup
 
 SHAPE = ModelShape(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                    num_key_value_heads=2, vocab_size=96, max_position_embeddings=16)

@@ -1,7 +1,7 @@
 """DeepSpeed 0.19.8: FastCheckpointEngine.load and DecoupledCheckpointEngine.load call torch.load(path) without
 weights_only=False. Since torch 2.6 weights_only defaults to True, which refuses the Python objects DeepSpeed
 pickles beside its tensors (the ds_config, client state), so a checkpoint saved with `checkpoint.writer` cannot
-be loaded with the same config. This loads exactly as DeepSpeed's TorchCheckpointEngine does. Remove when
+be loaded with the same config. load() reads exactly as DeepSpeed's TorchCheckpointEngine does. Remove when
 `inspect.getsource(FastCheckpointEngine.load)` passes weights_only=False (or the engines delegate to torch_load).
 """
 
@@ -10,11 +10,8 @@ from __future__ import annotations
 ADDRESSES = "deepspeed==0.19.8"
 
 
-def load_without_weights_only(checkpoint_engine) -> None:
-    """Replace the instance's load with torch.load(..., weights_only=False): the files are DeepSpeed's own."""
+def load(path, map_location=None):
+    """torch.load(..., weights_only=False): the files are DeepSpeed's own."""
     import torch
 
-    def load(path: str, map_location=None):
-        return torch.load(path, map_location=map_location, weights_only=False)
-
-    checkpoint_engine.load = load
+    return torch.load(path, map_location=map_location, weights_only=False)

@@ -39,8 +39,8 @@ def rank_environment(spec: RunSpec) -> dict[str, str]:
     return env
 
 
-def worker_args(run_dir: Path, phase: str, record: str, ckpt_root: Path) -> list[str]:
-    return ["--run-dir", str(run_dir), "--phase", phase, "--record", record, "--ckpt-root", str(ckpt_root)]
+def worker_args(run_dir: Path, phase: str, record: str) -> list[str]:
+    return ["--run-dir", str(run_dir), "--phase", phase, "--record", record]
 
 
 def local_command(spec: RunSpec, port: int, args: list[str]) -> list[str]:

@@ -22,9 +22,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     signal.signal(signal.SIGTERM, _terminate)
     from restart_harness import preflight
+    from restart_harness.command.parse import parse_restart
     from restart_harness.launch import runner
     from restart_harness.results import table
-    from restart_harness.spec.command import parse_restart
     from restart_harness.storage.atomic import read_json
 
     run_dir = Path(argv[0]).resolve()

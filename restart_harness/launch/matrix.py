@@ -9,14 +9,14 @@ under results_dir), so a failure in one does not stop the others.
 
 from __future__ import annotations
 
-import glob
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from restart_harness import machine
+from restart_harness.command.options import MATRIX_STACK_CASES, MatrixOptions
 from restart_harness.errors import UsageError
-from restart_harness.spec.command import MATRIX_STACK_CASES, MatrixOptions
 from restart_harness.storage.atomic import read_json, write_json_atomic
 
 SHORT = ["iters=4", "save_interval=2", "after=1", "cache=drop"]
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def device_of(options: MatrixOptions) -> tuple[str, int]:
-    gpus = len(glob.glob("/dev/nvidia[0-9]*"))
+    gpus = machine.nvidia_devices()
     device = options.device if options.device != "auto" else ("cuda" if gpus else "cpu")
     if device == "cuda" and not (options.gpus or gpus):
         raise UsageError("device=cuda: no NVIDIA device found (/dev/nvidia*); accepted: device=cpu or auto")
@@ -56,7 +56,7 @@ def engines(options: MatrixOptions) -> list[str]:
 def cases(options: MatrixOptions, folder: Path) -> tuple[str, list[dict]]:
     """(device, every case with its tokens, and `refused` with the reason where it cannot run on this node)."""
     from restart_harness import preflight
-    from restart_harness.spec.command import parse_run
+    from restart_harness.command.parse import parse_run
 
     device, gpus = device_of(options)
     model = options.model or ("1B" if device == "cuda" else "tiny")
@@ -69,7 +69,7 @@ def cases(options: MatrixOptions, folder: Path) -> tuple[str, list[dict]]:
                     "tokens": tokens, "refused": None}
             try:
                 spec, _ = parse_run(tokens)
-                preflight.run(spec)
+                preflight.run(machine.resolve(spec))
             except UsageError as exc:
                 case["refused"] = str(exc)
             out.append(case)

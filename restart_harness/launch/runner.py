@@ -2,10 +2,13 @@
 make the page-cache state asked for, launch the restart phase in fresh processes, and finalize.
 
 prepare() writes; execute() runs the phases from what prepare() wrote (locally, or inside a Slurm/PBS job via
-restart_harness.launch.job); restart_only() appends restart records to an existing run."""
+restart_harness.launch.job); restart_only() appends restart records to an existing run. Where the checkpoints are is
+the storage target's business (restart_harness/targets/), how a restart at another layout reads them the training
+stack's (restart_harness/stacks/)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -17,16 +20,18 @@ from datetime import datetime
 from pathlib import Path
 
 from engines import registry
+from restart_harness import machine, stacks, targets
 from restart_harness.errors import RunFailed
 from restart_harness.generate.batch import job_script
-from restart_harness.generate.ds_config import build_ds_config
+from restart_harness.generate.ds_config import build_ds_config, deep_merge
 from restart_harness.generate.launch import launch_script, rank_command, worker_args
-from restart_harness.launch import host, launchers, observe
+from restart_harness.launch import launchers, observe
 from restart_harness.results import finalize
+from restart_harness.results.schema import stack_engine
+from restart_harness.spec import run as resolved
 from restart_harness.spec.runspec import RunSpec
-from restart_harness.storage import baseline, pagecache
+from restart_harness.storage import baseline
 from restart_harness.storage.atomic import make_fresh_dir, write_json_atomic, write_text_atomic
-from restart_harness.storage.s3 import S3Settings, S3Url, is_s3
 
 
 def say(message: str) -> None:
@@ -34,10 +39,10 @@ def say(message: str) -> None:
 
 
 def new_run_dir(spec: RunSpec, prefix: str = "") -> Path:
-    """results/<model>-<layout>-<engine>-<time>, created exclusively: a run never reuses another's folder."""
+    """results/<model>-<layout>-<engine label>-<time>, created exclusively: a run never reuses another's folder."""
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    engine = spec.engine if spec.stack == "deepspeed" else f"{spec.stack}-{spec.engine}"
-    base = prefix + f"{spec.model_label}-{spec.layout}-{engine}-{stamp}".replace("/", "_")
+    label = "-".join(stack_engine(dataclasses.asdict(spec)))
+    base = prefix + f"{spec.model_label}-{spec.layout}-{label}-{stamp}".replace("/", "_")
     try:
         return make_fresh_dir(Path(spec.results_dir), base)
     except FileExistsError as exc:
@@ -73,37 +78,31 @@ def allocate_record(run_dir: Path) -> str:
     raise RunFailed(f"no free restart record name under {events}")
 
 
-def write_launch(spec: RunSpec, run_dir: Path, ckpt_root: Path, phase: str, record: str, port: int,
-                 extra: list[str] | None = None) -> Path:
-    command = rank_command(spec, port, worker_args(run_dir, phase, record, ckpt_root) + (extra or []))
-    path = run_dir / f"launch-{record}.sh"
-    env = observe.environment(spec, run_dir, record, ckpt_root)
+def write_launch(run: resolved.ResolvedRun, phase: str, record: str, port: int, extra: list[str] | None = None,
+                 spec: RunSpec | None = None) -> Path:
+    """launch-<record>.sh: the ranks of one phase (spec: the record's own, for a restart at another layout)."""
+    spec = spec or run.spec
+    command = rank_command(spec, port, worker_args(run.run_dir, phase, record) + (extra or []))
+    path = run.run_dir / f"launch-{record}.sh"
+    env = observe.environment(spec, run.run_dir, record, run.checkpoint_root)
     write_text_atomic(path, launch_script(spec, phase, command, port, env), mode=0o755)
     return path
 
 
-def prepare(spec: RunSpec, prefix: str = "") -> tuple[Path, Path]:
-    """Run directory with spec.json, ds_config.json and the launch scripts; returns (run_dir, ckpt_root)."""
+def prepare(spec: RunSpec, prefix: str = "") -> resolved.ResolvedRun:
+    """The run directory with spec.json (the resolved run), ds_config.json and the launch scripts."""
     run_dir = new_run_dir(spec, prefix)
     set_status(run_dir, "running")
-    objects = is_s3(spec.ckpt_dir)  # the objects go to <ckpt_dir>/<run name>/; checkpoint/ indexes their names
-    local = spec.ckpt_dir and not objects
-    ckpt_root = Path(spec.ckpt_dir).resolve() / run_dir.name if local else run_dir / "checkpoint"
-    where = {"checkpoint_root": str(ckpt_root)}
-    if objects:
-        settings = S3Settings.from_environment()
-        where["checkpoint_url"] = str(S3Url.parse(spec.ckpt_dir).child(run_dir.name))
-        where["checkpoint_object_store"] = {"region": settings.region, "endpoint_url": settings.endpoint_url,
-                                            "path_style": settings.path_style, "client": "s3torchconnector"}
-    write_json_atomic(run_dir / "spec.json", {**spec.to_json(), **host.facts(ckpt_root.parent if local else run_dir),
-                                             **where})
+    target = targets.for_spec(spec).placed(run_dir)
+    run = resolved.ResolvedRun(run_dir, spec, target.record(run_dir), machine.facts(target.filesystem_path()))
+    run.write()
     write_json_atomic(run_dir / "ds_config.json", build_ds_config(spec))
     port = spec.master_port or free_port()
-    write_launch(spec, run_dir, ckpt_root, "checkpoint", "checkpoint", port)
+    write_launch(run, "checkpoint", "checkpoint", port)
     if spec.phase == "all":
         # written now so that it can be read (dry_run) and re-run by hand; claimed when it is launched
-        write_launch(spec, run_dir, ckpt_root, "restart", "restart-01", port)
-    return run_dir, ckpt_root
+        write_launch(run, "restart", "restart-01", port)
+    return run
 
 
 def _progress_line(record: str, e: dict) -> str | None:
@@ -216,14 +215,14 @@ def _failure(run_dir: Path, info: dict) -> str:
 
 def run(spec: RunSpec, prefix: str = "") -> Path:
     """Prepare, then: dry_run -> print what was written; slurm/pbs -> submit the job; else execute here."""
-    run_dir, _ = prepare(spec, prefix)
+    run_dir = prepare(spec, prefix).run_dir
     if spec.dry_run:
         set_status(run_dir, "dry_run", "dry_run=true: written, nothing launched")
-        if spec.launcher in launchers.SUBMIT:
+        if spec.launcher in machine.SUBMIT:
             write_job_script(spec, run_dir)
         show_generated(run_dir)
         return run_dir
-    if launchers.submits(spec):
+    if machine.submits(spec):
         script = write_job_script(spec, run_dir)
         job_id = launchers.submit(spec.launcher, script)
         job = {"scheduler": spec.launcher, "job_id": job_id, "script": script.name, "submitted": time.time()}
@@ -251,18 +250,17 @@ def show_generated(run_dir: Path) -> None:
 
 def execute(run_dir: Path) -> Path:
     """checkpoint phase -> cache state -> restart phase -> summary, from the run directory prepare() wrote."""
-    data = json.loads((run_dir / "spec.json").read_text())
-    spec, ckpt_root = RunSpec.from_json(data), Path(data["checkpoint_root"])
-    if spec.emulate and spec.emulate_memory_gib is None:  # submitted: this (compute) node's memory decides
-        from restart_harness.preflight import default_emulate_memory_gib
-
-        spec.emulate_memory_gib = data["emulate_memory_gib"] = default_emulate_memory_gib()
-        write_json_atomic(run_dir / "spec.json", data)
+    run = resolved.read(run_dir)
+    spec = machine.complete_in_job(run.spec)  # submitted: this (compute) node decides what was left to it
+    if spec != run.spec:
+        run = dataclasses.replace(run, spec=spec)
+        run.write()
     set_status(run_dir, "running", **_job_fields())
     say(f"run {run_dir.name}: {spec.model_label}, {spec.layout} ({spec.world_size} ranks, {spec.device}), "
         f"engine {spec.engine}, {spec.precision}, launcher {spec.launcher}")
+    target = targets.for_run(run)
     try:
-        probe = record_baseline(run_dir, spec, ckpt_root)
+        probe = record_baseline(run, target)
         if probe:
             say(f"  [baseline] {probe.get('error') or _baseline_line(probe)}")
         say(f"  [checkpoint] launching {spec.world_size} ranks (log: {run_dir / 'logs' / 'checkpoint.log'})")
@@ -273,8 +271,8 @@ def execute(run_dir: Path) -> Path:
         if spec.phase == "all" and registry.get(spec.engine).saves:
             record = allocate_record(run_dir)
             if record != "restart-01":  # someone forced a restart-only re-run meanwhile: never share a record
-                write_launch(spec, run_dir, ckpt_root, "restart", record, spec.master_port or free_port())
-            restart(run_dir, ckpt_root, spec, record)
+                write_launch(run, "restart", record, spec.master_port or free_port())
+            restart(run, target, spec, record)
         summary = finalize.finalize(run_dir, state="complete")
     except RunFailed as exc:
         finalize.finalize(run_dir, state="failed", reason=str(exc))
@@ -285,21 +283,20 @@ def execute(run_dir: Path) -> Path:
     if summary["restart"] and not summary["restart"]["verified"]:
         raise RunFailed(f"restart did not restore the saved state: {', '.join(summary['restart']['differing'][:5])}")
     if not spec.keep:
-        discard_checkpoint(run_dir, ckpt_root)
+        discard_checkpoint(run_dir, target)
     return run_dir
 
 
-def record_baseline(run_dir: Path, spec: RunSpec, ckpt_root: Path) -> dict | None:
-    """Before the checkpoint phase: the baseline of the checkpoint file system (cached, or a bounded probe at the
+def record_baseline(run: resolved.ResolvedRun, target) -> dict | None:
+    """Before the checkpoint phase: the baseline of the checkpoint storage (cached, or a bounded probe at the
     planned checkpoint's typical file size and rank count) into run_dir/baseline.json; None with baseline=false."""
+    spec = run.spec
     if not spec.baseline or not registry.get(spec.engine).saves:
         return None
     from restart_harness.plan import checkpoint, report
 
-    files = checkpoint.files(spec)
-    where = spec.ckpt_dir if is_s3(spec.ckpt_dir) else ckpt_root.parent
-    record = baseline.for_run(where, report.typical_file_bytes(files), spec.world_size)
-    write_json_atomic(run_dir / "baseline.json", record)
+    record = baseline.for_run(target, report.typical_file_bytes(checkpoint.files(spec)), spec.world_size)
+    write_json_atomic(run.run_dir / "baseline.json", record)
     return record
 
 
@@ -309,49 +306,35 @@ def _baseline_line(b: dict) -> str:
 
 
 def _job_fields() -> dict:
-    job = os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID")
+    job = machine.job_id()
     return {"job_id": job} if job else {}
 
 
-def _checkpoint_url(run_dir: Path) -> str | None:
-    return json.loads((run_dir / "spec.json").read_text()).get("checkpoint_url")
-
-
-def discard_checkpoint(run_dir: Path, ckpt_root: Path) -> None:
+def discard_checkpoint(run_dir: Path, target) -> None:
     """keep=false: delete the checkpoint after the results are written (summary.json already describes it)."""
-    import shutil
-
-    if url := _checkpoint_url(run_dir):
-        from restart_harness.storage.s3 import delete_all
-
-        say(f"  keep=false: deleted {delete_all(S3Url.parse(url), S3Settings.from_environment())} objects under {url}")
-    if ckpt_root.is_dir():
-        shutil.rmtree(ckpt_root)
-        say(f"  keep=false: deleted {ckpt_root}")
+    say(f"  keep=false: deleted {target.delete()}")
     status = json.loads((run_dir / "status.json").read_text())
     write_json_atomic(run_dir / "status.json", {**status, "checkpoint_deleted": True})
 
 
-def restart(run_dir: Path, ckpt_root: Path, spec: RunSpec, record: str, load_dir: Path | None = None,
-            extra: dict | None = None) -> dict:
-    """One restart launch of a prepared record; `load_dir`: what it reads (a universal checkpoint), whose pages the
-    cache step acts on; `extra`: facts for its record (the layouts, the conversion)."""
-    latest = ckpt_root / "latest"
-    if not latest.is_file():
-        raise RunFailed(f"no committed checkpoint under {ckpt_root} (no 'latest'): nothing to restart from")
-    tag_dir = load_dir or ckpt_root / latest.read_text().strip()
-    if _checkpoint_url(run_dir) and load_dir is None:
-        state = pagecache.not_applicable(spec.cache, "object storage: the restart reads over the network")
-    else:
-        state = pagecache.prepare([p for p in tag_dir.rglob("*") if p.is_file()], spec.cache)
+def restart(run: resolved.ResolvedRun, target, spec: RunSpec, record: str,
+            relayout: stacks.Relayout | None = None, extra: dict | None = None) -> dict:
+    """One restart launch of a prepared record; `relayout`: how a restart at another layout reads the checkpoint
+    (what it loads, whose pages the cache step acts on); `extra`: facts for its record (the layouts, the
+    conversion)."""
+    tag = target.latest()
+    if tag is None:
+        raise RunFailed(f"no committed checkpoint in {target.describe()} (no 'latest'): nothing to restart from")
+    load_dir = relayout.load_dir if relayout and relayout.load_dir else target.path(tag)
+    state = target.prepare_cache(load_dir, spec.cache)
     say(f"  [{record}] page cache: asked {state['requested']}, observed {state['observed']}"
         + (f" ({state['error']})" if state["error"] else ""))
     say(f"  [{record}] launching {spec.world_size} fresh ranks")
-    info = launch(run_dir, record, spec.timeout)
+    info = launch(run.run_dir, record, spec.timeout)
     info.update(cache=state, launcher=spec.launcher, **(extra or {}))
-    _save_record(run_dir, info)
+    _save_record(run.run_dir, info)
     if info["exit_code"] != 0:
-        raise RunFailed(_failure(run_dir, info))
+        raise RunFailed(_failure(run.run_dir, info))
     return info
 
 
@@ -362,36 +345,34 @@ def restart_only(request) -> Path:
     a crashed one becomes failed with that reason); a failing re-run marks the run failed with its reason."""
     from restart_harness.results.status import observed
 
-    run_dir, spec, ckpt_root = request.run_dir, request.spec, request.ckpt_root
-    if launchers.submits(spec):
+    run, spec = request.run, request.spec
+    run_dir = run.run_dir
+    if machine.submits(spec):
         return submit_restart_job(request)
     prior = observed(run_dir)
     state, reason = ("complete", None) if prior["state"] == "complete" else ("failed", prior.get("reason"))
-    tag = (ckpt_root / "latest").read_text().strip()
-    layouts = {"saved": request.original.layout if request.original else spec.layout, "loaded": spec.layout}
+    target = targets.for_run(run)
+    tag = target.latest()
+    layouts = {"saved": request.original.layout, "loaded": spec.layout}
     say(f"run {run_dir.name}: {request.repeats} restart(s) of {spec.model_label} from {tag}, saved at "
         f"{layouts['saved']}, loaded at {spec.layout}; launcher {spec.launcher}, cache={spec.cache}")
     try:
-        extra_args, load_dir, facts = [], None, {"layout": layouts}
-        native = spec.stack == "fsdp2"  # DCP reshards while it loads: no conversion, no reference from the files
-        if request.reshard:
-            from restart_harness.launch import reshard
-
-            if not native:
-                conversion = reshard.convert(run_dir, ckpt_root, tag, say)
-                reference = reshard.reference(run_dir, ckpt_root, tag, request.original)
-                load_dir = ckpt_root / reshard.universal_tag(tag)
-                facts["conversion"] = conversion
-                extra_args = ["--load-tag", reshard.universal_tag(tag), "--full-state-reference", str(reference)]
+        relayout, facts = None, {"layout": layouts}
+        if request.relayout:
+            relayout = stacks.of(spec).relayout(dataclasses.replace(run, spec=spec), request.original, tag, say)
+            if relayout.conversion:
+                facts["conversion"] = relayout.conversion
         for n in range(request.repeats):
             record = allocate_record(run_dir)
-            args = list(extra_args)
-            if request.reshard:
-                spec_path, config_path = reshard.record_files(run_dir, record, spec, universal=not native)
-                args += ["--spec", str(spec_path), "--ds-config", str(config_path)]
-            write_launch(spec, run_dir, ckpt_root, "restart", record, spec.master_port or free_port(), args)
+            run.write_record_spec(record, spec)  # the restart's own settings (layout, anatomy, launcher, ...)
+            args = []
+            if relayout is not None:
+                config = deep_merge(build_ds_config(spec), relayout.ds_config)
+                write_json_atomic(run_dir / "records" / f"ds_config-{record}.json", config)
+                args = relayout.worker_args()
+            write_launch(run, "restart", record, spec.master_port or free_port(), args, spec=spec)
             say(f"  restart {n + 1}/{request.repeats}: record {record}")
-            restart(run_dir, ckpt_root, spec, record, load_dir, facts)
+            restart(run, target, spec, record, relayout, facts)
     except RunFailed as exc:
         finalize.finalize(run_dir, state="failed", reason=str(exc))
         raise
@@ -402,7 +383,7 @@ def restart_only(request) -> Path:
     if not summary["restart"]["verified"]:
         raise RunFailed(f"restart did not restore the saved state: {', '.join(summary['restart']['differing'][:5])}")
     if not spec.keep:
-        discard_checkpoint(run_dir, ckpt_root)
+        discard_checkpoint(run_dir, target)
     return run_dir
 
 

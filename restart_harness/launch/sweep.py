@@ -11,9 +11,9 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from restart_harness.command.parse import SweepRequest
 from restart_harness.errors import RunFailed
 from restart_harness.results.schema import SWEEP_SCHEMA_VERSION
-from restart_harness.spec.command import SweepRequest
 from restart_harness.storage.atomic import make_fresh_dir, write_json_atomic
 
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from engines import registry
-from restart_harness.errors import UsageError
+from restart_harness import targets
 from restart_harness.plan import checkpoint
 from restart_harness.results.schema import KINDS, MIB
 from restart_harness.spec.runspec import RunSpec
@@ -37,9 +37,9 @@ def typical_file_bytes(files: list[checkpoint.PlannedFile]) -> int:
     return int(statistics.median(f.bytes for f in files)) if files else 0
 
 
-def checkpoint_dir(spec: RunSpec) -> Path:
+def checkpoint_dir(spec: RunSpec) -> str:
     """Where the run's checkpoints would go (a fresh folder is made under it)."""
-    return Path(spec.ckpt_dir or spec.results_dir).resolve()
+    return spec.ckpt_dir or str(Path(spec.results_dir).resolve())
 
 
 def _estimate(spec: RunSpec, files: list, total: int, read_total: int, bandwidth_gbps: float | None) -> dict:
@@ -47,7 +47,7 @@ def _estimate(spec: RunSpec, files: list, total: int, read_total: int, bandwidth
         write = read = bandwidth_gbps
         source = f"bandwidth_gbps={bandwidth_gbps:g} (GB/s = 10^9 bytes/s, for writing and reading)"
     else:
-        found = baseline.cached(checkpoint_dir(spec), typical_file_bytes(files), spec.world_size)
+        found = baseline.cached(targets.for_spec(spec), typical_file_bytes(files), spec.world_size)
         if not found or not found.get("write_mib_s") or not found.get("read_mib_s"):
             return {"source": None, "save_seconds": None, "restart_read_seconds": None,
                     "note": "no bandwidth: give bandwidth_gbps=, or measure with ./submit-job.sh baseline "
@@ -119,9 +119,6 @@ def build(spec: RunSpec, bandwidth_gbps: float | None = None, target: RunSpec | 
     if target is not None:
         from restart_harness.plan import universal
 
-        if engine.reshard != "universal":
-            raise UsageError(f"to_tp/to_pp/to_dp: engine={spec.engine} cannot restart at another layout (DeepSpeed's "
-                             "universal-checkpoint converter reads torch.save files only); accepted: engine=default")
         plan["reshard"] = universal.plan(spec, target)
     plan["plan_seconds"] = round(time.perf_counter() - start, 6)
     return plan

@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
 
 from restart_harness.results.schema import KINDS, classify
 
 
-def files_of(tag_dir: Path) -> list[tuple[str, int]]:
-    """(path relative to tag_dir, bytes) of every file below a tag directory."""
-    return [(p.relative_to(tag_dir).as_posix(), p.stat().st_size) for p in tag_dir.rglob("*") if p.is_file()]
-
-
-def build(tag_dir: Path | str, writers: dict[str, int] | None = None,
-          entries: list[tuple[str, int]] | None = None) -> dict:
-    """writers maps a DeepSpeed path (relative to the tag) to the rank whose engine.save() wrote it; entries: the
-    (path, bytes) of an object store's listing of the tag (tag_dir is then its s3:// URL), else the tag directory's
-    files."""
+def build(where: str, writers: dict[str, int] | None, entries: list[tuple[str, int]]) -> dict:
+    """The inventory of one tag stored at `where` (a folder or a URL): entries are (path relative to the tag, bytes)
+    of every stored file or object; writers maps a DeepSpeed path to the rank whose engine save wrote it."""
     writers = writers or {}
     files = []
-    for rel, nbytes in sorted(files_of(Path(tag_dir)) if entries is None else entries):
+    for rel, nbytes in sorted(entries):
         top = rel.split("/", 1)[0]
         files.append({"path": rel, "bytes": nbytes, "kind": classify(rel), "rank": writers.get(rel, writers.get(top))})
     by_kind = {k: {"files": 0, "bytes": 0} for k in KINDS}
@@ -32,7 +24,7 @@ def build(tag_dir: Path | str, writers: dict[str, int] | None = None,
         by_rank[key]["files"] += 1
         by_rank[key]["bytes"] += f["bytes"]
     return {
-        "dir": str(tag_dir) if entries is not None else str(Path(tag_dir).resolve()),
+        "dir": where,
         "files": files,
         "total_files": len(files),
         # DeepSpeed files: one per engine.save() path, whether a file or a directory of shards (torchsnapshot, dcp)

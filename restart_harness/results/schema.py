@@ -4,7 +4,10 @@ is installed. The field-by-field reference is docs/results.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 SCHEMA_VERSION = 1  # summary.json; analysis reads every version in READABLE_VERSIONS
 READABLE_VERSIONS = (1,)
@@ -81,11 +84,148 @@ def layout_label(spec: dict) -> str:
     return f"tp{spec['tp']} pp{spec['pp']} dp{spec['dp']}" + (f" {nodes}n" if nodes > 1 else "")
 
 
+DEFAULT_STACK, DEFAULT_TARGET = "deepspeed", "filesystem"  # what a label leaves unsaid
+
+
+def target_name(spec: dict) -> str:
+    """The storage target of a run's spec.json (runs of harness 0.2.0 name none: an s3:// ckpt_dir was S3)."""
+    if spec.get("checkpoint_target"):
+        return str(spec["checkpoint_target"])
+    return "s3" if str(spec.get("ckpt_dir") or "").startswith("s3://") else DEFAULT_TARGET
+
+
+def _unless(value: str, default: str) -> list[str]:
+    return [] if value == default else [value]
+
+
+def stack_engine(spec: dict) -> list[str]:
+    """The training stack where it is not DeepSpeed, then the engine: ["default"], ["fsdp2", "dcp"]."""
+    return [*_unless(str(spec.get("stack") or DEFAULT_STACK), DEFAULT_STACK), str(spec["engine"])]
+
+
 def engine_label(spec: dict) -> str:
     """The engine and any option that differs from false/default, e.g. `dcp async_save`; the training stack first
-    where it is not DeepSpeed (`fsdp2 dcp`), and `s3` last for a checkpoint in object storage (`default s3`)."""
+    where it is not DeepSpeed (`fsdp2 dcp`), and the storage target last where it is not a file system
+    (`default s3`)."""
     options = spec.get("engine_options") or {}
     on = [k for k, v in options.items() if v is True]
-    stack = [] if spec.get("stack", "deepspeed") == "deepspeed" else [str(spec["stack"])]
-    target = ["s3"] if str(spec.get("ckpt_dir") or "").startswith("s3://") else []
-    return " ".join([*stack, str(spec["engine"]), *on, *target])
+    return " ".join([*stack_engine(spec), *on, *_unless(target_name(spec), DEFAULT_TARGET)])
+
+
+# ---- the per-rank event records (events/<record>/rank-N.jsonl) ------------------------------------------------------
+# Each line is {"t": wall time, "rank": N, "event": <kind>, **fields}. The worker writes these dataclasses (each kind
+# in one place); readers (results/, analysis/) read the lines as dicts. `extra` fields are merged into the line.
+@dataclass(frozen=True)
+class Event:
+    kind: ClassVar[str]
+
+    def fields(self) -> dict:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        extra = data.pop("extra", None) or {}
+        return {RENAMED.get(k, k): v for k, v in data.items() if k not in OMIT_IF_NONE or v is not None} | extra
+
+
+RENAMED = {"asynchronous": "async"}  # a Python keyword in the file
+OMIT_IF_NONE = ("flush",)  # written only where there is one (an asynchronous save's background part)
+
+
+@dataclass(frozen=True)
+class Process(Event):
+    kind = "process"
+    pid: int
+
+
+@dataclass(frozen=True)
+class Mark(Event):
+    """A milestone (schema RESTART_PHASES' marks, `finished`), with the memory high-water marks of the phase it
+    ends (peak_rss_bytes, peak_device_bytes)."""
+
+    kind = "mark"
+    name: str
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Layout(Event):
+    kind = "layout"
+    dp_rank: int
+    tp_rank: int
+    pp_rank: int
+    device: str
+    local_parameters: int
+    extra: dict = field(default_factory=dict)  # stack, emulated
+
+    @classmethod
+    def of(cls, fields: dict) -> Layout:
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "extra"]
+        return cls(**{k: fields[k] for k in names}, extra={k: v for k, v in fields.items() if k not in names})
+
+
+@dataclass(frozen=True)
+class Step(Event):
+    kind = "step"
+    step: int
+    loss: float
+    seconds: float
+    last: int
+    in_flight: bool  # an asynchronous save's flush was in flight during the step
+
+
+@dataclass(frozen=True)
+class Digest(Event):
+    kind = "digest"
+    tag: str
+    seconds: float
+    tensors: int
+
+
+@dataclass(frozen=True)
+class Save(Event):
+    """One rank's save, once committed (docs/measurements.md defines each figure)."""
+
+    kind = "save"
+    tag: str
+    step: int
+    start: float  # wall time the save began
+    blocking_seconds: float
+    durable_seconds: float
+    commit_seconds: float
+    files: list  # {path relative to the tag, bytes, seconds}
+    bytes: int
+    asynchronous: bool
+    in_flight_steps: int
+    anatomy: dict | None
+    flush: dict | None = None
+    extra: dict = field(default_factory=dict)  # the stack's facts: universal_info, emulated, waves
+
+
+@dataclass(frozen=True)
+class Loaded(Event):
+    kind = "loaded"
+    tag: str
+    files: list  # {path, seconds} of every engine load, in order
+
+
+@dataclass(frozen=True)
+class LoadAnatomy(Event):
+    kind = "load_anatomy"
+    extra: dict  # the anatomy window's record (worker/anatomy.py Window.close)
+
+
+@dataclass(frozen=True)
+class Verify(Event):
+    kind = "verify"
+    extra: dict  # stacks/base.py Verification.event()
+
+
+@dataclass(frozen=True)
+class Done(Event):
+    kind = "done"
+    max_rss_bytes: int
+
+
+@dataclass(frozen=True)
+class Error(Event):
+    kind = "error"
+    message: str
+    traceback: str

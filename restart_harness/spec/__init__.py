@@ -1,13 +1,6 @@
-"""The command line -> a validated request (RunSpec for runs). Pure: no torch, no DeepSpeed, no machine checks."""
+"""What a run is: every key declared once (keys.py), the RunSpec (runspec.py), the model's shape and parameter table
+(model_shape.py, parameters.py), and the resolved run that spec.json holds (run.py). Pure: no torch, no machine."""
 
 from restart_harness.spec.runspec import RunSpec
 
-
-def parse_args(tokens: list[str]) -> RunSpec:
-    """`MODEL key=value ...` -> the resolved RunSpec (what a run of those tokens would use)."""
-    from restart_harness.spec.command import parse_run
-
-    return parse_run(tokens)[0]
-
-
-__all__ = ["RunSpec", "parse_args"]
+__all__ = ["RunSpec"]

@@ -1,6 +1,8 @@
 """RunSpec: every setting of one run. Each field is a declared key (restart_harness/spec/keys.py): its help, default,
-unit, accepted values and range live here and nowhere else. Parsed and validated once (spec/command.py), then
-passed around as one object and written to spec.json. resolve() is pure: it never looks at the machine."""
+unit, accepted values and range live here and nowhere else. Frozen: parsed and validated once (restart_harness/command/),
+completed against the machine once (restart_harness/machine.py), then passed around as one object and written to
+spec.json (spec/run.py). resolve() and with_layout() are pure and return new specs; the checks that depend on the
+training stack, the engine or the storage target are theirs (stacks/, engines/, targets/)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ PHASES = ("all", "checkpoint")  # `restart` is a command of its own: ./submit-jo
 _WALLTIME = re.compile(r"^(\d+-)?\d+:\d{2}:\d{2}$")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunSpec:
     """What the user asked for, with defaults filled in."""
 
@@ -42,10 +44,10 @@ class RunSpec:
                                       "nodes (shard within a node, replicate across nodes)", group="layout",
                                 minimum=1, restart=True)
     # training
-    stack: str = key("deepspeed", "training stack: deepspeed = DeepSpeed ZeRO-1 with TP/PP; fsdp2 = torch FSDP2 "
-                                  "(fully_shard over the data-parallel ranks) checkpointed with Distributed "
-                                  "Checkpoint: engine=dcp, tp=1, pp=1 (docs/fsdp2.md)", group="training",
-                     choices=("deepspeed", "fsdp2"))
+    stack: str = key("deepspeed", "training stack (restart_harness/stacks/; list below): deepspeed = DeepSpeed "
+                                  "ZeRO-1 with TP/PP; fsdp2 = torch FSDP2 (fully_shard over the data-parallel ranks) "
+                                  "checkpointed with Distributed Checkpoint: engine=dcp, tp=1, pp=1 (docs/fsdp2.md)",
+                     group="training")
     precision: str = key("bf16", "training precision (ZeRO-1 keeps fp32 master weights either way)",
                          group="training", choices=("bf16", "fp32"))
     iters: int = key(4, "training steps of the checkpoint phase", group="training", minimum=1)
@@ -58,8 +60,8 @@ class RunSpec:
     lr: float = key(1e-4, "AdamW learning rate", group="training", above=0)
     seed: int = key(1234, "seed of weights and synthetic data", group="training", minimum=0)
     # checkpoint
-    engine: str = key("default", "checkpoint engine (engines/; list below); its options are keys too; default "
-                                 "default (stack=deepspeed), dcp (stack=fsdp2)",
+    engine: str = key("default", "checkpoint engine (engines/; list below); its options are keys too; when not "
+                                 "given, the stack's own: default (stack=deepspeed), dcp (stack=fsdp2)",
                       group="checkpoint")
     cache: str = key("drop", "page cache before the restart: drop = evict the checkpoint's pages, warm = leave "
                              "them", group="checkpoint", choices=("drop", "warm"), restart=True)
@@ -147,114 +149,100 @@ class RunSpec:
 
     # ---- validation (pure) --------------------------------------------------------------
     def resolve(self) -> RunSpec:
-        """Fill derived defaults and check the layout; raises UsageError naming the numbers."""
-        self.shape = self.shape.shrunk(self.shrink)
-        self.resolve_layout()
-        if self.seq_len is None:
-            # Sequence length shapes activations only, never the checkpoint: shrink divides it too.
-            self.seq_len = min(self.shape.max_position_embeddings, max(16, 2048 // self.shrink))
-        if self.seq_len > self.shape.max_position_embeddings:
+        """The spec as given -> the spec a run uses: the model shrunk, the layout derived and checked, the sequence
+        length filled in; raises UsageError naming the numbers. Call once, on a spec as parsed."""
+        spec = dataclasses.replace(self, shape=self.shape.shrunk(self.shrink)).with_layout()
+        # Sequence length shapes activations only, never the checkpoint: shrink divides it too.
+        seq_len = spec.seq_len or min(spec.shape.max_position_embeddings, max(16, 2048 // spec.shrink))
+        if seq_len > spec.shape.max_position_embeddings:
+            raise UsageError(f"seq_len={seq_len} exceeds max_position_embeddings={spec.shape.max_position_embeddings}")
+        if not _WALLTIME.match(spec.walltime):
+            raise UsageError(f"walltime={spec.walltime}: accepted HH:MM:SS (or D-HH:MM:SS)")
+        if spec.save_interval > spec.iters:
             raise UsageError(
-                f"seq_len={self.seq_len} exceeds max_position_embeddings={self.shape.max_position_embeddings}"
-            )
-        if not _WALLTIME.match(self.walltime):
-            raise UsageError(f"walltime={self.walltime}: accepted HH:MM:SS (or D-HH:MM:SS)")
-        if self.save_interval > self.iters:
-            raise UsageError(
-                f"save_interval={self.save_interval} is larger than iters={self.iters}: no checkpoint would be "
+                f"save_interval={spec.save_interval} is larger than iters={spec.iters}: no checkpoint would be "
                 "written; accepted: 1 <= save_interval <= iters"
             )
-        return self
+        return dataclasses.replace(spec, seq_len=seq_len)
 
-    def resolve_layout(self) -> None:
-        """Derive dp / ranks_per_node and check that the (already resolved) model can be placed on the layout (a
-        run's, or a restart's at another layout)."""
-        self._resolve_ranks()
-        self._check_model_split()
-        if self.stack == "fsdp2":
-            self._check_fsdp2()
-        elif self.replicate is not None:
-            raise UsageError(f"replicate={self.replicate}: hybrid sharding is stack=fsdp2's; DeepSpeed's ZeRO-1 "
-                             "shards the optimizer state over every data-parallel rank; accepted: stack=fsdp2")
+    def with_layout(self, **layout) -> RunSpec:
+        """This spec at a layout (tp, pp, dp, nodes, ranks_per_node as given; dp and ranks_per_node derived where
+        None), checked against the (already resolved) model: a run's, or a restart's at another layout."""
+        spec = dataclasses.replace(self, **layout)
+        dp, ranks_per_node = _ranks(spec)
+        spec = dataclasses.replace(spec, dp=dp, ranks_per_node=ranks_per_node)
+        _check_model_split(spec)
+        return spec
 
-    def _check_fsdp2(self) -> None:
-        """FSDP2 shards over the data-parallel ranks only; tensor and pipeline parallelism are DeepSpeed's here."""
-        for name in ("tp", "pp"):
-            if getattr(self, name) != 1:
-                raise UsageError(f"{name}={getattr(self, name)}: stack=fsdp2 shards over data-parallel ranks only; "
-                                 f"accepted: {name}=1 (tensor and pipeline parallelism: stack=deepspeed)")
-        if self.emulate:
-            raise UsageError("emulate=true: emulation writes DeepSpeed's files; accepted with stack=deepspeed only")
-        replicas = self.replicas
-        if self.dp % replicas:
-            given = f"replicate={replicas}" if self.replicate else f"replicate (default nodes={replicas})"
-            raise UsageError(f"{given} does not divide dp={self.dp}: each replica shards the state over dp / "
-                             "replicate ranks; accepted: replicate dividing dp")
+    def save_steps(self) -> list[int]:
+        """The training steps after which the checkpoint phase saves."""
+        return [s for s in range(1, self.iters + 1) if s % self.save_interval == 0]
 
-    @property
-    def replicas(self) -> int:
-        """stack=fsdp2: the replicas of hybrid sharding (1: plain FSDP over all data-parallel ranks)."""
-        return self.replicate or self.nodes
 
-    def _resolve_ranks(self) -> None:
-        per_replica = self.tp * self.pp
-        if self.dp is None:
-            if self.ranks_per_node is None:
-                self.dp = 1
-            else:
-                ranks = self.nodes * self.ranks_per_node
-                if ranks % per_replica:
-                    raise UsageError(
-                        f"nodes x ranks_per_node = {self.nodes} x {self.ranks_per_node} = {ranks} ranks is not "
-                        f"a multiple of tp x pp = {self.tp} x {self.pp} = {per_replica}"
-                    )
-                self.dp = ranks // per_replica
-        world = per_replica * self.dp
-        if self.ranks_per_node is None:
-            if world % self.nodes:
+def _ranks(spec: RunSpec) -> tuple[int, int]:
+    """(dp, ranks_per_node), derived where not given and checked against each other."""
+    per_replica = spec.tp * spec.pp
+    dp = spec.dp
+    if dp is None:
+        if spec.ranks_per_node is None:
+            dp = 1
+        else:
+            ranks = spec.nodes * spec.ranks_per_node
+            if ranks % per_replica:
                 raise UsageError(
-                    f"world size tp x pp x dp = {self.tp} x {self.pp} x {self.dp} = {world} does not split over "
-                    f"nodes={self.nodes}"
+                    f"nodes x ranks_per_node = {spec.nodes} x {spec.ranks_per_node} = {ranks} ranks is not "
+                    f"a multiple of tp x pp = {spec.tp} x {spec.pp} = {per_replica}"
                 )
-            self.ranks_per_node = world // self.nodes
-        if self.nodes * self.ranks_per_node != world:
+            dp = ranks // per_replica
+    world = per_replica * dp
+    ranks_per_node = spec.ranks_per_node
+    if ranks_per_node is None:
+        if world % spec.nodes:
             raise UsageError(
-                f"dp={self.dp} does not match the ranks: tp x pp x dp = {self.tp} x {self.pp} x {self.dp} = "
-                f"{world}, but nodes x ranks_per_node = {self.nodes} x {self.ranks_per_node} = "
-                f"{self.nodes * self.ranks_per_node}"
+                f"world size tp x pp x dp = {spec.tp} x {spec.pp} x {dp} = {world} does not split over "
+                f"nodes={spec.nodes}"
             )
+        ranks_per_node = world // spec.nodes
+    if spec.nodes * ranks_per_node != world:
+        raise UsageError(
+            f"dp={dp} does not match the ranks: tp x pp x dp = {spec.tp} x {spec.pp} x {dp} = "
+            f"{world}, but nodes x ranks_per_node = {spec.nodes} x {ranks_per_node} = "
+            f"{spec.nodes * ranks_per_node}"
+        )
+    return dp, ranks_per_node
 
-    def _check_model_split(self) -> None:
-        s, tp = self.shape, self.tp
-        if s.hidden_size % s.num_attention_heads and s.head_dim is None:
-            raise UsageError(
-                f"hidden_size={s.hidden_size} is not divisible by num_attention_heads={s.num_attention_heads}"
-            )
-        if s.num_attention_heads % s.num_key_value_heads:
-            raise UsageError(
-                f"num_attention_heads={s.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads={s.num_key_value_heads}"
-            )
-        if s.dim_per_head % 2:
-            raise UsageError(f"head dimension {s.dim_per_head} must be even (rotary embeddings)")
-        checks = [
-            ("num_attention_heads", s.num_attention_heads),
-            ("num_key_value_heads", s.num_key_value_heads),
-            ("intermediate_size", s.intermediate_size),
-            ("vocab_size", s.vocab_size),
-        ]
-        for name, value in checks:
-            if value % tp:
-                hint = ""
-                if name == "num_key_value_heads":
-                    hint = " (key/value heads are split across TP ranks, not replicated)"
-                raise UsageError(f"tp={tp} does not divide {name}={value}{hint}; accepted: tp dividing "
-                                 + ", ".join(f"{n}={v}" for n, v in checks))
-        if self.pp > s.num_hidden_layers:
-            raise UsageError(
-                f"pp={self.pp} is larger than the {s.num_hidden_layers} transformer layers "
-                f"(each pipeline stage needs at least one); accepted: pp from 1 to {s.num_hidden_layers}"
-            )
+
+def _check_model_split(spec: RunSpec) -> None:
+    s, tp = spec.shape, spec.tp
+    if s.hidden_size % s.num_attention_heads and s.head_dim is None:
+        raise UsageError(
+            f"hidden_size={s.hidden_size} is not divisible by num_attention_heads={s.num_attention_heads}"
+        )
+    if s.num_attention_heads % s.num_key_value_heads:
+        raise UsageError(
+            f"num_attention_heads={s.num_attention_heads} is not a multiple of "
+            f"num_key_value_heads={s.num_key_value_heads}"
+        )
+    if s.dim_per_head % 2:
+        raise UsageError(f"head dimension {s.dim_per_head} must be even (rotary embeddings)")
+    checks = [
+        ("num_attention_heads", s.num_attention_heads),
+        ("num_key_value_heads", s.num_key_value_heads),
+        ("intermediate_size", s.intermediate_size),
+        ("vocab_size", s.vocab_size),
+    ]
+    for name, value in checks:
+        if value % tp:
+            hint = ""
+            if name == "num_key_value_heads":
+                hint = " (key/value heads are split across TP ranks, not replicated)"
+            raise UsageError(f"tp={tp} does not divide {name}={value}{hint}; accepted: tp dividing "
+                             + ", ".join(f"{n}={v}" for n, v in checks))
+    if spec.pp > s.num_hidden_layers:
+        raise UsageError(
+            f"pp={spec.pp} is larger than the {s.num_hidden_layers} transformer layers "
+            f"(each pipeline stage needs at least one); accepted: pp from 1 to {s.num_hidden_layers}"
+        )
 
 
 def run_keys() -> dict:

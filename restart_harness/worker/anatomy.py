@@ -168,12 +168,9 @@ class Anatomy:
         wrapped.__wrapped__ = inner
         setattr(owner, name, wrapped)
 
-    def hook_collectives(self, comm=None) -> None:
-        """The collectives of `comm` (default DeepSpeed's comm; torch.distributed for stack=fsdp2), attributed to
-        `wait` (module attributes: every caller looks them up)."""
-        if comm is None:
-            from deepspeed import comm
-
+    def hook_collectives(self, comm) -> None:
+        """The collectives of the module `comm` (DeepSpeed's comm, torch.distributed), attributed to `wait` (module
+        attributes: every caller looks them up)."""
         for name in COLLECTIVES:
             if callable(getattr(comm, name, None)):
                 self.wrap(comm, name, "wait")

@@ -1,4 +1,5 @@
-"""Per-rank event log: one JSON object per line, appended and flushed as it happens (schema in README)."""
+"""Per-rank event log: one JSON object per line, appended and flushed as it happens. The records are the typed events
+of restart_harness/results/schema.py."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 import os
 import time
 from pathlib import Path
+
+from restart_harness.results.schema import Event, Mark
 
 
 class EventLog:
@@ -17,8 +20,8 @@ class EventLog:
         # Kept open for the life of the rank, line-buffered: the launcher follows progress live.
         self._file = open(path, "a", buffering=1)  # noqa: SIM115
 
-    def emit(self, event: str, t: float | None = None, **fields) -> None:
-        record = {"t": time.time() if t is None else t, "rank": self.rank, "event": event, **fields}
+    def emit(self, event: Event, t: float | None = None) -> None:
+        record = {"t": time.time() if t is None else t, "rank": self.rank, "event": event.kind, **event.fields()}
         self._file.write(json.dumps(record, sort_keys=False) + "\n")
 
     def mark(self, name: str, t: float | None = None, memory: dict | None = None) -> None:
@@ -26,7 +29,7 @@ class EventLog:
         phase it ends (since the previous mark; `memory`: read earlier, for a mark recorded after the fact)."""
         if memory is None:
             memory = self.peak_memory() if self.peak_memory else {}
-        self.emit("mark", t=t, name=name, **memory)
+        self.emit(Mark(name, extra=memory), t=t)
 
     def close(self) -> None:
         self._file.flush()

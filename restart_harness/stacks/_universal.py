@@ -1,6 +1,7 @@
-"""A restart at another layout, DeepSpeed's way: convert the committed checkpoint with DeepSpeed's own
-ds_to_universal (a timed, recorded phase), then restart with `checkpoint.load_universal` at the new layout, and verify
-the full state against a reference taken from the original files by code of our own.
+"""A restart of a DeepSpeed checkpoint at another layout, DeepSpeed's way (helpers of stacks/deepspeed.py): convert
+the committed checkpoint with DeepSpeed's own ds_to_universal (a timed, recorded phase), then restart with
+`checkpoint.load_universal` at the new layout, and verify the full state against a reference taken from the original
+files by code of our own.
 
 convert()    runs `python -m deepspeed.checkpoint.ds_to_universal --input_folder ROOT/TAG --output_folder
              ROOT/TAG_universal` once per tag (a later reshard of the same run reuses it and says so), with the I/O
@@ -13,7 +14,6 @@ reference()  from the original checkpoint's ZeRO files: every parameter's full f
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -23,7 +23,6 @@ from pathlib import Path
 
 from restart_harness import iocount
 from restart_harness.errors import RunFailed
-from restart_harness.generate.ds_config import build_ds_config, deep_merge
 from restart_harness.spec.runspec import RunSpec
 from restart_harness.storage.atomic import files_under, read_json, write_json_atomic
 
@@ -97,9 +96,9 @@ def reference(run_dir: Path, ckpt_root: Path, tag: str, original: RunSpec) -> Pa
         return path
     import torch
 
+    from restart_harness.model import digest
     from restart_harness.plan import checkpoint
-    from restart_harness.worker import digest
-    from restart_harness.worker.full_state import KEYS, merge_tp, split_of
+    from restart_harness.stacks._deepspeed_state import KEYS, merge_tp, split_of
 
     shards: dict[str, list[dict[str, torch.Tensor]]] = {}  # name -> per TP rank {key: shard}
     step = None
@@ -131,15 +130,3 @@ def reference(run_dir: Path, ckpt_root: Path, tag: str, original: RunSpec) -> Pa
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, {"tag": tag, "layout": original.layout, "adam_step": step, "parameters": parameters})
     return path
-
-
-def record_files(run_dir: Path, record: str, spec: RunSpec, universal: bool = True) -> tuple[Path, Path]:
-    """The restart's own spec and DeepSpeed config (its layout; universal loading unless the stack reshards
-    natively): records/{spec,ds_config}-<record>.json."""
-    folder = run_dir / "records"
-    folder.mkdir(exist_ok=True)
-    spec_path, config_path = folder / f"spec-{record}.json", folder / f"ds_config-{record}.json"
-    data = {**json.loads((run_dir / "spec.json").read_text()), **spec.to_json()}
-    write_json_atomic(spec_path, data)
-    write_json_atomic(config_path, deep_merge(build_ds_config(spec), {"checkpoint": {"load_universal": universal}}))
-    return spec_path, config_path

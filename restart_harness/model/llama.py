@@ -10,10 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from restart_harness.spec import parameters as table
-from restart_harness.spec.model_shape import ModelShape
-from restart_harness.spec.parameters import Param
-from restart_harness.worker.tensor_parallel import (
+from restart_harness.model.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
     TPGroup,
@@ -21,6 +18,9 @@ from restart_harness.worker.tensor_parallel import (
     copy_to_tp,
     gather_last_dim,
 )
+from restart_harness.spec import parameters as table
+from restart_harness.spec.model_shape import ModelShape
+from restart_harness.spec.parameters import Param
 
 
 class RMSNorm(nn.Module):

@@ -1,34 +1,18 @@
-"""emulate=true: a rank writes, through the chosen engine's own save, exactly the files of one checkpoint of the
-planned model and layout (names, writing ranks, tensor names, shapes, dtypes and storages, DeepSpeed's non-tensor
-objects), without a model and without training; its restart reads its restart read set through the engine's own
-load, in the order DeepSpeed's load_checkpoint does, and verifies every tensor against the digests taken at save.
-
-Each file's state dict is rebuilt as DeepSpeed 0.19.8 assembles it (engine._save_checkpoint, _save_zero_checkpoint,
-PipelineModule.save_state_dict, DeepSpeedZeroOptimizer.state_dict for ZeRO-1 with torch's AdamW) from the
-planner's recipe (plan/checkpoint.py); tests/test_emulate.py compares them with a real run's files key by key.
-Tensor bytes are random and unique per 4 KiB block (neither compressible nor deduplicable): a random pool copied at
-a per-file offset, each 4 KiB block stamped with a counter of (rank, file, block).
-
-Memory: a rank builds, saves and frees one file at a time, and the ranks of a node work in waves so that at most
-`emulate_memory_gib` of file state is held at once on the node (every rank computes the same waves from the plan).
-"""
+"""DeepSpeed 0.19.8's checkpoint files rebuilt without a model (helpers of stacks/emulated.py): each file's state dict
+as DeepSpeed assembles it (engine._save_checkpoint, _save_zero_checkpoint, PipelineModule.save_state_dict,
+DeepSpeedZeroOptimizer.state_dict for ZeRO-1 with torch's AdamW) from the planner's recipe (plan/checkpoint.py);
+tests/test_emulate.py compares them with a real run's files key by key. Tensor bytes are random and unique per 4 KiB
+block (neither compressible nor deduplicable): a random pool copied at a per-file offset, each 4 KiB block stamped
+with a counter of (rank, file, block). waves(): how many ranks of a node hold file state at once."""
 
 from __future__ import annotations
 
 import collections
-import json
 import math
-import time
-from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from restart_harness.plan import checkpoint, rules
-from restart_harness.results.schema import LOAD_CATEGORIES, SAVE_CATEGORIES
-from restart_harness.storage.atomic import files_under, fsync_paths, write_json_atomic, write_text_atomic
-from restart_harness.worker import checkpointing, digest
-from restart_harness.worker.anatomy import Anatomy
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 POOL_BYTES = 64 << 20
@@ -193,131 +177,3 @@ def waves(spec, recipes: list[checkpoint.FileRecipe]) -> tuple[int, int]:
     budget = int(spec.emulate_memory_gib * 2**30)
     at_once = max(1, min(spec.ranks_per_node, budget // max(largest, 1)))
     return at_once, math.ceil(spec.ranks_per_node / at_once)
-
-
-def _in_waves(spec, recipes, rank: int, work, anatomy: Anatomy) -> int:
-    """Run work() in this rank's wave; every rank takes part in every wave's barrier. Returns the wave count."""
-    at_once, count = waves(spec, recipes)
-    mine = (rank % spec.ranks_per_node) // at_once
-    for wave in range(count):
-        if wave == mine:
-            work()
-        if count > 1:
-            with anatomy.region("wave"):
-                dist.barrier()
-    return count
-
-
-# ---- the two phases ---------------------------------------------------------------------------------------------
-def save(args, spec, ds_config: dict, engine, plugin, anatomy: Anatomy, rank: int, log) -> None:
-    step = spec.iters
-    tag = f"global_step{step}"
-    tag_dir = args.ckpt_root / tag
-    if rank == 0:
-        tag_dir.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    recipes = checkpoint.recipes(spec)
-    mine = [r for r in recipes if r.writer == rank]
-    filler = Filler(rank, spec.seed)
-    client_state = checkpointing.client_state(spec, step)
-    written: list[tuple[str, float]] = []
-    digests: dict[str, dict[str, str]] = {}
-    timing = {"save": 0.0, "durable": 0.0, "start": time.time()}
-
-    def work() -> None:
-        timing["start"] = time.time()  # this rank's wave begins
-        for recipe in mine:
-            with anatomy.region("generate"):
-                state = build_state(spec, recipe, filler, ds_config, client_state)
-                digests[recipe.path] = {k: digest.tensor_digest(t) for k, t in tensors_of(state).items()}
-            path = str(tag_dir / recipe.path)
-            start = time.perf_counter()
-            with anatomy.region("serialize", io=("write", "sync")):
-                engine.save(state, path)
-            saved = time.perf_counter()
-            with anatomy.region("fsync"):
-                plugin.wait_durable(engine)
-                fsync_paths(files_under(Path(path)))
-            timing["save"] += saved - start
-            timing["durable"] += time.perf_counter() - start
-            written.append((path, saved - start))
-            del state
-
-    began = time.perf_counter()  # every rank, before the first wave: commit_seconds spans all the waves
-    with anatomy.measure(SAVE_CATEGORIES, excluded=("generate", "wave")) as window:
-        count = _in_waves(spec, recipes, rank, work, anatomy)
-        with anatomy.region("wait"):
-            dist.barrier()
-        if rank == 0:
-            write_text_atomic(args.ckpt_root / "latest", tag)
-        with anatomy.region("wait"):
-            dist.barrier()
-        committed = time.perf_counter() - began
-        record = window.close()
-    digest_path = args.run_dir / "digests" / tag / f"emulated-rank-{rank:05d}.json"
-    digest_path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(digest_path, {"tag": tag, "rank": rank, "files": digests})
-    files = [{"path": str(Path(p).relative_to(tag_dir)),
-              "bytes": sum(f.stat().st_size for f in files_under(Path(p))), "seconds": s} for p, s in written]
-    log.emit("save", tag=tag, step=step, start=timing["start"], blocking_seconds=timing["save"],
-             durable_seconds=timing["durable"], commit_seconds=committed, files=files,
-             bytes=sum(f["bytes"] for f in files), anatomy=record, emulated=True, waves=count,
-             **{"async": plugin.is_async()}, in_flight_steps=0)
-
-
-def restart(args, spec, engine, anatomy: Anatomy, rank: int, log) -> None:
-    """Read this rank's restart read set through the engine, one file at a time, in DeepSpeed's order (and in the
-    save's memory waves), verifying every tensor against the digest its writer recorded."""
-    tag = (args.ckpt_root / "latest").read_text().strip()
-    tag_dir = args.ckpt_root / tag
-    saved: dict[str, dict[str, str]] = {}
-    for path in sorted((args.run_dir / "digests" / tag).glob("emulated-rank-*.json")):
-        saved.update(json.loads(path.read_text())["files"])
-    sequence = checkpoint.restart_read_sequence(spec)[rank]
-    loaded: list[dict] = []
-    differing: list[str] = []
-    counts = {"checked": 0, "verify_seconds": 0.0}
-
-    def work() -> None:
-        for name in sequence:
-            start = time.perf_counter()
-            with anatomy.region("deserialize", io=("read",)):
-                state = engine.load(str(tag_dir / name), map_location="cpu")
-            loaded.append({"path": str(tag_dir / name), "seconds": time.perf_counter() - start})
-            with anatomy.region("verify"):
-                v0 = time.perf_counter()
-                for key, t in tensors_of(state).items():
-                    counts["checked"] += 1
-                    if saved.get(name, {}).get(key) != digest.tensor_digest(t):
-                        differing.append(f"{name}:{key}")
-                counts["verify_seconds"] += time.perf_counter() - v0
-            del state
-
-    with anatomy.measure(LOAD_CATEGORIES, excluded=("verify", "wave")) as window:
-        count = _in_waves(spec, checkpoint.recipes(spec), rank, work, anatomy)
-        record = window.close()
-    log.mark("checkpoint_loaded")
-    log.emit("loaded", tag=tag, files=loaded, waves=count)
-    log.emit("load_anatomy", **record)
-    log.emit("verify", tag=tag, ok=not differing and counts["checked"] > 0, differing=differing[:50],
-             differing_count=len(differing), tensors=counts["checked"], seconds=counts["verify_seconds"])
-
-
-def run(args, log, rank: int, spec, ds_config: dict, plugin, init_distributed) -> None:
-    """One rank of an emulated phase: marks process_start .. dist_init_done, engine_initialized (the checkpoint
-    engine constructed), then the save or the restart's load (no model build, no training)."""
-    device = init_distributed(spec)
-    log.mark("dist_init_done")
-    anatomy = Anatomy(device.type, enabled=spec.anatomy)
-    anatomy.add_prefix(args.ckpt_root)
-    engine = plugin.emulation_engine()
-    tp_rank, dp_rank, pp_rank = rank % spec.tp, (rank // spec.tp) % spec.dp, rank // (spec.tp * spec.dp)
-    log.emit("layout", dp_rank=dp_rank, tp_rank=tp_rank, pp_rank=pp_rank, device=str(device), local_parameters=0,
-             emulated=True)
-    log.mark("engine_initialized")
-    if args.phase == "checkpoint":
-        save(args, spec, ds_config, engine, plugin, anatomy, rank, log)
-    else:
-        restart(args, spec, engine, anatomy, rank, log)
-    dist.barrier()
-    log.mark("finished")

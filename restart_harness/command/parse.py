@@ -1,5 +1,6 @@
 """The command line -> one validated request. Pure: reads only the files the command names (model presets, an
-earlier run's spec.json), never checks or changes the machine (that is restart_harness/preflight.py).
+earlier run's spec.json), never checks or changes the machine (that is restart_harness/preflight.py). The training
+stack, the engine and the storage target each check the keys they own (check()).
 
     ./submit-job.sh [run] MODEL key=value ...        one run; comma lists (key=a,b) or repeats>1 make a sweep
     ./submit-job.sh plan MODEL key=value ...         the checkpoint a run would write; launches nothing
@@ -17,66 +18,27 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
-import json
 import re
-from dataclasses import MISSING, dataclass
+from dataclasses import dataclass
 from pathlib import Path as FsPath
 
+from engines import registry
+from restart_harness import stacks, targets
+from restart_harness.command.options import (
+    MATRIX_STACK_CASES,
+    BaselineOptions,
+    MatrixOptions,
+    PlanOptions,
+    RestartOptions,
+)
 from restart_harness.errors import UsageError
-from restart_harness.spec.keys import Key, Path, Size, coerce, key, keys_of
+from restart_harness.spec import run as resolved
+from restart_harness.spec.keys import Key, coerce, keys_of
 from restart_harness.spec.model_shape import load_model, shape_keys
 from restart_harness.spec.runspec import RunSpec, run_keys
 
 COMMANDS = ("run", "plan", "restart", "baseline", "report", "matrix")
 _TOKEN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
-
-
-@dataclass
-class PlanOptions:
-    plan: str = key("text", "output: text (a table) or json", group="plan", choices=("text", "json"))
-    bandwidth_gbps: float | None = key(None, "storage bandwidth for the estimate (both directions); default: the "
-                                             "cached storage baseline of the checkpoint directory's file system",
-                                       group="plan", unit="GB/s = 10^9 bytes/s", above=0)
-    to_tp: int | None = key(None, "plan a restart at another layout too: its tensor-parallel degree (default the "
-                                  "run's); shows the universal checkpoint and what each rank reads of it",
-                            group="plan", minimum=1)
-    to_pp: int | None = key(None, "... its pipeline-parallel degree (default the run's)", group="plan", minimum=1)
-    to_dp: int | None = key(None, "... its data-parallel degree (default the run's)", group="plan", minimum=1)
-
-
-@dataclass
-class BaselineOptions:
-    dir: Path = key(MISSING, "the directory (file system) to measure, e.g. dir=/scratch/ckpt, or an object store: "
-                             "dir=s3://bucket/prefix (PUT and GET)", group="baseline")
-    tool: str = key("auto", "auto = fio when installed, else the built-in probe", group="baseline",
-                    choices=("auto", "fio", "builtin"))
-    file_bytes: Size = key(Size(64 << 20), "bytes each rank writes and reads", group="baseline", unit="bytes",
-                           minimum=1)
-    ranks: int | None = key(None, "concurrent writers/readers; default the CPU count, at most 8", group="baseline",
-                            minimum=1)
-
-
-# The matrix's cases beyond DeepSpeed's engines: another training stack with its engine (docs/fsdp2.md).
-MATRIX_STACK_CASES = {"fsdp2-dcp": ["stack=fsdp2", "engine=dcp"]}
-
-
-@dataclass
-class MatrixOptions:
-    device: str = key("auto", "auto = cuda when NVIDIA devices are present, else cpu (the CPU subset)",
-                      group="matrix", choices=("auto", "cpu", "cuda"))
-    model: str | None = key(None, "model preset; default 1B on cuda, tiny on cpu", group="matrix")
-    engines: str = key("all", "comma list of engines (and fsdp2-dcp: stack=fsdp2 with DCP), or all (every engine "
-                              "that saves, and fsdp2-dcp)", group="matrix")
-    layouts: str = key("auto", "comma list of layouts as tpT-ppP-dpD, or auto: those that fit the node's devices "
-                               "(cpu: tp1-pp1-dp2 and tp2-pp2-dp1)", group="matrix")
-    gpus: int | None = key(None, "devices on the node (default: the NVIDIA devices found)", group="matrix", minimum=1)
-    results_dir: Path = key(Path("results/matrix"), "where the matrix's runs, matrix.json and its report go",
-                            group="matrix")
-
-
-@dataclass
-class RestartOptions:
-    run: Path = key(MISSING, "the run directory an earlier run printed", group="restart")
 
 
 @dataclass
@@ -86,23 +48,31 @@ class PlanRequest:
     target: RunSpec | None = None  # plan a restart at this layout too (to_tp, to_pp, to_dp)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RestartRequest:
-    """An existing run directory, its RunSpec with the restart overrides applied, and how many restarts."""
+    """An existing run, its RunSpec with the restart overrides applied, and how many restarts."""
 
-    run_dir: FsPath
-    spec: RunSpec
-    ckpt_root: FsPath
-    repeats: int
+    run: resolved.ResolvedRun  # the run as it was made (its own spec: the layout that wrote the checkpoint)
+    spec: RunSpec  # the restarts' spec
     tokens: list[str]  # the overrides as given (key=value), handed on to a submitted restart-only job
-    original: RunSpec | None = None  # the run's own spec (the layout that wrote the checkpoint)
-    checkpoint_url: str | None = None  # s3://... where the run's checkpoint objects are (ckpt_dir=s3://...)
 
     @property
-    def reshard(self) -> bool:
+    def run_dir(self) -> FsPath:
+        return self.run.run_dir
+
+    @property
+    def original(self) -> RunSpec:
+        return self.run.spec
+
+    @property
+    def repeats(self) -> int:
+        return self.spec.repeats
+
+    @property
+    def relayout(self) -> bool:
         """The restart's layout differs from the one that wrote the checkpoint (tp, pp or dp)."""
         o = self.original
-        return o is not None and (self.spec.tp, self.spec.pp, self.spec.dp) != (o.tp, o.pp, o.dp)
+        return (self.spec.tp, self.spec.pp, self.spec.dp) != (o.tp, o.pp, o.dp)
 
 
 @dataclass
@@ -165,8 +135,6 @@ def pairs_of(tokens: list[str]) -> dict[str, str]:
 
 
 def _unknown(name: str, accepted: list[str], engine: str | None = None) -> UsageError:
-    from engines import registry
-
     owners = [e for e in registry.owner_of_option(name) if e != engine]
     if owners:
         return UsageError(f"{name}=: an option of engine {', '.join(owners)}, not of engine {engine}; "
@@ -200,8 +168,6 @@ def _required(declared: dict[str, Key], values: dict, command: str) -> None:
 def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[RunSpec, dict]:
     """`MODEL key=value ...` -> (resolved RunSpec, values of the `extra` keys). Raises UsageError on the first
     problem, naming it."""
-    from engines import registry
-
     if not tokens:
         raise UsageError("missing MODEL; usage: ./submit-job.sh MODEL [key=value ...] (try: ./submit-job.sh tiny)")
     model, *rest = tokens
@@ -211,8 +177,8 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
     shape, source = load_model(model)
     values: dict = {}
     pairs = _fill(values, run_keys(), pairs)
-    if "engine" not in values:  # each stack's own default: DeepSpeed's torch.save, DCP for FSDP2
-        values["engine"] = "dcp" if values.get("stack") == "fsdp2" else "default"
+    stack = stacks.get(values.get("stack", run_keys()["stack"].default))
+    values.setdefault("engine", stack.default_engine)  # each stack's own: DeepSpeed's torch.save, DCP for FSDP2
     engine = registry.get(values["engine"])
     options: dict = {}
     pairs = _fill(options, keys_of(engine.Options), pairs)
@@ -227,47 +193,50 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
     if shape_values:
         shape = dataclasses.replace(shape, **shape_values)
     engine_options = {**dataclasses.asdict(engine.Options()), **options}
-    spec = RunSpec(model=model, shape=shape, model_source=source, engine_options=engine_options, **values)
-    if spec.stack not in engine.stacks:
-        takers = [n for n, c in registry.all_engines().items() if spec.stack in c.stacks]
-        raise UsageError(f"engine={engine.name} does not checkpoint stack={spec.stack}; accepted with "
-                         f"stack={spec.stack}: engine={', '.join(takers)}")
-    _check_object_target(spec, engine)
-    return spec.resolve(), extra_values
+    spec = RunSpec(model=model, shape=shape, model_source=source, engine_options=engine_options, **values).resolve()
+    check(spec)
+    return spec, extra_values
 
 
-def _check_object_target(spec, engine) -> None:
-    """ckpt_dir=s3://...: a well-formed URL, an engine that writes objects, no emulation (machine checks, such as
-    the bucket and the credentials, are preflight's)."""
-    from engines import registry
-    from restart_harness.storage.s3 import S3Url, is_s3
+def check(spec: RunSpec) -> None:
+    """What the training stack, the engine and the storage target say of spec (pure: no machine, no network)."""
+    stack, engine = stacks.of(spec), registry.get(spec.engine)
+    if not stack.accepts_engine(engine):
+        takers = [n for n, c in registry.all_engines().items() if stack.accepts_engine(c)]
+        raise UsageError(stack.engine_refusal.format(engine=engine.name, stack=spec.stack, takers=", ".join(takers)))
+    stack.check(spec)
+    target = targets.select(spec.ckpt_dir)
+    if spec.ckpt_dir is not None:
+        target.check_location(spec.ckpt_dir)
+    where = f"ckpt_dir={spec.ckpt_dir}"
+    if target.kind not in engine.target_kinds:
+        takers = [n for n, c in registry.all_engines().items()
+                  if target.kind in c.target_kinds and stack.accepts_engine(c)]
+        raise UsageError(f"{where}: engine={engine.name} writes {_WRITES[engine.target_kinds[0]]}, not "
+                         f"{_WRITES[target.kind]}; accepted with this ckpt_dir: engine={', '.join(takers)}")
+    if target.kind not in stack.target_kinds:
+        raise UsageError(f"{where}: {stack.key_text} writes {_WRITES[stack.target_kinds[0]]}, not "
+                         f"{_WRITES[target.kind]}; accepted with this ckpt_dir: {stack.key_text_off}")
 
-    if not is_s3(spec.ckpt_dir):
-        return
-    try:
-        S3Url.parse(spec.ckpt_dir)
-    except ValueError as exc:
-        raise UsageError(f"ckpt_dir={spec.ckpt_dir}: {exc}") from None
-    if not engine.s3:
-        takers = [n for n, c in registry.all_engines().items() if c.s3 and spec.stack in c.stacks]
-        raise UsageError(f"ckpt_dir={spec.ckpt_dir}: engine={engine.name} writes to a file system, not to object "
-                         f"storage; accepted with an s3:// ckpt_dir: engine={', '.join(takers)}")
-    if spec.emulate:
-        raise UsageError(f"ckpt_dir={spec.ckpt_dir}: emulate=true writes to a file system; accepted with an s3:// "
-                         "ckpt_dir: emulate=false")
+
+_WRITES = {"posix": "to a file system", "object": "to object storage"}
 
 
 def parse_plan(tokens: list[str]) -> PlanRequest:
     spec, values = parse_run(tokens, keys_of(PlanOptions))
-    if spec.stack != "deepspeed":
+    if not stacks.of(spec).planned:
         raise UsageError(f"stack={spec.stack}: the planner predicts DeepSpeed's checkpoint files; accepted: "
-                         "stack=deepspeed (a stack=fsdp2 checkpoint is one DCP shard file per rank and .metadata)")
+                         f"{', '.join('stack=' + n for n in stacks.names() if stacks.get(n).planned)} (a "
+                         f"stack={spec.stack} checkpoint is one DCP shard file per rank and .metadata)")
     options = PlanOptions(**values)
     target = None
     if any(v is not None for v in (options.to_tp, options.to_pp, options.to_dp)):
-        target = dataclasses.replace(spec, tp=options.to_tp or spec.tp, pp=options.to_pp or spec.pp,
-                                     dp=options.to_dp or spec.dp, ranks_per_node=None)
-        target.resolve_layout()
+        if not registry.get(spec.engine).universal:
+            raise UsageError(f"to_tp/to_pp/to_dp: engine={spec.engine} cannot restart at another layout (DeepSpeed's "
+                             "universal-checkpoint converter reads torch.save files only); accepted: engine="
+                             + ", ".join(n for n, c in registry.all_engines().items() if c.universal))
+        target = spec.with_layout(tp=options.to_tp or spec.tp, pp=options.to_pp or spec.pp,
+                                  dp=options.to_dp or spec.dp, ranks_per_node=None)
     return PlanRequest(spec, options, target)
 
 
@@ -298,8 +267,6 @@ def parse_matrix(tokens: list[str]) -> MatrixOptions:
             raise UsageError(f"layouts={options.layouts}: {layout!r} is not a layout; accepted: tpT-ppP-dpD, "
                              "e.g. tp2-pp2-dp1, comma-separated, or auto")
     if options.engines != "all":
-        from engines import registry
-
         for name in options.engines.split(","):
             if name not in registry.names() and name not in MATRIX_STACK_CASES:
                 raise UsageError(f"engines={options.engines}: unknown engine {name!r}; accepted: "
@@ -308,10 +275,6 @@ def parse_matrix(tokens: list[str]) -> MatrixOptions:
 
 
 # ---- sweeps ----------------------------------------------------------------------------------------------------
-def sweep_keys() -> dict[str, Key]:
-    return {k: v for k, v in run_keys().items() if v.sweep}
-
-
 def is_sweep(tokens: list[str]) -> bool:
     """A comma list in MODEL or any value, or repeats > 1."""
     if any("," in t for t in tokens):
@@ -372,39 +335,32 @@ def parse_restart(tokens: list[str]) -> RestartRequest:
             raise UsageError(f"{name}=: cannot change for a restart of an existing run (fixed by its spec.json); "
                              f"accepted with restart: run, {', '.join(allowed)}")
         overrides[name] = coerce(allowed[name], text)
-    run_dir = FsPath(options["run"]).expanduser()
-    if not (run_dir / "spec.json").is_file():
-        raise UsageError(f"run={options['run']}: not a run directory (no spec.json)")
-    run_dir = run_dir.resolve()
-    data = json.loads((run_dir / "spec.json").read_text())
-    original = RunSpec.from_json(data)
-    spec = dataclasses.replace(original, **overrides)
-    spec.phase, spec.dry_run = "restart", False
+    run = resolved.read(FsPath(options["run"]).expanduser())
+    spec = dataclasses.replace(run.spec, **overrides, phase="restart", dry_run=False)
     if LAYOUT_KEYS & overrides.keys():
-        _relayout(spec, original, overrides)
-    given = [f"{k}={v}" for k, v in pairs.items()]
-    return RestartRequest(run_dir=run_dir, spec=spec, ckpt_root=FsPath(data["checkpoint_root"]),
-                          checkpoint_url=data.get("checkpoint_url"),
-                          repeats=spec.repeats, tokens=given, original=original)
+        spec = _relayout(spec, run.spec, overrides)
+    return RestartRequest(run, spec, [f"{k}={v}" for k, v in pairs.items()])
 
 
 LAYOUT_KEYS = frozenset({"tp", "pp", "dp", "nodes", "ranks_per_node"})
 
 
-def _relayout(spec: RunSpec, original: RunSpec, overrides: dict) -> None:
+def _relayout(spec: RunSpec, original: RunSpec, overrides: dict) -> RunSpec:
     """A restart at another layout: keys not given keep the run's values (ranks per node follows); the model
     must fit the new layout; the global batch stays the run's (micro-batch and accumulation adjusted), so the first
     step after the restart trains on the same samples as at the original layout."""
+    layout = {}
     if "ranks_per_node" not in overrides:
-        spec.ranks_per_node = None
+        layout["ranks_per_node"] = None
     if "dp" not in overrides and "ranks_per_node" in overrides:
-        spec.dp = None
-    spec.resolve_layout()
+        layout["dp"] = None
+    spec = spec.with_layout(**layout)
+    stacks.of(spec).check(spec)
     batch = original.global_batch
     if batch % spec.dp:
         raise UsageError(f"dp={spec.dp}: the run's global batch of {batch} samples (micro_batch {original.micro_batch} "
                          f"x grad_accum {original.grad_accum} x dp {original.dp}) does not split over {spec.dp} "
                          "data-parallel ranks; accepted: dp dividing it")
     per_rank = batch // spec.dp
-    spec.micro_batch = max(m for m in range(1, min(original.micro_batch, per_rank) + 1) if per_rank % m == 0)
-    spec.grad_accum = per_rank // spec.micro_batch
+    micro_batch = max(m for m in range(1, min(original.micro_batch, per_rank) + 1) if per_rank % m == 0)
+    return dataclasses.replace(spec, micro_batch=micro_batch, grad_accum=per_rank // micro_batch)

@@ -38,27 +38,10 @@ def tensor_digest(t: torch.Tensor) -> str:
     return f"{t.dtype}:{tuple(t.shape)}:{both[0] & (2**64 - 1):016x}{both[1] & (2**64 - 1):016x}:{tail.hex()}"
 
 
-def _value_digest(value) -> str:
+def value_digest(value) -> str:
     if isinstance(value, torch.Tensor):
         return tensor_digest(value)
     return repr(value)
-
-
-def state_digests(engine) -> dict[str, str]:
-    """name -> digest for every tensor this rank restores: module weights, ZeRO fp32 master partition,
-    optimizer moments and step, and the engine's step counters."""
-    out = {f"module.{name}": tensor_digest(t) for name, t in engine.module.state_dict().items()}
-    zero = engine.optimizer
-    inner = getattr(zero, "optimizer", zero)
-    masters = getattr(zero, "single_partition_of_fp32_groups", None)
-    params = masters if masters is not None else [p for g in inner.param_groups for p in g["params"]]
-    for i, p in enumerate(params):
-        out[f"optimizer.master.{i}"] = tensor_digest(p)
-        for key, value in sorted(inner.state.get(p, {}).items()):
-            out[f"optimizer.state.{i}.{key}"] = _value_digest(value)
-    out["engine.global_steps"] = _value_digest(engine.global_steps)
-    out["engine.global_samples"] = _value_digest(engine.global_samples)
-    return out
 
 
 def combined(digests: dict[str, str]) -> str:

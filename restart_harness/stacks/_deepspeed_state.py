@@ -1,16 +1,22 @@
-"""The full, unsplit optimizer state of every parameter (fp32 master weights, Adam's exp_avg and exp_avg_sq), whatever
-the layout holds it as: gathered over the data-parallel group by DeepSpeed's own safe_get_full_* functions, then over
-the tensor-parallel group and put back together by each parameter's split (restart_harness/spec/parameters.py).
-A restart at another layout compares its digests with the ones taken from the original checkpoint's files
-(launch/reshard.py), so the check holds whatever layout wrote and whatever layout loaded."""
+"""The DeepSpeed stack's state, digested (helpers of stacks/deepspeed.py).
+
+state_digests(): what one rank restores - module weights, its ZeRO fp32 master partition, optimizer moments and step,
+the engine's step counters - compared with the same rank's digests taken at save.
+
+full_state_digests(): the full, unsplit optimizer state of every parameter (fp32 master weights, Adam's exp_avg and
+exp_avg_sq), whatever the layout holds it as: gathered over the data-parallel group by DeepSpeed's own safe_get_full_*
+functions, then over the tensor-parallel group and put back together by each parameter's split
+(restart_harness/spec/parameters.py). A restart at another layout compares its digests with the ones taken from the
+original checkpoint's files (stacks/_universal.py reference()), so the check holds whatever layout wrote and whatever
+layout loaded."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
+from restart_harness.model import digest
 from restart_harness.spec import parameters as table
-from restart_harness.worker import digest
 
 KEYS = ("fp32", "exp_avg", "exp_avg_sq")
 CAT_DIM = {"column": 0, "vocab": 0, "row": 1}
@@ -30,7 +36,24 @@ def merge_tp(shards: list[torch.Tensor], split: str) -> torch.Tensor:
     return torch.cat(shards, dim=CAT_DIM[split])
 
 
-def digests(engine, module, spec, grid) -> dict[str, dict[str, str]]:
+def state_digests(engine) -> dict[str, str]:
+    """name -> digest for every tensor this rank restores: module weights, ZeRO fp32 master partition,
+    optimizer moments and step, and the engine's step counters."""
+    out = {f"module.{name}": digest.tensor_digest(t) for name, t in engine.module.state_dict().items()}
+    zero = engine.optimizer
+    inner = getattr(zero, "optimizer", zero)
+    masters = getattr(zero, "single_partition_of_fp32_groups", None)
+    params = masters if masters is not None else [p for g in inner.param_groups for p in g["params"]]
+    for i, p in enumerate(params):
+        out[f"optimizer.master.{i}"] = digest.tensor_digest(p)
+        for key, value in sorted(inner.state.get(p, {}).items()):
+            out[f"optimizer.state.{i}.{key}"] = digest.value_digest(value)
+    out["engine.global_steps"] = digest.value_digest(engine.global_steps)
+    out["engine.global_samples"] = digest.value_digest(engine.global_samples)
+    return out
+
+
+def full_state_digests(engine, module, spec, grid) -> dict[str, dict[str, str]]:
     """name -> {fp32, exp_avg, exp_avg_sq: digest} of every parameter this rank's stage holds, at full size.
     Every rank takes part in the gathers; TP rank 0 of DP rank 0 of each stage returns the digests, the others {}."""
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state

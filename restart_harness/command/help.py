@@ -1,9 +1,13 @@
 """`./submit-job.sh --help`: the commands, then every key grouped, each with its type, default, unit and meaning,
-generated from the declarations (spec/keys.py) that the parser uses; then presets and engines."""
+generated from the declarations (spec/keys.py) that the parser uses; then presets, training stacks, storage targets
+and engines."""
 
 from __future__ import annotations
 
-from restart_harness.spec.command import BaselineOptions, MatrixOptions, PlanOptions, RestartOptions, restart_keys
+from engines import registry
+from restart_harness import stacks, targets
+from restart_harness.command.options import BaselineOptions, MatrixOptions, PlanOptions, RestartOptions
+from restart_harness.command.parse import restart_keys
 from restart_harness.spec.keys import GROUPS, describe, keys_of
 from restart_harness.spec.model_shape import preset_names, shape_keys
 from restart_harness.spec.runspec import run_keys
@@ -27,8 +31,6 @@ def _section(title: str, keys: list) -> list[str]:
 
 
 def usage() -> str:
-    from engines import registry
-
     lines = [USAGE.format(presets=", ".join(preset_names()))]
     run = run_keys()
     for group in GROUPS:
@@ -42,7 +44,11 @@ def usage() -> str:
     lines += _section("matrix keys (with `matrix`)", list(keys_of(MatrixOptions).values()))
     lines += [*_section("restart keys (with `restart`)", list(keys_of(RestartOptions).values()))[:-1],
               f"  and of the run keys above: {', '.join(restart_keys())}", ""]
-    lines.append("engines (engine=NAME) and their options (keys too):")
+    lines.append("training stacks (stack=NAME):")
+    lines += [f"  {name}: {cls.description}" for name, cls in stacks.all_stacks().items() if name in stacks.names()]
+    lines += ["", "storage targets (chosen by ckpt_dir):"]
+    lines += [f"  {name}: {cls.description}" for name, cls in targets.all_targets().items()]
+    lines += ["", "engines (engine=NAME) and their options (keys too):"]
     for name, cls in registry.all_engines().items():
         lines.append(f"  {name}: {cls.description}")
         lines += [f"      {describe(k)}" for k in keys_of(cls.Options).values()]
@@ -51,7 +57,6 @@ def usage() -> str:
 
 def markdown() -> str:
     """docs/keys.md: the same declarations as tables (tests/test_structure.py keeps the file equal to this)."""
-    from engines import registry
 
     def table(keys: list) -> list[str]:
         rows = ["| key | type | default | unit | meaning |", "|---|---|---|---|---|"]
@@ -65,7 +70,7 @@ def markdown() -> str:
         return rows + [""]
 
     lines = ["# Every key", "",
-             ("Generated from the declarations (`python -m restart_harness.spec.help > docs/keys.md`); the parser, "
+             ("Generated from the declarations (`python -m restart_harness.command.help > docs/keys.md`); the parser, "
              "`--help` and this page read the same ones. *restart*: a restart-only re-run may set it; *no sweep "
              "list*: one value per sweep."), ""]
     run = run_keys()

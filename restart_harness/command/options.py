@@ -1,0 +1,56 @@
+"""The options of the commands other than a run (plan, baseline, matrix, restart): each a dataclass of declared keys
+(restart_harness/spec/keys.py), parsed by command/parse.py, listed by --help."""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass
+
+from restart_harness.spec.keys import Path, Size, key
+
+
+@dataclass
+class PlanOptions:
+    plan: str = key("text", "output: text (a table) or json", group="plan", choices=("text", "json"))
+    bandwidth_gbps: float | None = key(None, "storage bandwidth for the estimate (both directions); default: the "
+                                             "cached storage baseline of the checkpoint directory's file system",
+                                       group="plan", unit="GB/s = 10^9 bytes/s", above=0)
+    to_tp: int | None = key(None, "plan a restart at another layout too: its tensor-parallel degree (default the "
+                                  "run's); shows the universal checkpoint and what each rank reads of it",
+                            group="plan", minimum=1)
+    to_pp: int | None = key(None, "... its pipeline-parallel degree (default the run's)", group="plan", minimum=1)
+    to_dp: int | None = key(None, "... its data-parallel degree (default the run's)", group="plan", minimum=1)
+
+
+@dataclass
+class BaselineOptions:
+    dir: Path = key(MISSING, "the directory (file system) to measure, e.g. dir=/scratch/ckpt, or an object store: "
+                             "dir=s3://bucket/prefix (PUT and GET)", group="baseline")
+    tool: str = key("auto", "auto = fio when installed, else the built-in probe", group="baseline",
+                    choices=("auto", "fio", "builtin"))
+    file_bytes: Size = key(Size(64 << 20), "bytes each rank writes and reads", group="baseline", unit="bytes",
+                           minimum=1)
+    ranks: int | None = key(None, "concurrent writers/readers; default the CPU count, at most 8", group="baseline",
+                            minimum=1)
+
+
+# The matrix's cases beyond DeepSpeed's engines: another training stack with its engine (docs/fsdp2.md).
+MATRIX_STACK_CASES = {"fsdp2-dcp": ["stack=fsdp2", "engine=dcp"]}
+
+
+@dataclass
+class MatrixOptions:
+    device: str = key("auto", "auto = cuda when NVIDIA devices are present, else cpu (the CPU subset)",
+                      group="matrix", choices=("auto", "cpu", "cuda"))
+    model: str | None = key(None, "model preset; default 1B on cuda, tiny on cpu", group="matrix")
+    engines: str = key("all", "comma list of engines (and fsdp2-dcp: stack=fsdp2 with DCP), or all (every engine "
+                              "that saves, and fsdp2-dcp)", group="matrix")
+    layouts: str = key("auto", "comma list of layouts as tpT-ppP-dpD, or auto: those that fit the node's devices "
+                               "(cpu: tp1-pp1-dp2 and tp2-pp2-dp1)", group="matrix")
+    gpus: int | None = key(None, "devices on the node (default: the NVIDIA devices found)", group="matrix", minimum=1)
+    results_dir: Path = key(Path("results/matrix"), "where the matrix's runs, matrix.json and its report go",
+                            group="matrix")
+
+
+@dataclass
+class RestartOptions:
+    run: Path = key(MISSING, "the run directory an earlier run printed", group="restart")

@@ -1,0 +1,107 @@
+"""This machine, and where this process runs on it: facts recorded in spec.json (software versions, host, the
+checkpoint's file system; no torch import: package metadata), whether it runs inside a Slurm or PBS job, and the
+one step that completes a RunSpec against it (resolve): what `auto` means here, before anything is checked or
+created."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import platform
+import socket
+from importlib import metadata
+from pathlib import Path
+
+import restart_harness
+from restart_harness.storage.filesystem import filesystem
+
+SUBMIT = {"slurm": "sbatch", "pbs": "qsub"}  # launchers whose runs become batch jobs, and the command submitting them
+_JOB_ENV = {"slurm": "SLURM_JOB_ID", "pbs": "PBS_JOBID"}
+EMULATE_MEMORY_FRACTION = 0.6
+
+
+def inside_job(launcher: str) -> bool:
+    """True when this process already runs inside an allocation of launcher's scheduler."""
+    return bool(os.environ.get(_JOB_ENV.get(launcher, ""), ""))
+
+
+def submits(spec) -> bool:
+    """slurm/pbs from outside an allocation: the run becomes a batch job. Inside one, ranks start directly."""
+    return spec.launcher in SUBMIT and not inside_job(spec.launcher)
+
+
+def job_id() -> str | None:
+    return os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID")
+
+
+def nvidia_devices() -> int:
+    return len(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def available_memory_bytes() -> int | None:
+    return _meminfo("MemAvailable:")
+
+
+def default_emulate_memory_gib() -> float:
+    """60% of the memory this node has available now."""
+    return round(EMULATE_MEMORY_FRACTION * (available_memory_bytes() or 8 << 30) / 2**30, 3)
+
+
+def resolve(spec):
+    """spec completed against this machine: device=auto -> cuda when NVIDIA devices are present, else cpu; env_hook
+    as an absolute path; emulate=true's memory budget from this node's available memory, unless the run is
+    submitted (the compute node's decides, inside the job: complete_in_job) or only written (dry_run)."""
+    changes: dict = {}
+    if spec.device == "auto":
+        changes["device"] = "cuda" if nvidia_devices() else "cpu"
+    if spec.env_hook:
+        changes["env_hook"] = str(Path(spec.env_hook).expanduser().absolute())
+    if spec.emulate and spec.emulate_memory_gib is None and not submits(spec) and not spec.dry_run:
+        changes["emulate_memory_gib"] = default_emulate_memory_gib()
+    return dataclasses.replace(spec, **changes) if changes else spec
+
+
+def complete_in_job(spec):
+    """Inside a batch job: what resolve() left to the compute node (the emulation memory budget)."""
+    if spec.emulate and spec.emulate_memory_gib is None:
+        return dataclasses.replace(spec, emulate_memory_gib=default_emulate_memory_gib())
+    return spec
+
+
+def _meminfo(field: str) -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith(field):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def facts(checkpoint_path: Path) -> dict:
+    """spec.json's versions, host and checkpoint_filesystem (of the folder holding the run's checkpoint folder)."""
+    return {
+        "versions": {
+            "python": platform.python_version(),
+            "torch": _version("torch"),
+            "deepspeed": _version("deepspeed"),
+            "restart_harness": restart_harness.__version__,
+        },
+        "host": {
+            "hostname": socket.gethostname(),
+            "kernel": platform.release(),
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "memory_bytes": _meminfo("MemTotal:"),
+            "user_is_root": os.geteuid() == 0,
+        },
+        "checkpoint_filesystem": filesystem(checkpoint_path),
+    }

@@ -1,0 +1,47 @@
+"""Training stacks: what trains the model and holds the state a checkpoint saves (DeepSpeed, FSDP2, and the emulated
+stack that writes DeepSpeed's files without training), one module each holding one subclass of stacks.base.Stack,
+discovered here. Importing a stack module imports no torch; its ranks import what they need."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from functools import cache
+
+from restart_harness.errors import UsageError
+from restart_harness.stacks.base import Relayout, Stack, Verification
+
+EMULATED = "emulated"  # the stack of emulate=true (stacks/emulated.py); not a value of the stack= key
+
+
+@cache
+def all_stacks() -> dict[str, type[Stack]]:
+    found: dict[str, type[Stack]] = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_") or info.name == "base":
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, Stack) and cls is not Stack and cls.__module__ == module.__name__:
+                found[cls.name] = cls
+    return dict(sorted(found.items()))
+
+
+def names() -> list[str]:
+    """The values of the stack= key."""
+    return [n for n in all_stacks() if n != EMULATED]
+
+
+def get(name: str) -> type[Stack]:
+    if name not in names():
+        raise UsageError(f"stack={name}: unknown training stack; accepted: {', '.join(names())}")
+    return all_stacks()[name]
+
+
+def of(spec) -> type[Stack]:
+    """The stack that runs spec's ranks: its stack=, or the emulated one with emulate=true."""
+    return all_stacks()[EMULATED] if spec.emulate else get(spec.stack)
+
+
+__all__ = ["EMULATED", "Relayout", "Stack", "Verification", "all_stacks", "get", "names", "of"]

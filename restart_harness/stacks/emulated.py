@@ -1,0 +1,178 @@
+"""emulate=true: DeepSpeed's checkpoint of the planned model and layout, without a model and without training. A rank
+writes, through the chosen engine's own save, exactly the files of one checkpoint (names, writing ranks, tensor
+names, shapes, dtypes and storages, DeepSpeed's non-tensor objects: stacks/_deepspeed_files.py); its restart reads
+its restart read set through the engine's own load, in the order DeepSpeed's load_checkpoint does, and verifies
+every tensor against the digests taken at save.
+
+Memory: a rank builds, saves and frees one file at a time (an asynchronous engine's flush is waited for before the
+next file), and the ranks of a node work in waves so that at most `emulate_memory_gib` of file state is held at once
+on the node (every rank computes the same waves from the plan). Generating the data and waiting for another wave are
+not part of the save's seconds, nor is verification part of the load's.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from restart_harness.errors import UsageError
+from restart_harness.stacks.base import Stack, Verification
+from restart_harness.stacks.deepspeed import DeepSpeedStack, all_true, client_state, ds_config_path, init_distributed
+
+
+class EmulatedStack(Stack):
+    name = "emulated"
+    description = "emulate=true: DeepSpeed's files of the planned checkpoint written and read back, no model"
+    default_engine = "default"
+    planned = True
+    trains = False
+    target_kinds = ("posix",)
+    save_untimed = ("generate", "wave")
+    load_untimed = ("verify", "wave")
+    emulates = DeepSpeedStack
+    key_text, key_text_off = "emulate=true", "emulate=false"
+    engine_refusal = ("emulate=true cannot emulate engine={engine}: DeepSpeed builds that engine from its own config "
+                      "inside deepspeed.initialize; accepted with emulate=true: {takers}")
+
+    @classmethod
+    def accepts_engine(cls, engine: type) -> bool:
+        return engine.emulates
+
+    @classmethod
+    def check(cls, spec) -> None:
+        if spec.stack != cls.emulates.name:
+            raise UsageError(f"emulate=true: emulation writes {cls.emulates.name}'s files; accepted with "
+                             f"stack={cls.emulates.name} only")
+        cls.emulates.check(spec)
+
+    @classmethod
+    def check_relayout(cls, original, spec, engine, target, saves) -> None:
+        raise UsageError(f"restart at another layout ({original.layout} -> {spec.layout}): an emulated checkpoint "
+                         "holds random data, not a trained state; accepted: runs trained with emulate=false")
+
+    # ---- one rank -------------------------------------------------------------------------------------------------
+    @classmethod
+    def imports(cls) -> None:
+        DeepSpeedStack.imports()
+
+    def start(self) -> None:
+        self.device = init_distributed(self.spec)
+
+    def build(self) -> None:
+        from restart_harness.plan import checkpoint
+
+        self.recipes = checkpoint.recipes(self.spec)
+        self.config = json.loads(ds_config_path(self.run).read_text())
+        self.waves, self.wave_start = 0, None
+        self._verification: Verification | None = None
+
+    def engine_context(self) -> dict:
+        """DeepSpeed's TorchCheckpointEngine with the zip serialization DeepSpeed configures by default."""
+        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+        from deepspeed.runtime.model_checkpointing.constants import CHECKPOINT_SERIALIZATION_DEFAULT
+
+        native = TorchCheckpointEngine()
+        native.zipfile_serialization = CHECKPOINT_SERIALIZATION_DEFAULT
+        return {"native": native}
+
+    def client_state(self, step: int) -> dict:
+        return client_state(self.spec, step)
+
+    def save_facts(self) -> dict:
+        return {"emulated": True, "waves": self.waves, "wave_start": self.wave_start}
+
+    def _in_waves(self, work, untimed) -> None:
+        """Run work() in this rank's wave; every rank takes part in every wave's barrier."""
+        import torch.distributed as dist
+
+        from restart_harness.stacks._deepspeed_files import waves
+
+        at_once, self.waves = waves(self.spec, self.recipes)
+        mine = (self.rank % self.spec.ranks_per_node) // at_once
+        for wave in range(self.waves):
+            if wave == mine:
+                self.wave_start = time.time()  # this rank's wave begins
+                work()
+            if self.waves > 1:
+                with untimed("wave"):
+                    dist.barrier()
+
+    def save(self, root, tag, client_state, io, untimed) -> None:
+        from restart_harness.model import digest
+        from restart_harness.stacks._deepspeed_files import Filler, build_state, tensors_of
+        from restart_harness.storage.atomic import write_json_atomic
+
+        tag_dir = Path(root) / tag
+        if self.rank == 0:
+            tag_dir.mkdir(parents=True, exist_ok=True)
+        self.barrier()
+        filler = Filler(self.rank, self.spec.seed)
+        digests: dict[str, dict[str, str]] = {}
+
+        def work() -> None:
+            for recipe in (r for r in self.recipes if r.writer == self.rank):
+                with untimed("generate"):
+                    state = build_state(self.spec, recipe, filler, self.config, client_state)
+                    digests[recipe.path] = {k: digest.tensor_digest(t) for k, t in tensors_of(state).items()}
+                io.save(state, str(tag_dir / recipe.path))
+                io.flush()  # one file's state in memory at a time, asynchronous engines included
+                del state
+
+        self._in_waves(work, untimed)
+        path = self.run.run_dir / "digests" / tag / f"emulated-rank-{self.rank:05d}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with untimed("generate"):
+            write_json_atomic(path, {"tag": tag, "rank": self.rank, "files": digests})
+
+    def load(self, root, tag, io, untimed) -> dict:
+        """This rank's restart read set, one file at a time, in DeepSpeed's order (and in the save's memory waves),
+        each tensor verified against the digest its writer recorded."""
+        from restart_harness.model import digest
+        from restart_harness.plan import checkpoint
+        from restart_harness.stacks._deepspeed_files import tensors_of
+
+        tag_dir = Path(root) / tag
+        saved: dict[str, dict[str, str]] = {}
+        for path in sorted((self.run.run_dir / "digests" / tag).glob("emulated-rank-*.json")):
+            saved.update(json.loads(path.read_text())["files"])
+        sequence = checkpoint.restart_read_sequence(self.spec)[self.rank]
+        differing: list[str] = []
+        counts = {"checked": 0, "seconds": 0.0}
+
+        def work() -> None:
+            for name in sequence:
+                state = io.load(str(tag_dir / name), map_location="cpu")
+                with untimed("verify"):
+                    started = time.perf_counter()
+                    for key, t in tensors_of(state).items():
+                        counts["checked"] += 1
+                        if saved.get(name, {}).get(key) != digest.tensor_digest(t):
+                            differing.append(f"{name}:{key}")
+                    counts["seconds"] += time.perf_counter() - started
+                del state
+
+        self._in_waves(work, untimed)
+        ok = not differing and counts["checked"] > 0
+        self._verification = Verification(tag, ok, differing, counts["checked"], counts["seconds"])
+        return {"harness_step": self.spec.iters}
+
+    def record_digests(self, tag: str) -> None:
+        return None  # taken file by file while the save generates them
+
+    def verify(self, tag: str, reference: Path | None) -> Verification:
+        return self._verification
+
+    def layout(self) -> dict:
+        spec, rank = self.spec, self.rank
+        return {"dp_rank": (rank // spec.tp) % spec.dp, "tp_rank": rank % spec.tp,
+                "pp_rank": rank // (spec.tp * spec.dp), "device": str(self.device), "local_parameters": 0,
+                "emulated": True}
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        dist.barrier()
+
+    def all_true(self, flag: bool) -> bool:
+        return all_true(flag, self.device)

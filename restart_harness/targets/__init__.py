@@ -1,0 +1,59 @@
+"""Storage targets: where checkpoints are kept (a file system, an S3 bucket, ...), one module each holding one
+subclass of targets.base.Target, discovered here. The target is chosen once, from ckpt_dir; nothing outside this
+package asks which kind it is. Importing a target module imports no torch and no S3 client."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from functools import cache
+from pathlib import Path
+
+from restart_harness.errors import UsageError
+from restart_harness.targets.base import Target, no_region
+
+
+@cache
+def all_targets() -> dict[str, type[Target]]:
+    found: dict[str, type[Target]] = {}
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_") or info.name == "base":
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, Target) and cls is not Target and cls.__module__ == module.__name__:
+                found[cls.name] = cls
+    return dict(sorted(found.items()))
+
+
+def select(location: str | None) -> type[Target]:
+    """The target class whose scheme `ckpt_dir=location` uses; UsageError when none claims it."""
+    claimed = [cls for cls in all_targets().values() if cls.claims(location)]
+    if len(claimed) != 1:
+        names = ", ".join(all_targets())
+        raise UsageError(f"ckpt_dir={location}: no storage target takes this location (targets: {names})")
+    return claimed[0]
+
+
+def for_location(location: str | None, results_dir: str | Path) -> Target:
+    """The target of `ckpt_dir=location` before any run (results_dir: where runs go when location is None)."""
+    cls = select(location)
+    if location is not None:
+        cls.check_location(location)
+    return cls.for_location(location, results_dir)
+
+
+def for_spec(spec) -> Target:
+    return for_location(spec.ckpt_dir, spec.results_dir)
+
+
+def for_run(run, region=no_region) -> Target:
+    """The placed target of a run (spec/run.py ResolvedRun), in any process that continues it."""
+    name = run.target.get("checkpoint_target") or ("s3" if run.target.get("checkpoint_url") else "filesystem")
+    try:
+        cls = all_targets()[name]
+    except KeyError:
+        raise UsageError(f"run={run.run_dir}: its checkpoints are on storage target {name!r}, which this harness "
+                         f"does not know (targets: {', '.join(all_targets())})") from None
+    return cls.from_record(run.target, run.checkpoint_root, region)

@@ -1,0 +1,171 @@
+"""The interface between the harness and a storage target: where a run's checkpoints are kept. One module in
+restart_harness/targets/ per target, holding one subclass of Target; the target is chosen once from `ckpt_dir`
+(targets.for_spec) and everything that depends on the kind of storage is asked of it, never tested elsewhere.
+
+Two lives of a target:
+  before the run exists    for_location(ckpt_dir, results_dir): check_location (pure), preflight (the machine),
+                           baseline probes, where a run would put its checkpoints
+  for one run              placed(run_dir) when the run directory is made, then from_record(spec.json's record, the
+                           local root) in every process that continues the run (ranks, finalize, restarts)
+
+Every checkpoint is named by a local path under `root`, the folder DeepSpeed and DCP are handed (they glob it and
+build names under it): on a file system the files themselves, on object storage an index of empty placeholders
+whose names map to objects. Engines write through destination() (torch.save / torch.load accept what it yields),
+dcp_writer() / dcp_reader(), or, for a POSIX target (kind == POSIX), the paths themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+# Kinds of target: what an engine may do with a checkpoint path.
+POSIX = "posix"  # a file system: open, pwrite, fsync the paths themselves
+OBJECT = "object"  # objects behind the path names: only through the target's streams and DCP storage layer
+LATEST = "latest"  # the file (or object) naming the committed tag
+
+
+def no_region(category: str):
+    return contextlib.nullcontext()
+
+
+class Target(ABC):
+    """Where one run's checkpoints are stored (or would be: root is None before the run exists)."""
+
+    name: ClassVar[str]  # recorded in spec.json as checkpoint_target
+    kind: ClassVar[str]  # POSIX or OBJECT
+    description: ClassVar[str]
+
+    def __init__(self, location: str | None, root: Path | None = None, region=no_region):
+        self.location = location  # ckpt_dir as given (None: inside the run directory)
+        self.root = root  # the run's local checkpoint folder; None before the run exists
+        # the rank's anatomy region (worker/anatomy.py): a target whose I/O the counters cannot see (network
+        # streams) times its blocking calls in it as `read` / `write`
+        self.region = region
+
+    # ---- choosing and checking, before anything exists --------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def claims(cls, location: str | None) -> bool:
+        """Is `ckpt_dir=location` this target's (its scheme)?"""
+
+    @classmethod
+    def check_location(cls, location: str) -> None:
+        """Raise UsageError when the location is malformed (pure: no network, no file system)."""
+
+    @classmethod
+    def for_location(cls, location: str | None, results_dir: str | Path) -> Target:
+        """This target at `location`, before any run (results_dir: where runs go when location is None)."""
+        return cls(location)
+
+    @abstractmethod
+    def preflight(self, key: str, need_bytes: int | None, reach: bool = True) -> None:
+        """Raise UsageError (one line, naming `key`=location) when checkpoints cannot be written there now, or when
+        need_bytes (the planned checkpoints; None: unknown) cannot fit. reach=False: only what needs no network
+        (dry_run=true writes scripts, nothing else)."""
+
+    # ---- one run's place ------------------------------------------------------------------------------------------
+    @abstractmethod
+    def placed(self, run_dir: Path) -> Target:
+        """This target for the run whose directory was just made (root set)."""
+
+    @abstractmethod
+    def record(self, run_dir: Path) -> dict:
+        """What spec.json records of the placed target: checkpoint_target, checkpoint_root (and
+        checkpoint_root_in_run when root is inside the run directory), and the target's own fields."""
+
+    @classmethod
+    @abstractmethod
+    def from_record(cls, record: dict, root: Path, region=no_region) -> Target:
+        """The placed target of a run, from its record (spec.json) and its local root."""
+
+    def describe(self) -> str:
+        """Where the checkpoints are, for humans (a path or a URL)."""
+        return str(self.root or self.location)
+
+    def filesystem_path(self) -> Path:
+        """The local folder whose file system facts spec.json records (checkpoint_filesystem)."""
+        return self.root.parent
+
+    # ---- checkpoint data (a placed target) ------------------------------------------------------------------------
+    def path(self, tag: str) -> Path:
+        return self.root / tag
+
+    @abstractmethod
+    def destination(self, path: str | Path, mode: str) -> contextlib.AbstractContextManager:
+        """A context yielding what torch.save (mode "wb") or torch.load ("rb") takes for `path`: the path itself, or a
+        stream that is complete (durable) when the context exits."""
+
+    @abstractmethod
+    def dcp_writer(self, path: str | Path) -> Any:
+        """A torch.distributed.checkpoint StorageWriter for a checkpoint at `path`."""
+
+    @abstractmethod
+    def dcp_reader(self, path: str | Path) -> Any:
+        """A torch.distributed.checkpoint StorageReader for a checkpoint at `path`."""
+
+    def written(self, paths: list[str]) -> None:
+        """An engine has written `paths` (files, or folders of shards): make their names findable under root."""
+
+    @abstractmethod
+    def make_durable(self, paths: list[str | Path]) -> None:
+        """Until `paths` (and everything under a folder among them) survive a crash: fsync, or nothing where a
+        completed upload already is."""
+
+    @abstractmethod
+    def size(self, path: str | Path) -> int:
+        """Bytes stored for `path` (every file or object under it, for a folder of shards)."""
+
+    @abstractmethod
+    def exists(self, path: str | Path) -> bool:
+        """Is there a checkpoint file (or object) at `path`?"""
+
+    @abstractmethod
+    def commit_latest(self, tag: str) -> None:
+        """Atomically make `latest` name tag. The one writer of `latest`: called by rank 0 once every rank's files
+        are durable (worker/manager.py)."""
+
+    @abstractmethod
+    def latest(self) -> str | None:
+        """The committed tag, or None when nothing was committed."""
+
+    @abstractmethod
+    def listing(self) -> dict[str, list[tuple[str, int]]]:
+        """tag -> (path relative to the tag, bytes) of every stored file or object, for every tag of the run."""
+
+    @abstractmethod
+    def delete(self) -> str:
+        """Delete the run's checkpoints (keep=false); says what was deleted."""
+
+    @abstractmethod
+    def prepare_cache(self, tag_dir: Path, requested: str) -> dict:
+        """Make the page-cache state `requested` (drop | warm) for what a restart will read under tag_dir, and
+        record what was observed (storage/pagecache.py's record)."""
+
+    def explain_save_failure(self, exc: BaseException, tag: str) -> BaseException:
+        """A save's exception, reworded where the storage knows the real cause (a full disk)."""
+        return exc
+
+    # ---- the storage baseline ------------------------------------------------------------------------------------
+    @abstractmethod
+    def baseline_key(self) -> str:
+        """One cache folder per storage (host and file system, or endpoint and bucket): storage/baseline.py."""
+
+    @abstractmethod
+    def free_bytes(self) -> int | None:
+        """Free space for a baseline probe (None: the storage has no such figure)."""
+
+    @abstractmethod
+    def probe(self, file_bytes: int, ranks: int, tool: str) -> dict:
+        """Measure the storage: `ranks` writers each write file_bytes and make it durable, then `ranks` readers read it
+        back cold; returns storage/baseline.py's record (write, read, read_cache, method, tool, dir, filesystem,
+        write_means, read_means)."""
+
+
+@contextlib.contextmanager
+def as_path(path: str | Path) -> Iterator[str]:
+    """destination() of a file-system target: the path itself."""
+    yield str(path)

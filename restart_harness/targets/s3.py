@@ -1,0 +1,446 @@
+"""ckpt_dir=s3://bucket/prefix: object storage as a checkpoint target, read and written with s3torchconnector (the
+`s3` extra), configured the way AWS tools are:
+
+  region       AWS_REGION, else AWS_DEFAULT_REGION, else the profile's `region` in ~/.aws/config (AWS_CONFIG_FILE),
+               else us-east-1
+  endpoint     AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else the profile's `endpoint_url`, else AWS's own
+  credentials  the AWS credential chain of s3torchconnector's client: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+               (/ AWS_SESSION_TOKEN), else the profile (AWS_PROFILE) in ~/.aws/credentials, else instance roles
+  addressing   path style (http://host/bucket/key) when an endpoint is given (S3-compatible servers), else virtual
+               hosted, as AWS wants
+
+A run's objects are `<prefix>/<run name>/<tag>/<DeepSpeed's or DCP's file name>`, and `<prefix>/<run name>/latest`
+once a checkpoint is committed. The run directory keeps a local index of the same names (`checkpoint/`): DeepSpeed
+finds its files by globbing a file system, so each object has an empty placeholder there, beside DeepSpeed's
+recovery script and `latest`. Sizes, file counts and the inventory come from the bucket listing, never from the
+placeholders. An object is durable when its upload completes (the writer's close); `latest` is one PUT, which is
+atomic. No page cache is involved in a restart's reads, and the baseline probe PUTs and GETs objects with the same
+client the engines use.
+"""
+
+from __future__ import annotations
+
+import configparser
+import contextlib
+import os
+import socket
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+from restart_harness.errors import UsageError
+from restart_harness.storage import baseline, pagecache
+from restart_harness.targets.base import LATEST, OBJECT, Target, no_region
+
+SCHEME = "s3://"
+
+
+def client_errors() -> tuple[type[BaseException], ...]:
+    """The S3 client's exception types (none when the s3 extra is not installed: nothing can raise them)."""
+    try:
+        from s3torchconnectorclient import S3Exception
+    except ImportError:
+        return ()
+    return (S3Exception,)
+DEFAULT_REGION = "us-east-1"
+
+
+def is_s3(text) -> bool:
+    return isinstance(text, str) and text.startswith(SCHEME)
+
+
+@dataclass(frozen=True)
+class S3Url:
+    bucket: str
+    prefix: str  # no leading or trailing slash; may be ""
+
+    @classmethod
+    def parse(cls, text: str) -> S3Url:
+        """s3://bucket[/prefix]; ValueError naming what is wrong."""
+        if not is_s3(text):
+            raise ValueError(f"{text} is not an s3:// URL")
+        bucket, _, prefix = text[len(SCHEME):].partition("/")
+        if not bucket or not all(c.isalnum() or c in ".-" for c in bucket) or not 3 <= len(bucket) <= 63:
+            raise ValueError(f"{text}: {bucket!r} is not a bucket name (3-63 of a-z 0-9 . -)")
+        return cls(bucket, prefix.strip("/"))
+
+    def child(self, *parts: str) -> S3Url:
+        return S3Url(self.bucket, "/".join(p.strip("/") for p in (self.prefix, *parts) if p.strip("/")))
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.bucket}/{self.prefix}" if self.prefix else f"{SCHEME}{self.bucket}"
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    region: str
+    endpoint_url: str | None
+    profile: str | None
+
+    @property
+    def path_style(self) -> bool:
+        return self.endpoint_url is not None
+
+    @classmethod
+    def from_environment(cls, env=None) -> S3Settings:
+        env = os.environ if env is None else env
+        profile = env.get("AWS_PROFILE") or None
+        config = _profile_config(env, profile or "default")
+        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or config.get("region") or DEFAULT_REGION
+        endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or config.get("endpoint_url")
+        return cls(region, endpoint or None, profile)
+
+    def describe(self) -> str:
+        return f"region {self.region}, endpoint {self.endpoint_url or 'AWS'}" + (
+            f", profile {self.profile}" if self.profile else "")
+
+    def client_config(self):
+        from s3torchconnector import S3ClientConfig
+
+        return S3ClientConfig(force_path_style=self.path_style, profile=self.profile)
+
+    def client(self, max_attempts: int = 10):
+        """s3torchconnector's own client (the one its checkpoint streams and DCP writer use)."""
+        from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client
+
+        return MountpointS3Client(self.region, endpoint=self.endpoint_url, force_path_style=self.path_style,
+                                  profile=self.profile, max_attempts=max_attempts)
+
+    def export(self) -> None:
+        """Make the endpoint visible to clients built without an endpoint argument (s3torchconnector's DCP writer
+        and reader read AWS_ENDPOINT_URL)."""
+        if self.endpoint_url:
+            os.environ["AWS_ENDPOINT_URL"] = self.endpoint_url
+        os.environ.setdefault("AWS_REGION", self.region)
+
+
+def _profile_config(env, profile: str) -> dict:
+    path = Path(env.get("AWS_CONFIG_FILE") or Path.home() / ".aws" / "config").expanduser()
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(path)
+    except configparser.Error:
+        return {}
+    section = "default" if profile == "default" else f"profile {profile}"
+    return dict(parser[section]) if parser.has_section(section) else {}
+
+
+def check_reachable(settings: S3Settings, timeout: float = 3.0) -> str | None:
+    """None when the endpoint accepts a TCP connection, else why not (the S3 client itself retries for minutes)."""
+    if not settings.endpoint_url:
+        return None  # AWS: name resolution and routing are the client's business
+    parsed = urllib.parse.urlsplit(settings.endpoint_url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return f"endpoint {settings.endpoint_url} is not an http(s) URL"
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"endpoint {settings.endpoint_url} is unreachable ({exc.strerror or exc})"
+
+
+def check_writable(url: S3Url, settings: S3Settings) -> str | None:
+    """None when the bucket exists and these credentials can list `url`'s prefix and write under it; else one line."""
+    if problem := check_reachable(settings):
+        return problem
+    client = settings.client(max_attempts=2)
+    probe = url.child(".restart-harness-probe")
+    try:
+        next(iter(client.list_objects(url.bucket, url.prefix + "/" if url.prefix else "", "/", 1)), None)
+        client.put_object(url.bucket, probe.prefix).close()
+        client.delete_object(url.bucket, probe.prefix)
+    except client_errors() as exc:
+        return f"{_explain(str(exc))} ({settings.describe()})"
+    return None
+
+
+def _explain(message: str) -> str:
+    lower = message.lower()
+    if "bucket does not exist" in lower or "nosuchbucket" in lower:
+        return "the bucket does not exist"
+    if "signaturedoesnotmatch" in lower or "invalidaccesskeyid" in lower or "forbidden" in lower \
+            or "accessdenied" in lower or "no credentials" in lower or "credentials" in lower:
+        return f"access refused: wrong or missing credentials ({message.strip()})"
+    return message.strip()
+
+
+def listing(url: S3Url, settings: S3Settings, client=None) -> list[tuple[str, int]]:
+    """(key relative to url, bytes) of every object under url, sorted by key."""
+    client = client or settings.client()
+    prefix = url.prefix + "/" if url.prefix else ""
+    out = []
+    for page in client.list_objects(url.bucket, prefix):
+        out += [(o.key[len(prefix):], o.size) for o in page.object_info]
+    return sorted(out)
+
+
+def delete_all(url: S3Url, settings: S3Settings) -> int:
+    """Delete every object under url; returns how many."""
+    client = settings.client()
+    objects = listing(url, settings, client)
+    for key, _ in objects:
+        client.delete_object(url.bucket, url.child(key).prefix)
+    return len(objects)
+
+
+class TimedStream:
+    """An object stream whose blocking calls run inside region(category): the save and load anatomy's `write` and
+    `read` for object storage, where the I/O counters see no files (the bytes go over the network). write() hands
+    data to the client's uploader and blocks while its buffers are full; close() completes the multipart upload;
+    read()/readinto()/seek() wait for the GET's bytes."""
+
+    def __init__(self, stream, region, category: str):
+        self._stream, self._region, self._category = stream, region, category
+
+    def _timed(self, name: str, *args):
+        with self._region(self._category):
+            return getattr(self._stream, name)(*args)
+
+    def write(self, data):
+        return self._timed("write", data)
+
+    def read(self, *args):
+        return self._timed("read", *args)
+
+    def readinto(self, buffer):
+        return self._timed("readinto", buffer)
+
+    def seek(self, *args):  # the reader fetches up to a forward target (and may ask the object's size)
+        return self._timed("seek", *args)
+
+    def flush(self):
+        return self._timed("flush")
+
+    def close(self):
+        return self._timed("close")
+
+    def __enter__(self):
+        self._stream.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        with self._region(self._category):
+            return self._stream.__exit__(*exc)
+
+    def __getattr__(self, name):  # seek, tell, readable, ...
+        return getattr(self._stream, name)
+
+
+class S3Target(Target):
+    name = "s3"
+    kind = OBJECT
+    description = "an S3 bucket (s3://bucket/prefix) through s3torchconnector: objects, uploads, listings"
+
+    def __init__(self, location: str | None, root: Path | None = None, region=no_region, url: S3Url | None = None,
+                 settings: S3Settings | None = None):
+        super().__init__(location, root, region)
+        self.url = url if url is not None else S3Url.parse(location)
+        self.settings = settings or S3Settings.from_environment()
+        self._client = None
+
+    @classmethod
+    def claims(cls, location) -> bool:
+        return is_s3(location)
+
+    @classmethod
+    def check_location(cls, location: str) -> None:
+        try:
+            S3Url.parse(location)
+        except ValueError as exc:
+            raise UsageError(f"ckpt_dir={location}: {exc}") from None
+
+    def preflight(self, key: str, need_bytes: int | None, reach: bool = True) -> None:
+        """The client is installed, the endpoint answers, the bucket exists, the credentials list and write there (a
+        probe object, deleted again). A bucket has no free-space figure: need_bytes is not checked."""
+        if not reach:
+            return
+        where = f"{key}={self.location or self.url}"
+        try:
+            import s3torchconnector  # noqa: F401
+        except ImportError:
+            raise UsageError(f"{where}: object storage needs s3torchconnector, which this Python lacks: "
+                             "pip install 'restart-harness[s3]'") from None
+        problem = check_writable(self.url, self.settings)
+        if problem:
+            raise UsageError(f"{where}: {problem}")
+
+    # ---- one run -------------------------------------------------------------------------------------------------
+    def placed(self, run_dir: Path) -> S3Target:
+        return S3Target(self.location, run_dir / "checkpoint", self.region, self.url.child(run_dir.name),
+                        self.settings)
+
+    def record(self, run_dir: Path) -> dict:
+        s = self.settings
+        return {"checkpoint_target": self.name, "checkpoint_root": str(self.root),
+                "checkpoint_root_in_run": self.root.relative_to(run_dir).as_posix(), "checkpoint_url": str(self.url),
+                "checkpoint_object_store": {"region": s.region, "endpoint_url": s.endpoint_url,
+                                            "path_style": s.path_style, "client": "s3torchconnector"}}
+
+    @classmethod
+    def from_record(cls, record: dict, root: Path, region=no_region) -> S3Target:
+        settings = S3Settings.from_environment()
+        settings.export()  # s3torchconnector's DCP writer and reader find the endpoint in the environment
+        return cls(None, root, region, S3Url.parse(record["checkpoint_url"]), settings)
+
+    def describe(self) -> str:
+        return str(self.url)
+
+    def filesystem_path(self) -> Path:
+        return self.root.parent  # the run directory, which holds the index
+
+    # ---- checkpoint data -----------------------------------------------------------------------------------------
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = self.settings.client()
+        return self._client
+
+    def url_of(self, path) -> S3Url:
+        return self.url.child(Path(path).relative_to(self.root).as_posix())
+
+    def _streams(self):
+        from s3torchconnector import S3Checkpoint
+
+        return S3Checkpoint(self.settings.region, endpoint=self.settings.endpoint_url,
+                            s3client_config=self.settings.client_config())
+
+    @contextlib.contextmanager
+    def destination(self, path, mode):
+        streams = self._streams()
+        stream = streams.writer(str(self.url_of(path))) if "w" in mode else streams.reader(str(self.url_of(path)))
+        with TimedStream(stream, self.region, "write" if "w" in mode else "read") as timed:
+            yield timed
+
+    def dcp_writer(self, path):
+        from s3torchconnector.dcp import S3StorageWriter
+
+        writer = S3StorageWriter(self.settings.region, str(self.url_of(path)),
+                                 s3client_config=self.settings.client_config())
+        self._time_streams(writer.fs)
+        return writer
+
+    def dcp_reader(self, path):
+        from s3torchconnector.dcp import S3StorageReader
+
+        reader = S3StorageReader(self.settings.region, str(self.url_of(path)),
+                                 s3client_config=self.settings.client_config())
+        self._time_streams(reader.fs)
+        return reader
+
+    def _time_streams(self, fs) -> None:
+        """s3torchconnector's DCP S3FileSystem with its streams timed (write for "wb", read for "rb")."""
+        opened, region = fs.create_stream, self.region
+
+        @contextlib.contextmanager
+        def create_stream(path, mode):
+            with opened(path, mode) as stream:
+                yield TimedStream(stream, region, "write" if "w" in mode else "read")
+
+        fs.create_stream = create_stream
+
+    def written(self, paths) -> None:
+        """Empty placeholders under root, so that DeepSpeed's globbing loader finds the objects of those names."""
+        for path in paths:
+            local = Path(path)
+            local.parent.mkdir(parents=True, exist_ok=True)
+            local.touch()
+
+    def make_durable(self, paths) -> None:
+        pass  # an object exists only once its upload has completed
+
+    def _objects(self, path) -> list[tuple[str, int]]:
+        """(key, bytes) of the object `path` names or, for a folder-like name (DCP), of every object under it."""
+        url = self.url_of(path)
+        under = listing(url, self.settings, self.client)
+        if under:
+            return under
+        try:
+            return [("", self.client.head_object(url.bucket, url.prefix).size)]
+        except client_errors():
+            return []
+
+    def size(self, path) -> int:
+        return sum(n for _, n in self._objects(path))
+
+    def exists(self, path) -> bool:
+        return bool(self._objects(path))
+
+    def commit_latest(self, tag: str) -> None:
+        from restart_harness.storage.atomic import write_text_atomic
+
+        url = self.url.child(LATEST)
+        stream = self.client.put_object(url.bucket, url.prefix)
+        stream.write(tag.encode())
+        stream.close()
+        write_text_atomic(self.root / LATEST, tag)  # the local index names it too
+
+    def latest(self) -> str | None:
+        path = self.root / LATEST
+        return path.read_text().strip() if path.is_file() else None
+
+    def listing(self) -> dict[str, list[tuple[str, int]]]:
+        out: dict[str, list[tuple[str, int]]] = {}
+        for key, nbytes in listing(self.url, self.settings, self.client):
+            tag, _, rel = key.partition("/")
+            if rel:
+                out.setdefault(tag, []).append((rel, nbytes))
+        return out
+
+    def delete(self) -> str:
+        import shutil
+
+        count = delete_all(self.url, self.settings)
+        if self.root.is_dir():
+            shutil.rmtree(self.root)
+        return f"{count} objects under {self.url}"
+
+    def prepare_cache(self, tag_dir: Path, requested: str) -> dict:
+        return pagecache.not_applicable(requested, "object storage: the restart reads over the network")
+
+    # ---- the storage baseline --------------------------------------------------------------------------------------
+    def baseline_key(self) -> str:
+        import hashlib
+
+        ident = f"{socket.gethostname()}|{self.settings.endpoint_url}|{self.settings.region}|{self.url.bucket}"
+        return f"s3-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
+
+    def free_bytes(self) -> None:
+        return None  # a bucket has no free-space figure
+
+    def probe(self, file_bytes: int, ranks: int, tool: str) -> dict:
+        """`ranks` threads each PUT one object of file_bytes (a multipart upload, complete - durable - when the write
+        returns), then GET it back whole; the objects are deleted afterwards."""
+        import os
+
+        streams = self._streams()
+        scratch = self.url.child(baseline.scratch_name())
+        keys = [str(scratch.child(f"rh.{i}")) for i in range(ranks)]
+        payload = os.urandom(min(baseline.BLOCK_BYTES, file_bytes))
+
+        def put(i: int) -> None:
+            left = file_bytes
+            with streams.writer(keys[i]) as stream:
+                while left:
+                    left -= stream.write(payload[:min(left, len(payload))])
+
+        def get(i: int) -> None:
+            got = 0
+            with streams.reader(keys[i]) as stream:
+                while block := stream.read(baseline.BLOCK_BYTES):
+                    got += len(block)
+            if got != file_bytes:
+                raise OSError(f"read {got} bytes of {keys[i]}, wrote {file_bytes}")
+
+        try:
+            write = baseline.phase(file_bytes * ranks, baseline.threads(ranks, put))
+            read = baseline.phase(file_bytes * ranks, baseline.threads(ranks, get))
+        finally:
+            delete_all(scratch, self.settings)
+        where = self.settings.endpoint_url or f"AWS {self.settings.region}"
+        return {"write": write, "read": read, "read_cache": {"observed": "not applicable", "error": None},
+                "method": "s3torchconnector put/get", "tool": "s3", "dir": str(self.url),
+                "filesystem": {"type": "s3", "device": where, "mount": f"s3://{self.url.bucket}",
+                               "where": f"object store at {where}"},
+                "block_bytes": len(payload), "write_means": "PUT until the upload completes",
+                "read_means": "GET of each whole object"}

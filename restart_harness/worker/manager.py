@@ -1,0 +1,247 @@
+"""One rank's checkpoint manager: the only code that saves, waits for durability, commits `latest` and loads. The
+training stack decides what is in a checkpoint and how its files are named (DeepSpeed's save_checkpoint, FSDP2's
+one collective save, the emulated files); every file goes through the manager's Recorder to the engine's
+CheckpointIO (engines/), and the storage target (targets/) makes it durable and commits it.
+
+Per save and rank (docs/measurements.md):
+  blocking_seconds  inside the stack's save (what training waits for)
+  durable_seconds   from the same start until every file this rank wrote is durable: the engine's flush is done
+                    (CheckpointIO.wait, or DeepSpeed's own commit for its decoupled writer) and the target has made
+                    the files durable (fsync of the file data, then of the folders naming them)
+  commit_seconds    from the same start until `latest` names the tag: after a barrier (every rank durable) rank 0
+                    has the target commit it atomically. DeepSpeed's own `latest` write (before its last barrier,
+                    never fsync'd) is disabled with save_latest=False, so `latest` never names a torn checkpoint.
+Time the stack marks untimed (an emulated rank generating its data or waiting for another wave) is not part of a
+save's blocking and durable seconds.
+
+A synchronous save is an asynchronous one waited for at once. An asynchronous engine returns before its files are
+written: a waiter thread waits for the flush, makes the files durable and stamps durable_seconds; training goes on,
+and `latest` is committed only once every rank is durable - checked at each step boundary (one MIN all-reduce of a
+done flag), and waited for before the next save and at the end of the phase.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from pathlib import Path
+
+from restart_harness import faults
+from restart_harness.iocount import delta
+from restart_harness.results.schema import LOAD_CATEGORIES, SAVE_CATEGORIES, Digest, LoadAnatomy, Loaded, Save
+
+
+class Recorder:
+    """Every file the stack saves or loads, through the engine's CheckpointIO: timed, attributed to the anatomy's
+    serialize/write/fsync (save) and read/deserialize (load) categories, made findable on the target."""
+
+    def __init__(self, engine, target, anatomy, rank: int):
+        self.engine, self.target, self.anatomy, self.rank = engine, target, anatomy, rank
+        self.native = engine.native  # DeepSpeed's own checkpoint engine, where the chosen engine is that one
+        self.saved: list[tuple[str, float]] = []
+        self.loaded: list[tuple[str, float]] = []
+        self.step: int | None = None  # training step of the save in progress (for fault injection)
+        self.committed = threading.Event()  # DeepSpeed committed a decoupled engine's checkpoint
+
+    def save(self, state, path: str) -> list[str]:
+        start = time.perf_counter()
+        with self.anatomy.region("serialize", io=("write", "sync")):
+            written = self.engine.save(state, path)
+        seconds = time.perf_counter() - start
+        self.target.written(written)
+        self.saved += [(p, seconds / len(written)) for p in written]
+        faults.hit("save", self.rank, self.step)
+        return written
+
+    def load(self, path: str, map_location=None, into=None):
+        start = time.perf_counter()
+        with self.anatomy.region("deserialize", io=("read",)):
+            state = self.engine.load(path, map_location=map_location, into=into)
+        self.loaded.append((path, time.perf_counter() - start))
+        return state
+
+    def flush(self) -> None:
+        """Until the engine has written everything saved so far (a stack that holds one file at a time)."""
+        with self.anatomy.region("fsync"):
+            self.engine.wait()
+
+
+class _Pending:
+    """One save on this rank between its start and its commit; the waiter stamps durable_at (perf_counter)."""
+
+    def __init__(self, tag: str, step: int):
+        self.tag, self.step = tag, step
+        self.wall_start, self.start = time.time(), time.perf_counter()
+        self.blocking = self.untimed = 0.0
+        self.saved: list[tuple[str, float]] = []
+        self.anatomy: dict | None = None  # the save window (worker/anatomy.py); an async save's blocking part only
+        self.flush: dict | None = None  # the background part: seconds, and write/fsync busy seconds in it
+        self.durable_at: float | None = None
+        self.committed_at: float | None = None
+        self.error: BaseException | None = None
+        self.in_flight_steps = 0
+        self.thread: threading.Thread | None = None
+
+
+class CheckpointManager:
+    def __init__(self, stack, engine, io, target, anatomy, log, peak_memory=None):
+        self.stack, self.target, self.anatomy, self.log = stack, target, anatomy, log
+        self.recorder = Recorder(io, target, anatomy, stack.rank)
+        self.waits_for_deepspeed = engine.committed_by_deepspeed
+        self.asynchronous = engine.asynchronous() or self.waits_for_deepspeed
+        self.peak_memory = peak_memory or (dict)
+        self.pending: _Pending | None = None
+        self._untimed = 0.0
+        stack.attach(self.recorder)
+
+    @contextlib.contextmanager
+    def untimed(self, category: str):
+        """Time inside a save or a load that is not part of it (its anatomy excludes the category too)."""
+        start = time.perf_counter()
+        try:
+            with self.anatomy.region(category):
+                yield
+        finally:
+            self._untimed += time.perf_counter() - start
+
+    # ---- saving ---------------------------------------------------------------------------------------------------
+    def save(self, step: int) -> None:
+        """Checkpoint the state after `step` as tag global_step<step>: synchronous saves are committed (and their
+        record emitted) before this returns; asynchronous ones at a later poll() or finish()."""
+        assert self.pending is None, "finish() the previous save first"
+        tag = f"global_step{step}"
+        started = time.perf_counter()
+        tensors = self.stack.record_digests(tag)  # the state cannot change during the save: taken just before it
+        if tensors is not None:
+            self.log.emit(Digest(tag, time.perf_counter() - started, tensors))
+        rec = self.recorder
+        rec.saved.clear()
+        rec.committed.clear()
+        rec.step = step
+        self._untimed = 0.0
+        p = _Pending(tag, step)
+        with self.anatomy.measure(SAVE_CATEGORIES, excluded=self.stack.save_untimed) as window:
+            try:
+                self.stack.save(self.target.root, tag, self.stack.client_state(step), rec, self.untimed)
+            except Exception as exc:
+                raise self.target.explain_save_failure(exc, tag) from exc
+            p.untimed = self._untimed
+            p.blocking = time.perf_counter() - p.start - p.untimed
+            p.saved = list(rec.saved)
+            if not self.asynchronous:
+                self._wait(p)
+                self._commit(p)
+            p.anatomy = window.close()
+        if self.asynchronous:
+            p.thread = threading.Thread(target=self._wait, args=(p,), name=f"durable-{tag}", daemon=True)
+            p.thread.start()
+            self.pending = p
+        else:
+            self._emit(p)
+
+    def _wait(self, p: _Pending) -> None:
+        """The engine's flush is done, then the target makes the files durable. In the waiter thread of an
+        asynchronous save (never a collective: the main thread owns those), or inline for a synchronous one."""
+        counters = self.anatomy.counters
+        before, begun = counters.totals(), time.perf_counter()
+        try:
+            with self.anatomy.region("fsync"):  # the main thread's doing only: a no-op in the waiter thread
+                if self.waits_for_deepspeed:
+                    self.recorder.committed.wait()  # DeepSpeed's commit in engine.step() (its decoupled writer)
+                else:
+                    self.recorder.engine.wait()
+                self.target.make_durable([path for path, _ in p.saved])
+            p.durable_at = time.perf_counter()
+            io = delta(counters.totals(), before)
+            p.flush = {"seconds": round(p.durable_at - begun, 6),
+                       "write_busy_seconds": round(io["write"]["busy_seconds"], 6) if io else None,
+                       "fsync_busy_seconds": round(io["sync"]["busy_seconds"], 6) if io else None, "io": io}
+            stats = self.recorder.engine.statistics()
+            if stats is not None:
+                p.flush["engine"] = stats
+        except Exception as exc:
+            if p.thread is None:
+                raise self.target.explain_save_failure(exc, p.tag) from exc
+            p.error = exc
+
+    def _commit(self, p: _Pending) -> None:
+        """Every rank calls this once its files are durable: barrier, then rank 0 has the target commit `latest`."""
+        if p.thread is not None:
+            p.thread.join()
+        if p.error is not None:
+            raise self.target.explain_save_failure(p.error, p.tag) from p.error
+        with self.anatomy.region("wait"):
+            self.stack.barrier()
+        if self.stack.rank == 0:
+            with self.anatomy.region("fsync"):  # files the stack writes outside the engine (DeepSpeed's scripts)
+                self.target.make_durable([self.target.path(p.tag)])
+            self.target.commit_latest(p.tag)
+        with self.anatomy.region("wait"):
+            self.stack.barrier()
+        p.committed_at = time.perf_counter()
+
+    def _emit(self, p: _Pending) -> None:
+        tag_dir = self.target.path(p.tag)
+        files = [{"path": str(Path(path).relative_to(tag_dir)), "bytes": self.target.size(path), "seconds": seconds}
+                 for path, seconds in p.saved]
+        self.log.emit(Save(
+            tag=p.tag, step=p.step, start=p.wall_start, blocking_seconds=p.blocking,
+            durable_seconds=p.durable_at - p.start - p.untimed, commit_seconds=p.committed_at - p.start,
+            files=files, bytes=sum(f["bytes"] for f in files), asynchronous=self.asynchronous,
+            in_flight_steps=p.in_flight_steps, anatomy=p.anatomy, flush=p.flush if self.asynchronous else None,
+            extra=self.stack.save_facts()))
+
+    def overlapped(self, step_start: float) -> bool:
+        """Was a flush in flight at any time since step_start (perf_counter)? Counts the step for the save."""
+        p = self.pending
+        hit = p is not None and (p.durable_at is None or p.durable_at > step_start)
+        if hit:
+            p.in_flight_steps += 1
+        return hit
+
+    def poll(self) -> None:
+        """At a step boundary: commit the pending save if every rank is durable (one all-reduce)."""
+        if self.pending is None:
+            return
+        done = self.pending.durable_at is not None or self.pending.error is not None
+        if self.stack.all_true(done):
+            self._finish_pending()
+
+    def finish(self) -> None:
+        """Before the next save and at the end of the phase: wait for the flush on every rank, then commit."""
+        if self.pending is None:
+            return
+        if self.waits_for_deepspeed and not self.recorder.committed.is_set():
+            self.stack.commit_pending()  # no training step since the save: commit it now, as that step would
+        self._finish_pending()
+
+    def _finish_pending(self) -> None:
+        p, self.pending = self.pending, None
+        self._commit(p)
+        self._emit(p)
+
+    # ---- loading --------------------------------------------------------------------------------------------------
+    def load(self, tag: str | None = None) -> tuple[str, dict]:
+        """The restart's checkpoint_load phase: the stack's load (and the device work it queued) inside the anatomy
+        window, whose own start and end the phase's marks carry; the memory of engine_init is read before the
+        window opens. With anatomy=false (no window record) the start is taken here: a mark stamped afterwards
+        would put the whole load into engine_init. Loads `tag`, else the one `latest` names (none is an error,
+        never a silent no-op); returns it and the client state saved with it."""
+        engine_init_memory = self.peak_memory()
+        load_start = time.time()
+        self._untimed = 0.0
+        with self.anatomy.measure(LOAD_CATEGORIES, excluded=self.stack.load_untimed) as window:
+            tag = tag or self.target.latest()
+            if tag is None:
+                raise FileNotFoundError(f"no 'latest' in {self.target.describe()}: nothing committed to restart from")
+            client_state = self.stack.load(self.target.root, tag, self.recorder, self.untimed)
+            self.stack.sync()
+            breakdown = window.close()
+        self.log.mark("engine_initialized", t=breakdown["start"] if breakdown else load_start,
+                      memory=engine_init_memory)
+        self.log.mark("checkpoint_loaded", t=breakdown["end"] if breakdown else None)
+        self.log.emit(Loaded(tag, [{"path": p, "seconds": s} for p, s in self.recorder.loaded]))
+        if breakdown:
+            self.log.emit(LoadAnatomy(breakdown))
+        return tag, client_state

@@ -37,7 +37,7 @@ def main() -> None:
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 5
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as cache:
-        env = {**os.environ, "RH_BASELINE_CACHE": cache}
+        env = {**os.environ, "RH_CACHE_DIR": cache}  # a private cache: every probe measures
         walls, inner = [], []
         for _ in range(repeats):
             wall, out = _run(["70B", "tp=8", "pp=4", "dp=2", "plan=json", "bandwidth_gbps=5"], env)

@@ -87,17 +87,17 @@ def _baseline(options) -> int:
 def _plan(request) -> int:
     import json
 
-    from restart_harness.plan import report
+    from restart_harness.plan import estimate
 
-    plan = report.build(request.spec, request.options.bandwidth_gbps, request.target)
-    print(json.dumps(plan, indent=1) if request.options.plan == "json" else report.render(plan))
+    plan = estimate.build(request.spec, request.options.bandwidth_gbps, request.target)
+    print(json.dumps(plan, indent=1) if request.options.plan == "json" else estimate.render(plan))
     return 0
 
 
 def _execute(name: str, request) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     from restart_harness.launch import runner, sweep
-    from restart_harness.results import table
+    from restart_harness.results import terminal
     from restart_harness.storage.atomic import read_json
 
     try:
@@ -115,6 +115,6 @@ def _execute(name: str, request) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     if (run_dir / "summary.json").is_file():
-        print(table.render(read_json(run_dir / "summary.json")))
+        print(terminal.render(read_json(run_dir / "summary.json")))
     print(run_dir)
     return 0

@@ -87,7 +87,8 @@ def test_async_save_breakdown_covers_the_blocking_part_and_the_flush(harness):
     for save in load_summary(run_dir)["checkpoint"]["saves"]:
         bd = save["breakdown"]
         assert sum(bd[f"{c}_seconds"] for c in SAVE_CATEGORIES) == pytest.approx(bd["window_seconds"], rel=1e-3)
-        assert bd["window_seconds"] <= save["blocking_seconds"] + 0.01
+        # the window is the blocking part: the files are made durable by the flush, outside it
+        assert bd["fsync_seconds"] == 0
         assert bd["flush"]["seconds_max"] > 0 and bd["flush"]["write_busy_seconds_max"] > 0
 
 

@@ -4,6 +4,7 @@ declared once and explained by --help with its default, no sys.path or PYTHONPAT
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -161,3 +162,37 @@ def test_docs_keys_page_is_generated_from_the_declarations():
 
     assert (REPO / "docs" / "keys.md").read_text() == markdown(), \
         "docs/keys.md is stale: python -m restart_harness.command.help > docs/keys.md"
+
+
+TIME_WORDS = re.compile(r"(?i)(wall|elapsed|duration|took|perf_counter|monotonic|time\(\)|seconds)")
+BOUNDS = (ast.Lt, ast.LtE, ast.Gt, ast.GtE)
+
+
+def wall_clock_bounds(source: str) -> list[int]:
+    """Lines of `assert`s that bound a time by a number (`wall < 2.0`, `seconds <= x + 0.01`): how long something
+    took on this machine at this moment, which a busy machine breaks. Comparing two figures (blocking <= durable) or
+    a time with 0 is not a bound."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Assert):
+            continue
+        for compare in (n for n in ast.walk(node.test) if isinstance(n, ast.Compare)):
+            if not any(isinstance(op, BOUNDS) for op in compare.ops):
+                continue
+            operands = [compare.left, *compare.comparators]
+            numbers = [c.value for o in operands for c in ast.walk(o)
+                       if isinstance(c, ast.Constant) and type(c.value) in (int, float) and c.value != 0]
+            if numbers and any(TIME_WORDS.search(ast.unparse(o)) for o in operands):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_wall_clock_assertions_in_tests():
+    """Speed is a benchmark's job (benchmarks/, docs/benchmarks.md), never a test's: CI runs on busy machines."""
+    offenders = {p.name: wall_clock_bounds(p.read_text()) for p in (REPO / "tests").glob("*.py")}
+    assert {name: lines for name, lines in offenders.items() if lines} == {}
+
+
+def test_the_wall_clock_rule_finds_a_bound():
+    assert wall_clock_bounds("assert wall < 2.0\nassert a['seconds'] <= b + 0.01\n") == [1, 2]
+    assert wall_clock_bounds("assert 0 < blocking_seconds <= durable_seconds\nassert n < 2\n") == []

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     from restart_harness import preflight
     from restart_harness.command.parse import parse_restart
     from restart_harness.launch import runner
-    from restart_harness.results import table
+    from restart_harness.results import terminal
     from restart_harness.storage.atomic import read_json
 
     run_dir = Path(argv[0]).resolve()
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("terminated", file=sys.stderr)
         return 143
-    print(table.render(read_json(run_dir / "summary.json")))
+    print(terminal.render(read_json(run_dir / "summary.json")))
     print(run_dir)
     return 0
 

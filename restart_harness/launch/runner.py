@@ -293,9 +293,9 @@ def record_baseline(run: resolved.ResolvedRun, target) -> dict | None:
     spec = run.spec
     if not spec.baseline or not registry.get(spec.engine).saves:
         return None
-    from restart_harness.plan import checkpoint, report
+    from restart_harness.plan import checkpoint, estimate
 
-    record = baseline.for_run(target, report.typical_file_bytes(checkpoint.files(spec)), spec.world_size)
+    record = baseline.for_run(target, estimate.typical_file_bytes(checkpoint.files(spec)), spec.world_size)
     write_json_atomic(run.run_dir / "baseline.json", record)
     return record
 

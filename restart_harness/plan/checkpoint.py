@@ -49,7 +49,7 @@ def stage_layers(spec: RunSpec) -> list[list[int]]:
 
 def _module_prefix(kind: str, index: int, pp: int) -> str:
     """How the engine's module names a pipeline layer's parameters: '<index>.' at every pp (PipelineModule's
-    naming; the pp=1 model names its layers the same way, worker/model.py)."""
+    naming; the pp=1 model names its layers the same way, model/llama.py)."""
     return f"{index}."
 
 
@@ -71,7 +71,7 @@ def shards(spec: RunSpec) -> list[RankShard]:
 @dataclass(frozen=True)
 class FileRecipe:
     """What one checkpoint file holds, as DeepSpeed 0.19.8 writes it: enough to rebuild its state dict (emulation,
-    worker/emulate.py) and to size it (the planner)."""
+    stacks/_deepspeed_files.py) and to size it (the planner)."""
 
     path: str  # relative to the tag directory
     kind: str  # layer_states | model_states | optimizer_states

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from restart_harness.results import anatomy, trace
+from restart_harness.results import breakdown, trace
 from restart_harness.results import events as ev
 from restart_harness.results.schema import (
     MEMORY_PHASES_CHECKPOINT,
@@ -55,7 +55,7 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str |
                  "durable_seconds": round(r["durable_seconds"], 6), "files": len(r["files"]), "bytes": r["bytes"]}
                 for r in per_rank
             ],
-            "breakdown": anatomy.save(per_rank, root),
+            "breakdown": breakdown.save(per_rank, root),
         })
     return out
 
@@ -120,7 +120,7 @@ def training(record: dict[int, list[dict]], emulated: bool = False) -> dict:
     rss = [e["max_rss_bytes"] for evs in ev.of_kind(record, "done").values() for e in evs if "max_rss_bytes" in e]
     return {
         "max_rss_bytes_per_rank": max(rss) if rss else None,
-        "memory": anatomy.memory(record, MEMORY_PHASES_EMULATED if emulated else MEMORY_PHASES_CHECKPOINT),
+        "memory": breakdown.memory(record, MEMORY_PHASES_EMULATED if emulated else MEMORY_PHASES_CHECKPOINT),
         "steps": len(steps),
         "step_seconds_median": round(statistics.median(seconds), 6) if seconds else None,
         "losses": [round(s["loss"], 6) for s in steps],
@@ -195,9 +195,9 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         "errors": ev.errors(record),
         "first_step": first["step"] if first else None,
         "first_step_loss": first["loss"] if first else None,
-        "load_breakdown": anatomy.load(record, measured, root),
-        "memory": anatomy.memory(record, MEMORY_PHASES_RESTART),
-        "stragglers": anatomy.stragglers(per_rank, PHASE_NAMES),
+        "load_breakdown": breakdown.load(record, measured, root),
+        "memory": breakdown.memory(record, MEMORY_PHASES_RESTART),
+        "stragglers": breakdown.stragglers(per_rank, PHASE_NAMES),
         "trace": trace.summarize(run_dir / "traces" / name, record, list(MEMORY_PHASES_RESTART)) if run_dir else None,
         "per_rank": [{"rank": r["rank"], "marks": r["marks"], "verify_seconds": _round(r["verify"]["seconds"])
                       if r["verify"] else None, "phases": {k: round(v, 6) for k, v in r["phases"].items()}}

@@ -124,8 +124,8 @@ class Stack(ABC):
         native, training."""
         return {}
 
-    def attach(self, io) -> None:
-        """Route the stack's own checkpoint calls (DeepSpeed's) to the manager's recorder `io`."""
+    def attach(self, recorder) -> None:
+        """Route the stack's own checkpoint calls (DeepSpeed's) to the manager's recorder."""
 
     def client_state(self, step: int) -> dict:
         """What every checkpoint carries beside the training state."""

@@ -134,23 +134,23 @@ class DeepSpeedStack(Stack):
         self.log.mark("model_built")
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         config = json.loads(ds_config_path(self.run).read_text())
-        self.engine, _, _, _ = deepspeed.initialize(model=self.model, model_parameters=self.params, config=config,
+        self.ds_engine, _, _, _ = deepspeed.initialize(model=self.model, model_parameters=self.params, config=config,
                                                     mpu=None if spec.pp > 1 else grid)
         self.sync()  # deepspeed.initialize's moves to the device are part of engine_init, not of what follows
 
     def hook(self, anatomy) -> None:
-        anatomy.wrap(self.engine, "load_module_state_dict", "copy")
-        if self.engine.optimizer is not None:  # a universal load reads its files in here: those reads count as reads
-            anatomy.wrap(self.engine.optimizer, "load_state_dict", "copy", io=("read",))
+        anatomy.wrap(self.ds_engine, "load_module_state_dict", "copy")
+        if self.ds_engine.optimizer is not None:  # a universal load reads its files in here: those reads count as reads
+            anatomy.wrap(self.ds_engine.optimizer, "load_state_dict", "copy", io=("read",))
         from deepspeed import comm
 
         anatomy.hook_collectives(comm)
 
     def engine_context(self) -> dict:
-        return {"native": self.engine.checkpoint_engine, "training": self.engine}
+        return {"native": self.ds_engine.checkpoint_engine, "training": self.ds_engine}
 
-    def attach(self, io) -> None:
-        self.engine.checkpoint_engine = DeepSpeedFiles(io)
+    def attach(self, recorder) -> None:
+        self.ds_engine.checkpoint_engine = DeepSpeedFiles(recorder)
 
     def client_state(self, step: int) -> dict:
         return client_state(self.spec, step)
@@ -159,16 +159,16 @@ class DeepSpeedStack(Stack):
         return {"universal_info": True}  # client_state() carried it: ds_to_universal can convert this checkpoint
 
     def save(self, root, tag, client_state, io, untimed) -> None:
-        self.engine.save_checkpoint(str(root), tag=tag, client_state=client_state, save_latest=False)
+        self.ds_engine.save_checkpoint(str(root), tag=tag, client_state=client_state, save_latest=False)
 
     def load(self, root, tag, io, untimed) -> dict:
-        path, client = self.engine.load_checkpoint(str(root), tag=tag)
+        path, client = self.ds_engine.load_checkpoint(str(root), tag=tag)
         if path is None:
             raise RuntimeError(f"DeepSpeed load_checkpoint found no checkpoint for tag {tag!r} in {root}")
         return client or {}
 
     def commit_pending(self) -> None:
-        self.engine._commit_decoupled_checkpoint()
+        self.ds_engine._commit_decoupled_checkpoint()
 
     def train_step(self, step: int) -> float:
         """One optimizer step; the loss of the whole global batch (the mean over data-parallel ranks), the same at
@@ -181,12 +181,12 @@ class DeepSpeedStack(Stack):
         spec, device = self.spec, self.device
         batches = step_batches(spec, step, self.grid.get_data_parallel_rank())
         if spec.pp > 1:
-            return float(self.engine.train_batch(data_iter=iter(batches)))  # DeepSpeed averages it over the DP group
+            return float(self.ds_engine.train_batch(data_iter=iter(batches)))  # DeepSpeed averages it over the DP group
         total = torch.zeros((), dtype=torch.float64, device=device)
         for ids, labels in batches:
-            loss = self.engine(ids.to(device), labels.to(device))
-            self.engine.backward(loss)
-            self.engine.step()
+            loss = self.ds_engine(ids.to(device), labels.to(device))
+            self.ds_engine.backward(loss)
+            self.ds_engine.step()
             total += loss.detach().double()
         if spec.dp > 1:
             dist.all_reduce(total, group=self.grid.get_data_parallel_group())
@@ -195,7 +195,7 @@ class DeepSpeedStack(Stack):
     def record_digests(self, tag: str) -> int:
         from restart_harness.stacks._deepspeed_state import state_digests
 
-        digests = state_digests(self.engine)  # the state cannot change during the save: taken just before it
+        digests = state_digests(self.ds_engine)  # the state cannot change during the save: taken just before it
         self.write_digests(tag, digests)
         return len(digests)
 
@@ -206,10 +206,10 @@ class DeepSpeedStack(Stack):
 
         start = time.perf_counter()
         if reference is None:
-            return self.compare(tag, state.state_digests(self.engine), self.rank, start)
+            return self.compare(tag, state.state_digests(self.ds_engine), self.rank, start)
         # another layout: every parameter's full fp32 master weights and Adam moments, gathered, against the digests
         # taken from the original checkpoint's files
-        restored = state.full_state_digests(self.engine, self.model, self.spec, self.grid)
+        restored = state.full_state_digests(self.ds_engine, self.model, self.spec, self.grid)
         saved = json.loads(Path(reference).read_text())["parameters"]
         diff = [f"{name}.{key}" for name, keys in sorted(restored.items()) for key, d in keys.items()
                 if saved.get(name, {}).get(key) != d]
@@ -252,23 +252,23 @@ def sync(device) -> None:
 
 class DeepSpeedFiles:
     """What DeepSpeed calls as its checkpoint engine (DeepSpeed duck-types it): each file it saves or loads goes to
-    the rank's checkpoint manager (`io`, its recorder, which writes through the chosen engine); DeepSpeed's own
+    the rank's checkpoint manager (its recorder, which writes through the chosen engine); DeepSpeed's own
     lifecycle calls (create, commit, decoupled commits) go to the engine DeepSpeed built where the chosen engine is
     that one (io.native), and are no-ops otherwise: the harness makes saves durable and commits `latest` itself."""
 
-    def __init__(self, io):
-        self.io, self.native = io, io.native
-        self.name = f"Harness({getattr(self.native, 'name', None) or type(io.engine).__name__})"
-        self.committed = io.committed  # set when DeepSpeed commits a decoupled engine's checkpoint
+    def __init__(self, recorder):
+        self.recorder, self.native = recorder, recorder.native
+        self.name = f"Harness({getattr(self.native, 'name', None) or type(recorder.io).__name__})"
+        self.committed = recorder.committed  # set when DeepSpeed commits a decoupled engine's checkpoint
 
     def create(self, info):
         return self.native.create(info) if self.native is not None else None
 
     def save(self, state_dict, path: str):
-        return self.io.save(state_dict, path)
+        return self.recorder.save(state_dict, path)
 
     def load(self, path: str, map_location=None):
-        return self.io.load(path, map_location=map_location)
+        return self.recorder.load(path, map_location=map_location)
 
     def makedirs(self, path, exist_ok=False):
         os.makedirs(path, exist_ok=exist_ok)
@@ -279,7 +279,7 @@ class DeepSpeedFiles:
         return result
 
     def is_data_parallel_writer(self, dp_rank):
-        return self.io.engine.is_data_parallel_writer(dp_rank)
+        return self.recorder.io.is_data_parallel_writer(dp_rank)
 
     def is_decoupled(self):
         return self.native.is_decoupled() if self.native is not None else False
@@ -296,5 +296,5 @@ class DeepSpeedFiles:
             self.native.cleanup()
 
     def preserves_storage_sharing(self):
-        return self.io.engine.preserves_storage_sharing()
+        return self.recorder.io.preserves_storage_sharing()
 

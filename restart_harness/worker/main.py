@@ -17,7 +17,7 @@ from restart_harness import faults, stacks, targets
 from restart_harness.results.schema import Done, Error, Layout, Process, Step, Verify
 from restart_harness.spec import run as resolved
 from restart_harness.worker.anatomy import Anatomy, peak_rss_bytes_since_last
-from restart_harness.worker.events import EventLog
+from restart_harness.worker.eventlog import EventLog
 from restart_harness.worker.manager import CheckpointManager
 
 

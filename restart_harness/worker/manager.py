@@ -36,9 +36,9 @@ class Recorder:
     """Every file the stack saves or loads, through the engine's CheckpointIO: timed, attributed to the anatomy's
     serialize/write/fsync (save) and read/deserialize (load) categories, made findable on the target."""
 
-    def __init__(self, engine, target, anatomy, rank: int):
-        self.engine, self.target, self.anatomy, self.rank = engine, target, anatomy, rank
-        self.native = engine.native  # DeepSpeed's own checkpoint engine, where the chosen engine is that one
+    def __init__(self, io, target, anatomy, rank: int):
+        self.io, self.target, self.anatomy, self.rank = io, target, anatomy, rank  # io: the engine's CheckpointIO
+        self.native = io.native  # DeepSpeed's own checkpoint engine, where the chosen engine is that one
         self.saved: list[tuple[str, float]] = []
         self.loaded: list[tuple[str, float]] = []
         self.step: int | None = None  # training step of the save in progress (for fault injection)
@@ -47,7 +47,7 @@ class Recorder:
     def save(self, state, path: str) -> list[str]:
         start = time.perf_counter()
         with self.anatomy.region("serialize", io=("write", "sync")):
-            written = self.engine.save(state, path)
+            written = self.io.save(state, path)
         seconds = time.perf_counter() - start
         self.target.written(written)
         self.saved += [(p, seconds / len(written)) for p in written]
@@ -57,14 +57,14 @@ class Recorder:
     def load(self, path: str, map_location=None, into=None):
         start = time.perf_counter()
         with self.anatomy.region("deserialize", io=("read",)):
-            state = self.engine.load(path, map_location=map_location, into=into)
+            state = self.io.load(path, map_location=map_location, into=into)
         self.loaded.append((path, time.perf_counter() - start))
         return state
 
     def flush(self) -> None:
         """Until the engine has written everything saved so far (a stack that holds one file at a time)."""
         with self.anatomy.region("fsync"):
-            self.engine.wait()
+            self.io.wait()
 
 
 class _Pending:
@@ -150,14 +150,14 @@ class CheckpointManager:
                 if self.waits_for_deepspeed:
                     self.recorder.committed.wait()  # DeepSpeed's commit in engine.step() (its decoupled writer)
                 else:
-                    self.recorder.engine.wait()
+                    self.recorder.io.wait()
                 self.target.make_durable([path for path, _ in p.saved])
             p.durable_at = time.perf_counter()
             io = delta(counters.totals(), before)
             p.flush = {"seconds": round(p.durable_at - begun, 6),
                        "write_busy_seconds": round(io["write"]["busy_seconds"], 6) if io else None,
                        "fsync_busy_seconds": round(io["sync"]["busy_seconds"], 6) if io else None, "io": io}
-            stats = self.recorder.engine.statistics()
+            stats = self.recorder.io.statistics()
             if stats is not None:
                 p.flush["engine"] = stats
         except Exception as exc:

@@ -134,7 +134,3 @@ def stragglers(per_rank_phases: list[dict], names: tuple[str, ...]) -> dict:
         median = statistics.median(v for v, _ in values)
         out[name] = {"rank": rank, "seconds": round(top, 6), "excess_over_median_seconds": round(top - median, 6)}
     return out
-
-
-def marks_of(record: dict[int, list[dict]]) -> dict[int, dict[str, float]]:
-    return {rank: ev.marks(evs) for rank, evs in record.items()}

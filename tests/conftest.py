@@ -1,9 +1,11 @@
-"""Shared by every test: the table of real runs (RUNS), the one fixture that runs the harness (`harness`), and the
-rule for tools a test needs (`require_tool`).
+"""Shared by every test: the table of real runs (RUNS), the one fixture that runs the harness (`harness`), the local
+S3 server some runs need (`s3_server`), and the rule for tools a test needs (`require_tool`).
 
-A run in RUNS is launched once per session, the first time a test asks for it, through the real command line
-(config-n-run.py, the Python entry of ./submit-job.sh), into a session temporary folder. Tests only read the run
-directories they are given; a test that changes a run (restart-only re-runs, keep=false) makes its own.
+A case in RUNS is a sequence of invocations of the real command line (config-n-run.py, the Python entry of
+./submit-job.sh): the run, then each of its steps on that run directory - restart-only re-runs at its own layout or
+at another (`restart key=value ...`). It is played once per session, the first time a test asks for it, into a
+session temporary folder; every case is also held to the checks every run must pass (tests/test_runs.py). Tests
+only read the run directories they are given; a test that changes a run makes its own.
 """
 
 from __future__ import annotations
@@ -24,15 +26,31 @@ ASYNC_SHORT = "iters=3 save_interval=1 after=1"  # saves at 1, 2, 3: a flush can
 
 
 @dataclass(frozen=True)
+class Step:
+    """A restart-only re-run of the case's run directory: `restart key=value ...`, and the exit code it must end with."""
+
+    args: str = ""
+    expect: int = 0
+
+
+@dataclass(frozen=True)
 class Case:
-    """One real run: the command line after ./submit-job.sh, as text."""
+    """The command line after ./submit-job.sh, as text; then its steps (a text is a Step that must succeed)."""
 
     args: str
+    then: tuple[Step | str, ...] = ()
+    fault: str | None = None  # RH_FAULT for the run (not its steps): worker/../faults.py
+    expect: int = 0  # the run's exit code
+    needs: str | None = None  # "s3": the local S3 server (s3_server), its settings in the environment
     timeout: int = 900
 
     @property
     def tokens(self) -> list[str]:
         return self.args.split()
+
+    @property
+    def steps(self) -> list[Step]:
+        return [Step(s) if isinstance(s, str) else s for s in self.then]
 
 
 # Layouts x engines x launchers, each one real multi-process launch (checkpoint, then restart in fresh processes).
@@ -40,6 +58,7 @@ RUNS: dict[str, Case] = {
     # the spine, default engine
     "tiny-dp2": Case("tiny dp=2 engine=default iters=4 save_interval=2 after=2"),
     # layouts, default engine
+    "dp2-short": Case(f"tiny dp=2 {SHORT}"),
     "dp4": Case(f"tiny dp=4 {SHORT}"),
     "tp2-dp2": Case(f"tiny tp=2 dp=2 {SHORT}"),
     "pp2-dp2": Case(f"tiny pp=2 dp=2 {SHORT}"),
@@ -62,8 +81,31 @@ RUNS: dict[str, Case] = {
     "emulated-tiny-dp2": Case("tiny dp=2 engine=default iters=4 save_interval=2 after=2 emulate=true"),
     "emulated-tp2-pp2": Case(f"tiny tp=2 pp=2 baseline=false {SHORT} emulate=true"),
     "emulated-dcp-tp2-pp2": Case(f"tiny tp=2 pp=2 engine=dcp {SHORT} emulate=true"),
-    # observation: every POSIX I/O call traced with dftracer
+    # observation: every POSIX I/O call traced with dftracer; the anatomy switched off
     "traced-tp2-dp2": Case(f"tiny tp=2 dp=2 trace=true {SHORT}"),
+    "no-anatomy-dp2": Case(f"tiny dp=2 anatomy=false {SHORT}"),
+    # restarts at other layouts (tests/test_reshard.py): converted once, each verified against the original files;
+    # the run's own restart (restart-01) is the first loss's reference
+    "reshard-dp2": Case(f"tiny dp=2 {SHORT}", then=("dp=1", "tp=2 pp=2 dp=1 trace=true")),
+    # the PyTorch-native stack restarted at other data-parallel sizes: DCP reshards while it loads
+    "fsdp2-dp2": Case(f"tiny dp=2 stack=fsdp2 {SHORT}", then=("dp=1", "dp=4")),
+    # the checkpoint phase alone (torchrun), two restart-only re-runs that delete it after, then one refused
+    "checkpoint-only-torchrun": Case(f"tiny dp=2 launcher=torchrun phase=checkpoint {SHORT}",
+                                     then=("repeats=2 cache=warm keep=false", Step(expect=2))),
+    # a rank killed inside its save of global_step4: the run fails, `latest` stays on global_step2, which restarts
+    "killed-mid-save": Case("tiny dp=2 iters=4 save_interval=2 after=1", fault="kill@save:rank=1:step=4", expect=1,
+                            then=("",)),
+    "dcp-async-killed-mid-save": Case("tiny dp=2 engine=dcp async_save=true iters=4 save_interval=2 after=1",
+                                      fault="kill@save:rank=1:step=4", expect=1),
+    # emulation whose memory budget makes the ranks of the node write one at a time
+    "emulated-waves-dp4": Case("tiny dp=4 emulate=true emulate_memory_gib=0.0015 baseline=false phase=checkpoint"),
+    # checkpoints as objects in a bucket of the local S3 server (tests/test_s3.py)
+    "s3-default-dp2": Case(f"tiny dp=2 ckpt_dir=s3://ckpt/runs {SHORT}", needs="s3"),
+    "s3-fsdp2-async-dp2": Case(f"tiny dp=2 stack=fsdp2 async_save=true ckpt_dir=s3://ckpt/runs {SHORT}", needs="s3",
+                               then=("dp=1",)),
+    "s3-pp2": Case(f"tiny pp=2 ckpt_dir=s3://ckpt/runs {SHORT}", needs="s3"),
+    "s3-fsdp2-dp2": Case(f"tiny dp=2 stack=fsdp2 ckpt_dir=s3://ckpt/runs {SHORT}", needs="s3"),
+    "s3-dcp-dp2": Case(f"tiny dp=2 engine=dcp ckpt_dir=s3://ckpt/runs {SHORT}", needs="s3"),
 }
 
 
@@ -93,9 +135,17 @@ def submit(args: list[str], cwd: Path, timeout: int = 120, env: dict | None = No
 
 def restart(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
     """`config-n-run.py restart run=<run_dir> key=value ...`: a restart-only re-run (exit code not checked)."""
+    env = {k: v for k, v in os.environ.items() if k != "RH_FAULT"}
     return subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "restart", f"run={run_dir}", *args],
                           check=False, capture_output=True, text=True, timeout=900, cwd=REPO,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          env={**env, "PYTHONUNBUFFERED": "1"})
+
+
+def copy_run(run_dir: Path, dest: Path) -> Path:
+    """A run directory copied whole (its checkpoint inside it): a run of its own that a test may change."""
+    copy = dest / run_dir.name
+    shutil.copytree(run_dir, copy, symlinks=True)
+    return copy
 
 
 def run_dir_of(proc: subprocess.CompletedProcess) -> Path:
@@ -116,22 +166,67 @@ def events(run_dir: Path, record: str = "checkpoint") -> dict[int, list[dict]]:
 
 
 class Harness:
-    """Launches RUNS on demand, once per session."""
+    """Plays the cases of RUNS on demand, once per session."""
 
-    def __init__(self, root: Path):
-        self.root = root
-        self._done: dict[str, Path] = {}
+    def __init__(self, root: Path, request):
+        self.root, self.request = root, request
+        self._done: dict[str, tuple[Path, subprocess.CompletedProcess, list[subprocess.CompletedProcess]]] = {}
+
+    def _play(self, name: str):
+        case = RUNS[name]
+        if case.needs:
+            self.request.getfixturevalue(f"{case.needs}_server")
+        results = self.root / name
+        env = {"RH_FAULT": case.fault} if case.fault else None
+        first = run_cli(case.tokens, results, timeout=case.timeout, check=case.expect == 0, env=env)
+        assert first.returncode == case.expect, f"{name}: exit {first.returncode}\n{first.stderr}"
+        (run_dir,) = [p for p in results.iterdir() if p.is_dir()]
+        steps = []
+        for step in case.steps:
+            proc = restart(run_dir, *step.args.split())
+            assert proc.returncode == step.expect, f"{name}: restart {step.args} exited {proc.returncode}\n" + \
+                proc.stdout + proc.stderr
+            steps.append(proc)
+        return run_dir, first, steps
 
     def run(self, name: str) -> Path:
+        """The case's run directory, after every step."""
+        return self.played(name)[0]
+
+    def played(self, name: str) -> tuple[Path, subprocess.CompletedProcess, list[subprocess.CompletedProcess]]:
+        """(run directory, the run's process, each step's process)."""
         if name not in self._done:
-            case = RUNS[name]
-            self._done[name] = run_dir_of(run_cli(case.tokens, self.root / name, timeout=case.timeout))
+            self._done[name] = self._play(name)
         return self._done[name]
 
 
 @pytest.fixture(scope="session")
-def harness(tmp_path_factory) -> Harness:
-    return Harness(tmp_path_factory.mktemp("runs"))
+def harness(tmp_path_factory, request) -> Harness:
+    return Harness(tmp_path_factory.mktemp("runs"), request)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A single-node Ceph RADOS Gateway for the session (restart_harness/storage/local_s3.py, with the ETag proxy of
+    third_party/rgw_multipart_etag.py in front), bucket `ckpt`, its settings in this process's environment (every
+    run and restart inherits them, as from a user's shell), stopped at the end."""
+    require_tool("radosgw", "ceph-mon", "ceph-osd", package="radosgw ceph-mon ceph-osd ceph-common")
+    from restart_harness.storage import local_s3
+
+    root = Path(f"/tmp/rh-s3-{os.getpid()}")  # short: Ceph's admin sockets live here (108-byte socket paths)
+    s3 = local_s3.start(root, memory_mib=1024)
+    saved = {k: os.environ.get(k) for k in s3.environment()}
+    try:
+        s3.create_bucket("ckpt")
+        os.environ.update(s3.environment())
+        yield s3
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        local_s3.stop(root)
 
 
 @pytest.fixture

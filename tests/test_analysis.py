@@ -1,5 +1,6 @@
-"""analysis/: the report command, its CSV, figures, notebook and HTML page, on real results of tiny runs
-(tiny_dp2 plus a repeat of it and a dp=1 run), and on corrupt or unfinished inputs made from copies of them."""
+"""analysis/: the report command, its CSV, figures, notebook and HTML page, on the stored results of real tiny runs
+(tests/data/results: a dp=2 run in one/, a repeat of it and a dp=1 run in more/; tests/data/make_results.py made
+them), and on corrupt or unfinished inputs made from copies of them. No training: analysis reads files only."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load_summary, require_tool, run_cli
+from conftest import REPO, load_summary, require_tool
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.container import BarContainer, ErrorbarContainer
 
@@ -20,7 +21,7 @@ from analysis import load as ld
 from analysis import report
 
 MIB = 2**20
-TINY = ["tiny", "engine=default", "iters=4", "save_interval=2", "after=2"]
+STORED = REPO / "tests" / "data" / "results"
 FIGURES = ["checkpoint_bytes", "checkpoint_files", "save_seconds", "throughput_mib_s", "restart_phases_seconds",
            "file_size_bytes", "step_seconds", "load_breakdown_seconds", "save_breakdown_seconds",
            "restart_timeline_seconds"]
@@ -43,12 +44,16 @@ def report_cmd(*args: str, cwd: Path = REPO, module: bool = False) -> subprocess
 
 
 @pytest.fixture(scope="session")
-def more_runs(tmp_path_factory) -> Path:
-    """A repeat of tiny_dp2's configuration and a second layout (dp=1), in their own results folder."""
-    results = tmp_path_factory.mktemp("analysis-results")
-    run_cli([*TINY, "dp=2"], results)
-    run_cli([*TINY, "dp=1"], results)
-    return results
+def tiny_dp2() -> Path:
+    """A run directory: tiny dp=2, default engine, iters=4 save_interval=2 after=2."""
+    (run,) = (STORED / "one").iterdir()
+    return run
+
+
+@pytest.fixture(scope="session")
+def more_runs() -> Path:
+    """A folder of runs: a repeat of tiny_dp2's configuration and a second layout (dp=1)."""
+    return STORED / "more"
 
 
 @pytest.fixture(scope="session")
@@ -94,7 +99,6 @@ def _errorbars(ax) -> list[ErrorbarContainer]:
     return [c for c in ax.containers if isinstance(c, ErrorbarContainer)]
 
 
-@pytest.mark.slow
 def test_report_command_writes_every_file(made_report):
     proc, out = made_report
     assert Path(proc.stdout.strip().splitlines()[-1]) == out.resolve()
@@ -114,7 +118,6 @@ def test_report_command_writes_every_file(made_report):
     assert "http://" not in html and "https://" not in html and "<link" not in html and "<script" not in html
 
 
-@pytest.mark.slow
 def test_csv_matches_summaries(made_report, study):
     _, out = made_report
     with open(out / "runs.csv") as f:
@@ -149,7 +152,6 @@ def test_csv_matches_summaries(made_report, study):
     assert len(saves) == 6 and {s["tag"] for s in saves} == {"global_step2", "global_step4"}
 
 
-@pytest.mark.slow
 def test_checkpoint_figures_per_layout(built):
     groups = built["groups"]
     assert [(g.layout, len(g.runs)) for g in groups] == [("tp1 pp1 dp2", 2), ("tp1 pp1 dp1", 1)]
@@ -166,7 +168,6 @@ def test_checkpoint_figures_per_layout(built):
     assert [b.get_height() for b in bars] == [3, 2]
 
 
-@pytest.mark.slow
 def test_save_and_throughput_figures(built):
     groups = built["groups"]
     ax = built["figures"]["save_seconds"].axes[0]
@@ -186,7 +187,6 @@ def test_save_and_throughput_figures(built):
     assert lines == ({"storage baseline, write", "storage baseline, read"} if measured else set())
 
 
-@pytest.mark.slow
 def test_restart_phase_figure(built):
     groups = built["groups"]
     ax = built["figures"]["restart_phases_seconds"].axes[0]
@@ -200,7 +200,6 @@ def test_restart_phase_figure(built):
     assert ax.get_ylabel() == "restart time (s)"
 
 
-@pytest.mark.slow
 def test_file_size_figure(built, study):
     ax = built["figures"]["file_size_bytes"].axes[0]
     assert ax.get_xscale() == "log" and "bytes" in ax.get_xlabel()
@@ -212,7 +211,6 @@ def test_file_size_figure(built, study):
     assert optim and optim <= set(dots["optimizer states"][:, 0])
 
 
-@pytest.mark.slow
 def test_optional_fields_and_engine_none(tiny_dp2: Path, tmp_path: Path):
     """Fields other helpers add (baseline, efficiency, in-flight step time) are used when present; an engine=none
     run (no checkpoint, no restart) appears only where it has data."""
@@ -250,7 +248,6 @@ def test_optional_fields_and_engine_none(tiny_dp2: Path, tmp_path: Path):
     assert len(_bars(step)[0]) == 2 and len(_bars(step)[1]) == 1
 
 
-@pytest.mark.slow
 def test_bad_inputs_named_and_skipped(tiny_dp2: Path, tmp_path: Path):
     good = _copy_results(tiny_dp2, tmp_path / "results" / "good")
     corrupt = _copy_results(tiny_dp2, tmp_path / "results" / "corrupt")
@@ -282,7 +279,6 @@ def test_bad_inputs_named_and_skipped(tiny_dp2: Path, tmp_path: Path):
     assert str(good) not in proc.stderr
 
 
-@pytest.mark.slow
 def test_sweep_folder(tiny_dp2: Path, tmp_path: Path):
     """A sweep folder is searched like any other; its runs carry its name, its failed combinations are named."""
     sweep = tmp_path / "results" / "sweep-20261122-101010"
@@ -300,7 +296,6 @@ def test_sweep_folder(tiny_dp2: Path, tmp_path: Path):
     assert "engine=nope2" in (tmp_path / "out" / "report.md").read_text()
 
 
-@pytest.mark.slow
 def test_default_folder_never_overwrites(tiny_dp2: Path, tmp_path: Path):
     first = report_cmd(str(tiny_dp2), cwd=tmp_path)
     second = report_cmd(str(tiny_dp2), cwd=tmp_path)
@@ -341,7 +336,6 @@ def test_analysis_needs_only_matplotlib(tmp_path):
                                        "restart_harness.storage", "restart_harness.storage.atomic"])
 
 
-@pytest.mark.slow
 def test_notebook_runs_top_to_bottom(more_runs: Path, monkeypatch):
     import nbclient
     import nbformat
@@ -356,7 +350,6 @@ def test_notebook_runs_top_to_bottom(more_runs: Path, monkeypatch):
     assert len([o for o in outputs if "image/png" in o.get("data", {})]) == len(FIGURES)
 
 
-@pytest.mark.slow
 def test_html_opens_in_headless_chromium(made_report, tmp_path: Path):
     require_tool("chromium", package="chromium")
     chromium = shutil.which("chromium")

@@ -17,30 +17,36 @@ from conftest import REPO, cases, events, load_summary, run_cli, run_dir_of
 
 from restart_harness import iocount
 from restart_harness.model import digest
-from restart_harness.results.schema import LOAD_CATEGORIES, SAVE_CATEGORIES
+from restart_harness.results.schema import SAVE_CATEGORIES
 
 ANATOMY_RUNS = cases("tiny-dp2", "tp2-pp2-dp2", "torchsnapshot-dp2", "dcp-tp2-pp2")
 WITHIN = 0.05  # the issue's bound: categories add up to the measured figure within 5%
 
 
 # ---- the load -----------------------------------------------------------------------------------------------
+# The categories partition the anatomy's own window (`other` is its remainder) and the checkpoint_load phase is
+# that window: checking one against the other would hold by construction. These are checked against what others
+# measured: the rank's own bracket around the load (outside the anatomy code), the recorder's timer around each
+# engine load, and the I/O counters' per-file seconds.
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ANATOMY_RUNS)
-def test_load_breakdown_adds_up_to_checkpoint_load_on_every_rank(harness, name):
-    summary = load_summary(harness.run(name))
-    restart = summary["restart"]
-    lb = restart["load_breakdown"]
+def test_load_window_is_the_load_and_its_categories_are_what_others_measured(harness, name):
+    run_dir = harness.run(name)
+    lb = load_summary(run_dir)["restart"]["load_breakdown"]
     assert lb["method"] == "preloaded I/O counters"
-    assert len(lb["per_rank"]) == restart["ranks"]
-    for row in lb["per_rank"]:
-        parts = [row[f"{c}_seconds"] for c in LOAD_CATEGORIES]
-        assert all(p is not None and p >= 0 for p in parts), row
-        assert sum(parts) == pytest.approx(row["measured_seconds"], rel=WITHIN), row
-        assert row["read_seconds"] > 0 and row["deserialize_seconds"] > 0 and row["read_bytes"] > 0
-    slowest = next(r for r in lb["per_rank"] if r["rank"] == lb["slowest_rank"])
-    assert lb["window_seconds"] == max(r["window_seconds"] for r in lb["per_rank"]) == slowest["window_seconds"]
-    total = sum(lb[f"{c}_seconds"] for c in LOAD_CATEGORIES)
-    assert total == pytest.approx(restart["phases"]["checkpoint_load"], rel=WITHIN)
+    for rank, evs in events(run_dir, "restart-01").items():
+        loaded = next(e for e in evs if e["event"] == "loaded")
+        window = next(e for e in evs if e["event"] == "load_anatomy")
+        # the window (hence the checkpoint_load phase) lies inside the bracket the manager took around the load
+        assert loaded["outer_start"] <= window["start"] <= window["end"] <= loaded["outer_end"], rank
+        row = next(r for r in lb["per_rank"] if r["rank"] == rank)
+        # every engine load's seconds (the recorder's clock) are read or deserialize, and nothing else is
+        engine_loads = sum(f["seconds"] for f in loaded["files"])
+        assert row["read_seconds"] + row["deserialize_seconds"] == pytest.approx(engine_loads, rel=WITHIN, abs=2e-3)
+        # the main thread reads alone in these engines: its read seconds are the counters' seconds inside reads
+        counted = sum(f["read_seconds"] for f in lb["files"] if f["rank"] == rank)
+        assert row["read_seconds"] == pytest.approx(counted, rel=WITHIN, abs=2e-3), rank
+        assert row["read_seconds"] > 0 and row["read_bytes"] > 0
 
 
 @pytest.mark.slow
@@ -65,20 +71,20 @@ def test_load_reads_every_byte_of_the_files_each_rank_loaded(harness):
 # ---- the save -----------------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ANATOMY_RUNS)
-def test_save_breakdown_adds_up_and_counts_every_byte_written(harness, name):
+def test_save_window_is_the_save_and_counts_every_byte_written(harness, name):
+    """The window's categories against the manager's own clock (commit_seconds, taken outside the anatomy code) and
+    the counters' bytes and per-file seconds."""
     run_dir = harness.run(name)
-    record = events(run_dir)
-    for rank, evs in record.items():
+    for rank, evs in events(run_dir).items():
         for save in (e for e in evs if e["event"] == "save"):
             a = save["anatomy"]
-            parts = [a["seconds"][c] for c in SAVE_CATEGORIES]
-            assert all(p is not None and p >= 0 for p in parts)
-            assert sum(parts) == pytest.approx(save["commit_seconds"], rel=WITHIN), (rank, save["tag"])
+            assert sum(a["seconds"][c] for c in SAVE_CATEGORIES) == pytest.approx(save["commit_seconds"], rel=WITHIN)
             assert a["io"]["write"]["bytes"] >= save["bytes"]  # rank 0 also writes `latest`
             assert a["io"]["write"]["bytes"] <= save["bytes"] + 64
             assert a["io"]["sync"]["calls"] >= len(save["files"])
-    bd = load_summary(run_dir)["checkpoint"]["saves"][-1]["breakdown"]
-    assert sum(bd[f"{c}_seconds"] for c in SAVE_CATEGORIES) == pytest.approx(bd["window_seconds"], rel=1e-3)
+            # the main thread writes alone in these engines: its write seconds are the counters' seconds in writes
+            counted = sum(f["write"]["seconds"] for f in a["files"].values())
+            assert a["seconds"]["write"] == pytest.approx(counted, rel=WITHIN, abs=2e-3), (rank, save["tag"])
 
 
 @pytest.mark.slow
@@ -86,7 +92,6 @@ def test_async_save_breakdown_covers_the_blocking_part_and_the_flush(harness):
     run_dir = harness.run("dcp-async-dp2")
     for save in load_summary(run_dir)["checkpoint"]["saves"]:
         bd = save["breakdown"]
-        assert sum(bd[f"{c}_seconds"] for c in SAVE_CATEGORIES) == pytest.approx(bd["window_seconds"], rel=1e-3)
         # the window is the blocking part: the files are made durable by the flush, outside it
         assert bd["fsync_seconds"] == 0
         assert bd["flush"]["seconds_max"] > 0 and bd["flush"]["write_busy_seconds_max"] > 0
@@ -94,11 +99,10 @@ def test_async_save_breakdown_covers_the_blocking_part_and_the_flush(harness):
 
 # ---- memory -----------------------------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_without_anatomy_the_load_phase_still_holds_the_load(tmp_path):
+def test_without_anatomy_the_load_phase_still_holds_the_load(harness):
     """anatomy=false opens no window: the checkpoint_load phase is still the load (once measured as 0 s, the load
     counted into engine_init)."""
-    run_dir = run_dir_of(run_cli(["tiny", "dp=2", "anatomy=false", "iters=2", "save_interval=2", "after=1"],
-                                 tmp_path / "results"))
+    run_dir = harness.run("no-anatomy-dp2")
     restart = load_summary(run_dir)["restart"]
     assert restart["verified"] is True and restart.get("load_breakdown") is None
     assert restart["phases"]["checkpoint_load"] >= restart["load_seconds"] > 0

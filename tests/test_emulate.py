@@ -133,11 +133,10 @@ def test_emulated_data_is_neither_compressible_nor_deduplicable(harness):
 
 
 @pytest.mark.slow
-def test_memory_budget_makes_ranks_work_in_waves(tmp_path):
+def test_memory_budget_makes_ranks_work_in_waves(harness):
     """tiny dp=4: a rank's largest file (its optimizer partition) needs 1.5 MB with what the engine stages beside
     it; a budget of 1.6 MB lets one rank work at a time."""
-    run_dir = run_dir_of(run_cli(["tiny", "dp=4", "emulate=true", "emulate_memory_gib=0.0015", "baseline=false",
-                                  "phase=checkpoint"], tmp_path / "results"))
+    run_dir = harness.run("emulated-waves-dp4")
     saves = [e for evs in events(run_dir).values() for e in evs if e["event"] == "save"]
     assert len(saves) == 4 and all(e["waves"] == 4 for e in saves)
     starts = sorted((e["wave_start"], e["rank"]) for e in saves)

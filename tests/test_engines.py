@@ -263,18 +263,10 @@ def test_engine_none_trains_without_checkpoints(harness):
 
 
 @pytest.mark.slow
-def test_async_kill_mid_save_keeps_latest_on_the_last_durable_checkpoint(tmp_path):
+def test_async_kill_mid_save_keeps_latest_on_the_last_durable_checkpoint(harness):
     """Issue 8 item 1 for an async engine: rank 1 dies while global_step4 is being written; `latest` still names
     global_step2, whose flush was committed only after every rank was durable."""
-    import os
-
-    results = tmp_path / "results"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RH_FAULT": "kill@save:rank=1:step=4"}
-    proc = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "tiny", "dp=2", "engine=dcp",
-                           "async_save=true", "iters=4", "save_interval=2", "after=1", f"results_dir={results}"],
-                          check=False, capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
-    assert proc.returncode == 1, proc.stderr
-    (run_dir,) = [p for p in results.iterdir() if p.is_dir()]
+    run_dir = harness.run("dcp-async-killed-mid-save")
     assert (run_dir / "checkpoint" / "latest").read_text() == "global_step2"
     committed = {rank: [e["tag"] for e in evs if e["event"] == "save"] for rank, evs in events(run_dir).items()}
     assert committed == {0: ["global_step2"], 1: ["global_step2"]}

@@ -9,20 +9,16 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import events, load_summary, restart, run_cli, run_dir_of
+from conftest import copy_run, events, load_summary, restart, run_cli, run_dir_of
 
 pytestmark = pytest.mark.slow
 SOURCE = "iters=2 save_interval=2 after=1"
 
 
 @pytest.fixture(scope="module")
-def fsdp2(tmp_path_factory) -> Path:
+def fsdp2(harness) -> Path:
     """tiny dp=2 stack=fsdp2 (engine dcp by default), restarted at dp=2, then at dp=1 and dp=4."""
-    run_dir = run_dir_of(run_cli(["tiny", "dp=2", "stack=fsdp2", *SOURCE.split()], tmp_path_factory.mktemp("fsdp2")))
-    for args in (["dp=1"], ["dp=4"]):
-        proc = restart(run_dir, *args)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    return run_dir
+    return harness.run("fsdp2-dp2")
 
 
 def test_checkpoint_is_dcp_s_own_files_one_per_rank(fsdp2):
@@ -75,7 +71,7 @@ def test_restarts_at_every_data_parallel_size_restore_the_full_state(fsdp2):
 def test_restart_report_has_the_load_anatomy_and_reads(fsdp2):
     r = load_summary(fsdp2)["restarts"][0]
     b = r["load_breakdown"]
-    assert b["sum_of_categories_seconds"] == pytest.approx(b["window_seconds"], rel=0.02)
+    assert b["read_seconds"] > 0 and b["copy_seconds"] > 0  # DCP's reads, then set_state_dict's copies
     read = {f["path"] for f in b["files"]}
     assert {"global_step2/.metadata", "global_step2/__0_0.distcp", "global_step2/__1_0.distcp"} <= read
 
@@ -118,17 +114,13 @@ def test_replicate_that_does_not_fit_is_refused(tmp_path):
     assert not any(tmp_path.iterdir())  # nothing created
 
 
-def test_a_changed_shard_fails_verification(fsdp2):
-    """Last in this file: it changes the run's checkpoint (and puts it back)."""
+def test_a_changed_shard_fails_verification(fsdp2, tmp_path):
+    fsdp2 = copy_run(fsdp2, tmp_path)
     shard = fsdp2 / "checkpoint" / "global_step2" / "__1_0.distcp"
-    original = shard.read_bytes()
-    data = bytearray(original)
+    data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x40  # one bit, inside the tensor data (the file is tensors with a small pickle tail)
     shard.write_bytes(bytes(data))
-    try:
-        proc = restart(fsdp2)
-    finally:
-        shard.write_bytes(original)
+    proc = restart(fsdp2)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "did not restore the saved state" in proc.stderr
     last = load_summary(fsdp2)["restarts"][-1]

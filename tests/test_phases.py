@@ -4,42 +4,32 @@ own record, as summary.json's `restarts`; keep=false deletes the checkpoint, aft
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load_summary, run_cli, run_dir_of
+from conftest import load_summary
 
 pytestmark = pytest.mark.slow
 
 
-def restart_cli(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "phase=restart", f"run={run_dir}", *args],
-                          check=False, capture_output=True, text=True, timeout=600, cwd=REPO,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
 @pytest.fixture(scope="module")
-def checkpoint_only(tmp_path_factory) -> Path:
-    results = tmp_path_factory.mktemp("phases")
-    proc = run_cli(["tiny", "dp=2", "launcher=torchrun", "phase=checkpoint", "iters=2", "save_interval=2",
-                    "after=1"], results)
-    return run_dir_of(proc)
+def checkpoint_only(harness) -> Path:
+    """tiny dp=2 launcher=torchrun phase=checkpoint; then `restart repeats=2 cache=warm keep=false`; then one more
+    restart, refused."""
+    return harness.run("checkpoint-only-torchrun")
 
 
-def test_checkpoint_phase_alone(checkpoint_only):
-    summary = load_summary(checkpoint_only)
-    assert summary["status"]["state"] == "complete" and summary["restart"] is None and summary["restarts"] == []
-    assert (checkpoint_only / "checkpoint" / "latest").read_text() == "global_step2"
-    assert not (checkpoint_only / "events" / "restart-01").exists()
+def test_checkpoint_phase_alone(harness, checkpoint_only):
+    """What the checkpoint phase alone printed: its summary, with a checkpoint and no restart."""
+    _, first, _ = harness.played("checkpoint-only-torchrun")
+    rows = {line.split("  ")[0]: line for line in first.stdout.splitlines()}
+    assert rows["status"].split()[-1] == "complete" and "restart" not in rows and "verified" not in rows
+    assert "global_step2: 3 files" in rows["checkpoint"]
     assert "torch.distributed.run" in (checkpoint_only / "launch-checkpoint.sh").read_text()
 
 
-def test_restart_only_reruns_append_records_then_keep_false(checkpoint_only):
-    proc = restart_cli(checkpoint_only, "repeats=2", "cache=warm", "keep=false")
-    assert proc.returncode == 0, proc.stderr
+def test_restart_only_reruns_append_records_then_keep_false(harness, checkpoint_only):
+    _, _, (proc, again) = harness.played("checkpoint-only-torchrun")
     assert Path(proc.stdout.strip().splitlines()[-1]) == checkpoint_only
     summary = load_summary(checkpoint_only)
     assert [r["record"] for r in summary["restarts"]] == ["restart-01", "restart-02"]
@@ -56,7 +46,6 @@ def test_restart_only_reruns_append_records_then_keep_false(checkpoint_only):
     # keep=false: the checkpoint is gone, the results stay, and a further restart is refused up front
     status = json.loads((checkpoint_only / "status.json").read_text())
     assert status["checkpoint_deleted"] is True and not (checkpoint_only / "checkpoint").exists()
-    again = restart_cli(checkpoint_only)
     assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1
     assert "checkpoint directory" in again.stderr and "missing" in again.stderr
     assert not (checkpoint_only / "events" / "restart-03").exists()

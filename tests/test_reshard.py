@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, load_summary, restart, run_cli, run_dir_of
+from conftest import REPO, copy_run, load_summary, restart, run_cli, run_dir_of
 
 from restart_harness.plan import universal
 from restart_harness.results import trace
@@ -39,13 +39,9 @@ def at_layout(saved: RunSpec, tp: int, pp: int, dp: int) -> RunSpec:
 
 
 @pytest.fixture(scope="module")
-def dp2(tmp_path_factory) -> Path:
+def dp2(harness) -> Path:
     """tiny dp=2 (its own restart at dp=2 is the loss reference), then restarted at dp=1 and at tp=2 pp=2 dp=1."""
-    run_dir = run_dir_of(run_cli(["tiny", "dp=2", *SOURCE.split()], tmp_path_factory.mktemp("reshard")))
-    for args in (["dp=1"], ["tp=2", "pp=2", "dp=1", "trace=true"]):
-        proc = restart(run_dir, *args)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-    return run_dir
+    return harness.run("reshard-dp2")
 
 
 def test_restarts_at_other_layouts_restore_the_full_state_and_continue_the_loss(dp2):
@@ -132,6 +128,7 @@ def test_from_tensor_and_pipeline_parallel_to_data_parallel(tmp_path):
 
 def test_a_changed_value_in_the_converted_files_fails_verification(dp2, tmp_path):
     """The full-state check is independent of the converter: one changed weight in its output is caught."""
+    dp2 = copy_run(dp2, tmp_path)
     universal_dir = dp2 / "checkpoint" / "global_step2_universal"
     target = min(universal_dir.glob("zero/*/fp32.pt"))
     state = torch.load(target, weights_only=False)

@@ -7,35 +7,18 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 
 import pytest
-from conftest import load_summary, require_tool, restart, run_cli, run_dir_of, submit
+from conftest import copy_run, load_summary, restart, submit
 
 pytestmark = pytest.mark.slow
-SOURCE = "iters=2 save_interval=2 after=1"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    require_tool("radosgw", "ceph-mon", "ceph-osd", package="radosgw ceph-mon ceph-osd ceph-common")
-    from restart_harness.storage import local_s3
-
-    root = Path(f"/tmp/rh-s3-{os.getpid()}")  # short: Ceph's admin sockets live here (108-byte socket paths)
-    s3 = local_s3.start(root, memory_mib=1024)
-    saved = {k: os.environ.get(k) for k in s3.environment()}
-    try:
-        s3.create_bucket("ckpt")
-        os.environ.update(s3.environment())  # every run and restart below inherits it, as a user's shell would
-        yield s3
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        local_s3.stop(root)
+@pytest.fixture
+def server(s3_server):
+    """The session's local S3 server (tests/conftest.py s3_server): its settings are in the environment."""
+    return s3_server
 
 
 def objects(server, prefix: str) -> dict[str, int]:
@@ -44,10 +27,9 @@ def objects(server, prefix: str) -> dict[str, int]:
     return dict(listing(S3Url.parse(f"s3://ckpt/{prefix}"), S3Settings.from_environment()))
 
 
-@pytest.fixture(scope="module")
-def default_s3(server, tmp_path_factory) -> Path:
-    return run_dir_of(run_cli(["tiny", "dp=2", "ckpt_dir=s3://ckpt/runs", *SOURCE.split()],
-                              tmp_path_factory.mktemp("s3-default")))
+@pytest.fixture
+def default_s3(server, harness) -> Path:
+    return harness.run("s3-default-dp2")
 
 
 def test_torch_save_round_trips_through_the_object_store(server, default_s3):
@@ -74,22 +56,19 @@ def test_torch_save_round_trips_through_the_object_store(server, default_s3):
     assert summary["baseline"]["method"] == "s3torchconnector put/get"
 
 
-def test_fsdp2_dcp_round_trips_and_reshards_from_the_object_store(server, tmp_path):
-    run_dir = run_dir_of(run_cli(["tiny", "dp=2", "stack=fsdp2", "async_save=true", "ckpt_dir=s3://ckpt/runs",
-                                  *SOURCE.split()], tmp_path))
-    assert load_summary(run_dir)["restart"]["verified"]
+def test_fsdp2_dcp_round_trips_and_reshards_from_the_object_store(server, harness):
+    run_dir = harness.run("s3-fsdp2-async-dp2")  # then restarted at dp=1: DCP reshards while it reads the objects
+    assert load_summary(run_dir)["restarts"][0]["verified"]
     stored = objects(server, f"runs/{run_dir.name}/global_step2")
     assert set(stored) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
-    proc = restart(run_dir, "dp=1")  # DCP reshards while it reads the objects
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     record = json.loads((run_dir / "records" / "restart-02.json").read_text())
     assert record["layout"]["loaded"] == "tp1-pp1-dp1"
     assert load_summary(run_dir)["restart"]["verified"]
 
 
-def test_pipeline_layer_files_round_trip_through_the_object_store(server, tmp_path):
+def test_pipeline_layer_files_round_trip_through_the_object_store(server, harness):
     """pp=2: DeepSpeed's pipeline loader globs for layer files; it finds the placeholders and reads the objects."""
-    run_dir = run_dir_of(run_cli(["tiny", "pp=2", "ckpt_dir=s3://ckpt/runs", *SOURCE.split()], tmp_path))
+    run_dir = harness.run("s3-pp2")
     assert load_summary(run_dir)["restart"]["verified"]
     stored = objects(server, f"runs/{run_dir.name}/global_step2")
     assert sum(1 for k in stored if k.startswith("layer_")) >= 4
@@ -97,11 +76,9 @@ def test_pipeline_layer_files_round_trip_through_the_object_store(server, tmp_pa
     assert inventory["by_kind"]["layer_states"]["files"] == sum(1 for k in stored if k.startswith("layer_"))
 
 
-def test_both_targets_and_both_stacks_side_by_side_in_one_report(server, default_s3, tmp_path):
+def test_both_targets_and_both_stacks_side_by_side_in_one_report(server, default_s3, harness, tmp_path):
     """A file-system run of the same configuration is another configuration, never pooled with the S3 run."""
-    fsdp2 = run_dir_of(run_cli(["tiny", "dp=2", "stack=fsdp2", "ckpt_dir=s3://ckpt/runs", *SOURCE.split()],
-                               tmp_path / "fsdp2"))
-    local = run_dir_of(run_cli(["tiny", "dp=2", *SOURCE.split()], tmp_path / "fs"))
+    fsdp2, local = harness.run("s3-fsdp2-dp2"), harness.run("dp2-short")
     proc = submit(["report", str(default_s3), str(fsdp2), str(local), "-o", str(tmp_path / "report")], tmp_path)
     assert proc.returncode == 0, proc.stderr
     with open(tmp_path / "report" / "runs.csv", newline="") as f:
@@ -114,9 +91,8 @@ def test_both_targets_and_both_stacks_side_by_side_in_one_report(server, default
     assert sorted(g.engine for g in found) == ["default", "default s3"]
 
 
-def test_dcp_on_deepspeed_round_trips_through_the_object_store(server, tmp_path):
-    run_dir = run_dir_of(run_cli(["tiny", "dp=2", "engine=dcp", "ckpt_dir=s3://ckpt/runs", *SOURCE.split()],
-                                 tmp_path))
+def test_dcp_on_deepspeed_round_trips_through_the_object_store(server, harness):
+    run_dir = harness.run("s3-dcp-dp2")
     assert load_summary(run_dir)["restart"]["verified"]
     stored = objects(server, f"runs/{run_dir.name}/global_step2")
     assert "mp_rank_00_model_states.pt/.metadata" in stored and len(stored) == 6
@@ -177,13 +153,20 @@ def test_proxy_fills_in_the_etag_s3_defines_for_multipart_objects(server):
     s3.delete_object(Bucket="ckpt", Key="etag-check")
 
 
-def test_a_changed_object_fails_the_restart(server, default_s3):
-    """Verification reads what the store returns: overwrite one optimizer object with another rank's."""
+def test_a_changed_object_fails_the_restart(server, default_s3, tmp_path):
+    """Verification reads what the store returns: overwrite one optimizer object with another rank's (and put it
+    back: the run is the table's)."""
     from restart_harness.targets.s3 import S3Settings
 
     client = S3Settings.from_environment().client()
     base = f"runs/{default_s3.name}/global_step2/bf16_zero_pp_rank_"
-    client.copy_object("ckpt", base + "1_mp_rank_00_optim_states.pt", "ckpt", base + "0_mp_rank_00_optim_states.pt")
-    proc = restart(default_s3)
+    victim = base + "0_mp_rank_00_optim_states.pt"
+    client.copy_object("ckpt", victim, "ckpt", f"{victim}.kept")
+    client.copy_object("ckpt", base + "1_mp_rank_00_optim_states.pt", "ckpt", victim)
+    try:
+        proc = restart(copy_run(default_s3, tmp_path))
+    finally:
+        client.copy_object("ckpt", f"{victim}.kept", "ckpt", victim)
+        client.delete_object("ckpt", f"{victim}.kept")
     assert proc.returncode != 0
     assert "truncated or torn" in proc.stderr or "MISMATCH" in proc.stdout + proc.stderr, proc.stdout + proc.stderr

@@ -203,7 +203,10 @@ class Save(Event):
 class Loaded(Event):
     kind = "loaded"
     tag: str
-    files: list  # {path, seconds} of every engine load, in order
+    files: list  # {path, seconds} of every engine load, in order (the recorder's own clock)
+    # wall time just before the load began and just after it ended, taken outside the anatomy's window
+    outer_start: float
+    outer_end: float
 
 
 @dataclass(frozen=True)

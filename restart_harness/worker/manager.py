@@ -238,10 +238,11 @@ class CheckpointManager:
             client_state = self.stack.load(self.target.root, tag, self.recorder, self.untimed)
             self.stack.sync()
             breakdown = window.close()
+        load_end = time.time()
         self.log.mark("engine_initialized", t=breakdown["start"] if breakdown else load_start,
                       memory=engine_init_memory)
         self.log.mark("checkpoint_loaded", t=breakdown["end"] if breakdown else None)
-        self.log.emit(Loaded(tag, [{"path": p, "seconds": s} for p, s in self.recorder.loaded]))
+        self.log.emit(Loaded(tag, [{"path": p, "seconds": s} for p, s in self.recorder.loaded], load_start, load_end))
         if breakdown:
             self.log.emit(LoadAnatomy(breakdown))
         return tag, client_state

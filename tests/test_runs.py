@@ -1,0 +1,97 @@
+"""What every case of the run table (tests/conftest.py RUNS) must show, whatever its layout, stack, engine and storage:
+a truthful status, saves that are blocking <= durable <= committed and whose files are what the storage holds, an
+inventory and a summary that agree with the storage, restart records whose every rank was verified, phases in the
+order they happen, and nothing committed that was not durable. The cases' own tests check what is particular to
+each."""
+
+from __future__ import annotations
+
+import json
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+from conftest import RUNS, events, load_summary
+
+from restart_harness import targets
+from restart_harness.results.schema import RESTART_PHASES
+from restart_harness.spec import run as resolved
+
+pytestmark = pytest.mark.slow
+MARK_ORDER = [a for a, _, _ in RESTART_PHASES] + [RESTART_PHASES[-1][2], "finished"]
+
+
+def _saves(run_dir: Path) -> dict[str, dict[int, dict]]:
+    out: dict[str, dict[int, dict]] = {}
+    for rank, evs in events(run_dir).items():
+        for e in evs:
+            if e["event"] == "save":
+                out.setdefault(e["tag"], {})[rank] = e
+    return out
+
+
+def _marks_in_order(evs: list[dict]) -> list[str]:
+    marks = {e["name"]: e["t"] for e in evs if e["event"] == "mark"}
+    seen = [m for m in MARK_ORDER if m in marks]
+    return [f"{a} after {b}" for a, b in pairwise(seen) if marks[a] > marks[b]]
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_every_case_holds(harness, name):
+    case = RUNS[name]
+    run_dir, first, _ = harness.played(name)
+    run = resolved.read(run_dir)
+    status = json.loads((run_dir / "status.json").read_text())
+    summary = load_summary(run_dir)
+    assert summary["status"] == status
+    if case.expect == 0:
+        assert status["state"] == "complete", status
+    else:
+        assert status["state"] == "failed" and status["reason"], status
+        assert first.stderr.strip().splitlines()[-1] == f"error: {status['reason']}"
+
+    # saves: every rank's figures ordered, and only a save durable on every rank is ever committed
+    target = targets.for_run(run)
+    stored = target.listing()
+    committed_tags = []
+    for tag, per_rank in _saves(run_dir).items():
+        assert len(per_rank) == run.spec.world_size, tag
+        for e in per_rank.values():
+            assert 0 < e["blocking_seconds"] <= e["durable_seconds"] <= e["commit_seconds"], (tag, e)
+            assert e["bytes"] == sum(f["bytes"] for f in e["files"])
+        durable_everywhere = max(e["start"] + e["durable_seconds"] for e in per_rank.values())
+        assert min(e["start"] + e["commit_seconds"] for e in per_rank.values()) >= durable_everywhere
+        committed_tags.append(tag)
+    if not summary["status"].get("checkpoint_deleted") and not status.get("checkpoint_deleted"):
+        latest = target.latest()
+        assert latest == (committed_tags[-1] if committed_tags else None)
+        if latest:
+            # what the saves recorded is what the storage holds (a folder of shards: the sum under it)
+            held = {rel: n for rel, n in stored[latest]}
+            for e in _saves(run_dir)[latest].values():
+                for f in e["files"]:
+                    under = sum(n for rel, n in held.items() if rel == f["path"] or rel.startswith(f["path"] + "/"))
+                    assert under == f["bytes"], f
+            inventory = json.loads((run_dir / "inventory.json").read_text())
+            assert {f["path"]: f["bytes"] for f in inventory["files"]} == held
+            assert summary["checkpoint"]["bytes"] == inventory["total_bytes"] == sum(held.values())
+
+    # restarts: every record's every rank verified, phases in order, trained on from the saved step
+    records = sorted(p.name for p in (run_dir / "events").iterdir() if p.name.startswith("restart-"))
+    assert [r["record"] for r in summary["restarts"]] == records
+    for r in summary["restarts"]:
+        per_rank = events(run_dir, r["record"])
+        own = resolved.read(run_dir, r["record"]).spec
+        assert len(per_rank) == r["ranks"] == own.world_size, r["record"]
+        verifies = [e for evs in per_rank.values() for e in evs if e["event"] == "verify"]
+        assert len(verifies) == own.world_size and all(v["ok"] for v in verifies), r["record"]
+        assert r["verified"] is True and r["differing"] == []
+        for rank, evs in per_rank.items():
+            assert _marks_in_order(evs) == [], (r["record"], rank)
+            assert not [e for e in evs if e["event"] == "error"], (r["record"], rank)
+        steps = [e["step"] for e in per_rank[0] if e["event"] == "step"]
+        if steps:
+            assert steps[0] == int(r["tag"].removeprefix("global_step").removesuffix("_universal")) + 1
+    for rank, evs in events(run_dir).items():
+        if case.expect == 0:
+            assert _marks_in_order(evs) == [], rank

@@ -134,13 +134,7 @@ def restart(request: RestartRequest) -> None:
 
 def baseline(options: BaselineOptions) -> None:
     target = targets.for_location(options.dir, ".")
-    if target.kind == "posix":
-        d = Path(options.dir)
-        if not d.is_dir():
-            raise UsageError(f"dir={options.dir}: no such directory")
-        if not os.access(d, os.W_OK) or why_not_a_directory(d):
-            raise UsageError(f"dir={options.dir}: not writable")
-    target.preflight("dir", None)
+    target.preflight_probe("dir")
     if options.tool == "fio" and shutil.which("fio") is None:
         raise UsageError("tool=fio: fio is not installed (apt-get install fio); use tool=builtin")
     ranks = options.ranks or min(os.cpu_count() or 1, 8)
@@ -164,8 +158,8 @@ def committed_checkpoint(run, target) -> str:
     """The tag `latest` names, after checking every file the save recorded for it (path and bytes, as the target
     stores them); raises UsageError naming the first missing, truncated or torn file."""
     where = target.describe()
-    if target.kind == "posix" and not target.root.is_dir():
-        raise UsageError(f"run {run.run_dir.name}: checkpoint directory {where} is missing; nothing to restart from")
+    if gone := target.missing():
+        raise UsageError(f"run {run.run_dir.name}: {gone}; nothing to restart from")
     tag = target.latest()
     if tag is None:
         raise UsageError(f"{where}/latest: missing, no checkpoint was committed; nothing to restart from")

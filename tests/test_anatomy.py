@@ -21,6 +21,8 @@ from restart_harness.results.schema import SAVE_CATEGORIES
 
 ANATOMY_RUNS = cases("tiny-dp2", "tp2-pp2-dp2", "torchsnapshot-dp2", "dcp-tp2-pp2")
 WITHIN = 0.05  # the issue's bound: categories add up to the measured figure within 5%
+# DeepSpeed's torch.save / torch.load read and write on the rank's main thread alone; torchsnapshot and DCP may not
+SINGLE_READER = {"tiny-dp2": True, "tp2-pp2-dp2": True, "torchsnapshot-dp2": False, "dcp-tp2-pp2": False}
 
 
 # ---- the load -----------------------------------------------------------------------------------------------
@@ -40,12 +42,17 @@ def test_load_window_is_the_load_and_its_categories_are_what_others_measured(har
         # the window (hence the checkpoint_load phase) lies inside the bracket the manager took around the load
         assert loaded["outer_start"] <= window["start"] <= window["end"] <= loaded["outer_end"], rank
         row = next(r for r in lb["per_rank"] if r["rank"] == rank)
-        # every engine load's seconds (the recorder's clock) are read or deserialize, and nothing else is
+        # read and deserialize happen inside the engine's loads (the recorder's clock around each, which also holds the
+        # anatomy's own bookkeeping), and the loads inside the window
         engine_loads = sum(f["seconds"] for f in loaded["files"])
-        assert row["read_seconds"] + row["deserialize_seconds"] == pytest.approx(engine_loads, rel=WITHIN, abs=2e-3)
-        # the main thread reads alone in these engines: its read seconds are the counters' seconds inside reads
+        assert 0 < row["read_seconds"] + row["deserialize_seconds"] <= engine_loads + 1e-5
+        assert engine_loads <= window["window_seconds"] + window["excluded_seconds"].get("verify", 0) + 1e-5
+        # read seconds are wall time with a read in flight: at most the counters' seconds inside reads (their sum
+        # over calls), and those exactly where one thread reads (DeepSpeed's torch.load)
         counted = sum(f["read_seconds"] for f in lb["files"] if f["rank"] == rank)
-        assert row["read_seconds"] == pytest.approx(counted, rel=WITHIN, abs=2e-3), rank
+        assert row["read_seconds"] <= counted + 1e-5, rank  # figures are rounded to 1e-6 s
+        if SINGLE_READER[name]:
+            assert row["read_seconds"] == pytest.approx(counted, rel=WITHIN, abs=2e-3), rank
         assert row["read_seconds"] > 0 and row["read_bytes"] > 0
 
 
@@ -78,13 +85,17 @@ def test_save_window_is_the_save_and_counts_every_byte_written(harness, name):
     for rank, evs in events(run_dir).items():
         for save in (e for e in evs if e["event"] == "save"):
             a = save["anatomy"]
-            assert sum(a["seconds"][c] for c in SAVE_CATEGORIES) == pytest.approx(save["commit_seconds"], rel=WITHIN)
+            # abs: opening and closing the window (reading the counters) lies between the two clocks
+            assert sum(a["seconds"][c] for c in SAVE_CATEGORIES) == pytest.approx(save["commit_seconds"], rel=WITHIN,
+                                                                                  abs=2e-3)
             assert a["io"]["write"]["bytes"] >= save["bytes"]  # rank 0 also writes `latest`
             assert a["io"]["write"]["bytes"] <= save["bytes"] + 64
             assert a["io"]["sync"]["calls"] >= len(save["files"])
-            # the main thread writes alone in these engines: its write seconds are the counters' seconds in writes
+            # write seconds: at most the counters' seconds inside writes, and those where one thread writes
             counted = sum(f["write"]["seconds"] for f in a["files"].values())
-            assert a["seconds"]["write"] == pytest.approx(counted, rel=WITHIN, abs=2e-3), (rank, save["tag"])
+            assert a["seconds"]["write"] <= counted + 1e-5, (rank, save["tag"])
+            if SINGLE_READER[name]:
+                assert a["seconds"]["write"] == pytest.approx(counted, rel=WITHIN, abs=2e-3), (rank, save["tag"])
 
 
 @pytest.mark.slow

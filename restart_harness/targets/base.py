@@ -67,6 +67,10 @@ class Target(ABC):
         need_bytes (the planned checkpoints; None: unknown) cannot fit. reach=False: only what needs no network
         (dry_run=true writes scripts, nothing else)."""
 
+    def preflight_probe(self, key: str) -> None:
+        """Raise UsageError when a storage baseline cannot be probed at the location (`./submit-job.sh baseline`)."""
+        self.preflight(key, None)
+
     # ---- one run's place ------------------------------------------------------------------------------------------
     @abstractmethod
     def placed(self, run_dir: Path) -> Target:
@@ -131,6 +135,10 @@ class Target(ABC):
     @abstractmethod
     def latest(self) -> str | None:
         """The committed tag, or None when nothing was committed."""
+
+    def missing(self) -> str | None:
+        """Why the run's checkpoint storage itself is gone (deleted, moved), or None."""
+        return None
 
     @abstractmethod
     def listing(self) -> dict[str, list[tuple[str, int]]]:

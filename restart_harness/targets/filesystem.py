@@ -59,6 +59,14 @@ class FileSystemTarget(Target):
                                  f"holding {where} has {free / MIB:,.1f} MiB free; give ckpt_dir= on a larger one, or "
                                  "fewer saves (iters, save_interval)")
 
+    def preflight_probe(self, key: str) -> None:
+        """The baseline measures a folder that exists (it is not created)."""
+        d = Path(self.location)
+        if not d.is_dir():
+            raise UsageError(f"{key}={self.location}: no such directory")
+        if not os.access(d, os.W_OK) or why_not_a_directory(d):
+            raise UsageError(f"{key}={self.location}: not writable")
+
     # ---- one run -------------------------------------------------------------------------------------------------
     def placed(self, run_dir: Path) -> FileSystemTarget:
         root = Path(self.location).expanduser().resolve() / run_dir.name if self.location else run_dir / IN_RUN
@@ -101,6 +109,9 @@ class FileSystemTarget(Target):
     def latest(self) -> str | None:
         path = self.root / LATEST
         return path.read_text().strip() if path.is_file() else None
+
+    def missing(self) -> str | None:
+        return None if self.root.is_dir() else f"checkpoint directory {self.root} is missing"
 
     def listing(self) -> dict[str, list[tuple[str, int]]]:
         if not self.root.is_dir():

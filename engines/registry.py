@@ -4,29 +4,17 @@ before any launch in a fraction of a second."""
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import pkgutil
 from functools import cache
 
 import engines
 from engines.base import Engine
 from restart_harness.errors import UsageError
+from restart_harness.plugins import discover
 
 
 @cache
 def all_engines() -> dict[str, type[Engine]]:
-    found: dict[str, type[Engine]] = {}
-    for info in pkgutil.iter_modules(engines.__path__):
-        if info.name.startswith("_") or info.name in ("base", "registry"):
-            continue
-        module = importlib.import_module(f"engines.{info.name}")
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if issubclass(cls, Engine) and cls is not Engine and cls.__module__ == module.__name__:
-                if cls.name in found:
-                    raise RuntimeError(f"engine name {cls.name!r} defined twice ({found[cls.name]} and {cls})")
-                found[cls.name] = cls
-    return dict(sorted(found.items()))
+    return discover(engines.__name__, engines.__path__, Engine, skip=("base", "registry"))
 
 
 def names() -> list[str]:

@@ -4,12 +4,10 @@ discovered here. Importing a stack module imports no torch; its ranks import wha
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import pkgutil
 from functools import cache
 
 from restart_harness.errors import UsageError
+from restart_harness.plugins import discover
 from restart_harness.stacks.base import Relayout, Stack, Verification
 
 EMULATED = "emulated"  # the stack of emulate=true (stacks/emulated.py); not a value of the stack= key
@@ -17,15 +15,7 @@ EMULATED = "emulated"  # the stack of emulate=true (stacks/emulated.py); not a v
 
 @cache
 def all_stacks() -> dict[str, type[Stack]]:
-    found: dict[str, type[Stack]] = {}
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_") or info.name == "base":
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if issubclass(cls, Stack) and cls is not Stack and cls.__module__ == module.__name__:
-                found[cls.name] = cls
-    return dict(sorted(found.items()))
+    return discover(__name__, __path__, Stack)
 
 
 def names() -> list[str]:

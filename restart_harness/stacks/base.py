@@ -163,15 +163,27 @@ class Stack(ABC):
     def layout(self) -> dict:
         """This rank's place: dp_rank, tp_rank, pp_rank, device, local_parameters (the `layout` event)."""
 
-    @abstractmethod
-    def barrier(self) -> None: ...
+    # the collectives the checkpoint manager needs, on the default process group every stack here joins
+    def barrier(self) -> None:
+        import torch.distributed as dist
 
-    @abstractmethod
+        dist.barrier()
+
     def all_true(self, flag: bool) -> bool:
         """A collective: True when flag is True on every rank."""
+        import torch
+        import torch.distributed as dist
+
+        value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MIN)
+        return bool(value.item())
 
     def sync(self) -> None:
-        """Wait for queued device work (a timer that stops while it is queued measures nothing)."""
+        """Wait for queued device work (a timer that stops while it is queued measures nothing): CUDA only."""
+        if self.device is not None and self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
 
     def finish(self) -> None:
         """The phase is over on this rank (after the last save is committed)."""

@@ -221,33 +221,6 @@ class DeepSpeedStack(Stack):
                 "pp_rank": self.grid.get_pipe_parallel_rank(), "device": str(self.device),
                 "local_parameters": sum(p.numel() for p in self.params)}
 
-    def barrier(self) -> None:
-        import torch.distributed as dist
-
-        dist.barrier()
-
-    def all_true(self, flag: bool) -> bool:
-        return all_true(flag, self.device)
-
-    def sync(self) -> None:
-        sync(self.device)
-
-
-def all_true(flag: bool, device) -> bool:
-    import torch
-    import torch.distributed as dist
-
-    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MIN)
-    return bool(value.item())
-
-
-def sync(device) -> None:
-    """A timer that stops while device work is still queued measures nothing: wait for it (CUDA only)."""
-    if device is not None and device.type == "cuda":
-        import torch
-
-        torch.cuda.synchronize(device)
 
 
 class DeepSpeedFiles:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from restart_harness.errors import UsageError
 from restart_harness.stacks.base import Stack, Verification
-from restart_harness.stacks.deepspeed import DeepSpeedStack, all_true, client_state, ds_config_path, init_distributed
+from restart_harness.stacks.deepspeed import DeepSpeedStack, client_state, ds_config_path, init_distributed
 
 
 class EmulatedStack(Stack):
@@ -169,10 +169,3 @@ class EmulatedStack(Stack):
                 "pp_rank": rank // (spec.tp * spec.dp), "device": str(self.device), "local_parameters": 0,
                 "emulated": True}
 
-    def barrier(self) -> None:
-        import torch.distributed as dist
-
-        dist.barrier()
-
-    def all_true(self, flag: bool) -> bool:
-        return all_true(flag, self.device)

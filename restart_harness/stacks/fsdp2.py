@@ -17,7 +17,6 @@ from pathlib import Path
 
 from restart_harness.errors import UsageError
 from restart_harness.stacks.base import Stack, Verification
-from restart_harness.stacks.deepspeed import all_true, sync
 
 # The optimizer of the DeepSpeed runs (generate/ds_config.py): the same AdamW hyper-parameters and clipping.
 BETAS, EPS, WEIGHT_DECAY, CLIP = (0.9, 0.95), 1e-8, 0.1, 1.0
@@ -198,13 +197,3 @@ class FSDP2Stack(Stack):
         return {"dp_rank": self.rank, "tp_rank": 0, "pp_rank": 0, "device": str(self.device), "stack": self.name,
                 "local_parameters": sum(p.to_local().numel() for p in self.model.parameters())}
 
-    def barrier(self) -> None:
-        import torch.distributed as dist
-
-        dist.barrier()
-
-    def all_true(self, flag: bool) -> bool:
-        return all_true(flag, self.device)
-
-    def sync(self) -> None:
-        sync(self.device)

@@ -4,27 +4,17 @@ package asks which kind it is. Importing a target module imports no torch and no
 
 from __future__ import annotations
 
-import importlib
-import inspect
-import pkgutil
 from functools import cache
 from pathlib import Path
 
 from restart_harness.errors import UsageError
+from restart_harness.plugins import discover
 from restart_harness.targets.base import Target, no_region
 
 
 @cache
 def all_targets() -> dict[str, type[Target]]:
-    found: dict[str, type[Target]] = {}
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_") or info.name == "base":
-            continue
-        module = importlib.import_module(f"{__name__}.{info.name}")
-        for _, cls in inspect.getmembers(module, inspect.isclass):
-            if issubclass(cls, Target) and cls is not Target and cls.__module__ == module.__name__:
-                found[cls.name] = cls
-    return dict(sorted(found.items()))
+    return discover(__name__, __path__, Target)
 
 
 def select(location: str | None) -> type[Target]:

@@ -19,6 +19,7 @@ from restart_harness.command.parse import RestartRequest
 from restart_harness.errors import UsageError
 from restart_harness.results import events as ev
 from restart_harness.spec.runspec import RunSpec
+from restart_harness.storage import baseline as baseline_store
 from restart_harness.storage.filesystem import why_not_a_directory
 
 MIB = 1 << 20
@@ -137,7 +138,7 @@ def baseline(options: BaselineOptions) -> None:
     target.preflight_probe("dir")
     if options.tool == "fio" and shutil.which("fio") is None:
         raise UsageError("tool=fio: fio is not installed (apt-get install fio); use tool=builtin")
-    ranks = options.ranks or min(os.cpu_count() or 1, 8)
+    ranks = options.ranks or min(os.cpu_count() or 1, baseline_store.AUTO_MAX_RANKS)
     need, free = options.file_bytes * ranks, target.free_bytes()
     if free is not None and need > free // 2:
         raise UsageError(f"file_bytes x ranks = {need} bytes is more than half the {free} bytes free in {options.dir}")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass
 
 from restart_harness.spec.keys import Path, Size, key
+from restart_harness.storage import baseline
 
 
 @dataclass
@@ -26,11 +27,11 @@ class BaselineOptions:
     dir: Path = key(MISSING, "the directory (file system) to measure, e.g. dir=/scratch/ckpt, or an object store: "
                              "dir=s3://bucket/prefix (PUT and GET)", group="baseline")
     tool: str = key("auto", "auto = fio when installed, else the built-in probe", group="baseline",
-                    choices=("auto", "fio", "builtin"))
-    file_bytes: Size = key(Size(64 << 20), "bytes each rank writes and reads", group="baseline", unit="bytes",
+                    choices=baseline.TOOLS)
+    file_bytes: Size = key(Size(baseline.DEFAULT_FILE_BYTES), "bytes each rank writes and reads", group="baseline", unit="bytes",
                            minimum=1)
-    ranks: int | None = key(None, "concurrent writers/readers; default the CPU count, at most 8", group="baseline",
-                            minimum=1)
+    ranks: int | None = key(None, f"concurrent writers/readers; default the CPU count, at most {baseline.AUTO_MAX_RANKS}",
+                            group="baseline", minimum=1)
 
 
 # The matrix's cases beyond DeepSpeed's engines: another training stack with its engine (docs/fsdp2.md).

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from restart_harness.results import schema
+from restart_harness.results.status import observed
 
 KNOWN_SCHEMA_VERSIONS = schema.READABLE_VERSIONS
 # spec fields that must be present for a run to be placed on any table or plot.
@@ -125,19 +126,24 @@ def _check_summary(summary: object) -> tuple[str | None, list[str]]:
 
 def read_run(run_dir: Path, root: Path | None = None) -> Run | Skipped:
     """A Run, or Skipped naming why not (still running, no or corrupt summary.json, unknown schema)."""
-    status, status_problem = _read_json(run_dir / "status.json")
-    if isinstance(status, dict) and status.get("state") == "running":
-        return Skipped(run_dir, "run still in progress (status.json state is running; or it died before finishing)")
+    status = observed(run_dir)
+    if status["state"] in ("running", "submitted"):
+        return Skipped(run_dir, f"run still in progress (status.json state is {status['state']})")
     summary, problem = _read_json(run_dir / "summary.json")
     if problem:
         if problem == "no summary.json":
             problem = "no summary.json (the run never finished writing its results)"
+            if status["state"] == "failed":
+                problem = f"failed: {status.get('reason')}; no results were written"
         return Skipped(run_dir, problem)
     reason, notes = _check_summary(summary)
     if reason:
         return Skipped(run_dir, reason)
-    if status_problem and status_problem != "no status.json":
-        notes.append(status_problem)
+    if status["state"] == "failed" and (summary.get("status") or {}).get("state") != "failed":
+        # the harness died during a later restart-only re-run: its summary predates that
+        summary = {**summary, "status": {"state": "failed", "reason": status.get("reason")}}
+    if status["state"] == "unreadable":
+        notes.append(status["reason"])
     inventory, inv_problem = _read_json(run_dir / "inventory.json")
     if inv_problem and inv_problem != "no inventory.json":
         notes.append(f"{inv_problem}; no file-size distribution for this run")

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from analysis.table import KINDS, LOAD_CATEGORIES, SAVE_CATEGORIES, Group, Stat, common_label, num, stat
+from analysis.table import (
+    KINDS,
+    LOAD_CATEGORIES,
+    SAVE_CATEGORIES,
+    Group,
+    Stat,
+    common_label,
+    num,
+    restart_where,
+    stat,
+)
 
 PHASE_COLORS = {"launch": "#bbbbbb"}
 UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
@@ -332,7 +342,7 @@ def restart_timeline(groups: list[Group], phases: list[str]) -> Figure | None:
                                          color=CATEGORY_COLORS.get(cat, "black"))
         ax.set_yticks(range(len(ranks)), [f"rank {r['rank']}" for r in ranks], fontsize="small")
         ax.set_ylim(len(ranks) - 0.4, -0.6)
-        ax.set_title(f"{g.full_label}: {rec.get('record')}", fontsize="medium", loc="left")
+        ax.set_title(f"{g.full_label}: {rec.get('record')}{restart_where(rec)}", fontsize="medium", loc="left")
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel("seconds since the first rank's process start")
     fig.legend(list(used.values()), [n.replace("_", " ") for n in used], loc="outside right upper", fontsize="small")

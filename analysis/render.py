@@ -8,7 +8,7 @@ import html
 from dataclasses import dataclass
 
 from analysis.load import Run, Skipped, SweepFailure
-from analysis.table import LOAD_CATEGORIES, SAVE_CATEGORIES, Group, Stat, common_label, get, num
+from analysis.table import LOAD_CATEGORIES, SAVE_CATEGORIES, Group, Stat, common_label, get, num, restart_where
 
 MIB = 2**20
 
@@ -103,7 +103,7 @@ def stragglers_table(groups: list[Group]) -> Table | None:
             phases += [p for p in st if p not in phases]
     if not found:
         return None
-    rows = [[g.label, str(rec.get("record")), *(f"rank {st[p]['rank']} +{st[p]['excess_over_median_seconds']:.3f}"
+    rows = [[g.label, f"{rec.get('record')}{restart_where(rec)}", *(f"rank {st[p]['rank']} +{st[p]['excess_over_median_seconds']:.3f}"
                                                  if p in st else "-" for p in phases)] for g, rec, st in found]
     return Table("Slowest rank per restart phase", ["configuration", "restart", *phases], rows,
                  "rank r +x: rank r took longest, x seconds more than the median rank (the latest restart of each "
@@ -159,8 +159,11 @@ def runs_table(table: list[dict]) -> Table:
     """One row per run and restart record."""
     rows = []
     for r in table:
+        layout = f"tp{r['tp']} pp{r['pp']} dp{r['dp']}"
+        if r.get("restart_layout_loaded") and r.get("restart_layout_loaded") != r.get("restart_layout_saved"):
+            layout += f" -> {r['restart_layout_loaded'].replace('-', ' ')}"
         rows.append([r["run_id"], r.get("restart_record") or "-", r["state"], f"{r['model']}",
-                     f"tp{r['tp']} pp{r['pp']} dp{r['dp']}", str(r.get("engine_label") or r["engine"]),
+                     layout, str(r.get("engine_label") or r["engine"]),
                      _v(r.get("checkpoint_files")),
                      _v(r.get("checkpoint_bytes"), 2, MIB), _v(r.get("save_blocking_seconds")),
                      _v(r.get("save_durable_seconds")), _v(r.get("restart_total_seconds")),

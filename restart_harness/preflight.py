@@ -87,12 +87,59 @@ def launcher(spec: RunSpec) -> None:
                              "the job script")
 
 
+def device(spec: RunSpec) -> None:
+    """device=cuda where this process starts the ranks: the node has NVIDIA devices (a submitted job's node is the
+    scheduler's, checked there)."""
+    if spec.device == "cuda" and not machine.submits(spec) and not spec.dry_run and machine.nvidia_devices() == 0:
+        raise UsageError("device=cuda: no NVIDIA device on this machine (/dev/nvidia*); accepted here: device=cpu or "
+                         "device=auto")
+
+
+def port(spec: RunSpec) -> None:
+    """A rendezvous port given for ranks started on this node must be free here."""
+    import socket
+
+    if spec.master_port is None or spec.launcher not in ("local", "torchrun") or spec.dry_run:
+        return
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", spec.master_port))
+        except OSError as exc:
+            raise UsageError(f"master_port={spec.master_port}: cannot be used here ({exc.strerror or exc}); "
+                             "accepted: a free port, or leave it out (a free one is chosen)") from None
+
+
+def scheduler(spec: RunSpec) -> None:
+    """A run that becomes a Slurm job: sbatch --test-only must accept its job script (partition, account, time,
+    nodes and tasks) before the run directory exists. PBS's qsub has no such mode."""
+    import subprocess
+    import tempfile
+
+    from restart_harness.generate.batch import job_script
+
+    if spec.launcher != "slurm" or not machine.submits(spec) or spec.dry_run or shutil.which("sbatch") is None:
+        return
+    with tempfile.TemporaryDirectory(prefix="rh-test-only-") as scratch:
+        name, text = job_script(spec, Path(scratch))
+        script = Path(scratch) / name
+        script.write_text(text)
+        proc = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, check=False,
+                              timeout=60, cwd=scratch)
+    if proc.returncode != 0:
+        said = " ".join((proc.stderr or proc.stdout).strip().split())
+        raise UsageError(f"launcher=slurm: sbatch --test-only refuses the job ({said}); check queue=, account=, "
+                         "walltime=, nodes= and ranks_per_node=")
+
+
 def run(spec: RunSpec) -> None:
     """A run (or one combination of a sweep): everything that can be checked before the run directory exists."""
     engine(spec)
+    device(spec)
+    port(spec)
     tracer(spec)
     emulation(spec)
     launcher(spec)
+    scheduler(spec)
     directory("results_dir", spec.results_dir)
     need = planned_bytes(spec) if registry.get(spec.engine).saves and not spec.dry_run else None
     targets.for_spec(spec).preflight("ckpt_dir", need, reach=not spec.dry_run)
@@ -120,10 +167,18 @@ def restart(request: RestartRequest) -> None:
     if status["state"] in ("running", "submitted"):
         where = f"job {status.get('job_id')}" if status["state"] == "submitted" else f"pid {status.get('pid')}"
         raise UsageError(f"run={run_dir}: still {status['state']} ({where}); restart it once it has finished")
+    if status["state"] not in ("complete", "failed"):
+        raise UsageError(f"run={run_dir}: not a finished run ({status['state']}: {status.get('reason')}); accepted: "
+                         "a run whose checkpoint phase ended (complete or failed)")
     launcher(spec)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
+    scheduler(spec)
+    device(spec)
+    port(spec)
     eng = engine(spec)
     tracer(spec)
     extension_locks()
+    if elsewhere := request.run.checkpoint_elsewhere():
+        raise UsageError(f"run={run_dir}: {elsewhere}")
     target = targets.for_run(request.run)
     target.preflight("run", None)
     tag = committed_checkpoint(request.run, target)

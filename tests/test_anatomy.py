@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, cases, events, load_summary, run_cli, run_dir_of
+from conftest import REPO, cases, copy_run, events, load_summary
 
 from restart_harness import iocount
 from restart_harness.model import digest
@@ -204,12 +204,11 @@ def test_digest_detects_moved_blocks_and_wrong_shape():
 
 
 @pytest.mark.slow
-def test_a_flipped_byte_in_a_checkpoint_file_fails_the_restart_naming_the_tensor(tmp_path):
-    """One byte of the fp32 master weights inside an optimizer file is flipped on disk (size unchanged, so the
-    preflight's size check passes): the restart loads it, and verification fails naming that tensor."""
-    results = tmp_path / "results"
-    run_dir = run_dir_of(run_cli(["tiny", "dp=2", "phase=checkpoint", "iters=2", "save_interval=2",
-                                  "baseline=false"], results))
+def test_a_flipped_byte_in_a_checkpoint_file_fails_the_restart_naming_the_tensor(harness, tmp_path):
+    """One byte of the fp32 master weights inside an optimizer file of a complete run is flipped on disk (size
+    unchanged, so the preflight's size check passes): the restart loads it, verification fails naming that tensor,
+    and the run is failed - in status.json, summary.json and on the terminal, with no "verified" line."""
+    run_dir = copy_run(harness.run("dp2-short"), tmp_path)
     path = run_dir / "checkpoint" / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
     with zipfile.ZipFile(path) as z:
         entries = [i for i in z.infolist() if "/data/" in i.filename]
@@ -226,10 +225,13 @@ def test_a_flipped_byte_in_a_checkpoint_file_fails_the_restart_naming_the_tensor
                           capture_output=True, text=True, timeout=600, cwd=REPO, check=False)
     assert proc.returncode == 1, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert "restart did not restore the saved state" in last and "rank 1: optimizer." in last, last
+    assert "restart-02: restart did not restore the saved state" in last and "rank 1: optimizer." in last, last
+    assert "[restart-02] restored state verified" not in proc.stderr
     summary = load_summary(run_dir)
     assert summary["restart"]["verified"] is False
     assert any(d.startswith("rank 1: optimizer.") for d in summary["restart"]["differing"])
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["state"] == summary["status"]["state"] == "failed" and "rank 1: optimizer." in status["reason"]
 
 
 # ---- the report ---------------------------------------------------------------------------------------------

@@ -38,6 +38,9 @@ CASES = {
     "fsdp2 with an engine of DeepSpeed's": (["tiny", "stack=fsdp2", "engine=lazy"], "engine=lazy"),
     "fsdp2 emulated": (["tiny", "stack=fsdp2", "emulate=true"], "emulate=true"),
     "fsdp2 planned": (["plan", "tiny", "stack=fsdp2"], "stack=fsdp2"),
+    # values that can only fail at launch are checked before it (issue 31)
+    "a port out of range": (["tiny", "master_port=99999"], "master_port=99999"),
+    "a GPU this machine does not have": (["tiny", "device=cuda"], "device=cuda"),
 }
 
 
@@ -70,3 +73,38 @@ def test_help_lists_keys_models_engines():
     assert proc.returncode == 0
     for word in ("tp=", "save_interval=", "tiny", "70B", "default"):
         assert word in proc.stdout
+
+
+def test_a_port_in_use_is_refused_before_launch(tmp_path):
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run([str(REPO / "submit-job.sh"), "tiny", f"master_port={port}",
+                               f"results_dir={tmp_path / 'results'}"], cwd=tmp_path, check=False, capture_output=True,
+                              text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and f"master_port={port}" in lines[0], proc.stderr
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.parametrize("spec_json, named", [
+    ("{}", "is not a run's spec"),
+    ('{"model": "tiny", ', "not readable JSON"),
+    ("[1, 2]", "holds no run"),
+    (None, "not a run directory (no spec.json)"),
+])
+def test_a_malformed_run_folder_is_one_line_to_restart(tmp_path, spec_json, named):
+    run = tmp_path / "run"
+    run.mkdir()
+    if spec_json is not None:
+        (run / "spec.json").write_text(spec_json)
+    (run / "status.json").write_text('{"state": "complete", "reason": null}')
+    proc = subprocess.run([str(REPO / "submit-job.sh"), "restart", f"run={run}"], cwd=tmp_path, check=False,
+                          capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and named in lines[0] and "Traceback" not in proc.stderr, \
+        proc.stderr
+    assert sorted(p.name for p in run.iterdir()) == sorted(["status.json"] + (["spec.json"] if spec_json else []))

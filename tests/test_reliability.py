@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -144,9 +145,10 @@ def test_restart_after_kill_loads_last_complete_checkpoint(killed_mid_save):
     assert [e["step"] for e in steps if e["event"] == "step"] == [3]  # trained on from step 2, not 4
 
 
-def test_crashed_harness_leaves_run_marked_running(tmp_path):
+def test_killed_harness_leaves_running_which_readers_see_as_failed(tmp_path):
     """SIGKILL the harness itself (it cannot write `failed`): its ranks end too, status.json keeps `running` with
-    its pid and host, readers see `crashed`, and what was learned so far (spec, events, the committed save) stays."""
+    its pid and host, readers (a restart, the report) see `failed: harness ended`, and what was learned so far (spec,
+    events, the committed save) stays."""
     import signal
     import time
 
@@ -187,6 +189,40 @@ def test_crashed_harness_leaves_run_marked_running(tmp_path):
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "running" and status["pid"] == harness.pid and status["host"]
     seen = observed(run_dir)
-    assert seen["state"] == "crashed" and str(harness.pid) in seen["reason"]
+    assert seen["state"] == "failed" and seen["reason"].startswith("harness ended") and str(harness.pid) in seen["reason"]
+    report = subprocess.run([sys.executable, "-m", "analysis", str(run_dir), "-o", str(tmp_path / "report")],
+                            capture_output=True, text=True, cwd=REPO, check=False)
+    assert f"skipped {run_dir}: failed: harness ended" in report.stderr, report.stderr
     assert (run_dir / "checkpoint" / "latest").read_text() == "global_step2"
     assert (run_dir / "spec.json").is_file() and not (run_dir / "summary.json").exists()
+
+
+def test_a_copied_run_restarts_from_its_own_checkpoint_or_not_at_all(harness, tmp_path):
+    """A run folder holding its checkpoint, copied: the copy reads its own files (a file missing there is refused,
+    even though the original still has it). A run whose checkpoint is outside its folder, copied under another
+    name: refused, since the checkpoint it names is another run's."""
+    original = harness.run("dp2-short")
+    whole = copy_run(original, tmp_path / "whole")
+    proc = restart_only(whole)
+    assert proc.returncode == 0, proc.stderr
+    loaded = next(json.loads(line) for line in (whole / "events" / "restart-02" / "rank-00000.jsonl").read_text()
+              .splitlines() if '"event": "loaded"' in line)
+    assert loaded["files"] and all(f["path"].startswith(str(whole)) for f in loaded["files"])
+    broken = copy_run(original, tmp_path / "broken")
+    victim = broken / "checkpoint" / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    victim.unlink()
+    proc = restart_only(broken)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and f"{victim}: missing" in lines[0], proc.stderr
+
+    outside = run_with_fault(["tiny", "iters=2", "save_interval=2", "after=1", "baseline=false", "phase=checkpoint",
+                              f"ckpt_dir={tmp_path / 'ckpt'}"], tmp_path / "outside", None)
+    assert outside.returncode == 0, outside.stderr
+    run_dir = only_run(tmp_path / "outside")
+    renamed = tmp_path / "renamed" / f"{run_dir.name}-copy"
+    shutil.copytree(run_dir, renamed)
+    before = sorted(p.name for p in renamed.iterdir())
+    proc = restart_only(renamed)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and f"placed for run {run_dir.name}" in lines[0], proc.stderr
+    assert sorted(p.name for p in renamed.iterdir()) == before

@@ -47,7 +47,7 @@ def dp2(harness) -> Path:
 def test_restarts_at_other_layouts_restore_the_full_state_and_continue_the_loss(dp2):
     summary = load_summary(dp2)
     own, shrink, split = summary["restarts"]
-    assert own["record"] == "restart-01" and not own.get("layout") and own["verified"]
+    assert own["record"] == "restart-01" and own["layout"]["loaded"] == own["layout"]["saved"] and own["verified"]
     for r, loaded in ((shrink, "tp1-pp1-dp1"), (split, "tp2-pp2-dp1")):
         assert r["layout"] == {"saved": "tp1-pp1-dp2", "loaded": loaded}
         assert r["verified"] is True and r["differing"] == [] and r["verified_tensors"] > 0
@@ -164,3 +164,25 @@ def test_checkpoints_that_cannot_be_converted_are_refused(harness, run, named):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and named in lines[0] and "accepted" in lines[0], proc.stderr
     assert listing(run_dir) == before
+
+
+def test_a_restart_at_another_layout_is_labelled_with_its_own_layout_everywhere(harness, tmp_path):
+    """The terminal summary, summary.json and the report name the restart's own layout, ranks and what it loaded,
+    and the checkpoint the run saved keeps its own name."""
+    run_dir, _, (_, split) = harness.played("reshard-dp2")
+    rows = {line.split("  ")[0]: line for line in split.stdout.splitlines()}
+    assert "tp2-pp2-dp1 (4 ranks), from tp1-pp1-dp2" in rows["restarted at"]
+    assert "loaded global_step2_universal:" in rows["restarted at"]
+    summary = load_summary(run_dir)
+    assert summary["checkpoint"]["tag"] == "global_step2"
+    last = summary["restart"]
+    assert last["ranks"] == 4 and last["saved_tag"] == "global_step2"
+    converted = run_dir / "checkpoint" / "global_step2_universal"
+    assert last["loaded"]["tag"] == converted.name
+    assert last["loaded"]["files"] == sum(1 for p in converted.rglob("*") if p.is_file())
+    proc = subprocess.run([sys.executable, "-m", "analysis", str(run_dir), "-o", str(tmp_path / "r")], cwd=REPO,
+                          capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "restart-03 at tp2-pp2-dp1 (4 ranks)" in md  # the slowest-rank table
+    assert "tp1 pp1 dp2 -> tp2 pp2 dp1" in md  # the runs table

@@ -96,3 +96,16 @@ def test_restart_only_rerun_is_a_job_of_its_own(cluster, slurm_run):
     assert [r["record"] for r in summary["restarts"]] == ["restart-01", "restart-02"]
     assert summary["restart"]["verified"] is True and summary["restart"]["cache"]["requested"] == "warm"
     assert json.loads((run_dir / "records" / "restart-02.json").read_text())["launcher"] == "slurm"
+
+
+@pytest.mark.parametrize("args, named", [
+    (["queue=nosuchpartition"], "sbatch --test-only refuses the job"),
+    (["dp=4", "ranks_per_node=4", "nodes=1"], "sbatch --test-only refuses the job"),  # 4 tasks on a 2-CPU node
+])
+def test_a_job_slurm_would_refuse_is_one_line_before_anything_exists(cluster, tmp_path, args, named):
+    env, _ = cluster
+    results = tmp_path / "results"
+    proc = cli(env, "tiny", "launcher=slurm", *args, f"results_dir={results}")
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and named in lines[0], proc.stderr
+    assert not results.exists()

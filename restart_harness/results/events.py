@@ -33,3 +33,19 @@ def marks(events: list[dict]) -> dict[str, float]:
 def errors(events: dict[int, list[dict]]) -> list[str]:
     return [f"rank {rank}: {e['message']}" for rank, evs in sorted(events.items()) for e in evs
             if e["event"] == "error"]
+
+
+def verification(events: dict[int, list[dict]], ranks: int) -> tuple[list[str], int]:
+    """(what failed, tensors verified) of a restart record: every one of its `ranks` ranks must have verified its
+    restored state; a rank that recorded no verification failed it."""
+    failed, tensors = [], 0
+    for rank in range(ranks):
+        verify = next((e for e in events.get(rank, []) if e["event"] == "verify"), None)
+        if verify is None:
+            failed.append(f"rank {rank}: no verification recorded")
+            continue
+        tensors += verify["tensors"]
+        failed += [f"rank {rank}: {name}" for name in verify["differing"]] if not verify["ok"] else []
+        if not verify["ok"] and not verify["differing"]:
+            failed.append(f"rank {rank}: nothing verified")
+    return failed, tensors

@@ -52,13 +52,23 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
     for info in _records(run_dir):
         record = ev.read_record(run_dir, info["record"])
         tag = next((e["tag"] for evs in record.values() for e in evs if e["event"] == "loaded"), None)
-        restarts.append(sm.restart(record, info["record"], info, info.get("cache"),
-                                   committed.get(tag, {}).get("bytes"), str(target.root), run_dir))
+        # every restart says where it ran and what it read: its own layout (its record's spec), the saved
+        # checkpoint, and what it loaded (the same, or a converted copy of it)
+        own = resolved.read(run_dir, info["record"]).spec
+        info.setdefault("layout", {"saved": run.spec.layout, "loaded": own.layout})
+        r = sm.restart(record, info["record"], info, info.get("cache"), committed.get(tag, {}).get("bytes"),
+                       str(target.root), run_dir)
+        r["saved_tag"] = (info.get("conversion") or {}).get("tag") or tag
+        r["loaded"] = {"tag": tag, "files": len(stored.get(tag, [])) or None,
+                       "bytes": sum(n for _, n in stored.get(tag, [])) or None}
+        restarts.append(r)
     sm.loss_continuity(restarts)
-    tag = restarts[-1]["tag"] if restarts and restarts[-1]["tag"] else None
-    if tag and tag.endswith("_universal"):  # a restart at another layout loaded the converted copy of this tag
-        tag = tag.removesuffix("_universal")
-    tag = tag or target.latest()
+    unverified = [r for r in restarts if not r["verified"]]
+    if state == "complete" and unverified:  # a run's state is the outcome of every restart's verification
+        r = unverified[-1]
+        state, reason = "failed", f"{r['record']}: restart did not restore the saved state: " + \
+            ", ".join(r["differing"][:5] or ["nothing verified"])
+    tag = (restarts[-1]["saved_tag"] if restarts else None) or target.latest()
     inventory = None
     if tag and stored.get(tag):
         inventory = inv.build(f"{target.describe()}/{tag}", writers.get(tag), stored[tag])

@@ -19,8 +19,9 @@ SPEC, DS_CONFIG, STATUS, SUMMARY, INVENTORY, BASELINE = (
     "spec.json", "ds_config.json", "status.json", "summary.json", "inventory.json", "baseline.json")
 SWEEP = "sweep.json"
 
-# status.json `state`; `crashed` is never written: status.observed() reports it for a dead harness's `running`.
-STATES = ("running", "submitted", "dry_run", "complete", "failed", "crashed")
+# status.json `state`. A `running` whose harness process is gone is read as `failed` ("harness ended") by
+# results/status.py observed(), which every reader uses.
+STATES = ("running", "submitted", "dry_run", "complete", "failed")
 FINISHED_STATES = ("complete", "failed")
 
 # Kinds of checkpoint files, by the DeepSpeed name of the file (or of the directory a sharded engine writes); a

@@ -1,7 +1,8 @@
 """Reading status.json: `running` is only true while the harness process that wrote it is alive.
 
-A harness killed outright (SIGKILL, a node lost) cannot write `failed`; its run directory keeps `running` with
-the pid and host that wrote it, and everything learned so far. Readers call observed() to tell the two apart."""
+A harness killed outright (SIGKILL, a node lost) cannot write `failed`; its run directory keeps `running` with the
+pid and host that wrote it, and everything learned so far. Readers (a later restart, the report) call observed(),
+which reports such a run as `failed` with the reason "harness ended". Standard library only: analysis/ reads it."""
 
 from __future__ import annotations
 
@@ -22,13 +23,20 @@ def _alive(pid: int) -> bool:
 
 
 def observed(run_dir: Path) -> dict:
-    """status.json as written, with `state` `crashed` when it says running but its process on this host is gone."""
+    """status.json as written; `failed` ("harness ended") when it says running but its process on this host is gone;
+    state `missing` or `unreadable` when there is no status.json, or it is not a status."""
     path = Path(run_dir) / "status.json"
     if not path.is_file():
         return {"state": "missing", "reason": f"no status.json in {run_dir}"}
-    status = json.loads(path.read_text())
-    if status.get("state") == "running" and status.get("host") == socket.gethostname() and status.get("pid"):
+    try:
+        status = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        return {"state": "unreadable", "reason": f"status.json is not readable JSON ({exc})"}
+    if not isinstance(status, dict) or not isinstance(status.get("state"), str):
+        return {"state": "unreadable", "reason": "status.json holds no state"}
+    if status["state"] == "running" and status.get("host") == socket.gethostname() and status.get("pid"):
         if not _alive(int(status["pid"])):
-            return {**status, "state": "crashed",
-                    "reason": f"the harness (pid {status['pid']} on {status['host']}) ended without finishing"}
+            return {**status, "state": "failed",
+                    "reason": f"harness ended: its process (pid {status['pid']} on {status['host']}) is gone and the "
+                              "run never finished"}
     return status

@@ -62,11 +62,10 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str |
 
 def _load_figures(record, name, load_bytes, load_s, phases, launch) -> dict:
     """load_seconds and load_throughput_mib_s. A restart of the checkpoint itself: the checkpoint's bytes over the
-    slowest rank's seconds inside the engine's load calls. A restart at another layout reads the universal
-    checkpoint outside the engine (DeepSpeed torch.loads it in the optimizer): bytes read (the I/O counters, all
-    ranks) over the checkpoint_load phase."""
-    tags = {e["tag"] for evs in record.values() for e in evs if e["event"] == "loaded"}
-    if any(t.endswith("_universal") for t in tags):
+    slowest rank's seconds inside the engine's load calls. A restart that reads a converted copy (DeepSpeed's
+    universal checkpoint, read outside the engine: DeepSpeed torch.loads it in the optimizer): bytes read (the I/O
+    counters, all ranks) over the checkpoint_load phase."""
+    if launch.get("conversion"):
         read = sum(e["io"]["read"]["bytes"] for evs in record.values() for e in evs
                    if e["event"] == "load_anatomy" and e.get("io"))
         seconds = phases.get("checkpoint_load")
@@ -211,7 +210,8 @@ def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict |
     checkpoint_record = ev.read_record(run_dir, "checkpoint")
     save_list = saves(checkpoint_record, ckpt.get("committed", {}), ckpt.get("root"))
     last = save_list[-1] if save_list else None
-    loaded_tag = restarts[-1]["tag"] if restarts and restarts[-1]["tag"] else (last or {}).get("tag")
+    # the saved checkpoint the last restart read (a restart at another layout reads a converted copy of it)
+    loaded_tag = restarts[-1]["saved_tag"] if restarts and restarts[-1]["saved_tag"] else (last or {}).get("tag")
     loaded = next((s for s in save_list if s["tag"] == loaded_tag), last)
     by_rank = [v["bytes"] for k, v in (inventory or {}).get("by_rank", {}).items() if k != "unknown"]
     checkpoint = {

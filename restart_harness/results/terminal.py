@@ -50,6 +50,11 @@ def render(summary: dict) -> str:
             rows.append(("save anatomy", f"{parts}  (s, {ck['saves'][-1]['tag']}, slowest rank {bd['slowest_rank']})"))
     if rs:
         c = rs["cache"] or {}
+        layout, loaded = rs.get("layout") or {}, rs.get("loaded") or {}
+        if layout and layout.get("loaded") != layout.get("saved"):
+            read = (f": {loaded['files']} files, {loaded['bytes'] / MIB:,.2f} MiB" if loaded.get("files") else "")
+            rows.append(("restarted at", f"{layout['loaded']} ({rs['ranks']} ranks), from {layout['saved']}; it loaded "
+                                         f"{loaded.get('tag')}{read}"))
         until = "checkpoint loaded" if spec.get("emulate") else "first step done"
         rows.append(("restart", f"{_s(rs['total_seconds'])} process start -> {until} "
                                 f"(+{_s(rs['launch_seconds'])} launcher); cache {c.get('observed', '-')}"))

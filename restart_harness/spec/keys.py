@@ -54,6 +54,7 @@ class Key:
     choices: tuple[str, ...] | None = None
     minimum: float | None = None  # inclusive
     above: float | None = None  # exclusive
+    maximum: float | None = None  # inclusive
     sweep: bool = True  # may take a comma list (one run per value)
     restart: bool = False  # a restart-only re-run may set it
     required: bool = False
@@ -71,21 +72,26 @@ class Key:
             return "true, false"
         words = {int: "an integer", float: "a finite number", Size: "a size in bytes (4096, 64M, 1G)",
                  str: "text of [A-Za-z0-9_.,/:+@%=~-]", Path: "a path of [A-Za-z0-9_.,/:+@%=~-]"}[self.type]
-        if self.minimum is not None:
+        if self.minimum is not None and self.maximum is not None:
+            words += f" from {self.minimum:g} to {self.maximum:g}"
+        elif self.minimum is not None:
             words += f" >= {self.minimum:g}"
+        elif self.maximum is not None:
+            words += f" <= {self.maximum:g}"
         if self.above is not None:
             words += f" > {self.above:g}"
         return words + (" or none" if self.optional else "")
 
 
 def key(default: object, help: str, *, group: str, unit: str | None = None, choices: tuple[str, ...] | None = None,
-        minimum: float | None = None, above: float | None = None, sweep: bool = True, restart: bool = False,
-        required: bool = False) -> dataclasses.Field:
+        minimum: float | None = None, above: float | None = None, maximum: float | None = None, sweep: bool = True,
+        restart: bool = False, required: bool = False) -> dataclasses.Field:
     """A dataclass field that is also a declared key."""
     if group not in GROUPS:
         raise ValueError(f"unknown key group {group!r}")
     meta = {"key": {"help": help, "group": group, "unit": unit, "choices": choices, "minimum": minimum, "above": above,
-                        "sweep": sweep, "restart": restart, "required": required or default is dataclasses.MISSING}}
+                    "maximum": maximum, "sweep": sweep, "restart": restart,
+                    "required": required or default is dataclasses.MISSING}}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -184,6 +190,8 @@ def check(k: Key, value: object, text: str | None = None) -> object:
     if k.above is not None and value <= k.above:
         what = "a positive number" if k.above == 0 else f"> {k.above:g}"
         raise UsageError(f"{shown}: must be {what}")
+    if k.maximum is not None and value > k.maximum:
+        raise UsageError(f"{shown}: must be at most {k.maximum:g}")
     return value
 
 

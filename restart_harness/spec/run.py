@@ -43,6 +43,17 @@ class ResolvedRun:
             return self.run_dir / "checkpoint"
         return root
 
+    def checkpoint_elsewhere(self) -> str | None:
+        """Why the checkpoint this run directory names is another run's (a run folder copied or moved under another
+        name, whose checkpoints are outside it), or None. A checkpoint inside the run directory is always its own."""
+        placed_for = self.target.get("checkpoint_run")
+        if self.target.get("checkpoint_data_in_run") or placed_for in (None, self.run_dir.name):
+            return None
+        where = self.target.get("checkpoint_url") or self.target["checkpoint_root"]
+        return (f"its checkpoints were placed for run {placed_for} (at {where}), not for this folder "
+                f"({self.run_dir.name}): a copy or a move of that run; restart the run itself, or give the copy its "
+                "own checkpoint")
+
     def to_json(self) -> dict:
         return {**self.spec.to_json(), **self.facts, **self.target}
 

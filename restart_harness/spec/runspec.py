@@ -92,7 +92,7 @@ class RunSpec:
     timeout: int = key(1800, "seconds one launch may take before its whole process group is killed",
                        group="launch", unit="s", minimum=1, restart=True)
     master_port: int | None = key(None, "rendezvous port; default a free one", group="launch", minimum=1,
-                                  restart=True)
+                                  maximum=65535, restart=True)
     phase: str = key("all", "all = checkpoint then restart; checkpoint = the checkpoint phase only (restart an "
                             "existing run with ./submit-job.sh restart run=DIR)", group="launch", choices=PHASES,
                      sweep=False)

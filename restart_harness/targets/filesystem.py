@@ -74,7 +74,8 @@ class FileSystemTarget(Target):
 
     def record(self, run_dir: Path) -> dict:
         inside = self.root.relative_to(run_dir).as_posix() if self.root.is_relative_to(run_dir) else None
-        return {"checkpoint_target": self.name, "checkpoint_root": str(self.root), "checkpoint_root_in_run": inside}
+        return {"checkpoint_target": self.name, "checkpoint_run": run_dir.name, "checkpoint_root": str(self.root),
+                "checkpoint_root_in_run": inside, "checkpoint_data_in_run": inside is not None}
 
     @classmethod
     def from_record(cls, record: dict, root: Path, region=no_region) -> FileSystemTarget:

@@ -272,8 +272,9 @@ class S3Target(Target):
 
     def record(self, run_dir: Path) -> dict:
         s = self.settings
-        return {"checkpoint_target": self.name, "checkpoint_root": str(self.root),
-                "checkpoint_root_in_run": self.root.relative_to(run_dir).as_posix(), "checkpoint_url": str(self.url),
+        return {"checkpoint_target": self.name, "checkpoint_run": run_dir.name, "checkpoint_root": str(self.root),
+                "checkpoint_root_in_run": self.root.relative_to(run_dir).as_posix(), "checkpoint_data_in_run": False,
+                "checkpoint_url": str(self.url),
                 "checkpoint_object_store": {"region": s.region, "endpoint_url": s.endpoint_url,
                                             "path_style": s.path_style, "client": "s3torchconnector"}}
 

@@ -195,6 +195,6 @@ def test_restart_refuses_keys_that_change_the_run(tmp_path):
     assert proc.returncode == 2 and "precision=" in proc.stderr and "cache" in proc.stderr
     before = sorted(p.name for p in run_dir.rglob("*"))
     proc = cli(["phase=restart", f"run={run_dir}", "cache=warm"], tmp_path)
-    assert proc.returncode == 2 and "nothing to restart from" in proc.stderr  # a dry run has no checkpoint
+    assert proc.returncode == 2 and "not a finished run (dry_run" in proc.stderr  # a dry run launched nothing
     assert len(proc.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in run_dir.rglob("*")) == before

@@ -145,11 +145,14 @@ def throughput(groups: list[Group]) -> Figure | None:
     if not gs:
         return None
     fig, ax = _figure(len(gs))
-    grouped_bars(ax, [_group_tick(g) for g in gs], {
+    series = {
         "save, blocking": [g.save_stat("throughput_blocking_mib_s") for g in gs],
         "save, durable": [g.save_stat("throughput_durable_mib_s") for g in gs],
         "restart load": [g.stat("restart_load_throughput_mib_s") for g in gs],
-    })
+        # bytes read over the time inside the reads (runs of harness >= 0.3: docs/measurements.md)
+        "restart, storage read": [g.stat("restart_storage_read_throughput_mib_s") for g in gs],
+    }
+    grouped_bars(ax, [_group_tick(g) for g in gs], {k: v for k, v in series.items() if any(v)})
     for column, style, name in (("baseline_write_mib_s", "--", "storage baseline, write"),
                                 ("baseline_read_mib_s", ":", "storage baseline, read")):
         labelled = False

@@ -168,6 +168,7 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
         "restart_cache_observed": get(rec, "cache", "observed"),
         "restart_load_seconds": num(rec.get("load_seconds")),
         "restart_load_throughput_mib_s": num(rec.get("load_throughput_mib_s")),
+        "restart_storage_read_throughput_mib_s": num(rec.get("storage_read_throughput_mib_s")),
         "restart_max_rss_bytes": num(rec.get("max_rss_bytes_per_rank")),
         "restart_exit_code": rec.get("exit_code"),
     })

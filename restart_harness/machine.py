@@ -57,16 +57,30 @@ def resolve(spec):
         changes["device"] = "cuda" if nvidia_devices() else "cpu"
     if spec.env_hook:
         changes["env_hook"] = str(Path(spec.env_hook).expanduser().absolute())
-    if spec.emulate and spec.emulate_memory_gib is None and not submits(spec) and not spec.dry_run:
-        changes["emulate_memory_gib"] = default_emulate_memory_gib()
+    if not submits(spec):  # a submitted run's compute node decides these, inside the job (complete_in_job)
+        changes.update(_node_defaults(spec, dry_run=spec.dry_run))
     return dataclasses.replace(spec, **changes) if changes else spec
 
 
 def complete_in_job(spec):
-    """Inside a batch job: what resolve() left to the compute node (the emulation memory budget)."""
-    if spec.emulate and spec.emulate_memory_gib is None:
-        return dataclasses.replace(spec, emulate_memory_gib=default_emulate_memory_gib())
-    return spec
+    """Inside a batch job: what resolve() left to the compute node (threads per rank, the emulation memory)."""
+    changes = _node_defaults(spec, dry_run=False)
+    return dataclasses.replace(spec, **changes) if changes else spec
+
+
+def threads_per_rank(ranks_per_node: int) -> int:
+    """This node's CPUs shared by its ranks, at least one each."""
+    return max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+               // max(1, ranks_per_node))
+
+
+def _node_defaults(spec, dry_run: bool) -> dict:
+    changes: dict = {}
+    if spec.threads is None:
+        changes["threads"] = threads_per_rank(spec.ranks_per_node)
+    if spec.emulate and spec.emulate_memory_gib is None and not dry_run:
+        changes["emulate_memory_gib"] = default_emulate_memory_gib()
+    return changes
 
 
 def _meminfo(field: str) -> int | None:

@@ -339,6 +339,8 @@ def parse_restart(tokens: list[str]) -> RestartRequest:
     spec = dataclasses.replace(run.spec, **overrides, phase="restart", dry_run=False)
     if LAYOUT_KEYS & overrides.keys():
         spec = _relayout(spec, run.spec, overrides)
+        if "threads" not in overrides:
+            spec = dataclasses.replace(spec, threads=None)  # this node's CPUs over the new ranks per node
     return RestartRequest(run, spec, [f"{k}={v}" for k, v in pairs.items()])
 
 

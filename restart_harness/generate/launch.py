@@ -29,7 +29,9 @@ class Raw(str):
 def rank_environment(spec: RunSpec) -> dict[str, str]:
     """Environment every rank gets. DeepSpeed's JIT-built ops are cached in the user cache directory."""
     env = {
-        "OMP_NUM_THREADS": "1",
+        # threads is resolved on the node that starts the ranks (machine.py); a script written before that (a batch
+        # job's, at submission) is written again inside the job
+        "OMP_NUM_THREADS": str(spec.threads or 1),
         "PYTHONUNBUFFERED": "1",
         "TORCH_EXTENSIONS_DIR": str(cache_dir("torch_extensions")),
         "RH_LAUNCHER": spec.launcher,

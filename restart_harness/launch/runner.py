@@ -254,6 +254,9 @@ def execute(run_dir: Path) -> Path:
     if spec != run.spec:
         run = dataclasses.replace(run, spec=spec)
         run.write()
+        port = spec.master_port or free_port()
+        for phase, record in (("checkpoint", "checkpoint"), ("restart", "restart-01"))[:2 if spec.phase == "all" else 1]:
+            write_launch(run, phase, record, port)
     set_status(run_dir, "running", **_job_fields())
     say(f"run {run_dir.name}: {spec.model_label}, {spec.layout} ({spec.world_size} ranks, {spec.device}), "
         f"engine {spec.engine}, {spec.precision}, launcher {spec.launcher}")
@@ -294,13 +297,15 @@ def record_baseline(run: resolved.ResolvedRun, target) -> dict | None:
         return None
     from restart_harness.plan import checkpoint, estimate
 
-    record = baseline.for_run(target, estimate.typical_file_bytes(checkpoint.files(spec)), spec.world_size)
+    record = baseline.for_run(target, estimate.typical_file_bytes(checkpoint.files(spec)), spec.world_size,
+                              spec.baseline_max_age_hours * 3600)
     write_json_atomic(run.run_dir / "baseline.json", record)
     return record
 
 
 def _baseline_line(b: dict) -> str:
-    return (f"storage {'(cached) ' if b['cached'] else ''}write {b['write_mib_s']} MiB/s, read {b['read_mib_s']} MiB/s "
+    age = f"(cached, {b['age_seconds'] / 3600:.1f} h old) " if b["cached"] and b.get("age_seconds") is not None else ""
+    return (f"storage {age}write {b['write_mib_s']} MiB/s, read {b['read_mib_s']} MiB/s "
             f"({b['method']}, {b['ranks']} x {b['file_bytes']} bytes)")
 
 
@@ -354,6 +359,7 @@ def restart_only(request) -> Path:
     run_dir = run.run_dir
     if machine.submits(spec):
         return submit_restart_job(request)
+    spec = machine.complete_in_job(spec)  # a layout of its own: its threads per rank
     prior = observed(run_dir)
     state, reason = ("complete", None) if prior["state"] == "complete" else ("failed", prior.get("reason"))
     target = targets.for_run(run)

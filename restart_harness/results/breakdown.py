@@ -18,11 +18,15 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 6)
 
 
-def _io_summary(io: dict | None, classes: tuple[str, ...]) -> dict:
+def _io_summary(io: dict | None, classes: tuple[str, ...], stream: dict | None = None) -> dict:
+    """Bytes, calls and busy seconds per I/O class from the counters; bytes also those of a target's network streams
+    (object storage, which the counters cannot see)."""
     out = {}
     for cls in classes:
         part = (io or {}).get(cls) or {}
-        out[f"{cls}_bytes"] = part.get("bytes")
+        over_network = (stream or {}).get(cls)
+        counted = part.get("bytes")
+        out[f"{cls}_bytes"] = counted if not over_network else (counted or 0) + over_network
         out[f"{cls}_calls"] = part.get("calls")
         out[f"{cls}_busy_seconds"] = _round(part.get("busy_seconds"))
     return out
@@ -56,7 +60,8 @@ def _breakdown(per_rank: dict[int, dict], categories: tuple[str, ...], io_classe
     for rank, record in sorted(per_rank.items()):
         seconds = record["seconds"]
         row = {"rank": rank, **{f"{c}_seconds": seconds.get(c) for c in categories},
-               "window_seconds": record["window_seconds"], **_io_summary(record.get("io"), io_classes)}
+               "window_seconds": record["window_seconds"],
+               **_io_summary(record.get("io"), io_classes, record.get("stream"))}
         if measured is not None and rank in measured:
             row["measured_seconds"] = _round(measured[rank])
         ranks.append(row)
@@ -79,10 +84,23 @@ def load(record: dict[int, list[dict]], checkpoint_load: dict[int, float], root:
     if not per_rank:
         return None
     out = _breakdown(per_rank, LOAD_CATEGORIES, ("read",), checkpoint_load)
+    out["storage_read"] = storage_read(out["per_rank"])
     out["files"] = _files(per_rank, "read", root)
     out["intervals"] = {rank: e.get("intervals", []) for rank, e in sorted(per_rank.items())}
     out["starts"] = {rank: e["start"] for rank, e in sorted(per_rank.items())}
     return out
+
+
+def storage_read(ranks: list[dict]) -> dict | None:
+    """The storage side of a load: every byte the ranks read (files, or objects over the network) over the slowest
+    rank's `read` seconds - its wall time with a read in flight, inside a window every rank opened after one barrier
+    (worker/manager.py). Deserialization, copies, waiting for other ranks and the library's own work are left out:
+    this is what storage benchmarks call read throughput (MLPerf Storage: total bytes / the slowest rank)."""
+    if not ranks or any(r.get("read_bytes") is None or not r.get("read_seconds") for r in ranks):
+        return None
+    nbytes, seconds = sum(r["read_bytes"] for r in ranks), max(r["read_seconds"] for r in ranks)
+    return {"bytes": nbytes, "seconds": seconds, "throughput_mib_s": round(nbytes / (1 << 20) / seconds, 3),
+            "slowest_rank": max(ranks, key=lambda r: r["read_seconds"])["rank"]}
 
 
 def save(per_rank_saves: list[dict], root: str | None = None) -> dict | None:

@@ -9,6 +9,14 @@ def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f} s"
 
 
+def _when(base: dict) -> str:
+    """Which measurement an efficiency is against: when it was taken, and whether this run took it."""
+    age = base.get("age_seconds")
+    if not base.get("cached"):
+        return ", measured for this run"
+    return f", cached, measured {age / 3600:.1f} h before the run" if age is not None else ", cached"
+
+
 def render(summary: dict) -> str:
     spec, ck, rs = summary["spec"], summary["checkpoint"], summary["restart"]
     d = spec["derived"]
@@ -59,6 +67,12 @@ def render(summary: dict) -> str:
         rows.append(("restart", f"{_s(rs['total_seconds'])} process start -> {until} "
                                 f"(+{_s(rs['launch_seconds'])} launcher); cache {c.get('observed', '-')}"))
         rows.append(("phases", "  ".join(f"{k} {v:.2f}" for k, v in rs["phases"].items())))
+        sr = (rs.get("load_breakdown") or {}).get("storage_read")
+        if rs.get("load_throughput_mib_s"):
+            rows.append(("load", f"{_s(rs['load_seconds'])} waited for ({rs['load_throughput_mib_s']:,.1f} MiB/s)"
+                                 + (f"; storage read {sr['throughput_mib_s']:,.1f} MiB/s ({sr['bytes'] / MIB:,.2f} MiB "
+                                    f"in {sr['seconds']:.3f} s of reads, slowest rank {sr['slowest_rank']})"
+                                    if sr else "")))
         lb = rs.get("load_breakdown")
         if lb:
             parts = "  ".join(f"{c} {lb[f'{c}_seconds']:.3f}" if lb[f"{c}_seconds"] is not None else f"{c} -"
@@ -73,7 +87,7 @@ def render(summary: dict) -> str:
     if base.get("write_mib_s"):
         pct = {k: "-" if v is None else f"{v:.0%}" for k, v in eff.items()}
         rows.append(("storage", f"baseline write {base['write_mib_s']:,.1f} / read {base['read_mib_s']:,.1f} MiB/s "
-                                f"({base['method']}{', cached' if base['cached'] else ''}); efficiency save "
+                                f"({base['method']}{_when(base)}); efficiency save "
                                 f"{pct.get('save', '-')}, load {pct.get('load', '-')}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

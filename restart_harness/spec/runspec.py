@@ -70,8 +70,11 @@ class RunSpec:
                                 group="checkpoint", sweep=False)
     keep: bool = key(True, "false: delete the checkpoint once the run's results are written", group="checkpoint",
                      restart=True)
-    baseline: bool = key(True, "measure the checkpoint file system once (cached) and report save/load efficiency",
+    baseline: bool = key(True, "measure the checkpoint storage (cached) and report save/load efficiency",
                          group="checkpoint")
+    baseline_max_age_hours: float = key(24.0, "a cached storage baseline older than this is measured again before "
+                                              "the run (a storage's speed drifts; efficiencies against a stale one "
+                                              "mislead)", group="checkpoint", unit="h", above=0)
     emulate: bool = key(False, "no model, no training: each rank writes exactly the planned files of one checkpoint "
                                "(real names, sizes, tensors, format) through the engine, and its restart reads them "
                                "back (docs/emulation.md)", group="checkpoint")
@@ -91,6 +94,10 @@ class RunSpec:
                         restart=True)
     timeout: int = key(1800, "seconds one launch may take before its whole process group is killed",
                        group="launch", unit="s", minimum=1, restart=True)
+    threads: int | None = key(None, "CPU threads per rank (OMP_NUM_THREADS, torch's intra-op threads); default the "
+                                    "node's CPUs / ranks_per_node, at least 1: ranks neither idle cores nor fight for "
+                                    "them (a restart's deserialization and copies are CPU work)", group="launch",
+                              minimum=1, restart=True)
     master_port: int | None = key(None, "rendezvous port; default a free one", group="launch", minimum=1,
                                   maximum=65535, restart=True)
     phase: str = key("all", "all = checkpoint then restart; checkpoint = the checkpoint phase only (restart an "

@@ -131,22 +131,33 @@ def auto_size(typical_file_bytes: int, ranks: int, free_bytes: int) -> tuple[int
     return file_bytes, ranks
 
 
+def age_seconds(record: dict) -> float | None:
+    """Seconds since the record was measured (None when it says no time)."""
+    try:
+        return max(0.0, (datetime.now(timezone.utc) - datetime.fromisoformat(record["measured_at"])).total_seconds())
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def summary_record(record: dict | None, cached_flag: bool) -> dict | None:
-    """The summary.json `baseline` object."""
+    """The summary.json `baseline` object: the measurement, and how old it was when the run used it."""
     if record is None:
         return None
     keys = ("write_mib_s", "read_mib_s", "method", "file_bytes", "ranks", "dir", "measured_at")
     out = {k: record.get(k) for k in keys}
     out["cached"] = cached_flag
+    age = age_seconds(record)
+    out["age_seconds"] = round(age, 1) if age is not None else None
     out["read_cache_observed"] = (record.get("read_cache") or {}).get("observed")
     if record.get("error"):
         out["error"] = record["error"]
     return out
 
 
-def for_run(target, typical_file_bytes: int, ranks: int) -> dict:
-    """The baseline a run records: the cached one for this storage, size and rank count, else a bounded measurement
-    now. Never fails the run: a probe that cannot run is recorded with its error."""
+def for_run(target, typical_file_bytes: int, ranks: int, max_age_seconds: float | None = None) -> dict:
+    """The baseline a run records: the cached one for this storage, size and rank count when it is at most
+    max_age_seconds old, else a bounded measurement now. Never fails the run: a probe that cannot run is recorded
+    with its error."""
     try:
         free = target.free_bytes()
     except OSError as exc:
@@ -156,7 +167,8 @@ def for_run(target, typical_file_bytes: int, ranks: int) -> dict:
         return {"error": "too little free space for a probe", "dir": target.describe(), "cached": False}
     file_bytes, ranks = size
     hit = cached(target, file_bytes, ranks)
-    if hit and hit.get("file_bytes") == file_bytes and hit.get("ranks") == ranks:
+    fresh = hit and (max_age_seconds is None or (age_seconds(hit) or float("inf")) <= max_age_seconds)
+    if fresh and hit.get("file_bytes") == file_bytes and hit.get("ranks") == ranks:
         return summary_record(hit, True)
     try:
         return summary_record(measure(target, file_bytes, ranks), False)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from restart_harness.errors import UsageError
 from restart_harness.plugins import discover
-from restart_harness.targets.base import Target, no_region
+from restart_harness.targets.base import NO_OBSERVER, Target
 
 
 @cache
@@ -38,7 +38,7 @@ def for_spec(spec) -> Target:
     return for_location(spec.ckpt_dir, spec.results_dir)
 
 
-def for_run(run, region=no_region) -> Target:
+def for_run(run, observer=NO_OBSERVER) -> Target:
     """The placed target of a run (spec/run.py ResolvedRun), in any process that continues it."""
     name = run.target.get("checkpoint_target") or ("s3" if run.target.get("checkpoint_url") else "filesystem")
     try:
@@ -46,4 +46,4 @@ def for_run(run, region=no_region) -> Target:
     except KeyError:
         raise UsageError(f"run={run.run_dir}: its checkpoints are on storage target {name!r}, which this harness "
                          f"does not know (targets: {', '.join(all_targets())})") from None
-    return cls.from_record(run.target, run.checkpoint_root, region)
+    return cls.from_record(run.target, run.checkpoint_root, observer)

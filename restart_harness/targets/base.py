@@ -28,8 +28,17 @@ OBJECT = "object"  # objects behind the path names: only through the target's st
 LATEST = "latest"  # the file (or object) naming the committed tag
 
 
-def no_region(category: str):
-    return contextlib.nullcontext()
+class NoObserver:
+    """What a target reports its network I/O to when nothing measures it."""
+
+    def region(self, category: str):
+        return contextlib.nullcontext()
+
+    def add_bytes(self, category: str, nbytes: int) -> None:
+        pass
+
+
+NO_OBSERVER = NoObserver()
 
 
 class Target(ABC):
@@ -39,12 +48,12 @@ class Target(ABC):
     kind: ClassVar[str]  # POSIX or OBJECT
     description: ClassVar[str]
 
-    def __init__(self, location: str | None, root: Path | None = None, region=no_region):
+    def __init__(self, location: str | None, root: Path | None = None, observer=NO_OBSERVER):
         self.location = location  # ckpt_dir as given (None: inside the run directory)
         self.root = root  # the run's local checkpoint folder; None before the run exists
-        # the rank's anatomy region (worker/anatomy.py): a target whose I/O the counters cannot see (network
-        # streams) times its blocking calls in it as `read` / `write`
-        self.region = region
+        # the rank's anatomy (worker/anatomy.py): a target whose I/O the counters cannot see (network streams) times
+        # its blocking calls in observer.region("read" | "write") and counts their bytes with observer.add_bytes
+        self.observer = observer
 
     # ---- choosing and checking, before anything exists --------------------------------------------------------
     @classmethod
@@ -83,7 +92,7 @@ class Target(ABC):
 
     @classmethod
     @abstractmethod
-    def from_record(cls, record: dict, root: Path, region=no_region) -> Target:
+    def from_record(cls, record: dict, root: Path, observer=NO_OBSERVER) -> Target:
         """The placed target of a run, from its record (spec.json) and its local root."""
 
     def describe(self) -> str:

@@ -18,7 +18,7 @@ from restart_harness.errors import UsageError
 from restart_harness.storage import baseline, pagecache
 from restart_harness.storage.atomic import files_under, fsync_paths, write_text_atomic
 from restart_harness.storage.filesystem import filesystem, free_bytes, nearest_existing, why_not_a_directory
-from restart_harness.targets.base import LATEST, POSIX, Target, as_path, no_region
+from restart_harness.targets.base import LATEST, NO_OBSERVER, POSIX, Target, as_path
 
 MIB = 1 << 20
 FULL_DISK_BYTES = 1 << 20
@@ -30,8 +30,8 @@ class FileSystemTarget(Target):
     kind = POSIX
     description = "a file system (local or parallel): files, fsync, atomic rename"
 
-    def __init__(self, location: str | None, root: Path | None = None, region=no_region, results_dir=None):
-        super().__init__(location, root, region)
+    def __init__(self, location: str | None, root: Path | None = None, observer=NO_OBSERVER, results_dir=None):
+        super().__init__(location, root, observer)
         self.results_dir = Path(results_dir) if results_dir is not None else None
 
     @classmethod
@@ -70,7 +70,7 @@ class FileSystemTarget(Target):
     # ---- one run -------------------------------------------------------------------------------------------------
     def placed(self, run_dir: Path) -> FileSystemTarget:
         root = Path(self.location).expanduser().resolve() / run_dir.name if self.location else run_dir / IN_RUN
-        return FileSystemTarget(self.location, root, self.region)
+        return FileSystemTarget(self.location, root, self.observer)
 
     def record(self, run_dir: Path) -> dict:
         inside = self.root.relative_to(run_dir).as_posix() if self.root.is_relative_to(run_dir) else None
@@ -78,8 +78,8 @@ class FileSystemTarget(Target):
                 "checkpoint_root_in_run": inside, "checkpoint_data_in_run": inside is not None}
 
     @classmethod
-    def from_record(cls, record: dict, root: Path, region=no_region) -> FileSystemTarget:
-        return cls(None, root, region)
+    def from_record(cls, record: dict, root: Path, observer=NO_OBSERVER) -> FileSystemTarget:
+        return cls(None, root, observer)
 
     # ---- checkpoint data -----------------------------------------------------------------------------------------
     def destination(self, path, mode):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from restart_harness.errors import UsageError
 from restart_harness.storage import baseline, pagecache
-from restart_harness.targets.base import LATEST, OBJECT, Target, no_region
+from restart_harness.targets.base import LATEST, NO_OBSERVER, OBJECT, Target
 
 SCHEME = "s3://"
 
@@ -185,26 +185,32 @@ def delete_all(url: S3Url, settings: S3Settings) -> int:
 
 
 class TimedStream:
-    """An object stream whose blocking calls run inside region(category): the save and load anatomy's `write` and
-    `read` for object storage, where the I/O counters see no files (the bytes go over the network). write() hands
-    data to the client's uploader and blocks while its buffers are full; close() completes the multipart upload;
-    read()/readinto()/seek() wait for the GET's bytes."""
+    """An object stream whose blocking calls run inside observer.region(category), and whose bytes it counts: the save
+    and load anatomy's `write` and `read` for object storage, where the I/O counters see no files (the bytes go over
+    the network). write() hands data to the client's uploader and blocks while its buffers are full; close()
+    completes the multipart upload; read()/readinto()/seek() wait for the GET's bytes."""
 
-    def __init__(self, stream, region, category: str):
-        self._stream, self._region, self._category = stream, region, category
+    def __init__(self, stream, observer, category: str):
+        self._stream, self._observer, self._category = stream, observer, category
 
     def _timed(self, name: str, *args):
-        with self._region(self._category):
+        with self._observer.region(self._category):
             return getattr(self._stream, name)(*args)
 
     def write(self, data):
-        return self._timed("write", data)
+        written = self._timed("write", data)
+        self._observer.add_bytes(self._category, written if isinstance(written, int) else len(data))
+        return written
 
     def read(self, *args):
-        return self._timed("read", *args)
+        data = self._timed("read", *args)
+        self._observer.add_bytes(self._category, len(data))
+        return data
 
     def readinto(self, buffer):
-        return self._timed("readinto", buffer)
+        n = self._timed("readinto", buffer)
+        self._observer.add_bytes(self._category, n or 0)
+        return n
 
     def seek(self, *args):  # the reader fetches up to a forward target (and may ask the object's size)
         return self._timed("seek", *args)
@@ -220,7 +226,7 @@ class TimedStream:
         return self
 
     def __exit__(self, *exc):
-        with self._region(self._category):
+        with self._observer.region(self._category):
             return self._stream.__exit__(*exc)
 
     def __getattr__(self, name):  # seek, tell, readable, ...
@@ -232,9 +238,9 @@ class S3Target(Target):
     kind = OBJECT
     description = "an S3 bucket (s3://bucket/prefix) through s3torchconnector: objects, uploads, listings"
 
-    def __init__(self, location: str | None, root: Path | None = None, region=no_region, url: S3Url | None = None,
-                 settings: S3Settings | None = None):
-        super().__init__(location, root, region)
+    def __init__(self, location: str | None, root: Path | None = None, observer=NO_OBSERVER,
+                 url: S3Url | None = None, settings: S3Settings | None = None):
+        super().__init__(location, root, observer)
         self.url = url if url is not None else S3Url.parse(location)
         self.settings = settings or S3Settings.from_environment()
         self._client = None
@@ -267,7 +273,7 @@ class S3Target(Target):
 
     # ---- one run -------------------------------------------------------------------------------------------------
     def placed(self, run_dir: Path) -> S3Target:
-        return S3Target(self.location, run_dir / "checkpoint", self.region, self.url.child(run_dir.name),
+        return S3Target(self.location, run_dir / "checkpoint", self.observer, self.url.child(run_dir.name),
                         self.settings)
 
     def record(self, run_dir: Path) -> dict:
@@ -279,10 +285,10 @@ class S3Target(Target):
                                             "path_style": s.path_style, "client": "s3torchconnector"}}
 
     @classmethod
-    def from_record(cls, record: dict, root: Path, region=no_region) -> S3Target:
+    def from_record(cls, record: dict, root: Path, observer=NO_OBSERVER) -> S3Target:
         settings = S3Settings.from_environment()
         settings.export()  # s3torchconnector's DCP writer and reader find the endpoint in the environment
-        return cls(None, root, region, S3Url.parse(record["checkpoint_url"]), settings)
+        return cls(None, root, observer, S3Url.parse(record["checkpoint_url"]), settings)
 
     def describe(self) -> str:
         return str(self.url)
@@ -310,7 +316,7 @@ class S3Target(Target):
     def destination(self, path, mode):
         streams = self._streams()
         stream = streams.writer(str(self.url_of(path))) if "w" in mode else streams.reader(str(self.url_of(path)))
-        with TimedStream(stream, self.region, "write" if "w" in mode else "read") as timed:
+        with TimedStream(stream, self.observer, "write" if "w" in mode else "read") as timed:
             yield timed
 
     def dcp_writer(self, path):
@@ -331,12 +337,12 @@ class S3Target(Target):
 
     def _time_streams(self, fs) -> None:
         """s3torchconnector's DCP S3FileSystem with its streams timed (write for "wb", read for "rb")."""
-        opened, region = fs.create_stream, self.region
+        opened, observer = fs.create_stream, self.observer
 
         @contextlib.contextmanager
         def create_stream(path, mode):
             with opened(path, mode) as stream:
-                yield TimedStream(stream, region, "write" if "w" in mode else "read")
+                yield TimedStream(stream, observer, "write" if "w" in mode else "read")
 
         fs.create_stream = create_stream
 

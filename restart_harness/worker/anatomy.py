@@ -47,6 +47,7 @@ class Window:
         # for another wave of ranks, verification between loads): taken out of the window altogether
         self.counters, self.categories, self.sync, self.excluded = counters, categories, sync, excluded
         self.seconds: dict[str, float] = defaultdict(float)
+        self.stream_bytes: dict[str, int] = defaultdict(int)  # bytes through a target's network streams
         self.intervals: list[tuple[str, float, float]] = []
         self._stack: list[list] = []
         self.start_wall = time.time()
@@ -112,6 +113,9 @@ class Window:
             "excluded_seconds": {c: round(self.seconds.get(c, 0.0), 6) for c in self.excluded},
             "io": io,
             "files": files,
+            # bytes a storage target moved over the network inside the window's read / write regions (object
+            # storage: the I/O counters see no files there)
+            "stream": dict(self.stream_bytes),
             "intervals": [(c, round(a, 6), round(b, 6)) for c, a, b in self.intervals],
             "method": "preloaded I/O counters" if io_known else "no I/O counters (no C compiler when launched)",
         }
@@ -153,6 +157,11 @@ class Anatomy:
             return
         with self.window.region(category, io):
             yield
+
+    def add_bytes(self, category: str, nbytes: int) -> None:
+        """Bytes a storage target's stream moved in a region of `category` (the main thread's, as its time)."""
+        if self.window is not None and threading.current_thread() is threading.main_thread():
+            self.window.stream_bytes[category] += nbytes
 
     def wrap(self, owner: object, name: str, category: str, io: tuple[str, ...] = ()) -> None:
         """Replace owner.name (a callable attribute) by one that runs inside region(category)."""

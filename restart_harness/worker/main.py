@@ -72,7 +72,7 @@ def run(job: RankJob, the_run, stack, log: EventLog, rank: int) -> None:
     log.mark("dist_init_done")
     stack.build()
     anatomy = Anatomy(stack.device.type, enabled=spec.anatomy)
-    target = targets.for_run(the_run, region=anatomy.region)
+    target = targets.for_run(the_run, observer=anatomy)
     anatomy.add_prefix(target.root)
     stack.hook(anatomy)
     engine = registry.get(spec.engine)(spec)
@@ -82,7 +82,7 @@ def run(job: RankJob, the_run, stack, log: EventLog, rank: int) -> None:
 
         io = engine.open(EngineContext(spec, target, collective=stack.collective, **stack.engine_context()))
         manager = CheckpointManager(stack, engine, io, target, anatomy, log, peak_memory)
-    log.emit(Layout.of(stack.layout()))
+    log.emit(Layout.of({**stack.layout(), "threads": _threads()}))
 
     first, last = 1, spec.iters
     if job.phase == "restart":
@@ -114,6 +114,13 @@ def run(job: RankJob, the_run, stack, log: EventLog, rank: int) -> None:
         manager.finish()
     stack.finish()
     log.mark("finished")
+
+
+def _threads() -> int:
+    """torch's intra-op threads in this rank (OMP_NUM_THREADS from the launch script: the spec's `threads`)."""
+    import torch
+
+    return torch.get_num_threads()
 
 
 def peak_memory() -> dict:

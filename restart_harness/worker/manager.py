@@ -78,6 +78,7 @@ class _Pending:
         self.anatomy: dict | None = None  # the save window (worker/anatomy.py); an async save's blocking part only
         self.flush: dict | None = None  # the background part: seconds, and write/fsync busy seconds in it
         self.durable_at: float | None = None
+        self.returned_io: dict | None = None  # the I/O counters when the save returned
         self.committed_at: float | None = None
         self.error: BaseException | None = None
         self.in_flight_steps = 0
@@ -129,6 +130,7 @@ class CheckpointManager:
             p.untimed = self._untimed
             p.blocking = time.perf_counter() - p.start - p.untimed
             p.saved = list(rec.saved)
+            p.returned_io = self.anatomy.counters.totals()  # the flush's I/O is counted from here, with no gap
             if not self.asynchronous:
                 self._wait(p)
                 self._commit(p)
@@ -144,7 +146,7 @@ class CheckpointManager:
         """The engine's flush is done, then the target makes the files durable. In the waiter thread of an
         asynchronous save (never a collective: the main thread owns those), or inline for a synchronous one."""
         counters = self.anatomy.counters
-        before, begun = counters.totals(), time.perf_counter()
+        before, begun = p.returned_io or counters.totals(), time.perf_counter()
         try:
             with self.anatomy.region("fsync"):  # the main thread's doing only: a no-op in the waiter thread
                 if self.waits_for_deepspeed:
@@ -224,11 +226,12 @@ class CheckpointManager:
     # ---- loading --------------------------------------------------------------------------------------------------
     def load(self, tag: str | None = None) -> tuple[str, dict]:
         """The restart's checkpoint_load phase: the stack's load (and the device work it queued) inside the anatomy
-        window, whose own start and end the phase's marks carry; the memory of engine_init is read before the
-        window opens. With anatomy=false (no window record) the start is taken here: a mark stamped afterwards
+        window, whose own start and end the phase's marks carry; the ranks open it after one barrier (waiting for the
+        slowest rank's initialization is engine_init's); the memory of engine_init is read before the window opens. With anatomy=false (no window record) the start is taken here: a mark stamped afterwards
         would put the whole load into engine_init. Loads `tag`, else the one `latest` names (none is an error,
         never a silent no-op); returns it and the client state saved with it."""
         engine_init_memory = self.peak_memory()
+        self.stack.barrier()  # every rank starts the load clock together: one rank's slower start is not load time
         load_start = time.time()
         self._untimed = 0.0
         with self.anatomy.measure(LOAD_CATEGORIES, excluded=self.stack.load_untimed) as window:

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""The harness's two restart-load figures beside an independent timing of the same checkpoint's load, on disk and on a
+local S3 gateway (issue 29).
+
+Method
+- Checkpoint: `./submit-job.sh MODEL dp=2 stack=fsdp2 iters=2 save_interval=2 after=1 baseline=false` (default
+  MODEL small: a 363 MiB checkpoint), once per target and repeat: on the results folder's file system, and with
+  ckpt_dir=s3://bench/runs on a single-node Ceph RADOS Gateway this script starts (objects in memory,
+  restart_harness/storage/local_s3.py) and stops.
+- The harness's figures, from that run's restart (restart-01, in fresh processes, page cache dropped):
+  `load_throughput_mib_s`: checkpoint bytes over the slowest rank's seconds inside the engine's load (what the
+  restart waited for: DCP's planning collectives, reads, deserialization, copies into the shards);
+  `storage_read_throughput_mib_s`: every byte read over the slowest rank's seconds with a read in flight, the ranks
+  aligned by a barrier first (docs/measurements.md).
+- The independent timing: right after each run, with the page cache dropped again, `torchrun --nproc-per-node 2` of
+  the script below this docstring's module (mode `plain`): each rank builds a template of its shards from the
+  checkpoint's own .metadata (DTensors, Shard(0) over the 2 ranks: FSDP2's layout), barrier, times `dcp.load`
+  (DCP's file system reader, or s3torchconnector's S3StorageReader with the same client settings), barrier. Its
+  figure: checkpoint bytes over the slowest rank's seconds - what s3torchbenchmarking and the scoping script report.
+- Targets and repeats interleaved: fs, s3, fs, s3, ...; medians over REPEATS; ratios of the harness's figures to the
+  plain load's, per target. The runs use keep=false on S3 (the gateway's memory is bounded).
+
+Usage: <python> benchmarks/load_figures.py [REPEATS] [MODEL]   (default 3 small; prints a Markdown table)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ---- the plain load, one torchrun rank ------------------------------------------------------------------------------
+def plain(checkpoint: str, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    if checkpoint.startswith("s3://"):
+        from s3torchconnector import S3ClientConfig
+        from s3torchconnector.dcp import S3StorageReader
+
+        def reader():
+            return S3StorageReader(os.environ["AWS_REGION"], checkpoint,
+                                   s3client_config=S3ClientConfig(force_path_style=True))
+    else:
+        def reader():
+            return FileSystemReader(checkpoint)
+
+    template = {}
+    for key, meta in reader().read_metadata().state_dict_metadata.items():
+        if not isinstance(meta, TensorStorageMetadata):
+            continue
+        size = tuple(meta.size)
+        if not size:  # a scalar (Adam's step): every rank reads it whole
+            template[key] = torch.empty((), dtype=meta.properties.dtype)
+            continue
+        rows = torch.empty(size[0]).chunk(world)  # FSDP2 shards dim 0 the way torch.chunk does
+        local = (rows[rank].numel() if rank < len(rows) else 0, *size[1:])
+        template[key] = DTensor.from_local(torch.empty(local, dtype=meta.properties.dtype), mesh, [Shard(0)],
+                                           shape=torch.Size(size), stride=torch.empty(size, device="meta").stride())
+    dist.barrier()
+    start = time.perf_counter()
+    dcp.load(template, storage_reader=reader())
+    seconds = time.perf_counter() - start
+    dist.barrier()
+    Path(f"{out}.{rank}").write_text(json.dumps({"rank": rank, "seconds": seconds}))
+    dist.destroy_process_group()
+
+
+# ---- the benchmark ------------------------------------------------------------------------------------------------------
+def _drop_caches() -> None:
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        pass  # not root: the harness's restart reports what it observed; the plain load may be warm
+
+
+def _run(args: list[str], results: Path, env: dict) -> Path:
+    proc = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), *args, f"results_dir={results}"],
+                          capture_output=True, text=True, env=env, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def _plain(checkpoint: str, env: dict, scratch: Path) -> float:
+    out = scratch / f"plain-{time.time_ns()}"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29611",
+                    __file__, "plain", checkpoint, str(out)], check=True, env={**env, "OMP_NUM_THREADS": "1"},
+                   capture_output=True, text=True)
+    return max(json.loads(Path(f"{out}.{r}").read_text())["seconds"] for r in range(2))
+
+
+def main(repeats: int, model: str) -> None:
+    from restart_harness.storage import local_s3
+
+    scratch = Path(tempfile.mkdtemp(prefix="rh-load-figures-"))
+    server_dir = Path(f"/tmp/rh-bench-s3-{os.getpid()}")
+    s3 = local_s3.start(server_dir, memory_mib=4096)
+    s3.create_bucket("bench")
+    env = {**os.environ, **s3.environment(), "PYTHONUNBUFFERED": "1"}
+    base = [model, "dp=2", "stack=fsdp2", "iters=2", "save_interval=2", "after=1", "baseline=false"]
+    rows: dict[str, list[dict]] = {"fs": [], "s3": []}
+    try:
+        for n in range(repeats):
+            for target in ("fs", "s3"):
+                extra = ["ckpt_dir=s3://bench/runs"] if target == "s3" else []
+                run_dir = _run([*base, *extra], scratch / "results", env)
+                summary = json.loads((run_dir / "summary.json").read_text())
+                spec = json.loads((run_dir / "spec.json").read_text())
+                tag = summary["checkpoint"]["tag"]
+                where = f"{spec['checkpoint_url']}/{tag}" if target == "s3" else f"{spec['checkpoint_root']}/{tag}"
+                _drop_caches()
+                seconds = _plain(where, env, scratch)
+                nbytes = summary["checkpoint"]["bytes"]
+                rs = summary["restart"]
+                rows[target].append({"bytes": nbytes, "plain_mib_s": nbytes / 2**20 / seconds,
+                                     "waited_mib_s": rs["load_throughput_mib_s"],
+                                     "storage_read_mib_s": rs["storage_read_throughput_mib_s"],
+                                     "load": rs["load_breakdown"]})
+                print(f"[{n + 1}/{repeats} {target}] plain {rows[target][-1]['plain_mib_s']:.1f} MiB/s, harness "
+                      f"waited {rs['load_throughput_mib_s']:.1f}, storage read {rs['storage_read_throughput_mib_s']:.1f}",
+                      file=sys.stderr, flush=True)
+                if target == "s3":
+                    subprocess.run(["rm", "-rf", str(run_dir / "checkpoint")], check=False)
+                    from restart_harness import targets
+                    from restart_harness.spec import run as resolved
+
+                    os.environ.update(s3.environment())
+                    targets.for_run(resolved.read(run_dir)).delete()
+    finally:
+        local_s3.stop(server_dir)
+    print(f"`benchmarks/load_figures.py {repeats} {model}` (fsdp2 dp=2, medians of {repeats} interleaved repeats)\n")
+    print("| target | checkpoint MiB | plain dcp.load MiB/s | harness waited MiB/s (x plain) | harness storage read "
+          "MiB/s (x plain) | load anatomy of the slowest rank: read / deserialize / copy / wait / other s |")
+    print("|---|---|---|---|---|---|")
+    for target, rs in rows.items():
+        def med(key, rs=rs):
+            return statistics.median(r[key] for r in rs)
+        cats = " / ".join(f"{statistics.median(r['load'][c + '_seconds'] for r in rs):.2f}"
+                          for c in ("read", "deserialize", "copy", "wait", "other"))
+        print(f"| {target} | {med('bytes') / 2**20:,.0f} | {med('plain_mib_s'):.1f} | {med('waited_mib_s'):.1f} "
+              f"({med('waited_mib_s') / med('plain_mib_s'):.2f}) | {med('storage_read_mib_s'):.1f} "
+              f"({med('storage_read_mib_s') / med('plain_mib_s'):.2f}) | {cats} |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "plain":
+        plain(sys.argv[2], sys.argv[3])
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 3, sys.argv[2] if len(sys.argv) > 2 else "small")

@@ -37,11 +37,12 @@ def directory(key: str, path: str) -> None:
         raise UsageError(f"{key}={path}: {reason}")
 
 
-def planned_bytes(spec: RunSpec) -> int:
+def planned_bytes(spec: RunSpec, saves: int | None = None) -> int:
     """Bytes every checkpoint of the run would take (the planner's DeepSpeed files; the run keeps every tag)."""
     from restart_harness.plan import checkpoint
 
-    saves = len(spec.save_steps()) if stacks.of(spec).trains else 1
+    if saves is None:
+        saves = len(spec.save_steps()) if stacks.of(spec).trains else 1
     return saves * sum(f.bytes for f in checkpoint.files(spec))
 
 
@@ -85,6 +86,39 @@ def launcher(spec: RunSpec) -> None:
             raise UsageError(f"launcher={spec.launcher} needs {program}, which is not installed here (not on PATH); "
                              "accepted here: launcher=local, launcher=torchrun, or dry_run=true to only write "
                              "the job script")
+
+
+# What one rank holds, measured here (docs/faults.md): a process with torch and DeepSpeed imported peaks at ~410 MiB
+# (tiny); training state adds about three times the rank's share of a checkpoint (its weights, gradients, optimizer
+# partition and the staging of a save: `small` dp=2, 376 MiB a rank, peaked at 1.1-1.4 GiB).
+RANK_BASE_BYTES = 400 << 20
+STATE_FACTOR = 3
+RANKS_PER_CPU = 8  # beyond this a rank gets too little of a core to start, rendezvous and train within the timeouts
+
+
+def resources(spec: RunSpec) -> None:
+    """The ranks this node starts fit its memory and CPUs (estimated from the plan; the compute node of a submitted
+    run is the scheduler's)."""
+    if machine.submits(spec) or spec.dry_run:
+        return
+    ranks, cpus = spec.ranks_per_node, os.cpu_count() or 1
+    share = 0 if spec.emulate else planned_bytes(spec, saves=1) // spec.world_size
+    per_rank = RANK_BASE_BYTES + STATE_FACTOR * share
+    need = ranks * per_rank + (int(spec.emulate_memory_gib * 2**30) if spec.emulate and spec.emulate_memory_gib else 0)
+    available = machine.available_memory_bytes()
+    layout = f"tp x pp x dp = {spec.tp} x {spec.pp} x {spec.dp}" + (f" over {spec.nodes} nodes" if spec.nodes > 1 else "")
+    if available is not None and need > available:
+        raise UsageError(f"{layout}: {ranks} ranks need ~{_gib(need)} on this node (~{_gib(per_rank)} each: the process, "
+                         f"and three times its {_gib(share)} share of the checkpoint) but {_gib(available)} is "
+                         "available; accepted: fewer ranks per node, a smaller model (shrink=), or launcher=slurm|pbs "
+                         "over several nodes")
+    if ranks > RANKS_PER_CPU * cpus:
+        raise UsageError(f"{layout}: {ranks} ranks on this node's {cpus} CPUs (more than {RANKS_PER_CPU} a CPU); "
+                         "accepted: fewer ranks per node, or launcher=slurm|pbs over several nodes")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
 
 
 def device(spec: RunSpec) -> None:
@@ -135,14 +169,15 @@ def run(spec: RunSpec) -> None:
     """A run (or one combination of a sweep): everything that can be checked before the run directory exists."""
     engine(spec)
     device(spec)
+    launcher(spec)
     port(spec)
     tracer(spec)
     emulation(spec)
-    launcher(spec)
     scheduler(spec)
     directory("results_dir", spec.results_dir)
     need = planned_bytes(spec) if registry.get(spec.engine).saves and not spec.dry_run else None
     targets.for_spec(spec).preflight("ckpt_dir", need, reach=not spec.dry_run)
+    resources(spec)
     if not spec.dry_run:
         extension_locks()
 

@@ -38,6 +38,17 @@ CASES = {
     "fsdp2 with an engine of DeepSpeed's": (["tiny", "stack=fsdp2", "engine=lazy"], "engine=lazy"),
     "fsdp2 emulated": (["tiny", "stack=fsdp2", "emulate=true"], "emulate=true"),
     "fsdp2 planned": (["plan", "tiny", "stack=fsdp2"], "stack=fsdp2"),
+    # work that cannot fit is refused before any (issue 28): memory and CPUs of this node, a sweep's size, a plan's
+    "a thousand ranks on one node": (["tiny", "dp=1000"], "1000 ranks need"),
+    "more ranks than the CPUs can start": (["tiny", "dp=24"], "24 ranks on this node's"),
+    "ranks per node above the node": (["tiny", "dp=2", "nodes=1", "ranks_per_node=1000", "launcher=torchrun"],
+                                      "dp=2 does not match"),
+    "a model larger than the node": (["13B"], "need"),
+    "a hundred million layers": (["plan", "70B", "num_hidden_layers=100000000"], "num_hidden_layers=100000000"),
+    "more ranks than any job": (["plan", "70B", "tp=8", "dp=1000000"], "ranks; accepted: at most"),
+    "a sweep of a thousand runs": (["tiny", "dp=1,2", "repeats=500"], "more than max_runs=64"),
+    "repeats beyond max_runs": (["tiny", "repeats=65"], "max_runs=65"),
+    "no shrink": (["70B", "shrink=0"], "shrink=0"),
     # values that can only fail at launch are checked before it (issue 31)
     "a port out of range": (["tiny", "master_port=99999"], "master_port=99999"),
     "a GPU this machine does not have": (["tiny", "device=cuda"], "device=cuda"),

@@ -3,6 +3,7 @@ at a chosen point: restart_harness/worker/faults.py), real filesystems."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import shutil
@@ -226,3 +227,47 @@ def test_a_copied_run_restarts_from_its_own_checkpoint_or_not_at_all(harness, tm
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and f"placed for run {run_dir.name}" in lines[0], proc.stderr
     assert sorted(p.name for p in renamed.iterdir()) == before
+
+
+def test_runs_started_together_share_nothing_but_their_folders(tmp_path):
+    """Two runs started at the same moment into one results folder and one ckpt_dir: each its own run directory and
+    checkpoint folder, both verified; a report over the folder while one still runs reads the other and names the
+    running one."""
+    import time
+
+    results, ckpt = tmp_path / "results", tmp_path / "ckpt"
+    args = [sys.executable, str(REPO / "config-n-run.py"), "tiny", "iters=2", "save_interval=2", "after=1",
+            "baseline=false", f"results_dir={results}", f"ckpt_dir={ckpt}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    first = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        outs = [p.communicate(timeout=600) for p in (first, second)]
+    finally:
+        for p in (first, second):
+            if p.poll() is None:
+                p.kill()
+    assert first.returncode == second.returncode == 0, outs
+    dirs = [Path(out.strip().splitlines()[-1]) for out, _ in outs]
+    assert dirs[0] != dirs[1] and {d.parent for d in dirs} == {results.resolve()}
+    for run_dir in dirs:
+        summary = load_summary(run_dir)
+        assert summary["restart"]["verified"] is True and summary["status"]["state"] == "complete"
+        assert summary["checkpoint"]["root"] == str((ckpt / run_dir.name).resolve())
+    assert sorted(p.name for p in ckpt.iterdir()) == sorted(d.name for d in dirs)
+
+    # a report while a run is still writing: the finished ones are read, the running one is named as running
+    running = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and len(list(results.iterdir())) < 3:
+            time.sleep(0.2)
+        report = subprocess.run([sys.executable, "-m", "analysis", str(results), "-o", str(tmp_path / "report")],
+                                cwd=REPO, capture_output=True, text=True, check=False)
+    finally:
+        running.kill()
+        running.wait()
+    assert report.returncode == 0, report.stderr
+    assert "run still in progress" in report.stderr
+    with open(tmp_path / "report" / "runs.csv") as f:
+        assert sorted(row["run_id"] for row in csv.DictReader(f)) == sorted(d.name for d in dirs)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import itertools
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path as FsPath
@@ -297,6 +298,14 @@ def parse_sweep(tokens: list[str]) -> SweepRequest:
             if any(v == "" for v in values) or len(set(values)) != len(values):
                 raise UsageError(f"{name}={text}: a sweep list needs distinct, non-empty values")
             lists[name] = values
+    runs = math.prod(len(v) for v in lists.values())
+    runs *= coerce(declared["repeats"], pairs["repeats"]) if "repeats" in pairs else 1
+    limit = coerce(declared["max_runs"], pairs["max_runs"]) if "max_runs" in pairs else declared["max_runs"].default
+    if runs > limit:
+        sizes = " x ".join([*(f"{len(v)} {k}" for k, v in lists.items()),
+                            *([f"{pairs['repeats']} repeats"] if "repeats" in pairs else [])])
+        raise UsageError(f"the sweep expands to {runs:,} runs ({sizes}), more than max_runs={limit}; give "
+                         f"max_runs={runs} to run them all")
     combos = []
     for choice in itertools.product(*lists.values()):
         chosen = dict(zip(lists, choice, strict=True))

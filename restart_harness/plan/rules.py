@@ -20,23 +20,40 @@ def partition_balanced(weights: list[int], num_parts: int) -> list[int]:
 
     The same dynamic programme, ties resolved the same way (a later split point wins on equal cost), so the
     boundaries are DeepSpeed's exactly. PipelineModule(partition_method="type:DecoderLayer") calls it with weight 1
-    for each decoder layer and 0 for the embedding, final norm and head."""
+    for each decoder layer and 0 for the embedding, final norm and head. Its work grows as layers^2 x parts: with
+    numpy every split point of a stage count is tried at once (a 1,024-layer, 64-stage plan in about a second)."""
     n, m = len(weights), num_parts
     if n <= m:
         return [min(p, n) for p in range(m + 1)]  # partition_uniform's trivial case
+    prefix = [0] * (n + 1)
+    for i, w in enumerate(weights):
+        prefix[i + 1] = prefix[i] + w
+    try:
+        import numpy
+    except ImportError:
+        position = _positions_python(prefix, n, m)
+    else:
+        position = _positions_numpy(numpy, prefix, n, m)
+    parts = [n]
+    for j in reversed(range(1, m + 1)):
+        parts.append(position[parts[-1]][j])
+    parts.reverse()
+    return [int(p) for p in parts]
+
+
+# In DeepSpeed's loop a split point k < j - 1 leaves fewer than j - 1 layers for j - 1 parts: its cost is infinite, and
+# the first finite candidate (k = j - 1, whose entry is always set) replaces it. Starting at k = j - 1 is the same.
+def _positions_python(prefix: list[int], n: int, m: int) -> list[list[int]]:
     inf = math.inf
     dp_max = [[inf] * (m + 1) for _ in range(n + 1)]
     dp_min = [[inf] * (m + 1) for _ in range(n + 1)]
     dp_cost = [[inf] * (m + 1) for _ in range(n + 1)]
     position = [[0] * (m + 1) for _ in range(n + 1)]
-    prefix = [0] * (n + 1)
-    for i, w in enumerate(weights):
-        prefix[i + 1] = prefix[i] + w
     dp_max[0][0] = 0
     dp_cost[0][0] = 0
     for i in range(1, n + 1):
         for j in range(1, min(i, m) + 1):
-            for k in range(i):
+            for k in range(j - 1, i):
                 part = prefix[i] - prefix[k]
                 max_sum = max(dp_max[k][j - 1], part)
                 min_sum = min(dp_min[k][j - 1], part)
@@ -46,11 +63,32 @@ def partition_balanced(weights: list[int], num_parts: int) -> list[int]:
                     dp_max[i][j] = max_sum
                     dp_min[i][j] = min_sum
                     position[i][j] = k
-    parts = [n]
-    for j in reversed(range(1, m + 1)):
-        parts.append(position[parts[-1]][j])
-    parts.reverse()
-    return [int(p) for p in parts]
+    return position
+
+
+def _positions_numpy(np, prefix: list[int], n: int, m: int) -> list[list[int]]:
+    """The same programme, one row i at a time: every (split point k, part count j) of the row at once; the chosen k
+    of a column is the last one of least cost (DeepSpeed's `>=` keeps the later of equal costs)."""
+    inf = np.inf
+    dp_max = np.full((n + 1, m + 1), inf)
+    dp_min = np.full((n + 1, m + 1), inf)
+    position = np.zeros((n + 1, m + 1), dtype=np.int64)
+    dp_max[0, 0] = 0.0
+    pre = np.asarray(prefix, dtype=np.float64)
+    for i in range(1, n + 1):
+        cols = min(i, m)
+        part = (pre[i] - pre[:i])[:, None]  # k = 0 .. i-1
+        max_sum = np.maximum(dp_max[:i, :cols], part)  # column c is part count j = c + 1, reading j - 1 = c
+        min_sum = np.minimum(dp_min[:i, :cols], part)
+        cost = max_sum - min_sum
+        k = np.arange(i)[:, None]
+        cost[k < np.arange(cols)[None, :]] = inf  # k < j - 1
+        last = i - 1 - np.argmin(cost[::-1], axis=0)  # the last k of least cost, per column
+        j = np.arange(cols)
+        position[i, 1:cols + 1] = last
+        dp_max[i, 1:cols + 1] = max_sum[last, j]
+        dp_min[i, 1:cols + 1] = min_sum[last, j]
+    return position.tolist()
 
 
 def zero1_partition_numel(numel: int, dp: int) -> int:

@@ -28,7 +28,9 @@ class ModelShape:
 
     hidden_size: int = _shape(MISSING, "model width (a preset's value unless overridden)", minimum=1)
     intermediate_size: int = _shape(MISSING, "SwiGLU feed-forward width", minimum=1)
-    num_hidden_layers: int = _shape(MISSING, "decoder layers", minimum=1)
+    num_hidden_layers: int = _shape(MISSING, "decoder layers (at most 1024: eight times the deepest published LLM, "
+                                               "Llama 3.1 405B's 126; the planner's pipeline split grows with its "
+                                               "square)", minimum=1, maximum=1024)
     num_attention_heads: int = _shape(MISSING, "attention heads", minimum=1)
     num_key_value_heads: int = _shape(MISSING, "key/value heads (grouped-query attention)", minimum=1)
     vocab_size: int = _shape(MISSING, "vocabulary size", minimum=1)

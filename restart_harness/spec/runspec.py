@@ -14,7 +14,8 @@ from restart_harness.errors import UsageError
 from restart_harness.spec.keys import Path, key, keys_of
 from restart_harness.spec.model_shape import ModelShape
 
-PHASES = ("all", "checkpoint")  # `restart` is a command of its own: ./submit-job.sh restart run=DIR
+PHASES = ("all", "checkpoint")
+MAX_WORLD = 1 << 17  # ranks: more than the largest training jobs published (about 100,000 GPUs)  # `restart` is a command of its own: ./submit-job.sh restart run=DIR
 _WALLTIME = re.compile(r"^(\d+-)?\d+:\d{2}:\d{2}$")
 
 
@@ -105,6 +106,8 @@ class RunSpec:
                      sweep=False)
     repeats: int = key(1, "runs of each combination (a sweep folder when > 1); restart: restarts",
                        group="launch", minimum=1, sweep=False, restart=True)
+    max_runs: int = key(64, "a sweep expanding to more runs (combinations x repeats) is refused unless this is raised",
+                        group="launch", minimum=1, sweep=False)
     dry_run: bool = key(False, "write ds_config.json and the launch (and job) scripts, print them, launch nothing",
                         group="launch", sweep=False)
     # cluster
@@ -202,6 +205,9 @@ def _ranks(spec: RunSpec) -> tuple[int, int]:
                 )
             dp = ranks // per_replica
     world = per_replica * dp
+    if world > MAX_WORLD:
+        raise UsageError(f"tp x pp x dp = {spec.tp} x {spec.pp} x {dp} = {world:,} ranks; accepted: at most "
+                         f"{MAX_WORLD:,} (larger than any training job run to date)")
     ranks_per_node = spec.ranks_per_node
     if ranks_per_node is None:
         if world % spec.nodes:

@@ -180,7 +180,8 @@ def test_save_and_throughput_figures(built):
     assert len(_errorbars(ax)) == 2  # both configurations have several saves
     assert ax.get_ylabel() == "save time (s)"
     ax = built["figures"]["throughput_mib_s"].axes[0]
-    assert [b.get_label() for b in _bars(ax)] == ["save, blocking", "save, durable", "restart load"]
+    assert [b.get_label() for b in _bars(ax)] == ["save, blocking", "save, durable", "restart load",
+                                                  "restart, storage read"]
     assert all(len(b) == 2 for b in _bars(ax)) and ax.get_ylabel() == "throughput (MiB/s)"
     lines = {c.get_label() for c in ax.collections if isinstance(c, LineCollection) and "baseline" in c.get_label()}
     measured = any((load_summary(r.dir).get("baseline") or {}).get("write_mib_s") for g in groups for r in g.runs)

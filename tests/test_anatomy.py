@@ -102,15 +102,16 @@ def test_save_window_is_the_save_and_counts_every_byte_written(harness, name):
 def test_async_save_breakdown_covers_the_blocking_part_and_the_flush(harness):
     run_dir = harness.run("dcp-async-dp2")
     for save in load_summary(run_dir)["checkpoint"]["saves"]:
-        bd = save["breakdown"]
-        # the window is the blocking part: the files are made durable by the flush, outside it
-        assert bd["fsync_seconds"] == 0
-        assert bd["flush"]["seconds_max"] > 0
-    # every byte a rank wrote is counted in its save's window or in its flush (counted from the moment it returned)
+        assert save["breakdown"]["flush"]["seconds_max"] > 0
     for rank, evs in events(run_dir).items():
         for save in (e for e in evs if e["event"] == "save"):
+            # every byte a rank wrote is counted in its save's window or in its flush (counted from its return)
             counted = save["anatomy"]["io"]["write"]["bytes"] + save["flush"]["io"]["write"]["bytes"]
             assert counted >= save["bytes"], (rank, save["tag"])
+            # the files are made durable by the flush, after the save returned: the harness's fsync of every file
+            # is in the flush. (DCP's own writer thread starts inside the blocking part, so a sync of its may be
+            # in flight before the save returns: the window's fsync seconds are not asserted to be zero.)
+            assert save["flush"]["io"]["sync"]["calls"] >= len(save["files"]), (rank, save["tag"])
 
 
 # ---- memory -----------------------------------------------------------------------------------------------------

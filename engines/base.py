@@ -58,6 +58,10 @@ class CheckpointIO(ABC):
     def load(self, path: str, map_location: Any = None, into: Any = None) -> Any:
         """The state saved at `path`; `into`: a state dict of the right shapes to load into in place (DCP)."""
 
+    def read_path(self, path: str) -> str:
+        """The file a load of `path` reads (an engine that stores a file under a name of its own says which)."""
+        return path
+
     def wait(self) -> None:
         """Until every save so far is written (an asynchronous engine's flush); the harness makes it durable after."""
 
@@ -132,6 +136,10 @@ class Engine(ABC):
     def check(self) -> None:
         """Raise UsageError (one line) when the engine cannot run for this spec on this machine. Called before
         anything is created."""
+
+    def prepare(self) -> None:
+        """In each rank, before the training stack is built: what must be in place before DeepSpeed creates the
+        engine from ds_config.json (a dependency's work-around from third_party/)."""
 
     def ds_config(self) -> dict:
         """Block merged into ds_config.json (e.g. datastates_ckpt, checkpoint.writer)."""

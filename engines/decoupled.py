@@ -1,10 +1,13 @@
 """engine=decoupled: DeepSpeed's FastPersist writer in a decoupled process per node (`checkpoint.writer`
-decoupled=true); DeepSpeed commits it in the next engine.step(). CUDA only in DeepSpeed 0.19.8 (see fastpersist)."""
+decoupled=true); DeepSpeed commits it in the next engine.step(). CUDA only in DeepSpeed 0.19.8."""
 
 from __future__ import annotations
 
-from engines.fastpersist import CPU_LIMITATION, FastPersistEngine
+from engines.fastpersist import FastPersistEngine
 from restart_harness.errors import UsageError
+
+CPU_LIMITATION = ("DeepSpeed 0.19.8's decoupled writer (DecoupledCheckpointEngine) needs a CUDA device: on its CPU "
+                  "accelerator it fails on pin_memory() and on the UtilsBuilder op (not implemented for CPU)")
 
 
 class DecoupledEngine(FastPersistEngine):

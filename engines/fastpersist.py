@@ -1,19 +1,27 @@
 """engine=fastpersist: DeepSpeed's FastPersist writer (`checkpoint.writer` type `fast`, decoupled=false): torch
-serialization through DeepSpeed's async_io (libaio) op with pinned, double-buffered I/O. DeepSpeed creates the
-engine from ds_config.json; the harness saves and loads through it (its load with the third_party fix). On CPU,
-DeepSpeed 0.19.8 cannot run it (refused before launch, see check)."""
+serialization into DeepSpeed's FastFileWriter, which writes through DeepNVMe's async_io op (libaio, O_DIRECT) from
+page-locked double buffers and fsyncs each file. DeepSpeed builds the engine from ds_config.json inside
+deepspeed.initialize; the harness saves and loads through it. On a CPU node it runs DeepSpeed's real code with the
+work-arounds of third_party/deepspeed_fastpersist_cpu.py (locked buffers from DeepSpeed's native pinned memory, the
+generic UtilsBuilder, the `X.pt-R.N` files found again at load); the async_io op needs libaio's headers to build.
+
+With ZeRO stage < 3 DeepSpeed names every file `X.pt-R.N` (writer R of N data-parallel writers) and, with
+data_parallel=replica, every data-parallel rank writes its own whole copy of the files DeepSpeed has one replica
+write (model states): N copies, all recorded. data_parallel=socket or machine gives every rank that is not its
+socket's or machine's writer the name of writer 0 of 1 (DataParallelWriterFactory.create_config's fallback for
+ZeRO >= 1): two ranks would write one file at once, so they are refused unless each rank is alone on its node."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from engines.base import CheckpointIO, Engine, EngineContext, NativeIO
 from restart_harness.errors import UsageError
 from restart_harness.spec.keys import key
 
-CPU_LIMITATION = ("DeepSpeed 0.19.8's FastCheckpointEngine needs a CUDA device: on its CPU accelerator it fails "
-                  "on pin_memory() and on the UtilsBuilder op (not implemented for CPU), and its per-rank "
-                  "NAME.pt-R.N files are not found by load_checkpoint")
+LIBAIO_HEADER = "libaio.h"
+INCLUDE_DIRS = ("/usr/include", "/usr/local/include")
 
 
 @dataclass
@@ -28,7 +36,7 @@ class Options:
 
 class FastPersistEngine(Engine):
     name = "fastpersist"
-    description = "DeepSpeed FastPersist writer (checkpoint.writer type fast) - libaio, pinned double buffers (CUDA only)"
+    description = "DeepSpeed FastPersist writer (checkpoint.writer type fast) - libaio, O_DIRECT, locked double buffers"
     Options = Options
     emulates = False  # DeepSpeed builds the engine from its config inside deepspeed.initialize
     decoupled = False
@@ -37,9 +45,17 @@ class FastPersistEngine(Engine):
         return self.decoupled
 
     def check(self) -> None:
-        if self.spec.device != "cuda":
-            raise UsageError(f"engine={self.name} cannot run on device={self.spec.device}: {CPU_LIMITATION}; "
-                             "use engine=default, torchsnapshot, dcp or lazy on CPU")
+        spec, o = self.spec, self.options
+        if spec.device != "cuda" and not any(Path(d, LIBAIO_HEADER).is_file() for d in INCLUDE_DIRS):
+            raise UsageError(f"engine={self.name} cannot run on this machine: DeepSpeed's async_io op (DeepNVMe's "
+                             f"libaio writer) builds against {LIBAIO_HEADER}, which is not installed "
+                             "(Debian/Ubuntu: apt-get install libaio-dev); use engine=default, torchsnapshot or dcp")
+        if o.data_parallel != "replica" and (spec.ranks_per_node > 1 or spec.tp * spec.pp > 1):
+            raise UsageError(
+                f"data_parallel={o.data_parallel} with {spec.ranks_per_node} ranks per node (tp={spec.tp}, "
+                f"pp={spec.pp}): DeepSpeed 0.19.8's DataParallelWriterFactory.create_config gives every rank that is "
+                f"not its {o.data_parallel}'s writer the writer name of rank 0 of 1, so two ranks would write one "
+                "file X.pt-0.1 at once; accepted: data_parallel=replica, or one rank per node with tp=pp=1")
 
     def ds_config(self) -> dict:
         """DeepSpeed's checkpoint.writer block, from the options."""
@@ -55,14 +71,45 @@ class FastPersistEngine(Engine):
             "show_statistics": o.show_statistics,
         }}}
 
+    def prepare(self) -> None:
+        from third_party.deepspeed_fastpersist_cpu import prepare
+
+        prepare(self.spec.device)
+
     def open(self, ctx: EngineContext) -> CheckpointIO:
         return WriterIO(ctx.native, ctx.target)
 
 
 class WriterIO(NativeIO):
-    """The engine DeepSpeed built from checkpoint.writer, its load fixed by third_party/deepspeed_writer_load.py."""
+    """The FastCheckpointEngine DeepSpeed built from checkpoint.writer. A save returns the file the writer really
+    made (`X.pt-R.N`, DeepSpeed's CheckpointWriterFactory names it); a load reads the first replica of X.pt
+    (third_party/deepspeed_fastpersist_cpu.py) with the fixed torch.load of third_party/deepspeed_writer_load.py."""
+
+    def __init__(self, native, target):
+        super().__init__(native, target)
+        self._made: list[str] = []
+        factory = native._writer  # DeepSpeed's CheckpointWriterFactory; None on a rank DeepSpeed gave no writer
+        if factory is not None:
+            create = factory.create_writer
+
+            def created(file_path, optimize_dp_state):
+                writer = create(file_path, optimize_dp_state)
+                self._made.append(writer._file_path)
+                return writer
+
+            factory.create_writer = created
+
+    def save(self, state, path):
+        self._made.clear()
+        self.native.save(state, path)  # FastCheckpointEngine writes to a path of its own naming
+        return list(self._made)
+
+    def read_path(self, path: str) -> str:
+        from third_party.deepspeed_fastpersist_cpu import replica
+
+        return replica(path)
 
     def load(self, path, map_location=None, into=None):
         from third_party.deepspeed_writer_load import load
 
-        return load(path, map_location)
+        return load(self.read_path(path), map_location)

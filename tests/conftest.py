@@ -71,6 +71,9 @@ RUNS: dict[str, Case] = {
     "dcp-async-dp2": Case(f"tiny dp=2 engine=dcp async_save=true {ASYNC_SHORT}"),
     "dcp-tp2-pp2": Case(f"tiny tp=2 pp=2 engine=dcp {SHORT}"),
     "none-dp2": Case(f"tiny dp=2 engine=none {SHORT}"),
+    # DeepSpeed's FastPersist writer (libaio, O_DIRECT) on its real code path with third_party's CPU work-arounds
+    "fastpersist-dp2": Case(f"tiny dp=2 engine=fastpersist {SHORT}"),
+    "fastpersist-tp2-pp2-dp2": Case(f"tiny tp=2 pp=2 dp=2 engine=fastpersist {SHORT}"),
     # the PyTorch-native stack: FSDP2 checkpointed by DCP (tests/test_fsdp2.py)
     "fsdp2-async-dp2": Case(f"tiny dp=2 stack=fsdp2 async_save=true {ASYNC_SHORT}"),
     # the harness's own engine; lazy-dp2 is tiny-dp2 with engine=lazy (tests/test_lazy.py compares their files),

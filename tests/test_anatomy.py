@@ -19,10 +19,12 @@ from restart_harness import iocount
 from restart_harness.model import digest
 from restart_harness.results.schema import SAVE_CATEGORIES
 
-ANATOMY_RUNS = cases("tiny-dp2", "tp2-pp2-dp2", "torchsnapshot-dp2", "dcp-tp2-pp2")
+ANATOMY_RUNS = cases("tiny-dp2", "tp2-pp2-dp2", "torchsnapshot-dp2", "dcp-tp2-pp2", "fastpersist-dp2")
 WITHIN = 0.05  # the bound: categories add up to the measured figure within 5%
-# DeepSpeed's torch.save / torch.load read and write on the rank's main thread alone; torchsnapshot and DCP may not
-SINGLE_READER = {"tiny-dp2": True, "tp2-pp2-dp2": True, "torchsnapshot-dp2": False, "dcp-tp2-pp2": False}
+# DeepSpeed's torch.save / torch.load read and write on the rank's main thread alone; torchsnapshot and DCP may not,
+# and FastPersist's double buffers keep two libaio writes in flight
+SINGLE_READER = {"tiny-dp2": True, "tp2-pp2-dp2": True, "torchsnapshot-dp2": False, "dcp-tp2-pp2": False,
+                 "fastpersist-dp2": False}
 
 
 # ---- the load -----------------------------------------------------------------------------------------------

@@ -19,9 +19,11 @@ from test_layouts import expected_files
 from engines import _state_tree as state_tree
 from engines import registry
 from engines.base import Engine
+from restart_harness import targets
 from restart_harness.command import parse_args
 from restart_harness.errors import UsageError
 from restart_harness.generate.ds_config import build_ds_config
+from restart_harness.spec import run as resolved
 
 CLOSE_CALL_SECONDS = 0.005  # step start is reconstructed from the event's wall time minus its seconds
 SHARDED = cases("torchsnapshot-dp2", "torchsnapshot-async-tp2-pp2", "dcp-async-dp2", "dcp-tp2-pp2")
@@ -106,7 +108,6 @@ def test_sync_engine_has_no_flush_in_flight(harness):
 
 REFUSED_ON_CPU = {
     "datastates": "datastates-llm",
-    "fastpersist": "DeepSpeed 0.19.8",
     "decoupled": "DeepSpeed 0.19.8",
 }
 
@@ -128,6 +129,8 @@ BAD_ENGINE_INPUT = {
     "bad bool option value": (["engine=torchsnapshot", "async_take=maybe"], "async_take=maybe"),
     "bad int option value": (["engine=torchsnapshot", "memory_budget_mib=lots"], "memory_budget_mib=lots"),
     "bad choice option value": (["engine=fastpersist", "data_parallel=rack"], "data_parallel=rack"),
+    "writers that would share a file": (["engine=fastpersist", "dp=2", "data_parallel=machine"],
+                                        "data_parallel=machine with 2 ranks per node"),
 }
 
 
@@ -250,6 +253,81 @@ def test_torchsnapshot_shims_still_needed():
                           timeout=120, env={**__import__("os").environ, "PORT": str(port), "PYTHONPATH": str(REPO)})
     assert proc.returncode == 0, proc.stderr
     assert "bug_present True" in proc.stdout, "torchsnapshot copies CPU tensors in async_take now: drop the shim"
+
+
+# ---- FastPersist on CPU: DeepSpeed's own FastCheckpointEngine, DeepNVMe's libaio writer ---------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("name", cases("fastpersist-dp2", "fastpersist-tp2-pp2-dp2"))
+def test_fastpersist_writes_deepspeeds_replicas_and_restarts_from_them(harness, name):
+    """Every file is DeepSpeed's name with the writer's `-R.N` (writer R of N data-parallel writers); each
+    data-parallel rank writes its own whole replica of the model-states files (byte for byte the same stream);
+    every byte goes through libaio (the counters see the writes); the restart reads them back and verifies."""
+    import re
+
+    spec = parse_args(RUNS[name].tokens)
+    run_dir = harness.run(name)
+    summary = load_summary(run_dir)
+    assert summary["restart"]["verified"] is True
+    tag = f"global_step{spec.iters}"
+    folder = Path(targets.for_run(resolved.read(run_dir)).path(tag))
+    names = sorted(p.name for p in folder.iterdir())
+    by_base: dict[str, list[str]] = collections.defaultdict(list)
+    for n in names:
+        m = re.fullmatch(r"(.+\.pt)-(\d+)\.(\d+)", n)
+        assert m and int(m.group(3)) == spec.dp and int(m.group(2)) < spec.dp, n
+        by_base[m.group(1)].append(n)
+    want = expected_files(spec.tp, spec.pp, spec.dp, spec.shape.num_hidden_layers, spec.precision == "bf16")
+    assert set(by_base) == set(want)
+    for base, replicas in by_base.items():
+        if base.startswith("mp_rank_"):  # every data-parallel rank is a writer (data_parallel=replica)
+            assert len(replicas) == spec.dp and len({(folder / r).read_bytes() for r in replicas}) == 1, base
+        else:  # a rank's own ZeRO shard; a pipeline layer (dp rank 0 alone writes layers)
+            assert len(replicas) == 1, base
+    inventory = json.loads((run_dir / "inventory.json").read_text())
+    assert inventory["by_kind"]["other"]["files"] == 0
+    for rank, evs in events(run_dir).items():
+        save = next(e for e in evs if e["event"] == "save" and e["tag"] == tag)
+        assert save["anatomy"]["io"]["write"]["bytes"] >= save["bytes"] > 0, rank  # libaio's writes counted
+
+
+FASTPERSIST_SHIM_CHECK = r"""
+import os, torch
+os.environ["DS_ACCELERATOR"] = "cpu"
+from types import SimpleNamespace
+from deepspeed.io import fast_file_writer
+from deepspeed.runtime.pipe.module import PipelineModule
+from deepspeed.runtime.model_checkpointing.writer_factory import CheckpointWriterFactory
+print("utils_not_implemented", type(fast_file_writer.UtilsBuilder()).__name__ == "NotImplementedBuilder")
+writer = {"type": "FAST", "io_buffer_size": 4096, "io_buffer_double": True, "io_multiplier": 1, "show_statistics": False}
+try:
+    CheckpointWriterFactory(writer, {"use_gds": False}, None)
+    print("pin_fails False")
+except RuntimeError as exc:  # raised by the Tensor.pin_memory() of _setup_for_aio
+    import traceback
+    print("pin_fails", "pin_memory()" in traceback.extract_tb(exc.__traceback__)[-1].line)
+folder = os.environ["FOLDER"]
+open(os.path.join(folder, "layer_00-model_00-model_states.pt-0.2"), "wb").close()
+print("replica_unseen", PipelineModule.ckpt_layer_path_list(SimpleNamespace(_local_start=0), folder, 0) == [])
+"""
+
+
+def test_fastpersist_cpu_shims_still_needed(tmp_path):
+    """Fails (naming the shim to drop) once DeepSpeed no longer needs a work-around of
+    third_party/deepspeed_fastpersist_cpu.py on its CPU accelerator."""
+    proc = subprocess.run([sys.executable, "-c", FASTPERSIST_SHIM_CHECK], cwd=REPO, check=False, capture_output=True,
+                          text=True, timeout=300, env={**__import__("os").environ, "FOLDER": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert "utils_not_implemented True" in proc.stdout, "fast_file_writer gets a UtilsBuilder on CPU: drop shim 2"
+    assert "pin_fails True" in proc.stdout, "the writer's buffer pins on CPU without the native backend: drop shim 1"
+    assert "replica_unseen True" in proc.stdout, "DeepSpeed finds X.pt-R.N files at load: drop shim 3"
+
+
+def test_fastpersist_without_libaio_headers_is_refused(monkeypatch, tmp_path):
+    from engines import fastpersist
+
+    monkeypatch.setattr(fastpersist, "INCLUDE_DIRS", (str(tmp_path),))
+    with pytest.raises(UsageError, match="apt-get install libaio-dev"):
+        registry.get("fastpersist")(_spec_for("fastpersist")).check()
 
 
 @pytest.mark.slow

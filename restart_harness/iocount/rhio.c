@@ -6,14 +6,17 @@
  *
  * What it sees: open/openat/creat and fopen (both 64-bit spellings), read/pread/readv/preadv, write/pwrite/writev/
  * pwritev, fread/fwrite, fsync/fdatasync, close/fclose, called through the dynamic linker (every library's PLT,
- * Python's and libtorch's included). What it cannot see: I/O submitted through io_uring or libaio, memory-mapped
- * file access, and calls glibc makes to itself (fread's internal read is counted once, as the fread).
+ * Python's and libtorch's included), and libaio's io_submit/io_getevents/io_pgetevents (DeepSpeed's async_io op, FastPersist):
+ * an asynchronous read or write is one call from its submission until io_getevents reaps it, so its seconds are
+ * the request's latency and it is in flight all that time. What it cannot see: I/O submitted through io_uring,
+ * memory-mapped file access, and calls glibc makes to itself (fread's internal read is counted once, as the fread).
  *
  * RH_IO_FOPEN_VIA_OPEN=1 makes fopen of a tracked file an open() plus fdopen(): the same file, mode and stream,
  * but a POSIX tracer below this library (dftracer 2.2.0) then learns the descriptor and sees the writes that
  * libstdc++'s ofstream (torch.save) makes on it. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <linux/aio_abi.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -453,6 +456,103 @@ size_t fwrite(const void *buf, size_t size, size_t n, FILE *f) {
 
 int fsync(int fd) { RESOLVE(fsync); IO_CALL(RH_SYNC, fd, real_fsync(fd)); }
 int fdatasync(int fd) { RESOLVE(fdatasync); IO_CALL(RH_SYNC, fd, real_fdatasync(fd)); }
+
+/* ---- libaio ---------------------------------------------------------------------------------------------------
+ * libaio's struct iocb and struct io_event have the kernel's layout (linux/aio_abi.h), so no libaio header is
+ * needed to build this library. A request on a tracked file is remembered from io_submit to the io_getevents that
+ * returns it (keyed by its iocb's address). */
+#define RH_MAX_AIO 4096
+typedef struct { const struct iocb *iocb; uint64_t t0; int cls, idx; } rh_aio_t;
+static rh_aio_t rh_aio[RH_MAX_AIO];
+static int (*real_io_submit)(void *, long, struct iocb **);
+static int (*real_io_getevents)(void *, long, long, struct io_event *, struct timespec *);
+static int (*real_io_pgetevents)(void *, long, long, struct io_event *, struct timespec *, void *);
+
+static int aio_class(int opcode) {
+    switch (opcode) {
+    case IOCB_CMD_PREAD: case IOCB_CMD_PREADV: return RH_READ;
+    case IOCB_CMD_PWRITE: case IOCB_CMD_PWRITEV: return RH_WRITE;
+    case IOCB_CMD_FSYNC: case IOCB_CMD_FDSYNC: return RH_SYNC;
+    default: return -1;
+    }
+}
+
+/* libaio is a dependency of the extension that uses it, loaded without RTLD_GLOBAL, so RTLD_NEXT does not reach it:
+ * its own handle does (the process has it loaded, or it would not be calling these). */
+static void *libaio_symbol(const char *name) {
+    void *lib = dlopen("libaio.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (!lib) lib = dlopen("libaio.so", RTLD_LAZY | RTLD_NOLOAD);
+    void *f = lib ? dlsym(lib, name) : NULL;
+    return f ? f : dlsym(RTLD_NEXT, name);
+}
+#define RESOLVE_AIO(name) \
+    do { if (!real_##name) real_##name = libaio_symbol(#name); } while (0)
+
+static size_t aio_slot(const struct iocb *cb) { return ((uintptr_t)cb >> 6) % RH_MAX_AIO; }
+
+int io_submit(void *ctx, long nr, struct iocb **ios) {
+    RESOLVE_AIO(io_submit);
+    if (!real_io_submit) return -ENOSYS;
+    uint64_t t0 = now_ns();
+    int n = real_io_submit(ctx, nr, ios);
+    for (int i = 0; i < n; i++) {
+        int idx = file_of((int)ios[i]->aio_fildes), cls = aio_class(ios[i]->aio_lio_opcode);
+        if (idx < 0 || cls < 0) continue;
+        pthread_mutex_lock(&rh_lock);
+        size_t s = aio_slot(ios[i]);
+        for (int k = 0; k < RH_MAX_AIO && rh_aio[s].iocb; k++) s = (s + 1) % RH_MAX_AIO;
+        if (!rh_aio[s].iocb) {
+            rh_aio[s] = (rh_aio_t){ios[i], t0, cls, idx};
+            if (rh_inflight[cls]++ == 0) rh_busy_since[cls] = t0;
+        }
+        pthread_mutex_unlock(&rh_lock);
+    }
+    return n;
+}
+
+/* The requests io_getevents / io_pgetevents returned are done: each one a call from its submission to now. */
+static void reaped(const struct io_event *events, int n) {
+    for (int i = 0; i < n; i++) {
+        const struct iocb *cb = (const struct iocb *)(uintptr_t)events[i].obj;
+        rh_aio_t found = {0};
+        pthread_mutex_lock(&rh_lock);
+        size_t s = aio_slot(cb);
+        for (int k = 0; k < RH_MAX_AIO && rh_aio[s].iocb; k++, s = (s + 1) % RH_MAX_AIO)
+            if (rh_aio[s].iocb == cb) {
+                found = rh_aio[s];
+                /* backward-shift deletion keeps every later entry of the probe run findable */
+                size_t hole = s;
+                for (size_t j = (s + 1) % RH_MAX_AIO; rh_aio[j].iocb; j = (j + 1) % RH_MAX_AIO) {
+                    size_t home = aio_slot(rh_aio[j].iocb);
+                    if ((j > hole && (home <= hole || home > j)) || (j < hole && home <= hole && home > j)) {
+                        rh_aio[hole] = rh_aio[j];
+                        hole = j;
+                    }
+                }
+                rh_aio[hole] = (rh_aio_t){0};
+                break;
+            }
+        pthread_mutex_unlock(&rh_lock);
+        if (found.iocb) end(found.cls, found.idx, found.t0, found.cls == RH_SYNC ? 0 : (ssize_t)events[i].res);
+    }
+}
+
+int io_getevents(void *ctx, long min_nr, long nr, struct io_event *events, struct timespec *timeout) {
+    RESOLVE_AIO(io_getevents);
+    if (!real_io_getevents) return -ENOSYS;
+    int n = real_io_getevents(ctx, min_nr, nr, events, timeout);
+    reaped(events, n);
+    return n;
+}
+
+/* what libaio >= 0.3.112's header makes of io_getevents in its callers (DeepSpeed's async_io op) */
+int io_pgetevents(void *ctx, long min_nr, long nr, struct io_event *events, struct timespec *timeout, void *sigmask) {
+    RESOLVE_AIO(io_pgetevents);
+    if (!real_io_pgetevents) return -ENOSYS;
+    int n = real_io_pgetevents(ctx, min_nr, nr, events, timeout, sigmask);
+    reaped(events, n);
+    return n;
+}
 
 /* ---- what Python reads ---------------------------------------------------------------------------------------- */
 int rh_io_version(void) { return 1; }

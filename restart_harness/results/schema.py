@@ -26,13 +26,15 @@ FINISHED_STATES = ("complete", "failed")
 
 # Kinds of checkpoint files, by the DeepSpeed name of the file (or of the directory a sharded engine writes); a
 # stack=fsdp2 checkpoint is DCP's own: a shard file per rank and one global metadata file.
+# engine=fastpersist (ZeRO < 3) writes X.pt as `X.pt-R.N`: writer R of N data-parallel writers
+_REPLICA = r"(-\d+\.\d+)?$"
 KINDS = ("model_states", "optimizer_states", "layer_states", "dcp_shards", "dcp_metadata", "other")
 _KIND_PATTERNS = (
     ("dcp_shards", re.compile(r"^__\d+_\d+\.distcp$")),
     ("dcp_metadata", re.compile(r"^\.metadata$")),
-    ("layer_states", re.compile(r"^layer_\d+-model_\d+-model_states\.pt$")),
-    ("model_states", re.compile(r"^(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt$")),
-    ("optimizer_states", re.compile(r"^(bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt$")),
+    ("layer_states", re.compile(r"^layer_\d+-model_\d+-model_states\.pt" + _REPLICA)),
+    ("model_states", re.compile(r"^(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt" + _REPLICA)),
+    ("optimizer_states", re.compile(r"^(bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt" + _REPLICA)),
 )
 
 

@@ -68,14 +68,15 @@ def run(job: RankJob, the_run, stack, log: EventLog, rank: int) -> None:
     from engines import registry
 
     spec = the_run.spec
+    engine = registry.get(spec.engine)(spec)
     stack.start()
     log.mark("dist_init_done")
+    engine.prepare()
     stack.build()
     anatomy = Anatomy(stack.device.type, enabled=spec.anatomy)
     target = targets.for_run(the_run, observer=anatomy)
     anatomy.add_prefix(target.root)
     stack.hook(anatomy)
-    engine = registry.get(spec.engine)(spec)
     manager = None
     if engine.saves:
         from engines.base import EngineContext

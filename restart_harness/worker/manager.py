@@ -58,7 +58,7 @@ class Recorder:
         start = time.perf_counter()
         with self.anatomy.region("deserialize", io=("read",)):
             state = self.io.load(path, map_location=map_location, into=into)
-        self.loaded.append((path, time.perf_counter() - start))
+        self.loaded.append((self.io.read_path(path), time.perf_counter() - start))
         return state
 
     def flush(self) -> None:

@@ -3,11 +3,15 @@ decoupled=true); DeepSpeed commits it in the next engine.step(). CUDA only in De
 
 from __future__ import annotations
 
-from engines.fastpersist import FastPersistEngine
+from engines.base import CheckpointIO, EngineContext
+from engines.fastpersist import FastPersistEngine, WriterIO
 from restart_harness.errors import UsageError
 
-CPU_LIMITATION = ("DeepSpeed 0.19.8's decoupled writer (DecoupledCheckpointEngine) needs a CUDA device: on its CPU "
-                  "accelerator it fails on pin_memory() and on the UtilsBuilder op (not implemented for CPU)")
+# Measured on CPU (bf16, ZeRO-1, 2026-11-23) with engine=fastpersist's work-arounds in place in the rank.
+CPU_LIMITATION = ("DeepSpeed 0.19.8's DecoupledCheckpointEngine.save puts the ZeRO state on a torch.multiprocessing "
+                  "queue, and the optimizer's single_partition_of_fp32_groups there is a slice that requires grad, "
+                  "which torch's reduce_tensor refuses to send to another process; its writer process (started "
+                  "with spawn) would also not have the CPU work-arounds engine=fastpersist runs with")
 
 
 class DecoupledEngine(FastPersistEngine):
@@ -18,6 +22,29 @@ class DecoupledEngine(FastPersistEngine):
 
     def check(self) -> None:
         if self.spec.device != "cuda":
-            raise UsageError(f"engine=decoupled cannot run on device={self.spec.device}: {CPU_LIMITATION}; "
-                             "its decoupled writer also fails on non-leaf tensors in ZeRO-1 state on CPU; "
-                             "use engine=lazy, engine=torchsnapshot async_take=true or engine=dcp async_save=true on CPU")
+            raise UsageError(f"engine=decoupled cannot run on device={self.spec.device}: {CPU_LIMITATION}; use "
+                             "engine=fastpersist (the same writer, synchronous), engine=lazy, engine=torchsnapshot "
+                             "async_take=true or engine=dcp async_save=true on CPU")
+
+    def open(self, ctx: EngineContext) -> CheckpointIO:
+        return DecoupledIO(ctx.native, ctx.target, self.options.io_multiplier)
+
+
+class DecoupledIO(WriterIO):
+    """DeepSpeed's DecoupledCheckpointEngine: its writer process makes the file, named as the FastPersist writer
+    names it (`X.pt-R.N` with ZeRO < 3); a rank without a writer process writes nothing."""
+
+    def __init__(self, native, target, io_multiplier: int):
+        super().__init__(native, target)
+        self.io_multiplier = io_multiplier
+
+    def save(self, state, path):
+        from third_party.deepspeed_fastpersist_cpu import replica_name
+
+        self.native.save(state, path)
+        config = self.native.dp_writer_config
+        if config is None:
+            return []
+        if not self.native.optimize_dp_state:
+            return [path]
+        return [replica_name(path, config.rank, config.world_size * self.io_multiplier)]

@@ -88,7 +88,7 @@ class WriterIO(NativeIO):
     def __init__(self, native, target):
         super().__init__(native, target)
         self._made: list[str] = []
-        factory = native._writer  # DeepSpeed's CheckpointWriterFactory; None on a rank DeepSpeed gave no writer
+        factory = getattr(native, "_writer", None)  # DeepSpeed's CheckpointWriterFactory; None without a writer
         if factory is not None:
             create = factory.create_writer
 

@@ -24,6 +24,7 @@ from restart_harness.command import parse_args
 from restart_harness.errors import UsageError
 from restart_harness.generate.ds_config import build_ds_config
 from restart_harness.spec import run as resolved
+from third_party.deepspeed_fastpersist_cpu import replica_name
 
 CLOSE_CALL_SECONDS = 0.005  # step start is reconstructed from the event's wall time minus its seconds
 SHARDED = cases("torchsnapshot-dp2", "torchsnapshot-async-tp2-pp2", "dcp-async-dp2", "dcp-tp2-pp2")
@@ -275,6 +276,7 @@ def test_fastpersist_writes_deepspeeds_replicas_and_restarts_from_them(harness, 
     for n in names:
         m = re.fullmatch(r"(.+\.pt)-(\d+)\.(\d+)", n)
         assert m and int(m.group(3)) == spec.dp and int(m.group(2)) < spec.dp, n
+        assert replica_name(m.group(1), int(m.group(2)), spec.dp) == n  # the name engine=decoupled predicts
         by_base[m.group(1)].append(n)
     want = expected_files(spec.tp, spec.pp, spec.dp, spec.shape.num_hidden_layers, spec.precision == "bf16")
     assert set(by_base) == set(want)

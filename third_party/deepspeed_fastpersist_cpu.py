@@ -58,6 +58,11 @@ def names(pattern: str) -> list[str]:
     return [found[name] for name in sorted(found)]
 
 
+def replica_name(path: str, writer_rank: int, writers: int) -> str:
+    """The name CheckpointWriterFactory.create_writer gives `path` for writer `writer_rank` of `writers`."""
+    return f"{path}-{writer_rank}.{writers}"
+
+
 def replica(path: str) -> str:
     """The file to read for DeepSpeed's `path`: itself if it exists, else its first replica `path-R.N`."""
     if os.path.exists(path) or REPLICA.fullmatch(path):

@@ -4,8 +4,8 @@ package) on the `small` preset: median blocking and durable save seconds, throug
 
 Method
 - Engines: every engine whose plug-in accepts this machine (check() passes: on CPU default, torchsnapshot and
-  its async_take variant, dcp and its async_save variant; on CUDA also datastates where installed, fastpersist,
-  decoupled), plus engine=none for the step-time baseline.
+  its async_take variant, dcp and its async_save variant, lazy, and fastpersist where libaio's headers are; on CUDA
+  also datastates where installed and decoupled), plus engine=none for the step-time baseline.
 - Each case is one `./submit-job.sh small dp=2 engine=... iters=6 save_interval=2 after=1 cache=drop` (override
   the layout and counts with extra key=value arguments), run REPEATS times in sequence on an otherwise idle
   machine, cases interleaved per repeat so drift hits all engines alike.
@@ -68,13 +68,12 @@ BASELINE_FILE_MIB = 256
 
 
 def runnable(tokens: list[str]) -> bool:
-    from restart_harness import preflight
+    from restart_harness import machine, preflight
     from restart_harness.command import parse_args
     from restart_harness.errors import UsageError
 
     try:
-        spec = parse_args(tokens)
-        preflight.resolve_device(spec)
+        spec = machine.resolve(parse_args(tokens))
         preflight.engine(spec)  # the engine's own check: e.g. CUDA-only engines on a CPU machine
         return True
     except UsageError as exc:

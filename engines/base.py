@@ -66,7 +66,8 @@ class CheckpointIO(ABC):
         """Until every save so far is written (an asynchronous engine's flush); the harness makes it durable after."""
 
     def statistics(self) -> dict | None:
-        """The engine's own account of its last flush (copy, wait and write seconds, buffers), or None."""
+        """The engine's own account of the save since the last call (and its flush: copy, wait and write seconds,
+        buffers), or None; asked once per save, after it is durable."""
         return None
 
     # DeepSpeed's questions to its checkpoint engine, with DeepSpeed's own answers by default

@@ -88,6 +88,8 @@ class WriterIO(NativeIO):
     def __init__(self, native, target):
         super().__init__(native, target)
         self._made: list[str] = []
+        self._stats: dict[str, float] = {}  # the writers' own counters, summed since the last statistics()
+        self._writers: list = []
         factory = getattr(native, "_writer", None)  # DeepSpeed's CheckpointWriterFactory; None without a writer
         if factory is not None:
             create = factory.create_writer
@@ -95,14 +97,26 @@ class WriterIO(NativeIO):
             def created(file_path, optimize_dp_state):
                 writer = create(file_path, optimize_dp_state)
                 self._made.append(writer._file_path)
+                self._writers.append(writer)
                 return writer
 
             factory.create_writer = created
 
     def save(self, state, path):
         self._made.clear()
+        self._writers = []
         self.native.save(state, path)  # FastCheckpointEngine writes to a path of its own naming
+        for writer in self._writers:  # released: its counters are final
+            for k, v in writer._stats.items():
+                if isinstance(v, (int, float)):
+                    self._stats[k] = self._stats.get(k, 0) + v
         return list(self._made)
+
+    def statistics(self) -> dict | None:
+        """DeepNVMe's FastFileWriter counters (its libaio writes, buffer fills, unaligned tail), summed over the files
+        of the save; its speeds are left out (a sum of speeds means nothing), the seconds and bytes give them."""
+        stats, self._stats = self._stats, {}
+        return {k: round(v, 6) for k, v in sorted(stats.items()) if not k.endswith("/s") and k != "rank"} or None
 
     def read_path(self, path: str) -> str:
         from third_party.deepspeed_fastpersist_cpu import replica

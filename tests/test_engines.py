@@ -290,6 +290,9 @@ def test_fastpersist_writes_deepspeeds_replicas_and_restarts_from_them(harness, 
     for rank, evs in events(run_dir).items():
         save = next(e for e in evs if e["event"] == "save" and e["tag"] == tag)
         assert save["anatomy"]["io"]["write"]["bytes"] >= save["bytes"] > 0, rank  # libaio's writes counted
+        # the writer's own account: every byte it wrote went through libaio or its unaligned tail
+        writer = save["engine_statistics"]
+        assert writer["aio_bytes"] + writer["slow_bytes"] == save["bytes"], (rank, writer)
 
 
 FASTPERSIST_SHIM_CHECK = r"""

@@ -23,17 +23,17 @@ def matrix(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_matrix_runs_what_this_node_can_and_says_why_not_the_rest(tmp_path):
-    proc = matrix(tmp_path, "engines=default,lazy,fsdp2-dcp,fastpersist,datastates", "layouts=tp1-pp1-dp2")
+    proc = matrix(tmp_path, "engines=default,lazy,fsdp2-dcp,fastpersist,decoupled,datastates", "layouts=tp1-pp1-dp2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     folder = Path(proc.stdout.strip().splitlines()[-1])
     record = json.loads((folder / "matrix.json").read_text())
     assert record["device"] == "cpu"
     by_engine = {c["engine"]: c for c in record["cases"]}
-    for name in ("default", "lazy", "fsdp2-dcp"):
+    for name in ("default", "lazy", "fsdp2-dcp", "fastpersist"):
         c = by_engine[name]
         assert c["refused"] is None and c["exit_code"] == 0 and c["verified"] is True
         assert c["blocking_seconds"] > 0 and c["load_seconds"] > 0
-    for name in ("fastpersist", "datastates"):
+    for name in ("decoupled", "datastates"):
         assert "cpu" in by_engine[name]["refused"] and "exit_code" not in by_engine[name]
     assert (folder / "report" / "report.md").is_file() and "refused" in proc.stdout
 

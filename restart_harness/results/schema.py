@@ -199,6 +199,7 @@ class Save(Event):
     in_flight_steps: int
     anatomy: dict | None
     flush: dict | None = None
+    engine_statistics: dict | None = None  # the engine's own account of this save (CheckpointIO.statistics)
     extra: dict = field(default_factory=dict)  # the stack's facts: universal_info, emulated, waves
 
 

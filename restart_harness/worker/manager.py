@@ -77,6 +77,7 @@ class _Pending:
         self.saved: list[tuple[str, float]] = []
         self.anatomy: dict | None = None  # the save window (worker/anatomy.py); an async save's blocking part only
         self.flush: dict | None = None  # the background part: seconds, and write/fsync busy seconds in it
+        self.engine_statistics: dict | None = None
         self.durable_at: float | None = None
         self.returned_io: dict | None = None  # the I/O counters when the save returned
         self.committed_at: float | None = None
@@ -159,9 +160,7 @@ class CheckpointManager:
             p.flush = {"seconds": round(p.durable_at - begun, 6),
                        "write_busy_seconds": round(io["write"]["busy_seconds"], 6) if io else None,
                        "fsync_busy_seconds": round(io["sync"]["busy_seconds"], 6) if io else None, "io": io}
-            stats = self.recorder.io.statistics()
-            if stats is not None:
-                p.flush["engine"] = stats
+            p.engine_statistics = self.recorder.io.statistics()
         except Exception as exc:
             if p.thread is None:
                 raise self.target.explain_save_failure(exc, p.tag) from exc
@@ -192,7 +191,7 @@ class CheckpointManager:
             durable_seconds=p.durable_at - p.start - p.untimed, commit_seconds=p.committed_at - p.start,
             files=files, bytes=sum(f["bytes"] for f in files), asynchronous=self.asynchronous,
             in_flight_steps=p.in_flight_steps, anatomy=p.anatomy, flush=p.flush if self.asynchronous else None,
-            extra=self.stack.save_facts()))
+            engine_statistics=p.engine_statistics, extra=self.stack.save_facts()))
 
     def overlapped(self, step_start: float) -> bool:
         """Was a flush in flight at any time since step_start (perf_counter)? Counts the step for the save."""

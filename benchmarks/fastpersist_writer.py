@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""torch.save against DeepSpeed's FastPersist writer on this machine's disk, with dd's direct I/O as the device's
+figure in the same run: the shape of the FastPersist paper's micro-benchmark (issue 27).
+
+Method
+- Payloads (in memory, made once): `tensor`, one uint8 tensor of SIZE_MIB; `state_dict`, a model-like state dict of
+  the same total bytes (per layer: four d x d attention matrices, three d x 4d MLP matrices, two norms, in bf16,
+  plus fp32 copies of the same shapes as optimizer-style state), d=1024.
+- `torch.save`: torch.save(obj, path) with the stock serializer (buffered writes through the page cache), then the
+  file fsync'd.
+- `fastpersist`: what DeepSpeed 0.19.8's FastCheckpointEngine.save does: torch.save into the FastFileWriter of a
+  CheckpointWriterFactory built from DeepSpeed's own config parsing (checkpoint.writer type fast, io_buffer_size
+  64 MiB, double buffer, DeepSpeed's default aio settings: 1 MiB blocks, queue depth 8, one thread), which writes
+  with libaio and O_DIRECT from a page-locked buffer and fsyncs the file when it is released; the CPU work-arounds
+  of third_party/deepspeed_fastpersist_cpu.py are applied first.
+- `dd`: dd if=/dev/zero bs=1M count=SIZE_MIB oflag=direct conv=fsync: the device with direct I/O, no
+  serialization.
+- Each figure: bytes written (the file's size) over the seconds from the call to the end of its fsync. The file is
+  deleted between repeats. Order interleaved within each repeat (dd, torch.save, fastpersist per payload); medians
+  over REPEATS; ratios of medians. torch's intra-op threads are printed (OMP_NUM_THREADS).
+
+Usage: <python> benchmarks/fastpersist_writer.py [REPEATS] [SIZE_MIB]   (default 5 512; prints a Markdown table)
+RH_BENCH_DIR: the folder the files go to (default: a temporary folder under the repository).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from restart_harness.storage.cache_dir import cache_dir
+
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir("torch_extensions")))  # the harness's built ops
+
+
+def payloads(size_mib: int) -> dict:
+    import torch
+
+    d = 1024
+    layer = {}
+    i = 0
+    total = 0
+    while total < size_mib * 2**20:
+        shapes = [(d, d)] * 4 + [(d, 4 * d)] * 3 + [(d,)] * 2
+        for j, shape in enumerate(shapes):
+            for dtype, kind in ((torch.bfloat16, "weight"), (torch.float32, "exp_avg")):
+                t = torch.randn(shape, dtype=dtype)
+                layer[f"layers.{i}.{j}.{kind}"] = t
+                total += t.nbytes
+        i += 1
+    return {"tensor": torch.randint(0, 255, (size_mib * 2**20,), dtype=torch.uint8), "state_dict": layer}
+
+
+def fastpersist_factory():
+    """DeepSpeed's CheckpointWriterFactory for checkpoint.writer type fast, from DeepSpeed's own config parsing."""
+    from deepspeed.runtime.model_checkpointing.config import get_checkpoint_writer_config
+    from deepspeed.runtime.model_checkpointing.data_parallel_writer_factory import DataParallelWriterConfig
+    from deepspeed.runtime.model_checkpointing.writer_factory import CheckpointWriterFactory
+    from deepspeed.runtime.swap_tensor.aio_config import get_aio_config
+
+    from third_party.deepspeed_fastpersist_cpu import prepare
+
+    prepare("cpu")
+    writer = get_checkpoint_writer_config({"writer": {"type": "fast", "io_buffer_size": 64 * 2**20,
+                                                      "io_buffer_double": True}})
+    only = DataParallelWriterConfig(world_size=1, rank=0, global_rank=0, local_rank=0, pure_dp=True)
+    return CheckpointWriterFactory(writer, get_aio_config({}), only)
+
+
+def torch_save(obj, path: Path) -> None:
+    import torch
+
+    torch.save(obj, path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fastpersist_save(factory, obj, path: Path) -> None:
+    import torch
+
+    torch.save(obj, factory.create_writer(str(path), False))
+    factory.release_writer()  # FastFileWriter drains its buffers and fsyncs the file
+
+
+def dd(path: Path, size_mib: int) -> None:
+    subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={size_mib}", "oflag=direct", "conv=fsync"],
+                   check=True, capture_output=True)
+
+
+def timed(path: Path, fn, *args) -> float:
+    """GB/s (10^9 bytes) of one write fn(*args) to path: the file's bytes over the seconds to the end of its fsync."""
+    start = time.perf_counter()
+    fn(*args)
+    seconds = time.perf_counter() - start
+    size = path.stat().st_size
+    path.unlink()
+    return size / seconds / 1e9
+
+
+def main(repeats: int = 5, size_mib: int = 512) -> None:
+    import torch
+
+    folder = Path(tempfile.mkdtemp(prefix="fastpersist-bench-", dir=os.environ.get("RH_BENCH_DIR", REPO)))
+    data = payloads(size_mib)
+    factory = fastpersist_factory()
+    figures: dict[tuple[str, str], list[float]] = {}
+    for r in range(repeats):
+        for name, obj in data.items():
+            path = folder / f"{name}.pt"
+            figures.setdefault(("dd", name), []).append(timed(path, dd, path, size_mib))
+            figures.setdefault(("torch.save", name), []).append(timed(path, torch_save, obj, path))
+            figures.setdefault(("fastpersist", name), []).append(timed(path, fastpersist_save, factory, obj, path))
+        print(f"repeat {r + 1}/{repeats} done", file=sys.stderr)
+    folder.rmdir()
+    med = {k: statistics.median(v) for k, v in figures.items()}
+    print(f"{size_mib} MiB payloads, {repeats} interleaved repeats, torch threads {torch.get_num_threads()}, "
+          f"files in {folder.parent}\n")
+    print("| payload | dd direct GB/s | torch.save GB/s | fastpersist GB/s | fastpersist / torch.save | "
+          "fastpersist / dd | torch.save / dd |")
+    print("|---|---|---|---|---|---|---|")
+    for name in data:
+        d, t, f = med[("dd", name)], med[("torch.save", name)], med[("fastpersist", name)]
+        print(f"| {name} | {d:.3f} | {t:.3f} | {f:.3f} | {f / t:.2f} | {f / d:.2f} | {t / d:.2f} |")
+
+
+if __name__ == "__main__":
+    main(*(int(a) for a in sys.argv[1:3]))

@@ -142,6 +142,13 @@ class Engine(ABC):
         """In each rank, before the training stack is built: what must be in place before DeepSpeed creates the
         engine from ds_config.json (a dependency's work-around from third_party/)."""
 
+    def stored(self, recipe: Any, rank_of: Any) -> list[tuple[str, int]]:
+        """The planner: the files this engine writes for one of DeepSpeed's (a plan/checkpoint.py FileRecipe), each
+        with the global rank writing it; rank_of(dp_rank) is the global rank at the recipe's pipeline stage and TP
+        rank and that data-parallel rank. By default DeepSpeed's file, written by DeepSpeed's writer. A load of a
+        DeepSpeed file reads the first of the files returned for it (CheckpointIO.read_path)."""
+        return [(recipe.path, recipe.writer)]
+
     def ds_config(self) -> dict:
         """Block merged into ds_config.json (e.g. datastates_ckpt, checkpoint.writer)."""
         return {}

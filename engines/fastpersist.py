@@ -39,6 +39,7 @@ class FastPersistEngine(Engine):
     description = "DeepSpeed FastPersist writer (checkpoint.writer type fast) - libaio, O_DIRECT, locked double buffers"
     Options = Options
     emulates = False  # DeepSpeed builds the engine from its config inside deepspeed.initialize
+    planned_names = True  # DeepSpeed's torch.save files under the writer's names (stored())
     decoupled = False
 
     def asynchronous(self) -> bool:
@@ -70,6 +71,21 @@ class FastPersistEngine(Engine):
             "data_parallel": o.data_parallel,
             "show_statistics": o.show_statistics,
         }}}
+
+    def stored(self, recipe, rank_of) -> list[tuple[str, int]]:
+        """`X.pt-R.N`, writer R of N data-parallel writers (N: the data-parallel degree with data_parallel=replica,
+        the nodes with machine, two per node with socket; times io_multiplier). Every data-parallel rank writes its
+        own replica of a model-states file; a ZeRO shard is its own rank's; a pipeline layer file is written by
+        data-parallel rank 0 alone."""
+        from third_party.deepspeed_fastpersist_cpu import replica_name
+
+        spec, o = self.spec, self.options
+        units = {"replica": spec.dp, "machine": spec.nodes, "socket": 2 * spec.nodes}[o.data_parallel]
+        writers = units * o.io_multiplier
+        if recipe.kind == "model_states":
+            return [(replica_name(recipe.path, d, writers), rank_of(d)) for d in range(spec.dp)]
+        own = recipe.dp_rank if recipe.dp_rank is not None else 0
+        return [(replica_name(recipe.path, own, writers), recipe.writer)]
 
     def prepare(self) -> None:
         from third_party.deepspeed_fastpersist_cpu import prepare

@@ -38,12 +38,13 @@ def directory(key: str, path: str) -> None:
 
 
 def planned_bytes(spec: RunSpec, saves: int | None = None) -> int:
-    """Bytes every checkpoint of the run would take (the planner's DeepSpeed files; the run keeps every tag)."""
+    """Bytes every checkpoint of the run would take (the planner's files as the engine stores them; the run keeps
+    every tag)."""
     from restart_harness.plan import checkpoint
 
     if saves is None:
         saves = len(spec.save_steps()) if stacks.of(spec).trains else 1
-    return saves * sum(f.bytes for f in checkpoint.files(spec))
+    return saves * sum(f.bytes for f in checkpoint.stored_files(spec))
 
 
 def tracer(spec: RunSpec) -> None:

@@ -182,7 +182,8 @@ def test_zero1_padding_is_deepspeeds():
 
 
 # ---- against reality: the files real runs wrote and the files their restarts read ------------------------------
-REAL = cases("tiny-dp2", "tp2-pp2", "70B-tp2-pp4-shrink64")
+# fastpersist: its names (`X.pt-R.N`), model-states replicas and writing ranks come from the engine (Engine.stored)
+REAL = cases("tiny-dp2", "tp2-pp2", "70B-tp2-pp4-shrink64", "fastpersist-dp2", "fastpersist-tp2-pp2-dp2")
 
 
 def _loaded(run_dir: Path) -> dict[int, list[str]]:
@@ -202,14 +203,14 @@ def test_plan_equals_the_real_checkpoint(harness, name):
     spec = RunSpec.from_json(json.loads((run_dir / "spec.json").read_text()))  # resolved: the shape as trained
     inventory = json.loads((run_dir / "inventory.json").read_text())
     real = {f["path"]: f for f in inventory["files"]}
-    planned = {f.path: f for f in checkpoint.files(spec)}
+    planned = {f.path: f for f in checkpoint.stored_files(spec)}
     assert sorted(planned) == sorted(real)
     for path, f in planned.items():
         assert (f.kind, f.rank) == (real[path]["kind"], real[path]["rank"]), path
         actual = real[path]["bytes"]
         assert f.tensor_bytes < actual, path  # the exact part is never more than the file
         assert abs(f.bytes - actual) <= max(0.01 * actual, 64 * KIB), (path, f.bytes, actual)
-    reads = {r: sorted(paths) for r, paths in checkpoint.restart_reads(spec).items()}
+    reads = {r: sorted(paths) for r, paths in checkpoint.stored_reads(spec).items()}
     assert reads == _loaded(run_dir)
 
 

@@ -148,6 +148,32 @@ def files(spec: RunSpec) -> list[PlannedFile]:
     return sorted(planned, key=lambda f: f.path)
 
 
+def stored_files(spec: RunSpec) -> list[PlannedFile]:
+    """files() as the run's engine stores them (Engine.stored: its names, replicas and writing ranks), sorted."""
+    from engines import registry
+
+    engine = registry.get(spec.engine)(spec)
+    planned = []
+    for r in recipes(spec):
+        saved = _saved_file(spec, r)
+        for path, rank in engine.stored(r, _rank_at(spec, r)):
+            planned.append(PlannedFile(path, saved.bytes(), r.kind, rank, saved.tensor_bytes))
+    return sorted(planned, key=lambda f: f.path)
+
+
+def stored_reads(spec: RunSpec) -> dict[int, list[str]]:
+    """restart_reads() as the run's engine stores the files: a load reads the first file stored for each."""
+    from engines import registry
+
+    engine = registry.get(spec.engine)(spec)
+    first = {r.path: engine.stored(r, _rank_at(spec, r))[0][0] for r in recipes(spec)}
+    return {rank: [first[p] for p in paths] for rank, paths in restart_reads(spec).items()}
+
+
+def _rank_at(spec: RunSpec, r: FileRecipe):
+    return lambda d: rules.global_rank(r.stage, d, r.tp_rank, spec.dp, spec.tp)
+
+
 def restart_read_sequence(spec: RunSpec) -> dict[int, list[str]]:
     """global rank -> the files its load_checkpoint reads in full, in order and with repeats (DeepSpeed 0.19.8,
     default engine): one engine.load() each.

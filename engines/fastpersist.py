@@ -51,6 +51,11 @@ class FastPersistEngine(Engine):
             raise UsageError(f"engine={self.name} cannot run on this machine: DeepSpeed's async_io op (DeepNVMe's "
                              f"libaio writer) builds against {LIBAIO_HEADER}, which is not installed "
                              "(Debian/Ubuntu: apt-get install libaio-dev); use engine=default, torchsnapshot or dcp")
+        if spec.device != "cuda" and spec.launcher not in ("slurm", "pbs"):  # a job's node: its ranks check (prepare)
+            from third_party.deepspeed_fastpersist_cpu import locked_memory_shortfall
+
+            if why := locked_memory_shortfall(o.io_buffer_mib * 2**20):
+                raise UsageError(f"engine={self.name} cannot run for this user: {why}")
         if o.data_parallel != "replica" and (spec.ranks_per_node > 1 or spec.tp * spec.pp > 1):
             raise UsageError(
                 f"data_parallel={o.data_parallel} with {spec.ranks_per_node} ranks per node (tp={spec.tp}, "
@@ -88,8 +93,10 @@ class FastPersistEngine(Engine):
         return [(replica_name(recipe.path, own, writers), recipe.writer)]
 
     def prepare(self) -> None:
-        from third_party.deepspeed_fastpersist_cpu import prepare
+        from third_party.deepspeed_fastpersist_cpu import locked_memory_shortfall, prepare
 
+        if self.spec.device != "cuda" and (why := locked_memory_shortfall(self.options.io_buffer_mib * 2**20)):
+            raise RuntimeError(f"engine={self.name}: {why}")  # instead of DeepSpeed aborting the rank
         prepare(self.spec.device)
 
     def open(self, ctx: EngineContext) -> CheckpointIO:

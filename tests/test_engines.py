@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +25,7 @@ from restart_harness.command import parse_args
 from restart_harness.errors import UsageError
 from restart_harness.generate.ds_config import build_ds_config
 from restart_harness.spec import run as resolved
+from restart_harness.storage.cache_dir import cache_dir
 from third_party.deepspeed_fastpersist_cpu import replica_name
 
 CLOSE_CALL_SECONDS = 0.005  # step start is reconstructed from the event's wall time minus its seconds
@@ -325,6 +327,38 @@ def test_fastpersist_cpu_shims_still_needed(tmp_path):
     assert "utils_not_implemented True" in proc.stdout, "fast_file_writer gets a UtilsBuilder on CPU: drop shim 2"
     assert "pin_fails True" in proc.stdout, "the writer's buffer pins on CPU without the native backend: drop shim 1"
     assert "replica_unseen True" in proc.stdout, "DeepSpeed finds X.pt-R.N files at load: drop shim 3"
+
+
+def _without_ipc_lock(command: str, memlock_kib: int) -> subprocess.CompletedProcess:
+    """command in bash as a process without CAP_IPC_LOCK (root's is dropped) whose locked-memory limit is
+    memlock_kib: what a non-root user on a default node gets."""
+    return subprocess.run(["setpriv", "--bounding-set", "-ipc_lock", "--inh-caps", "-ipc_lock", "bash", "-c",
+                           f"ulimit -l {memlock_kib}; {command}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, check=False)
+
+
+def test_fastpersist_refuses_a_locked_memory_limit_below_its_buffer(tmp_path):
+    results = tmp_path / "results"
+    proc = _without_ipc_lock(f"./submit-job.sh tiny dp=2 engine=fastpersist results_dir={results}", 1024)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "may lock 1024 KiB (ulimit -l)" in lines[0] and "io_buffer_mib" in lines[0], lines
+    assert not results.exists()
+    # a buffer within the limit is accepted (nothing launched: a dry run)
+    proc = _without_ipc_lock(f"./submit-job.sh tiny dp=2 engine=fastpersist io_buffer_mib=1 dry_run=true "
+                             f"results_dir={results}", 2048)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_deepspeed_still_aborts_a_rank_whose_buffer_cannot_be_locked():
+    """Why the refusal above exists: DeepSpeed 0.19.8's native pinned memory aborts the process (a C assertion)
+    when mlock fails. Fails once DeepSpeed raises a Python error instead: then the rank's own error suffices."""
+    script = ("import torch; from deepspeed.accelerator import get_accelerator; "
+              "get_accelerator().pin_memory(torch.empty(64 << 20, dtype=torch.uint8), make_copy=False)")
+    env = f"DS_ACCELERATOR=cpu DS_PIN_MEMORY_BACKEND=native TORCH_EXTENSIONS_DIR={cache_dir('torch_extensions')}"
+    proc = _without_ipc_lock(f"{env} {sys.executable} -c '{script}'", 1024)
+    aborted = proc.returncode in (-signal.SIGABRT, 128 + signal.SIGABRT)  # bash may exec it or report its signal
+    assert aborted and "deepspeed_pin_tensor" in proc.stderr, (proc.returncode, proc.stderr[-2000:])
 
 
 def test_fastpersist_without_libaio_headers_is_refused(monkeypatch, tmp_path):

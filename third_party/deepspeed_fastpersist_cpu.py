@@ -6,8 +6,10 @@ with the fourth when a file is loaded:
 1. CheckpointWriterFactory._setup_for_aio pins its I/O buffer with get_accelerator().pin_memory(), a no-op on the
    CPU accelerator unless DS_PIN_MEMORY_BACKEND=native, and then calls Tensor.pin_memory(), which fails without an
    accelerator. DeepSpeed's own native backend (its pin_memory op: mlock'ed host memory) gives the locked buffer.
-   It counts against the locked-memory limit (`ulimit -l`): root has none; a user whose limit is below the buffer
-   (io_buffer_mib, 64 MiB by default) gets DeepSpeed's own error at initialize.
+   It counts against the locked-memory limit (`ulimit -l`) of a process without CAP_IPC_LOCK (root has it): below
+   the buffer (io_buffer_mib, 64 MiB by default) DeepSpeed's pin_memory op fails an assertion and aborts the rank
+   (deepspeed_pin_tensor.cpp, measured as a non-root user with `ulimit -l 1024`); locked_memory_shortfall() says so
+   before that happens.
 2. deepspeed/io/fast_file_writer.py asks the accelerator for UtilsBuilder, which the CPU accelerator maps to
    NotImplementedBuilder; the generic deepspeed.ops.op_builder.utils.UtilsBuilder builds the same C++ source
    (flatten/unflatten and cast_to_byte_tensor) on a CPU.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+from pathlib import Path
 
 ADDRESSES = "deepspeed==0.19.8"
 REPLICA = re.compile(r"(.+\.pt)-(\d+)\.(\d+)")
@@ -47,6 +50,29 @@ def prepare(device: str) -> None:
         fast_file_writer.UtilsBuilder = UtilsBuilder  # 2.
     DeepSpeedEngine._get_all_ckpt_names = _all_ckpt_names  # 3.
     PipelineModule.ckpt_layer_path_list = _layer_path_list
+
+
+CAP_IPC_LOCK = 14  # linux/capability.h
+
+
+def locked_memory_shortfall(buffer_bytes: int) -> str | None:
+    """Why this process could not lock buffer_bytes with DeepSpeed's native pinned memory, or None when it can."""
+    import resource
+
+    try:
+        status = Path("/proc/self/status").read_text()
+        effective = int(next(line.split()[1] for line in status.splitlines() if line.startswith("CapEff:")), 16)
+    except (OSError, StopIteration, ValueError):
+        effective = 0
+    if effective >> CAP_IPC_LOCK & 1:
+        return None  # CAP_IPC_LOCK (root): no limit applies
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY or soft >= buffer_bytes:
+        return None
+    return (f"its writer locks {buffer_bytes // 2**20} MiB per rank (io_buffer_mib) and this user may lock "
+            f"{soft // 1024} KiB (ulimit -l), so DeepSpeed's pin_memory op would abort the rank (an assertion in "
+            "deepspeed_pin_tensor.cpp); raise the limit (ulimit -l, memlock in /etc/security/limits.conf) or lower "
+            "io_buffer_mib")
 
 
 def names(pattern: str) -> list[str]:

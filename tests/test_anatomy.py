@@ -49,9 +49,10 @@ def test_load_window_is_the_load_and_its_categories_are_what_others_measured(har
         engine_loads = sum(f["seconds"] for f in loaded["files"])
         assert 0 < row["read_seconds"] + row["deserialize_seconds"] <= engine_loads + 1e-5
         assert engine_loads <= window["window_seconds"] + window["excluded_seconds"].get("verify", 0) + 1e-5
-        # read seconds are wall time with a read in flight: at most the counters' seconds inside reads (their sum
-        # over calls), and those exactly where one thread reads (DeepSpeed's torch.load)
-        counted = sum(f["read_seconds"] for f in lb["files"] if f["rank"] == rank)
+        # read seconds are wall time with a read in flight inside the engine's loads: at most the counters' seconds
+        # inside reads of the files the engine loaded (their sum over calls), and those exactly where one thread reads
+        # (DeepSpeed's torch.load). `latest` is read before the engine's loads (`other`: 2 ms once on a crowded node)
+        counted = sum(f["read_seconds"] for f in lb["files"] if f["rank"] == rank and f["path"] != "latest")
         assert row["read_seconds"] <= counted + 1e-5, rank  # figures are rounded to 1e-6 s
         if SINGLE_READER[name]:
             assert row["read_seconds"] == pytest.approx(counted, rel=WITHIN, abs=2e-3), rank

@@ -115,6 +115,11 @@ class WriterIO(NativeIO):
         self._writers: list = []
         factory = getattr(native, "_writer", None)  # DeepSpeed's CheckpointWriterFactory; None without a writer
         if factory is not None:
+            from deepspeed.io import fast_file_writer
+
+            # the writer loads its UtilsBuilder op when it opens its first file: a JIT build the first time on a
+            # machine (about 35 s on 2 cores), which belongs to engine initialization, not to the first save
+            fast_file_writer.UtilsBuilder().load()
             create = factory.create_writer
 
             def created(file_path, optimize_dp_state):

@@ -13,15 +13,24 @@
    statically and exports: rank 0's c10d TCPStore server then runs on dftracer's libuv, and at exit its reads go
    through gotcha after dftracer has finalized (a segfault in gotcha_get_wrappee, seen in about 1 of 6 traced
    4-rank restarts). USE_LIBUV=0 makes torch use its other TCPStore backend while tracing.
+4. dftracer finalizes in the process's exit handlers, unbinding its wrappers while other threads may still call
+   them: gloo's socket loop, woken by a peer rank that exited first, called close() through a wrapper whose target
+   was being torn down (a segfault in close_wrapper, exit code -11 after the run's last step: 1 in 2 traced 4-rank
+   runs on CI's machine one day, 2 in 14 here). finish() finalizes dftracer on every rank while all are alive, then
+   waits for all of them: when the first rank exits, no other is still unbinding (and the exit handler finds
+   nothing left to do).
 
-Remove 1 and 2 when a dftracer release traces the writes of a torch.save with its STDIO module on and the counter
+Remove 4 when dftracer finalizes without racing the process's other threads (a traced 4-rank run without
+finish() ends with exit code 0 twenty times in a row). Remove 1 and 2 when a dftracer release traces the writes of a torch.save with its STDIO module on and the counter
 library off (tests/test_anatomy.py::test_dftracer_alone_misses_torch_save_writes checks it still does not); remove 3
 when dftracer's wheel no longer exports libuv symbols (`nm -D` on its bundled libuv shows no `T uv_run`).
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 ADDRESSES = "dftracer==2.2.0"
@@ -48,3 +57,13 @@ def environment(log_prefix: Path, data_dir: Path) -> dict[str, str]:
         "RH_IO_FOPEN_VIA_OPEN": "1",  # 1. above
         "USE_LIBUV": "0",  # 3. above
     }
+
+
+def finish(barrier: Callable[[], None]) -> None:
+    """4. above: finalize the preloaded dftracer now (its trace written, its wrappers unbound), then wait for every
+    rank. Nothing when dftracer is not preloaded into this process."""
+    finalize = getattr(ctypes.CDLL(None), "_Z13dftracer_finiv", None)  # dftracer_fini() of libdftracer_preload.so
+    if finalize is None:
+        return
+    finalize()
+    barrier()

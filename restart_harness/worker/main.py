@@ -19,6 +19,7 @@ from restart_harness.spec import run as resolved
 from restart_harness.worker.anatomy import Anatomy, peak_rss_bytes_since_last
 from restart_harness.worker.eventlog import EventLog
 from restart_harness.worker.manager import CheckpointManager
+from third_party import dftracer_compat
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,8 @@ def run(job: RankJob, the_run, stack, log: EventLog, rank: int) -> None:
         manager.finish()
     stack.finish()
     log.mark("finished")
+    if spec.trace:
+        dftracer_compat.finish(stack.barrier)
 
 
 def _threads() -> int:

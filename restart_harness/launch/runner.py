@@ -84,7 +84,8 @@ def write_launch(run: resolved.ResolvedRun, phase: str, record: str, port: int, 
     spec = spec or run.spec
     command = rank_command(spec, port, worker_args(run.run_dir, phase, record) + (extra or []))
     path = run.run_dir / f"launch-{record}.sh"
-    env = observe.environment(spec, run.run_dir, record, run.checkpoint_root)
+    env = {**observe.environment(spec, run.run_dir, record, run.checkpoint_root),
+           **targets.for_run(run).launch_environment(run.run_dir / "logs" / "client" / record)}
     write_text_atomic(path, launch_script(spec, phase, command, port, env), mode=0o755)
     return path
 
@@ -267,6 +268,7 @@ def execute(run_dir: Path) -> Path:
             say(f"  [baseline] {probe.get('error') or _baseline_line(probe)}")
         say(f"  [checkpoint] launching {spec.world_size} ranks (log: {run_dir / 'logs' / 'checkpoint.log'})")
         info = launch(run_dir, "checkpoint", spec.timeout)
+        info["incomplete_uploads"] = abort_incomplete_uploads(target, "checkpoint")
         _save_record(run_dir, info)
         if info["exit_code"] != 0:
             raise RunFailed(_failure(run_dir, info))
@@ -287,6 +289,19 @@ def execute(run_dir: Path) -> Path:
     if not spec.keep:
         discard_checkpoint(run_dir, target)
     return run_dir
+
+
+def abort_incomplete_uploads(target, record: str) -> dict | None:
+    """After a checkpoint phase, and before a restart-only re-run: uploads a failed save left unfinished, aborted (or
+    why they could not be), said in one line when there were any."""
+    found = target.abort_incomplete_uploads()
+    if found and found["aborted"]:
+        say(f"  [{record}] aborted {len(found['aborted'])} incomplete multipart uploads under {target.describe()} "
+            f"left by a failed save ({', '.join(found['aborted'][:3])}{', ...' if len(found['aborted']) > 3 else ''})")
+    if found and found["error"]:
+        say(f"  [{record}] could not list or abort incomplete multipart uploads under {target.describe()}: "
+            f"{found['error']}; a restart-only re-run (restart run=) tries again")
+    return found
 
 
 def record_baseline(run: resolved.ResolvedRun, target) -> dict | None:
@@ -369,6 +384,8 @@ def restart_only(request) -> Path:
         f"{layouts['saved']}, loaded at {spec.layout}; launcher {spec.launcher}, cache={spec.cache}")
     try:
         relayout, facts = None, {"layout": layouts}
+        if (uploads := abort_incomplete_uploads(target, "setup")) is not None:
+            facts["incomplete_uploads"] = uploads
         if request.relayout:
             relayout = stacks.of(spec).relayout(dataclasses.replace(run, spec=spec), request.original, tag, say)
             if relayout.conversion:

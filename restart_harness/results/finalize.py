@@ -31,6 +31,11 @@ def _records(run_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in paths]  # in record order: restart-100 after restart-99
 
 
+def _launch_record(run_dir: Path, record: str) -> dict:
+    path = run_dir / "records" / f"{record}.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def _stored(target) -> dict[str, list[tuple[str, int]]]:
     """tag -> (path, bytes) of what the target stores now ({} when it cannot be listed now: no inventory rather
     than a wrong one)."""
@@ -61,6 +66,8 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
         r["saved_tag"] = (info.get("conversion") or {}).get("tag") or tag
         r["loaded"] = {"tag": tag, "files": len(stored.get(tag, [])) or None,
                        "bytes": sum(n for _, n in stored.get(tag, [])) or None}
+        r["storage_requests"] = target.requests(run_dir / "logs" / "client" / info["record"])
+        r["incomplete_uploads"] = info.get("incomplete_uploads")
         restarts.append(r)
     sm.loss_continuity(restarts)
     unverified = [r for r in restarts if not r["verified"]]
@@ -77,6 +84,9 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
     status = {"state": state, "reason": reason, "time": time.time()}
     summary = sm.build(run_dir, run.to_json(), status, {"root": str(target.root), "committed": committed},
                        inventory, restarts)
+    checkpoint_launch = _launch_record(run_dir, "checkpoint")
+    summary["checkpoint"]["storage_requests"] = target.requests(run_dir / "logs" / "client" / "checkpoint")
+    summary["checkpoint"]["incomplete_uploads"] = checkpoint_launch.get("incomplete_uploads")
     efficiency.add(summary, run_dir)
     write_json_atomic(run_dir / "summary.json", summary)
     write_json_atomic(run_dir / "status.json", status)

@@ -66,6 +66,13 @@ MEMORY_PHASES_EMULATED = (*RESTART_PHASES[:2], ("save", "engine_initialized", "f
 LOAD_CATEGORIES = ("read", "deserialize", "copy", "wait", "other")
 SAVE_CATEGORIES = ("serialize", "write", "fsync", "wait", "other")
 
+# `storage_requests` of a phase (object storage: the requests its client sent, from the client's own log; None on a
+# file system). A request is one HTTP attempt; an operation (an upload, a GET of an object, a listing) is one call
+# of the client, which retries failed requests. retried_requests: failed requests of operations that still
+# succeeded; failed_operations: those whose error reached the harness.
+STORAGE_REQUEST_FIELDS = ("requests", "failed_requests", "throttled_requests", "retried_requests",
+                          "canceled_requests", "failed_operations", "by_type", "failures", "ranks", "source")
+
 # The spec fields that make two runs repeats of one configuration (seed, paths, ports and timeouts do not), and
 # where else a configuration can differ: another machine or another file system.
 CONFIG_FIELDS = ("model", "shape", "shrink", "stack", "precision", "tp", "pp", "dp", "nodes", "ranks_per_node",

@@ -17,6 +17,23 @@ def _when(base: dict) -> str:
     return f", cached, measured {age / 3600:.1f} h before the run" if age is not None else ", cached"
 
 
+def _storage_rows(name: str, phase: dict) -> list[tuple[str, str]]:
+    """What the object store's client went through in a phase, when something failed (requests retried, throttled,
+    operations failed), and the multipart uploads a failed save left, aborted."""
+    rows = []
+    req = phase.get("storage_requests")
+    if req and req["failed_requests"]:
+        why = ", ".join(f"{n} {reason}" for reason, n in req["failures"].items())
+        rows.append((name, f"{req['requests']} requests, {req['failed_requests']} failed ({why}): "
+                           f"{req['throttled_requests']} throttled, {req['retried_requests']} retried by the client "
+                           f"in operations that succeeded, {req['failed_operations']} operations failed"))
+    uploads = phase.get("incomplete_uploads")
+    if uploads and (uploads["aborted"] or uploads["error"]):
+        rows.append(("uploads", f"{len(uploads['aborted'])} incomplete multipart uploads aborted"
+                                + (f"; not all could be: {uploads['error']}" if uploads["error"] else "")))
+    return rows
+
+
 def render(summary: dict) -> str:
     spec, ck, rs = summary["spec"], summary["checkpoint"], summary["restart"]
     d = spec["derived"]
@@ -56,6 +73,7 @@ def render(summary: dict) -> str:
             parts = "  ".join(f"{c} {bd[f'{c}_seconds']:.3f}" if bd[f"{c}_seconds"] is not None else f"{c} -"
                               for c in SAVE_CATEGORIES)
             rows.append(("save anatomy", f"{parts}  (s, {ck['saves'][-1]['tag']}, slowest rank {bd['slowest_rank']})"))
+    rows += _storage_rows("save requests", ck)
     if rs:
         c = rs["cache"] or {}
         layout, loaded = rs.get("layout") or {}, rs.get("loaded") or {}
@@ -81,6 +99,7 @@ def render(summary: dict) -> str:
         peak = max(((v["peak_rss_bytes_max"], k) for k, v in (rs.get("memory") or {}).items()), default=None)
         if peak:
             rows.append(("memory", f"restart peak RSS {peak[0] / MIB:,.0f} MiB per rank, in {peak[1]}"))
+        rows += _storage_rows("load requests", rs)
         verdict = "yes" if rs["verified"] else "NO: " + ", ".join(rs["differing"][:3])
         rows.append(("verified", f"{verdict} ({rs['ranks']} ranks, {rs['verified_tensors']} tensors)"))
     base, eff = summary.get("baseline") or {}, ck.get("efficiency") or {}

@@ -30,6 +30,7 @@ PACKAGES = ("radosgw", "ceph-mon", "ceph-osd", "ceph-common")
 ACCESS_KEY = "restartharness"
 SECRET_KEY = "restartharness-local-secret"
 REGION = "us-east-1"
+USER = "restart-harness"  # the S3 user the keys above belong to
 DAEMONS = ("proxy", "client.rgw.a", "osd.0", "mon.a")  # stop order
 
 
@@ -146,7 +147,7 @@ def start(root: Path, memory_mib: int = 2048, timeout: float = 120) -> LocalS3:
         _run(root, "radosgw", "-n", "client.rgw.a")
         gateway = f"http://127.0.0.1:{gateway_port}"
         _wait_http(gateway, deadline, "radosgw", root)
-        _run(root, "radosgw-admin", "user", "create", "--uid=restart-harness", "--display-name=restart-harness",
+        _run(root, "radosgw-admin", "user", "create", f"--uid={USER}", f"--display-name={USER}",
              f"--access-key={ACCESS_KEY}", f"--secret-key={SECRET_KEY}")
         with open(root / "log" / "proxy.log", "wb") as log:
             proxy = subprocess.Popen([sys.executable, "-m", "third_party.rgw_multipart_etag", "--listen",
@@ -162,6 +163,29 @@ def start(root: Path, memory_mib: int = 2048, timeout: float = 120) -> LocalS3:
     server = LocalS3(str(root), endpoint, gateway)
     (root / "server.json").write_text(json.dumps(asdict(server), indent=1))
     return server
+
+
+def kill_gateway(root: Path) -> None:
+    """SIGKILL the RADOS Gateway of the server in `root`, as a crash would; the cluster (and its objects) stays."""
+    root = Path(root).resolve()
+    pid = int((root / "run" / "client.rgw.a.pid").read_text().strip())
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.time() + 30
+    while _alive(pid) and time.time() < deadline:
+        time.sleep(0.05)
+
+
+def start_gateway(root: Path, timeout: float = 60) -> None:
+    """Start the gateway of the server in `root` again, on its port, and wait until it answers."""
+    root = Path(root).resolve()
+    server = json.loads((root / "server.json").read_text())
+    _run(root, "radosgw", "-n", "client.rgw.a")
+    _wait_http(server["gateway_url"], time.time() + timeout, "radosgw", root)
+
+
+def set_user_suspended(root: Path, suspended: bool) -> None:
+    """Suspend the server's S3 user (every request with its keys is refused: 403 UserSuspended) or enable it again."""
+    _run(Path(root).resolve(), "radosgw-admin", "user", "suspend" if suspended else "enable", f"--uid={USER}")
 
 
 def stop(root: Path, timeout: float = 30) -> None:

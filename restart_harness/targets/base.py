@@ -26,6 +26,9 @@ from typing import Any, ClassVar
 POSIX = "posix"  # a file system: open, pwrite, fsync the paths themselves
 OBJECT = "object"  # objects behind the path names: only through the target's streams and DCP storage layer
 LATEST = "latest"  # the file (or object) naming the committed tag
+# A launch variable naming other launch variables that hold folders: each rank appends rank-NNNNN/ to them before it
+# imports anything (worker/main.py), so that per-process logs of a storage client never share a file.
+PER_RANK_DIRS = "RH_PER_RANK_DIRS"
 
 
 class NoObserver:
@@ -165,6 +168,21 @@ class Target(ABC):
     def explain_save_failure(self, exc: BaseException, tag: str) -> BaseException:
         """A save's exception, reworded where the storage knows the real cause (a full disk)."""
         return exc
+
+    # ---- what the storage's client saw (network targets) ---------------------------------------------------------
+    def launch_environment(self, log_dir: Path) -> dict[str, str]:
+        """Variables for the ranks of one launch so that the storage's client logs its requests under log_dir."""
+        return {}
+
+    def requests(self, log_dir: Path) -> dict | None:
+        """The client's requests of one launch, from what launch_environment made it log (None: no such log):
+        results/schema.py CLIENT_REQUEST_FIELDS."""
+        return None
+
+    def abort_incomplete_uploads(self) -> dict | None:
+        """Uploads a failed save left unfinished under the run's place, aborted: {"aborted": [names], "error": why
+        they could not be listed or aborted, or None}; None where the storage has no such thing."""
+        return None
 
     # ---- the storage baseline ------------------------------------------------------------------------------------
     @abstractmethod

@@ -23,6 +23,7 @@ from __future__ import annotations
 import configparser
 import contextlib
 import os
+import re
 import socket
 import urllib.parse
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from restart_harness.errors import UsageError
 from restart_harness.storage import baseline, pagecache
-from restart_harness.targets.base import LATEST, NO_OBSERVER, OBJECT, Target
+from restart_harness.targets.base import LATEST, NO_OBSERVER, OBJECT, PER_RANK_DIRS, Target
 
 SCHEME = "s3://"
 
@@ -159,6 +160,13 @@ def _explain(message: str) -> str:
     lower = message.lower()
     if "bucket does not exist" in lower or "nosuchbucket" in lower:
         return "the bucket does not exist"
+    if "usersuspended" in lower:
+        return f"access refused: the credentials' user is suspended ({message.strip()})"
+    if "slow_down" in lower or "throttl" in lower:
+        return f"requests throttled (503 SlowDown) beyond the client's retries ({message.strip()})"
+    if any(s in lower for s in ("socket_closed", "connection_refused", "socket is closed", "connection refused",
+                                "socket_timeout", "timed out")):
+        return f"the endpoint stopped answering, after the client's retries ({message.strip()})"
     if "signaturedoesnotmatch" in lower or "invalidaccesskeyid" in lower or "forbidden" in lower \
             or "accessdenied" in lower or "no credentials" in lower or "credentials" in lower:
         return f"access refused: wrong or missing credentials ({message.strip()})"
@@ -182,6 +190,61 @@ def delete_all(url: S3Url, settings: S3Settings) -> int:
     for key, _ in objects:
         client.delete_object(url.bucket, url.child(key).prefix)
     return len(objects)
+
+
+# ---- what the client saw: s3torchconnector's request log -------------------------------------------------------
+# s3torchconnectorclient 1.5 writes the log of its Rust client (mountpoint-s3-client) when S3_TORCH_CONNECTOR_DEBUG_LOGS
+# names a filter, into hourly files under S3_TORCH_CONNECTOR_LOGS_DIR_PATH; both are read when the module is first
+# imported. At debug level every HTTP request the client sends is one line (`S3 request finished|failed|canceled
+# request_type=... crt_error=... http_status=...`) inside the span of its operation (`put_object{id=N ...}`), and an
+# operation whose error reaches the caller is one `meta request failed` line.
+CLIENT_LOG_FILTER = "mountpoint_s3_client=debug,warn"
+_REQUEST = re.compile(r'(\w+)\{id=(\d+)[^}]*\}: \S+ S3 request (finished|failed|canceled) request_type=(\w+) '
+                      r'crt_error=(None|Some\(Error\((\d+), "([^"]*)"\)\))(?: http_status=(\d+))?')
+_OPERATION_FAILED = re.compile(r'(\w+)\{id=(\d+)[^}]*\}: .*meta request failed')
+
+
+def _failure_reason(status: str | None, crt_message: str | None) -> str:
+    if status:
+        return f"HTTP {status}" + (" SlowDown" if crt_message and "SLOW_DOWN" in crt_message else "")
+    return (crt_message or "unknown").split(",")[0].split(": ")[-1]  # the CRT's symbol: AWS_IO_SOCKET_CLOSED
+
+
+def client_requests(log_dir: Path) -> dict | None:
+    """The requests s3torchconnector's client logged under log_dir (one folder per rank), or None: no log."""
+    files = sorted(Path(log_dir).glob("*/s3torchconnectorclient.log*")) if Path(log_dir).is_dir() else []
+    if not files:
+        return None
+    by_type: dict[str, int] = {}
+    failures: dict[str, int] = {}
+    failed_in: dict[tuple, int] = {}  # operation -> its failed requests
+    failed_ops: set[tuple] = set()
+    counts = {"requests": 0, "failed_requests": 0, "throttled_requests": 0, "canceled_requests": 0}
+    for path in files:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if m := _REQUEST.search(line):
+                    span, ident, outcome, kind, _, _, crt_message, status = m.groups()
+                    counts["requests"] += 1
+                    by_type[kind] = by_type.get(kind, 0) + 1
+                    if outcome == "canceled":
+                        counts["canceled_requests"] += 1
+                    elif outcome == "failed":
+                        counts["failed_requests"] += 1
+                        reason = _failure_reason(status, crt_message)
+                        failures[reason] = failures.get(reason, 0) + 1
+                        if status in ("503", "429") or "SLOW_DOWN" in (crt_message or ""):
+                            counts["throttled_requests"] += 1
+                        op = (path.parent.name, span, ident)
+                        failed_in[op] = failed_in.get(op, 0) + 1
+                elif m := _OPERATION_FAILED.search(line):
+                    failed_ops.add((path.parent.name, *m.groups()))
+    return {**counts,
+            "retried_requests": sum(n for op, n in failed_in.items() if op not in failed_ops),
+            "failed_operations": len(failed_ops),
+            "by_type": dict(sorted(by_type.items())), "failures": dict(sorted(failures.items())),
+            "ranks": len({p.parent.name for p in files}),
+            "source": "s3torchconnector client log (mountpoint-s3-client, debug)"}
 
 
 class TimedStream:
@@ -404,6 +467,46 @@ class S3Target(Target):
 
     def prepare_cache(self, tag_dir: Path, requested: str) -> dict:
         return pagecache.not_applicable(requested, "object storage: the restart reads over the network")
+
+    def explain_save_failure(self, exc: BaseException, tag: str) -> BaseException:
+        """The client's error after its retries, said as the storage's fault: what the endpoint did, while saving what."""
+        if not isinstance(exc, client_errors()):
+            return exc
+        return RuntimeError(f"object storage at {self.settings.endpoint_url or 'AWS'} failed while saving {tag} to "
+                            f"{self.url}: {_explain(str(exc))}")
+
+    # ---- what the client saw ---------------------------------------------------------------------------------------
+    def launch_environment(self, log_dir: Path) -> dict[str, str]:
+        """The client's request log, one folder per rank (every request and its outcome: requests() counts them)."""
+        return {"S3_TORCH_CONNECTOR_DEBUG_LOGS": CLIENT_LOG_FILTER, "S3_TORCH_CONNECTOR_LOGS_DIR_PATH": str(log_dir),
+                PER_RANK_DIRS: "S3_TORCH_CONNECTOR_LOGS_DIR_PATH"}
+
+    def requests(self, log_dir: Path) -> dict | None:
+        return client_requests(log_dir)
+
+    def abort_incomplete_uploads(self) -> dict:
+        """Multipart uploads under the run's prefix that were started and never completed (a save that failed while
+        its client could not abort them: the endpoint was gone) are aborted, so that their parts stop taking space.
+        Through boto3 (the s3 extra): s3torchconnector's client cannot list uploads."""
+        import boto3
+        import botocore.config
+        import botocore.exceptions
+
+        s = self.settings
+        config = botocore.config.Config(s3={"addressing_style": "path" if s.path_style else "auto"},
+                                        retries={"max_attempts": 2}, connect_timeout=3, read_timeout=30)
+        aborted: list[str] = []
+        try:
+            client = boto3.Session(profile_name=s.profile).client("s3", region_name=s.region,
+                                                                  endpoint_url=s.endpoint_url, config=config)
+            pages = client.get_paginator("list_multipart_uploads").paginate(Bucket=self.url.bucket,
+                                                                            Prefix=self.url.prefix + "/")
+            for upload in (u for page in pages for u in page.get("Uploads", [])):
+                client.abort_multipart_upload(Bucket=self.url.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                aborted.append(upload["Key"][len(self.url.prefix) + 1:])
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+            return {"aborted": aborted, "error": f"{type(exc).__name__}: {exc}"}
+        return {"aborted": aborted, "error": None}
 
     # ---- the storage baseline --------------------------------------------------------------------------------------
     def baseline_key(self) -> str:

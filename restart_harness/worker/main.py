@@ -16,6 +16,7 @@ from pathlib import Path
 from restart_harness import faults, stacks, targets
 from restart_harness.results.schema import Done, Error, Layout, Process, Step, Verify
 from restart_harness.spec import run as resolved
+from restart_harness.targets.base import PER_RANK_DIRS
 from restart_harness.worker.anatomy import Anatomy, peak_rss_bytes_since_last
 from restart_harness.worker.eventlog import EventLog
 from restart_harness.worker.manager import CheckpointManager
@@ -46,6 +47,9 @@ class RankJob:
 def main(process_start: float, argv=None) -> int:
     job = RankJob.parse(argv)
     rank = int(os.environ.get("RANK", "0"))
+    for name in os.environ.get(PER_RANK_DIRS, "").split():  # a storage client's log: one folder per rank
+        if os.environ.get(name):
+            os.environ[name] = str(Path(os.environ[name]) / f"rank-{rank:05d}")
     log = EventLog(job.run_dir / "events" / job.record / f"rank-{rank:05d}.jsonl", rank, peak_memory)
     log.emit(Process(os.getpid()))
     log.mark("process_start", t=process_start)

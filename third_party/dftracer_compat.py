@@ -16,7 +16,7 @@
 4. dftracer finalizes in the process's exit handlers, unbinding its wrappers while other threads may still call
    them: gloo's socket loop, woken by a peer rank that exited first, called close() through a wrapper whose target
    was being torn down (a segfault in close_wrapper, exit code -11 after the run's last step: 1 in 2 traced 4-rank
-   runs on CI's machine one day, 2 in 14 here). finish() finalizes dftracer on every rank while all are alive, then
+   runs on CI's machine one day, 2 in 12 here). finish() finalizes dftracer on every rank while all are alive, then
    waits for all of them: when the first rank exits, no other is still unbinding (and the exit handler finds
    nothing left to do).
 

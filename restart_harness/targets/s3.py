@@ -488,10 +488,12 @@ class S3Target(Target):
         """Multipart uploads under the run's prefix that were started and never completed (a save that failed while
         its client could not abort them: the endpoint was gone) are aborted, so that their parts stop taking space.
         Through boto3 (the s3 extra): s3torchconnector's client cannot list uploads."""
-        import boto3
-        import botocore.config
-        import botocore.exceptions
-
+        try:
+            import boto3
+            import botocore.config
+            import botocore.exceptions
+        except ImportError:
+            return {"aborted": [], "error": "boto3 is not installed (pip install 'restart-harness[s3]'): not checked"}
         s = self.settings
         config = botocore.config.Config(s3={"addressing_style": "path" if s.path_style else "auto"},
                                         retries={"max_attempts": 2}, connect_timeout=3, read_timeout=30)

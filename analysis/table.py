@@ -115,7 +115,19 @@ def run_columns(run: Run) -> dict:
         "efficiency_save_ratio": num(get(ck, "efficiency", "save")),
         "efficiency_load_ratio": num(get(ck, "efficiency", "load")),
     })
+    row.update(request_columns("save", ck))
     return row
+
+
+REQUEST_COLUMNS = ("requests", "failed_requests", "throttled_requests", "retried_requests", "failed_operations")
+
+
+def request_columns(prefix: str, phase: dict) -> dict:
+    """What an object store's client went through in a phase (summary storage_requests; empty on a file system)."""
+    counts, uploads = phase.get("storage_requests") or {}, phase.get("incomplete_uploads")
+    return {**{f"{prefix}_{name}_count": num(counts.get(name)) for name in REQUEST_COLUMNS},
+            f"{prefix}_incomplete_uploads_aborted_count": len(uploads.get("aborted") or [])
+            if isinstance(uploads, dict) else None}
 
 
 def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
@@ -172,6 +184,7 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
         "restart_max_rss_bytes": num(rec.get("max_rss_bytes_per_rank")),
         "restart_exit_code": rec.get("exit_code"),
     })
+    row.update(request_columns("restart", rec))
     return row
 
 

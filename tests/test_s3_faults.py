@@ -9,6 +9,7 @@ restart from the last committed checkpoint verifies."""
 
 from __future__ import annotations
 
+import csv
 import json
 import re
 import threading
@@ -81,6 +82,12 @@ def test_throttled_requests_are_retried_counted_and_the_run_verifies(s3_server, 
     assert all(c["failed_operations"] == 0 and c["ranks"] == 2 for c in counted)
     assert set(counted[0]["failures"]) == {"HTTP 503 SlowDown"}
     assert "throttled" in proc.stdout and "save requests" in proc.stdout
+    report = submit(["report", str(the_run(tmp_path / "results")), "-o", str(tmp_path / "report")], tmp_path)
+    assert report.returncode == 0, report.stderr
+    with open(tmp_path / "report" / "runs.csv", newline="") as f:
+        (row,) = list(csv.DictReader(f))
+    assert float(row["save_throttled_requests_count"]) == counted[0]["throttled_requests"]
+    assert float(row["restart_retried_requests_count"]) == counted[1]["retried_requests"]
 
 
 def test_gateway_killed_during_a_multipart_upload(s3_server, proxy, tmp_path):

@@ -165,3 +165,19 @@ def test_torch_file_baton_still_waits_on_an_ownerless_lock(tmp_path):
     assert waiter.is_alive()
     lock.unlink()  # let the thread end
     waiter.join(timeout=1.0)
+
+
+@pytest.mark.parametrize("args, label", [
+    (["tiny", "engine=fastpersist"], "fastpersist"),  # io_buffer_double is on by default: not a difference
+    (["tiny", "engine=fastpersist", "io_buffer_double=false"], "fastpersist no_io_buffer_double"),
+    (["tiny", "engine=dcp", "async_save=true"], "dcp async_save"),
+    (["tiny", "engine=dcp"], "dcp"),
+])
+def test_engine_label_names_the_options_a_run_changed(args, label):
+    from restart_harness.results.schema import engine_label
+
+    spec = parse_args(args).to_json()
+    assert engine_label(spec) == label
+    # a spec.json written before the defaults were recorded: every option that is on is named, as then
+    old = {k: v for k, v in spec.items() if k != "engine_option_defaults"}
+    assert engine_label(old).split()[1:] == [k for k, v in spec["engine_options"].items() if v is True]

@@ -193,8 +193,9 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
         raise _unknown(name, accepted, engine.name)
     if shape_values:
         shape = dataclasses.replace(shape, **shape_values)
-    engine_options = {**dataclasses.asdict(engine.Options()), **options}
-    spec = RunSpec(model=model, shape=shape, model_source=source, engine_options=engine_options, **values).resolve()
+    defaults = dataclasses.asdict(engine.Options())
+    spec = RunSpec(model=model, shape=shape, model_source=source, engine_options={**defaults, **options},
+                   engine_option_defaults=defaults, **values).resolve()
     check(spec)
     return spec, extra_values
 

@@ -114,12 +114,17 @@ def stack_engine(spec: dict) -> list[str]:
 
 
 def engine_label(spec: dict) -> str:
-    """The engine and any option that differs from false/default, e.g. `dcp async_save`; the training stack first
-    where it is not DeepSpeed (`fsdp2 dcp`), and the storage target last where it is not a file system
-    (`default s3`)."""
-    options = spec.get("engine_options") or {}
-    on = [k for k, v in options.items() if v is True]
-    return " ".join([*stack_engine(spec), *on, *_unless(target_name(spec), DEFAULT_TARGET)])
+    """The engine and each on/off option the run changed from the engine's default: `dcp async_save` (switched on),
+    `fastpersist no_io_buffer_double` (switched off); the training stack first where it is not DeepSpeed
+    (`fsdp2 dcp`), and the storage target last where it is not a file system (`default s3`). Specs written before
+    the defaults were recorded (no engine_option_defaults) name every option that is on."""
+    options, defaults = spec.get("engine_options") or {}, spec.get("engine_option_defaults")
+    if not defaults:
+        changed = [k for k, v in options.items() if v is True]
+    else:
+        changed = [k if v else f"no_{k}" for k, v in options.items()
+                   if isinstance(v, bool) and v != defaults.get(k, False)]
+    return " ".join([*stack_engine(spec), *changed, *_unless(target_name(spec), DEFAULT_TARGET)])
 
 
 # ---- the per-rank event records (events/<record>/rank-N.jsonl) ------------------------------------------------------

@@ -27,6 +27,8 @@ class RunSpec:
     shape: ModelShape
     model_source: str = ""
     engine_options: dict = field(default_factory=dict)  # the engine's declared options (engines/<name>.py)
+    # their defaults, so that results name only the options a run changed (results/schema.py engine_label)
+    engine_option_defaults: dict = field(default_factory=dict)
 
     # model
     shrink: int = key(1, "divide head dimension, FFN and vocabulary (and the default seq_len) by K; layers and "

@@ -163,7 +163,7 @@ def throughput(groups: list[Group]) -> Figure | None:
                           label=None if labelled else name)
                 labelled = True
     ax.set_ylabel("throughput (MiB/s)")
-    ax.set_title("Checkpoint throughput per engine (bytes / slowest rank's seconds)", loc="left")
+    ax.set_title("Checkpoint throughput per engine\n(bytes / slowest rank's seconds)", loc="left")
     ax.legend(**LEGEND)
     _caption(fig, CAPTION, gs)
     return fig

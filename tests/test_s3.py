@@ -105,6 +105,8 @@ def test_dcp_on_deepspeed_round_trips_through_the_object_store(server, harness):
     (["ckpt_dir=s3://ckpt/x", "engine=lazy"], {}, "engine=lazy writes to a file system, not to object storage"),
     (["ckpt_dir=s3://ckpt/x", "emulate=true"], {}, "emulate=true writes to a file system"),
     (["ckpt_dir=s3://c/x"], {}, "is not a bucket name"),
+    (["ckpt_dir=s3://ckpt/x"], {"AWS_MAX_ATTEMPTS": "many"}, "AWS_MAX_ATTEMPTS=many: accepted a whole number"),
+    (["ckpt_dir=s3://ckpt/x"], {"AWS_MAX_ATTEMPTS": "0"}, "AWS_MAX_ATTEMPTS=0: accepted a whole number"),
 ])
 def test_bad_object_store_input_is_one_line_before_anything_exists(server, tmp_path, args, env, message):
     proc = submit(["tiny", *args, f"results_dir={tmp_path / 'results'}"], tmp_path, env=env)

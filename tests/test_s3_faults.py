@@ -90,12 +90,14 @@ def test_throttled_requests_are_retried_counted_and_the_run_verifies(s3_server, 
     assert float(row["restart_retried_requests_count"]) == counted[1]["retried_requests"]
 
 
-def test_gateway_killed_during_a_multipart_upload(s3_server, proxy, tmp_path):
-    """radosgw SIGKILLed as the first part of global_step4 is sent: the save fails after the client's retries, the
-    status names the endpoint and the tag, `latest` stays global_step2, the uploads the dead gateway could not abort
-    are reported, then aborted by the restart, which verifies global_step2."""
+def test_gateway_killed_during_a_multipart_upload(s3_server, proxy, tmp_path, monkeypatch):
+    """radosgw SIGKILLed as the first part of global_step4 is sent: the save fails after the client's retries (3
+    tries per request here, AWS_MAX_ATTEMPTS; the default 10 take about 45 s), the status names the endpoint and
+    the tag, `latest` stays global_step2, the uploads the dead gateway could not abort are reported, then aborted by
+    the restart, which verifies global_step2."""
     from restart_harness.storage import local_s3
 
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
     proxy.on(on_object("global_step4", part=True), before=lambda: local_s3.kill_gateway(s3_server.root), times=1)
     try:
         proc = submit([*RUN, "ckpt_dir=s3://ckpt/killed", f"results_dir={tmp_path / 'results'}"], tmp_path,
@@ -109,6 +111,7 @@ def test_gateway_killed_during_a_multipart_upload(s3_server, proxy, tmp_path):
     assert "stopped answering" in status["reason"] and "while saving global_step4" in status["reason"], status
     assert stored_latest(run_dir) == "global_step2"
     summary = load_summary(run_dir)
+    assert summary["spec"]["checkpoint_object_store"]["max_attempts"] == 3
     requests, uploads = summary["checkpoint"]["storage_requests"], summary["checkpoint"]["incomplete_uploads"]
     assert requests["failed_operations"] >= 1 and requests["failed_requests"] > requests["failed_operations"]
     assert uploads["error"] and not uploads["aborted"]  # the gateway was down: reported, not silently left

@@ -8,6 +8,7 @@
                (/ AWS_SESSION_TOKEN), else the profile (AWS_PROFILE) in ~/.aws/credentials, else instance roles
   addressing   path style (http://host/bucket/key) when an endpoint is given (S3-compatible servers), else virtual
                hosted, as AWS wants
+  retries      AWS_MAX_ATTEMPTS, else the profile's `max_attempts`, else 10 (the client's own): tries per request
 
 A run's objects are `<prefix>/<run name>/<tag>/<DeepSpeed's or DCP's file name>`, and `<prefix>/<run name>/latest`
 once a checkpoint is committed. The run directory keeps a local index of the same names (`checkpoint/`): DeepSpeed
@@ -77,6 +78,7 @@ class S3Settings:
     region: str
     endpoint_url: str | None
     profile: str | None
+    max_attempts: int = 10  # tries per request, the first one included (the client's own default)
 
     @property
     def path_style(self) -> bool:
@@ -89,7 +91,11 @@ class S3Settings:
         config = _profile_config(env, profile or "default")
         region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or config.get("region") or DEFAULT_REGION
         endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or config.get("endpoint_url")
-        return cls(region, endpoint or None, profile)
+        attempts = env.get("AWS_MAX_ATTEMPTS") or config.get("max_attempts") or "10"
+        if not attempts.strip().isdigit() or int(attempts) < 1:
+            source = "AWS_MAX_ATTEMPTS" if env.get("AWS_MAX_ATTEMPTS") else "max_attempts in the AWS config"
+            raise ValueError(f"{source}={attempts}: accepted a whole number of tries per request, >= 1")
+        return cls(region, endpoint or None, profile, int(attempts))
 
     def describe(self) -> str:
         return f"region {self.region}, endpoint {self.endpoint_url or 'AWS'}" + (
@@ -98,14 +104,14 @@ class S3Settings:
     def client_config(self):
         from s3torchconnector import S3ClientConfig
 
-        return S3ClientConfig(force_path_style=self.path_style, profile=self.profile)
+        return S3ClientConfig(force_path_style=self.path_style, profile=self.profile, max_attempts=self.max_attempts)
 
-    def client(self, max_attempts: int = 10):
+    def client(self, max_attempts: int | None = None):
         """s3torchconnector's own client (the one its checkpoint streams and DCP writer use)."""
         from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client
 
         return MountpointS3Client(self.region, endpoint=self.endpoint_url, force_path_style=self.path_style,
-                                  profile=self.profile, max_attempts=max_attempts)
+                                  profile=self.profile, max_attempts=max_attempts or self.max_attempts)
 
     def export(self) -> None:
         """Make the endpoint visible to clients built without an endpoint argument (s3torchconnector's DCP writer
@@ -305,7 +311,10 @@ class S3Target(Target):
                  url: S3Url | None = None, settings: S3Settings | None = None):
         super().__init__(location, root, observer)
         self.url = url if url is not None else S3Url.parse(location)
-        self.settings = settings or S3Settings.from_environment()
+        try:
+            self.settings = settings or S3Settings.from_environment()
+        except ValueError as exc:
+            raise UsageError(f"ckpt_dir={location or self.url}: {exc}") from None
         self._client = None
 
     @classmethod
@@ -345,11 +354,15 @@ class S3Target(Target):
                 "checkpoint_root_in_run": self.root.relative_to(run_dir).as_posix(), "checkpoint_data_in_run": False,
                 "checkpoint_url": str(self.url),
                 "checkpoint_object_store": {"region": s.region, "endpoint_url": s.endpoint_url,
-                                            "path_style": s.path_style, "client": "s3torchconnector"}}
+                                            "path_style": s.path_style, "client": "s3torchconnector",
+                                            "max_attempts": s.max_attempts}}
 
     @classmethod
     def from_record(cls, record: dict, root: Path, observer=NO_OBSERVER) -> S3Target:
-        settings = S3Settings.from_environment()
+        try:
+            settings = S3Settings.from_environment()
+        except ValueError as exc:
+            raise UsageError(f"ckpt_dir={record['checkpoint_url']}: {exc}") from None
         settings.export()  # s3torchconnector's DCP writer and reader find the endpoint in the environment
         return cls(None, root, observer, S3Url.parse(record["checkpoint_url"]), settings)
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from analysis.load import Run
 from restart_harness.results.schema import (
+    CONFIG_DEFAULTS,
     CONFIG_FIELDS,
     KINDS,
     LOAD_CATEGORIES,
@@ -303,7 +304,7 @@ class Group:
 
 def _config(run: Run) -> dict:
     spec = run.spec
-    out = {k: json.dumps(spec.get(k), sort_keys=True) for k in CONFIG_FIELDS}
+    out = {k: json.dumps(spec.get(k, CONFIG_DEFAULTS.get(k)), sort_keys=True) for k in CONFIG_FIELDS}
     for a, b in PLACE_FIELDS:
         out[f"{a}.{b}"] = json.dumps(get(spec, a, b))
     return out

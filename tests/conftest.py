@@ -65,6 +65,10 @@ RUNS: dict[str, Case] = {
     "tp2-pp2": Case(f"tiny tp=2 pp=2 baseline=false {SHORT}"),
     "tp2-pp2-dp2": Case(f"tiny tp=2 pp=2 dp=2 {SHORT}"),
     "70B-tp2-pp4-shrink64": Case(f"70B tp=2 pp=4 shrink=64 {SHORT}"),
+    # ZeRO stages 2 and 3 (stage 3: a model-states file per data-parallel rank)
+    "zero2-dp2": Case(f"tiny dp=2 zero=2 {SHORT}"),
+    "zero3-dp2": Case(f"tiny dp=2 zero=3 {SHORT}"),
+    "zero3-tp2-dp2": Case(f"tiny tp=2 dp=2 zero=3 {SHORT}"),
     # engines
     "torchsnapshot-dp2": Case(f"tiny dp=2 engine=torchsnapshot {SHORT}"),
     "torchsnapshot-async-tp2-pp2": Case(f"tiny tp=2 pp=2 engine=torchsnapshot async_take=true {ASYNC_SHORT}"),

@@ -75,3 +75,42 @@ def test_shrunk_run_says_so(harness):
     assert summary["spec"]["shrink"] == 64 and summary["spec"]["derived"]["shrunk"] is True
     assert summary["spec"]["shape"]["num_hidden_layers"] == 80
     assert summary["run_id"].startswith("70B-shrink64-tp2-pp4-dp1-default-")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", cases("zero2-dp2", "zero3-dp2"))
+def test_zero_to_fp32_reads_the_zero_checkpoint_as_planned(harness, name):
+    """DeepSpeed's own zero_to_fp32 consolidates a ZeRO-2 or ZeRO-3 checkpoint into every parameter of the model at
+    its full shape, and each value is the ranks' fp32 partitions put back together the way the planner partitions
+    them (ZeRO-2: one flat group split in dp parts; ZeRO-3: each parameter split in dp padded parts)."""
+    import math
+    from pathlib import Path
+
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    from restart_harness.plan import checkpoint, rules
+    from restart_harness.spec.runspec import RunSpec
+
+    run_dir = harness.run(name)
+    spec = RunSpec.from_json(json.loads((run_dir / "spec.json").read_text()))
+    root = Path(load_summary(run_dir)["checkpoint"]["root"])
+    full = get_fp32_state_dict_from_zero_checkpoint(str(root), tag="global_step2")
+    (recipe,) = [r for r in checkpoint.recipes(spec) if r.kind == "optimizer_states" and r.dp_rank == 0]
+    assert [(n, tuple(t.shape)) for n, t in full.items()] == [(n, tuple(s)) for n, s in recipe.params]
+
+    flats = []
+    for d in range(spec.dp):
+        state = torch.load(root / "global_step2" / f"bf16_zero_pp_rank_{d}_mp_rank_00_optim_states.pt",
+                           map_location="cpu", weights_only=False)["optimizer_state_dict"]
+        (flat,) = state["single_partition_of_fp32_groups" if spec.zero == 2 else "fp32_flat_groups"]
+        flats.append(flat)
+    offset, whole = 0, torch.cat(flats)
+    for n, t in full.items():
+        numel = math.prod(t.shape)
+        if spec.zero == 2:
+            expected, offset = whole[offset:offset + numel], offset + numel
+        else:
+            part = rules.zero3_partition_numel(numel, spec.dp)
+            expected, offset = torch.cat([f[offset:offset + part] for f in flats])[:numel], offset + part
+        assert torch.equal(t.flatten(), expected), n

@@ -183,7 +183,8 @@ def test_zero1_padding_is_deepspeeds():
 
 # ---- against reality: the files real runs wrote and the files their restarts read ------------------------------
 # fastpersist: its names (`X.pt-R.N`), model-states replicas and writing ranks come from the engine (Engine.stored)
-REAL = cases("tiny-dp2", "tp2-pp2", "70B-tp2-pp4-shrink64", "fastpersist-dp2", "fastpersist-tp2-pp2-dp2")
+REAL = cases("tiny-dp2", "tp2-pp2", "70B-tp2-pp4-shrink64", "fastpersist-dp2", "fastpersist-tp2-pp2-dp2",
+             "zero2-dp2", "zero3-dp2", "zero3-tp2-dp2")
 
 
 def _loaded(run_dir: Path) -> dict[int, list[str]]:
@@ -232,3 +233,27 @@ def test_runs_record_baseline_and_efficiency(harness):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_zero3_partitions_and_sub_groups_are_deepspeeds():
+    """The planner's ZeRO-3 rules against DeepSpeed 0.19.8's own code: each parameter padded to a multiple of dp
+    (partition_parameters.py _padding_size), and the optimizer's sub-groups (stage3.py _create_fp16_sub_groups, run
+    unbound on stand-ins for parameters)."""
+    from types import SimpleNamespace
+
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.runtime.zero.partition_parameters import Init
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+
+    assert DeepSpeedZeroConfig().sub_group_size == rules.ZERO3_SUB_GROUP_SIZE
+    for numel in (1, 7, 250432, 10**9 + 3):
+        for dp in (1, 2, 3, 8, 64):
+            fake = SimpleNamespace(_partition_world_size=lambda p, dp=dp: dp)
+            padded = numel + Init._padding_size(fake, SimpleNamespace(ds_numel=numel))
+            assert rules.zero3_partition_numel(numel, dp) * dp == padded
+    for numels, dp, size in (([10, 20, 30], 2, 100), ([10, 20, 30, 40], 1, 30), ([5] * 7, 3, 4), ([9, 1], 1, 10)):
+        params = [SimpleNamespace(partition_numel=lambda n=n, dp=dp: rules.zero3_partition_numel(n, dp))
+                  for n in numels]
+        groups = DeepSpeedZeroOptimizer_Stage3._create_fp16_sub_groups(SimpleNamespace(sub_group_size=size), params)
+        expected = [sum(p.partition_numel() for p in g) for g in groups]
+        assert rules.zero3_partition_groups(numels, dp, size) == expected, (numels, dp, size)

@@ -1,4 +1,4 @@
-"""The DeepSpeed JSON config for a RunSpec: ZeRO stage 1, torch AdamW, bf16 or fp32, plus the engine's block."""
+"""The DeepSpeed JSON config for a RunSpec: its ZeRO stage, torch AdamW, bf16 or fp32, plus the engine's block."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def build_ds_config(spec: RunSpec) -> dict:
         "train_batch_size": spec.global_batch,
         "train_micro_batch_size_per_gpu": spec.micro_batch,
         "gradient_accumulation_steps": spec.grad_accum,
-        "zero_optimization": {"stage": 1},
+        "zero_optimization": {"stage": spec.zero},
         "optimizer": {
             "type": "AdamW",
             # torch_adam: FusedAdam needs CUDA; torch's AdamW is the same math on every device.

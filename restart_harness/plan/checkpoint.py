@@ -105,8 +105,12 @@ def recipes(spec: RunSpec) -> list[FileRecipe]:
             if pipe:
                 out.append(FileRecipe(f"layer_{i:02d}-model_{t:02d}-model_states.pt", "layer_states", writer, s, t,
                                       None, i, layer, pipe))
-        out.append(FileRecipe(f"mp_rank_{mp_rank:02d}_model_states.pt", "model_states", writer, s, t, None, None,
-                              tuple(named), pipe))
+        if spec.zero == 3:  # every data-parallel rank saves the module with its parameters partitioned away
+            out += [FileRecipe(zero3_model_file(d, mp_rank), "model_states", rules.global_rank(s, d, t, dp, tp), s, t,
+                               d, None, tuple(named), pipe) for d in range(dp)]
+        else:
+            out.append(FileRecipe(f"mp_rank_{mp_rank:02d}_model_states.pt", "model_states", writer, s, t, None, None,
+                                  tuple(named), pipe))
         for d in range(dp):
             out.append(FileRecipe(f"{prefix}zero_pp_rank_{d}_mp_rank_{mp_rank:02d}_optim_states.pt",
                                   "optimizer_states", rules.global_rank(s, d, t, dp, tp), s, t, d, None,
@@ -114,10 +118,20 @@ def recipes(spec: RunSpec) -> list[FileRecipe]:
     return out
 
 
+def zero3_model_file(dp_rank: int, mp_rank: int) -> str:
+    return f"zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_model_states.pt"
+
+
 def _saved_file(spec: RunSpec, r: FileRecipe) -> SavedFile:
     """What torch.save gets for a recipe: its tensor storages (exact) and the names its pickle holds."""
     elem = ELEMENT_BYTES[spec.precision]
     stem, names = r.path.removesuffix(".pt"), tuple(n for n, _ in r.params)
+    if spec.zero == 3:
+        if r.kind == "model_states":  # each parameter an empty placeholder (its data lives in the partitions)
+            return SavedFile(stem, (0,) * len(r.params), "model_states_zero3", names)
+        groups = rules.zero3_partition_groups([math.prod(shape) for _, shape in r.params], spec.dp)
+        return SavedFile(stem, tuple(b for n in groups for b in (4 * n,) * OPTIMIZER_STATES + (ADAM_STEP_BYTES,)),
+                         "optimizer_states_zero3")
     if r.kind == "layer_states":
         # Each layer's state dict is cloned before saving: one storage per tensor.
         return SavedFile(stem, tuple(elem * math.prod(shp) for _, shp in r.params), "layer_states", names)
@@ -180,14 +194,18 @@ def restart_read_sequence(spec: RunSpec) -> dict[int, list[str]]:
 
     DeepSpeed's state-dict loader first torch.loads the first file of the sorted list of candidates (mp_rank_00,
     or a layer's model_00 file) to check the saved model-parallel size, then the rank's own file (for pp=1 at TP rank
-    0 the same file, read twice); ZeRO-1 (not elastic) reads only the rank's own optimizer file."""
+    0 the same file, read twice); ZeRO-1 and 2 (not elastic) read only the rank's own optimizer file. ZeRO-3: the same,
+    with the model files of the rank's own data-parallel index."""
     prefix = "bf16_" if spec.precision == "bf16" else ""
     out = {}
     for shard in shards(spec):
         s, t = shard.stage, shard.tp_rank
         mp_rank = s * spec.tp + t
         for d in range(spec.dp):
-            names = ["mp_rank_00_model_states.pt", f"mp_rank_{mp_rank:02d}_model_states.pt"]
+            if spec.zero == 3:
+                names = [zero3_model_file(d, 0), zero3_model_file(d, mp_rank)]
+            else:
+                names = ["mp_rank_00_model_states.pt", f"mp_rank_{mp_rank:02d}_model_states.pt"]
             if spec.pp > 1:
                 for i in shard.layers:
                     names += [f"layer_{i:02d}-model_00-model_states.pt", f"layer_{i:02d}-model_{t:02d}-model_states.pt"]

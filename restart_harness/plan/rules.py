@@ -106,3 +106,29 @@ def zero1_flat_numel(numel: int, dp: int) -> int:
     """Elements of the padded flat parameter buffer (what a pp=1 model file stores: the module's weights are views
     into it, and DeepSpeed saves them without cloning)."""
     return zero1_partition_numel(numel, dp) * dp
+
+
+# DeepSpeed 0.19.8's default zero_optimization.sub_group_size: ZeRO-3 keeps the optimizer state of a rank's partition
+# in sub-groups of about this many elements, each with its own flat fp32 tensor, Adam moments and step.
+ZERO3_SUB_GROUP_SIZE = 10**9
+
+
+def zero3_partition_numel(numel: int, dp: int) -> int:
+    """Elements of one data-parallel rank's ZeRO-3 partition of one parameter: partition_parameters.py pads each
+    parameter to a multiple of dp and gives every rank an equal part."""
+    return -(-numel // dp)
+
+
+def zero3_partition_groups(param_numels: list[int], dp: int, sub_group_size: int = ZERO3_SUB_GROUP_SIZE) -> list[int]:
+    """Elements of each optimizer sub-group of one rank's ZeRO-3 partition (stage3.py _create_fp16_sub_groups: the
+    parameters in order, a sub-group closed once it holds sub_group_size elements or at the last parameter)."""
+    parts = [zero3_partition_numel(n, dp) for n in param_numels]
+    if sub_group_size >= sum(parts):
+        return [sum(parts)]
+    groups, current = [], 0
+    for part in parts:
+        current += part
+        if current >= sub_group_size:
+            groups.append(current)
+            current = 0
+    return groups + ([current] if current else [])

@@ -22,8 +22,10 @@ _END_RECORD_BYTES = 22
 
 # Pickle bytes: base per file kind, and per name (added to the name's length). Calibrated on tiny runs
 # (tests/test_planner.py checks the whole estimate against real files of three layouts).
-PICKLE_BASE = {"layer_states": 100, "model_states_pipe": 800, "model_states": 6700, "optimizer_states": 1450}
-PICKLE_PER_NAME = {"layer_states": 62, "model_states_pipe": 30, "model_states": 40, "optimizer_states": 40}
+PICKLE_BASE = {"layer_states": 100, "model_states_pipe": 800, "model_states": 6700, "optimizer_states": 1450,
+               "model_states_zero3": 6700, "optimizer_states_zero3": 1500}
+PICKLE_PER_NAME = {"layer_states": 62, "model_states_pipe": 30, "model_states": 40, "optimizer_states": 40,
+                   "model_states_zero3": 40, "optimizer_states_zero3": 0}
 
 
 @dataclass(frozen=True)

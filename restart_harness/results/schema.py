@@ -75,9 +75,11 @@ STORAGE_REQUEST_FIELDS = ("requests", "failed_requests", "throttled_requests", "
 
 # The spec fields that make two runs repeats of one configuration (seed, paths, ports and timeouts do not), and
 # where else a configuration can differ: another machine or another file system.
-CONFIG_FIELDS = ("model", "shape", "shrink", "stack", "precision", "tp", "pp", "dp", "nodes", "ranks_per_node",
-                 "replicate", "engine", "engine_options", "device", "launcher", "cache", "iters", "save_interval",
-                 "after", "micro_batch", "grad_accum", "seq_len", "anatomy", "trace")
+CONFIG_FIELDS = ("model", "shape", "shrink", "stack", "precision", "tp", "pp", "dp", "zero", "nodes",
+                 "ranks_per_node", "replicate", "engine", "engine_options", "device", "launcher", "cache", "iters",
+                 "save_interval", "after", "micro_batch", "grad_accum", "seq_len", "anatomy", "trace")
+# What a field of CONFIG_FIELDS was before the harness recorded it (spec.json of older runs)
+CONFIG_DEFAULTS = {"zero": 1}
 PLACE_FIELDS = (("host", "hostname"), ("checkpoint_filesystem", "mount"), ("checkpoint_filesystem", "type"),
                 ("checkpoint_object_store", "endpoint_url"))  # s3:// runs: never pooled with file-system runs
 
@@ -89,9 +91,10 @@ def model_label(spec: dict) -> str:
 
 
 def layout_label(spec: dict) -> str:
-    """`tp2 pp4 dp1` (and `2n` with several nodes)."""
-    nodes = spec.get("nodes") or 1
-    return f"tp{spec['tp']} pp{spec['pp']} dp{spec['dp']}" + (f" {nodes}n" if nodes > 1 else "")
+    """`tp2 pp4 dp1` (and `zero3` for a ZeRO stage other than 1, `2n` with several nodes)."""
+    nodes, zero = spec.get("nodes") or 1, spec.get("zero") or 1
+    return (f"tp{spec['tp']} pp{spec['pp']} dp{spec['dp']}" + (f" zero{zero}" if zero != 1 else "")
+            + (f" {nodes}n" if nodes > 1 else ""))
 
 
 DEFAULT_STACK, DEFAULT_TARGET = "deepspeed", "filesystem"  # what a label leaves unsaid

@@ -42,6 +42,9 @@ class RunSpec:
     nodes: int = key(1, "nodes (slurm and pbs launchers)", group="layout", minimum=1, restart=True)
     ranks_per_node: int | None = key(None, "ranks (GPUs) per node; default tp x pp x dp / nodes", group="layout",
                                      minimum=1, restart=True)
+    zero: int = key(1, "stack=deepspeed: ZeRO stage; 1 shards the optimizer state over the data-parallel ranks, 2 "
+                       "also the gradients (the same files as 1), 3 also the parameters (model files per "
+                       "data-parallel rank); 2 and 3 need pp=1", group="layout", minimum=1, maximum=3)
     replicate: int | None = key(None, "stack=fsdp2: hybrid sharding (HSDP), the data-parallel ranks as this many "
                                       "replicas that each shard the whole state over dp / replicate ranks; default "
                                       "nodes (shard within a node, replicate across nodes)", group="layout",

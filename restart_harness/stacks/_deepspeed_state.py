@@ -1,7 +1,7 @@
 """The DeepSpeed stack's state, digested (helpers of stacks/deepspeed.py).
 
-state_digests(): what one rank restores - module weights, its ZeRO fp32 master partition, optimizer moments and step,
-the engine's step counters - compared with the same rank's digests taken at save.
+state_digests(): what one rank restores - module weights (ZeRO-3: its partition of each), its ZeRO fp32 master
+partition, optimizer moments and step, the engine's step counters - compared with the same rank's digests taken at save.
 
 full_state_digests(): the full, unsplit optimizer state of every parameter (fp32 master weights, Adam's exp_avg and
 exp_avg_sq), whatever the layout holds it as: gathered over the data-parallel group by DeepSpeed's own safe_get_full_*
@@ -40,6 +40,9 @@ def state_digests(engine) -> dict[str, str]:
     """name -> digest for every tensor this rank restores: module weights, ZeRO fp32 master partition,
     optimizer moments and step, and the engine's step counters."""
     out = {f"module.{name}": digest.tensor_digest(t) for name, t in engine.module.state_dict().items()}
+    for name, p in engine.module.named_parameters():  # ZeRO-3: the module holds only this rank's partitions
+        if getattr(p, "ds_tensor", None) is not None:
+            out[f"module_partition.{name}"] = digest.tensor_digest(p.ds_tensor)
     zero = engine.optimizer
     inner = getattr(zero, "optimizer", zero)
     masters = getattr(zero, "single_partition_of_fp32_groups", None)

@@ -66,7 +66,7 @@ def init_distributed(spec):
 class DeepSpeedStack(Stack):
     name = "deepspeed"
     key_text = "stack=deepspeed"
-    description = "DeepSpeed ZeRO-1 with tensor (Megatron-style) and pipeline (PipelineModule) parallelism"
+    description = "DeepSpeed ZeRO (stage 1, 2 or 3) with tensor (Megatron-style) and pipeline (PipelineModule) parallelism"
     default_engine = "default"
     reshard = "convert"
     planned = True
@@ -74,12 +74,19 @@ class DeepSpeedStack(Stack):
     @classmethod
     def check(cls, spec) -> None:
         if spec.replicate is not None:
-            raise UsageError(f"replicate={spec.replicate}: hybrid sharding is stack=fsdp2's; DeepSpeed's ZeRO-1 "
-                             "shards the optimizer state over every data-parallel rank; accepted: stack=fsdp2")
+            raise UsageError(f"replicate={spec.replicate}: hybrid sharding is stack=fsdp2's; DeepSpeed's ZeRO "
+                             "shards over every data-parallel rank; accepted: stack=fsdp2")
+        if spec.zero > 1 and spec.pp > 1:
+            raise UsageError(f"zero={spec.zero} with pp={spec.pp}: DeepSpeed 0.19.8's pipeline engine takes ZeRO stage "
+                             "1 only (PipelineEngine asserts it); accepted: zero=1 with pp > 1, or pp=1")
 
     @classmethod
     def check_relayout(cls, original, spec, engine, target, saves) -> None:
         change = f"{original.layout} -> {spec.layout}"
+        if original.zero > 1:
+            raise UsageError(f"restart at another layout ({change}): the run trained with zero={original.zero}; "
+                             "the harness verifies a converted checkpoint against ZeRO-1's files only; accepted: a "
+                             "restart at its own layout")
         if target.kind != "posix":
             raise UsageError(f"restart at another layout ({change}): DeepSpeed's universal-checkpoint converter reads "
                              f"a file system, and this checkpoint is on storage target {target.name}; accepted: a "

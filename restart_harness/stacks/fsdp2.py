@@ -39,6 +39,9 @@ class FSDP2Stack(Stack):
     @classmethod
     def check(cls, spec) -> None:
         """FSDP2 shards over the data-parallel ranks only; tensor and pipeline parallelism are DeepSpeed's here."""
+        if spec.zero != 1:
+            raise UsageError(f"zero={spec.zero}: ZeRO stages are DeepSpeed's; stack=fsdp2 shards parameters, gradients "
+                             "and optimizer state over the data-parallel ranks by itself; accepted: stack=deepspeed")
         for name in ("tp", "pp"):
             if getattr(spec, name) != 1:
                 raise UsageError(f"{name}={getattr(spec, name)}: stack=fsdp2 shards over data-parallel ranks only; "

@@ -97,7 +97,7 @@ def build(spec: RunSpec, bandwidth_gbps: float | None = None, target: RunSpec | 
     plan = {
         "model": spec.model_label,
         "num_parameters": spec.shape.num_parameters(),
-        "layout": {"tp": spec.tp, "pp": spec.pp, "dp": spec.dp, "world_size": spec.world_size},
+        "layout": {"tp": spec.tp, "pp": spec.pp, "dp": spec.dp, "zero": spec.zero, "world_size": spec.world_size},
         "precision": spec.precision,
         "engine": spec.engine,
         "names": names,
@@ -135,7 +135,8 @@ def render(plan: dict) -> str:
     """Every file, then totals, bytes per rank and the estimate."""
     lay = plan["layout"]
     lines = [(f"plan: {plan['model']} ({plan['num_parameters']:,} parameters), tp={lay['tp']} pp={lay['pp']} "
-             f"dp={lay['dp']} ({lay['world_size']} ranks), {plan['precision']}, engine {plan['engine']}"),
+             f"dp={lay['dp']} zero={lay.get('zero', 1)} ({lay['world_size']} ranks), {plan['precision']}, "
+             f"engine {plan['engine']}"),
              f"names: {plan['names']}: {plan['note']}", ""]
     if plan["files"]:
         width = max(len(f["path"]) for f in plan["files"])

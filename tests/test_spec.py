@@ -41,6 +41,16 @@ def test_real_presets_have_published_parameter_counts(preset):
     assert shape.num_parameters() == pytest.approx(expected, rel=0.01)
 
 
+@pytest.mark.parametrize("preset, stated_gib", [("llama3-8B", 105), ("llama3-70B", 912), ("llama3-405B", 5290)])
+def test_mlperf_presets_give_mlperfs_stated_checkpoint_sizes(preset, stated_gib):
+    """MLPerf Storage v2.0 states its workloads' checkpoint sizes (105 GB, 912 GB, 5.29 TB): they are 14 bytes per
+    parameter (bf16 weights, fp32 master weights, two fp32 Adam moments) of these shapes, in GiB. The 70B workload's
+    128 heads of 64 make it smaller than Llama 3 70B (64 heads of 128: wider key/value projections)."""
+    shape, _ = load_model(preset)
+    assert shape.num_parameters() * 14 / 2**30 == pytest.approx(stated_gib, rel=0.005)
+    assert preset in preset_names()
+
+
 def test_presets_listed():
     assert {"tiny", "small", "1B", "3B", "7B", "13B", "70B"} <= set(preset_names())
 

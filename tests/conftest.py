@@ -88,6 +88,7 @@ RUNS: dict[str, Case] = {
     "emulated-tiny-dp2": Case("tiny dp=2 engine=default iters=4 save_interval=2 after=2 emulate=true"),
     "emulated-tp2-pp2": Case(f"tiny tp=2 pp=2 baseline=false {SHORT} emulate=true"),
     "emulated-dcp-tp2-pp2": Case(f"tiny tp=2 pp=2 engine=dcp {SHORT} emulate=true"),
+    "emulated-zero3-tp2-dp2": Case(f"tiny tp=2 dp=2 zero=3 {SHORT} emulate=true"),
     # observation: every POSIX I/O call traced with dftracer; the anatomy switched off
     "traced-tp2-dp2": Case(f"tiny tp=2 dp=2 trace=true {SHORT}"),
     "no-anatomy-dp2": Case(f"tiny dp=2 anatomy=false {SHORT}"),

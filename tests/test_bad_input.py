@@ -55,7 +55,6 @@ CASES = {
     # ZeRO stages (issue 25): what DeepSpeed or the harness cannot take with stage 2 or 3
     "no such ZeRO stage": (["tiny", "zero=4"], "zero=4"),
     "ZeRO-3 with pipeline parallelism": (["tiny", "zero=3", "pp=2"], "zero=3 with pp=2"),
-    "ZeRO-2 emulated": (["tiny", "zero=2", "emulate=true"], "emulate=true with zero=2"),
     "ZeRO stage for fsdp2": (["tiny", "stack=fsdp2", "zero=3", "dp=2"], "zero=3"),
     "ZeRO-3 planned at another layout": (["plan", "tiny", "zero=3", "dp=2", "to_dp=1"], "zero=3"),
 }

@@ -18,7 +18,8 @@ from engines import registry
 from restart_harness.command import parse_args
 
 # Each emulated case (conftest.RUNS) beside the real run it must equal (same model, layout, engine, last step).
-PAIRS = {"emulated-tiny-dp2": "tiny-dp2", "emulated-tp2-pp2": "tp2-pp2", "emulated-dcp-tp2-pp2": "dcp-tp2-pp2"}
+PAIRS = {"emulated-tiny-dp2": "tiny-dp2", "emulated-tp2-pp2": "tp2-pp2", "emulated-dcp-tp2-pp2": "dcp-tp2-pp2",
+         "emulated-zero3-tp2-dp2": "zero3-tp2-dp2"}
 cases(*PAIRS, *PAIRS.values())
 
 
@@ -67,6 +68,29 @@ def test_emulated_files_equal_the_real_ones(harness, emulated):
         assert emu_bytes == pytest.approx(real_bytes, rel=0.01), entry
     if "engine=" not in RUNS[emulated].args or "engine=default" in RUNS[emulated].args:
         assert all(emu[p]["bytes"] == f["bytes"] for p, f in real.items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("real", cases("zero2-dp2", "zero3-dp2"))
+def test_emulated_zero_files_are_deepspeeds_to_the_byte(harness, real, tmp_path):
+    """Every file of a real ZeRO-2 or ZeRO-3 checkpoint against the state dict emulation builds for it (in this
+    process, saved with torch.save under the same name): the same size to the byte and the same structure."""
+    from restart_harness.plan import checkpoint
+    from restart_harness.spec.runspec import RunSpec
+    from restart_harness.stacks._deepspeed_files import Filler, build_state
+    from restart_harness.stacks.deepspeed import client_state
+
+    run_dir = harness.run(real)
+    spec = RunSpec.from_json(json.loads((run_dir / "spec.json").read_text()))
+    config = json.loads((run_dir / "ds_config.json").read_text())
+    tag_dir = Path(load_summary(run_dir)["checkpoint"]["dir"])
+    filler = Filler(0, spec.seed)
+    for recipe in checkpoint.recipes(spec):
+        out = tmp_path / recipe.path
+        torch.save(build_state(spec, recipe, filler, config, client_state(spec, 2)), out)
+        assert out.stat().st_size == (tag_dir / recipe.path).stat().st_size, recipe.path
+        a = torch.load(tag_dir / recipe.path, map_location="cpu", weights_only=False)
+        assert structure_differences(a, torch.load(out, map_location="cpu", weights_only=False)) == [], recipe.path
 
 
 def _open(spec):

@@ -120,15 +120,22 @@ def zero3_partition_numel(numel: int, dp: int) -> int:
 
 
 def zero3_partition_groups(param_numels: list[int], dp: int, sub_group_size: int = ZERO3_SUB_GROUP_SIZE) -> list[int]:
-    """Elements of each optimizer sub-group of one rank's ZeRO-3 partition (stage3.py _create_fp16_sub_groups: the
-    parameters in order, a sub-group closed once it holds sub_group_size elements or at the last parameter)."""
+    """Elements of each optimizer sub-group of one rank's ZeRO-3 partition (zero3_sub_groups)."""
+    return [numel for _, _, numel in zero3_sub_groups(param_numels, dp, sub_group_size)]
+
+
+def zero3_sub_groups(param_numels: list[int], dp: int,
+                     sub_group_size: int = ZERO3_SUB_GROUP_SIZE) -> list[tuple[int, int, int]]:
+    """(first parameter, last parameter, elements) of each optimizer sub-group of one rank's ZeRO-3 partition
+    (stage3.py _create_fp16_sub_groups: the parameters in order, a sub-group closed once it holds sub_group_size
+    elements or at the last parameter)."""
     parts = [zero3_partition_numel(n, dp) for n in param_numels]
     if sub_group_size >= sum(parts):
-        return [sum(parts)]
-    groups, current = [], 0
-    for part in parts:
+        return [(0, len(parts) - 1, sum(parts))]
+    groups, first, current = [], 0, 0
+    for i, part in enumerate(parts):
         current += part
-        if current >= sub_group_size:
-            groups.append(current)
-            current = 0
-    return groups + ([current] if current else [])
+        if current >= sub_group_size or i == len(parts) - 1:
+            groups.append((first, i, current))
+            first, current = i + 1, 0
+    return groups

@@ -1,6 +1,7 @@
 """DeepSpeed 0.19.8's checkpoint files rebuilt without a model (helpers of stacks/emulated.py): each file's state dict
 as DeepSpeed assembles it (engine._save_checkpoint, _save_zero_checkpoint, PipelineModule.save_state_dict,
-DeepSpeedZeroOptimizer.state_dict for ZeRO-1 with torch's AdamW) from the planner's recipe (plan/checkpoint.py);
+DeepSpeedZeroOptimizer.state_dict for ZeRO-1 and 2, DeepSpeedZeroOptimizer_Stage3.state_dict
+for ZeRO-3, with torch's AdamW) from the planner's recipe (plan/checkpoint.py);
 tests/test_emulate.py compares them with a real run's files key by key. Tensor bytes are random and unique per 4 KiB
 block (neither compressible nor deduplicable): a random pool copied at a per-file offset, each 4 KiB block stamped
 with a counter of (rank, file, block). waves(): how many ranks of a node hold file state at once."""
@@ -8,6 +9,7 @@ with a counter of (rank, file, block). waves(): how many ranks of a node hold fi
 from __future__ import annotations
 
 import collections
+import copy
 import math
 
 import torch
@@ -67,13 +69,19 @@ def _adam_param_groups(spec, ds_config: dict) -> list[dict]:
 
 
 def _flat(spec, recipe: checkpoint.FileRecipe, filler: Filler) -> tuple[torch.Tensor, collections.OrderedDict]:
-    """ZeRO's padded flat bf16/fp32 buffer of a shard and the module's parameters as views into it."""
-    flat = filler.fill(torch.empty(rules.zero1_flat_numel(recipe.numel, spec.dp), dtype=DTYPES[spec.precision]))
+    """ZeRO's padded flat bf16/fp32 buffer of a shard and the module's parameters as views into it (ZeRO-3: each
+    parameter an empty placeholder of its own, its data being in the ranks' partitions)."""
     module, offset = collections.OrderedDict(), 0
-    for name, shape in recipe.params:
-        n = math.prod(shape)
-        module[name] = flat.narrow(0, offset, n).view(shape)
-        offset += n
+    if spec.zero == 3:
+        flat = None
+        for name, _ in recipe.params:
+            module[name] = torch.empty(0, dtype=DTYPES[spec.precision])
+    else:
+        flat = filler.fill(torch.empty(rules.zero1_flat_numel(recipe.numel, spec.dp), dtype=DTYPES[spec.precision]))
+        for name, shape in recipe.params:
+            n = math.prod(shape)
+            module[name] = flat.narrow(0, offset, n).view(shape)
+            offset += n
     # nn.Module.state_dict() records every submodule's version, in registration order, beside the tensors
     metadata = collections.OrderedDict({"": {"version": 1}})
     for name, _ in recipe.params:
@@ -93,8 +101,10 @@ def _model_state(spec, recipe, filler: Filler, ds_config: dict, client_state: di
     # copies, so that pickle writes them out again instead of referring back (byte-identical files)
     shapes = collections.OrderedDict((name.encode().decode(), torch.Size(shape)) for name, shape in recipe.params)
     step = client_state["harness_step"]
+    frozen = collections.OrderedDict() if spec.zero > 1 else None  # recorded from stage 2 on; no frozen parameters here
     state = {"module": module, "buffer_names": [], "optimizer": None, "param_shapes": [shapes],
-             "frozen_param_shapes": None, "shared_params": {}, "frozen_param_fragments": None, "lr_scheduler": None,
+             "frozen_param_shapes": frozen, "shared_params": {}, "frozen_param_fragments": copy.copy(frozen),
+             "lr_scheduler": None,
              "data_sampler": None, "random_ltd": None, "skipped_steps": 0, "global_steps": step,
              "global_samples": step * spec.global_batch, "dp_world_size": spec.dp,
              "mp_world_size": spec.tp * spec.pp,
@@ -109,7 +119,38 @@ def _layer_state(spec, recipe, filler: Filler) -> collections.OrderedDict:
     return collections.OrderedDict((name, filler.fill(torch.empty(shape, dtype=dtype))) for name, shape in recipe.params)
 
 
+def _zero3_optimizer_state(spec, recipe, filler: Filler, ds_config: dict, step: int) -> dict:
+    """DeepSpeedZeroOptimizer_Stage3.state_dict: per sub-group of the rank's partitions, Adam's state and the flat
+    fp32 master partition."""
+    version, LossScaler, ZeroStageEnum, _ = _ds_objects()
+    groups = rules.zero3_sub_groups([math.prod(shape) for _, shape in recipe.params], spec.dp)
+    state, flats = {}, []
+    for i, (first, last, numel) in enumerate(groups):
+        state[i] = {"step": torch.tensor(float(step)),
+                    "exp_avg": filler.fill(torch.empty(numel, dtype=torch.float32)),
+                    "exp_avg_sq": filler.fill(torch.empty(numel, dtype=torch.float32))}
+        # the flat fp32 partition is the optimizer's parameter: it requires grad and carries the ds_ids of its
+        # first and last model parameter (stage3.py), which torch.save pickles with it
+        flat = filler.fill(torch.empty(numel, dtype=torch.float32)).requires_grad_()
+        flat.ds_id = f"{first}_{last}"
+        flats.append(flat)
+    param_groups = _adam_param_groups(spec, ds_config)
+    param_groups[0]["params"] = list(range(len(groups)))
+    optimizer_state = {
+        "zero_stage": ZeroStageEnum.weights,
+        "loss_scaler": LossScaler(scale=1.0),
+        "dynamic_loss_scale": False,
+        "overflow": False,
+        "partition_count": spec.dp,
+        "optimizer_state_dict": {"state": state, "param_groups": param_groups},
+        "fp32_flat_groups": flats,
+    }
+    return {"optimizer_state_dict": optimizer_state, "ds_config": ds_config, "ds_version": version}
+
+
 def _optimizer_state(spec, recipe, filler: Filler, ds_config: dict, step: int) -> dict:
+    if spec.zero == 3:
+        return _zero3_optimizer_state(spec, recipe, filler, ds_config, step)
     version, LossScaler, ZeroStageEnum, fragment_address = _ds_objects()
     part = rules.zero1_partition_numel(recipe.numel, spec.dp)
     d = recipe.dp_rank
@@ -137,7 +178,7 @@ def _optimizer_state(spec, recipe, filler: Filler, ds_config: dict, step: int) -
         "base_optimizer_state": {"state": {0: {"step": torch.tensor(float(step)), "exp_avg": exp_avg,
                                                "exp_avg_sq": exp_avg_sq}}, "param_groups": groups},
         "single_partition_of_fp32_groups": [master[: part - padding]],
-        "zero_stage": ZeroStageEnum.optimizer_states,
+        "zero_stage": ZeroStageEnum(spec.zero),
         "group_paddings": [padding],
         "param_alignment_paddings": [[0] * len(recipe.params)],
         "partition_count": [spec.dp],

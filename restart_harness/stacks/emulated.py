@@ -45,9 +45,6 @@ class EmulatedStack(Stack):
             raise UsageError(f"emulate=true: emulation writes {cls.emulates.name}'s files; accepted with "
                              f"stack={cls.emulates.name} only")
         cls.emulates.check(spec)
-        if spec.zero != 1:
-            raise UsageError(f"emulate=true with zero={spec.zero}: emulation writes ZeRO-1's files (DeepSpeed's bf16 "
-                             "optimizer state); accepted with emulate=true: zero=1")
 
     @classmethod
     def check_relayout(cls, original, spec, engine, target, saves) -> None:

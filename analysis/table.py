@@ -84,7 +84,7 @@ def run_columns(run: Run) -> dict:
         "model": spec["model"],
         "shrink": spec.get("shrink"),
         "precision": spec.get("precision"),
-        "tp": spec["tp"], "pp": spec["pp"], "dp": spec["dp"],
+        "tp": spec["tp"], "pp": spec["pp"], "dp": spec["dp"], "zero": spec.get("zero", CONFIG_DEFAULTS["zero"]),
         "nodes": spec.get("nodes"),
         "world_size": get(spec, "derived", "world_size"),
         "engine": spec["engine"],
@@ -360,8 +360,9 @@ def _extra(spec: dict, config: dict, varying: list[str], configs: list[dict]) ->
     for k in varying:
         if len({c[k] for c in configs if c["model"] == config["model"]}) == 1 and k not in ("engine_options",):
             continue  # the same for every configuration of this model: it follows from the model (seq_len, shape)
-        if k in ("stack", "checkpoint_object_store.endpoint_url"):
-            continue  # engine_label names a stack other than DeepSpeed ("fsdp2 dcp") and object storage ("... s3")
+        if k in ("stack", "checkpoint_object_store.endpoint_url", "zero"):
+            continue  # engine_label names a stack other than DeepSpeed ("fsdp2 dcp") and object storage ("... s3");
+            # layout_label a ZeRO stage other than 1 ("tp1 pp1 dp2 zero3")
         if k == "engine_options":  # engine_label shows the options switched on; others only where they differ
             mine = json.loads(config[k]) or {}
             same = [json.loads(c[k]) or {} for c in configs if c["engine"] == config["engine"]]

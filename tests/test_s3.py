@@ -172,3 +172,16 @@ def test_a_changed_object_fails_the_restart(server, default_s3, tmp_path):
         client.delete_object("ckpt", f"{victim}.kept")
     assert proc.returncode != 0
     assert "truncated or torn" in proc.stderr or "MISMATCH" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("message, said", [
+    ("Client error: Forbidden: UserSuspended", "the credentials' user is suspended"),
+    ("Client error: Forbidden: AccessDenied", "not (or no longer) allowed here"),  # also what a suspended user gets
+    ("Client error: Forbidden: SignatureDoesNotMatch", "wrong or missing credentials"),
+    ("Unknown CRT error: CRT error 1051: aws-c-io: AWS_IO_SOCKET_CLOSED, socket is closed.", "stopped answering"),
+    ("aws-c-s3: AWS_ERROR_S3_SLOW_DOWN, Response code indicates throttling", "throttled"),
+])
+def test_client_errors_are_said_as_what_the_store_did(message, said):
+    from restart_harness.targets.s3 import _explain
+
+    assert said in _explain(message) and message in _explain(message)

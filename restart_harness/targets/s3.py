@@ -173,9 +173,11 @@ def _explain(message: str) -> str:
     if any(s in lower for s in ("socket_closed", "connection_refused", "socket is closed", "connection refused",
                                 "socket_timeout", "timed out")):
         return f"the endpoint stopped answering, after the client's retries ({message.strip()})"
-    if "signaturedoesnotmatch" in lower or "invalidaccesskeyid" in lower or "forbidden" in lower \
-            or "accessdenied" in lower or "no credentials" in lower or "credentials" in lower:
+    if "signaturedoesnotmatch" in lower or "invalidaccesskeyid" in lower or "no credentials" in lower \
+            or "credentials" in lower:
         return f"access refused: wrong or missing credentials ({message.strip()})"
+    if "forbidden" in lower or "accessdenied" in lower:  # a suspended user's requests get this too (Ceph RGW)
+        return f"access refused: these credentials are not (or no longer) allowed here ({message.strip()})"
     return message.strip()
 
 

@@ -78,7 +78,7 @@ def compare(repeats: int) -> None:
 def large(tokens: list[str]) -> None:
     results = Path(tempfile.mkdtemp(prefix="rh-bench-emulation-large-"))
     try:
-        run_dir, s = run([*tokens, "emulate=true", "cache=drop"], results)
+        run_dir, s = run([*tokens, "emulate=true", "cache=drop", "iters=1", "save_interval=1"], results)
         ck, rs = s["checkpoint"], s["restart"]
         save = ck["saves"][-1]
         waves = next(e["waves"] for line in (run_dir / "events" / "checkpoint" / "rank-00000.jsonl").read_text()

@@ -178,6 +178,15 @@ class Stack(ABC):
         dist.all_reduce(value, op=dist.ReduceOp.MIN)
         return bool(value.item())
 
+    def max_of(self, value: float) -> float:
+        """A collective: the largest value over the ranks."""
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return float(tensor.item())
+
     def sync(self) -> None:
         """Wait for queued device work (a timer that stops while it is queued measures nothing): CUDA only."""
         if self.device is not None and self.device.type == "cuda":

@@ -1,8 +1,9 @@
 """emulate=true: DeepSpeed's checkpoint of the planned model and layout, without a model and without training. A rank
-writes, through the chosen engine's own save, exactly the files of one checkpoint (names, writing ranks, tensor
-names, shapes, dtypes and storages, DeepSpeed's non-tensor objects: stacks/_deepspeed_files.py); its restart reads
-its restart read set through the engine's own load, in the order DeepSpeed's load_checkpoint does, and verifies
-every tensor against the digests taken at save.
+writes, through the chosen engine's own save, exactly the files of a checkpoint (names, writing ranks, tensor
+names, shapes, dtypes and storages, DeepSpeed's non-tensor objects: stacks/_deepspeed_files.py), once for each step a
+training run would save at (spec.save_steps); its restart reads its restart read set of the latest through the
+engine's own load, in the order DeepSpeed's load_checkpoint does, and verifies every tensor against the digests
+taken at save.
 
 Memory: a rank builds, saves and frees one file at a time (an asynchronous engine's flush is waited for before the
 next file), and the ranks of a node work in waves so that at most `emulate_memory_gib` of file state is held at once
@@ -45,6 +46,22 @@ class EmulatedStack(Stack):
             raise UsageError(f"emulate=true: emulation writes {cls.emulates.name}'s files; accepted with "
                              f"stack={cls.emulates.name} only")
         cls.emulates.check(spec)
+        if spec.subset:
+            cls._check_subset(spec)
+
+    @staticmethod
+    def _check_subset(spec) -> None:
+        """subset=true: the first node's ranks must find every file they read among those they write."""
+        from restart_harness.plan import checkpoint
+
+        ranks = range(spec.ranks_per_node)
+        written = {r.path for r in checkpoint.recipes(spec) if r.writer in ranks}
+        for rank in ranks:
+            missing = [name for name in checkpoint.restart_read_sequence(spec)[rank] if name not in written]
+            if missing:
+                raise UsageError(f"subset=true: rank {rank} of {spec.layout} reads {missing[0]} at a restart, which "
+                                 f"a rank outside the first {spec.ranks_per_node} writes; accepted: a layout whose "
+                                 "first node reads only its own files (e.g. more ranks per node)")
 
     @classmethod
     def check_relayout(cls, original, spec, engine, target, saves) -> None:
@@ -107,7 +124,8 @@ class EmulatedStack(Stack):
         if self.rank == 0:
             tag_dir.mkdir(parents=True, exist_ok=True)
         self.barrier()
-        filler = Filler(self.rank, self.spec.seed)
+        with untimed("generate"):  # the random pool: data generation, not the save
+            filler = Filler(self.rank, self.spec.seed)
         digests: dict[str, dict[str, str]] = {}
 
         def work() -> None:

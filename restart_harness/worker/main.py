@@ -114,8 +114,9 @@ def run(job: RankJob, the_run, stack, log: EventLog, rank: int) -> None:
             if saving and step % spec.save_interval == 0:
                 manager.finish()  # never two flushes in flight
                 manager.save(step)
-    elif saving:
-        manager.save(spec.iters)
+    elif saving:  # a stack that trains nothing saves at the steps a training run would (spec.save_steps)
+        for step in spec.save_steps():
+            manager.save(step)
     if manager:
         manager.finish()
     stack.finish()

@@ -12,7 +12,9 @@ Per save and rank (docs/measurements.md):
                     has the target commit it atomically. DeepSpeed's own `latest` write (before its last barrier,
                     never fsync'd) is disabled with save_latest=False, so `latest` never names a torn checkpoint.
 Time the stack marks untimed (an emulated rank generating its data or waiting for another wave) is not part of a
-save's blocking and durable seconds.
+save's blocking and durable seconds. For such a stack the barrier would also wait for the other ranks' untimed
+time, so its commit_seconds is the slowest rank's durable_seconds (one MAX all-reduce, the barrier) plus the commit
+after it.
 
 A synchronous save is an asynchronous one waited for at once. An asynchronous engine returns before its files are
 written: a waiter thread waits for the flush, makes the files durable and stamps durable_seconds; training goes on,
@@ -81,6 +83,7 @@ class _Pending:
         self.durable_at: float | None = None
         self.returned_io: dict | None = None  # the I/O counters when the save returned
         self.committed_at: float | None = None
+        self.commit_seconds: float | None = None
         self.error: BaseException | None = None
         self.in_flight_steps = 0
         self.thread: threading.Thread | None = None
@@ -173,7 +176,11 @@ class CheckpointManager:
         if p.error is not None:
             raise self.target.explain_save_failure(p.error, p.tag) from p.error
         with self.anatomy.region("wait"):
-            self.stack.barrier()
+            if self.stack.save_untimed:
+                slowest = self.stack.max_of(p.durable_at - p.start - p.untimed)
+                after = time.perf_counter()
+            else:
+                self.stack.barrier()
         if self.stack.rank == 0:
             with self.anatomy.region("fsync"):  # files the stack writes outside the engine (DeepSpeed's scripts)
                 self.target.make_durable([self.target.path(p.tag)])
@@ -181,6 +188,8 @@ class CheckpointManager:
         with self.anatomy.region("wait"):
             self.stack.barrier()
         p.committed_at = time.perf_counter()
+        p.commit_seconds = (slowest + p.committed_at - after if self.stack.save_untimed
+                            else p.committed_at - p.start)
 
     def _emit(self, p: _Pending) -> None:
         tag_dir = self.target.path(p.tag)
@@ -188,7 +197,7 @@ class CheckpointManager:
                  for path, seconds in p.saved]
         self.log.emit(Save(
             tag=p.tag, step=p.step, start=p.wall_start, blocking_seconds=p.blocking,
-            durable_seconds=p.durable_at - p.start - p.untimed, commit_seconds=p.committed_at - p.start,
+            durable_seconds=p.durable_at - p.start - p.untimed, commit_seconds=p.commit_seconds,
             files=files, bytes=sum(f["bytes"] for f in files), asynchronous=self.asynchronous,
             in_flight_steps=p.in_flight_steps, anatomy=p.anatomy, flush=p.flush if self.asynchronous else None,
             engine_statistics=p.engine_statistics, extra=self.stack.save_facts()))

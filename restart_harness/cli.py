@@ -47,6 +47,15 @@ def main(argv: list[str] | None = None) -> int:
             folder = matrix.run(options)
             print(folder)
             return 0 if matrix.ok(folder) else 1
+        if name == "mlperf":
+            from restart_harness.launch import mlperf
+
+            request = command.parse_mlperf(tokens)
+            if request.spec is not None:
+                request.spec = machine.resolve(request.spec)
+                preflight.run(request.spec)
+                mlperf.check(request)
+            return _mlperf(request)
         if name == "restart":
             request = command.parse_restart(tokens)
             preflight.restart(request)
@@ -82,6 +91,20 @@ def _baseline(options) -> int:
         return 1
     print(baseline.render(record, baseline.cache_path(target, options.file_bytes, ranks)))
     return 0
+
+
+def _mlperf(request) -> int:
+    from restart_harness.launch import mlperf
+
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        return mlperf.main(request)
+    except RunFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
 
 
 def _plan(request) -> int:

@@ -43,8 +43,8 @@ def planned_bytes(spec: RunSpec, saves: int | None = None) -> int:
     from restart_harness.plan import checkpoint
 
     if saves is None:
-        saves = len(spec.save_steps()) if stacks.of(spec).trains else 1
-    return saves * sum(f.bytes for f in checkpoint.stored_files(spec))
+        saves = len(spec.save_steps())
+    return saves * sum(f.bytes for f in checkpoint.stored_files(spec) if f.rank < spec.launched_ranks)
 
 
 def tracer(spec: RunSpec) -> None:
@@ -72,7 +72,7 @@ def emulation(spec: RunSpec) -> None:
 
 def launcher(spec: RunSpec) -> None:
     """The launcher can run here; nothing has been written yet."""
-    if spec.launcher in ("local", "torchrun") and spec.nodes > 1:
+    if spec.launcher in ("local", "torchrun") and spec.nodes > 1 and not spec.subset:
         raise UsageError(f"nodes={spec.nodes} with launcher={spec.launcher}: it starts ranks on this node only; "
                          "accepted: nodes=1, or launcher=slurm|pbs for several nodes")
     if spec.env_hook and not Path(spec.env_hook).is_file():

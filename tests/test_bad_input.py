@@ -57,6 +57,19 @@ CASES = {
     "ZeRO-3 with pipeline parallelism": (["tiny", "zero=3", "pp=2"], "zero=3 with pp=2"),
     "ZeRO stage for fsdp2": (["tiny", "stack=fsdp2", "zero=3", "dp=2"], "zero=3"),
     "ZeRO-3 planned at another layout": (["plan", "tiny", "zero=3", "dp=2", "to_dp=1"], "zero=3"),
+    # MLPerf Storage's checkpoint workloads (issue 25): the workload fixes its model, layout and method
+    "no such MLPerf workload": (["mlperf", "llama3-9b"], "llama3-9b"),
+    "a layout key of an MLPerf workload": (["mlperf", "llama3-8b", "tp=2"], "tp=: fixed by the MLPerf workload"),
+    "a shape key of an MLPerf workload": (["mlperf", "llama3-8b", "hidden_size=64"], "hidden_size="),
+    "an MLPerf workload with no reads": (["mlperf", "llama3-8b", "reads=0"], "reads=0"),
+    "an MLPerf workload dry run": (["mlperf", "llama3-8b", "dry_run=true"], "dry_run=: not taken by mlperf"),
+    "a subset of a trained run": (["tiny", "dp=2", "nodes=2", "ranks_per_node=1", "subset=true"],
+                                  "subset=true: only an emulated"),
+    "a subset of one node": (["tiny", "dp=2", "emulate=true", "subset=true"], "subset=true with nodes=1"),
+    "a subset through Slurm": (["tiny", "dp=2", "nodes=2", "ranks_per_node=1", "emulate=true", "subset=true",
+                                "launcher=slurm"], "subset=true with launcher=slurm"),
+    "an MLPerf workload larger than its memory": (["mlperf", "llama3-8b", "emulate_memory_gib=1"],
+                                                  "emulate=true: the largest file needs"),
 }
 
 

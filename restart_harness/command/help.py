@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from engines import registry
 from restart_harness import stacks, targets
-from restart_harness.command.options import BaselineOptions, MatrixOptions, PlanOptions, RestartOptions
+from restart_harness.command.options import (
+    MLPERF_FIXED,
+    BaselineOptions,
+    MatrixOptions,
+    MlperfOptions,
+    PlanOptions,
+    RestartOptions,
+)
 from restart_harness.command.parse import restart_keys
 from restart_harness.spec.keys import GROUPS, describe, keys_of
 from restart_harness.spec.model_shape import preset_names, shape_keys
@@ -20,6 +27,7 @@ usage: ./submit-job.sh [run] MODEL [key=value ...]          train, checkpoint, r
        ./submit-job.sh baseline dir=PATH [key=value ...]     storage: sequential write+fsync and cold read
        ./submit-job.sh report RUN_OR_SWEEP_DIR... [-o DIR]   runs.csv, report.md/.html and plots (analysis/)
        ./submit-job.sh matrix [key=value ...]                every engine x layouts that fit the node, verified
+       ./submit-job.sh mlperf [WORKLOAD] [key=value ...]     an MLPerf Storage checkpoint workload, MLPerf's metrics
 (older spellings: `phase=restart run=DIR`, `MODEL ... plan=true|json`)
 
 MODEL: {presets} (configs/models/), a .yaml preset, or a local HF config.json (or its folder)
@@ -44,6 +52,8 @@ def usage() -> str:
     lines += _section("matrix keys (with `matrix`)", list(keys_of(MatrixOptions).values()))
     lines += [*_section("restart keys (with `restart`)", list(keys_of(RestartOptions).values()))[:-1],
               f"  and of the run keys above: {', '.join(restart_keys())}", ""]
+    lines += [*_section("mlperf keys (with `mlperf WORKLOAD`)", list(keys_of(MlperfOptions).values()))[:-1],
+              f"  and the run keys above except {', '.join(MLPERF_FIXED)} and the model's shape (the workload's)", ""]
     lines.append("training stacks (stack=NAME):")
     lines += [f"  {name}: {cls.description}" for name, cls in stacks.all_stacks().items() if name in stacks.names()]
     lines += ["", "storage targets (chosen by ckpt_dir):"]
@@ -81,7 +91,8 @@ def markdown() -> str:
     for title, options in (("plan (`./submit-job.sh plan ...`)", PlanOptions),
                            ("baseline (`./submit-job.sh baseline ...`)", BaselineOptions),
                            ("matrix (`./submit-job.sh matrix ...`)", MatrixOptions),
-                           ("restart (`./submit-job.sh restart ...`)", RestartOptions)):
+                           ("restart (`./submit-job.sh restart ...`)", RestartOptions),
+                           ("mlperf (`./submit-job.sh mlperf WORKLOAD ...`)", MlperfOptions)):
         lines += [f"## {title}", "", *table(list(keys_of(options).values()))]
     lines += ["## engine options", ""]
     for name, cls in registry.all_engines().items():

@@ -1,4 +1,4 @@
-"""The options of the commands other than a run (plan, baseline, matrix, restart): each a dataclass of declared keys
+"""The options of the commands other than a run (plan, baseline, matrix, restart, mlperf): each a dataclass of declared keys
 (restart_harness/spec/keys.py), parsed by command/parse.py, listed by --help."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import MISSING, dataclass
 
 from restart_harness.spec.keys import Path, Size, key
+from restart_harness.plan import mlperf
 from restart_harness.storage import baseline
 
 
@@ -55,3 +56,19 @@ class MatrixOptions:
 @dataclass
 class RestartOptions:
     run: Path = key(MISSING, "the run directory an earlier run printed", group="restart")
+
+
+@dataclass
+class MlperfOptions:
+    runs: int = key(mlperf.RUNS, "MLPerf runs, each its own harness run; MLPerf's metrics are the mean over them "
+                                 "(MLPerf: 5)", group="mlperf", minimum=1)
+    checkpoints: int = key(mlperf.CHECKPOINTS, "checkpoints each run writes (MLPerf: 10)", group="mlperf",
+                           minimum=1)
+    reads: int = key(mlperf.READS, "checkpoint reads of each run, each a restart in fresh processes after the page "
+                                   "cache is dropped (MLPerf: 10)", group="mlperf", minimum=1)
+
+
+# Run keys the workload fixes (its model, layout, ZeRO stage, emulation with DeepSpeed's own files, fsync'd saves
+# and a cold read): an mlperf command refuses them.
+MLPERF_FIXED = ("tp", "pp", "dp", "zero", "stack", "engine", "emulate", "iters", "save_interval", "after", "cache",
+                "phase", "repeats", "precision", "replicate")

@@ -28,7 +28,9 @@ from restart_harness import stacks, targets
 from restart_harness.command.options import (
     MATRIX_STACK_CASES,
     BaselineOptions,
+    MLPERF_FIXED,
     MatrixOptions,
+    MlperfOptions,
     PlanOptions,
     RestartOptions,
 )
@@ -38,7 +40,7 @@ from restart_harness.spec.keys import Key, coerce, keys_of
 from restart_harness.spec.model_shape import load_model, shape_keys
 from restart_harness.spec.runspec import RunSpec, run_keys
 
-COMMANDS = ("run", "plan", "restart", "baseline", "report", "matrix")
+COMMANDS = ("run", "plan", "restart", "baseline", "report", "matrix", "mlperf")
 _TOKEN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 
@@ -277,6 +279,54 @@ def parse_matrix(tokens: list[str]) -> MatrixOptions:
                 raise UsageError(f"engines={options.engines}: unknown engine {name!r}; accepted: "
                                  f"{', '.join([*registry.names(), *MATRIX_STACK_CASES])}, or all")
     return options
+
+
+# ---- mlperf ----------------------------------------------------------------------------------------------------
+@dataclass
+class MlperfRequest:
+    """An MLPerf Storage checkpoint workload as harness runs: the workload, its options, and the run spec every one
+    of its runs uses (None: no workload given, the table of workloads)."""
+
+    workload: object | None  # plan.mlperf.Workload
+    options: MlperfOptions
+    spec: RunSpec | None
+    tokens: list[str]
+
+
+def parse_mlperf(tokens: list[str]) -> MlperfRequest:
+    """`mlperf [WORKLOAD] [runs=N] [checkpoints=N] [reads=N] [run keys ...]`: the workload's preset, layout and ZeRO
+    stage, emulated (DeepSpeed's own files without GPUs), `checkpoints` saves and a cold read per restart."""
+    from restart_harness.plan import mlperf
+
+    if not tokens:
+        return MlperfRequest(None, MlperfOptions(), None, [])
+    name, *rest = tokens
+    if "=" in name:
+        raise UsageError(f"{name!r}: the first argument of mlperf must be a workload; accepted: "
+                         f"{', '.join(mlperf.WORKLOADS)} (or none: the table of workloads)")
+    workload = mlperf.get(name)
+    pairs = pairs_of(rest)
+    if "dry_run" in pairs:
+        raise UsageError("dry_run=: not taken by mlperf; `./submit-job.sh mlperf` (no workload) prints the "
+                         f"workloads, `./submit-job.sh plan {workload.preset} {' '.join(workload.layout_tokens)}` "
+                         "the files of one checkpoint")
+    fixed = [k for k in pairs if k in MLPERF_FIXED or k in shape_keys()]
+    if fixed:
+        raise UsageError(f"{fixed[0]}=: fixed by the MLPerf workload {workload.name} ({workload.preset}, "
+                         f"TPxPPxDP {workload.tp}x{workload.pp}x{workload.dp}, ZeRO-{workload.zero}, emulated, "
+                         "every checkpoint fsync'd, cold reads); scale it down with shrink=K")
+    values: dict = {}
+    _fill(values, keys_of(MlperfOptions), dict(pairs))
+    checkpoints = values.get("checkpoints", MlperfOptions.checkpoints)
+    if pairs.get("subset", "false").lower() in ("true", "1", "yes", "on"):  # MLPerf's subset: one host of 8
+        pairs.setdefault("ranks_per_node", "8")
+        if pairs["ranks_per_node"].isdigit() and int(pairs["ranks_per_node"]) > 0 and "nodes" not in pairs:
+            pairs["nodes"] = str(max(1, workload.ranks // int(pairs["ranks_per_node"])))
+    pairs.setdefault("keep", "false")  # each run's checkpoints deleted after its reads, as MLPerf's tool reuses its
+    spec, values = parse_run([workload.preset, *workload.layout_tokens, "emulate=true", "engine=default",
+                              "cache=drop", f"iters={checkpoints}", "save_interval=1",
+                              *(f"{k}={v}" for k, v in pairs.items())], keys_of(MlperfOptions))
+    return MlperfRequest(workload, MlperfOptions(**values), spec, rest)
 
 
 # ---- sweeps ----------------------------------------------------------------------------------------------------

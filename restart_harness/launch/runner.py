@@ -259,14 +259,15 @@ def execute(run_dir: Path) -> Path:
         for phase, record in (("checkpoint", "checkpoint"), ("restart", "restart-01"))[:2 if spec.phase == "all" else 1]:
             write_launch(run, phase, record, port)
     set_status(run_dir, "running", **_job_fields())
-    say(f"run {run_dir.name}: {spec.model_label}, {spec.layout} ({spec.world_size} ranks, {spec.device}), "
+    subset = f", subset: the first {spec.launched_ranks}" if spec.subset else ""
+    say(f"run {run_dir.name}: {spec.model_label}, {spec.layout} ({spec.world_size} ranks{subset}, {spec.device}), "
         f"engine {spec.engine}, {spec.precision}, launcher {spec.launcher}")
     target = targets.for_run(run)
     try:
         probe = record_baseline(run, target)
         if probe:
             say(f"  [baseline] {probe.get('error') or _baseline_line(probe)}")
-        say(f"  [checkpoint] launching {spec.world_size} ranks (log: {run_dir / 'logs' / 'checkpoint.log'})")
+        say(f"  [checkpoint] launching {spec.launched_ranks} ranks (log: {run_dir / 'logs' / 'checkpoint.log'})")
         info = launch(run_dir, "checkpoint", spec.timeout)
         info["incomplete_uploads"] = abort_incomplete_uploads(target, "checkpoint")
         _save_record(run_dir, info)
@@ -312,7 +313,7 @@ def record_baseline(run: resolved.ResolvedRun, target) -> dict | None:
         return None
     from restart_harness.plan import checkpoint, estimate
 
-    record = baseline.for_run(target, estimate.typical_file_bytes(checkpoint.files(spec)), spec.world_size,
+    record = baseline.for_run(target, estimate.typical_file_bytes(checkpoint.files(spec)), spec.launched_ranks,
                               spec.baseline_max_age_hours * 3600)
     write_json_atomic(run.run_dir / "baseline.json", record)
     return record
@@ -348,7 +349,7 @@ def restart(run: resolved.ResolvedRun, target, spec: RunSpec, record: str,
     state = target.prepare_cache(load_dir, spec.cache)
     say(f"  [{record}] page cache: asked {state['requested']}, observed {state['observed']}"
         + (f" ({state['error']})" if state["error"] else ""))
-    say(f"  [{record}] launching {spec.world_size} fresh ranks")
+    say(f"  [{record}] launching {spec.launched_ranks} fresh ranks")
     info = launch(run.run_dir, record, spec.timeout)
     info.update(cache=state, launcher=spec.launcher, **(extra or {}))
     _save_record(run.run_dir, info)
@@ -356,10 +357,10 @@ def restart(run: resolved.ResolvedRun, target, spec: RunSpec, record: str,
         raise RunFailed(_failure(run.run_dir, info))
     from restart_harness.results import events as ev
 
-    failed, tensors = ev.verification(ev.read_record(run.run_dir, record), spec.world_size)
+    failed, tensors = ev.verification(ev.read_record(run.run_dir, record), spec.launched_ranks)
     if failed:
         raise RunFailed(f"{record}: restart did not restore the saved state: {', '.join(failed[:5])}")
-    say(f"  [{record}] restored state verified on every rank ({spec.world_size} ranks, {tensors} tensors)")
+    say(f"  [{record}] restored state verified on every rank ({spec.launched_ranks} ranks, {tensors} tensors)")
     return info
 
 

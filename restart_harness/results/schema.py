@@ -12,12 +12,15 @@ from typing import ClassVar
 SCHEMA_VERSION = 1  # summary.json; analysis reads every version in READABLE_VERSIONS
 READABLE_VERSIONS = (1,)
 SWEEP_SCHEMA_VERSION = 1  # sweep.json
+MLPERF_SCHEMA_VERSION = 1  # mlperf.json (results/mlperf.py)
+GIB = 1 << 30  # every *_gib_s figure is 2^30 bytes per second (MLPerf's tool prints these as "GB/second")
 MIB = 1 << 20  # every *_mib_s figure is 2^20 bytes per second
 
 # Files of a run directory.
 SPEC, DS_CONFIG, STATUS, SUMMARY, INVENTORY, BASELINE = (
     "spec.json", "ds_config.json", "status.json", "summary.json", "inventory.json", "baseline.json")
 SWEEP = "sweep.json"
+MLPERF = "mlperf.json"
 
 # status.json `state`. A `running` whose harness process is gone is read as `failed` ("harness ended") by
 # results/status.py observed(), which every reader uses.

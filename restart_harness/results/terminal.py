@@ -45,7 +45,8 @@ def render(summary: dict) -> str:
                   + ("; EMULATED: no model, no training, the checkpoint's files written and read back"
                      if spec.get("emulate") else "")),
         ("layout", f"tp={spec['tp']} pp={spec['pp']} dp={spec['dp']} ({d['world_size']} ranks on {spec['device']}), "
-                   f"engine {spec['engine']}"),
+                   f"engine {spec['engine']}" + (f"; SUBSET: ranks 0-{d['launched_ranks'] - 1} ran, their files only"
+                                                 if spec.get("subset") else "")),
         ("status", summary["status"]["state"] + (f": {summary['status']['reason']}" if summary["status"]["reason"] else "")),
     ]
     if summary["training"]["step_seconds_median"] is not None:

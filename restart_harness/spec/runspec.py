@@ -81,9 +81,13 @@ class RunSpec:
     baseline_max_age_hours: float = key(24.0, "a cached storage baseline older than this is measured again before "
                                               "the run (a storage's speed drifts; efficiencies against a stale one "
                                               "mislead)", group="checkpoint", unit="h", above=0)
-    emulate: bool = key(False, "no model, no training: each rank writes exactly the planned files of one checkpoint "
-                               "(real names, sizes, tensors, format) through the engine, and its restart reads them "
-                               "back (docs/emulation.md)", group="checkpoint")
+    emulate: bool = key(False, "no model, no training: each rank writes exactly the planned files of each checkpoint "
+                               "(real names, sizes, tensors, format; one per save_interval steps up to iters) "
+                               "through the engine, and its restart reads the latest back (docs/emulation.md)",
+                        group="checkpoint")
+    subset: bool = key(False, "emulate=true with nodes > 1: run only the first node's ranks, here (MLPerf Storage's "
+                              "subset mode); they write and read exactly their files of the whole layout's "
+                              "checkpoint", group="checkpoint")
     emulate_memory_gib: float | None = key(None, "emulate: file state a node may hold at once (ranks work in waves "
                                                  "within it); default 60% of the memory available at launch",
                                            group="checkpoint", unit="GiB", above=0)
@@ -139,6 +143,11 @@ class RunSpec:
         return f"tp{self.tp}-pp{self.pp}-dp{self.dp}"
 
     @property
+    def launched_ranks(self) -> int:
+        """The ranks a launch starts: the whole layout, or with subset=true the first node's."""
+        return self.ranks_per_node if self.subset else self.world_size
+
+    @property
     def model_label(self) -> str:
         return self.model if self.shrink == 1 else f"{self.model}-shrink{self.shrink}"
 
@@ -147,6 +156,7 @@ class RunSpec:
         data["shape"] = dataclasses.asdict(self.shape)
         data["derived"] = {
             "world_size": self.world_size,
+            "launched_ranks": self.launched_ranks,
             "global_batch": self.global_batch,
             "num_parameters": self.shape.num_parameters(),
             "pipeline_module": self.pp > 1,
@@ -173,6 +183,15 @@ class RunSpec:
             raise UsageError(f"seq_len={seq_len} exceeds max_position_embeddings={spec.shape.max_position_embeddings}")
         if not _WALLTIME.match(spec.walltime):
             raise UsageError(f"walltime={spec.walltime}: accepted HH:MM:SS (or D-HH:MM:SS)")
+        if spec.subset and not spec.emulate:
+            raise UsageError("subset=true: only an emulated checkpoint can be written by part of its ranks (training "
+                             "needs them all); accepted with emulate=true")
+        if spec.subset and spec.nodes == 1:
+            raise UsageError("subset=true with nodes=1: the whole layout runs on this node already; accepted: "
+                             "nodes > 1 (this node runs the first node's ranks_per_node ranks)")
+        if spec.subset and spec.launcher not in ("local", "torchrun"):
+            raise UsageError(f"subset=true with launcher={spec.launcher}: a subset runs on the node it is started on; "
+                             "accepted: launcher=local|torchrun")
         if spec.save_interval > spec.iters:
             raise UsageError(
                 f"save_interval={spec.save_interval} is larger than iters={spec.iters}: no checkpoint would be "

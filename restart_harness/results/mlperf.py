@@ -1,0 +1,81 @@
+"""MLPerf Storage v2.0's checkpoint metrics (Submission_guidelines.md 2.2.3) from harness runs' summaries.
+
+For each checkpoint written or read, MLPerf's tool times every rank and reports per rank the duration and a
+throughput of the whole checkpoint's size over that rank's duration; the metric for duration is the maximum over
+ranks, the metric for throughput the minimum over ranks (the same checkpoint size over the slowest rank's seconds).
+A run's figure is the mean over its checkpoints; the final figure the mean over runs. Here:
+
+- write duration of a checkpoint = max over ranks of the save's `durable_seconds` (from the save call until every
+  file of the rank is written and fsync'd; the emulation's data generation is not in it);
+- read duration = max over ranks of the seconds inside the engine's load calls (restart `load_seconds`), each read
+  a restart in fresh processes after the checkpoint's pages were dropped from the page cache;
+- throughput = checkpoint bytes / duration, in GiB/s (MLPerf's tool divides by 2^30 and prints "GB/second").
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from restart_harness.results.schema import GIB
+
+
+def _mean(values: list[float]) -> float | None:
+    return round(statistics.fmean(values), 6) if values else None
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 6) if values else None
+
+
+def run_metrics(summary: dict) -> dict:
+    """One harness run (its saves and restarts) as one MLPerf run."""
+    ck = summary.get("checkpoint") or {}
+    writes = []
+    for save in ck.get("saves") or []:
+        seconds = max((r["durable_seconds"] for r in save.get("per_rank") or []), default=None)
+        if seconds:
+            writes.append({"tag": save["tag"], "bytes": save["bytes"], "duration_seconds": round(seconds, 6),
+                           "throughput_gib_s": round(save["bytes"] / GIB / seconds, 6)})
+    reads = []
+    for r in summary.get("restarts") or []:
+        seconds, size = r.get("load_seconds"), r.get("load_bytes")
+        if seconds and size and r.get("verified"):
+            reads.append({"record": r["record"], "tag": r.get("tag"), "bytes": size,
+                          "duration_seconds": round(seconds, 6), "cache": (r.get("cache") or {}).get("observed"),
+                          "throughput_gib_s": round(size / GIB / seconds, 6)})
+    restarts = [r for r in summary.get("restarts") or [] if r.get("verified")]
+    return {
+        "run_id": summary.get("run_id"),
+        "state": (summary.get("status") or {}).get("state"),
+        "writes": writes, "reads": reads,
+        "save_duration_seconds": _mean([w["duration_seconds"] for w in writes]),
+        "save_throughput_gib_s": _mean([w["throughput_gib_s"] for w in writes]),
+        "load_duration_seconds": _mean([r["duration_seconds"] for r in reads]),
+        "load_throughput_gib_s": _mean([r["throughput_gib_s"] for r in reads]),
+        "harness": {
+            "save_blocking_seconds_median": _median([s["blocking_seconds"] for s in ck.get("saves") or []]),
+            "save_durable_seconds_median": _median([s["durable_seconds"] for s in ck.get("saves") or []]),
+            "save_commit_seconds_median": _median([s["commit_seconds"] for s in ck.get("saves") or []
+                                                   if s.get("commit_seconds") is not None]),
+            "restart_total_seconds_median": _median([r["total_seconds"] for r in restarts
+                                                     if r.get("total_seconds") is not None]),
+            "restart_launch_seconds_median": _median([r["launch_seconds"] for r in restarts
+                                                      if r.get("launch_seconds") is not None]),
+            "cache_observed": sorted({(r.get("cache") or {}).get("observed") for r in restarts} - {None}),
+        },
+    }
+
+
+METRICS = ("save_duration_seconds", "save_throughput_gib_s", "load_duration_seconds", "load_throughput_gib_s")
+
+
+def overall(runs: list[dict]) -> dict:
+    """MLPerf's final figures: each metric's mean over the runs that have it (and their spread, min and max)."""
+    out = {}
+    for name in METRICS:
+        values = [r[name] for r in runs if r.get(name) is not None]
+        out[name] = _mean(values)
+        out[f"{name}_min"] = round(min(values), 6) if values else None
+        out[f"{name}_max"] = round(max(values), 6) if values else None
+    out["runs"] = sum(1 for r in runs if r.get("save_duration_seconds") is not None)
+    return out

@@ -87,6 +87,8 @@ def run_columns(run: Run) -> dict:
         "tp": spec["tp"], "pp": spec["pp"], "dp": spec["dp"], "zero": spec.get("zero", CONFIG_DEFAULTS["zero"]),
         "nodes": spec.get("nodes"),
         "world_size": get(spec, "derived", "world_size"),
+        "launched_ranks": get(spec, "derived", "launched_ranks") or get(spec, "derived", "world_size"),
+        "emulate": bool(spec.get("emulate", CONFIG_DEFAULTS["emulate"])),
         "engine": spec["engine"],
         "engine_label": engine_label(spec),
         "device": spec.get("device"),

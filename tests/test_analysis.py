@@ -28,7 +28,7 @@ FIGURES = ["checkpoint_bytes", "checkpoint_files", "save_seconds", "throughput_m
 # Every column is an identifier/setting, or a figure whose name ends with its unit.
 UNIT_SUFFIXES = ("_seconds", "_bytes", "_files", "_mib_s", "_ratio", "_count", "_steps", "_tensors", "_ranks")
 NOT_FIGURES = {"run_id", "state", "state_reason", "sweep", "schema_version", "model", "shrink", "precision", "tp", "pp",
-               "dp", "zero", "nodes", "world_size", "engine", "engine_label", "device", "cache_requested", "num_parameters",
+               "dp", "zero", "nodes", "world_size", "emulate", "engine", "engine_label", "device", "cache_requested", "num_parameters",
                "checkpoint_tag",
                "save_tag", "save_step", "restart_record", "restart_tag", "restart_verified", "restart_cache_observed",
                "restart_exit_code", "baseline_method", "final_loss", "run_dir", "training_steps",

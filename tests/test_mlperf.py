@@ -12,6 +12,7 @@ import pytest
 from conftest import REPO, run_cli
 
 from restart_harness.command import parse
+from restart_harness.launch import mlperf as command
 from restart_harness.plan import checkpoint, mlperf
 from restart_harness.results import mlperf as metrics
 from restart_harness.results.schema import GIB
@@ -21,7 +22,7 @@ def test_the_table_names_every_workload_with_its_exact_deepspeed_size():
     proc = subprocess.run([str(REPO / "submit-job.sh"), "mlperf"], capture_output=True, text=True, timeout=120,
                           check=False)
     assert proc.returncode == 0, proc.stderr
-    rows = {r["workload"]: r for r in mlperf.sizes()}
+    rows = {r["workload"]: r for r in command.sizes()}
     assert list(rows) == ["llama3-8b", "llama3-70b", "llama3-405b", "llama3-1t"]
     for name, row in rows.items():
         w = mlperf.WORKLOADS[name]

@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import REPO, copy_run, load_summary, restart, run_cli, run_dir_of
 
-from restart_harness.plan import universal
+from restart_harness.plan import checkpoint, universal
 from restart_harness.results import trace
 from restart_harness.results.summary import LOSS_CONTINUITY_REL
 from restart_harness.spec.runspec import RunSpec
@@ -114,6 +114,27 @@ def test_plan_command_shows_the_reshard(dp2, tmp_path):
     plan = json.loads(proc.stdout)["reshard"]
     assert plan["from"] == "tp1-pp1-dp2" and plan["to"] == "tp2-pp2-dp1"
     assert plan["total_files"] == len(list((dp2 / "checkpoint" / "global_step2_universal").rglob("*.pt")))
+
+
+def test_a_zero2_checkpoint_at_tp2_restarts_at_its_own_and_at_another_layout(tmp_path):
+    """ZeRO-2 at tp=2 dp=2: the checkpoint is the planner's (names, writers, bytes within its estimate), its own
+    restart verifies, and DeepSpeed 0.19.8's converter and universal load take it to tp=1 dp=2 (ZeRO-2 partitions the
+    optimizer state as ZeRO-1 does): verified tensor by tensor, the loss continues, the planner names the files."""
+    run_dir = run_dir_of(run_cli(["tiny", "tp=2", "dp=2", "zero=2", "baseline=false", *SOURCE.split()], tmp_path))
+    saved = spec_of(run_dir)
+    written = {f["path"]: f for f in json.loads((run_dir / "inventory.json").read_text())["files"]}
+    planned = {f.path: f for f in checkpoint.stored_files(saved)}
+    assert set(written) == set(planned)
+    for path, f in planned.items():
+        assert written[path]["rank"] == f.rank and abs(written[path]["bytes"] - f.bytes) <= 0.01 * f.bytes, path
+    proc = restart(run_dir, "tp=1", "dp=2")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    own, moved = load_summary(run_dir)["restarts"]
+    assert own["verified"] and moved["verified"] and moved["layout"] == {"saved": "tp2-pp1-dp2", "loaded": "tp1-pp1-dp2"}
+    assert moved["loss_continuity"]["ok"] and moved["loss_continuity"]["reference_record"] == own["record"]
+    universal_dir = run_dir / "checkpoint" / "global_step2_universal"
+    assert {f.path for f in universal.files(saved)} == {str(p.relative_to(universal_dir))
+                                                        for p in universal_dir.rglob("*.pt")}
 
 
 def test_from_tensor_and_pipeline_parallel_to_data_parallel(tmp_path):

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass
 
-from restart_harness.spec.keys import Path, Size, key
 from restart_harness.plan import mlperf
+from restart_harness.spec.keys import Path, Size, key
 from restart_harness.storage import baseline
 
 

@@ -27,8 +27,8 @@ from engines import registry
 from restart_harness import stacks, targets
 from restart_harness.command.options import (
     MATRIX_STACK_CASES,
-    BaselineOptions,
     MLPERF_FIXED,
+    BaselineOptions,
     MatrixOptions,
     MlperfOptions,
     PlanOptions,
@@ -239,9 +239,9 @@ def parse_plan(tokens: list[str]) -> PlanRequest:
             raise UsageError(f"to_tp/to_pp/to_dp: engine={spec.engine} cannot restart at another layout (DeepSpeed's "
                              "universal-checkpoint converter reads torch.save files only); accepted: engine="
                              + ", ".join(n for n, c in registry.all_engines().items() if c.universal))
-        if spec.zero > 1:
+        if spec.zero > 2:
             raise UsageError(f"to_tp/to_pp/to_dp with zero={spec.zero}: the harness plans and verifies restarts at "
-                             "another layout from ZeRO-1 checkpoints only; accepted: zero=1")
+                             "another layout from ZeRO-1 and ZeRO-2 checkpoints only; accepted: zero=1 or 2")
         target = spec.with_layout(tp=options.to_tp or spec.tp, pp=options.to_pp or spec.pp,
                                   dp=options.to_dp or spec.dp, ranks_per_node=None)
     return PlanRequest(spec, options, target)
@@ -318,10 +318,10 @@ def parse_mlperf(tokens: list[str]) -> MlperfRequest:
     values: dict = {}
     _fill(values, keys_of(MlperfOptions), dict(pairs))
     checkpoints = values.get("checkpoints", MlperfOptions.checkpoints)
-    if pairs.get("subset", "false").lower() in ("true", "1", "yes", "on"):  # MLPerf's subset: one host of 8
-        pairs.setdefault("ranks_per_node", "8")
-        if pairs["ranks_per_node"].isdigit() and int(pairs["ranks_per_node"]) > 0 and "nodes" not in pairs:
-            pairs["nodes"] = str(max(1, workload.ranks // int(pairs["ranks_per_node"])))
+    declared = run_keys()
+    if "subset" in pairs and coerce(declared["subset"], pairs["subset"]):  # MLPerf's subset: one host of 8 GPUs
+        per_node = coerce(declared["ranks_per_node"], pairs.setdefault("ranks_per_node", "8"))
+        pairs.setdefault("nodes", str(max(1, workload.ranks // per_node)))
     pairs.setdefault("keep", "false")  # each run's checkpoints deleted after its reads, as MLPerf's tool reuses its
     spec, values = parse_run([workload.preset, *workload.layout_tokens, "emulate=true", "engine=default",
                               "cache=drop", f"iters={checkpoints}", "save_interval=1",

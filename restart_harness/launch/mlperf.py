@@ -18,9 +18,51 @@ from pathlib import Path
 
 from restart_harness import machine
 from restart_harness.errors import RunFailed, UsageError
+from restart_harness.plan import mlperf as workloads
 from restart_harness.results import mlperf as metrics
 from restart_harness.results.schema import GIB, MLPERF, MLPERF_SCHEMA_VERSION
 from restart_harness.storage.atomic import make_fresh_dir, read_json, write_json_atomic
+
+
+def sizes() -> list[dict]:
+    """Each workload: its layout, stated size, 14 bytes per parameter of the preset's shape, and DeepSpeed's exact
+    checkpoint (the planner's files for the workload's layout)."""
+    from restart_harness.command import parse
+    from restart_harness.plan import checkpoint
+
+    rows = []
+    for w in workloads.WORKLOADS.values():
+        spec = parse.parse_run([w.preset, *w.layout_tokens])[0]
+        files = checkpoint.stored_files(spec)
+        params = spec.shape.num_parameters()
+        exact = sum(f.bytes for f in files)
+        rows.append({"workload": w.name, "preset": w.preset, "layout": f"{w.tp}x{w.pp}x{w.dp}", "zero": w.zero,
+                     "ranks": w.ranks, "parameters": params, "stated": w.stated, "stated_bytes": w.stated_bytes,
+                     "rule_bytes": params * workloads.BYTES_PER_PARAMETER, "deepspeed_bytes": exact,
+                     "deepspeed_files": len(files), "why": workloads.WHY[w.zero]})
+    return rows
+
+
+def render_sizes(rows: list[dict]) -> str:
+    lines = [("MLPerf Storage v2.0 checkpoint workloads (Submission_guidelines.md, Table 2) and DeepSpeed 0.19.8's "
+             "checkpoint of each, from the planner"),
+             (f"{'workload':<12} {'TPxPPxDP':>9} {'ZeRO':>4} {'ranks':>5} {'parameters':>17} {'stated':>8} "
+             f"{'14 B/param':>12} {'DeepSpeed':>12} {'files':>6}")]
+    for r in rows:
+        lines.append(f"{r['workload']:<12} {r['layout']:>9} {r['zero']:>4} {r['ranks']:>5} {r['parameters']:>17,} "
+                     f"{r['stated']:>8} {r['rule_bytes'] / GIB:>8.2f} GiB {r['deepspeed_bytes'] / GIB:>8.2f} GiB "
+                     f"{r['deepspeed_files']:>6}")
+    lines += ["",
+              ("stated: MLPerf's Table 2; its 8B, 70B and 405B figures are 14 bytes per parameter of these shapes in "
+               "GiB (bf16 weights, fp32 master weights, two fp32 Adam moments)."),
+              *[f"{w}: {workloads.WHY[z]}." for w, z in (("ZeRO-3 (8b, 70b)", 3), ("ZeRO-1 (405b, 1t)", 1))],
+              ("1t: Table 2's hidden size 25872 over 192 heads is no whole head dimension; the preset takes 134 "
+               "(docs/planner.md). 14 bytes per parameter of the stated shape is 16.56e12 bytes, not 18 TB; "
+               "counting the key and value projections as wide as the query's (no grouped-query attention) gives "
+               "18.56e12."),
+              "Run one, scaled down to this machine: ./submit-job.sh mlperf llama3-8b shrink=64 (docs/mlperf.md)"]
+    return "\n".join(lines)
+
 
 RULES = ("MLPerf Storage v2.0 (Submission_guidelines.md 2.2): duration = max over ranks, throughput = checkpoint "
          "size / that duration (the minimum over ranks), mean over a run's checkpoints, then over runs; "
@@ -107,15 +149,15 @@ def render(record: dict) -> str:
              f"workload's {record['workload_parameters']:,}; the layout, ranks, files and ZeRO stage are the "
              "workload's" if record["scaled_down"] else
              f"full size: {record['parameters']:,} parameters")
-    lines = [f"mlperf {record['workload']} ({record['preset']}): {record['ranks']} ranks, TPxPPxDP "
-             f"{record['tp']}x{record['pp']}x{record['dp']}, ZeRO-{record['zero']}, emulated (DeepSpeed's files)",
+    lines = [(f"mlperf {record['workload']} ({record['preset']}): {record['ranks']} ranks, TPxPPxDP "
+             f"{record['tp']}x{record['pp']}x{record['dp']}, ZeRO-{record['zero']}, emulated (DeepSpeed's files)"),
              f"  {scale}"]
     if record.get("subset"):
         lines.append(f"  SUBSET (MLPerf's subset mode): ranks 0-{record['launched_ranks'] - 1} of {record['ranks']} "
                      "ran on this host, writing and reading their own files of the checkpoint only")
     lines += [
-             f"  {o.get('runs', 0)} run(s) of {record['checkpoints']} writes and {record['reads']} cold reads; "
-             f"state {record['state']}",
+             (f"  {o.get('runs', 0)} run(s) of {record['checkpoints']} writes and {record['reads']} cold reads; "
+             f"state {record['state']}"),
              "",
              f"{'MLPerf metric (mean over runs)':<34} {'mean':>10} {'min':>10} {'max':>10}"]
     for name, label in (("save_duration_seconds", "checkpoint save duration (s)"),
@@ -125,8 +167,8 @@ def render(record: dict) -> str:
         lines.append(f"{label:<34} {_f(o.get(name)):>10} {_f(o.get(name + '_min')):>10} "
                      f"{_f(o.get(name + '_max')):>10}")
     lines += ["", "per run (harness figures: medians over the run's saves and restarts)",
-              f"{'run':<4} {'checkpoint':>12} {'save s':>8} {'GiB/s':>8} {'load s':>8} {'GiB/s':>8} "
-              f"{'blocking':>9} {'durable':>8} {'commit':>8} {'restart':>8}  cache"]
+              (f"{'run':<4} {'checkpoint':>12} {'save s':>8} {'GiB/s':>8} {'load s':>8} {'GiB/s':>8} "
+              f"{'blocking':>9} {'durable':>8} {'commit':>8} {'restart':>8}  cache")]
     for i, r in enumerate(record["per_run"], 1):
         h = r["harness"]
         size = r["writes"][-1]["bytes"] / GIB if r["writes"] else None
@@ -135,17 +177,15 @@ def render(record: dict) -> str:
                      f"{_f(r['load_throughput_gib_s']):>8} {_f(h['save_blocking_seconds_median']):>9} "
                      f"{_f(h['save_durable_seconds_median']):>8} {_f(h['save_commit_seconds_median']):>8} "
                      f"{_f(h['restart_total_seconds_median']):>8}  {','.join(h['cache_observed']) or '-'}")
-    lines += ["", f"definitions: {record['rules']}; save = until every file is fsync'd (durable), load = inside "
-                  "the engine's load calls; harness restart = process start to checkpoint loaded (docs/mlperf.md)"]
+    lines += ["", (f"definitions: {record['rules']}; save = until every file is fsync'd (durable), load = inside "
+                  "the engine's load calls; harness restart = process start to checkpoint loaded (docs/mlperf.md)")]
     return "\n".join(lines)
 
 
 def main(request) -> int:
     """The command: the workloads' table without a workload; else run it and print the figures."""
-    from restart_harness.plan import mlperf as workloads
-
     if request.workload is None:
-        print(workloads.render_sizes(workloads.sizes()))
+        print(render_sizes(sizes()))
         return 0
     folder = run(request)
     print(render(read_json(folder / MLPERF)))

@@ -1,13 +1,10 @@
 """MLPerf Storage v2.0's four checkpoint workloads (its Submission_guidelines.md, section 2.2, Table 2) as harness
-runs: the model preset, DeepSpeed layout and ZeRO stage of each, its stated checkpoint size, and the exact size of
-DeepSpeed 0.19.8's checkpoint for it from the planner. Launches nothing (`./submit-job.sh mlperf` prints the table;
-`./submit-job.sh mlperf WORKLOAD` runs one: launch/mlperf.py)."""
+runs: the model preset, DeepSpeed layout and ZeRO stage of each, and its stated checkpoint size (launch/mlperf.py
+prints them beside DeepSpeed 0.19.8's exact checkpoint from the planner, and runs one)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -57,43 +54,3 @@ def get(name: str) -> Workload:
         raise UsageError(f"mlperf {name}: not an MLPerf Storage v2.0 checkpoint workload; accepted: "
                          f"{', '.join(WORKLOADS)}")
     return found
-
-
-def sizes() -> list[dict]:
-    """Each workload: its layout, stated size, 14 bytes per parameter of the preset's shape, and DeepSpeed's exact
-    checkpoint (the planner's files for the workload's layout)."""
-    from restart_harness.command import parse
-    from restart_harness.plan import checkpoint
-
-    rows = []
-    for w in WORKLOADS.values():
-        spec = parse.parse_run([w.preset, *w.layout_tokens])[0]
-        files = checkpoint.stored_files(spec)
-        params = spec.shape.num_parameters()
-        exact = sum(f.bytes for f in files)
-        rows.append({"workload": w.name, "preset": w.preset, "layout": f"{w.tp}x{w.pp}x{w.dp}", "zero": w.zero,
-                     "ranks": w.ranks, "parameters": params, "stated": w.stated, "stated_bytes": w.stated_bytes,
-                     "rule_bytes": params * BYTES_PER_PARAMETER, "deepspeed_bytes": exact,
-                     "deepspeed_files": len(files), "why": WHY[w.zero]})
-    return rows
-
-
-def render_sizes(rows: list[dict]) -> str:
-    lines = ["MLPerf Storage v2.0 checkpoint workloads (Submission_guidelines.md, Table 2) and DeepSpeed 0.19.8's "
-             "checkpoint of each, from the planner",
-             f"{'workload':<12} {'TPxPPxDP':>9} {'ZeRO':>4} {'ranks':>5} {'parameters':>17} {'stated':>8} "
-             f"{'14 B/param':>12} {'DeepSpeed':>12} {'files':>6}"]
-    for r in rows:
-        lines.append(f"{r['workload']:<12} {r['layout']:>9} {r['zero']:>4} {r['ranks']:>5} {r['parameters']:>17,} "
-                     f"{r['stated']:>8} {r['rule_bytes'] / GIB:>8.2f} GiB {r['deepspeed_bytes'] / GIB:>8.2f} GiB "
-                     f"{r['deepspeed_files']:>6}")
-    lines += ["",
-              "stated: MLPerf's Table 2; its 8B, 70B and 405B figures are 14 bytes per parameter of these shapes in "
-              "GiB (bf16 weights, fp32 master weights, two fp32 Adam moments).",
-              *[f"{w}: {WHY[z]}." for w, z in (("ZeRO-3 (8b, 70b)", 3), ("ZeRO-1 (405b, 1t)", 1))],
-              "1t: Table 2's hidden size 25872 over 192 heads is no whole head dimension; the preset takes 134 "
-              "(docs/planner.md). 14 bytes per parameter of the stated shape is 16.56e12 bytes, not 18 TB; "
-              "counting the key and value projections as wide as the query's (no grouped-query attention) gives "
-              "18.56e12.",
-              "Run one, scaled down to this machine: ./submit-job.sh mlperf llama3-8b shrink=64 (docs/mlperf.md)"]
-    return "\n".join(lines)

@@ -80,9 +80,10 @@ STORAGE_REQUEST_FIELDS = ("requests", "failed_requests", "throttled_requests", "
 # where else a configuration can differ: another machine or another file system.
 CONFIG_FIELDS = ("model", "shape", "shrink", "stack", "precision", "tp", "pp", "dp", "zero", "nodes",
                  "ranks_per_node", "replicate", "engine", "engine_options", "device", "launcher", "cache", "iters",
-                 "save_interval", "after", "micro_batch", "grad_accum", "seq_len", "anatomy", "trace")
+                 "save_interval", "after", "micro_batch", "grad_accum", "seq_len", "anatomy", "trace", "emulate",
+                 "subset")
 # What a field of CONFIG_FIELDS was before the harness recorded it (spec.json of older runs)
-CONFIG_DEFAULTS = {"zero": 1}
+CONFIG_DEFAULTS = {"zero": 1, "emulate": False, "subset": False}
 PLACE_FIELDS = (("host", "hostname"), ("checkpoint_filesystem", "mount"), ("checkpoint_filesystem", "type"),
                 ("checkpoint_object_store", "endpoint_url"))  # s3:// runs: never pooled with file-system runs
 

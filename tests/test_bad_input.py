@@ -56,7 +56,6 @@ CASES = {
     "no such ZeRO stage": (["tiny", "zero=4"], "zero=4"),
     "ZeRO-3 with pipeline parallelism": (["tiny", "zero=3", "pp=2"], "zero=3 with pp=2"),
     "ZeRO stage for fsdp2": (["tiny", "stack=fsdp2", "zero=3", "dp=2"], "zero=3"),
-    "ZeRO-3 planned at another layout": (["plan", "tiny", "zero=3", "dp=2", "to_dp=1"], "zero=3"),
     # MLPerf Storage's checkpoint workloads (issue 25): the workload fixes its model, layout and method
     "no such MLPerf workload": (["mlperf", "llama3-9b"], "llama3-9b"),
     "a layout key of an MLPerf workload": (["mlperf", "llama3-8b", "tp=2"], "tp=: fixed by the MLPerf workload"),

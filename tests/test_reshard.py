@@ -38,6 +38,21 @@ def at_layout(saved: RunSpec, tp: int, pp: int, dp: int) -> RunSpec:
     return dataclasses.replace(saved, tp=tp, pp=pp, dp=dp, ranks_per_node=None).resolve()
 
 
+def opened_by_rank(run_dir: Path, record: str, folder: Path) -> dict[int, set[str]]:
+    """rank -> the files under folder its processes opened during record (its dftracer trace)."""
+    pid_rank = {}
+    for path in (run_dir / "events" / record).glob("rank-*.jsonl"):
+        for e in map(json.loads, path.read_text().splitlines()):
+            if e["event"] == "process":
+                pid_rank[e["pid"]] = int(path.stem.split("-")[1])
+    opened = defaultdict(set)
+    for e in trace.read_events(run_dir / "traces" / record):
+        name = e["file"] or ""
+        if e["name"] in trace.OPENS and e.get("pid") in pid_rank and name.startswith(f"{folder}/"):
+            opened[pid_rank[e["pid"]]].add(name[len(str(folder)) + 1:])
+    return opened
+
+
 @pytest.fixture(scope="module")
 def dp2(harness) -> Path:
     """tiny dp=2 (its own restart at dp=2 is the loss reference), then restarted at dp=1 and at tp=2 pp=2 dp=1."""
@@ -87,16 +102,7 @@ def test_planner_predicts_the_universal_files_and_what_each_rank_reads(dp2):
     assert sum(planned.values()) == pytest.approx(sum(real.values()), rel=0.01)
     assert max(abs(planned[p] - real[p]) for p in real) < 1024
     # what each rank of the tp=2 pp=2 dp=1 restart opened under the universal folder (its dftracer trace)
-    pid_rank = {}
-    for path in (dp2 / "events" / "restart-03").glob("rank-*.jsonl"):
-        for e in map(json.loads, path.read_text().splitlines()):
-            if e["event"] == "process":
-                pid_rank[e["pid"]] = int(path.stem.split("-")[1])
-    opened = defaultdict(set)
-    for e in trace.read_events(dp2 / "traces" / "restart-03"):
-        name = e["file"] or ""
-        if e["name"] in trace.OPENS and e.get("pid") in pid_rank and name.startswith(f"{universal_dir}/"):
-            opened[pid_rank[e["pid"]]].add(name[len(str(universal_dir)) + 1:])
+    opened = opened_by_rank(dp2, "restart-03", universal_dir)
     predicted = universal.restart_read_sequence(saved, at_layout(saved, 2, 2, 1))
     assert set(opened) == set(predicted) == {0, 1, 2, 3}
     for rank, paths in predicted.items():
@@ -135,6 +141,31 @@ def test_a_zero2_checkpoint_at_tp2_restarts_at_its_own_and_at_another_layout(tmp
     universal_dir = run_dir / "checkpoint" / "global_step2_universal"
     assert {f.path for f in universal.files(saved)} == {str(p.relative_to(universal_dir))
                                                         for p in universal_dir.rglob("*.pt")}
+
+
+def test_a_zero3_checkpoint_restarts_at_another_layout_as_planned(tmp_path):
+    """ZeRO-3 at tp=2 dp=2 restarted at tp=1 dp=2: DeepSpeed 0.19.8 converts stage 3's per-parameter partitions and
+    loads them with ZeRO-3 at the new layout; the harness's reference, put back together from the original
+    partitions by the planner's rules, matches what every rank restored, the loss continues, and the planner names
+    the converted files (no step.pt per parameter; optimizer_state.pt keeps the first rank's state whole) and what
+    each rank opens (its trace)."""
+    run_dir = run_dir_of(run_cli(["tiny", "tp=2", "dp=2", "zero=3", "baseline=false", *SOURCE.split()], tmp_path))
+    proc = restart(run_dir, "tp=1", "dp=2", "trace=true")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    own, moved = load_summary(run_dir)["restarts"]
+    assert moved["verified"] and moved["verified_tensors"] > 0 and moved["tag"] == "global_step2_universal"
+    assert moved["loss_continuity"]["ok"] and moved["loss_continuity"]["reference_record"] == own["record"]
+    saved = spec_of(run_dir)
+    universal_dir = run_dir / "checkpoint" / "global_step2_universal"
+    real = {str(p.relative_to(universal_dir)): p.stat().st_size for p in universal_dir.rglob("*.pt")}
+    planned = {f.path: f.bytes for f in universal.files(saved)}
+    assert set(planned) == set(real) and not any(p.endswith("/step.pt") for p in real)
+    assert max(abs(planned[p] - real[p]) for p in real) < 1024
+    opened = opened_by_rank(run_dir, "restart-02", universal_dir)
+    predicted = universal.restart_read_sequence(saved, at_layout(saved, 1, 1, 2))
+    assert set(opened) == set(predicted) == {0, 1}
+    for rank, paths in predicted.items():
+        assert opened[rank] == set(paths), rank
 
 
 def test_from_tensor_and_pipeline_parallel_to_data_parallel(tmp_path):

@@ -239,9 +239,6 @@ def parse_plan(tokens: list[str]) -> PlanRequest:
             raise UsageError(f"to_tp/to_pp/to_dp: engine={spec.engine} cannot restart at another layout (DeepSpeed's "
                              "universal-checkpoint converter reads torch.save files only); accepted: engine="
                              + ", ".join(n for n, c in registry.all_engines().items() if c.universal))
-        if spec.zero > 2:
-            raise UsageError(f"to_tp/to_pp/to_dp with zero={spec.zero}: the harness plans and verifies restarts at "
-                             "another layout from ZeRO-1 and ZeRO-2 checkpoints only; accepted: zero=1 or 2")
         target = spec.with_layout(tp=options.to_tp or spec.tp, pp=options.to_pp or spec.pp,
                                   dp=options.to_dp or spec.dp, ranks_per_node=None)
     return PlanRequest(spec, options, target)

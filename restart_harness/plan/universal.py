@@ -2,13 +2,14 @@
 restart loads it at another layout (DeepSpeed 0.19.8). No torch.
 
 Files, under <tag>_universal/: for every parameter, at its full (unsplit) shape, zero/<name>/fp32.pt, exp_avg.pt and
-exp_avg_sq.pt (fp32) and step.pt (Adam's step); zero/optimizer_state.pt (the optimizer's scalars and param groups);
-and a copy of every mp_rank_*_model_states.pt of the original checkpoint.
+exp_avg_sq.pt (fp32) and step.pt (Adam's step; not from ZeRO-3); zero/optimizer_state.pt (the optimizer's scalars
+and param groups); and a copy of every model-states file of the original checkpoint.
 
 Reads at the new layout: each rank torch.loads the model-state files its state-dict loader opens (mp_rank_00, to
 check, then the one mapped to its rank: for pp=1 and one original TP rank the same file again), zero/optimizer_state.pt,
 and for every parameter its ZeRO-1 partition holds a fragment of, all four files of that parameter in full
-(DeepSpeed's load_hp_checkpoint_state reads every file of the folder and slices its fragment out).
+(DeepSpeed's load_hp_checkpoint_state reads every file of the folder and slices its fragment out). ZeRO-3: the
+first model file of the rank's TP rank, optimizer_state.pt, and all three files of every parameter.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ STATES = ("fp32", "exp_avg", "exp_avg_sq")
 PARAM_PICKLE_BYTES = 190
 ZIP_PADDING_BYTES = 150
 OPTIMIZER_STATE_BYTES = 2048
+ZERO3_OPTIMIZER_STATE_LESS_BYTES = 800  # the ds_config and version the rank's optimizer file carries besides
 
 
 def _file_bytes(stem: str, storage: int) -> int:
@@ -49,8 +51,14 @@ def files(spec: RunSpec) -> list[checkpoint.PlannedFile]:
         for stem in STATES:
             out.append(checkpoint.PlannedFile(f"zero/{name}/{stem}.pt", _file_bytes(stem, storage), "universal", -1,
                                               storage))
-        out.append(checkpoint.PlannedFile(f"zero/{name}/step.pt", _file_bytes("step", 4), "universal", -1, 4))
-    out.append(checkpoint.PlannedFile("zero/optimizer_state.pt", OPTIMIZER_STATE_BYTES, "universal", -1, 0))
+        if spec.zero < 3:  # ZeRO-3's conversion keeps Adam's step in optimizer_state.pt only
+            out.append(checkpoint.PlannedFile(f"zero/{name}/step.pt", _file_bytes("step", 4), "universal", -1, 4))
+    if spec.zero < 3:
+        out.append(checkpoint.PlannedFile("zero/optimizer_state.pt", OPTIMIZER_STATE_BYTES, "universal", -1, 0))
+    else:  # ZeRO-3's conversion keeps the first rank's optimizer state whole (its moments and flat fp32 partition)
+        first = min((f for f in checkpoint.files(spec) if f.kind == "optimizer_states"), key=lambda f: f.rank)
+        out.append(checkpoint.PlannedFile("zero/optimizer_state.pt", first.bytes - ZERO3_OPTIMIZER_STATE_LESS_BYTES,
+                                          "universal", -1, first.tensor_bytes))
     out += [checkpoint.PlannedFile(f.path, f.bytes, f.kind, -1, f.tensor_bytes)
             for f in checkpoint.files(spec) if f.kind == "model_states"]
     return sorted(out, key=lambda f: f.path)
@@ -59,6 +67,8 @@ def files(spec: RunSpec) -> list[checkpoint.PlannedFile]:
 def restart_read_sequence(saved: RunSpec, target: RunSpec) -> dict[int, list[str]]:
     """global rank of the target layout -> the converted files it reads in full, with repeats."""
     shards = checkpoint.shards(target)
+    if saved.zero == 3:
+        return _zero3_reads(shards, target)
     full = dict(full_params(target))
     models = sorted(f.path for f in checkpoint.files(saved) if f.kind == "model_states")
     out = {}
@@ -77,6 +87,19 @@ def restart_read_sequence(saved: RunSpec, target: RunSpec) -> dict[int, list[str
                 offset += n
             rank = rules.global_rank(shard.stage, d, shard.tp_rank, target.dp, target.tp)
             out[rank] = list(dict.fromkeys([models[0], mapped, "zero/optimizer_state.pt", *mine]))
+    return dict(sorted(out.items()))
+
+
+def _zero3_reads(shards, target: RunSpec) -> dict[int, list[str]]:
+    """ZeRO-3 (pp=1): every rank holds a part of every parameter of its TP shard, so it reads all three files of
+    each, after the first data-parallel rank's model file of its TP rank and optimizer_state.pt (traced:
+    tests/test_reshard.py)."""
+    out = {}
+    for shard in shards:
+        mine = [f"zero/{name}/{stem}.pt" for name in shard.names for stem in STATES]
+        for d in range(target.dp):
+            rank = rules.global_rank(shard.stage, d, shard.tp_rank, target.dp, target.tp)
+            out[rank] = [checkpoint.zero3_model_file(0, shard.tp_rank), "zero/optimizer_state.pt", *mine]
     return dict(sorted(out.items()))
 
 

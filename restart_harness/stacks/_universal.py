@@ -8,12 +8,14 @@ convert()    runs `python -m deepspeed.checkpoint.ds_to_universal --input_folder
              counter library preloaded into it and every worker process it forks (one shared record of their reads
              and writes); records seconds, bytes read and written, files written: records/convert-<tag>.json.
 reference()  from the original checkpoint's ZeRO files: every parameter's full fp32 master weights and Adam moments
-             (each TP shard from the data-parallel partitions in order, the shards put back together by each
-             parameter's split), digested: digests/<tag>/full-state.json. Independent of the converter it checks.
+             (each TP shard from the data-parallel partitions: ZeRO-1/2 one flat group split in dp parts, ZeRO-3 each
+             parameter padded and split in dp parts; the shards put back together by each parameter's split),
+             digested: digests/<tag>/full-state.json. Independent of the converter it checks.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -97,7 +99,7 @@ def reference(run_dir: Path, ckpt_root: Path, tag: str, original: RunSpec) -> Pa
     import torch
 
     from restart_harness.model import digest
-    from restart_harness.plan import checkpoint
+    from restart_harness.plan import checkpoint, rules
     from restart_harness.stacks._deepspeed_state import KEYS, merge_tp, split_of
 
     shards: dict[str, list[dict[str, torch.Tensor]]] = {}  # name -> per TP rank {key: shard}
@@ -109,20 +111,28 @@ def reference(run_dir: Path, ckpt_root: Path, tag: str, original: RunSpec) -> Pa
         for d in range(original.dp):
             name = recipe.path.replace("zero_pp_rank_0_", f"zero_pp_rank_{d}_")
             osd = torch.load(ckpt_root / tag / name, map_location="cpu", weights_only=False)["optimizer_state_dict"]
-            state = osd["base_optimizer_state"]["state"][0]
-            flats["fp32"].append(osd["single_partition_of_fp32_groups"][0])
-            flats["exp_avg"].append(state["exp_avg"])
-            flats["exp_avg_sq"].append(state["exp_avg_sq"])
-            step = float(state["step"])
-        flat = {k: torch.cat(v)[: recipe.numel] for k, v in flats.items()}  # the last partition's padding off
+            if original.zero == 3:  # per sub-group: Adam's state and the flat fp32 partition
+                states = [osd["optimizer_state_dict"]["state"][i] for i in range(len(osd["fp32_flat_groups"]))]
+                flats["fp32"].append(torch.cat(list(osd["fp32_flat_groups"])).detach())
+            else:
+                states = [osd["base_optimizer_state"]["state"][0]]
+                flats["fp32"].append(osd["single_partition_of_fp32_groups"][0])
+            flats["exp_avg"].append(torch.cat([st["exp_avg"] for st in states]))
+            flats["exp_avg_sq"].append(torch.cat([st["exp_avg_sq"] for st in states]))
+            step = float(states[0]["step"])
         offset = 0
+        whole = {k: torch.cat(v) for k, v in flats.items()}
         for pname, shape in recipe.params:
-            n = 1
-            for s in shape:
-                n *= s
+            n = math.prod(shape)
             per_tp = shards.setdefault(pname, [{} for _ in range(original.tp)])
-            per_tp[recipe.tp_rank] = {k: flat[k][offset:offset + n].view(shape) for k in KEYS}
-            offset += n
+            if original.zero == 3:  # each parameter padded to a multiple of dp, one part on each rank
+                part = rules.zero3_partition_numel(n, original.dp)
+                per_tp[recipe.tp_rank] = {k: torch.cat([f[offset:offset + part] for f in flats[k]])[:n].view(shape)
+                                          for k in KEYS}
+                offset += part
+            else:  # one flat group split in dp parts (the last partition's padding beyond numel)
+                per_tp[recipe.tp_rank] = {k: whole[k][offset:offset + n].view(shape) for k in KEYS}
+                offset += n
     parameters = {}
     for pname, per_tp in shards.items():
         split = split_of(original.shape, pname)

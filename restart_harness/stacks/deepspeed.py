@@ -83,11 +83,6 @@ class DeepSpeedStack(Stack):
     @classmethod
     def check_relayout(cls, original, spec, engine, target, saves) -> None:
         change = f"{original.layout} -> {spec.layout}"
-        if original.zero > 2:
-            raise UsageError(f"restart at another layout ({change}): the run trained with zero={original.zero}; "
-                             "the harness converts and verifies ZeRO-1 and ZeRO-2 checkpoints only (ZeRO-3's "
-                             "per-parameter partitions are not built into its conversion); accepted: a restart at "
-                             "its own layout")
         if target.kind != "posix":
             raise UsageError(f"restart at another layout ({change}): DeepSpeed's universal-checkpoint converter reads "
                              f"a file system, and this checkpoint is on storage target {target.name}; accepted: a "

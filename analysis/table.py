@@ -8,6 +8,7 @@ import io
 import json
 import math
 import statistics
+import textwrap
 from dataclasses import dataclass, field
 
 from analysis.load import Run
@@ -290,7 +291,7 @@ class Group:
         """label on several lines, for an axis."""
         parts = [x for name, x in (("model", self.model), ("layout", self.layout), ("engine", self.engine))
                  if name not in self.common]
-        return "\n".join(x for x in (*parts, self.extra) if x) or self.full_label
+        return "\n".join(textwrap.fill(x, 22) for x in (*parts, self.extra) if x) or self.full_label
 
     def stat(self, column: str) -> Stat | None:
         return stat([r.get(column) for r in self.rows])

@@ -93,18 +93,23 @@ def _baseline(options) -> int:
     return 0
 
 
-def _mlperf(request) -> int:
-    from restart_harness.launch import mlperf
-
+def _guarded(work) -> int:
+    """Run work() (it launches ranks): SIGTERM ends it like Ctrl-C; a failed run is one line and exit 1."""
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        return mlperf.main(request)
+        return work()
     except RunFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _mlperf(request) -> int:
+    from restart_harness.launch import mlperf
+
+    return _guarded(lambda: mlperf.main(request))
 
 
 def _plan(request) -> int:
@@ -118,12 +123,11 @@ def _plan(request) -> int:
 
 
 def _execute(name: str, request) -> int:
-    signal.signal(signal.SIGTERM, _terminate)
     from restart_harness.launch import runner, sweep
     from restart_harness.results import terminal
     from restart_harness.storage.atomic import read_json
 
-    try:
+    def work() -> int:
         if name == "sweep":
             sweep_dir = sweep.run(request)
             summary = read_json(sweep_dir / "sweep.json")
@@ -131,13 +135,9 @@ def _execute(name: str, request) -> int:
             print(sweep_dir)
             return 0 if all(r["state"] in ("complete", "submitted", "dry_run") for r in summary["runs"]) else 1
         run_dir = runner.restart_only(request) if name == "restart" else runner.run(request)
-    except RunFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    if (run_dir / "summary.json").is_file():
-        print(terminal.render(read_json(run_dir / "summary.json")))
-    print(run_dir)
-    return 0
+        if (run_dir / "summary.json").is_file():
+            print(terminal.render(read_json(run_dir / "summary.json")))
+        print(run_dir)
+        return 0
+
+    return _guarded(work)

@@ -95,10 +95,14 @@ def model_label(spec: dict) -> str:
 
 
 def layout_label(spec: dict) -> str:
-    """`tp2 pp4 dp1` (and `zero3` for a ZeRO stage other than 1, `2n` with several nodes)."""
+    """`tp2 pp4 dp1` (and `zero3` for a ZeRO stage other than 1, `2n` with several nodes, `subset 8/64` when only
+    the first node's ranks ran)."""
     nodes, zero = spec.get("nodes") or 1, spec.get("zero") or 1
+    derived = spec.get("derived") or {}
+    subset = (f" subset {derived.get('launched_ranks', spec.get('ranks_per_node'))}/"
+              f"{derived.get('world_size', spec['tp'] * spec['pp'] * spec['dp'])}" if spec.get("subset") else "")
     return (f"tp{spec['tp']} pp{spec['pp']} dp{spec['dp']}" + (f" zero{zero}" if zero != 1 else "")
-            + (f" {nodes}n" if nodes > 1 else ""))
+            + (f" {nodes}n" if nodes > 1 else "") + subset)
 
 
 DEFAULT_STACK, DEFAULT_TARGET = "deepspeed", "filesystem"  # what a label leaves unsaid

@@ -59,8 +59,13 @@ def test_every_case_holds(harness, name):
         for e in per_rank.values():
             assert 0 < e["blocking_seconds"] <= e["durable_seconds"] <= e["commit_seconds"], (tag, e)
             assert e["bytes"] == sum(f["bytes"] for f in e["files"])
-        durable_everywhere = max(e["start"] + e["durable_seconds"] for e in per_rank.values())
-        assert min(e["start"] + e["commit_seconds"] for e in per_rank.values()) >= durable_everywhere
+        if any(e.get("emulated") for e in per_rank.values()):  # commit = the slowest rank's durable seconds + the
+            # commit after it, data generation left out (docs/emulation.md): not a wall-clock moment
+            slowest = max(e["durable_seconds"] for e in per_rank.values())
+            assert min(e["commit_seconds"] for e in per_rank.values()) >= slowest
+        else:
+            durable_everywhere = max(e["start"] + e["durable_seconds"] for e in per_rank.values())
+            assert min(e["start"] + e["commit_seconds"] for e in per_rank.values()) >= durable_everywhere
         committed_tags.append(tag)
     if not summary["status"].get("checkpoint_deleted") and not status.get("checkpoint_deleted"):
         latest = target.latest()

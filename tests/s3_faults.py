@@ -50,12 +50,31 @@ class FaultProxy:
     rules: list[Rule] = field(default_factory=list)
     forwarded: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _hooks_running: int = 0
+    _hooks_idle: threading.Condition = field(default_factory=threading.Condition)
 
     def on(self, when: Callable[[Request], bool], **action) -> Rule:
         rule = Rule(when, **action)
         with self._lock:
             self.rules.append(rule)
         return rule
+
+    def _hook(self, before: Callable[[], None]) -> None:
+        with self._hooks_idle:
+            self._hooks_running += 1
+        try:
+            before()
+        finally:
+            with self._hooks_idle:
+                self._hooks_running -= 1
+                self._hooks_idle.notify_all()
+
+    def wait_for_hooks(self, timeout: float = 120) -> None:
+        """Return once no rule's `before` runs: a run can fail (another rank's request refused) while the hook that
+        made it fail still runs, and undoing the fault before the hook ends would race it."""
+        with self._hooks_idle:
+            if not self._hooks_idle.wait_for(lambda: self._hooks_running == 0, timeout):
+                raise TimeoutError(f"a proxy rule's hook still runs after {timeout} s")
 
     def clear(self) -> None:
         with self._lock:
@@ -81,7 +100,7 @@ class FaultProxy:
                 if rule is not None and rule.respond is not None:
                     return self._error(*rule.respond)
                 if rule is not None and rule.before is not None:
-                    rule.before()
+                    proxy._hook(rule.before)
                     if rule.fail:
                         self.close_connection = True
                         return None

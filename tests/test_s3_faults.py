@@ -30,6 +30,7 @@ def proxy(s3_server, monkeypatch):
     with FaultProxy(s3_server.endpoint_url) as p:
         monkeypatch.setenv("AWS_ENDPOINT_URL", p.url)
         yield p
+        p.wait_for_hooks()  # no fault is left being made when the next test starts
 
 
 def the_run(results: Path) -> Path:
@@ -103,6 +104,7 @@ def test_gateway_killed_during_a_multipart_upload(s3_server, proxy, tmp_path, mo
         proc = submit([*RUN, "ckpt_dir=s3://ckpt/killed", f"results_dir={tmp_path / 'results'}"], tmp_path,
                       timeout=600)
     finally:
+        proxy.wait_for_hooks()
         local_s3.start_gateway(s3_server.root)
     run_dir = the_run(tmp_path / "results")
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -138,6 +140,7 @@ def test_credentials_suspended_in_the_middle_of_a_save(s3_server, proxy, tmp_pat
         proc = submit([*RUN, "ckpt_dir=s3://ckpt/revoked", f"results_dir={tmp_path / 'results'}"], tmp_path,
                       timeout=600)
     finally:
+        proxy.wait_for_hooks()  # the suspend's radosgw-admin may still be ending when the other rank's 403 ends the run
         local_s3.set_user_suspended(s3_server.root, False)
     run_dir = the_run(tmp_path / "results")
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -100,6 +100,11 @@ ms_mon_client_mode = crc
 rgw_gc_obj_min_wait = 0
 rgw_gc_processor_period = 5
 rgw_data = {root}/rgw
+
+[client.admin]
+# radosgw-admin and ceph run as client.admin: one socket per process, so two at once (a suspend still ending while
+# an enable starts) do not refuse each other with "bind ... client.admin.asok: File exists"
+admin_socket = {root}/run/$name.$pid.asok
 """
 
 

@@ -39,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         if name == "plan":
             request = command.parse_plan(tokens)
             return _plan(request)
+        if name == "predict":
+            request = command.parse_predict(tokens)
+            return _predict(request.spec, request.options)
+        if name == "calibrate":
+            return _calibrate(command.parse_calibrate(tokens))
         if name == "matrix":
             from restart_harness.launch import matrix
 
@@ -119,6 +124,30 @@ def _plan(request) -> int:
 
     plan = estimate.build(request.spec, request.options.bandwidth_gbps, request.target)
     print(json.dumps(plan, indent=1) if request.options.plan == "json" else estimate.render(plan))
+    return 0
+
+
+def _predict(spec, options) -> int:
+    import json
+    import os
+
+    from restart_harness.predict import forecast
+
+    store = forecast.storage(spec, options.write_gbps, options.read_gbps)
+    prediction = forecast.build(spec, options.cpus_per_node or os.cpu_count() or 1, store)
+    print(json.dumps(prediction, indent=1) if options.predict == "json" else forecast.render(prediction))
+    return 0
+
+
+def _calibrate(options) -> int:
+    from pathlib import Path
+
+    from restart_harness.predict import fit
+
+    calibration = fit.calibrate([Path(p) for p in options.runs.split(",") if p])
+    out = fit.write(calibration, Path(options.out))
+    print(fit.render(calibration))
+    print(out)
     return 0
 
 

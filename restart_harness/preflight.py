@@ -175,12 +175,20 @@ def run(spec: RunSpec) -> None:
     tracer(spec)
     emulation(spec)
     scheduler(spec)
+    calibration(spec)
     directory("results_dir", spec.results_dir)
     need = planned_bytes(spec) if registry.get(spec.engine).saves and not spec.dry_run else None
     targets.for_spec(spec).preflight("ckpt_dir", need, reach=not spec.dry_run)
     resources(spec)
     if not spec.dry_run:
         extension_locks()
+
+
+def calibration(spec: RunSpec) -> None:
+    """The prediction's calibration file exists and is one (its phases are used before the checkpoint phase)."""
+    from restart_harness.predict import fit
+
+    fit.load(spec.calibration)
 
 
 def extension_locks() -> None:

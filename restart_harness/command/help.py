@@ -9,9 +9,11 @@ from restart_harness import stacks, targets
 from restart_harness.command.options import (
     MLPERF_FIXED,
     BaselineOptions,
+    CalibrateOptions,
     MatrixOptions,
     MlperfOptions,
     PlanOptions,
+    PredictOptions,
     RestartOptions,
 )
 from restart_harness.command.parse import restart_keys
@@ -23,6 +25,8 @@ USAGE = """\
 usage: ./submit-job.sh [run] MODEL [key=value ...]          train, checkpoint, restart in fresh processes, verify
        ./submit-job.sh MODEL key=a,b [key=c,d ...] [repeats=N]   a sweep: every combination, one folder
        ./submit-job.sh plan MODEL [key=value ...]            the checkpoint a run would write; launches nothing
+       ./submit-job.sh predict MODEL [key=value ...]         save and restart seconds a run would take; launches nothing
+       ./submit-job.sh calibrate runs=DIR out=FILE           fit the prediction model to finished runs
        ./submit-job.sh restart run=RUN_DIR [key=value ...]   restart-only re-runs of an earlier run
        ./submit-job.sh baseline dir=PATH [key=value ...]     storage: sequential write+fsync and cold read
        ./submit-job.sh report RUN_OR_SWEEP_DIR... [-o DIR]   runs.csv, report.md/.html and plots (analysis/)
@@ -48,6 +52,8 @@ def usage() -> str:
         if keys:
             lines += _section(f"{group} keys", keys)
     lines += _section("plan keys (with `plan`)", list(keys_of(PlanOptions).values()))
+    lines += _section("predict keys (with `predict`)", list(keys_of(PredictOptions).values()))
+    lines += _section("calibrate keys (with `calibrate`)", list(keys_of(CalibrateOptions).values()))
     lines += _section("baseline keys (with `baseline`)", list(keys_of(BaselineOptions).values()))
     lines += _section("matrix keys (with `matrix`)", list(keys_of(MatrixOptions).values()))
     lines += [*_section("restart keys (with `restart`)", list(keys_of(RestartOptions).values()))[:-1],
@@ -89,6 +95,8 @@ def markdown() -> str:
         if keys:
             lines += [f"## {group}", "", *table(keys)]
     for title, options in (("plan (`./submit-job.sh plan ...`)", PlanOptions),
+                           ("predict (`./submit-job.sh predict ...`)", PredictOptions),
+                           ("calibrate (`./submit-job.sh calibrate ...`)", CalibrateOptions),
                            ("baseline (`./submit-job.sh baseline ...`)", BaselineOptions),
                            ("matrix (`./submit-job.sh matrix ...`)", MatrixOptions),
                            ("restart (`./submit-job.sh restart ...`)", RestartOptions),

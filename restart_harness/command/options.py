@@ -1,4 +1,4 @@
-"""The options of the commands other than a run (plan, baseline, matrix, restart, mlperf): each a dataclass of declared keys
+"""The options of the commands other than a run (plan, predict, calibrate, baseline, matrix, restart, mlperf): each a dataclass of declared keys
 (restart_harness/spec/keys.py), parsed by command/parse.py, listed by --help."""
 
 from __future__ import annotations
@@ -21,6 +21,25 @@ class PlanOptions:
                             group="plan", minimum=1)
     to_pp: int | None = key(None, "... its pipeline-parallel degree (default the run's)", group="plan", minimum=1)
     to_dp: int | None = key(None, "... its data-parallel degree (default the run's)", group="plan", minimum=1)
+
+
+@dataclass
+class PredictOptions:
+    predict: str = key("text", "output: text (a table) or json", group="predict", choices=("text", "json"))
+    write_gbps: float | None = key(None, "the storage's aggregate write bandwidth (with read_gbps=); default: the "
+                                         "cached storage baseline of the checkpoint directory's file system",
+                                   group="predict", unit="GB/s = 10^9 bytes/s", above=0)
+    read_gbps: float | None = key(None, "the storage's aggregate read bandwidth (with write_gbps=)", group="predict",
+                                  unit="GB/s = 10^9 bytes/s", above=0)
+    cpus_per_node: int | None = key(None, "CPU cores per node; default this machine's", group="predict", minimum=1)
+
+
+@dataclass
+class CalibrateOptions:
+    runs: str = key(MISSING, "finished run directories, or folders holding them (searched below), comma-separated",
+                    group="calibrate")
+    out: Path = key(MISSING, "the calibration file to write, e.g. out=configs/calibration/mycluster.json (then "
+                             "calibration=mycluster)", group="calibrate")
 
 
 @dataclass

@@ -29,9 +29,11 @@ from restart_harness.command.options import (
     MATRIX_STACK_CASES,
     MLPERF_FIXED,
     BaselineOptions,
+    CalibrateOptions,
     MatrixOptions,
     MlperfOptions,
     PlanOptions,
+    PredictOptions,
     RestartOptions,
 )
 from restart_harness.errors import UsageError
@@ -40,7 +42,7 @@ from restart_harness.spec.keys import Key, coerce, keys_of
 from restart_harness.spec.model_shape import load_model, shape_keys
 from restart_harness.spec.runspec import RunSpec, run_keys
 
-COMMANDS = ("run", "plan", "restart", "baseline", "report", "matrix", "mlperf")
+COMMANDS = ("run", "plan", "predict", "calibrate", "restart", "baseline", "report", "matrix", "mlperf")
 _TOKEN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 
@@ -142,7 +144,8 @@ def _unknown(name: str, accepted: list[str], engine: str | None = None) -> Usage
     if owners:
         return UsageError(f"{name}=: an option of engine {', '.join(owners)}, not of engine {engine}; "
                           f"engine {engine} takes: {', '.join(keys_of(registry.get(engine).Options)) or 'no options'}")
-    for command, options in (("plan", PlanOptions), ("baseline", BaselineOptions), ("restart", RestartOptions)):
+    for command, options in (("plan", PlanOptions), ("predict", PredictOptions), ("baseline", BaselineOptions),
+                             ("restart", RestartOptions)):
         if name in keys_of(options):
             return UsageError(f"{name}=: a key of the {command} command; usage: ./submit-job.sh {command} ... {name}=...")
     near = difflib.get_close_matches(name, accepted, n=1)
@@ -242,6 +245,29 @@ def parse_plan(tokens: list[str]) -> PlanRequest:
         target = spec.with_layout(tp=options.to_tp or spec.tp, pp=options.to_pp or spec.pp,
                                   dp=options.to_dp or spec.dp, ranks_per_node=None)
     return PlanRequest(spec, options, target)
+
+
+@dataclass
+class PredictRequest:
+    spec: RunSpec
+    options: PredictOptions
+
+
+def parse_predict(tokens: list[str]) -> PredictRequest:
+    spec, values = parse_run(tokens, keys_of(PredictOptions))
+    if not stacks.of(spec).planned:
+        raise UsageError(f"stack={spec.stack}: the prediction model builds on the planner, which predicts DeepSpeed's "
+                         "checkpoint files; accepted: "
+                         f"{', '.join('stack=' + n for n in stacks.names() if stacks.get(n).planned)}")
+    options = PredictOptions(**values)
+    if (options.write_gbps is None) != (options.read_gbps is None):
+        given = "write_gbps" if options.write_gbps is not None else "read_gbps"
+        raise UsageError(f"{given}=: give write_gbps= and read_gbps= together (or neither: the cached baseline)")
+    return PredictRequest(spec, options)
+
+
+def parse_calibrate(tokens: list[str]) -> CalibrateOptions:
+    return _options(CalibrateOptions, tokens, "calibrate")
 
 
 def _options(cls: type, tokens: list[str], command: str):

@@ -267,6 +267,9 @@ def execute(run_dir: Path) -> Path:
         probe = record_baseline(run, target)
         if probe:
             say(f"  [baseline] {probe.get('error') or _baseline_line(probe)}")
+        made = record_prediction(run, probe)
+        if made:
+            say(f"  [predict] {made}")
         say(f"  [checkpoint] launching {spec.launched_ranks} ranks (log: {run_dir / 'logs' / 'checkpoint.log'})")
         info = launch(run_dir, "checkpoint", spec.timeout)
         info["incomplete_uploads"] = abort_incomplete_uploads(target, "checkpoint")
@@ -317,6 +320,29 @@ def record_baseline(run: resolved.ResolvedRun, target) -> dict | None:
                               spec.baseline_max_age_hours * 3600)
     write_json_atomic(run.run_dir / "baseline.json", record)
     return record
+
+
+def record_prediction(run: resolved.ResolvedRun, probe: dict | None) -> str | None:
+    """Before the checkpoint phase: what the calibration in force predicts for this run, into prediction.json (the
+    summary sets it beside what is measured); one line for the terminal. None where the planner cannot plan it."""
+    from restart_harness.predict import forecast
+    from restart_harness.results import prediction as pr
+
+    spec = run.spec
+    if not stacks.of(spec).planned:
+        return None
+    try:
+        store = forecast.storage(spec, record=probe if probe and not probe.get("error") else None)
+        made = forecast.build(spec, (run.facts.get("host") or {}).get("cpus") or 1, store)
+    except Exception as exc:  # noqa: BLE001 - a prediction must never stop a run; its failure is recorded instead
+        made = {"error": f"{type(exc).__name__}: {exc}"}
+    write_json_atomic(run.run_dir / pr.FILE, made)
+    if made.get("error"):
+        return f"no prediction: {made['error']}"
+    p = made["phases"]
+    parts = [f"{label} {p[name]['seconds']:.2f} s" for label, name in (
+        ("durable save", "save_durable_seconds"), ("restart", pr.TOTAL)) if p[name].get("seconds") is not None]
+    return f"calibration {spec.calibration}: " + (", ".join(parts) or "nothing predicted (see prediction.json)")
 
 
 def _baseline_line(b: dict) -> str:

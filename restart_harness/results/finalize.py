@@ -11,6 +11,7 @@ from restart_harness import targets
 from restart_harness.results import efficiency
 from restart_harness.results import events as ev
 from restart_harness.results import inventory as inv
+from restart_harness.results import prediction
 from restart_harness.results import summary as sm
 from restart_harness.spec import run as resolved
 from restart_harness.storage.atomic import write_json_atomic
@@ -88,6 +89,7 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
     summary["checkpoint"]["storage_requests"] = target.requests(run_dir / "logs" / "client" / "checkpoint")
     summary["checkpoint"]["incomplete_uploads"] = checkpoint_launch.get("incomplete_uploads")
     efficiency.add(summary, run_dir)
+    summary["prediction"] = prediction.compare(prediction.read(run_dir), summary)
     write_json_atomic(run_dir / "summary.json", summary)
     write_json_atomic(run_dir / "status.json", status)
     return summary

@@ -96,6 +96,10 @@ class RunSpec:
                               "counters preloaded into every rank; docs/anatomy.md)", group="observe", restart=True)
     trace: bool = key(False, "record every POSIX I/O call on the checkpoint with dftracer; raw traces in "
                              "traces/<record>/, summarized per phase", group="observe", restart=True)
+    calibration: str = key("default", "the prediction model's calibration: configs/calibration/NAME.json, or the path "
+                                      "of a file ./submit-job.sh calibrate wrote; every run's summary sets the "
+                                      "prediction made with it before launch beside what was measured "
+                                      "(docs/prediction.md)", group="observe", sweep=False)
     # launch
     device: str = key("auto", "auto = cuda when NVIDIA devices are present, else cpu (DeepSpeed over gloo)",
                        group="launch", choices=("auto", "cpu", "cuda"))

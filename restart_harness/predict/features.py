@@ -1,0 +1,61 @@
+"""What the prediction model knows about a run before it starts: the planner's files and reads per rank, the
+layout, the node's CPUs and the storage's bandwidth. Nothing here launches, imports torch or touches a file."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from engines import registry
+from restart_harness.plan import checkpoint
+from restart_harness.spec.runspec import RunSpec
+
+
+@dataclass(frozen=True)
+class Features:
+    world_size: int  # ranks launched (an emulated subset: the ranks that run)
+    nodes: int
+    ranks_per_node: int
+    cpus_per_node: int
+    contention: float  # max(1, ranks_per_node / cpus_per_node): how many ranks share a core
+    parameters_per_rank: float  # the model's parameters / (tp x pp)
+    tokens_per_rank_step: int  # micro_batch x grad_accum x seq_len
+    save_bytes: int  # one checkpoint, all launched ranks
+    save_bytes_max_rank: int
+    save_files_max_rank: int
+    read_bytes: int  # a restart's reads, all ranks (planner: each rank's distinct files in full)
+    read_bytes_max_rank: int
+    read_files_max_rank: int
+    write_bytes_per_s: float | None  # the storage's aggregate bandwidth, both None when unknown
+    read_bytes_per_s: float | None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def of(spec: RunSpec, cpus_per_node: int, write_bytes_per_s: float | None,
+       read_bytes_per_s: float | None) -> Features:
+    launched = spec.launched_ranks
+    per_node = min(spec.ranks_per_node or launched, launched)
+    save_bytes = dict.fromkeys(range(launched), 0)
+    save_files = dict.fromkeys(range(launched), 0)
+    size_of = {}
+    if registry.get(spec.engine).saves:
+        for f in checkpoint.stored_files(spec):
+            size_of[f.path] = f.bytes
+            if f.rank < launched:
+                save_bytes[f.rank] += f.bytes
+                save_files[f.rank] += 1
+        reads = {r: paths for r, paths in checkpoint.stored_reads(spec).items() if r < launched}
+    else:
+        reads = {}
+    read_bytes = {r: sum(size_of[p] for p in paths) for r, paths in reads.items()}
+    return Features(
+        world_size=launched, nodes=max(1, -(-launched // per_node)), ranks_per_node=per_node,
+        cpus_per_node=cpus_per_node, contention=max(1.0, per_node / max(1, cpus_per_node)),
+        parameters_per_rank=spec.shape.num_parameters() / (spec.tp * spec.pp),
+        tokens_per_rank_step=spec.micro_batch * spec.grad_accum * (spec.seq_len or 0),
+        save_bytes=sum(save_bytes.values()), save_bytes_max_rank=max(save_bytes.values(), default=0),
+        save_files_max_rank=max(save_files.values(), default=0),
+        read_bytes=sum(read_bytes.values()), read_bytes_max_rank=max(read_bytes.values(), default=0),
+        read_files_max_rank=max((len(p) for p in reads.values()), default=0),
+        write_bytes_per_s=write_bytes_per_s, read_bytes_per_s=read_bytes_per_s)

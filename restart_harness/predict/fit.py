@@ -1,0 +1,199 @@
+"""Calibration: the model's coefficients fitted from finished runs (`./submit-job.sh calibrate runs=DIR`), and the
+calibration file they are kept in (configs/calibration/*.json, docs/prediction.md).
+
+Each phase and group is fitted by non-negative least squares on relative errors: minimise
+sum_runs ((predicted - measured) / measured)^2 over coefficients >= 0, by solving the least squares of every subset
+of the phase's terms and keeping the best whose coefficients are all non-negative (a phase has at most four terms).
+A run contributes to the phases it measured; a run without its storage's bandwidth (baseline=false) contributes to
+the phases whose terms do not need it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+import time
+from pathlib import Path
+
+from restart_harness import stacks
+from restart_harness.errors import UsageError
+from restart_harness.predict import features as feats
+from restart_harness.predict.model import PHASES, Phase
+from restart_harness.results.prediction import measured
+from restart_harness.results.schema import MIB
+from restart_harness.storage.atomic import write_json_atomic
+
+SCHEMA_VERSION = 1
+CALIBRATIONS = Path(__file__).resolve().parents[2] / "configs" / "calibration"
+DEFAULT = "default"
+
+
+def path_of(name: str) -> Path:
+    """A calibration by name (configs/calibration/NAME.json) or by path."""
+    return Path(name) if name.endswith(".json") or "/" in name else CALIBRATIONS / f"{name}.json"
+
+
+def load(name: str) -> dict:
+    path = path_of(name)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        known = ", ".join(sorted(p.stem for p in CALIBRATIONS.glob("*.json")))
+        raise UsageError(f"calibration={name}: not a readable calibration file ({type(exc).__name__}); accepted: "
+                         f"{known}, or a path to a file ./submit-job.sh calibrate wrote") from None
+    if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION or "phases" not in data:
+        raise UsageError(f"calibration={name}: {path} is not a calibration (schema_version {SCHEMA_VERSION})")
+    return data
+
+
+def _solve(rows: list[list[float]], y: list[float]) -> list[float] | None:
+    """Least squares by the normal equations (Gaussian elimination with partial pivoting); None if singular."""
+    k = len(rows[0])
+    a = [[sum(r[i] * r[j] for r in rows) for j in range(k)] + [sum(r[i] * v for r, v in zip(rows, y))]
+         for i in range(k)]
+    scale = max(abs(a[i][i]) for i in range(k)) or 1.0
+    for col in range(k):
+        pivot = max(range(col, k), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) <= 1e-12 * scale:
+            return None
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(k):
+            if r != col:
+                m = a[r][col] / a[col][col]
+                a[r] = [x - m * p for x, p in zip(a[r], a[col])]
+    return [a[i][k] / a[i][i] for i in range(k)]
+
+
+def nonnegative_fit(x: list[list[float]], y: list[float]) -> list[float]:
+    """Coefficients >= 0 minimising the sum of squared relative errors ((x.c - y) / y)^2 (y > 0)."""
+    k = len(x[0])
+    scaled = [[v / t for v in row] for row, t in zip(x, y)]
+    ones = [1.0] * len(y)
+    # columns scaled to unit norm so that features in bytes and in ranks meet on equal terms
+    norms = [max(sum(r[i] ** 2 for r in scaled) ** 0.5, 1e-300) for i in range(k)]
+    unit = [[v / n for v, n in zip(row, norms)] for row in scaled]
+    best, best_err = [0.0] * k, float("inf")
+    for size in range(1, k + 1):
+        for subset in itertools.combinations(range(k), size):
+            if len(y) < size:
+                continue
+            sol = _solve([[row[i] for i in subset] for row in unit], ones)
+            if sol is None or min(sol) < 0:
+                continue
+            coef = [0.0] * k
+            for i, c in zip(subset, sol):
+                coef[i] = c / norms[i]
+            err = sum((sum(c * v for c, v in zip(coef, row)) - 1) ** 2 for row in scaled)
+            if err < best_err - 1e-12:
+                best, best_err = coef, err
+    return best
+
+
+def _quantile(values: list[float], q: float) -> float:
+    values = sorted(values)
+    if len(values) < 5:
+        return values[0] if q < 0.5 else values[-1]
+    pos = q * (len(values) - 1)
+    lo = int(pos)
+    return values[lo] + (values[min(lo + 1, len(values) - 1)] - values[lo]) * (pos - lo)
+
+
+def run_dirs(paths: list[Path]) -> list[Path]:
+    """Every finished run directory under the given folders (a folder holding summary.json and spec.json)."""
+    found = set()
+    for p in paths:
+        p = Path(p)
+        for summary in ([p / "summary.json"] if (p / "summary.json").is_file() else p.rglob("summary.json")):
+            if (summary.parent / "spec.json").is_file():
+                found.add(summary.parent.resolve())
+    return sorted(found)
+
+
+def observation(run_dir: Path) -> dict | None:
+    """One finished run as the fit sees it: its spec, features and measured phases (None: not usable, and why)."""
+    from restart_harness.spec import run as resolved
+
+    summary = json.loads((run_dir / "summary.json").read_text())
+    if (summary.get("status") or {}).get("state") != "complete":
+        return {"run": str(run_dir), "skipped": f"state {(summary.get('status') or {}).get('state')}"}
+    try:
+        run = resolved.read(run_dir)
+    except UsageError as exc:
+        return {"run": str(run_dir), "skipped": str(exc)}
+    if not stacks.of(run.spec).planned:
+        return {"run": str(run_dir), "skipped": f"stack={run.spec.stack}: the planner does not plan its files"}
+    b = summary.get("baseline") or {}
+    write = b.get("write_mib_s") and b["write_mib_s"] * MIB
+    read = b.get("read_mib_s") and b["read_mib_s"] * MIB
+    cpus = (run.facts.get("host") or {}).get("cpus") or 1
+    return {"run": str(run_dir), "spec": run.spec, "features": feats.of(run.spec, cpus, write or None, read or None),
+            "measured": measured(summary)}
+
+
+def _fit_phase(phase: Phase, observations: list[dict]) -> dict:
+    groups: dict[str, list] = {}
+    for o in observations:
+        y = o["measured"].get(phase.name)
+        if not y or y <= 0:
+            continue
+        x = [t.value(o["features"]) for t in phase.terms]
+        if any(v is None for v in x):
+            continue
+        groups.setdefault(phase.group(o["spec"]), []).append((x, y, o["run"]))
+    fitted = {}
+    for group, rows in sorted(groups.items()):
+        coef = nonnegative_fit([r[0] for r in rows], [r[1] for r in rows])
+        ratios = [y / max(sum(c * v for c, v in zip(coef, x)), 1e-12) for x, y, _ in rows]
+        errors = [abs(1 / r - 1) for r in ratios]
+        fitted[group] = {
+            "coefficients": {t.name: c for t, c in zip(phase.terms, coef) if c > 0},
+            "calibrated_range": {t.name: [min(r[0][i] for r in rows), max(r[0][i] for r in rows)]
+                                 for i, t in enumerate(phase.terms) if coef[i] > 0 and t.name != "fixed"},
+            "ratio_range": [round(_quantile(ratios, 0.1), 4), round(_quantile(ratios, 0.9), 4)],
+            "runs": len(rows),
+            "median_abs_rel_error": round(statistics.median(errors), 4),
+        }
+    return fitted
+
+
+def calibrate(paths: list[Path]) -> dict:
+    """Fit every phase from the finished runs under `paths`; the calibration as plain data."""
+    dirs = run_dirs(paths)
+    if not dirs:
+        raise UsageError(f"runs={','.join(map(str, paths))}: no finished run directory (summary.json) there")
+    seen = [observation(d) for d in dirs]
+    used = [o for o in seen if "skipped" not in o]
+    if not used:
+        raise UsageError(f"runs=: none of the {len(dirs)} runs can be used ({seen[0]['skipped']}, ...)")
+    hosts = {(o["features"].cpus_per_node) for o in used}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "fitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {"cpus_per_node": sorted(hosts)},
+        "definition": "phase_seconds = sum of coefficient x term; ratio_range: the 10th and 90th percentiles of "
+                      "measured / fitted over these runs (min and max under 5 runs); docs/prediction.md",
+        "runs": [o["run"] for o in used],
+        "skipped": {o["run"]: o["skipped"] for o in seen if "skipped" in o},
+        "phases": {name: _fit_phase(phase, used) for name, phase in PHASES.items()},
+    }
+
+
+def write(calibration: dict, out: Path) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(out, calibration)
+    return out
+
+
+def render(calibration: dict) -> str:
+    """Each phase and group: its runs, fitted coefficients and how well they fit those runs."""
+    lines = [f"calibration from {len(calibration['runs'])} runs ({len(calibration['skipped'])} skipped)", "",
+             f"{'phase':<34}{'group':<22}{'runs':>5}{'median |err|':>14}{'range':>16}  coefficients"]
+    for name, groups in calibration["phases"].items():
+        for group, g in groups.items():
+            coef = ", ".join(f"{k} {v:.3g}" for k, v in g["coefficients"].items()) or "none (all zero)"
+            span = f"x{g['ratio_range'][0]:.2f} - x{g['ratio_range'][1]:.2f}"
+            lines.append(f"{name:<34}{group:<22}{g['runs']:>5}{g['median_abs_rel_error']:>13.1%}{span:>16}  {coef}")
+    for run, why in calibration["skipped"].items():
+        lines.append(f"skipped {run}: {why}")
+    return "\n".join(lines)

@@ -1,0 +1,87 @@
+"""`./submit-job.sh predict MODEL [layout keys] [write_gbps= read_gbps=] [cpus_per_node=] [predict=json]`: the
+save and restart seconds a run would take, each a value, a range and the resource that bounds it, from the
+calibration in force (calibration=). Launches nothing, writes nothing. The same prediction is made before every
+run and kept in its run directory (prediction.json), so that its summary can set it beside what was measured."""
+
+from __future__ import annotations
+
+import time
+
+from restart_harness import targets
+from restart_harness.plan import checkpoint
+from restart_harness.plan.estimate import typical_file_bytes
+from restart_harness.predict import features as feats
+from restart_harness.predict import fit
+from restart_harness.predict.model import predict
+from restart_harness.results.prediction import PHASES
+from restart_harness.results.schema import MIB
+from restart_harness.spec.runspec import RunSpec
+from restart_harness.storage import baseline
+
+GB = 10**9
+IGNORES = ("stragglers and variation between nodes, interference from other jobs, a storage's per-client limits "
+           "beyond what the baseline measured, caches warmer or colder than the calibration's runs, and any cost "
+           "that grows faster than linearly in ranks, bytes or files")
+
+
+def storage(spec: RunSpec, write_gbps: float | None = None, read_gbps: float | None = None,
+            record: dict | None = None) -> dict:
+    """The storage the prediction assumes: bandwidths given, else the run's baseline record, else the cached
+    baseline of the checkpoint directory's storage; bytes per second, with where they came from."""
+    if write_gbps is not None and read_gbps is not None:
+        return {"write_bytes_per_s": write_gbps * GB, "read_bytes_per_s": read_gbps * GB,
+                "source": f"given: write_gbps={write_gbps:g}, read_gbps={read_gbps:g} (aggregate, GB/s = 10^9 B/s)"}
+    if record is None:
+        files = checkpoint.files(spec)
+        record = baseline.cached(targets.for_spec(spec), typical_file_bytes(files), spec.launched_ranks)
+    if record and record.get("write_mib_s") and record.get("read_mib_s"):
+        return {"write_bytes_per_s": record["write_mib_s"] * MIB, "read_bytes_per_s": record["read_mib_s"] * MIB,
+                "source": (f"baseline of {record.get('dir')} ({record.get('method')}, {record.get('ranks')} ranks x "
+                           f"{record.get('file_bytes')} bytes, measured {record.get('measured_at')})")}
+    return {"write_bytes_per_s": None, "read_bytes_per_s": None,
+            "source": "none: no baseline of this storage (./submit-job.sh baseline dir=...) and no write_gbps= and "
+                      "read_gbps=; phases that move checkpoint bytes are not predicted"}
+
+
+def build(spec: RunSpec, cpus_per_node: int, store: dict, calibration: dict | None = None) -> dict:
+    """The prediction as plain data (prediction.json, predict=json)."""
+    start = time.perf_counter()
+    calibration = calibration or fit.load(spec.calibration)
+    f = feats.of(spec, cpus_per_node, store["write_bytes_per_s"], store["read_bytes_per_s"])
+    made = predict(spec, f, calibration)
+    return {
+        "model": spec.model_label, "layout": spec.layout, "zero": spec.zero, "engine": spec.engine,
+        "stack": spec.stack, "emulate": spec.emulate, "launcher": spec.launcher, "world_size": spec.world_size,
+        "calibration": {"name": spec.calibration, "path": str(fit.path_of(spec.calibration)),
+                        "fitted_at": calibration.get("fitted_at"), "runs": len(calibration.get("runs", []))},
+        "storage": store["source"], "features": f.to_json(), "phases": made["phases"], "note": made["notes"],
+        "ignores": IGNORES, "predict_seconds": round(time.perf_counter() - start, 6),
+    }
+
+
+def _seconds(x: float) -> str:
+    return f"{x:.3f}" if x < 100 else f"{x:,.0f}"
+
+
+def render(p: dict) -> str:
+    f = p["features"]
+    lines = [f"predict: {p['model']}, {p['layout']} zero={p['zero']} ({p['world_size']} ranks, {f['nodes']} node{'s' if f['nodes'] > 1 else ''} x "
+             f"{f['ranks_per_node']}, {f['cpus_per_node']} CPUs per node), engine {p['engine']}, launcher "
+             f"{p['launcher']}",
+             f"calibration {p['calibration']['name']} ({p['calibration']['runs']} runs, fitted "
+             f"{p['calibration']['fitted_at']})",
+             f"storage     {p['storage']}",
+             f"checkpoint  {f['save_bytes']:,} bytes written (busiest rank {f['save_bytes_max_rank']:,} in "
+             f"{f['save_files_max_rank']} files); restart reads {f['read_bytes']:,} bytes", "",
+             f"{'phase':<34}{'seconds':>10}{'range':>22}  bound by"]
+    for name in PHASES:
+        row = p["phases"][name]
+        if row.get("seconds") is None:
+            lines.append(f"{name:<34}{'-':>10}{'':>22}  not predicted: {row['why']}")
+            continue
+        span = f"{_seconds(row['low'])} - {_seconds(row['high'])}"
+        mark = " (extrapolated)" if row.get("extrapolated") else ""
+        lines.append(f"{name:<34}{_seconds(row['seconds']):>10}{span:>22}  {row['bound']}{mark}")
+    lines += [f"note: {n}" for n in p["note"]]
+    lines.append(f"ignores: {p['ignores']}")
+    return "\n".join(lines)

@@ -1,0 +1,150 @@
+"""The prediction model (docs/prediction.md): each phase of a save and of a restart is a sum of terms, each term a
+fitted non-negative rate times a feature of the run (features.py) that a resource bounds:
+
+    phase_seconds = sum_k  coefficient[phase, group, k] x term_k(features)
+
+The coefficients come from a calibration (fit.py: finished runs of this machine class), per group: the save and
+load phases per stack and engine, the launch per launcher, the other restart phases per stack. The range of a
+phase is its prediction times the 10th and 90th percentiles of measured / fitted over the calibration's runs.
+restart_total_seconds is the sum of the restart's phases (and of their lows and highs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from restart_harness import stacks
+from restart_harness.predict.features import Features
+from restart_harness.results.prediction import RESTART_PHASES, SAVE_PHASES, TOTAL
+from restart_harness.spec.runspec import RunSpec
+
+
+@dataclass(frozen=True)
+class Term:
+    name: str
+    resource: str  # what bounds the phase when this term dominates
+    unit: str  # of the coefficient
+    value: Callable[[Features], float | None]  # None: the feature is unknown (no bandwidth)
+
+
+def _per(n: float | None, d: float | None) -> float | None:
+    return None if n is None or not d else n / d
+
+
+FIXED = Term("fixed", "fixed costs (the phase says which)", "s", lambda f: 1.0)
+STORAGE_WRITE = Term("storage_write", "storage bandwidth", "x (bytes / aggregate write bandwidth)",
+                     lambda f: _per(f.save_bytes, f.write_bytes_per_s))
+SERIALIZE = Term("serialize", "host CPU: serialization and copies", "s per byte of the busiest rank x contention",
+                 lambda f: f.save_bytes_max_rank * f.contention)
+FILES = Term("files", "storage metadata and requests", "s per file of the busiest rank",
+             lambda f: f.save_files_max_rank)
+STORAGE_READ = Term("storage_read", "storage bandwidth", "x (bytes / aggregate read bandwidth)",
+                    lambda f: _per(f.read_bytes, f.read_bytes_per_s))
+DESERIALIZE = Term("deserialize", "host CPU: deserialization and copies",
+                   "s per byte the busiest rank reads x contention", lambda f: f.read_bytes_max_rank * f.contention)
+READ_FILES = Term("read_files", "storage metadata and requests", "s per file the busiest rank reads",
+                  lambda f: f.read_files_max_rank)
+SPAWN = Term("spawn", "launcher: processes started per node", "s per rank on a node", lambda f: f.ranks_per_node)
+CPU = Term("cpu", "host CPU: ranks sharing cores", "s x contention", lambda f: f.contention)
+WORLD = Term("world", "network: rendezvous of every rank", "s per rank", lambda f: f.world_size)
+PARAMETERS = Term("parameters", "host CPU and memory: allocating and initialising the rank's model",
+                  "s per parameter of a rank x contention", lambda f: f.parameters_per_rank * f.contention)
+COMPUTE = Term("compute", "host compute: one training step",
+               "s per parameter x token of a rank x contention",
+               lambda f: f.parameters_per_rank * f.tokens_per_rank_step * f.contention)
+
+
+EXTRAPOLATION = 2.0  # a term's value beyond this many times the largest the calibration saw is flagged
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    terms: tuple[Term, ...]
+    group: Callable[[RunSpec], str]  # whose coefficients: a phase is fitted per group
+    fixed: str  # what the fixed term stands for in this phase
+
+
+def _engine(spec: RunSpec) -> str:
+    return f"{stacks.of(spec).name}/{spec.engine}"
+
+
+def _stack(spec: RunSpec) -> str:
+    return stacks.of(spec).name  # emulate=true: the emulated stack
+
+
+def _launcher(spec: RunSpec) -> str:
+    return spec.launcher
+
+
+_SAVE = (FIXED, STORAGE_WRITE, SERIALIZE, FILES)
+PHASES: dict[str, Phase] = {p.name: p for p in (
+    *(Phase(name, _SAVE, _engine, "fixed per save: barriers, collectives, the engine's bookkeeping")
+      for name in SAVE_PHASES),
+    Phase("restart_launch_seconds", (FIXED, SPAWN), _launcher, "launcher: its own start-up"),
+    Phase("restart_imports_seconds", (FIXED, CPU), _stack, "host CPU: Python imports"),
+    Phase("restart_dist_init_seconds", (FIXED, WORLD), _stack, "network: process-group set-up"),
+    Phase("restart_model_build_seconds", (FIXED, PARAMETERS), _stack, "host CPU: building the model"),
+    Phase("restart_engine_init_seconds", (FIXED, CPU, PARAMETERS), _stack, "host CPU: the engine's set-up"),
+    Phase("restart_checkpoint_load_seconds", (FIXED, STORAGE_READ, DESERIALIZE, READ_FILES), _engine,
+          "fixed per load: finding the tag, collectives, the engine's bookkeeping"),
+    Phase("restart_first_step_seconds", (FIXED, COMPUTE), _stack, "host compute: a step's fixed part"),
+)}
+assert tuple(PHASES) == (*SAVE_PHASES, *RESTART_PHASES)
+
+
+def fallback_group(phase: Phase, spec: RunSpec) -> str | None:
+    """Where an engine was not calibrated: the same stack's default engine; a launcher: the local one (said in the
+    prediction's note)."""
+    if phase.group is _engine:
+        return f"{stacks.of(spec).name}/default"
+    return "local" if phase.group is _launcher else None
+
+
+def predict_phase(phase: Phase, features: Features, fitted: dict) -> dict:
+    """One phase from its group's fitted coefficients: seconds, range, the bounding resource and each term's part."""
+    parts, beyond = {}, []
+    for term in phase.terms:
+        c = fitted["coefficients"].get(term.name, 0.0)
+        if c == 0.0:
+            continue
+        x = term.value(features)
+        if x is None:
+            return {"seconds": None, "why": f"{term.name} needs the storage's bandwidth (a baseline or write_gbps= "
+                                            "and read_gbps=)"}
+        parts[term.name] = c * x
+        seen = fitted.get("calibrated_range", {}).get(term.name)
+        if seen and x > EXTRAPOLATION * seen[1]:
+            beyond.append(f"{term.name} {x:.3g} is {x / seen[1]:.0f}x the largest calibrated ({seen[1]:.3g})")
+    seconds = sum(parts.values())
+    lo, hi = fitted["ratio_range"]
+    bound = max(parts, key=parts.get) if parts else None
+    resource = phase.fixed if bound == FIXED.name else next((t.resource for t in phase.terms if t.name == bound), None)
+    return {"seconds": round(seconds, 6), "low": round(seconds * lo, 6), "high": round(seconds * hi, 6),
+            "bound": resource, "terms_seconds": {k: round(v, 6) for k, v in parts.items()},
+            "extrapolated": beyond}
+
+
+def predict(spec: RunSpec, features: Features, calibration: dict) -> dict:
+    """Every phase of the run (each a value and a range, or None with why), and the restart's total."""
+    phases, notes = {}, []
+    for phase in PHASES.values():
+        groups = calibration["phases"].get(phase.name, {})
+        group = phase.group(spec)
+        fitted = groups.get(group)
+        if fitted is None and (other := fallback_group(phase, spec)) in groups:
+            fitted = groups[other]
+            notes.append(f"{phase.name}: {group} is not in the calibration; {other}'s rates")
+        if fitted is None:
+            phases[phase.name] = {"seconds": None, "why": f"{group} is not in the calibration (calibrated: "
+                                                          f"{', '.join(sorted(groups)) or 'none'})"}
+            continue
+        phases[phase.name] = predict_phase(phase, features, fitted)
+        notes += [f"{phase.name}: extrapolated: {e}" for e in phases[phase.name].get("extrapolated", [])]
+    restart = [phases[p] for p in RESTART_PHASES]
+    if all(p.get("seconds") is not None for p in restart):
+        phases[TOTAL] = {key: round(sum(p[key] for p in restart), 6) for key in ("seconds", "low", "high")}
+        phases[TOTAL]["bound"] = max(zip(restart, RESTART_PHASES), key=lambda x: x[0]["seconds"])[1]
+    else:
+        phases[TOTAL] = {"seconds": None, "why": "a restart phase is not predicted"}
+    return {"phases": phases, "notes": sorted(set(notes))}

@@ -1,0 +1,87 @@
+"""Predicted beside measured: the phases the prediction model (restart_harness/predict/, docs/prediction.md) names,
+how each is read from a run's summary, and the comparison every run's summary carries (`prediction`).
+
+A phase is a span in seconds:
+    save_blocking_seconds, save_durable_seconds, save_commit_seconds
+        the median over the run's saves of each save's figure (summary.checkpoint.saves[])
+    restart_<phase>_seconds for launch, imports, dist_init, model_build, engine_init, checkpoint_load, first_step
+        the first restart at the run's own layout (restart-01; launch: restart.launch_seconds)
+    restart_total_seconds
+        launch_seconds + total_seconds (the sum of the six phases) of that restart
+rel_error = (predicted - measured) / measured; within_range: low <= measured <= high.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+FILE = "prediction.json"  # in the run directory: written before the checkpoint phase launches
+
+SAVE_PHASES = ("save_blocking_seconds", "save_durable_seconds", "save_commit_seconds")
+RESTART_STEPS = ("launch", "imports", "dist_init", "model_build", "engine_init", "checkpoint_load", "first_step")
+RESTART_PHASES = tuple(f"restart_{p}_seconds" for p in RESTART_STEPS)
+TOTAL = "restart_total_seconds"
+PHASES = (*SAVE_PHASES, *RESTART_PHASES, TOTAL)
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if isinstance(v, (int, float))]
+    return statistics.median(values) if values else None
+
+
+def first_restart(summary: dict) -> dict | None:
+    """The run's own restart (restart-01, at the layout it saved with), or None."""
+    for r in summary.get("restarts") or []:
+        if r.get("record") == "restart-01" and r.get("verified") is not None:
+            layout = r.get("layout") or {}
+            return r if layout.get("saved") == layout.get("loaded") else None
+    return None
+
+
+def measured(summary: dict) -> dict[str, float | None]:
+    """Every phase's measured seconds in one run's summary (None where the run has none)."""
+    out: dict[str, float | None] = dict.fromkeys(PHASES)
+    saves = (summary.get("checkpoint") or {}).get("saves") or []
+    for phase in SAVE_PHASES:
+        out[phase] = _median([s.get(phase.removeprefix("save_")) for s in saves])
+    restart = first_restart(summary)
+    if restart and restart.get("exit_code") == 0:
+        steps = restart.get("phases") or {}
+        for step, phase in zip(RESTART_STEPS, RESTART_PHASES):
+            out[phase] = restart.get("launch_seconds") if step == "launch" else steps.get(step)
+        if restart.get("launch_seconds") is not None and restart.get("total_seconds") is not None:
+            out[TOTAL] = restart["launch_seconds"] + restart["total_seconds"]
+    return out
+
+
+def read(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((Path(run_dir) / FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def compare(prediction: dict | None, summary: dict) -> dict | None:
+    """The summary's `prediction`: what was predicted before launch (prediction.json) beside what was measured."""
+    if not prediction:
+        return None
+    if prediction.get("error"):
+        return {"error": prediction["error"], "phases": {}}
+    seen = measured(summary)
+    phases = {}
+    for name, p in (prediction.get("phases") or {}).items():
+        m = seen.get(name)
+        value = p.get("seconds")
+        row = {"predicted": value, "low": p.get("low"), "high": p.get("high"), "bound": p.get("bound"),
+               "measured": None if m is None else round(m, 6), "rel_error": None, "within_range": None}
+        if value is not None and m:
+            row["rel_error"] = round((value - m) / m, 4)
+            if p.get("low") is not None and p.get("high") is not None:
+                row["within_range"] = p["low"] <= m <= p["high"]
+        phases[name] = row
+    errors = [abs(r["rel_error"]) for r in phases.values() if r["rel_error"] is not None]
+    return {"calibration": prediction.get("calibration"), "storage": prediction.get("storage"),
+            "note": prediction.get("note"), "phases": phases,
+            "median_abs_rel_error": round(statistics.median(errors), 4) if errors else None}

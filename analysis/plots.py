@@ -9,10 +9,12 @@ from matplotlib.figure import Figure
 from analysis.table import (
     KINDS,
     LOAD_CATEGORIES,
+    PREDICTED_PHASES,
     SAVE_CATEGORIES,
     Group,
     Stat,
     common_label,
+    get,
     num,
     restart_where,
     stat,
@@ -390,6 +392,47 @@ def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
     return fig
 
 
+def prediction(groups: list[Group]) -> Figure | None:
+    """Predicted against measured seconds, every phase of every run that carries a prediction (log-log): on the
+    diagonal a prediction is exact; the band is +-15%."""
+    points: dict[str, list[tuple[float, float]]] = {}
+    calibrations = set()
+    for g in groups:
+        for run in g.runs:
+            phases = get(run.summary, "prediction", "phases") or {}
+            calibrations.add(get(run.summary, "prediction", "calibration", "name"))
+            for name in PREDICTED_PHASES:
+                p = phases.get(name) or {}
+                m, v = num(p.get("measured")), num(p.get("predicted"))
+                if m and v and m > 0 and v > 0:
+                    points.setdefault(name, []).append((m, v))
+    if not points:
+        return None
+    fig = Figure(figsize=(8.5, 5.6), layout="constrained")
+    ax = fig.add_subplot()
+    values = [x for pts in points.values() for pair in pts for x in pair]
+    lo, hi = min(values) / 1.5, max(values) * 1.5
+    ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="exact")
+    ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.85", label="+-15%")
+    markers = "osD^v<>Pp*hX"
+    for i, (name, pts) in enumerate(points.items()):
+        ax.scatter([m for m, _ in pts], [v for _, v in pts], s=22, marker=markers[i % len(markers)],
+                   color=f"C{i % 10}", label=name.removesuffix("_seconds").replace("_", " "), zorder=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("measured (s)")
+    ax.set_ylabel("predicted before launch (s)")
+    ax.grid(alpha=0.3, which="both")
+    ax.set_title("Predicted vs measured seconds, per phase and run", loc="left")
+    ax.legend(**LEGEND)
+    names = ", ".join(sorted(str(c) for c in calibrations if c)) or "?"
+    _caption(fig, f"each point: one phase of one run; prediction made before launch with calibration {names} "
+                  "(docs/prediction.md)")
+    return fig
+
+
 def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | None]:
     """Every figure by file name (unit in the name); None where no run has its data."""
     return {
@@ -404,4 +447,5 @@ def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | No
         "save_breakdown_seconds": save_breakdown(groups),
         "restart_timeline_seconds": restart_timeline(groups, phases),
         "reshard_seconds": reshard_seconds(groups, phases),
+        "prediction_seconds": prediction(groups),
     }

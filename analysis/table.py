@@ -19,6 +19,7 @@ from restart_harness.results.schema import (
     LOAD_CATEGORIES,
     PHASE_NAMES,
     PLACE_FIELDS,
+    PREDICTED_PHASES,
     SAVE_CATEGORIES,
     engine_label,
     layout_label,
@@ -120,6 +121,19 @@ def run_columns(run: Run) -> dict:
         "efficiency_load_ratio": num(get(ck, "efficiency", "load")),
     })
     row.update(request_columns("save", ck))
+    row.update(prediction_columns(s))
+    return row
+
+
+def prediction_columns(summary: dict) -> dict:
+    """What the run predicted for itself before launch, and how far off it was (results/prediction.py); empty
+    for runs without a prediction (older runs, stack=fsdp2)."""
+    phases = get(summary, "prediction", "phases") or {}
+    row = {}
+    for phase in PREDICTED_PHASES:
+        p = phases.get(phase) or {}
+        row[f"predicted_{phase}"] = num(p.get("predicted"))
+        row[f"{phase.removesuffix('_seconds')}_prediction_error_ratio"] = num(p.get("rel_error"))
     return row
 
 

@@ -201,6 +201,23 @@ def test_restart_phase_figure(built):
     assert ax.get_ylabel() == "restart time (s)"
 
 
+def test_prediction_figure_and_columns(built):
+    """Each run's prediction (made before launch) against its measurement: one point per phase and run, and the
+    predicted seconds and relative error in runs.csv."""
+    ax = built["figures"]["prediction_seconds"].axes[0]
+    points = {c.get_label(): c.get_offsets() for c in ax.collections if c.get_label() not in ("+-15%",)}
+    runs = [run for g in built["groups"] for run in g.runs]
+    total = [(p["measured"], p["predicted"]) for run in runs
+             for p in [run.summary["prediction"]["phases"]["restart_total_seconds"]]]
+    assert sorted(map(tuple, points["restart total"].tolist())) == pytest.approx(sorted(total))
+    assert ax.get_xscale() == "log" and ax.get_xlabel() == "measured (s)"
+    row = next(r for r in built["rows"] if r["restart_record"] == "restart-01")
+    summary = next(run.summary for run in runs if str(run.dir) == row["run_dir"])
+    checked = summary["prediction"]["phases"]["save_durable_seconds"]
+    assert row["predicted_save_durable_seconds"] == checked["predicted"]
+    assert row["save_durable_prediction_error_ratio"] == checked["rel_error"]
+
+
 def test_file_size_figure(built, study):
     ax = built["figures"]["file_size_bytes"].axes[0]
     assert ax.get_xscale() == "log" and "bytes" in ax.get_xlabel()

@@ -67,6 +67,13 @@ CASES = {
     "a subset of one node": (["tiny", "dp=2", "emulate=true", "subset=true"], "subset=true with nodes=1"),
     "a subset through Slurm": (["tiny", "dp=2", "nodes=2", "ranks_per_node=1", "emulate=true", "subset=true",
                                 "launcher=slurm"], "subset=true with launcher=slurm"),
+    # the prediction model (issue 26)
+    "a calibration that does not exist": (["tiny", "calibration=nope"], "calibration=nope"),
+    "a calibration that is not one": (["predict", "tiny", "calibration=/etc/hostname"], "calibration=/etc/hostname"),
+    "one bandwidth of two": (["predict", "tiny", "write_gbps=1"], "write_gbps=: give write_gbps= and read_gbps="),
+    "a bandwidth of zero": (["predict", "tiny", "write_gbps=0", "read_gbps=1"], "write_gbps=0"),
+    "fsdp2 predicted": (["predict", "tiny", "stack=fsdp2"], "stack=fsdp2"),
+    "a predict key in a run": (["tiny", "read_gbps=2"], "predict"),
     "an MLPerf workload larger than its memory": (["mlperf", "llama3-8b", "emulate_memory_gib=1"],
                                                   "emulate=true: the largest file needs"),
 }

@@ -65,14 +65,14 @@ def _seconds(x: float) -> str:
 
 def render(p: dict) -> str:
     f = p["features"]
-    lines = [f"predict: {p['model']}, {p['layout']} zero={p['zero']} ({p['world_size']} ranks, {f['nodes']} node{'s' if f['nodes'] > 1 else ''} x "
-             f"{f['ranks_per_node']}, {f['cpus_per_node']} CPUs per node), engine {p['engine']}, launcher "
-             f"{p['launcher']}",
-             f"calibration {p['calibration']['name']} ({p['calibration']['runs']} runs, fitted "
-             f"{p['calibration']['fitted_at']})",
+    lines = [(f"predict: {p['model']}, {p['layout']} zero={p['zero']} ({p['world_size']} ranks, {f['nodes']} "
+              f"node{'s' if f['nodes'] > 1 else ''} x {f['ranks_per_node']}, {f['cpus_per_node']} CPUs per node), "
+              f"engine {p['engine']}, launcher {p['launcher']}"),
+             (f"calibration {p['calibration']['name']} ({p['calibration']['runs']} runs, fitted "
+              f"{p['calibration']['fitted_at']})"),
              f"storage     {p['storage']}",
-             f"checkpoint  {f['save_bytes']:,} bytes written (busiest rank {f['save_bytes_max_rank']:,} in "
-             f"{f['save_files_max_rank']} files); restart reads {f['read_bytes']:,} bytes", "",
+             (f"checkpoint  {f['save_bytes']:,} bytes written (busiest rank {f['save_bytes_max_rank']:,} in "
+              f"{f['save_files_max_rank']} files); restart reads {f['read_bytes']:,} bytes"), "",
              f"{'phase':<34}{'seconds':>10}{'range':>22}  bound by"]
     for name in PHASES:
         row = p["phases"][name]

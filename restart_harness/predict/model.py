@@ -10,8 +10,8 @@ restart_total_seconds is the sum of the restart's phases (and of their lows and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from restart_harness import stacks
 from restart_harness.predict.features import Features

@@ -17,13 +17,18 @@ import json
 import statistics
 from pathlib import Path
 
+from restart_harness.results.schema import (
+    PHASE_NAMES,
+    PREDICTED_PHASES,
+    PREDICTED_RESTART,
+    PREDICTED_SAVE,
+    PREDICTED_TOTAL,
+)
+
 FILE = "prediction.json"  # in the run directory: written before the checkpoint phase launches
 
-SAVE_PHASES = ("save_blocking_seconds", "save_durable_seconds", "save_commit_seconds")
-RESTART_STEPS = ("launch", "imports", "dist_init", "model_build", "engine_init", "checkpoint_load", "first_step")
-RESTART_PHASES = tuple(f"restart_{p}_seconds" for p in RESTART_STEPS)
-TOTAL = "restart_total_seconds"
-PHASES = (*SAVE_PHASES, *RESTART_PHASES, TOTAL)
+SAVE_PHASES, RESTART_PHASES, TOTAL, PHASES = PREDICTED_SAVE, PREDICTED_RESTART, PREDICTED_TOTAL, PREDICTED_PHASES
+RESTART_STEPS = ("launch", *PHASE_NAMES)
 
 
 def _median(values: list) -> float | None:

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""The prediction model checked on runs it was not fitted to (issue 26, docs/prediction.md).
+
+Method
+- Calibration set (CALIBRATE below): small runs of this machine: `tiny` at 1 and 2 ranks and tp=2, `small` at dp=2
+  and tp=2 pp=2, and emulated `1B` (shrink 8 and 4, dp=2), each `iters=6 save_interval=2 after=1` (three saves;
+  the restart loads the last), cache=drop, with the storage baseline of the run (cached, at most 24 h old).
+- Held-out set (HELD_OUT): runs that were not used, each changing one thing: a larger model (emulated `3B` shrink
+  4: 2.5x the largest calibrated checkpoint), more ranks (`tiny tp=2 pp=2 dp=2`: 8 ranks on 2 cores, twice the
+  calibrated 4), another engine (`small dp=2 engine=dcp`: its save and load fall back to the default engine's
+  rates, as for any engine not in the calibration) and another target (`small dp=2` on a local Ceph RADOS Gateway,
+  its bandwidth from the run's S3 baseline).
+- REPEATS rounds (default 2), each running every case once, interleaved, so that the disk's drift hits all alike.
+- The calibration is fitted (`./submit-job.sh calibrate`) on the calibration set's runs only; each held-out run is
+  then predicted with it exactly as a run predicts itself before launch (forecast.build with the run's own spec,
+  CPUs and storage baseline) and compared with what it measured (results/prediction.py: the median of the run's
+  saves, the first restart's phases). Errors are (predicted - measured) / measured.
+- Reported: each held-out run's error per phase, the median absolute error per phase over held-out runs, and for
+  the durable save and the restart total the median absolute error over all held-out runs (goal: <= 15%).
+  Finally a calibration fitted on every run (both sets) is written: the one shipped as configs/calibration/default.json.
+
+Usage: <python> benchmarks/predict_validation.py [REPEATS] [out=DIR]   (default 2, /tmp/rh-predict-bench)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+BASE = ["iters=6", "save_interval=2", "after=1", "cache=drop"]
+CALIBRATE = [
+    ("tiny 1 rank", ["tiny"]),
+    ("tiny dp=2", ["tiny", "dp=2"]),
+    ("tiny tp=2", ["tiny", "tp=2"]),
+    ("small dp=2", ["small", "dp=2"]),
+    ("small tp=2 pp=2", ["small", "tp=2", "pp=2"]),
+    ("emulated 1B/8 dp=2", ["1B", "shrink=8", "dp=2", "emulate=true", "keep=false"]),
+    ("emulated 1B/4 dp=2", ["1B", "shrink=4", "dp=2", "emulate=true", "keep=false"]),
+]
+S3 = "ckpt_dir=s3://bench/predict"
+HELD_OUT = [
+    ("larger: emulated 3B/4 dp=2", ["3B", "shrink=4", "dp=2", "emulate=true", "keep=false"]),
+    ("more ranks: tiny tp=2 pp=2 dp=2", ["tiny", "tp=2", "pp=2", "dp=2"]),
+    ("another engine: small dp=2 dcp", ["small", "dp=2", "engine=dcp"]),
+    ("another target: small dp=2 on S3", ["small", "dp=2", S3, "keep=false"]),
+]
+FOCUS = ("save_durable_seconds", "restart_total_seconds")
+
+
+def run(tokens: list[str], results: Path) -> Path:
+    proc = subprocess.run([str(REPO / "submit-job.sh"), *tokens, *BASE, f"results_dir={results}"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(tokens)} failed: {proc.stderr.strip()[-600:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def calibrate(runs: Path, out: Path) -> None:
+    subprocess.run([str(REPO / "submit-job.sh"), "calibrate", f"runs={runs}", f"out={out}"], check=True,
+                   capture_output=True, text=True)
+
+
+def predicted_vs_measured(run_dir: Path, calibration: dict) -> dict:
+    """The held-out run predicted as it would have predicted itself before launch, with this calibration."""
+    from restart_harness.predict import forecast
+    from restart_harness.results import prediction
+    from restart_harness.spec import run as resolved
+
+    run = resolved.read(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    store = forecast.storage(run.spec, record=summary.get("baseline"))
+    made = forecast.build(run.spec, run.facts["host"]["cpus"], store, calibration)
+    return prediction.compare(made, summary)
+
+
+def pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.0%}"
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    repeats = int(args.pop(0)) if args and args[0].isdigit() else 2
+    out = Path(next((a.split("=", 1)[1] for a in args if a.startswith("out=")), "/tmp/rh-predict-bench"))
+    from restart_harness.results.prediction import PHASES
+    from restart_harness.storage import local_s3
+
+    server = local_s3.start(Path(f"/tmp/rh-predict-s3-{os.getpid()}"), memory_mib=6144)
+    server.create_bucket("bench")
+    os.environ.update(server.environment())
+    held: list[tuple[str, Path]] = []
+    try:
+        for r in range(repeats):
+            for name, tokens in CALIBRATE:
+                print(f"[round {r + 1}] calibration: {name}", file=sys.stderr, flush=True)
+                run(tokens, out / "calibrate")
+            for name, tokens in HELD_OUT:
+                print(f"[round {r + 1}] held out: {name}", file=sys.stderr, flush=True)
+                held.append((name, run(tokens, out / "held-out")))
+    finally:
+        local_s3.stop(server.root)
+    calibrate(out / "calibrate", out / "calibration-calibrate-set.json")
+    calibration = json.loads((out / "calibration-calibrate-set.json").read_text())
+    rows = [(name, predicted_vs_measured(d, calibration)) for name, d in held]
+    (out / "held-out.json").write_text(json.dumps([{"case": n, "run": str(d), **c} for (n, d), (_, c)
+                                                    in zip(held, rows)], indent=1))
+    print(f"| held-out run | {' | '.join(p.removesuffix('_seconds') for p in PHASES)} |")
+    print("|---" * (len(PHASES) + 1) + "|")
+    for name, c in rows:
+        print(f"| {name} | {' | '.join(pct(c['phases'].get(p, {}).get('rel_error')) for p in PHASES)} |")
+    medians = {}
+    for p in PHASES:
+        errors = [abs(c["phases"][p]["rel_error"]) for _, c in rows if c["phases"].get(p, {}).get("rel_error")
+                  is not None]
+        medians[p] = statistics.median(errors) if errors else None
+    print(f"| **median abs. error** | {' | '.join('-' if m is None else f'{m:.0%}' for m in medians.values())} |")
+    for p in FOCUS:
+        print(f"{p}: median absolute error over {len(rows)} held-out runs {medians[p]:.1%} (goal <= 15%)")
+    calibrate(out, out / "calibration-all.json")
+    print(f"calibration from every run: {out / 'calibration-all.json'} (ship: cp it configs/calibration/default.json)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""The prediction model (docs/prediction.md): its fit recovers known rates, `predict` answers for any layout the
+planner takes (1,024 ranks included) and launches nothing, `calibrate` fits finished runs, and every run's summary
+sets the prediction made before launch beside what was measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import REPO, load_summary
+
+from restart_harness.predict import fit
+from restart_harness.results import prediction
+
+DATA = REPO / "tests" / "data" / "results"
+
+
+def cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RH_CACHE_DIR": str(tmp_path / "cache")}  # no cached baseline: the storage is as given
+    return subprocess.run([str(REPO / "submit-job.sh"), *args], cwd=tmp_path, check=False, capture_output=True,
+                          text=True, timeout=120, env=env)
+
+
+def test_the_fit_recovers_known_rates_and_keeps_them_non_negative():
+    xs = [[1.0, float(n), float(n * n)] for n in range(1, 9)]
+    ys = [2.0 + 3.0 * n for n in range(1, 9)]  # no quadratic part
+    assert fit.nonnegative_fit(xs, ys) == pytest.approx([2.0, 3.0, 0.0], abs=1e-9)
+    falling = [5.0 - 0.5 * n for n in range(1, 9)]  # the best unconstrained slope is negative: dropped
+    coef = fit.nonnegative_fit([[1.0, float(n)] for n in range(1, 9)], falling)
+    assert coef[1] == 0.0 and coef[0] > 0
+
+
+def test_predict_answers_every_phase_from_the_calibration_and_launches_nothing(tmp_path):
+    proc = cli(["predict", "tiny", "dp=2", "write_gbps=1", "read_gbps=2", "cpus_per_node=2", "predict=json",
+                f"results_dir={tmp_path / 'results'}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)
+    assert set(p["phases"]) == set(prediction.PHASES)
+    calibration = fit.load("default")
+    for name, row in p["phases"].items():
+        assert row["seconds"] is not None and row["low"] <= row["seconds"] <= row["high"], name
+    restart = [p["phases"][n]["seconds"] for n in prediction.RESTART_PHASES]
+    assert p["phases"][prediction.TOTAL]["seconds"] == pytest.approx(sum(restart), abs=1e-5)
+    # each term is its fitted rate times the run's feature: the load's storage term is bytes / bandwidth
+    load = p["phases"]["restart_checkpoint_load_seconds"]
+    rate = calibration["phases"]["restart_checkpoint_load_seconds"]["deepspeed/default"]["coefficients"]
+    if "storage_read" in rate:
+        assert load["terms_seconds"]["storage_read"] == pytest.approx(
+            rate["storage_read"] * p["features"]["read_bytes"] / 2e9, abs=2e-6)
+    assert p["features"]["world_size"] == 2 and p["features"]["contention"] == 1.0
+    assert not (tmp_path / "results").exists() and not (tmp_path / "cache").exists()
+
+
+def test_predict_at_1024_ranks_names_what_it_extrapolates(tmp_path):
+    proc = cli(["predict", "llama3-405B", "tp=8", "pp=16", "dp=8", "nodes=128", "launcher=slurm", "write_gbps=100",
+                "read_gbps=200", "cpus_per_node=64", "predict=json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)
+    f = p["features"]
+    assert (f["world_size"], f["nodes"], f["ranks_per_node"]) == (1024, 128, 8)
+    assert f["save_bytes"] > 5 * 10**12  # 405B x 14 bytes
+    assert any("extrapolated" in n for n in p["note"]) and any("slurm" in n for n in p["note"])
+    assert p["phases"]["restart_total_seconds"]["seconds"] > 0
+    text = cli(["predict", "llama3-405B", "tp=8", "pp=16", "dp=8", "nodes=128", "launcher=slurm",
+                "write_gbps=100", "read_gbps=200", "cpus_per_node=64"], tmp_path)
+    assert "(extrapolated)" in text.stdout and "storage bandwidth" in text.stdout
+
+
+def test_without_a_bandwidth_the_phases_moving_bytes_say_why(tmp_path):
+    proc = cli(["predict", "tiny", "predict=json", f"results_dir={tmp_path}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    p = json.loads(proc.stdout)
+    assert p["storage"].startswith("none")
+    needing = [n for n, g in fit.load("default")["phases"].items()
+               if any(t in g.get("deepspeed/default", {}).get("coefficients", {}) for t in ("storage_write",
+                                                                                             "storage_read"))]
+    for name in needing:
+        assert p["phases"][name]["seconds"] is None and "bandwidth" in p["phases"][name]["why"]
+
+
+def test_calibrate_fits_finished_runs_and_predict_uses_the_file(tmp_path):
+    out = tmp_path / "cal" / "mine.json"
+    proc = cli(["calibrate", f"runs={DATA}", f"out={out}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cal = json.loads(out.read_text())
+    assert len(cal["runs"]) == len(fit.run_dirs([DATA])) == 3
+    launch = cal["phases"]["restart_launch_seconds"]["local"]
+    assert launch["runs"] == 3 and launch["coefficients"]
+    assert "restart_launch_seconds" in proc.stdout
+    p = json.loads(cli(["predict", "tiny", f"calibration={out}", "write_gbps=1", "read_gbps=1", "predict=json"],
+                       tmp_path).stdout)
+    assert p["calibration"]["path"] == str(out) and p["calibration"]["runs"] == 3
+    # the fit reproduces its own runs within the range it states
+    for run_dir in fit.run_dirs([DATA]):
+        o = fit.observation(run_dir)
+        assert o["measured"]["restart_total_seconds"] == pytest.approx(
+            load_summary(run_dir)["restart"]["launch_seconds"] + load_summary(run_dir)["restart"]["total_seconds"])
+
+
+@pytest.mark.parametrize("args, named", [
+    (["calibrate", "out=x.json"], "runs="),
+    (["calibrate", "runs=/nonexistent", "out=x.json"], "runs=/nonexistent"),
+    (["calibrate", "runs=.", "out=x.json", "tp=2"], "tp=2"),
+])
+def test_calibrate_refuses_bad_input_in_one_line(args, named, tmp_path):
+    proc = cli(args, tmp_path)
+    assert proc.returncode == 2 and named in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+@pytest.mark.slow
+def test_every_run_carries_its_prediction_beside_what_it_measured(tiny_dp2):
+    made = json.loads((tiny_dp2 / prediction.FILE).read_text())
+    assert made["calibration"]["name"] == "default" and made["features"]["world_size"] == 2
+    summary = load_summary(tiny_dp2)
+    checked = summary["prediction"]
+    restart = summary["restart"]
+    phases = checked["phases"]
+    assert phases["restart_total_seconds"]["measured"] == pytest.approx(
+        restart["launch_seconds"] + restart["total_seconds"], abs=1e-6)
+    assert phases["restart_engine_init_seconds"]["measured"] == pytest.approx(restart["phases"]["engine_init"])
+    durable = sorted(s["durable_seconds"] for s in summary["checkpoint"]["saves"])
+    assert phases["save_durable_seconds"]["measured"] == pytest.approx(durable[len(durable) // 2])
+    for name, row in phases.items():
+        assert row["predicted"] == made["phases"][name]["seconds"], name
+        if row["predicted"] is not None and row["measured"]:
+            assert row["rel_error"] == pytest.approx((row["predicted"] - row["measured"]) / row["measured"],
+                                                     abs=1e-3)
+            assert row["within_range"] == (row["low"] <= row["measured"] <= row["high"])

@@ -2,7 +2,7 @@
 """The prediction model checked on runs it was not fitted to (issue 26, docs/prediction.md).
 
 Method
-- Calibration set (CALIBRATE below): small runs of this machine: `tiny` at 1 and 2 ranks and tp=2, `small` at dp=2
+- Calibration set (CALIBRATE below): small runs of this machine: `tiny` at 1, 2 (dp and tp) and 4 ranks, `small` at dp=2
   and tp=2 pp=2, and emulated `1B` (shrink 8 and 4, dp=2), each `iters=6 save_interval=2 after=1` (three saves;
   the restart loads the last), cache=drop, with the storage baseline of the run (cached, at most 24 h old).
 - Held-out set (HELD_OUT): runs that were not used, each changing one thing: a larger model (emulated `3B` shrink
@@ -19,7 +19,8 @@ Method
   the durable save and the restart total the median absolute error over all held-out runs (goal: <= 15%).
   Finally a calibration fitted on every run (both sets) is written: the one shipped as configs/calibration/default.json.
 
-Usage: <python> benchmarks/predict_validation.py [REPEATS] [out=DIR]   (default 2, /tmp/rh-predict-bench)
+Usage: <python> benchmarks/predict_validation.py [REPEATS] [out=DIR] [reuse=true]
+       (default 2 rounds into /tmp/rh-predict-bench; reuse=true: no runs, fit and predict the runs already there)
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ CALIBRATE = [
     ("tiny 1 rank", ["tiny"]),
     ("tiny dp=2", ["tiny", "dp=2"]),
     ("tiny tp=2", ["tiny", "tp=2"]),
+    ("tiny dp=4", ["tiny", "dp=4"]),
     ("small dp=2", ["small", "dp=2"]),
     ("small tp=2 pp=2", ["small", "tp=2", "pp=2"]),
     ("emulated 1B/8 dp=2", ["1B", "shrink=8", "dp=2", "emulate=true", "keep=false"]),
@@ -88,13 +90,19 @@ def main() -> None:
     args = sys.argv[1:]
     repeats = int(args.pop(0)) if args and args[0].isdigit() else 2
     out = Path(next((a.split("=", 1)[1] for a in args if a.startswith("out=")), "/tmp/rh-predict-bench"))
-    from restart_harness.results.prediction import PHASES
+    if "reuse=true" not in args:
+        measure(out, repeats)
+    evaluate(out)
+
+
+def measure(out: Path, repeats: int) -> None:
+    """Every case REPEATS times, interleaved; out/cases.json names each held-out run's case."""
     from restart_harness.storage import local_s3
 
     server = local_s3.start(Path(f"/tmp/rh-predict-s3-{os.getpid()}"), memory_mib=6144)
     server.create_bucket("bench")
     os.environ.update(server.environment())
-    held: list[tuple[str, Path]] = []
+    held: dict[str, str] = {}
     try:
         for r in range(repeats):
             for name, tokens in CALIBRATE:
@@ -102,14 +110,24 @@ def main() -> None:
                 run(tokens, out / "calibrate")
             for name, tokens in HELD_OUT:
                 print(f"[round {r + 1}] held out: {name}", file=sys.stderr, flush=True)
-                held.append((name, run(tokens, out / "held-out")))
+                held[str(run(tokens, out / "held-out"))] = name
+                (out / "cases.json").write_text(json.dumps(held, indent=1))
     finally:
         local_s3.stop(server.root)
+
+
+def evaluate(out: Path) -> None:
+    """Fit on out/calibrate, predict out/held-out (reuse=true: from runs made earlier, e.g. after a model change)."""
+    from restart_harness.results.prediction import PHASES
+
+    held = json.loads((out / "cases.json").read_text())
     calibrate(out / "calibrate", out / "calibration-calibrate-set.json")
     calibration = json.loads((out / "calibration-calibrate-set.json").read_text())
-    rows = [(name, predicted_vs_measured(d, calibration)) for name, d in held]
-    (out / "held-out.json").write_text(json.dumps([{"case": n, "run": str(d), **c} for (n, d), (_, c)
-                                                    in zip(held, rows)], indent=1))
+    order = [name for name, _ in HELD_OUT]
+    runs = sorted(held.items(), key=lambda item: (order.index(item[1]), item[0]))
+    rows = [(name, predicted_vs_measured(Path(d), calibration)) for d, name in runs]
+    (out / "held-out.json").write_text(json.dumps([{"case": n, "run": d, **c} for (d, _), (n, c) in zip(runs, rows)],
+                                                  indent=1))
     print(f"| held-out run | {' | '.join(p.removesuffix('_seconds') for p in PHASES)} |")
     print("|---" * (len(PHASES) + 1) + "|")
     for name, c in rows:

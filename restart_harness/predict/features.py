@@ -6,8 +6,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from engines import registry
+from restart_harness import targets
 from restart_harness.plan import checkpoint
 from restart_harness.spec.runspec import RunSpec
+from restart_harness.targets.base import POSIX
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class Features:
     read_bytes: int  # a restart's reads, all ranks (planner: each rank's distinct files in full)
     read_bytes_max_rank: int
     read_files_max_rank: int
+    cold_reads: bool  # the restart reads from the storage: cache=drop, or object storage (no page cache)
     write_bytes_per_s: float | None  # the storage's aggregate bandwidth, both None when unknown
     read_bytes_per_s: float | None
 
@@ -57,5 +60,5 @@ def of(spec: RunSpec, cpus_per_node: int, write_bytes_per_s: float | None,
         save_bytes=sum(save_bytes.values()), save_bytes_max_rank=max(save_bytes.values(), default=0),
         save_files_max_rank=max(save_files.values(), default=0),
         read_bytes=sum(read_bytes.values()), read_bytes_max_rank=max(read_bytes.values(), default=0),
-        read_files_max_rank=max((len(p) for p in reads.values()), default=0),
+        read_files_max_rank=max((len(p) for p in reads.values()), default=0), cold_reads=spec.cache == "drop" or targets.for_spec(spec).kind != POSIX,
         write_bytes_per_s=write_bytes_per_s, read_bytes_per_s=read_bytes_per_s)

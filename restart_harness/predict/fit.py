@@ -46,7 +46,7 @@ def load(name: str) -> dict:
     return data
 
 
-def _solve(rows: list[list[float]], y: list[float]) -> list[float] | None:
+def _solve_for(rows: list[list[float]], y: list[float]) -> list[float] | None:
     """Least squares by the normal equations (Gaussian elimination with partial pivoting); None if singular."""
     k = len(rows[0])
     a = [[sum(r[i] * r[j] for r in rows) for j in range(k)] + [sum(r[i] * v for r, v in zip(rows, y))]
@@ -64,26 +64,29 @@ def _solve(rows: list[list[float]], y: list[float]) -> list[float] | None:
     return [a[i][k] / a[i][i] for i in range(k)]
 
 
-def nonnegative_fit(x: list[list[float]], y: list[float]) -> list[float]:
-    """Coefficients >= 0 minimising the sum of squared relative errors ((x.c - y) / y)^2 (y > 0)."""
+def nonnegative_fit(x: list[list[float]], y: list[float], given: list[float] | None = None) -> list[float]:
+    """Coefficients >= 0 minimising the sum of squared relative errors ((x.c + given - y) / y)^2 (y > 0), where
+    `given` is the part of each y that is not fitted (the storage's own time; zero if None)."""
     k = len(x[0])
+    given = given or [0.0] * len(y)
     scaled = [[v / t for v in row] for row, t in zip(x, y)]
-    ones = [1.0] * len(y)
+    target = [(t - g) / t for t, g in zip(y, given)]
     # columns scaled to unit norm so that features in bytes and in ranks meet on equal terms
     norms = [max(sum(r[i] ** 2 for r in scaled) ** 0.5, 1e-300) for i in range(k)]
     unit = [[v / n for v, n in zip(row, norms)] for row in scaled]
-    best, best_err = [0.0] * k, float("inf")
+    best, best_err = [0.0] * k, sum(t * t for t in target)  # all zero: the given part alone
     for size in range(1, k + 1):
         for subset in itertools.combinations(range(k), size):
             if len(y) < size:
                 continue
-            sol = _solve([[row[i] for i in subset] for row in unit], ones)
+            sub = [[row[i] for i in subset] for row in unit]
+            sol = _solve_for(sub, target)
             if sol is None or min(sol) < 0:
                 continue
             coef = [0.0] * k
             for i, c in zip(subset, sol):
                 coef[i] = c / norms[i]
-            err = sum((sum(c * v for c, v in zip(coef, row)) - 1) ** 2 for row in scaled)
+            err = sum((sum(c * v for c, v in zip(coef, row)) - t) ** 2 for row, t in zip(scaled, target))
             if err < best_err - 1e-12:
                 best, best_err = coef, err
     return best
@@ -126,24 +129,41 @@ def observation(run_dir: Path) -> dict | None:
     write = b.get("write_mib_s") and b["write_mib_s"] * MIB
     read = b.get("read_mib_s") and b["read_mib_s"] * MIB
     cpus = (run.facts.get("host") or {}).get("cpus") or 1
+    saves = (summary.get("checkpoint") or {}).get("saves") or []
     return {"run": str(run_dir), "spec": run.spec, "features": feats.of(run.spec, cpus, write or None, read or None),
-            "measured": measured(summary)}
+            "measured": measured(summary), "asynchronous": any(s.get("async") for s in saves)}
 
 
 def _fit_phase(phase: Phase, observations: list[dict]) -> dict:
     groups: dict[str, list] = {}
+    seen: dict[str, int] = {}
     for o in observations:
+        group = phase.group(o["spec"])
+        seen[group] = seen.get(group, 0) + 1
         y = o["measured"].get(phase.name)
         if not y or y <= 0:
             continue
         x = [t.value(o["features"]) for t in phase.terms]
         if any(v is None for v in x):
             continue
-        groups.setdefault(phase.group(o["spec"]), []).append((x, y, o["run"]))
+        groups.setdefault(group, []).append((x, y, o["run"], o["asynchronous"]))
     fitted = {}
+    for group, n in sorted(seen.items()):
+        if group not in groups and not any(o["measured"].get(phase.name) for o in observations
+                                           if phase.group(o["spec"]) == group):
+            fitted[group] = {"absent": True, "runs": n}  # no run of this group has the phase (emulated: no model)
     for group, rows in sorted(groups.items()):
-        coef = nonnegative_fit([r[0] for r in rows], [r[1] for r in rows])
-        ratios = [y / max(sum(c * v for c, v in zip(coef, x)), 1e-12) for x, y, _ in rows]
+        given_names = phase.given + (phase.given_if_synchronous if not any(r[3] for r in rows) else ())
+        given_at = [i for i, t in enumerate(phase.terms) if t.name in given_names]
+        free = [i for i in range(len(phase.terms)) if i not in given_at]
+        given = [sum(x[i] for i in given_at) for x, *_ in rows]
+        coef_free = nonnegative_fit([[x[i] for i in free] for x, *_ in rows], [r[1] for r in rows], given)
+        coef = [0.0] * len(phase.terms)
+        for i, c in zip(free, coef_free):
+            coef[i] = c
+        for i in given_at:
+            coef[i] = 1.0
+        ratios = [y / max(sum(c * v for c, v in zip(coef, x)), 1e-12) for x, y, *_ in rows]
         errors = [abs(1 / r - 1) for r in ratios]
         fitted[group] = {
             "coefficients": {t.name: c for t, c in zip(phase.terms, coef) if c > 0},
@@ -151,6 +171,7 @@ def _fit_phase(phase: Phase, observations: list[dict]) -> dict:
                                  for i, t in enumerate(phase.terms) if coef[i] > 0 and t.name != "fixed"},
             "ratio_range": [round(_quantile(ratios, 0.1), 4), round(_quantile(ratios, 0.9), 4)],
             "runs": len(rows),
+            "given": [t for t in given_names if t in {term.name for term in phase.terms}],
             "median_abs_rel_error": round(statistics.median(errors), 4),
         }
     return fitted
@@ -191,6 +212,9 @@ def render(calibration: dict) -> str:
              f"{'phase':<34}{'group':<22}{'runs':>5}{'median |err|':>14}{'range':>16}  coefficients"]
     for name, groups in calibration["phases"].items():
         for group, g in groups.items():
+            if g.get("absent"):
+                lines.append(f"{name:<34}{group:<22}{g['runs']:>5}  not a phase of these runs")
+                continue
             coef = ", ".join(f"{k} {v:.3g}" for k, v in g["coefficients"].items()) or "none (all zero)"
             span = f"x{g['ratio_range'][0]:.2f} - x{g['ratio_range'][1]:.2f}"
             lines.append(f"{name:<34}{group:<22}{g['runs']:>5}{g['median_abs_rel_error']:>13.1%}{span:>16}  {coef}")

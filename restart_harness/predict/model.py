@@ -39,7 +39,7 @@ SERIALIZE = Term("serialize", "host CPU: serialization and copies", "s per byte 
 FILES = Term("files", "storage metadata and requests", "s per file of the busiest rank",
              lambda f: f.save_files_max_rank)
 STORAGE_READ = Term("storage_read", "storage bandwidth", "x (bytes / aggregate read bandwidth)",
-                    lambda f: _per(f.read_bytes, f.read_bytes_per_s))
+                    lambda f: _per(f.read_bytes, f.read_bytes_per_s) if f.cold_reads else 0.0)
 DESERIALIZE = Term("deserialize", "host CPU: deserialization and copies",
                    "s per byte the busiest rank reads x contention", lambda f: f.read_bytes_max_rank * f.contention)
 READ_FILES = Term("read_files", "storage metadata and requests", "s per file the busiest rank reads",
@@ -63,6 +63,8 @@ class Phase:
     terms: tuple[Term, ...]
     group: Callable[[RunSpec], str]  # whose coefficients: a phase is fitted per group
     fixed: str  # what the fixed term stands for in this phase
+    given: tuple[str, ...] = ()  # terms not fitted: coefficient 1 (the storage's own time at its baseline)
+    given_if_synchronous: tuple[str, ...] = ()  # the same where every calibration run of the group saved synchronously
 
 
 def _engine(spec: RunSpec) -> str:
@@ -77,17 +79,20 @@ def _launcher(spec: RunSpec) -> str:
     return spec.launcher
 
 
-_SAVE = (FIXED, STORAGE_WRITE, SERIALIZE, FILES)
+_SAVE = (FIXED, CPU, STORAGE_WRITE, SERIALIZE, FILES)
+_SAVE_FIXED = "fixed per save: barriers, collectives, the engine's bookkeeping"
 PHASES: dict[str, Phase] = {p.name: p for p in (
-    *(Phase(name, _SAVE, _engine, "fixed per save: barriers, collectives, the engine's bookkeeping")
-      for name in SAVE_PHASES),
+    # an asynchronous save's blocking part writes nothing; a synchronous one writes everything before it returns
+    Phase("save_blocking_seconds", _SAVE, _engine, _SAVE_FIXED, given_if_synchronous=("storage_write",)),
+    Phase("save_durable_seconds", _SAVE, _engine, _SAVE_FIXED, given=("storage_write",)),
+    Phase("save_commit_seconds", _SAVE, _engine, _SAVE_FIXED, given=("storage_write",)),
     Phase("restart_launch_seconds", (FIXED, SPAWN), _launcher, "launcher: its own start-up"),
     Phase("restart_imports_seconds", (FIXED, CPU), _stack, "host CPU: Python imports"),
     Phase("restart_dist_init_seconds", (FIXED, WORLD), _stack, "network: process-group set-up"),
     Phase("restart_model_build_seconds", (FIXED, PARAMETERS), _stack, "host CPU: building the model"),
     Phase("restart_engine_init_seconds", (FIXED, CPU, PARAMETERS), _stack, "host CPU: the engine's set-up"),
-    Phase("restart_checkpoint_load_seconds", (FIXED, STORAGE_READ, DESERIALIZE, READ_FILES), _engine,
-          "fixed per load: finding the tag, collectives, the engine's bookkeeping"),
+    Phase("restart_checkpoint_load_seconds", (FIXED, CPU, STORAGE_READ, DESERIALIZE, READ_FILES), _engine,
+          "fixed per load: finding the tag, collectives, the engine's bookkeeping", given=("storage_read",)),
     Phase("restart_first_step_seconds", (FIXED, COMPUTE), _stack, "host compute: a step's fixed part"),
 )}
 assert tuple(PHASES) == (*SAVE_PHASES, *RESTART_PHASES)
@@ -139,12 +144,16 @@ def predict(spec: RunSpec, features: Features, calibration: dict) -> dict:
             phases[phase.name] = {"seconds": None, "why": f"{group} is not in the calibration (calibrated: "
                                                           f"{', '.join(sorted(groups)) or 'none'})"}
             continue
+        if fitted.get("absent"):
+            phases[phase.name] = {"seconds": None, "absent": True,
+                                  "why": f"not a phase of {group}'s runs (none of the calibration's had it)"}
+            continue
         phases[phase.name] = predict_phase(phase, features, fitted)
         notes += [f"{phase.name}: extrapolated: {e}" for e in phases[phase.name].get("extrapolated", [])]
-    restart = [phases[p] for p in RESTART_PHASES]
-    if all(p.get("seconds") is not None for p in restart):
-        phases[TOTAL] = {key: round(sum(p[key] for p in restart), 6) for key in ("seconds", "low", "high")}
-        phases[TOTAL]["bound"] = max(zip(restart, RESTART_PHASES), key=lambda x: x[0]["seconds"])[1]
+    restart = [(phases[p], p) for p in RESTART_PHASES if not phases[p].get("absent")]
+    if restart and all(p.get("seconds") is not None for p, _ in restart):
+        phases[TOTAL] = {key: round(sum(p[key] for p, _ in restart), 6) for key in ("seconds", "low", "high")}
+        phases[TOTAL]["bound"] = max(restart, key=lambda x: x[0]["seconds"])[1]
     else:
         phases[TOTAL] = {"seconds": None, "why": "a restart phase is not predicted"}
     return {"phases": phases, "notes": sorted(set(notes))}

@@ -109,5 +109,19 @@ def render(summary: dict) -> str:
         rows.append(("storage", f"baseline write {base['write_mib_s']:,.1f} / read {base['read_mib_s']:,.1f} MiB/s "
                                 f"({base['method']}{_when(base)}); efficiency save "
                                 f"{pct.get('save', '-')}, load {pct.get('load', '-')}"))
+    rows += _prediction_rows(summary.get("prediction"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _prediction_rows(checked: dict | None) -> list[tuple[str, str]]:
+    """What the run predicted for itself before launch beside what it measured (docs/prediction.md)."""
+    phases = (checked or {}).get("phases") or {}
+    parts = []
+    for label, name in (("durable save", "save_durable_seconds"), ("restart", "restart_total_seconds")):
+        p = phases.get(name) or {}
+        if p.get("predicted") is not None and p.get("measured") is not None:
+            parts.append(f"{label} {p['predicted']:.3f} s, measured {p['measured']:.3f} s ({p['rel_error']:+.0%})")
+    if not parts:
+        return []
+    return [("predicted", f"{'; '.join(parts)}; calibration {checked['calibration']['name']}")]

@@ -128,16 +128,18 @@ def evaluate(out: Path) -> None:
     rows = [(name, predicted_vs_measured(Path(d), calibration)) for d, name in runs]
     (out / "held-out.json").write_text(json.dumps([{"case": n, "run": d, **c} for (d, _), (n, c) in zip(runs, rows)],
                                                   indent=1))
-    print(f"| held-out run | {' | '.join(p.removesuffix('_seconds') for p in PHASES)} |")
-    print("|---" * (len(PHASES) + 1) + "|")
+    print(f"| held-out run | {' | '.join(p.removesuffix('_seconds') for p in PHASES)} | within range |")
+    print("|---" * (len(PHASES) + 2) + "|")
     for name, c in rows:
-        print(f"| {name} | {' | '.join(pct(c['phases'].get(p, {}).get('rel_error')) for p in PHASES)} |")
+        inside = [r["within_range"] for r in c["phases"].values() if r["within_range"] is not None]
+        print(f"| {name} | {' | '.join(pct(c['phases'].get(p, {}).get('rel_error')) for p in PHASES)} | "
+              f"{sum(inside)}/{len(inside)} |")
     medians = {}
     for p in PHASES:
         errors = [abs(c["phases"][p]["rel_error"]) for _, c in rows if c["phases"].get(p, {}).get("rel_error")
                   is not None]
         medians[p] = statistics.median(errors) if errors else None
-    print(f"| **median abs. error** | {' | '.join('-' if m is None else f'{m:.0%}' for m in medians.values())} |")
+    print(f"| **median abs. error** | {' | '.join('-' if m is None else f'{m:.0%}' for m in medians.values())} | |")
     for p in FOCUS:
         print(f"{p}: median absolute error over {len(rows)} held-out runs {medians[p]:.1%} (goal <= 15%)")
     calibrate(out, out / "calibration-all.json")

@@ -41,7 +41,10 @@ def main(argv: list[str] | None = None) -> int:
             return _plan(request)
         if name == "predict":
             request = command.parse_predict(tokens)
-            return _predict(request.spec, request.options)
+            spec = request.spec
+            if spec.device == "auto":  # as a run resolves it, without the run's checks of this node's resources
+                spec = dataclasses.replace(spec, device="cuda" if machine.nvidia_devices() else "cpu")
+            return _predict(spec, request.options)
         if name == "calibrate":
             return _calibrate(command.parse_calibrate(tokens))
         if name == "matrix":

@@ -168,7 +168,8 @@ def _fit_phase(phase: Phase, observations: list[dict]) -> dict:
         fitted[group] = {
             "coefficients": {t.name: c for t, c in zip(phase.terms, coef) if c > 0},
             "calibrated_range": {t.name: [min(r[0][i] for r in rows), max(r[0][i] for r in rows)]
-                                 for i, t in enumerate(phase.terms) if coef[i] > 0 and t.name != "fixed"},
+                                 for i, t in enumerate(phase.terms)
+                                 if coef[i] > 0 and t.name != "fixed" and i not in given_at},
             "ratio_range": [round(_quantile(ratios, 0.1), 4), round(_quantile(ratios, 0.9), 4)],
             "runs": len(rows),
             "given": [t for t in given_names if t in {term.name for term in phase.terms}],

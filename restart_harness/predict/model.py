@@ -47,9 +47,9 @@ READ_FILES = Term("read_files", "storage metadata and requests", "s per file the
 SPAWN = Term("spawn", "launcher: processes started per node", "s per rank on a node", lambda f: f.ranks_per_node)
 CPU = Term("cpu", "host CPU: ranks sharing cores", "s x contention", lambda f: f.contention)
 WORLD = Term("world", "network: rendezvous of every rank", "s per rank", lambda f: f.world_size)
-PARAMETERS = Term("parameters", "host CPU and memory: allocating and initialising the rank's model",
+PARAMETERS = Term("parameters", "allocating and initialising the rank's model and optimizer",
                   "s per parameter of a rank x contention", lambda f: f.parameters_per_rank * f.contention)
-COMPUTE = Term("compute", "host compute: one training step",
+COMPUTE = Term("compute", "compute: one training step",
                "s per parameter x token of a rank x contention",
                lambda f: f.parameters_per_rank * f.tokens_per_rank_step * f.contention)
 
@@ -75,6 +75,11 @@ def _stack(spec: RunSpec) -> str:
     return stacks.of(spec).name  # emulate=true: the emulated stack
 
 
+def _stack_device(spec: RunSpec) -> str:
+    """Compute on the device: a calibration of CPU ranks says nothing of a GPU's model build or step."""
+    return f"{stacks.of(spec).name}/{spec.device}"
+
+
 def _launcher(spec: RunSpec) -> str:
     return spec.launcher
 
@@ -89,11 +94,11 @@ PHASES: dict[str, Phase] = {p.name: p for p in (
     Phase("restart_launch_seconds", (FIXED, SPAWN), _launcher, "launcher: its own start-up"),
     Phase("restart_imports_seconds", (FIXED, CPU), _stack, "host CPU: Python imports"),
     Phase("restart_dist_init_seconds", (FIXED, WORLD), _stack, "network: process-group set-up"),
-    Phase("restart_model_build_seconds", (FIXED, PARAMETERS), _stack, "host CPU: building the model"),
-    Phase("restart_engine_init_seconds", (FIXED, CPU, PARAMETERS), _stack, "host CPU: the engine's set-up"),
+    Phase("restart_model_build_seconds", (FIXED, PARAMETERS), _stack_device, "building the model"),
+    Phase("restart_engine_init_seconds", (FIXED, CPU, PARAMETERS), _stack_device, "the engine's set-up"),
     Phase("restart_checkpoint_load_seconds", (FIXED, CPU, STORAGE_READ, DESERIALIZE, READ_FILES), _engine,
           "fixed per load: finding the tag, collectives, the engine's bookkeeping", given=("storage_read",)),
-    Phase("restart_first_step_seconds", (FIXED, COMPUTE), _stack, "host compute: a step's fixed part"),
+    Phase("restart_first_step_seconds", (FIXED, COMPUTE), _stack_device, "a step's fixed part"),
 )}
 assert tuple(PHASES) == (*SAVE_PHASES, *RESTART_PHASES)
 

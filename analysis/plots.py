@@ -4,6 +4,8 @@ repeats; a black whisker spans min to max where a bar has more than one repeat."
 
 from __future__ import annotations
 
+import textwrap
+
 from matplotlib.figure import Figure
 
 from analysis.table import (
@@ -400,7 +402,9 @@ def prediction(groups: list[Group]) -> Figure | None:
     for g in groups:
         for run in g.runs:
             phases = get(run.summary, "prediction", "phases") or {}
-            calibrations.add(get(run.summary, "prediction", "calibration", "name"))
+            made = get(run.summary, "prediction", "calibration") or {}
+            if made.get("name"):
+                calibrations.add(f"{made['name']} (fitted {str(made.get('fitted_at'))[:16]})")
             for name in PREDICTED_PHASES:
                 p = phases.get(name) or {}
                 m, v = num(p.get("measured")), num(p.get("predicted"))
@@ -416,8 +420,10 @@ def prediction(groups: list[Group]) -> Figure | None:
     ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.85", label="+-15%")
     markers = "osD^v<>Pp*hX"
     for i, (name, pts) in enumerate(points.items()):
-        ax.scatter([m for m, _ in pts], [v for _, v in pts], s=22, marker=markers[i % len(markers)],
-                   color=f"C{i % 10}", label=name.removesuffix("_seconds").replace("_", " "), zorder=3)
+        total = name == "restart_total_seconds"
+        ax.scatter([m for m, _ in pts], [v for _, v in pts], s=40 if total else 22, marker="X" if total else
+                   markers[i % len(markers)], color="black" if total else f"C{i % 10}",
+                   label=name.removesuffix("_seconds").replace("_", " "), zorder=4 if total else 3)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
@@ -427,9 +433,9 @@ def prediction(groups: list[Group]) -> Figure | None:
     ax.grid(alpha=0.3, which="both")
     ax.set_title("Predicted vs measured seconds, per phase and run", loc="left")
     ax.legend(**LEGEND)
-    names = ", ".join(sorted(str(c) for c in calibrations if c)) or "?"
-    _caption(fig, f"each point: one phase of one run; prediction made before launch with calibration {names} "
-                  "(docs/prediction.md)")
+    names = ", ".join(sorted(calibrations)) or "?"
+    _caption(fig, "each point: one phase of one run, predicted before launch (docs/prediction.md); calibration "
+                  f"{textwrap.shorten(names, 150)}")
     return fig
 
 

@@ -131,3 +131,17 @@ def test_every_run_carries_its_prediction_beside_what_it_measured(tiny_dp2):
             assert row["rel_error"] == pytest.approx((row["predicted"] - row["measured"]) / row["measured"],
                                                      abs=1e-3)
             assert row["within_range"] == (row["low"] <= row["measured"] <= row["high"])
+
+
+def test_a_stated_metadata_rate_costs_each_file_one_operation(tmp_path):
+    base = ["predict", "70B", "tp=8", "pp=4", "dp=2", "nodes=8", "device=cuda", "cpus_per_node=64",
+            "write_gbps=50", "read_gbps=100", "predict=json"]
+    plain = json.loads(cli(base, tmp_path).stdout)
+    limited = json.loads(cli([*base, "metadata_ops_s=500"], tmp_path).stdout)
+    f = limited["features"]
+    assert f["save_files"] == 760 and f["read_files"] > f["save_files"]  # every rank opens the shared model files
+    for phase, files in (("save_durable_seconds", f["save_files"]), ("restart_checkpoint_load_seconds",
+                                                                      f["read_files"])):
+        assert limited["phases"][phase]["seconds"] - plain["phases"][phase]["seconds"] == pytest.approx(
+            files / 500, abs=1e-5)
+    assert "metadata_ops_s=500" in limited["storage"]

@@ -31,6 +31,11 @@ class PredictOptions:
                                    group="predict", unit="GB/s = 10^9 bytes/s", above=0)
     read_gbps: float | None = key(None, "the storage's aggregate read bandwidth (with write_gbps=)", group="predict",
                                   unit="GB/s = 10^9 bytes/s", above=0)
+    metadata_ops_s: float | None = key(None, "the storage's aggregate metadata rate: file creates and opens (object "
+                                             "PUT and GET requests) per second, e.g. a parallel file system's "
+                                             "metadata servers or S3's per-prefix request rate; each file costs one "
+                                             "operation on top of its bytes; default: no such limit",
+                                       group="predict", unit="operations/s", above=0)
     cpus_per_node: int | None = key(None, "CPU cores per node; default this machine's", group="predict", minimum=1)
 
 

@@ -24,19 +24,22 @@ class Features:
     save_bytes: int  # one checkpoint, all launched ranks
     save_bytes_max_rank: int
     save_files_max_rank: int
+    save_files: int  # files (objects) one checkpoint creates, all launched ranks
     read_bytes: int  # a restart's reads, all ranks (planner: each rank's distinct files in full)
     read_bytes_max_rank: int
     read_files_max_rank: int
+    read_files: int  # file opens (object GETs) of a restart, summed over ranks
     cold_reads: bool  # the restart reads from the storage: cache=drop, or object storage (no page cache)
     write_bytes_per_s: float | None  # the storage's aggregate bandwidth, both None when unknown
     read_bytes_per_s: float | None
+    metadata_ops_per_s: float | None = None  # the storage's aggregate file creates / opens (requests) per second
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
 def of(spec: RunSpec, cpus_per_node: int, write_bytes_per_s: float | None,
-       read_bytes_per_s: float | None) -> Features:
+       read_bytes_per_s: float | None, metadata_ops_per_s: float | None = None) -> Features:
     launched = spec.launched_ranks
     per_node = min(spec.ranks_per_node or launched, launched)
     save_bytes = dict.fromkeys(range(launched), 0)
@@ -58,7 +61,9 @@ def of(spec: RunSpec, cpus_per_node: int, write_bytes_per_s: float | None,
         parameters_per_rank=spec.shape.num_parameters() / (spec.tp * spec.pp),
         tokens_per_rank_step=spec.micro_batch * spec.grad_accum * (spec.seq_len or 0),
         save_bytes=sum(save_bytes.values()), save_bytes_max_rank=max(save_bytes.values(), default=0),
-        save_files_max_rank=max(save_files.values(), default=0),
+        save_files_max_rank=max(save_files.values(), default=0), save_files=sum(save_files.values()),
         read_bytes=sum(read_bytes.values()), read_bytes_max_rank=max(read_bytes.values(), default=0),
-        read_files_max_rank=max((len(p) for p in reads.values()), default=0), cold_reads=spec.cache == "drop" or targets.for_spec(spec).kind != POSIX,
-        write_bytes_per_s=write_bytes_per_s, read_bytes_per_s=read_bytes_per_s)
+        read_files_max_rank=max((len(p) for p in reads.values()), default=0),
+        read_files=sum(len(p) for p in reads.values()), cold_reads=spec.cache == "drop" or targets.for_spec(spec).kind != POSIX,
+        write_bytes_per_s=write_bytes_per_s, read_bytes_per_s=read_bytes_per_s,
+        metadata_ops_per_s=metadata_ops_per_s)

@@ -25,9 +25,18 @@ IGNORES = ("stragglers and variation between nodes, interference from other jobs
 
 
 def storage(spec: RunSpec, write_gbps: float | None = None, read_gbps: float | None = None,
-            record: dict | None = None) -> dict:
+            record: dict | None = None, metadata_ops_s: float | None = None) -> dict:
     """The storage the prediction assumes: bandwidths given, else the run's baseline record, else the cached
-    baseline of the checkpoint directory's storage; bytes per second, with where they came from."""
+    baseline of the checkpoint directory's storage; bytes per second, with where they came from; and a metadata rate
+    where one is stated."""
+    found = _bandwidth(spec, write_gbps, read_gbps, record)
+    if metadata_ops_s is not None:
+        found["metadata_ops_per_s"] = metadata_ops_s
+        found["source"] += f"; metadata_ops_s={metadata_ops_s:g} (file creates and opens per second, aggregate)"
+    return found
+
+
+def _bandwidth(spec: RunSpec, write_gbps: float | None, read_gbps: float | None, record: dict | None) -> dict:
     if write_gbps is not None and read_gbps is not None:
         return {"write_bytes_per_s": write_gbps * GB, "read_bytes_per_s": read_gbps * GB,
                 "source": f"given: write_gbps={write_gbps:g}, read_gbps={read_gbps:g} (aggregate, GB/s = 10^9 B/s)"}
@@ -47,7 +56,8 @@ def build(spec: RunSpec, cpus_per_node: int, store: dict, calibration: dict | No
     """The prediction as plain data (prediction.json, predict=json)."""
     start = time.perf_counter()
     calibration = calibration or fit.load(spec.calibration)
-    f = feats.of(spec, cpus_per_node, store["write_bytes_per_s"], store["read_bytes_per_s"])
+    f = feats.of(spec, cpus_per_node, store["write_bytes_per_s"], store["read_bytes_per_s"],
+                 store.get("metadata_ops_per_s"))
     made = predict(spec, f, calibration)
     return {
         "model": spec.model_label, "layout": spec.layout, "zero": spec.zero, "engine": spec.engine,

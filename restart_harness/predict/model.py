@@ -40,6 +40,12 @@ FILES = Term("files", "storage metadata and requests", "s per file of the busies
              lambda f: f.save_files_max_rank)
 STORAGE_READ = Term("storage_read", "storage bandwidth", "x (bytes / aggregate read bandwidth)",
                     lambda f: _per(f.read_bytes, f.read_bytes_per_s) if f.cold_reads else 0.0)
+METADATA_WRITE = Term("metadata_write", "storage metadata rate (creates or PUT requests per second)",
+                      "x (files / the storage's stated operations per second)",
+                      lambda f: _per(f.save_files, f.metadata_ops_per_s) or 0.0)
+METADATA_READ = Term("metadata_read", "storage metadata rate (opens or GET requests per second)",
+                     "x (file opens / the storage's stated operations per second)",
+                     lambda f: _per(f.read_files, f.metadata_ops_per_s) or 0.0)
 DESERIALIZE = Term("deserialize", "host CPU: deserialization and copies",
                    "s per byte the busiest rank reads x contention", lambda f: f.read_bytes_max_rank * f.contention)
 READ_FILES = Term("read_files", "storage metadata and requests", "s per file the busiest rank reads",
@@ -84,20 +90,22 @@ def _launcher(spec: RunSpec) -> str:
     return spec.launcher
 
 
-_SAVE = (FIXED, CPU, STORAGE_WRITE, SERIALIZE, FILES)
+_SAVE = (FIXED, CPU, STORAGE_WRITE, METADATA_WRITE, SERIALIZE, FILES)
 _SAVE_FIXED = "fixed per save: barriers, collectives, the engine's bookkeeping"
 PHASES: dict[str, Phase] = {p.name: p for p in (
     # an asynchronous save's blocking part writes nothing; a synchronous one writes everything before it returns
-    Phase("save_blocking_seconds", _SAVE, _engine, _SAVE_FIXED, given_if_synchronous=("storage_write",)),
-    Phase("save_durable_seconds", _SAVE, _engine, _SAVE_FIXED, given=("storage_write",)),
-    Phase("save_commit_seconds", _SAVE, _engine, _SAVE_FIXED, given=("storage_write",)),
+    Phase("save_blocking_seconds", _SAVE, _engine, _SAVE_FIXED,
+          given_if_synchronous=("storage_write", "metadata_write")),
+    Phase("save_durable_seconds", _SAVE, _engine, _SAVE_FIXED, given=("storage_write", "metadata_write")),
+    Phase("save_commit_seconds", _SAVE, _engine, _SAVE_FIXED, given=("storage_write", "metadata_write")),
     Phase("restart_launch_seconds", (FIXED, SPAWN), _launcher, "launcher: its own start-up"),
     Phase("restart_imports_seconds", (FIXED, CPU), _stack, "host CPU: Python imports"),
     Phase("restart_dist_init_seconds", (FIXED, WORLD), _stack, "network: process-group set-up"),
     Phase("restart_model_build_seconds", (FIXED, PARAMETERS), _stack_device, "building the model"),
     Phase("restart_engine_init_seconds", (FIXED, CPU, PARAMETERS), _stack_device, "the engine's set-up"),
-    Phase("restart_checkpoint_load_seconds", (FIXED, CPU, STORAGE_READ, DESERIALIZE, READ_FILES), _engine,
-          "fixed per load: finding the tag, collectives, the engine's bookkeeping", given=("storage_read",)),
+    Phase("restart_checkpoint_load_seconds", (FIXED, CPU, STORAGE_READ, METADATA_READ, DESERIALIZE, READ_FILES),
+          _engine, "fixed per load: finding the tag, collectives, the engine's bookkeeping",
+          given=("storage_read", "metadata_read")),
     Phase("restart_first_step_seconds", (FIXED, COMPUTE), _stack_device, "a step's fixed part"),
 )}
 assert tuple(PHASES) == (*SAVE_PHASES, *RESTART_PHASES)
@@ -115,7 +123,7 @@ def predict_phase(phase: Phase, features: Features, fitted: dict) -> dict:
     """One phase from its group's fitted coefficients: seconds, range, the bounding resource and each term's part."""
     parts, beyond = {}, []
     for term in phase.terms:
-        c = fitted["coefficients"].get(term.name, 0.0)
+        c = 1.0 if term.name in phase.given else fitted["coefficients"].get(term.name, 0.0)
         if c == 0.0:
             continue
         x = term.value(features)

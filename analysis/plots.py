@@ -21,6 +21,7 @@ from analysis.table import (
     restart_where,
     stat,
 )
+from restart_harness.results.schema import PREDICTED_TOTAL
 
 PHASE_COLORS = {"launch": "#bbbbbb"}
 UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
@@ -420,7 +421,7 @@ def prediction(groups: list[Group]) -> Figure | None:
     ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.85", label="+-15%")
     markers = "osD^v<>Pp*hX"
     for i, (name, pts) in enumerate(points.items()):
-        total = name == "restart_total_seconds"
+        total = name == PREDICTED_TOTAL
         ax.scatter([m for m, _ in pts], [v for _, v in pts], s=40 if total else 22, marker="X" if total else
                    markers[i % len(markers)], color="black" if total else f"C{i % 10}",
                    label=name.removesuffix("_seconds").replace("_", " "), zorder=4 if total else 3)

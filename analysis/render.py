@@ -8,7 +8,17 @@ import html
 from dataclasses import dataclass
 
 from analysis.load import Run, Skipped, SweepFailure
-from analysis.table import LOAD_CATEGORIES, SAVE_CATEGORIES, Group, Stat, common_label, get, num, restart_where
+from analysis.table import (
+    LOAD_CATEGORIES,
+    SAVE_CATEGORIES,
+    Group,
+    Stat,
+    common_label,
+    get,
+    num,
+    restart_where,
+)
+from restart_harness.results.schema import PREDICTED_TOTAL
 
 MIB = 2**20
 
@@ -153,6 +163,29 @@ def reshard_table(groups: list[Group]) -> Table | None:
                  "conversion: DeepSpeed's ds_to_universal, once per checkpoint (later restarts reuse it); first loss "
                  "difference: relative to the same-layout restart's first loss on the same global batch; verified: "
                  "every parameter's full fp32 weights and Adam moments equal the saved ones, and the loss continues")
+
+
+def prediction_table(groups: list[Group]) -> Table | None:
+    """Each configuration's prediction (made before launch) against its measurement, for the durable save and the
+    restart with its launcher: medians over its runs, and the median relative error."""
+    rows = []
+    for g in groups:
+        cells = []
+        for phase in ("save_durable_seconds", PREDICTED_TOTAL):
+            predicted, measured = g.run_stat(f"predicted_{phase}"), g.run_stat(f"measured_{phase}")
+            errors = g.run_stat(f"{phase.removesuffix('_seconds')}_prediction_error_ratio")
+            cells += [_v(predicted.median if predicted else None), _v(measured.median if measured else None),
+                      "-" if errors is None else f"{errors.median:+.0%}"]
+        if any(c != "-" for c in cells):
+            rows.append([g.label, *cells])
+    if not rows:
+        return None
+    return Table("Predicted before launch vs measured", ["configuration", "durable save predicted s", "measured s",
+                                                         "error", "restart with launcher predicted s", "measured s",
+                                                         "error"], rows,
+                 "median over the configuration's runs; durable save: the median of a run's saves; restart with "
+                 "launcher: launch + process start to first step; error: (predicted - measured) / measured; every "
+                 "phase is in runs.csv (predicted_*, measured_*, *_prediction_error_ratio); docs/prediction.md")
 
 
 def runs_table(table: list[dict]) -> Table:

@@ -133,6 +133,7 @@ def prediction_columns(summary: dict) -> dict:
     for phase in PREDICTED_PHASES:
         p = phases.get(phase) or {}
         row[f"predicted_{phase}"] = num(p.get("predicted"))
+        row[f"measured_{phase}"] = num(p.get("measured"))  # as the prediction defines it (results/prediction.py)
         row[f"{phase.removesuffix('_seconds')}_prediction_error_ratio"] = num(p.get("rel_error"))
     return row
 

@@ -53,7 +53,7 @@ HELD_OUT = [
     ("another engine: small dp=2 dcp", ["small", "dp=2", "engine=dcp"]),
     ("another target: small dp=2 on S3", ["small", "dp=2", S3, "keep=false"]),
 ]
-FOCUS = ("save_durable_seconds", "restart_total_seconds")
+FOCUS = ("save_durable_seconds", "restart_total_with_launch_seconds")
 
 
 def run(tokens: list[str], results: Path) -> Path:

@@ -113,6 +113,7 @@ def test_report_command_writes_every_file(made_report):
     assert "| tp1 pp1 dp2 | 2 | 2 |" in md and "| tp1 pp1 dp1 | 1 | 1 |" in md
     assert "every configuration: tiny, default" in md
     assert "## Where the time goes" in md and "## Slowest rank per restart phase" in md and "## Restart memory" in md
+    assert "## Predicted before launch vs measured" in md
     html = (out / "report.html").read_text()
     assert html.count("src='data:image/png;base64,") == len(FIGURES)
     assert "http://" not in html and "https://" not in html and "<link" not in html and "<script" not in html
@@ -208,8 +209,8 @@ def test_prediction_figure_and_columns(built):
     points = {c.get_label(): c.get_offsets() for c in ax.collections if c.get_label() not in ("+-15%",)}
     runs = [run for g in built["groups"] for run in g.runs]
     total = [(p["measured"], p["predicted"]) for run in runs
-             for p in [run.summary["prediction"]["phases"]["restart_total_seconds"]]]
-    plotted = sorted(map(tuple, points["restart total"].tolist()))
+             for p in [run.summary["prediction"]["phases"]["restart_total_with_launch_seconds"]]]
+    plotted = sorted(map(tuple, points["restart total with launch"].tolist()))
     assert [x for pair in plotted for x in pair] == pytest.approx([x for pair in sorted(total) for x in pair])
     assert ax.get_xscale() == "log" and ax.get_xlabel() == "measured (s)"
     row = next(r for r in built["rows"] if r["restart_record"] == "restart-01")

@@ -64,7 +64,7 @@ def test_predict_at_1024_ranks_names_what_it_extrapolates(tmp_path):
     assert (f["world_size"], f["nodes"], f["ranks_per_node"]) == (1024, 128, 8)
     assert f["save_bytes"] > 5 * 10**12  # 405B x 14 bytes
     assert any("extrapolated" in n for n in p["note"]) and any("slurm" in n for n in p["note"])
-    assert p["phases"]["restart_total_seconds"]["seconds"] > 0
+    assert p["phases"]["restart_total_with_launch_seconds"]["seconds"] > 0
     text = cli(["predict", "llama3-405B", "tp=8", "pp=16", "dp=8", "nodes=128", "launcher=slurm",
                 "write_gbps=100", "read_gbps=200", "cpus_per_node=64"], tmp_path)
     assert "(extrapolated)" in text.stdout and "storage bandwidth" in text.stdout
@@ -97,7 +97,7 @@ def test_calibrate_fits_finished_runs_and_predict_uses_the_file(tmp_path):
     # the fit reproduces its own runs within the range it states
     for run_dir in fit.run_dirs([DATA]):
         o = fit.observation(run_dir)
-        assert o["measured"]["restart_total_seconds"] == pytest.approx(
+        assert o["measured"]["restart_total_with_launch_seconds"] == pytest.approx(
             load_summary(run_dir)["restart"]["launch_seconds"] + load_summary(run_dir)["restart"]["total_seconds"])
 
 
@@ -120,7 +120,7 @@ def test_every_run_carries_its_prediction_beside_what_it_measured(tiny_dp2):
     checked = summary["prediction"]
     restart = summary["restart"]
     phases = checked["phases"]
-    assert phases["restart_total_seconds"]["measured"] == pytest.approx(
+    assert phases["restart_total_with_launch_seconds"]["measured"] == pytest.approx(
         restart["launch_seconds"] + restart["total_seconds"], abs=1e-6)
     assert phases["restart_engine_init_seconds"]["measured"] == pytest.approx(restart["phases"]["engine_init"])
     durable = [s["durable_seconds"] for s in summary["checkpoint"]["saves"]]

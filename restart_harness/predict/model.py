@@ -6,7 +6,7 @@ fitted non-negative rate times a feature of the run (features.py) that a resourc
 The coefficients come from a calibration (fit.py: finished runs of this machine class), per group: the save and
 load phases per stack and engine, the launch per launcher, the other restart phases per stack. The range of a
 phase is its prediction times the 10th and 90th percentiles of measured / fitted over the calibration's runs.
-restart_total_seconds is the sum of the restart's phases (and of their lows and highs)."""
+restart_total_with_launch_seconds is the sum of the restart's phases (and of their lows and highs)."""
 
 from __future__ import annotations
 

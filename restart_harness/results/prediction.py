@@ -6,7 +6,7 @@ A phase is a span in seconds:
         the median over the run's saves of each save's figure (summary.checkpoint.saves[])
     restart_<phase>_seconds for launch, imports, dist_init, model_build, engine_init, checkpoint_load, first_step
         the first restart at the run's own layout (restart-01; launch: restart.launch_seconds)
-    restart_total_seconds
+    restart_total_with_launch_seconds
         launch_seconds + total_seconds (the sum of the six phases) of that restart
 rel_error = (predicted - measured) / measured; within_range: low <= measured <= high.
 """

@@ -61,7 +61,7 @@ PHASE_NAMES = tuple(name for name, _, _ in RESTART_PHASES)
 # What the prediction model predicts and every summary's `prediction` compares (results/prediction.py defines each)
 PREDICTED_SAVE = ("save_blocking_seconds", "save_durable_seconds", "save_commit_seconds")
 PREDICTED_RESTART = ("restart_launch_seconds", *(f"restart_{p}_seconds" for p in PHASE_NAMES))
-PREDICTED_TOTAL = "restart_total_seconds"
+PREDICTED_TOTAL = "restart_total_with_launch_seconds"
 PREDICTED_PHASES = (*PREDICTED_SAVE, *PREDICTED_RESTART, PREDICTED_TOTAL)
 # Memory high-water marks are recorded per phase: the restart's phases, then the steps after the first; for the
 # checkpoint phase the same start-up phases, then training (saves included).

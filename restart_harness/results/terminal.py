@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from restart_harness.results.schema import LOAD_CATEGORIES, MIB, SAVE_CATEGORIES
+from restart_harness.results.schema import LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES
 
 
 def _s(value: float | None) -> str:
@@ -118,7 +118,7 @@ def _prediction_rows(checked: dict | None) -> list[tuple[str, str]]:
     """What the run predicted for itself before launch beside what it measured (docs/prediction.md)."""
     phases = (checked or {}).get("phases") or {}
     parts = []
-    for label, name in (("durable save", "save_durable_seconds"), ("restart", "restart_total_seconds")):
+    for label, name in (("durable save", "save_durable_seconds"), ("restart with launcher", PREDICTED_TOTAL)):
         p = phases.get(name) or {}
         if p.get("predicted") is not None and p.get("measured") is not None:
             parts.append(f"{label} {p['predicted']:.3f} s, measured {p['measured']:.3f} s ({p['rel_error']:+.0%})")

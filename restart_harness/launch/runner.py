@@ -340,8 +340,8 @@ def record_prediction(run: resolved.ResolvedRun, probe: dict | None) -> str | No
     if made.get("error"):
         return f"no prediction: {made['error']}"
     p = made["phases"]
-    parts = [f"{label} {p[name]['seconds']:.2f} s" for label, name in (
-        ("durable save", "save_durable_seconds"), ("restart", pr.TOTAL)) if p[name].get("seconds") is not None]
+    shown = (("durable save", "save_durable_seconds"), ("restart with launcher", pr.TOTAL))
+    parts = [f"{label} {p[name]['seconds']:.2f} s" for label, name in shown if p[name].get("seconds") is not None]
     return f"calibration {spec.calibration}: " + (", ".join(parts) or "nothing predicted (see prediction.json)")
 
 

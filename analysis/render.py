@@ -165,6 +165,40 @@ def reshard_table(groups: list[Group]) -> Table | None:
                  "every parameter's full fp32 weights and Adam moments equal the saved ones, and the loss continues")
 
 
+def _ranks(ranks: list[int]) -> str:
+    contiguous = ranks == list(range(ranks[0], ranks[-1] + 1))
+    return f"{ranks[0]}-{ranks[-1]}" if contiguous and len(ranks) > 1 else ", ".join(map(str, ranks))
+
+
+def nodes_table(runs: list[Run]) -> Table | None:
+    """Runs on more than one node: per node, which ranks ran there and, for the last save and each restart, its
+    bytes and its slowest rank's seconds (results/placement.py)."""
+    rows = []
+    for run in runs:
+        ck = run.summary.get("checkpoint") or {}
+        save = (ck.get("saves") or [{}])[-1]
+        phases = [(f"save {save.get('tag')}", save, "durable_seconds", "bytes")]
+        phases += [(f"{r.get('record')}{restart_where(r)}", r, "total_seconds", "read_bytes")
+                   for r in run.summary.get("restarts") or []]
+        for name, phase, seconds, nbytes in phases:
+            nodes = phase.get("per_node") or []
+            if len(nodes) < 2:
+                continue
+            worst = (phase.get("slowest_node") or {}).get("host")
+            for n in nodes:
+                rows.append([run.run_id, name, n["host"] + (" (slowest)" if n["host"] == worst else ""),
+                             _ranks(n["ranks"]), _v(n.get(nbytes), 2, MIB), _v(n.get(seconds)),
+                             str(n["slowest_rank"]), str(n.get("concurrent_writers_max", "-"))])
+    if not rows:
+        return None
+    return Table("Placement and per-node figures (runs on more than one node)",
+                 ["run", "phase", "node", "ranks", "MiB", "seconds (slowest rank)", "slowest rank",
+                  "writers at once"], rows,
+                 "node: the host name each rank recorded; save: bytes its ranks wrote and its slowest rank's durable "
+                 "seconds; restart: bytes its ranks' loads read (with the I/O counters) and its slowest rank's "
+                 "process start to first step; writers at once: the most of its ranks inside a save at one instant")
+
+
 def prediction_table(groups: list[Group]) -> Table | None:
     """Each configuration's prediction (made before launch) against its measurement, for the durable save and the
     restart with its launcher: medians over its runs, and the median relative error."""

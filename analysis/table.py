@@ -149,6 +149,14 @@ def request_columns(prefix: str, phase: dict) -> dict:
             if isinstance(uploads, dict) else None}
 
 
+def node_columns(prefix: str, phase: dict) -> dict:
+    """How many nodes a save or restart ran on and its slowest node (results/placement.py; empty where the ranks
+    recorded no hosts, as before harness 0.4)."""
+    nodes, worst = phase.get("per_node"), phase.get("slowest_node") or {}
+    return {f"{prefix}_nodes_count": len(nodes) if nodes else None, f"{prefix}_slowest_node": worst.get("host"),
+            f"{prefix}_slowest_node_rank": num(worst.get("rank"))}
+
+
 def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
     """Columns of one restart record, and of the save it loaded (all empty for a run without a restart)."""
     rec = rec or {}
@@ -168,6 +176,8 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
         "restart_launch_seconds": num(rec.get("launch_seconds")),
         "restart_wall_seconds": num(rec.get("wall_seconds")),
     }
+    row.update(node_columns("save", save))
+    row.update(node_columns("restart", rec))
     for p in phases:
         row[f"phase_{p}_seconds"] = num(get(rec, "phases", p))
     lb = rec.get("load_breakdown") or {}

@@ -1,4 +1,5 @@
-"""Deterministic fault injection for the reliability tests: RH_FAULT="<action>@<point>:rank=R:step=S".
+"""Deterministic fault injection for the reliability tests: RH_FAULT="<action>@<point>:rank=R:step=S:node=N"
+(each selector optional; node=N: every rank of the launcher's node N, CROSS_RANK, as a node that is lost).
 
     kill@save   SIGKILL this rank inside the checkpoint engine's save, after its first file is written
     kill@flush  SIGKILL this rank in the middle of a background flush (engine=lazy: after the first write request
@@ -39,6 +40,8 @@ def hit(point: str, rank: int, step: int | None = None, where: str | None = None
     """Trigger the configured fault if it targets this point, rank and step (`where`: the checkpoint root)."""
     f = FAULT
     if not f or f["point"] != point or f.get("rank", rank) != rank:
+        return
+    if "node" in f and f["node"] != int(os.environ.get("CROSS_RANK") or 0):
         return
     if step is not None and f.get("step", step) != step:
         return

@@ -164,6 +164,37 @@ def scheduler(spec: RunSpec) -> None:
         said = " ".join((proc.stderr or proc.stdout).strip().split())
         raise UsageError(f"launcher=slurm: sbatch --test-only refuses the job ({said}); check queue=, account=, "
                          "walltime=, nodes= and ranks_per_node=")
+    usable, listed, down = slurm_nodes(spec.queue)
+    if listed and usable < spec.nodes:
+        raise UsageError(f"launcher=slurm: nodes={spec.nodes}, but only {usable} of the partition's {listed} nodes "
+                         f"can run a job now ({'; '.join(down)}); the job would wait until they return: check "
+                         "`sinfo -R`, or ask for fewer nodes")
+
+
+# sinfo's short states of nodes that can take a job (allocated and completing ones free up); any flag '*' (not
+# responding) or a down, drained, failed or unknown state cannot
+_USABLE = {"idle", "mix", "alloc", "comp", "resv", "plnd", "mix-", "idle~", "idle#", "alloc#"}
+
+
+def slurm_nodes(partition: str | None) -> tuple[int, int, list[str]]:
+    """(nodes that can run a job, nodes listed, "node4 down* (Not responding)" for the others) of a partition
+    (default: Slurm's default partition), from sinfo; (0, 0, []) when sinfo gives nothing."""
+    import subprocess
+
+    def sinfo(*args: str) -> str:
+        proc = subprocess.run(["sinfo", "-h", *args], capture_output=True, text=True, check=False, timeout=60)
+        return proc.stdout if proc.returncode == 0 else ""
+
+    if not partition:
+        partition = next((p[:-1] for p in sinfo("-o", "%P").split() if p.endswith("*")), None)
+    lines = sinfo("-N", "-o", "%N|%t|%E", *(["-p", partition] if partition else [])).splitlines()
+    states = {}
+    for line in lines:
+        node, state, why = (line.split("|") + ["", ""])[:3]
+        states[node] = (state, why)
+    bad = [f"{n} {st}" + (f" ({why})" if why and why != "none" else "")
+           for n, (st, why) in sorted(states.items()) if st not in _USABLE]
+    return len(states) - len(bad), len(states), bad
 
 
 def run(spec: RunSpec) -> None:

@@ -204,12 +204,21 @@ def _save_record(run_dir: Path, info: dict) -> None:
 
 def _failure(run_dir: Path, info: dict) -> str:
     from restart_harness.results import events as ev
+    from restart_harness.results import placement
 
-    errors = ev.errors(ev.read_record(run_dir, info["record"]))
+    record = ev.read_record(run_dir, info["record"])
+    errors = ev.errors(record)
     if info["timed_out"]:
         return f"{info['record']} phase timed out after {info['wall_seconds']:.0f} s (timeout=); process group killed"
+    log = run_dir / info["log"]
+    verdicts = launchers.task_verdicts(log.read_text(errors="replace")) if log.is_file() else {}
+    lost = placement.lost(record, resolved.read(run_dir, info["record"]).spec.launched_ranks, verdicts)
+    if lost and (not errors or any(v != placement.COLLATERAL for v in verdicts.values())):
+        # the launcher says ranks were killed (a node lost): they came first, the others' errors (a peer gone) after
+        also = f"; the others' first error: {errors[0]}" if errors else ""
+        return f"{info['record']} phase failed: {lost}{also} (exit code {info['exit_code']}; see {log})"
     if errors:
-        return f"{info['record']} phase failed: {errors[0]}"
+        return f"{info['record']} phase failed: {errors[0]}" + (f"; {lost}" if lost else "")
     return f"{info['record']} phase exited with code {info['exit_code']}; see {run_dir / info['log']}"
 
 

@@ -162,8 +162,14 @@ OMIT_IF_NONE = ("flush",)  # written only where there is one (an asynchronous sa
 
 @dataclass(frozen=True)
 class Process(Event):
+    """Where the rank runs: its process, the host (the node's hostname) and the launcher's node index (CROSS_RANK:
+    SLURM_NODEID, PALS_NODEID, torchrun's GROUP_RANK; 0 under DeepSpeed's single-node launcher). Records written
+    before harness 0.4 carry the pid only."""
+
     kind = "process"
     pid: int
+    host: str = ""
+    node: int | None = None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from restart_harness.results import breakdown, trace
+from restart_harness.results import breakdown, placement, trace
 from restart_harness.results import events as ev
 from restart_harness.results.schema import (
     MEMORY_PHASES_CHECKPOINT,
@@ -29,6 +29,7 @@ def mib_s(nbytes: int, seconds: float) -> float | None:
 def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str | None = None) -> list[dict]:
     """Per save: the slowest rank's seconds; bytes and files of the whole tag directory."""
     by_tag: dict[str, list[dict]] = {}
+    where, order = placement.hosts(record), placement.placement(record)
     for rank, evs in sorted(ev.of_kind(record, "save").items()):
         for e in evs:
             by_tag.setdefault(e["tag"], []).append({**e, "rank": rank})
@@ -56,8 +57,17 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str |
                 for r in per_rank
             ],
             "breakdown": breakdown.save(per_rank, root),
+            **_save_nodes(per_rank, where, order),
         })
     return out
+
+
+def _save_nodes(per_rank: list[dict], where: dict[int, str], order: list[dict] | None) -> dict:
+    """per_node and slowest_node of one save (results/placement.py); null where the ranks recorded no hosts."""
+    if not order:
+        return {"per_node": None, "slowest_node": None}
+    nodes = placement.save_per_node(per_rank, where, order)
+    return {"per_node": nodes, "slowest_node": placement.slowest(nodes, "durable_seconds")}
 
 
 def _load_figures(record, name, load_bytes, load_s, phases, launch) -> dict:
@@ -175,6 +185,8 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
     load_s = [r["load_seconds"] for r in per_rank if r["load_seconds"] is not None]
     first = next((e for e in record.get(0, []) if e["event"] == "step"), None)
     measured = {r["rank"]: r["phases"]["checkpoint_load"] for r in per_rank if "checkpoint_load" in r["phases"]}
+    order = placement.placement(record)
+    nodes = placement.restart_per_node(record, per_rank, order) if order else None
     return {
         "record": name,
         "tag": next((r["tag"] for r in per_rank if r["tag"]), None),
@@ -198,6 +210,9 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         "storage_read_throughput_mib_s": ((load_breakdown or {}).get("storage_read") or {}).get("throughput_mib_s"),
         "memory": breakdown.memory(record, MEMORY_PHASES_RESTART),
         "stragglers": breakdown.stragglers(per_rank, PHASE_NAMES),
+        "placement": order,
+        "per_node": nodes,
+        "slowest_node": placement.slowest(nodes, "total_seconds") if nodes else None,
         "trace": trace.summarize(run_dir / "traces" / name, record, list(MEMORY_PHASES_RESTART)) if run_dir else None,
         "per_rank": [{"rank": r["rank"], "marks": r["marks"], "verify_seconds": _round(r["verify"]["seconds"])
                       if r["verify"] else None, "phases": {k: round(v, 6) for k, v in r["phases"].items()}}
@@ -227,6 +242,7 @@ def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict |
         } if by_rank else None,
         "saves": save_list,
         "throughput_mib_s": loaded["throughput_mib_s"] if loaded else None,
+        "placement": placement.placement(checkpoint_record),
         "trace": trace.summarize(run_dir / "traces" / "checkpoint", checkpoint_record, list(MEMORY_PHASES_CHECKPOINT)),
     }
     return {

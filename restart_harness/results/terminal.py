@@ -74,6 +74,7 @@ def render(summary: dict) -> str:
             parts = "  ".join(f"{c} {bd[f'{c}_seconds']:.3f}" if bd[f"{c}_seconds"] is not None else f"{c} -"
                               for c in SAVE_CATEGORIES)
             rows.append(("save anatomy", f"{parts}  (s, {ck['saves'][-1]['tag']}, slowest rank {bd['slowest_rank']})"))
+        rows += _node_rows("save by node", (ck["saves"] or [{}])[-1], "durable_seconds", "bytes", "written")
     rows += _storage_rows("save requests", ck)
     if rs:
         c = rs["cache"] or {}
@@ -97,6 +98,7 @@ def render(summary: dict) -> str:
             parts = "  ".join(f"{c} {lb[f'{c}_seconds']:.3f}" if lb[f"{c}_seconds"] is not None else f"{c} -"
                               for c in LOAD_CATEGORIES)
             rows.append(("load anatomy", f"{parts}  (s, slowest rank {lb['slowest_rank']})"))
+        rows += _node_rows("restart by node", rs, "total_seconds", "read_bytes", "read")
         peak = max(((v["peak_rss_bytes_max"], k) for k, v in (rs.get("memory") or {}).items()), default=None)
         if peak:
             rows.append(("memory", f"restart peak RSS {peak[0] / MIB:,.0f} MiB per rank, in {peak[1]}"))
@@ -112,6 +114,25 @@ def render(summary: dict) -> str:
     rows += _prediction_rows(summary.get("prediction"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _ranks(ranks: list[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    contiguous = ranks == list(range(ranks[0], ranks[-1] + 1))
+    return "ranks " + (f"{ranks[0]}-{ranks[-1]}" if contiguous else ",".join(map(str, ranks)))
+
+
+def _node_rows(name: str, phase: dict, seconds: str, nbytes: str, verb: str) -> list[tuple[str, str]]:
+    """Per node, when the ranks ran on more than one (results/placement.py): its ranks, bytes and slowest rank's
+    seconds, then the slowest node."""
+    nodes, worst = phase.get("per_node") or [], phase.get("slowest_node")
+    if len(nodes) < 2:
+        return []
+    parts = [f"{n['host']} {_ranks(n['ranks'])}: {_s(n[seconds])}"
+             + (f", {n[nbytes] / MIB:,.2f} MiB {verb}" if n.get(nbytes) is not None else "") for n in nodes]
+    tail = f"; slowest {worst['host']} (rank {worst['rank']})" if worst else ""
+    return [(name, " | ".join(parts) + tail)]
 
 
 def _prediction_rows(checked: dict | None) -> list[tuple[str, str]]:

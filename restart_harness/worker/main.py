@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import socket
 import time
 import traceback
 from dataclasses import dataclass
@@ -51,7 +52,8 @@ def main(process_start: float, argv=None) -> int:
         if os.environ.get(name):
             os.environ[name] = str(Path(os.environ[name]) / f"rank-{rank:05d}")
     log = EventLog(job.run_dir / "events" / job.record / f"rank-{rank:05d}.jsonl", rank, peak_memory)
-    log.emit(Process(os.getpid()))
+    node = os.environ.get("CROSS_RANK")
+    log.emit(Process(os.getpid(), socket.gethostname(), int(node) if node and node.isdigit() else None))
     log.mark("process_start", t=process_start)
     try:
         the_run = resolved.read(job.run_dir, job.record)

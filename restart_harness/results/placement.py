@@ -1,0 +1,157 @@
+"""Which rank ran on which node, and the per-node view of a save and of a restart (docs/results.md).
+
+A node is a host name as its ranks saw it (each rank's `process` event: socket.gethostname() and the launcher's
+node index). Per node: the ranks it ran, what they wrote or loaded, the slowest of them, and for a save how many of
+its ranks were writing at once (the storage's concurrent writers from that node: the most save windows, from a
+rank's save start to its data durable, that overlap at one instant). Records of harness versions that did not
+record hosts give no placement (None), never a guessed one.
+"""
+
+from __future__ import annotations
+
+from restart_harness.results import events as ev
+
+
+def hosts(record: dict[int, list[dict]]) -> dict[int, str]:
+    """rank -> host, for the ranks that recorded one."""
+    out = {}
+    for rank, evs in record.items():
+        proc = next((e for e in evs if e["event"] == "process"), None)
+        if proc and proc.get("host"):
+            out[rank] = proc["host"]
+    return out
+
+
+def _node_index(record: dict[int, list[dict]]) -> dict[str, int | None]:
+    out: dict[str, int | None] = {}
+    for evs in record.values():
+        proc = next((e for e in evs if e["event"] == "process"), None)
+        if proc and proc.get("host"):
+            out.setdefault(proc["host"], proc.get("node"))
+    return out
+
+
+def placement(record: dict[int, list[dict]]) -> list[dict] | None:
+    """[{host, node, ranks}] in node order (the launcher's index, then the first rank), or None when a rank
+    recorded no host."""
+    where = hosts(record)
+    if not where or len(where) != len(record):
+        return None
+    index = _node_index(record)
+    by_host: dict[str, list[int]] = {}
+    for rank in sorted(where):
+        by_host.setdefault(where[rank], []).append(rank)
+    order = sorted(by_host, key=lambda h: (index.get(h) is None, index.get(h) or 0, by_host[h][0]))
+    return [{"host": h, "node": index.get(h), "ranks": by_host[h]} for h in order]
+
+
+def _most_at_once(windows: list[tuple[float, float]]) -> int:
+    """The most intervals that overlap at one instant."""
+    edges = sorted([(a, 1) for a, _ in windows] + [(b, -1) for _, b in windows], key=lambda x: (x[0], x[1]))
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def save_per_node(per_rank: list[dict], where: dict[int, str], order: list[dict]) -> list[dict]:
+    """One save's per-node view from its ranks' save events (with `rank`): ranks, writers, files, bytes, the
+    slowest rank's blocking and durable seconds, and the most of its ranks writing at once."""
+    out = []
+    for node in order:
+        mine = [r for r in per_rank if where.get(r["rank"]) == node["host"]]
+        if not mine:
+            continue
+        writers = [r for r in mine if r["files"]]
+        slowest = max(mine, key=lambda r: r["durable_seconds"])
+        out.append({
+            "host": node["host"], "ranks": [r["rank"] for r in mine], "writers": len(writers),
+            "files": sum(len(r["files"]) for r in mine), "bytes": sum(r["bytes"] for r in mine),
+            "blocking_seconds": round(max(r["blocking_seconds"] for r in mine), 6),
+            "durable_seconds": round(slowest["durable_seconds"], 6), "slowest_rank": slowest["rank"],
+            "concurrent_writers_max": _most_at_once([(r["start"], r["start"] + r["durable_seconds"]) for r in writers]),
+        })
+    return out
+
+
+def restart_per_node(record: dict[int, list[dict]], per_rank: list[dict], order: list[dict]) -> list[dict]:
+    """A restart's per-node view: ranks, bytes their engine loads read (files as loaded), the slowest rank's load
+    seconds and restart total."""
+    where = hosts(record)
+    loaded = ev.of_kind(record, "load_anatomy")
+    out = []
+    for node in order:
+        mine = [r for r in per_rank if where.get(r["rank"]) == node["host"]]
+        if not mine:
+            continue
+        read = [e["io"]["read"]["bytes"] for r in mine for e in loaded.get(r["rank"], []) if e.get("io")]
+        totals = [r for r in mine if r["total_seconds"] is not None]
+        slowest = max(totals, key=lambda r: r["total_seconds"]) if totals else None
+        loads = [r["load_seconds"] for r in mine if r["load_seconds"] is not None]
+        out.append({
+            "host": node["host"], "ranks": [r["rank"] for r in mine],
+            "read_bytes": sum(read) if read else None,
+            "load_seconds": round(max(loads), 6) if loads else None,
+            "total_seconds": round(slowest["total_seconds"], 6) if slowest else None,
+            "slowest_rank": slowest["rank"] if slowest else None,
+        })
+    return out
+
+
+def slowest(per_node: list[dict], key: str) -> dict | None:
+    """{host, rank, seconds} of the node whose slowest rank took longest by `key`."""
+    timed = [n for n in per_node if n.get(key) is not None]
+    if not timed:
+        return None
+    worst = max(timed, key=lambda n: n[key])
+    return {"host": worst["host"], "rank": worst["slowest_rank"], "seconds": worst[key]}
+
+
+
+COLLATERAL = "Terminated"  # srun's word for a task it ended because another one failed (--kill-on-bad-exit)
+
+
+def lost(record: dict[int, list[dict]], ranks: int, verdicts: dict[int, str] | None = None) -> str | None:
+    """Ranks of a failed launch that ended without recording an error or finishing, grouped by node, those the
+    launcher reports killed or failed first and those it ended because of them after: "rank 1 on node2 (all 1 of
+    its ranks): Killed after step 4; rank 0 on node1 (all 1 of its ranks): ended by the launcher after the others
+    failed; last committed save global_step2". `verdicts`: rank -> the launcher's word for how its task ended
+    (srun's "Killed", "Terminated", "Exited with exit code 1"); None when there are no silent ranks."""
+    verdicts = verdicts or {}
+    where = hosts(record)
+
+    def ended(r: int) -> bool:
+        return any(e["event"] in ("error", "done") or (e["event"] == "mark" and e.get("name") == "finished")
+                   for e in record.get(r, []))
+
+    silent = [r for r in range(ranks) if not ended(r)]
+    if not silent:
+        return None
+    groups: dict[tuple[int, str, str], list[int]] = {}
+    for r in silent:
+        verdict = verdicts.get(r, "")
+        if not record.get(r):
+            key = (2, "", "never started (no event recorded)")
+        elif verdict == COLLATERAL:
+            key = (1, where.get(r, "?"), "ended by the launcher after the others failed")
+        else:
+            key = (0, where.get(r, "?"), f"{verdict or 'ended without a word'}")
+        groups.setdefault(key, []).append(r)
+    parts = []
+    for (_, host, how), mine in sorted(groups.items()):
+        if not host:
+            parts.append(f"{_ranks(mine)} {how}")
+            continue
+        on_host = [r for r, h in where.items() if h == host]
+        whole = f"all {len(on_host)} of its ranks" if len(mine) == len(on_host) else f"{len(mine)} of {len(on_host)}"
+        steps = [e["step"] for r in mine for e in record[r] if e["event"] == "step"]
+        after = f"after step {max(steps)}" if steps else "before the first step"
+        parts.append(f"{_ranks(mine)} on {host} ({whole}): {how} {after}")
+    saves = sorted({(e["step"], e["tag"]) for evs in record.values() for e in evs if e["event"] == "save"})
+    last = f"last committed save {saves[-1][1]}" if saves else "no save committed"
+    return "; ".join([*parts, last])
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)

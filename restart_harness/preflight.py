@@ -145,8 +145,9 @@ def port(spec: RunSpec) -> None:
 
 
 def scheduler(spec: RunSpec) -> None:
-    """A run that becomes a Slurm job: sbatch --test-only must accept its job script (partition, account, time,
-    nodes and tasks) before the run directory exists. PBS's qsub has no such mode."""
+    """A run that becomes a Slurm job: the partition must have nodes= nodes that can run a job now (sinfo: not down,
+    drained or unresponding), and sbatch --test-only must accept its job script (partition, account, time, nodes
+    and tasks) before the run directory exists. PBS's qsub has no such mode."""
     import subprocess
     import tempfile
 
@@ -154,6 +155,15 @@ def scheduler(spec: RunSpec) -> None:
 
     if spec.launcher != "slurm" or not machine.submits(spec) or spec.dry_run or shutil.which("sbatch") is None:
         return
+    usable, listed, down = slurm_nodes(spec.queue)  # first: sbatch --test-only refuses these without naming them
+    where = f"partition {spec.queue}" if spec.queue else "default partition"
+    if listed and spec.nodes > listed:
+        raise UsageError(f"launcher=slurm: nodes={spec.nodes}, but the {where} has {listed} nodes; accepted: "
+                         f"nodes= up to {listed}, or queue= a larger partition")
+    if listed and usable < spec.nodes:
+        raise UsageError(f"launcher=slurm: nodes={spec.nodes}, but only {usable} of the {where}'s {listed} nodes "
+                         f"can run a job now ({'; '.join(down)}); the job would wait until they return: check "
+                         "`sinfo -R`, or ask for fewer nodes")
     with tempfile.TemporaryDirectory(prefix="rh-test-only-") as scratch:
         name, text = job_script(spec, Path(scratch))
         script = Path(scratch) / name
@@ -164,11 +174,6 @@ def scheduler(spec: RunSpec) -> None:
         said = " ".join((proc.stderr or proc.stdout).strip().split())
         raise UsageError(f"launcher=slurm: sbatch --test-only refuses the job ({said}); check queue=, account=, "
                          "walltime=, nodes= and ranks_per_node=")
-    usable, listed, down = slurm_nodes(spec.queue)
-    if listed and usable < spec.nodes:
-        raise UsageError(f"launcher=slurm: nodes={spec.nodes}, but only {usable} of the partition's {listed} nodes "
-                         f"can run a job now ({'; '.join(down)}); the job would wait until they return: check "
-                         "`sinfo -R`, or ask for fewer nodes")
 
 
 # sinfo's short states of nodes that can take a job (allocated and completing ones free up); any flag '*' (not

@@ -11,6 +11,7 @@ them from the launcher's own (restart_harness/worker/rank_env.py, told which lau
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -88,6 +89,16 @@ _RENDEZVOUS = {
     "slurm": ['MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"'],
     "pbs": ['MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE")"'],
 }
+
+
+def per_node_command(spec: RunSpec, argv: list[str]) -> list[str] | None:
+    """argv once on every node of the job (slurm, pbs: inside the allocation), or None for a one-node launcher."""
+    if spec.launcher == "slurm":
+        return ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1", *argv]
+    if spec.launcher == "pbs":
+        return ["mpiexec", "-n", str(spec.nodes), "--ppn", "1", "--hostfile", os.environ.get("PBS_NODEFILE", ""),
+                *argv]
+    return None
 
 
 def rank_command(spec: RunSpec, port: int, args: list[str]) -> list[str]:

@@ -20,11 +20,11 @@ from datetime import datetime
 from pathlib import Path
 
 from engines import registry
-from restart_harness import machine, stacks, targets
+from restart_harness import SOURCE_ROOT, machine, stacks, targets
 from restart_harness.errors import RunFailed
 from restart_harness.generate.batch import job_script
 from restart_harness.generate.ds_config import build_ds_config, deep_merge
-from restart_harness.generate.launch import launch_script, rank_command, worker_args
+from restart_harness.generate.launch import launch_script, per_node_command, rank_command, worker_args
 from restart_harness.launch import launchers, observe
 from restart_harness.results import finalize
 from restart_harness.results.schema import stack_engine
@@ -372,6 +372,35 @@ def discard_checkpoint(run_dir: Path, target) -> None:
     write_json_atomic(run_dir / "status.json", {**status, "checkpoint_deleted": True})
 
 
+def cache_on_every_node(spec: RunSpec, load_dir: Path) -> dict:
+    """The cache step on each node of a multi-node job (one task per node): {"per_node": [its record with its
+    host], "observed": the worst node's}, or an error saying why it could not run (observed then stays this
+    node's, and says so)."""
+    argv = [sys.executable, "-m", "restart_harness.storage.pagecache", spec.cache, str(load_dir)]
+    command = per_node_command(spec, argv)
+    if command is None:
+        return {}
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=300, cwd=SOURCE_ROOT)
+    nodes = []
+    for line in proc.stdout.splitlines():
+        try:
+            nodes.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    if proc.returncode != 0 or len(nodes) != spec.nodes:
+        said = " ".join((proc.stderr or proc.stdout).split())[-300:]
+        return {"per_node": nodes or None,
+                "error": f"the cache step on every node failed ({command[0]} exit {proc.returncode}: {said}); "
+                         "observed is the first node's only"}
+    nodes.sort(key=lambda n: n["host"])
+    not_cold = [n for n in nodes if n["observed"] != "cold"]
+    observed = "cold" if not not_cold else "; ".join(f"{n['host']} {n['observed']}" for n in not_cold)
+    if spec.cache == "warm":
+        observed = "warm" if all(n["observed"] == "warm" for n in nodes) else "; ".join(
+            f"{n['host']} {n['observed']}" for n in nodes if n["observed"] != "warm")
+    return {"per_node": nodes, "observed": observed}
+
+
 def restart(run: resolved.ResolvedRun, target, spec: RunSpec, record: str,
             relayout: stacks.Relayout | None = None, extra: dict | None = None) -> dict:
     """One restart launch of a prepared record; `relayout`: how a restart at another layout reads the checkpoint
@@ -382,6 +411,8 @@ def restart(run: resolved.ResolvedRun, target, spec: RunSpec, record: str,
         raise RunFailed(f"no committed checkpoint in {target.describe()} (no 'latest'): nothing to restart from")
     load_dir = relayout.load_dir if relayout and relayout.load_dir else target.path(tag)
     state = target.prepare_cache(load_dir, spec.cache)
+    if spec.nodes > 1 and state.get("method") is not None:  # a node's page cache is its own: every node's
+        state = {**state, **cache_on_every_node(spec, load_dir)}
     say(f"  [{record}] page cache: asked {state['requested']}, observed {state['observed']}"
         + (f" ({state['error']})" if state["error"] else ""))
     say(f"  [{record}] launching {spec.launched_ranks} fresh ranks")

@@ -100,6 +100,7 @@ class FSDP2Stack(Stack):
             fully_shard(child, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
         self.model = model
+        self.mesh = mesh
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=BETAS, eps=EPS,
                                            weight_decay=WEIGHT_DECAY)
         self.log.mark("model_built")
@@ -197,6 +198,8 @@ class FSDP2Stack(Stack):
         return self.compare(tag, self.state_digests(), 0, start, full_state=True)
 
     def layout(self) -> dict:
+        # the rank's place on the mesh: which replica it is in and which shard it holds (hybrid sharding)
+        mesh = {f"{name}_rank": self.mesh.get_local_rank(name) for name in self.mesh.mesh_dim_names or ()}
         return {"dp_rank": self.rank, "tp_rank": 0, "pp_rank": 0, "device": str(self.device), "stack": self.name,
-                "local_parameters": sum(p.to_local().numel() for p in self.model.parameters())}
+                "local_parameters": sum(p.to_local().numel() for p in self.model.parameters()), **mesh}
 

@@ -91,3 +91,21 @@ def prepare(files: list[Path], requested: str) -> dict:
     else:
         record["observed"] = f"partial ({after / total:.1%} resident)"
     return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m restart_harness.storage.pagecache drop|warm DIR`: the cache step on this node, its record as one
+    JSON line with the node's host name (a multi-node job runs it on every node: launch/runner.py)."""
+    import json
+    import socket
+    import sys
+
+    from restart_harness.storage.atomic import files_under
+
+    requested, where = (argv if argv is not None else sys.argv[1:])[:2]
+    print(json.dumps({"host": socket.gethostname(), **prepare(files_under(Path(where)), requested)}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -33,7 +33,8 @@ NOT_FIGURES = {"run_id", "state", "state_reason", "sweep", "schema_version", "mo
                "save_tag", "save_step", "restart_record", "restart_tag", "restart_verified", "restart_cache_observed",
                "restart_exit_code", "baseline_method", "final_loss", "run_dir", "training_steps",
                "load_slowest_rank", "restart_layout_saved", "restart_layout_loaded", "conversion_reused",
-               "first_step_loss"}
+               "first_step_loss", "save_slowest_node", "save_slowest_node_rank", "restart_slowest_node",
+               "restart_slowest_node_rank"}
 
 
 def report_cmd(*args: str, cwd: Path = REPO, module: bool = False) -> subprocess.CompletedProcess:

@@ -72,13 +72,17 @@ def emulation(spec: RunSpec) -> None:
 
 def launcher(spec: RunSpec) -> None:
     """The launcher can run here; nothing has been written yet."""
-    if spec.launcher in ("local", "torchrun") and spec.nodes > 1 and not spec.subset:
-        raise UsageError(f"nodes={spec.nodes} with launcher={spec.launcher}: it starts ranks on this node only; "
-                         "accepted: nodes=1, or launcher=slurm|pbs for several nodes")
+    # inside a Slurm allocation, DeepSpeed's launcher (its slurm launcher) and torchrun (one per node) start ranks
+    # on the allocation's nodes through srun
+    across = machine.inside_job("slurm")
+    if spec.launcher in ("local", "torchrun") and spec.nodes > 1 and not spec.subset and not across:
+        raise UsageError(f"nodes={spec.nodes} with launcher={spec.launcher}: outside a Slurm allocation it starts "
+                         "ranks on this node only; accepted: nodes=1, launcher=slurm|pbs for several nodes, or this "
+                         "launcher inside a Slurm allocation (salloc)")
     if spec.env_hook and not Path(spec.env_hook).is_file():
         raise UsageError(f"env_hook={spec.env_hook}: no such file (a bash file sourced before the ranks start)")
     needs = []
-    if spec.launcher == "slurm":
+    if spec.launcher == "slurm" or (across and spec.nodes > 1):
         needs = ["srun", "scontrol"] if machine.inside_job("slurm") else ([] if spec.dry_run else ["sbatch"])
     elif spec.launcher == "pbs":
         needs = ["mpiexec"] if machine.inside_job("pbs") else ([] if spec.dry_run else ["qsub"])

@@ -44,6 +44,11 @@ CASES = {
     "ranks per node above the node": (["tiny", "dp=2", "nodes=1", "ranks_per_node=1000", "launcher=torchrun"],
                                       "dp=2 does not match"),
     "a model larger than the node": (["13B"], "need"),
+    # several nodes (issue 24): only Slurm/PBS, or DeepSpeed's launcher and torchrun inside a Slurm allocation
+    "torchrun across nodes outside an allocation": (["tiny", "dp=2", "nodes=2", "ranks_per_node=1",
+                                                     "launcher=torchrun"], "outside a Slurm allocation"),
+    "DeepSpeed's launcher across nodes outside an allocation": (["tiny", "dp=2", "nodes=2", "ranks_per_node=1"],
+                                                                "nodes=2 with launcher=local"),
     "a hundred million layers": (["plan", "70B", "num_hidden_layers=100000000"], "num_hidden_layers=100000000"),
     "more ranks than any job": (["plan", "70B", "tp=8", "dp=1000000"], "ranks; accepted: at most"),
     "a sweep of a thousand runs": (["tiny", "dp=1,2", "repeats=500"], "more than max_runs=64"),

@@ -61,6 +61,19 @@ def test_torchrun_script(tmp_path):
     bash_n(run_dir / "launch-checkpoint.sh")
 
 
+def test_a_tensor_parallel_group_across_nodes_is_said_once_and_allowed(tmp_path):
+    results = tmp_path / "results"
+    proc = cli(["tiny", "tp=2", "nodes=2", "ranks_per_node=1", "launcher=slurm", "dry_run=true",
+                f"results_dir={results}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if line.startswith("warning:")]
+    assert said == [("warning: tp=2 with ranks_per_node=1: tensor-parallel groups span nodes, so every layer's "
+                    "all-reduces cross the network (training steps slow down; the checkpoint's files are the same)")]
+    proc = cli(["tiny", "tp=2", "dp=2", "nodes=2", "ranks_per_node=2", "launcher=slurm", "dry_run=true",
+                f"results_dir={results}"], tmp_path)
+    assert proc.returncode == 0 and "warning:" not in proc.stderr, proc.stderr
+
+
 def test_sbatch_script(tmp_path):
     hook = tmp_path / "modules.sh"
     hook.write_text("export FROM_HOOK=1\n")

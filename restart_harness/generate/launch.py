@@ -2,7 +2,7 @@
 
 One command builder per launcher (the `launcher=` key):
   local     DeepSpeed's own launcher on this node (sets CROSS_RANK/CROSS_SIZE/LOCAL_SIZE itself)
-  torchrun  torch.distributed.run on this node
+  torchrun  torch.distributed.run on this node; with nodes > 1 inside a Slurm allocation, one per node via srun
   slurm     srun inside the job's allocation; MASTER_ADDR is the allocation's first host
   pbs       mpiexec over $PBS_NODEFILE (ALCF Polaris style); MASTER_ADDR is its first host
 torchrun, srun and mpiexec do not set the variables DeepSpeed's newer checkpoint writers read; the worker fills
@@ -35,7 +35,8 @@ def rank_environment(spec: RunSpec) -> dict[str, str]:
         "OMP_NUM_THREADS": str(spec.threads or 1),
         "PYTHONUNBUFFERED": "1",
         "TORCH_EXTENSIONS_DIR": str(cache_dir("torch_extensions")),
-        "RH_LAUNCHER": spec.launcher,
+        # DeepSpeed's multi-node slurm launch starts the ranks as plain srun tasks: their variables are Slurm's
+        "RH_LAUNCHER": "slurm" if spec.launcher == "local" and spec.nodes > 1 else spec.launcher,
     }
     if spec.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
@@ -46,8 +47,24 @@ def worker_args(run_dir: Path, phase: str, record: str) -> list[str]:
     return ["--run-dir", str(run_dir), "--phase", phase, "--record", record]
 
 
+def on_slurm_nodes(spec: RunSpec) -> bool:
+    """The ranks start as srun tasks on the allocation's nodes: launcher=slurm, or DeepSpeed's launcher or torchrun
+    with nodes > 1 (allowed inside a Slurm allocation only: preflight)."""
+    return spec.launcher == "slurm" or (spec.launcher in ("local", "torchrun") and spec.nodes > 1)
+
+
 def local_command(spec: RunSpec, port: int, args: list[str]) -> list[str]:
-    """DeepSpeed's own launcher on this node (sets CROSS_RANK/CROSS_SIZE/LOCAL_SIZE, unlike torchrun)."""
+    """DeepSpeed's own launcher on this node (sets CROSS_RANK/CROSS_SIZE/LOCAL_SIZE, unlike torchrun). With nodes > 1
+    (inside a Slurm allocation): DeepSpeed's own multi-node launch without ssh, its slurm launcher over a hostfile of
+    the allocation's first nodes; it runs `srun -n <ranks> python -u <script>`, setting no rank variables, so the
+    worker takes them from Slurm's (RH_LAUNCHER=slurm) and is given as a script (the launcher has no --module)."""
+    if spec.nodes > 1:
+        return [
+            sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", Raw('"$RH_HOSTFILE"'),
+            "--launcher", "slurm", "--no_ssh_check", "--num_nodes", str(spec.nodes),
+            "--master_addr", Raw('"$MASTER_ADDR"'), "--master_port", str(port),
+            str(SOURCE_ROOT / "restart_harness" / "worker" / "__main__.py"), *args,
+        ]
     return [
         sys.executable, "-m", "deepspeed.launcher.runner",
         "--num_nodes", "1", "--num_gpus", str(spec.ranks_per_node),
@@ -57,13 +74,25 @@ def local_command(spec: RunSpec, port: int, args: list[str]) -> list[str]:
 
 
 def torchrun_command(spec: RunSpec, port: int, args: list[str]) -> list[str]:
-    """torch.distributed.run on this node; a rank that dies makes it end the others."""
-    return [
-        sys.executable, "-m", "torch.distributed.run",
-        "--nnodes", "1", "--nproc-per-node", str(spec.ranks_per_node),
-        "--master-addr", "127.0.0.1", "--master-port", str(port),
-        "--module", WORKER_MODULE, *args,
-    ]
+    """torch.distributed.run on this node; a rank that dies makes it end the others. With nodes > 1 (inside a Slurm
+    allocation): one torchrun per node through srun, each told its node's rank (SLURM_NODEID, expanded on the node)
+    and the allocation's first host as the rendezvous (a static one: node i runs ranks i*R .. i*R+R-1)."""
+    if spec.nodes == 1:
+        return [
+            sys.executable, "-m", "torch.distributed.run",
+            "--nnodes", "1", "--nproc-per-node", str(spec.ranks_per_node),
+            "--master-addr", "127.0.0.1", "--master-port", str(port),
+            "--module", WORKER_MODULE, *args,
+        ]
+    per_node = " ".join([
+        "exec", *map(shlex.quote, [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(spec.nodes)]),
+        '--node-rank "$SLURM_NODEID"',
+        *map(shlex.quote, ["--nproc-per-node", str(spec.ranks_per_node)]),
+        '--master-addr "$MASTER_ADDR"',
+        *map(shlex.quote, ["--master-port", str(port), "--module", WORKER_MODULE, *args]),
+    ])
+    return ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1",
+            "--kill-on-bad-exit=1", "bash", "-c", per_node]
 
 
 def srun_command(spec: RunSpec, port: int, args: list[str]) -> list[str]:
@@ -93,7 +122,7 @@ _RENDEZVOUS = {
 
 def per_node_command(spec: RunSpec, argv: list[str]) -> list[str] | None:
     """argv once on every node of the job (slurm, pbs: inside the allocation), or None for a one-node launcher."""
-    if spec.launcher == "slurm":
+    if on_slurm_nodes(spec):
         return ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1", *argv]
     if spec.launcher == "pbs":
         return ["mpiexec", "-n", str(spec.nodes), "--ppn", "1", "--hostfile", os.environ.get("PBS_NODEFILE", ""),
@@ -125,8 +154,19 @@ def launch_script(spec: RunSpec, phase: str, command: list[str], port: int | Non
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
     if preload:
         lines.append(f'export LD_PRELOAD={shlex.quote(preload)}"${{LD_PRELOAD:+ $LD_PRELOAD}}"')
-    if spec.launcher in _RENDEZVOUS:
-        lines += _RENDEZVOUS[spec.launcher]
+    rendezvous = "slurm" if on_slurm_nodes(spec) else spec.launcher
+    if rendezvous in _RENDEZVOUS:
+        lines += _RENDEZVOUS[rendezvous]
         lines.append(f"export MASTER_ADDR MASTER_PORT={port}")
-    lines.append("exec " + " ".join(p if isinstance(p, Raw) else shlex.quote(p) for p in command))
+    if spec.launcher == "local" and spec.nodes > 1:  # DeepSpeed's hostfile: the allocation's first nodes
+        lines += [
+            'RH_HOSTFILE="$(mktemp "${TMPDIR:-/tmp}/rh-hostfile.XXXXXX")"',
+            "trap 'rm -f \"$RH_HOSTFILE\"' EXIT",
+            (f'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n {spec.nodes} '
+             f"| sed 's/$/ slots={spec.ranks_per_node}/' > \"$RH_HOSTFILE\""),
+            f'export PYTHONPATH={shlex.quote(str(SOURCE_ROOT))}"${{PYTHONPATH:+:$PYTHONPATH}}"  # the worker script\'s imports',
+        ]
+    # exec, except where the hostfile is to be removed when the launch ends (an exec'd shell runs no trap)
+    run = "" if spec.launcher == "local" and spec.nodes > 1 else "exec "
+    lines.append(run + " ".join(p if isinstance(p, Raw) else shlex.quote(p) for p in command))
     return "\n".join(lines) + "\n"

@@ -225,6 +225,11 @@ def _failure(run_dir: Path, info: dict) -> str:
 def run(spec: RunSpec, prefix: str = "") -> Path:
     """Prepare, then: dry_run -> print what was written; slurm/pbs -> submit the job; else execute here."""
     run_dir = prepare(spec, prefix).run_dir
+    if spec.nodes > 1 and spec.ranks_per_node % spec.tp and not spec.emulate:
+        # allowed, as DeepSpeed and Megatron allow it, but no one means it: said once, before anything starts
+        say(f"warning: tp={spec.tp} with ranks_per_node={spec.ranks_per_node}: tensor-parallel groups span nodes, so "
+            "every layer's all-reduces cross the network (training steps slow down; the checkpoint's files are the "
+            "same)")
     if spec.dry_run:
         set_status(run_dir, "dry_run", "dry_run=true: written, nothing launched")
         if spec.launcher in machine.SUBMIT:

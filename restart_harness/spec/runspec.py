@@ -104,7 +104,8 @@ class RunSpec:
     device: str = key("auto", "auto = cuda when NVIDIA devices are present, else cpu (DeepSpeed over gloo)",
                        group="launch", choices=("auto", "cpu", "cuda"))
     launcher: str = key("local", "local = DeepSpeed's launcher, torchrun, slurm (sbatch + srun), pbs (qsub + "
-                                 "mpiexec)", group="launch", choices=("local", "torchrun", "slurm", "pbs"),
+                                 "mpiexec); local and torchrun take nodes > 1 inside a Slurm allocation",
+                        group="launch", choices=("local", "torchrun", "slurm", "pbs"),
                         restart=True)
     timeout: int = key(1800, "seconds one launch may take before its whole process group is killed",
                        group="launch", unit="s", minimum=1, restart=True)

@@ -180,16 +180,21 @@ def test_fsdp2_shards_within_a_node_and_replicates_across(cluster):
     assert [n["host"] for n in summary["restart"]["placement"]] == ["node1", "node2"]
 
 
-def test_emulation_over_four_nodes(cluster):
-    run_dir = submitted(cluster, "tiny", "dp=4", "nodes=4", "ranks_per_node=1", "emulate=true", "launcher=slurm",
-                        "iters=2", "save_interval=2")
+def test_emulation_over_four_nodes_in_waves_per_node(cluster):
+    # 1 MiB of file state a node may hold, files of ~1.5 MB: each node's 2 ranks write one after the other
+    run_dir = submitted(cluster, "tiny", "dp=8", "nodes=4", "ranks_per_node=2", "emulate=true",
+                        "emulate_memory_gib=0.001", "launcher=slurm", "iters=2", "save_interval=2")
     summary = load_summary(run_dir)
     assert summary["status"]["state"] == "complete" and summary["restart"]["verified"] is True
     save = summary["checkpoint"]["saves"][-1]
-    assert [n["host"] for n in save["per_node"]] == [f"node{i + 1}" for i in range(4)]
-    for evs in events(run_dir).values():  # each node's one rank is its node's only wave
-        saved = next(e for e in evs if e["event"] == "save")
-        assert saved["emulated"] is True and saved["waves"] == 1
+    assert [(n["host"], n["ranks"]) for n in save["per_node"]] == [(f"node{i + 1}", [2 * i, 2 * i + 1])
+                                                                    for i in range(4)]
+    saved = {r: next(e for e in evs if e["event"] == "save") for r, evs in events(run_dir).items()}
+    for r, e in saved.items():
+        assert e["emulated"] is True and e["waves"] == 2
+    for node in save["per_node"]:  # the node's second rank starts its wave after the first's files were written
+        first, second = (saved[r] for r in node["ranks"])
+        assert second["wave_start"] >= first["wave_start"] + sum(f["seconds"] for f in first["files"])
 
 
 def test_a_lost_node_fails_the_job_naming_it_and_the_last_checkpoint_restarts(cluster):

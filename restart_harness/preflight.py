@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from engines import registry
-from restart_harness import machine, stacks, targets
+from restart_harness import SOURCE_ROOT, machine, stacks, targets
 from restart_harness.command.options import BaselineOptions
 from restart_harness.command.parse import RestartRequest
 from restart_harness.errors import UsageError
@@ -70,6 +70,19 @@ def emulation(spec: RunSpec) -> None:
                          "so that files are smaller")
 
 
+def installed() -> None:
+    """DeepSpeed's multi-node slurm launch starts the worker as a script (it has no --module), which imports the
+    harness from wherever this Python finds it: it must be installed there, not only found from the checkout."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", "import restart_harness"], cwd="/", capture_output=True, check=False,
+                          timeout=60)
+    if proc.returncode != 0:
+        raise UsageError(f"launcher=local with several nodes: DeepSpeed's slurm launcher starts the ranks as a script, "
+                         f"which needs the harness installed in {sys.executable} (pip install -e {SOURCE_ROOT}); "
+                         "accepted: install it, or launcher=torchrun or launcher=slurm")
+
+
 def launcher(spec: RunSpec) -> None:
     """The launcher can run here; nothing has been written yet."""
     # inside a Slurm allocation, DeepSpeed's launcher (its slurm launcher) and torchrun (one per node) start ranks
@@ -82,7 +95,9 @@ def launcher(spec: RunSpec) -> None:
     if spec.env_hook and not Path(spec.env_hook).is_file():
         raise UsageError(f"env_hook={spec.env_hook}: no such file (a bash file sourced before the ranks start)")
     needs = []
-    if spec.launcher == "slurm" or (across and spec.nodes > 1):
+    if spec.launcher == "local" and spec.across_nodes and not spec.dry_run:
+        installed()
+    if spec.launcher == "slurm" or (across and spec.across_nodes):
         needs = ["srun", "scontrol"] if machine.inside_job("slurm") else ([] if spec.dry_run else ["sbatch"])
     elif spec.launcher == "pbs":
         needs = ["mpiexec"] if machine.inside_job("pbs") else ([] if spec.dry_run else ["qsub"])

@@ -23,13 +23,15 @@ def matrix(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_matrix_runs_what_this_node_can_and_says_why_not_the_rest(tmp_path):
-    proc = matrix(tmp_path, "engines=default,lazy,fsdp2-dcp,fastpersist,decoupled,datastates", "layouts=tp1-pp1-dp2")
+    # DeepSpeed's default engine, the FSDP2 case and FastPersist (issue 27: runnable on a CPU) run; lazy, an engine
+    # of the same kind as default here, is tested in test_lazy.py; the two that cannot run on a CPU are refused
+    proc = matrix(tmp_path, "engines=default,fsdp2-dcp,fastpersist,decoupled,datastates", "layouts=tp1-pp1-dp2")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     folder = Path(proc.stdout.strip().splitlines()[-1])
     record = json.loads((folder / "matrix.json").read_text())
     assert record["device"] == "cpu"
     by_engine = {c["engine"]: c for c in record["cases"]}
-    for name in ("default", "lazy", "fsdp2-dcp", "fastpersist"):
+    for name in ("default", "fsdp2-dcp", "fastpersist"):
         c = by_engine[name]
         assert c["refused"] is None and c["exit_code"] == 0 and c["verified"] is True
         assert c["blocking_seconds"] > 0 and c["load_seconds"] > 0

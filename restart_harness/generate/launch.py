@@ -36,7 +36,7 @@ def rank_environment(spec: RunSpec) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
         "TORCH_EXTENSIONS_DIR": str(cache_dir("torch_extensions")),
         # DeepSpeed's multi-node slurm launch starts the ranks as plain srun tasks: their variables are Slurm's
-        "RH_LAUNCHER": "slurm" if spec.launcher == "local" and spec.nodes > 1 else spec.launcher,
+        "RH_LAUNCHER": "slurm" if spec.launcher == "local" and spec.across_nodes else spec.launcher,
     }
     if spec.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
@@ -50,7 +50,7 @@ def worker_args(run_dir: Path, phase: str, record: str) -> list[str]:
 def on_slurm_nodes(spec: RunSpec) -> bool:
     """The ranks start as srun tasks on the allocation's nodes: launcher=slurm, or DeepSpeed's launcher or torchrun
     with nodes > 1 (allowed inside a Slurm allocation only: preflight)."""
-    return spec.launcher == "slurm" or (spec.launcher in ("local", "torchrun") and spec.nodes > 1)
+    return spec.launcher == "slurm" or (spec.launcher in ("local", "torchrun") and spec.across_nodes)
 
 
 def local_command(spec: RunSpec, port: int, args: list[str]) -> list[str]:
@@ -58,7 +58,7 @@ def local_command(spec: RunSpec, port: int, args: list[str]) -> list[str]:
     (inside a Slurm allocation): DeepSpeed's own multi-node launch without ssh, its slurm launcher over a hostfile of
     the allocation's first nodes; it runs `srun -n <ranks> python -u <script>`, setting no rank variables, so the
     worker takes them from Slurm's (RH_LAUNCHER=slurm) and is given as a script (the launcher has no --module)."""
-    if spec.nodes > 1:
+    if spec.across_nodes:
         return [
             sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", Raw('"$RH_HOSTFILE"'),
             "--launcher", "slurm", "--no_ssh_check", "--num_nodes", str(spec.nodes),
@@ -77,7 +77,7 @@ def torchrun_command(spec: RunSpec, port: int, args: list[str]) -> list[str]:
     """torch.distributed.run on this node; a rank that dies makes it end the others. With nodes > 1 (inside a Slurm
     allocation): one torchrun per node through srun, each told its node's rank (SLURM_NODEID, expanded on the node)
     and the allocation's first host as the rendezvous (a static one: node i runs ranks i*R .. i*R+R-1)."""
-    if spec.nodes == 1:
+    if not spec.across_nodes:
         return [
             sys.executable, "-m", "torch.distributed.run",
             "--nnodes", "1", "--nproc-per-node", str(spec.ranks_per_node),
@@ -158,15 +158,14 @@ def launch_script(spec: RunSpec, phase: str, command: list[str], port: int | Non
     if rendezvous in _RENDEZVOUS:
         lines += _RENDEZVOUS[rendezvous]
         lines.append(f"export MASTER_ADDR MASTER_PORT={port}")
-    if spec.launcher == "local" and spec.nodes > 1:  # DeepSpeed's hostfile: the allocation's first nodes
+    if spec.launcher == "local" and spec.across_nodes:  # DeepSpeed's hostfile: the allocation's first nodes
         lines += [
             'RH_HOSTFILE="$(mktemp "${TMPDIR:-/tmp}/rh-hostfile.XXXXXX")"',
             "trap 'rm -f \"$RH_HOSTFILE\"' EXIT",
             (f'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n {spec.nodes} '
              f"| sed 's/$/ slots={spec.ranks_per_node}/' > \"$RH_HOSTFILE\""),
-            f'export PYTHONPATH={shlex.quote(str(SOURCE_ROOT))}"${{PYTHONPATH:+:$PYTHONPATH}}"  # the worker script\'s imports',
         ]
     # exec, except where the hostfile is to be removed when the launch ends (an exec'd shell runs no trap)
-    run = "" if spec.launcher == "local" and spec.nodes > 1 else "exec "
+    run = "" if spec.launcher == "local" and spec.across_nodes else "exec "
     lines.append(run + " ".join(p if isinstance(p, Raw) else shlex.quote(p) for p in command))
     return "\n".join(lines) + "\n"

@@ -225,7 +225,7 @@ def _failure(run_dir: Path, info: dict) -> str:
 def run(spec: RunSpec, prefix: str = "") -> Path:
     """Prepare, then: dry_run -> print what was written; slurm/pbs -> submit the job; else execute here."""
     run_dir = prepare(spec, prefix).run_dir
-    if spec.nodes > 1 and spec.ranks_per_node % spec.tp and not spec.emulate:
+    if spec.across_nodes and spec.ranks_per_node % spec.tp and not spec.emulate:
         # allowed, as DeepSpeed and Megatron allow it, but no one means it: said once, before anything starts
         say(f"warning: tp={spec.tp} with ranks_per_node={spec.ranks_per_node}: tensor-parallel groups span nodes, so "
             "every layer's all-reduces cross the network (training steps slow down; the checkpoint's files are the "
@@ -416,7 +416,7 @@ def restart(run: resolved.ResolvedRun, target, spec: RunSpec, record: str,
         raise RunFailed(f"no committed checkpoint in {target.describe()} (no 'latest'): nothing to restart from")
     load_dir = relayout.load_dir if relayout and relayout.load_dir else target.path(tag)
     state = target.prepare_cache(load_dir, spec.cache)
-    if spec.nodes > 1 and state.get("method") is not None:  # a node's page cache is its own: every node's
+    if spec.across_nodes and state.get("method") is not None:  # a node's page cache is its own: every node's
         state = {**state, **cache_on_every_node(spec, load_dir)}
     say(f"  [{record}] page cache: asked {state['requested']}, observed {state['observed']}"
         + (f" ({state['error']})" if state["error"] else ""))

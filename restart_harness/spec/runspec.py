@@ -148,6 +148,11 @@ class RunSpec:
         return f"tp{self.tp}-pp{self.pp}-dp{self.dp}"
 
     @property
+    def across_nodes(self) -> bool:
+        """The launch starts ranks on more than one node (nodes > 1, and not subset=true's first node only)."""
+        return self.nodes > 1 and not self.subset
+
+    @property
     def launched_ranks(self) -> int:
         """The ranks a launch starts: the whole layout, or with subset=true the first node's."""
         return self.ranks_per_node if self.subset else self.world_size

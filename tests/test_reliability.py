@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, copy_run, load_summary
+from conftest import REPO, copy_run, events, load_summary
 
 pytestmark = pytest.mark.slow
 
@@ -87,11 +87,13 @@ def test_full_disk_fails_cleanly_and_keeps_earlier_checkpoint(tmp_path):
 
 def test_hung_rank_is_killed_by_the_timeout(tmp_path):
     results = tmp_path / "results"
-    proc = run_with_fault(["tiny", "dp=2", "iters=3", "save_interval=3", "timeout=45"], results,
+    proc = run_with_fault(["tiny", "dp=2", "iters=3", "save_interval=3", "timeout=30"], results,
                           "hang@step:rank=1:step=2", timeout=300)
     assert proc.returncode == 1
     assert "timed out" in proc.stderr.strip().splitlines()[-1]
     run_dir = only_run(results)
+    steps = [e for e in events(run_dir)[1] if e["event"] == "step"]
+    assert [e["step"] for e in steps] == [1]  # it was the hang before step 2 that ran out the clock
     record = json.loads((run_dir / "records" / "checkpoint.json").read_text())
     assert record["timed_out"] is True
     # no rank of this run is left behind

@@ -145,24 +145,27 @@ def test_the_report_shows_placement_and_per_node_figures(two_nodes, tmp_path):
     assert counts == ["2", "4"] and all(r.split(",")[cols.index("save_nodes_count")] == "2" for r in rows)
 
 
-@pytest.mark.parametrize("launcher, started_by", [
-    ("torchrun", "torch.distributed.run"),  # one torchrun per node, a static rendezvous on the first node
-    ("local", "deepspeed.launcher.runner --hostfile"),  # DeepSpeed's own multi-node launch: its slurm launcher
+@pytest.mark.parametrize("launcher, started_by, phase", [
+    ("torchrun", "torch.distributed.run", "all"),  # one torchrun per node, a static rendezvous on the first node
+    # DeepSpeed's own multi-node launch, its slurm launcher (its restart launch is the same command)
+    ("local", "deepspeed.launcher.runner --hostfile", "checkpoint"),
 ])
-def test_other_launchers_across_nodes_inside_an_allocation(cluster, launcher, started_by):
+def test_other_launchers_across_nodes_inside_an_allocation(cluster, launcher, started_by, phase):
     """From inside an allocation (salloc runs the harness on the login node), torchrun and DeepSpeed's launcher
     start their ranks on the allocation's nodes through srun; no ssh anywhere."""
     c, results = cluster
     cmd = ["salloc", "-N2", "--ntasks-per-node=1", sys.executable, str(REPO / "config-n-run.py"), "tiny", "dp=2",
            "nodes=2", "ranks_per_node=1", f"launcher={launcher}", "iters=2", "save_interval=2", "after=1",
-           f"results_dir={results}"]
+           f"phase={phase}", f"results_dir={results}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=c.env(), timeout=300, cwd=REPO, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = Path(proc.stdout.strip().splitlines()[-1])
     summary = load_summary(run_dir)
-    assert summary["status"]["state"] == "complete" and summary["restart"]["verified"] is True
+    assert summary["status"]["state"] == "complete"
     placed = [{"host": "node1", "node": 0, "ranks": [0]}, {"host": "node2", "node": 1, "ranks": [1]}]
-    assert summary["checkpoint"]["placement"] == placed and summary["restart"]["placement"] == placed
+    assert summary["checkpoint"]["placement"] == placed
+    if phase == "all":
+        assert summary["restart"]["verified"] is True and summary["restart"]["placement"] == placed
     script = (run_dir / "launch-checkpoint.sh").read_text()
     assert started_by in script and "srun" in script + (run_dir / "logs" / "checkpoint.log").read_text()
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("rh-hostfile.*"))  # DeepSpeed's hostfile removed
@@ -185,9 +188,10 @@ def test_fsdp2_shards_within_a_node_and_replicates_across(cluster):
 def test_emulation_over_four_nodes_in_waves_per_node(cluster):
     # 1 MiB of file state a node may hold, files of ~1.5 MB: each node's 2 ranks write one after the other
     run_dir = submitted(cluster, "tiny", "dp=8", "nodes=4", "ranks_per_node=2", "emulate=true",
-                        "emulate_memory_gib=0.001", "launcher=slurm", "iters=2", "save_interval=2")
+                        "emulate_memory_gib=0.001", "launcher=slurm", "iters=2", "save_interval=2",
+                        "phase=checkpoint")  # the emulated restart's reads: test_emulate.py
     summary = load_summary(run_dir)
-    assert summary["status"]["state"] == "complete" and summary["restart"]["verified"] is True
+    assert summary["status"]["state"] == "complete"
     save = summary["checkpoint"]["saves"][-1]
     assert [(n["host"], n["ranks"]) for n in save["per_node"]] == [(f"node{i + 1}", [2 * i, 2 * i + 1])
                                                                     for i in range(4)]

@@ -18,6 +18,7 @@ from analysis.table import (
     num,
     restart_where,
 )
+from restart_harness.results.placement import ranks_text
 from restart_harness.results.schema import PREDICTED_TOTAL
 
 MIB = 2**20
@@ -165,11 +166,6 @@ def reshard_table(groups: list[Group]) -> Table | None:
                  "every parameter's full fp32 weights and Adam moments equal the saved ones, and the loss continues")
 
 
-def _ranks(ranks: list[int]) -> str:
-    contiguous = ranks == list(range(ranks[0], ranks[-1] + 1))
-    return f"{ranks[0]}-{ranks[-1]}" if contiguous and len(ranks) > 1 else ", ".join(map(str, ranks))
-
-
 def nodes_table(runs: list[Run]) -> Table | None:
     """Runs on more than one node: per node, which ranks ran there and, for the last save and each restart, its
     bytes and its slowest rank's seconds (results/placement.py)."""
@@ -187,7 +183,7 @@ def nodes_table(runs: list[Run]) -> Table | None:
             worst = (phase.get("slowest_node") or {}).get("host")
             for n in nodes:
                 rows.append([run.run_id, name, n["host"] + (" (slowest)" if n["host"] == worst else ""),
-                             _ranks(n["ranks"]), _v(n.get(nbytes), 2, MIB), _v(n.get(seconds)),
+                             ranks_text(n["ranks"], label=False), _v(n.get(nbytes), 2, MIB), _v(n.get(seconds)),
                              str(n["slowest_rank"]), str(n.get("concurrent_writers_max", "-"))])
     if not rows:
         return None

@@ -141,17 +141,21 @@ def lost(record: dict[int, list[dict]], ranks: int, verdicts: dict[int, str] | N
     parts = []
     for (_, host, how), mine in sorted(groups.items()):
         if not host:
-            parts.append(f"{_ranks(mine)} {how}")
+            parts.append(f"{ranks_text(mine)} {how}")
             continue
         on_host = [r for r, h in where.items() if h == host]
         whole = f"all {len(on_host)} of its ranks" if len(mine) == len(on_host) else f"{len(mine)} of {len(on_host)}"
         steps = [e["step"] for r in mine for e in record[r] if e["event"] == "step"]
         after = f"after step {max(steps)}" if steps else "before the first step"
-        parts.append(f"{_ranks(mine)} on {host} ({whole}): {how} {after}")
+        parts.append(f"{ranks_text(mine)} on {host} ({whole}): {how} {after}")
     saves = sorted({(e["step"], e["tag"]) for evs in record.values() for e in evs if e["event"] == "save"})
     last = f"last committed save {saves[-1][1]}" if saves else "no save committed"
     return "; ".join([*parts, last])
 
 
-def _ranks(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(str(r) for r in ranks)
+def ranks_text(ranks: list[int], label: bool = True) -> str:
+    """A list of ranks for people: "rank 3", "ranks 0-3" (contiguous), "ranks 0,2,5"; label=False leaves out the
+    word ("0-3", for a table's column). The one formatter of the terminal, the report and failure messages."""
+    contiguous = len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1))
+    text = f"{ranks[0]}-{ranks[-1]}" if contiguous else ",".join(map(str, ranks))
+    return (("rank " if len(ranks) == 1 else "ranks ") + text) if label else text

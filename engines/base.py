@@ -125,10 +125,18 @@ class Engine(ABC):
     target_kinds: ClassVar[tuple[str, ...]] = ("posix",)
     # DeepSpeed's decoupled writer: DeepSpeed commits a save in the next engine.step(); the save is durable then
     committed_by_deepspeed: ClassVar[bool] = False
+    # checksums=auto takes content checksums of this engine's files (storage/checksum.py): its files are written
+    # region by region in the background, so a file of the right size can still be torn, and its reader would not say
+    checksums_by_default: ClassVar[bool] = False
 
     def __init__(self, spec: Any):
         self.spec = spec
         self.options = self.Options(**spec.engine_options)
+
+    def checksums(self, target: Any) -> bool:
+        """Does each rank take the checksums of its files once a save is committed (key checksums=), on `target`?"""
+        wanted = self.spec.checksums == "on" or (self.spec.checksums == "auto" and self.checksums_by_default)
+        return wanted and not target.no_checksums
 
     def asynchronous(self) -> bool:
         """save() returns before the files are written; the harness then waits for durability in the background."""

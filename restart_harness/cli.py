@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             return _mlperf(request)
         if name == "restart":
             request = command.parse_restart(tokens)
-            preflight.restart(request)
+            request = dataclasses.replace(request, integrity=preflight.restart(request))
         elif command.is_sweep(tokens):
             request = command.parse_sweep(tokens)
             request.combos = [dataclasses.replace(c, spec=machine.resolve(c.spec)) for c in request.combos]

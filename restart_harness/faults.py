@@ -8,6 +8,9 @@
     enospc@save raise OSError(ENOSPC) from the engine's save (a full disk without a small filesystem)
     fill@step   before step S, fill the checkpoint's file system with a filler file until it is full (as another
                 job would), so the next save meets a real ENOSPC
+    tear@commit once the save after step S is committed and its checksums taken (checksums=), zero 4 KiB in the
+                middle of this rank's largest file of it, keeping its size: a region a background writer never
+                wrote, or that was overwritten after the commit
 
 Unset in normal runs; the harness never sets it itself.
 """
@@ -54,6 +57,20 @@ def hit(point: str, rank: int, step: int | None = None, where: str | None = None
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     elif f["action"] == "fill" and where:
         _fill(os.path.join(where, ".filler"))
+    elif f["action"] == "tear" and where:
+        _tear(where)
+
+
+def _tear(path: str) -> None:
+    if os.path.isdir(path):  # a folder of shards: its largest file
+        files = [os.path.join(d, n) for d, _, names in os.walk(path) for n in names]
+        path = max(files, key=os.path.getsize)
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.seek(max(0, size // 2 - 2048))
+        f.write(bytes(min(4096, size)))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _fill(path: str) -> None:

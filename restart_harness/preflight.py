@@ -20,6 +20,7 @@ from restart_harness.errors import UsageError
 from restart_harness.results import events as ev
 from restart_harness.spec.runspec import RunSpec
 from restart_harness.storage import baseline as baseline_store
+from restart_harness.storage import checksum
 from restart_harness.storage.filesystem import why_not_a_directory
 
 MIB = 1 << 20
@@ -256,9 +257,10 @@ def extension_locks() -> None:
               file=sys.stderr)
 
 
-def restart(request: RestartRequest) -> None:
+def restart(request: RestartRequest) -> dict | None:
     """A restart-only re-run: the run is not in progress, its launcher and engine run here, its checkpoint is whole,
-    and a restart at another layout is one its stack can make."""
+    and a restart at another layout is one its stack can make. Returns what the check of the checkpoint's content
+    read (committed_checkpoint)."""
     from restart_harness.results.status import observed
 
     spec, run_dir = request.spec, request.run_dir
@@ -280,11 +282,12 @@ def restart(request: RestartRequest) -> None:
         raise UsageError(f"run={run_dir}: {elsewhere}")
     target = targets.for_run(request.run)
     target.preflight("run", None)
-    tag = committed_checkpoint(request.run, target)
+    tag, integrity = committed_checkpoint(request.run, target)
     if request.relayout:
         saves = [s for evs in ev.of_kind(ev.read_record(run_dir, "checkpoint"), "save").values() for s in evs
                  if s["tag"] == tag]
         stacks.of(spec).check_relayout(request.original, spec, type(eng), type(target), saves)
+    return integrity
 
 
 def baseline(options: BaselineOptions) -> None:
@@ -299,19 +302,10 @@ def baseline(options: BaselineOptions) -> None:
 
 
 # ---- restart-only: is the committed checkpoint whole? ---------------------------------------------------------
-def recorded_files(run_dir: Path, tag: str) -> dict[str, int]:
-    """path (relative to the tag) -> bytes, from every rank's save event for tag."""
-    out: dict[str, int] = {}
-    for saves in ev.of_kind(ev.read_record(run_dir, "checkpoint"), "save").values():
-        for save in saves:
-            if save["tag"] == tag:
-                out.update({f["path"]: f["bytes"] for f in save["files"]})
-    return out
-
-
-def committed_checkpoint(run, target) -> str:
-    """The tag `latest` names, after checking every file the save recorded for it (path and bytes, as the target
-    stores them); raises UsageError naming the first missing, truncated or torn file."""
+def committed_checkpoint(run, target) -> tuple[str, dict | None]:
+    """The tag `latest` names, after checking every file the save recorded for it: path and bytes as the target
+    stores them, and content where the save recorded checksums (storage/checksum.py); raises UsageError naming the
+    first missing, truncated or torn file. Returns the tag and what the checksum check read (None: none recorded)."""
     where = target.describe()
     if gone := target.missing():
         raise UsageError(f"run {run.run_dir.name}: {gone}; nothing to restart from")
@@ -321,18 +315,21 @@ def committed_checkpoint(run, target) -> str:
     stored = _sizes(target.listing().get(tag, []))
     if not tag or not stored:
         raise UsageError(f"{where}/{tag}: missing, but {where}/latest names it")
-    recorded = recorded_files(run.run_dir, tag)
+    recorded = ev.recorded_files(ev.read_record(run.run_dir, "checkpoint"), tag)
     if not recorded:
         raise UsageError(f"{where}/{tag}: no save of {tag} is recorded in {run.run_dir / 'events' / 'checkpoint'}, "
                          "so it cannot be checked as complete")
-    for rel, nbytes in sorted(recorded.items()):
+    for rel, r in sorted(recorded.items()):
         actual = stored.get(rel)
         if actual is None:
-            raise UsageError(f"{where}/{tag}/{rel}: missing (the save of {tag} recorded {nbytes} bytes)")
-        if actual != nbytes:
-            raise UsageError(f"{where}/{tag}/{rel}: {actual} bytes, but the save of {tag} recorded {nbytes} "
+            raise UsageError(f"{where}/{tag}/{rel}: missing (the save of {tag} recorded {r['bytes']} bytes)")
+        if actual != r["bytes"]:
+            raise UsageError(f"{where}/{tag}/{rel}: {actual} bytes, but the save of {tag} recorded {r['bytes']} "
                              "(truncated or torn)")
-    return tag
+    try:
+        return tag, checksum.compare(target.path(tag), recorded)
+    except checksum.Mismatch as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _sizes(entries: list[tuple[str, int]]) -> dict[str, int]:

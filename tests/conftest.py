@@ -101,8 +101,12 @@ RUNS: dict[str, Case] = {
     "checkpoint-only-torchrun": Case(f"tiny dp=2 launcher=torchrun phase=checkpoint {SHORT}",
                                      then=("repeats=2 cache=warm keep=false", Step(expect=2))),
     # a rank killed inside its save of global_step4: the run fails, `latest` stays on global_step2, which restarts
-    "killed-mid-save": Case("tiny dp=2 iters=4 save_interval=2 after=1", fault="kill@save:rank=1:step=4", expect=1,
-                            then=("",)),
+    # (checksums=on: the committed save's files carry their sha256, checked before the restart-only re-run)
+    "killed-mid-save": Case("tiny dp=2 iters=4 save_interval=2 after=1 checksums=on", fault="kill@save:rank=1:step=4",
+                            expect=1, then=("",)),
+    # a file of the committed save torn after its checksum was taken (same size): the run's restart is refused
+    "torn-after-commit": Case(f"tiny dp=2 emulate=true checksums=on baseline=false {SHORT}",
+                              fault="tear@commit:rank=1:step=2", expect=1),
     "dcp-async-killed-mid-save": Case("tiny dp=2 engine=dcp async_save=true iters=4 save_interval=2 after=1",
                                       fault="kill@save:rank=1:step=4", expect=1),
     # emulation whose memory budget makes the ranks of the node write one at a time

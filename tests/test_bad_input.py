@@ -28,6 +28,8 @@ CASES = {
     "not a finite number": (["tiny", "lr=nan"], "lr=nan"),
     "infinite number": (["tiny", "rope_theta=inf"], "rope_theta=inf"),
     "checkpoints on a pseudo file system": (["tiny", "ckpt_dir=/proc/x"], "ckpt_dir=/proc/x"),
+    "checksums of objects": (["tiny", "checksums=on", "ckpt_dir=s3://bucket/runs"], "checksums=on"),
+    "unknown checksums mode": (["tiny", "checksums=md5"], "checksums=md5"),
     "results into a device file": (["tiny", "results_dir=/dev/null"], "results_dir=/dev/null"),
     "an option of another engine": (["tiny", "engine=dcp", "async_take=true"], "engine torchsnapshot"),
     "a key of another command": (["tiny", "dir=/tmp"], "baseline"),

@@ -118,6 +118,10 @@ def test_torn_or_missing_checkpoint_refused_before_launch(killed_mid_save, tmp_p
     try:
         victim.write_bytes(original[: len(original) // 2])
         cases.append((restart_only(run_dir), f"{victim}: {len(original) // 2} bytes", "truncated"))
+        # the right size, 4 KiB in the middle never written (zeros): only the checksum taken at commit can tell
+        middle = len(original) // 2
+        victim.write_bytes(original[:middle] + bytes(4096) + original[middle + 4096:])
+        cases.append((restart_only(run_dir), f"{victim}: content differs from the sha256", "torn"))
         victim.unlink()
         cases.append((restart_only(run_dir), f"{victim}: missing", "recorded"))
     finally:
@@ -133,6 +137,46 @@ def test_torn_or_missing_checkpoint_refused_before_launch(killed_mid_save, tmp_p
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and named in lines[0] and why in lines[0], proc.stderr
     assert sorted(p.name for p in (run_dir / "events").iterdir()) == records  # nothing launched, no record claimed
+
+
+def test_checksums_taken_at_commit_and_checked_before_the_restart(harness, killed_mid_save):
+    """checksums=on: every file of the committed save carries the sha256 of its content, taken by the rank that
+    wrote it after the commit (outside the save's figures); the restart-only re-run read them all back first."""
+    import hashlib
+
+    _, run_dir = killed_mid_save
+    saves = [e for evs in events(run_dir).values() for e in evs if e["event"] == "save"]
+    assert {e["tag"] for e in saves} == {"global_step2"}  # the killed save of global_step4 was never committed
+    files = [f for e in saves for f in e["files"]]
+    assert files and all(e["checksum_seconds"] > 0 for e in saves)
+    for f in files:
+        assert f["sha256"] == hashlib.sha256((run_dir / "checkpoint" / "global_step2" / f["path"]).read_bytes()
+                                             ).hexdigest()
+    save = load_summary(run_dir)["checkpoint"]["saves"][0]
+    assert save["checksum_seconds"] == max(e["checksum_seconds"] for e in saves)
+    _, _, (restart,) = harness.played("killed-mid-save")
+    recorded = {f["path"]: f for f in files}
+    line = f"[checksums] global_step2: {len(recorded)} files"
+    said = restart.stdout + restart.stderr
+    assert line in said and "every sha256 as recorded at commit" in said, said
+    assert f"before the launch {len(recorded)} files matched their sha256 from the commit" in restart.stdout
+    integrity = load_summary(run_dir)["restarts"][0]["integrity"]
+    assert integrity["algorithm"] == "sha256" and integrity["files"] == len(recorded)
+    assert integrity["bytes"] == sum(f["bytes"] for f in recorded.values())
+
+
+def test_torn_after_commit_fails_the_runs_restart_before_it_launches(harness):
+    """A file of the committed checkpoint torn after the commit (4 KiB zeroed in its middle, its size unchanged: a
+    region an asynchronous writer never wrote): the run's own restart is refused, naming the file; nothing loaded
+    it."""
+    run_dir, proc, _ = harness.played("torn-after-commit")
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the committed checkpoint is not whole: ") and "content differs from the sha256" in last
+    assert "/checkpoint/global_step2/" in last and "torn" in last, last
+    reason = load_summary(run_dir)["status"]["reason"]
+    assert "content differs" in reason and (run_dir / "checkpoint" / "latest").read_text() == "global_step2"
+    assert not (run_dir / "events" / "restart-01").exists()  # no restart launched, no record claimed
 
 
 def test_restart_after_kill_loads_last_complete_checkpoint(killed_mid_save):

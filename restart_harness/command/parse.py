@@ -60,6 +60,9 @@ class RestartRequest:
     run: resolved.ResolvedRun  # the run as it was made (its own spec: the layout that wrote the checkpoint)
     spec: RunSpec  # the restarts' spec
     tokens: list[str]  # the overrides as given (key=value), handed on to a submitted restart-only job
+    # what the check of the committed checkpoint's content read before anything launched (preflight.restart;
+    # storage/checksum.py), or None where its save recorded no checksums
+    integrity: dict | None = None
 
     @property
     def run_dir(self) -> FsPath:
@@ -221,6 +224,9 @@ def check(spec: RunSpec) -> None:
                   if target.kind in c.target_kinds and stack.accepts_engine(c)]
         raise UsageError(f"{where}: engine={engine.name} writes {_WRITES[engine.target_kinds[0]]}, not "
                          f"{_WRITES[target.kind]}; accepted with this ckpt_dir: engine={', '.join(takers)}")
+    if spec.checksums == "on" and target.no_checksums:
+        raise UsageError(f"checksums=on with {where}: {target.no_checksums}; accepted: checksums=auto|off, or a "
+                         "ckpt_dir on a file system")
     if target.kind not in stack.target_kinds:
         raise UsageError(f"{where}: {stack.key_text} writes {_WRITES[stack.target_kinds[0]]}, not "
                          f"{_WRITES[target.kind]}; accepted with this ckpt_dir: {stack.key_text_off}")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from engines import registry
 from restart_harness import SOURCE_ROOT, machine, stacks, targets
-from restart_harness.errors import RunFailed
+from restart_harness.errors import RunFailed, UsageError
 from restart_harness.generate.batch import job_script
 from restart_harness.generate.ds_config import build_ds_config, deep_merge
 from restart_harness.generate.launch import launch_script, per_node_command, rank_command, worker_args
@@ -291,10 +291,11 @@ def execute(run_dir: Path) -> Path:
         if info["exit_code"] != 0:
             raise RunFailed(_failure(run_dir, info))
         if spec.phase == "all" and registry.get(spec.engine).saves:
+            integrity = whole_checkpoint(run, target)
             record = allocate_record(run_dir)
             if record != "restart-01":  # someone forced a restart-only re-run meanwhile: never share a record
                 write_launch(run, "restart", record, spec.master_port or free_port())
-            restart(run, target, spec, record)
+            restart(run, target, spec, record, extra={"integrity": integrity} if integrity else None)
         summary = finalize.finalize(run_dir, state="complete")
     except RunFailed as exc:
         finalize.finalize(run_dir, state="failed", reason=str(exc))
@@ -307,6 +308,25 @@ def execute(run_dir: Path) -> Path:
     if not spec.keep:
         discard_checkpoint(run_dir, target)
     return run_dir
+
+
+def whole_checkpoint(run: resolved.ResolvedRun, target) -> dict | None:
+    """Before the restart of phase=all: the committed checkpoint's files are the ones its save recorded (bytes, and
+    content where it recorded checksums), as a restart-only re-run checks before it launches."""
+    from restart_harness import preflight
+
+    try:
+        tag, integrity = preflight.committed_checkpoint(run, target)
+    except UsageError as exc:
+        raise RunFailed(f"the committed checkpoint is not whole: {exc}") from None
+    if integrity:
+        say(f"  {integrity_line(tag, integrity)}")
+    return integrity
+
+
+def integrity_line(tag: str, integrity: dict) -> str:
+    return (f"[checksums] {tag}: {integrity['files']} files, {integrity['bytes'] / 2**20:.2f} MiB read back, every "
+            f"{integrity['algorithm']} as recorded at commit ({integrity['seconds']:.2f} s)")
 
 
 def abort_incomplete_uploads(target, record: str) -> dict | None:
@@ -456,6 +476,9 @@ def restart_only(request) -> Path:
         f"{layouts['saved']}, loaded at {spec.layout}; launcher {spec.launcher}, cache={spec.cache}")
     try:
         relayout, facts = None, {"layout": layouts}
+        if request.integrity:
+            facts["integrity"] = request.integrity
+            say(f"  {integrity_line(tag, request.integrity)}")
         if (uploads := abort_incomplete_uploads(target, "setup")) is not None:
             facts["incomplete_uploads"] = uploads
         if request.relayout:

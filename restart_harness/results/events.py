@@ -26,6 +26,17 @@ def of_kind(events: dict[int, list[dict]], kind: str) -> dict[int, list[dict]]:
     return {rank: [e for e in evs if e["event"] == kind] for rank, evs in events.items()}
 
 
+def recorded_files(events: dict[int, list[dict]], tag: str) -> dict[str, dict]:
+    """path (relative to the tag) -> {bytes, and sha256 where taken} of every file the ranks' saves of tag
+    recorded (a checkpoint record's events)."""
+    out: dict[str, dict] = {}
+    for saves in of_kind(events, "save").values():
+        for save in saves:
+            if save["tag"] == tag:
+                out.update({f["path"]: {k: v for k, v in f.items() if k != "seconds"} for f in save["files"]})
+    return out
+
+
 def marks(events: list[dict]) -> dict[str, float]:
     return {e["name"]: e["t"] for e in events if e["event"] == "mark"}
 

@@ -69,6 +69,7 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
                        "bytes": sum(n for _, n in stored.get(tag, [])) or None}
         r["storage_requests"] = target.requests(run_dir / "logs" / "client" / info["record"])
         r["incomplete_uploads"] = info.get("incomplete_uploads")
+        r["integrity"] = info.get("integrity")  # the committed files' checksums, read back before the launch
         restarts.append(r)
     sm.loss_continuity(restarts)
     unverified = [r for r in restarts if not r["verified"]]

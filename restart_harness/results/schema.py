@@ -234,6 +234,8 @@ class Save(Event):
     anatomy: dict | None
     flush: dict | None = None
     engine_statistics: dict | None = None  # the engine's own account of this save (CheckpointIO.statistics)
+    # checksums=: seconds this rank took to read its committed files back for their sha256 (each file's is in files)
+    checksum_seconds: float | None = None
     extra: dict = field(default_factory=dict)  # the stack's facts: universal_info, emulated, waves
 
 

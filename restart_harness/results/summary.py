@@ -49,6 +49,9 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str |
             "commit_seconds": round(max(r["commit_seconds"] for r in per_rank), 6),
             "async": any(r.get("async", False) for r in per_rank),
             "in_flight_steps": max(r.get("in_flight_steps", 0) for r in per_rank),
+            # checksums=: the slowest rank's read-back for its files' sha256, after the commit (None: not taken)
+            "checksum_seconds": max((r["checksum_seconds"] for r in per_rank if r.get("checksum_seconds") is not None),
+                                    default=None),
             "throughput_mib_s": {"blocking": mib_s(nbytes, blocking), "durable": mib_s(nbytes, durable),
                                  "commit": mib_s(nbytes, max(r["commit_seconds"] for r in per_rank))},
             "per_rank": [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from restart_harness.results import placement
 from restart_harness.results.schema import LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES
 
 
@@ -68,7 +69,9 @@ def render(summary: dict) -> str:
             rows.append((f"save {save['tag']}",
                          f"blocking {_s(save['blocking_seconds'])} ({t['blocking'] or 0:,.1f} MiB/s), "
                          f"durable {_s(save['durable_seconds'])} ({t['durable'] or 0:,.1f} MiB/s)"
-                         + (f", async: committed {_s(save['commit_seconds'])}" if save.get("async") else "")))
+                         + (f", async: committed {_s(save['commit_seconds'])}" if save.get("async") else "")
+                         + (f"; sha256 read back after the commit in {_s(save['checksum_seconds'])}"
+                            if save.get("checksum_seconds") is not None else "")))
         bd = (ck["saves"][-1] if ck["saves"] else {}).get("breakdown")
         if bd:
             parts = "  ".join(f"{c} {bd[f'{c}_seconds']:.3f}" if bd[f"{c}_seconds"] is not None else f"{c} -"
@@ -104,7 +107,10 @@ def render(summary: dict) -> str:
             rows.append(("memory", f"restart peak RSS {peak[0] / MIB:,.0f} MiB per rank, in {peak[1]}"))
         rows += _storage_rows("load requests", rs)
         verdict = "yes" if rs["verified"] else "NO: " + ", ".join(rs["differing"][:3])
-        rows.append(("verified", f"{verdict} ({rs['ranks']} ranks, {rs['verified_tensors']} tensors)"))
+        integrity = rs.get("integrity")
+        rows.append(("verified", f"{verdict} ({rs['ranks']} ranks, {rs['verified_tensors']} tensors)"
+                                 + (f"; before the launch {integrity['files']} files matched their "
+                                    f"{integrity['algorithm']} from the commit" if integrity else "")))
     base, eff = summary.get("baseline") or {}, ck.get("efficiency") or {}
     if base.get("write_mib_s"):
         pct = {k: "-" if v is None else f"{v:.0%}" for k, v in eff.items()}
@@ -116,20 +122,13 @@ def render(summary: dict) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def _ranks(ranks: list[int]) -> str:
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    contiguous = ranks == list(range(ranks[0], ranks[-1] + 1))
-    return "ranks " + (f"{ranks[0]}-{ranks[-1]}" if contiguous else ",".join(map(str, ranks)))
-
-
 def _node_rows(name: str, phase: dict, seconds: str, nbytes: str, verb: str) -> list[tuple[str, str]]:
     """Per node, when the ranks ran on more than one (results/placement.py): its ranks, bytes and slowest rank's
     seconds, then the slowest node."""
     nodes, worst = phase.get("per_node") or [], phase.get("slowest_node")
     if len(nodes) < 2:
         return []
-    parts = [f"{n['host']} {_ranks(n['ranks'])}: {_s(n[seconds])}"
+    parts = [f"{n['host']} {placement.ranks_text(n['ranks'])}: {_s(n[seconds])}"
              + (f", {n[nbytes] / MIB:,.2f} MiB {verb}" if n.get(nbytes) is not None else "") for n in nodes]
     tail = f"; slowest {worst['host']} (rank {worst['rank']})" if worst else ""
     return [(name, " | ".join(parts) + tail)]

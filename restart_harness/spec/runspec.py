@@ -76,6 +76,11 @@ class RunSpec:
                                 group="checkpoint", sweep=False)
     keep: bool = key(True, "false: delete the checkpoint once the run's results are written", group="checkpoint",
                      restart=True)
+    checksums: str = key("auto", "sha256 of every checkpoint file, taken by the rank that wrote it once the save is "
+                                 "committed (not timed) and checked before a restart loads it: a torn file of the "
+                                 "right size fails the restart; auto = on for engines whose files are written in the "
+                                 "background region by region (datastates), off otherwise (it reads every checkpoint "
+                                 "back); file systems only", group="checkpoint", choices=("auto", "on", "off"))
     baseline: bool = key(True, "measure the checkpoint storage (cached) and report save/load efficiency",
                          group="checkpoint")
     baseline_max_age_hours: float = key(24.0, "a cached storage baseline older than this is measured again before "

@@ -50,6 +50,9 @@ class Target(ABC):
     name: ClassVar[str]  # recorded in spec.json as checkpoint_target
     kind: ClassVar[str]  # POSIX or OBJECT
     description: ClassVar[str]
+    # checksums= (storage/checksum.py): a rank reads its committed files back through their local paths for their
+    # sha256; None where it can, else why not (one line's end)
+    no_checksums: ClassVar[str | None] = None
 
     def __init__(self, location: str | None, root: Path | None = None, observer=NO_OBSERVER):
         self.location = location  # ckpt_dir as given (None: inside the run directory)

@@ -307,6 +307,8 @@ class TimedStream:
 class S3Target(Target):
     name = "s3"
     kind = OBJECT
+    no_checksums = ("checkpoint files are read back for their checksums on a file system only (an object store "
+                    "checks each upload's integrity itself)")
     description = "an S3 bucket (s3://bucket/prefix) through s3torchconnector: objects, uploads, listings"
 
     def __init__(self, location: str | None, root: Path | None = None, observer=NO_OBSERVER,

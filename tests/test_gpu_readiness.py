@@ -63,18 +63,72 @@ def test_matrix_bad_input_is_one_line_and_creates_nothing(tmp_path, args, named)
     assert not (tmp_path / "m").exists()
 
 
+def datastates_sources(root: Path, api: str) -> Path:
+    """A DataStates-LLM source tree laid out as the pinned sources are (llm/datastates, an engine class behind the
+    package's CheckpointEngine), or as the repository's 2024 sources (datastates/llm: Checkpointing, wait())."""
+    if api == "pinned":
+        files = {"CMakeLists.txt": "project(datastates-llm LANGUAGES CXX CUDA)\n",
+                 "llm/setup.py": "",
+                 "llm/datastates/__init__.py": "from .engines import CheckpointEngine\n",
+                 "llm/datastates/engines/__init__.py": "from .engine_state import StateEngine as CheckpointEngine\n",
+                 "llm/datastates/engines/engine_state.py": (
+                     "class StateEngine:\n    def save(self, state_dict, path): pass\n"
+                     "    def load(self, path, map_location=None): pass\n"
+                     "    def wait(self, persist=False, for_all=False): pass\n")}
+    else:
+        files = {"setup.py": "", "datastates/llm/__init__.py": "from .checkpointing import *\n",
+                 "datastates/llm/checkpointing.py": (
+                     "class Checkpointing:\n    def save(self, state_dict, path): pass\n"
+                     "    def load(self, path, map_location=None): pass\n    def wait(self): pass\n")}
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def test_datastates_sources_without_deepspeeds_api_are_refused_before_gathering(tmp_path):
+    """DeepSpeed 0.19.8 imports `from datastates import CheckpointEngine` and calls wait(persist=True): sources
+    without that API (the repository's 2024 layout) are refused in one line, nothing gathered; the pinned layout
+    passes the same check."""
+    check = REPO / "scripts/bundle/check-datastates.py"
+    old, pinned = datastates_sources(tmp_path / "old", "2024"), datastates_sources(tmp_path / "pinned", "pinned")
+    ok = subprocess.run([sys.executable, str(check), str(pinned)], capture_output=True, text=True, check=False)
+    assert ok.returncode == 0 and ok.stdout.strip() == "llm/datastates", ok.stderr
+    out = tmp_path / "bundle"
+    proc = subprocess.run([str(REPO / "scripts/bundle/gather.sh"), str(out), "--datastates", str(old)],
+                          capture_output=True, text=True, check=False, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert str(old) in lines[0] and "from datastates import CheckpointEngine" in lines[0] and "persist" in lines[0]
+    assert not out.exists()
+    # an engine class whose wait takes no `persist` is named as what is missing
+    engine = pinned / "llm/datastates/engines/engine_state.py"
+    engine.write_text(engine.read_text().replace("persist=False, ", ""))
+    no_persist = subprocess.run([sys.executable, str(check), str(pinned)], capture_output=True, text=True, check=False)
+    assert no_persist.returncode == 2 and "binds CheckpointEngine, but no class" in no_persist.stderr
+    # the pin names a full commit of the repository DeepSpeed's error message points to
+    pin = dict(line.split("=", 1) for line in (REPO / "scripts/bundle/datastates-llm.pin").read_text().splitlines()
+               if line and not line.startswith("#"))
+    assert pin["DATASTATES_URL"] == "https://github.com/DataStates/datastates-llm.git"
+    assert len(pin["DATASTATES_COMMIT"]) == 40 and int(pin["DATASTATES_COMMIT"], 16)
+
+
 def test_offline_bundle_installs_from_its_own_files_only(tmp_path):
     bundle, dest = tmp_path / "bundle", tmp_path / "dest"
-    gather = subprocess.run([str(REPO / "scripts/bundle/gather.sh"), str(bundle), "--datastates", "none"],
+    sources = datastates_sources(tmp_path / "datastates-llm", "pinned")
+    gather = subprocess.run([str(REPO / "scripts/bundle/gather.sh"), str(bundle), "--datastates", str(sources)],
                             capture_output=True, text=True, check=False, timeout=1200)
     assert gather.returncode == 0, gather.stderr[-3000:]
     assert list((bundle / "src").glob("deepspeed-*.tar.gz")) and list((bundle / "wheels").glob("torch-*.whl"))
-    assert (bundle / "src" / "datastates-llm.MISSING").is_file()
+    assert (bundle / "src" / "datastates-llm.tar.gz").is_file()
+    assert (bundle / "src" / "datastates-llm.source").read_text().strip() == str(sources)
+    assert list((bundle / "wheels").glob("fasteners-*.whl"))  # DataStates' Python engine imports it
     # pip gets no index and no find-links but the bundle's (install.sh sets that); the machine's config is ignored
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     install = subprocess.run([str(REPO / "scripts/bundle/install.sh"), str(bundle), str(dest), "--cuda", "no"],
                              capture_output=True, text=True, check=False, timeout=1200, env=env)
     assert install.returncode == 0, install.stderr[-3000:]
+    assert "DataStates-LLM not built: it needs CUDA" in install.stderr  # carried, and refused here with the reason
     py = dest / ".venv" / "bin" / "python"
     check = subprocess.run([str(py), "-c", ("import torch, deepspeed, torchsnapshot, transformers, dftracer, "
                             "matplotlib, restart_harness; print(torch.__version__, deepspeed.__version__)")],

@@ -2,12 +2,15 @@
 # Gather, on a machine with internet, everything a compute node without internet needs to run the harness
 # (docs/clusters.md#offline-install). Run it with the same Python minor version and CPU architecture as the nodes.
 #
-#   scripts/bundle/gather.sh OUT_DIR [--torch-index URL] [--datastates GIT_URL|DIR|none]
+#   scripts/bundle/gather.sh OUT_DIR [--torch-index URL] [--datastates GIT_URL|DIR|none] [--datastates-commit SHA]
 #
 #   --torch-index   where the node's torch build comes from, e.g. https://download.pytorch.org/whl/cu126
 #                   (default: pip's own configuration: PyPI's default build, or a local wheel pip is set up to find)
-#   --datastates    DataStates-LLM sources to carry (default https://github.com/DataStates/datastates-llm.git);
+#   --datastates    DataStates-LLM sources to carry (default: the repository in scripts/bundle/datastates-llm.pin);
 #                   `none` leaves it out (engine=datastates is then refused on the node, with the reason)
+#   --datastates-commit  the commit of GIT_URL to carry (default: the pinned one, datastates-llm.pin)
+# Sources that do not provide the API DeepSpeed 0.19.8 imports are refused before anything is gathered
+# (scripts/bundle/check-datastates.py); a repository that cannot be reached leaves DataStates out, with the reason.
 #
 # OUT_DIR gets: wheels/ (torch at requirements.txt's pin, every dependency of the extras run, analysis and trace,
 # build tools for DeepSpeed's ops and DataStates-LLM), src/ (DeepSpeed's source distribution, DataStates-LLM's
@@ -16,21 +19,51 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 die() { echo "error: $*" >&2; exit 2; }
-[[ $# -ge 1 ]] || die "usage: scripts/bundle/gather.sh OUT_DIR [--torch-index URL] [--datastates GIT_URL|DIR|none]"
+USAGE="usage: scripts/bundle/gather.sh OUT_DIR [--torch-index URL] [--datastates GIT_URL|DIR|none] [--datastates-commit SHA]"
+[[ $# -ge 1 ]] || die "$USAGE"
 OUT="$1"; shift
-TORCH_INDEX="" DATASTATES="https://github.com/DataStates/datastates-llm.git"
+# shellcheck source=datastates-llm.pin
+source "$ROOT/scripts/bundle/datastates-llm.pin"
+TORCH_INDEX="" DATASTATES="$DATASTATES_URL"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --torch-index) TORCH_INDEX="${2:?}"; shift 2 ;;
     --datastates) DATASTATES="${2:?}"; shift 2 ;;
-    *) die "unknown option $1; accepted: --torch-index URL, --datastates GIT_URL|DIR|none" ;;
+    --datastates-commit) DATASTATES_COMMIT="${2:?}"; shift 2 ;;
+    *) die "unknown option $1; accepted: --torch-index URL, --datastates GIT_URL|DIR|none, --datastates-commit SHA" ;;
   esac
 done
 [[ -e "$OUT" && -n "$(ls -A "$OUT" 2>/dev/null)" ]] && die "$OUT exists and is not empty"
 PY="${PYTHON:-python3}"
+log() { echo "[bundle] $*" >&2; }
+
+# DataStates-LLM first: sources without the API DeepSpeed imports are refused before anything is written
+DS_TMP="$(mktemp -d)"; trap 'rm -rf "$DS_TMP"' EXIT
+DS_MISSING="" DS_FROM=""
+case "$DATASTATES" in
+  none) DS_MISSING="not gathered (--datastates none)" ;;
+  *)
+    if [[ -d "$DATASTATES" ]]; then
+      cp -a "$DATASTATES" "$DS_TMP/datastates-llm"; rm -rf "$DS_TMP/datastates-llm/.git"; DS_FROM="$DATASTATES"
+    else
+      log "DataStates-LLM sources: $DATASTATES at $DATASTATES_COMMIT"
+      if git init -q "$DS_TMP/datastates-llm" \
+         && git -C "$DS_TMP/datastates-llm" fetch -q --depth 1 "$DATASTATES" "$DATASTATES_COMMIT" 2>"$DS_TMP/err" \
+         && git -C "$DS_TMP/datastates-llm" checkout -q FETCH_HEAD 2>>"$DS_TMP/err"; then
+        rm -rf "$DS_TMP/datastates-llm/.git"; DS_FROM="$DATASTATES@$DATASTATES_COMMIT"
+      else
+        DS_MISSING="fetch of $DATASTATES at $DATASTATES_COMMIT failed: $(tail -1 "$DS_TMP/err")"
+        log "$DS_MISSING: engine=datastates will be refused on the node"
+      fi
+    fi
+    if [[ -n "$DS_FROM" ]]; then
+      why="$("$PY" "$ROOT/scripts/bundle/check-datastates.py" "$DS_TMP/datastates-llm" 2>&1 >/dev/null)" \
+        || die "--datastates $DS_FROM: ${why#"$DS_TMP/datastates-llm: "}"
+    fi ;;
+esac
+
 mkdir -p "$OUT/wheels" "$OUT/src"
 OUT="$(cd "$OUT" && pwd)"
-log() { echo "[bundle] $*" >&2; }
 LOG="$OUT/gather.log"
 quiet() { "$@" >>"$LOG" 2>&1 || { tail -30 "$LOG" >&2; die "failed: $* (whole log: $LOG)"; }; }
 pin() { grep -E "^$1==" "$ROOT/requirements.txt" | head -1; }
@@ -54,25 +87,18 @@ import re
 print("\n".join(r for r in reqs if not re.match(r"torch\s*([<>=!~;]|$)", r)))
 PYEOF
 )
-# build tools: DeepSpeed's ops (ninja), DataStates-LLM (cmake, nanobind), the project itself (setuptools)
+# build tools: DeepSpeed's ops (ninja), DataStates-LLM (cmake, nanobind; fasteners and numpy, which its Python
+# engine imports), the project itself (setuptools)
 quiet "$PY" -m pip download -d "$OUT/wheels" -c "$ROOT/requirements.txt" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} \
-  "${REQS[@]}" "$(pin torch)" setuptools wheel ninja packaging cmake nanobind pip
+  "${REQS[@]}" "$(pin torch)" setuptools wheel ninja packaging cmake nanobind fasteners numpy pip
 
-log "DataStates-LLM sources ($DATASTATES)"
-case "$DATASTATES" in
-  none) echo "not gathered (--datastates none)" > "$OUT/src/datastates-llm.MISSING" ;;
-  *)
-    if [[ -d "$DATASTATES" ]]; then
-      tar -C "$DATASTATES/.." -czf "$OUT/src/datastates-llm.tar.gz" "$(basename "$DATASTATES")"
-    elif tmp="$(mktemp -d)" && git clone -q --depth 1 "$DATASTATES" "$tmp/datastates-llm" 2>"$tmp/err"; then
-      git -C "$tmp/datastates-llm" rev-parse HEAD > "$OUT/src/datastates-llm.commit"
-      tar -C "$tmp" --exclude=.git -czf "$OUT/src/datastates-llm.tar.gz" datastates-llm
-      rm -rf "$tmp"
-    else
-      log "could not clone $DATASTATES ($(tail -1 "$tmp/err")): engine=datastates will be refused on the node"
-      echo "clone of $DATASTATES failed: $(tail -1 "$tmp/err")" > "$OUT/src/datastates-llm.MISSING"
-    fi ;;
-esac
+if [[ -n "$DS_FROM" ]]; then
+  log "DataStates-LLM sources ($DS_FROM)"
+  tar -C "$DS_TMP" -czf "$OUT/src/datastates-llm.tar.gz" datastates-llm
+  echo "$DS_FROM" > "$OUT/src/datastates-llm.source"
+else
+  echo "$DS_MISSING" > "$OUT/src/datastates-llm.MISSING"
+fi
 
 log "this checkout (HEAD)"
 if git -C "$ROOT" rev-parse --git-dir >/dev/null 2>&1; then

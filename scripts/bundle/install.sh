@@ -39,9 +39,38 @@ pin() { grep -E "^$1==" "$DEST/requirements.txt" | head -1; }
 LOG="$DEST/.venv/install.log"
 run() { "$@" >>"$LOG" 2>&1 || { tail -30 "$LOG" >&2; die "failed: $* (whole log: $LOG)"; }; }
 
+# DataStates-LLM (the bundle's pinned sources, scripts/bundle/datastates-llm.pin), built against this node's CUDA and
+# torch. Sources with a top-level CMakeLists.txt and llm/ (the pinned ones): the C++/CUDA core and its nanobind module
+# with CMake into the environment's site-packages (as the sources' own install.sh does), then the Python package
+# llm/; older sources: their setup.py. A failed build leaves the harness installed without it: engine=datastates is
+# then refused on this node, with the reason.
+build_datastates() {
+  local src="$DEST/.venv/datastates-llm" purelib
+  tar -C "$DEST/.venv" -xzf "$BUNDLE/src/datastates-llm.tar.gz"
+  log "DataStates-LLM ($(cat "$BUNDLE/src/datastates-llm.source" 2>/dev/null)), built against this node's CUDA and torch"
+  if ! echo '#include <liburing.h>' | cc -E - >/dev/null 2>&1; then
+    log "DataStates-LLM not built: liburing's headers are missing (Debian: liburing-dev); engine=datastates is refused"
+    return 0
+  fi
+  purelib="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  if [[ -f "$src/CMakeLists.txt" && -d "$src/llm" ]]; then
+    { cmake -S "$src" -B "$src/build" -DCMAKE_INSTALL_PREFIX="$purelib" -DBUILD_PYTHON_BINDINGS=ON \
+        -DPython_EXECUTABLE="$VPY" -Dnanobind_DIR="$("$VPY" -m nanobind --cmake_dir)" \
+      && cmake --build "$src/build" -j"$(nproc)" && cmake --install "$src/build" \
+      && "$VPY" -m pip install --no-deps --no-build-isolation "$src/llm"; } >>"$LOG" 2>&1
+  else
+    "$VPY" -m pip install --no-build-isolation "$src" >>"$LOG" 2>&1
+  fi
+  if "$VPY" -c 'from datastates import CheckpointEngine' >>"$LOG" 2>&1; then
+    log "DataStates-LLM installed: from datastates import CheckpointEngine works"
+  else
+    log "DataStates-LLM did not build or import (see $LOG): engine=datastates is refused on this node"
+  fi
+}
+
 log "torch and build tools (log: $LOG)"
 run "$VPY" -m pip install --upgrade pip
-run "$VPY" -m pip install "$(pin torch)" setuptools wheel ninja packaging cmake nanobind
+run "$VPY" -m pip install "$(pin torch)" setuptools wheel ninja packaging cmake nanobind fasteners numpy
 
 if [[ "$CUDA" == auto ]]; then
   CUDA=no
@@ -66,9 +95,7 @@ log "the project with its extras run, analysis and trace, under requirements.txt
 run "$VPY" -m pip install --no-build-isolation -c "$DEST/requirements.txt" -e "$DEST[run,analysis,trace]"
 
 if [[ -f "$BUNDLE/src/datastates-llm.tar.gz" && "$CUDA" == yes ]]; then
-  log "DataStates-LLM, built against this node's CUDA and torch"
-  tar -C "$DEST/.venv" -xzf "$BUNDLE/src/datastates-llm.tar.gz"
-  run "$VPY" -m pip install --no-build-isolation "$DEST/.venv/datastates-llm"
+  build_datastates
 elif [[ -f "$BUNDLE/src/datastates-llm.tar.gz" ]]; then
   log "DataStates-LLM not built: it needs CUDA (engine=datastates is refused on this node, with the reason)"
 else

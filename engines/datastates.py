@@ -1,7 +1,9 @@
 """engine=datastates: DeepSpeed's own DataStatesCheckpointEngine (DataStates-LLM, "lazy asynchronous
 checkpointing"), switched on by the `datastates_ckpt` block in ds_config.json. DeepSpeed creates the engine; it is
 decoupled: save() returns once the copy is queued and DataStates flushes in the background (see DataStatesIO.wait for
-when it is durable). DataStates-LLM is not on PyPI and its constructor needs CUDA: refused before launch elsewhere."""
+when it is durable). The harness commits its checkpoints (DeepSpeed 0.19.8 does not) and takes their checksums
+(checksums=auto), so a torn file fails the restart before it loads. DataStates-LLM is not on PyPI and its
+constructor needs CUDA: refused before launch elsewhere (docs/engines.md)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from engines.base import CheckpointIO, Engine, EngineContext, NativeIO
 from restart_harness.errors import UsageError
 from restart_harness.spec.keys import key
 
-INSTALL = ("build and install it from https://github.com/DataStates/datastates-llm (not on PyPI: CMake, the CUDA "
-           "toolkit, liburing; then `pip install .` into this Python; scripts/bundle/ does it offline)")
+INSTALL = ("build it from https://github.com/DataStates/datastates-llm at the commit of "
+           "scripts/bundle/datastates-llm.pin (not on PyPI; CMake, nanobind, the CUDA toolkit, liburing), which "
+           "scripts/bundle/install.sh does on a CUDA node")
 
 
 @dataclass

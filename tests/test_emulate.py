@@ -165,6 +165,11 @@ def test_memory_budget_makes_ranks_work_in_waves(harness):
     assert len(saves) == 4 and all(e["waves"] == 4 for e in saves)
     starts = sorted((e["wave_start"], e["rank"]) for e in saves)
     assert [r for _, r in starts] == [0, 1, 2, 3]  # the waves run in rank order
+    ends = sorted((e["wave_end"], e["rank"]) for e in saves)
+    assert all(end <= later for (end, _), (later, _) in zip(ends, starts[1:], strict=False))
+    # the node's storage saw one writer at a time (each rank's wave, not its save window, which holds the waiting)
+    (node,) = load_summary(run_dir)["checkpoint"]["saves"][-1]["per_node"]
+    assert node["concurrent_writers_max"] == 1 and node["writers"] == 4
     assert json.loads((run_dir / "spec.json").read_text())["emulate_memory_gib"] == 0.0015
 
 

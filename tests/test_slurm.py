@@ -200,7 +200,8 @@ def test_emulation_over_four_nodes_in_waves_per_node(cluster):
         assert e["emulated"] is True and e["waves"] == 2
     for node in save["per_node"]:  # the node's second rank starts its wave after the first's files were written
         first, second = (saved[r] for r in node["ranks"])
-        assert second["wave_start"] >= first["wave_start"] + sum(f["seconds"] for f in first["files"])
+        assert second["wave_start"] >= first["wave_end"] >= first["wave_start"] + sum(f["seconds"] for f in first["files"])
+        assert node["concurrent_writers_max"] == 1  # one writer at a time on each node
 
 
 def test_a_lost_node_fails_the_job_naming_it_and_the_last_checkpoint_restarts(cluster):

@@ -2,8 +2,9 @@
 
 A node is a host name as its ranks saw it (each rank's `process` event: socket.gethostname() and the launcher's
 node index). Per node: the ranks it ran, what they wrote or loaded, the slowest of them, and for a save how many of
-its ranks were writing at once (the storage's concurrent writers from that node: the most save windows, from a
-rank's save start to its data durable, that overlap at one instant). Records of harness versions that did not
+its ranks were writing at once (the storage's concurrent writers from that node: the most write windows that
+overlap at one instant; a rank's window is its save's start to its data durable, or, for an emulated rank that
+writes in waves, its wave: wave_start to wave_end). Records of harness versions that did not
 record hosts give no placement (None), never a guessed one.
 """
 
@@ -70,9 +71,17 @@ def save_per_node(per_rank: list[dict], where: dict[int, str], order: list[dict]
             "files": sum(len(r["files"]) for r in mine), "bytes": sum(r["bytes"] for r in mine),
             "blocking_seconds": round(max(r["blocking_seconds"] for r in mine), 6),
             "durable_seconds": round(slowest["durable_seconds"], 6), "slowest_rank": slowest["rank"],
-            "concurrent_writers_max": _most_at_once([(r["start"], r["start"] + r["durable_seconds"]) for r in writers]),
+            "concurrent_writers_max": _most_at_once([_writing(r) for r in writers]),
         })
     return out
+
+
+def _writing(save: dict) -> tuple[float, float]:
+    """When a rank's save was writing (wall seconds): its wave where it wrote in one (emulated), else its save from
+    start to durable. A wave's window leaves out waiting for the other waves, which the save's own window holds."""
+    if save.get("wave_start") is not None and save.get("wave_end") is not None:
+        return save["wave_start"], save["wave_end"]
+    return save["start"], save["start"] + save["durable_seconds"]
 
 
 def restart_per_node(record: dict[int, list[dict]], per_rank: list[dict], order: list[dict]) -> list[dict]:

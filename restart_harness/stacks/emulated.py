@@ -81,7 +81,7 @@ class EmulatedStack(Stack):
 
         self.recipes = checkpoint.recipes(self.spec)
         self.config = json.loads(ds_config_path(self.run).read_text())
-        self.waves, self.wave_start = 0, None
+        self.waves, self.wave_start, self.wave_end = 0, None, None
         self._verification: Verification | None = None
 
     def engine_context(self) -> dict:
@@ -97,7 +97,7 @@ class EmulatedStack(Stack):
         return client_state(self.spec, step)
 
     def save_facts(self) -> dict:
-        return {"emulated": True, "waves": self.waves, "wave_start": self.wave_start}
+        return {"emulated": True, "waves": self.waves, "wave_start": self.wave_start, "wave_end": self.wave_end}
 
     def _in_waves(self, work, untimed) -> None:
         """Run work() in this rank's wave; every rank takes part in every wave's barrier."""
@@ -109,8 +109,9 @@ class EmulatedStack(Stack):
         mine = (self.rank % self.spec.ranks_per_node) // at_once
         for wave in range(self.waves):
             if wave == mine:
-                self.wave_start = time.time()  # this rank's wave begins
+                self.wave_start = time.time()  # this rank's wave: its files written (made durable after all waves)
                 work()
+                self.wave_end = time.time()
             if self.waves > 1:
                 with untimed("wave"):
                     dist.barrier()

@@ -167,6 +167,7 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
         "save_blocking_seconds": num(save.get("blocking_seconds")),
         "save_durable_seconds": num(save.get("durable_seconds")),
         "save_commit_seconds": num(save.get("commit_seconds")),
+        "save_checksum_seconds": num(save.get("checksum_seconds")),
         "throughput_blocking_mib_s": num(get(save, "throughput_mib_s", "blocking")),
         "throughput_durable_mib_s": num(get(save, "throughput_mib_s", "durable")),
         "restart_record": rec.get("record"),
@@ -175,6 +176,7 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
         "restart_total_seconds": num(rec.get("total_seconds")),
         "restart_launch_seconds": num(rec.get("launch_seconds")),
         "restart_wall_seconds": num(rec.get("wall_seconds")),
+        "restart_integrity_seconds": num(get(rec, "integrity", "seconds")),
     }
     row.update(node_columns("save", save))
     row.update(node_columns("restart", rec))
@@ -243,6 +245,7 @@ def save_rows(runs: list[Run]) -> list[dict]:
                 "files": num(s.get("files")), "bytes": num(s.get("bytes")),
                 "blocking_seconds": num(s.get("blocking_seconds")), "durable_seconds": num(s.get("durable_seconds")),
                 "commit_seconds": num(s.get("commit_seconds")),
+                "checksum_seconds": num(s.get("checksum_seconds")),
                 "throughput_blocking_mib_s": num(get(s, "throughput_mib_s", "blocking")),
                 "throughput_durable_mib_s": num(get(s, "throughput_mib_s", "durable")),
                 **{f"{c}_seconds": num(get(s, "breakdown", f"{c}_seconds")) for c in SAVE_CATEGORIES},

@@ -163,6 +163,11 @@ def test_checksums_taken_at_commit_and_checked_before_the_restart(harness, kille
     integrity = load_summary(run_dir)["restarts"][0]["integrity"]
     assert integrity["algorithm"] == "sha256" and integrity["files"] == len(recorded)
     assert integrity["bytes"] == sum(f["bytes"] for f in recorded.values())
+    from analysis.table import restart_columns  # runs.csv's columns of that restart and the save it loaded
+
+    row = restart_columns(load_summary(run_dir), load_summary(run_dir)["restarts"][0], [])
+    assert row["restart_integrity_seconds"] == integrity["seconds"] and row["save_checksum_seconds"] == \
+        save["checksum_seconds"]
 
 
 def test_torn_after_commit_fails_the_runs_restart_before_it_launches(harness):

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 # The folder holding this package (the checkout, for an editable install): generated scripts cd here so that
 # `python -m restart_harness...` finds the package whichever Python runs it.

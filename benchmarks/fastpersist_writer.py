@@ -36,9 +36,9 @@ from pathlib import Path
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from restart_harness.storage.cache_dir import cache_dir
+from restart_harness.storage.cache_dir import extensions_dir
 
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache_dir("torch_extensions")))  # the harness's built ops
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))  # the harness's built ops
 
 
 def payloads(size_mib: int) -> dict:

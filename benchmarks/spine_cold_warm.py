@@ -2,7 +2,7 @@
 """End-to-end wall time of `./submit-job.sh tiny` (checkpoint + restart), cold and warm, and the 8-rank layout.
 
 Method
-- cold: DeepSpeed's JIT-built op cache (<user cache>/torch_extensions) is moved aside first, so the run pays the
+- cold: DeepSpeed's JIT-built op cache (<user cache>/torch_extensions/<environment>) is moved aside first, so the run pays the
   deepspeed_shm_comm build, as a first run on a fresh machine does (the Python environment is already installed).
 - warm: the cache is in place (a second run).
 - 8 ranks: `./submit-job.sh tiny tp=2 pp=2 dp=2`, warm; peak resident memory per rank from summary.json
@@ -24,10 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from restart_harness.storage.cache_dir import cache_dir
+from restart_harness.storage.cache_dir import extensions_dir
 
 REPO = Path(__file__).resolve().parent.parent
-CACHE = cache_dir("torch_extensions")
+CACHE = extensions_dir()
 
 
 def timed(args: list[str], results: Path) -> tuple[float, Path]:
@@ -43,7 +43,7 @@ def main() -> None:
     rows = []
     cold = []
     for _ in range(repeats):
-        aside = CACHE.with_name("torch_extensions.aside")
+        aside = CACHE.with_name(CACHE.name + ".aside")
         if CACHE.exists():
             shutil.rmtree(aside, ignore_errors=True)
             CACHE.rename(aside)

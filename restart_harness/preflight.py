@@ -249,10 +249,10 @@ def calibration(spec: RunSpec) -> None:
 
 def extension_locks() -> None:
     """A JIT build lock left by a killed build would hang every rank in init_distributed (third_party)."""
-    from restart_harness.storage.cache_dir import cache_dir
+    from restart_harness.storage.cache_dir import extensions_dir
     from third_party.torch_extension_lock import remove_stale
 
-    for lock in remove_stale(cache_dir("torch_extensions")):
+    for lock in remove_stale(extensions_dir()):
         print(f"[setup] removed {lock}: a JIT build lock no process holds (left by an interrupted build)",
               file=sys.stderr)
 

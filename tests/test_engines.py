@@ -25,7 +25,7 @@ from restart_harness.command import parse_args
 from restart_harness.errors import UsageError
 from restart_harness.generate.ds_config import build_ds_config
 from restart_harness.spec import run as resolved
-from restart_harness.storage.cache_dir import cache_dir
+from restart_harness.storage.cache_dir import extensions_dir
 from third_party.deepspeed_fastpersist_cpu import replica_name
 
 CLOSE_CALL_SECONDS = 0.005  # step start is reconstructed from the event's wall time minus its seconds
@@ -355,7 +355,7 @@ def test_deepspeed_still_aborts_a_rank_whose_buffer_cannot_be_locked():
     when mlock fails. Fails once DeepSpeed raises a Python error instead: then the rank's own error suffices."""
     script = ("import torch; from deepspeed.accelerator import get_accelerator; "
               "get_accelerator().pin_memory(torch.empty(64 << 20, dtype=torch.uint8), make_copy=False)")
-    env = f"DS_ACCELERATOR=cpu DS_PIN_MEMORY_BACKEND=native TORCH_EXTENSIONS_DIR={cache_dir('torch_extensions')}"
+    env = f"DS_ACCELERATOR=cpu DS_PIN_MEMORY_BACKEND=native TORCH_EXTENSIONS_DIR={extensions_dir()}"
     proc = _without_ipc_lock(f"{env} {sys.executable} -c '{script}'", 1024)
     aborted = proc.returncode in (-signal.SIGABRT, 128 + signal.SIGABRT)  # bash may exec it or report its signal
     assert aborted and "deepspeed_pin_tensor" in proc.stderr, (proc.returncode, proc.stderr[-2000:])

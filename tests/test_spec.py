@@ -133,6 +133,21 @@ def test_launch_script_uses_deepspeed_launcher(tmp_path):
     assert "TORCH_EXTENSIONS_DIR=" in text and "--module restart_harness.worker" in text
 
 
+def test_jit_ops_are_cached_per_python_environment(tmp_path, monkeypatch):
+    """Two environments never share a JIT build folder (each would rebuild the other's ops, whose build flags name
+    its paths); the ranks get this environment's, and the stale-lock sweep looks there."""
+    from restart_harness.storage import cache_dir as cache
+
+    monkeypatch.setenv(cache.ENV, str(tmp_path))
+    mine = cache.extensions_dir()
+    assert mine.parent == tmp_path / "torch_extensions"
+    spec = parse_args(["tiny", "dp=2", "device=cpu"])
+    text = launch_script(spec, "checkpoint", local_command(spec, 29555, worker_args(tmp_path, "c", "c")))
+    assert f"TORCH_EXTENSIONS_DIR={mine}" in text
+    monkeypatch.setattr(cache.sys, "prefix", str(tmp_path / "another-venv"))
+    assert cache.extensions_dir() != mine and cache.extensions_dir().parent == mine.parent
+
+
 def test_run_directories_never_collide(tmp_path):
     from restart_harness.launch.runner import new_run_dir
 

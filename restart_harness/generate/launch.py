@@ -18,7 +18,7 @@ from pathlib import Path
 
 from restart_harness import SOURCE_ROOT
 from restart_harness.spec.runspec import RunSpec
-from restart_harness.storage.cache_dir import cache_dir
+from restart_harness.storage.cache_dir import extensions_dir
 
 WORKER_MODULE = "restart_harness.worker"
 
@@ -34,7 +34,7 @@ def rank_environment(spec: RunSpec) -> dict[str, str]:
         # job's, at submission) is written again inside the job
         "OMP_NUM_THREADS": str(spec.threads or 1),
         "PYTHONUNBUFFERED": "1",
-        "TORCH_EXTENSIONS_DIR": str(cache_dir("torch_extensions")),
+        "TORCH_EXTENSIONS_DIR": str(extensions_dir()),
         # DeepSpeed's multi-node slurm launch starts the ranks as plain srun tasks: their variables are Slurm's
         "RH_LAUNCHER": "slurm" if spec.launcher == "local" and spec.across_nodes else spec.launcher,
     }

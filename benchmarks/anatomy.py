@@ -14,7 +14,7 @@ Method
 - Agreement: for every rank of every restart with anatomy on, |sum of categories - checkpoint_load| / checkpoint_load;
   the largest is reported.
 
-Usage: .venv/bin/python benchmarks/anatomy.py [REPEATS] [key=value ...]   (prints Markdown tables)
+Usage: .venv/bin/python -m benchmarks.anatomy [REPEATS] [key=value ...]   (prints Markdown tables)
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ Method
   dir=s3://bench/probe`: PUT and GET with the engines' own client), measured in each repeat beside the disk's. The
   restart phases and the load and save anatomy (median seconds of the slowest rank) show where the time goes.
 
-Usage: <python> benchmarks/compare_engines.py [REPEATS] [MODEL] [only=LABEL,...] [targets=fs,s3] [key=value ...]
+Usage: <python> -m benchmarks.compare_engines [REPEATS] [MODEL] [only=LABEL,...] [targets=fs,s3] [key=value ...]
        (default 3 small dp=2, every case that runs here, on the file system; a Markdown table)
 """
 

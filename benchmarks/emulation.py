@@ -11,7 +11,7 @@ Method, `large MODEL LAYOUT...`: one emulated checkpoint and cold restart of a r
 `large 1B tp=2 pp=2 dp=2`), reporting files, bytes, waves, save blocking/durable seconds and MiB/s, restart
 checkpoint_load seconds and load MiB/s (bytes read / seconds), peak RSS per phase, verification.
 
-Usage: .venv/bin/python benchmarks/emulation.py [compare [REPEATS]] | large MODEL key=value ...
+Usage: .venv/bin/python -m benchmarks.emulation [compare [REPEATS]] | large MODEL key=value ...
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Method
   deleted between repeats. Order interleaved within each repeat (dd, torch.save, fastpersist per payload); medians
   over REPEATS; ratios of medians. torch's intra-op threads are printed (OMP_NUM_THREADS).
 
-Usage: <python> benchmarks/fastpersist_writer.py [REPEATS] [SIZE_MIB]   (default 5 512; prints a Markdown table)
+Usage: <python> -m benchmarks.fastpersist_writer [REPEATS] [SIZE_MIB]   (default 5 512; prints a Markdown table)
 RH_BENCH_DIR: the folder the files go to (default: a temporary folder under the repository).
 """
 
@@ -35,7 +35,6 @@ from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 from restart_harness.storage.cache_dir import extensions_dir
 
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))  # the harness's built ops

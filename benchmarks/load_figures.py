@@ -20,7 +20,7 @@ Method
 - Targets and repeats interleaved: fs, s3, fs, s3, ...; medians over REPEATS; ratios of the harness's figures to the
   plain load's, per target. The runs use keep=false on S3 (the gateway's memory is bounded).
 
-Usage: <python> benchmarks/load_figures.py [REPEATS] [MODEL]   (default 3 small; prints a Markdown table)
+Usage: <python> -m benchmarks.load_figures [REPEATS] [MODEL]   (default 3 small; prints a Markdown table)
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Method
 - DLIO runs with MPI (`mpirun -np 8 --oversubscribe`), one OpenMP thread per rank, from the Python given with
   --dlio-python (an environment with dlio_benchmark installed: docs/benchmarks.md says how).
 
-Usage: .venv/bin/python benchmarks/mlperf_dlio.py --dlio-python PATH [--repeats 3] [--shrink 64] [--checkpoints 3]
+Usage: .venv/bin/python -m benchmarks.mlperf_dlio --dlio-python PATH [--repeats 3] [--shrink 64] [--checkpoints 3]
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 from restart_harness.storage import pagecache
 

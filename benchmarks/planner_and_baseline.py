@@ -8,7 +8,7 @@ Method (run on an idle machine; nothing else writing to the disk):
    16M, 256M, R in 1, 2; REPEATS times each, in sequence, with a private cache folder; medians of write_mib_s and
    read_mib_s, and what mincore reported before each read.
 
-Usage: python benchmarks/planner_and_baseline.py [DIR] [REPEATS]   (DIR defaults to ./results; prints a Markdown
+Usage: python -m benchmarks.planner_and_baseline [DIR] [REPEATS]   (DIR defaults to ./results; prints a Markdown
 table for the README). Uses the interpreter in RH_PYTHON through submit-job.sh, like a user would.
 """
 

@@ -19,7 +19,7 @@ Method
   the durable save and the restart total the median absolute error over all held-out runs (goal: <= 15%).
   Finally a calibration fitted on every run (both sets) is written: the one shipped as configs/calibration/default.json.
 
-Usage: <python> benchmarks/predict_validation.py [REPEATS] [out=DIR] [reuse=true]
+Usage: <python> -m benchmarks.predict_validation [REPEATS] [out=DIR] [reuse=true]
        (default 2 rounds into /tmp/rh-predict-bench; reuse=true: no runs, fit and predict the runs already there)
 """
 
@@ -33,7 +33,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
 BASE = ["iters=6", "save_interval=2", "after=1", "cache=drop"]
 CALIBRATE = [

@@ -13,7 +13,7 @@ restart's median of the same round set; the first loss's relative difference to 
 (full-state equality and loss continuity) in every round. On a 2-core machine a 4-rank layout oversubscribes the cores:
 compare ratios between targets of equal rank count.
 
-Usage: .venv/bin/python benchmarks/reshard.py [REPEATS] [MODEL]     (default 2 small)
+Usage: .venv/bin/python -m benchmarks.reshard [REPEATS] [MODEL]     (default 2 small)
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Method
   and the cache state `observed` (so a `drop` that did not evict shows up).
 - Medians, min and max over the R restarts of each case.
 
-Usage: .venv/bin/python benchmarks/restart_launchers.py [REPEATS] [MODEL key=value ...]   (prints a Markdown table)
+Usage: .venv/bin/python -m benchmarks.restart_launchers [REPEATS] [MODEL key=value ...]   (prints a Markdown table)
 """
 
 from __future__ import annotations

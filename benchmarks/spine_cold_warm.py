@@ -10,7 +10,7 @@ Method
 - Each case runs REPEATS times in sequence on an otherwise idle machine; wall seconds of the whole command
   (time.perf_counter around the subprocess) are reported as median, min and max.
 
-Usage: .venv/bin/python benchmarks/spine_cold_warm.py [REPEATS]   (prints a Markdown table)
+Usage: .venv/bin/python -m benchmarks.spine_cold_warm [REPEATS]   (prints a Markdown table)
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engines.base import CheckpointIO, Engine, EngineContext, NativeIO
+from restart_harness import launchers
 from restart_harness.errors import UsageError
 from restart_harness.spec.keys import key
 
@@ -51,7 +52,8 @@ class FastPersistEngine(Engine):
             raise UsageError(f"engine={self.name} cannot run on this machine: DeepSpeed's async_io op (DeepNVMe's "
                              f"libaio writer) builds against {LIBAIO_HEADER}, which is not installed "
                              "(Debian/Ubuntu: apt-get install libaio-dev); use engine=default, torchsnapshot or dcp")
-        if spec.device != "cuda" and spec.launcher not in ("slurm", "pbs"):  # a job's node: its ranks check (prepare)
+        # a scheduler's job runs on its node: its ranks check there (prepare)
+        if spec.device != "cuda" and not launchers.get(spec.launcher).scheduler:
             from third_party.deepspeed_fastpersist_cpu import locked_memory_shortfall
 
             if why := locked_memory_shortfall(o.io_buffer_mib * 2**20):

@@ -155,7 +155,7 @@ def _calibrate(options) -> int:
 
 
 def _execute(name: str, request) -> int:
-    from restart_harness import machine
+    from restart_harness import launchers
     from restart_harness.launch import runner, sweep
     from restart_harness.results import terminal
     from restart_harness.storage.atomic import read_json
@@ -168,7 +168,7 @@ def _execute(name: str, request) -> int:
             print(sweep_dir)
             return 0 if all(r["state"] in ("complete", "submitted", "dry_run") for r in summary["runs"]) else 1
         run_dir = runner.restart_only(request) if name == "restart" else runner.run(request)
-        submitted = name == "restart" and machine.submits(request.spec)  # the results come when the job has run
+        submitted = name == "restart" and launchers.of(request.spec).submits()  # the results come when the job has run
         if not submitted and (run_dir / "summary.json").is_file():
             print(terminal.render(read_json(run_dir / "summary.json")))
         print(run_dir)

@@ -1,6 +1,5 @@
 """This machine, and where this process runs on it: facts recorded in spec.json (software versions, host, the
-checkpoint's file system; no torch import: package metadata), whether it runs inside a Slurm or PBS job, and the
-one step that completes a RunSpec against it (resolve): what `auto` means here, before anything is checked or
+checkpoint's file system; no torch import: package metadata), and the one step that completes a RunSpec against it (resolve): what `auto` means here, before anything is checked or
 created."""
 
 from __future__ import annotations
@@ -14,25 +13,10 @@ from importlib import metadata
 from pathlib import Path
 
 import restart_harness
+from restart_harness import launchers
 from restart_harness.storage.filesystem import filesystem
 
-SUBMIT = {"slurm": "sbatch", "pbs": "qsub"}  # launchers whose runs become batch jobs, and the command submitting them
-_JOB_ENV = {"slurm": "SLURM_JOB_ID", "pbs": "PBS_JOBID"}
 EMULATE_MEMORY_FRACTION = 0.6
-
-
-def inside_job(launcher: str) -> bool:
-    """True when this process already runs inside an allocation of launcher's scheduler."""
-    return bool(os.environ.get(_JOB_ENV.get(launcher, ""), ""))
-
-
-def submits(spec) -> bool:
-    """slurm/pbs from outside an allocation: the run becomes a batch job. Inside one, ranks start directly."""
-    return spec.launcher in SUBMIT and not inside_job(spec.launcher)
-
-
-def job_id() -> str | None:
-    return os.environ.get("SLURM_JOB_ID") or os.environ.get("PBS_JOBID")
 
 
 def nvidia_devices() -> int:
@@ -57,7 +41,7 @@ def resolve(spec):
         changes["device"] = "cuda" if nvidia_devices() else "cpu"
     if spec.env_hook:
         changes["env_hook"] = str(Path(spec.env_hook).expanduser().absolute())
-    if not submits(spec):  # a submitted run's compute node decides these, inside the job (complete_in_job)
+    if not launchers.of(spec).submits():  # a submitted run's compute node decides these, inside the job (complete_in_job)
         changes.update(_node_defaults(spec, dry_run=spec.dry_run))
     return dataclasses.replace(spec, **changes) if changes else spec
 

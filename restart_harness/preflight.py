@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from engines import registry
-from restart_harness import SOURCE_ROOT, machine, stacks, targets
+from restart_harness import launchers, machine, stacks, targets
 from restart_harness.command.options import BaselineOptions
 from restart_harness.command.parse import RestartRequest
 from restart_harness.errors import UsageError
@@ -71,42 +71,11 @@ def emulation(spec: RunSpec) -> None:
                          "so that files are smaller")
 
 
-def installed() -> None:
-    """DeepSpeed's multi-node slurm launch starts the worker as a script (it has no --module), which imports the
-    harness from wherever this Python finds it: it must be installed there, not only found from the checkout."""
-    import subprocess
-
-    proc = subprocess.run([sys.executable, "-c", "import restart_harness"], cwd="/", capture_output=True, check=False,
-                          timeout=60)
-    if proc.returncode != 0:
-        raise UsageError(f"launcher=local with several nodes: DeepSpeed's slurm launcher starts the ranks as a script, "
-                         f"which needs the harness installed in {sys.executable} (pip install -e {SOURCE_ROOT}); "
-                         "accepted: install it, or launcher=torchrun or launcher=slurm")
-
-
 def launcher(spec: RunSpec) -> None:
-    """The launcher can run here; nothing has been written yet."""
-    # inside a Slurm allocation, DeepSpeed's launcher (its slurm launcher) and torchrun (one per node) start ranks
-    # on the allocation's nodes through srun
-    across = machine.inside_job("slurm")
-    if spec.launcher in ("local", "torchrun") and spec.nodes > 1 and not spec.subset and not across:
-        raise UsageError(f"nodes={spec.nodes} with launcher={spec.launcher}: outside a Slurm allocation it starts "
-                         "ranks on this node only; accepted: nodes=1, launcher=slurm|pbs for several nodes, or this "
-                         "launcher inside a Slurm allocation (salloc)")
+    """The launcher can run from here (its own checks: launchers/); nothing has been written yet."""
     if spec.env_hook and not Path(spec.env_hook).is_file():
         raise UsageError(f"env_hook={spec.env_hook}: no such file (a bash file sourced before the ranks start)")
-    needs = []
-    if spec.launcher == "local" and spec.across_nodes and not spec.dry_run:
-        installed()
-    if spec.launcher == "slurm" or (across and spec.across_nodes):
-        needs = ["srun", "scontrol"] if machine.inside_job("slurm") else ([] if spec.dry_run else ["sbatch"])
-    elif spec.launcher == "pbs":
-        needs = ["mpiexec"] if machine.inside_job("pbs") else ([] if spec.dry_run else ["qsub"])
-    for program in needs:
-        if shutil.which(program) is None:
-            raise UsageError(f"launcher={spec.launcher} needs {program}, which is not installed here (not on PATH); "
-                             "accepted here: launcher=local, launcher=torchrun, or dry_run=true to only write "
-                             "the job script")
+    launchers.of(spec).preflight()
 
 
 # What one rank holds, measured here (docs/faults.md): a process with torch and DeepSpeed imported peaks at ~410 MiB
@@ -120,7 +89,7 @@ RANKS_PER_CPU = 8  # beyond this a rank gets too little of a core to start, rend
 def resources(spec: RunSpec) -> None:
     """The ranks this node starts fit its memory and CPUs (estimated from the plan; the compute node of a submitted
     run is the scheduler's)."""
-    if machine.submits(spec) or spec.dry_run:
+    if launchers.of(spec).submits() or spec.dry_run:
         return
     ranks, cpus = spec.ranks_per_node, os.cpu_count() or 1
     share = 0 if spec.emulate else planned_bytes(spec, saves=1) // spec.world_size
@@ -145,7 +114,8 @@ def _gib(n: int) -> str:
 def device(spec: RunSpec) -> None:
     """device=cuda where this process starts the ranks: the node has NVIDIA devices (a submitted job's node is the
     scheduler's, checked there)."""
-    if spec.device == "cuda" and not machine.submits(spec) and not spec.dry_run and machine.nvidia_devices() == 0:
+    here = not launchers.of(spec).submits() and not spec.dry_run
+    if spec.device == "cuda" and here and machine.nvidia_devices() == 0:
         raise UsageError("device=cuda: no NVIDIA device on this machine (/dev/nvidia*); accepted here: device=cpu or "
                          "device=auto")
 
@@ -154,7 +124,7 @@ def port(spec: RunSpec) -> None:
     """A rendezvous port given for ranks started on this node must be free here."""
     import socket
 
-    if spec.master_port is None or spec.launcher not in ("local", "torchrun") or spec.dry_run:
+    if spec.master_port is None or not launchers.of(spec).port_here or spec.dry_run:
         return
     with socket.socket() as s:
         try:
@@ -165,61 +135,9 @@ def port(spec: RunSpec) -> None:
 
 
 def scheduler(spec: RunSpec) -> None:
-    """A run that becomes a Slurm job: the partition must have nodes= nodes that can run a job now (sinfo: not down,
-    drained or unresponding), and sbatch --test-only must accept its job script (partition, account, time, nodes
-    and tasks) before the run directory exists. PBS's qsub has no such mode."""
-    import subprocess
-    import tempfile
-
-    from restart_harness.generate.batch import job_script
-
-    if spec.launcher != "slurm" or not machine.submits(spec) or spec.dry_run or shutil.which("sbatch") is None:
-        return
-    usable, listed, down = slurm_nodes(spec.queue)  # first: sbatch --test-only refuses these without naming them
-    where = f"partition {spec.queue}" if spec.queue else "default partition"
-    if listed and spec.nodes > listed:
-        raise UsageError(f"launcher=slurm: nodes={spec.nodes}, but the {where} has {listed} nodes; accepted: "
-                         f"nodes= up to {listed}, or queue= a larger partition")
-    if listed and usable < spec.nodes:
-        raise UsageError(f"launcher=slurm: nodes={spec.nodes}, but only {usable} of the {where}'s {listed} nodes "
-                         f"can run a job now ({'; '.join(down)}); the job would wait until they return: check "
-                         "`sinfo -R`, or ask for fewer nodes")
-    with tempfile.TemporaryDirectory(prefix="rh-test-only-") as scratch:
-        name, text = job_script(spec, Path(scratch))
-        script = Path(scratch) / name
-        script.write_text(text)
-        proc = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, check=False,
-                              timeout=60, cwd=scratch)
-    if proc.returncode != 0:
-        said = " ".join((proc.stderr or proc.stdout).strip().split())
-        raise UsageError(f"launcher=slurm: sbatch --test-only refuses the job ({said}); check queue=, account=, "
-                         "walltime=, nodes= and ranks_per_node=")
-
-
-# sinfo's short states of nodes that can take a job (allocated and completing ones free up); any flag '*' (not
-# responding) or a down, drained, failed or unknown state cannot
-_USABLE = {"idle", "mix", "alloc", "comp", "resv", "plnd", "mix-", "idle~", "idle#", "alloc#"}
-
-
-def slurm_nodes(partition: str | None) -> tuple[int, int, list[str]]:
-    """(nodes that can run a job, nodes listed, "node4 down* (Not responding)" for the others) of a partition
-    (default: Slurm's default partition), from sinfo; (0, 0, []) when sinfo gives nothing."""
-    import subprocess
-
-    def sinfo(*args: str) -> str:
-        proc = subprocess.run(["sinfo", "-h", *args], capture_output=True, text=True, check=False, timeout=60)
-        return proc.stdout if proc.returncode == 0 else ""
-
-    if not partition:
-        partition = next((p[:-1] for p in sinfo("-o", "%P").split() if p.endswith("*")), None)
-    lines = sinfo("-N", "-o", "%N|%t|%E", *(["-p", partition] if partition else [])).splitlines()
-    states = {}
-    for line in lines:
-        node, state, why = (line.split("|") + ["", ""])[:3]
-        states[node] = (state, why)
-    bad = [f"{n} {st}" + (f" ({why})" if why and why != "none" else "")
-           for n, (st, why) in sorted(states.items()) if st not in _USABLE]
-    return len(states) - len(bad), len(states), bad
+    """What the scheduler says of the job before the run directory exists (a launcher's own: Slurm's sinfo and
+    sbatch --test-only; PBS's qsub has no such mode)."""
+    launchers.of(spec).scheduler_preflight()
 
 
 def run(spec: RunSpec) -> None:

@@ -100,6 +100,8 @@ RUNS: dict[str, Case] = {
     # the checkpoint phase alone (torchrun), two restart-only re-runs that delete it after, then one refused
     "checkpoint-only-torchrun": Case(f"tiny dp=2 launcher=torchrun phase=checkpoint {SHORT}",
                                      then=("repeats=2 cache=warm keep=false", Step(expect=2))),
+    # plain mpiexec (Open MPI) starts the ranks, which take their rank variables from it (tests/test_launchers.py)
+    "mpiexec-dp2": Case(f"tiny dp=2 launcher=mpiexec {SHORT}"),
     # a rank killed inside its save of global_step4: the run fails, `latest` stays on global_step2, which restarts
     # (checksums=on: the committed save's files carry their sha256, checked before the restart-only re-run)
     "killed-mid-save": Case("tiny dp=2 iters=4 save_interval=2 after=1 checksums=on", fault="kill@save:rank=1:step=4",

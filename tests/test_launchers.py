@@ -127,6 +127,60 @@ def test_rank_environment_from_each_launcher(launcher, env, expected):
     assert {k: env.get(k) for k in expected} == expected
 
 
+@pytest.mark.parametrize("env,expected", [
+    ({"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_NODE_RANK": "1"},  # Open MPI: NODE_RANK is within the node
+     {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "CROSS_RANK": "1", "CROSS_SIZE": "2", "LOCAL_SIZE": "2"}),
+    ({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_NODE_RANK": "1"},
+     {"RANK": "1", "LOCAL_RANK": "1", "CROSS_RANK": "0", "CROSS_SIZE": "2"}),
+    ({"PMI_RANK": "2", "PMI_SIZE": "4", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2"},  # MPICH's Hydra
+     {"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "CROSS_RANK": "1", "CROSS_SIZE": "2", "LOCAL_SIZE": "2"}),
+])
+@pytest.mark.parametrize("launcher", ["mpiexec", "pbs"])
+def test_rank_environment_from_mpiexec(launcher, env, expected):
+    env = {**env, "RH_LAUNCHER": launcher}
+    rank_env.fill(env)
+    assert {k: env.get(k) for k in expected} == expected
+
+
+def test_mpiexec_script(tmp_path):
+    run_dir = dry_run(tmp_path, "tiny", "dp=2", "launcher=mpiexec")
+    for record in ("checkpoint", "restart-01"):
+        script = (run_dir / f"launch-{record}.sh").read_text()
+        assert re.search(r"^exec mpiexec -n 2 \S+ -m restart_harness\.worker ", script, re.MULTILINE), script
+        assert "export RH_LAUNCHER=mpiexec" in script and "export MASTER_ADDR=127.0.0.1" in script
+        bash_n(run_dir / f"launch-{record}.sh")
+
+
+@pytest.mark.slow
+def test_mpiexec_starts_the_ranks_and_they_read_its_variables(harness):
+    """launcher=mpiexec (one file in restart_harness/launchers/): Open MPI's mpiexec starts both ranks of the
+    checkpoint and of the restart, each rank takes its rank from OMPI_COMM_WORLD_*, and the restart is verified
+    (tests/test_runs.py holds the case to every run's checks)."""
+    from conftest import events, load_summary, require_tool
+
+    require_tool("mpiexec", package="openmpi-bin")
+    run_dir = harness.run("mpiexec-dp2")
+    assert json.loads((run_dir / "spec.json").read_text())["launcher"] == "mpiexec"
+    for record in ("checkpoint", "restart-01"):
+        per_rank = events(run_dir, record)
+        assert sorted(per_rank) == [0, 1]
+        for rank, evs in per_rank.items():
+            (process,) = [e for e in evs if e["event"] == "process"]
+            assert process["node"] == 0, (record, rank, process)
+    log = (run_dir / "logs" / "checkpoint.log").read_text()
+    assert "deepspeed.launcher" not in log and "torch.distributed.run" not in log
+    summary = load_summary(run_dir)
+    assert summary["status"]["state"] == "complete" and all(r["verified"] for r in summary["restarts"])
+
+
+def test_deepspeed_is_another_name_for_the_local_launcher(tmp_path):
+    run_dir = dry_run(tmp_path, "tiny", "dp=2", "launcher=deepspeed")
+    assert json.loads((run_dir / "spec.json").read_text())["launcher"] == "local"
+    assert "deepspeed.launcher.runner" in (run_dir / "launch-checkpoint.sh").read_text()
+
+
 def test_sweep_expands_product_and_repeats(tmp_path):
     request = parse_sweep(["tiny", "engine=default,none", "tp=1,2", "iters=2"])
     assert request.lists == {"engine": ["default", "none"], "tp": ["1", "2"]}
@@ -167,6 +221,9 @@ def test_record_names_never_collide_across_processes(tmp_path):
 
 BAD = {
     "unknown launcher": (["tiny", "launcher=mpi"], "launcher=mpi"),
+    "mpiexec over two nodes": (["tiny", "dp=2", "nodes=2", "ranks_per_node=1", "launcher=mpiexec"],
+                               "nodes=2 with launcher=mpiexec"),
+    "mpiexec not installed": (["tiny", "launcher=mpiexec"], "mpiexec"),
     "slurm without sbatch": (["tiny", "launcher=slurm"], "sbatch"),
     "pbs without qsub": (["tiny", "launcher=pbs"], "qsub"),
     "local on two nodes": (["tiny", "dp=2", "nodes=2"], "nodes=2"),
@@ -191,7 +248,7 @@ def test_bad_input(name, tmp_path):
     args, named = BAD[name]
     results = tmp_path / "results"
     env = {**os.environ}
-    if name.endswith(("sbatch", "qsub")):
+    if name.endswith(("sbatch", "qsub", "not installed")):
         env["PATH"] = str(tmp_path / "empty-bin")  # no scheduler client here, whatever this machine has
     if "results_dir" not in " ".join(args) and not args[0].startswith(("phase=", "restart")):
         args = [*args, f"results_dir={results}"]

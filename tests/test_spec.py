@@ -8,10 +8,11 @@ import time
 
 import pytest
 
+from restart_harness import launchers
 from restart_harness.command import parse_args
 from restart_harness.errors import UsageError
 from restart_harness.generate.ds_config import build_ds_config
-from restart_harness.generate.launch import launch_script, local_command, worker_args
+from restart_harness.generate.launch import launch_script, worker_args
 from restart_harness.spec.model_shape import load_model, preset_names
 
 
@@ -126,7 +127,7 @@ def test_ds_config_zero1_adamw_batch():
 
 def test_launch_script_uses_deepspeed_launcher(tmp_path):
     spec = parse_args(["tiny", "dp=2", "device=cpu"])
-    cmd = local_command(spec, 29555, worker_args(tmp_path, "checkpoint", "checkpoint"))
+    cmd = launchers.of(spec).rank_command(29555, worker_args(tmp_path, "checkpoint", "checkpoint"))
     text = launch_script(spec, "checkpoint", cmd)
     assert "deepspeed.launcher.runner" in text and "--num_gpus 2" in text and "--master_port 29555" in text
     assert "export DS_ACCELERATOR=cpu" in text and "export OMP_NUM_THREADS=1" in text
@@ -142,7 +143,7 @@ def test_jit_ops_are_cached_per_python_environment(tmp_path, monkeypatch):
     mine = cache.extensions_dir()
     assert mine.parent == tmp_path / "torch_extensions"
     spec = parse_args(["tiny", "dp=2", "device=cpu"])
-    text = launch_script(spec, "checkpoint", local_command(spec, 29555, worker_args(tmp_path, "c", "c")))
+    text = launch_script(spec, "checkpoint", launchers.of(spec).rank_command(29555, worker_args(tmp_path, "c", "c")))
     assert f"TORCH_EXTENSIONS_DIR={mine}" in text
     monkeypatch.setattr(cache.sys, "prefix", str(tmp_path / "another-venv"))
     assert cache.extensions_dir() != mine and cache.extensions_dir().parent == mine.parent

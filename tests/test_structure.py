@@ -146,7 +146,8 @@ def test_help_explains_every_key_with_its_default(tmp_path):
 
 @pytest.mark.parametrize("needle", ["sys.path.insert", "sys.path.append", "PYTHONPATH"])
 def test_no_path_edits_in_the_project(needle):
-    offenders = [str(p.relative_to(REPO)) for p in project_modules().values() if needle in p.read_text()]
+    sources = [*project_modules().values(), *(REPO / "benchmarks").glob("*.py")]  # benchmarks: python -m benchmarks.X
+    offenders = [str(p.relative_to(REPO)) for p in sources if needle in p.read_text()]
     offenders += [s for s in ("config-n-run.py", "submit-job.sh", "run-tests.sh") if needle in (REPO / s).read_text()]
     assert offenders == []
 
@@ -219,3 +220,30 @@ def test_storage_targets_and_stacks_are_asked_of_their_plug_ins_only():
         if len(lines) > READS_OLD_RUNS.get(rel, 0):
             found[rel] = lines
     assert found == {}
+
+
+# Code that asks which launcher starts the ranks: the question only launchers/ answers.
+LAUNCHERS = "local|deepspeed|torchrun|mpiexec|slurm|pbs"
+LAUNCHER_BRANCH = re.compile(rf"""\blauncher\s*(==|!=|\bin\b|\bnot\s+in\b)|(==|!=)\s*["']({LAUNCHERS})["']"""
+                             rf"""|\bin\s*[(\[{{]\s*["']({LAUNCHERS})["']""")
+
+
+def test_launchers_are_asked_of_their_plug_ins_only():
+    """A new launcher is one file: nothing outside launchers/ branches on which one starts the ranks."""
+    found = {}
+    for path in project_modules().values():
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith("restart_harness/launchers/"):
+            continue
+        lines = [n for n, line in enumerate(path.read_text().splitlines(), 1)
+                 if LAUNCHER_BRANCH.search(line.split("#")[0])]
+        if lines:
+            found[rel] = lines
+    assert found == {}
+
+
+def test_the_launcher_rule_finds_a_branch():
+    for line in ('if spec.launcher == "slurm":', 'x = spec.launcher in ("local", "torchrun")',
+                 "if launcher != 'pbs':", 'ok = name in ["mpiexec", "x"]', "if spec.launcher not in SUBMIT:"):
+        assert LAUNCHER_BRANCH.search(line), line
+    assert not LAUNCHER_BRANCH.search("launcher = launchers.of(spec)")

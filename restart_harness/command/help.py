@@ -5,7 +5,7 @@ and engines."""
 from __future__ import annotations
 
 from engines import registry
-from restart_harness import stacks, targets
+from restart_harness import launchers, stacks, targets
 from restart_harness.command.options import (
     MLPERF_FIXED,
     BaselineOptions,
@@ -62,6 +62,9 @@ def usage() -> str:
               f"  and the run keys above except {', '.join(MLPERF_FIXED)} and the model's shape (the workload's)", ""]
     lines.append("training stacks (stack=NAME):")
     lines += [f"  {name}: {cls.description}" for name, cls in stacks.all_stacks().items() if name in stacks.names()]
+    lines += ["", "launchers (launcher=NAME):"]
+    lines += [f"  {name}" + "".join(f" (or {a})" for a in cls.aliases) + f": {cls.description}"
+              for name, cls in launchers.all_launchers().items()]
     lines += ["", "storage targets (chosen by ckpt_dir):"]
     lines += [f"  {name}: {cls.description}" for name, cls in targets.all_targets().items()]
     lines += ["", "engines (engine=NAME) and their options (keys too):"]
@@ -102,7 +105,10 @@ def markdown() -> str:
                            ("restart (`./submit-job.sh restart ...`)", RestartOptions),
                            ("mlperf (`./submit-job.sh mlperf WORKLOAD ...`)", MlperfOptions)):
         lines += [f"## {title}", "", *table(list(keys_of(options).values()))]
-    lines += ["## engine options", ""]
+    lines += ["## launchers", "", "| launcher= | what starts the ranks |", "|---|---|"]
+    lines += [f"| `{name}`" + "".join(f" (or `{a}`)" for a in cls.aliases) + f" | {cls.description} |"
+              for name, cls in launchers.all_launchers().items()]
+    lines += ["", "## engine options", ""]
     for name, cls in registry.all_engines().items():
         keys = list(keys_of(cls.Options).values())
         lines += [f"### `engine={name}`", "", cls.description, ""] + (table(keys) if keys else [])

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 
 from engines import registry
-from restart_harness import stacks, targets
+from restart_harness import launchers, stacks, targets
 from restart_harness.command.options import (
     MATRIX_STACK_CASES,
     MLPERF_FIXED,
@@ -186,6 +186,8 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
     shape, source = load_model(model)
     values: dict = {}
     pairs = _fill(values, run_keys(), pairs)
+    if "launcher" in values:  # an alias (launcher=deepspeed) is recorded as the launcher's name
+        values["launcher"] = launchers.get(values["launcher"]).name
     stack = stacks.get(values.get("stack", run_keys()["stack"].default))
     values.setdefault("engine", stack.default_engine)  # each stack's own: DeepSpeed's torch.save, DCP for FSDP2
     engine = registry.get(values["engine"])
@@ -209,7 +211,9 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
 
 
 def check(spec: RunSpec) -> None:
-    """What the training stack, the engine and the storage target say of spec (pure: no machine, no network)."""
+    """What the launcher, the training stack, the engine and the storage target say of spec (pure: no machine, no
+    network)."""
+    launchers.get(spec.launcher).check(spec)
     stack, engine = stacks.of(spec), registry.get(spec.engine)
     if not stack.accepts_engine(engine):
         takers = [n for n, c in registry.all_engines().items() if stack.accepts_engine(c)]
@@ -427,6 +431,8 @@ def parse_restart(tokens: list[str]) -> RestartRequest:
             raise UsageError(f"{name}=: cannot change for a restart of an existing run (fixed by its spec.json); "
                              f"accepted with restart: run, {', '.join(allowed)}")
         overrides[name] = coerce(allowed[name], text)
+    if "launcher" in overrides:
+        overrides["launcher"] = launchers.get(overrides["launcher"]).name
     run = resolved.read(FsPath(options["run"]).expanduser())
     spec = dataclasses.replace(run.spec, **overrides, phase="restart", dry_run=False)
     if LAYOUT_KEYS & overrides.keys():

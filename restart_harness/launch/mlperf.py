@@ -16,7 +16,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from restart_harness import machine
+from restart_harness import launchers
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.plan import mlperf as workloads
 from restart_harness.results import mlperf as metrics
@@ -71,7 +71,7 @@ RULES = ("MLPerf Storage v2.0 (Submission_guidelines.md 2.2): duration = max ove
 
 def check(request) -> None:
     """What the mlperf command cannot do, before anything is created."""
-    if machine.submits(request.spec):
+    if launchers.of(request.spec).submits():
         raise UsageError(f"launcher={request.spec.launcher}: mlperf runs its runs and reads one after another "
                          "where it is started; accepted: inside an allocation (salloc / qsub -I), or "
                          "launcher=local|torchrun")

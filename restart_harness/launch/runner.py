@@ -20,12 +20,11 @@ from datetime import datetime
 from pathlib import Path
 
 from engines import registry
-from restart_harness import SOURCE_ROOT, machine, stacks, targets
+from restart_harness import SOURCE_ROOT, launchers, machine, stacks, targets
 from restart_harness.errors import RunFailed, UsageError
-from restart_harness.generate.batch import job_script
 from restart_harness.generate.ds_config import build_ds_config, deep_merge
-from restart_harness.generate.launch import launch_script, per_node_command, rank_command, worker_args
-from restart_harness.launch import launchers, observe
+from restart_harness.generate.launch import launch_script, worker_args
+from restart_harness.launch import observe
 from restart_harness.results import finalize
 from restart_harness.results.schema import stack_engine
 from restart_harness.spec import run as resolved
@@ -82,7 +81,7 @@ def write_launch(run: resolved.ResolvedRun, phase: str, record: str, port: int, 
                  spec: RunSpec | None = None) -> Path:
     """launch-<record>.sh: the ranks of one phase (spec: the record's own, for a restart at another layout)."""
     spec = spec or run.spec
-    command = rank_command(spec, port, worker_args(run.run_dir, phase, record) + (extra or []))
+    command = launchers.of(spec).rank_command(port, worker_args(run.run_dir, phase, record) + (extra or []))
     path = run.run_dir / f"launch-{record}.sh"
     env = {**observe.environment(spec, run.run_dir, record, run.checkpoint_root),
            **targets.for_run(run).launch_environment(run.run_dir / "logs" / "client" / record)}
@@ -211,8 +210,9 @@ def _failure(run_dir: Path, info: dict) -> str:
     if info["timed_out"]:
         return f"{info['record']} phase timed out after {info['wall_seconds']:.0f} s (timeout=); process group killed"
     log = run_dir / info["log"]
-    verdicts = launchers.task_verdicts(log.read_text(errors="replace")) if log.is_file() else {}
-    lost = placement.lost(record, resolved.read(run_dir, info["record"]).spec.launched_ranks, verdicts)
+    spec = resolved.read(run_dir, info["record"]).spec
+    verdicts = launchers.of(spec).task_verdicts(log.read_text(errors="replace")) if log.is_file() else {}
+    lost = placement.lost(record, spec.launched_ranks, verdicts)
     if lost and (not errors or any(v != placement.COLLATERAL for v in verdicts.values())):
         # the launcher says ranks were killed (a node lost): they came first, the others' errors (a peer gone) after
         also = f"; the others' first error: {errors[0]}" if errors else ""
@@ -223,8 +223,10 @@ def _failure(run_dir: Path, info: dict) -> str:
 
 
 def run(spec: RunSpec, prefix: str = "") -> Path:
-    """Prepare, then: dry_run -> print what was written; slurm/pbs -> submit the job; else execute here."""
+    """Prepare, then: dry_run -> print what was written; a scheduler's launcher -> submit the job; else execute
+    here."""
     run_dir = prepare(spec, prefix).run_dir
+    launcher = launchers.of(spec)
     if spec.across_nodes and spec.ranks_per_node % spec.tp and not spec.emulate:
         # allowed, as DeepSpeed and Megatron allow it, but no one means it: said once, before anything starts
         say(f"warning: tp={spec.tp} with ranks_per_node={spec.ranks_per_node}: tensor-parallel groups span nodes, so "
@@ -232,13 +234,13 @@ def run(spec: RunSpec, prefix: str = "") -> Path:
             "same)")
     if spec.dry_run:
         set_status(run_dir, "dry_run", "dry_run=true: written, nothing launched")
-        if spec.launcher in machine.SUBMIT:
+        if launcher.scheduler:
             write_job_script(spec, run_dir)
         show_generated(run_dir)
         return run_dir
-    if machine.submits(spec):
+    if launcher.submits():
         script = write_job_script(spec, run_dir)
-        job_id = launchers.submit(spec.launcher, script)
+        job_id = launcher.submit(script)
         job = {"scheduler": spec.launcher, "job_id": job_id, "script": script.name, "submitted": time.time()}
         write_json_atomic(run_dir / "job.json", job)
         set_status(run_dir, "submitted", None, scheduler=spec.launcher, job_id=job_id)
@@ -249,10 +251,10 @@ def run(spec: RunSpec, prefix: str = "") -> Path:
 
 
 def write_job_script(spec: RunSpec, run_dir: Path, job_args: list[str] | None = None) -> Path:
-    name, text = job_script(spec, run_dir, job_args)
+    launcher = launchers.of(spec)
     (run_dir / "logs").mkdir(exist_ok=True)  # the scheduler writes the job's output there
-    write_text_atomic(run_dir / name, text, mode=0o755)
-    return run_dir / name
+    write_text_atomic(run_dir / launcher.script_name, launcher.job_script(run_dir, job_args), mode=0o755)
+    return run_dir / launcher.script_name
 
 
 def show_generated(run_dir: Path) -> None:
@@ -386,7 +388,7 @@ def _baseline_line(b: dict) -> str:
 
 
 def _job_fields() -> dict:
-    job = machine.job_id()
+    job = launchers.job_id()
     return {"job_id": job} if job else {}
 
 
@@ -402,7 +404,7 @@ def cache_on_every_node(spec: RunSpec, load_dir: Path) -> dict:
     host], "observed": the worst node's}, or an error saying why it could not run (observed then stays this
     node's, and says so)."""
     argv = [sys.executable, "-m", "restart_harness.storage.pagecache", spec.cache, str(load_dir)]
-    command = per_node_command(spec, argv)
+    command = launchers.of(spec).per_node_command(argv)
     if command is None:
         return {}
     proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=300, cwd=SOURCE_ROOT)
@@ -464,7 +466,7 @@ def restart_only(request) -> Path:
 
     run, spec = request.run, request.spec
     run_dir = run.run_dir
-    if machine.submits(spec):
+    if launchers.of(spec).submits():
         return submit_restart_job(request)
     spec = machine.complete_in_job(spec)  # a layout of its own: its threads per rank
     prior = observed(run_dir)
@@ -515,7 +517,7 @@ def restart_only(request) -> Path:
 
 
 def submit_restart_job(request) -> Path:
-    """phase=restart with launcher=slurm|pbs from outside an allocation: a batch job of its own runs the restarts
+    """phase=restart with a scheduler's launcher (slurm, pbs) from outside an allocation: a batch job of its own runs the restarts
     (records are claimed inside the job, when each restart starts). Writes job-restart-N.<ext> and its .json."""
     run_dir, spec = request.run_dir, request.spec
     for n in range(1, 10000):
@@ -525,10 +527,10 @@ def submit_restart_job(request) -> Path:
             break
         except FileExistsError:
             continue
-    name, text = job_script(spec, run_dir, ["phase=restart", *request.tokens])
-    script = run_dir / name.replace("job.", f"job-restart-{n}.")
-    write_text_atomic(script, text, mode=0o755)
-    job_id = launchers.submit(spec.launcher, script)
+    launcher = launchers.of(spec)
+    script = run_dir / launcher.script_name.replace("job.", f"job-restart-{n}.")
+    write_text_atomic(script, launcher.job_script(run_dir, ["phase=restart", *request.tokens]), mode=0o755)
+    job_id = launcher.submit(script)
     write_json_atomic(claim, {"scheduler": spec.launcher, "job_id": job_id, "script": script.name,
                               "submitted": time.time(), "phase": "restart", "args": request.tokens})
     say(f"run {run_dir.name}: submitted {script.name} ({request.repeats} restart(s)) to {spec.launcher} "

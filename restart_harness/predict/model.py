@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from restart_harness import stacks
+from restart_harness import launchers, stacks
 from restart_harness.predict.features import Features
 from restart_harness.results.prediction import RESTART_PHASES, SAVE_PHASES, TOTAL
-from restart_harness.spec.runspec import RunSpec
+from restart_harness.spec.runspec import RunSpec, run_keys
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ def _stack_device(spec: RunSpec) -> str:
 
 
 def _launcher(spec: RunSpec) -> str:
-    return spec.launcher
+    return launchers.of(spec).calibration_key
 
 
 _SAVE = (FIXED, CPU, STORAGE_WRITE, METADATA_WRITE, SERIALIZE, FILES)
@@ -112,11 +112,13 @@ assert tuple(PHASES) == (*SAVE_PHASES, *RESTART_PHASES)
 
 
 def fallback_group(phase: Phase, spec: RunSpec) -> str | None:
-    """Where an engine was not calibrated: the same stack's default engine; a launcher: the local one (said in the
-    prediction's note)."""
+    """Where an engine was not calibrated: the same stack's default engine; a launcher: the default launcher's (said in
+    the prediction's note)."""
     if phase.group is _engine:
         return f"{stacks.of(spec).name}/default"
-    return "local" if phase.group is _launcher else None
+    if phase.group is _launcher:
+        return launchers.get(run_keys()["launcher"].default)(spec).calibration_key
+    return None
 
 
 def predict_phase(phase: Phase, features: Features, fitted: dict) -> dict:

@@ -1,0 +1,42 @@
+"""Launchers: what starts a run's ranks (DeepSpeed's launcher, torchrun, mpiexec, a Slurm or PBS job), one module
+each holding one subclass of launchers.base.Launcher, discovered here. The launcher is chosen once by `launcher=`;
+nothing outside this package asks which one it is (tests/test_structure.py). Importing a launcher module imports no
+torch."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from restart_harness.errors import UsageError
+from restart_harness.launchers.base import LAUNCHER_VARIABLE, Launcher, Raw, shell_line
+from restart_harness.plugins import discover
+
+
+@cache
+def all_launchers() -> dict[str, type[Launcher]]:
+    return discover(__name__, __path__, Launcher)
+
+
+def get(name: str) -> type[Launcher]:
+    """The launcher `launcher=name` names (its name or an alias); UsageError naming what is accepted."""
+    for cls in all_launchers().values():
+        if name == cls.name or name in cls.aliases:
+            return cls
+    accepted = ", ".join(n + "".join(f" (or {a})" for a in c.aliases) for n, c in all_launchers().items())
+    raise UsageError(f"launcher={name}: accepted values are {accepted}")
+
+
+def of(spec) -> Launcher:
+    """The launcher of spec's ranks."""
+    return get(spec.launcher)(spec)
+
+
+def job_id() -> str | None:
+    """The id of the batch job this process runs in, if any."""
+    import os
+
+    return next((os.environ[c.job_variable] for c in all_launchers().values()
+                 if c.job_variable and os.environ.get(c.job_variable)), None)
+
+
+__all__ = ["LAUNCHER_VARIABLE", "Launcher", "Raw", "all_launchers", "get", "job_id", "of", "shell_line"]

@@ -1,0 +1,89 @@
+"""launcher=local: DeepSpeed's own launcher (`deepspeed.launcher.runner`; `launcher=deepspeed` says the same). It
+sets RANK, LOCAL_RANK, WORLD_SIZE and CROSS_RANK, CROSS_SIZE, LOCAL_SIZE, which DeepSpeed's newer checkpoint
+writers read. On one node it spawns the ranks itself; inside a Slurm allocation with nodes > 1 it is DeepSpeed's
+own multi-node launch without ssh: its slurm launcher over a host file of the allocation's first nodes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from restart_harness import SOURCE_ROOT
+from restart_harness.errors import UsageError
+from restart_harness.launchers import _slurm
+from restart_harness.launchers.base import WORKER_MODULE, Launcher, Raw
+
+
+class DeepSpeedLauncher(Launcher):
+    name = "local"
+    aliases = ("deepspeed",)
+    description = ("DeepSpeed's own launcher (deepspeed.launcher.runner) on this node; with nodes > 1 inside a Slurm "
+                   "allocation, its slurm launcher over the allocation's nodes")
+    subset = True
+    port_here = True
+
+    def preflight(self) -> None:
+        spec = self.spec
+        if spec.nodes > 1 and not spec.subset and not _slurm.inside_allocation():
+            raise UsageError(f"nodes={spec.nodes} with launcher={spec.launcher}: outside a Slurm allocation it starts "
+                             "ranks on this node only; accepted: nodes=1, launcher=slurm|pbs for several nodes, or "
+                             "this launcher inside a Slurm allocation (salloc)")
+        if spec.across_nodes and not spec.dry_run:
+            installed()
+        super().preflight()
+
+    def needs(self) -> list[str]:
+        return list(_slurm.PROGRAMS) if self.spec.across_nodes and _slurm.inside_allocation() else []
+
+    def rank_command(self, port: int, args: list[str]) -> list[str]:
+        spec = self.spec
+        if spec.across_nodes:
+            # DeepSpeed's slurm launcher runs `srun -n <ranks> python -u <script>`, setting no rank variables: the
+            # worker takes Slurm's and is given as a script (that launcher has no --module)
+            return [
+                sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", Raw('"$RH_HOSTFILE"'),
+                "--launcher", "slurm", "--no_ssh_check", "--num_nodes", str(spec.nodes),
+                "--master_addr", Raw('"$MASTER_ADDR"'), "--master_port", str(port),
+                str(SOURCE_ROOT / "restart_harness" / "worker" / "__main__.py"), *args,
+            ]
+        return [
+            sys.executable, "-m", "deepspeed.launcher.runner",
+            "--num_nodes", "1", "--num_gpus", str(spec.ranks_per_node),
+            "--master_port", str(port),
+            "--no_local_rank", "--module", WORKER_MODULE, *args,
+        ]
+
+    def environment(self) -> dict[str, str]:
+        # across nodes the ranks are plain srun tasks: their variables are Slurm's
+        return {**super().environment(), **({"RH_LAUNCHER": _slurm.NAME} if self.spec.across_nodes else {})}
+
+    def script_lines(self, port: int) -> list[str]:
+        if not self.spec.across_nodes:
+            return []
+        spec = self.spec
+        return [*_slurm.RENDEZVOUS, f"export MASTER_ADDR MASTER_PORT={port}",
+                # DeepSpeed's host file: the allocation's first nodes, removed when the launch ends
+                'RH_HOSTFILE="$(mktemp "${TMPDIR:-/tmp}/rh-hostfile.XXXXXX")"',
+                "trap 'rm -f \"$RH_HOSTFILE\"' EXIT",
+                (f'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n {spec.nodes} '
+                 f"| sed 's/$/ slots={spec.ranks_per_node}/' > \"$RH_HOSTFILE\"")]
+
+    def execs(self) -> bool:
+        return not self.spec.across_nodes  # an exec'd shell runs no trap: the host file would stay
+
+    def per_node_command(self, argv: list[str]) -> list[str] | None:
+        return _slurm.per_node(self.spec.nodes, argv) if self.spec.across_nodes else None
+
+    def task_verdicts(self, log: str) -> dict[int, str]:
+        return _slurm.task_verdicts(log) if self.spec.across_nodes else {}
+
+
+def installed() -> None:
+    """DeepSpeed's multi-node slurm launch starts the worker as a script (it has no --module), which imports the
+    harness from wherever this Python finds it: it must be installed there, not only found from the checkout."""
+    proc = subprocess.run([sys.executable, "-c", "import restart_harness"], cwd="/", capture_output=True, check=False,
+                          timeout=60)
+    if proc.returncode != 0:
+        raise UsageError(f"launcher=local with several nodes: DeepSpeed's slurm launcher starts the ranks as a script, "
+                         f"which needs the harness installed in {sys.executable} (pip install -e {SOURCE_ROOT}); "
+                         "accepted: install it, or launcher=torchrun or launcher=slurm")

@@ -1,0 +1,52 @@
+"""launcher=mpiexec: plain `mpiexec -n N` (Open MPI or MPICH) on this node, outside any scheduler. It starts the
+processes and sets its own rank variables (Open MPI: OMPI_COMM_WORLD_*; MPICH's Hydra: PMI_RANK, PMI_SIZE,
+MPI_LOCALRANKID, MPI_LOCALNRANKS); the ranks never call MPI, they rendezvous over torch.distributed on this node.
+A rank that exits with an error makes mpiexec end the others."""
+
+from __future__ import annotations
+
+import sys
+
+from restart_harness.errors import UsageError
+from restart_harness.launchers import _mpi
+from restart_harness.launchers.base import WORKER_MODULE, Launcher
+
+# Open MPI refuses root without both, refuses more processes than cores without oversubscription, and binds each
+# process to one core when it starts two or fewer (a rank's threads would share it); MPICH ignores these variables
+OPEN_MPI_SETTINGS = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "OMPI_MCA_hwloc_base_binding_policy": "none",
+}
+
+
+class MpiexecLauncher(Launcher):
+    name = "mpiexec"
+    description = "mpiexec -n N (Open MPI or MPICH) on this node; its rank variables, no scheduler"
+    rank_variables = _mpi.RANK_VARIABLES
+    subset = True
+    port_here = True
+
+    def preflight(self) -> None:
+        spec = self.spec
+        if spec.across_nodes:
+            raise UsageError(f"nodes={spec.nodes} with launcher=mpiexec: it starts ranks on this node only; accepted: "
+                             "nodes=1, or launcher=slurm|pbs for several nodes")
+        super().preflight()
+
+    def needs(self) -> list[str]:
+        return [] if self.spec.dry_run else ["mpiexec"]
+
+    def accepted_here(self) -> str:
+        return ("install Open MPI or MPICH (Debian: apt-get install openmpi-bin), launcher=local, launcher=torchrun, "
+                "or dry_run=true to only write the launch scripts")
+
+    def environment(self) -> dict[str, str]:
+        return {**super().environment(), **OPEN_MPI_SETTINGS}
+
+    def rank_command(self, port: int, args: list[str]) -> list[str]:
+        return ["mpiexec", "-n", str(self.spec.launched_ranks), sys.executable, "-m", WORKER_MODULE, *args]
+
+    def script_lines(self, port: int) -> list[str]:
+        return ["export MASTER_ADDR=127.0.0.1", f"export MASTER_PORT={port}"]

@@ -1,0 +1,72 @@
+"""launcher=pbs: the run becomes a qsub job (PBS Pro, as on ALCF Polaris); each phase's ranks are one mpiexec over
+$PBS_NODEFILE (Cray PALS / MPICH option names), MASTER_ADDR its first host. qsub has no test-only mode: the
+scheduler's verdict comes at submission."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from restart_harness.errors import RunFailed
+from restart_harness.launchers import _mpi
+from restart_harness.launchers.base import JOB_COMMENT, WORKER_MODULE, Launcher, Raw, job_body, job_name
+
+
+class PbsLauncher(Launcher):
+    name = "pbs"
+    description = "a qsub job (PBS Pro); mpiexec over $PBS_NODEFILE starts each phase's ranks"
+    scheduler = "PBS"
+    job_variable = "PBS_JOBID"
+    rank_variables = _mpi.RANK_VARIABLES
+    script_name = "job.pbs"
+
+    def needs(self) -> list[str]:
+        if self.inside_job():
+            return ["mpiexec"]
+        return [] if self.spec.dry_run else ["qsub"]
+
+    def rank_command(self, port: int, args: list[str]) -> list[str]:
+        spec = self.spec
+        return [
+            "mpiexec", "-n", str(spec.world_size), "--ppn", str(spec.ranks_per_node),
+            "--hostfile", Raw('"$PBS_NODEFILE"'), sys.executable, "-m", WORKER_MODULE, *args,
+        ]
+
+    def script_lines(self, port: int) -> list[str]:
+        return ['MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE")"', f"export MASTER_ADDR MASTER_PORT={port}"]
+
+    def per_node_command(self, argv: list[str]) -> list[str] | None:
+        return ["mpiexec", "-n", str(self.spec.nodes), "--ppn", "1", "--hostfile",
+                os.environ.get("PBS_NODEFILE", ""), *argv]
+
+    def job_script(self, run_dir: Path, job_args: list[str] | None = None) -> str:
+        """#PBS header (select, place, walltime, filesystems, queue, account, output) + the job body."""
+        spec = self.spec
+        select = f"{spec.nodes}:mpiprocs={spec.ranks_per_node}"
+        if spec.device == "cuda":
+            select += f":ngpus={spec.ranks_per_node}"
+        lines = [
+            "#!/usr/bin/env bash",
+            f"#PBS -N {job_name(run_dir, 15)}",
+            f"#PBS -l select={select}",
+            "#PBS -l place=scatter",
+            f"#PBS -l walltime={spec.walltime}",
+            "#PBS -j oe",
+            f"#PBS -o {run_dir}/logs/job.log",
+        ]
+        if spec.filesystems:
+            lines.append(f"#PBS -l filesystems={spec.filesystems}")
+        if spec.queue:
+            lines.append(f"#PBS -q {spec.queue}")
+        if spec.account:
+            lines.append(f"#PBS -A {spec.account}")
+        lines.append(JOB_COMMENT)
+        return "\n".join(lines + job_body(spec, run_dir, job_args or [])) + "\n"
+
+    def submit(self, script: Path) -> str:
+        proc = subprocess.run(["qsub", str(script)], check=False, capture_output=True, text=True, cwd=script.parent)
+        if proc.returncode != 0:
+            raise RunFailed(f"qsub refused {script}: {(proc.stderr or proc.stdout).strip()}")
+        return proc.stdout.strip()

@@ -1,0 +1,100 @@
+"""launcher=slurm: the run becomes an sbatch job (submitted from outside an allocation; inside one the ranks start
+directly); each phase's ranks are one srun step over the job's nodes, MASTER_ADDR the allocation's first host.
+Before submission sinfo says whether the partition has the nodes and sbatch --test-only whether it takes the job."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from restart_harness.errors import RunFailed, UsageError
+from restart_harness.launchers import _slurm
+from restart_harness.launchers.base import JOB_COMMENT, WORKER_MODULE, Launcher, job_body, job_name
+
+
+class SlurmLauncher(Launcher):
+    name = "slurm"
+    description = "an sbatch job; srun starts each phase's ranks over the job's nodes"
+    scheduler = "Slurm"
+    job_variable = _slurm.JOB_VARIABLE
+    rank_variables = _slurm.RANK_VARIABLES
+    script_name = "job.sbatch"
+
+    def needs(self) -> list[str]:
+        if self.inside_job():
+            return list(_slurm.PROGRAMS)
+        return [] if self.spec.dry_run else ["sbatch"]
+
+    def scheduler_preflight(self) -> None:
+        """The partition must have nodes= nodes that can run a job now (sinfo: not down, drained or unresponding),
+        and sbatch --test-only must accept the job script (partition, account, time, nodes and tasks) before the
+        run directory exists."""
+        import shutil
+
+        spec = self.spec
+        if not self.submits() or spec.dry_run or shutil.which("sbatch") is None:
+            return
+        usable, listed, down = _slurm.nodes(spec.queue)  # first: sbatch --test-only refuses these without naming them
+        where = f"partition {spec.queue}" if spec.queue else "default partition"
+        if listed and spec.nodes > listed:
+            raise UsageError(f"launcher=slurm: nodes={spec.nodes}, but the {where} has {listed} nodes; accepted: "
+                             f"nodes= up to {listed}, or queue= a larger partition")
+        if listed and usable < spec.nodes:
+            raise UsageError(f"launcher=slurm: nodes={spec.nodes}, but only {usable} of the {where}'s {listed} nodes "
+                             f"can run a job now ({'; '.join(down)}); the job would wait until they return: check "
+                             "`sinfo -R`, or ask for fewer nodes")
+        with tempfile.TemporaryDirectory(prefix="rh-test-only-") as scratch:
+            script = Path(scratch) / self.script_name
+            script.write_text(self.job_script(Path(scratch)))
+            proc = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True,
+                                  check=False, timeout=60, cwd=scratch)
+        if proc.returncode != 0:
+            said = " ".join((proc.stderr or proc.stdout).strip().split())
+            raise UsageError(f"launcher=slurm: sbatch --test-only refuses the job ({said}); check queue=, account=, "
+                             "walltime=, nodes= and ranks_per_node=")
+
+    def rank_command(self, port: int, args: list[str]) -> list[str]:
+        """One srun step over the job's allocation; --kill-on-bad-exit ends every rank when one fails."""
+        spec = self.spec
+        return [
+            "srun", f"--nodes={spec.nodes}", f"--ntasks={spec.world_size}", f"--ntasks-per-node={spec.ranks_per_node}",
+            "--kill-on-bad-exit=1", sys.executable, "-m", WORKER_MODULE, *args,
+        ]
+
+    def script_lines(self, port: int) -> list[str]:
+        return [*_slurm.RENDEZVOUS, f"export MASTER_ADDR MASTER_PORT={port}"]
+
+    def per_node_command(self, argv: list[str]) -> list[str] | None:
+        return _slurm.per_node(self.spec.nodes, argv)
+
+    def task_verdicts(self, log: str) -> dict[int, str]:
+        return _slurm.task_verdicts(log)
+
+    def job_script(self, run_dir: Path, job_args: list[str] | None = None) -> str:
+        """#SBATCH header (nodes, tasks, time, partition, account, output) + the job body."""
+        spec = self.spec
+        lines = [
+            "#!/usr/bin/env bash",
+            f"#SBATCH --job-name={job_name(run_dir, 64)}",
+            f"#SBATCH --nodes={spec.nodes}",
+            f"#SBATCH --ntasks-per-node={spec.ranks_per_node}",
+            f"#SBATCH --time={spec.walltime}",
+            f"#SBATCH --output={run_dir}/logs/job-%j.log",
+        ]
+        if spec.device == "cuda":
+            lines.append(f"#SBATCH --gpus-per-node={spec.ranks_per_node}")
+        if spec.queue:
+            lines.append(f"#SBATCH --partition={spec.queue}")
+        if spec.account:
+            lines.append(f"#SBATCH --account={spec.account}")
+        lines.append(JOB_COMMENT)
+        return "\n".join(lines + job_body(spec, run_dir, job_args or [])) + "\n"
+
+    def submit(self, script: Path) -> str:
+        proc = subprocess.run(["sbatch", "--parsable", str(script)], check=False, capture_output=True, text=True,
+                              cwd=script.parent)
+        if proc.returncode != 0:
+            raise RunFailed(f"sbatch refused {script}: {(proc.stderr or proc.stdout).strip()}")
+        return proc.stdout.strip().split(";")[0]  # "jobid[;cluster]"

@@ -197,8 +197,10 @@ def test_restart_after_kill_loads_last_complete_checkpoint(killed_mid_save):
     assert [e["step"] for e in steps if e["event"] == "step"] == [3]  # trained on from step 2, not 4
 
 
-def test_killed_harness_leaves_running_which_readers_see_as_failed(tmp_path):
-    """SIGKILL the harness itself (it cannot write `failed`): its ranks end too, status.json keeps `running` with
+@pytest.mark.parametrize("launcher", ["local", "mpiexec"])
+def test_killed_harness_leaves_running_which_readers_see_as_failed(tmp_path, launcher):
+    """SIGKILL the harness itself (it cannot write `failed`): its ranks end too (Open MPI's mpiexec puts each rank
+    in a process group of its own: the watchdog ends the launch's whole session), status.json keeps `running` with
     its pid and host, readers (a restart, the report) see `failed: harness ended`, and what was learned so far (spec,
     events, the committed save) stays."""
     import signal
@@ -209,7 +211,7 @@ def test_killed_harness_leaves_running_which_readers_see_as_failed(tmp_path):
     results = tmp_path / "results"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RH_FAULT": "hang@step:rank=0:step=3"}
     harness = subprocess.Popen([sys.executable, str(REPO / "config-n-run.py"), "tiny", "dp=2", "iters=4",
-                                "save_interval=2", f"results_dir={results}"], cwd=REPO, env=env,
+                                "save_interval=2", f"launcher={launcher}", f"results_dir={results}"], cwd=REPO, env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 240

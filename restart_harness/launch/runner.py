@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from restart_harness import SOURCE_ROOT, launchers, machine, stacks, targets
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.generate.ds_config import build_ds_config, deep_merge
 from restart_harness.generate.launch import launch_script, worker_args
-from restart_harness.launch import observe
+from restart_harness.launch import observe, session
 from restart_harness.results import finalize
 from restart_harness.results.schema import stack_engine
 from restart_harness.spec import run as resolved
@@ -135,7 +134,7 @@ def launch(run_dir: Path, record: str, timeout: int) -> dict:
             timed_out = _follow(proc, events, record, start, timeout)
         except BaseException:
             # the harness is going away (Ctrl-C, SIGTERM, an exception): take the ranks with it
-            os.killpg(proc.pid, signal.SIGKILL)
+            session.kill(proc.pid)
             proc.wait()
             raise
         finally:
@@ -147,27 +146,11 @@ def launch(run_dir: Path, record: str, timeout: int) -> dict:
     return result
 
 
-# Kills the launch's process group on SIGTERM, which the kernel sends it when the harness dies (PR_SET_PDEATHSIG=1).
-_WATCHDOG = """
-import ctypes, os, signal, sys
-def end(*_):
-    try:
-        os.killpg(int(sys.argv[1]), signal.SIGKILL)
-    finally:
-        os._exit(0)
-signal.signal(signal.SIGTERM, end)
-ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)
-if os.getppid() != int(sys.argv[2]):  # the harness died before the death signal was armed
-    end()
-while True:
-    signal.pause()
-"""
-
-
-def _watchdog(pgid: int) -> subprocess.Popen:
+def _watchdog(sid: int) -> subprocess.Popen:
     """A harness killed outright (SIGKILL, OOM killer) cannot end its launch; this small process does, so no rank
     outlives the harness. Launchers do not reliably pass a SIGTERM on (DeepSpeed's runner leaves its ranks)."""
-    return subprocess.Popen([sys.executable, "-c", _WATCHDOG, str(pgid), str(os.getpid())], start_new_session=True)
+    return subprocess.Popen([sys.executable, "-m", "restart_harness.launch.session", str(sid), str(os.getpid())],
+                            start_new_session=True, cwd=SOURCE_ROOT)
 
 
 def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, timeout: int) -> bool:
@@ -192,7 +175,7 @@ def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, tim
         if done:
             return False
         if time.time() - start > timeout:
-            os.killpg(proc.pid, signal.SIGKILL)
+            session.kill(proc.pid)
             proc.wait()
             return True
 

@@ -15,11 +15,14 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from durations import record_case, timed_setup
 
+pytest_plugins = ["durations"]  # where the time goes: test-logs/durations.json (tests/durations.py)
 REPO = Path(__file__).resolve().parent.parent
 SHORT = "iters=2 save_interval=2 after=1"
 ASYNC_SHORT = "iters=3 save_interval=1 after=1"  # saves at 1, 2, 3: a flush can overlap the next step
@@ -191,6 +194,7 @@ class Harness:
         case = RUNS[name]
         if case.needs:
             self.request.getfixturevalue(f"{case.needs}_server")
+        start = time.time()
         results = self.root / name
         env = {"RH_FAULT": case.fault} if case.fault else None
         first = run_cli(case.tokens, results, timeout=case.timeout, check=case.expect == 0, env=env)
@@ -202,6 +206,7 @@ class Harness:
             assert proc.returncode == step.expect, f"{name}: restart {step.args} exited {proc.returncode}\n" + \
                 proc.stdout + proc.stderr
             steps.append(proc)
+        record_case(name, time.time() - start, 1 + len(steps))
         return run_dir, first, steps
 
     def run(self, name: str) -> Path:
@@ -229,7 +234,8 @@ def s3_server():
     from restart_harness.storage import local_s3
 
     root = Path(f"/tmp/rh-s3-{os.getpid()}")  # short: Ceph's admin sockets live here (108-byte socket paths)
-    s3 = local_s3.start(root, memory_mib=1024)
+    with timed_setup("s3_server"):
+        s3 = local_s3.start(root, memory_mib=1024)
     saved = {k: os.environ.get(k) for k in s3.environment()}
     try:
         s3.create_bucket("ckpt")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, require_tool
+from durations import timed_setup
 
 from restart_harness.launch import local_cluster
 from restart_harness.launch.local_cluster import Cluster
@@ -25,7 +26,8 @@ def slurm_cluster(root: Path, nodes: int):
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("CI must not skip: the local Slurm cluster needs root")
         pytest.skip("the local Slurm cluster needs root (network namespaces, a bridge, slurmd)")
-    cluster = local_cluster.up(root, nodes, cpus=2)
+    with timed_setup(f"slurm_cluster_{nodes}_nodes"):
+        cluster = local_cluster.up(root, nodes, cpus=2)
     try:
         yield cluster
     finally:

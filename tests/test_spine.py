@@ -10,7 +10,7 @@ from conftest import load_summary
 
 from restart_harness.results.summary import RESTART_PHASES
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.spine]
 
 
 def _disk_bytes(folder: Path) -> tuple[int, int]:

@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Where a test session's time went, from the file tests/durations.py wrote.
+
+Usage: python3 scripts/test_durations.py [FILE] [--top N]
+FILE defaults to test-logs/durations.json (the last session in this checkout); earlier sessions, CI's included, are
+kept as ~/.cache/restart-harness/test-logs/durations-<UTC time>-<commit>.json. Prints Markdown tables: the set-up
+steps, the shared set-ups, seconds per test module (setup + call + teardown), the run table's cases and the slowest
+tests. Standard library only."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def seconds(test: dict) -> float:
+    return sum(test.get(f"{w}_seconds", 0.0) for w in ("setup", "call", "teardown"))
+
+
+def render(data: dict, top: int = 15) -> str:
+    tests = data["tests"]
+    setup_steps = data.get("setup_steps_seconds", {})
+    total = data["pytest_wall_seconds"] + sum(setup_steps.values())
+    outcomes: dict[str, int] = defaultdict(int)
+    for t in tests:
+        outcomes[t["outcome"]] += 1
+    counts = ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items()))
+    lines = [f"commit {data['commit']}, {data['cpus']} CPUs, pytest {' '.join(data['args']) or '(all)'}",
+             (f"{len(tests)} tests ({counts}); {total:,.0f} s in all: set-up steps "
+              f"{sum(setup_steps.values()):,.0f} s, pytest {data['pytest_wall_seconds']:,.0f} s"), ""]
+    if setup_steps or data.get("shared_setups_seconds"):
+        lines += ["| set-up | seconds |", "|---|---:|"]
+        lines += [f"| {k} (run-tests.sh) | {v:,.1f} |" for k, v in setup_steps.items()]
+        lines += [f"| {k} (inside pytest) | {v:,.1f} |" for k, v in data.get("shared_setups_seconds", {}).items()]
+        lines.append("")
+    modules: dict[str, list[float]] = defaultdict(list)
+    for t in tests:
+        modules[t["id"].split("::")[0]].append(seconds(t))
+    lines += ["| test module | tests | seconds | share |", "|---|---:|---:|---:|"]
+    busy = sum(sum(v) for v in modules.values()) or 1.0
+    for name, values in sorted(modules.items(), key=lambda kv: -sum(kv[1])):
+        lines.append(f"| {name} | {len(values)} | {sum(values):,.1f} | {sum(values) / busy:.0%} |")
+    cases = data.get("cases", {})
+    if cases:
+        played = sum(c["seconds"] for c in cases.values())
+        lines += ["", (f"Run-table cases (conftest.RUNS): {len(cases)} played, {played:,.0f} s (inside the tests "
+                       "above: a case is paid by the first test that asks for it)"), "",
+                  "| case | invocations | seconds |", "|---|---:|---:|"]
+        lines += [f"| {n} | {c['invocations']} | {c['seconds']:,.1f} |" for n, c in list(cases.items())[:top]]
+    lines += ["", f"Slowest {top} tests (setup + call + teardown):", "", "| test | seconds |", "|---|---:|"]
+    lines += [f"| {t['id']} | {seconds(t):,.1f} |" for t in sorted(tests, key=seconds, reverse=True)[:top]]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    top = 15
+    if "--top" in argv:
+        i = argv.index("--top")
+        top = int(argv[i + 1])
+        argv = argv[:i] + argv[i + 2:]
+    path = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent / "test-logs" / "durations.json"
+    if not path.is_file():
+        print(f"error: {path}: no such file (./run-tests.sh writes test-logs/durations.json)", file=sys.stderr)
+        return 2
+    print(render(json.loads(path.read_text()), top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

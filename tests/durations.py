@@ -1,0 +1,116 @@
+"""Where the suite's time goes, written down (a pytest plugin, loaded by conftest.py).
+
+At the end of every session it writes one JSON file: each test's setup, call and teardown seconds and outcome; each
+case of the run table (conftest.RUNS) with the seconds its run and steps took (the test that first asks for a case
+pays for it, so cases are listed on their own); the shared set-ups the tests time themselves (the S3 server, the
+Slurm cluster, DeepSpeed's JIT ops: `timed_setup`); and the set-up steps run-tests.sh timed before pytest started
+(system packages, the Python environment; RH_SETUP_TIMES names their file). The file goes to
+`test-logs/durations.json` in the checkout and, kept across checkouts (CI's clone is thrown away), to
+`$RH_CACHE_DIR/test-logs/durations-<UTC time>-<commit>.json` (default cache: ~/.cache/restart-harness).
+`python scripts/test_durations.py [FILE]` summarizes one (docs/testing.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCHEMA = 1
+
+_tests: dict[str, dict] = {}
+_cases: dict[str, dict] = {}
+_setups: dict[str, float] = {}
+_started = time.time()
+
+
+def pytest_runtest_logreport(report) -> None:
+    entry = _tests.setdefault(report.nodeid, {"id": report.nodeid, "outcome": "passed"})
+    entry[f"{report.when}_seconds"] = round(report.duration, 3)
+    if report.failed:
+        entry["outcome"] = "failed" if report.when == "call" else f"error in {report.when}"
+    elif report.skipped and entry["outcome"] == "passed":
+        entry["outcome"] = "skipped"
+
+
+def record_case(name: str, seconds: float, invocations: int) -> None:
+    """A case of the run table was played: its run and each step (conftest.Harness)."""
+    _cases[name] = {"seconds": round(seconds, 3), "invocations": invocations}
+
+
+@contextmanager
+def timed_setup(name: str):
+    """Time a shared set-up (a server, a cluster, a build) once, under `name`."""
+    start = time.time()
+    try:
+        yield
+    finally:
+        _setups[name] = round(_setups.get(name, 0.0) + time.time() - start, 3)
+
+
+def _commit() -> str:
+    proc = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                          check=False)
+    return proc.stdout.strip() or "unknown"
+
+
+def _setup_steps() -> dict:
+    path = os.environ.get("RH_SETUP_TIMES")
+    if not path or not Path(path).is_file():
+        return {}
+    out = {}
+    for line in Path(path).read_text().splitlines():  # "name seconds" per line, written by run-tests.sh
+        name, _, seconds = line.partition(" ")
+        if seconds:
+            out[name] = float(seconds)
+    return out
+
+
+def _write(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """pytest-xdist: a worker's cases and shared set-ups reach the controller, which writes the file."""
+    got = getattr(node, "workeroutput", {}).get("rh_durations") or {}
+    _cases.update(got.get("cases", {}))
+    for name, seconds in got.get("setups", {}).items():
+        _setups[f"{name} ({node.gateway.id})"] = seconds
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller has every test's report
+        session.config.workeroutput["rh_durations"] = {"cases": _cases, "setups": _setups}
+        return
+    now = time.time()
+    commit = _commit()
+    data = {
+        "schema": SCHEMA,
+        "commit": commit,
+        "started": _started,
+        "finished": now,
+        "pytest_wall_seconds": round(now - _started, 3),
+        "cpus": os.cpu_count(),
+        "args": list(session.config.invocation_params.args),
+        "exit_status": int(exitstatus),
+        "setup_steps_seconds": _setup_steps(),
+        "shared_setups_seconds": dict(sorted(_setups.items())),
+        "cases": dict(sorted(_cases.items(), key=lambda kv: -kv[1]["seconds"])),
+        "tests": sorted(_tests.values(), key=lambda t: t["id"]),
+    }
+    _write(REPO / "test-logs" / "durations.json", data)
+    cache = Path(os.environ.get("RH_CACHE_DIR") or Path.home() / ".cache" / "restart-harness")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now))
+    try:
+        _write(cache / "test-logs" / f"durations-{stamp}-{commit}.json", data)
+    except OSError:  # a read-only home: the checkout's copy is still there
+        pass

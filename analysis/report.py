@@ -29,12 +29,12 @@ except ImportError as exc:  # run as ./analysis/report.py by a Python without th
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:
         """One line, exit 2 (argparse would print the whole usage first)."""
-        print(f"error: {message} (usage: report.py RUN_OR_SWEEP_DIR... [-o REPORT_DIR])", file=sys.stderr)
+        print(f"error: {message} (usage: ./submit-job.sh report RUN_OR_SWEEP_DIR... [-o REPORT_DIR])", file=sys.stderr)
         sys.exit(2)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="report.py", description=__doc__.split("\n\n")[1],
+    p = _Parser(prog="./submit-job.sh report", description=__doc__.split("\n\n")[1],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP_DIR",
                    help="run directories, sweep folders or whole results/ folders (searched recursively)")

@@ -23,7 +23,7 @@ INSTALL = ("build it from https://github.com/DataStates/datastates-llm at the co
 class Options:
     host_cache_size: int = key(16, "pinned host memory per rank for the device-to-host copies",
                                group="checkpoint", unit="GB", minimum=1)
-    parser_threads: int = key(8, "threads that serialize and write", group="checkpoint", minimum=1)
+    parser_threads: int = key(8, "threads that serialize and write", group="checkpoint", minimum=1, maximum=256)
 
 
 class DataStatesEngine(Engine):

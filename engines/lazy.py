@@ -38,9 +38,9 @@ REPLICATED = re.compile(r"mp_rank_\d+_model_states\.pt$")  # the files DeepSpeed
 @dataclass
 class Options:
     writers: int = key(4, "writer threads per rank (parallel large writes of the part files)", group="checkpoint",
-                       minimum=1)
+                       minimum=1, maximum=256)
     readers: int = key(4, "reader threads per rank at restart (parallel large reads)", group="checkpoint",
-                       minimum=1)
+                       minimum=1, maximum=256)
     write_chunk_mib: int = key(16, "bytes per write request", group="checkpoint", unit="MiB", minimum=1)
     balance: bool = key(True, "replicated model files written by all data-parallel replicas in balanced shares "
                               "(false: by replica 0, as DeepSpeed does)", group="checkpoint")

@@ -4,6 +4,7 @@ before anything is created."""
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 
@@ -14,12 +15,41 @@ def _terminate(signum, frame):  # SIGTERM ends a run like Ctrl-C: ranks killed, 
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in ("-h", "--help", "help"):
-        from restart_harness.command.help import usage
+HELP = ("-h", "--help")
 
-        print(usage())
+
+def _help_wanted(argv: list[str]) -> str | None:
+    """`--help` / `help`: all; `CMD --help` / `help CMD`: that command's (report answers its own)."""
+    from restart_harness.command.parse import COMMANDS
+
+    if argv and argv[0] == "help":
+        return argv[1] if len(argv) > 1 and argv[1] in COMMANDS and argv[1] != "report" else "all"
+    if argv and argv[0] in HELP:
+        return "all"
+    if len(argv) > 1 and argv[0] in COMMANDS and argv[0] != "report" and any(a in HELP for a in argv[1:]):
+        return argv[0]
+    if len(argv) > 1 and any(a in HELP for a in argv[1:]):
+        return "run"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; output into a pipe that closed early (`plan ... | head`) ends it quietly, as Unix tools do."""
+    try:
+        code = _main(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # whatever is still buffered would raise again when Python flushes at exit: send it nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a tool ended by a closed pipe
+
+
+def _main(argv: list[str]) -> int:
+    if wanted := _help_wanted(argv):
+        from restart_harness.command.help import command_usage, usage
+
+        print(usage() if wanted == "all" else command_usage(wanted))
         return 0
     import dataclasses
 
@@ -46,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
                 spec = dataclasses.replace(spec, device="cuda" if machine.nvidia_devices() else "cpu")
             return _predict(spec, request.options)
         if name == "calibrate":
-            return _calibrate(command.parse_calibrate(tokens))
+            options = command.parse_calibrate(tokens)
+            preflight.output_file("out", options.out)
+            return _calibrate(options)
         if name == "matrix":
             from restart_harness.launch import matrix
 
@@ -61,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             request = command.parse_mlperf(tokens)
             if request.spec is not None:
                 request.spec = machine.resolve(request.spec)
-                preflight.run(request.spec)
+                preflight.run(request.spec, fixed_layout=f"the workload {request.workload.name}")
                 mlperf.check(request)
             return _mlperf(request)
         if name == "restart":

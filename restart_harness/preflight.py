@@ -38,13 +38,22 @@ def directory(key: str, path: str) -> None:
         raise UsageError(f"{key}={path}: {reason}")
 
 
+def output_file(key: str, path: str) -> None:
+    """A file the command will write: its folder can be written (or made), and it is not a folder itself."""
+    where = Path(path).expanduser()
+    if where.is_dir():
+        raise UsageError(f"{key}={path}: a directory; accepted: the path of a file to write")
+    if reason := why_not_a_directory(where.parent):
+        raise UsageError(f"{key}={path}: {reason}")
+
+
 def planned_bytes(spec: RunSpec, saves: int | None = None) -> int:
     """Bytes every checkpoint of the run would take (the planner's files as the engine stores them; the run keeps
     every tag)."""
     from restart_harness.plan import checkpoint
 
     if saves is None:
-        saves = len(spec.save_steps())
+        saves = spec.save_count
     return saves * sum(f.bytes for f in checkpoint.stored_files(spec) if f.rank < spec.launched_ranks)
 
 
@@ -56,9 +65,10 @@ def tracer(spec: RunSpec) -> None:
                          "pip install 'restart-harness[trace]' (or dftracer==2.2.0), or trace=false")
 
 
-def emulation(spec: RunSpec) -> None:
+def emulation(spec: RunSpec, fixed_layout: str | None = None) -> None:
     """emulate=true: the largest file's state fits in the memory budget (a rank holds one file at a time); the budget
-    of a submitted run is the compute node's (checked inside the job)."""
+    of a submitted run is the compute node's (checked inside the job). `fixed_layout`: who fixes the layout (an
+    MLPerf workload), so that the advice names only what can change."""
     from restart_harness.plan import checkpoint
 
     if not spec.emulate or spec.emulate_memory_gib is None:
@@ -67,8 +77,10 @@ def emulation(spec: RunSpec) -> None:
     if need > spec.emulate_memory_gib * 2**30:
         raise UsageError(f"emulate=true: the largest file needs {need / 2**30:,.1f} GiB of memory to build and save "
                          f"(its tensors, and what the engine stages beside them) but emulate_memory_gib="
-                         f"{spec.emulate_memory_gib:g}; give more memory, or a layout with more ranks (tp, pp, dp) "
-                         "so that files are smaller")
+                         f"{spec.emulate_memory_gib:g}; "
+                         + (f"give more memory (emulate_memory_gib=), or a smaller model (shrink=; {fixed_layout} "
+                            "fixes tp, pp and dp)" if fixed_layout else
+                            "give more memory, or a layout with more ranks (tp, pp, dp) so that files are smaller"))
 
 
 def launcher(spec: RunSpec) -> None:
@@ -140,14 +152,15 @@ def scheduler(spec: RunSpec) -> None:
     launchers.of(spec).scheduler_preflight()
 
 
-def run(spec: RunSpec) -> None:
-    """A run (or one combination of a sweep): everything that can be checked before the run directory exists."""
+def run(spec: RunSpec, fixed_layout: str | None = None) -> None:
+    """A run (or one combination of a sweep): everything that can be checked before the run directory exists
+    (`fixed_layout`: who fixes its layout, if not the user)."""
     engine(spec)
     device(spec)
     launcher(spec)
     port(spec)
     tracer(spec)
-    emulation(spec)
+    emulation(spec, fixed_layout)
     scheduler(spec)
     calibration(spec)
     directory("results_dir", spec.results_dir)

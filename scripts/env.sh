@@ -10,6 +10,11 @@ rh_log() { echo "[setup] $*" >&2; }
 
 rh_choose_python() {
   if [[ -n "${RH_PYTHON:-}" ]]; then
+    if [[ ! -x "$RH_PYTHON" && -z "$(command -v "$RH_PYTHON" 2>/dev/null)" ]]; then
+      echo "error: RH_PYTHON=$RH_PYTHON: no such executable; accepted: the path of a Python that has torch and" \
+           "deepspeed, or leave RH_PYTHON unset (the project's .venv)" >&2
+      exit 2
+    fi
     RH_PY="$RH_PYTHON"; return
   fi
   if [[ "${RH_VENV:-0}" != 1 ]] && command -v python3 >/dev/null \

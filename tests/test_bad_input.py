@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -82,7 +83,16 @@ CASES = {
     "fsdp2 predicted": (["predict", "tiny", "stack=fsdp2"], "stack=fsdp2"),
     "a predict key in a run": (["tiny", "read_gbps=2"], "predict"),
     "an MLPerf workload larger than its memory": (["mlperf", "llama3-8b", "emulate_memory_gib=1"],
-                                                  "emulate=true: the largest file needs"),
+                                                  "or a smaller model (shrink=; the workload llama3-8b fixes tp"),
+    # issue 40: every number and path bounded and normalised on one path (spec/keys.py, storage/filesystem.py)
+    "a full-width digit": (["tiny", "tp=２"], "tp=２: contains characters outside ASCII"),
+    "iters beyond any run": (["tiny", "iters=100000000000"], "iters=100000000000: must be at most 2,147,483,647"),
+    "a path leaving its folder through ..": (["tiny", "ckpt_dir=relative/ckpt/" + "../" * 16 + "proc/x"],
+                                             "/proc is on a proc file system"),
+    "writer threads beyond bound": (["tiny", "engine=lazy", "writers=100000000"], "writers=100000000: must be at most"),
+    "a timeout beyond bound": (["tiny", "timeout=99999999999999"], "timeout=99999999999999: must be at most"),
+    "a value of 10,000 characters": (["tiny", "lr=" + "1" * 10000], "lr=: a value of 10,000 characters"),
+    "an unknown command": (["frobnicate", "tiny"], "unknown model 'frobnicate', and not a command either"),
 }
 
 
@@ -95,7 +105,7 @@ def test_bad_input(name, tmp_path):
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stderr and len(lines[0]) < 1500  # a value is never echoed beyond its bound
     assert not results.exists()
     assert not (tmp_path / "INJECTED").exists() and not (REPO / "INJECTED").exists()
 
@@ -150,3 +160,45 @@ def test_a_malformed_run_folder_is_one_line_to_restart(tmp_path, spec_json, name
     assert proc.returncode == 2 and len(lines) == 1 and named in lines[0] and "Traceback" not in proc.stderr, \
         proc.stderr
     assert sorted(p.name for p in run.iterdir()) == sorted(["status.json"] + (["spec.json"] if spec_json else []))
+
+
+def test_a_file_a_command_writes_is_checked_first(tmp_path):
+    for out, named in (("/proc/x.json", "/proc is on a proc file system"), (str(tmp_path), "a directory")):
+        proc = subprocess.run([str(REPO / "submit-job.sh"), "calibrate", f"runs={REPO / 'tests' / 'data' / 'results'}",
+                               f"out={out}"], cwd=tmp_path, check=False, capture_output=True, text=True, timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and f"out={out}: {named}" in lines[0], proc.stderr
+
+
+def test_report_without_a_folder_names_the_command(tmp_path):
+    proc = subprocess.run([str(REPO / "submit-job.sh"), "report"], cwd=tmp_path, check=False, capture_output=True,
+                          text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "./submit-job.sh report RUN_OR_SWEEP_DIR" in lines[0]
+
+
+def test_a_python_that_is_not_there(tmp_path):
+    proc = subprocess.run([str(REPO / "submit-job.sh"), "tiny"], cwd=tmp_path, check=False, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "RH_PYTHON": "/nonexistent/python"})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and lines == [lines[0]] and lines[0].startswith("error: RH_PYTHON=/nonexistent/python")
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["plan", "--help"], "plan keys:"),
+    (["help", "restart"], "restart keys:"),
+    (["restart", "-h"], "restart keys:"),
+    (["predict", "--help"], "predict keys:"),
+    (["tiny", "--help"], "layout keys:"),
+])
+def test_every_command_has_its_help(argv, says):
+    proc = subprocess.run([str(REPO / "submit-job.sh"), *argv], check=False, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stderr == "" and says in proc.stdout, proc.stderr
+    assert proc.stdout.startswith("usage: ./submit-job.sh ")
+
+
+def test_a_pipe_closed_early_ends_quietly():
+    proc = subprocess.run(f"{REPO / 'submit-job.sh'} plan 70B tp=8 pp=4 dp=2 | head -n 1", shell=True, check=False,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.startswith("plan: 70B") and "Traceback" not in proc.stderr and proc.stderr == "", proc.stderr

@@ -161,7 +161,7 @@ def test_mpiexec_starts_the_ranks_and_they_read_its_variables(harness):
     from conftest import events, load_summary, require_tool
 
     require_tool("mpiexec", package="openmpi-bin")
-    run_dir = harness.run("mpiexec-dp2")
+    run_dir = harness.run("dp2-short")
     assert json.loads((run_dir / "spec.json").read_text())["launcher"] == "mpiexec"
     for record in ("checkpoint", "restart-01"):
         per_rank = events(run_dir, record)

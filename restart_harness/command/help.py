@@ -74,6 +74,30 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+# the options of each command other than a run; those marked with a run's keys take them too
+_COMMAND_KEYS = {"plan": (PlanOptions, True), "predict": (PredictOptions, True), "calibrate": (CalibrateOptions, False),
+                 "baseline": (BaselineOptions, False), "matrix": (MatrixOptions, False),
+                 "restart": (RestartOptions, False), "mlperf": (MlperfOptions, False)}
+
+
+def command_usage(name: str) -> str:
+    """`./submit-job.sh CMD --help` (or `help CMD`): the command's usage line and the keys it takes."""
+    synopsis = [line.replace("usage: ", "").strip() for line in USAGE.splitlines()
+                if f"./submit-job.sh {name} " in line or (name == "run" and "submit-job.sh [run] MODEL" in line)]
+    lines = ["usage: " + "\n       ".join(synopsis), ""]
+    if name == "run":
+        return "\n".join(usage().split("\n")[: usage().split("\n").index("plan keys (with `plan`):")])
+    options, with_run_keys = _COMMAND_KEYS[name]
+    lines += _section(f"{name} keys", list(keys_of(options).values()))
+    if name == "restart":
+        lines += [f"and of the run keys (./submit-job.sh --help): {', '.join(restart_keys())}"]
+    elif name == "mlperf":
+        lines += [f"and the run keys (./submit-job.sh --help) except {', '.join(MLPERF_FIXED)} and the model's shape"]
+    elif with_run_keys:
+        lines += ["and every run key: ./submit-job.sh --help"]
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def markdown() -> str:
     """docs/keys.md: the same declarations as tables (tests/test_structure.py keeps the file equal to this)."""
 

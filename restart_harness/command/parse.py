@@ -38,8 +38,8 @@ from restart_harness.command.options import (
 )
 from restart_harness.errors import UsageError
 from restart_harness.spec import run as resolved
-from restart_harness.spec.keys import Key, coerce, keys_of
-from restart_harness.spec.model_shape import load_model, shape_keys
+from restart_harness.spec.keys import MAX_VALUE_CHARS, Key, coerce, keys_of
+from restart_harness.spec.model_shape import load_model, preset_names, shape_keys
 from restart_harness.spec.runspec import RunSpec, run_keys
 
 COMMANDS = ("run", "plan", "predict", "calibrate", "restart", "baseline", "report", "matrix", "mlperf")
@@ -182,8 +182,8 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
     model, *rest = tokens
     if "=" in model:
         raise UsageError(f"{model!r}: the first argument must be a MODEL (preset name or config.json path)")
+    shape, source = _model(model)
     pairs = pairs_of(rest)
-    shape, source = load_model(model)
     values: dict = {}
     pairs = _fill(values, run_keys(), pairs)
     if "launcher" in values:  # an alias (launcher=deepspeed) is recorded as the launcher's name
@@ -208,6 +208,20 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
                    engine_option_defaults=defaults, **values).resolve()
     check(spec)
     return spec, extra_values
+
+
+def _model(word: str) -> tuple:
+    """The first word of a run: a model (a preset, an HF config, a .yaml preset); a word that is neither a model nor
+    a command is said to be so, before the words after it are read."""
+    if len(word) > MAX_VALUE_CHARS:
+        raise UsageError(f"a first argument of {len(word):,} characters; accepted: a command or a MODEL")
+    try:
+        return load_model(word)
+    except UsageError:
+        if "/" in word or word.endswith((".yaml", ".yml", ".json")):
+            raise
+        raise UsageError(f"unknown model {word!r}, and not a command either; models: {', '.join(preset_names())}, an "
+                         f"HF config.json or a .yaml preset; commands: {', '.join(COMMANDS)}") from None
 
 
 def check(spec: RunSpec) -> None:

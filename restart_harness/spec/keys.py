@@ -26,10 +26,15 @@ GROUPS = ("model", "layout", "training", "checkpoint", "observe", "launch", "clu
           "restart", "mlperf")
 # Text values never pass through a shell unquoted; this keeps them free of shell and JSON surprises as well.
 _SAFE_TEXT = re.compile(r"^[A-Za-z0-9_.,/:+@%=~-]*$")
-_INT = re.compile(r"^[+-]?\d+$")
-_SIZE = re.compile(r"^(\d+)([kKmMgGtT]i?[bB]?)?$")
+_INT = re.compile(r"^[+-]?[0-9]+$")  # ASCII digits only: "２" is not 2
+_SIZE = re.compile(r"^([0-9]+)([kKmMgGtT]i?[bB]?)?$")
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+# Every number a user gives is bounded: an integer key without a maximum of its own takes this one, a size this one
+# (what they size is then counted by arithmetic, never by building it: RunSpec.save_count)
+INT_MAX = 2**31 - 1
+SIZE_MAX = 1 << 50  # 1 PiB
+MAX_VALUE_CHARS = 1024  # a value longer than this is refused by its length, never echoed whole
 
 
 class Size(int):
@@ -60,6 +65,13 @@ class Key:
     required: bool = False
 
     @property
+    def upper(self) -> float | None:
+        """The largest value accepted: the declared maximum, else the bound every integer and size has."""
+        if self.maximum is not None:
+            return self.maximum
+        return {int: INT_MAX, Size: SIZE_MAX}.get(self.type)
+
+    @property
     def type_name(self) -> str:
         name = {int: "int", float: "float", bool: "bool", str: "text", Path: "path", Size: "bytes"}[self.type]
         return name + (" | none" if self.optional else "")
@@ -72,15 +84,21 @@ class Key:
             return "true, false"
         words = {int: "an integer", float: "a finite number", Size: "a size in bytes (4096, 64M, 1G)",
                  str: "text of [A-Za-z0-9_.,/:+@%=~-]", Path: "a path of [A-Za-z0-9_.,/:+@%=~-]"}[self.type]
-        if self.minimum is not None and self.maximum is not None:
-            words += f" from {self.minimum:g} to {self.maximum:g}"
+        upper = self.upper
+        if self.minimum is not None and upper is not None:
+            words += f" from {_number(self.minimum)} to {_number(upper)}"
         elif self.minimum is not None:
-            words += f" >= {self.minimum:g}"
-        elif self.maximum is not None:
-            words += f" <= {self.maximum:g}"
+            words += f" >= {_number(self.minimum)}"
+        elif upper is not None:
+            words += f" <= {_number(upper)}"
         if self.above is not None:
             words += f" > {self.above:g}"
         return words + (" or none" if self.optional else "")
+
+
+def _number(x: float) -> str:
+    """A bound as people read it: 2,147,483,647, 0.5."""
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
 
 
 def key(default: object, help: str, *, group: str, unit: str | None = None, choices: tuple[str, ...] | None = None,
@@ -137,6 +155,10 @@ def coerce(k: Key, text: str) -> object:
     """Command-line text -> the key's value, checked; raises UsageError naming `name=text` and what is accepted."""
     if text == "":
         raise UsageError(f"{k.name}=: empty value; accepted: {k.accepted()}")
+    if len(text) > MAX_VALUE_CHARS:
+        raise UsageError(f"{k.name}=: a value of {len(text):,} characters; accepted: at most {MAX_VALUE_CHARS:,}")
+    if not text.isascii():
+        raise UsageError(f"{k.name}={text}: contains characters outside ASCII; accepted: {k.accepted()}")
     if k.optional and text.lower() in ("none", "auto"):
         return None
     if k.type is bool:
@@ -190,8 +212,8 @@ def check(k: Key, value: object, text: str | None = None) -> object:
     if k.above is not None and value <= k.above:
         what = "a positive number" if k.above == 0 else f"> {k.above:g}"
         raise UsageError(f"{shown}: must be {what}")
-    if k.maximum is not None and value > k.maximum:
-        raise UsageError(f"{shown}: must be at most {k.maximum:g}")
+    if k.upper is not None and value > k.upper:
+        raise UsageError(f"{shown}: must be at most {_number(k.upper)}")
     return value
 
 

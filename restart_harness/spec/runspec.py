@@ -113,18 +113,18 @@ class RunSpec:
                                  "pbs (qsub + mpiexec); local and torchrun take nodes > 1 inside a Slurm allocation",
                         group="launch", restart=True)
     timeout: int = key(1800, "seconds one launch may take before its whole process group is killed",
-                       group="launch", unit="s", minimum=1, restart=True)
+                       group="launch", unit="s", minimum=1, maximum=28 * 86400, restart=True)
     threads: int | None = key(None, "CPU threads per rank (OMP_NUM_THREADS, torch's intra-op threads); default the "
                                     "node's CPUs / ranks_per_node, at least 1: ranks neither idle cores nor fight for "
                                     "them (a restart's deserialization and copies are CPU work)", group="launch",
-                              minimum=1, restart=True)
+                              minimum=1, maximum=1024, restart=True)
     master_port: int | None = key(None, "rendezvous port; default a free one", group="launch", minimum=1,
                                   maximum=65535, restart=True)
     phase: str = key("all", "all = checkpoint then restart; checkpoint = the checkpoint phase only (restart an "
                             "existing run with ./submit-job.sh restart run=DIR)", group="launch", choices=PHASES,
                      sweep=False)
     repeats: int = key(1, "runs of each combination (a sweep folder when > 1); restart: restarts",
-                       group="launch", minimum=1, sweep=False, restart=True)
+                       group="launch", minimum=1, maximum=10_000, sweep=False, restart=True)
     max_runs: int = key(64, "a sweep expanding to more runs (combinations x repeats) is refused unless this is raised",
                         group="launch", minimum=1, sweep=False)
     dry_run: bool = key(False, "write ds_config.json and the launch (and job) scripts, print them, launch nothing",
@@ -221,8 +221,14 @@ class RunSpec:
         return spec
 
     def save_steps(self) -> list[int]:
-        """The training steps after which the checkpoint phase saves."""
-        return [s for s in range(1, self.iters + 1) if s % self.save_interval == 0]
+        """The training steps after which the checkpoint phase saves (a list as long as save_count: for the ranks,
+        which take them one by one)."""
+        return list(range(self.save_interval, self.iters + 1, self.save_interval))
+
+    @property
+    def save_count(self) -> int:
+        """How many saves the checkpoint phase makes, by arithmetic (a check never builds a list as long as iters)."""
+        return self.iters // self.save_interval
 
 
 def _ranks(spec: RunSpec) -> tuple[int, int]:

@@ -45,7 +45,9 @@ def why_not_a_directory(path: Path) -> str | None:
 
     Proven, not guessed: a temporary directory is created and removed in the nearest existing ancestor (os.access
     says yes to root on /proc, where mkdir then fails)."""
-    path = Path(path).expanduser().absolute()
+    # the path as it will be used: `..` and symlinks resolved (a run's folders are made under Path.resolve()), so
+    # relative/ckpt/../../../../proc/x is checked as /proc/x, not as a folder under relative/
+    path = Path(os.path.realpath(Path(path).expanduser()))
     for p in [path, *path.parents]:
         if p.exists() and not p.is_dir():
             return f"{p} exists and is not a directory"

@@ -158,7 +158,8 @@ def _plan(request) -> int:
     from restart_harness.plan import estimate
 
     plan = estimate.build(request.spec, request.options.bandwidth_gbps, request.target)
-    print(json.dumps(plan, indent=1) if request.options.plan == "json" else estimate.render(plan))
+    print(json.dumps(plan, indent=1) if request.options.plan == "json"
+          else estimate.render(plan, files=request.options.detail == "files"))
     return 0
 
 

@@ -79,11 +79,21 @@ def test_plan_memory_grows_no_faster_than_the_plan():
 
 
 def test_text_plan_lists_every_file(tmp_path):
-    proc = plan_cli(["70B", "tp=8", "pp=4", "dp=2", "plan=true", "bandwidth_gbps=5"], tmp_path)
+    proc = plan_cli(["70B", "tp=8", "pp=4", "dp=2", "plan=true", "bandwidth_gbps=5", "detail=files"], tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "layer_82-model_07-model_states.pt" in out and "bf16_zero_pp_rank_1_mp_rank_31_optim_states.pt" in out
     assert "total_files        760" in out and "save_seconds" in out and "restart_read_seconds" in out
+    assert out.index("total_files") < out.index("layer_82-model_07-model_states.pt")  # the summary first
+
+
+def test_text_plan_is_a_summary_unless_files_are_asked_for(tmp_path):
+    """At scale the file list is thousands of lines: by default the summary alone, durations in readable units."""
+    out = plan_cli(["plan", "llama3-1T", "tp=8", "pp=64", "dp=2", "bandwidth_gbps=0.5"], tmp_path).stdout
+    assert len(out.splitlines()) < 30 and "total_files" in out and "detail=files" in out, out
+    assert "_optim_states.pt" not in out
+    save = next(line for line in out.splitlines() if "save_seconds" in line)
+    assert " h)" in save, save  # hours said beside the seconds
 
 
 def test_plan_without_bandwidth_says_how_to_get_one(tmp_path):

@@ -13,6 +13,9 @@ from restart_harness.storage import baseline
 @dataclass
 class PlanOptions:
     plan: str = key("text", "output: text (a table) or json", group="plan", choices=("text", "json"))
+    detail: str = key("summary", "text output: summary = totals, bytes per rank and the estimate; files = every file "
+                                 "too, one line each, after the summary (json always lists them)", group="plan",
+                      choices=("summary", "files"))
     bandwidth_gbps: float | None = key(None, "storage bandwidth for the estimate (both directions); default: the "
                                              "cached storage baseline of the checkpoint directory's file system",
                                        group="plan", unit="GB/s = 10^9 bytes/s", above=0)

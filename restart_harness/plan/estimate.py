@@ -125,25 +125,28 @@ def build(spec: RunSpec, bandwidth_gbps: float | None = None, target: RunSpec | 
 
 
 def _size(n: float) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, scale in (("PiB", 1 << 50), ("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n:.0f} B"
 
 
-def render(plan: dict) -> str:
-    """Every file, then totals, bytes per rank and the estimate."""
+def duration(seconds: float) -> str:
+    """Seconds as people read them, beside the exact figure: 39367.847 s -> "10.9 h"."""
+    for unit, scale in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * scale:
+            return f"{seconds / scale:.1f} {unit}"
+    return f"{seconds:.1f} s"
+
+
+def render(plan: dict, files: bool = False) -> str:
+    """The summary (totals, bytes per rank, the estimate, a restart at another layout), then with `files` every file;
+    at scale the file list runs to thousands of lines, so it comes last and only when asked for."""
     lay = plan["layout"]
     lines = [(f"plan: {plan['model']} ({plan['num_parameters']:,} parameters), tp={lay['tp']} pp={lay['pp']} "
              f"dp={lay['dp']} zero={lay.get('zero', 1)} ({lay['world_size']} ranks), {plan['precision']}, "
              f"engine {plan['engine']}"),
              f"names: {plan['names']}: {plan['note']}", ""]
-    if plan["files"]:
-        width = max(len(f["path"]) for f in plan["files"])
-        lines.append(f"{'path':<{width}}  {'bytes':>15}  {'rank':>5}  kind")
-        for f in plan["files"]:
-            lines.append(f"{f['path']:<{width}}  {f['bytes']:>15,}  {f['rank']:>5}  {f['kind']}")
-        lines.append("")
     lines.append(f"total_files        {plan['total_files']}")
     lines.append(f"total_bytes        {plan['total_bytes']:,} ({_size(plan['total_bytes'])}; tensors "
                  f"{plan['tensor_bytes']:,})")
@@ -160,9 +163,10 @@ def render(plan: dict) -> str:
     est = plan["estimate"]
     if est and est["source"]:
         lines += [f"estimate           at {est['source']}",
-                  f"  save_seconds          {est['save_seconds']:.3f}  (total_bytes / {est['write_gb_s']:g} GB/s)",
-                  (f"  restart_read_seconds  {est['restart_read_seconds']:.3f}  (restart_read_bytes / "
-                  f"{est['read_gb_s']:g} GB/s)"),
+                  (f"  save_seconds          {est['save_seconds']:.3f} ({duration(est['save_seconds'])})  "
+                   f"(total_bytes / {est['write_gb_s']:g} GB/s)"),
+                  (f"  restart_read_seconds  {est['restart_read_seconds']:.3f} "
+                   f"({duration(est['restart_read_seconds'])})  (restart_read_bytes / {est['read_gb_s']:g} GB/s)"),
                   f"  ignores: {est['ignores']}"]
     elif est:
         lines.append(f"estimate           {est['note']}")
@@ -175,4 +179,10 @@ def render(plan: dict) -> str:
                   "optimizer_state.pt, the mp_rank files"),
                   (f"  restart_read_bytes {rs['restart_read_bytes']:,} ({_size(rs['restart_read_bytes'])}); per rank "
                   f"max {per['max']:,}, min {per['min']:,}")]
+    if plan["files"] and files:
+        width = max(len(f["path"]) for f in plan["files"])
+        lines += ["", f"{'path':<{width}}  {'bytes':>15}  {'rank':>5}  kind"]
+        lines += [f"{f['path']:<{width}}  {f['bytes']:>15,}  {f['rank']:>5}  {f['kind']}" for f in plan["files"]]
+    elif plan["files"]:
+        lines += ["", f"files: {len(plan['files'])} (each with its bytes, writing rank and kind: detail=files)"]
     return "\n".join(lines)

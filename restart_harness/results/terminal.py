@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from restart_harness.results import placement
 from restart_harness.results.schema import LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES
 
@@ -37,6 +39,7 @@ def _storage_rows(name: str, phase: dict) -> list[tuple[str, str]]:
 
 def render(summary: dict) -> str:
     spec, ck, rs = summary["spec"], summary["checkpoint"], summary["restart"]
+    restarts = summary.get("restarts") or []
     d = spec["derived"]
     shrunk = f" (shrunk /{spec['shrink']})" if d["shrunk"] else ""
     rows = [
@@ -87,7 +90,8 @@ def render(summary: dict) -> str:
             rows.append(("restarted at", f"{layout['loaded']} ({rs['ranks']} ranks), from {layout['saved']}; it loaded "
                                          f"{loaded.get('tag')}{read}"))
         until = "checkpoint loaded" if spec.get("emulate") else "first step done"
-        rows.append(("restart", f"{_s(rs['total_seconds'])} process start -> {until} "
+        latest = f" (latest of {len(restarts)})" if len(restarts) > 1 else ""
+        rows.append(("restart", f"{rs['record']}{latest}: {_s(rs['total_seconds'])} process start -> {until} "
                                 f"(+{_s(rs['launch_seconds'])} launcher); cache {c.get('observed', '-')}"))
         rows.append(("phases", "  ".join(f"{k} {v:.2f}" for k, v in rs["phases"].items())))
         sr = (rs.get("load_breakdown") or {}).get("storage_read")
@@ -117,6 +121,7 @@ def render(summary: dict) -> str:
         rows.append(("storage", f"baseline write {base['write_mib_s']:,.1f} / read {base['read_mib_s']:,.1f} MiB/s "
                                 f"({base['method']}{_when(base)}); efficiency save "
                                 f"{pct.get('save', '-')}, load {pct.get('load', '-')}"))
+    rows += _restart_rows(restarts)
     rows += _prediction_rows(summary.get("prediction"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -134,11 +139,36 @@ def _node_rows(name: str, phase: dict, seconds: str, nbytes: str, verb: str) -> 
     return [(name, " | ".join(parts) + tail)]
 
 
+def _restart_rows(restarts: list[dict]) -> list[tuple[str, str]]:
+    """Every restart of the checkpoint side by side (the point of repeating them: restart-only re-runs), with the
+    median of those at the run's own layout that verified."""
+    if len(restarts) < 2:
+        return []
+    rows = []
+    for r in restarts:
+        layout = (r.get("layout") or {}).get("loaded") or "-"
+        took = (f"{_s(r['total_seconds'])} + {_s(r['launch_seconds'])} launcher"
+                if r.get("total_seconds") is not None and r.get("launch_seconds") is not None else "-")
+        verdict = "verified" if r.get("verified") else "NOT verified" if r.get("verified") is False else "failed"
+        rows.append((f"  {r['record']}", f"{layout}, cache {(r.get('cache') or {}).get('observed', '-')}: {took}, "
+                                         f"{verdict}"))
+    own = [r["total_seconds"] + r["launch_seconds"] for r in restarts if r.get("verified")
+           and r.get("total_seconds") is not None and r.get("launch_seconds") is not None
+           and (r.get("layout") or {}).get("loaded") == (r.get("layout") or {}).get("saved")]
+    if own:
+        rows.insert(0, ("restarts", f"{len(restarts)} of this checkpoint; at its own layout, verified: median "
+                                    f"{_s(statistics.median(own))} with launcher over {len(own)}"))
+    else:
+        rows.insert(0, ("restarts", f"{len(restarts)} of this checkpoint"))
+    return rows
+
+
 def _prediction_rows(checked: dict | None) -> list[tuple[str, str]]:
     """What the run predicted for itself before launch beside what it measured (docs/prediction.md)."""
     phases = (checked or {}).get("phases") or {}
     parts = []
-    for label, name in (("durable save", "save_durable_seconds"), ("restart with launcher", PREDICTED_TOTAL)):
+    # the prediction is of the run's own first restart (results/prediction.py first_restart), whichever is shown above
+    for label, name in (("durable save", "save_durable_seconds"), ("restart-01 with launcher", PREDICTED_TOTAL)):
         p = phases.get(name) or {}
         if p.get("predicted") is not None and p.get("measured") is not None:
             parts.append(f"{label} {p['predicted']:.3f} s, measured {p['measured']:.3f} s ({p['rel_error']:+.0%})")

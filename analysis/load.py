@@ -4,6 +4,7 @@ runner, torch or DeepSpeed, so it works wherever matplotlib does."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 from dataclasses import dataclass, field
@@ -178,10 +179,38 @@ def sweep_failures(roots: list[Path], runs: list[Run]) -> list[SweepFailure]:
     return out
 
 
-def load(paths: list[str | Path]) -> tuple[list[Run], list[Skipped]]:
-    """Every run found under the paths (each read once), and every path or run that was skipped."""
+INCLUDE = ("failed", "dry")  # what a report leaves out unless asked: runs that did not finish, dry runs
+
+
+@dataclass
+class Loaded:
+    """What load() found: the runs to report, what could not be read, and how many runs were left out by choice."""
+
+    runs: list[Run]
+    skipped: list[Skipped]
+    left_out: dict[str, int] = field(default_factory=dict)  # "failed" / "dry" / "not matching" -> runs
+
+    def __iter__(self):  # runs, skipped = load(...)
+        return iter((self.runs, self.skipped))
+
+
+def _left_out_as(result: Run | Skipped, run_dir: Path) -> str | None:
+    """Which of INCLUDE a run belongs to when a report leaves it out by default, or None (always reported)."""
+    if isinstance(result, Run):
+        return None if result.state == "complete" else "failed"
+    state = observed(run_dir)["state"]
+    if state == "dry_run":
+        return "dry"
+    return "failed" if state in ("failed", "unreadable") else None
+
+
+def load(paths: list[str | Path], include: tuple[str, ...] = INCLUDE, match: str | None = None) -> Loaded:
+    """Every run found under the paths (each read once), and every path or run that was skipped. `include`: which
+    of failed and dry runs to take in (the others are counted in left_out); `match`: only runs whose folder name, or
+    path below the folder given, matches this glob."""
     runs: list[Run] = []
     skipped: list[Skipped] = []
+    left_out: dict[str, int] = {}
     seen: set[Path] = set()
     for given in paths:
         root = Path(given)
@@ -200,6 +229,14 @@ def load(paths: list[str | Path]) -> tuple[list[Run], list[Skipped]]:
             if key in seen:
                 continue
             seen.add(key)
+            rel = run_dir.relative_to(root).as_posix() if run_dir != root else run_dir.name
+            if match and not (fnmatch.fnmatch(run_dir.name, match) or fnmatch.fnmatch(rel, match)):
+                left_out["not matching"] = left_out.get("not matching", 0) + 1
+                continue
             result = read_run(run_dir, root)
+            kind = _left_out_as(result, run_dir)
+            if kind is not None and kind not in include:
+                left_out[kind] = left_out.get(kind, 0) + 1
+                continue
             (skipped if isinstance(result, Skipped) else runs).append(result)
-    return runs, skipped
+    return Loaded(runs, skipped, left_out)

@@ -4,6 +4,7 @@ repeats; a black whisker spans min to max where a bar has more than one repeat."
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 from matplotlib.figure import Figure
@@ -93,6 +94,9 @@ def _with_checkpoint(groups: list[Group]) -> list[Group]:
     return [g for g in groups if (g.run_stat("checkpoint_bytes") or Stat(0, 0, 0, 0)).median > 0]
 
 
+LOG_SPAN = 100  # a figure whose values span more than this factor gets a log axis
+
+
 def checkpoint_by_layout(groups: list[Group], column: str, ylabel: str, title: str) -> Figure | None:
     """Bars per layout (x) and model/engine (series) of a per-run checkpoint figure."""
     gs = _with_checkpoint(groups)
@@ -104,11 +108,15 @@ def checkpoint_by_layout(groups: list[Group], column: str, ylabel: str, title: s
         name = " ".join(x for x in (g.model, g.engine, g.extra) if x)
         series.setdefault(name, [None] * len(layouts))[layouts.index(g.layout)] = g.run_stat(column)
     largest = max(s.max for ss in series.values() for s in ss if s)
+    smallest = min((s.median for ss in series.values() for s in ss if s and s.median > 0), default=largest)
     unit, scale = byte_unit(largest) if column.endswith("_bytes") else ("", 1)
     fig, ax = _figure(len(layouts) * max(1, len(series)) / 2 + 1)
     grouped_bars(ax, layouts, series, scale, "{:,.0f}" if scale == 1 else "{:,.2f}")
     ax.set_xlabel("layout (tensor, pipeline, data parallel degrees)")
-    ax.set_ylabel(ylabel.format(unit=unit))
+    spans_decades = largest > LOG_SPAN * smallest  # on a linear axis the small bars would vanish
+    if spans_decades:
+        ax.set_yscale("log")
+    ax.set_ylabel(ylabel.format(unit=unit) + (", log scale" if spans_decades else ""))
     ax.set_title(title, loc="left")
     ax.legend(title="model, engine", **LEGEND)
     _caption(fig, CAPTION)
@@ -301,21 +309,29 @@ def save_breakdown(groups: list[Group]) -> Figure | None:
                     source=lambda g, c: g.save_stat(c))
 
 
-MAX_TIMELINES = 6
+MAX_TIMELINES = 6  # configurations on one page of the restart timeline; more make more pages
 
 
-def restart_timeline(groups: list[Group], phases: list[str]) -> Figure | None:
-    """One restart per configuration (its latest), every rank a row: the launcher, each phase, the verification,
-    and inside the checkpoint load what the rank's main thread did (read+deserialize, copy, wait)."""
+def restart_timelines(groups: list[Group], phases: list[str]) -> list[Figure]:
+    """The restart timeline of every configuration, MAX_TIMELINES to a page."""
     shown = []
     for g in groups:
         rec = next((r for run in reversed(g.runs) for r in reversed(run.summary.get("restarts") or [])
                     if isinstance(r, dict) and r.get("per_rank") and all("marks" in x for x in r["per_rank"])), None)
         if rec:
             shown.append((g, rec))
-    if not shown:
-        return None
-    shown = shown[:MAX_TIMELINES]
+    pages = [shown[i:i + MAX_TIMELINES] for i in range(0, len(shown), MAX_TIMELINES)]
+    return [_timeline_page(page, phases, (n, len(pages))) for n, page in enumerate(pages, 1)]
+
+
+def restart_timeline(groups: list[Group], phases: list[str]) -> Figure | None:
+    """The first page of the restart timeline (restart_timelines: every page), or None without per-rank marks."""
+    return next(iter(restart_timelines(groups, phases)), None)
+
+
+def _timeline_page(shown: list, phases: list[str], page: tuple[int, int] = (1, 1)) -> Figure:
+    """One restart per configuration (its latest), every rank a row: the launcher, each phase, the verification,
+    and inside the checkpoint load what the rank's main thread did (read+deserialize, copy, wait)."""
     heights = [1.0 + 0.35 * len(rec["per_rank"]) for _, rec in shown]
     fig = Figure(figsize=(11.0, 1.2 + sum(heights)), layout="constrained")
     axes = fig.subplots(len(shown), 1, squeeze=False, height_ratios=heights)[:, 0]
@@ -354,10 +370,10 @@ def restart_timeline(groups: list[Group], phases: list[str]) -> Figure | None:
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel("seconds since the first rank's process start")
     fig.legend(list(used.values()), [n.replace("_", " ") for n in used], loc="outside right upper", fontsize="small")
-    fig.suptitle("Restart timeline per rank (one restart per configuration)")
+    fig.suptitle("Restart timeline per rank (one restart per configuration)"
+                 + (f", page {page[0]} of {page[1]}" if page[1] > 1 else ""))
     _caption(fig, "wide bars: each rank's phases between its own marks; thin bars: inside the checkpoint load, what "
-                  "the main thread did (docs/anatomy.md)" + (f"; first {MAX_TIMELINES} configurations"
-                                                              if len(groups) > MAX_TIMELINES else ""))
+                  "the main thread did (docs/anatomy.md)")
     return fig
 
 
@@ -440,11 +456,26 @@ def prediction(groups: list[Group]) -> Figure | None:
     return fig
 
 
+def _per_model(name: str, draw, groups: list[Group]) -> dict[str, Figure | None]:
+    """One figure per model where the runs are of several (a 3 MiB and a 231 GiB model share no axis)."""
+    models = list(dict.fromkeys(g.model for g in groups))
+    if len(models) < 2:
+        return {name: draw(groups)}
+    return {f"{name}_{re.sub(r'[^A-Za-z0-9.-]', '_', m)}": draw([g for g in groups if g.model == m]) for m in models}
+
+
+def _pages(name: str, figures: list[Figure]) -> dict[str, Figure | None]:
+    """name, name_2, name_3, ... for the pages of one figure (None: no data)."""
+    if not figures:
+        return {name: None}
+    return {name if n == 1 else f"{name}_{n}": fig for n, fig in enumerate(figures, 1)}
+
+
 def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | None]:
     """Every figure by file name (unit in the name); None where no run has its data."""
     return {
-        "checkpoint_bytes": checkpoint_bytes(groups),
-        "checkpoint_files": checkpoint_files(groups),
+        **_per_model("checkpoint_bytes", checkpoint_bytes, groups),
+        **_per_model("checkpoint_files", checkpoint_files, groups),
         "save_seconds": save_seconds(groups),
         "throughput_mib_s": throughput(groups),
         "restart_phases_seconds": restart_phases(groups, phases),
@@ -452,7 +483,7 @@ def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | No
         "step_seconds": step_seconds(groups),
         "load_breakdown_seconds": load_breakdown(groups),
         "save_breakdown_seconds": save_breakdown(groups),
-        "restart_timeline_seconds": restart_timeline(groups, phases),
+        **_pages("restart_timeline_seconds", restart_timelines(groups, phases)),
         "reshard_seconds": reshard_seconds(groups, phases),
         "prediction_seconds": prediction(groups),
     }

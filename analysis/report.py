@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""./analysis/report.py RUN_OR_SWEEP_DIR... [-o REPORT_DIR]   (also: python -m analysis ...)
+"""./analysis/report.py RUN_OR_SWEEP_DIR... [-o REPORT_DIR] [include=failed,dry] [match=GLOB]   (also: python -m
+analysis ..., ./submit-job.sh report ...)
 
-Finds every run directory (one holding spec.json) at or below the paths given, and writes a report folder:
+Finds every finished run (a directory holding spec.json whose run completed) at or below the paths given, and writes
+a report folder (default ./reports/report-<time>/):
 runs.csv (one row per run and restart record), saves.csv (one row per save), report.md, one PNG per figure and
 report.html (everything embedded). Unreadable inputs are named on stderr, one line each, and skipped. The last
 line printed is the report folder. Exit 0 if at least one run was read, 2 if none (nothing is written then)."""
@@ -39,8 +41,23 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP_DIR",
                    help="run directories, sweep folders or whole results/ folders (searched recursively)")
     p.add_argument("-o", "--output", type=Path, default=None,
-                   help="report folder to create (must not exist or be empty); default reports/report-<time>/")
-    return p.parse_args(argv)
+                   help="report folder to create (must not exist or be empty); default reports/report-<time>/ in the "
+                        "current folder")
+    p.add_argument("--include", default="", metavar="failed,dry",
+                   help="also report runs that did not finish (failed, interrupted) and dry runs; by default only "
+                        "finished runs are, and the others are counted on one line (also include=...)")
+    p.add_argument("--match", default=None, metavar="GLOB",
+                   help="only runs whose folder name (or path below a folder given) matches, e.g. 'tiny-*' or "
+                        "'sweep-*/*' (also match=...)")
+    # key=value spellings, as the harness's other commands take them
+    argv = [f"--{t.split('=', 1)[0]}={t.split('=', 1)[1]}" if t.startswith(("include=", "match=")) else t
+            for t in argv]
+    args = p.parse_args(argv)
+    args.include = tuple(w for w in args.include.split(",") if w)
+    unknown = [w for w in args.include if w not in ld.INCLUDE]
+    if unknown:
+        p.error(f"include={unknown[0]}: accepted: {', '.join(ld.INCLUDE)} (comma-separated)")
+    return args
 
 
 def report_dir(requested: Path | None) -> Path:
@@ -96,7 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.output is not None and args.output.exists() and (not args.output.is_dir() or any(args.output.iterdir())):
         print(f"error: -o {args.output} already exists and is not an empty folder; give a new one", file=sys.stderr)
         return 2
-    runs, skipped = ld.load(args.paths)
+    loaded = ld.load(args.paths, include=args.include, match=args.match)
+    runs, skipped = loaded.runs, loaded.skipped
+    if loaded.left_out:
+        words = {"failed": "failed or interrupted", "dry": "dry", "not matching": f"not matching {args.match}"}
+        said = ", ".join(f"{n} {words[k]}" for k, n in sorted(loaded.left_out.items()))
+        hint = [k for k in ld.INCLUDE if k in loaded.left_out]
+        print(f"left out: {said} run(s)" + (f" (include={','.join(hint)} takes them in)" if hint else ""),
+              file=sys.stderr)
     for s in skipped:
         print(s.line(), file=sys.stderr)
     for r in runs:

@@ -18,7 +18,7 @@ from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.container import BarContainer, ErrorbarContainer
 
 from analysis import load as ld
-from analysis import report
+from analysis import plots, report
 
 MIB = 2**20
 STORED = REPO / "tests" / "data" / "results"
@@ -283,7 +283,8 @@ def test_bad_inputs_named_and_skipped(tiny_dp2: Path, tmp_path: Path):
     _edit_summary(failed, lambda s: s.update(status={"state": "failed", "reason": "restart phase timed out"}))
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = report_cmd(str(tmp_path / "results"), str(empty), "-o", str(tmp_path / "out"), module=True)
+    proc = report_cmd(str(tmp_path / "results"), str(empty), "-o", str(tmp_path / "out"), "include=failed",
+                      module=True)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stderr.strip().splitlines()
     expected = {corrupt: "corrupt summary.json (not JSON", running: "still in progress", empty: "no run directories",
@@ -298,6 +299,20 @@ def test_bad_inputs_named_and_skipped(tiny_dp2: Path, tmp_path: Path):
     # the failed run is in the table but not in the plots: one configuration of two complete runs
     assert len(report.build(*ld.load([tmp_path / "results"]), [])["groups"][0].runs) == 2
     assert str(good) not in proc.stderr
+    # by default a report takes finished runs only: the failed run and a dry run are counted, not reported
+    dry = _copy_results(tiny_dp2, tmp_path / "results" / "dry")
+    (dry / "summary.json").unlink()
+    (dry / "status.json").write_text(json.dumps({"state": "dry_run", "reason": "dry_run=true", "time": 0}))
+    proc = report_cmd(str(tmp_path / "results"), "-o", str(tmp_path / "default"), "match=*[a-z]")
+    assert proc.returncode == 0, proc.stderr
+    assert ("left out: 1 dry, 1 failed or interrupted run(s) (include=failed,dry takes them in)"
+            in proc.stderr.splitlines()), proc.stderr
+    with open(tmp_path / "default" / "runs.csv") as f:
+        assert sorted(Path(r["run_dir"]).name for r in csv.DictReader(f)) == ["good", "newer"]
+    proc = report_cmd(str(tmp_path / "results"), "-o", str(tmp_path / "matched"), "match=go*")
+    with open(tmp_path / "matched" / "runs.csv") as f:
+        assert [Path(r["run_dir"]).name for r in csv.DictReader(f)] == ["good"]
+    assert "not matching go*" in proc.stderr
 
 
 def test_sweep_folder(tiny_dp2: Path, tmp_path: Path):
@@ -389,3 +404,27 @@ def test_html_opens_in_headless_chromium(made_report, tmp_path: Path):
     # a page that rendered tables and images has many distinct colours, a blank or error page very few
     flat = (pixels[:, :, :3] * 255).astype("uint8").reshape(-1, 3)
     assert len({tuple(p) for p in flat[::97]}) > 50
+
+
+def test_many_configurations_and_models_each_get_a_readable_figure(more_runs: Path, tmp_path: Path):
+    """Sizes spanning decades get a log axis, models of their own figures, and every configuration its restart
+    timeline (six to a page)."""
+    n = 0
+    for engine in range(7):
+        for run in sorted(p for p in more_runs.iterdir() if p.is_dir()):
+            copy = _copy_results(run, tmp_path / "results" / f"r{n:02d}")
+            n += 1
+            _edit_summary(copy, lambda s, e=engine: s["spec"].update(engine=f"e{e}"))
+            if engine == 0:  # a model 1,000 times larger
+                _edit_summary(copy, lambda s: (s["spec"].update(model="big"),
+                                               s["checkpoint"].update(bytes=s["checkpoint"]["bytes"] * 1000)))
+    built = report.build(*ld.load([tmp_path / "results"]), [])
+    figures = {k for k, v in built["figures"].items() if v is not None}
+    assert {"checkpoint_bytes_tiny", "checkpoint_bytes_big", "checkpoint_files_tiny"} <= figures, figures
+    configurations = len(built["groups"])
+    pages = -(-configurations // plots.MAX_TIMELINES)
+    assert pages > 1 and {"restart_timeline_seconds", f"restart_timeline_seconds_{pages}"} <= figures
+    shown = sum(len(built["figures"][k].axes) for k in figures if k.startswith("restart_timeline_seconds"))
+    assert shown == configurations
+    one_axis = plots.checkpoint_bytes(built["groups"]).axes[0]  # both models on one axis: log scale
+    assert one_axis.get_yscale() == "log" and "log scale" in one_axis.get_ylabel()

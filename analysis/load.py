@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from restart_harness.results import schema
-from restart_harness.results.status import observed
+from restart_harness.results.status import find_run_dirs, observed
 
 KNOWN_SCHEMA_VERSIONS = schema.READABLE_VERSIONS
 # spec fields that must be present for a run to be placed on any table or plot.
@@ -72,20 +71,6 @@ def _read_json(path: Path) -> tuple[object | None, str | None]:
         return None, f"cannot read {path.name} ({exc.__class__.__name__}: {exc})"
     except json.JSONDecodeError as exc:
         return None, f"corrupt {path.name} (not JSON: {exc.msg} at line {exc.lineno} column {exc.colno})"
-
-
-def find_run_dirs(root: Path) -> list[Path]:
-    """Run directories (those holding spec.json) at or below root; a run's own subfolders are not searched."""
-    if (root / "spec.json").is_file():
-        return [root]
-    found = []
-    for here, dirs, files in os.walk(root):
-        if "spec.json" in files:
-            found.append(Path(here))
-            dirs.clear()  # a run directory holds checkpoints, not other runs
-        else:
-            dirs.sort()
-    return sorted(found)
 
 
 def _sweep_of(run_dir: Path, root: Path) -> str | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from pathlib import Path
 
 from restart_harness.errors import RunFailed, UsageError
 
@@ -75,6 +76,11 @@ def _main(argv: list[str]) -> int:
             if spec.device == "auto":  # as a run resolves it, without the run's checks of this node's resources
                 spec = dataclasses.replace(spec, device="cuda" if machine.nvidia_devices() else "cpu")
             return _predict(spec, request.options)
+        if name == "clean":
+            options = command.parse_clean(tokens)
+            if not Path(options.folder).expanduser().is_dir():
+                raise UsageError(f"folder={options.folder}: no such directory; accepted: a folder of runs (results)")
+            return _clean(options)
         if name == "calibrate":
             options = command.parse_calibrate(tokens)
             preflight.output_file("out", options.out)
@@ -172,6 +178,24 @@ def _predict(spec, options) -> int:
     store = forecast.storage(spec, options.write_gbps, options.read_gbps, metadata_ops_s=options.metadata_ops_s)
     prediction = forecast.build(spec, options.cpus_per_node or os.cpu_count() or 1, store)
     print(json.dumps(prediction, indent=1) if options.predict == "json" else forecast.render(prediction))
+    return 0
+
+
+def _clean(options) -> int:
+    from restart_harness.results import clean
+
+    found, problems = clean.candidates(Path(options.folder).expanduser(), options.older_than_hours,
+                                       options.larger_than, options.prefix)
+    for problem in problems:
+        print(f"skipped {problem}", file=sys.stderr)
+    verb = "deleted" if options.apply else "would delete"
+    for c in found:
+        if options.apply:
+            clean.delete(c)
+        print(f"{verb} {clean.line(c)}")
+    total = sum(c.bytes for c in found)
+    print(f"{verb} the checkpoints of {len(found)} finished runs, {total / 2**30:,.2f} GiB in all; their results "
+          "(spec, summary, events, logs) are kept" + ("" if options.apply else "; apply=true deletes them"))
     return 0
 
 

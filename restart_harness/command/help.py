@@ -10,6 +10,7 @@ from restart_harness.command.options import (
     MLPERF_FIXED,
     BaselineOptions,
     CalibrateOptions,
+    CleanOptions,
     MatrixOptions,
     MlperfOptions,
     PlanOptions,
@@ -32,6 +33,7 @@ usage: ./submit-job.sh [run] MODEL [key=value ...]          train, checkpoint, r
        ./submit-job.sh report RUN_OR_SWEEP_DIR... [-o DIR]   runs.csv, report.md/.html and plots (analysis/)
        ./submit-job.sh matrix [key=value ...]                every engine x layouts that fit the node, verified
        ./submit-job.sh mlperf [WORKLOAD] [key=value ...]     an MLPerf Storage checkpoint workload, MLPerf's metrics
+       ./submit-job.sh clean [key=value ...]                 delete finished runs' checkpoints, keep their results
 (older spellings: `phase=restart run=DIR`, `MODEL ... plan=true|json`)
 
 MODEL: {presets} (configs/models/), a .yaml preset, or a local HF config.json (or its folder)
@@ -58,6 +60,7 @@ def usage() -> str:
     lines += _section("matrix keys (with `matrix`)", list(keys_of(MatrixOptions).values()))
     lines += [*_section("restart keys (with `restart`)", list(keys_of(RestartOptions).values()))[:-1],
               f"  and of the run keys above: {', '.join(restart_keys())}", ""]
+    lines += _section("clean keys (with `clean`)", list(keys_of(CleanOptions).values()))
     lines += [*_section("mlperf keys (with `mlperf WORKLOAD`)", list(keys_of(MlperfOptions).values()))[:-1],
               f"  and the run keys above except {', '.join(MLPERF_FIXED)} and the model's shape (the workload's)", ""]
     lines.append("training stacks (stack=NAME):")
@@ -77,7 +80,8 @@ def usage() -> str:
 # the options of each command other than a run; those marked with a run's keys take them too
 _COMMAND_KEYS = {"plan": (PlanOptions, True), "predict": (PredictOptions, True), "calibrate": (CalibrateOptions, False),
                  "baseline": (BaselineOptions, False), "matrix": (MatrixOptions, False),
-                 "restart": (RestartOptions, False), "mlperf": (MlperfOptions, False)}
+                 "restart": (RestartOptions, False), "mlperf": (MlperfOptions, False),
+                 "clean": (CleanOptions, False)}
 
 
 def command_usage(name: str) -> str:
@@ -127,7 +131,8 @@ def markdown() -> str:
                            ("baseline (`./submit-job.sh baseline ...`)", BaselineOptions),
                            ("matrix (`./submit-job.sh matrix ...`)", MatrixOptions),
                            ("restart (`./submit-job.sh restart ...`)", RestartOptions),
-                           ("mlperf (`./submit-job.sh mlperf WORKLOAD ...`)", MlperfOptions)):
+                           ("mlperf (`./submit-job.sh mlperf WORKLOAD ...`)", MlperfOptions),
+                           ("clean (`./submit-job.sh clean ...`)", CleanOptions)):
         lines += [f"## {title}", "", *table(list(keys_of(options).values()))]
     lines += ["## launchers", "", "| launcher= | what starts the ranks |", "|---|---|"]
     lines += [f"| `{name}`" + "".join(f" (or `{a}`)" for a in cls.aliases) + f" | {cls.description} |"

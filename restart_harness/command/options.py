@@ -1,4 +1,5 @@
-"""The options of the commands other than a run (plan, predict, calibrate, baseline, matrix, restart, mlperf): each a dataclass of declared keys
+"""The options of the commands other than a run (plan, predict, calibrate, baseline, matrix, restart, mlperf,
+clean): each a dataclass of declared keys
 (restart_harness/spec/keys.py), parsed by command/parse.py, listed by --help."""
 
 from __future__ import annotations
@@ -60,6 +61,17 @@ class BaselineOptions:
                            minimum=1)
     ranks: int | None = key(None, f"concurrent writers/readers; default the CPU count, at most {baseline.AUTO_MAX_RANKS}",
                             group="baseline", minimum=1)
+
+
+@dataclass
+class CleanOptions:
+    folder: Path = key("results", "the runs to clean: a results folder, a sweep folder or one run directory, searched "
+                                  "recursively", group="clean")
+    older_than_hours: float | None = key(None, "only runs that finished more than this many hours ago",
+                                         group="clean", unit="h", minimum=0)
+    larger_than: Size | None = key(None, "only checkpoints larger than this", group="clean", unit="bytes", minimum=0)
+    prefix: str | None = key(None, "only runs whose folder name starts with this (tiny-, 70B-tp8)", group="clean")
+    apply: bool = key(False, "delete; by default only list what would be deleted and its total", group="clean")
 
 
 # The matrix's cases beyond DeepSpeed's engines: another training stack with its engine (docs/fsdp2.md).

@@ -30,6 +30,7 @@ from restart_harness.command.options import (
     MLPERF_FIXED,
     BaselineOptions,
     CalibrateOptions,
+    CleanOptions,
     MatrixOptions,
     MlperfOptions,
     PlanOptions,
@@ -42,7 +43,7 @@ from restart_harness.spec.keys import MAX_VALUE_CHARS, Key, coerce, keys_of
 from restart_harness.spec.model_shape import load_model, preset_names, shape_keys
 from restart_harness.spec.runspec import RunSpec, run_keys
 
-COMMANDS = ("run", "plan", "predict", "calibrate", "restart", "baseline", "report", "matrix", "mlperf")
+COMMANDS = ("run", "plan", "predict", "calibrate", "restart", "baseline", "report", "matrix", "mlperf", "clean")
 _TOKEN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 
@@ -306,6 +307,10 @@ def _options(cls: type, tokens: list[str], command: str):
                          f"{', '.join(f'{k}=' for k in declared)}")
     _required(declared, values, command)
     return cls(**values)
+
+
+def parse_clean(tokens: list[str]) -> CleanOptions:
+    return _options(CleanOptions, tokens, "clean")
 
 
 def parse_baseline(tokens: list[str]) -> BaselineOptions:

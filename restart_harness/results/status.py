@@ -40,3 +40,18 @@ def observed(run_dir: Path) -> dict:
                     "reason": f"harness ended: its process (pid {status['pid']} on {status['host']}) is gone and the "
                               "run never finished"}
     return status
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Run directories (those holding spec.json) at or below root; a run's own subfolders are not searched."""
+    root = Path(root)
+    if (root / "spec.json").is_file():
+        return [root]
+    found = []
+    for here, dirs, files in os.walk(root):
+        if "spec.json" in files:
+            found.append(Path(here))
+            dirs.clear()  # a run directory holds checkpoints, not other runs
+        else:
+            dirs.sort()
+    return sorted(found)

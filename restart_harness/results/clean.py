@@ -1,0 +1,75 @@
+"""`./submit-job.sh clean`: delete the checkpoints of finished runs, keep their results. A dry run unless
+apply=true: it lists what would be deleted (each run's checkpoint, where its storage target keeps it, with its
+files and bytes) and the total. Runs in progress are never touched; a run whose checkpoint is deleted keeps
+spec.json, summary.json, events and logs (its report stays whole) and says so in status.json (checkpoint_deleted),
+as keep=false does, so a restart-only re-run of it is refused in one line."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from restart_harness import targets
+from restart_harness.results.status import find_run_dirs, observed
+from restart_harness.spec import run as resolved
+from restart_harness.storage.atomic import read_json, write_json_atomic
+
+FINISHED = ("complete", "failed")
+
+
+@dataclass
+class Candidate:
+    run_dir: Path
+    state: str
+    age_hours: float | None
+    where: str  # the checkpoint, as its target names it
+    files: int
+    bytes: int
+
+
+def _age_hours(status: dict) -> float | None:
+    when = status.get("time")
+    return (time.time() - when) / 3600 if isinstance(when, (int, float)) else None
+
+
+def candidates(folder: Path, older_than_hours: float | None, larger_than: int | None,
+               prefix: str | None) -> tuple[list[Candidate], list[str]]:
+    """The finished runs below folder whose checkpoint is still there and passes the filters; and one line for each
+    run that could not be checked."""
+    out, problems = [], []
+    for run_dir in find_run_dirs(folder):
+        if prefix and not run_dir.name.startswith(prefix):
+            continue
+        status = observed(run_dir)
+        if status["state"] not in FINISHED or status.get("checkpoint_deleted"):
+            continue  # in progress, a dry run, or already cleaned
+        age = _age_hours(status)
+        if older_than_hours is not None and (age is None or age < older_than_hours):
+            continue
+        try:
+            target = targets.for_run(resolved.read(run_dir))
+            if target.missing():
+                continue
+            listing = [f for files in target.listing().values() for f in files]
+        except Exception as exc:  # a run folder from elsewhere, an object store that does not answer: said, skipped
+            problems.append(f"{run_dir}: not checked ({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]})")
+            continue
+        nbytes = sum(n for _, n in listing)
+        if larger_than is not None and nbytes <= larger_than:
+            continue
+        out.append(Candidate(run_dir, status["state"], age, target.describe(), len(listing), nbytes))
+    return out, problems
+
+
+def delete(candidate: Candidate) -> str:
+    """Delete one run's checkpoint through its target; mark its status.json; returns what was deleted."""
+    deleted = targets.for_run(resolved.read(candidate.run_dir)).delete()
+    status_path = candidate.run_dir / "status.json"
+    write_json_atomic(status_path, {**read_json(status_path), "checkpoint_deleted": True})
+    return deleted
+
+
+def line(c: Candidate) -> str:
+    age = f", finished {c.age_hours:,.1f} h ago" if c.age_hours is not None else ""
+    return f"{c.where}: {c.files} files, {c.bytes / 2**20:,.1f} MiB (run {c.run_dir.name}, {c.state}{age})"

@@ -32,3 +32,9 @@ def test_failing_combination_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert load_summary(Path(failed["run_dir"]))["status"]["state"] == "failed"
     assert sweep["counts"] == {"complete": 1, "failed": 1}
     assert "[sweep 1/2" in proc.stderr and "[sweep 2/2" in proc.stderr
+    # before it starts: the time and bytes it will take; as it goes: elapsed, and what is left from the runs done
+    first = next(line for line in proc.stderr.splitlines() if line.startswith("[sweep]"))
+    assert first.startswith("[sweep] 2 runs: about ") and "of checkpoints kept" in first, first
+    assert sweep["estimate"]["runs_predicted"] == 2 and sweep["estimate"]["checkpoint_bytes"] > 0
+    done_line = next(line for line in proc.stderr.splitlines() if line.startswith("[sweep 1/2") and "failed" in line)
+    assert "; elapsed " in done_line and " left" in done_line, done_line

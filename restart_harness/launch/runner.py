@@ -24,6 +24,7 @@ from restart_harness.errors import RunFailed, UsageError
 from restart_harness.generate.ds_config import build_ds_config, deep_merge
 from restart_harness.generate.launch import launch_script, worker_args
 from restart_harness.launch import observe, session
+from restart_harness.plan.estimate import duration
 from restart_harness.results import finalize
 from restart_harness.results.schema import stack_engine
 from restart_harness.spec import run as resolved
@@ -361,6 +362,9 @@ def record_prediction(run: resolved.ResolvedRun, probe: dict | None) -> str | No
     p = made["phases"]
     shown = (("durable save", "save_durable_seconds"), ("restart with launcher", pr.TOTAL))
     parts = [f"{label} {p[name]['seconds']:.2f} s" for label, name in shown if p[name].get("seconds") is not None]
+    whole = forecast.run_wall_seconds(spec, made)
+    if whole is not None:
+        parts.append(f"the whole run about {duration(whole)}")
     return f"calibration {spec.calibration}: " + (", ".join(parts) or "nothing predicted (see prediction.json)")
 
 

@@ -6,6 +6,7 @@ reason, and a failing combination is recorded and the sweep goes on."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from datetime import datetime
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from restart_harness.command.parse import SweepRequest
 from restart_harness.errors import RunFailed
+from restart_harness.plan.estimate import duration, size_text
 from restart_harness.results.schema import SWEEP_SCHEMA_VERSION
 from restart_harness.storage.atomic import make_fresh_dir, write_json_atomic
 
@@ -27,6 +29,26 @@ def new_sweep_dir(results_dir: str) -> Path:
 def _bar(done: int, total: int, width: int = 20) -> str:
     filled = round(width * done / total)
     return "#" * filled + "." * (width - filled)
+
+
+def estimate(spec) -> tuple[float | None, int]:
+    """(predicted wall seconds of one run, or None; the bytes of every checkpoint it keeps), from the calibration in
+    force and the planner; before anything starts. A prediction that fails is no estimate, never an error."""
+    from restart_harness import preflight, stacks
+    from restart_harness.predict import forecast
+
+    if not stacks.of(spec).planned:
+        return None, 0
+    nbytes = preflight.planned_bytes(spec)
+    try:
+        made = forecast.build(spec, os.cpu_count() or 1, forecast.storage(spec))
+        return forecast.run_wall_seconds(spec, made), nbytes
+    except Exception:  # noqa: BLE001 - an estimate must never stop a sweep
+        return None, nbytes
+
+
+def _clock(seconds: float) -> str:
+    return duration(seconds).replace(".0 ", " ")
 
 
 def run(request: SweepRequest) -> Path:
@@ -47,12 +69,23 @@ def run(request: SweepRequest) -> Path:
     write_json_atomic(sweep_dir / "sweep.json", sweep)
     total = len(runs)
     by_index = [combo for combo in combos for _ in range(combo.spec.repeats)]
+    guesses = {id(c): estimate(c.spec) for c in combos}
+    predicted = [guesses[id(c)][0] for c in by_index]
+    nbytes = sum(guesses[id(c)][1] for c in by_index)
+    known = [p for p in predicted if p is not None]
+    said = (f"about {_clock(sum(known))}" + (f" for the {len(known)} runs predicted" if len(known) < total else "")
+            + f" (calibration {combos[0].spec.calibration})") if known else "no time estimate (nothing predicted)"
+    dry = " dry runs, nothing launched; run for real they would take" if combos[0].spec.dry_run else " runs:"
+    print(f"[sweep] {total}{dry} {said}; {size_text(nbytes)} of checkpoints kept", file=sys.stderr, flush=True)
+    sweep["estimate"] = {"wall_seconds": round(sum(known), 1) if known else None, "runs_predicted": len(known),
+                         "checkpoint_bytes": nbytes}
+    started = time.time()
     try:
         for entry, combo in zip(runs, by_index):
             label = " ".join(f"{k}={v}" for k, v in entry["combination"].items()) or "(one combination)"
             rep = f", repeat {entry['repeat']}/{entry['repeats']}" if entry["repeats"] > 1 else ""
-            print(f"[sweep {entry['index']}/{total} {_bar(entry['index'] - 1, total)}] {label}{rep}",
-                  file=sys.stderr, flush=True)
+            print(f"[sweep {entry['index']}/{total} {_bar(entry['index'] - 1, total)}] {label}{rep}"
+                  + _times(started, entry["index"] - 1, predicted), file=sys.stderr, flush=True)
             entry["state"] = "running"
             write_json_atomic(sweep_dir / "sweep.json", sweep)
             spec = dataclasses.replace(combo.spec, results_dir=str(sweep_dir))
@@ -68,7 +101,8 @@ def run(request: SweepRequest) -> Path:
                 entry["run_dir"] = str(made[-1]) if made else None
             write_json_atomic(sweep_dir / "sweep.json", sweep)
             print(f"[sweep {entry['index']}/{total} {_bar(entry['index'], total)}] {entry['state']}"
-                  + (f": {entry['reason']}" if entry["reason"] else ""), file=sys.stderr, flush=True)
+                  + (f": {entry['reason']}" if entry["reason"] else "") + _times(started, entry["index"], predicted),
+                  file=sys.stderr, flush=True)
     except KeyboardInterrupt:
         for entry in runs:
             if entry["state"] in ("pending", "running"):
@@ -82,6 +116,20 @@ def run(request: SweepRequest) -> Path:
         sweep["counts"] = {s: sum(1 for r in runs if r["state"] == s) for s in sorted({r["state"] for r in runs})}
         write_json_atomic(sweep_dir / "sweep.json", sweep)
     return sweep_dir
+
+
+def _times(started: float, done: int, predicted: list[float | None]) -> str:
+    """"; elapsed 2 min, ~6 min left": the time left from the runs done so far (their mean, measured) once one is,
+    else from the prediction."""
+    elapsed = time.time() - started
+    left = len(predicted) - done
+    if done:
+        remaining = elapsed / done * left
+    elif all(p is not None for p in predicted):
+        remaining = sum(predicted)
+    else:
+        return f"; elapsed {_clock(elapsed)}"
+    return f"; elapsed {_clock(elapsed)}, ~{_clock(remaining)} left" if left else f"; elapsed {_clock(elapsed)}"
 
 
 def render(sweep: dict) -> str:

@@ -124,7 +124,7 @@ def build(spec: RunSpec, bandwidth_gbps: float | None = None, target: RunSpec | 
     return plan
 
 
-def _size(n: float) -> str:
+def size_text(n: float) -> str:
     for unit, scale in (("PiB", 1 << 50), ("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
@@ -148,17 +148,17 @@ def render(plan: dict, files: bool = False) -> str:
              f"engine {plan['engine']}"),
              f"names: {plan['names']}: {plan['note']}", ""]
     lines.append(f"total_files        {plan['total_files']}")
-    lines.append(f"total_bytes        {plan['total_bytes']:,} ({_size(plan['total_bytes'])}; tensors "
+    lines.append(f"total_bytes        {plan['total_bytes']:,} ({size_text(plan['total_bytes'])}; tensors "
                  f"{plan['tensor_bytes']:,})")
     for kind, v in plan["by_kind"].items():
         if v["files"]:
             lines.append(f"  {kind:<17}{v['files']} files, {v['bytes']:,} bytes")
     per = plan["bytes_per_rank"]
     if per:
-        lines.append(f"bytes_per_rank     max {per['max']:,} ({_size(per['max'])}), min {per['min']:,} "
-                     f"({_size(per['min'])}), mean {per['mean']:,.0f}")
+        lines.append(f"bytes_per_rank     max {per['max']:,} ({size_text(per['max'])}), min {per['min']:,} "
+                     f"({size_text(per['min'])}), mean {per['mean']:,.0f}")
         read = plan["restart_read_bytes_per_rank"]
-        lines.append(f"restart_read_bytes {plan['restart_read_bytes']:,} ({_size(plan['restart_read_bytes'])}); per "
+        lines.append(f"restart_read_bytes {plan['restart_read_bytes']:,} ({size_text(plan['restart_read_bytes'])}); per "
                      f"rank max {read['max']:,}, min {read['min']:,}")
     est = plan["estimate"]
     if est and est["source"]:
@@ -175,9 +175,9 @@ def render(plan: dict, files: bool = False) -> str:
         per = rs["restart_read_bytes_per_rank"]
         lines += ["", f"restart at {rs['to']} (from {rs['from']}), through DeepSpeed's universal checkpoint:",
                   (f"  converted          {rs['total_files']} files, {rs['total_bytes']:,} bytes "
-                  f"({_size(rs['total_bytes'])}): zero/<parameter>/{{fp32,exp_avg,exp_avg_sq,step}}.pt at full size, "
+                  f"({size_text(rs['total_bytes'])}): zero/<parameter>/{{fp32,exp_avg,exp_avg_sq,step}}.pt at full size, "
                   "optimizer_state.pt, the mp_rank files"),
-                  (f"  restart_read_bytes {rs['restart_read_bytes']:,} ({_size(rs['restart_read_bytes'])}); per rank "
+                  (f"  restart_read_bytes {rs['restart_read_bytes']:,} ({size_text(rs['restart_read_bytes'])}); per rank "
                   f"max {per['max']:,}, min {per['min']:,}")]
     if plan["files"] and files:
         width = max(len(f["path"]) for f in plan["files"])

@@ -14,7 +14,7 @@ from restart_harness.predict import features as feats
 from restart_harness.predict import fit
 from restart_harness.predict.model import predict
 from restart_harness.results.prediction import PHASES
-from restart_harness.results.schema import MIB
+from restart_harness.results.schema import MIB, PREDICTED_TOTAL
 from restart_harness.spec.runspec import RunSpec
 from restart_harness.storage import baseline
 
@@ -67,6 +67,24 @@ def build(spec: RunSpec, cpus_per_node: int, store: dict, calibration: dict | No
         "storage": store["source"], "features": f.to_json(), "phases": made["phases"], "note": made["notes"],
         "ignores": IGNORES, "predict_seconds": round(time.perf_counter() - start, 6),
     }
+
+
+def run_wall_seconds(spec: RunSpec, made: dict) -> float | None:
+    """A whole run's wall seconds from its phase predictions, for the estimate before a sweep or a long run: two
+    launches (the checkpoint phase starts like a restart does), every training step at the predicted step time
+    (iters before, `after` after the restart), and every save's durable seconds (0 where the storage is unknown).
+    None where start-up or the step is not predicted. Coarse by construction: finalize, the page-cache step and the
+    storage probe are left out."""
+    phases = made.get("phases") or {}
+
+    def seconds(name: str) -> float | None:
+        return (phases.get(name) or {}).get("seconds")
+
+    start, step = seconds(PREDICTED_TOTAL), seconds("restart_first_step_seconds")
+    if start is None or step is None:
+        return None
+    save = seconds("save_durable_seconds") or 0.0
+    return 2 * start + (spec.iters + spec.after) * step + spec.save_count * save
 
 
 def _seconds(x: float) -> str:

@@ -243,14 +243,21 @@ def baseline_table(table: list[dict]) -> Table | None:
     for r in table:
         if r.get("baseline_write_mib_s") is not None or r.get("baseline_read_mib_s") is not None:
             first.setdefault(r["run_id"], r)
-    rows = [[r["run_id"], _v(r.get("baseline_method")), _v(r.get("baseline_write_mib_s"), 1),
-             _v(r.get("baseline_read_mib_s"), 1), _v(r.get("efficiency_save_ratio")),
-             _v(r.get("efficiency_load_ratio"))] for r in first.values()]
+    def spread(r: dict, way: str) -> str:
+        low, high = r.get(f"baseline_{way}_min_mib_s"), r.get(f"baseline_{way}_max_mib_s")
+        return f"{low:,.0f}-{high:,.0f}" if low is not None and high is not None else "-"
+
+    rows = [[r["run_id"], _v(r.get("baseline_method")), _v(r.get("baseline_write_mib_s"), 1), spread(r, "write"),
+             _v(r.get("baseline_read_mib_s"), 1), spread(r, "read"), _v(r.get("baseline_probes_count")),
+             _v(r.get("efficiency_save_ratio")), _v(r.get("efficiency_load_ratio")),
+             {True: "yes", False: "no"}.get(r.get("machine_busy_at_launch"), "-")] for r in first.values()]
     if not rows:
         return None
-    return Table("Storage baseline", ["run", "method", "write MiB/s", "read MiB/s", "save efficiency",
-                                      "load efficiency"], rows,
-                 "efficiency: durable save (load) throughput / baseline write (read) throughput")
+    return Table("Storage baseline", ["run", "method", "write MiB/s", "write min-max", "read MiB/s", "read min-max",
+                                      "probes", "save efficiency", "load efficiency", "machine busy"], rows,
+                 "write/read: the median probe; min-max: over the probes (how far the baseline, and each efficiency "
+                 "derived from it, can be trusted); efficiency: durable save (load) throughput / baseline write "
+                 "(read) throughput; machine busy: other work on the machine before the checkpoint launch")
 
 
 def problems_table(skipped: list[Skipped], runs: list[Run], failures: list[SweepFailure]) -> Table | None:

@@ -117,6 +117,12 @@ def run_columns(run: Run) -> dict:
         "baseline_write_mib_s": num(get(s, "baseline", "write_mib_s")),
         "baseline_read_mib_s": num(get(s, "baseline", "read_mib_s")),
         "baseline_method": get(s, "baseline", "method"),
+        "baseline_probes_count": num(get(s, "baseline", "spread", "repeats")),
+        "baseline_write_min_mib_s": num((get(s, "baseline", "spread", "write_mib_s") or [None])[0]),
+        "baseline_write_max_mib_s": num((get(s, "baseline", "spread", "write_mib_s") or [None, None])[-1]),
+        "baseline_read_min_mib_s": num((get(s, "baseline", "spread", "read_mib_s") or [None])[0]),
+        "baseline_read_max_mib_s": num((get(s, "baseline", "spread", "read_mib_s") or [None, None])[-1]),
+        "machine_busy_at_launch": (get(ck, "machine_load", "busy") if get(ck, "machine_load") else None),
         "efficiency_save_ratio": num(get(ck, "efficiency", "save")),
         "efficiency_load_ratio": num(get(ck, "efficiency", "load")),
     })

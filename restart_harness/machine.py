@@ -9,6 +9,7 @@ import glob
 import os
 import platform
 import socket
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -21,6 +22,36 @@ EMULATE_MEMORY_FRACTION = 0.6
 
 def nvidia_devices() -> int:
     return len(glob.glob("/dev/nvidia[0-9]*"))
+
+
+BUSY_FRACTION = 0.25  # other work using more than this share of the CPUs: predictions and timings are suspect
+LOAD_WINDOW_SECONDS = 0.25
+
+
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def load_now() -> dict:
+    """How busy this machine is right now, sampled over LOAD_WINDOW_SECONDS while this process sleeps (so it counts
+    other work, not the harness): the share of all CPUs in use, the 1-minute load average for context, and busy when
+    the share exceeds BUSY_FRACTION. Recorded before each launch: a busy machine makes timings and predictions
+    suspect (docs/measurements.md)."""
+    first = _cpu_ticks()
+    time.sleep(LOAD_WINDOW_SECONDS)
+    second = _cpu_ticks()
+    share = None
+    if first and second and second[1] > first[1]:
+        share = round((second[0] - first[0]) / (second[1] - first[1]), 3)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu_busy_fraction": share, "loadavg_1min": round(os.getloadavg()[0], 2), "cpus": cpus,
+            "window_seconds": LOAD_WINDOW_SECONDS, "busy": share is not None and share > BUSY_FRACTION}
 
 
 def available_memory_bytes() -> int | None:

@@ -268,3 +268,21 @@ def test_restart_refuses_keys_that_change_the_run(tmp_path):
     assert proc.returncode == 2 and "not a finished run (dry_run" in proc.stderr  # a dry run launched nothing
     assert len(proc.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in run_dir.rglob("*")) == before
+
+
+def test_a_busy_machine_is_seen_before_a_launch():
+    """machine.load_now() counts other work, sampled while the harness sleeps: two CPU burners make it busy."""
+    from restart_harness import machine
+
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        import time
+
+        time.sleep(0.5)
+        load = machine.load_now()
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert load["busy"] is True and load["cpu_busy_fraction"] > machine.BUSY_FRACTION, load
+    assert load["cpus"] >= 1 and load["window_seconds"] > 0 and load["loadavg_1min"] >= 0

@@ -44,6 +44,10 @@ def test_every_case_holds(harness, name):
     status = json.loads((run_dir / "status.json").read_text())
     summary = load_summary(run_dir)
     assert (summary["status"]["state"], summary["status"]["reason"]) == (status["state"], status["reason"])
+    # how busy the machine was before each launch (other work), recorded beside what was measured
+    for launched in [summary["checkpoint"], *summary["restarts"]]:
+        load = launched["machine_load"]
+        assert load["cpus"] >= 1 and 0 <= load["cpu_busy_fraction"] <= 1 and isinstance(load["busy"], bool), load
     if case.expect == 0:
         assert status["state"] == "complete", status
     else:

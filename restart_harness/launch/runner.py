@@ -126,6 +126,10 @@ def launch(run_dir: Path, record: str, timeout: int) -> dict:
     log_path = run_dir / "logs" / f"{record}.log"
     log_path.parent.mkdir(exist_ok=True)
     events = run_dir / "events" / record / "rank-00000.jsonl"
+    load = machine.load_now()  # before the ranks start: other work on the machine, not ours
+    if load["busy"]:
+        say(f"  [{record}] machine busy before the launch: {load['cpu_busy_fraction']:.0%} of its {load['cpus']} "
+            "CPUs in use by other work; timings and the prediction are suspect")
     start = time.time()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(["bash", str(run_dir / f"launch-{record}.sh")], stdout=log,
@@ -142,7 +146,8 @@ def launch(run_dir: Path, record: str, timeout: int) -> dict:
             watchdog.kill()
             watchdog.wait()
     result = {"record": record, "start": start, "wall_seconds": round(time.time() - start, 3),
-              "exit_code": proc.returncode, "timed_out": timed_out, "log": str(log_path.relative_to(run_dir))}
+              "exit_code": proc.returncode, "timed_out": timed_out, "log": str(log_path.relative_to(run_dir)),
+              "machine_load": load}
     (run_dir / "records").mkdir(exist_ok=True)
     return result
 

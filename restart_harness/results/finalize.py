@@ -89,8 +89,13 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
     checkpoint_launch = _launch_record(run_dir, "checkpoint")
     summary["checkpoint"]["storage_requests"] = target.requests(run_dir / "logs" / "client" / "checkpoint")
     summary["checkpoint"]["incomplete_uploads"] = checkpoint_launch.get("incomplete_uploads")
+    summary["checkpoint"]["machine_load"] = checkpoint_launch.get("machine_load")
     efficiency.add(summary, run_dir)
     summary["prediction"] = prediction.compare(prediction.read(run_dir), summary)
+    if summary["prediction"] is not None:  # measured on a busy machine, a prediction's error is not the model's
+        busy = [r for r in [summary["checkpoint"], *(summary["restarts"][:1])] if (r.get("machine_load") or {})
+                .get("busy")]
+        summary["prediction"]["machine_busy"] = bool(busy)
     write_json_atomic(run_dir / "summary.json", summary)
     write_json_atomic(run_dir / "status.json", status)
     return summary

@@ -206,6 +206,7 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         "cache": cache,
         **_load_figures(record, name, load_bytes, load_s, phases, launch),
         "exit_code": launch.get("exit_code"),
+        "machine_load": launch.get("machine_load"),
         "errors": ev.errors(record),
         "first_step": first["step"] if first else None,
         "first_step_loss": first["loss"] if first else None,

@@ -118,8 +118,11 @@ def render(summary: dict) -> str:
     base, eff = summary.get("baseline") or {}, ck.get("efficiency") or {}
     if base.get("write_mib_s"):
         pct = {k: "-" if v is None else f"{v:.0%}" for k, v in eff.items()}
+        sp = base.get("spread")
+        spread = (f"; over {sp['repeats']} probes write {sp['write_mib_s'][0]:,.0f}-{sp['write_mib_s'][1]:,.0f}, read "
+                  f"{sp['read_mib_s'][0]:,.0f}-{sp['read_mib_s'][1]:,.0f}" if sp else "; one probe, no spread")
         rows.append(("storage", f"baseline write {base['write_mib_s']:,.1f} / read {base['read_mib_s']:,.1f} MiB/s "
-                                f"({base['method']}{_when(base)}); efficiency save "
+                                f"({base['method']}{_when(base)}{spread}); efficiency save "
                                 f"{pct.get('save', '-')}, load {pct.get('load', '-')}"))
     rows += _restart_rows(restarts)
     rows += _prediction_rows(summary.get("prediction"))
@@ -174,4 +177,6 @@ def _prediction_rows(checked: dict | None) -> list[tuple[str, str]]:
             parts.append(f"{label} {p['predicted']:.3f} s, measured {p['measured']:.3f} s ({p['rel_error']:+.0%})")
     if not parts:
         return []
-    return [("predicted", f"{'; '.join(parts)}; calibration {checked['calibration']['name']}")]
+    busy = ("; MEASURED ON A BUSY MACHINE (other work before a launch: machine_load in summary.json), so the errors "
+            "are not the model's" if checked.get("machine_busy") else "")
+    return [("predicted", f"{'; '.join(parts)}; calibration {checked['calibration']['name']}{busy}")]

@@ -98,20 +98,31 @@ def phase(total: int, seconds: list[float]) -> dict:
     return {"bytes": total, "seconds": round(slowest, 6), "mib_s": round(total / MIB / slowest, 3) if slowest else None}
 
 
+PROBE_REPEATS = 3  # probes per baseline: the median is the baseline, min and max its spread
+
+
 def scratch_name() -> str:
     """A probe's own folder (or prefix), unique per host, process and moment."""
     return f".rh-baseline-{socket.gethostname()}-{os.getpid()}-{int(time.time() * 1000)}"
 
 
-def measure(target, file_bytes: int, ranks: int, tool: str = "auto") -> dict:
-    """Probe the target's storage now (its probe()), cache and return the record."""
+def measure(target, file_bytes: int, ranks: int, tool: str = "auto", repeats: int | None = None) -> dict:
+    """Probe the target's storage now, `repeats` times (its probe()); the record holds the median write and read
+    throughput and their spread (min, max over the repeats), is cached and returned. A small probe on a shared or
+    virtual disk moves run to run: the spread says how far the baseline, and every efficiency derived from it, can
+    be trusted."""
     started = time.perf_counter()
-    probe = target.probe(file_bytes, ranks, tool)
-    write, read = probe.pop("write"), probe.pop("read")
+    probes = [target.probe(file_bytes, ranks, tool) for _ in range(repeats or PROBE_REPEATS)]
+    writes = sorted(probes, key=lambda p: p["write"]["mib_s"])
+    reads = sorted(probes, key=lambda p: p["read"]["mib_s"])
+    write, read = writes[len(writes) // 2]["write"], reads[len(reads) // 2]["read"]  # the median probe's
+    probe = {k: v for k, v in probes[-1].items() if k not in ("write", "read")}
     record = {
         "write_mib_s": write["mib_s"], "read_mib_s": read["mib_s"], **probe, "file_bytes": file_bytes, "ranks": ranks,
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "probe_seconds": round(time.perf_counter() - started, 3), "write": write, "read": read,
+        "spread": {"repeats": len(probes), "write_mib_s": [writes[0]["write"]["mib_s"], writes[-1]["write"]["mib_s"]],
+                   "read_mib_s": [reads[0]["read"]["mib_s"], reads[-1]["read"]["mib_s"]]},
     }
     path = cache_path(target, file_bytes, ranks)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,7 +154,7 @@ def summary_record(record: dict | None, cached_flag: bool) -> dict | None:
     """The summary.json `baseline` object: the measurement, and how old it was when the run used it."""
     if record is None:
         return None
-    keys = ("write_mib_s", "read_mib_s", "method", "file_bytes", "ranks", "dir", "measured_at")
+    keys = ("write_mib_s", "read_mib_s", "method", "file_bytes", "ranks", "dir", "measured_at", "spread")
     out = {k: record.get(k) for k in keys}
     out["cached"] = cached_flag
     age = age_seconds(record)
@@ -176,6 +187,12 @@ def for_run(target, typical_file_bytes: int, ranks: int, max_age_seconds: float 
         return {"error": f"{type(exc).__name__}: {exc}", "dir": target.describe(), "cached": False}
 
 
+def _spread(record: dict, key: str) -> str:
+    """"median of 3, 250.1-330.9": what the probes spanned."""
+    sp = record.get("spread")
+    return f"median of {sp['repeats']}, {sp[key][0]}-{sp[key][1]}" if sp else "one probe"
+
+
 def render(record: dict, cached_at: Path) -> str:
     cache, fs = record["read_cache"], record["filesystem"]
     where = fs.get("where") or f"{fs['type']} on {fs['device']}, mounted at {fs['mount']}"
@@ -183,8 +200,9 @@ def render(record: dict, cached_at: Path) -> str:
         f"storage baseline of {record['dir']} ({where})",
         (f"  method        {record['method']}, {record['ranks']} ranks x {record['file_bytes']} bytes, "
          f"{record['block_bytes']} byte blocks"),
-        f"  write_mib_s   {record['write_mib_s']}  ({record['write_means']}; slowest rank {record['write']['seconds']} s)",
-        f"  read_mib_s    {record['read_mib_s']}  ({record['read_means']}; page cache before the read: "
-        f"{cache['observed']}" + (f", {cache['error']}" if cache.get("error") else "") + ")",
+        (f"  write_mib_s   {record['write_mib_s']}  ({record['write_means']}; slowest rank "
+         f"{record['write']['seconds']} s; {_spread(record, 'write_mib_s')})"),
+        (f"  read_mib_s    {record['read_mib_s']}  ({record['read_means']}; {_spread(record, 'read_mib_s')}; page cache "
+         f"before the read: {cache['observed']}" + (f", {cache['error']}" if cache.get("error") else "") + ")"),
         f"  measured_at   {record['measured_at']}; cached in {cached_at}",
     ])

@@ -196,7 +196,9 @@ def events(run_dir: Path, record: str = "checkpoint") -> dict[int, list[dict]]:
 
 
 class Harness:
-    """Plays the cases of RUNS on demand, once per session."""
+    """Plays the cases of RUNS on demand, once per session. With pytest-xdist (./run-tests.sh runs two workers) the
+    workers share one folder of played cases: the first to ask for a case plays it while holding its lock, the others
+    wait and read what it recorded (run directory, exit codes, output)."""
 
     def __init__(self, root: Path, request):
         self.root, self.request = root, request
@@ -221,6 +223,25 @@ class Harness:
         record_case(name, time.time() - start, 1 + len(steps))
         return run_dir, first, steps
 
+    def _shared(self, name: str):
+        """The case as played by whichever worker came first (the lock held while it plays)."""
+        import fcntl
+
+        record = self.root / f".{name}.played.json"
+        with open(self.root / f".{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not record.is_file():
+                run_dir, first, steps = self._play(name)
+                procs = [{"args": p.args, "returncode": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+                         for p in (first, *steps)]
+                tmp = record.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"run_dir": str(run_dir), "procs": procs}))
+                os.replace(tmp, record)
+                return run_dir, first, steps
+        data = json.loads(record.read_text())
+        first, *steps = (subprocess.CompletedProcess(**p) for p in data["procs"])
+        return Path(data["run_dir"]), first, steps
+
     def run(self, name: str) -> Path:
         """The case's run directory, after every step."""
         return self.played(name)[0]
@@ -228,12 +249,35 @@ class Harness:
     def played(self, name: str) -> tuple[Path, subprocess.CompletedProcess, list[subprocess.CompletedProcess]]:
         """(run directory, the run's process, each step's process)."""
         if name not in self._done:
-            self._done[name] = self._play(name)
+            self._done[name] = self._shared(name) if WORKER else self._play(name)
         return self._done[name]
+
+
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... under pytest-xdist; None in a single process
+# tests that must share one worker: its S3 server holds the objects of the cases that need one, and the local Slurm
+# cluster's daemons and namespaces are one per machine
+_GROUPS = {"test_s3.py": "s3", "test_s3_faults.py": "s3", "test_slurm.py": "slurm"}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        group = _GROUPS.get(item.path.name)
+        callspec = getattr(item, "callspec", None)
+        case = RUNS.get(callspec.params.get("name")) if callspec and isinstance(callspec.params.get("name"), str) \
+            else None
+        if case is not None and case.needs:
+            group = case.needs
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
 def harness(tmp_path_factory, request) -> Harness:
+    base = tmp_path_factory.getbasetemp()
+    if WORKER:  # every worker's base is <session base>/<worker>: the played cases live beside them, shared
+        root = base.parent / "runs"
+        root.mkdir(exist_ok=True)
+        return Harness(root, request)
     return Harness(tmp_path_factory.mktemp("runs"), request)
 
 

@@ -3,7 +3,10 @@
 #   2. the active python3, if it already imports torch and deepspeed (a cluster's module or conda env)
 #      unless RH_VENV=1 forces the project-local environment
 #   3. otherwise the project-local .venv: created on first use, the project installed into it (editable, with the
-#      extras of pyproject.toml under the pins of requirements.txt); again whenever either file changes
+#      extras of pyproject.toml under the pins of requirements.txt); again whenever either file changes.
+#      RH_VENV_DIR puts it elsewhere: .ci/run keeps one per requirements in the user cache, shared by every clone on
+#      the machine (each clone re-points the editable install at itself), so a fresh clone reuses the environment and
+#      DeepSpeed's JIT-built ops, which are keyed on it (restart_harness/storage/cache_dir.py), instead of rebuilding
 RH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 rh_log() { echo "[setup] $*" >&2; }
@@ -22,7 +25,7 @@ rh_choose_python() {
      && [[ "$(command -v python3)" != "$RH_ROOT/.venv/bin/python3" ]]; then
     RH_PY="$(command -v python3)"; return
   fi
-  local venv="$RH_ROOT/.venv" stamp
+  local venv="${RH_VENV_DIR:-$RH_ROOT/.venv}" stamp
   stamp="$venv/.installed-$(cat "$RH_ROOT/requirements.txt" "$RH_ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
   if [[ ! -f "$stamp" ]]; then
     rh_log "creating the project environment in $venv (first use; a few minutes)"
@@ -36,6 +39,13 @@ rh_choose_python() {
     DS_BUILD_OPS=0 "$venv/bin/python" -m pip install -q -c "$RH_ROOT/requirements.txt" \
       -e "$RH_ROOT[run,analysis,trace,s3,test]" >>"$log" 2>&1 || { cat "$log" >&2; exit 1; }
     rm -f "$venv"/.installed-* && touch "$stamp"
+    echo "$RH_ROOT" > "$venv/.project-root"
+  fi
+  if [[ "$(cat "$venv/.project-root" 2>/dev/null)" != "$RH_ROOT" ]]; then  # an environment shared by checkouts
+    rh_log "pointing $venv at this checkout ($RH_ROOT)"
+    DS_BUILD_OPS=0 "$venv/bin/python" -m pip install -q --no-deps -e "$RH_ROOT" >>"$venv/install.log" 2>&1 \
+      || { cat "$venv/install.log" >&2; exit 1; }
+    echo "$RH_ROOT" > "$venv/.project-root"
   fi
   RH_PY="$venv/bin/python"
 }

@@ -11,29 +11,19 @@ import sys
 from restart_harness import SOURCE_ROOT
 from restart_harness.errors import UsageError
 from restart_harness.launchers import _slurm
-from restart_harness.launchers.base import WORKER_MODULE, Launcher, Raw
+from restart_harness.launchers.base import WORKER_MODULE, Raw
 
 
-class DeepSpeedLauncher(Launcher):
+class DeepSpeedLauncher(_slurm.SpansAllocation):
     name = "local"
     aliases = ("deepspeed",)
     description = ("DeepSpeed's own launcher (deepspeed.launcher.runner) on this node; with nodes > 1 inside a Slurm "
                    "allocation, its slurm launcher over the allocation's nodes")
-    subset = True
-    port_here = True
 
     def preflight(self) -> None:
-        spec = self.spec
-        if spec.nodes > 1 and not spec.subset and not _slurm.inside_allocation():
-            raise UsageError(f"nodes={spec.nodes} with launcher={spec.launcher}: outside a Slurm allocation it starts "
-                             "ranks on this node only; accepted: nodes=1, launcher=slurm|pbs for several nodes, or "
-                             "this launcher inside a Slurm allocation (salloc)")
-        if spec.across_nodes and not spec.dry_run:
-            installed()
         super().preflight()
-
-    def needs(self) -> list[str]:
-        return list(_slurm.PROGRAMS) if self.spec.across_nodes and _slurm.inside_allocation() else []
+        if self.spec.across_nodes and not self.spec.dry_run:
+            installed()
 
     def rank_command(self, port: int, args: list[str]) -> list[str]:
         spec = self.spec
@@ -71,11 +61,6 @@ class DeepSpeedLauncher(Launcher):
     def execs(self) -> bool:
         return not self.spec.across_nodes  # an exec'd shell runs no trap: the host file would stay
 
-    def per_node_command(self, argv: list[str]) -> list[str] | None:
-        return _slurm.per_node(self.spec.nodes, argv) if self.spec.across_nodes else None
-
-    def task_verdicts(self, log: str) -> dict[int, str]:
-        return _slurm.task_verdicts(log) if self.spec.across_nodes else {}
 
 
 def installed() -> None:

@@ -9,29 +9,16 @@ import shlex
 import sys
 from typing import ClassVar
 
-from restart_harness.errors import UsageError
 from restart_harness.launchers import _slurm
-from restart_harness.launchers.base import WORKER_MODULE, Launcher
+from restart_harness.launchers.base import WORKER_MODULE
 
 
-class TorchrunLauncher(Launcher):
+class TorchrunLauncher(_slurm.SpansAllocation):
     name = "torchrun"
     description = ("torch.distributed.run on this node; with nodes > 1 inside a Slurm allocation, one torchrun per "
                    "node through srun")
-    rank_variables: ClassVar[dict[str, tuple[str, ...]]] = {"CROSS_RANK": ("GROUP_RANK",), "LOCAL_SIZE": ("LOCAL_WORLD_SIZE",)}
-    subset = True
-    port_here = True
-
-    def preflight(self) -> None:
-        spec = self.spec
-        if spec.nodes > 1 and not spec.subset and not _slurm.inside_allocation():
-            raise UsageError(f"nodes={spec.nodes} with launcher={spec.launcher}: outside a Slurm allocation it starts "
-                             "ranks on this node only; accepted: nodes=1, launcher=slurm|pbs for several nodes, or "
-                             "this launcher inside a Slurm allocation (salloc)")
-        super().preflight()
-
-    def needs(self) -> list[str]:
-        return list(_slurm.PROGRAMS) if self.spec.across_nodes and _slurm.inside_allocation() else []
+    rank_variables: ClassVar[dict[str, tuple[str, ...]]] = {"CROSS_RANK": ("GROUP_RANK",),
+                                                             "LOCAL_SIZE": ("LOCAL_WORLD_SIZE",)}
 
     def rank_command(self, port: int, args: list[str]) -> list[str]:
         spec = self.spec
@@ -54,9 +41,3 @@ class TorchrunLauncher(Launcher):
 
     def script_lines(self, port: int) -> list[str]:
         return [*_slurm.RENDEZVOUS, f"export MASTER_ADDR MASTER_PORT={port}"] if self.spec.across_nodes else []
-
-    def per_node_command(self, argv: list[str]) -> list[str] | None:
-        return _slurm.per_node(self.spec.nodes, argv) if self.spec.across_nodes else None
-
-    def task_verdicts(self, log: str) -> dict[int, str]:
-        return _slurm.task_verdicts(log) if self.spec.across_nodes else {}

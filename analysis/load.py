@@ -178,6 +178,9 @@ class Loaded:
     def __iter__(self):  # runs, skipped = load(...)
         return iter((self.runs, self.skipped))
 
+    def __getitem__(self, i: int):  # load(...)[0]: the runs
+        return (self.runs, self.skipped)[i]
+
 
 def _left_out_as(result: Run | Skipped, run_dir: Path) -> str | None:
     """Which of INCLUDE a run belongs to when a report leaves it out by default, or None (always reported)."""

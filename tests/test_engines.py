@@ -397,5 +397,7 @@ def test_no_shared_memory_left_behind(harness):
     import re
 
     for run_dir in (harness.run(name) for name in SHARDED):
-        port = re.search(r"--master_port (\d+)", (run_dir / "launch-checkpoint.sh").read_text()).group(1)
+        # DeepSpeed's launcher takes it as --master_port, the others' scripts export MASTER_PORT
+        port = re.search(r"(?:--master_port |MASTER_PORT=)(\d+)",
+                         (run_dir / "launch-checkpoint.sh").read_text()).group(1)
         assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*")), run_dir.name

@@ -244,8 +244,8 @@ def test_killed_harness_leaves_running_which_readers_see_as_failed(tmp_path, lau
     assert status["state"] == "running" and status["pid"] == harness.pid and status["host"]
     seen = observed(run_dir)
     assert seen["state"] == "failed" and seen["reason"].startswith("harness ended") and str(harness.pid) in seen["reason"]
-    report = subprocess.run([sys.executable, "-m", "analysis", str(run_dir), "-o", str(tmp_path / "report")],
-                            capture_output=True, text=True, cwd=REPO, check=False)
+    report = subprocess.run([sys.executable, "-m", "analysis", str(run_dir), "-o", str(tmp_path / "report"),
+                             "include=failed"], capture_output=True, text=True, cwd=REPO, check=False)
     assert f"skipped {run_dir}: failed: harness ended" in report.stderr, report.stderr
     assert (run_dir / "checkpoint" / "latest").read_text() == "global_step2"
     assert (run_dir / "spec.json").is_file() and not (run_dir / "summary.json").exists()

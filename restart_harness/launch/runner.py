@@ -49,6 +49,20 @@ def new_run_dir(spec: RunSpec, prefix: str = "") -> Path:
 
 
 def free_port() -> int:
+    """A rendezvous port free now. Drawn at random from the dynamic range and tried, not bind(0)'s: two harnesses
+    started at the same moment got the same port from bind(0) here (both probes closed before either rank bound it),
+    and the second run failed with EADDRINUSE."""
+    import random
+
+    draw = random.SystemRandom()
+    for _ in range(100):
+        port = draw.randint(20000, 32767)  # below Linux's ephemeral range (32768-60999), where clients' ports come from
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -286,3 +286,12 @@ def test_a_busy_machine_is_seen_before_a_launch():
             b.wait()
     assert load["busy"] is True and load["cpu_busy_fraction"] > machine.BUSY_FRACTION, load
     assert load["cpus"] >= 1 and load["window_seconds"] > 0 and load["loadavg_1min"] >= 0
+
+
+def test_rendezvous_ports_are_drawn_at_random_below_the_ephemeral_range():
+    """Two harnesses started together both got bind(0)'s port and the second failed with EADDRINUSE: ports are drawn
+    at random from 20000-32767 (below Linux's ephemeral range) and tried."""
+    from restart_harness.launch.runner import free_port
+
+    ports = [free_port() for _ in range(20)]
+    assert all(20000 <= p <= 32767 for p in ports) and len(set(ports)) > 10, ports

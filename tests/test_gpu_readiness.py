@@ -123,8 +123,9 @@ def test_offline_bundle_installs_from_its_own_files_only(tmp_path):
     assert (bundle / "src" / "datastates-llm.tar.gz").is_file()
     assert (bundle / "src" / "datastates-llm.source").read_text().strip() == str(sources)
     assert list((bundle / "wheels").glob("fasteners-*.whl"))  # DataStates' Python engine imports it
-    # pip gets no index and no find-links but the bundle's (install.sh sets that); the machine's config is ignored
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    # pip gets no index and no find-links but the bundle's (install.sh sets that); the machine's config is ignored,
+    # and so is the environment this suite runs in (.ci/run's shared RH_VENV_DIR would be re-pointed at `dest`)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k not in ("RH_VENV_DIR", "RH_PYTHON")}
     install = subprocess.run([str(REPO / "scripts/bundle/install.sh"), str(bundle), str(dest), "--cuda", "no"],
                              capture_output=True, text=True, check=False, timeout=1200, env=env)
     assert install.returncode == 0, install.stderr[-3000:]

@@ -104,5 +104,6 @@ fi
 
 # what scripts/env.sh looks for: this environment is complete, use it as is
 touch "$DEST/.venv/.installed-$(cat "$DEST/requirements.txt" "$DEST/pyproject.toml" | sha256sum | cut -c1-16)"
+(cd "$DEST" && pwd) > "$DEST/.venv/.project-root"  # the checkout its editable install points at
 "$VPY" -c 'import torch, deepspeed, restart_harness; print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}, cuda {torch.cuda.is_available()}")' >&2
 log "done: $DEST/submit-job.sh tiny   (GPU check matrix: $DEST/submit-job.sh matrix)"

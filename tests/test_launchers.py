@@ -175,6 +175,36 @@ def test_mpiexec_starts_the_ranks_and_they_read_its_variables(harness):
     assert summary["status"]["state"] == "complete" and all(r["verified"] for r in summary["restarts"])
 
 
+@pytest.mark.slow
+def test_prefork_forks_every_rank_from_one_process_that_imported_first(harness):
+    """launcher=prefork (one file in restart_harness/launchers/): one process per phase imports the stack's
+    libraries and forks the ranks; every rank's process start is that process's start (the imports they share are
+    their `imports` phase), the ranks read the variables it sets, and the restart in a new forking process is
+    verified. Most run-table cases use it (conftest.CASE_LAUNCHER)."""
+    from conftest import RUNS, events, load_summary
+
+    assert "launcher=" not in RUNS["tp2-dp2"].args  # the case launcher's
+    run_dir = harness.run("tp2-dp2")
+    assert json.loads((run_dir / "spec.json").read_text())["launcher"] == "prefork"
+    for record in ("checkpoint", "restart-01"):
+        per_rank = events(run_dir, record)
+        assert sorted(per_rank) == [0, 1, 2, 3]
+        starts, imported, pids = set(), [], set()
+        for evs in per_rank.values():
+            (process,) = [e for e in evs if e["event"] == "process"]
+            assert process["node"] == 0
+            pids.add(process["pid"])
+            marks = {e["name"]: e["t"] for e in evs if e["event"] == "mark"}
+            starts.add(marks["process_start"])
+            imported.append(marks["imports_done"] - marks["process_start"])
+        assert len(pids) == 4 and len(starts) == 1, (record, pids, starts)  # four processes, one start
+        assert min(imported) > 0.2, imported  # torch and DeepSpeed, imported once before the forks
+    script = (run_dir / "launch-restart-01.sh").read_text()
+    assert re.search(r"^exec \S+ -m restart_harness\.launchers\.prefork 4 --run-dir ", script, re.MULTILINE), script
+    summary = load_summary(run_dir)
+    assert summary["status"]["state"] == "complete" and all(r["verified"] for r in summary["restarts"])
+
+
 def test_deepspeed_is_another_name_for_the_local_launcher(tmp_path):
     run_dir = dry_run(tmp_path, "tiny", "dp=2", "launcher=deepspeed")
     assert json.loads((run_dir / "spec.json").read_text())["launcher"] == "local"
@@ -224,6 +254,8 @@ BAD = {
     "mpiexec over two nodes": (["tiny", "dp=2", "nodes=2", "ranks_per_node=1", "launcher=mpiexec"],
                                "nodes=2 with launcher=mpiexec"),
     "mpiexec not installed": (["tiny", "launcher=mpiexec"], "mpiexec"),
+    "prefork over two nodes": (["tiny", "dp=2", "nodes=2", "ranks_per_node=1", "launcher=prefork"],
+                               "nodes=2 with launcher=prefork"),
     "slurm without sbatch": (["tiny", "launcher=slurm"], "sbatch"),
     "pbs without qsub": (["tiny", "launcher=pbs"], "qsub"),
     "local on two nodes": (["tiny", "dp=2", "nodes=2"], "nodes=2"),

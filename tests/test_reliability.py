@@ -197,7 +197,7 @@ def test_restart_after_kill_loads_last_complete_checkpoint(killed_mid_save):
     assert [e["step"] for e in steps if e["event"] == "step"] == [3]  # trained on from step 2, not 4
 
 
-@pytest.mark.parametrize("launcher", ["local", "mpiexec"])
+@pytest.mark.parametrize("launcher", ["local", "mpiexec", "prefork"])
 def test_killed_harness_leaves_running_which_readers_see_as_failed(tmp_path, launcher):
     """SIGKILL the harness itself (it cannot write `failed`): its ranks end too (Open MPI's mpiexec puts each rank
     in a process group of its own: the watchdog ends the launch's whole session), status.json keeps `running` with

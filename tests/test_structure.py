@@ -14,6 +14,7 @@ from conftest import REPO, submit
 
 from engines import registry
 from restart_harness.command.options import BaselineOptions, PlanOptions, RestartOptions
+from restart_harness.launchers import all_launchers
 from restart_harness.spec.keys import keys_of
 from restart_harness.spec.model_shape import shape_keys
 from restart_harness.spec.runspec import run_keys
@@ -223,7 +224,7 @@ def test_storage_targets_and_stacks_are_asked_of_their_plug_ins_only():
 
 
 # Code that asks which launcher starts the ranks: the question only launchers/ answers.
-LAUNCHERS = "local|deepspeed|torchrun|mpiexec|slurm|pbs"
+LAUNCHERS = "|".join(n for c in all_launchers().values() for n in (c.name, *c.aliases))
 LAUNCHER_BRANCH = re.compile(rf"""\blauncher\s*(==|!=|\bin\b|\bnot\s+in\b)|(==|!=)\s*["']({LAUNCHERS})["']"""
                              rf"""|\bin\s*[(\[{{]\s*["']({LAUNCHERS})["']""")
 

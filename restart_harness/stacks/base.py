@@ -104,6 +104,10 @@ class Stack(ABC):
         """Import the libraries a rank of this stack needs (the restart's `imports` phase holds them)."""
         import torch  # noqa: F401
 
+    # Modules a rank imports later, inside its set-up (torch.optim's first optimizer imports torch._dynamo): a
+    # launcher that forks its ranks from one process imports them before it forks (launchers/prefork.py)
+    later_imports: ClassVar[tuple[str, ...]] = ("torch._dynamo",)
+
     def __init__(self, run, rank: int, log):
         self.run, self.spec, self.rank, self.log = run, run.spec, rank, log
         self.device: Any = None

@@ -108,6 +108,10 @@ class DeepSpeedStack(Stack):
                         load_dir=root / converted)
 
     # ---- one rank -------------------------------------------------------------------------------------------------
+    # deepspeed.initialize's ZeRO check imports DeepSpeed's Muon optimizer, whose torch.compile decorators import
+    # torch._inductor: about 2 s of a rank's engine_init on this machine's cores (DeepSpeed 0.19.8)
+    later_imports = ("torch._dynamo", "deepspeed.runtime.engine", "deepspeed.runtime.zero.muon.muon_optimizer")
+
     @classmethod
     def imports(cls) -> None:
         import deepspeed

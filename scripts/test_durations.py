@@ -38,10 +38,14 @@ def render(data: dict, top: int = 15) -> str:
     modules: dict[str, list[float]] = defaultdict(list)
     for t in tests:
         modules[t["id"].split("::")[0]].append(seconds(t))
-    lines += ["| test module | tests | seconds | share |", "|---|---:|---:|---:|"]
+    cpu: dict[str, float] = defaultdict(float)
+    for t in tests:
+        cpu[t["id"].split("::")[0]] += t.get("cpu_seconds", 0.0)
+    lines += ["| test module | tests | seconds | share | CPU seconds |", "|---|---:|---:|---:|---:|"]
     busy = sum(sum(v) for v in modules.values()) or 1.0
     for name, values in sorted(modules.items(), key=lambda kv: -sum(kv[1])):
-        lines.append(f"| {name} | {len(values)} | {sum(values):,.1f} | {sum(values) / busy:.0%} |")
+        lines.append(f"| {name} | {len(values)} | {sum(values):,.1f} | {sum(values) / busy:.0%} | {cpu[name]:,.0f} |")
+    lines += workers(data)
     cases = data.get("cases", {})
     if cases:
         played = sum(c["seconds"] for c in cases.values())
@@ -52,6 +56,27 @@ def render(data: dict, top: int = 15) -> str:
     lines += ["", f"Slowest {top} tests (setup + call + teardown):", "", "| test | seconds |", "|---|---:|"]
     lines += [f"| {t['id']} | {seconds(t):,.1f} |" for t in sorted(tests, key=seconds, reverse=True)[:top]]
     return "\n".join(lines)
+
+
+def workers(data: dict) -> list[str]:
+    """Per pytest-xdist worker: tests, seconds busy, and the tail where it sat idle while another still ran; the CPU
+    the tests' processes used against what the machine's CPUs could give over the session (schema 2 and later)."""
+    tests = [t for t in data["tests"] if "start" in t]
+    if not tests:
+        return []
+    spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for t in tests:
+        spans[t.get("worker") or "main"].append((t["start"], t["start"] + seconds(t)))
+    first, last = min(a for v in spans.values() for a, _ in v), max(b for v in spans.values() for _, b in v)
+    wall = last - first
+    cpu = sum(t.get("cpu_seconds", 0.0) for t in tests)
+    out = ["", f"Workers: {len(spans)}; tests ran over {wall:,.0f} s; their processes used {cpu:,.0f} CPU seconds, "
+           f"{cpu / (wall * data['cpus']):.0%} of {data['cpus']} CPUs over that time", "",
+           "| worker | tests | busy seconds | idle seconds | idle at the end |", "|---|---:|---:|---:|---:|"]
+    for name, v in sorted(spans.items()):
+        busy = sum(b - a for a, b in v)
+        out.append(f"| {name} | {len(v)} | {busy:,.0f} | {wall - busy:,.0f} | {last - max(b for _, b in v):,.0f} |")
+    return out
 
 
 def main(argv: list[str]) -> int:

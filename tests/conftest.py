@@ -22,15 +22,24 @@ from pathlib import Path
 import pytest
 
 # where the time goes: test-logs/durations.json (tests/durations.py); its hooks are this conftest's
-from durations import pytest_runtest_logreport, pytest_sessionfinish, pytest_testnodedown, record_case, timed_setup
+from durations import (
+    pytest_runtest_logreport,
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
+    pytest_sessionfinish,
+    pytest_testnodedown,
+    record_case,
+    timed_setup,
+)
 
-__all__ = ["pytest_runtest_logreport", "pytest_sessionfinish", "pytest_testnodedown"]
+__all__ = ["pytest_runtest_logreport", "pytest_runtest_makereport", "pytest_runtest_setup", "pytest_sessionfinish",
+           "pytest_testnodedown"]
 REPO = Path(__file__).resolve().parent.parent
 SHORT = "iters=2 save_interval=2 after=1"
 # The launcher of a case that names none: plain mpiexec starts two ranks in about 0.3 s where DeepSpeed's launcher
 # takes 3-8 s to start and end them (docs/testing.md); what the ranks do is the same. The cases that are about the
 # launcher, the README's run and a few layouts and faults name theirs (launcher=local is DeepSpeed's).
-CASE_LAUNCHER = "mpiexec"
+CASE_LAUNCHER = "prefork"
 ASYNC_SHORT = "iters=3 save_interval=1 after=1"  # saves at 1, 2, 3: a flush can overlap the next step
 
 
@@ -259,6 +268,7 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... under pytest-xdi
 _GROUPS = {"test_s3.py": "s3", "test_s3_faults.py": "s3", "test_slurm.py": "slurm"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads xdist_group to place --dist loadgroup
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         group = _GROUPS.get(item.path.name)

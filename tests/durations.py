@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import time
 from contextlib import contextmanager
@@ -21,17 +22,43 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCHEMA = 1
+SCHEMA = 2  # 2: tests carry start, worker and cpu_seconds
 
 _tests: dict[str, dict] = {}
 _cases: dict[str, dict] = {}
 _setups: dict[str, float] = {}
 _started = time.time()
+_CPU_AT_SETUP = pytest.StashKey[float]()
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have ended (a launch's ranks are reaped by their
+    launcher, and it by the test: their seconds arrive here when the launch ends)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    item.stash[_CPU_AT_SETUP] = _cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    if call.when == "teardown" and _CPU_AT_SETUP in item.stash:  # travels with the report to xdist's controller
+        outcome.get_result().cpu_seconds = round(_cpu_seconds() - item.stash[_CPU_AT_SETUP], 3)
 
 
 def pytest_runtest_logreport(report) -> None:
     entry = _tests.setdefault(report.nodeid, {"id": report.nodeid, "outcome": "passed"})
     entry[f"{report.when}_seconds"] = round(report.duration, 3)
+    if report.when == "setup":
+        entry["start"] = round(report.start, 3)
+        node = getattr(report, "node", None)  # pytest-xdist: the worker that ran it
+        entry["worker"] = getattr(getattr(node, "gateway", None), "id", None) or "main"
+    if getattr(report, "cpu_seconds", None) is not None:
+        entry["cpu_seconds"] = report.cpu_seconds
     if report.failed:
         entry["outcome"] = "failed" if report.when == "call" else f"error in {report.when}"
     elif report.skipped and entry["outcome"] == "passed":

@@ -70,8 +70,8 @@ def workers(data: dict) -> list[str]:
     first, last = min(a for v in spans.values() for a, _ in v), max(b for v in spans.values() for _, b in v)
     wall = last - first
     cpu = sum(t.get("cpu_seconds", 0.0) for t in tests)
-    out = ["", f"Workers: {len(spans)}; tests ran over {wall:,.0f} s; their processes used {cpu:,.0f} CPU seconds, "
-           f"{cpu / (wall * data['cpus']):.0%} of {data['cpus']} CPUs over that time", "",
+    out = ["", (f"Workers: {len(spans)}; tests ran over {wall:,.0f} s; their processes used {cpu:,.0f} CPU seconds, "
+                f"{cpu / (wall * data['cpus']):.0%} of {data['cpus']} CPUs over that time"), "",
            "| worker | tests | busy seconds | idle seconds | idle at the end |", "|---|---:|---:|---:|---:|"]
     for name, v in sorted(spans.items()):
         busy = sum(b - a for a, b in v)

@@ -36,9 +36,10 @@ __all__ = ["pytest_runtest_logreport", "pytest_runtest_makereport", "pytest_runt
            "pytest_testnodedown"]
 REPO = Path(__file__).resolve().parent.parent
 SHORT = "iters=2 save_interval=2 after=1"
-# The launcher of a case that names none: plain mpiexec starts two ranks in about 0.3 s where DeepSpeed's launcher
-# takes 3-8 s to start and end them (docs/testing.md); what the ranks do is the same. The cases that are about the
-# launcher, the README's run and a few layouts and faults name theirs (launcher=local is DeepSpeed's).
+# The launcher of a case that names none: launcher=prefork imports torch and DeepSpeed once and forks the ranks, where
+# every other launcher starts each rank from nothing (about 7 CPU-seconds a rank here, mostly imports: docs/testing.md);
+# what the ranks do is the same. The cases that are about a launcher, the README's run (tiny-dp2), FastPersist beside
+# DeepSpeed's launcher and the killed-rank faults name theirs (launcher=local and launcher=deepspeed are DeepSpeed's).
 CASE_LAUNCHER = "prefork"
 ASYNC_SHORT = "iters=3 save_interval=1 after=1"  # saves at 1, 2, 3: a flush can overlap the next step
 
@@ -79,11 +80,11 @@ RUNS: dict[str, Case] = {
     # layouts, default engine
     # plain mpiexec (Open MPI) starts the ranks, which take their rank variables from it (tests/test_launchers.py)
     "dp2-short": Case(f"tiny dp=2 launcher=mpiexec {SHORT}"),
-    "dp4": Case(f"tiny dp=4 launcher=deepspeed {SHORT}"),  # DeepSpeed's launcher by its other name
+    "dp4": Case(f"tiny dp=4 {SHORT}"),
     "tp2-dp2": Case(f"tiny tp=2 dp=2 {SHORT}"),
     "pp2-dp2": Case(f"tiny pp=2 dp=2 {SHORT}"),
     "tp2-pp2": Case(f"tiny tp=2 pp=2 baseline=false {SHORT}"),
-    "tp2-pp2-dp2": Case(f"tiny tp=2 pp=2 dp=2 launcher=local {SHORT}"),
+    "tp2-pp2-dp2": Case(f"tiny tp=2 pp=2 dp=2 {SHORT}"),
     "70B-tp2-pp4-shrink64": Case(f"70B tp=2 pp=4 shrink=64 {SHORT}"),
     # ZeRO stages 2 and 3 (stage 3: a model-states file per data-parallel rank)
     "zero2-dp2": Case(f"tiny dp=2 zero=2 {SHORT}"),
@@ -122,7 +123,8 @@ RUNS: dict[str, Case] = {
                                      then=("repeats=2 cache=warm keep=false", Step(expect=2))),
     # a rank killed inside its save of global_step4: the run fails, `latest` stays on global_step2, which restarts
     # (checksums=on: the committed save's files carry their sha256, checked before the restart-only re-run)
-    "killed-mid-save": Case("tiny dp=2 iters=4 save_interval=2 after=1 checksums=on launcher=local",
+    # (DeepSpeed's launcher by its other name)
+    "killed-mid-save": Case("tiny dp=2 iters=4 save_interval=2 after=1 checksums=on launcher=deepspeed",
                             fault="kill@save:rank=1:step=4",
                             expect=1, then=("",)),
     # a file of the committed save torn after its checksum was taken (same size): the run's restart is refused
@@ -150,15 +152,20 @@ def cases(*names: str) -> list[str]:
     return list(names)
 
 
+def case_launcher(args: list[str]) -> list[str]:
+    """The arguments of a run, with launcher=CASE_LAUNCHER where they name none (other commands: as they are)."""
+    from restart_harness.command.parse import split_command
+
+    if split_command(args)[0] == "run" and not any(a.startswith(("launcher=", "phase=restart")) for a in args):
+        return [*args, f"launcher={CASE_LAUNCHER}"]
+    return args
+
+
 def run_cli(args: list[str], results: Path, timeout: int = 600, check: bool = True,
             env: dict | None = None) -> subprocess.CompletedProcess:
     """`config-n-run.py ...` with results_dir=<results>, by the interpreter running pytest; a run that names no
     launcher runs under CASE_LAUNCHER, as the cases do."""
-    from restart_harness.command.parse import split_command
-
-    if split_command(args)[0] == "run" and not any(a.startswith(("launcher=", "phase=restart")) for a in args):
-        args = [*args, f"launcher={CASE_LAUNCHER}"]
-    cmd = [sys.executable, str(REPO / "config-n-run.py"), *args, f"results_dir={results}"]
+    cmd = [sys.executable, str(REPO / "config-n-run.py"), *case_launcher(args), f"results_dir={results}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     if check and proc.returncode != 0:
@@ -270,6 +277,7 @@ _GROUPS = {"test_s3.py": "s3", "test_s3_faults.py": "s3", "test_slurm.py": "slur
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads xdist_group to place --dist loadgroup
 def pytest_collection_modifyitems(config, items) -> None:
+    """The tests that share a server or a cluster go to one pytest-xdist worker (--dist loadgroup)."""
     for item in items:
         group = _GROUPS.get(item.path.name)
         callspec = getattr(item, "callspec", None)
@@ -279,6 +287,24 @@ def pytest_collection_modifyitems(config, items) -> None:
             group = case.needs
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def one_worker(resource: str, tmp_path_factory) -> None:
+    """Under pytest-xdist, a resource the tests of one xdist_group share (the S3 server, a Slurm cluster) is started
+    by one worker only. A second worker starting it means the groups were lost (pytest and pytest-xdist versions,
+    requirements.txt): fail at once, rather than with objects missing from the other worker's server."""
+    if not WORKER:
+        return
+    claim = tmp_path_factory.getbasetemp().parent / f".{resource}.worker"
+    try:
+        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        os.write(fd, WORKER.encode())
+        os.close(fd)
+    except FileExistsError:
+        owner = claim.read_text()
+        if owner != WORKER:
+            pytest.fail(f"{resource}: started by workers {owner} and {WORKER}; its tests must be one xdist_group "
+                        "(--dist loadgroup; pytest-xdist's groups work with the pytest of requirements.txt)")
 
 
 @pytest.fixture(scope="session")
@@ -292,11 +318,12 @@ def harness(tmp_path_factory, request) -> Harness:
 
 
 @pytest.fixture(scope="session")
-def s3_server():
+def s3_server(tmp_path_factory):
     """A single-node Ceph RADOS Gateway for the session (restart_harness/storage/local_s3.py, with the ETag proxy of
     third_party/rgw_multipart_etag.py in front), bucket `ckpt`, its settings in this process's environment (every
     run and restart inherits them, as from a user's shell), stopped at the end."""
     require_tool("radosgw", "ceph-mon", "ceph-osd", package="radosgw ceph-mon ceph-osd ceph-common")
+    one_worker("s3_server", tmp_path_factory)
     from restart_harness.storage import local_s3
 
     root = Path(f"/tmp/rh-s3-{os.getpid()}")  # short: Ceph's admin sockets live here (108-byte socket paths)

@@ -74,7 +74,8 @@ def test_a_scaled_down_workload_runs_in_subset_mode_with_mlperfs_metrics(tmp_pat
     """llama3-70b shrunk 32x at its real layout (64 ranks, TP 8, ZeRO-3), MLPerf's subset mode: the first host's 8
     ranks write their files of the whole checkpoint twice and read the latest twice, cold, verified; mlperf.json's
     figures are the runs' own; the checkpoints are gone afterwards (keep=false is mlperf's default)."""
-    proc = run_cli(["mlperf", "llama3-70b", "subset=true", "shrink=32", "runs=1", "checkpoints=2", "reads=2"],
+    proc = run_cli(["mlperf", "llama3-70b", "subset=true", "shrink=32", "runs=1", "checkpoints=2", "reads=2",
+                    "launcher=prefork"],
                    tmp_path, timeout=900)
     folder = Path(proc.stdout.strip().splitlines()[-1])
     record = json.loads((folder / "mlperf.json").read_text())

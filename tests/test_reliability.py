@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, copy_run, events, load_summary
+from conftest import CASE_LAUNCHER, REPO, case_launcher, copy_run, events, load_summary
 
 pytestmark = pytest.mark.slow
 
@@ -21,8 +21,9 @@ def run_with_fault(args: list[str], results: Path, fault: str | None, timeout: i
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if fault:
         env["RH_FAULT"] = fault
-    return subprocess.run([sys.executable, str(REPO / "config-n-run.py"), *args, f"results_dir={results}"],
-                          check=False, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
+    return subprocess.run([sys.executable, str(REPO / "config-n-run.py"), *case_launcher(args),
+                           f"results_dir={results}"], check=False, capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO)
 
 
 def only_run(results: Path) -> Path:
@@ -290,7 +291,7 @@ def test_runs_started_together_share_nothing_but_their_folders(tmp_path):
 
     results, ckpt = tmp_path / "results", tmp_path / "ckpt"
     args = [sys.executable, str(REPO / "config-n-run.py"), "tiny", "iters=2", "save_interval=2", "after=1",
-            "baseline=false", f"results_dir={results}", f"ckpt_dir={ckpt}"]
+            "baseline=false", f"results_dir={results}", f"ckpt_dir={ckpt}", f"launcher={CASE_LAUNCHER}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     first = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     second = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

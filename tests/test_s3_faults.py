@@ -16,12 +16,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import load_summary, restart, submit
+from conftest import CASE_LAUNCHER, load_summary, restart, submit
 from s3_faults import SLOW_DOWN, FaultProxy
 
 pytestmark = pytest.mark.slow
 
-RUN = ["tiny", "dp=2", "iters=4", "save_interval=2", "after=1", "baseline=false"]
+RUN = ["tiny", "dp=2", "iters=4", "save_interval=2", "after=1", "baseline=false", f"launcher={CASE_LAUNCHER}"]
 
 
 @pytest.fixture
@@ -166,6 +166,7 @@ def test_gateway_restarted_while_a_restart_reads(s3_server, proxy, tmp_path):
     from restart_harness.storage import local_s3
 
     proc = submit(["tiny", "dp=2", "iters=2", "phase=checkpoint", "baseline=false", "ckpt_dir=s3://ckpt/reread",
+                   f"launcher={CASE_LAUNCHER}",
                    f"results_dir={tmp_path / 'results'}"], tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = the_run(tmp_path / "results")
@@ -202,7 +203,7 @@ def test_runs_started_together_into_one_bucket_prefix_share_nothing(s3_server, t
 
     results = tmp_path / "results"
     args = [sys.executable, str(REPO / "config-n-run.py"), "tiny", "iters=2", "save_interval=2", "after=1",
-            "baseline=false", f"results_dir={results}", "ckpt_dir=s3://ckpt/together"]
+            "baseline=false", f"results_dir={results}", "ckpt_dir=s3://ckpt/together", f"launcher={CASE_LAUNCHER}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     procs = [subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]

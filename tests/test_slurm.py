@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, events, load_summary
+from conftest import REPO, events, load_summary, one_worker
 from slurm_cluster import cli, slurm_cluster, wait_for_job
 
 pytestmark = pytest.mark.slow
@@ -27,6 +27,7 @@ NODES = 4
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    one_worker("slurm_cluster", tmp_path_factory)
     root = tmp_path_factory.mktemp("slurm")
     with slurm_cluster(root / "cluster", NODES) as c:
         yield c, root / "results"

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, load_summary
+from conftest import CASE_LAUNCHER, REPO, load_summary
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +17,8 @@ pytestmark = pytest.mark.slow
 def test_failing_combination_is_recorded_and_the_sweep_goes_on(tmp_path):
     results = tmp_path / "results"
     proc = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "tiny", "engine=none", "iters=2",
-                           "save_interval=2", "timeout=1,300", f"results_dir={results}"], check=False,
+                           "save_interval=2", "timeout=1,300", f"results_dir={results}", f"launcher={CASE_LAUNCHER}"],
+                          check=False,
                           capture_output=True, text=True, timeout=600, cwd=REPO,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert proc.returncode == 1, proc.stderr  # not every combination completed

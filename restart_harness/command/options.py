@@ -88,6 +88,8 @@ class MatrixOptions:
     layouts: str = key("auto", "comma list of layouts as tpT-ppP-dpD, or auto: those that fit the node's devices "
                                "(cpu: tp1-pp1-dp2 and tp2-pp2-dp1)", group="matrix")
     gpus: int | None = key(None, "devices on the node (default: the NVIDIA devices found)", group="matrix", minimum=1)
+    launcher: str = key("local", "what starts each case's ranks on this node (a launcher= value: local, prefork, ...)",
+                        group="matrix")
     results_dir: Path = key(Path("results/matrix"), "where the matrix's runs, matrix.json and its report go",
                             group="matrix")
 

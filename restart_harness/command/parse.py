@@ -325,6 +325,7 @@ def parse_matrix(tokens: list[str]) -> MatrixOptions:
         if not re.fullmatch(r"tp[1-9][0-9]*-pp[1-9][0-9]*-dp[1-9][0-9]*", layout):
             raise UsageError(f"layouts={options.layouts}: {layout!r} is not a layout; accepted: tpT-ppP-dpD, "
                              "e.g. tp2-pp2-dp1, comma-separated, or auto")
+    launchers.get(options.launcher)  # an unknown one: one line naming the accepted ones
     if options.engines != "all":
         for name in options.engines.split(","):
             if name not in registry.names() and name not in MATRIX_STACK_CASES:

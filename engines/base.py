@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from restart_harness.errors import UsageError
+from restart_harness.launchers.base import NodeCheck
 
 
 @dataclass
@@ -143,8 +144,13 @@ class Engine(ABC):
         return False
 
     def check(self) -> None:
-        """Raise UsageError (one line) when the engine cannot run for this spec on this machine. Called before
-        anything is created."""
+        """Raise UsageError (one line) when the engine cannot run for this spec, whatever the node: its keys, the
+        layout, the device asked for. Called before anything is created, on the machine the command is typed on."""
+
+    def node_checks(self) -> list[NodeCheck]:
+        """What the engine needs of the node that runs its ranks (a module, an op's headers, locked memory): checked
+        there before any rank starts (restart_harness/launch/nodecheck.py), here where the ranks start here."""
+        return []
 
     def prepare(self) -> None:
         """In each rank, before the training stack is built: what must be in place before DeepSpeed creates the

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from engines.base import CheckpointIO, Engine, EngineContext, NativeIO
 from restart_harness.errors import UsageError
+from restart_harness.launchers.base import NodeCheck
 from restart_harness.spec.keys import key
 
 INSTALL = ("build it from https://github.com/DataStates/datastates-llm at the commit of "
@@ -40,14 +41,18 @@ class DataStatesEngine(Engine):
         return True  # DeepSpeed's DataStates engine is decoupled
 
     def check(self) -> None:
-        missing = importlib.util.find_spec("datastates") is None
-        if missing or self.spec.device != "cuda":
-            why = []
-            if missing:
-                why.append("Python module 'datastates' is not installed")
-            if self.spec.device != "cuda":
-                why.append(f"it needs a CUDA GPU (device={self.spec.device})")
-            raise UsageError(f"engine=datastates cannot run here: {' and '.join(why)}; {INSTALL}")
+        if self.spec.device != "cuda":
+            raise UsageError(f"engine=datastates cannot run on device={self.spec.device}: DataStates-LLM needs a CUDA "
+                             f"GPU (its constructor exits without one); accepted: device=cuda (on GPU nodes: "
+                             f"launcher=slurm|pbs from a login node); {INSTALL}")
+
+    def node_checks(self) -> list[NodeCheck]:
+        def module() -> str | None:
+            if importlib.util.find_spec("datastates") is None:
+                return f"Python module 'datastates' is not installed; {INSTALL}"
+            return None
+
+        return [NodeCheck("engine=datastates", "Python module 'datastates' (DataStates-LLM) importable", module)]
 
     def ds_config(self) -> dict:
         """The datastates_ckpt block DeepSpeed reads (host_cache_size in GB, parser_threads)."""

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engines.base import CheckpointIO, Engine, EngineContext, NativeIO
-from restart_harness import launchers
 from restart_harness.errors import UsageError
+from restart_harness.launchers.base import NodeCheck
 from restart_harness.spec.keys import key
 
 LIBAIO_HEADER = "libaio.h"
@@ -46,18 +46,29 @@ class FastPersistEngine(Engine):
     def asynchronous(self) -> bool:
         return self.decoupled
 
-    def check(self) -> None:
-        spec, o = self.spec, self.options
-        if spec.device != "cuda" and not any(Path(d, LIBAIO_HEADER).is_file() for d in INCLUDE_DIRS):
-            raise UsageError(f"engine={self.name} cannot run on this machine: DeepSpeed's async_io op (DeepNVMe's "
-                             f"libaio writer) builds against {LIBAIO_HEADER}, which is not installed "
-                             "(Debian/Ubuntu: apt-get install libaio-dev); use engine=default, torchsnapshot or dcp")
-        # a scheduler's job runs on its node: its ranks check there (prepare)
-        if spec.device != "cuda" and not launchers.get(spec.launcher).scheduler:
+    def node_checks(self) -> list[NodeCheck]:
+        """On a CPU node: the headers DeepSpeed's async_io op JIT-builds against, and the locked memory its writer's
+        buffers take (a CUDA node's DeepSpeed pins through CUDA and may carry the op prebuilt)."""
+        if self.spec.device == "cuda":
+            return []
+
+        def headers() -> str | None:
+            if any(Path(d, LIBAIO_HEADER).is_file() for d in INCLUDE_DIRS):
+                return None
+            return (f"DeepSpeed's async_io op (DeepNVMe's libaio writer) builds against {LIBAIO_HEADER}, which is not "
+                    "installed (Debian/Ubuntu: apt-get install libaio-dev); use engine=default, torchsnapshot or dcp")
+
+        def locked_memory() -> str | None:
             from third_party.deepspeed_fastpersist_cpu import locked_memory_shortfall
 
-            if why := locked_memory_shortfall(o.io_buffer_mib * 2**20):
-                raise UsageError(f"engine={self.name} cannot run for this user: {why}")
+            return locked_memory_shortfall(self.options.io_buffer_mib * 2**20)
+
+        return [NodeCheck(f"engine={self.name}", f"{LIBAIO_HEADER} for DeepSpeed's async_io op", headers),
+                NodeCheck(f"engine={self.name}", f"{self.options.io_buffer_mib} MiB of locked memory per rank "
+                                                 "(ulimit -l)", locked_memory)]
+
+    def check(self) -> None:
+        spec, o = self.spec, self.options
         if o.data_parallel != "replica" and (spec.ranks_per_node > 1 or spec.tp * spec.pp > 1):
             raise UsageError(
                 f"data_parallel={o.data_parallel} with {spec.ranks_per_node} ranks per node (tp={spec.tp}, "

@@ -17,6 +17,7 @@ from restart_harness import launchers, machine, stacks, targets
 from restart_harness.command.options import BaselineOptions
 from restart_harness.command.parse import RestartRequest
 from restart_harness.errors import UsageError
+from restart_harness.launch import nodecheck
 from restart_harness.results import events as ev
 from restart_harness.spec.runspec import RunSpec
 from restart_harness.storage import baseline as baseline_store
@@ -123,13 +124,13 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
 
 
-def device(spec: RunSpec) -> None:
-    """device=cuda where this process starts the ranks: the node has NVIDIA devices (a submitted job's node is the
-    scheduler's, checked there)."""
-    here = not launchers.of(spec).submits() and not spec.dry_run
-    if spec.device == "cuda" and here and machine.nvidia_devices() == 0:
-        raise UsageError("device=cuda: no NVIDIA device on this machine (/dev/nvidia*); accepted here: device=cpu or "
-                         "device=auto")
+def nodes(spec: RunSpec) -> None:
+    """What the node that runs the ranks must have (an engine's module, CUDA and the GPUs, locked memory:
+    launch/nodecheck.py), checked here where the ranks start here. A submitted run's nodes, or a dry run's, may not
+    be this machine: its job checks every node before the checkpoint phase (launch/runner.py)."""
+    if launchers.of(spec).submits() or spec.dry_run:
+        return
+    nodecheck.here(spec)
 
 
 def port(spec: RunSpec) -> None:
@@ -156,9 +157,9 @@ def run(spec: RunSpec, fixed_layout: str | None = None) -> None:
     """A run (or one combination of a sweep): everything that can be checked before the run directory exists
     (`fixed_layout`: who fixes its layout, if not the user)."""
     engine(spec)
-    device(spec)
     launcher(spec)
     port(spec)
+    nodes(spec)
     tracer(spec)
     emulation(spec, fixed_layout)
     scheduler(spec)
@@ -204,9 +205,9 @@ def restart(request: RestartRequest) -> dict | None:
                          "a run whose checkpoint phase ended (complete or failed)")
     launcher(spec)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
     scheduler(spec)
-    device(spec)
     port(spec)
     eng = engine(spec)
+    nodes(spec)
     tracer(spec)
     extension_locks()
     if elsewhere := request.run.checkpoint_elsewhere():

@@ -4,6 +4,7 @@
 # the login node (restart_harness/launch/local_cluster.py, docs/clusters.md).
 #
 #   eval "$(scripts/local-cluster.sh up 2)"     start node1, node2 in /tmp/restart-harness-cluster, export SLURM_CONF
+#   eval "$(scripts/local-cluster.sh up 2 gpus=4)"   ... each with 4 stand-in GPUs (generic resources, no driver)
 #   ./submit-job.sh tiny tp=2 dp=2 nodes=2 ranks_per_node=2 launcher=slurm
 #   scripts/local-cluster.sh status             each node's Slurm state, address and processes
 #   scripts/local-cluster.sh kill-node node2    every process of node2, its slurmd too (a lost node)
@@ -15,7 +16,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$here/env.sh" >&2
 dir="${RH_CLUSTER_DIR:-/tmp/restart-harness-cluster}"
 case "${1:-}" in
-  up|kill-node) exec "$RH_PY" -m restart_harness.launch.local_cluster "$1" "${2:-}" --root "$dir" ;;
+  up) exec "$RH_PY" -m restart_harness.launch.local_cluster up "${2:-}" "${@:3}" --root "$dir" ;;
+  kill-node) exec "$RH_PY" -m restart_harness.launch.local_cluster "$1" "${2:-}" --root "$dir" ;;
   down|status) exec "$RH_PY" -m restart_harness.launch.local_cluster "$1" --root "$dir" ;;
-  *) echo "usage: $0 up N | status | kill-node NODE | down" >&2; exit 2 ;;
+  *) echo "usage: $0 up N [gpus=G] | status | kill-node NODE | down" >&2; exit 2 ;;
 esac

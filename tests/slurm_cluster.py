@@ -19,15 +19,16 @@ from restart_harness.launch.local_cluster import Cluster
 
 
 @contextmanager
-def slurm_cluster(root: Path, nodes: int):
-    """A cluster of `nodes` nodes under root; yields it. Torn down even when the test fails."""
+def slurm_cluster(root: Path, nodes: int, gpus: int = 0):
+    """A cluster of `nodes` nodes (with `gpus` stand-in GPUs each) under root; yields it. Torn down even when the test
+    fails."""
     require_tool(*local_cluster.BINARIES, package="slurm-wlm, munge, iproute2 and util-linux")
     if os.geteuid() != 0:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("CI must not skip: the local Slurm cluster needs root")
         pytest.skip("the local Slurm cluster needs root (network namespaces, a bridge, slurmd)")
-    with timed_setup(f"slurm_cluster_{nodes}_nodes"):
-        cluster = local_cluster.up(root, nodes, cpus=2)
+    with timed_setup(f"slurm_cluster_{nodes}_nodes" + (f"_{gpus}_gpus" if gpus else "")):
+        cluster = local_cluster.up(root, nodes, cpus=2, gpus=gpus)
     try:
         yield cluster
     finally:

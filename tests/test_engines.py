@@ -362,11 +362,13 @@ def test_deepspeed_still_aborts_a_rank_whose_buffer_cannot_be_locked():
 
 
 def test_fastpersist_without_libaio_headers_is_refused(monkeypatch, tmp_path):
+    """A check of the node that runs the ranks (launch/nodecheck.py): here, where the ranks would start here."""
     from engines import fastpersist
+    from restart_harness.launch import nodecheck
 
     monkeypatch.setattr(fastpersist, "INCLUDE_DIRS", (str(tmp_path),))
-    with pytest.raises(UsageError, match="apt-get install libaio-dev"):
-        registry.get("fastpersist")(_spec_for("fastpersist")).check()
+    with pytest.raises(UsageError, match="engine=fastpersist cannot run on this node: .*apt-get install libaio-dev"):
+        nodecheck.here(_spec_for("fastpersist"))
 
 
 @pytest.mark.slow

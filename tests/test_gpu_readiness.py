@@ -146,3 +146,39 @@ def test_offline_bundle_installs_from_its_own_files_only(tmp_path):
     again = subprocess.run([str(REPO / "scripts/bundle/install.sh"), str(bundle), str(tmp_path / "d2")],
                            capture_output=True, text=True, check=False, env=env)
     assert again.returncode == 2 and "MANIFEST" in again.stderr and not (tmp_path / "d2").exists()
+
+
+def test_the_headline_gpu_job_is_prepared_on_a_machine_without_a_gpu(tmp_path):
+    """The README's GPU command, dry run on this login-node-like machine: the run directory and the job script are
+    written and the checks that need a GPU node are listed as the job's, not refused here (they run on every node
+    of the job before any rank starts: tests/test_gpu_cluster.py)."""
+    from conftest import submit
+
+    results = tmp_path / "results"
+    proc = submit(["13B", "pp=2", "tp=4", "engine=datastates", "launcher=slurm", "dry_run=true", "device=cuda",
+                   f"results_dir={results}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    job = (run_dir / "job.sbatch").read_text()
+    assert "#SBATCH --gpus-per-node=8" in job and "#SBATCH --nodes=1" in job
+    assert json.loads((run_dir / "ds_config.json").read_text())["datastates_ckpt"]["host_cache_size"] == 16
+    listed = proc.stdout.split("==> checks of the node that runs the ranks (on every node of the job, before any "
+                               "rank starts) <==\n")[1].splitlines()
+    assert listed[:2] == ["device=cuda: an NVIDIA driver, a CUDA build of torch and 8 GPUs visible to the job",
+                          "engine=datastates: Python module 'datastates' (DataStates-LLM) importable"], listed
+    # the same run launched here instead is refused before anything is created, naming the device
+    here = submit(["13B", "pp=2", "tp=4", "engine=datastates", "device=cuda", f"results_dir={tmp_path / 'r2'}"],
+                  tmp_path)
+    assert here.returncode == 2 and len(here.stderr.strip().splitlines()) == 1, here.stderr
+    assert "device=cuda cannot run on this node" in here.stderr and not (tmp_path / "r2").exists()
+
+
+@pytest.mark.parametrize("args, named", [(["up", "2", "gpus=0"], "gpus=0"), (["up", "2", "gpus=x"], "gpus=x"),
+                                         (["up", "2", "gpus=４"], "gpus=４"), (["up", "2", "gpu=4"], "gpu=4")])
+def test_local_cluster_gpus_bad_input_is_one_line_and_starts_nothing(tmp_path, args, named):
+    root = tmp_path / "cluster"
+    proc = subprocess.run([sys.executable, "-m", "restart_harness.launch.local_cluster", *args, "--root", str(root)],
+                          capture_output=True, text=True, cwd=REPO, check=False, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and named in lines[0], proc.stderr
+    assert not root.exists()

@@ -257,6 +257,7 @@ BAD = {
     "prefork over two nodes": (["tiny", "dp=2", "nodes=2", "ranks_per_node=1", "launcher=prefork"],
                                "nodes=2 with launcher=prefork"),
     "slurm without sbatch": (["tiny", "launcher=slurm"], "sbatch"),
+    "wait for a run that is not a job": (["tiny", "wait=true"], "wait=true with launcher=local"),
     "pbs without qsub": (["tiny", "launcher=pbs"], "qsub"),
     "local on two nodes": (["tiny", "dp=2", "nodes=2"], "nodes=2"),
     "bad walltime": (["tiny", "launcher=slurm", "dry_run=true", "walltime=90min"], "walltime=90min"),

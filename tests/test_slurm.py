@@ -58,9 +58,18 @@ def host_of(run_dir: Path, record: str) -> dict[int, str]:
 
 @pytest.fixture(scope="module")
 def two_nodes(cluster):
-    """DeepSpeed, tp=2 within a node, dp=2 across two nodes."""
-    return submitted(cluster, "tiny", "tp=2", "dp=2", "nodes=2", "ranks_per_node=2", "launcher=slurm", "iters=2",
-                     "save_interval=2", "after=1")
+    """DeepSpeed, tp=2 within a node, dp=2 across two nodes; submitted from the login node and waited for
+    (wait=true): the command returns when the job has ended, with the run's summary."""
+    c, results = cluster
+    proc = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "tiny", "tp=2", "dp=2", "nodes=2",
+                           "ranks_per_node=2", "launcher=slurm", "iters=2", "save_interval=2", "after=1", "wait=true",
+                           "walltime=00:10:00", f"results_dir={results}"], capture_output=True, text=True,
+                          env=c.env(), timeout=600, cwd=REPO, check=False)
+    assert proc.returncode == 0, proc.stderr
+    job_id = json.loads((Path(proc.stdout.strip().splitlines()[-1]) / "job.json").read_text())["job_id"]
+    assert proc.stdout.startswith(f"job {job_id}\n") and "\nverified           yes (4 ranks" in proc.stdout
+    assert f"[job {job_id}] ended" in proc.stderr and "[restart-01] step 3/3" in proc.stderr  # its progress, shown
+    return Path(proc.stdout.strip().splitlines()[-1])
 
 
 def test_job_submitted_and_id_printed(two_nodes):

@@ -9,10 +9,17 @@ bridge between distinct addresses, as between machines. What the nodes share tha
 the memory and the kernel (one page cache). Slurm 22.05 as Debian builds it (no cgroups: proctrack/linuxproc,
 task/none); root is needed (namespaces, a bridge, daemons).
 
-    python -m restart_harness.launch.local_cluster up N [--root DIR] [--cpus C]   prints `export SLURM_CONF=...`
+    python -m restart_harness.launch.local_cluster up N [gpus=G] [--root DIR] [--cpus C]
+                                                                  prints `export SLURM_CONF=...`
     python -m restart_harness.launch.local_cluster down [--root DIR]
     python -m restart_harness.launch.local_cluster status [--root DIR]
     python -m restart_harness.launch.local_cluster kill-node NODE [--root DIR]     every process of NODE, slurmd too
+
+gpus=G gives every node G GPUs as Slurm sees them: generic resources (`Gres=gpu:G`, gres.conf with AutoDetect=off)
+backed by stand-in device files under ROOT/dev/NODE/ (character devices with /dev/null's numbers: Slurm takes only
+devices; there is no driver and nothing can run on them). slurmctld
+schedules and binds them as on a GPU cluster, and srun gives each task CUDA_VISIBLE_DEVICES and SLURM_GPUS_ON_NODE;
+a job asking for more GPUs per node than there are is refused.
 
 Everything a cluster creates (namespaces, veth pairs, the bridge, daemons, spool and state) is named in
 ROOT/cluster.json as it is created, so `down` removes all of it, also after an `up` that failed half-way.
@@ -28,6 +35,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -88,6 +96,7 @@ class Cluster:
     login: str  # this host's name: the controller's and the login node's
     nodes: list[str] = field(default_factory=list)
     cpus: int = 2
+    gpus: int = 0  # stand-in GPUs per node (generic resources)
     created: dict = field(default_factory=lambda: {"netns": [], "links": [], "pids": {}})
 
     # -- names -------------------------------------------------------------------------------------------------
@@ -202,9 +211,20 @@ def _slurm_conf(c: Cluster, ctl_port: int, d_port: int) -> str:
         "SlurmdTimeout=20",  # a node that stops answering is marked down within about 30 s
         "KillWait=5",
         "InactiveLimit=0",
-        *(f"NodeName={n} NodeAddr={c.address(i)} CPUs={c.cpus} State=UNKNOWN" for i, n in enumerate(c.nodes)),
+        *(["GresTypes=gpu"] if c.gpus else []),
+        *(f"NodeName={n} NodeAddr={c.address(i)} CPUs={c.cpus}" + (f" Gres=gpu:{c.gpus}" if c.gpus else "")
+          + " State=UNKNOWN" for i, n in enumerate(c.nodes)),
         f"PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP",
     ]
+    return "\n".join(lines) + "\n"
+
+
+def _gres_conf(c: Cluster) -> str:
+    """Each node's GPUs: stand-in device files, declared by hand (no NVML autodetection: there is no driver)."""
+    last = c.gpus - 1
+    lines = ["# stand-in GPUs of a local cluster (restart_harness/launch/local_cluster.py), generated", "AutoDetect=off"]
+    lines += [f"NodeName={n} Name=gpu File={c.root}/dev/{n}/nvidia[0-{last}]" if last else
+              f"NodeName={n} Name=gpu File={c.root}/dev/{n}/nvidia0" for n in c.nodes]
     return "\n".join(lines) + "\n"
 
 
@@ -222,7 +242,7 @@ def _tail(path: Path, chars: int = 1500) -> str:
         return ""
 
 
-def up(root: Path, count: int, cpus: int | None = None, timeout: float = 90) -> Cluster:
+def up(root: Path, count: int, cpus: int | None = None, timeout: float = 90, gpus: int = 0) -> Cluster:
     """Start a cluster of `count` nodes under root (which must not exist or be empty); on failure, removes what it
     made and raises ClusterError."""
     if os.geteuid() != 0:
@@ -231,6 +251,8 @@ def up(root: Path, count: int, cpus: int | None = None, timeout: float = 90) -> 
         raise ClusterError(f"missing programs: {', '.join(lacking)} (Debian: slurm-wlm munge iproute2 util-linux)")
     if count < 1:
         raise ClusterError(f"nodes: {count}; accepted: 1 or more")
+    if gpus < 0:
+        raise ClusterError(f"gpus={gpus}; accepted: 0 or more GPUs per node")
     if root.exists() and any(root.iterdir()):
         raise ClusterError(f"{root} is not empty (a cluster already there? `down --root {root}` first)")
     for sub in ("munge", "state", "run", "log", "spool"):
@@ -238,7 +260,7 @@ def up(root: Path, count: int, cpus: int | None = None, timeout: float = 90) -> 
     (root / "spool").chmod(0o755)
     c = Cluster(root=root.resolve(), ident=secrets.token_hex(2), subnet=str(_free_subnet()),
                 login=socket.gethostname().split(".")[0], nodes=[f"node{i + 1}" for i in range(count)],
-                cpus=cpus or os.cpu_count() or 1)
+                cpus=cpus or os.cpu_count() or 1, gpus=gpus)
     c.save()
     try:
         _start(c, timeout)
@@ -278,6 +300,12 @@ def _start(c: Cluster, timeout: float) -> None:
         _run("ip", "-n", ns, "link", "set", "eth0", "up")
         _run("ip", "-n", ns, "link", "set", "lo", "up")
 
+    if c.gpus:
+        for node in c.nodes:
+            (c.root / "dev" / node).mkdir(parents=True)
+            for i in range(c.gpus):  # Slurm takes only a character device; /dev/null's numbers: inert
+                os.mknod(c.root / "dev" / node / f"nvidia{i}", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        (c.root / "gres.conf").write_text(_gres_conf(c))  # slurm.conf's folder: where Slurm looks for it
     c.conf.write_text(_slurm_conf(c, _free_port(), _free_port()))
     env = c.env()
     proc = _run("slurmctld", "-f", str(c.conf), env=env, check=False)
@@ -358,18 +386,34 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="local-cluster", description=__doc__.split("\n\n")[0])
     p.add_argument("action", choices=("up", "down", "status", "kill-node"))
     p.add_argument("arg", nargs="?", help="up: the number of nodes; kill-node: the node")
+    p.add_argument("settings", nargs="*", help="up: gpus=G (stand-in GPUs per node, as generic resources)")
     p.add_argument("--root", type=Path, default=DEFAULT_ROOT)
     p.add_argument("--cpus", type=int, default=None, help="CPUs each node declares (default: this machine's)")
     args = p.parse_args(argv)
     try:
         if args.action == "up":
-            if not (args.arg or "").isdigit():
+            if not (args.arg or "").isascii() or not (args.arg or "").isdigit():
                 print(f"error: up needs a number of nodes, got {args.arg!r}", file=sys.stderr)
                 return 2
-            c = up(args.root, int(args.arg), args.cpus)
-            print(f"# {len(c.nodes)} nodes up ({', '.join(c.nodes)}; {c.subnet}); down: local-cluster.sh down",
-                  file=sys.stderr)
+            gpus = 0
+            for setting in args.settings:
+                name, _, value = setting.partition("=")
+                if name != "gpus":
+                    print(f"error: {setting!r}: accepted after the number of nodes: gpus=G", file=sys.stderr)
+                    return 2
+                if not (value.isascii() and value.isdigit() and 0 < int(value) <= 64):
+                    print(f"error: gpus={value}: accepted: a whole number of GPUs per node from 1 to 64",
+                          file=sys.stderr)
+                    return 2
+                gpus = int(value)
+            c = up(args.root, int(args.arg), args.cpus, gpus=gpus)
+            gpu_text = f", {c.gpus} stand-in GPUs each" if c.gpus else ""
+            print(f"# {len(c.nodes)} nodes up ({', '.join(c.nodes)}{gpu_text}; {c.subnet}); down: local-cluster.sh "
+                  "down", file=sys.stderr)
             print(f"export SLURM_CONF={c.conf}")
+        elif args.settings:
+            print(f"error: {args.settings[0]!r}: settings are for up", file=sys.stderr)
+            return 2
         elif args.action == "down":
             down(args.root)
         elif args.action == "status":

@@ -23,7 +23,7 @@ from restart_harness import SOURCE_ROOT, launchers, machine, stacks, targets
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.generate.ds_config import build_ds_config, deep_merge
 from restart_harness.generate.launch import launch_script, worker_args
-from restart_harness.launch import observe, session
+from restart_harness.launch import nodecheck, observe, session
 from restart_harness.plan.estimate import duration
 from restart_harness.results import finalize
 from restart_harness.results.schema import stack_engine
@@ -182,16 +182,10 @@ def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, tim
             done = True
         except subprocess.TimeoutExpired:
             done = False
-        if events.is_file():
-            with open(events) as f:
-                f.seek(offset)
-                chunk = f.read()
-            complete = chunk[: chunk.rfind("\n") + 1]
-            offset += len(complete.encode())
-            for line in complete.splitlines():
-                msg = _progress_line(record, json.loads(line))
-                if msg:
-                    say(msg)
+        lines, offset = _new_lines(events, offset)
+        for e in lines:
+            if msg := _progress_line(record, e):
+                say(msg)
         if done:
             return False
         if time.time() - start > timeout:
@@ -240,6 +234,7 @@ def run(spec: RunSpec, prefix: str = "") -> Path:
         if launcher.scheduler:
             write_job_script(spec, run_dir)
         show_generated(run_dir)
+        show_node_checks(spec)
         return run_dir
     if launcher.submits():
         script = write_job_script(spec, run_dir)
@@ -249,8 +244,91 @@ def run(spec: RunSpec, prefix: str = "") -> Path:
         set_status(run_dir, "submitted", None, scheduler=spec.launcher, job_id=job_id)
         say(f"run {run_dir.name}: submitted {script.name} to {spec.launcher} as job {job_id}")
         print(f"job {job_id}")
+        if spec.wait:
+            wait_for_job(run_dir, launcher, job_id)
         return run_dir
     return execute(run_dir)
+
+
+def show_node_checks(spec: RunSpec) -> None:
+    """dry_run=true: what the node that runs the ranks is checked for, and where (launch/nodecheck.py)."""
+    checks = nodecheck.checks(spec)
+    where = ("on every node of the job, before any rank starts" if launchers.of(spec).scheduler else
+             "on this machine, before anything is created, when the run is launched")
+    print(f"==> checks of the node that runs the ranks ({where}) <==")
+    for check in checks:
+        print(f"{check.name}: {check.what}")
+    if not checks:
+        print("(none for this engine and device)")
+
+
+def check_nodes(spec: RunSpec, run_dir: Path) -> None:
+    """Inside a submitted job, or across the nodes of an allocation: the node checks once on every node before
+    anything starts (launch/nodecheck.py); RunFailed naming the first node that fails. A launch that starts its ranks
+    on the machine the command was typed on was checked there (preflight)."""
+    if not (launchers.job_id() or spec.across_nodes) or not nodecheck.checks(spec):
+        return
+    argv = [sys.executable, "-m", "restart_harness.launch.nodecheck", str(run_dir)]
+    command = launchers.of(spec).per_node_command(argv) or argv
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600, cwd=SOURCE_ROOT)
+    nodes = []
+    for line in proc.stdout.splitlines():
+        try:
+            nodes.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    (run_dir / "records").mkdir(exist_ok=True)
+    write_json_atomic(run_dir / "records" / "nodecheck.json", {"command": command, "exit_code": proc.returncode,
+                                                               "nodes": nodes})
+    if failed := nodecheck.line(spec, nodes):
+        raise RunFailed(failed)
+    expected = spec.nodes if spec.across_nodes else 1
+    if proc.returncode != 0 or len(nodes) != expected:
+        said = " ".join((proc.stderr or proc.stdout).split())[-300:]
+        raise RunFailed(f"the node checks did not run on every node ({len(nodes)} of {expected} answered; "
+                        f"{command[0]} exit {proc.returncode}: {said})")
+    say(f"  [nodes] {', '.join(n['host'] for n in nodes)}: {', '.join(nodes[0]['checks'])} checked, every one passed")
+
+
+def wait_for_job(run_dir: Path, launcher, job_id: str, poll_seconds: float = 2.0) -> None:
+    """wait=true: follow a submitted job until it ends (its state, rank 0's progress of each phase); returns once the
+    run is complete, else RunFailed with the run's own one-line reason. Ctrl-C stops the waiting, not the job."""
+    from restart_harness.results.status import observed
+
+    say(f"  waiting for job {job_id} (wait=true; Ctrl-C stops waiting, the job goes on)")
+    last, offsets = "", {}
+    while True:
+        state = launcher.job_state(job_id)
+        if (state or "ended") != last:
+            last = state or "ended"
+            say(f"  [job {job_id}] {last.lower()}")
+        for events in sorted((run_dir / "events").glob("*/rank-00000.jsonl")):
+            record = events.parent.name
+            lines, offsets[record] = _new_lines(events, offsets.get(record, 0))
+            for e in lines:
+                if msg := _progress_line(record, e):
+                    say(msg)
+        if state is None or state in launcher.ended_states:
+            break
+        time.sleep(poll_seconds)
+    status = observed(run_dir)
+    if status["state"] == "complete":
+        return
+    if status["state"] in ("submitted", "running"):
+        raise RunFailed(f"job {job_id} ended ({last.lower()}) without finishing the run; its log: "
+                        f"{run_dir / 'logs'}")
+    raise RunFailed(status.get("reason") or f"job {job_id} ended, run {status['state']}")
+
+
+def _new_lines(path: Path, offset: int) -> tuple[list[dict], int]:
+    """The complete JSON lines written to path since byte `offset`, and the offset after them."""
+    if not path.is_file():
+        return [], offset
+    with open(path, "rb") as f:
+        f.seek(offset)
+        chunk = f.read()
+    complete = chunk[: chunk.rfind(b"\n") + 1]
+    return [json.loads(line) for line in complete.decode().splitlines()], offset + len(complete)
 
 
 def write_job_script(spec: RunSpec, run_dir: Path, job_args: list[str] | None = None) -> Path:
@@ -283,6 +361,7 @@ def execute(run_dir: Path) -> Path:
         f"engine {spec.engine}, {spec.precision}, launcher {spec.launcher}")
     target = targets.for_run(run)
     try:
+        check_nodes(spec, run_dir)
         probe = record_baseline(run, target)
         if probe:
             say(f"  [baseline] {probe.get('error') or _baseline_line(probe)}")
@@ -483,6 +562,7 @@ def restart_only(request) -> Path:
     say(f"run {run_dir.name}: {request.repeats} restart(s) of {spec.model_label} from {tag}, saved at "
         f"{layouts['saved']}, loaded at {spec.layout}; launcher {spec.launcher}, cache={spec.cache}")
     try:
+        check_nodes(spec, run_dir)  # inside a restart job: its nodes, with the run's engine and device
         relayout, facts = None, {"layout": layouts}
         if request.integrity:
             facts["integrity"] = request.integrity

@@ -76,6 +76,23 @@ def nodes(partition: str | None) -> tuple[int, int, list[str]]:
     return len(states) - len(bad), len(states), bad
 
 
+def gpus_per_node(partition: str | None) -> dict[str, int]:
+    """node -> the GPUs Slurm has for it (generic resources `gpu`, any type), from sinfo; {} when sinfo says
+    nothing. "gpu:a100:4(S:0-1),gpu:h100:2" counts 6."""
+    args = ["sinfo", "-h", "-N", "-o", "%N|%G", *(["-p", partition] if partition else [])]
+    proc = subprocess.run(args, capture_output=True, text=True, check=False, timeout=60)
+    out = {}
+    for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
+        node, _, gres = line.partition("|")
+        count = 0
+        for entry in re.split(r",(?![^(]*\))", gres):
+            fields = entry.split("(")[0].split(":")
+            if fields[0] == "gpu" and fields[-1].isdigit():
+                count += int(fields[-1])
+        out[node] = count
+    return out
+
+
 class SpansAllocation(Launcher):
     """A launcher that starts ranks on this node and, inside a Slurm allocation with nodes > 1, on the allocation's
     nodes through srun (DeepSpeed's launcher, torchrun): there srun's programs, per-node steps and verdicts are its."""

@@ -20,6 +20,8 @@ import shlex
 import shutil
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -30,6 +32,17 @@ WORKER_MODULE = "restart_harness.worker"
 JOB_MODULE = "restart_harness.launch.job"
 # The launch script tells each rank whose rank variables it reads (worker/rank_env.py)
 LAUNCHER_VARIABLE = "RH_LAUNCHER"
+
+
+@dataclass(frozen=True)
+class NodeCheck:
+    """One thing the node that runs the ranks must have (an engine's module, CUDA and its GPUs): checked where the
+    ranks start before the launcher starts them (restart_harness/launch/nodecheck.py)."""
+
+    name: str  # what it is about: "engine=datastates", "device=cuda"
+    what: str  # what it checks, one line (dry_run=true prints it)
+    run: Callable[[], str | None]  # why this node cannot run the ranks, or None
+    instead: str = ""  # what to ask for instead, where the ranks would start on the machine the command is typed on
 
 
 class Raw(str):
@@ -67,6 +80,12 @@ class Launcher(ABC):
             takers = "|".join(n for n, c in all_launchers().items() if c.subset)
             raise UsageError(f"subset=true with launcher={spec.launcher}: a subset runs on the node it is started on; "
                              f"accepted: launcher={takers}")
+        if spec.wait and cls.scheduler is None:
+            from restart_harness.launchers import all_launchers
+
+            takers = "|".join(n for n, c in all_launchers().items() if c.scheduler)
+            raise UsageError(f"wait=true with launcher={spec.launcher}: a run started here returns when it ends; "
+                             f"accepted: wait=true with launcher={takers}")
 
     def preflight(self) -> None:
         """The launcher can run from here: the programs it needs are on PATH (UsageError otherwise)."""
@@ -128,6 +147,14 @@ class Launcher(ABC):
 
     def submit(self, script: Path) -> str:
         """Submit the batch script; returns the job id (RunFailed when the scheduler refuses it)."""
+        raise NotImplementedError(f"launcher {self.name} submits no batch jobs")
+
+    # the scheduler's words for a job that has ended (it may keep listing it for a while)
+    ended_states: ClassVar[frozenset[str]] = frozenset()
+
+    def job_state(self, job_id: str) -> str | None:
+        """The scheduler's state of a submitted job ("PENDING", "RUNNING", ...), or None once it no longer knows
+        the job (ended and forgotten): wait=true follows a job with it."""
         raise NotImplementedError(f"launcher {self.name} submits no batch jobs")
 
     # ---- the predictor ----------------------------------------------------------------------------------------

@@ -65,6 +65,16 @@ class PbsLauncher(Launcher):
         lines.append(JOB_COMMENT)
         return "\n".join(lines + job_body(spec, run_dir, job_args or [])) + "\n"
 
+    ended_states = frozenset({"F"})  # PBS Pro's finished jobs (qstat -x)
+
+    def job_state(self, job_id: str) -> str | None:
+        proc = subprocess.run(["qstat", "-x", "-f", job_id], capture_output=True, text=True, check=False, timeout=60)
+        for line in proc.stdout.splitlines():
+            key, _, value = line.strip().partition(" = ")
+            if key == "job_state":
+                return value.strip()
+        return None
+
     def submit(self, script: Path) -> str:
         proc = subprocess.run(["qsub", str(script)], check=False, capture_output=True, text=True, cwd=script.parent)
         if proc.returncode != 0:

@@ -45,6 +45,16 @@ class SlurmLauncher(Launcher):
             raise UsageError(f"launcher=slurm: nodes={spec.nodes}, but only {usable} of the {where}'s {listed} nodes "
                              f"can run a job now ({'; '.join(down)}); the job would wait until they return: check "
                              "`sinfo -R`, or ask for fewer nodes")
+        if spec.device == "cuda":  # sbatch --test-only says only "Requested node configuration is not available"
+            gpus = _slurm.gpus_per_node(spec.queue)
+            most = max(gpus.values(), default=0)
+            if gpus and most < spec.ranks_per_node:
+                have = f"at most {most} GPUs a node" if most else "no GPUs (no gpu generic resource)"
+                raise UsageError(f"launcher=slurm device=cuda: ranks_per_node={spec.ranks_per_node} asks for "
+                                 f"{spec.ranks_per_node} GPUs on each node (--gpus-per-node, one a rank), but the "
+                                 f"{where}'s nodes have {have}; accepted: "
+                                 + (f"ranks_per_node= up to {most}, or queue= a partition with more GPUs a node"
+                                    if most else "queue= a GPU partition, or device=cpu"))
         with tempfile.TemporaryDirectory(prefix="rh-test-only-") as scratch:
             script = Path(scratch) / self.script_name
             script.write_text(self.job_script(Path(scratch)))
@@ -91,6 +101,15 @@ class SlurmLauncher(Launcher):
             lines.append(f"#SBATCH --account={spec.account}")
         lines.append(JOB_COMMENT)
         return "\n".join(lines + job_body(spec, run_dir, job_args or [])) + "\n"
+
+    ended_states = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                              "PREEMPTED", "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT"})
+
+    def job_state(self, job_id: str) -> str | None:
+        proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, check=False,
+                              timeout=60)
+        state = proc.stdout.strip().split()
+        return state[0] if proc.returncode == 0 and state else None
 
     def submit(self, script: Path) -> str:
         proc = subprocess.run(["sbatch", "--parsable", str(script)], check=False, capture_output=True, text=True,

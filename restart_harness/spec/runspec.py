@@ -109,8 +109,9 @@ class RunSpec:
     device: str = key("auto", "auto = cuda when NVIDIA devices are present, else cpu (DeepSpeed over gloo)",
                        group="launch", choices=("auto", "cpu", "cuda"))
     launcher: str = key("local", "what starts the ranks (restart_harness/launchers/; list below): local = DeepSpeed's "
-                                 "own launcher (also spelled deepspeed), torchrun, mpiexec, slurm (sbatch + srun), "
-                                 "pbs (qsub + mpiexec); local and torchrun take nodes > 1 inside a Slurm allocation",
+                                 "own launcher (also spelled deepspeed), torchrun, mpiexec, prefork (forks the ranks from "
+                                 "one process that imported their libraries), slurm (sbatch + srun), pbs (qsub + "
+                                 "mpiexec); local and torchrun take nodes > 1 inside a Slurm allocation",
                         group="launch", restart=True)
     timeout: int = key(1800, "seconds one launch may take before its whole process group is killed",
                        group="launch", unit="s", minimum=1, maximum=28 * 86400, restart=True)
@@ -130,6 +131,9 @@ class RunSpec:
     dry_run: bool = key(False, "write ds_config.json and the launch (and job) scripts, print them, launch nothing",
                         group="launch", sweep=False)
     # cluster
+    wait: bool = key(False, "launcher=slurm|pbs from a login node: return when the job ends, showing its progress, "
+                            "with the run's summary (exit 0) or its one-line failure (exit 1)", group="cluster",
+                     sweep=False)
     walltime: str = key("01:00:00", "slurm/pbs job time limit, HH:MM:SS or D-HH:MM:SS", group="cluster")
     queue: str | None = key(None, "Slurm partition / PBS queue", group="cluster")
     account: str | None = key(None, "Slurm account / PBS project (-A)", group="cluster")

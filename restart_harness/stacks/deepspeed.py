@@ -50,13 +50,14 @@ def init_distributed(spec):
     import torch
     import torch.distributed as dist
 
+    from restart_harness.worker.rank_env import cuda_device
     from third_party.deepspeed_shm_unlink import unlink_own_buffer
 
     if spec.device == "cuda":
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local_rank)
+        index = cuda_device()
+        torch.cuda.set_device(index)
         deepspeed.init_distributed(dist_backend="nccl")
-        return torch.device("cuda", local_rank)
+        return torch.device("cuda", index)
     deepspeed.init_distributed(dist_backend="gloo")
     dist.barrier()  # every rank has opened every rank's shared-memory buffer: the names can go (third_party)
     unlink_own_buffer(dist.get_rank())

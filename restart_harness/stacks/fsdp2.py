@@ -67,10 +67,12 @@ class FSDP2Stack(Stack):
         import torch.distributed as dist
 
         if self.spec.device == "cuda":
-            local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-            torch.cuda.set_device(local_rank)
-            dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
-            self.device = torch.device("cuda", local_rank)
+            from restart_harness.worker.rank_env import cuda_device
+
+            index = cuda_device()
+            torch.cuda.set_device(index)
+            dist.init_process_group("nccl", device_id=torch.device("cuda", index))
+            self.device = torch.device("cuda", index)
         else:
             dist.init_process_group("gloo")
             self.device = torch.device("cpu")

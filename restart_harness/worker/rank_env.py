@@ -31,3 +31,30 @@ def fill(env: MutableMapping[str, str] | None = None) -> None:
         env.setdefault("CROSS_SIZE", str(int(env["WORLD_SIZE"]) // int(env["LOCAL_SIZE"])))
         if "RANK" in env:
             env.setdefault("CROSS_RANK", str(int(env["RANK"]) // int(env["LOCAL_SIZE"])))
+
+
+def cuda_device(env: MutableMapping[str, str] | None = None) -> int:
+    """The CUDA device index this rank takes: its local rank among the devices the launcher made visible to it.
+    Where the scheduler binds one device a task (CUDA_VISIBLE_DEVICES holds one), that one: index 0."""
+    env = os.environ if env is None else env
+    local_rank = int(env.get("LOCAL_RANK", "0"))
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return 0 if len(visible) == 1 else local_rank
+
+
+def main() -> int:
+    """`python -m restart_harness.worker.rank_env` in place of a rank: what it would see and take (its rank
+    variables, the devices the launcher made visible, the CUDA device index), as one JSON line."""
+    import json
+    import socket
+
+    fill()
+    seen = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK",
+                                           "CROSS_SIZE", "CUDA_VISIBLE_DEVICES")}
+    seen.update({k: v for k, v in os.environ.items() if k.endswith("GPUS_ON_NODE")})  # Slurm, Flux: the node's count
+    print(json.dumps({"host": socket.gethostname(), **seen, "cuda_device": cuda_device()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -2,37 +2,46 @@
 # Gather, on a machine with internet, everything a compute node without internet needs to run the harness
 # (docs/clusters.md#offline-install). Run it with the same Python minor version and CPU architecture as the nodes.
 #
-#   scripts/bundle/gather.sh OUT_DIR [--torch-index URL] [--datastates GIT_URL|DIR|none] [--datastates-commit SHA]
+#   scripts/bundle/gather.sh OUT_DIR [--torch-index URL] [--torch-version V] [--datastates GIT_URL|DIR|none]
+#                                    [--datastates-commit SHA] [--any-datastates-api]
 #
 #   --torch-index   where the node's torch build comes from, e.g. https://download.pytorch.org/whl/cu126
 #                   (default: pip's own configuration: PyPI's default build, or a local wheel pip is set up to find)
+#   --torch-version the torch release to carry instead of requirements.txt's pin (the CUDA build a node's driver
+#                   takes; install.sh installs the one the bundle carries)
 #   --datastates    DataStates-LLM sources to carry (default: the repository in scripts/bundle/datastates-llm.pin);
 #                   `none` leaves it out (engine=datastates is then refused on the node, with the reason)
 #   --datastates-commit  the commit of GIT_URL to carry (default: the pinned one, datastates-llm.pin)
+#   --any-datastates-api carry the sources whatever API they provide (to compile them: check-cuda-build.sh); the
+#                   node then refuses engine=datastates if DeepSpeed's import fails
 # Sources that do not provide the API DeepSpeed 0.19.8 imports are refused before anything is gathered
 # (scripts/bundle/check-datastates.py); a repository that cannot be reached leaves DataStates out, with the reason.
 #
-# OUT_DIR gets: wheels/ (torch at requirements.txt's pin, every dependency of the extras run, analysis and trace,
+# OUT_DIR gets: constraints.txt (requirements.txt's pins, torch's as asked), wheels/ (torch at that pin, every dependency of the extras run, analysis and trace,
 # build tools for DeepSpeed's ops and DataStates-LLM), src/ (DeepSpeed's source distribution, DataStates-LLM's
 # sources), project.tar.gz (this checkout, git archive of HEAD), MANIFEST.sha256. Install with
 # scripts/bundle/install.sh OUT_DIR DEST on the node.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 die() { echo "error: $*" >&2; exit 2; }
-USAGE="usage: scripts/bundle/gather.sh OUT_DIR [--torch-index URL] [--datastates GIT_URL|DIR|none] [--datastates-commit SHA]"
+USAGE="usage: scripts/bundle/gather.sh OUT_DIR [--torch-index URL] [--torch-version V] [--datastates GIT_URL|DIR|none] [--datastates-commit SHA] [--any-datastates-api]"
 [[ $# -ge 1 ]] || die "$USAGE"
 OUT="$1"; shift
 # shellcheck source=datastates-llm.pin
 source "$ROOT/scripts/bundle/datastates-llm.pin"
-TORCH_INDEX="" DATASTATES="$DATASTATES_URL"
+TORCH_INDEX="" TORCH_VERSION="" DATASTATES="$DATASTATES_URL" ANY_API=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --torch-index) TORCH_INDEX="${2:?}"; shift 2 ;;
+    --torch-version) TORCH_VERSION="${2:?}"; shift 2 ;;
     --datastates) DATASTATES="${2:?}"; shift 2 ;;
     --datastates-commit) DATASTATES_COMMIT="${2:?}"; shift 2 ;;
-    *) die "unknown option $1; accepted: --torch-index URL, --datastates GIT_URL|DIR|none, --datastates-commit SHA" ;;
+    --any-datastates-api) ANY_API=1; shift ;;
+    *) die "unknown option $1; accepted: --torch-index URL, --torch-version V, --datastates GIT_URL|DIR|none, --datastates-commit SHA, --any-datastates-api" ;;
   esac
 done
+[[ -z "$TORCH_VERSION" || "$TORCH_VERSION" =~ ^[0-9]+\.[0-9]+(\.[0-9]+)?$ ]] \
+  || die "--torch-version $TORCH_VERSION; accepted: a release number such as 2.13.0"
 [[ -e "$OUT" && -n "$(ls -A "$OUT" 2>/dev/null)" ]] && die "$OUT exists and is not empty"
 PY="${PYTHON:-python3}"
 log() { echo "[bundle] $*" >&2; }
@@ -56,7 +65,7 @@ case "$DATASTATES" in
         log "$DS_MISSING: engine=datastates will be refused on the node"
       fi
     fi
-    if [[ -n "$DS_FROM" ]]; then
+    if [[ -n "$DS_FROM" && "$ANY_API" == 0 ]]; then
       why="$("$PY" "$ROOT/scripts/bundle/check-datastates.py" "$DS_TMP/datastates-llm" 2>&1 >/dev/null)" \
         || die "--datastates $DS_FROM: ${why#"$DS_TMP/datastates-llm: "}"
     fi ;;
@@ -66,7 +75,14 @@ mkdir -p "$OUT/wheels" "$OUT/src"
 OUT="$(cd "$OUT" && pwd)"
 LOG="$OUT/gather.log"
 quiet() { "$@" >>"$LOG" 2>&1 || { tail -30 "$LOG" >&2; die "failed: $* (whole log: $LOG)"; }; }
-pin() { grep -E "^$1==" "$ROOT/requirements.txt" | head -1; }
+# the constraints every download is under: requirements.txt, with the torch release asked for
+CONSTRAINTS="$OUT/constraints.txt"
+if [[ -n "$TORCH_VERSION" ]]; then
+  sed -E "s/^torch==.*/torch==$TORCH_VERSION/" "$ROOT/requirements.txt" > "$CONSTRAINTS"
+else
+  cp "$ROOT/requirements.txt" "$CONSTRAINTS"
+fi
+pin() { grep -E "^$1==" "$CONSTRAINTS" | head -1; }
 
 log "torch ($(pin torch))"
 quiet "$PY" -m pip download -d "$OUT/wheels" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "$(pin torch)"
@@ -87,10 +103,10 @@ import re
 print("\n".join(r for r in reqs if not re.match(r"torch\s*([<>=!~;]|$)", r)))
 PYEOF
 )
-# build tools: DeepSpeed's ops (ninja), DataStates-LLM (cmake, nanobind; fasteners and numpy, which its Python
+# build tools: DeepSpeed's ops (ninja), DataStates-LLM (cmake, nanobind, or pybind11 for older sources; fasteners and numpy, which its Python
 # engine imports), the project itself (setuptools)
-quiet "$PY" -m pip download -d "$OUT/wheels" -c "$ROOT/requirements.txt" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} \
-  "${REQS[@]}" "$(pin torch)" setuptools wheel ninja packaging cmake nanobind fasteners numpy pip
+quiet "$PY" -m pip download -d "$OUT/wheels" -c "$CONSTRAINTS" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} \
+  "${REQS[@]}" "$(pin torch)" setuptools wheel ninja packaging cmake nanobind pybind11 fasteners numpy pip
 
 if [[ -n "$DS_FROM" ]]; then
   log "DataStates-LLM sources ($DS_FROM)"

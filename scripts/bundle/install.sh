@@ -35,7 +35,10 @@ PY="${PYTHON:-python3}"
 VPY="$DEST/.venv/bin/python"
 export PIP_CONFIG_FILE=/dev/null PIP_NO_INDEX=1 PIP_FIND_LINKS="$BUNDLE/wheels" PIP_DISABLE_PIP_VERSION_CHECK=1
 unset PIP_EXTRA_INDEX_URL PIP_INDEX_URL
-pin() { grep -E "^$1==" "$DEST/requirements.txt" | head -1; }
+# the bundle's pins: requirements.txt's, with the torch release it carries (gather.sh --torch-version)
+CONSTRAINTS="$BUNDLE/constraints.txt"
+[[ -f "$CONSTRAINTS" ]] || CONSTRAINTS="$DEST/requirements.txt"
+pin() { grep -E "^$1==" "$CONSTRAINTS" | head -1; }
 LOG="$DEST/.venv/install.log"
 run() { "$@" >>"$LOG" 2>&1 || { tail -30 "$LOG" >&2; die "failed: $* (whole log: $LOG)"; }; }
 
@@ -70,7 +73,7 @@ build_datastates() {
 
 log "torch and build tools (log: $LOG)"
 run "$VPY" -m pip install --upgrade pip
-run "$VPY" -m pip install "$(pin torch)" setuptools wheel ninja packaging cmake nanobind fasteners numpy
+run "$VPY" -m pip install "$(pin torch)" setuptools wheel ninja packaging cmake nanobind pybind11 fasteners numpy
 
 if [[ "$CUDA" == auto ]]; then
   CUDA=no
@@ -79,12 +82,15 @@ if [[ "$CUDA" == auto ]]; then
 fi
 DS_SRC="$(ls "$BUNDLE"/src/deepspeed-*.tar.gz | head -1)"
 if [[ "$CUDA" == yes ]]; then
+  # built for the CUDA accelerator even where no GPU answers (a login node): DS_ACCELERATOR=cuda, the GPUs from
+  # TORCH_CUDA_ARCH_LIST (set it there: nothing to ask)
   if echo '#include <libaio.h>' | cc -E - >/dev/null 2>&1; then
-    log "DeepSpeed from source with its async_io op (FastPersist; a few minutes)"
-    run env DS_BUILD_OPS=0 DS_BUILD_AIO=1 "$VPY" -m pip install --no-build-isolation "$DS_SRC"
+    log "DeepSpeed from source with its async_io (FastPersist) and fused_adam ops (several minutes)"
+    run env DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_AIO=1 DS_BUILD_FUSED_ADAM=1 \
+      "$VPY" -m pip install --no-build-isolation "$DS_SRC"
   else
-    log "libaio headers missing (Debian: libaio-dev): DeepSpeed without prebuilt ops; engine=fastpersist JIT-builds"
-    run env DS_BUILD_OPS=0 "$VPY" -m pip install --no-build-isolation "$DS_SRC"
+    log "libaio headers missing (Debian: libaio-dev): DeepSpeed with fused_adam only; engine=fastpersist JIT-builds"
+    run env DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_FUSED_ADAM=1 "$VPY" -m pip install --no-build-isolation "$DS_SRC"
   fi
 else
   log "DeepSpeed from source, no prebuilt ops (CPU node: ops JIT-build on first use)"
@@ -92,7 +98,7 @@ else
 fi
 
 log "the project with its extras run, analysis and trace, under requirements.txt's pins"
-run "$VPY" -m pip install --no-build-isolation -c "$DEST/requirements.txt" -e "$DEST[run,analysis,trace]"
+run "$VPY" -m pip install --no-build-isolation -c "$CONSTRAINTS" -e "$DEST[run,analysis,trace]"
 
 if [[ -f "$BUNDLE/src/datastates-llm.tar.gz" && "$CUDA" == yes ]]; then
   build_datastates

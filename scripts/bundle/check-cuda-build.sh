@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Compile every CUDA part of the offline bundle on a machine that has CUDA's compiler but no GPU (a login node, this
+# project's machines): the bundle's own CUDA path (gather.sh, then install.sh --cuda yes) against a CUDA build of
+# torch, then what can be imported without a driver. Nothing built here can run (no GPU): it proves the builds.
+#
+#   scripts/bundle/check-cuda-build.sh DATASTATES_SRC [--torch VERSION] [--arch LIST] [--work DIR]
+#
+#   DATASTATES_SRC  a DataStates-LLM source tree (gather.sh --datastates; its API check applies), or `none`
+#   --torch         the CUDA build of torch to compile against (default 2.14.1: on this project's machines pip takes
+#                   2.14.1+cu130 from the machine's disk); its CUDA major version must be nvcc's
+#   --arch          TORCH_CUDA_ARCH_LIST: the GPUs to compile for, there being none to ask (default "8.0;9.0":
+#                   A100, H100/H200)
+#   --work          where the bundle, the environment and the logs go (default: a new folder under /tmp; kept)
+#
+# Prints one line per part: compiled / imported / not built, with the compiler's error where one failed; exit 0 when
+# every part that was asked for compiled. Result and date: docs/clusters.md ("CUDA builds, checked without a GPU").
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+die() { echo "error: $*" >&2; exit 2; }
+log() { echo "[cuda-build] $*" >&2; }
+[[ $# -ge 1 ]] || die "usage: scripts/bundle/check-cuda-build.sh DATASTATES_SRC|none [--torch VERSION] [--arch LIST] [--work DIR]"
+SRC="$1"; shift
+TORCH=2.14.1 ARCH="8.0;9.0" WORK=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --torch) TORCH="${2:?}"; shift 2 ;;
+    --arch) ARCH="${2:?}"; shift 2 ;;
+    --work) WORK="${2:?}"; shift 2 ;;
+    *) die "unknown option $1; accepted: --torch VERSION, --arch LIST, --work DIR" ;;
+  esac
+done
+[[ "$SRC" == none || -d "$SRC" ]] || die "$SRC: no such source folder; accepted: a DataStates-LLM source tree, or none"
+command -v nvcc >/dev/null || die "nvcc not found: CUDA's compiler is what this check needs"
+NVCC_MAJOR="$(nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')"
+WORK="${WORK:-$(mktemp -d /tmp/rh-cuda-build.XXXXXX)}"
+mkdir -p "$WORK"; WORK="$(cd "$WORK" && pwd)"
+[[ -z "$(ls -A "$WORK" 2>/dev/null)" ]] || die "$WORK is not empty"
+log "work folder $WORK; nvcc $(nvcc --version | sed -n 's/.*release \([0-9.]*\),.*/\1/p'); torch $TORCH; arch $ARCH"
+
+start=$(date +%s)
+log "gathering the bundle (torch $TORCH, DeepSpeed's source distribution, DataStates-LLM: $SRC)"
+"$ROOT/scripts/bundle/gather.sh" "$WORK/bundle" --torch-version "$TORCH" --datastates "$SRC" --any-datastates-api \
+  2>"$WORK/gather.err" \
+  || { cat "$WORK/gather.err" >&2; die "gather.sh failed"; }
+log "installing with --cuda yes (DeepSpeed's CUDA ops and DataStates-LLM compile now; several minutes on 2 cores)"
+TORCH_CUDA_ARCH_LIST="$ARCH" "$ROOT/scripts/bundle/install.sh" "$WORK/bundle" "$WORK/dest" --cuda yes \
+  2>"$WORK/install.err" || true
+VPY="$WORK/dest/.venv/bin/python"
+[[ -x "$VPY" ]] || { cat "$WORK/install.err" >&2; die "install.sh made no environment"; }
+TORCH_CUDA="$("$VPY" -c 'import torch; print(torch.version.cuda or "")' 2>/dev/null || true)"
+log "torch $("$VPY" -c 'import torch; print(torch.__version__)') (CUDA ${TORCH_CUDA:-none}); nvcc's major $NVCC_MAJOR"
+[[ "${TORCH_CUDA%%.*}" == "$NVCC_MAJOR" ]] || die "torch's CUDA (${TORCH_CUDA:-none}) is not nvcc's major ($NVCC_MAJOR)"
+
+# what each part became: DeepSpeed's prebuilt ops are importable modules of the wheel; DataStates-LLM's core
+"$VPY" - "$WORK" "$SRC" <<'PYEOF'
+import importlib, json, re, sys
+from pathlib import Path
+
+work, src = Path(sys.argv[1]), sys.argv[2]
+log = (work / "dest" / ".venv" / "install.log").read_text(errors="replace")
+parts, failed = [], False
+
+
+def first_error(text):
+    for line in text.splitlines():
+        if re.search(r"\berror\b", line) and "error: subprocess" not in line:
+            return line.strip()[:300]
+    return "see " + str(work / "dest" / ".venv" / "install.log")
+
+
+for op, module in (("async_io", "deepspeed.ops.aio.async_io_op"), ("fused_adam", "deepspeed.ops.adam.fused_adam_op")):
+    try:
+        importlib.import_module(module)
+        parts.append((f"DeepSpeed op {op}", "compiled and imported (no driver needed to load it)"))
+    except Exception as exc:  # noqa: BLE001
+        builder = importlib.import_module("deepspeed.ops.op_builder")
+        compiled = list((work / "dest" / ".venv").rglob(f"{op}_op*.so"))
+        what = "compiled; import failed: " + f"{type(exc).__name__}: {exc}" if compiled else \
+            "not built: " + first_error(log)
+        failed |= not compiled
+        parts.append((f"DeepSpeed op {op}", what))
+if src != "none":
+    try:
+        from datastates import CheckpointEngine  # noqa: F401  what DeepSpeed 0.19.8 imports
+        parts.append(("DataStates-LLM", "compiled; `from datastates import CheckpointEngine` works (its constructor "
+                                        "needs a GPU)"))
+    except Exception as exc:  # noqa: BLE001
+        sos = [str(p.relative_to(work)) for p in (work / "dest" / ".venv").rglob("*.so") if "datastates" in str(p)]
+        parts.append(("DataStates-LLM", (f"compiled ({', '.join(sos)}); " if sos else "not built: "
+                                         + first_error(log) + "; ") + f"import: {type(exc).__name__}: {exc}"))
+        failed |= not sos
+for name, what in parts:
+    print(f"{name:<26} {what}")
+(work / "result.json").write_text(json.dumps(dict(parts), indent=1) + "\n")
+sys.exit(1 if failed else 0)
+PYEOF
+rc=$?
+log "done in $(( $(date +%s) - start )) s; logs: $WORK/dest/.venv/install.log, $WORK/install.err; result: $WORK/result.json"
+exit $rc

@@ -38,8 +38,8 @@ REPO = Path(__file__).resolve().parent.parent
 SHORT = "iters=2 save_interval=2 after=1"
 # The launcher of a case that names none: launcher=prefork imports torch and DeepSpeed once and forks the ranks, where
 # every other launcher starts each rank from nothing (about 7 CPU-seconds a rank here, mostly imports: docs/testing.md);
-# what the ranks do is the same. The cases that are about a launcher, the README's run (tiny-dp2), FastPersist beside
-# DeepSpeed's launcher and the killed-rank faults name theirs (launcher=local and launcher=deepspeed are DeepSpeed's).
+# what the ranks do is the same. The cases that are about a launcher, the README's run (tiny-dp2) and the killed-rank
+# faults name theirs (launcher=local and launcher=deepspeed are DeepSpeed's).
 CASE_LAUNCHER = "prefork"
 ASYNC_SHORT = "iters=3 save_interval=1 after=1"  # saves at 1, 2, 3: a flush can overlap the next step
 
@@ -97,7 +97,7 @@ RUNS: dict[str, Case] = {
     "dcp-tp2-pp2": Case(f"tiny tp=2 pp=2 engine=dcp {SHORT}"),
     "none-dp2": Case(f"tiny dp=2 engine=none {SHORT}"),
     # DeepSpeed's FastPersist writer (libaio, O_DIRECT) on its real code path with third_party's CPU work-arounds
-    "fastpersist-dp2": Case(f"tiny dp=2 engine=fastpersist launcher=local {SHORT}"),
+    "fastpersist-dp2": Case(f"tiny dp=2 engine=fastpersist {SHORT}"),
     "fastpersist-tp2-pp2-dp2": Case(f"tiny tp=2 pp=2 dp=2 engine=fastpersist {SHORT}"),
     # the PyTorch-native stack: FSDP2 checkpointed by DCP (tests/test_fsdp2.py)
     "fsdp2-async-dp2": Case(f"tiny dp=2 stack=fsdp2 async_save=true {ASYNC_SHORT}"),

@@ -143,13 +143,13 @@ def test_a_zero2_checkpoint_at_tp2_restarts_at_its_own_and_at_another_layout(tmp
                                                         for p in universal_dir.rglob("*.pt")}
 
 
-def test_a_zero3_checkpoint_restarts_at_another_layout_as_planned(tmp_path):
+def test_a_zero3_checkpoint_restarts_at_another_layout_as_planned(harness, tmp_path):
     """ZeRO-3 at tp=2 dp=2 restarted at tp=1 dp=2: DeepSpeed 0.19.8 converts stage 3's per-parameter partitions and
     loads them with ZeRO-3 at the new layout; the harness's reference, put back together from the original
     partitions by the planner's rules, matches what every rank restored, the loss continues, and the planner names
     the converted files (no step.pt per parameter; optimizer_state.pt keeps the first rank's state whole) and what
     each rank opens (its trace)."""
-    run_dir = run_dir_of(run_cli(["tiny", "tp=2", "dp=2", "zero=3", "baseline=false", *SOURCE.split()], tmp_path))
+    run_dir = copy_run(harness.run("zero3-tp2-dp2"), tmp_path)  # the run table's ZeRO-3 run, restarted here again
     proc = restart(run_dir, "tp=1", "dp=2", "trace=true")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     own, moved = load_summary(run_dir)["restarts"]
@@ -168,8 +168,8 @@ def test_a_zero3_checkpoint_restarts_at_another_layout_as_planned(tmp_path):
         assert opened[rank] == set(paths), rank
 
 
-def test_from_tensor_and_pipeline_parallel_to_data_parallel(tmp_path):
-    run_dir = run_dir_of(run_cli(["tiny", "tp=2", "pp=2", "dp=1", "baseline=false", *SOURCE.split()], tmp_path))
+def test_from_tensor_and_pipeline_parallel_to_data_parallel(harness, tmp_path):
+    run_dir = copy_run(harness.run("tp2-pp2"), tmp_path)  # the run table's tp=2 pp=2 run, restarted here again
     proc = restart(run_dir, "tp=1", "pp=1", "dp=2")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     own, merged = load_summary(run_dir)["restarts"]

@@ -69,6 +69,8 @@ class EmulatedStack(Stack):
                          "holds random data, not a trained state; accepted: runs trained with emulate=false")
 
     # ---- one rank -------------------------------------------------------------------------------------------------
+    later_imports = ()  # no optimizer and no deepspeed.initialize: its ranks import nothing after `imports`
+
     @classmethod
     def imports(cls) -> None:
         DeepSpeedStack.imports()

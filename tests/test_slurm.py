@@ -172,10 +172,14 @@ def test_other_launchers_across_nodes_inside_an_allocation(cluster, launcher, st
     run_dir = Path(proc.stdout.strip().splitlines()[-1])
     summary = load_summary(run_dir)
     assert summary["status"]["state"] == "complete"
-    placed = [{"host": "node1", "node": 0, "ranks": [0]}, {"host": "node2", "node": 1, "ranks": [1]}]
-    assert summary["checkpoint"]["placement"] == placed
+    def one_rank_a_node(placement):  # whichever two of the cluster's nodes salloc gave (a node still completing
+        hosts = [n["host"] for n in placement]  # the previous test's job is passed over)
+        assert len(set(hosts)) == 2 and all(h.startswith("node") for h in hosts), placement
+        assert [(n["node"], n["ranks"]) for n in placement] == [(0, [0]), (1, [1])]
+    one_rank_a_node(summary["checkpoint"]["placement"])
     if phase == "all":
-        assert summary["restart"]["verified"] is True and summary["restart"]["placement"] == placed
+        assert summary["restart"]["verified"] is True
+        assert summary["restart"]["placement"] == summary["checkpoint"]["placement"]  # one allocation, both phases
     script = (run_dir / "launch-checkpoint.sh").read_text()
     assert started_by in script and "srun" in script + (run_dir / "logs" / "checkpoint.log").read_text()
     assert not list(Path(os.environ.get("TMPDIR", "/tmp")).glob("rh-hostfile.*"))  # DeepSpeed's hostfile removed
@@ -192,7 +196,7 @@ def test_fsdp2_shards_within_a_node_and_replicates_across(cluster):
     restart_job(cluster, run_dir)  # phase=checkpoint, then the restart as a Slurm job of its own
     summary = load_summary(run_dir)
     assert summary["restart"]["verified"] is True and summary["restart"]["ranks"] == 4
-    assert [n["host"] for n in summary["restart"]["placement"]] == ["node1", "node2"]
+    assert len({n["host"] for n in summary["restart"]["placement"]}) == 2  # two nodes, whichever were free
 
 
 def test_emulation_over_four_nodes_in_waves_per_node(cluster):

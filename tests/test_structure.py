@@ -4,6 +4,7 @@ declared once and explained by --help with its default, no sys.path or PYTHONPAT
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -248,3 +249,14 @@ def test_the_launcher_rule_finds_a_branch():
                  "if launcher != 'pbs':", 'ok = name in ["mpiexec", "x"]', "if spec.launcher not in SUBMIT:"):
         assert LAUNCHER_BRANCH.search(line), line
     assert not LAUNCHER_BRANCH.search("launcher = launchers.of(spec)")
+
+
+@pytest.mark.parametrize("workers", ["x", "-1", "2 -p evil"])
+def test_run_tests_refuses_a_bad_worker_count_before_installing_anything(workers, tmp_path):
+    env = {**os.environ, "RH_TEST_WORKERS": workers, "RH_VENV_DIR": str(tmp_path / "venv")}
+    proc = subprocess.run([str(REPO / "run-tests.sh")], capture_output=True, text=True, env=env, check=False,
+                          timeout=30)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == f"RH_TEST_WORKERS={workers}: not a number of workers; accepted: 0 (no workers) or a count " \
+                          "such as 2\n"
+    assert not (tmp_path / "venv").exists()

@@ -141,12 +141,16 @@ def save_seconds(groups: list[Group]) -> Figure | None:
     if not gs:
         return None
     fig, ax = _figure(len(gs))
-    grouped_bars(ax, [_group_tick(g) for g in gs], {
+    series = {
         "blocking (training waits)": [g.save_stat("blocking_seconds") for g in gs],
         "durable (on stable storage)": [g.save_stat("durable_seconds") for g in gs],
-    })
+    }
+    if any(g.save_stat("training_lost_seconds") for g in gs):  # docs/measurements.md#training-lost
+        series["training lost (blocking + slowed steps + waits)"] = [g.save_stat("training_lost_seconds") for g in gs]
+    grouped_bars(ax, [_group_tick(g) for g in gs], series)
     ax.set_ylabel("save time (s)")
-    ax.set_title("Save time per engine: blocking vs durable\n(slowest rank, every save)", loc="left")
+    ax.set_title("Save time per engine: blocking, durable and training time lost\n(slowest rank, every save)",
+                 loc="left")
     ax.legend(**LEGEND)
     _caption(fig, CAPTION, gs)
     return fig

@@ -16,6 +16,10 @@ Method
 - Step seconds: the median training step with and without a flush in flight (rank 0), medians over repeats, to
   show what overlapping a flush costs the training loop; restart load seconds and load MiB/s (checkpoint bytes read
   by all ranks / checkpoint_load seconds) are reported too.
+- Training time lost per save (docs/measurements.md#training-lost): each save's window (the end of its step to the
+  next save) less the steps it holds at the run's own baseline step (`lost s (own)`), and the same window less those
+  steps at engine=none's median step of the same repeat (`lost s (vs none)`: the step with no checkpointing at all);
+  medians over the kept saves of all repeats.
 - Stacks: the `fsdp2 ...` cases train the same model on the same samples with stack=fsdp2 (docs/fsdp2.md); their
   checkpoint is 12 bytes per parameter (fp32 weights and two moments) against DeepSpeed's 14 (a bf16 model copy
   besides), so compare them in MiB/s, not in seconds. `only=LABEL,LABEL` runs the named cases alone.
@@ -176,8 +180,10 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
                       f"{'cold ' if t == 'fs' else ''}read {rd:.1f} MiB/s" for t, (w, rd) in speeds.items()) + "\n")
     print("| engine | checkpoint MiB | blocking s | x default | durable s | durable MiB/s | x baseline write "
           "| step s (no flush) | step s (flush in flight) | restart load s | load MiB/s | x baseline read "
-          "| checkpoint_load s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| checkpoint_load s | lost s (own) | lost s (vs none) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    # engine=none's step per repeat: the step with no checkpointing at all, which each repeat's saves are held to
+    none_steps = [summary["training"]["step_seconds_median"] for summary in collected.get("none", [])]
     rows = {}
     for name, _ in cases:
         summaries = collected[name]
@@ -186,7 +192,17 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
         nbytes = median([s["bytes"] for s in saves])
         training = [summary["training"] for summary in summaries]
         restarts = [summary["restart"] or {} for summary in summaries]
+        lost_own, lost_none = [], []
+        for i, summary in enumerate(summaries):
+            kept = summary["checkpoint"]["saves"][1:] or summary["checkpoint"]["saves"]
+            for s in kept:
+                tl = s.get("training_lost") or {}
+                lost_own.append(tl.get("seconds"))
+                if tl.get("window_seconds") is not None and i < len(none_steps) and none_steps[i] is not None:
+                    lost_none.append(tl["window_seconds"] - tl["steps_in_window"] * none_steps[i])
         rows[name] = {
+            "lost_own": median(lost_own),
+            "lost_none": median(lost_none),
             "mib": nbytes / 2**20 if nbytes else None,
             "blocking": median([s["blocking_seconds"] for s in saves]),
             "durable": median([s["durable_seconds"] for s in saves]),
@@ -212,7 +228,8 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
               f"| {fmt(durable)} | {fmt(durable_mib_s, 1)} "
               f"| {fmt(durable_mib_s / write_mib_s if durable_mib_s else None, 2)} "
               f"| {fmt(r['no_flush'])} | {fmt(r['in_flight'])} | {fmt(r['load'])} | {fmt(r['load_mib_s'], 1)} "
-              f"| {fmt(r['load_mib_s'] / read_mib_s if r['load_mib_s'] else None, 2)} | {fmt(r['phase'])} |")
+              f"| {fmt(r['load_mib_s'] / read_mib_s if r['load_mib_s'] else None, 2)} | {fmt(r['phase'])} "
+              f"| {fmt(r['lost_own'])} | {fmt(r['lost_none'])} |")
     print("\nWhere the time goes (medians; slowest rank's anatomy, docs/anatomy.md): restart phases in seconds, then "
           "one save's and the load's categories.\n")
     print("| engine | imports | dist_init | model_build | engine_init | checkpoint_load | first_step "

@@ -85,6 +85,21 @@ def test_every_case_holds(harness, name):
             assert {f["path"]: f["bytes"] for f in inventory["files"]} == held
             assert summary["checkpoint"]["bytes"] == inventory["total_bytes"] == sum(held.values())
 
+    # what each save cost training: its parts add up to it, or no number and the reason (results/training_cost.py)
+    lost = summary["checkpoint"]["training_lost"]
+    trained = [e for e in events(run_dir).get(0, []) if e["event"] == "step"]
+    if summary["checkpoint"]["saves"] and trained:
+        assert lost["saves"] == len(summary["checkpoint"]["saves"]), lost
+        for save in summary["checkpoint"]["saves"]:
+            tl = save["training_lost"]
+            if lost["baseline_step"]["seconds"] is None:
+                assert tl["seconds"] is None and tl["note"] == lost["note"] and "warm-up" in lost["note"]
+                continue
+            parts = tl["blocking_seconds"] + tl["overlapped_extra_seconds"] + tl["other_seconds"]
+            assert abs(tl["seconds"] - parts) < 1e-5 and tl["window_seconds"] > 0, tl
+            assert tl["overlapped_steps"] <= tl["steps_in_window"] and (tl["overlapped_steps"] == 0 or save["async"])
+        assert case.expect != 0 or "training lost" in first.stdout
+
     # restarts: every record's every rank verified, phases in order, trained on from the saved step
     records = sorted(p.name for p in (run_dir / "events").iterdir() if p.name.startswith("restart-"))
     assert [r["record"] for r in summary["restarts"]] == records

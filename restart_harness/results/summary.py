@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from restart_harness.results import breakdown, placement, trace
+from restart_harness.results import breakdown, placement, trace, training_cost
 from restart_harness.results import events as ev
 from restart_harness.results.schema import (
     MEMORY_PHASES_CHECKPOINT,
@@ -229,6 +229,7 @@ def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict |
           restarts: list[dict]) -> dict:
     checkpoint_record = ev.read_record(run_dir, "checkpoint")
     save_list = saves(checkpoint_record, ckpt.get("committed", {}), ckpt.get("root"))
+    lost = training_cost.per_save(checkpoint_record, save_list)  # each save's training_lost, and the run's
     last = save_list[-1] if save_list else None
     # the saved checkpoint the last restart read (a restart at another layout reads a converted copy of it)
     loaded_tag = restarts[-1]["saved_tag"] if restarts and restarts[-1]["saved_tag"] else (last or {}).get("tag")
@@ -245,6 +246,7 @@ def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict |
             "max": max(by_rank), "min": min(by_rank), "mean": round(statistics.mean(by_rank), 1),
         } if by_rank else None,
         "saves": save_list,
+        "training_lost": lost,
         "throughput_mib_s": loaded["throughput_mib_s"] if loaded else None,
         "placement": placement.placement(checkpoint_record),
         "trace": trace.summarize(run_dir / "traces" / "checkpoint", checkpoint_record, list(MEMORY_PHASES_CHECKPOINT)),

@@ -75,6 +75,7 @@ def render(summary: dict) -> str:
                          + (f", async: committed {_s(save['commit_seconds'])}" if save.get("async") else "")
                          + (f"; sha256 read back after the commit in {_s(save['checksum_seconds'])}"
                             if save.get("checksum_seconds") is not None else "")))
+        rows += _lost_rows(ck)
         bd = (ck["saves"][-1] if ck["saves"] else {}).get("breakdown")
         if bd:
             parts = "  ".join(f"{c} {bd[f'{c}_seconds']:.3f}" if bd[f"{c}_seconds"] is not None else f"{c} -"
@@ -128,6 +129,24 @@ def render(summary: dict) -> str:
     rows += _prediction_rows(summary.get("prediction"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _lost_rows(ck: dict) -> list[tuple[str, str]]:
+    """What the saves cost training (results/training_cost.py): per save, against the run's own steps."""
+    run = ck.get("training_lost") or {}
+    if not run.get("saves") and not run.get("note"):
+        return []
+    if run.get("per_save_seconds_median") is None:
+        return [("training lost", f"not measured: {run.get('note')}")]
+    base = run["baseline_step"]
+    last = next(s for s in reversed(ck["saves"]) if (s.get("training_lost") or {}).get("seconds") is not None)
+    lost = last["training_lost"]
+    return [("training lost", f"per save median {_s(run['per_save_seconds_median'])} over {run['saves']} saves "
+                              f"against a {_s(base['seconds'])} step (median of {base['steps']} steps without a save "
+                              f"in flight, MAD {_s(base['mad_seconds'])})"),
+            (f"lost {last['tag']}", f"{_s(lost['seconds'])} = blocking {_s(lost['blocking_seconds'])} + "
+                              f"{lost['overlapped_steps']} overlapped steps {lost['overlapped_extra_seconds']:+.3f} s + "
+                              f"waits and other {lost['other_seconds']:+.3f} s")]
 
 
 def _node_rows(name: str, phase: dict, seconds: str, nbytes: str, verb: str) -> list[tuple[str, str]]:

@@ -52,7 +52,8 @@ log "torch $("$VPY" -c 'import torch; print(torch.__version__)') (CUDA ${TORCH_C
 [[ "${TORCH_CUDA%%.*}" == "$NVCC_MAJOR" ]] || die "torch's CUDA (${TORCH_CUDA:-none}) is not nvcc's major ($NVCC_MAJOR)"
 
 # what each part became: DeepSpeed's prebuilt ops are importable modules of the wheel; DataStates-LLM's core
-"$VPY" - "$WORK" "$SRC" <<'PYEOF'
+rc=0
+"$VPY" - "$WORK" "$SRC" <<'PYEOF' || rc=$?
 import importlib, json, re, sys
 from pathlib import Path
 
@@ -80,20 +81,28 @@ for op, module in (("async_io", "deepspeed.ops.aio.async_io_op"), ("fused_adam",
         failed |= not compiled
         parts.append((f"DeepSpeed op {op}", what))
 if src != "none":
+    site = Path(importlib.import_module("torch").__file__).parent.parent
+    sos = sorted(p for p in site.rglob("*.so") if p.relative_to(site).parts[0].startswith("datastates"))
+    loaded = []
+    for so in sos:  # each compiled module imported on its own: it needs CUDA's runtime, not a driver, to load
+        name = ".".join(so.relative_to(site).with_suffix("").parts).split(".cpython")[0]
+        try:
+            importlib.import_module(name)
+            loaded.append(f"{name} imported")
+        except Exception as exc:  # noqa: BLE001
+            loaded.append(f"{name}: {type(exc).__name__}: {exc}")
     try:
         from datastates import CheckpointEngine  # noqa: F401  what DeepSpeed 0.19.8 imports
-        parts.append(("DataStates-LLM", "compiled; `from datastates import CheckpointEngine` works (its constructor "
-                                        "needs a GPU)"))
+        api = "`from datastates import CheckpointEngine` works (its constructor needs a GPU)"
     except Exception as exc:  # noqa: BLE001
-        sos = [str(p.relative_to(work)) for p in (work / "dest" / ".venv").rglob("*.so") if "datastates" in str(p)]
-        parts.append(("DataStates-LLM", (f"compiled ({', '.join(sos)}); " if sos else "not built: "
-                                         + first_error(log) + "; ") + f"import: {type(exc).__name__}: {exc}"))
-        failed |= not sos
+        api = f"`from datastates import CheckpointEngine`: {type(exc).__name__}: {exc}"
+    what = (f"compiled ({'; '.join(loaded)}); " if sos else "not built: " + first_error(log) + "; ") + api
+    failed |= not sos
+    parts.append(("DataStates-LLM", what))
 for name, what in parts:
     print(f"{name:<26} {what}")
 (work / "result.json").write_text(json.dumps(dict(parts), indent=1) + "\n")
 sys.exit(1 if failed else 0)
 PYEOF
-rc=$?
 log "done in $(( $(date +%s) - start )) s; logs: $WORK/dest/.venv/install.log, $WORK/install.err; result: $WORK/result.json"
 exit $rc

@@ -51,10 +51,10 @@ build_datastates() {
   local src="$DEST/.venv/datastates-llm" purelib
   tar -C "$DEST/.venv" -xzf "$BUNDLE/src/datastates-llm.tar.gz"
   log "DataStates-LLM ($(cat "$BUNDLE/src/datastates-llm.source" 2>/dev/null)), built against this node's CUDA and torch"
-  if ! echo '#include <liburing.h>' | cc -E - >/dev/null 2>&1; then
+  if [[ -f "$src/CMakeLists.txt" ]] && ! echo '#include <liburing.h>' | cc -E - >/dev/null 2>&1; then
     log "DataStates-LLM not built: liburing's headers are missing (Debian: liburing-dev); engine=datastates is refused"
     return 0
-  fi
+  fi  # (its CMake build uses io_uring; the older setup.py sources do not)
   purelib="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
   if [[ -f "$src/CMakeLists.txt" && -d "$src/llm" ]]; then
     { cmake -S "$src" -B "$src/build" -DCMAKE_INSTALL_PREFIX="$purelib" -DBUILD_PYTHON_BINDINGS=ON \

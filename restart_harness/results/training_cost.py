@@ -1,0 +1,88 @@
+"""What each save costs training: the wall time training lost to it, against the run's own steps with no save in
+flight (docs/measurements.md, "Training time lost per save").
+
+A save at step k costs training the wall time from the end of step k to the start of the next save (or, for the last
+save, to the end of the last step, or of its own blocking part if later), less the time the steps in that window would
+have taken without checkpointing: their count times the baseline step. The baseline is the median of the phase's steps
+that had no flush in flight, its first step (warm-up) left out. The window holds the save's blocking part, every step
+its background work overlapped, the wait for its flush before the next save and the commit's per-step polls, so an
+asynchronous engine is charged for what its flush slows down, not only for its blocking return.
+
+Rank 0's timeline: the ranks step in lockstep (every step ends in collectives), so rank 0's window includes waiting
+for the slowest rank. The blocking part is the slowest rank's (the next step cannot start before it returns)."""
+
+from __future__ import annotations
+
+import statistics
+
+from restart_harness.results import events as ev
+
+NO_BASELINE = ("no step without a save in flight besides the first (warm-up): nothing to measure a save's cost "
+               "against; give the run more iters between saves, or compare with engine=none (benchmarks/"
+               "compare_engines.py)")
+
+
+def _r(x: float) -> float:
+    return round(x, 6)
+
+
+def baseline(steps: list[dict]) -> dict:
+    """The step time without checkpointing: median and spread of the steps with no flush in flight, the first left
+    out; `seconds` None when there is none."""
+    if not steps:
+        return {"seconds": None, "steps": 0, "mad_seconds": None}
+    first = min(s["step"] for s in steps)
+    clean = [s["seconds"] for s in steps if not s.get("in_flight") and s["step"] != first]
+    if not clean:
+        return {"seconds": None, "steps": 0, "mad_seconds": None}
+    med = statistics.median(clean)
+    return {"seconds": _r(med), "steps": len(clean), "mad_seconds": _r(statistics.median(abs(x - med) for x in clean))}
+
+
+def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict:
+    """Adds `training_lost` to each entry of save_list (in place) and returns the run's figures."""
+    steps = sorted(ev.of_kind(record, "step").get(0, []), key=lambda s: s["step"])
+    mine = {e["tag"]: e for e in ev.of_kind(record, "save").get(0, [])}
+    base = baseline(steps)
+    ordered = sorted((s for s in save_list if s["tag"] in mine), key=lambda s: s["step"])
+    if not ordered or not steps:
+        return {"baseline_step": base, "saves": 0, "per_save_seconds_median": None, "total_seconds": None,
+                "note": None if not ordered else "the phase trained no step"}
+    if base["seconds"] is None:
+        for s in ordered:
+            s["training_lost"] = {"seconds": None, "note": NO_BASELINE}
+        return {"baseline_step": base, "saves": len(ordered), "per_save_seconds_median": None, "total_seconds": None,
+                "note": NO_BASELINE}
+    end_of_step = {s["step"]: s["t"] for s in steps}
+    b = base["seconds"]
+    lost = []
+    for i, save in enumerate(ordered):
+        k, own = save["step"], mine[save["tag"]]
+        if k not in end_of_step:
+            continue
+        nxt = ordered[i + 1] if i + 1 < len(ordered) else None
+        last_step = nxt["step"] if nxt else steps[-1]["step"]
+        between = [s for s in steps if k < s["step"] <= last_step]
+        if nxt:
+            end = mine[nxt["tag"]]["start"]
+        else:
+            end = max(steps[-1]["t"], own["start"] + save["blocking_seconds"])
+        window = end - end_of_step[k]
+        seconds = window - len(between) * b
+        overlapped = sum(s["seconds"] - b for s in between if s.get("in_flight"))
+        entry = {
+            "seconds": _r(seconds),
+            "blocking_seconds": save["blocking_seconds"],
+            "overlapped_steps": sum(1 for s in between if s.get("in_flight")),
+            "overlapped_extra_seconds": _r(overlapped),
+            "other_seconds": _r(seconds - save["blocking_seconds"] - overlapped),
+            "window_seconds": _r(window),
+            "steps_in_window": len(between),
+        }
+        if not nxt:  # the flush of the last save, waited for once training had ended: the job's, not training's
+            entry["after_training_wait_seconds"] = _r(max(0.0, own["t"] - end))
+        save["training_lost"] = entry
+        lost.append(seconds)
+    return {"baseline_step": base, "saves": len(lost),
+            "per_save_seconds_median": _r(statistics.median(lost)) if lost else None,
+            "total_seconds": _r(sum(lost)) if lost else None, "note": None}

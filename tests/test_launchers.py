@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from restart_harness import launchers
 from restart_harness.command.parse import parse_sweep
 from restart_harness.launch.runner import allocate_record
+from restart_harness.spec import run as resolved
 from restart_harness.worker import rank_env
 
 
@@ -108,6 +110,22 @@ def test_qsub_script_polaris_style(tmp_path):
     assert 'MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE")"' in launch
     for path in (run_dir / "job.pbs", run_dir / "launch-checkpoint.sh"):
         bash_n(path)
+
+
+def test_qsub_script_asks_for_a_gpu_a_rank_and_checks_its_nodes_first(tmp_path):
+    """PBS's side of a GPU job, as far as this machine can check it (no PBS server is packaged for Debian 12): the
+    select statement asks for one GPU a rank, and the job runs the node checks once a node (mpiexec --ppn 1 over
+    PBS_NODEFILE) before any rank; whether a PBS server accepts and binds it is a cluster's to show."""
+    results = tmp_path / "results"
+    proc = cli(["tiny", "dp=8", "nodes=2", "launcher=pbs", "device=cuda", "dry_run=true", f"results_dir={results}"],
+               tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    assert "-l select=2:mpiprocs=4:ngpus=4" in directives((run_dir / "job.pbs").read_text(), "#PBS")
+    checks = proc.stdout.split("==> checks of the node that runs the ranks")[1]
+    assert "device=cuda: an NVIDIA driver, a CUDA build of torch and 4 GPUs visible to the job" in checks
+    spec = resolved.read(run_dir).spec
+    assert launchers.of(spec).per_node_command(["x"])[:5] == ["mpiexec", "-n", "2", "--ppn", "1"]
 
 
 @pytest.mark.parametrize("launcher,env,expected", [

@@ -104,9 +104,11 @@ print("\n".join(r for r in reqs if not re.match(r"torch\s*([<>=!~;]|$)", r)))
 PYEOF
 )
 # build tools: DeepSpeed's ops (ninja), DataStates-LLM (cmake, nanobind, or pybind11 for older sources; fasteners and numpy, which its Python
-# engine imports), the project itself (setuptools)
+# engine imports), the project itself (setuptools); nvidia-ml-py, which DeepSpeed 0.19.8 requires when it is built for
+# CUDA (DS_ACCELERATOR=cuda; its requirements as read here, on a machine without CUDA, leave it out: found by
+# scripts/bundle/check-cuda-build.sh)
 quiet "$PY" -m pip download -d "$OUT/wheels" -c "$CONSTRAINTS" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} \
-  "${REQS[@]}" "$(pin torch)" setuptools wheel ninja packaging cmake nanobind pybind11 fasteners numpy pip
+  "${REQS[@]}" "$(pin torch)" setuptools wheel ninja packaging cmake nanobind pybind11 fasteners numpy pip nvidia-ml-py
 
 if [[ -n "$DS_FROM" ]]; then
   log "DataStates-LLM sources ($DS_FROM)"

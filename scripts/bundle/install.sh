@@ -81,7 +81,44 @@ if [[ "$CUDA" == auto ]]; then
      && command -v nvcc >/dev/null; then CUDA=yes; fi
 fi
 DS_SRC="$(ls "$BUNDLE"/src/deepspeed-*.tar.gz | head -1)"
+# Where CUDA's toolkit is, for torch's extension builds: CUDA_HOME if set, else the folder nvcc runs from (nvcc may
+# be a wrapper script on PATH: torch would take the wrapper's folder, /usr/local, and link without libcudart).
+cuda_home() {
+  local here
+  here="$(nvcc -dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ _HERE_=//p' | head -1)"
+  [[ -n "$here" && -d "$here/.." ]] && (cd "$here/.." && pwd)
+}
+# DeepSpeed's async_io op links the driver library (-lcuda), which only a node with an NVIDIA driver has. Where there is
+# none (a login node) it links against the toolkit's stub (lib64/stubs/libcuda.so), as NVIDIA intends, or, where the
+# toolkit ships none, a stub made here: an empty library named like the driver's (libcuda.so.1), which the node's
+# driver library replaces when the op is loaded there.
+driver_stub() {
+  if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\b'; then return 0; fi
+  local stubs="$CUDA_HOME/lib64/stubs"
+  if [[ ! -e "$stubs/libcuda.so" ]]; then
+    stubs="$DEST/.venv/cuda-stubs"; mkdir -p "$stubs"
+    echo '' | cc -x c -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$stubs/libcuda.so" - 2>>"$LOG"
+  fi
+  export LIBRARY_PATH="$stubs${LIBRARY_PATH:+:$LIBRARY_PATH}"
+  log "no NVIDIA driver library here: linking against a stub of it ($stubs/libcuda.so); the node's driver is loaded there"
+}
+# torch's CUDA headers include CUDA's math libraries' (cusparse.h, cublas_v2.h); a toolkit installed without them (a
+# compiler-only install) takes them from the NVIDIA wheels torch brought (site-packages/nvidia/*/include), searched
+# after the toolkit's own.
+math_headers() {
+  [[ -e "$CUDA_HOME/include/cusparse.h" ]] && return 0
+  local dirs
+  dirs="$("$VPY" -c 'import glob, os, sysconfig; print(":".join(sorted(glob.glob(os.path.join(sysconfig.get_paths()["purelib"], "nvidia", "*", "include")))))')"
+  [[ -n "$dirs" ]] || return 0
+  export CPATH="${CPATH:+$CPATH:}$dirs"
+  log "CUDA's math-library headers are not in $CUDA_HOME/include: using those of torch's NVIDIA wheels ($dirs)"
+}
 if [[ "$CUDA" == yes ]]; then
+  export CUDA_HOME="${CUDA_HOME:-$(cuda_home)}"
+  [[ -n "$CUDA_HOME" ]] || die "--cuda yes: nvcc not found (CUDA's compiler builds DeepSpeed's ops and DataStates-LLM)"
+  log "CUDA toolkit $CUDA_HOME"
+  driver_stub
+  math_headers
   # built for the CUDA accelerator even where no GPU answers (a login node): DS_ACCELERATOR=cuda, the GPUs from
   # TORCH_CUDA_ARCH_LIST (set it there: nothing to ask)
   if echo '#include <libaio.h>' | cc -E - >/dev/null 2>&1; then

@@ -54,7 +54,7 @@ log "torch $("$VPY" -c 'import torch; print(torch.__version__)') (CUDA ${TORCH_C
 # what each part became: DeepSpeed's prebuilt ops are importable modules of the wheel; DataStates-LLM's core
 rc=0
 "$VPY" - "$WORK" "$SRC" <<'PYEOF' || rc=$?
-import importlib, json, re, sys
+import importlib, json, os, re, sys
 from pathlib import Path
 
 work, src = Path(sys.argv[1]), sys.argv[2]
@@ -69,17 +69,25 @@ def first_error(text):
     return "see " + str(work / "dest" / ".venv" / "install.log")
 
 
-for op, module in (("async_io", "deepspeed.ops.aio.async_io_op"), ("fused_adam", "deepspeed.ops.adam.fused_adam_op")):
-    try:
-        importlib.import_module(module)
-        parts.append((f"DeepSpeed op {op}", "compiled and imported (no driver needed to load it)"))
+os.environ["DS_ACCELERATOR"] = "cuda"  # the accelerator the ops were built for, as on a GPU node
+try:
+    from deepspeed.git_version_info import installed_ops
+    from deepspeed.ops import op_builder
+    ops = (("async_io", "AsyncIOBuilder"), ("pin_memory", "PinMemoryBuilder"), ("fused_adam", "FusedAdamBuilder"))
+except Exception as exc:  # noqa: BLE001
+    failed, ops = True, ()
+    parts.append(("DeepSpeed", f"not installed: {first_error(log)} ({type(exc).__name__}: {exc})"))
+for op, builder in ops:
+    compiled = list((work / "dest" / ".venv").rglob(f"{op}_op*.so"))
+    if not compiled or not installed_ops.get(op):  # never JIT-built here: only what the install built counts
+        failed = True
+        parts.append((f"DeepSpeed op {op}", "not built: " + first_error(log)))
+        continue
+    try:  # through DeepSpeed's own loader, which takes the installed op (async_io: pin_memory's first)
+        getattr(op_builder, builder)().load(verbose=False)
+        parts.append((f"DeepSpeed op {op}", "compiled; loaded by DeepSpeed without a driver"))
     except Exception as exc:  # noqa: BLE001
-        builder = importlib.import_module("deepspeed.ops.op_builder")
-        compiled = list((work / "dest" / ".venv").rglob(f"{op}_op*.so"))
-        what = "compiled; import failed: " + f"{type(exc).__name__}: {exc}" if compiled else \
-            "not built: " + first_error(log)
-        failed |= not compiled
-        parts.append((f"DeepSpeed op {op}", what))
+        parts.append((f"DeepSpeed op {op}", f"compiled; loading it here: {type(exc).__name__}: {exc}"[:400]))
 if src != "none":
     site = Path(importlib.import_module("torch").__file__).parent.parent
     sos = sorted(p for p in site.rglob("*.so") if p.relative_to(site).parts[0].startswith("datastates"))

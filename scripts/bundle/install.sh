@@ -122,8 +122,9 @@ if [[ "$CUDA" == yes ]]; then
   # built for the CUDA accelerator even where no GPU answers (a login node): DS_ACCELERATOR=cuda, the GPUs from
   # TORCH_CUDA_ARCH_LIST (set it there: nothing to ask)
   if echo '#include <libaio.h>' | cc -E - >/dev/null 2>&1; then
-    log "DeepSpeed from source with its async_io (FastPersist) and fused_adam ops (several minutes)"
-    run env DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_AIO=1 DS_BUILD_FUSED_ADAM=1 \
+    # async_io resolves its pinned-memory manager from the pin_memory op, which DeepSpeed loads first: built with it
+    log "DeepSpeed from source with its async_io and pin_memory (FastPersist) and fused_adam ops (several minutes)"
+    run env DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_AIO=1 DS_BUILD_PIN_MEMORY=1 DS_BUILD_FUSED_ADAM=1 \
       "$VPY" -m pip install --no-build-isolation "$DS_SRC"
   else
     log "libaio headers missing (Debian: libaio-dev): DeepSpeed with fused_adam only; engine=fastpersist JIT-builds"

@@ -149,8 +149,8 @@ def save_seconds(groups: list[Group]) -> Figure | None:
         series["training lost (blocking + slowed steps + waits)"] = [g.save_stat("training_lost_seconds") for g in gs]
     grouped_bars(ax, [_group_tick(g) for g in gs], series)
     ax.set_ylabel("save time (s)")
-    ax.set_title("Save time per engine: blocking, durable and training time lost\n(slowest rank, every save)",
-                 loc="left")
+    ax.set_title("Save time per engine: blocking, durable and training time lost\n"
+                 "(every save; slowest rank; training lost on the ranks' common timeline)", loc="left")
     ax.legend(**LEGEND)
     _caption(fig, CAPTION, gs)
     return fig

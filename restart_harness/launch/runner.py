@@ -270,13 +270,7 @@ def check_nodes(spec: RunSpec, run_dir: Path) -> None:
         return
     argv = [sys.executable, "-m", "restart_harness.launch.nodecheck", str(run_dir)]
     command = launchers.of(spec).per_node_command(argv) or argv
-    proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=600, cwd=SOURCE_ROOT)
-    nodes = []
-    for line in proc.stdout.splitlines():
-        try:
-            nodes.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+    proc, nodes = _one_record_a_node(command, timeout=600)
     (run_dir / "records").mkdir(exist_ok=True)
     write_json_atomic(run_dir / "records" / "nodecheck.json", {"command": command, "exit_code": proc.returncode,
                                                                "nodes": nodes})
@@ -484,6 +478,19 @@ def discard_checkpoint(run_dir: Path, target) -> None:
     write_json_atomic(run_dir / "status.json", {**status, "checkpoint_deleted": True})
 
 
+def _one_record_a_node(command: list[str], timeout: int) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Run a per-node command (one task a node, each printing one JSON record); the process and the records it
+    printed (lines that are not JSON, such as a launcher's own messages, are passed over)."""
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=timeout, cwd=SOURCE_ROOT)
+    nodes = []
+    for line in proc.stdout.splitlines():
+        try:
+            nodes.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return proc, nodes
+
+
 def cache_on_every_node(spec: RunSpec, load_dir: Path) -> dict:
     """The cache step on each node of a multi-node job (one task per node): {"per_node": [its record with its
     host], "observed": the worst node's}, or an error saying why it could not run (observed then stays this
@@ -492,13 +499,7 @@ def cache_on_every_node(spec: RunSpec, load_dir: Path) -> dict:
     command = launchers.of(spec).per_node_command(argv)
     if command is None:
         return {}
-    proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=300, cwd=SOURCE_ROOT)
-    nodes = []
-    for line in proc.stdout.splitlines():
-        try:
-            nodes.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+    proc, nodes = _one_record_a_node(command, timeout=300)
     if proc.returncode != 0 or len(nodes) != spec.nodes:
         said = " ".join((proc.stderr or proc.stdout).split())[-300:]
         return {"per_node": nodes or None,

@@ -381,6 +381,51 @@ def _timeline_page(shown: list, phases: list[str], page: tuple[int, int] = (1, 1
     return fig
 
 
+def step_timelines(groups: list[Group]) -> list[Figure]:
+    """Every configuration's training steps over its checkpoint phase (its latest run), MAX_TIMELINES to a page."""
+    shown = []
+    for g in groups:
+        run = next((r for r in reversed(g.runs) if (r.summary.get("training") or {}).get("step_seconds")), None)
+        if run:
+            shown.append((g, run.summary))
+    pages = [shown[i:i + MAX_TIMELINES] for i in range(0, len(shown), MAX_TIMELINES)]
+    return [_step_page(page, (n, len(pages))) for n, page in enumerate(pages, 1)]
+
+
+def _step_page(shown: list, page: tuple[int, int]) -> Figure:
+    """Rank 0's step seconds, step by step: the steps a flush was in flight in marked, each save after its step,
+    the baseline step the training lost per save is measured against (docs/measurements.md#training-lost)."""
+    fig = Figure(figsize=(11.0, 1.4 + 2.0 * len(shown)), layout="constrained")
+    axes = fig.subplots(len(shown), 1, squeeze=False)[:, 0]
+    used: dict[str, object] = {}
+    for ax, (g, summary) in zip(axes, shown, strict=True):
+        tr, ck = summary["training"], summary.get("checkpoint") or {}
+        steps, seconds, busy = tr["step_numbers"], tr["step_seconds"], tr.get("step_in_flight") or []
+        used["step"] = ax.plot(steps, seconds, color="C0", marker="o", markersize=3, linewidth=1)[0]
+        flushed = [(x, y) for x, y, b in zip(steps, seconds, busy, strict=False) if b]
+        if flushed:
+            used["step with a flush in flight"] = ax.scatter(*zip(*flushed, strict=True), color="C1", zorder=3, s=18)
+        for i, save in enumerate(ck.get("saves") or []):
+            line = ax.axvline(save["step"] + 0.5, color="C3", linestyle="--", linewidth=0.8)
+            if i == 0:
+                used["save (after its step)"] = line
+        base = ((ck.get("training_lost") or {}).get("baseline_step") or {}).get("seconds")
+        if base:
+            used["baseline step (no flush in flight)"] = ax.axhline(base, color="grey", linewidth=0.8)
+        lost = (ck.get("training_lost") or {}).get("per_save_seconds_median")
+        ax.set_title(f"{g.full_label}" + (f": training lost per save, median {lost:.3f} s" if lost is not None
+                                          else ""), fontsize="medium", loc="left")
+        ax.set_ylabel("step (s)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("training step (rank 0)")
+    fig.legend(list(used.values()), list(used), loc="outside right upper", fontsize="small")
+    fig.suptitle("Training step time over the checkpoint phase (one run per configuration)"
+                 + (f", page {page[0]} of {page[1]}" if page[1] > 1 else ""))
+    _caption(fig, "the first step is warm-up; docs/measurements.md#training-lost")
+    return fig
+
+
 def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
     """Each restart at another layout beside its run's same-layout restart: conversion, then the restart's phases."""
     bars: list[tuple[str, dict]] = []
@@ -488,6 +533,7 @@ def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | No
         "load_breakdown_seconds": load_breakdown(groups),
         "save_breakdown_seconds": save_breakdown(groups),
         **_pages("restart_timeline_seconds", restart_timelines(groups, phases)),
+        **_pages("step_timeline_seconds", step_timelines(groups)),
         "reshard_seconds": reshard_seconds(groups, phases),
         "prediction_seconds": prediction(groups),
     }

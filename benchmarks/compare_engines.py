@@ -20,6 +20,8 @@ Method
   next save) less the steps it holds at the run's own baseline step (`lost s (own)`), and the same window less those
   steps at engine=none's median step of the same repeat (`lost s (vs none)`: the step with no checkpointing at all);
   medians over the kept saves of all repeats.
+- Memory per save (docs/measurements.md#memory-per-save): each run's summary.checkpoint.memory, medians over
+  repeats; the growth per save needs 5 saves or more (iters >= 10 at save_interval=2), else it is left empty.
 - Stacks: the `fsdp2 ...` cases train the same model on the same samples with stack=fsdp2 (docs/fsdp2.md); their
   checkpoint is 12 bytes per parameter (fp32 weights and two moments) against DeepSpeed's 14 (a bf16 model copy
   besides), so compare them in MiB/s, not in seconds. `only=LABEL,LABEL` runs the named cases alone.
@@ -217,6 +219,11 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
                              for k in ("serialize", "write", "fsync", "wait")},
             "load_anatomy": {k: median([(r.get("load_breakdown") or {}).get(f"{k}_seconds") for r in restarts])
                              for k in ("read", "deserialize", "copy", "wait")},
+            "memory": {k: median([((summary["checkpoint"].get("memory") or {}).get(k)) for summary in summaries])
+                       for k in ("peak_added_bytes_max", "held_bytes_max", "cost_bytes_median",
+                                 "engine_buffers_bytes_max", "step_peak_added_bytes")},
+            "growth": median([((summary["checkpoint"].get("memory") or {}).get("growth") or {}).get("bytes_per_save")
+                              for summary in summaries]),
         }
     default_blocking = (rows.get("default") or {}).get("blocking")
     for name, r in rows.items():
@@ -238,6 +245,16 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
     for name, r in rows.items():
         cells = [*r["phases"].values(), *r["save_anatomy"].values(), *r["load_anatomy"].values()]
         print(f"| {name} | " + " | ".join(fmt(c) for c in cells) + " |")
+    print("\nHost memory a save costs a rank (MiB, medians over repeats; docs/measurements.md#memory-per-save): its peak "
+          "over the RSS it starts with (most demanding save), held while its flush runs, the median save's cost beyond "
+          "a training step's own, the buffers the engine keeps between saves, and the RSS growth per save.\n")
+    print("| engine | peak | held | cost | engine buffers | a step's own | growth per save |")
+    print("|---|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        m = r["memory"]
+        cells = [m["peak_added_bytes_max"], m["held_bytes_max"], m["cost_bytes_median"], m["engine_buffers_bytes_max"],
+                 m["step_peak_added_bytes"], r["growth"]]
+        print(f"| {name} | " + " | ".join(fmt(c / 2**20 if c is not None else None, 1) for c in cells) + " |")
     shutil.rmtree(results, ignore_errors=True)
 
 

@@ -66,6 +66,12 @@ class CheckpointIO(ABC):
     def wait(self) -> None:
         """Until every save so far is written (an asynchronous engine's flush); the harness makes it durable after."""
 
+    def buffers(self) -> dict | None:
+        """The host memory this engine holds for checkpointing now, by its own count: {"host_bytes": ..., "pinned_bytes":
+        ...} (pinned: page-locked, of host_bytes), or None for an engine that keeps none between saves; asked when
+        a save returns (docs/measurements.md#memory-per-save)."""
+        return None
+
     def statistics(self) -> dict | None:
         """The engine's own account of the save since the last call (and its flush: copy, wait and write seconds,
         buffers), or None; asked once per save, after it is durable."""

@@ -237,6 +237,12 @@ class LazyIO(CheckpointIO):
         for w in writes:
             w.result()
 
+    def buffers(self) -> dict:
+        """Every part's staging buffer, kept for the next save of the same layout."""
+        parts = list(self.plans.values())
+        return {"host_bytes": sum(p.size for p in parts),
+                "pinned_bytes": sum(p.size for p in parts if p.buffer.is_pinned())}
+
     def statistics(self) -> dict:
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in self.stats.items()}
 

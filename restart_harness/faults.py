@@ -8,6 +8,8 @@
     enospc@save raise OSError(ENOSPC) from the engine's save (a full disk without a small filesystem)
     fill@step   before step S, fill the checkpoint's file system with a filler file until it is full (as another
                 job would), so the next save meets a real ENOSPC
+    leak@save   at each save (its first file), keep mib=M MiB (default 4) allocated and written, never freed: an engine
+                leaking a staging buffer per save (results/save_memory.py's growth check)
     tear@commit once the save after step S is committed and its checksums taken (checksums=), zero 4 KiB in the
                 middle of this rank's largest file of it, keeping its size: a region a background writer never
                 wrote, or that was overwritten after the commit
@@ -59,6 +61,11 @@ def hit(point: str, rank: int, step: int | None = None, where: str | None = None
         _fill(os.path.join(where, ".filler"))
     elif f["action"] == "tear" and where:
         _tear(where)
+    elif f["action"] == "leak" and step not in _LEAKED:
+        _LEAKED[step] = bytearray(b"\x01" * (f.get("mib", 4) << 20))
+
+
+_LEAKED: dict[int | None, bytearray] = {}
 
 
 def _tear(path: str) -> None:

@@ -100,6 +100,22 @@ def test_every_case_holds(harness, name):
             assert tl["overlapped_steps"] <= tl["steps_in_window"] and (tl["overlapped_steps"] == 0 or save["async"])
         assert case.expect != 0 or "training lost" in first.stdout
 
+    # what each save cost in host memory (results/save_memory.py): every rank's every save measured, the figures
+    # consistent with each other; no slope below 5 saves, and the reason
+    memory = summary["checkpoint"]["memory"]
+    if summary["checkpoint"]["saves"]:
+        for rank, evs in events(run_dir).items():
+            for e in (e for e in evs if e["event"] == "save"):
+                m = e["memory"]
+                assert m["rss_before_bytes"] > 50 * 2**20 and m["peak_added_bytes"] >= 0, (rank, m)
+                assert m["peak_added_bytes"] >= max(m["held_bytes"], m["retained_bytes"]), (rank, m)
+        assert memory["saves"] == len(summary["checkpoint"]["saves"]), memory
+        assert memory["peak_added_bytes_max"] == max(s["memory"]["peak_added_bytes"]
+                                                     for s in summary["checkpoint"]["saves"])
+        if len(summary["checkpoint"]["saves"]) < 5:
+            assert memory["growth"]["bytes_per_save"] is None and "at least 5 saves" in memory["growth"]["note"]
+        assert case.expect != 0 or "save memory" in first.stdout
+
     # restarts: every record's every rank verified, phases in order, trained on from the saved step
     records = sorted(p.name for p in (run_dir / "events").iterdir() if p.name.startswith("restart-"))
     assert [r["record"] for r in summary["restarts"]] == records

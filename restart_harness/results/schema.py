@@ -206,6 +206,9 @@ class Step(Event):
     seconds: float
     last: int
     in_flight: bool  # an asynchronous save's flush was in flight during the step
+    # the step's highest resident set less the one it started with (worker/memory.py): the training's own transient
+    # host memory, against which a save's memory is read (docs/measurements.md#memory-per-save)
+    rss_peak_added_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -237,6 +240,8 @@ class Save(Event):
     # checksums=: seconds this rank took to read its committed files back for their sha256 (each file's is in files)
     checksum_seconds: float | None = None
     extra: dict = field(default_factory=dict)  # the stack's facts: universal_info, emulated, waves
+    # host memory of the save from its start to its commit (worker/manager.py Memory; docs/measurements.md)
+    memory: dict | None = None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from restart_harness.results import breakdown, placement, trace, training_cost
+from restart_harness.results import breakdown, placement, save_memory, trace, training_cost
 from restart_harness.results import events as ev
 from restart_harness.results.schema import (
     MEMORY_PHASES_CHECKPOINT,
@@ -136,6 +136,10 @@ def training(record: dict[int, list[dict]], emulated: bool = False) -> dict:
         "steps": len(steps),
         "step_seconds_median": round(statistics.median(seconds), 6) if seconds else None,
         "losses": [round(s["loss"], 6) for s in steps],
+        # rank 0's steps in order, for the step timeline (analysis: step_timeline_seconds.png)
+        "step_numbers": [s["step"] for s in steps],
+        "step_seconds": [round(s["seconds"], 6) for s in steps],
+        "step_in_flight": [bool(s.get("in_flight")) for s in steps],
         **_overlap(steps),
     }
 
@@ -230,6 +234,7 @@ def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict |
     checkpoint_record = ev.read_record(run_dir, "checkpoint")
     save_list = saves(checkpoint_record, ckpt.get("committed", {}), ckpt.get("root"))
     lost = training_cost.per_save(checkpoint_record, save_list)  # each save's training_lost, and the run's
+    memory = save_memory.per_save(checkpoint_record, save_list)  # each save's memory, and the run's
     last = save_list[-1] if save_list else None
     # the saved checkpoint the last restart read (a restart at another layout reads a converted copy of it)
     loaded_tag = restarts[-1]["saved_tag"] if restarts and restarts[-1]["saved_tag"] else (last or {}).get("tag")
@@ -247,6 +252,7 @@ def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict |
         } if by_rank else None,
         "saves": save_list,
         "training_lost": lost,
+        "memory": memory,
         "throughput_mib_s": loaded["throughput_mib_s"] if loaded else None,
         "placement": placement.placement(checkpoint_record),
         "trace": trace.summarize(run_dir / "traces" / "checkpoint", checkpoint_record, list(MEMORY_PHASES_CHECKPOINT)),

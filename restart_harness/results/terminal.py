@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 
-from restart_harness.results import placement
+from restart_harness.results import placement, save_memory
 from restart_harness.results.schema import LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES
 
 
@@ -76,6 +76,7 @@ def render(summary: dict) -> str:
                          + (f"; sha256 read back after the commit in {_s(save['checksum_seconds'])}"
                             if save.get("checksum_seconds") is not None else "")))
         rows += _lost_rows(ck)
+        rows += _memory_rows(ck)
         bd = (ck["saves"][-1] if ck["saves"] else {}).get("breakdown")
         if bd:
             parts = "  ".join(f"{c} {bd[f'{c}_seconds']:.3f}" if bd[f"{c}_seconds"] is not None else f"{c} -"
@@ -147,6 +148,36 @@ def _lost_rows(ck: dict) -> list[tuple[str, str]]:
             (f"lost {last['tag']}", f"{_s(lost['seconds'])} = blocking {_s(lost['blocking_seconds'])} + "
                               f"{lost['overlapped_steps']} overlapped steps {lost['overlapped_extra_seconds']:+.3f} s + "
                               f"waits and other {lost['other_seconds']:+.3f} s")]
+
+
+def _memory_rows(ck: dict) -> list[tuple[str, str]]:
+    """What the saves cost in host memory (results/save_memory.py), and whether it grew save after save."""
+    m = ck.get("memory")
+    if not m or not m.get("saves"):
+        return []
+
+    def mib(x):
+        return "-" if x is None else f"{x / MIB:+,.1f} MiB".replace("-0.0", "+0.0")
+
+    buffers = m.get("engine_buffers_bytes_max")
+    rows = [("save memory", f"{mib(m['peak_added_bytes_max'])} per rank at its peak over the RSS a save starts with "
+                            f"(rank {m['peak_added_rank']}, {m['peak_added_tag']}); held while the flush runs "
+                            f"{mib(m['held_bytes_max'])}, retained at the commit {mib(m['retained_bytes_max'])}"
+                            + (f"; the engine keeps {buffers / MIB:,.1f} MiB of buffers between saves" if buffers
+                               else "")),
+            ("  beyond steps", f"median {mib(m['cost_bytes_median'])} a save over {m['saves']} saves, less a "
+                               f"training step's own {mib(m['step_peak_added_bytes'])} where its flush overlapped steps")]
+    g = m["growth"]
+    if g.get("bytes_per_save") is None:
+        rows.append(("memory growth", f"not measured: {g['note']}"))
+    else:
+        verdict = "GROWING" if g["growing"] else "flat"
+        se = g["standard_error_bytes"]
+        rows.append(("memory growth", f"{verdict}: RSS at a save's start {mib(g['bytes_per_save'])} per save"
+                                      + (f" (standard error {se / MIB:,.1f} MiB)" if se is not None else "")
+                                      + f" over saves 2-{g['saves']}, rank {g['rank']}; flagged from "
+                                      f"{save_memory.GROWTH_FLOOR_BYTES / MIB:,.0f} MiB a save"))
+    return rows
 
 
 def _node_rows(name: str, phase: dict, seconds: str, nbytes: str, verb: str) -> list[tuple[str, str]]:

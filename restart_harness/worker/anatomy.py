@@ -29,7 +29,7 @@ from collections import defaultdict
 from restart_harness import iocount
 from restart_harness.results.schema import LOAD_CATEGORIES, SAVE_CATEGORIES
 
-__all__ = ["LOAD_CATEGORIES", "SAVE_CATEGORIES", "Anatomy", "peak_rss_bytes_since_last"]
+__all__ = ["LOAD_CATEGORIES", "SAVE_CATEGORIES", "Anatomy"]
 MAX_INTERVALS = 2000  # for the timeline figure; a window with more regions keeps the first ones
 # DeepSpeed's comm functions that block until the other ranks take part.
 COLLECTIVES = ("barrier", "monitored_barrier", "broadcast", "broadcast_object_list", "all_reduce", "all_gather",
@@ -189,17 +189,4 @@ class _Off:
     """The window of a disabled anatomy (anatomy=false): records nothing."""
 
     def close(self) -> None:
-        return None
-
-
-def peak_rss_bytes_since_last() -> int | None:
-    """This process's resident-memory high-water mark since the previous call (VmHWM, then reset to the current
-    RSS by writing 5 to /proc/self/clear_refs, Linux >= 4.0). None where /proc does not allow it."""
-    try:
-        with open("/proc/self/status") as f:
-            hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return hwm
-    except (OSError, StopIteration, ValueError):
         return None

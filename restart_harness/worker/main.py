@@ -18,9 +18,10 @@ from restart_harness import faults, stacks, targets
 from restart_harness.results.schema import Done, Error, Layout, Process, Step, Verify
 from restart_harness.spec import run as resolved
 from restart_harness.targets.base import PER_RANK_DIRS
-from restart_harness.worker.anatomy import Anatomy, peak_rss_bytes_since_last
+from restart_harness.worker.anatomy import Anatomy
 from restart_harness.worker.eventlog import EventLog
 from restart_harness.worker.manager import CheckpointManager
+from restart_harness.worker.memory import MemoryProbe
 from third_party import dftracer_compat
 
 
@@ -51,7 +52,8 @@ def main(process_start: float, argv=None) -> int:
     for name in os.environ.get(PER_RANK_DIRS, "").split():  # a storage client's log: one folder per rank
         if os.environ.get(name):
             os.environ[name] = str(Path(os.environ[name]) / f"rank-{rank:05d}")
-    log = EventLog(job.run_dir / "events" / job.record / f"rank-{rank:05d}.jsonl", rank, peak_memory)
+    memory = MemoryProbe()
+    log = EventLog(job.run_dir / "events" / job.record / f"rank-{rank:05d}.jsonl", rank, memory.phase_peaks)
     node = os.environ.get("CROSS_RANK")
     log.emit(Process(os.getpid(), socket.gethostname(), int(node) if node and node.isdigit() else None))
     log.mark("process_start", t=process_start)
@@ -60,7 +62,7 @@ def main(process_start: float, argv=None) -> int:
         stack = stacks.of(the_run.spec)
         stack.imports()  # torch, the stack's own libraries: the `imports` phase
         log.mark("imports_done")
-        run(job, the_run, stack(the_run, rank, log), log, rank)
+        run(job, the_run, stack(the_run, rank, log), log, rank, memory)
         # Linux reports ru_maxrss in KiB: the peak resident memory of this rank's process.
         log.emit(Done(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
         return 0
@@ -71,7 +73,7 @@ def main(process_start: float, argv=None) -> int:
         log.close()
 
 
-def run(job: RankJob, the_run, stack, log: EventLog, rank: int) -> None:
+def run(job: RankJob, the_run, stack, log: EventLog, rank: int, memory: MemoryProbe) -> None:
     from engines import registry
 
     spec = the_run.spec
@@ -89,7 +91,7 @@ def run(job: RankJob, the_run, stack, log: EventLog, rank: int) -> None:
         from engines.base import EngineContext
 
         io = engine.open(EngineContext(spec, target, collective=stack.collective, **stack.engine_context()))
-        manager = CheckpointManager(stack, engine, io, target, anatomy, log, peak_memory)
+        manager = CheckpointManager(stack, engine, io, target, anatomy, log, memory)
     log.emit(Layout.of({**stack.layout(), "threads": _threads()}))
 
     first, last = 1, spec.iters
@@ -105,10 +107,13 @@ def run(job: RankJob, the_run, stack, log: EventLog, rank: int) -> None:
     if stack.trains:
         for step in range(first, last + 1):
             faults.hit("step", rank, step, where=str(target.root))
+            window = memory.open()
             start = time.perf_counter()
             loss = stack.train_step(step)
             seconds = time.perf_counter() - start
-            log.emit(Step(step, loss, seconds, last, manager.overlapped(start) if manager else False))
+            memory.close(window)
+            log.emit(Step(step, loss, seconds, last, manager.overlapped(start) if manager else False,
+                          _added(window.peak_rss, window.start_rss)))
             if step == first and job.phase == "restart":
                 log.mark("first_step_done")
             if manager:
@@ -134,12 +139,5 @@ def _threads() -> int:
     return torch.get_num_threads()
 
 
-def peak_memory() -> dict:
-    """The phase's memory high-water marks (host RSS; allocated device memory on CUDA), reset for the next one."""
-    import torch
-
-    out = {"peak_rss_bytes": peak_rss_bytes_since_last()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["peak_device_bytes"] = torch.cuda.max_memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    return out
+def _added(now: int | None, before: int | None) -> int | None:
+    return now - before if now is not None and before is not None else None

@@ -88,16 +88,19 @@ class _Pending:
         self.error: BaseException | None = None
         self.in_flight_steps = 0
         self.thread: threading.Thread | None = None
+        self.memory = None  # worker/memory.py Window from the save's start to its commit
+        self.returned: tuple = (None, None)  # (host RSS, device bytes) when the stack's save returned
+        self.buffers: dict | None = None  # the engine's own buffers then (CheckpointIO.buffers)
 
 
 class CheckpointManager:
-    def __init__(self, stack, engine, io, target, anatomy, log, peak_memory=None):
+    def __init__(self, stack, engine, io, target, anatomy, log, memory=None):
         self.stack, self.target, self.anatomy, self.log = stack, target, anatomy, log
         self.recorder = Recorder(io, target, anatomy, stack.rank)
         self.waits_for_deepspeed = engine.committed_by_deepspeed
         self.checksums = engine.checksums(target)
         self.asynchronous = engine.asynchronous() or self.waits_for_deepspeed
-        self.peak_memory = peak_memory or (dict)
+        self.memory = memory  # worker/memory.py MemoryProbe; None: no memory figures
         self.pending: _Pending | None = None
         self._untimed = 0.0
         stack.attach(self.recorder)
@@ -128,6 +131,8 @@ class CheckpointManager:
         rec.step = step
         self._untimed = 0.0
         p = _Pending(tag, step)
+        if self.memory:
+            p.memory = self.memory.open()
         with self.anatomy.measure(SAVE_CATEGORIES, excluded=self.stack.save_untimed) as window:
             try:
                 self.stack.save(self.target.root, tag, self.stack.client_state(step), rec, self.untimed)
@@ -137,6 +142,8 @@ class CheckpointManager:
             p.blocking = time.perf_counter() - p.start - p.untimed
             p.saved = list(rec.saved)
             p.returned_io = self.anatomy.counters.totals()  # the flush's I/O is counted from here, with no gap
+            if self.memory:
+                p.returned, p.buffers = self.memory.now(), self.recorder.io.buffers()
             if not self.asynchronous:
                 self._wait(p)
                 self._commit(p)
@@ -192,6 +199,8 @@ class CheckpointManager:
         p.committed_at = time.perf_counter()
         p.commit_seconds = (slowest + p.committed_at - after if self.stack.save_untimed
                             else p.committed_at - p.start)
+        if self.memory and p.memory:
+            self.memory.close(p.memory)
 
     def _emit(self, p: _Pending) -> None:
         tag_dir = self.target.path(p.tag)
@@ -211,7 +220,8 @@ class CheckpointManager:
             durable_seconds=p.durable_at - p.start - p.untimed, commit_seconds=p.commit_seconds,
             files=files, bytes=sum(f["bytes"] for f in files), asynchronous=self.asynchronous,
             in_flight_steps=p.in_flight_steps, anatomy=p.anatomy, flush=p.flush if self.asynchronous else None,
-            engine_statistics=p.engine_statistics, checksum_seconds=checksum_seconds, extra=self.stack.save_facts()))
+            engine_statistics=p.engine_statistics, checksum_seconds=checksum_seconds, extra=self.stack.save_facts(),
+            memory=_memory(p)))
 
     def overlapped(self, step_start: float) -> bool:
         """Was a flush in flight at any time since step_start (perf_counter)? Counts the step for the save."""
@@ -249,7 +259,7 @@ class CheckpointManager:
         slowest rank's initialization is engine_init's); the memory of engine_init is read before the window opens. With anatomy=false (no window record) the start is taken here: a mark stamped afterwards
         would put the whole load into engine_init. Loads `tag`, else the one `latest` names (none is an error,
         never a silent no-op); returns it and the client state saved with it."""
-        engine_init_memory = self.peak_memory()
+        engine_init_memory = self.memory.phase_peaks() if self.memory else {}
         self.stack.barrier()  # every rank starts the load clock together: one rank's slower start is not load time
         load_start = time.time()
         self._untimed = 0.0
@@ -268,3 +278,25 @@ class CheckpointManager:
         if breakdown:
             self.log.emit(LoadAnatomy(breakdown))
         return tag, client_state
+
+
+def _memory(p: _Pending) -> dict | None:
+    """The save's memory (docs/measurements.md#memory-per-save), host bytes against the resident set at its start:
+    peak_added (highest from its start to its commit, the steps its flush overlapped included), held (when the
+    stack's save returned: what training runs beside while the flush goes on) and retained (at its commit)."""
+    w = p.memory
+    if w is None or w.start_rss is None:
+        return None
+
+    def added(x):
+        return x - w.start_rss if x is not None else None
+
+    out = {"rss_before_bytes": w.start_rss, "peak_added_bytes": added(w.peak_rss), "held_bytes": added(p.returned[0]),
+           "retained_bytes": added(w.end_rss), "engine_buffers": p.buffers}
+    if w.start_device is not None:
+        def dev(x):
+            return x - w.start_device if x is not None else None
+
+        out["device"] = {"allocated_before_bytes": w.start_device, "peak_added_bytes": dev(w.peak_device),
+                         "held_bytes": dev(p.returned[1]), "retained_bytes": dev(w.end_device)}
+    return out

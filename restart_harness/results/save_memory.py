@@ -1,0 +1,146 @@
+"""What each save costs in host memory, and whether memory grows save after save (docs/measurements.md, "Memory per
+save"). The ranks record it (worker/memory.py, worker/manager.py); this folds their records into summary.json.
+
+Per save, over ranks (the largest rank's figure, and that rank):
+  peak_added_bytes  the highest resident set from the save's start to its commit less the one it started with: the
+                    blocking part, the flush and, for an asynchronous engine, every training step it overlapped
+  held_bytes        the resident set when the stack's save returned, less the start: what training runs beside
+                    while the flush goes on (an engine's staging buffers, its queued copies)
+  retained_bytes    the same at the save's commit: what the save leaves behind until the next one
+  cost_bytes        peak_added_bytes less the training's own transient memory where the save's window held training
+                    steps (the median, over the phase's steps with no flush in flight, the first left out, of a step's
+                    peak less its start: `step_peak_added_bytes`); a save whose window holds no step costs its
+                    peak_added_bytes
+  engine_buffers    the engine's own count of the host (and pinned) bytes it holds (CheckpointIO.buffers), if it keeps any
+  device            the same figures of torch's allocated device memory, on CUDA
+
+Per run: the largest of each figure over saves, its rank and save, and the median cost. The headline is
+peak_added_bytes_max: the host memory a rank must have free beyond what training holds, at the most demanding save
+(an engine's first save usually: it allocates the buffers later saves reuse; those are in engine_buffers, not in a
+later save's figures, which are against that save's own start).
+
+Growth over saves: per rank, the resident set at each save's start against the save's number, fitted by least
+squares from the second save on (the first save allocates what later ones reuse); the rank with the steepest slope
+is reported. `growing` is true when the slope is at least GROWTH_FLOOR_BYTES per save and GROWTH_T standard errors
+from zero: a smaller slope is reported and not flagged (a tiny run's resident set drifts by 0.2-0.4 MiB per save with
+every engine: Python's and torch's allocators, the harness's own records). Fewer than MIN_SAVES saves: no slope, a
+note saying so."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+from restart_harness.results import events as ev
+
+MIN_SAVES = 5  # four fitted points after the first save: two degrees of freedom left for the slope's error
+GROWTH_T = 3.0
+GROWTH_FLOOR_BYTES = 1 << 20  # per save
+FIGURES = ("peak_added_bytes", "held_bytes", "retained_bytes")
+
+
+def _top(values: list[tuple[int, int]]) -> tuple[int | None, int | None]:
+    return max(values) if values else (None, None)
+
+
+def step_peak_added(steps: list[dict]) -> int | None:
+    """The training's own transient host memory: the median of its steps' peak-over-start with no flush in flight,
+    the first step (warm-up) left out."""
+    if not steps:
+        return None
+    first = min(s["step"] for s in steps)
+    clean = [s["rss_peak_added_bytes"] for s in steps
+             if not s.get("in_flight") and s["step"] != first and s.get("rss_peak_added_bytes") is not None]
+    return int(statistics.median(clean)) if clean else None
+
+
+def slope(points: list[tuple[float, float]]) -> tuple[float, float | None]:
+    """Least-squares slope of y on x and its standard error (None with fewer than 3 points)."""
+    n = len(points)
+    mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    b = sum((x - mx) * (y - my) for x, y in points) / sxx
+    if n < 3:
+        return b, None
+    ssr = sum((y - my - b * (x - mx)) ** 2 for x, y in points)
+    return b, math.sqrt(ssr / (n - 2) / sxx)
+
+
+def growth(per_rank: dict[int, list[dict]]) -> dict:
+    """The resident set at each save's start, save after save: the steepest rank's slope (bytes per save)."""
+    n = max((len(v) for v in per_rank.values()), default=0)
+    if n < MIN_SAVES:
+        return {"saves": n, "bytes_per_save": None, "growing": None,
+                "note": f"a slope needs at least {MIN_SAVES} saves and this phase made {n}: give it more iters "
+                        "(e.g. iters = 10 x save_interval)"}
+    best = None
+    for rank, evs in per_rank.items():
+        points = [(i, e["memory"]["rss_before_bytes"]) for i, e in enumerate(sorted(evs, key=lambda e: e["step"]))
+                  if i > 0 and e.get("memory") and e["memory"].get("rss_before_bytes") is not None]
+        if len(points) < MIN_SAVES - 1:
+            continue
+        b, se = slope(points)
+        if best is None or b > best[0]:
+            best = (b, se, rank, points)
+    if best is None:
+        return {"saves": n, "bytes_per_save": None, "growing": None, "note": "no rank recorded its memory"}
+    b, se, rank, points = best
+    total = b * (len(points) - 1)
+    t = math.inf if not se and b > 0 else (b / se if se else 0.0)
+    return {"saves": n, "fitted_saves": len(points), "rank": rank, "bytes_per_save": round(b),
+            "standard_error_bytes": round(se) if se is not None else None,
+            "growth_bytes": round(total), "first_fitted_rss_bytes": points[0][1],
+            "growing": bool(b >= GROWTH_FLOOR_BYTES and t >= GROWTH_T), "note": None}
+
+
+def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict | None:
+    """Adds `memory` to each entry of save_list (in place) and returns the run's figures (None: nothing recorded)."""
+    saves = ev.of_kind(record, "save")
+    if not any(e.get("memory") for evs in saves.values() for e in evs):
+        return None
+    step_added = step_peak_added(sorted(ev.of_kind(record, "step").get(0, []), key=lambda s: s["step"]))
+    by_tag: dict[str, list[tuple[int, dict]]] = {}
+    for rank, evs in saves.items():
+        for e in evs:
+            if e.get("memory"):
+                by_tag.setdefault(e["tag"], []).append((rank, e))
+    costs, tops = [], {f: [] for f in FIGURES}
+    for save in save_list:
+        ranks = by_tag.get(save["tag"])
+        if not ranks:
+            continue
+        entry: dict = {}
+        for f in FIGURES:
+            value, rank = _top([(e["memory"][f], r) for r, e in ranks if e["memory"].get(f) is not None])
+            entry[f] = value
+            if f == "peak_added_bytes":
+                entry["rank"] = rank
+            if value is not None:
+                tops[f].append(value)
+        overlapped = save.get("in_flight_steps", 0) > 0
+        peak = entry["peak_added_bytes"]
+        entry["cost_bytes"] = (None if peak is None else peak - step_added if overlapped and step_added is not None
+                               else peak)
+        if entry["cost_bytes"] is not None:
+            costs.append(entry["cost_bytes"])
+        buffers = [e["memory"]["engine_buffers"] for _, e in ranks if e["memory"].get("engine_buffers")]
+        entry["engine_buffers"] = ({k: max(b[k] for b in buffers) for k in buffers[0]} if buffers else None)
+        devices = [e["memory"]["device"] for _, e in ranks if e["memory"].get("device")]
+        if devices:
+            entry["device"] = {f: max((d[f] for d in devices if d.get(f) is not None), default=None) for f in FIGURES}
+        save["memory"] = entry
+    top = max(((s["memory"]["peak_added_bytes"], s["memory"]["rank"], s["tag"]) for s in save_list
+               if (s.get("memory") or {}).get("peak_added_bytes") is not None), default=(None, None, None))
+    return {
+        "saves": len(costs),
+        "peak_added_rank": top[1],
+        "peak_added_tag": top[2],
+        "step_peak_added_bytes": step_added,
+        "peak_added_bytes_max": max(tops["peak_added_bytes"], default=None),
+        "held_bytes_max": max(tops["held_bytes"], default=None),
+        "retained_bytes_max": max(tops["retained_bytes"], default=None),
+        "cost_bytes_median": int(statistics.median(costs)) if costs else None,
+        "engine_buffers_bytes_max": max(((s.get("memory") or {}).get("engine_buffers") or {}).get("host_bytes", 0)
+                                        for s in save_list) or None,
+        "growth": growth({r: [e for e in evs if e.get("memory")] for r, evs in saves.items()}),
+    }

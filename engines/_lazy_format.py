@@ -120,42 +120,52 @@ def _read_into(path: Path, buf: torch.Tensor, pool: ThreadPoolExecutor) -> None:
         os.close(fd)
 
 
-def load(path: str | Path, threads: int = 4, map_location=None, reuse: dict | None = None) -> object:
-    """The state dict saved at path: each part read into one buffer, tensors built as views of it. With `reuse`
-    (a dict the caller keeps), loading the same path again right after rebuilds the state from the buffers already
-    read instead of reading the files again (DeepSpeed's load reads a pp=1 model file twice)."""
-    path = Path(path)
+def read_header(path: Path) -> dict:
     header = json.loads((path / HEADER).read_text())
     if header.get("format") != FORMAT or header.get("version") != VERSION:
         raise ValueError(f"{path}: not a {FORMAT} v{VERSION} directory")
-    for part in header["parts"]:  # checked on every load, a reused one too
+    return header
+
+
+def check_parts(path: Path, header: dict) -> None:
+    """Every part file holds its bytes (a stat each: nothing read)."""
+    for part in header["parts"]:
         f = path / part["file"]
         if f.stat().st_size < part["bytes"]:
             raise OSError(f"{f}: {f.stat().st_size} bytes, {part['bytes']} expected (a torn checkpoint?)")
+
+
+def read(path: Path, threads: int = 4) -> tuple[dict, bytes, list[torch.Tensor]]:
+    """The directory's header, its pickled remainder and every part in a buffer of its own, read here."""
+    header = read_header(path)
+    check_parts(path, header)
+    buffers = []
+    with ThreadPoolExecutor(threads) as pool:
+        for part in header["parts"]:
+            buf = torch.empty(part["bytes"], dtype=torch.uint8)
+            _read_into(path / part["file"], buf, pool)
+            buffers.append(buf)
+    return header, (path / header["remainder"]).read_bytes(), buffers
+
+
+def load(path: str | Path, threads: int = 4, map_location=None, reuse: dict | None = None, reader=None) -> object:
+    """The state dict saved at path: each part read into one buffer, tensors built as views of it. With `reuse`
+    (a dict the caller keeps), loading the same path again right after rebuilds the state from the buffers already
+    read instead of reading the files again (DeepSpeed's load reads a pp=1 model file twice). `reader`: path ->
+    (header, remainder, buffers) instead of read() (engine=lazy's broadcast load)."""
+    path = Path(path)
     if reuse is not None and reuse.get("path") == str(path):
-        buffers = reuse["buffers"]
+        header, remainder, buffers = reuse["read"]
+        check_parts(path, header)  # checked on every load, a reused one too
     else:
-        buffers = _read_parts(path, header, threads)
+        header, remainder, buffers = reader(path) if reader else read(path, threads)
         if reuse is not None:
-            reuse.update(path=str(path), buffers=buffers)
+            reuse.update(path=str(path), read=(header, remainder, buffers))
     tensors = []
     for t in header["tensors"]:
         flat = buffers[t["part"]][t["offset"]:t["offset"] + t["nbytes"]]
         tensors.append(flat.view(getattr(torch, t["dtype"])).view(t["shape"]))
-    tensors = _relocate(tensors, map_location)
-    with open(path / header["remainder"], "rb") as f:
-        return _Unpickler(f, tensors).load()
-
-
-def _read_parts(path: Path, header: dict, threads: int) -> list[torch.Tensor]:
-    buffers = []
-    with ThreadPoolExecutor(threads) as pool:
-        for part in header["parts"]:
-            f = path / part["file"]
-            buf = torch.empty(part["bytes"], dtype=torch.uint8)
-            _read_into(f, buf, pool)
-            buffers.append(buf)
-    return buffers
+    return _Unpickler(io.BytesIO(remainder), _relocate(tensors, map_location)).load()
 
 
 def _relocate(tensors: list[torch.Tensor], map_location) -> list[torch.Tensor]:

@@ -72,6 +72,10 @@ class CheckpointIO(ABC):
         a save returns (docs/measurements.md#memory-per-save)."""
         return None
 
+    def load_statistics(self) -> dict | None:
+        """The engine's own account of this rank's restart load (asked once, after it), or None."""
+        return None
+
     def statistics(self) -> dict | None:
         """The engine's own account of the save since the last call (and its flush: copy, wait and write seconds,
         buffers), or None; asked once per save, after it is durable."""
@@ -168,6 +172,11 @@ class Engine(ABC):
         rank and that data-parallel rank. By default DeepSpeed's file, written by DeepSpeed's writer. A load of a
         DeepSpeed file reads the first of the files returned for it (CheckpointIO.read_path)."""
         return [(recipe.path, recipe.writer)]
+
+    def restart_read_bytes(self, path: str, nbytes: int, dp_rank: int) -> int:
+        """The planner: how many of the `nbytes` of the file at `path` a rank at data-parallel index dp_rank reads
+        from storage when its restart loads it. By default all of them: every rank reads what it loads."""
+        return nbytes
 
     def ds_config(self) -> dict:
         """Block merged into ds_config.json (e.g. datastates_ckpt, checkpoint.writer)."""

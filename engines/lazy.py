@@ -32,7 +32,9 @@ from engines.base import CheckpointIO, Engine, EngineContext
 from restart_harness import faults
 from restart_harness.spec.keys import key
 
-REPLICATED = re.compile(r"mp_rank_\d+_model_states\.pt$")  # the files DeepSpeed has data-parallel replica 0 write
+# the files DeepSpeed has data-parallel replica 0 write (not ZeRO-3's zero_pp_rank_N_mp_rank_NN_model_states.pt: a
+# data-parallel rank's own)
+REPLICATED = re.compile(r"(?:^|/)mp_rank_\d+_model_states\.pt$")
 
 
 @dataclass
@@ -46,6 +48,9 @@ class Options:
                               "(false: by replica 0, as DeepSpeed does)", group="checkpoint")
     balance_min_mib: int = key(4, "split a replicated file only when each share gets at least this much",
                                group="checkpoint", unit="MiB", minimum=0)
+    broadcast_load: bool = key(True, "at restart, a replicated model file is read once per data-parallel group (each "
+                                     "part by one replica) and broadcast to the other replicas (false: every replica "
+                                     "reads all of it)", group="checkpoint")
 
 
 class LazyEngine(Engine):
@@ -60,6 +65,16 @@ class LazyEngine(Engine):
 
     def ds_config(self) -> dict:
         return {"checkpoint": {"parallel_write": {"pipeline_stage": True}}} if self.spec.pp > 1 else {}
+
+    def restart_read_bytes(self, path: str, nbytes: int, dp_rank: int) -> int:
+        """With broadcast_load, a replicated model file is read once per data-parallel group: in shares (part k by
+        replica k) where it was written in shares, else by replica 0 (LazyIO._broadcast_read)."""
+        dp, o = self.spec.dp, self.options
+        if not (o.broadcast_load and dp > 1 and REPLICATED.search(path)):
+            return nbytes
+        if o.balance and nbytes >= dp * o.balance_min_mib * 2**20:
+            return nbytes // dp + (nbytes % dp if dp_rank == 0 else 0)
+        return nbytes if dp_rank == 0 else 0
 
     def open(self, ctx: EngineContext) -> CheckpointIO:
         return LazyIO(self.options, ctx.training)
@@ -89,10 +104,12 @@ class LazyIO(CheckpointIO):
         self.side_stream = None
         self.stats = {"copy_seconds": 0.0, "step_wait_seconds": 0.0, "write_seconds": 0.0, "buffers_reused": 0,
                       "buffers_allocated": 0}
+        self.load_stats = {"read_bytes": 0, "broadcast_bytes": 0, "broadcast_loads": 0}
         self.lock = threading.Lock()
         self.last_read: dict = {}  # the buffers of the last file loaded: a second load of it reads nothing
         self.ds_engine = ds_engine  # None: the format alone (tests), no step to wait in
         self.dp_rank, self.dp_size = _data_parallel(ds_engine) if ds_engine is not None else (0, 1)
+        self.dp_group = getattr(getattr(ds_engine, "optimizer", None), "dp_process_group", None)
         if ds_engine is None:
             return
         if options.balance and self.dp_size > 1:
@@ -246,6 +263,9 @@ class LazyIO(CheckpointIO):
     def statistics(self) -> dict:
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in self.stats.items()}
 
+    def load_statistics(self) -> dict:
+        return dict(self.load_stats)
+
     # --- load -------------------------------------------------------------------------------------------------
     def load(self, path, map_location=None, into=None):
         import torch
@@ -253,8 +273,65 @@ class LazyIO(CheckpointIO):
         from engines import _lazy_format as fmt
 
         if fmt.is_lazy(path):
-            return fmt.load(path, threads=self.options.readers, map_location=map_location, reuse=self.last_read)
+            shared = (self.options.broadcast_load and self.dp_size > 1 and self.dp_group is not None
+                      and REPLICATED.search(path))
+            return fmt.load(path, threads=self.options.readers, map_location=map_location, reuse=self.last_read,
+                            reader=self._broadcast_read if shared else self._read)
         return torch.load(path, map_location=map_location, weights_only=False)
+
+    def _read(self, path: Path):
+        from engines import _lazy_format as fmt
+
+        header, remainder, buffers = fmt.read(path, self.options.readers)
+        self.load_stats["read_bytes"] += sum(b.numel() for b in buffers) + len(remainder)
+        return header, remainder, buffers
+
+    def _broadcast_read(self, path: Path):
+        """A replicated file, read once by the data-parallel group: replica 0 reads its header and remainder, replica
+        k % dp its part k; every byte reaches the others by broadcast (gloo here, NCCL's on GPUs where the group is
+        one), through DeepSpeed's comm (the anatomy counts its collectives as wait). A replica that cannot read its
+        share fails every replica with its reason, none waits for it."""
+        import deepspeed.comm as dist
+        import torch
+
+        from engines import _lazy_format as fmt
+
+        group, size = self.dp_group, self.dp_size
+        small: list = [None, None, None]  # header, remainder, error
+        if self.dp_rank == 0:
+            try:
+                header = fmt.read_header(path)
+                fmt.check_parts(path, header)
+                small = [header, (path / header["remainder"]).read_bytes(), None]
+            except (OSError, ValueError) as exc:
+                small = [None, None, f"{type(exc).__name__}: {exc}"]
+        dist.broadcast_object_list(small, src=dist.get_global_rank(group, 0), group=group)
+        header, remainder, error = small
+        if error:
+            raise OSError(f"{path}: data-parallel replica 0 could not read it for the group: {error}")
+        buffers = [torch.empty(p["bytes"], dtype=torch.uint8) for p in header["parts"]]
+        mine = [k for k in range(len(buffers)) if k % size == self.dp_rank]
+        failed = None
+        try:
+            with ThreadPoolExecutor(self.options.readers) as pool:
+                for k in mine:
+                    fmt._read_into(path / header["parts"][k]["file"], buffers[k], pool)
+        except OSError as exc:
+            failed = exc
+        ok = torch.tensor([0 if failed else 1], dtype=torch.int32)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+        if failed:
+            raise failed
+        if not ok.item():
+            raise OSError(f"{path}: another data-parallel replica could not read its part of it (its own error "
+                          "is in its log)")
+        for k, buf in enumerate(buffers):
+            dist.broadcast(buf, src=dist.get_global_rank(group, k % size), group=group)
+        read = sum(buffers[k].numel() for k in mine) + (len(remainder) if self.dp_rank == 0 else 0)
+        self.load_stats["read_bytes"] += read
+        self.load_stats["broadcast_bytes"] += sum(b.numel() for b in buffers) + len(remainder) - read
+        self.load_stats["broadcast_loads"] += 1
+        return header, remainder, buffers
 
     def preserves_storage_sharing(self):
         return False  # each view's own elements are copied: no defensive clone needed

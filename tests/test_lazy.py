@@ -68,9 +68,9 @@ def test_buffers_are_reused_by_later_saves_of_the_same_layout(tmp_path):
     reuse: dict = {}
     path = tmp_path / "global_step2" / "mp_rank_00_model_states.pt"
     first = fmt.load(path, reuse=reuse)
-    buffers = reuse["buffers"]
+    buffers = reuse["read"][2]
     second = fmt.load(path, reuse=reuse)
-    assert reuse["buffers"] is buffers and torch.equal(first["w"], second["w"]) and first["w"] is not second["w"]
+    assert reuse["read"][2] is buffers and torch.equal(first["w"], second["w"]) and first["w"] is not second["w"]
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +98,13 @@ def test_lazy_saves_restarts_and_verifies(harness, name):
                 for line in p.read_text().splitlines() if json.loads(line)["event"] == "layout"
                 and json.loads(line)["rank"] in writers}
     assert dp_ranks == {0, 1}
+    if name == "lazy-dp2":
+        # the replicated model file is read once by the data-parallel group (each part by one replica) and broadcast:
+        # the restart reads from storage what the checkpoint holds (and `latest`), not the model file once a replica
+        restart = summary["restart"]
+        assert restart["load_breakdown"]["storage_read"]["bytes"] <= summary["checkpoint"]["bytes"] + 4096, restart
+        assert restart["engine_load_statistics"]["broadcast_loads"] == 2  # one file, on each of the two replicas
+        assert restart["engine_load_statistics"]["broadcast_bytes"] > 0
 
 
 @pytest.mark.slow

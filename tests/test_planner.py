@@ -78,6 +78,25 @@ def test_plan_memory_grows_no_faster_than_the_plan():
     assert large_peak / small_peak <= large_out / small_out
 
 
+@pytest.mark.parametrize("tokens", [["small", "dp=2"], ["small", "tp=2", "dp=4"], ["tiny", "dp=4"]])
+def test_a_broadcast_load_reads_the_checkpoint_once(tokens):
+    """engine=lazy's broadcast load (docs/engines.md): each replicated model file a data-parallel group loads is
+    read from storage once by the group (in shares where it is large enough to be written in shares, else by replica
+    0); with broadcast_load=false every replica reads it. DeepSpeed has every rank load mp_rank_00 first (to check
+    the saved model-parallel size), so at tp > 1 each TP rank's group reads that file too."""
+    from restart_harness.plan import estimate
+
+    spec = parse_args(tokens)
+    shared = estimate.build(parse_args([*tokens, "engine=lazy"]))
+    every = estimate.build(parse_args([*tokens, "engine=lazy", "broadcast_load=false"]))
+    size = {f["path"]: f["bytes"] for f in every["files"]}
+    first = size["mp_rank_00_model_states.pt"]
+    assert shared["total_bytes"] == every["total_bytes"]
+    assert shared["restart_read_bytes"] == shared["total_bytes"] + (spec.tp - 1) * first
+    per_group = sum(b for p, b in size.items() if p.startswith("mp_rank_")) + (spec.tp - 1) * first
+    assert every["restart_read_bytes"] - shared["restart_read_bytes"] == (spec.dp - 1) * per_group
+
+
 def test_text_plan_lists_every_file(tmp_path):
     proc = plan_cli(["70B", "tp=8", "pp=4", "dp=2", "plan=true", "bandwidth_gbps=5", "detail=files"], tmp_path)
     assert proc.returncode == 0, proc.stderr

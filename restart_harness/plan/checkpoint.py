@@ -184,6 +184,16 @@ def stored_reads(spec: RunSpec) -> dict[int, list[str]]:
     return {rank: [first[p] for p in paths] for rank, paths in restart_reads(spec).items()}
 
 
+def stored_read_bytes(spec: RunSpec, reads: dict[int, list[str]], size_of: dict[str, int]) -> dict[int, int]:
+    """rank -> the bytes its restart reads from storage of the stored files it loads (reads: stored_reads): all of
+    each, less where the engine has one replica read for the group (Engine.restart_read_bytes)."""
+    from engines import registry
+
+    engine = registry.get(spec.engine)(spec)
+    return {r: sum(engine.restart_read_bytes(p, size_of[p], (r // spec.tp) % spec.dp) for p in paths)
+            for r, paths in reads.items()}
+
+
 def _rank_at(spec: RunSpec, r: FileRecipe):
     return lambda d: rules.global_rank(r.stage, d, r.tp_rank, spec.dp, spec.tp)
 

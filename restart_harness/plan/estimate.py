@@ -4,7 +4,8 @@ saving and restarting it would cost at a given storage bandwidth. Launches nothi
 Estimate (docs/planner.md): the storage's bandwidth is an aggregate shared by all ranks, so
     save_seconds            = total_bytes / write bandwidth
     restart_read_seconds    = restart_read_bytes / read bandwidth
-where restart_read_bytes counts every file each rank's load_checkpoint reads (plan/checkpoint.py restart_reads).
+where restart_read_bytes counts what each rank reads from storage of the files its load_checkpoint loads (plan/checkpoint.py
+restart_reads; all of each by default, less where the engine says so: engine=lazy's broadcast load, Engine.restart_read_bytes).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def build(spec: RunSpec, bandwidth_gbps: float | None = None, target: RunSpec | 
         by_rank[f.rank]["bytes"] += f.bytes
         by_kind[f.kind]["files"] += 1
         by_kind[f.kind]["bytes"] += f.bytes
-    read_per_rank = {r: sum(size_of[p] for p in paths) for r, paths in reads.items()}
+    read_per_rank = checkpoint.stored_read_bytes(spec, reads, size_of)
     total = sum(f.bytes for f in files)
     read_total = sum(read_per_rank.values())
     note = {

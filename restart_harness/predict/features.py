@@ -25,7 +25,7 @@ class Features:
     save_bytes_max_rank: int
     save_files_max_rank: int
     save_files: int  # files (objects) one checkpoint creates, all launched ranks
-    read_bytes: int  # a restart's reads, all ranks (planner: each rank's distinct files in full)
+    read_bytes: int  # a restart's reads from storage, all ranks (planner: plan/checkpoint.py stored_read_bytes)
     read_bytes_max_rank: int
     read_files_max_rank: int
     read_files: int  # file opens (object GETs) of a restart, summed over ranks
@@ -54,7 +54,7 @@ def of(spec: RunSpec, cpus_per_node: int, write_bytes_per_s: float | None,
         reads = {r: paths for r, paths in checkpoint.stored_reads(spec).items() if r < launched}
     else:
         reads = {}
-    read_bytes = {r: sum(size_of[p] for p in paths) for r, paths in reads.items()}
+    read_bytes = checkpoint.stored_read_bytes(spec, reads, size_of)
     return Features(
         world_size=launched, nodes=max(1, -(-launched // per_node)), ranks_per_node=per_node,
         cpus_per_node=cpus_per_node, contention=max(1.0, per_node / max(1, cpus_per_node)),

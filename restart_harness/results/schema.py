@@ -252,6 +252,7 @@ class Loaded(Event):
     # wall time just before the load began and just after it ended, taken outside the anatomy's window
     outer_start: float
     outer_end: float
+    engine_statistics: dict | None = None  # the engine's own account of the load (CheckpointIO.load_statistics)
 
 
 @dataclass(frozen=True)

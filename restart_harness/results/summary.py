@@ -214,6 +214,7 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         "errors": ev.errors(record),
         "first_step": first["step"] if first else None,
         "first_step_loss": first["loss"] if first else None,
+        "engine_load_statistics": _engine_load_statistics(record),
         "load_breakdown": (load_breakdown := breakdown.load(record, measured, root)),
         "storage_read_throughput_mib_s": ((load_breakdown or {}).get("storage_read") or {}).get("throughput_mib_s"),
         "memory": breakdown.memory(record, MEMORY_PHASES_RESTART),
@@ -227,6 +228,13 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
                      for r in per_rank],
         "launch_start": launch.get("start"),
     }
+
+
+def _engine_load_statistics(record: dict[int, list[dict]]) -> dict | None:
+    """The engines' own accounts of the restart's load (CheckpointIO.load_statistics), summed over ranks."""
+    stats = [e["engine_statistics"] for evs in record.values() for e in evs
+             if e["event"] == "loaded" and e.get("engine_statistics")]
+    return {k: sum(s.get(k, 0) for s in stats) for k in stats[0]} if stats else None
 
 
 def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict | None,

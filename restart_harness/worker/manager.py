@@ -274,7 +274,8 @@ class CheckpointManager:
         self.log.mark("engine_initialized", t=breakdown["start"] if breakdown else load_start,
                       memory=engine_init_memory)
         self.log.mark("checkpoint_loaded", t=breakdown["end"] if breakdown else None)
-        self.log.emit(Loaded(tag, [{"path": p, "seconds": s} for p, s in self.recorder.loaded], load_start, load_end))
+        self.log.emit(Loaded(tag, [{"path": p, "seconds": s} for p, s in self.recorder.loaded], load_start, load_end,
+                             self.recorder.io.load_statistics()))
         if breakdown:
             self.log.emit(LoadAnatomy(breakdown))
         return tag, client_state

@@ -64,6 +64,8 @@ CASES = [
     ("fastpersist", ["engine=fastpersist"]),
     ("decoupled", ["engine=decoupled"]),
     ("lazy", ["engine=lazy"]),
+    ("lazy direct_io", ["engine=lazy", "direct_io=true"]),  # O_DIRECT writes and reads
+    ("lazy every replica reads", ["engine=lazy", "broadcast_load=false"]),  # without the broadcast load
     # the PyTorch-native stack: the same model and data, FSDP2 sharding, one collective DCP save per checkpoint
     ("fsdp2 none", ["stack=fsdp2", "engine=none"]),
     ("fsdp2 dcp", ["stack=fsdp2", "engine=dcp"]),

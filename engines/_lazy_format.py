@@ -28,6 +28,7 @@ copied), so DeepSpeed's zero_to_fp32.py, ds_to_universal and a default-engine re
 from __future__ import annotations
 
 import ctypes
+import errno
 import io
 import json
 import os
@@ -102,17 +103,44 @@ def split(state: object) -> tuple[list[torch.Tensor], bytes]:
     return tensors, buf.getvalue()
 
 
-def _read_into(path: Path, buf: torch.Tensor, pool: ThreadPoolExecutor) -> None:
-    """The whole file into buf, in large requests issued in parallel."""
-    view = byte_view(buf)
-    fd = os.open(path, os.O_RDONLY)
+def aligned_empty(size: int, pinned: bool = False, zeroed: bool = False) -> torch.Tensor:
+    """`size` bytes starting at an ALIGNMENT boundary, with room after them up to a multiple of it (O_DIRECT's rule
+    for a request's buffer, offset and length). zeroed: the whole buffer, padding and gaps between tensors included,
+    so a file written from it holds no stray bytes of the process's memory."""
+    raw = (torch.zeros if zeroed else torch.empty)(aligned(size) + ALIGNMENT, dtype=torch.uint8, pin_memory=pinned)
+    shift = -raw.data_ptr() % ALIGNMENT
+    return raw[shift:shift + size]
+
+
+def padded_view(buf: torch.Tensor) -> memoryview:
+    """A buffer from aligned_empty with its zero padding: whole aligned blocks, as O_DIRECT requests need."""
+    n = aligned(buf.numel())
+    return memoryview((ctypes.c_ubyte * n).from_address(buf.data_ptr())).cast("B") if n else memoryview(b"")
+
+
+def read_into(path: Path, buf: torch.Tensor, pool: ThreadPoolExecutor, direct: bool = False) -> None:
+    """The whole file into buf, in large requests issued in parallel. With direct (buf from aligned_empty), O_DIRECT
+    requests of whole aligned blocks, the last one ending at the file's end; where the file system refuses O_DIRECT
+    (tmpfs), buffered."""
+    if direct:
+        try:
+            _read_all(path, os.O_DIRECT, padded_view(buf), buf.numel(), pool)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+    _read_all(path, 0, byte_view(buf), buf.numel(), pool)
+
+
+def _read_all(path: Path, flags: int, view: memoryview, size: int, pool: ThreadPoolExecutor) -> None:
+    fd = os.open(path, os.O_RDONLY | flags)
     try:
         def chunk(off: int) -> None:
             end = min(off + READ_CHUNK_BYTES, len(view))
-            while off < end:
+            while off < min(end, size):
                 n = os.preadv(fd, [view[off:end]], off)
                 if n <= 0:
-                    raise OSError(f"{path}: short read at byte {off} of {len(view)} (a torn checkpoint?)")
+                    raise OSError(f"{path}: short read at byte {off} of {size} (a torn checkpoint?)")
                 off += n
 
         list(pool.map(chunk, range(0, len(view), READ_CHUNK_BYTES)))
@@ -135,15 +163,15 @@ def check_parts(path: Path, header: dict) -> None:
             raise OSError(f"{f}: {f.stat().st_size} bytes, {part['bytes']} expected (a torn checkpoint?)")
 
 
-def read(path: Path, threads: int = 4) -> tuple[dict, bytes, list[torch.Tensor]]:
+def read(path: Path, threads: int = 4, direct: bool = False) -> tuple[dict, bytes, list[torch.Tensor]]:
     """The directory's header, its pickled remainder and every part in a buffer of its own, read here."""
     header = read_header(path)
     check_parts(path, header)
     buffers = []
     with ThreadPoolExecutor(threads) as pool:
         for part in header["parts"]:
-            buf = torch.empty(part["bytes"], dtype=torch.uint8)
-            _read_into(path / part["file"], buf, pool)
+            buf = aligned_empty(part["bytes"])
+            read_into(path / part["file"], buf, pool, direct=direct)
             buffers.append(buf)
     return header, (path / header["remainder"]).read_bytes(), buffers
 

@@ -19,6 +19,7 @@ Format, reader, converter to DeepSpeed's torch.save layout: engines/_lazy_format
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -48,6 +49,9 @@ class Options:
                               "(false: by replica 0, as DeepSpeed does)", group="checkpoint")
     balance_min_mib: int = key(4, "split a replicated file only when each share gets at least this much",
                                group="checkpoint", unit="MiB", minimum=0)
+    direct_io: bool = key(False, "write and read the part files with O_DIRECT (aligned buffers and requests, no page "
+                                 "cache); where the file system refuses it (tmpfs), buffered I/O, recorded as "
+                                 "direct_io_fallback in the save's engine_statistics", group="checkpoint")
     broadcast_load: bool = key(True, "at restart, a replicated model file is read once per data-parallel group (each "
                                      "part by one replica) and broadcast to the other replicas (false: every replica "
                                      "reads all of it)", group="checkpoint")
@@ -81,13 +85,15 @@ class LazyEngine(Engine):
 
 
 class _Part:
-    """One part file this rank writes: its buffer, and which tensors go where in it."""
+    """One part file this rank writes: its buffer, and which tensors go where in it. The buffer starts at an
+    ALIGNMENT boundary and is zeroed once (the gaps between aligned tensors and the padding after the last are
+    written as zeros), so an O_DIRECT write can take it whole."""
 
     def __init__(self, path: Path, size: int, pinned: bool, copies: list[tuple[int, int, int]]):
-        import torch
+        from engines import _lazy_format as fmt
 
         self.path, self.size = path, size
-        self.buffer = torch.empty(size, dtype=torch.uint8, pin_memory=pinned)
+        self.buffer = fmt.aligned_empty(size, pinned=pinned, zeroed=True)
         self.copies = copies  # (tensor index, offset, nbytes)
         self.busy = False
 
@@ -209,24 +215,43 @@ class LazyIO(CheckpointIO):
         self._add("copy_seconds", time.perf_counter() - start)
 
     def _write_after(self, copy, part: _Part, step: int | None) -> None:
-        from engines import _lazy_format as fmt
-
         copy.result()
         start = time.perf_counter()
-        chunk = self.options.write_chunk_mib * 2**20
-        view = fmt.byte_view(part.buffer)
-        fd = os.open(part.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
-            for off in range(0, part.size, chunk):  # requests of `chunk` bytes at aligned offsets
-                end, pos = min(off + chunk, part.size), off
+            direct = self.options.direct_io
+            try:
+                self._write(part, step, direct)
+            except OSError as exc:
+                if not direct or exc.errno != errno.EINVAL:
+                    raise
+                with self.lock:  # the file system refuses O_DIRECT: buffered, and said so in the save's record
+                    self.stats["direct_io_fallback"] = f"{part.path.parent.parent}: {exc.strerror} (EINVAL)"
+                self._write(part, step, False)
+        finally:
+            part.busy = False
+        self._add("write_seconds", time.perf_counter() - start)
+
+    def _write(self, part: _Part, step: int | None, direct: bool) -> None:
+        """The part's buffer into its file in requests of write_chunk_mib at aligned offsets, then fsync; with
+        direct, O_DIRECT requests of whole aligned blocks (the zero padding cut off again by ftruncate)."""
+        from engines import _lazy_format as fmt
+
+        chunk = self.options.write_chunk_mib * 2**20
+        view = fmt.padded_view(part.buffer) if direct else fmt.byte_view(part.buffer)
+        length = len(view)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
+        fd = os.open(part.path, flags, 0o644)
+        try:
+            for off in range(0, length, chunk):
+                end, pos = min(off + chunk, length), off
                 while pos < end:
                     pos += os.pwrite(fd, view[pos:end], pos)
                 faults.hit("flush", int(os.environ.get("RANK", "0")), step)  # tests: killed mid-flush
+            if length != part.size:
+                os.ftruncate(fd, part.size)
             os.fsync(fd)
         finally:
             os.close(fd)
-            part.busy = False
-        self._add("write_seconds", time.perf_counter() - start)
 
     def wait_copied(self) -> None:
         """Before an optimizer step: the copies of every save so far are done (on CUDA: the step's stream waits for
@@ -282,7 +307,7 @@ class LazyIO(CheckpointIO):
     def _read(self, path: Path):
         from engines import _lazy_format as fmt
 
-        header, remainder, buffers = fmt.read(path, self.options.readers)
+        header, remainder, buffers = fmt.read(path, self.options.readers, direct=self.options.direct_io)
         self.load_stats["read_bytes"] += sum(b.numel() for b in buffers) + len(remainder)
         return header, remainder, buffers
 
@@ -309,13 +334,13 @@ class LazyIO(CheckpointIO):
         header, remainder, error = small
         if error:
             raise OSError(f"{path}: data-parallel replica 0 could not read it for the group: {error}")
-        buffers = [torch.empty(p["bytes"], dtype=torch.uint8) for p in header["parts"]]
+        buffers = [fmt.aligned_empty(p["bytes"]) for p in header["parts"]]
         mine = [k for k in range(len(buffers)) if k % size == self.dp_rank]
         failed = None
         try:
             with ThreadPoolExecutor(self.options.readers) as pool:
                 for k in mine:
-                    fmt._read_into(path / header["parts"][k]["file"], buffers[k], pool)
+                    fmt.read_into(path / header["parts"][k]["file"], buffers[k], pool, direct=self.options.direct_io)
         except OSError as exc:
             failed = exc
         ok = torch.tensor([0 if failed else 1], dtype=torch.int32)

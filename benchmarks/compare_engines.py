@@ -22,6 +22,9 @@ Method
   medians over the kept saves of all repeats.
 - Memory per save (docs/measurements.md#memory-per-save): each run's summary.checkpoint.memory, medians over
   repeats; the growth per save needs 5 saves or more (iters >= 10 at save_interval=2), else it is left empty.
+  Beside it, what each restart read from storage (all ranks, the I/O counters' load_breakdown.storage_read.bytes)
+  over the checkpoint's bytes: a byte count, exact in one repeat (engine=lazy's broadcast load against
+  `lazy every replica reads`).
 - Stacks: the `fsdp2 ...` cases train the same model on the same samples with stack=fsdp2 (docs/fsdp2.md); their
   checkpoint is 12 bytes per parameter (fp32 weights and two moments) against DeepSpeed's 14 (a bf16 model copy
   besides), so compare them in MiB/s, not in seconds. `only=LABEL,LABEL` runs the named cases alone.
@@ -226,6 +229,8 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
                                  "engine_buffers_bytes_max", "step_peak_added_bytes")},
             "growth": median([((summary["checkpoint"].get("memory") or {}).get("growth") or {}).get("bytes_per_save")
                               for summary in summaries]),
+            "storage_read": median([((r.get("load_breakdown") or {}).get("storage_read") or {}).get("bytes")
+                                    for r in restarts]),
         }
     default_blocking = (rows.get("default") or {}).get("blocking")
     for name, r in rows.items():
@@ -249,14 +254,18 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
         print(f"| {name} | " + " | ".join(fmt(c) for c in cells) + " |")
     print("\nHost memory a save costs a rank (MiB, medians over repeats; docs/measurements.md#memory-per-save): its peak "
           "over the RSS it starts with (most demanding save), held while its flush runs, the median save's cost beyond "
-          "a training step's own, the buffers the engine keeps between saves, and the RSS growth per save.\n")
-    print("| engine | peak | held | cost | engine buffers | a step's own | growth per save |")
-    print("|---|---|---|---|---|---|---|")
+          "a training step's own, the buffers the engine keeps between saves, and the RSS growth per save; then what "
+          "the restart read from storage, all ranks (MiB, the I/O counters), and that over the checkpoint's bytes.\n")
+    print("| engine | peak | held | cost | engine buffers | a step's own | growth per save | restart storage reads "
+          "| x checkpoint |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         m = r["memory"]
         cells = [m["peak_added_bytes_max"], m["held_bytes_max"], m["cost_bytes_median"], m["engine_buffers_bytes_max"],
-                 m["step_peak_added_bytes"], r["growth"]]
-        print(f"| {name} | " + " | ".join(fmt(c / 2**20 if c is not None else None, 1) for c in cells) + " |")
+                 m["step_peak_added_bytes"], r["growth"], r["storage_read"]]
+        ratio = r["storage_read"] / 2**20 / r["mib"] if r["storage_read"] and r["mib"] else None
+        print(f"| {name} | " + " | ".join(fmt(c / 2**20 if c is not None else None, 1) for c in cells)
+              + f" | {fmt(ratio, 2)} |")
     shutil.rmtree(results, ignore_errors=True)
 
 

@@ -229,6 +229,11 @@ def run(spec: RunSpec, prefix: str = "") -> Path:
         say(f"warning: tp={spec.tp} with ranks_per_node={spec.ranks_per_node}: tensor-parallel groups span nodes, so "
             "every layer's all-reduces cross the network (training steps slow down; the checkpoint's files are the "
             "same)")
+    if (spec.device == "cpu" and spec.precision == "bf16" and not spec.emulate and not launcher.submits()
+            and machine.bf16_matmul_is_slow()):
+        say("warning: precision=bf16 on a CPU without AVX-512: torch's bf16 matrix products run here about 15-60x "
+            "slower than fp32 (measured: docs/measurements.md#bf16-on-cpu), so training steps dominate the run; "
+            "precision=fp32 keeps them short (the checkpoint then holds fp32 weights)")
     if spec.dry_run:
         set_status(run_dir, "dry_run", "dry_run=true: written, nothing launched")
         if launcher.scheduler:

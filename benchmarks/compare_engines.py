@@ -67,7 +67,7 @@ CASES = [
     ("fastpersist", ["engine=fastpersist"]),
     ("decoupled", ["engine=decoupled"]),
     ("lazy", ["engine=lazy"]),
-    ("lazy direct_io", ["engine=lazy", "direct_io=true"]),  # O_DIRECT writes and reads
+    ("lazy buffered", ["engine=lazy", "direct_io=false"]),  # page-cache writes and reads instead of O_DIRECT
     ("lazy every replica reads", ["engine=lazy", "broadcast_load=false"]),  # without the broadcast load
     # the PyTorch-native stack: the same model and data, FSDP2 sharding, one collective DCP save per checkpoint
     ("fsdp2 none", ["stack=fsdp2", "engine=none"]),
@@ -229,6 +229,8 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
                                  "engine_buffers_bytes_max", "step_peak_added_bytes")},
             "growth": median([((summary["checkpoint"].get("memory") or {}).get("growth") or {}).get("bytes_per_save")
                               for summary in summaries]),
+            "step_growth": median([((summary["training"].get("rss_growth") or {}).get("bytes_per_step"))
+                                   for summary in summaries]),
             "storage_read": median([((r.get("load_breakdown") or {}).get("storage_read") or {}).get("bytes")
                                     for r in restarts]),
         }
@@ -254,15 +256,16 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
         print(f"| {name} | " + " | ".join(fmt(c) for c in cells) + " |")
     print("\nHost memory a save costs a rank (MiB, medians over repeats; docs/measurements.md#memory-per-save): its peak "
           "over the RSS it starts with (most demanding save), held while its flush runs, the median save's cost beyond "
-          "a training step's own, the buffers the engine keeps between saves, and the RSS growth per save; then what "
+          "a training step's own, the buffers the engine keeps between saves, the RSS growth per save and per step "
+          "(summary.training.rss_growth: engine=none's is training's own); then what "
           "the restart read from storage, all ranks (MiB, the I/O counters), and that over the checkpoint's bytes.\n")
-    print("| engine | peak | held | cost | engine buffers | a step's own | growth per save | restart storage reads "
-          "| x checkpoint |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| engine | peak | held | cost | engine buffers | a step's own | growth per save | growth per step "
+          "| restart storage reads | x checkpoint |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         m = r["memory"]
         cells = [m["peak_added_bytes_max"], m["held_bytes_max"], m["cost_bytes_median"], m["engine_buffers_bytes_max"],
-                 m["step_peak_added_bytes"], r["growth"], r["storage_read"]]
+                 m["step_peak_added_bytes"], r["growth"], r["step_growth"], r["storage_read"]]
         ratio = r["storage_read"] / 2**20 / r["mib"] if r["storage_read"] and r["mib"] else None
         print(f"| {name} | " + " | ".join(fmt(c / 2**20 if c is not None else None, 1) for c in cells)
               + f" | {fmt(ratio, 2)} |")

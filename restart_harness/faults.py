@@ -62,10 +62,18 @@ def hit(point: str, rank: int, step: int | None = None, where: str | None = None
     elif f["action"] == "tear" and where:
         _tear(where)
     elif f["action"] == "leak" and step not in _LEAKED:
-        _LEAKED[step] = bytearray(b"\x01" * (f.get("mib", 4) << 20))
+        _LEAKED[step] = _resident(f.get("mib", 4) << 20)
 
 
 _LEAKED: dict[int | None, bytearray] = {}
+
+
+def _resident(nbytes: int) -> bytearray:
+    """nbytes allocated and every page written (resident), with no temporary copy beside it."""
+    buf = bytearray(nbytes)
+    for i in range(0, nbytes, 4096):
+        buf[i] = 1
+    return buf
 
 
 def _tear(path: str) -> None:

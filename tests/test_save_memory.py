@@ -5,8 +5,10 @@ Every run-table case's figures: tests/test_runs.py."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
+import statistics
 
 import pytest
 from conftest import events, load_summary, submit
@@ -80,7 +82,12 @@ def test_a_leaking_rank_is_flagged_and_an_engines_buffers_are_counted(tmp_path):
     per_save = 4 * MIB  # what rank 1 leaks at each save
     g = memory["growth"]
     assert g["growing"] is True and g["rank"] == 1 and g["saves"] == 6, g
-    assert g["bytes_per_save"] == pytest.approx(per_save, rel=0.25), (g, per_save)
+    assert g["bytes_per_save"] >= 0.9 * per_save, g
+    # save after save, rank 1 grew by what it leaked beyond rank 0, which leaks nothing (both drift alike: the
+    # allocators, the harness's records); medians of the increments (a warm-up jump does not move them)
+    steps = {r: statistics.median(b["memory"]["rss_before_bytes"] - a["memory"]["rss_before_bytes"]
+                                  for a, b in itertools.pairwise(saves[1:])) for r, saves in files.items()}
+    assert steps[1] - steps[0] == pytest.approx(per_save, rel=0.15), (steps, per_save)
     growth_line = next(line for line in proc.stdout.splitlines() if line.startswith("memory growth"))
     assert "GROWING" in growth_line and "rank 1" in growth_line, growth_line
     # engine=lazy keeps a staging buffer per part file it writes, counted by itself: its first save allocates and

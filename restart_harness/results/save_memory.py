@@ -93,6 +93,26 @@ def growth(per_rank: dict[int, list[dict]]) -> dict:
             "growing": bool(b >= GROWTH_FLOOR_BYTES and t >= GROWTH_T), "note": None}
 
 
+def training_growth(record: dict[int, list[dict]]) -> dict | None:
+    """The resident set at each step's start, step after step, from the second step on: how training's own memory
+    moves (with a save's growth in it where saves were made; engine=none's runs give it without). The steepest rank,
+    in bytes per step; None with fewer than MIN_SAVES steps recorded."""
+    best = None
+    for rank, evs in ev.of_kind(record, "step").items():
+        points = [(e["step"], e["rss_bytes"]) for e in sorted(evs, key=lambda e: e["step"])[1:]
+                  if e.get("rss_bytes") is not None]
+        if len(points) < MIN_SAVES - 1:
+            continue
+        b, se = slope(points)
+        if best is None or b > best[0]:
+            best = (b, se, rank, len(points))
+    if best is None:
+        return None
+    b, se, rank, n = best
+    return {"bytes_per_step": round(b), "standard_error_bytes": round(se) if se is not None else None, "rank": rank,
+            "steps": n}
+
+
 def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict | None:
     """Adds `memory` to each entry of save_list (in place) and returns the run's figures (None: nothing recorded)."""
     saves = ev.of_kind(record, "save")

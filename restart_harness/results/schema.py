@@ -209,6 +209,7 @@ class Step(Event):
     # the step's highest resident set less the one it started with (worker/memory.py): the training's own transient
     # host memory, against which a save's memory is read (docs/measurements.md#memory-per-save)
     rss_peak_added_bytes: int | None = None
+    rss_bytes: int | None = None  # the resident set when the step began
 
 
 @dataclass(frozen=True)

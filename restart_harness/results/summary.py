@@ -136,6 +136,7 @@ def training(record: dict[int, list[dict]], emulated: bool = False) -> dict:
         "steps": len(steps),
         "step_seconds_median": round(statistics.median(seconds), 6) if seconds else None,
         "losses": [round(s["loss"], 6) for s in steps],
+        "rss_growth": save_memory.training_growth(record),  # results/save_memory.py: the resident set step by step
         # rank 0's steps in order, for the step timeline (analysis: step_timeline_seconds.png)
         "step_numbers": [s["step"] for s in steps],
         "step_seconds": [round(s["seconds"], 6) for s in steps],

@@ -76,7 +76,7 @@ def render(summary: dict) -> str:
                          + (f"; sha256 read back after the commit in {_s(save['checksum_seconds'])}"
                             if save.get("checksum_seconds") is not None else "")))
         rows += _lost_rows(ck)
-        rows += _memory_rows(ck)
+        rows += _memory_rows(ck, (summary.get("training") or {}).get("rss_growth"))
         bd = (ck["saves"][-1] if ck["saves"] else {}).get("breakdown")
         if bd:
             parts = "  ".join(f"{c} {bd[f'{c}_seconds']:.3f}" if bd[f"{c}_seconds"] is not None else f"{c} -"
@@ -150,7 +150,7 @@ def _lost_rows(ck: dict) -> list[tuple[str, str]]:
                               f"waits and other {lost['other_seconds']:+.3f} s")]
 
 
-def _memory_rows(ck: dict) -> list[tuple[str, str]]:
+def _memory_rows(ck: dict, steps: dict | None) -> list[tuple[str, str]]:
     """What the saves cost in host memory (results/save_memory.py), and whether it grew save after save."""
     m = ck.get("memory")
     if not m or not m.get("saves"):
@@ -176,7 +176,9 @@ def _memory_rows(ck: dict) -> list[tuple[str, str]]:
         rows.append(("memory growth", f"{verdict}: RSS at a save's start {mib(g['bytes_per_save'])} per save"
                                       + (f" (standard error {se / MIB:,.1f} MiB)" if se is not None else "")
                                       + f" over saves 2-{g['saves']}, rank {g['rank']}; flagged from "
-                                      f"{save_memory.GROWTH_FLOOR_BYTES / MIB:,.0f} MiB a save"))
+                                      f"{save_memory.GROWTH_FLOOR_BYTES / MIB:,.0f} MiB a save"
+                                      + (f"; at a step's start {mib(steps['bytes_per_step'])} per step"
+                                         if steps else "")))
     return rows
 
 

@@ -113,7 +113,7 @@ def run(job: RankJob, the_run, stack, log: EventLog, rank: int, memory: MemoryPr
             seconds = time.perf_counter() - start
             memory.close(window)
             log.emit(Step(step, loss, seconds, last, manager.overlapped(start) if manager else False,
-                          _added(window.peak_rss, window.start_rss)))
+                          _added(window.peak_rss, window.start_rss), window.start_rss))
             if step == first and job.phase == "restart":
                 log.mark("first_step_done")
             if manager:

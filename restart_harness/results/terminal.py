@@ -178,7 +178,9 @@ def _memory_rows(ck: dict, steps: dict | None) -> list[tuple[str, str]]:
                                       + f" over saves 2-{g['saves']}, rank {g['rank']}; flagged from "
                                       f"{save_memory.GROWTH_FLOOR_BYTES / MIB:,.0f} MiB a save"
                                       + (f"; at a step's start {mib(steps['bytes_per_step'])} per step"
-                                         if steps else "")))
+                                         if steps else "")
+                                      + ("; training grows too: compare engine=none's training.rss_growth before "
+                                         "blaming the engine" if g["growing"] and steps else "")))
     return rows
 
 

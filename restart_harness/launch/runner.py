@@ -219,6 +219,11 @@ def _failure(run_dir: Path, info: dict) -> str:
     return f"{info['record']} phase exited with code {info['exit_code']}; see {run_dir / info['log']}"
 
 
+# parameters a rank from which a bf16 step on a CPU without AVX-512 takes seconds (`small`, 56 M a rank at dp=2: 70 s;
+# `tiny`, 0.25 M: 0.13 s) and the run is told so
+SLOW_BF16_PARAMETERS = 10_000_000
+
+
 def run(spec: RunSpec, prefix: str = "") -> Path:
     """Prepare, then: dry_run -> print what was written; a scheduler's launcher -> submit the job; else execute
     here."""
@@ -230,10 +235,11 @@ def run(spec: RunSpec, prefix: str = "") -> Path:
             "every layer's all-reduces cross the network (training steps slow down; the checkpoint's files are the "
             "same)")
     if (spec.device == "cpu" and spec.precision == "bf16" and not spec.emulate and not launcher.submits()
+            and spec.shape.num_parameters() / (spec.tp * spec.pp) >= SLOW_BF16_PARAMETERS
             and machine.bf16_matmul_is_slow()):
         say("warning: precision=bf16 on a CPU without AVX-512: torch's bf16 matrix products run here about 15-60x "
-            "slower than fp32 (measured: docs/measurements.md#bf16-on-cpu), so training steps dominate the run; "
-            "precision=fp32 keeps them short (the checkpoint then holds fp32 weights)")
+            "slower than fp32 (measured: docs/measurements.md#bf16-on-cpu), so at this size training steps dominate "
+            "the run; precision=fp32 keeps them short (the checkpoint then holds fp32 weights)")
     if spec.dry_run:
         set_status(run_dir, "dry_run", "dry_run=true: written, nothing launched")
         if launcher.scheduler:

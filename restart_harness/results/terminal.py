@@ -12,6 +12,10 @@ def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f} s"
 
 
+def _ranks(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
 def _when(base: dict) -> str:
     """Which measurement an efficiency is against: when it was taken, and whether this run took it."""
     age = base.get("age_seconds")
@@ -48,7 +52,7 @@ def render(summary: dict) -> str:
                   f"seq {spec['seq_len']}, global batch {d['global_batch']}"
                   + ("; EMULATED: no model, no training, the checkpoint's files written and read back"
                      if spec.get("emulate") else "")),
-        ("layout", f"tp={spec['tp']} pp={spec['pp']} dp={spec['dp']} ({d['world_size']} ranks on {spec['device']}), "
+        ("layout", f"tp={spec['tp']} pp={spec['pp']} dp={spec['dp']} ({_ranks(d['world_size'])} on {spec['device']}), "
                    f"engine {spec['engine']}" + (f"; SUBSET: ranks 0-{d['launched_ranks'] - 1} ran, their files only"
                                                  if spec.get("subset") else "")),
         ("status", summary["status"]["state"] + (f": {summary['status']['reason']}" if summary["status"]["reason"] else "")),
@@ -114,7 +118,7 @@ def render(summary: dict) -> str:
         rows += _storage_rows("load requests", rs)
         verdict = "yes" if rs["verified"] else "NO: " + ", ".join(rs["differing"][:3])
         integrity = rs.get("integrity")
-        rows.append(("verified", f"{verdict} ({rs['ranks']} ranks, {rs['verified_tensors']} tensors)"
+        rows.append(("verified", f"{verdict} ({_ranks(rs['ranks'])}, {rs['verified_tensors']} tensors)"
                                  + (f"; before the launch {integrity['files']} files matched their "
                                     f"{integrity['algorithm']} from the commit" if integrity else "")))
     base, eff = summary.get("baseline") or {}, ck.get("efficiency") or {}

@@ -22,7 +22,7 @@ from analysis.table import (
     restart_where,
     stat,
 )
-from restart_harness.results.schema import PREDICTED_TOTAL
+from restart_harness.results.schema import PREDICTED_TOTAL, io_metadata_ops
 
 PHASE_COLORS = {"launch": "#bbbbbb"}
 UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
@@ -426,6 +426,61 @@ def _step_page(shown: list, page: tuple[int, int]) -> Figure:
     return fig
 
 
+SOURCE_COLORS = {"environment": "#1f77b4", "extension_cache": "#ff7f0e", "checkpoint": "#2ca02c",
+                 "run_dir": "#9467bd", "system": "#8c564b", "pseudo": "#dddddd", "other": "#bbbbbb"}
+
+
+def _latest_io(g: Group) -> dict | None:
+    return next((r["io_sources"] for run in reversed(g.runs) for r in reversed(run.summary.get("restarts") or [])
+                 if isinstance(r, dict) and isinstance(r.get("io_sources"), dict) and r["io_sources"].get("ranks")
+                 and r["io_sources"].get("by_source", True)),
+                None)
+
+
+def restart_io(groups: list[Group], phases: list[str]) -> list[Figure]:
+    """Each configuration's restart I/O per phase, stacked by source (its latest restart, per rank): metadata
+    operations above, MiB read through read calls below (docs/measurements.md#io-by-source)."""
+    shown = [(g, io) for g in groups if (io := _latest_io(g))]
+    pages = [shown[i:i + MAX_TIMELINES] for i in range(0, len(shown), MAX_TIMELINES)]
+    return [_io_page(page, phases, (n, len(pages))) for n, page in enumerate(pages, 1)]
+
+
+def _io_page(shown: list, phases: list[str], page: tuple[int, int]) -> Figure:
+    fig = Figure(figsize=(max(9.5, 3.2 + 2.6 * len(shown)), 6.4), layout="constrained")
+    axes = fig.subplots(2, len(shown), squeeze=False)
+    used: dict[str, object] = {}
+    for col, (g, io) in enumerate(shown):
+        n = io["ranks"]
+        names = [p for p in phases if p in io["phases"]]
+        found = {s for p in names for s in io["phases"][p]["sources"]}
+        sources = [*(s for s in SOURCE_COLORS if s in found), *sorted(found - set(SOURCE_COLORS))]
+        for row, (measure, scale, label) in enumerate((("ops", 1, "metadata operations per rank"),
+                                                       ("read_bytes", 2**20, "MiB read per rank"))):
+            ax = axes[row][col]
+            bottoms = [0.0] * len(names)
+            for source in sources:
+                counts = [io["phases"][p]["sources"].get(source) or {} for p in names]
+                heights = [(io_metadata_ops(c) if measure == "ops" else c.get("read_bytes", 0)) / n / scale
+                           for c in counts]
+                if any(heights):
+                    used[source] = ax.bar(range(len(names)), heights, bottom=bottoms, width=0.6,
+                                          color=SOURCE_COLORS.get(source, "#777777"))
+                    bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+            ax.set_xticks(range(len(names)), [p.replace("_", "\n") for p in names], fontsize="small")
+            ax.set_ylabel(label)
+            ax.grid(axis="y", alpha=0.3)
+            if row == 0:
+                ax.set_title(textwrap.fill(g.full_label, 34), fontsize="medium", loc="left")
+    order = [s for s in SOURCE_COLORS if s in used] + [s for s in used if s not in SOURCE_COLORS]
+    fig.legend([used[s] for s in order], [s.replace("_", " ") for s in order], title="source",
+               loc="outside right upper", fontsize="small")
+    fig.suptitle("Restart I/O by phase and source\n(latest restart of each configuration, per rank)"
+                 + (f", page {page[0]} of {page[1]}" if page[1] > 1 else ""))
+    _caption(fig, "metadata operations: opens (failed ones too), stat-family calls, listings; reads: through read "
+             "calls (mapped libraries not included); docs/measurements.md#io-by-source")
+    return fig
+
+
 def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
     """Each restart at another layout beside its run's same-layout restart: conversion, then the restart's phases."""
     bars: list[tuple[str, dict]] = []
@@ -534,6 +589,7 @@ def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | No
         "save_breakdown_seconds": save_breakdown(groups),
         **_pages("restart_timeline_seconds", restart_timelines(groups, phases)),
         **_pages("step_timeline_seconds", step_timelines(groups)),
+        **_pages("restart_io_by_source", restart_io(groups, phases)),
         "reshard_seconds": reshard_seconds(groups, phases),
         "prediction_seconds": prediction(groups),
     }

@@ -19,7 +19,7 @@ from analysis.table import (
     restart_where,
 )
 from restart_harness.results.placement import ranks_text
-from restart_harness.results.schema import PREDICTED_TOTAL
+from restart_harness.results.schema import PREDICTED_TOTAL, io_metadata_ops
 
 MIB = 2**20
 
@@ -138,6 +138,42 @@ def memory_table(groups: list[Group]) -> Table | None:
             for g, mem in found]
     return Table("Restart memory per phase (MiB, peak RSS of the largest rank)", ["configuration", *phases], rows,
                  "each rank's resident-memory high-water mark within the phase (VmHWM, reset at each phase)")
+
+
+def io_table(groups: list[Group]) -> Table | None:
+    """The restart's I/O besides the checkpoint, per phase and rank (the latest restart of each configuration):
+    metadata operations and MiB read, and the share of the imports' operations in the Python environment."""
+    phases: list[str] = []
+    found = []
+    for g in groups:
+        io = (_latest_restart(g) or {}).get("io_sources")
+        if isinstance(io, dict) and io.get("ranks") and io.get("by_source", True):
+            found.append((g, io))
+            phases += [p for p in io["phases"] if p not in phases]
+    if not found:
+        return None
+
+    def cell(io: dict, phase: str) -> str:
+        sources = ((io["phases"].get(phase) or {}).get("sources") or {})
+        rest = [c for name, c in sources.items() if name != "checkpoint"]
+        if not rest:
+            return "-"
+        n = io["ranks"]
+        return f"{sum(io_metadata_ops(c) for c in rest) / n:,.0f} / {sum(c.get('read_bytes', 0) for c in rest) / n / MIB:,.1f}"
+
+    def environment_share(io: dict) -> str:
+        imports = (io["phases"].get("imports") or {}).get("sources") or {}
+        ops = sum(io_metadata_ops(c) for c in imports.values())
+        return f"{io_metadata_ops(imports.get('environment') or {}) / ops:.0%}" if ops else "-"
+
+    rows = [[g.label, *(cell(io, p) for p in phases), environment_share(io),
+             f"{(io['total'].get('kernel') or {}).get('storage_read_bytes', 0) / io['ranks'] / MIB:,.1f}"]
+            for g, io in found]
+    return Table("Restart I/O besides the checkpoint (per rank: metadata operations / MiB read)",
+                 ["configuration", *phases, "imports in environment", "storage delivered MiB"], rows,
+                 "metadata operations: opens (failed ones too), stat-family calls and listings outside the checkpoint's "
+                 "folder; MiB read through read calls; storage delivered: the kernel's count of bytes read from "
+                 "storage, whole restart, mapped libraries included (docs/measurements.md#io-by-source)")
 
 
 def reshard_table(groups: list[Group]) -> Table | None:

@@ -84,6 +84,7 @@ def build(runs: list[ld.Run], skipped: list[ld.Skipped], failures: list[ld.Sweep
     figures = plots.all_figures(groups, phases)
     tables = [render.configurations(groups), render.phases_table(groups, phases)]
     tables += [t for t in (render.anatomy_table(groups), render.stragglers_table(groups), render.memory_table(groups),
+                           render.io_table(groups),
                            render.reshard_table(groups), render.prediction_table(groups),
                            render.nodes_table(runs)) if t]
     tables.append(render.runs_table(rows))

@@ -22,6 +22,7 @@ from restart_harness.results.schema import (
     PREDICTED_PHASES,
     SAVE_CATEGORIES,
     engine_label,
+    io_metadata_ops,
     layout_label,
     model_label,
 )
@@ -235,7 +236,44 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
         "restart_exit_code": rec.get("exit_code"),
     })
     row.update(request_columns("restart", rec))
+    row.update(io_columns(rec.get("io_sources")))
     return row
+
+
+def io_columns(io: dict | None) -> dict:
+    """A restart's I/O by source, per rank (results/io_sources.py; empty for runs without it): metadata operations
+    (opens, failed opens, stat-family calls, listings), opens and bytes read outside the checkpoint, those of its
+    imports and of the Python environment, and what the kernel says the storage delivered."""
+    n = num(get(io, "ranks"))
+    total = get(io, "total", "sources", default={}) or {}
+    if not n or not isinstance(total, dict):
+        return dict.fromkeys(IO_COLUMNS)
+    rest = [c for name, c in total.items() if name != "checkpoint" and isinstance(c, dict)]
+    imports = get(io, "phases", "imports", "sources", default={}) or {}
+    kernel = get(io, "total", "kernel", default={}) or {}
+    counted = get(io, "by_source", default=True)  # false: anatomy=false, the kernel's figures only
+
+    def per_rank(value: float | None, by_source: bool = True) -> float | None:
+        return None if value is None or (by_source and not counted) else round(value / n, 1)
+
+    return {
+        "restart_metadata_ops_per_rank_count": per_rank(sum(io_metadata_ops(c) for c in rest)),
+        "restart_opens_per_rank_count": per_rank(sum(c.get("opens", 0) for c in rest)),
+        "restart_read_per_rank_bytes": per_rank(sum(c.get("read_bytes", 0) for c in rest)),
+        "restart_imports_metadata_ops_per_rank_count": per_rank(sum(io_metadata_ops(c) for c in imports.values()
+                                                              if isinstance(c, dict))),
+        "restart_environment_metadata_ops_per_rank_count": per_rank(io_metadata_ops(total.get("environment") or {})),
+        "restart_environment_read_per_rank_bytes": per_rank((total.get("environment") or {}).get("read_bytes", 0)),
+        "restart_checkpoint_metadata_ops_per_rank_count": per_rank(io_metadata_ops(total.get("checkpoint") or {})),
+        "restart_storage_read_per_rank_bytes": per_rank(num(kernel.get("storage_read_bytes")), by_source=False),
+        "restart_major_faults_per_rank_count": per_rank(num(kernel.get("major_faults")), by_source=False),
+    }
+
+
+IO_COLUMNS = ("restart_metadata_ops_per_rank_count", "restart_opens_per_rank_count", "restart_read_per_rank_bytes",
+              "restart_imports_metadata_ops_per_rank_count", "restart_environment_metadata_ops_per_rank_count",
+              "restart_environment_read_per_rank_bytes", "restart_checkpoint_metadata_ops_per_rank_count",
+              "restart_storage_read_per_rank_bytes", "restart_major_faults_per_rank_count")
 
 
 def rows(runs: list[Run]) -> list[dict]:

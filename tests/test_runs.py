@@ -14,7 +14,7 @@ import pytest
 from conftest import RUNS, events, load_summary
 
 from restart_harness import targets
-from restart_harness.results.schema import RESTART_PHASES
+from restart_harness.results.schema import RESTART_PHASES, io_metadata_ops
 from restart_harness.spec import run as resolved
 
 pytestmark = pytest.mark.slow
@@ -132,6 +132,18 @@ def test_every_case_holds(harness, name):
         steps = [e["step"] for e in per_rank[0] if e["event"] == "step"]
         if steps:
             assert steps[0] == int(r["tag"].removeprefix("global_step").removesuffix("_universal")) + 1
+        # the restart's I/O by source (results/io_sources.py): the imports from the Python environment (once for
+        # the node under launcher=prefork); never more bytes through read calls than the kernel counted
+        io = r["io_sources"]
+        assert io["ranks"] == r["ranks"] and "imports" in io["phases"], (r["record"], io)
+        assert io["total"]["kernel"]["read_chars"] > 2**20, (r["record"], io["total"])
+        if not (own.anatomy or own.trace):  # no counters preloaded: the kernel's figures alone
+            assert io["by_source"] is False and not any(p["sources"] for p in io["phases"].values()), r["record"]
+            continue
+        env = io["phases"]["imports"]["sources"]["environment"]
+        assert io_metadata_ops(env) > 3000 and env["read_bytes"] > 2**20, (r["record"], env)
+        counted = sum(c.get("read_bytes", 0) for c in io["total"]["sources"].values())
+        assert counted <= io["total"]["kernel"]["read_chars"], (r["record"], io["total"])
     for rank, evs in events(run_dir).items():
         if case.expect == 0:
             assert _marks_in_order(evs) == [], rank

@@ -1,5 +1,7 @@
 """Per-process counters of the I/O done on the checkpoint's files (rhio.c, loaded with LD_PRELOAD into each rank):
-calls, bytes, request sizes, seconds inside the calls and the wall time during which any such call was in flight.
+calls, bytes, request sizes, seconds inside the calls and the wall time during which any such call was in flight;
+and, for every path the process touches, opens, metadata calls, listings, reads and writes by source (the Python
+environment, the extension cache, the checkpoint, ...: RH_IO_SOURCES, set by restart_harness/launch/observe.py).
 
 The library is compiled once per machine into the user cache directory (`cc`, a few hundred milliseconds) by the
 harness before it launches ranks; a machine without a C compiler runs without it, and the anatomy then reports no
@@ -15,6 +17,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from restart_harness.storage.cache_dir import cache_dir
@@ -26,6 +29,56 @@ PATH_MAX = 4096
 ENV_PREFIXES = "RH_IO_PREFIXES"
 ENV_SHARED = "RH_IO_SHARED"
 ENV_FOPEN_VIA_OPEN = "RH_IO_FOPEN_VIA_OPEN"
+ENV_SOURCES = "RH_IO_SOURCES"
+# rhio.c's per-source counters, in its RH_S_* order (docs/measurements.md#io-by-source defines each)
+SOURCE_COUNTERS = ("opens", "open_failures", "metadata_calls", "metadata_failures", "listings", "reads", "read_bytes",
+                   "writes", "write_bytes")
+OTHER = "other"  # rhio.c's source 0: a path no prefix matches
+
+
+def sources_variable(sources: dict[str, list[str]], ancestors: tuple[str, ...] = ()) -> str:
+    """RH_IO_SOURCES's value: `name=/a:/b;name2+=/c` (rhio.c parses it; source_table() reads it back). The sources
+    named in `ancestors` also take the folders above their prefixes that no prefix matches."""
+    for name, prefixes in sources.items():
+        bad = [p for p in prefixes if not p.startswith("/") or ":" in p or ";" in p]
+        if not name.isidentifier() or bad:
+            raise ValueError(f"I/O source {name!r}: prefixes must be absolute paths without ':' or ';': {bad}")
+    return ";".join(f"{name}{'+' if name in ancestors else ''}={':'.join(prefixes)}"
+                    for name, prefixes in sources.items() if prefixes)
+
+
+@dataclass(frozen=True)
+class SourceTable:
+    """An RH_IO_SOURCES value, read back: (prefix, source) pairs longest first, and the sources taking ancestors."""
+
+    prefixes: tuple[tuple[str, str], ...]
+    ancestors: frozenset[str]
+
+    @classmethod
+    def parse(cls, value: str) -> SourceTable:
+        table, ancestors = [], set()
+        for item in value.split(";"):
+            name, _, prefixes = item.partition("=")
+            if name.endswith("+"):
+                name = name[:-1]
+                ancestors.add(name)
+            table += [(p.rstrip("/") or "/", name) for p in prefixes.split(":") if name and p.startswith("/")]
+        return cls(tuple(sorted(table, key=lambda e: -len(e[0]))), frozenset(ancestors))
+
+    def __bool__(self) -> bool:
+        return bool(self.prefixes)
+
+    def source_of(self, path: str) -> str:
+        """The source of an absolute path, as rhio.c decides it: the longest prefix matching whole components,
+        else a source taking the folders above its prefixes, else `other`."""
+        for prefix, name in self.prefixes:
+            if prefix == "/" or path == prefix or path.startswith(prefix + "/"):
+                return name
+        folder = path.rstrip("/") or "/"
+        for prefix, name in reversed(self.prefixes):  # rhio.c tries them in the order given; any match will do here
+            if name in self.ancestors and (folder == "/" or prefix.startswith(folder + "/")):
+                return name
+        return OTHER
 
 
 class _Totals(ctypes.Structure):
@@ -94,6 +147,11 @@ class Counters:
             lib.rh_io_totals.argtypes = [ctypes.POINTER(_Totals)]
             lib.rh_io_file.argtypes = [ctypes.c_int, ctypes.POINTER(_File)]
             lib.rh_io_add_prefix.argtypes = [ctypes.c_char_p]
+        # version 2 counts by source; a library built from an older rhio.c (a stale cache) does not
+        self.sources_available = self.available and hasattr(lib, "rh_io_source")
+        if self.sources_available:
+            lib.rh_io_source_name.restype = ctypes.c_char_p
+            lib.rh_io_source.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
 
     def add_prefix(self, path: Path) -> None:
         if self.available:
@@ -109,6 +167,18 @@ class Counters:
         out = {c: {"calls": t.calls[i], "bytes": t.bytes[i], "seconds": t.ns[i] / 1e9, "busy_seconds": t.busy_ns[i] / 1e9}
                for i, c in enumerate(CLASSES)}
         out.update(opens=t.opens, files=t.files)
+        return out
+
+    def sources(self) -> dict[str, dict[str, int]] | None:
+        """Per source (RH_IO_SOURCES's names, `other` first): SOURCE_COUNTERS since the process started."""
+        if not self.sources_available:
+            return None
+        out = {}
+        values = (ctypes.c_uint64 * len(SOURCE_COUNTERS))()
+        for i in range(self._lib.rh_io_nsources()):
+            if self._lib.rh_io_source(i, values) != len(SOURCE_COUNTERS):
+                continue
+            out[self._lib.rh_io_source_name(i).decode()] = dict(zip(SOURCE_COUNTERS, values, strict=True))
         return out
 
     def files(self) -> dict[str, dict]:

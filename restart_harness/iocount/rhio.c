@@ -11,10 +11,22 @@
  * the request's latency and it is in flight all that time. What it cannot see: I/O submitted through io_uring,
  * memory-mapped file access, and calls glibc makes to itself (fread's internal read is counted once, as the fread).
  *
+ * Sources (RH_IO_SOURCES="name=/prefix:/prefix;name=/prefix..."): besides the checkpoint's files, every path the
+ * process opens, stats or lists is put in the source whose prefix is the longest to match it (the Python environment,
+ * the extension cache, the checkpoint, the system's libraries, ...; source 0, `other`, takes the rest), and per source
+ * it counts opens (and those that failed), metadata calls (the stat family, access, readlink; and those that failed),
+ * directory listings (opendir), and the read and write calls and bytes on the descriptors those opens returned. A
+ * path relative to a directory descriptor takes that descriptor's source. A source written `name+=...` also takes
+ * the folders above its prefixes that no prefix matches (path resolution stats every component of a path: Python's
+ * realpath on the environment's files stats /home, /home/user, ...). The dynamic loader's own opens and maps
+ * (shared libraries) do not go through these functions: Python reads them from /proc/self/maps
+ * (restart_harness/worker/io_sources.py).
+ *
  * RH_IO_FOPEN_VIA_OPEN=1 makes fopen of a tracked file an open() plus fdopen(): the same file, mode and stream,
  * but a POSIX tracer below this library (dftracer 2.2.0) then learns the descriptor and sees the writes that
  * libstdc++'s ofstream (torch.save) makes on it. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <dlfcn.h>
 #include <linux/aio_abi.h>
 #include <errno.h>
@@ -60,6 +72,22 @@ static rh_totals_t rh_total;
 static int rh_inflight[RH_CLASSES];
 static uint64_t rh_busy_since[RH_CLASSES];
 static pthread_mutex_t rh_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* ---- sources ---- */
+#define RH_MAX_SOURCES 16
+#define RH_MAX_SOURCE_PREFIXES 64
+#define RH_SOURCE_NAME 32
+enum { RH_S_OPENS, RH_S_OPEN_FAILURES, RH_S_STATS, RH_S_STAT_FAILURES, RH_S_LISTINGS, RH_S_READS, RH_S_READ_BYTES,
+       RH_S_WRITES, RH_S_WRITE_BYTES, RH_S_FIELDS };
+static uint64_t rh_src[RH_MAX_SOURCES][RH_S_FIELDS]; /* updated with atomic adds: no lock on the import path */
+static char rh_src_name[RH_MAX_SOURCES][RH_SOURCE_NAME] = {"other"};
+static int rh_nsrc = 1;
+static char rh_src_prefix[RH_MAX_SOURCE_PREFIXES][PATH_MAX];
+static size_t rh_src_prefix_len[RH_MAX_SOURCE_PREFIXES];
+static int rh_src_prefix_source[RH_MAX_SOURCE_PREFIXES];
+static int rh_src_ancestors[RH_MAX_SOURCES]; /* the source also takes the folders above its prefixes */
+static int rh_nsrc_prefix;
+static unsigned char rh_fd_source[RH_MAX_FD]; /* source + 1 of the path the descriptor was opened on; 0 = unknown */
 
 static int (*real_open)(const char *, int, ...);
 static int (*real_open64)(const char *, int, ...);
@@ -122,6 +150,102 @@ static void add_prefixes(const char *list) {
     }
 }
 
+/* RH_IO_SOURCES: `name=/a:/b;name2=/c`; a name given twice adds prefixes to the same source. */
+static void parse_sources(const char *spec) {
+    static char buf[RH_MAX_SOURCE_PREFIXES * 256];
+    if (!spec) return;
+    strncpy(buf, spec, sizeof buf - 1);
+    buf[sizeof buf - 1] = 0;
+    for (char *save = NULL, *item = strtok_r(buf, ";", &save); item; item = strtok_r(NULL, ";", &save)) {
+        char *eq = strchr(item, '=');
+        if (!eq || eq == item) continue;
+        *eq = 0;
+        int ancestors = eq[-1] == '+';
+        if (ancestors) eq[-1] = 0;
+        int src = -1;
+        for (int i = 0; i < rh_nsrc; i++)
+            if (strcmp(rh_src_name[i], item) == 0) src = i;
+        if (src < 0) {
+            if (rh_nsrc == RH_MAX_SOURCES) continue;
+            src = rh_nsrc++;
+            strncpy(rh_src_name[src], item, RH_SOURCE_NAME - 1);
+        }
+        if (ancestors) rh_src_ancestors[src] = 1;
+        for (char *s2 = NULL, *p = strtok_r(eq + 1, ":", &s2); p && rh_nsrc_prefix < RH_MAX_SOURCE_PREFIXES;
+             p = strtok_r(NULL, ":", &s2)) {
+            if (p[0] != '/') continue;
+            size_t n = strlen(p);
+            while (n > 1 && p[n - 1] == '/') n--; /* "/usr/" and "/usr" are one prefix */
+            if (n >= PATH_MAX) continue;
+            memcpy(rh_src_prefix[rh_nsrc_prefix], p, n);
+            rh_src_prefix[rh_nsrc_prefix][n] = 0;
+            rh_src_prefix_len[rh_nsrc_prefix] = n;
+            rh_src_prefix_source[rh_nsrc_prefix++] = src;
+        }
+    }
+}
+
+/* The source of an absolute path: the longest prefix that matches whole components ("/" matches everything). */
+static int source_of_absolute(const char *path) {
+    int best = 0;
+    size_t best_len = 0;
+    for (int i = 0; i < rh_nsrc_prefix; i++) {
+        size_t n = rh_src_prefix_len[i];
+        if (n < best_len && best_len) continue;
+        if (strncmp(path, rh_src_prefix[i], n) != 0) continue;
+        if (!(path[n] == 0 || path[n] == '/' || (n == 1 && path[0] == '/'))) continue;
+        if (n >= best_len) { best = rh_src_prefix_source[i]; best_len = n; }
+    }
+    if (best_len) return best;
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/') len--;
+    for (int i = 0; i < rh_nsrc_prefix; i++) /* a folder above a prefix of a source that takes them */
+        if (rh_src_ancestors[rh_src_prefix_source[i]] && len < rh_src_prefix_len[i] &&
+            strncmp(path, rh_src_prefix[i], len) == 0 && (rh_src_prefix[i][len] == '/' || len == 1))
+            return rh_src_prefix_source[i];
+    return 0;
+}
+
+/* The source of a path given to a call: absolute, relative to the working directory, or relative to dirfd (which
+ * then lends it its own source). */
+static int source_of(int dirfd, const char *path) {
+    if (rh_nsrc_prefix == 0 || !path) return -1;
+    if (path[0] == '/') return source_of_absolute(path);
+    if (dirfd != AT_FDCWD) {
+        if (dirfd >= 0 && dirfd < RH_MAX_FD && rh_fd_source[dirfd]) return rh_fd_source[dirfd] - 1;
+        return 0;
+    }
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd)) return 0;
+    return source_of_absolute(cwd);
+}
+
+static void src_add(int src, int field, uint64_t n) {
+    if (src >= 0 && src < RH_MAX_SOURCES) __atomic_fetch_add(&rh_src[src][field], n, __ATOMIC_RELAXED);
+}
+
+/* An open of `path` (relative to dirfd) returned fd. */
+static void source_open(int dirfd, const char *path, int fd) {
+    int src = source_of(dirfd, path);
+    if (src < 0) return;
+    src_add(src, fd >= 0 ? RH_S_OPENS : RH_S_OPEN_FAILURES, 1);
+    if (fd >= 0 && fd < RH_MAX_FD) rh_fd_source[fd] = (unsigned char)(src + 1);
+}
+
+static void source_stat(int dirfd, const char *path, int result) {
+    int src = source_of(dirfd, path);
+    if (src < 0) return;
+    src_add(src, RH_S_STATS, 1);
+    if (result < 0) src_add(src, RH_S_STAT_FAILURES, 1);
+}
+
+static void source_io(int fd, int cls, ssize_t bytes) {
+    if (fd < 0 || fd >= RH_MAX_FD || !rh_fd_source[fd] || cls == RH_SYNC) return;
+    int src = rh_fd_source[fd] - 1;
+    src_add(src, cls == RH_READ ? RH_S_READS : RH_S_WRITES, 1);
+    if (bytes > 0) src_add(src, cls == RH_READ ? RH_S_READ_BYTES : RH_S_WRITE_BYTES, (uint64_t)bytes);
+}
+
 /* RH_IO_SHARED=<file>: every process of a tree (a converter and the worker processes it forks) adds its calls and
  * bytes to one shared record in that file, with atomic adds, so the totals survive processes that end with _exit. */
 typedef struct {
@@ -152,6 +276,7 @@ static void shared_add(int cls, uint64_t ns, ssize_t bytes, int opened) {
 
 __attribute__((constructor)) static void rh_init(void) {
     add_prefixes(getenv("RH_IO_PREFIXES"));
+    parse_sources(getenv("RH_IO_SOURCES"));
     const char *v = getenv("RH_IO_FOPEN_VIA_OPEN");
     rh_fopen_via_open = v && v[0] == '1';
     const char *shared = getenv("RH_IO_SHARED");
@@ -250,6 +375,7 @@ int open(const char *path, int flags, ...) {
     va_end(ap);
     RESOLVE(open);
     int fd = real_open(path, flags, mode);
+    source_open(AT_FDCWD, path, fd);
     track(fd, path);
     return fd;
 }
@@ -261,6 +387,7 @@ int open64(const char *path, int flags, ...) {
     va_end(ap);
     RESOLVE(open64);
     int fd = real_open64(path, flags, mode);
+    source_open(AT_FDCWD, path, fd);
     track(fd, path);
     return fd;
 }
@@ -287,6 +414,7 @@ int openat(int dirfd, const char *path, int flags, ...) {
     va_end(ap);
     RESOLVE(openat);
     int fd = real_openat(dirfd, path, flags, mode);
+    source_open(dirfd, path, fd);
     track_at(fd, dirfd, path);
     return fd;
 }
@@ -298,6 +426,7 @@ int openat64(int dirfd, const char *path, int flags, ...) {
     va_end(ap);
     RESOLVE(openat64);
     int fd = real_openat64(dirfd, path, flags, mode);
+    source_open(dirfd, path, fd);
     track_at(fd, dirfd, path);
     return fd;
 }
@@ -305,12 +434,203 @@ int openat64(int dirfd, const char *path, int flags, ...) {
 int creat(const char *path, mode_t mode) {
     RESOLVE(creat);
     int fd = real_creat(path, mode);
+    source_open(AT_FDCWD, path, fd);
     track(fd, path);
     return fd;
 }
 
 static void untrack(int fd) {
-    if (fd >= 0 && fd < RH_MAX_FD) rh_fd_file[fd] = 0;
+    if (fd >= 0 && fd < RH_MAX_FD) {
+        rh_fd_file[fd] = 0;
+        rh_fd_source[fd] = 0;
+    }
+}
+
+/* _FORTIFY_SOURCE's spellings of open without a mode (CPython's _Py_open calls __open64_2) */
+static int (*real___open_2)(const char *, int);
+static int (*real___open64_2)(const char *, int);
+static int (*real___openat_2)(int, const char *, int);
+static int (*real___openat64_2)(int, const char *, int);
+int __open_2(const char *path, int flags) {
+    RESOLVE(__open_2);
+    int fd = real___open_2(path, flags);
+    source_open(AT_FDCWD, path, fd);
+    track(fd, path);
+    return fd;
+}
+int __open64_2(const char *path, int flags) {
+    RESOLVE(__open64_2);
+    int fd = real___open64_2(path, flags);
+    source_open(AT_FDCWD, path, fd);
+    track(fd, path);
+    return fd;
+}
+int __openat_2(int dirfd, const char *path, int flags) {
+    RESOLVE(__openat_2);
+    int fd = real___openat_2(dirfd, path, flags);
+    source_open(dirfd, path, fd);
+    track_at(fd, dirfd, path);
+    return fd;
+}
+int __openat64_2(int dirfd, const char *path, int flags) {
+    RESOLVE(__openat64_2);
+    int fd = real___openat64_2(dirfd, path, flags);
+    source_open(dirfd, path, fd);
+    track_at(fd, dirfd, path);
+    return fd;
+}
+
+/* ---- metadata: the stat family, access, readlink, directory listings (sources only) ------------------------- */
+static int (*real_stat)(const char *, struct stat *);
+static int (*real_stat64)(const char *, struct stat64 *);
+static int (*real_lstat)(const char *, struct stat *);
+static int (*real_lstat64)(const char *, struct stat64 *);
+static int (*real_fstatat)(int, const char *, struct stat *, int);
+static int (*real_fstatat64)(int, const char *, struct stat64 *, int);
+static int (*real_statx)(int, const char *, int, unsigned int, struct statx *);
+static int (*real_fstat)(int, struct stat *);
+static int (*real_fstat64)(int, struct stat64 *);
+static int (*real_access)(const char *, int);
+static int (*real_faccessat)(int, const char *, int, int);
+static ssize_t (*real_readlink)(const char *, char *, size_t);
+static ssize_t (*real_readlinkat)(int, const char *, char *, size_t);
+static DIR *(*real_opendir)(const char *);
+static DIR *(*real_fdopendir)(int);
+
+#define STAT_CALL(dirfd, path, call)             \
+    do {                                         \
+        int r_ = call;                           \
+        int saved_ = errno;                      \
+        source_stat(dirfd, path, r_);            \
+        errno = saved_;                          \
+        return r_;                               \
+    } while (0)
+
+int stat(const char *path, struct stat *st) { RESOLVE(stat); STAT_CALL(AT_FDCWD, path, real_stat(path, st)); }
+int stat64(const char *path, struct stat64 *st) { RESOLVE(stat64); STAT_CALL(AT_FDCWD, path, real_stat64(path, st)); }
+int lstat(const char *path, struct stat *st) { RESOLVE(lstat); STAT_CALL(AT_FDCWD, path, real_lstat(path, st)); }
+int lstat64(const char *path, struct stat64 *st) {
+    RESOLVE(lstat64);
+    STAT_CALL(AT_FDCWD, path, real_lstat64(path, st));
+}
+/* fstatat(fd, "", AT_EMPTY_PATH) is an fstat of fd: counted under fd's source like any path relative to it */
+int fstatat(int dirfd, const char *path, struct stat *st, int flags) {
+    RESOLVE(fstatat);
+    STAT_CALL(dirfd, path, real_fstatat(dirfd, path, st, flags));
+}
+int fstatat64(int dirfd, const char *path, struct stat64 *st, int flags) {
+    RESOLVE(fstatat64);
+    STAT_CALL(dirfd, path, real_fstatat64(dirfd, path, st, flags));
+}
+int statx(int dirfd, const char *path, int flags, unsigned int mask, struct statx *st) {
+    RESOLVE(statx);
+    STAT_CALL(dirfd, path, real_statx(dirfd, path, flags, mask, st));
+}
+/* fstat of a descriptor: a metadata call of the descriptor's source (on a parallel file system it may ask the
+ * metadata service for the size); descriptors of unknown source are not counted */
+static int fstat_done(int fd, int r) {
+    if (fd >= 0 && fd < RH_MAX_FD && rh_fd_source[fd]) {
+        int saved = errno;
+        src_add(rh_fd_source[fd] - 1, RH_S_STATS, 1);
+        if (r < 0) src_add(rh_fd_source[fd] - 1, RH_S_STAT_FAILURES, 1);
+        errno = saved;
+    }
+    return r;
+}
+int fstat(int fd, struct stat *st) { RESOLVE(fstat); return fstat_done(fd, real_fstat(fd, st)); }
+int fstat64(int fd, struct stat64 *st) { RESOLVE(fstat64); return fstat_done(fd, real_fstat64(fd, st)); }
+int access(const char *path, int mode) { RESOLVE(access); STAT_CALL(AT_FDCWD, path, real_access(path, mode)); }
+int faccessat(int dirfd, const char *path, int mode, int flags) {
+    RESOLVE(faccessat);
+    STAT_CALL(dirfd, path, real_faccessat(dirfd, path, mode, flags));
+}
+ssize_t readlink(const char *path, char *buf, size_t n) {
+    RESOLVE(readlink);
+    ssize_t r = real_readlink(path, buf, n);
+    int saved = errno;
+    source_stat(AT_FDCWD, path, r < 0 ? -1 : 0);
+    errno = saved;
+    return r;
+}
+ssize_t readlinkat(int dirfd, const char *path, char *buf, size_t n) {
+    RESOLVE(readlinkat);
+    ssize_t r = real_readlinkat(dirfd, path, buf, n);
+    int saved = errno;
+    source_stat(dirfd, path, r < 0 ? -1 : 0);
+    errno = saved;
+    return r;
+}
+
+/* Binaries built against glibc < 2.33 (manylinux wheels) call the stat family through these. */
+static void *libc_versioned(const char *name) {
+    if (!rh_libc) rh_libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    static const char *versions[] = {"GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0"};
+    for (size_t i = 0; rh_libc && i < sizeof versions / sizeof *versions; i++) {
+        void *f = dlvsym(rh_libc, name, versions[i]);
+        if (f) return f;
+    }
+    return libc_symbol(name);
+}
+static int (*real___xstat)(int, const char *, struct stat *);
+static int (*real___xstat64)(int, const char *, struct stat64 *);
+static int (*real___lxstat)(int, const char *, struct stat *);
+static int (*real___lxstat64)(int, const char *, struct stat64 *);
+static int (*real___fxstatat)(int, int, const char *, struct stat *, int);
+static int (*real___fxstatat64)(int, int, const char *, struct stat64 *, int);
+#define RESOLVE_OLD(name) \
+    do { if (!real_##name) real_##name = libc_versioned(#name); } while (0)
+int __xstat(int v, const char *path, struct stat *st) {
+    RESOLVE_OLD(__xstat);
+    STAT_CALL(AT_FDCWD, path, real___xstat(v, path, st));
+}
+int __xstat64(int v, const char *path, struct stat64 *st) {
+    RESOLVE_OLD(__xstat64);
+    STAT_CALL(AT_FDCWD, path, real___xstat64(v, path, st));
+}
+int __lxstat(int v, const char *path, struct stat *st) {
+    RESOLVE_OLD(__lxstat);
+    STAT_CALL(AT_FDCWD, path, real___lxstat(v, path, st));
+}
+int __lxstat64(int v, const char *path, struct stat64 *st) {
+    RESOLVE_OLD(__lxstat64);
+    STAT_CALL(AT_FDCWD, path, real___lxstat64(v, path, st));
+}
+int __fxstatat(int v, int dirfd, const char *path, struct stat *st, int flags) {
+    RESOLVE_OLD(__fxstatat);
+    STAT_CALL(dirfd, path, real___fxstatat(v, dirfd, path, st, flags));
+}
+int __fxstatat64(int v, int dirfd, const char *path, struct stat64 *st, int flags) {
+    RESOLVE_OLD(__fxstatat64);
+    STAT_CALL(dirfd, path, real___fxstatat64(v, dirfd, path, st, flags));
+}
+
+/* A listing: opendir (its open is the listing's, not an open of a file), fdopendir of a descriptor opened earlier. */
+DIR *opendir(const char *path) {
+    RESOLVE(opendir);
+    DIR *d = real_opendir(path);
+    int saved = errno;
+    int src = source_of(AT_FDCWD, path);
+    if (src >= 0) {
+        src_add(src, RH_S_LISTINGS, 1);
+        if (d) {
+            int fd = dirfd(d);
+            if (fd >= 0 && fd < RH_MAX_FD) rh_fd_source[fd] = (unsigned char)(src + 1);
+        }
+    }
+    errno = saved;
+    return d;
+}
+DIR *fdopendir(int fd) {
+    RESOLVE(fdopendir);
+    DIR *d = real_fdopendir(fd);
+    if (fd >= 0 && fd < RH_MAX_FD && rh_fd_source[fd]) src_add(rh_fd_source[fd] - 1, RH_S_LISTINGS, 1);
+    return d;
+}
+static int (*real_closedir)(DIR *);
+int closedir(DIR *d) {
+    RESOLVE(closedir);
+    untrack(dirfd(d));
+    return real_closedir(d);
 }
 
 int close(int fd) {
@@ -351,7 +671,10 @@ static FILE *fopen_common(FILE *(*real)(const char *, const char *), const char 
         }
     }
     FILE *f = real(path, mode);
+    int saved = errno;
+    source_open(AT_FDCWD, path, f ? fileno(f) : -1);
     if (f) track(fileno(f), path);
+    errno = saved;
     return f;
 }
 
@@ -375,11 +698,18 @@ int fclose(FILE *f) {
 #define IO_CALL(cls, fd, call)                            \
     do {                                                  \
         int idx_ = file_of(fd);                           \
-        if (idx_ < 0) return call;                        \
+        if (idx_ < 0) {                                   \
+            ssize_t r_ = call;                            \
+            int saved_ = errno;                           \
+            source_io(fd, cls, r_);                       \
+            errno = saved_;                               \
+            return r_;                                    \
+        }                                                 \
         uint64_t t0_ = begin(cls);                        \
         ssize_t r_ = call;                                \
         int saved_ = errno;                               \
         end(cls, idx_, t0_, r_);                          \
+        source_io(fd, cls, r_);                           \
         errno = saved_;                                   \
         return r_;                                        \
     } while (0)
@@ -436,21 +766,31 @@ ssize_t pwritev64v2(int fd, const struct iovec *v, int c, off_t o, int f) {
 
 size_t fread(void *buf, size_t size, size_t n, FILE *f) {
     RESOLVE(fread);
-    int idx = f ? file_of(fileno(f)) : -1;
-    if (idx < 0) return real_fread(buf, size, n, f);
+    int fd = f ? fileno(f) : -1, idx = file_of(fd);
+    if (idx < 0) {
+        size_t r = real_fread(buf, size, n, f);
+        source_io(fd, RH_READ, (ssize_t)(r * size));
+        return r;
+    }
     uint64_t t0 = begin(RH_READ);
     size_t r = real_fread(buf, size, n, f);
     end(RH_READ, idx, t0, (ssize_t)(r * size));
+    source_io(fd, RH_READ, (ssize_t)(r * size));
     return r;
 }
 
 size_t fwrite(const void *buf, size_t size, size_t n, FILE *f) {
     RESOLVE(fwrite);
-    int idx = f ? file_of(fileno(f)) : -1;
-    if (idx < 0) return real_fwrite(buf, size, n, f);
+    int fd = fileno(f), idx = file_of(fd);
+    if (idx < 0) {
+        size_t r = real_fwrite(buf, size, n, f);
+        source_io(fd, RH_WRITE, (ssize_t)(r * size));
+        return r;
+    }
     uint64_t t0 = begin(RH_WRITE);
     size_t r = real_fwrite(buf, size, n, f);
     end(RH_WRITE, idx, t0, (ssize_t)(r * size));
+    source_io(fd, RH_WRITE, (ssize_t)(r * size));
     return r;
 }
 
@@ -555,7 +895,16 @@ int io_pgetevents(void *ctx, long min_nr, long nr, struct io_event *events, stru
 }
 
 /* ---- what Python reads ---------------------------------------------------------------------------------------- */
-int rh_io_version(void) { return 1; }
+int rh_io_version(void) { return 2; }
+
+/* Sources: their number, each one's name, and its counters (RH_S_FIELDS values, in the enum's order). */
+int rh_io_nsources(void) { return rh_nsrc; }
+const char *rh_io_source_name(int i) { return i >= 0 && i < rh_nsrc ? rh_src_name[i] : NULL; }
+int rh_io_source(int i, uint64_t *out) {
+    if (i < 0 || i >= rh_nsrc) return -1;
+    for (int k = 0; k < RH_S_FIELDS; k++) out[k] = __atomic_load_n(&rh_src[i][k], __ATOMIC_RELAXED);
+    return RH_S_FIELDS;
+}
 
 void rh_io_totals(rh_totals_t *out) {
     pthread_mutex_lock(&rh_lock);

@@ -23,13 +23,14 @@ from restart_harness import SOURCE_ROOT, launchers, machine, stacks, targets
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.generate.ds_config import build_ds_config, deep_merge
 from restart_harness.generate.launch import launch_script, worker_args
+from restart_harness.iocount import strace
 from restart_harness.launch import nodecheck, observe, session
 from restart_harness.plan.estimate import duration
 from restart_harness.results import finalize
 from restart_harness.results.schema import stack_engine
 from restart_harness.spec import run as resolved
 from restart_harness.spec.runspec import RunSpec
-from restart_harness.storage import baseline
+from restart_harness.storage import baseline, pagecache
 from restart_harness.storage.atomic import make_fresh_dir, write_json_atomic, write_text_atomic
 
 
@@ -109,6 +110,7 @@ def prepare(spec: RunSpec, prefix: str = "") -> resolved.ResolvedRun:
     set_status(run_dir, "running")
     target = targets.for_spec(spec).placed(run_dir)
     run = resolved.ResolvedRun(run_dir, spec, target.record(run_dir), machine.facts(target.filesystem_path()))
+    run.facts["io_sources"] = observe.sources_facts(run_dir, run.checkpoint_root)
     run.write()
     write_json_atomic(run_dir / "ds_config.json", build_ds_config(spec))
     port = spec.master_port or free_port()
@@ -146,8 +148,8 @@ def launch(run_dir: Path, record: str, timeout: int) -> dict:
             "CPUs in use by other work; timings and the prediction are suspect")
     start = time.time()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(["bash", str(run_dir / f"launch-{record}.sh")], stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        command = [*strace.wrapper(run_dir, record), "bash", str(run_dir / f"launch-{record}.sh")]
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         watchdog = _watchdog(proc.pid)
         try:
             timed_out = _follow(proc, events, record, start, timeout)
@@ -534,14 +536,24 @@ def restart(run: resolved.ResolvedRun, target, spec: RunSpec, record: str,
     if tag is None:
         raise RunFailed(f"no committed checkpoint in {target.describe()} (no 'latest'): nothing to restart from")
     load_dir = relayout.load_dir if relayout and relayout.load_dir else target.path(tag)
-    state = target.prepare_cache(load_dir, spec.cache)
+    # env_cache=warm keeps the environment's pages: the checkpoint's are then evicted file by file; env_cache=drop
+    # with cache=warm keeps the checkpoint's: the environment's likewise
+    state = target.prepare_cache(load_dir, spec.cache, per_file=spec.env_cache == "warm")
     if spec.across_nodes and state.get("method") is not None:  # a node's page cache is its own: every node's
         state = {**state, **cache_on_every_node(spec, load_dir)}
     say(f"  [{record}] page cache: asked {state['requested']}, observed {state['observed']}"
         + (f" ({state['error']})" if state["error"] else ""))
+    env_state = pagecache.environment(observe.environment_files_prefixes(run.run_dir, run.checkpoint_root),
+                                      spec.env_cache, state, per_file=spec.cache == "warm")
+    if spec.across_nodes and spec.env_cache != "auto":
+        env_state["nodes"] = "this node only"  # the other nodes' environments are as the checkpoint's step left them
+    if env_state["observed"] is not None:
+        say(f"  [{record}] environment's page cache: asked {env_state['requested']}, observed {env_state['observed']}"
+            f" ({env_state['libraries']} shared libraries, {env_state['bytes'] / 2**30:.2f} GiB)"
+            + (f" ({env_state['error']})" if env_state["error"] else ""))
     say(f"  [{record}] launching {spec.launched_ranks} fresh ranks")
     info = launch(run.run_dir, record, spec.timeout)
-    info.update(cache=state, launcher=spec.launcher, **(extra or {}))
+    info.update(cache=state, environment_cache=env_state, launcher=spec.launcher, **(extra or {}))
     _save_record(run.run_dir, info)
     if info["exit_code"] != 0:
         raise RunFailed(_failure(run.run_dir, info))

@@ -56,7 +56,7 @@ def _rank(rank: int, ranks: int, start: float, argv: list[str]) -> int:
                       CROSS_RANK="0", CROSS_SIZE="1")
     from restart_harness.worker.main import main as worker_main
 
-    return worker_main(start, argv)
+    return worker_main(start, argv, forked=True)  # rank 0's imports phase counts this process's I/O
 
 
 def main(argv: list[str]) -> int:

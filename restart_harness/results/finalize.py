@@ -8,11 +8,12 @@ import time
 from pathlib import Path
 
 from restart_harness import targets
-from restart_harness.results import efficiency
+from restart_harness.results import efficiency, io_sources
 from restart_harness.results import events as ev
 from restart_harness.results import inventory as inv
 from restart_harness.results import prediction
 from restart_harness.results import summary as sm
+from restart_harness.results.schema import RESTART_PHASES
 from restart_harness.spec import run as resolved
 from restart_harness.storage.atomic import write_json_atomic
 
@@ -70,6 +71,7 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
         r["storage_requests"] = target.requests(run_dir / "logs" / "client" / info["record"])
         r["incomplete_uploads"] = info.get("incomplete_uploads")
         r["integrity"] = info.get("integrity")  # the committed files' checksums, read back before the launch
+        r["io_sources"] = io_sources.by_phase(record, RESTART_PHASES, run.facts.get("io_sources"))
         restarts.append(r)
     sm.loss_continuity(restarts)
     unverified = [r for r in restarts if not r["verified"]]

@@ -70,6 +70,23 @@ MEMORY_PHASES_CHECKPOINT = (*RESTART_PHASES[:4], ("training", "engine_initialize
 # emulate=true builds no model and trains nothing: after start-up the checkpoint phase only writes the files
 MEMORY_PHASES_EMULATED = (*RESTART_PHASES[:2], ("save", "engine_initialized", "finished"))
 
+# A phase's I/O by source (docs/measurements.md#io-by-source): each mark carries, under `io`, what the phase it ends
+# did (worker/io_sources.py). Every path a rank opens, stats or lists is in the source whose prefix is the longest to
+# match it (launch/observe.py names the prefixes; spec.json's io_sources records them with their file systems).
+IO_SOURCES = ("environment", "extension_cache", "checkpoint", "run_dir", "system", "pseudo", "other")
+# per source: rhio.c's counters (calls the process made through libc), then the files the dynamic loader mapped
+IO_SOURCE_FIELDS = ("opens", "open_failures", "metadata_calls", "metadata_failures", "listings", "reads", "read_bytes",
+                    "writes", "write_bytes", "mapped_files", "mapped_bytes")
+# per process, from the kernel (/proc/self/io, getrusage): what the storage delivered, whatever the source
+IO_KERNEL_FIELDS = ("storage_read_bytes", "storage_write_bytes", "read_chars", "read_syscalls", "major_faults")
+# what a parallel file system's metadata service serves: every open (failed ones too), stat-family call and listing
+IO_METADATA_FIELDS = ("opens", "open_failures", "metadata_calls", "listings")
+
+
+def io_metadata_ops(counts: dict) -> int:
+    """Metadata operations of one source's counts (IO_METADATA_FIELDS summed)."""
+    return sum(counts.get(k) or 0 for k in IO_METADATA_FIELDS)
+
 # The anatomy of a load and of a save (restart_harness/worker/anatomy.py defines each category).
 LOAD_CATEGORIES = ("read", "deserialize", "copy", "wait", "other")
 SAVE_CATEGORIES = ("serialize", "write", "fsync", "wait", "other")
@@ -84,11 +101,12 @@ STORAGE_REQUEST_FIELDS = ("requests", "failed_requests", "throttled_requests", "
 # The spec fields that make two runs repeats of one configuration (seed, paths, ports and timeouts do not), and
 # where else a configuration can differ: another machine or another file system.
 CONFIG_FIELDS = ("model", "shape", "shrink", "stack", "precision", "tp", "pp", "dp", "zero", "nodes",
-                 "ranks_per_node", "replicate", "engine", "engine_options", "device", "launcher", "cache", "iters",
+                 "ranks_per_node", "replicate", "engine", "engine_options", "device", "launcher", "cache", "env_cache",
+                 "iters",
                  "save_interval", "after", "micro_batch", "grad_accum", "seq_len", "anatomy", "trace", "emulate",
                  "subset")
 # What a field of CONFIG_FIELDS was before the harness recorded it (spec.json of older runs)
-CONFIG_DEFAULTS = {"zero": 1, "emulate": False, "subset": False}
+CONFIG_DEFAULTS = {"zero": 1, "emulate": False, "subset": False, "env_cache": "auto"}
 PLACE_FIELDS = (("host", "hostname"), ("checkpoint_filesystem", "mount"), ("checkpoint_filesystem", "type"),
                 ("checkpoint_object_store", "endpoint_url"))  # s3:// runs: never pooled with file-system runs
 

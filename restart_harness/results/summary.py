@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from restart_harness.results import breakdown, placement, save_memory, trace, training_cost
+from restart_harness.results import breakdown, io_sources, placement, save_memory, trace, training_cost
 from restart_harness.results import events as ev
 from restart_harness.results.schema import (
     MEMORY_PHASES_CHECKPOINT,
@@ -209,6 +209,7 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         "verified_tensors": sum(v["tensors"] for v in verifies if v),
         "differing": differing[:100],
         "cache": cache,
+        "environment_cache": launch.get("environment_cache"),  # env_cache= (storage/pagecache.py environment())
         **_load_figures(record, name, load_bytes, load_s, phases, launch),
         "exit_code": launch.get("exit_code"),
         "machine_load": launch.get("machine_load"),
@@ -265,6 +266,9 @@ def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict |
         "throughput_mib_s": loaded["throughput_mib_s"] if loaded else None,
         "placement": placement.placement(checkpoint_record),
         "trace": trace.summarize(run_dir / "traces" / "checkpoint", checkpoint_record, list(MEMORY_PHASES_CHECKPOINT)),
+        # the phase's I/O by source, start-up and training with its saves (results/io_sources.py)
+        "io_sources": io_sources.by_phase(checkpoint_record, MEMORY_PHASES_EMULATED if spec.get("emulate")
+                                          else MEMORY_PHASES_CHECKPOINT, spec.get("io_sources")),
     }
     return {
         "schema_version": SCHEMA_VERSION,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from restart_harness.results import placement, save_memory
-from restart_harness.results.schema import LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES
+from restart_harness.results.schema import LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES, io_metadata_ops
 
 
 def _s(value: float | None) -> str:
@@ -97,9 +97,12 @@ def render(summary: dict) -> str:
                                          f"{loaded.get('tag')}{read}"))
         until = "checkpoint loaded" if spec.get("emulate") else "first step done"
         latest = f" (latest of {len(restarts)})" if len(restarts) > 1 else ""
+        env = (rs.get("environment_cache") or {}).get("observed")
         rows.append(("restart", f"{rs['record']}{latest}: {_s(rs['total_seconds'])} process start -> {until} "
-                                f"(+{_s(rs['launch_seconds'])} launcher); cache {c.get('observed', '-')}"))
+                                f"(+{_s(rs['launch_seconds'])} launcher); cache {c.get('observed', '-')}"
+                                + (f", environment {env}" if env else "")))
         rows.append(("phases", "  ".join(f"{k} {v:.2f}" for k, v in rs["phases"].items())))
+        rows += _io_rows(rs.get("io_sources"))
         sr = (rs.get("load_breakdown") or {}).get("storage_read")
         if rs.get("load_throughput_mib_s"):
             rows.append(("load", f"{_s(rs['load_seconds'])} waited for ({rs['load_throughput_mib_s']:,.1f} MiB/s)"
@@ -186,6 +189,34 @@ def _memory_rows(ck: dict, steps: dict | None) -> list[tuple[str, str]]:
                                       + ("; training grows too: compare engine=none's training.rss_growth before "
                                          "blaming the engine" if g["growing"] and steps else "")))
     return rows
+
+
+def _io_rows(io: dict | None) -> list[tuple[str, str]]:
+    """The restart's I/O besides the checkpoint's, per rank (results/io_sources.py), and where imports' comes from."""
+    if not io or not io.get("ranks"):
+        return []
+    n, total, kernel = io["ranks"], io["total"]["sources"], io["total"].get("kernel") or {}
+    delivered = (f"storage delivered {kernel['storage_read_bytes'] / n / MIB:,.1f} MiB, "
+                 f"{kernel.get('major_faults', 0) / n:,.0f} major faults" if "storage_read_bytes" in kernel else "")
+    if not io.get("by_source", True):
+        return [("restart I/O", f"per rank {delivered or 'not measured'}; by source not counted (anatomy=false)")]
+    rest = [c for name, c in total.items() if name != "checkpoint"]
+    libraries = [c for name, c in total.items() if name not in ("checkpoint", "pseudo")]  # not /dev/shm segments
+    ops = sum(io_metadata_ops(c) for c in rest) / n
+    read = sum(c.get("read_bytes", 0) for c in rest) / n
+    mapped = sum(c.get("mapped_bytes", 0) for c in libraries) / n
+    ckpt = total.get("checkpoint", {})
+    text = (f"per rank {ops:,.0f} metadata ops ({sum(c.get('opens', 0) for c in rest) / n:,.0f} opens), "
+            f"{read / MIB:,.1f} MiB read and {mapped / MIB:,.0f} MiB of libraries mapped besides the checkpoint's "
+            f"{io_metadata_ops(ckpt) / n:,.0f} ops and {ckpt.get('read_bytes', 0) / n / MIB:,.2f} MiB")
+    imports = (io["phases"].get("imports") or {}).get("sources") or {}
+    if imports:
+        ops_by = {name: io_metadata_ops(c) for name, c in imports.items()}
+        top = max(ops_by, key=ops_by.get)
+        fs = io.get("filesystems", {}).get(top)
+        text += (f"; imports {sum(ops_by.values()) / n:,.0f} ops, {ops_by[top] / max(1, sum(ops_by.values())):.0%} "
+                 f"in {top}" + (f" ({fs})" if fs else ""))
+    return [("restart I/O", text + (f"; {delivered}" if delivered else ""))]
 
 
 def _node_rows(name: str, phase: dict, seconds: str, nbytes: str, verb: str) -> list[tuple[str, str]]:

@@ -19,7 +19,7 @@ from restart_harness.spec.runspec import RunSpec
 
 SPEC_FILE = "spec.json"
 # Fields spec.json holds beside the RunSpec's own: host and software facts, and the target's record.
-FACT_FIELDS = ("versions", "host", "checkpoint_filesystem")
+FACT_FIELDS = ("versions", "host", "checkpoint_filesystem", "io_sources")
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,8 @@ class ResolvedRun:
     run_dir: Path
     spec: RunSpec
     target: dict  # the storage target's record (targets/): its name, where the checkpoints are, its settings
-    facts: dict = field(default_factory=dict)  # versions, host, checkpoint_filesystem (machine.py)
+    # versions, host, checkpoint_filesystem (machine.py); io_sources (launch/observe.py)
+    facts: dict = field(default_factory=dict)
     record: str | None = None  # the restart record whose own spec this is (a restart at another layout), or None
 
     @property

@@ -71,6 +71,11 @@ class RunSpec:
                       group="checkpoint")
     cache: str = key("drop", "page cache before the restart: drop = evict the checkpoint's pages, warm = leave "
                              "them", group="checkpoint", choices=("drop", "warm"), restart=True)
+    env_cache: str = key("auto", "page cache of the Python environment and the extension cache before the restart: "
+                                 "drop = evict them too (a replacement node's cold start), warm = keep them resident "
+                                 "(the checkpoint's eviction is then file by file), auto = as the checkpoint's cache "
+                                 "step leaves them (cache=drop as root evicts every clean page)", group="checkpoint",
+                         choices=("auto", "drop", "warm"), restart=True)
     ckpt_dir: Path | None = key(None, "where checkpoints go: a parallel file system, or s3://bucket/prefix "
                                       "(engine=default or dcp; docs/s3.md); default <run dir>/checkpoint",
                                 group="checkpoint", sweep=False)

@@ -1,5 +1,6 @@
 """Evict checkpoint files from the page cache before a restart, and check what actually happened by
-reading back page residency with mincore(2)."""
+reading back page residency with mincore(2); the same for the Python environment and the extension cache
+(`env_cache=`: environment())."""
 
 from __future__ import annotations
 
@@ -65,31 +66,102 @@ def not_applicable(requested: str, why: str) -> dict:
             "resident_bytes_after": None, "observed": "not applicable", "why": why}
 
 
-def prepare(files: list[Path], requested: str) -> dict:
-    """Make the cache state `requested` (drop | warm) for files; report what was tried and observed."""
+def _evict(files: list[Path], record: dict, per_file: bool) -> None:
+    """drop_caches (every clean page and the dentry and inode caches: as on a node that just booted) where allowed
+    and not `per_file`, else posix_fadvise(DONTNEED) on each file (its pages only); the method and errors go in
+    record."""
+    if not per_file:
+        try:
+            _drop_caches()
+            record["method"] = "drop_caches"
+            return
+        except OSError as exc:
+            record["error"] = f"drop_caches: {exc.strerror or exc}"
+    try:
+        _fadvise_dontneed(files)
+        record["method"] = "posix_fadvise_dontneed"
+    except OSError as exc2:
+        record["error"] = "; ".join(filter(None, (record["error"], f"posix_fadvise: {exc2.strerror or exc2}")))
+
+
+def _observed(after: int, total: int) -> str:
+    if after == 0:
+        return "cold"
+    if after >= total:
+        return "warm"
+    return f"partial ({after / total:.1%} resident)"
+
+
+def prepare(files: list[Path], requested: str, per_file: bool = False) -> dict:
+    """Make the cache state `requested` (drop | warm) for files; report what was tried and observed. `per_file`:
+    evict these files only, never the whole cache (env_cache=warm keeps the environment's pages)."""
     total = sum(f.stat().st_size for f in files)
     before = resident_total(files)
     record = {"requested": requested, "method": None, "error": None, "bytes": total,
               "resident_bytes_before": before}
     if requested == "drop":
-        try:
-            _drop_caches()
-            record["method"] = "drop_caches"
-        except OSError as exc:
-            record["error"] = f"drop_caches: {exc.strerror or exc}"
-            try:
-                _fadvise_dontneed(files)
-                record["method"] = "posix_fadvise_dontneed"
-            except OSError as exc2:
-                record["error"] += f"; posix_fadvise: {exc2.strerror or exc2}"
+        _evict(files, record, per_file)
     after = resident_total(files)
     record["resident_bytes_after"] = after
-    if after == 0:
-        record["observed"] = "cold"
-    elif after >= total:
-        record["observed"] = "warm"
+    record["observed"] = _observed(after, total)
+    return record
+
+
+def _files(prefixes: list[str]) -> list[Path]:
+    """Every regular file under the prefixes (folders; a prefix that is a file is itself), each once."""
+    seen: set[str] = set()
+    out: list[Path] = []
+    for prefix in prefixes:
+        walk = [(prefix, [], [])] if os.path.isfile(prefix) else os.walk(prefix)
+        for folder, _, names in walk:
+            for name in names or [""]:
+                path = os.path.realpath(os.path.join(folder, name)) if name else os.path.realpath(folder)
+                if path not in seen and os.path.isfile(path):
+                    seen.add(path)
+                    out.append(Path(path))
+    return out
+
+
+def _is_library(path: Path) -> bool:
+    return path.name.endswith(".so") or ".so." in path.name
+
+
+def _read_all(files: list[Path]) -> None:
+    buf = bytearray(4 << 20)
+    for path in files:
+        try:
+            with open(path, "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+        except OSError:
+            continue
+
+
+def environment(prefixes: list[str], requested: str, checkpoint: dict, per_file: bool = False) -> dict:
+    """The page-cache step of the Python environment and the extension cache (env_cache=): drop evicts their files
+    (with drop_caches unless `per_file`: cache=warm keeps the checkpoint's pages), warm reads them all into the
+    cache, auto does nothing of its own and says what the checkpoint's step did to them. Observed on their shared
+    libraries (most of their bytes: torch's among them), with mincore; `checkpoint`: that step's record."""
+    if requested == "auto":
+        evicted = checkpoint.get("method") == "drop_caches"
+        return {"requested": "auto", "method": "drop_caches (the checkpoint's cache step)" if evicted else None,
+                "error": None, "bytes": None, "resident_bytes_before": None, "resident_bytes_after": None,
+                "observed": None, "why": "env_cache=auto: not observed; " + (
+                    "cache=drop's drop_caches evicted every clean page, the environment's too" if evicted
+                    else "the environment's pages were left as they were")}
+    files = _files(prefixes)
+    libraries = [f for f in files if _is_library(f)]
+    total = sum(f.stat().st_size for f in libraries)
+    record = {"requested": requested, "method": None, "error": None, "files": len(files), "libraries": len(libraries),
+              "bytes": total, "resident_bytes_before": resident_total(libraries)}
+    if requested == "drop":
+        _evict(files, record, per_file)
     else:
-        record["observed"] = f"partial ({after / total:.1%} resident)"
+        _read_all(files)
+        record["method"] = "read"
+    after = resident_total(libraries)
+    record["resident_bytes_after"] = after
+    record["observed"] = _observed(after, total)
     return record
 
 

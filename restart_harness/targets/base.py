@@ -164,9 +164,10 @@ class Target(ABC):
         """Delete the run's checkpoints (keep=false); says what was deleted."""
 
     @abstractmethod
-    def prepare_cache(self, tag_dir: Path, requested: str) -> dict:
+    def prepare_cache(self, tag_dir: Path, requested: str, per_file: bool = False) -> dict:
         """Make the page-cache state `requested` (drop | warm) for what a restart will read under tag_dir, and
-        record what was observed (storage/pagecache.py's record)."""
+        record what was observed (storage/pagecache.py's record); `per_file`: evict only those files, never the
+        whole cache (env_cache=warm)."""
 
     def explain_save_failure(self, exc: BaseException, tag: str) -> BaseException:
         """A save's exception, reworded where the storage knows the real cause (a full disk)."""

@@ -127,8 +127,8 @@ class FileSystemTarget(Target):
             shutil.rmtree(self.root)
         return str(self.root)
 
-    def prepare_cache(self, tag_dir: Path, requested: str) -> dict:
-        return pagecache.prepare(files_under(tag_dir), requested)
+    def prepare_cache(self, tag_dir: Path, requested: str, per_file: bool = False) -> dict:
+        return pagecache.prepare(files_under(tag_dir), requested, per_file)
 
     def explain_save_failure(self, exc: BaseException, tag: str) -> BaseException:
         """torch.save reports a full disk as 'unexpected pos ...' from its zip writer: name the real cause."""

@@ -482,7 +482,7 @@ class S3Target(Target):
             shutil.rmtree(self.root)
         return f"{count} objects under {self.url}"
 
-    def prepare_cache(self, tag_dir: Path, requested: str) -> dict:
+    def prepare_cache(self, tag_dir: Path, requested: str, per_file: bool = False) -> dict:
         return pagecache.not_applicable(requested, "object storage: the restart reads over the network")
 
     def explain_save_failure(self, exc: BaseException, tag: str) -> BaseException:

@@ -12,11 +12,12 @@ from restart_harness.results.schema import Event, Mark
 
 
 class EventLog:
-    def __init__(self, path: Path, rank: int, peak_memory=None):
+    def __init__(self, path: Path, rank: int, probes=()):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
-        # () -> {name: bytes}: memory high-water marks since the previous call (worker/main.py); None: not recorded
-        self.peak_memory = peak_memory
+        # () -> {field: value}: what a phase did since the previous call (worker/memory.py's high-water marks,
+        # worker/io_sources.py's I/O), merged into the mark that ends it
+        self.probes = tuple(probes)
         # Kept open for the life of the rank, line-buffered: the launcher follows progress live.
         self._file = open(path, "a", buffering=1)  # noqa: SIM115
 
@@ -24,12 +25,20 @@ class EventLog:
         record = {"t": time.time() if t is None else t, "rank": self.rank, "event": event.kind, **event.fields()}
         self._file.write(json.dumps(record, sort_keys=False) + "\n")
 
-    def mark(self, name: str, t: float | None = None, memory: dict | None = None) -> None:
-        """A milestone (process_start, imports_done, dist_init_done, ...), with the memory high-water marks of the
-        phase it ends (since the previous mark; `memory`: read earlier, for a mark recorded after the fact)."""
-        if memory is None:
-            memory = self.peak_memory() if self.peak_memory else {}
-        self.emit(Mark(name, extra=memory), t=t)
+    def phase_fields(self) -> dict:
+        """The probes' figures for the phase since the previous call (or mark)."""
+        out: dict = {}
+        for probe in self.probes:
+            out.update(probe())
+        return out
+
+    def mark(self, name: str, t: float | None = None, fields: dict | None = None) -> None:
+        """A milestone (process_start, imports_done, dist_init_done, ...), with the memory high-water marks and the
+        I/O of the phase it ends (since the previous mark; `fields`: phase_fields() read earlier, for a mark
+        recorded after the fact). process_start carries none: the first phase's figures start at exec."""
+        if fields is None:
+            fields = self.phase_fields() if name != "process_start" else {}
+        self.emit(Mark(name, extra=fields), t=t)
 
     def close(self) -> None:
         self._file.flush()

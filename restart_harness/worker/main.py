@@ -20,6 +20,7 @@ from restart_harness.spec import run as resolved
 from restart_harness.targets.base import PER_RANK_DIRS
 from restart_harness.worker.anatomy import Anatomy
 from restart_harness.worker.eventlog import EventLog
+from restart_harness.worker.io_sources import IOProbe
 from restart_harness.worker.manager import CheckpointManager
 from restart_harness.worker.memory import MemoryProbe
 from third_party import dftracer_compat
@@ -46,14 +47,16 @@ class RankJob:
         return cls(**vars(p.parse_args(argv)))
 
 
-def main(process_start: float, argv=None) -> int:
+def main(process_start: float, argv=None, forked: bool = False) -> int:
+    """One rank; `forked`: forked from a process that imported for it (launcher=prefork: worker/io_sources.py)."""
     job = RankJob.parse(argv)
     rank = int(os.environ.get("RANK", "0"))
     for name in os.environ.get(PER_RANK_DIRS, "").split():  # a storage client's log: one folder per rank
         if os.environ.get(name):
             os.environ[name] = str(Path(os.environ[name]) / f"rank-{rank:05d}")
     memory = MemoryProbe()
-    log = EventLog(job.run_dir / "events" / job.record / f"rank-{rank:05d}.jsonl", rank, memory.phase_peaks)
+    log = EventLog(job.run_dir / "events" / job.record / f"rank-{rank:05d}.jsonl", rank,
+                   (memory.phase_peaks, IOProbe(forked, owns=os.environ.get("LOCAL_RANK") == "0").phase))
     node = os.environ.get("CROSS_RANK")
     log.emit(Process(os.getpid(), socket.gethostname(), int(node) if node and node.isdigit() else None))
     log.mark("process_start", t=process_start)

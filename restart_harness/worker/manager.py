@@ -256,10 +256,11 @@ class CheckpointManager:
     def load(self, tag: str | None = None) -> tuple[str, dict]:
         """The restart's checkpoint_load phase: the stack's load (and the device work it queued) inside the anatomy
         window, whose own start and end the phase's marks carry; the ranks open it after one barrier (waiting for the
-        slowest rank's initialization is engine_init's); the memory of engine_init is read before the window opens. With anatomy=false (no window record) the start is taken here: a mark stamped afterwards
-        would put the whole load into engine_init. Loads `tag`, else the one `latest` names (none is an error,
+        slowest rank's initialization is engine_init's); the memory and I/O of engine_init are read before the
+        barrier. With anatomy=false (no window record) the start is taken here: a mark stamped afterwards would put
+        the whole load into engine_init. Loads `tag`, else the one `latest` names (none is an error,
         never a silent no-op); returns it and the client state saved with it."""
-        engine_init_memory = self.memory.phase_peaks() if self.memory else {}
+        engine_init = self.log.phase_fields()  # memory and I/O of engine_init, read before the load's barrier
         self.stack.barrier()  # every rank starts the load clock together: one rank's slower start is not load time
         load_start = time.time()
         self._untimed = 0.0
@@ -272,7 +273,7 @@ class CheckpointManager:
             breakdown = window.close()
         load_end = time.time()
         self.log.mark("engine_initialized", t=breakdown["start"] if breakdown else load_start,
-                      memory=engine_init_memory)
+                      fields=engine_init)
         self.log.mark("checkpoint_loaded", t=breakdown["end"] if breakdown else None)
         self.log.emit(Loaded(tag, [{"path": p, "seconds": s} for p, s in self.recorder.loaded], load_start, load_end,
                              self.recorder.io.load_statistics()))

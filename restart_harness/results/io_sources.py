@@ -1,0 +1,119 @@
+"""A phase's I/O by source, from the ranks' marks into summary.json: per phase, per source (the Python environment,
+the extension cache, the checkpoint, ...), opens, metadata calls, listings, reads, writes and the files the dynamic
+loader mapped, and the kernel's own per-process figures (what the storage delivered, major faults); summed over the
+ranks. worker/io_sources.py measures them; docs/measurements.md#io-by-source defines each."""
+
+from __future__ import annotations
+
+from restart_harness.results.schema import IO_KERNEL_FIELDS, IO_SOURCE_FIELDS, IO_SOURCES
+
+
+def _add(into: dict[str, int], counts: dict) -> None:
+    for k, v in counts.items():
+        if isinstance(v, int) and not isinstance(v, bool):
+            into[k] = into.get(k, 0) + v
+
+
+def _ordered(per_source: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    names = [*(n for n in IO_SOURCES if n in per_source), *(n for n in per_source if n not in IO_SOURCES)]
+    return {n: {k: per_source[n][k] for k in IO_SOURCE_FIELDS if per_source[n].get(k)} for n in names
+            if any(per_source[n].values())}
+
+
+def by_phase(record: dict[int, list[dict]], phases: tuple, facts: dict | None) -> dict | None:
+    """Per phase (name, start mark, end mark): the I/O each source saw, summed over the ranks that recorded it, and
+    `total` over the phases given; each source's file system from spec.json's io_sources. None when no mark of the
+    record carries I/O (one recorded before 2026-11-26); without the preloaded counters (anatomy=false) the kernel's
+    figures only, `by_source` false."""
+    out: dict[str, dict] = {}
+    total: dict = {"sources": {}, "kernel": {}}
+    ranks: set[int] = set()
+    by_source = False
+    for name, start_mark, end_mark in phases:
+        sources: dict[str, dict[str, int]] = {}
+        kernel: dict[str, int] = {}
+        seen = False
+        for rank, evs in sorted(record.items()):
+            marks = {e["name"]: e for e in evs if e["event"] == "mark"}
+            if start_mark not in marks or end_mark not in marks or "io" not in marks[end_mark]:
+                continue
+            io = marks[end_mark]["io"]
+            seen = True
+            ranks.add(rank)
+            by_source = by_source or "sources" in io
+            for source, counts in (io.get("sources") or {}).items():
+                _add(sources.setdefault(source, {}), counts)
+                _add(total["sources"].setdefault(source, {}), counts)
+            _add(kernel, io.get("kernel") or {})
+            _add(total["kernel"], io.get("kernel") or {})
+        if seen:
+            out[name] = {"sources": _ordered(sources), "kernel": {k: kernel[k] for k in IO_KERNEL_FIELDS if k in kernel}}
+    if not out:
+        return None
+    filesystems = {}
+    for source, fact in (facts or {}).items():
+        fs = fact.get("filesystem") if isinstance(fact, dict) else None
+        if fs:
+            filesystems[source] = f"{fs.get('type')} on {fs.get('mount')}"
+    return {
+        "ranks": len(ranks),
+        # false without the preloaded counters (anatomy=false, trace=false): the kernel's figures only
+        "by_source": by_source,
+        "phases": out,
+        "total": {"sources": _ordered(total["sources"]),
+                  "kernel": {k: total["kernel"][k] for k in IO_KERNEL_FIELDS if k in total["kernel"]}},
+        "filesystems": filesystems,
+    }
+
+
+def table(io: dict) -> str:
+    """A restart's (or phase's) io_sources as text, per rank: phase by phase, each source's operations and bytes."""
+    n = io["ranks"] or 1
+    lines = [f"{'phase':<16}{'source':<16}{'opens':>9}{'failed':>8}{'metadata':>10}{'listings':>9}{'MiB read':>10}"
+             f"{'mapped':>8}{'MiB mapped':>11}   (per rank, {io['ranks']} ranks)"]
+    for phase, figures in [*io["phases"].items(), ("total", io["total"])]:
+        for source, c in figures["sources"].items():
+            lines.append(f"{phase:<16}{source:<16}{c.get('opens', 0) / n:>9,.0f}{c.get('open_failures', 0) / n:>8,.0f}"
+                         f"{c.get('metadata_calls', 0) / n:>10,.0f}{c.get('listings', 0) / n:>9,.0f}"
+                         f"{c.get('read_bytes', 0) / n / 2**20:>10,.2f}{c.get('mapped_files', 0) / n:>8,.0f}"
+                         f"{c.get('mapped_bytes', 0) / n / 2**20:>11,.1f}")
+        k = figures.get("kernel") or {}
+        if k:
+            lines.append(f"{phase:<16}{'(kernel)':<16}storage delivered {k.get('storage_read_bytes', 0) / n / 2**20:,.2f} "
+                         f"MiB, {k.get('major_faults', 0) / n:,.0f} major faults, read calls "
+                         f"{k.get('read_chars', 0) / n / 2**20:,.2f} MiB")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m restart_harness.results.io_sources RUN_DIR [RECORD]`: a restart's I/O by phase and source (the
+    latest restart; RECORD: restart-NN, or `checkpoint`)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    args = sys.argv[1:] if argv is None else argv
+    if not args or len(args) > 2:
+        print("usage: python -m restart_harness.results.io_sources RUN_DIR [RECORD]", file=sys.stderr)
+        return 2
+    try:
+        summary = json.loads((Path(args[0]) / "summary.json").read_text())
+    except (OSError, ValueError) as exc:
+        print(f"error: no readable summary.json in {args[0]}: {exc}", file=sys.stderr)
+        return 2
+    record = args[1] if len(args) == 2 else None
+    if record == "checkpoint":
+        io = (summary.get("checkpoint") or {}).get("io_sources")
+    else:
+        found = [r for r in summary.get("restarts") or [] if record in (None, r.get("record"))]
+        io = found[-1].get("io_sources") if found else None
+    if not io:
+        print(f"error: {args[0]} has no I/O by source for {record or 'its latest restart'} (recorded from 2026-11-26 "
+              "with anatomy=true or trace=true)", file=sys.stderr)
+        return 2
+    print(table(io))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,123 @@
+"""A rank's I/O by source, phase by phase: at each mark, what the phase it ends opened, stat-ed, listed, read and
+wrote in each source (the Python environment, the extension cache, the checkpoint, ...), what the dynamic loader
+mapped, and what the kernel says the storage delivered. docs/measurements.md#io-by-source defines every figure.
+
+- The call counters are rhio.c's (preloaded with anatomy=true or trace=true): calls made through libc by any code in
+  the process (Python's imports, DeepSpeed's op loader, the engines).
+- The dynamic loader opens and maps shared libraries with its own system calls, which no preloaded library sees:
+  the files newly mapped (/proc/self/maps) are counted as `mapped_files` and their mapped extent as `mapped_bytes`.
+- The kernel's per-process counters (/proc/self/io, getrusage) cover everything, mapped pages included: the bytes
+  the storage delivered (`storage_read_bytes`: page-cache misses; 0 on a warm cache) and major page faults.
+
+The first phase (imports) starts at the process's exec: every counter starts at zero there. Reading /proc/self/maps
+and /proc/self/io is this probe's own I/O: two opens and their reads a mark, in `pseudo`.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+
+from restart_harness import iocount
+
+_KERNEL_FILE = {"read_bytes": "storage_read_bytes", "write_bytes": "storage_write_bytes", "rchar": "read_chars",
+                "syscr": "read_syscalls"}
+
+
+def _kernel() -> dict[str, int]:
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/self/io") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in _KERNEL_FILE:
+                    out[_KERNEL_FILE[key]] = int(value)
+    except OSError:  # a kernel without task I/O accounting: those figures are absent, not zero
+        pass
+    out["major_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    return out
+
+
+def _mapped() -> dict[str, int]:
+    """File-backed mappings of this process: path -> bytes mapped."""
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) < 6 or parts[4] == "0" or not parts[5].startswith("/"):
+                    continue
+                start, end = (int(x, 16) for x in parts[0].split("-"))
+                path = parts[5].rstrip("\n").removesuffix(" (deleted)")
+                out[path] = out.get(path, 0) + end - start
+    except OSError:
+        pass
+    return out
+
+
+def _parent_kernel() -> dict[str, int]:
+    """The forking process's kernel figures, read from /proc/<parent>/ (a forked rank's own start at zero)."""
+    parent = os.getppid()
+    out: dict[str, int] = {}
+    try:
+        with open(f"/proc/{parent}/io") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in _KERNEL_FILE:
+                    out[_KERNEL_FILE[key]] = int(value)
+        with open(f"/proc/{parent}/stat") as f:
+            out["major_faults"] = int(f.read().rsplit(")", 1)[1].split()[9])  # field 12, majflt
+    except (OSError, IndexError, ValueError):
+        pass
+    return out
+
+
+class IOProbe:
+    """phase(): the `io` field of a mark, the difference since the previous call (since exec for the first).
+
+    A rank forked from a process that imported for it (launcher=prefork: `forked`) inherits that process's counters
+    and mappings, while the kernel's counters of a new process start at zero: what it holds when the probe starts is
+    its baseline, and the rank that `owns` the forking process's figures (its local rank 0) adds them, and that
+    process's kernel figures, to its first phase, so that summed over the ranks the node's one import counts once."""
+
+    def __init__(self, forked: bool = False, owns: bool = False):
+        self.counters = iocount.Counters()
+        self.table = iocount.SourceTable.parse(os.environ.get(iocount.ENV_SOURCES, ""))
+        self.by_source = self.counters.sources_available and bool(self.table)
+        self._sources: dict[str, dict[str, int]] = {}
+        self._kernel: dict[str, int] = {}
+        self._mapped: dict[str, int] = {}
+        self._carried: dict | None = None
+        if forked:
+            self._sources = (self.counters.sources() if self.by_source else None) or {}
+            self._mapped = _mapped() if self.by_source else {}
+            if owns:
+                self._carried = {"sources": self._sources, "mapped": self._mapped, "kernel": _parent_kernel()}
+
+    def phase(self) -> dict:
+        kernel, sources = _kernel(), self.counters.sources() if self.by_source else None
+        out: dict = {"kernel": {k: v - self._kernel.get(k, 0) for k, v in kernel.items()}}
+        self._kernel = kernel
+        carried, self._carried = self._carried, None
+        if carried:  # the forking process's own I/O, from its exec to the fork (major faults: getrusage's own)
+            for k, v in carried["kernel"].items():
+                out["kernel"][k] = out["kernel"].get(k, 0) + v
+        if sources is not None:
+            per: dict[str, dict[str, int]] = {}
+            for name, counts in sources.items():
+                before = self._sources.get(name, {})
+                per[name] = {k: v - before.get(k, 0) for k, v in counts.items()}
+                for k, v in ((carried or {}).get("sources") or {}).get(name, {}).items():
+                    per[name][k] += v
+            self._sources = sources
+            mapped = _mapped()
+            new = {path: size for path, size in mapped.items() if path not in self._mapped}
+            new.update({path: size for path, size in ((carried or {}).get("mapped") or {}).items()})
+            for path, size in new.items():
+                entry = per.setdefault(self.table.source_of(path), dict.fromkeys(iocount.SOURCE_COUNTERS, 0))
+                entry["mapped_files"] = entry.get("mapped_files", 0) + 1
+                entry["mapped_bytes"] = entry.get("mapped_bytes", 0) + size
+            self._mapped = mapped
+            out["sources"] = {name: {k: v for k, v in counts.items() if v}
+                              for name, counts in per.items() if any(counts.values())}
+        return {"io": out}

@@ -1,0 +1,126 @@
+"""A restart's I/O by source (rhio.c's source counters, worker/io_sources.py, results/io_sources.py): each path in
+the source its prefix says, on a preloaded child; the spine run's restart reading its imports from the Python
+environment and its checkpoint only while loading; and the counters checked against the kernel's own view of a real
+restart, taken with strace (iocount/strace.py). Every run-table case's figures: tests/test_runs.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, copy_run, load_summary, require_tool
+
+from restart_harness import iocount
+from restart_harness.iocount import strace
+from restart_harness.results import terminal
+from restart_harness.results.schema import io_metadata_ops
+
+CHILD = r"""
+import json, os, sys
+from restart_harness import iocount
+c = iocount.Counters()
+root = sys.argv[1]
+def step(name, action):
+    before = c.sources()
+    action()
+    after = c.sources()
+    out[name] = {s: {k: after[s][k] - before[s][k] for k in after[s] if after[s][k] != before[s][k]} for s in after}
+    out[name] = {s: d for s, d in out[name].items() if d}
+def read():
+    with open(f"{root}/a/f", "rb") as f:
+        f.read()
+def missing():
+    try:
+        os.stat(f"{root}/deep/b/missing")
+    except FileNotFoundError:
+        pass
+def relative():
+    fd = os.open(f"{root}/a", os.O_RDONLY)
+    os.stat("f", dir_fd=fd)
+    os.close(fd)
+out = {}
+step("read", read)
+step("missing", missing)
+step("listing", lambda: os.listdir(f"{root}/a"))
+step("ancestor", lambda: os.stat(f"{root}/deep"))
+step("elsewhere", lambda: os.stat("/"))
+step("relative", relative)
+print(json.dumps(out))
+"""
+
+
+def test_each_path_is_counted_in_its_source(tmp_path):
+    """Reads, failed stats, listings, a folder above a source that takes them and a path relative to a descriptor,
+    each in its source; and the Python reading of RH_IO_SOURCES puts every path where rhio.c does."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "f").write_bytes(b"x" * 1000)
+    (tmp_path / "deep" / "b").mkdir(parents=True)
+    value = iocount.sources_variable({"a": [str(tmp_path / "a")], "b": [str(tmp_path / "deep" / "b")]}, ("b",))
+    env = {**os.environ, "LD_PRELOAD": str(iocount.build()), iocount.ENV_SOURCES: value}
+    out = json.loads(subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], env=env, capture_output=True,
+                                    text=True, check=True, timeout=60, cwd=REPO).stdout)
+    assert out["read"]["a"]["opens"] == 1 and out["read"]["a"]["read_bytes"] == 1000, out["read"]
+    assert set(out["read"]) == {"a"}, out["read"]
+    assert out["missing"] == {"b": {"metadata_calls": 1, "metadata_failures": 1}}, out["missing"]
+    assert out["listing"]["a"]["listings"] == 1 and set(out["listing"]) == {"a"}, out["listing"]
+    assert out["ancestor"] == {"b": {"metadata_calls": 1}}, out["ancestor"]  # b takes the folders above it
+    assert out["elsewhere"] == {"b": {"metadata_calls": 1}}, out["elsewhere"]  # "/" is above every folder
+    assert out["relative"]["a"]["opens"] == 1 and out["relative"]["a"]["metadata_calls"] == 1, out["relative"]
+    table = iocount.SourceTable.parse(value)
+    for path, source in ((f"{tmp_path}/a/f", "a"), (f"{tmp_path}/deep/b/x", "b"), (f"{tmp_path}/deep", "b"),
+                         ("/", "b"), (f"{tmp_path}/ab", iocount.OTHER), (f"{tmp_path}/a", "a")):
+        assert table.source_of(path) == source, path
+
+
+@pytest.mark.slow
+def test_the_spine_restart_reads_its_imports_from_the_environment(tiny_dp2):
+    """tiny dp=2's restart: every phase's I/O by source, the imports' from the Python environment, the checkpoint
+    read in checkpoint_load alone; the calls the counters saw never exceed what the kernel counted."""
+    summary = load_summary(tiny_dp2)
+    rs = summary["restart"]
+    io = rs["io_sources"]
+    assert io["ranks"] == rs["ranks"] == 2
+    assert list(io["phases"]) == ["imports", "dist_init", "model_build", "engine_init", "checkpoint_load",
+                                  "first_step"]
+    imports = io["phases"]["imports"]["sources"]
+    env = imports["environment"]
+    assert env["opens"] > 2 * 300 and env["metadata_calls"] > 2 * 3000 and env["read_bytes"] > 2 * 2**20, env
+    ops = {name: io_metadata_ops(c) for name, c in imports.items()}
+    assert ops["environment"] >= 0.9 * sum(ops.values()), ops
+    assert env["mapped_files"] > 2 * 10, env  # torch's libraries, mapped by the dynamic loader
+    for phase, figures in io["phases"].items():
+        read = figures["sources"].get("checkpoint", {}).get("read_bytes", 0)
+        assert (read > 0) == (phase == "checkpoint_load"), (phase, figures["sources"].get("checkpoint"))
+    loaded = io["phases"]["checkpoint_load"]["sources"]["checkpoint"]
+    assert loaded["read_bytes"] >= summary["checkpoint"]["bytes"], loaded  # every rank reads the model file too
+    counted = sum(c.get("read_bytes", 0) for c in io["total"]["sources"].values())
+    kernel = io["total"]["kernel"]["read_chars"]
+    assert 0.9 * kernel <= counted <= kernel, (counted, kernel)
+    assert set(io["filesystems"]) >= {"environment", "checkpoint", "run_dir"}, io["filesystems"]
+    assert "restart I/O        per rank" in terminal.render(summary)
+
+
+@pytest.mark.slow
+def test_the_counters_agree_with_strace_on_a_restart(harness, tmp_path):
+    """A restart-only re-run of a copy of dp2-short (mpiexec starts the ranks) under strace (RH_STRACE=1): per rank,
+    the counters' opens and metadata calls are at most the kernel's and at least 95% of them. The rest is the dynamic
+    loader's search for libraries and glibc's calls to itself, which no preloaded library sees
+    (docs/measurements.md#io-by-source)."""
+    require_tool("strace", package="strace")
+    run_dir = copy_run(harness.run("dp2-short"), tmp_path)
+    proc = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "restart", f"run={run_dir}"],
+                          capture_output=True, text=True, timeout=600, cwd=REPO, check=False,
+                          env={**os.environ, strace.ENV: "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = strace.compare(run_dir, "restart-02")
+    assert [r["rank"] for r in rows] == [0, 1], rows
+    for r in rows:
+        assert r["counted_opens"] <= r["strace_opens"] and r["opens_seen_ratio"] >= 0.95, r
+        assert r["counted_metadata_calls"] <= r["strace_metadata_calls"] and r["metadata_seen_ratio"] >= 0.95, r
+        assert r["strace_opens"] > 1000, r  # a whole rank's life was traced, its imports included
+    printed = subprocess.run([sys.executable, "-m", "restart_harness.iocount.strace", str(run_dir)],
+                             capture_output=True, text=True, check=True, cwd=REPO).stdout
+    assert "restart-02: rank  strace opens" in printed

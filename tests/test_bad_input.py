@@ -31,6 +31,7 @@ CASES = {
     "checkpoints on a pseudo file system": (["tiny", "ckpt_dir=/proc/x"], "ckpt_dir=/proc/x"),
     "checksums of objects": (["tiny", "checksums=on", "ckpt_dir=s3://bucket/runs"], "checksums=on"),
     "unknown checksums mode": (["tiny", "checksums=md5"], "checksums=md5"),
+    "unknown env_cache": (["tiny", "env_cache=cold"], "env_cache=cold"),
     "results into a device file": (["tiny", "results_dir=/dev/null"], "results_dir=/dev/null"),
     "an option of another engine": (["tiny", "engine=dcp", "async_take=true"], "engine torchsnapshot"),
     "a key of another command": (["tiny", "dir=/tmp"], "baseline"),

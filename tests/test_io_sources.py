@@ -105,16 +105,23 @@ def test_the_spine_restart_reads_its_imports_from_the_environment(tiny_dp2):
 
 @pytest.mark.slow
 def test_the_counters_agree_with_strace_on_a_restart(harness, tmp_path):
-    """A restart-only re-run of a copy of dp2-short (mpiexec starts the ranks) under strace (RH_STRACE=1): per rank,
+    """A restart-only re-run of a copy of dp2-short (mpiexec starts the ranks) under strace (RH_STRACE=1), with the
+    environment's page cache dropped (env_cache=drop): per rank,
     the counters' opens and metadata calls are at most the kernel's and at least 95% of them. The rest is the dynamic
     loader's search for libraries and glibc's calls to itself, which no preloaded library sees
     (docs/measurements.md#io-by-source)."""
     require_tool("strace", package="strace")
     run_dir = copy_run(harness.run("dp2-short"), tmp_path)
-    proc = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "restart", f"run={run_dir}"],
-                          capture_output=True, text=True, timeout=600, cwd=REPO, check=False,
+    proc = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "restart", f"run={run_dir}",
+                           "env_cache=drop"], capture_output=True, text=True, timeout=600, cwd=REPO, check=False,
                           env={**os.environ, strace.ENV: "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # env_cache=drop: the environment's libraries evicted before the launch (what other processes of the machine
+    # keep mapped stays resident: not asserted cold)
+    env = load_summary(run_dir)["restart"]["environment_cache"]
+    assert env["requested"] == "drop" and env["method"] and env["libraries"] > 50, env
+    assert env["resident_bytes_after"] < 0.5 * env["bytes"] and env["observed"] != "warm", env
+    assert "environment's page cache: asked drop" in proc.stderr
     rows = strace.compare(run_dir, "restart-02")
     assert [r["rank"] for r in rows] == [0, 1], rows
     for r in rows:
@@ -124,3 +131,23 @@ def test_the_counters_agree_with_strace_on_a_restart(harness, tmp_path):
     printed = subprocess.run([sys.executable, "-m", "restart_harness.iocount.strace", str(run_dir)],
                              capture_output=True, text=True, check=True, cwd=REPO).stdout
     assert "restart-02: rank  strace opens" in printed
+
+
+def test_env_cache_drops_and_warms_an_environments_libraries(tmp_path):
+    """pagecache.environment() on a folder standing for an environment: drop (file by file, as with cache=warm)
+    leaves its libraries cold, warm reads them back; auto does nothing and says what the checkpoint's step did."""
+    from restart_harness.storage import pagecache
+
+    env = tmp_path / "env"
+    (env / "lib").mkdir(parents=True)
+    for name in ("libtorch_fake.so", "libc10_fake.so.1", "module.py"):
+        (env / "lib" / name).write_bytes(os.urandom(256 * 1024))
+    with open(env / "lib" / "libtorch_fake.so", "rb") as f:
+        f.read()
+    dropped = pagecache.environment([str(env)], "drop", {"method": None}, per_file=True)
+    assert (dropped["libraries"], dropped["files"], dropped["bytes"]) == (2, 3, 512 * 1024), dropped
+    assert dropped["method"] == "posix_fadvise_dontneed" and dropped["observed"] == "cold", dropped
+    warmed = pagecache.environment([str(env)], "warm", {"method": None})
+    assert warmed["method"] == "read" and warmed["observed"] == "warm", warmed
+    auto = pagecache.environment([str(env)], "auto", {"method": "drop_caches"})
+    assert auto["observed"] is None and "drop_caches" in auto["method"] and "evicted" in auto["why"], auto

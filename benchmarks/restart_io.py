@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""A restart's I/O besides the checkpoint, and what a cold Python environment costs it: per launcher, the same
+checkpoint restarted with the environment's page cache dropped (env_cache=drop) and kept (env_cache=warm).
+
+Method
+- Per launcher (default: deepspeed, whose runner imports torch before it starts the ranks, and mpiexec, a C program
+  that starts the interpreters directly), one `./submit-job.sh tiny dp=2 launcher=L phase=checkpoint` run, then
+  REPEATS restart-only re-runs of it per env_cache value, interleaved (drop, warm, drop, warm, ...) so that the
+  disk's drift hits both alike. Every restart drops the checkpoint's pages (cache=drop); env_cache=warm evicts them
+  file by file and reads the environment's files back first.
+- Per restart, from summary.json: the imports and engine_init seconds (slowest rank), process start -> first step
+  done, and per rank (sums over the ranks / ranks, docs/measurements.md#io-by-source) the metadata operations and
+  bytes read through calls outside the checkpoint (machine-independent counts: they must not change between the two
+  caches), what the storage delivered (the kernel's read_bytes, mapped libraries included) and major faults; the
+  environment step's observed state. Medians over the repeats (min-max for the seconds).
+- The counts are exact and the same on any machine with this software; the seconds and the storage's bytes are this
+  machine's (its virtual disk is served by a host cache below the guest: "cold" reads here come at 1-2 GB/s).
+
+Usage: <python> -m benchmarks.restart_io [REPEATS] [launcher=L,L] [key=value ...]   (a Markdown table)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MIB = 2**20
+
+
+def submit(args: list[str]) -> Path:
+    proc = subprocess.run([str(REPO / "submit-job.sh"), *args], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(args)} failed: {proc.stderr.strip().splitlines()[-1:]}")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def figures(restart: dict) -> dict:
+    from restart_harness.results.schema import io_metadata_ops
+
+    io = restart["io_sources"]
+    n = io["ranks"]
+    rest = [c for name, c in io["total"]["sources"].items() if name != "checkpoint"]
+    kernel = io["total"]["kernel"]
+    return {
+        "imports_s": restart["phases"]["imports"], "engine_init_s": restart["phases"]["engine_init"],
+        "total_s": restart["total_seconds"],
+        "ops": sum(io_metadata_ops(c) for c in rest) / n, "read_mib": sum(c.get("read_bytes", 0) for c in rest) / n / MIB,
+        "delivered_mib": kernel.get("storage_read_bytes", 0) / n / MIB, "faults": kernel.get("major_faults", 0) / n,
+        "imports_delivered_mib": io["phases"]["imports"]["kernel"].get("storage_read_bytes", 0) / n / MIB,
+        "observed": (restart.get("environment_cache") or {}).get("observed"),
+    }
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    repeats = int(args.pop(0)) if args and args[0].isdigit() else 3
+    launchers = ["deepspeed", "mpiexec"]
+    for a in list(args):
+        if a.startswith("launcher="):
+            launchers = a.split("=", 1)[1].split(",")
+            args.remove(a)
+    results = Path(tempfile.mkdtemp(prefix="rh-restart-io-"))
+    rows = []
+    try:
+        for launcher in launchers:
+            run = submit(["tiny", "dp=2", f"launcher={launcher}", "phase=checkpoint", "baseline=false",
+                          f"results_dir={results}", *args])
+            got: dict[str, list[dict]] = {"drop": [], "warm": []}
+            for _ in range(repeats):
+                for env_cache, runs in got.items():
+                    submit(["restart", f"run={run}", f"env_cache={env_cache}", "cache=drop"])
+                    runs.append(figures(json.loads((run / "summary.json").read_text())["restart"]))
+            for env_cache, runs in got.items():
+                rows.append((launcher, env_cache, runs))
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+
+    def med(runs, key):
+        return statistics.median(r[key] for r in runs)
+
+    def spread(runs, key):
+        return f"{med(runs, key):.2f} ({min(r[key] for r in runs):.2f}-{max(r[key] for r in runs):.2f})"
+
+    print(f"| launcher | env_cache (observed) | imports s | engine_init s | start -> first step s | metadata ops / rank "
+          f"| MiB read / rank | storage delivered MiB / rank (imports) | major faults / rank |  ({repeats} restarts each, "
+          "median (min-max))")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for launcher, env_cache, runs in rows:
+        observed = ", ".join(sorted({str(r["observed"]) for r in runs}))
+        print(f"| {launcher} | {env_cache} ({observed}) | {spread(runs, 'imports_s')} | {spread(runs, 'engine_init_s')} "
+              f"| {spread(runs, 'total_s')} | {med(runs, 'ops'):,.0f} | {med(runs, 'read_mib'):.1f} "
+              f"| {med(runs, 'delivered_mib'):.1f} ({med(runs, 'imports_delivered_mib'):.1f}) | {med(runs, 'faults'):.0f} |")
+
+
+if __name__ == "__main__":
+    main()

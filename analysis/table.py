@@ -197,6 +197,9 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
         "restart_launch_seconds": num(rec.get("launch_seconds")),
         "restart_wall_seconds": num(rec.get("wall_seconds")),
         "restart_integrity_seconds": num(get(rec, "integrity", "seconds")),
+        "restart_staging_seconds": num(get(rec, "staging", "seconds")),  # env_stage=: copying the environment
+        "restart_staging_bytes": num(get(rec, "staging", "bytes")),
+        "restart_env_cache_observed": get(rec, "environment_cache", "observed"),
     }
     row.update(node_columns("save", save))
     row.update(node_columns("restart", rec))

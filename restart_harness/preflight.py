@@ -158,6 +158,7 @@ def run(spec: RunSpec, fixed_layout: str | None = None) -> None:
     (`fixed_layout`: who fixes its layout, if not the user)."""
     engine(spec)
     launcher(spec)
+    stage(spec)
     port(spec)
     nodes(spec)
     tracer(spec)
@@ -170,6 +171,14 @@ def run(spec: RunSpec, fixed_layout: str | None = None) -> None:
     resources(spec)
     if not spec.dry_run:
         extension_locks()
+
+
+def stage(spec: RunSpec) -> None:
+    """env_stage=: a folder with room for the environment's copy, on this node (launch/staging.py)."""
+    if spec.env_stage is not None and not spec.dry_run:
+        from restart_harness.launch import staging
+
+        staging.check(spec.env_stage, spec.nodes, launchers.of(spec).submits())
 
 
 def calibration(spec: RunSpec) -> None:
@@ -204,6 +213,7 @@ def restart(request: RestartRequest) -> dict | None:
         raise UsageError(f"run={run_dir}: not a finished run ({status['state']}: {status.get('reason')}); accepted: "
                          "a run whose checkpoint phase ended (complete or failed)")
     launcher(spec)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
+    stage(spec)
     scheduler(spec)
     port(spec)
     eng = engine(spec)

@@ -9,9 +9,10 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from conftest import REPO, copy_run, load_summary, require_tool
+from conftest import REPO, copy_run, load_summary, require_tool, restart, submit
 
 from restart_harness import iocount
 from restart_harness.iocount import strace
@@ -47,6 +48,7 @@ step("missing", missing)
 step("listing", lambda: os.listdir(f"{root}/a"))
 step("ancestor", lambda: os.stat(f"{root}/deep"))
 step("elsewhere", lambda: os.stat("/"))
+step("above_inside_another", lambda: os.stat(f"{root}/s/deeper"))
 step("relative", relative)
 print(json.dumps(out))
 """
@@ -58,7 +60,10 @@ def test_each_path_is_counted_in_its_source(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "f").write_bytes(b"x" * 1000)
     (tmp_path / "deep" / "b").mkdir(parents=True)
-    value = iocount.sources_variable({"a": [str(tmp_path / "a")], "b": [str(tmp_path / "deep" / "b")]}, ("b",))
+    (tmp_path / "s" / "deeper" / "c").mkdir(parents=True)
+    value = iocount.sources_variable({"a": [str(tmp_path / "a")], "s": [str(tmp_path / "s")],
+                                      "b": [str(tmp_path / "deep" / "b"), str(tmp_path / "s" / "deeper" / "c")]},
+                                     ("b",))
     env = {**os.environ, "LD_PRELOAD": str(iocount.build()), iocount.ENV_SOURCES: value}
     out = json.loads(subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], env=env, capture_output=True,
                                     text=True, check=True, timeout=60, cwd=REPO).stdout)
@@ -68,10 +73,13 @@ def test_each_path_is_counted_in_its_source(tmp_path):
     assert out["listing"]["a"]["listings"] == 1 and set(out["listing"]) == {"a"}, out["listing"]
     assert out["ancestor"] == {"b": {"metadata_calls": 1}}, out["ancestor"]  # b takes the folders above it
     assert out["elsewhere"] == {"b": {"metadata_calls": 1}}, out["elsewhere"]  # "/" is above every folder
+    # a folder above b's prefix takes b's source even inside s's prefix (a staged copy in /dev/shm: /dev/shm)
+    assert out["above_inside_another"] == {"b": {"metadata_calls": 1}}, out["above_inside_another"]
     assert out["relative"]["a"]["opens"] == 1 and out["relative"]["a"]["metadata_calls"] == 1, out["relative"]
     table = iocount.SourceTable.parse(value)
     for path, source in ((f"{tmp_path}/a/f", "a"), (f"{tmp_path}/deep/b/x", "b"), (f"{tmp_path}/deep", "b"),
-                         ("/", "b"), (f"{tmp_path}/ab", iocount.OTHER), (f"{tmp_path}/a", "a")):
+                         ("/", "b"), (f"{tmp_path}/ab", iocount.OTHER), (f"{tmp_path}/a", "a"),
+                         (f"{tmp_path}/s/deeper", "b"), (f"{tmp_path}/s/deeper/c/x", "b"), (f"{tmp_path}/s/g", "s")):
         assert table.source_of(path) == source, path
 
 
@@ -151,3 +159,41 @@ def test_env_cache_drops_and_warms_an_environments_libraries(tmp_path):
     assert warmed["method"] == "read" and warmed["observed"] == "warm", warmed
     auto = pagecache.environment([str(env)], "auto", {"method": "drop_caches"})
     assert auto["observed"] is None and "drop_caches" in auto["method"] and "evicted" in auto["why"], auto
+
+
+@pytest.mark.slow
+def test_a_staged_restart_imports_from_the_copy_and_leaves_nothing(harness, tmp_path):
+    """env_stage=/dev/shm on a copy of fsdp2-dp2 (FSDP2 builds no JIT op, which a copy would rebuild): the copy's
+    time, files and file system recorded; the ranks run the copy's interpreter and import from it; the copy is gone
+    once the restart has ended."""
+    run_dir = copy_run(harness.run("fsdp2-dp2"), tmp_path)
+    proc = restart(run_dir, "env_stage=/dev/shm")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rs = load_summary(run_dir)["restart"]
+    staged = rs["staging"]
+    assert staged["seconds"] > 0 and staged["files"] > 1000 and staged["bytes"] > 100 * 2**20, staged
+    assert staged["filesystem"] == {"mount": "/dev/shm", "type": "tmpfs"}, staged
+    assert f"{staged['folder']}/env/bin/" in (run_dir / f"launch-{rs['record']}.sh").read_text()
+    assert not Path(staged["folder"]).exists(), staged["folder"]
+    io = rs["io_sources"]
+    assert io["filesystems"]["environment"] == "tmpfs on /dev/shm", io["filesystems"]
+    imports = io["phases"]["imports"]["sources"]
+    ops = {name: io_metadata_ops(c) for name, c in imports.items()}
+    assert ops["environment"] >= 0.9 * sum(ops.values()), ops  # the copy and the folders above it (/dev, /dev/shm)
+    assert "staging the environment into tmpfs" in proc.stderr
+
+
+def test_a_staging_folder_too_small_is_refused_before_anything(tmp_path):
+    """A folder with less room than the environment: one line naming both sizes, exit 2, no run folder."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    small = tmp_path / "small"
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(small)], check=True)
+    try:
+        proc = submit(["tiny", f"env_stage={small}", f"results_dir={tmp_path / 'results'}"], cwd=tmp_path)
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and f"env_stage={small}: 0.01 GiB free" in lines[0], proc.stderr
+    assert not (tmp_path / "results").exists()

@@ -69,14 +69,14 @@ class SourceTable:
         return bool(self.prefixes)
 
     def source_of(self, path: str) -> str:
-        """The source of an absolute path, as rhio.c decides it: the longest prefix matching whole components,
-        else a source taking the folders above its prefixes, else `other`."""
+        """The source of an absolute path, as rhio.c decides it: a source taking the folders above its prefixes
+        when the path is one, else the longest prefix matching whole components, else `other`."""
+        folder = path.rstrip("/") or "/"
+        for prefix, name in self.prefixes:
+            if name in self.ancestors and prefix != folder and (folder == "/" or prefix.startswith(folder + "/")):
+                return name
         for prefix, name in self.prefixes:
             if prefix == "/" or path == prefix or path.startswith(prefix + "/"):
-                return name
-        folder = path.rstrip("/") or "/"
-        for prefix, name in reversed(self.prefixes):  # rhio.c tries them in the order given; any match will do here
-            if name in self.ancestors and (folder == "/" or prefix.startswith(folder + "/")):
                 return name
         return OTHER
 

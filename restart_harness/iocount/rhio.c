@@ -17,8 +17,8 @@
  * it counts opens (and those that failed), metadata calls (the stat family, access, readlink; and those that failed),
  * directory listings (opendir), and the read and write calls and bytes on the descriptors those opens returned. A
  * path relative to a directory descriptor takes that descriptor's source. A source written `name+=...` also takes
- * the folders above its prefixes that no prefix matches (path resolution stats every component of a path: Python's
- * realpath on the environment's files stats /home, /home/user, ...). The dynamic loader's own opens and maps
+ * the folders above its prefixes, before any other source's prefix does (path resolution stats every component of
+ * a path: Python's realpath on the environment's files stats /home, /home/user, ...; a copy in /dev/shm: /dev). The dynamic loader's own opens and maps
  * (shared libraries) do not go through these functions: Python reads them from /proc/self/maps
  * (restart_harness/worker/io_sources.py).
  *
@@ -189,6 +189,12 @@ static void parse_sources(const char *spec) {
 static int source_of_absolute(const char *path) {
     int best = 0;
     size_t best_len = 0;
+    size_t len = strlen(path);
+    while (len > 1 && path[len - 1] == '/') len--;
+    for (int i = 0; i < rh_nsrc_prefix; i++) /* a folder above a prefix of a source that takes them, wherever it is */
+        if (rh_src_ancestors[rh_src_prefix_source[i]] && len < rh_src_prefix_len[i] &&
+            strncmp(path, rh_src_prefix[i], len) == 0 && (rh_src_prefix[i][len] == '/' || len == 1))
+            return rh_src_prefix_source[i];
     for (int i = 0; i < rh_nsrc_prefix; i++) {
         size_t n = rh_src_prefix_len[i];
         if (n < best_len && best_len) continue;
@@ -196,14 +202,7 @@ static int source_of_absolute(const char *path) {
         if (!(path[n] == 0 || path[n] == '/' || (n == 1 && path[0] == '/'))) continue;
         if (n >= best_len) { best = rh_src_prefix_source[i]; best_len = n; }
     }
-    if (best_len) return best;
-    size_t len = strlen(path);
-    while (len > 1 && path[len - 1] == '/') len--;
-    for (int i = 0; i < rh_nsrc_prefix; i++) /* a folder above a prefix of a source that takes them */
-        if (rh_src_ancestors[rh_src_prefix_source[i]] && len < rh_src_prefix_len[i] &&
-            strncmp(path, rh_src_prefix[i], len) == 0 && (rh_src_prefix[i][len] == '/' || len == 1))
-            return rh_src_prefix_source[i];
-    return 0;
+    return best;
 }
 
 /* The source of a path given to a call: absolute, relative to the working directory, or relative to dirfd (which

@@ -31,7 +31,7 @@ def _spellings(paths) -> list[str]:
     return out
 
 
-def source_prefixes(run_dir: Path, ckpt_root: Path | None) -> dict[str, list[str]]:
+def source_prefixes(run_dir: Path, ckpt_root: Path | None, staged=None) -> dict[str, list[str]]:
     """The prefixes of each I/O source (results/schema.py IO_SOURCES), for ranks started with this interpreter: the
     longest prefix matching a path decides its source, so the checkpoint inside the run folder, the run folder inside
     the checkout and the environment inside the cache folder each keep their own.
@@ -41,19 +41,21 @@ def source_prefixes(run_dir: Path, ckpt_root: Path | None) -> dict[str, list[str
       resolution stats each: /, /home, /home/user, ...);
     - extension_cache: DeepSpeed's JIT-built ops (TORCH_EXTENSIONS_DIR), Triton's and Inductor's caches;
     - checkpoint: the checkpoint folder (a file-system target); run_dir: the run folder (spec, events, logs);
-    - system: the system's libraries and configuration; pseudo: /proc, /sys, /dev, /run; other: the rest."""
+    - system: the system's libraries and configuration; pseudo: /proc, /sys, /dev, /run; other: the rest.
+    `staged` (launch/staging.py Staged, env_stage=): the ranks' environment and extension cache are the copy's."""
     base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix,
                                      "installed_base": sys.base_prefix, "installed_platbase": sys.base_exec_prefix})
     user = getpass.getuser()
-    caches = [extensions_dir(), os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton",
+    caches = [staged.extensions if staged else extensions_dir(),
+              os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton",
               os.environ.get("TORCHINDUCTOR_CACHE_DIR") or f"/tmp/torchinductor_{user}"]
-    interpreter = [sys.executable]
+    prefix = [staged.prefix] if staged else [sys.prefix, sys.exec_prefix]
+    interpreter = [staged.python if staged else sys.executable]
     libpython = Path(sysconfig.get_config_var("LIBDIR") or "/nonexistent") / (sysconfig.get_config_var("LDLIBRARY") or "")
     if libpython.is_file() and libpython.suffix != ".a":
         interpreter.append(str(libpython))
     return {
-        "environment": _spellings([sys.prefix, sys.exec_prefix, base["stdlib"], base["platstdlib"], *interpreter,
-                                   SOURCE_ROOT]),
+        "environment": _spellings([*prefix, base["stdlib"], base["platstdlib"], *interpreter, SOURCE_ROOT]),
         "extension_cache": _spellings(caches),
         "checkpoint": _spellings([ckpt_root] if ckpt_root else []),
         "run_dir": _spellings([run_dir]),
@@ -65,10 +67,10 @@ def source_prefixes(run_dir: Path, ckpt_root: Path | None) -> dict[str, list[str
 CODE_FOLDERS = ("restart_harness", "engines", "third_party")  # what a rank imports from the checkout
 
 
-def environment_files_prefixes(run_dir: Path, ckpt_root: Path | None) -> list[str]:
+def environment_files_prefixes(run_dir: Path, ckpt_root: Path | None, staged=None) -> list[str]:
     """The folders whose files env_cache= evicts or warms: the environment and extension cache sources, the
     checkout's code folders in place of the whole checkout (its results/ holds runs and their checkpoints)."""
-    sources = source_prefixes(run_dir, ckpt_root)
+    sources = source_prefixes(run_dir, ckpt_root, staged)
     checkout = set(_spellings([SOURCE_ROOT]))
     env = [p for p in sources["environment"] if p not in checkout]
     return _spellings([*env, *(SOURCE_ROOT / name for name in CODE_FOLDERS)]) + sources["extension_cache"]
@@ -84,10 +86,11 @@ def sources_facts(run_dir: Path, ckpt_root: Path | None) -> dict:
     return out
 
 
-def environment(spec: RunSpec, run_dir: Path, record: str, ckpt_root: Path) -> dict[str, str]:
-    """LD_PRELOAD (libraries first, any existing LD_PRELOAD after them) and the settings that go with them."""
+def environment(spec: RunSpec, run_dir: Path, record: str, ckpt_root: Path, staged=None) -> dict[str, str]:
+    """LD_PRELOAD (libraries first, any existing LD_PRELOAD after them) and the settings that go with them; with a
+    staged environment (env_stage=), the copy's extension cache."""
     preload: list[str] = []
-    env: dict[str, str] = {}
+    env: dict[str, str] = {"TORCH_EXTENSIONS_DIR": staged.extensions} if staged else {}
     if spec.anatomy or spec.trace:
         try:
             lib = iocount.build()
@@ -97,7 +100,7 @@ def environment(spec: RunSpec, run_dir: Path, record: str, ckpt_root: Path) -> d
         if lib is not None:
             preload.append(str(lib))
             env[iocount.ENV_PREFIXES] = str(ckpt_root)
-            env[iocount.ENV_SOURCES] = iocount.sources_variable(source_prefixes(run_dir, ckpt_root), ANCESTORS)
+            env[iocount.ENV_SOURCES] = iocount.sources_variable(source_prefixes(run_dir, ckpt_root, staged), ANCESTORS)
     if spec.trace:
         tracer = dftracer_compat.preload_library()
         if tracer is not None:  # preflight refuses trace=true without dftracer

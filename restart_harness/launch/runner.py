@@ -24,7 +24,7 @@ from restart_harness.errors import RunFailed, UsageError
 from restart_harness.generate.ds_config import build_ds_config, deep_merge
 from restart_harness.generate.launch import launch_script, worker_args
 from restart_harness.iocount import strace
-from restart_harness.launch import nodecheck, observe, session
+from restart_harness.launch import nodecheck, observe, session, staging
 from restart_harness.plan.estimate import duration
 from restart_harness.results import finalize
 from restart_harness.results.schema import stack_engine
@@ -93,12 +93,15 @@ def allocate_record(run_dir: Path) -> str:
 
 
 def write_launch(run: resolved.ResolvedRun, phase: str, record: str, port: int, extra: list[str] | None = None,
-                 spec: RunSpec | None = None) -> Path:
-    """launch-<record>.sh: the ranks of one phase (spec: the record's own, for a restart at another layout)."""
+                 spec: RunSpec | None = None, staged: staging.Staged | None = None) -> Path:
+    """launch-<record>.sh: the ranks of one phase (spec: the record's own, for a restart at another layout;
+    staged: the environment's copy they run from, env_stage=)."""
     spec = spec or run.spec
     command = launchers.of(spec).rank_command(port, worker_args(run.run_dir, phase, record) + (extra or []))
+    if staged is not None:  # every interpreter the launch starts is the copy's
+        command = [staged.python if part == sys.executable else part for part in command]
     path = run.run_dir / f"launch-{record}.sh"
-    env = {**observe.environment(spec, run.run_dir, record, run.checkpoint_root),
+    env = {**observe.environment(spec, run.run_dir, record, run.checkpoint_root, staged),
            **targets.for_run(run).launch_environment(run.run_dir / "logs" / "client" / record)}
     write_text_atomic(path, launch_script(spec, phase, command, port, env), mode=0o755)
     return path
@@ -137,8 +140,9 @@ def _progress_line(record: str, e: dict) -> str | None:
     return None
 
 
-def launch(run_dir: Path, record: str, timeout: int) -> dict:
-    """Run launch-<record>.sh, logging its output and showing rank 0's progress; kill it on timeout."""
+def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None = None) -> dict:
+    """Run launch-<record>.sh, logging its output and showing rank 0's progress; kill it on timeout. `cleanup`:
+    folders the watchdog removes if the harness dies while the ranks run (a staged environment)."""
     log_path = run_dir / "logs" / f"{record}.log"
     log_path.parent.mkdir(exist_ok=True)
     events = run_dir / "events" / record / "rank-00000.jsonl"
@@ -150,7 +154,7 @@ def launch(run_dir: Path, record: str, timeout: int) -> dict:
     with open(log_path, "wb") as log:
         command = [*strace.wrapper(run_dir, record), "bash", str(run_dir / f"launch-{record}.sh")]
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        watchdog = _watchdog(proc.pid)
+        watchdog = _watchdog(proc.pid, cleanup or [])
         try:
             timed_out = _follow(proc, events, record, start, timeout)
         except BaseException:
@@ -168,10 +172,11 @@ def launch(run_dir: Path, record: str, timeout: int) -> dict:
     return result
 
 
-def _watchdog(sid: int) -> subprocess.Popen:
+def _watchdog(sid: int, cleanup: list[Path]) -> subprocess.Popen:
     """A harness killed outright (SIGKILL, OOM killer) cannot end its launch; this small process does, so no rank
     outlives the harness. Launchers do not reliably pass a SIGTERM on (DeepSpeed's runner leaves its ranks)."""
-    return subprocess.Popen([sys.executable, "-m", "restart_harness.launch.session", str(sid), str(os.getpid())],
+    return subprocess.Popen([sys.executable, "-m", "restart_harness.launch.session", str(sid), str(os.getpid()),
+                             *map(str, cleanup)],
                             start_new_session=True, cwd=SOURCE_ROOT)
 
 
@@ -531,11 +536,31 @@ def restart(run: resolved.ResolvedRun, target, spec: RunSpec, record: str,
             relayout: stacks.Relayout | None = None, extra: dict | None = None) -> dict:
     """One restart launch of a prepared record; `relayout`: how a restart at another layout reads the checkpoint
     (what it loads, whose pages the cache step acts on); `extra`: facts for its record (the layouts, the
-    conversion)."""
+    conversion). With env_stage=, the environment's copy is made first (the cache steps then act on it) and removed
+    when the restart ends."""
     tag = target.latest()
     if tag is None:
         raise RunFailed(f"no committed checkpoint in {target.describe()} (no 'latest'): nothing to restart from")
     load_dir = relayout.load_dir if relayout and relayout.load_dir else target.path(tag)
+    staged = None
+    if spec.env_stage is not None:
+        say(f"  [{record}] staging the environment into {spec.env_stage}")
+        staged = staging.stage(spec.env_stage, f"{run.run_dir.name}-{record}")
+    try:
+        if staged is not None:
+            write_launch(run, "restart", record, spec.master_port or free_port(),
+                         relayout.worker_args() if relayout is not None else None, spec=spec, staged=staged)
+            st = staged.record
+            say(f"  [{record}] staged {st['files']:,} files, {st['bytes'] / 2**30:.2f} GiB in {st['seconds']:.1f} s "
+                f"({st['filesystem']['type']} on {st['filesystem']['mount']})")
+        return _launch_restart(run, target, spec, record, load_dir, staged, extra)
+    finally:
+        staging.remove(staged)
+
+
+def _launch_restart(run: resolved.ResolvedRun, target, spec: RunSpec, record: str, load_dir: Path,
+                    staged: staging.Staged | None, extra: dict | None) -> dict:
+    """The cache steps (the checkpoint's, the environment's), the launch, its record and its verification."""
     # env_cache=warm keeps the environment's pages: the checkpoint's are then evicted file by file; env_cache=drop
     # with cache=warm keeps the checkpoint's: the environment's likewise
     state = target.prepare_cache(load_dir, spec.cache, per_file=spec.env_cache == "warm")
@@ -543,7 +568,7 @@ def restart(run: resolved.ResolvedRun, target, spec: RunSpec, record: str,
         state = {**state, **cache_on_every_node(spec, load_dir)}
     say(f"  [{record}] page cache: asked {state['requested']}, observed {state['observed']}"
         + (f" ({state['error']})" if state["error"] else ""))
-    env_state = pagecache.environment(observe.environment_files_prefixes(run.run_dir, run.checkpoint_root),
+    env_state = pagecache.environment(observe.environment_files_prefixes(run.run_dir, run.checkpoint_root, staged),
                                       spec.env_cache, state, per_file=spec.cache == "warm")
     if spec.across_nodes and spec.env_cache != "auto":
         env_state["nodes"] = "this node only"  # the other nodes' environments are as the checkpoint's step left them
@@ -552,8 +577,10 @@ def restart(run: resolved.ResolvedRun, target, spec: RunSpec, record: str,
             f" ({env_state['libraries']} shared libraries, {env_state['bytes'] / 2**30:.2f} GiB)"
             + (f" ({env_state['error']})" if env_state["error"] else ""))
     say(f"  [{record}] launching {spec.launched_ranks} fresh ranks")
-    info = launch(run.run_dir, record, spec.timeout)
+    info = launch(run.run_dir, record, spec.timeout, cleanup=[staged.folder] if staged else None)
     info.update(cache=state, environment_cache=env_state, launcher=spec.launcher, **(extra or {}))
+    if staged is not None:
+        info["staging"] = staged.record
     _save_record(run.run_dir, info)
     if info["exit_code"] != 0:
         raise RunFailed(_failure(run.run_dir, info))

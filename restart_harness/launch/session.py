@@ -1,12 +1,13 @@
 """Ending a launch whole. A launch runs in a session of its own (start_new_session); its launcher may put ranks in
 process groups of their own inside it (Open MPI's mpiexec gives each rank its own), so a process-group kill is not
-enough: every process of the session is killed. `python -m restart_harness.launch.session SID PARENT` is the
-watchdog that does it when the harness dies."""
+enough: every process of the session is killed. `python -m restart_harness.launch.session SID PARENT [FOLDER...]` is
+the watchdog that does it when the harness dies, and then removes the folders (a staged environment)."""
 
 from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -45,13 +46,15 @@ def kill(sid: int) -> None:
                 pass
 
 
-def watch(sid: int, parent: int) -> None:
+def watch(sid: int, parent: int, cleanup: list[str] | None = None) -> None:
     """Kill session sid when the harness (parent) dies: the kernel sends this process SIGTERM then
-    (PR_SET_PDEATHSIG)."""
+    (PR_SET_PDEATHSIG); then remove the `cleanup` folders."""
 
     def end(*_):
         try:
             kill(sid)
+            for folder in cleanup or []:
+                shutil.rmtree(folder, ignore_errors=True)
         finally:
             os._exit(0)
 
@@ -64,4 +67,4 @@ def watch(sid: int, parent: int) -> None:
 
 
 if __name__ == "__main__":
-    watch(int(sys.argv[1]), int(sys.argv[2]))
+    watch(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:])

@@ -71,7 +71,11 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
         r["storage_requests"] = target.requests(run_dir / "logs" / "client" / info["record"])
         r["incomplete_uploads"] = info.get("incomplete_uploads")
         r["integrity"] = info.get("integrity")  # the committed files' checksums, read back before the launch
-        r["io_sources"] = io_sources.by_phase(record, RESTART_PHASES, run.facts.get("io_sources"))
+        facts = dict(run.facts.get("io_sources") or {})
+        if info.get("staging"):  # env_stage=: the ranks' environment and extension cache were the copy's
+            for source in ("environment", "extension_cache"):
+                facts[source] = {**(facts.get(source) or {}), "filesystem": info["staging"]["filesystem"]}
+        r["io_sources"] = io_sources.by_phase(record, RESTART_PHASES, facts)
         restarts.append(r)
     sm.loss_continuity(restarts)
     unverified = [r for r in restarts if not r["verified"]]

@@ -210,6 +210,7 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         "differing": differing[:100],
         "cache": cache,
         "environment_cache": launch.get("environment_cache"),  # env_cache= (storage/pagecache.py environment())
+        "staging": launch.get("staging"),  # env_stage=: the environment's copy (launch/staging.py), before the launch
         **_load_figures(record, name, load_bytes, load_s, phases, launch),
         "exit_code": launch.get("exit_code"),
         "machine_load": launch.get("machine_load"),

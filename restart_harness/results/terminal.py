@@ -97,10 +97,12 @@ def render(summary: dict) -> str:
                                          f"{loaded.get('tag')}{read}"))
         until = "checkpoint loaded" if spec.get("emulate") else "first step done"
         latest = f" (latest of {len(restarts)})" if len(restarts) > 1 else ""
-        env = (rs.get("environment_cache") or {}).get("observed")
+        env, staged = (rs.get("environment_cache") or {}).get("observed"), rs.get("staging")
         rows.append(("restart", f"{rs['record']}{latest}: {_s(rs['total_seconds'])} process start -> {until} "
-                                f"(+{_s(rs['launch_seconds'])} launcher); cache {c.get('observed', '-')}"
-                                + (f", environment {env}" if env else "")))
+                                f"(+{_s(rs['launch_seconds'])} launcher"
+                                + (f", +{staged['seconds']:.3f} s staging the environment into "
+                                   f"{staged['filesystem']['type']}" if staged else "")
+                                + f"); cache {c.get('observed', '-')}" + (f", environment {env}" if env else "")))
         rows.append(("phases", "  ".join(f"{k} {v:.2f}" for k, v in rs["phases"].items())))
         rows += _io_rows(rs.get("io_sources"))
         sr = (rs.get("load_breakdown") or {}).get("storage_read")

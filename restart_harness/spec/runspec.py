@@ -76,6 +76,11 @@ class RunSpec:
                                  "(the checkpoint's eviction is then file by file), auto = as the checkpoint's cache "
                                  "step leaves them (cache=drop as root evicts every clean page)", group="checkpoint",
                          choices=("auto", "drop", "warm"), restart=True)
+    env_stage: Path | None = key(None, "run the restart's ranks from a copy of the Python environment and the "
+                                        "extension cache made in this folder just before they start (node-local "
+                                        "storage, /dev/shm), as centres stage against import storms; the copy's time "
+                                        "is the restart's `staging`; removed when the restart ends",
+                                 group="checkpoint", restart=True)
     ckpt_dir: Path | None = key(None, "where checkpoints go: a parallel file system, or s3://bucket/prefix "
                                       "(engine=default or dcp; docs/s3.md); default <run dir>/checkpoint",
                                 group="checkpoint", sweep=False)

@@ -180,7 +180,8 @@ def test_a_staged_restart_imports_from_the_copy_and_leaves_nothing(harness, tmp_
     imports = io["phases"]["imports"]["sources"]
     ops = {name: io_metadata_ops(c) for name, c in imports.items()}
     assert ops["environment"] >= 0.9 * sum(ops.values()), ops  # the copy and the folders above it (/dev, /dev/shm)
-    assert "staging the environment into tmpfs" in proc.stderr
+    assert "staging the environment into tmpfs" in proc.stdout  # the summary's restart row
+    assert f"staged {staged['files']:,} files" in proc.stderr  # the progress line
 
 
 def test_a_staging_folder_too_small_is_refused_before_anything(tmp_path):

@@ -175,7 +175,8 @@ def _predict(spec, options) -> int:
 
     from restart_harness.predict import forecast
 
-    store = forecast.storage(spec, options.write_gbps, options.read_gbps, metadata_ops_s=options.metadata_ops_s)
+    store = forecast.storage(spec, options.write_gbps, options.read_gbps, metadata_ops_s=options.metadata_ops_s,
+                             env_metadata_ops_s=options.env_metadata_ops_s)
     prediction = forecast.build(spec, options.cpus_per_node or os.cpu_count() or 1, store)
     print(json.dumps(prediction, indent=1) if options.predict == "json" else forecast.render(prediction))
     return 0

@@ -38,6 +38,11 @@ def test_baseline_measures_and_caches(tool, tmp_path, monkeypatch):
     assert record["write"]["bytes"] == record["read"]["bytes"] == 8 << 20
     assert record["write_mib_s"] > 0 and record["read_mib_s"] > 0
     assert record["read_cache"]["observed"]  # what mincore saw before the read, whatever it was
+    # the metadata probe (mdtest's shape): 2 ranks x 500 files created, stat-ed, opened and removed
+    meta = record["metadata"]
+    assert (meta["ranks"], meta["files_per_rank"]) == (2, 500), meta
+    assert all(meta[f"{step}_per_s"] > 100 for step in ("create", "stat", "open", "remove")), meta
+    assert "metadata      create" in proc.stdout
     assert list(target.iterdir()) == []  # the probe's files are gone
     monkeypatch.setenv("RH_CACHE_DIR", str(cache))
     assert baseline.cached(FileSystemTarget(str(target)), 4 << 20, 2)["measured_at"] == record["measured_at"]

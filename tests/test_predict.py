@@ -145,3 +145,29 @@ def test_a_stated_metadata_rate_costs_each_file_one_operation(tmp_path):
         assert limited["phases"][phase]["seconds"] - plain["phases"][phase]["seconds"] == pytest.approx(
             files / 500, abs=1e-5)
     assert "metadata_ops_s=500" in limited["storage"]
+
+
+def test_an_environments_metadata_rate_prices_the_import_storm(tmp_path):
+    """1,024 nodes x 4 ranks on a file system answering 100,000 metadata operations a second: imports and engine
+    set-up each carry every rank's measured operations (configs/restart_io.json) over that rate, named."""
+    from restart_harness.predict import restart_io
+
+    phases, key = restart_io.lookup("deepspeed", "default")
+    assert key == "deepspeed/default" and phases["imports"]["metadata_ops"] > 10_000, phases
+    base = ["predict", "70B", "tp=4", "pp=8", "dp=128", "nodes=1024", "launcher=slurm", "device=cpu",
+            "cpus_per_node=64", "write_gbps=100", "read_gbps=200", "predict=json"]
+    plain = json.loads(cli(base, tmp_path).stdout)
+    storm = json.loads(cli([*base, "env_metadata_ops_s=100000"], tmp_path).stdout)
+    assert storm["features"]["world_size"] == 4096
+    for phase, name in (("restart_imports_seconds", "imports"), ("restart_model_build_seconds", "model_build"),
+                        ("restart_engine_init_seconds", "engine_init")):
+        expected = 4096 * phases[name]["metadata_ops"] / 100_000
+        assert storm["phases"][phase]["terms_seconds"]["environment_metadata"] == pytest.approx(expected, rel=1e-4)
+        assert storm["phases"][phase]["seconds"] - plain["phases"][phase]["seconds"] == pytest.approx(expected,
+                                                                                                       abs=1e-4)
+        assert plain["phases"][phase]["terms_seconds"].get("environment_metadata", 0.0) == 0.0
+    assert storm["phases"]["restart_imports_seconds"]["bound"].startswith("the environment's file system")
+    assert any("operations/s if every rank starts at once" in n for n in storm["note"])
+    assert any("give env_metadata_ops_s=" in n for n in plain["note"])
+    text = cli([*base[:-1], "env_metadata_ops_s=100000"], tmp_path).stdout
+    assert "an import storm" in text

@@ -40,6 +40,11 @@ class PredictOptions:
                                              "metadata servers or S3's per-prefix request rate; each file costs one "
                                              "operation on top of its bytes; default: no such limit",
                                        group="predict", unit="operations/s", above=0)
+    env_metadata_ops_s: float | None = key(None, "the metadata rate of the file system holding the Python "
+                                                 "environment: opens, stats and listings per second, aggregate; "
+                                                 "with it, imports and engine set-up carry every rank's operations "
+                                                 "(configs/restart_io.json) over it: the import storm; default: no "
+                                                 "such limit", group="predict", unit="operations/s", above=0)
     cpus_per_node: int | None = key(None, "CPU cores per node; default this machine's", group="predict", minimum=1)
 
 

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from engines import registry
 from restart_harness import targets
 from restart_harness.plan import checkpoint
+from restart_harness.predict import restart_io
 from restart_harness.spec.runspec import RunSpec
 from restart_harness.targets.base import POSIX
 
@@ -33,13 +34,18 @@ class Features:
     write_bytes_per_s: float | None  # the storage's aggregate bandwidth, both None when unknown
     read_bytes_per_s: float | None
     metadata_ops_per_s: float | None = None  # the storage's aggregate file creates / opens (requests) per second
+    # the file system holding the Python environment: its aggregate metadata operations per second (None: no limit)
+    env_metadata_ops_per_s: float | None = None
+    # each start-up phase's metadata operations per rank (configs/restart_io.json; None: not measured for the stack)
+    startup_metadata_ops_per_rank: dict | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
 
 
 def of(spec: RunSpec, cpus_per_node: int, write_bytes_per_s: float | None,
-       read_bytes_per_s: float | None, metadata_ops_per_s: float | None = None) -> Features:
+       read_bytes_per_s: float | None, metadata_ops_per_s: float | None = None,
+       env_metadata_ops_per_s: float | None = None) -> Features:
     launched = spec.launched_ranks
     per_node = min(spec.ranks_per_node or launched, launched)
     save_bytes = dict.fromkeys(range(launched), 0)
@@ -66,4 +72,10 @@ def of(spec: RunSpec, cpus_per_node: int, write_bytes_per_s: float | None,
         read_files_max_rank=max((len(p) for p in reads.values()), default=0),
         read_files=sum(len(p) for p in reads.values()), cold_reads=spec.cache == "drop" or targets.for_spec(spec).kind != POSIX,
         write_bytes_per_s=write_bytes_per_s, read_bytes_per_s=read_bytes_per_s,
-        metadata_ops_per_s=metadata_ops_per_s)
+        metadata_ops_per_s=metadata_ops_per_s, env_metadata_ops_per_s=env_metadata_ops_per_s,
+        startup_metadata_ops_per_rank=_startup(spec))
+
+
+def _startup(spec: RunSpec) -> dict | None:
+    phases, _ = restart_io.lookup(spec.stack, spec.engine)
+    return {p: v["metadata_ops"] for p, v in phases.items()} if phases else None

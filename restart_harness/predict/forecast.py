@@ -11,7 +11,7 @@ from restart_harness import targets
 from restart_harness.plan import checkpoint
 from restart_harness.plan.estimate import typical_file_bytes
 from restart_harness.predict import features as feats
-from restart_harness.predict import fit
+from restart_harness.predict import fit, restart_io
 from restart_harness.predict.model import predict
 from restart_harness.results.prediction import PHASES
 from restart_harness.results.schema import MIB, PREDICTED_TOTAL
@@ -25,14 +25,19 @@ IGNORES = ("stragglers and variation between nodes, interference from other jobs
 
 
 def storage(spec: RunSpec, write_gbps: float | None = None, read_gbps: float | None = None,
-            record: dict | None = None, metadata_ops_s: float | None = None) -> dict:
+            record: dict | None = None, metadata_ops_s: float | None = None,
+            env_metadata_ops_s: float | None = None) -> dict:
     """The storage the prediction assumes: bandwidths given, else the run's baseline record, else the cached
-    baseline of the checkpoint directory's storage; bytes per second, with where they came from; and a metadata rate
-    where one is stated."""
+    baseline of the checkpoint directory's storage; bytes per second, with where they came from; and metadata rates
+    where they are stated (the checkpoint's storage; the environment's file system)."""
     found = _bandwidth(spec, write_gbps, read_gbps, record)
     if metadata_ops_s is not None:
         found["metadata_ops_per_s"] = metadata_ops_s
         found["source"] += f"; metadata_ops_s={metadata_ops_s:g} (file creates and opens per second, aggregate)"
+    if env_metadata_ops_s is not None:
+        found["env_metadata_ops_per_s"] = env_metadata_ops_s
+        found["source"] += (f"; env_metadata_ops_s={env_metadata_ops_s:g} (the environment's file system: opens, "
+                            "stats and listings per second, aggregate)")
     return found
 
 
@@ -57,8 +62,9 @@ def build(spec: RunSpec, cpus_per_node: int, store: dict, calibration: dict | No
     start = time.perf_counter()
     calibration = calibration or fit.load(spec.calibration)
     f = feats.of(spec, cpus_per_node, store["write_bytes_per_s"], store["read_bytes_per_s"],
-                 store.get("metadata_ops_per_s"))
+                 store.get("metadata_ops_per_s"), store.get("env_metadata_ops_per_s"))
     made = predict(spec, f, calibration)
+    made["notes"] += _storm_notes(spec, f)
     return {
         "model": spec.model_label, "layout": spec.layout, "zero": spec.zero, "engine": spec.engine,
         "stack": spec.stack, "emulate": spec.emulate, "launcher": spec.launcher, "world_size": spec.world_size,
@@ -67,6 +73,27 @@ def build(spec: RunSpec, cpus_per_node: int, store: dict, calibration: dict | No
         "storage": store["source"], "features": f.to_json(), "phases": made["phases"], "note": made["notes"],
         "ignores": IGNORES, "predict_seconds": round(time.perf_counter() - start, 6),
     }
+
+
+def _storm_notes(spec: RunSpec, f: feats.Features) -> list[str]:
+    """What the start-up's metadata term assumed (docs/restart-io.md)."""
+    ops = f.startup_metadata_ops_per_rank
+    if not ops:
+        missing = (f"start-up metadata: no measured counts for {spec.stack}/{spec.engine} in "
+                   "configs/restart_io.json; the import storm is not predicted")
+        return [missing]
+    _, key = restart_io.lookup(spec.stack, spec.engine)
+    measured = restart_io.load().get("measured") or {}
+    per_rank = sum(ops.get(p, 0) for p in restart_io.STARTUP)
+    text = (f"start-up metadata: {per_rank:,.0f} operations a rank from imports to engine_init ({key}, "
+            f"measured {measured.get('date')} with torch {measured.get('torch')}, DeepSpeed "
+            f"{measured.get('deepspeed')}), {f.world_size * per_rank:,.0f} for {f.world_size:,} ranks")
+    if f.env_metadata_ops_per_s:
+        storm = (f": {f.world_size * per_rank / f.env_metadata_ops_per_s:,.1f} s at {f.env_metadata_ops_per_s:,.0f} "
+                 "operations/s if every rank starts at once (the environment_metadata term; a client cache or a "
+                 "staged environment, env_stage=, removes it)")
+        return [text + storm]
+    return [text + "; give env_metadata_ops_s= (the environment's file system's rate) to predict its time"]
 
 
 def run_wall_seconds(spec: RunSpec, made: dict) -> float | None:

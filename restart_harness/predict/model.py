@@ -60,6 +60,17 @@ COMPUTE = Term("compute", "compute: one training step",
                lambda f: f.parameters_per_rank * f.tokens_per_rank_step * f.contention)
 
 
+def _storm(phase: str) -> Term:
+    """Every rank's metadata operations of a start-up phase over the environment's file system's rate: what an
+    import storm costs when the ranks start together (0 where the rate is not stated)."""
+    def value(f: Features) -> float:
+        ops = (f.startup_metadata_ops_per_rank or {}).get(phase)
+        return _per(f.world_size * ops, f.env_metadata_ops_per_s) or 0.0 if ops else 0.0
+
+    return Term("environment_metadata", "the environment's file system: every rank's metadata operations "
+                "(an import storm)", "x (ranks x operations a rank / the file system's operations per second)", value)
+
+
 EXTRAPOLATION = 2.0  # a term's value beyond this many times the largest the calibration saw is flagged
 
 
@@ -99,10 +110,14 @@ PHASES: dict[str, Phase] = {p.name: p for p in (
     Phase("save_durable_seconds", _SAVE, _engine, _SAVE_FIXED, given=("storage_write", "metadata_write")),
     Phase("save_commit_seconds", _SAVE, _engine, _SAVE_FIXED, given=("storage_write", "metadata_write")),
     Phase("restart_launch_seconds", (FIXED, SPAWN), _launcher, "launcher: its own start-up"),
-    Phase("restart_imports_seconds", (FIXED, CPU), _stack, "host CPU: Python imports"),
-    Phase("restart_dist_init_seconds", (FIXED, WORLD), _stack, "network: process-group set-up"),
-    Phase("restart_model_build_seconds", (FIXED, PARAMETERS), _stack_device, "building the model"),
-    Phase("restart_engine_init_seconds", (FIXED, CPU, PARAMETERS), _stack_device, "the engine's set-up"),
+    Phase("restart_imports_seconds", (FIXED, CPU, _storm("imports")), _stack, "host CPU: Python imports",
+          given=("environment_metadata",)),
+    Phase("restart_dist_init_seconds", (FIXED, WORLD, _storm("dist_init")), _stack, "network: process-group set-up",
+          given=("environment_metadata",)),
+    Phase("restart_model_build_seconds", (FIXED, PARAMETERS, _storm("model_build")), _stack_device,
+          "building the model", given=("environment_metadata",)),
+    Phase("restart_engine_init_seconds", (FIXED, CPU, PARAMETERS, _storm("engine_init")), _stack_device,
+          "the engine's set-up", given=("environment_metadata",)),
     Phase("restart_checkpoint_load_seconds", (FIXED, CPU, STORAGE_READ, METADATA_READ, DESERIALIZE, READ_FILES),
           _engine, "fixed per load: finding the tag, collectives, the engine's bookkeeping",
           given=("storage_read", "metadata_read")),

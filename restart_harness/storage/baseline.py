@@ -116,7 +116,11 @@ def measure(target, file_bytes: int, ranks: int, tool: str = "auto", repeats: in
     writes = sorted(probes, key=lambda p: p["write"]["mib_s"])
     reads = sorted(probes, key=lambda p: p["read"]["mib_s"])
     write, read = writes[len(writes) // 2]["write"], reads[len(reads) // 2]["read"]  # the median probe's
-    probe = {k: v for k, v in probes[-1].items() if k not in ("write", "read")}
+    probe = {k: v for k, v in probes[-1].items() if k not in ("write", "read", "metadata")}
+    metas = [p["metadata"] for p in probes if p.get("metadata")]
+    if metas:  # each rate the median over the probes (caches written before 2026-11-26 have none)
+        probe["metadata"] = {k: sorted(m[k] for m in metas)[len(metas) // 2] if k.endswith("_per_s") else metas[0][k]
+                             for k in metas[0]}
     record = {
         "write_mib_s": write["mib_s"], "read_mib_s": read["mib_s"], **probe, "file_bytes": file_bytes, "ranks": ranks,
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -204,5 +208,12 @@ def render(record: dict, cached_at: Path) -> str:
          f"{record['write']['seconds']} s; {_spread(record, 'write_mib_s')})"),
         (f"  read_mib_s    {record['read_mib_s']}  ({record['read_means']}; {_spread(record, 'read_mib_s')}; page cache "
          f"before the read: {cache['observed']}" + (f", {cache['error']}" if cache.get("error") else "") + ")"),
+        *([f"  metadata      {_metadata_line(record['metadata'])}"] if record.get("metadata") else []),
         f"  measured_at   {record['measured_at']}; cached in {cached_at}",
     ])
+
+
+def _metadata_line(m: dict) -> str:
+    return (f"create {m['create_per_s']:,.0f}, stat {m['stat_per_s']:,.0f}, open {m['open_per_s']:,.0f}, remove "
+            f"{m['remove_per_s']:,.0f} operations/s ({m['ranks']} ranks x {m['files_per_rank']} files, mdtest's shape; "
+            "median of the probes)")

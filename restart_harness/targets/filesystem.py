@@ -12,6 +12,8 @@ import os
 import shutil
 import socket
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from restart_harness.errors import UsageError
@@ -169,15 +171,55 @@ class FileSystemTarget(Target):
             else:
                 write, read, cache = _builtin(files, file_bytes)
                 method = "builtin"
+            meta = metadata_probe(workdir / "meta", ranks)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        return {"write": write, "read": read, "read_cache": cache, "method": method, "tool": tool,
+        return {"write": write, "read": read, "read_cache": cache, "metadata": meta, "method": method, "tool": tool,
                 "dir": str(directory), "filesystem": filesystem(directory),
                 "block_bytes": min(baseline.BLOCK_BYTES, file_bytes),
                 "write_means": "sequential write + fsync", "read_means": "sequential read"}
 
 
 # ---- probes ------------------------------------------------------------------------------------------------------
+METADATA_FILES = 500  # per rank, as mdtest's -n: files each rank creates, stats, opens and removes
+
+
+def metadata_probe(folder: Path, ranks: int, files: int = METADATA_FILES) -> dict:
+    """mdtest's shape on one node: `ranks` threads, each in a folder of its own, create `files` empty files, then stat
+    them, open and close them, remove them; each step's operations over its wall time, all ranks together
+    (operations per second). The rates of a file system's metadata service as this node's clients see them (a
+    client's caches included: the stats and opens follow the creates, as an import's do not)."""
+    folders = [folder / f"rank-{r}" for r in range(ranks)]
+    for f in folders:
+        f.mkdir(parents=True)
+    names = [[str(f / f"f.{i}") for i in range(files)] for f in folders]
+
+    def create(paths: list[str]) -> None:
+        for path in paths:
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644))
+
+    def opened(paths: list[str]) -> None:
+        for path in paths:
+            os.close(os.open(path, os.O_RDONLY))
+
+    def stat(paths: list[str]) -> None:
+        for path in paths:
+            os.stat(path)
+
+    def remove(paths: list[str]) -> None:
+        for path in paths:
+            os.unlink(path)
+
+    out: dict = {"ranks": ranks, "files_per_rank": files}
+    with ThreadPoolExecutor(max_workers=ranks) as pool:
+        for step, fn in (("create", create), ("stat", stat), ("open", opened), ("remove", remove)):
+            start = time.perf_counter()
+            list(pool.map(fn, names))
+            seconds = time.perf_counter() - start
+            out[f"{step}_per_s"] = round(ranks * files / seconds, 1) if seconds > 0 else None
+    return out
+
+
 def fio_available() -> bool:
     return shutil.which("fio") is not None
 

@@ -1,0 +1,95 @@
+"""What a restart's ranks do to the file systems besides reading the checkpoint, per rank and start-up phase, as
+measured (docs/restart-io.md): the table the predictor scales to many ranks (configs/restart_io.json).
+
+The counts of a rank's opens, stats and listings at start-up are exact and the same on every machine with the same
+software (Python, torch, DeepSpeed versions): they are what Python's imports and DeepSpeed's set-up ask of the file
+system, not how fast it answers. One table entry per training stack and engine; `scripts/refresh_restart_io.py`
+measures them (restarts started by mpiexec, so every rank imports for itself) and writes the table with the versions
+it was measured with; `python -m restart_harness.predict.restart_io RUN_DIR...` prints what finished runs give.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from restart_harness import CONFIGS
+from restart_harness.results.schema import io_metadata_ops
+
+TABLE = CONFIGS / "restart_io.json"
+STARTUP = ("imports", "dist_init", "model_build", "engine_init")  # the phases before the checkpoint is read
+
+
+def per_rank(restart: dict) -> dict[str, dict[str, float]] | None:
+    """A restart record's start-up phases, per rank: metadata operations, opens and bytes read through calls, every
+    source but the checkpoint (None without counts by source)."""
+    io = restart.get("io_sources") or {}
+    if not io.get("ranks") or not io.get("by_source", True):
+        return None
+    n = io["ranks"]
+    out = {}
+    for phase in STARTUP:
+        sources = ((io["phases"].get(phase) or {}).get("sources") or {})
+        rest = [c for name, c in sources.items() if name != "checkpoint"]
+        out[phase] = {"metadata_ops": round(sum(io_metadata_ops(c) for c in rest) / n, 1),
+                      "opens": round(sum(c.get("opens", 0) for c in rest) / n, 1),
+                      "read_bytes": round(sum(c.get("read_bytes", 0) for c in rest) / n)}
+    return out
+
+
+def key_of(spec: dict) -> str:
+    return f"{spec.get('stack') or 'deepspeed'}/{spec['engine']}"
+
+
+def table(run_dirs: list[Path]) -> dict[str, dict]:
+    """Per stack/engine: each start-up phase's figures per rank, the median over the runs' restarts whose ranks were
+    not forked (launcher=prefork imports once for a node), with the runs it came from."""
+    found: dict[str, list[tuple[dict, str]]] = {}
+    for run_dir in run_dirs:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+        spec = summary["spec"]
+        if spec.get("launcher") == "prefork":
+            continue
+        for restart in summary.get("restarts") or []:
+            figures = per_rank(restart)
+            if figures:
+                found.setdefault(key_of(spec), []).append((figures, f"{Path(run_dir).name} {restart['record']}"))
+    out = {}
+    for key, rows in sorted(found.items()):
+        out[key] = {"phases": {p: {k: statistics.median(r[p][k] for r, _ in rows) for k in rows[0][0][p]}
+                               for p in STARTUP},
+                    "restarts": [name for _, name in rows]}
+    return out
+
+
+def load(path: Path = TABLE) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def lookup(stack: str, engine: str, path: Path = TABLE) -> tuple[dict | None, str | None]:
+    """The start-up figures of a stack and engine (else the stack's default engine's), and which entry they are."""
+    entries = load(path).get("stacks") or {}
+    default = "dcp" if stack == "fsdp2" else "default"
+    for key in (f"{stack}/{engine}", f"{stack}/{default}"):
+        if key in entries:
+            return entries[key]["phases"], key
+    return None, None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print("usage: python -m restart_harness.predict.restart_io RUN_DIR...  (finished runs with a restart)",
+              file=sys.stderr)
+        return 2
+    print(json.dumps(table([Path(a) for a in args]), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -22,11 +22,10 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
 from restart_harness.predict import restart_io
 from restart_harness.storage.atomic import write_json_atomic
+
+REPO = Path(__file__).resolve().parent.parent
 
 CASES = (["tiny", "dp=2"], ["tiny", "dp=2", "stack=fsdp2"])
 

@@ -272,7 +272,8 @@ class Harness:
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... under pytest-xdist; None in a single process
 # tests that must share one worker: its S3 server holds the objects of the cases that need one, and the local Slurm
 # cluster's daemons and namespaces are one per machine
-_GROUPS = {"test_s3.py": "s3", "test_s3_faults.py": "s3", "test_slurm.py": "slurm", "test_gpu_cluster.py": "slurm"}
+_GROUPS = {"test_s3.py": "s3", "test_s3_faults.py": "s3", "test_slurm.py": "slurm", "test_gpu_cluster.py": "slurm",
+           "test_io_sources.py": "io_sources"}  # one worker: its module fixture's restart runs once
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads xdist_group to place --dist loadgroup

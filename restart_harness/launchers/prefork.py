@@ -31,6 +31,7 @@ class PreforkLauncher(Launcher):
                    "the imports are paid once for the node)")
     subset = True
     port_here = True
+    forks_ranks = True
 
     def preflight(self) -> None:
         spec = self.spec

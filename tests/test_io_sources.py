@@ -201,3 +201,36 @@ def test_a_staging_folder_too_small_is_refused_before_anything(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and f"env_stage={small}: 0.01 GiB free" in lines[0], proc.stderr
     assert not (tmp_path / "results").exists()
+
+
+HARNESS = r"""
+import subprocess, sys, time
+ranks = subprocess.Popen(["sleep", "600"], start_new_session=True)
+subprocess.Popen([sys.executable, "-m", "restart_harness.launch.session", str(ranks.pid), str(__import__("os").getpid()),
+                  sys.argv[1]], start_new_session=True)
+print(ranks.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_staged_copy_does_not_outlive_a_killed_harness(tmp_path):
+    """The harness killed outright while its ranks run: the watchdog (launch/session.py) ends the ranks and removes
+    the environment's copy it was given."""
+    import signal
+    import time
+
+    copy = tmp_path / "rh-env-copy"
+    (copy / "env" / "lib").mkdir(parents=True)
+    (copy / "env" / "lib" / "libx.so").write_bytes(b"x" * 4096)
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(copy)], stdout=subprocess.PIPE, text=True,
+                               cwd=REPO)
+    ranks = int(harness.stdout.readline())
+    time.sleep(1.0)  # the watchdog arms its death signal
+    harness.send_signal(signal.SIGKILL)
+    harness.wait()
+    for _ in range(100):
+        if not copy.exists() and not Path(f"/proc/{ranks}").exists():
+            break
+        time.sleep(0.1)
+    assert not copy.exists(), "the staged copy outlived the harness"
+    assert not Path(f"/proc/{ranks}").exists() or "Z" in Path(f"/proc/{ranks}/stat").read_text().split()[2]

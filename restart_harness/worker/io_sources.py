@@ -99,7 +99,7 @@ class IOProbe:
         out: dict = {"kernel": {k: v - self._kernel.get(k, 0) for k, v in kernel.items()}}
         self._kernel = kernel
         carried, self._carried = self._carried, None
-        if carried:  # the forking process's own I/O, from its exec to the fork (major faults: getrusage's own)
+        if carried:  # the forking process's own I/O from its exec, read from /proc/<parent>/ when the probe started
             for k, v in carried["kernel"].items():
                 out["kernel"][k] = out["kernel"].get(k, 0) + v
         if sources is not None:

@@ -174,7 +174,12 @@ def run(spec: RunSpec, fixed_layout: str | None = None) -> None:
 
 
 def stage(spec: RunSpec) -> None:
-    """env_stage=: a folder with room for the environment's copy, on this node (launch/staging.py)."""
+    """env_stage=: a folder with room for the environment's copy, on this node (launch/staging.py); RH_STRACE=1:
+    strace is here (iocount/strace.py)."""
+    from restart_harness.iocount import strace
+
+    if why := strace.missing():
+        raise UsageError(why)
     if spec.env_stage is not None and not spec.dry_run:
         from restart_harness.launch import staging
 

@@ -234,3 +234,19 @@ def test_a_staged_copy_does_not_outlive_a_killed_harness(tmp_path):
         time.sleep(0.1)
     assert not copy.exists(), "the staged copy outlived the harness"
     assert not Path(f"/proc/{ranks}").exists() or "Z" in Path(f"/proc/{ranks}/stat").read_text().split()[2]
+
+
+def test_rh_strace_without_strace_is_one_line_before_anything(tmp_path, monkeypatch):
+    """RH_STRACE=1 where strace is not installed: preflight refuses, naming the package."""
+    from types import SimpleNamespace
+
+    from restart_harness import preflight
+    from restart_harness.errors import UsageError
+
+    spec = SimpleNamespace(env_stage=None, dry_run=False)  # what preflight.stage reads of a RunSpec
+    monkeypatch.setenv(strace.ENV, "1")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no strace on it
+    with pytest.raises(UsageError, match="RH_STRACE=1 needs strace, which is not installed"):
+        preflight.stage(spec)
+    monkeypatch.delenv(strace.ENV)
+    preflight.stage(spec)  # without it, nothing to check

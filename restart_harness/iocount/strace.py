@@ -31,13 +31,20 @@ TRACED = ("execve", *OPENS, *METADATA)
 _CALL = re.compile(r"^(?:\[pid\s+\d+\]\s+)?(\w+)\(.*\)\s+=\s+(-?\d+|\?)")
 
 
+def missing() -> str | None:
+    """Why RH_STRACE=1 cannot be honoured here (preflight says it before anything is launched), else None."""
+    if os.environ.get(ENV) == "1" and shutil.which("strace") is None:
+        return f"{ENV}=1 needs strace, which is not installed (apt-get install strace)"
+    return None
+
+
 def wrapper(run_dir: Path, record: str) -> list[str]:
     """The command prefix that traces a launch, when RH_STRACE=1 (else nothing)."""
     if os.environ.get(ENV) != "1":
         return []
     tool = shutil.which("strace")
-    if tool is None:
-        raise RuntimeError(f"{ENV}=1 needs strace (apt-get install strace)")
+    if tool is None:  # preflight refused this already
+        raise RuntimeError(missing())
     folder = run_dir / "strace" / record
     folder.mkdir(parents=True, exist_ok=True)
     return [tool, "-f", "-ff", "-qq", "--seccomp-bpf", "-e", f"trace={','.join(TRACED)}", "-o", str(folder / "trace")]

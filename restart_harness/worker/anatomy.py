@@ -42,7 +42,7 @@ class Window:
     """One timed window (a restart's load, or one save) with exclusive attribution of its seconds."""
 
     def __init__(self, counters: iocount.Counters, categories: tuple[str, ...], sync=None,
-                 excluded: tuple[str, ...] = ()):
+                 excluded: tuple[str, ...] = (), start: tuple[float, float] | None = None):
         # excluded: regions that are not part of what is measured (an emulated save's data generation, waiting
         # for another wave of ranks, verification between loads): taken out of the window altogether
         self.counters, self.categories, self.sync, self.excluded = counters, categories, sync, excluded
@@ -50,8 +50,7 @@ class Window:
         self.stream_bytes: dict[str, int] = defaultdict(int)  # bytes through a target's network streams
         self.intervals: list[tuple[str, float, float]] = []
         self._stack: list[list] = []
-        self.start_wall = time.time()
-        self.start = time.perf_counter()
+        self.start_wall, self.start = start or (time.time(), time.perf_counter())
         self.end_wall: float | None = None
         self.io_start = counters.totals()
         self.files_start = counters.files()
@@ -90,9 +89,10 @@ class Window:
             if len(self.intervals) < MAX_INTERVALS:
                 self.intervals.append((category, frame[1] - self.start, end - self.start))
 
-    def close(self) -> dict:
-        """The window's record: seconds per category (other = the remainder), I/O counted in it, per-file I/O."""
-        self.end = time.perf_counter()
+    def close(self, end: float | None = None) -> dict:
+        """The window's record: seconds per category (other = the remainder), I/O counted in it, per-file I/O.
+        end: the perf_counter() at which it ends, when the caller's clock stopped just before (default: now)."""
+        self.end = time.perf_counter() if end is None else end
         self.end_wall = self.start_wall + (self.end - self.start)
         total = self.end - self.start - sum(self.seconds.get(c, 0.0) for c in self.excluded)
         attributed = sum(v for c, v in self.seconds.items() if c not in self.excluded)
@@ -138,12 +138,13 @@ class Anatomy:
         self.counters.add_prefix(path)
 
     @contextlib.contextmanager
-    def measure(self, categories: tuple[str, ...], excluded: tuple[str, ...] = ()):
+    def measure(self, categories: tuple[str, ...], excluded: tuple[str, ...] = (),
+                start: tuple[float, float] | None = None):
         """Open a window for the duration of the block; yields it (close() gives its record; None when disabled)."""
         if not self.enabled:
             yield _Off()
             return
-        self.window = Window(self.counters, categories, self._sync, excluded)
+        self.window = Window(self.counters, categories, self._sync, excluded, start)
         try:
             yield self.window
         finally:
@@ -188,5 +189,5 @@ class Anatomy:
 class _Off:
     """The window of a disabled anatomy (anatomy=false): records nothing."""
 
-    def close(self) -> None:
+    def close(self, end: float | None = None) -> None:
         return None

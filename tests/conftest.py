@@ -41,6 +41,11 @@ SHORT = "iters=2 save_interval=2 after=1"
 # what the ranks do is the same. The cases that are about a launcher, the README's run (tiny-dp2) and the killed-rank
 # faults name theirs (launcher=local and launcher=deepspeed are DeepSpeed's).
 CASE_LAUNCHER = "prefork"
+# The environment's page cache before a restart, where a run names none: env_cache=keep evicts the checkpoint's files
+# one by one and leaves every other page. The default (auto) as root drops the whole machine's page cache and its
+# dentries, so the other pytest worker's launch, mid-import, reads its environment back from disk (docs/testing.md);
+# the tests about the environment's cache name theirs (tests/test_io_sources.py).
+CASE_ENV_CACHE = "keep"
 ASYNC_SHORT = "iters=3 save_interval=1 after=1"  # saves at 1, 2, 3: a flush can overlap the next step
 
 
@@ -66,7 +71,11 @@ class Case:
     @property
     def tokens(self) -> list[str]:
         tokens = self.args.split()
-        return tokens if any(t.startswith("launcher=") for t in tokens) else [*tokens, f"launcher={CASE_LAUNCHER}"]
+        if not any(t.startswith("launcher=") for t in tokens):
+            tokens.append(f"launcher={CASE_LAUNCHER}")
+        if not any(t.startswith("env_cache=") for t in tokens):
+            tokens.append(f"env_cache={CASE_ENV_CACHE}")
+        return tokens
 
     @property
     def steps(self) -> list[Step]:
@@ -81,8 +90,10 @@ RUNS: dict[str, Case] = {
     # plain mpiexec (Open MPI) starts the ranks, which take their rank variables from it (tests/test_launchers.py)
     "dp2-short": Case(f"tiny dp=2 launcher=mpiexec {SHORT}"),
     "dp4": Case(f"tiny dp=4 {SHORT}"),
-    "tp2-dp2": Case(f"tiny tp=2 dp=2 {SHORT}"),
-    "pp2-dp2": Case(f"tiny pp=2 dp=2 {SHORT}"),
+    # tp2-dp2 also traced with dftracer, pp2-dp2 also without the anatomy: neither changes the checkpoint's files,
+    # which is what their layout checks read (one launch fewer each than cases of their own)
+    "tp2-dp2": Case(f"tiny tp=2 dp=2 trace=true {SHORT}"),
+    "pp2-dp2": Case(f"tiny pp=2 dp=2 anatomy=false {SHORT}"),
     "tp2-pp2": Case(f"tiny tp=2 pp=2 baseline=false {SHORT}"),
     "tp2-pp2-dp2": Case(f"tiny tp=2 pp=2 dp=2 {SHORT}"),
     "70B-tp2-pp4-shrink64": Case(f"70B tp=2 pp=4 shrink=64 {SHORT}"),
@@ -110,9 +121,6 @@ RUNS: dict[str, Case] = {
     "emulated-tp2-pp2": Case(f"tiny tp=2 pp=2 baseline=false {SHORT} emulate=true"),
     "emulated-dcp-tp2-pp2": Case(f"tiny tp=2 pp=2 engine=dcp {SHORT} emulate=true"),
     "emulated-zero3-tp2-dp2": Case(f"tiny tp=2 dp=2 zero=3 {SHORT} emulate=true"),
-    # observation: every POSIX I/O call traced with dftracer; the anatomy switched off
-    "traced-tp2-dp2": Case(f"tiny tp=2 dp=2 trace=true {SHORT}"),
-    "no-anatomy-dp2": Case(f"tiny dp=2 anatomy=false {SHORT}"),
     # restarts at other layouts (tests/test_reshard.py): converted once, each verified against the original files;
     # the run's own restart (restart-01) is the first loss's reference
     "reshard-dp2": Case(f"tiny dp=2 {SHORT}", then=("dp=1", "tp=2 pp=2 dp=1 trace=true")),
@@ -153,12 +161,18 @@ def cases(*names: str) -> list[str]:
 
 
 def case_launcher(args: list[str]) -> list[str]:
-    """The arguments of a run, with launcher=CASE_LAUNCHER where they name none (other commands: as they are)."""
+    """The arguments of a run, with launcher=CASE_LAUNCHER and env_cache=CASE_ENV_CACHE where they name none (a
+    restart-only re-run keeps its run's; other commands: as they are)."""
     from restart_harness.command.parse import split_command
 
-    if split_command(args)[0] == "run" and not any(a.startswith(("launcher=", "phase=restart")) for a in args):
-        return [*args, f"launcher={CASE_LAUNCHER}"]
-    return args
+    if split_command(args)[0] != "run" or any(a.startswith("phase=restart") for a in args):
+        return args
+    out = list(args)
+    if not any(a.startswith("launcher=") for a in args):
+        out.append(f"launcher={CASE_LAUNCHER}")
+    if not any(a.startswith("env_cache=") for a in args):
+        out.append(f"env_cache={CASE_ENV_CACHE}")
+    return out
 
 
 def run_cli(args: list[str], results: Path, timeout: int = 600, check: bool = True,

@@ -122,7 +122,7 @@ def test_async_save_breakdown_covers_the_blocking_part_and_the_flush(harness):
 def test_without_anatomy_the_load_phase_still_holds_the_load(harness):
     """anatomy=false opens no window: the checkpoint_load phase is still the load (once measured as 0 s, the load
     counted into engine_init)."""
-    run_dir = harness.run("no-anatomy-dp2")
+    run_dir = harness.run("pp2-dp2")  # anatomy=false
     restart = load_summary(run_dir)["restart"]
     assert restart["verified"] is True and restart.get("load_breakdown") is None
     assert restart["phases"]["checkpoint_load"] >= restart["load_seconds"] > 0
@@ -145,7 +145,7 @@ def test_memory_high_water_mark_per_phase(harness):
 # ---- the trace --------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_traced_run_shows_every_byte_written_and_read_per_phase(harness):
-    run_dir = harness.run("traced-tp2-dp2")
+    run_dir = harness.run("tp2-dp2")  # trace=true
     summary = load_summary(run_dir)
     ckpt_trace = summary["checkpoint"]["trace"]
     assert ckpt_trace["tool"] == "dftracer" and ckpt_trace["events"] > 0

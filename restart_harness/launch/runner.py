@@ -561,16 +561,16 @@ def restart(run: resolved.ResolvedRun, target, spec: RunSpec, record: str,
 def _launch_restart(run: resolved.ResolvedRun, target, spec: RunSpec, record: str, load_dir: Path,
                     staged: staging.Staged | None, extra: dict | None) -> dict:
     """The cache steps (the checkpoint's, the environment's), the launch, its record and its verification."""
-    # env_cache=warm keeps the environment's pages: the checkpoint's are then evicted file by file; env_cache=drop
-    # with cache=warm keeps the checkpoint's: the environment's likewise
-    state = target.prepare_cache(load_dir, spec.cache, per_file=spec.env_cache == "warm")
+    # env_cache=warm or keep leaves the environment's pages: the checkpoint's are then evicted file by file;
+    # env_cache=drop with cache=warm keeps the checkpoint's: the environment's likewise
+    state = target.prepare_cache(load_dir, spec.cache, per_file=spec.env_cache in ("warm", "keep"))
     if spec.across_nodes and state.get("method") is not None:  # a node's page cache is its own: every node's
         state = {**state, **cache_on_every_node(spec, load_dir)}
     say(f"  [{record}] page cache: asked {state['requested']}, observed {state['observed']}"
         + (f" ({state['error']})" if state["error"] else ""))
     env_state = pagecache.environment(observe.environment_files_prefixes(run.run_dir, run.checkpoint_root, staged),
                                       spec.env_cache, state, per_file=spec.cache == "warm")
-    if spec.across_nodes and spec.env_cache != "auto":
+    if spec.across_nodes and spec.env_cache not in ("auto", "keep"):
         env_state["nodes"] = "this node only"  # the other nodes' environments are as the checkpoint's step left them
     if env_state["observed"] is not None:
         say(f"  [{record}] environment's page cache: asked {env_state['requested']}, observed {env_state['observed']}"

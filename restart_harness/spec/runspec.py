@@ -73,9 +73,11 @@ class RunSpec:
                              "them", group="checkpoint", choices=("drop", "warm"), restart=True)
     env_cache: str = key("auto", "page cache of the Python environment and the extension cache before the restart: "
                                  "drop = evict them too (a replacement node's cold start), warm = keep them resident "
-                                 "(the checkpoint's eviction is then file by file), auto = as the checkpoint's cache "
-                                 "step leaves them (cache=drop as root evicts every clean page)", group="checkpoint",
-                         choices=("auto", "drop", "warm"), restart=True)
+                                 "(the checkpoint's eviction is then file by file), keep = leave them as they are and "
+                                 "evict the checkpoint file by file (a shared node's other jobs keep their pages), "
+                                 "auto = as the checkpoint's cache step leaves them (cache=drop as root evicts every "
+                                 "clean page)", group="checkpoint", choices=("auto", "drop", "warm", "keep"),
+                         restart=True)
     env_stage: Path | None = key(None, "run the restart's ranks from a copy of the Python environment and the "
                                         "extension cache made in this folder just before they start (node-local "
                                         "storage, /dev/shm), as centres stage against import storms; the copy's time "

@@ -143,8 +143,14 @@ ENVIRONMENT_MARGIN = 0.01
 def environment(prefixes: list[str], requested: str, checkpoint: dict, per_file: bool = False) -> dict:
     """The page-cache step of the Python environment and the extension cache (env_cache=): drop evicts their files
     (with drop_caches unless `per_file`: cache=warm keeps the checkpoint's pages), warm reads them all into the
-    cache, auto does nothing of its own and says what the checkpoint's step did to them. Observed on their shared
-    libraries (most of their bytes: torch's among them), with mincore; `checkpoint`: that step's record."""
+    cache, keep and auto do nothing of their own (keep: the checkpoint's step went file by file) and say what the
+    checkpoint's step did to them. Observed on their shared libraries (most of their bytes: torch's among them),
+    with mincore; `checkpoint`: that step's record."""
+    if requested == "keep":
+        return {"requested": "keep", "method": None, "error": None, "bytes": None, "resident_bytes_before": None,
+                "resident_bytes_after": None, "observed": None,
+                "why": "env_cache=keep: not observed; the environment's pages were left as they were (the "
+                       "checkpoint's were evicted file by file)"}
     if requested == "auto":
         evicted = checkpoint.get("method") == "drop_caches"
         return {"requested": "auto", "method": "drop_caches (the checkpoint's cache step)" if evicted else None,

@@ -126,6 +126,10 @@ def test_every_case_holds(harness, name):
         verifies = [e for evs in per_rank.values() for e in evs if e["event"] == "verify"]
         assert len(verifies) == own.world_size and all(v["ok"] for v in verifies), r["record"]
         assert r["verified"] is True and r["differing"] == []
+        if own.env_cache == "keep" and own.cache == "drop" and r["cache"]["method"] is not None:
+            # the checkpoint's pages evicted file by file, every other page left (no drop_caches)
+            assert r["cache"]["method"] == "posix_fadvise_dontneed" and r["cache"]["observed"] == "cold", r["cache"]
+            assert r["environment_cache"]["requested"] == "keep", r["environment_cache"]
         for rank, evs in per_rank.items():
             assert _marks_in_order(evs) == [], (r["record"], rank)
             assert not [e for e in evs if e["event"] == "error"], (r["record"], rank)

@@ -117,6 +117,33 @@ def test_async_save_breakdown_covers_the_blocking_part_and_the_flush(harness):
             assert save["flush"]["io"]["sync"]["calls"] >= len(save["files"]), (rank, save["tag"])
 
 
+def test_a_window_on_a_callers_clock_partitions_exactly_its_span():
+    """A save's window takes the manager's start and end stamps (worker/manager.py): its categories, `other` the
+    remainder, add up to that span, and a region's time is its own less the regions nested in it, even when the
+    window started before it was opened and closed after its end stamp was taken."""
+    import time
+
+    from restart_harness.worker.anatomy import Anatomy
+
+    anatomy = Anatomy()
+    start = (time.time(), time.perf_counter())
+    time.sleep(0.02)  # between the caller's start and the window's opening: the window's, as `other`
+    with anatomy.measure(SAVE_CATEGORIES, start=start) as window:
+        with anatomy.region("serialize"):
+            time.sleep(0.02)
+            with anatomy.region("wait"):
+                time.sleep(0.03)
+        end = time.perf_counter()
+        time.sleep(0.05)  # after the caller's end stamp: in no category
+        record = window.close(end=end)
+    span = end - start[1]
+    assert record["window_seconds"] == pytest.approx(span, abs=1e-6) and record["start"] == start[0]
+    # (in this process no counter library is preloaded: write and fsync cannot be told apart and are None)
+    assert sum(v for v in record["seconds"].values() if v is not None) == pytest.approx(span, abs=5e-6)
+    assert record["seconds"]["wait"] >= 0.03 and 0.02 <= record["seconds"]["serialize"] < 0.03 + 0.02
+    assert record["seconds"]["other"] >= 0.02
+
+
 # ---- memory -----------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_without_anatomy_the_load_phase_still_holds_the_load(harness):

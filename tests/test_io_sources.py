@@ -131,6 +131,32 @@ def test_env_cache_drops_and_warms_an_environments_libraries(tmp_path):
     assert auto["observed"] is None and "drop_caches" in auto["method"] and "evicted" in auto["why"], auto
 
 
+def test_env_cache_keep_evicts_the_checkpoint_file_by_file_and_leaves_the_rest(tmp_path):
+    """env_cache=keep (the test cases' setting, conftest.CASE_ENV_CACHE): the restart's cache step evicts the
+    checkpoint's files alone (posix_fadvise, never drop_caches, even as root); a library beside them stays resident,
+    and the environment's step does nothing of its own."""
+    from restart_harness.storage import pagecache
+
+    ckpt, env = tmp_path / "checkpoint", tmp_path / "env"
+    ckpt.mkdir()
+    env.mkdir()
+    files = []
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_optim_states.pt"):
+        (ckpt / name).write_bytes(os.urandom(512 * 1024))
+        files.append(ckpt / name)
+    library = env / "libkept.so"
+    library.write_bytes(os.urandom(512 * 1024))
+    for path in (*files, library):
+        path.read_bytes()
+    assert pagecache.resident_bytes(library) == 512 * 1024
+    state = pagecache.prepare(files, "drop", per_file=True)  # what runner.py asks for under env_cache=keep
+    assert state["method"] == "posix_fadvise_dontneed" and state["observed"] == "cold", state
+    assert pagecache.resident_bytes(library) == 512 * 1024  # every other page left as it was
+    kept = pagecache.environment([str(env)], "keep", state)
+    assert kept["requested"] == "keep" and kept["method"] is None and kept["observed"] is None, kept
+    assert "left as they were" in kept["why"]
+
+
 @pytest.fixture(scope="module")
 def staged_traced(harness, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
     """One restart-only re-run of a copy of fsdp2-dp2 that the checks below share: its ranks started by mpiexec

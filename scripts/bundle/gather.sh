@@ -84,13 +84,15 @@ else
 fi
 pin() { grep -E "^$1==" "$CONSTRAINTS" | head -1; }
 
-log "torch ($(pin torch))"
-quiet "$PY" -m pip download -d "$OUT/wheels" ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "$(pin torch)"
+if [[ -n "$TORCH_INDEX" ]]; then  # the build from that index first (the download below would take PyPI's as well)
+  log "torch ($(pin torch)) from $TORCH_INDEX"
+  quiet "$PY" -m pip download -d "$OUT/wheels" --index-url "$TORCH_INDEX" "$(pin torch)"
+fi
 
 log "DeepSpeed source distribution ($(pin deepspeed)): built on the node, with the ops its CUDA allows"
 quiet "$PY" -m pip download -d "$OUT/src" --no-deps --no-binary deepspeed "$(pin deepspeed)"
 
-log "every dependency of the extras run, analysis and trace, under requirements.txt's pins"
+log "torch ($(pin torch)) and every dependency of the extras run, analysis and trace, under requirements.txt's pins"
 # the extras' requirements, read from pyproject.toml (torch is already there; deepspeed's own dependencies come
 # from its metadata)
 mapfile -t REQS < <("$PY" - "$ROOT/pyproject.toml" <<'PYEOF'

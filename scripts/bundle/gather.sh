@@ -89,9 +89,6 @@ if [[ -n "$TORCH_INDEX" ]]; then  # the build from that index first (the downloa
   quiet "$PY" -m pip download -d "$OUT/wheels" --index-url "$TORCH_INDEX" "$(pin torch)"
 fi
 
-log "DeepSpeed source distribution ($(pin deepspeed)): built on the node, with the ops its CUDA allows"
-quiet "$PY" -m pip download -d "$OUT/src" --no-deps --no-binary deepspeed "$(pin deepspeed)"
-
 log "torch ($(pin torch)) and every dependency of the extras run, analysis and trace, under requirements.txt's pins"
 # the extras' requirements, read from pyproject.toml (torch is already there; deepspeed's own dependencies come
 # from its metadata)
@@ -109,8 +106,13 @@ PYEOF
 # engine imports), the project itself (setuptools); nvidia-ml-py, which DeepSpeed 0.19.8 requires when it is built for
 # CUDA (DS_ACCELERATOR=cuda; its requirements as read here, on a machine without CUDA, leave it out: found by
 # scripts/bundle/check-cuda-build.sh)
+# DeepSpeed as its source distribution (built on the node, with the ops its CUDA allows), in the same resolution:
+# pip prepares an sdist's metadata in a build environment of its own (about 9 CPU-seconds), once
 quiet "$PY" -m pip download -d "$OUT/wheels" -c "$CONSTRAINTS" ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} \
+  --no-binary deepspeed "$(pin deepspeed)" \
   "${REQS[@]}" "$(pin torch)" setuptools wheel ninja packaging cmake nanobind pybind11 fasteners numpy pip nvidia-ml-py
+mv "$OUT"/wheels/deepspeed-*.tar.gz "$OUT/src/"
+log "DeepSpeed source distribution: $(basename "$OUT"/src/deepspeed-*.tar.gz)"
 
 if [[ -n "$DS_FROM" ]]; then
   log "DataStates-LLM sources ($DS_FROM)"

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, events, load_summary, one_worker
+from conftest import CASE_ENV_CACHE, REPO, events, load_summary, one_worker
 from slurm_cluster import cli, slurm_cluster, wait_for_job
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ def cluster(tmp_path_factory):
 def submitted(cluster, *args: str, env: dict | None = None) -> Path:
     """Submit a run from the login node, wait for its job to end; its run directory."""
     c, results = cluster
-    proc = cli(c, *args, "walltime=00:10:00", f"results_dir={results}", env=env)
+    proc = cli(c, *args, "walltime=00:10:00", f"env_cache={CASE_ENV_CACHE}", f"results_dir={results}", env=env)
     assert proc.returncode == 0, proc.stderr
     run_dir = Path(proc.stdout.strip().splitlines()[-1])
     wait_for_job(c, json.loads((run_dir / "job.json").read_text())["job_id"])
@@ -110,7 +110,8 @@ def test_per_node_view_of_the_save_and_the_restart(two_nodes):
     restart = summary["restart"]
     assert [n["host"] for n in restart["per_node"]] == ["node1", "node2"]
     assert restart["slowest_node"]["seconds"] == restart["total_seconds"]
-    # the page cache: dropped and observed on every node, each its own record
+    # the page cache: dropped and observed on every node, each its own record (the default, env_cache=auto:
+    # drop_caches as root; env_cache=keep goes file by file on every node, test_a_lost_node...)
     cache = restart["cache"]
     assert [n["host"] for n in cache["per_node"]] == ["node1", "node2"]
     assert all(n["method"] == "drop_caches" and n["observed"] == "cold" for n in cache["per_node"])
@@ -166,7 +167,7 @@ def test_other_launchers_across_nodes_inside_an_allocation(cluster, launcher, st
     c, results = cluster
     cmd = ["salloc", "-N2", "--ntasks-per-node=1", sys.executable, str(REPO / "config-n-run.py"), "tiny", "dp=2",
            "nodes=2", "ranks_per_node=1", f"launcher={launcher}", "iters=2", "save_interval=2", "after=1",
-           f"phase={phase}", f"results_dir={results}"]
+           f"phase={phase}", f"env_cache={CASE_ENV_CACHE}", f"results_dir={results}"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=c.env(), timeout=300, cwd=REPO, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = Path(proc.stdout.strip().splitlines()[-1])
@@ -231,6 +232,10 @@ def test_a_lost_node_fails_the_job_naming_it_and_the_last_checkpoint_restarts(cl
     restart_job(cluster, run_dir)
     summary = load_summary(run_dir)
     assert summary["restart"]["verified"] is True and summary["restart"]["tag"] == "global_step2"
+    # env_cache=keep (submitted()): every node evicted the checkpoint's files alone, no node dropped its whole cache
+    cache = summary["restart"]["cache"]
+    assert len({n["host"] for n in cache["per_node"]}) == 2, cache
+    assert all(n["method"] == "posix_fadvise_dontneed" and n["observed"] == "cold" for n in cache["per_node"]), cache
 
 
 @pytest.mark.parametrize("args, named", [

@@ -509,11 +509,12 @@ def _one_record_a_node(command: list[str], timeout: int) -> tuple[subprocess.Com
     return proc, nodes
 
 
-def cache_on_every_node(spec: RunSpec, load_dir: Path) -> dict:
+def cache_on_every_node(spec: RunSpec, load_dir: Path, per_file: bool = False) -> dict:
     """The cache step on each node of a multi-node job (one task per node): {"per_node": [its record with its
     host], "observed": the worst node's}, or an error saying why it could not run (observed then stays this
-    node's, and says so)."""
-    argv = [sys.executable, "-m", "restart_harness.storage.pagecache", spec.cache, str(load_dir)]
+    node's, and says so). `per_file`: each node evicts the checkpoint's files alone, as this node did."""
+    argv = [sys.executable, "-m", "restart_harness.storage.pagecache", spec.cache, str(load_dir),
+            *(["--per-file"] if per_file else [])]
     command = launchers.of(spec).per_node_command(argv)
     if command is None:
         return {}
@@ -563,9 +564,10 @@ def _launch_restart(run: resolved.ResolvedRun, target, spec: RunSpec, record: st
     """The cache steps (the checkpoint's, the environment's), the launch, its record and its verification."""
     # env_cache=warm or keep leaves the environment's pages: the checkpoint's are then evicted file by file;
     # env_cache=drop with cache=warm keeps the checkpoint's: the environment's likewise
-    state = target.prepare_cache(load_dir, spec.cache, per_file=spec.env_cache in ("warm", "keep"))
+    per_file = spec.env_cache in ("warm", "keep")
+    state = target.prepare_cache(load_dir, spec.cache, per_file=per_file)
     if spec.across_nodes and state.get("method") is not None:  # a node's page cache is its own: every node's
-        state = {**state, **cache_on_every_node(spec, load_dir)}
+        state = {**state, **cache_on_every_node(spec, load_dir, per_file)}
     say(f"  [{record}] page cache: asked {state['requested']}, observed {state['observed']}"
         + (f" ({state['error']})" if state["error"] else ""))
     env_state = pagecache.environment(observe.environment_files_prefixes(run.run_dir, run.checkpoint_root, staged),

@@ -179,16 +179,19 @@ def environment(prefixes: list[str], requested: str, checkpoint: dict, per_file:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m restart_harness.storage.pagecache drop|warm DIR`: the cache step on this node, its record as one
-    JSON line with the node's host name (a multi-node job runs it on every node: launch/runner.py)."""
+    """`python -m restart_harness.storage.pagecache drop|warm DIR [--per-file]`: the cache step on this node, its
+    record as one JSON line with the node's host name (a multi-node job runs it on every node: launch/runner.py);
+    --per-file evicts DIR's files alone, never drop_caches (env_cache=warm or keep)."""
     import json
     import socket
     import sys
 
     from restart_harness.storage.atomic import files_under
 
-    requested, where = (argv if argv is not None else sys.argv[1:])[:2]
-    print(json.dumps({"host": socket.gethostname(), **prepare(files_under(Path(where)), requested)}))
+    args = argv if argv is not None else sys.argv[1:]
+    requested, where = args[:2]
+    record = prepare(files_under(Path(where)), requested, per_file="--per-file" in args[2:])
+    print(json.dumps({"host": socket.gethostname(), **record}))
     return 0
 
 

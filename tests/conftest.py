@@ -85,7 +85,8 @@ class Case:
 # Layouts x engines x launchers, each one real multi-process launch (checkpoint, then restart in fresh processes).
 RUNS: dict[str, Case] = {
     # the spine, default engine
-    "tiny-dp2": Case("tiny dp=2 engine=default iters=4 save_interval=2 after=2 launcher=local"),
+    # (env_cache=auto, the default a user gets: as root its restart drops the machine's page cache, CASE_ENV_CACHE)
+    "tiny-dp2": Case("tiny dp=2 engine=default iters=4 save_interval=2 after=2 launcher=local env_cache=auto"),
     # layouts, default engine
     # plain mpiexec (Open MPI) starts the ranks, which take their rank variables from it (tests/test_launchers.py)
     "dp2-short": Case(f"tiny dp=2 launcher=mpiexec {SHORT}"),

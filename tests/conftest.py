@@ -70,12 +70,7 @@ class Case:
 
     @property
     def tokens(self) -> list[str]:
-        tokens = self.args.split()
-        if not any(t.startswith("launcher=") for t in tokens):
-            tokens.append(f"launcher={CASE_LAUNCHER}")
-        if not any(t.startswith("env_cache=") for t in tokens):
-            tokens.append(f"env_cache={CASE_ENV_CACHE}")
-        return tokens
+        return case_launcher(self.args.split())
 
     @property
     def steps(self) -> list[Step]:

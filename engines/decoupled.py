@@ -8,10 +8,9 @@ from engines.fastpersist import FastPersistEngine, WriterIO
 from restart_harness.errors import UsageError
 
 # Measured on CPU (bf16, ZeRO-1, 2026-11-23) with engine=fastpersist's work-arounds in place in the rank.
-CPU_LIMITATION = ("DeepSpeed 0.19.8's DecoupledCheckpointEngine.save puts the ZeRO state on a torch.multiprocessing "
-                  "queue, and the optimizer's single_partition_of_fp32_groups there is a slice that requires grad, "
-                  "which torch's reduce_tensor refuses to send to another process; its writer process (started "
-                  "with spawn) would also not have the CPU work-arounds engine=fastpersist runs with")
+CPU_LIMITATION = ("DeepSpeed 0.19.8's DecoupledCheckpointEngine writes from a writer process it starts with spawn, "
+                  "which has none of the CPU work-arounds engine=fastpersist runs with in the rank (its pinned "
+                  "buffer, its UtilsBuilder; third_party/deepspeed_fastpersist_cpu.py)")
 
 
 class DecoupledEngine(FastPersistEngine):
@@ -39,9 +38,10 @@ class DecoupledIO(WriterIO):
         self.io_multiplier = io_multiplier
 
     def save(self, state, path):
+        from third_party.deepspeed_decoupled_grad import detached
         from third_party.deepspeed_fastpersist_cpu import replica_name
 
-        self.native.save(state, path)
+        self.native.save(detached(state), path)
         config = self.native.dp_writer_config
         if config is None:
             return []

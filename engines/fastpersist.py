@@ -106,10 +106,12 @@ class FastPersistEngine(Engine):
         return [(replica_name(recipe.path, own, writers), recipe.writer)]
 
     def prepare(self) -> None:
+        from third_party import deepspeed_arch_list
         from third_party.deepspeed_fastpersist_cpu import locked_memory_shortfall, prepare
 
         if self.spec.device != "cuda" and (why := locked_memory_shortfall(self.options.io_buffer_mib * 2**20)):
             raise RuntimeError(f"engine={self.name}: {why}")  # instead of DeepSpeed aborting the rank
+        deepspeed_arch_list.prepare()  # before DeepSpeed JIT-builds the writer's ops on CUDA
         prepare(self.spec.device)
 
     def open(self, ctx: EngineContext) -> CheckpointIO:

@@ -205,7 +205,8 @@ class LazyIO(CheckpointIO):
             for i, off, n in part.copies:
                 t = tensors[i]
                 part.buffer[off:off + n].view(t.dtype).view(t.shape).copy_(t, non_blocking=True)
-                t.record_stream(self.side_stream)
+                if t.is_cuda:  # a CPU tensor (an optimizer's step count) is copied before copy_ returns
+                    t.record_stream(self.side_stream)
             event = torch.cuda.Event()
             event.record(self.side_stream)
         self.cuda_events.append(event)

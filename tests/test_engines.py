@@ -329,6 +329,50 @@ def test_fastpersist_cpu_shims_still_needed(tmp_path):
     assert "replica_unseen True" in proc.stdout, "DeepSpeed finds X.pt-R.N files at load: drop shim 3"
 
 
+def test_deepspeed_arch_list_shim_still_needed(monkeypatch):
+    """third_party/deepspeed_arch_list.py: DeepSpeed's JIT builder stops on an architecture suffix that torch takes
+    (an H200 image's TORCH_CUDA_ARCH_LIST=9.0a); the shim's list builds. Fails once DeepSpeed parses "9.0a" itself."""
+    from deepspeed.ops.op_builder.async_io import AsyncIOBuilder
+
+    from third_party import deepspeed_arch_list
+
+    assert deepspeed_arch_list.plain("9.0a;10.0f+PTX 8.0") == "9.0;10.0+PTX;8.0"
+    builder = AsyncIOBuilder()
+    builder.jit_mode = True  # as in OpBuilder.jit_load; the list is read from the environment, no GPU asked
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    with pytest.raises(ValueError, match="'0a'"):
+        builder.compute_capability_args()
+    environ = {"TORCH_CUDA_ARCH_LIST": "9.0a"}
+    assert deepspeed_arch_list.prepare(environ) == "9.0a" and deepspeed_arch_list.prepare(environ) is None
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", environ["TORCH_CUDA_ARCH_LIST"])
+    builder.compute_capability_args()
+    assert __import__("os").environ["TORCH_CUDA_ARCH_LIST"] == "9.0+PTX"  # what DeepSpeed then hands torch
+
+
+def test_deepspeed_decoupled_shim_still_needed():
+    """third_party/deepspeed_decoupled_grad.py: a slice of a flat buffer that requires grad (ZeRO's fp32 partition)
+    cannot go on DecoupledCheckpointEngine's queue; detached, the same storage can. Fails once DeepSpeed detaches."""
+    import inspect
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # registers torch's reductions, as DeepSpeed's queue does
+    from deepspeed.runtime.checkpoint_engine.decoupled_checkpoint_engine import DecoupledCheckpointEngine
+
+    from third_party.deepspeed_decoupled_grad import detached
+
+    flat = torch.zeros(8, requires_grad=True)
+    state = {"optimizer_state_dict": {"single_partition_of_fp32_groups": [flat[2:6] * 1], "step": 3}, "tag": "x"}
+    with pytest.raises(RuntimeError, match="non-leaf tensor which requires_grad"):
+        ForkingPickler.dumps(state)
+    ready = detached(state)
+    part = ready["optimizer_state_dict"]["single_partition_of_fp32_groups"][0]
+    assert not part.requires_grad and part.data_ptr() == state["optimizer_state_dict"][
+        "single_partition_of_fp32_groups"][0].data_ptr()
+    assert ready["optimizer_state_dict"]["step"] == 3 and ready["tag"] == "x"
+    ForkingPickler.dumps(ready)
+    assert "detach" not in inspect.getsource(DecoupledCheckpointEngine.save), "DeepSpeed detaches: drop the shim"
+
+
 def _without_ipc_lock(command: str, memlock_kib: int) -> subprocess.CompletedProcess:
     """command in bash as a process without CAP_IPC_LOCK (root's is dropped) whose locked-memory limit is
     memlock_kib: what a non-root user on a default node gets."""

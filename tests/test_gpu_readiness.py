@@ -50,6 +50,10 @@ def test_matrix_runs_what_this_node_can_and_says_why_not_the_rest(tmp_path):
         c = by_engine[name]
         assert c["refused"] is None and c["exit_code"] == 0 and c["verified"] is True
         assert c["blocking_seconds"] > 0 and c["load_seconds"] > 0
+        # keep=false by default: each case's checkpoint is gone once its records are written (a node's disk holds
+        # one 1B case at a time; 64 GB held two), its summary stays
+        status = json.loads((Path(c["run_dir"]) / "status.json").read_text())
+        assert status["checkpoint_deleted"] is True and (Path(c["run_dir"]) / "summary.json").is_file()
     for name in ("decoupled", "datastates"):
         assert "cpu" in by_engine[name]["refused"] and "exit_code" not in by_engine[name]
     assert (folder / "report" / "report.md").is_file() and "refused" in proc.stdout

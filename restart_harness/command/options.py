@@ -95,6 +95,9 @@ class MatrixOptions:
     gpus: int | None = key(None, "devices on the node (default: the NVIDIA devices found)", group="matrix", minimum=1)
     launcher: str = key("local", "what starts each case's ranks on this node (a launcher= value: local, prefork, ...)",
                         group="matrix")
+    keep: bool = key(False, "keep each case's checkpoint; false: deleted once the case's records are written (its "
+                            "records and the report stay), so the cases fit a node's disk one after another",
+                     group="matrix")
     results_dir: Path = key(Path("results/matrix"), "where the matrix's runs, matrix.json and its report go",
                             group="matrix")
 

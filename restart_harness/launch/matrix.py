@@ -64,7 +64,8 @@ def cases(options: MatrixOptions, folder: Path) -> tuple[str, list[dict]]:
     for tp, pp, dp in layouts(options, device, gpus):
         for engine in engines(options):
             tokens = [model, f"tp={tp}", f"pp={pp}", f"dp={dp}", *MATRIX_STACK_CASES.get(engine, [f"engine={engine}"]),
-                      f"device={device}", *SHORT, f"launcher={options.launcher}", f"results_dir={folder / 'runs'}"]
+                      f"device={device}", *SHORT, f"launcher={options.launcher}", f"keep={str(options.keep).lower()}",
+                      f"results_dir={folder / 'runs'}"]
             case = {"name": f"{engine} tp{tp}-pp{pp}-dp{dp}", "engine": engine, "layout": f"tp{tp}-pp{pp}-dp{dp}",
                     "tokens": tokens, "refused": None}
             try:

@@ -369,6 +369,11 @@ def test_deepspeed_decoupled_shim_still_needed():
     assert not part.requires_grad and part.data_ptr() == state["optimizer_state_dict"][
         "single_partition_of_fp32_groups"][0].data_ptr()
     assert ready["optimizer_state_dict"]["step"] == 3 and ready["tag"] == "x"
+    module = collections.OrderedDict(w=torch.ones(2))
+    module._metadata = {"": {"version": 1}}
+    assert detached(module) is module  # nothing to detach: DeepSpeed's own object
+    module["g"] = flat[:2] * 1
+    assert detached(module)._metadata == {"": {"version": 1}} and not detached(module)["g"].requires_grad
     ForkingPickler.dumps(ready)
     assert "detach" not in inspect.getsource(DecoupledCheckpointEngine.save), "DeepSpeed detaches: drop the shim"
 

@@ -15,13 +15,21 @@ ADDRESSES = "deepspeed==0.19.8"
 
 
 def detached(state: object) -> object:
-    """state with every tensor that requires grad replaced by its detach(); containers rebuilt with their own types."""
+    """state with every tensor that requires grad replaced by its detach(). A container holding none is returned as
+    it is; one rebuilt keeps its type and a state dict's `_metadata` (the module versions load_state_dict reads)."""
     import torch
 
     if isinstance(state, torch.Tensor):
         return state.detach() if state.requires_grad else state
     if isinstance(state, Mapping):
-        return type(state)((k, detached(v)) for k, v in state.items())
-    if isinstance(state, (list, tuple)) and type(state) in (list, tuple):
-        return type(state)(detached(v) for v in state)
+        items = [(k, detached(v)) for k, v in state.items()]
+        if all(new is state[k] for k, new in items):
+            return state
+        out = type(state)(items)
+        if hasattr(state, "_metadata"):
+            out._metadata = state._metadata
+        return out
+    if type(state) in (list, tuple):
+        items = [detached(v) for v in state]
+        return state if all(new is old for new, old in zip(items, state, strict=True)) else type(state)(items)
     return state

@@ -81,6 +81,16 @@ if [[ "$CUDA" == auto ]]; then
      && command -v nvcc >/dev/null; then CUDA=yes; fi
 fi
 DS_SRC="$(ls "$BUNDLE"/src/deepspeed-*.tar.gz | head -1)"
+# DeepSpeed 0.19.8's op builder cannot parse an architecture-specific entry of TORCH_CUDA_ARCH_LIST ("9.0a", which
+# torch and some GPU images use): its ops are built for the plain architecture (third_party/deepspeed_arch_list.py)
+if [[ -n "${TORCH_CUDA_ARCH_LIST:-}" ]]; then
+  archs="$(cd "$DEST" && "$PY" -c 'import os; from third_party.deepspeed_arch_list import plain
+print(plain(os.environ["TORCH_CUDA_ARCH_LIST"]))')"
+  if [[ "$archs" != "$TORCH_CUDA_ARCH_LIST" ]]; then
+    log "TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST: DeepSpeed 0.19.8 cannot parse it; its ops are built for $archs"
+    export TORCH_CUDA_ARCH_LIST="$archs"
+  fi
+fi
 # Where CUDA's toolkit is, for torch's extension builds: CUDA_HOME if set, else the folder nvcc runs from (nvcc may
 # be a wrapper script on PATH: torch would take the wrapper's folder, /usr/local, and link without libcudart).
 cuda_home() {

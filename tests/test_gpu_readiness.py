@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +45,9 @@ def test_matrix_runs_what_this_node_can_and_says_why_not_the_rest(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     folder = Path(proc.stdout.strip().splitlines()[-1])
     record = json.loads((folder / "matrix.json").read_text())
-    assert record["device"] == "cpu"
+    assert record["device"] == "cpu" and record["state"] == "complete"
+    # each case's outcome is said (and matrix.json rewritten) as soon as it ends, not only in the final table
+    assert re.search(r"\[matrix\] \d/2 default tp1-pp1-dp2: verified in \d+ s", proc.stdout), proc.stdout
     by_engine = {c["engine"]: c for c in record["cases"]}
     for name in ("default", "fsdp2-dcp"):
         c = by_engine[name]

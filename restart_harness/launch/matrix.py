@@ -88,21 +88,33 @@ def run(options: MatrixOptions, say=print) -> Path:
     folder = make_fresh_dir(Path(options.results_dir), f"matrix-{datetime.now():%Y%m%d-%H%M%S}")
     device, todo = cases(options, folder)
     runnable = [c for c in todo if not c["refused"]]
-    say(f"[matrix] {device}: {len(runnable)} cases to run, {len(todo) - len(runnable)} refused on this node")
-    for i, case in enumerate(runnable, 1):
-        say(f"[matrix] {i}/{len(runnable)} {case['name']}")
-        start = time.time()
-        proc = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), *case["tokens"]], capture_output=True,
-                              text=True, check=False)
-        case["seconds"] = round(time.time() - start, 1)
-        case["exit_code"] = proc.returncode
-        lines = proc.stdout.strip().splitlines()
-        run_dir = Path(lines[-1]) if lines and Path(lines[-1]).is_dir() else None
-        case["run_dir"] = str(run_dir) if run_dir else None
-        case["error"] = (proc.stderr.strip().splitlines() or [""])[-1] if proc.returncode else None
-        case.update(_figures(run_dir))
-    record = {"device": device, "created": time.time(), "cases": todo}
+    say(f"[matrix] {device}: {len(runnable)} cases to run, {len(todo) - len(runnable)} refused on this node; "
+        f"matrix.json in {folder} is rewritten after each case")
+    # state: running until every case ran (complete), or failed when the matrix itself was stopped (Ctrl-C); a case
+    # without exit_code had not run then
+    record = {"device": device, "created": time.time(), "state": "running", "cases": todo}
     write_json_atomic(folder / "matrix.json", record)
+    try:
+        for i, case in enumerate(runnable, 1):
+            say(f"[matrix] {i}/{len(runnable)} {case['name']}")
+            start = time.time()
+            proc = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), *case["tokens"]],
+                                  capture_output=True, text=True, check=False)
+            case["seconds"] = round(time.time() - start, 1)
+            case["exit_code"] = proc.returncode
+            lines = proc.stdout.strip().splitlines()
+            run_dir = Path(lines[-1]) if lines and Path(lines[-1]).is_dir() else None
+            case["run_dir"] = str(run_dir) if run_dir else None
+            case["error"] = (proc.stderr.strip().splitlines() or [""])[-1] if proc.returncode else None
+            case.update(_figures(run_dir))
+            write_json_atomic(folder / "matrix.json", record)
+            say(f"[matrix] {i}/{len(runnable)} {case['name']}: {_result(case)} in {case['seconds']:.0f} s")
+        record["state"] = "complete"
+    except KeyboardInterrupt:
+        record["state"] = "failed"
+        raise
+    finally:
+        write_json_atomic(folder / "matrix.json", record)
     if runnable:
         from analysis.report import main as report
 
@@ -134,12 +146,16 @@ def render(record: dict) -> str:
         if c["refused"]:
             lines.append(f"{c['name']:<34} refused    {c['refused']}")
             continue
-        result = ("verified" if c.get("verified") else "FAILED" if c.get("exit_code") else "unverified")
+        result = _result(c)
         lines.append(f"{c['name']:<34} {result:<10} {f(c.get('blocking_seconds')):>10} "
                      f"{f(c.get('durable_seconds')):>10} {f(c.get('load_seconds')):>8} "
                      f"{f(c.get('load_mib_s'), 1):>10} {f(c.get('restart_seconds'), 2):>9}"
                      + (f"  {c['error']}" if c.get("error") else ""))
     return "\n".join(lines)
+
+
+def _result(case: dict) -> str:
+    return "verified" if case.get("verified") else "FAILED" if case.get("exit_code") else "unverified"
 
 
 def ok(folder: Path) -> bool:

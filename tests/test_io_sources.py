@@ -191,6 +191,22 @@ def test_the_counters_agree_with_strace_on_a_restart(staged_traced):
 
 
 @pytest.mark.slow
+def test_restarts_started_otherwise_are_not_pooled_into_one_median(staged_traced):
+    """The copy's restarts at its own layout: the case's (prefork, env_cache=keep) and this re-run (mpiexec, the
+    environment dropped and staged). The terminal gives each its own median, never one over both; every restart's
+    row names how it started, and summary.json each restart's launcher."""
+    run_dir, proc = staged_traced
+    summary = load_summary(run_dir)
+    own = [r for r in summary["restarts"] if r["layout"]["loaded"] == r["layout"]["saved"]]
+    assert [r["launcher"] for r in own] == ["prefork", "mpiexec"], [r["record"] for r in own]
+    row = next(line for line in proc.stdout.splitlines() if line.startswith("restarts "))
+    assert row.count(" over 1 (") == 2 and "not pooled" in row, row
+    assert "(prefork, cache drop, env_cache keep)" in row and "(mpiexec, cache drop, env_cache drop, staged)" in row
+    assert f"  {own[-1]['record']}" in proc.stdout and "(mpiexec, cache drop, env_cache drop, staged), cache" \
+        in proc.stdout
+
+
+@pytest.mark.slow
 def test_a_staged_restart_imports_from_the_copy_and_leaves_nothing(staged_traced):
     """env_stage: the copy's time, files and file system recorded; the ranks run the copy's interpreter and import
     from it; the copy is gone once the restart has ended. env_cache=drop acted on the copy (on tmpfs its pages are

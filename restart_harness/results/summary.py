@@ -208,6 +208,7 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         "verified": verified,
         "verified_tensors": sum(v["tensors"] for v in verifies if v),
         "differing": differing[:100],
+        "launcher": launch.get("launcher"),  # what started this restart's ranks (a re-run may name another)
         "cache": cache,
         "environment_cache": launch.get("environment_cache"),  # env_cache= (storage/pagecache.py environment())
         "staging": launch.get("staging"),  # env_stage=: the environment's copy (launch/staging.py), before the launch

@@ -233,9 +233,18 @@ def _node_rows(name: str, phase: dict, seconds: str, nbytes: str, verb: str) -> 
     return [(name, " | ".join(parts) + tail)]
 
 
+def _restart_conditions(r: dict) -> str:
+    """What a restart-only re-run may change that changes a restart's cost: its launcher, the checkpoint's and the
+    environment's page cache as requested, and a staged environment."""
+    env = (r.get("environment_cache") or {}).get("requested")
+    return ", ".join([r.get("launcher") or "launcher -", f"cache {(r.get('cache') or {}).get('requested', '-')}",
+                      *([f"env_cache {env}"] if env else []), *(["staged"] if r.get("staging") else [])])
+
+
 def _restart_rows(restarts: list[dict]) -> list[tuple[str, str]]:
     """Every restart of the checkpoint side by side (the point of repeating them: restart-only re-runs), with the
-    median of those at the run's own layout that verified."""
+    median of those at the run's own layout that verified, one median a set of conditions (_restart_conditions):
+    restarts that started otherwise are never pooled into one figure."""
     if len(restarts) < 2:
         return []
     rows = []
@@ -244,14 +253,18 @@ def _restart_rows(restarts: list[dict]) -> list[tuple[str, str]]:
         took = (f"{_s(r['total_seconds'])} + {_s(r['launch_seconds'])} launcher"
                 if r.get("total_seconds") is not None and r.get("launch_seconds") is not None else "-")
         verdict = "verified" if r.get("verified") else "NOT verified" if r.get("verified") is False else "failed"
-        rows.append((f"  {r['record']}", f"{layout}, cache {(r.get('cache') or {}).get('observed', '-')}: {took}, "
-                                         f"{verdict}"))
-    own = [r["total_seconds"] + r["launch_seconds"] for r in restarts if r.get("verified")
-           and r.get("total_seconds") is not None and r.get("launch_seconds") is not None
-           and (r.get("layout") or {}).get("loaded") == (r.get("layout") or {}).get("saved")]
+        rows.append((f"  {r['record']}", f"{layout} ({_restart_conditions(r)}), cache "
+                                         f"{(r.get('cache') or {}).get('observed', '-')}: {took}, {verdict}"))
+    own: dict[str, list[float]] = {}
+    for r in restarts:
+        if (r.get("verified") and r.get("total_seconds") is not None and r.get("launch_seconds") is not None
+                and (r.get("layout") or {}).get("loaded") == (r.get("layout") or {}).get("saved")):
+            own.setdefault(_restart_conditions(r), []).append(r["total_seconds"] + r["launch_seconds"])
     if own:
-        rows.insert(0, ("restarts", f"{len(restarts)} of this checkpoint; at its own layout, verified: median "
-                                    f"{_s(statistics.median(own))} with launcher over {len(own)}"))
+        medians = " | ".join(f"{_s(statistics.median(v))} over {len(v)} ({c})" for c, v in own.items())
+        apart = "; not pooled: their launcher or cache settings differ" if len(own) > 1 else ""
+        rows.insert(0, ("restarts", f"{len(restarts)} of this checkpoint; at its own layout, verified, median with "
+                                    f"launcher: {medians}{apart}"))
     else:
         rows.insert(0, ("restarts", f"{len(restarts)} of this checkpoint"))
     return rows

@@ -200,6 +200,10 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
         "restart_staging_seconds": num(get(rec, "staging", "seconds")),  # env_stage=: copying the environment
         "restart_staging_bytes": num(get(rec, "staging", "bytes")),
         "restart_env_cache_observed": get(rec, "environment_cache", "observed"),
+        # how this restart started, where a restart-only re-run changed it (the run's spec says the first one's)
+        "restart_launcher": rec.get("launcher"),
+        "restart_cache_requested": get(rec, "cache", "requested"),
+        "restart_env_cache_requested": get(rec, "environment_cache", "requested"),
     }
     row.update(node_columns("save", save))
     row.update(node_columns("restart", rec))
@@ -398,8 +402,16 @@ class Group:
         return stat([s.get(column) for s in self.saves])
 
 
-def _config(run: Run) -> dict:
-    spec = run.spec
+RESTART_CONDITIONS = {"launcher": "restart_launcher", "cache": "restart_cache_requested",
+                      "env_cache": "restart_env_cache_requested"}  # spec field: the restart row's own column
+
+
+def _config(run: Run, row: dict | None = None) -> dict:
+    """The run's configuration (CONFIG_FIELDS), with how this restart row started where its record says."""
+    spec = dict(run.spec)
+    for field_name, column in RESTART_CONDITIONS.items():
+        if row is not None and row.get(column) is not None:
+            spec[field_name] = row[column]
     out = {k: json.dumps(spec.get(k, CONFIG_DEFAULTS.get(k)), sort_keys=True) for k in CONFIG_FIELDS}
     for a, b in PLACE_FIELDS:
         out[f"{a}.{b}"] = json.dumps(get(spec, a, b))
@@ -412,22 +424,27 @@ def groups(runs: list[Run], table: list[dict] | None = None, states: tuple[str, 
     table = rows(runs) if table is None else table
     saves = save_rows(runs)
     chosen = [r for r in runs if r.state in states]
-    configs = [_config(r) for r in chosen]
+    # one configuration per (run, how its restart started): a restart-only re-run with another launcher or cache
+    # is another configuration of restart, never pooled with the run's first
+    # (a restart at another layout stays with its run's configuration, kept apart there as `resharded`)
+    parts = [(run, row, _config(run, None if row is None or _resharded(row) else row)) for run in chosen
+             for row in ([r for r in table if r["run_dir"] == str(run.dir)] or [None])]
+    configs = [config for _, _, config in parts]
     shown = {"model", "shrink", "tp", "pp", "dp", "nodes", "ranks_per_node", "engine"}  # rpn follows the layout
     varying = [k for k in (configs[0] if configs else {}) if k not in shown and len({c[k] for c in configs}) > 1]
     out: dict[tuple, Group] = {}
-    for run, config in zip(chosen, configs, strict=True):
+    for run, row, config in parts:
         key = tuple(sorted(config.items()))
         if key not in out:
             out[key] = Group(model_label(run.spec), layout_label(run.spec), engine_label(run.spec),
                              _extra(run.spec, config, varying, configs))
         g = out[key]
-        g.runs.append(run)
-        mine = [r for r in table if r["run_dir"] == str(run.dir)]
-        # a restart at another layout is another configuration of restart: kept apart, not pooled with these
-        g.rows.extend(r for r in mine if not _resharded(r))
-        g.resharded.extend(r for r in mine if _resharded(r))
-        g.saves.extend(s for s in saves if s["run_dir"] == str(run.dir))
+        if run not in g.runs:
+            g.runs.append(run)
+            g.saves.extend(s for s in saves if s["run_dir"] == str(run.dir))
+        if row is not None:
+            # a restart at another layout is another configuration of restart: kept apart, not pooled with these
+            (g.resharded if _resharded(row) else g.rows).append(row)
     found = list(out.values())
     common = frozenset(name for name in ("model", "layout", "engine")
                        if len({getattr(g, name) for g in found}) == 1 and len(found) > 1)

@@ -204,6 +204,18 @@ def test_restarts_started_otherwise_are_not_pooled_into_one_median(staged_traced
     assert "(prefork, cache drop, env_cache keep)" in row and "(mpiexec, cache drop, env_cache drop, staged)" in row
     assert f"  {own[-1]['record']}" in proc.stdout and "(mpiexec, cache drop, env_cache drop, staged), cache" \
         in proc.stdout
+    # the report likewise: one configuration per way of starting, runs.csv naming each restart's own
+    from analysis import load as ld
+    from analysis import table
+
+    runs, _ = ld.load([run_dir])
+    groups = table.groups(runs)
+    assert len(groups) == 2 and [len(g.rows) for g in groups] == [1, 1], [g.full_label for g in groups]
+    assert "launcher=prefork" in groups[0].extra and "launcher=mpiexec" in groups[1].extra, groups[1].extra
+    assert "env_cache=drop" in groups[1].extra and len(groups[0].resharded) == 2  # dp=1, dp=4: with the run's own
+    rows = {r["restart_record"]: r for r in table.rows(runs)}
+    assert rows[own[-1]["record"]]["restart_launcher"] == "mpiexec"
+    assert rows[own[-1]["record"]]["restart_env_cache_requested"] == "drop"
 
 
 @pytest.mark.slow

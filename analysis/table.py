@@ -25,7 +25,12 @@ from restart_harness.results.schema import (
     io_metadata_ops,
     layout_label,
     model_label,
+    restart_conditions,
 )
+
+# runs.csv's column of each of schema.restart_conditions: how a restart started
+RESTART_CONDITIONS = {"launcher": "restart_launcher", "cache": "restart_cache_requested",
+                      "env_cache": "restart_env_cache_requested", "staged": "restart_staged"}
 
 # Restart phases in the schema's order; phases a newer harness adds follow, in first-seen order.
 KNOWN_PHASES = PHASE_NAMES
@@ -201,9 +206,7 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
         "restart_staging_bytes": num(get(rec, "staging", "bytes")),
         "restart_env_cache_observed": get(rec, "environment_cache", "observed"),
         # how this restart started, where a restart-only re-run changed it (the run's spec says the first one's)
-        "restart_launcher": rec.get("launcher"),
-        "restart_cache_requested": get(rec, "cache", "requested"),
-        "restart_env_cache_requested": get(rec, "environment_cache", "requested"),
+        **{RESTART_CONDITIONS[k]: v for k, v in restart_conditions(rec).items()},
     }
     row.update(node_columns("save", save))
     row.update(node_columns("restart", rec))
@@ -402,17 +405,14 @@ class Group:
         return stat([s.get(column) for s in self.saves])
 
 
-RESTART_CONDITIONS = {"launcher": "restart_launcher", "cache": "restart_cache_requested",
-                      "env_cache": "restart_env_cache_requested"}  # spec field: the restart row's own column
-
-
 def _config(run: Run, row: dict | None = None) -> dict:
-    """The run's configuration (CONFIG_FIELDS), with how this restart row started where its record says."""
-    spec = dict(run.spec)
-    for field_name, column in RESTART_CONDITIONS.items():
+    """The run's configuration (CONFIG_FIELDS), with how this restart row started (schema.restart_conditions) where
+    its record says: a re-run with another launcher or cache, or a staged environment, is a configuration of its own."""
+    spec = {**run.spec, "staged": False}
+    for name, column in RESTART_CONDITIONS.items():
         if row is not None and row.get(column) is not None:
-            spec[field_name] = row[column]
-    out = {k: json.dumps(spec.get(k, CONFIG_DEFAULTS.get(k)), sort_keys=True) for k in CONFIG_FIELDS}
+            spec[name] = row[column]
+    out = {k: json.dumps(spec.get(k, CONFIG_DEFAULTS.get(k)), sort_keys=True) for k in (*CONFIG_FIELDS, "staged")}
     for a, b in PLACE_FIELDS:
         out[f"{a}.{b}"] = json.dumps(get(spec, a, b))
     return out

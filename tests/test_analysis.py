@@ -31,7 +31,7 @@ NOT_FIGURES = {"run_id", "state", "state_reason", "sweep", "schema_version", "mo
                "dp", "zero", "nodes", "world_size", "emulate", "engine", "engine_label", "device", "cache_requested", "num_parameters",
                "checkpoint_tag",
                "save_tag", "save_step", "restart_record", "restart_tag", "restart_verified", "restart_cache_observed", "restart_env_cache_observed",
-               "restart_launcher", "restart_cache_requested", "restart_env_cache_requested",
+               "restart_launcher", "restart_cache_requested", "restart_env_cache_requested", "restart_staged",
                "restart_exit_code", "baseline_method", "machine_busy_at_launch", "save_memory_growing", "final_loss", "run_dir", "training_steps",
                "load_slowest_rank", "restart_layout_saved", "restart_layout_loaded", "conversion_reused",
                "first_step_loss", "save_slowest_node", "save_slowest_node_rank", "restart_slowest_node",

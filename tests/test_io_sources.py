@@ -212,10 +212,11 @@ def test_restarts_started_otherwise_are_not_pooled_into_one_median(staged_traced
     groups = table.groups(runs)
     assert len(groups) == 2 and [len(g.rows) for g in groups] == [1, 1], [g.full_label for g in groups]
     assert "launcher=prefork" in groups[0].extra and "launcher=mpiexec" in groups[1].extra, groups[1].extra
-    assert "env_cache=drop" in groups[1].extra and len(groups[0].resharded) == 2  # dp=1, dp=4: with the run's own
+    assert "env_cache=drop" in groups[1].extra and "staged=True" in groups[1].extra, groups[1].extra
+    assert len(groups[0].resharded) == 2  # dp=1 and dp=4: with the run's own configuration, shown apart
     rows = {r["restart_record"]: r for r in table.rows(runs)}
     assert rows[own[-1]["record"]]["restart_launcher"] == "mpiexec"
-    assert rows[own[-1]["record"]]["restart_env_cache_requested"] == "drop"
+    assert rows[own[-1]["record"]]["restart_env_cache_requested"] == "drop" and rows[own[-1]["record"]]["restart_staged"]
 
 
 @pytest.mark.slow

@@ -107,6 +107,16 @@ CONFIG_FIELDS = ("model", "shape", "shrink", "stack", "precision", "tp", "pp", "
                  "subset")
 # What a field of CONFIG_FIELDS was before the harness recorded it (spec.json of older runs)
 CONFIG_DEFAULTS = {"zero": 1, "emulate": False, "subset": False, "env_cache": "auto"}
+
+
+def restart_conditions(restart: dict) -> dict:
+    """How one restart record started, where a restart-only re-run may differ from its run's spec: its launcher,
+    the page cache of the checkpoint (cache=) and of the environment (env_cache=) as requested, and whether the
+    environment was staged (env_stage=). Restarts that differ in any of these are never pooled into one figure
+    (the terminal's restarts row, the report's configurations). None: a record older than the field."""
+    return {"launcher": restart.get("launcher"), "cache": (restart.get("cache") or {}).get("requested"),
+            "env_cache": (restart.get("environment_cache") or {}).get("requested"),
+            "staged": bool(restart.get("staging"))}
 PLACE_FIELDS = (("host", "hostname"), ("checkpoint_filesystem", "mount"), ("checkpoint_filesystem", "type"),
                 ("checkpoint_object_store", "endpoint_url"))  # s3:// runs: never pooled with file-system runs
 

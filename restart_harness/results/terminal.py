@@ -5,7 +5,8 @@ from __future__ import annotations
 import statistics
 
 from restart_harness.results import placement, save_memory
-from restart_harness.results.schema import LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES, io_metadata_ops
+from restart_harness.results.schema import (LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES, io_metadata_ops,
+                                            restart_conditions)
 
 
 def _s(value: float | None) -> str:
@@ -234,16 +235,15 @@ def _node_rows(name: str, phase: dict, seconds: str, nbytes: str, verb: str) -> 
 
 
 def _restart_conditions(r: dict) -> str:
-    """What a restart-only re-run may change that changes a restart's cost: its launcher, the checkpoint's and the
-    environment's page cache as requested, and a staged environment."""
-    env = (r.get("environment_cache") or {}).get("requested")
-    return ", ".join([r.get("launcher") or "launcher -", f"cache {(r.get('cache') or {}).get('requested', '-')}",
-                      *([f"env_cache {env}"] if env else []), *(["staged"] if r.get("staging") else [])])
+    """schema.restart_conditions as text: `prefork, cache drop, env_cache keep` (`, staged`)."""
+    c = restart_conditions(r)
+    return ", ".join([c["launcher"] or "launcher -", f"cache {c['cache'] or '-'}",
+                      *([f"env_cache {c['env_cache']}"] if c["env_cache"] else []), *(["staged"] if c["staged"] else [])])
 
 
 def _restart_rows(restarts: list[dict]) -> list[tuple[str, str]]:
     """Every restart of the checkpoint side by side (the point of repeating them: restart-only re-runs), with the
-    median of those at the run's own layout that verified, one median a set of conditions (_restart_conditions):
+    median of those at the run's own layout that verified, one median a set of conditions (schema.restart_conditions):
     restarts that started otherwise are never pooled into one figure."""
     if len(restarts) < 2:
         return []

@@ -89,9 +89,9 @@ def main(argv: list[str]) -> int:
 
                 traceback.print_exc()
             finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
+                from restart_harness.worker.main import end_process
+
+                end_process(code)
         children[pid] = rank
 
     def end_all(signum=None, frame=None):
@@ -118,4 +118,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    from restart_harness.worker.main import end_process
+
+    end_process(main(sys.argv[1:]))  # this process never builds a model, opens a checkpoint or joins a group

@@ -8,6 +8,6 @@ if __name__ == "__main__":
     from restart_harness.worker import rank_env
 
     rank_env.fill()  # torchrun / srun / mpiexec: the variables DeepSpeed's launcher would have set
-    from restart_harness.worker.main import main
+    from restart_harness.worker.main import end_process, main
 
-    raise SystemExit(main(PROCESS_START))
+    end_process(main(PROCESS_START))  # an error raises out of main: its traceback, and the interpreter's own exit

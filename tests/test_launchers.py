@@ -223,6 +223,20 @@ def test_prefork_forks_every_rank_from_one_process_that_imported_first(harness):
     assert summary["status"]["state"] == "complete" and all(r["verified"] for r in summary["restarts"])
 
 
+def test_a_rank_ends_without_teardown_yet_with_its_output_and_its_code(tmp_path):
+    """worker/main.py end_process, how every rank and prefork's forking process end: output Python and the C library
+    still buffer is written (a log that is a file is block-buffered), the exit code is the rank's, and an exit
+    handler (the interpreter's teardown) does not run."""
+    code = ("import atexit, ctypes, sys; from restart_harness.worker.main import end_process; "
+            "atexit.register(lambda: print('teardown ran')); print('python line', end=''); "
+            "ctypes.CDLL(None).printf(b' c line'); end_process(3)")
+    with open(tmp_path / "log", "w") as log:  # a file: stdio buffers it, as in a rank's log
+        proc = subprocess.run([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                              env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}, check=False)
+    assert proc.returncode == 3
+    assert (tmp_path / "log").read_text() == "python line c line"
+
+
 def test_deepspeed_is_another_name_for_the_local_launcher(tmp_path):
     run_dir = dry_run(tmp_path, "tiny", "dp=2", "launcher=deepspeed")
     assert json.loads((run_dir / "spec.json").read_text())["launcher"] == "local"

@@ -10,7 +10,7 @@ What the two may differ by, and why (docs/measurements.md#io-by-source states th
 - the dynamic loader's own opens and stats of shared libraries, and its failed look-ups along a library's search
   path: system calls that no preloaded library sees. The counters count the libraries it mapped (`mapped_files`);
 - glibc's calls to itself (opendir's open is counted as a listing; NSS and locale files), and what a process does
-  after its last mark (interpreter shutdown).
+  after its last mark (a rank exits without the interpreter's teardown: worker/main.py end_process).
 The counters can never see more calls than the kernel: strace's count is an upper bound of theirs.
 """
 

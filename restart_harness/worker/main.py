@@ -6,6 +6,7 @@ fact goes to the rank's event log (events/<record>/rank-N.jsonl)."""
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import resource
 import socket
@@ -81,9 +82,11 @@ def end_process(code: int):
     """Exit now, without the interpreter's teardown: after a rank's last record (or, in prefork's forking process,
     after every rank has exited) all that is left is freeing torch's and DeepSpeed's modules object by object, 1.2-1.5
     CPU-seconds a process here (docs/testing.md) that no figure and no file needs. Every save is durable and the
-    trace finalized before `main` returns; the exit code is the rank's."""
+    trace finalized before `main` returns; the exit code is the rank's. Output still buffered is written first,
+    Python's and the C library's (torch's and DeepSpeed's native code print through stdio)."""
     sys.stdout.flush()
     sys.stderr.flush()
+    ctypes.CDLL(None).fflush(None)
     os._exit(code)
 
 

@@ -10,8 +10,10 @@ only read the run directories they are given; a test that changes a run makes it
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,6 +31,7 @@ from durations import (
     pytest_sessionfinish,
     pytest_testnodedown,
     record_case,
+    record_case_wait,
     timed_setup,
 )
 
@@ -255,7 +258,10 @@ class Harness:
 
         record = self.root / f".{name}.played.json"
         with open(self.root / f".{name}.lock", "w") as lock:
+            asked = time.time()
             fcntl.flock(lock, fcntl.LOCK_EX)
+            if record.is_file() and time.time() - asked > 1:  # the other worker was playing it meanwhile
+                record_case_wait(name, time.time() - asked)
             if not record.is_file():
                 run_dir, first, steps = self._play(name)
                 procs = [{"args": p.args, "returncode": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
@@ -286,16 +292,39 @@ _GROUPS = {"test_s3.py": "s3", "test_s3_faults.py": "s3", "test_slurm.py": "slur
            "test_io_sources.py": "io_sources"}  # one worker: its module fixture's restart runs once
 
 
+_PLAYS = re.compile(r"""harness\.(?:run|played)\(["']([\w.-]+)["']\)""")
+
+
+def case_of(item) -> str | None:
+    """The case of RUNS a test reads first: its `name` parameter, else the first `harness.run("...")` in its own
+    source, else in the source of a fixture it requests (tiny_dp2, a module's shared run)."""
+    callspec = getattr(item, "callspec", None)
+    name = callspec.params.get("name") if callspec else None
+    if isinstance(name, str) and name in RUNS:
+        return name
+    defs = getattr(item, "_fixtureinfo", None)
+    functions = [item.function] + [d.func for name in item.fixturenames
+                                   for d in (defs.name2fixturedefs.get(name, ()) if defs else ())]
+    for function in functions:
+        try:
+            found = _PLAYS.findall(inspect.getsource(function))
+        except (OSError, TypeError):  # a builtin fixture
+            continue
+        if found and found[0] in RUNS:
+            return found[0]
+    return None
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads xdist_group to place --dist loadgroup
 def pytest_collection_modifyitems(config, items) -> None:
-    """The tests that share a server or a cluster go to one pytest-xdist worker (--dist loadgroup)."""
+    """The tests that share a server or a cluster go to one pytest-xdist worker (--dist loadgroup), and so do the
+    tests of one case: a test asking for a case the other worker is playing waits with nothing to do, and the
+    playing worker's launch alone rarely keeps both cores busy (the durations file's `case_waits_seconds`)."""
     for item in items:
         group = _GROUPS.get(item.path.name)
-        callspec = getattr(item, "callspec", None)
-        case = RUNS.get(callspec.params.get("name")) if callspec and isinstance(callspec.params.get("name"), str) \
-            else None
-        if case is not None and case.needs:
-            group = case.needs
+        case = case_of(item)
+        if not group and case is not None:
+            group = RUNS[case].needs or f"case-{case}"
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
 

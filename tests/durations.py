@@ -26,6 +26,7 @@ SCHEMA = 2  # 2: tests carry start, worker and cpu_seconds
 
 _tests: dict[str, dict] = {}
 _cases: dict[str, dict] = {}
+_case_waits: dict[str, float] = {}  # a worker's test waiting while another worker played the case
 _setups: dict[str, float] = {}
 _started = time.time()
 _CPU_AT_SETUP = pytest.StashKey[float]()
@@ -70,6 +71,12 @@ def record_case(name: str, seconds: float, invocations: int) -> None:
     _cases[name] = {"seconds": round(seconds, 3), "invocations": invocations}
 
 
+def record_case_wait(name: str, seconds: float) -> None:
+    """A test waited `seconds` for a case another worker was playing (conftest.Harness): time that worker's core
+    did nothing (conftest.pytest_collection_modifyitems puts the tests of one case on one worker to avoid it)."""
+    _case_waits[name] = round(_case_waits.get(name, 0.0) + seconds, 3)
+
+
 @contextmanager
 def timed_setup(name: str):
     """Time a shared set-up (a server, a cluster, a build) once, under `name`."""
@@ -110,13 +117,16 @@ def pytest_testnodedown(node, error) -> None:
     """pytest-xdist: a worker's cases and shared set-ups reach the controller, which writes the file."""
     got = getattr(node, "workeroutput", {}).get("rh_durations") or {}
     _cases.update(got.get("cases", {}))
+    for name, seconds in got.get("case_waits", {}).items():
+        _case_waits[name] = round(_case_waits.get(name, 0.0) + seconds, 3)
     for name, seconds in got.get("setups", {}).items():
         _setups[f"{name} ({node.gateway.id})"] = seconds
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
     if hasattr(session.config, "workerinput"):  # an xdist worker: the controller has every test's report
-        session.config.workeroutput["rh_durations"] = {"cases": _cases, "setups": _setups}
+        session.config.workeroutput["rh_durations"] = {"cases": _cases, "case_waits": _case_waits,
+                                                       "setups": _setups}
         return
     now = time.time()
     commit = _commit()
@@ -132,6 +142,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         "setup_steps_seconds": _setup_steps(),
         "shared_setups_seconds": dict(sorted(_setups.items())),
         "cases": dict(sorted(_cases.items(), key=lambda kv: -kv[1]["seconds"])),
+        "case_waits_seconds": dict(sorted(_case_waits.items(), key=lambda kv: -kv[1])),
         "tests": sorted(_tests.values(), key=lambda t: t["id"]),
     }
     _write(REPO / "test-logs" / "durations.json", data)

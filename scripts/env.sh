@@ -1,7 +1,8 @@
 # Sourced by submit-job.sh and run-tests.sh: puts the harness's Python in $RH_PY.
 #   1. RH_PYTHON=/path/to/python        use exactly that interpreter (nothing is installed)
 #   2. the active python3, if it already imports torch and deepspeed (a cluster's module or conda env)
-#      unless RH_VENV=1 forces the project-local environment
+#      unless RH_VENV=1 forces the project-local environment, or RH_VENV_DIR names one (not asked then: the
+#      probe imports torch in python3, a fraction of a second on every command)
 #   3. otherwise the project-local .venv: created on first use, the project installed into it (editable, with the
 #      extras of pyproject.toml under the pins of requirements.txt); again whenever either file changes.
 #      RH_VENV_DIR puts it elsewhere: .ci/run keeps one per requirements in the user cache, shared by every clone on
@@ -20,7 +21,7 @@ rh_choose_python() {
     fi
     RH_PY="$RH_PYTHON"; return
   fi
-  if [[ "${RH_VENV:-0}" != 1 ]] && command -v python3 >/dev/null \
+  if [[ "${RH_VENV:-0}" != 1 && -z "${RH_VENV_DIR:-}" ]] && command -v python3 >/dev/null \
      && python3 -c 'import torch, deepspeed, yaml' >/dev/null 2>&1 \
      && [[ "$(command -v python3)" != "$RH_ROOT/.venv/bin/python3" ]]; then
     RH_PY="$(command -v python3)"; return

@@ -287,21 +287,30 @@ class Harness:
 
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ... under pytest-xdist; None in a single process
 # tests that must share one worker: its S3 server holds the objects of the cases that need one, and the local Slurm
-# cluster's daemons and namespaces are one per machine
-_GROUPS = {"test_s3.py": "s3", "test_s3_faults.py": "s3", "test_slurm.py": "slurm", "test_gpu_cluster.py": "slurm",
+# cluster's daemons and namespaces are one per machine. Both are one group, one after the other on one worker: their
+# tests wait on daemons (a job queued, a node marked down, a gateway restarted), waits the other worker's launches
+# fill; side by side on two workers, their waits left a core idle (docs/testing.md)
+_GROUPS = {"test_s3.py": "servers", "test_s3_faults.py": "servers", "test_slurm.py": "servers",
+           "test_gpu_cluster.py": "servers",
            "test_io_sources.py": "io_sources"}  # one worker: its module fixture's restart runs once
+_NEEDS_GROUP = {"s3": "servers"}  # a case that needs the S3 server runs where the server is
+# tests that mostly wait (a rank hung until the timeout, a harness killed and its ranks awaited): one group, so that
+# they do not wait side by side on both workers at the end of the session
+_WAITING = {"test_hung_rank_is_killed_by_the_timeout": "waits",
+            "test_killed_harness_leaves_running_which_readers_see_as_failed": "waits"}
 
 
 _PLAYS = re.compile(r"""harness\.(?:run|played)\(["']([\w.-]+)["']\)""")
 
 
 def case_of(item) -> str | None:
-    """The case of RUNS a test reads first: its `name` parameter, else the first `harness.run("...")` in its own
+    """The case of RUNS a test reads first: its `name` parameter (or another naming a case), else the first `harness.run("...")` in its own
     source, else in the source of a fixture it requests (tiny_dp2, a module's shared run)."""
     callspec = getattr(item, "callspec", None)
-    name = callspec.params.get("name") if callspec else None
-    if isinstance(name, str) and name in RUNS:
-        return name
+    params = callspec.params if callspec else {}
+    for name in (params.get("name"), *params.values()):  # `name`, or another parameter naming a case (`emulated`)
+        if isinstance(name, str) and name in RUNS:
+            return name
     defs = getattr(item, "_fixtureinfo", None)
     functions = [item.function] + [d.func for name in item.fixturenames
                                    for d in (defs.name2fixturedefs.get(name, ()) if defs else ())]
@@ -321,10 +330,10 @@ def pytest_collection_modifyitems(config, items) -> None:
     tests of one case: a test asking for a case the other worker is playing waits with nothing to do, and the
     playing worker's launch alone rarely keeps both cores busy (the durations file's `case_waits_seconds`)."""
     for item in items:
-        group = _GROUPS.get(item.path.name)
+        group = _GROUPS.get(item.path.name) or _WAITING.get(item.originalname)
         case = case_of(item)
         if not group and case is not None:
-            group = RUNS[case].needs or f"case-{case}"
+            group = _NEEDS_GROUP.get(RUNS[case].needs) if RUNS[case].needs else f"case-{case}"
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
 

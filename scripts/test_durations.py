@@ -55,8 +55,8 @@ def render(data: dict, top: int = 15) -> str:
         lines += [f"| {n} | {c['invocations']} | {c['seconds']:,.1f} |" for n, c in list(cases.items())[:top]]
     waits = data.get("case_waits_seconds") or {}
     if waits:  # a test of one worker waiting while the other played its case: an idle worker (tests/conftest.py)
-        lines += ["", f"Waits for a case the other worker was playing: {sum(waits.values()):,.1f} s "
-                      f"({', '.join(f'{n} {s:,.1f}' for n, s in list(waits.items())[:top])})"]
+        each = ", ".join(f"{n} {s:,.1f}" for n, s in list(waits.items())[:top])
+        lines += ["", f"Waits for a case the other worker was playing: {sum(waits.values()):,.1f} s ({each})"]
     lines += ["", f"Slowest {top} tests (setup + call + teardown):", "", "| test | seconds |", "|---|---:|"]
     lines += [f"| {t['id']} | {seconds(t):,.1f} |" for t in sorted(tests, key=seconds, reverse=True)[:top]]
     return "\n".join(lines)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # ./run-tests.sh [quick] [pytest args]
-#   (no tier)  every test, the slow ones included (real multi-process launches on CPU; about 20 minutes on 2 cores)
+#   (no tier)  every test, the slow ones included (real multi-process launches on CPU; about 22 minutes on 2 cores)
 #   quick      a change's first check: every fast test and the spine's real launch (tests/test_spine.py)
 # Tests run on RH_TEST_WORKERS pytest-xdist workers (default 2; 0: in this process, one after another); a group of
-# tests sharing a server or a cluster stays on one worker (--dist loadgroup, xdist_group marks in tests/conftest.py).
+# tests sharing a server, a cluster or a case of the run table stays on one worker (--dist loadgroup, xdist_group
+# marks set in tests/conftest.py).
 # As root on Debian it first installs the system packages the tests use (scripts/apt/*.txt); elsewhere tests needing
 # a missing tool are skipped, naming it (with CI=true they fail instead). Where the time went, set-up steps included,
 # is written to test-logs/durations.json (summary: python3 scripts/test_durations.py; docs/testing.md).

@@ -29,6 +29,11 @@ rh_choose_python() {
   local venv="${RH_VENV_DIR:-$RH_ROOT/.venv}" stamp
   stamp="$venv/.installed-$(cat "$RH_ROOT/requirements.txt" "$RH_ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
   if [[ ! -f "$stamp" ]]; then
+    if ! mkdir -p "$venv" 2>/dev/null || [[ ! -w "$venv" ]]; then
+      echo "error: RH_VENV_DIR=$venv: cannot be created or written; accepted: a writable folder for the" \
+           "project's environment, or leave RH_VENV_DIR unset (the checkout's .venv)" >&2
+      exit 2
+    fi
     rh_log "creating the project environment in $venv (first use; a few minutes)"
     python3 -m venv "$venv" || { rh_log "python3 -m venv failed (Debian: apt-get install python3-venv)"; exit 1; }
     local log="$venv/install.log"

@@ -12,6 +12,14 @@ RH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 rh_log() { echo "[setup] $*" >&2; }
 
+# The checkout's bytecode, written once as pip writes an installed package's: an editable install gets none, and
+# where PYTHONDONTWRITEBYTECODE is set every process would compile the harness's modules again (0.15 CPU-s a rank
+# here, inside the restart's measured `imports` phase; docs/testing.md)
+rh_compile_checkout() {
+  (cd "$RH_ROOT" && "$1/bin/python" -m compileall -q -j 0 restart_harness engines analysis third_party configs \
+     >/dev/null 2>&1) || rh_log "could not write the checkout's bytecode (Python compiles it in every process then)"
+}
+
 rh_choose_python() {
   if [[ -n "${RH_PYTHON:-}" ]]; then
     if [[ ! -x "$RH_PYTHON" && -z "$(command -v "$RH_PYTHON" 2>/dev/null)" ]]; then
@@ -46,6 +54,7 @@ rh_choose_python() {
       -e "$RH_ROOT[run,analysis,trace,s3,test]" >>"$log" 2>&1 || { cat "$log" >&2; exit 1; }
     rm -f "$venv"/.installed-* && touch "$stamp"
     echo "$RH_ROOT" > "$venv/.project-root"
+    rh_compile_checkout "$venv"
   fi
   if [[ "$(cat "$venv/.project-root" 2>/dev/null)" != "$RH_ROOT" ]]; then  # an environment shared by checkouts
     rh_log "pointing $venv at this checkout ($RH_ROOT)"
@@ -55,6 +64,7 @@ rh_choose_python() {
       || DS_BUILD_OPS=0 "$venv/bin/python" -m pip install -q --no-deps -e "$RH_ROOT"; } >>"$venv/install.log" 2>&1 \
       || { cat "$venv/install.log" >&2; exit 1; }
     echo "$RH_ROOT" > "$venv/.project-root"
+    rh_compile_checkout "$venv"
   fi
   RH_PY="$venv/bin/python"
 }

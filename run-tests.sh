@@ -32,5 +32,5 @@ source "$here/scripts/env.sh"
 step_done python_environment
 cd "$RH_ROOT"
 spread=()
-if (( workers > 0 )); then spread=(-n "$workers" --dist loadgroup); fi
+if (( workers > 0 )); then spread=(-n "$workers" --dist loadgroup --no-loadscope-reorder); fi  # the order: conftest.in_schedule_order
 exec "$RH_PY" -m pytest "${spread[@]}" "${tier[@]}" "$@"

@@ -296,8 +296,7 @@ _GROUPS = {"test_s3.py": "servers", "test_s3_faults.py": "servers", "test_slurm.
 _NEEDS_GROUP = {"s3": "servers"}  # a case that needs the S3 server runs where the server is
 # tests that mostly wait (a rank hung until the timeout, a harness killed and its ranks awaited): one group, so that
 # they do not wait side by side on both workers at the end of the session
-_WAITING = {"test_hung_rank_is_killed_by_the_timeout": "waits",
-            "test_killed_harness_leaves_running_which_readers_see_as_failed": "waits"}
+_WAITING = {"test_hung_rank_is_killed_by_the_timeout", "test_killed_harness_leaves_running_which_readers_see_as_failed"}
 
 
 _PLAYS = re.compile(r"""harness\.(?:run|played)\(["']([\w.-]+)["']\)""")
@@ -329,13 +328,36 @@ def pytest_collection_modifyitems(config, items) -> None:
     """The tests that share a server or a cluster go to one pytest-xdist worker (--dist loadgroup), and so do the
     tests of one case: a test asking for a case the other worker is playing waits with nothing to do, and the
     playing worker's launch alone rarely keeps both cores busy (the durations file's `case_waits_seconds`)."""
+    scopes = {}
     for item in items:
-        group = _GROUPS.get(item.path.name) or _WAITING.get(item.originalname)
+        group = _GROUPS.get(item.path.name) or ("waits" if item.originalname in _WAITING else None)
         case = case_of(item)
         if not group and case is not None:
             group = _NEEDS_GROUP.get(RUNS[case].needs) if RUNS[case].needs else f"case-{case}"
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
+        scopes[item] = group or item.nodeid
+    items[:] = in_schedule_order(items, scopes)
+
+
+def in_schedule_order(items: list, scopes: dict) -> list:
+    """The order pytest-xdist hands the units out in (run-tests.sh passes --no-loadscope-reorder; a unit is a group,
+    or a test of none): the servers group first, the longest chain, whose waits the other worker's launches fill;
+    then every unit that launches ranks (a slow test among its tests); the fast tests last, the small pieces that
+    even out the two workers' ends. Within a tier, the order of collection. By default pytest-xdist sends the
+    groups largest first and every lone test after them in the order of collection: the slow lone tests (the offline
+    bundle's 140 s among them) came last, one worker finishing over a minute before the other."""
+    first: dict[str, int] = {}
+    slow: set[str] = set()
+    for i, item in enumerate(items):
+        first.setdefault(scopes[item], i)
+        if item.get_closest_marker("slow"):
+            slow.add(scopes[item])
+
+    def tier(scope: str) -> int:
+        return 0 if scope == "servers" else 1 if scope in slow else 2
+
+    return sorted(items, key=lambda item: (tier(scopes[item]), first[scopes[item]]))
 
 
 def one_worker(resource: str, tmp_path_factory) -> None:

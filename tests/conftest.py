@@ -303,8 +303,9 @@ _PLAYS = re.compile(r"""harness\.(?:run|played)\(["']([\w.-]+)["']\)""")
 
 
 def case_of(item) -> str | None:
-    """The case of RUNS a test reads first: its `name` parameter (or another naming a case), else the first `harness.run("...")` in its own
-    source, else in the source of a fixture it requests (tiny_dp2, a module's shared run)."""
+    """The case of RUNS a test reads first: its `name` parameter (or another naming a case), else the first
+    `harness.run("...")` in its own source, else in the source of a fixture it requests (tiny_dp2, a module's shared
+    run)."""
     callspec = getattr(item, "callspec", None)
     params = callspec.params if callspec else {}
     for name in (params.get("name"), *params.values()):  # `name`, or another parameter naming a case (`emulated`)

@@ -118,7 +118,7 @@ def pytest_testnodedown(node, error) -> None:
     got = getattr(node, "workeroutput", {}).get("rh_durations") or {}
     _cases.update(got.get("cases", {}))
     for name, seconds in got.get("case_waits", {}).items():
-        _case_waits[name] = round(_case_waits.get(name, 0.0) + seconds, 3)
+        record_case_wait(name, seconds)
     for name, seconds in got.get("setups", {}).items():
         _setups[f"{name} ({node.gateway.id})"] = seconds
 

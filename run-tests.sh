@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ./run-tests.sh [quick] [pytest args]
-#   (no tier)  every test, the slow ones included (real multi-process launches on CPU; about 17 minutes on 2 cores)
+#   (no tier)  every test, the slow ones included (real multi-process launches on CPU; 17-21 minutes on 2 cores)
 #   quick      a change's first check: every fast test and the spine's real launch (tests/test_spine.py)
 # Tests run on RH_TEST_WORKERS pytest-xdist workers (default 2; 0: in this process, one after another); a group of
 # tests sharing a server, a cluster or a case of the run table stays on one worker (--dist loadgroup, xdist_group

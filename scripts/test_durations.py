@@ -30,6 +30,10 @@ def render(data: dict, top: int = 15) -> str:
     lines = [f"commit {data['commit']}, {data['cpus']} CPUs, pytest {' '.join(data['args']) or '(all)'}",
              (f"{len(tests)} tests ({counts}); {total:,.0f} s in all: set-up steps "
               f"{sum(setup_steps.values()):,.0f} s, pytest {data['pytest_wall_seconds']:,.0f} s"), ""]
+    machine = data.get("machine_cpu_seconds")
+    if machine:  # the host's speed varies: two runs' minutes compare only where their steal is alike
+        lines[-1:-1] = [(f"machine during pytest: busy {machine['busy']:,.0f} CPU-s, idle {machine['idle']:,.0f}, "
+                         f"iowait {machine['iowait']:,.0f}, steal {machine['steal']:,.0f} (a busy host steals more)")]
     if setup_steps or data.get("shared_setups_seconds"):
         lines += ["| set-up | seconds |", "|---|---:|"]
         lines += [f"| {k} (run-tests.sh) | {v:,.1f} |" for k, v in setup_steps.items()]

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SCHEMA = 2  # 2: tests carry start, worker and cpu_seconds
+SCHEMA = 3  # 2: tests carry start, worker and cpu_seconds; 3: machine_cpu_seconds
 
 _tests: dict[str, dict] = {}
 _cases: dict[str, dict] = {}
@@ -30,6 +30,32 @@ _case_waits: dict[str, float] = {}  # a worker's test waiting while another work
 _setups: dict[str, float] = {}
 _started = time.time()
 _CPU_AT_SETUP = pytest.StashKey[float]()
+
+
+def machine_counters() -> list[int] | None:
+    """The whole machine's CPU time so far, from /proc/stat's first line, in clock ticks: user nice system idle
+    iowait irq softirq steal (None where there is no /proc/stat)."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+
+
+def machine_seconds(before: list[int] | None, after: list[int] | None) -> dict | None:
+    """The machine's CPU-seconds between two readings: busy (every process, the tests' and everything else: Slurm's
+    ranks, Ceph), idle, iowait and steal (time the host ran something else while this machine wanted a CPU: a busy
+    host, whose other work slows this one's too). Two runs' minutes compare only where their steal is alike."""
+    if not before or not after:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    d = [(b - a) / tick for a, b in zip(before, after)]
+    user, nice, system, idle, iowait, irq, softirq, steal = d
+    return {"busy": round(user + nice + system + irq + softirq, 1), "idle": round(idle, 1), "iowait": round(iowait, 1),
+            "steal": round(steal, 1)}
+
+
+_MACHINE_AT_START = machine_counters()
 
 
 def _cpu_seconds() -> float:
@@ -137,6 +163,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         "finished": now,
         "pytest_wall_seconds": round(now - _started, 3),
         "cpus": os.cpu_count(),
+        "machine_cpu_seconds": machine_seconds(_MACHINE_AT_START, machine_counters()),
         "args": list(session.config.invocation_params.args),
         "exit_status": int(exitstatus),
         "setup_steps_seconds": _setup_steps(),

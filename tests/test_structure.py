@@ -4,10 +4,12 @@ declared once and explained by --help with its default, no sys.path or PYTHONPAT
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -260,3 +262,24 @@ def test_run_tests_refuses_a_bad_worker_count_before_installing_anything(workers
     assert proc.stderr == f"RH_TEST_WORKERS={workers}: not a number of workers; accepted: 0 (no workers) or a count " \
                           "such as 2\n"
     assert not (tmp_path / "venv").exists()
+
+
+def test_the_durations_file_says_how_busy_the_machine_and_its_host_were(tmp_path):
+    """The whole machine's CPU-seconds over a session (/proc/stat), steal included: the same code measured 17 and
+    21 minutes an hour apart on a host that was quiet, then busy (docs/testing.md), so a run's minutes come with
+    them; scripts/test_durations.py prints them."""
+    import durations
+
+    before = durations.machine_counters()
+    spent = time.process_time() + 0.3
+    while time.process_time() < spent:  # 0.3 CPU-seconds of this process: the machine was at least that busy
+        pass
+    seen = durations.machine_seconds(before, durations.machine_counters())
+    assert set(seen) == {"busy", "idle", "iowait", "steal"} and seen["busy"] >= 0.2, seen
+    assert durations.machine_seconds(None, before) is None
+    data = {"commit": "abc", "cpus": 2, "args": [], "pytest_wall_seconds": 10.0, "tests": [],
+            "machine_cpu_seconds": {"busy": 1900.0, "idle": 280.0, "iowait": 26.0, "steal": 6.0}}
+    (tmp_path / "d.json").write_text(json.dumps(data))
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "test_durations.py"), str(tmp_path / "d.json")],
+                         capture_output=True, text=True, check=True).stdout
+    assert "machine during pytest: busy 1,900 CPU-s, idle 280, iowait 26, steal 6" in out, out

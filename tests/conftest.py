@@ -347,7 +347,8 @@ def in_schedule_order(items: list, scopes: dict) -> list:
     then every unit that launches ranks (a slow test among its tests); the fast tests last, the small pieces that
     even out the two workers' ends. Within a tier, the order of collection. By default pytest-xdist sends the
     groups largest first and every lone test after them in the order of collection: the slow lone tests (the offline
-    bundle's 140 s among them) came last, one worker finishing over a minute before the other."""
+    bundle's 2-3 minutes among them) came last, and one worker waited up to 36 s for the other at the end
+    (docs/testing.md)."""
     first: dict[str, int] = {}
     slow: set[str] = set()
     for i, item in enumerate(items):

@@ -9,8 +9,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from restart_harness.results import schema
-from restart_harness.results.status import find_run_dirs, observed
+from restart_harness import schema
+from restart_harness.rundir.status import find_run_dirs, observed
 
 KNOWN_SCHEMA_VERSIONS = schema.READABLE_VERSIONS
 # spec fields that must be present for a run to be placed on any table or plot.

@@ -22,7 +22,7 @@ from analysis.table import (
     restart_where,
     stat,
 )
-from restart_harness.results.schema import PREDICTED_TOTAL, io_metadata_ops
+from restart_harness.schema import PREDICTED_TOTAL, io_metadata_ops
 
 PHASE_COLORS = {"launch": "#bbbbbb"}
 UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))

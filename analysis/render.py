@@ -19,7 +19,7 @@ from analysis.table import (
     restart_where,
 )
 from restart_harness.results.placement import ranks_text
-from restart_harness.results.schema import PREDICTED_TOTAL, io_metadata_ops
+from restart_harness.schema import PREDICTED_TOTAL, io_metadata_ops
 
 MIB = 2**20
 

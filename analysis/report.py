@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""./analysis/report.py RUN_OR_SWEEP_DIR... [-o REPORT_DIR] [include=failed,dry] [match=GLOB]   (also: python -m
-analysis ..., ./submit-job.sh report ...)
+"""./analysis/report.py RUN_OR_SWEEP_DIR... [out_dir=REPORT_DIR] [include=failed,dry] [match=GLOB]   (also: python -m
+analysis ..., ./submit-job.sh report ...; -o REPORT_DIR is out_dir=)
 
 Finds every finished run (a directory holding spec.json whose run completed) at or below the paths given, and writes
 a report folder (default ./reports/report-<time>/):
@@ -22,42 +22,28 @@ try:
     from analysis import load as ld
     from analysis import plots, render
     from analysis import table as tb
-    from restart_harness.storage.atomic import make_fresh_dir, write_bytes_atomic
+    from restart_harness.command.report import parse_report
+    from restart_harness.errors import UsageError
+    from restart_harness.files.atomic import make_fresh_dir, write_bytes_atomic
 except ImportError as exc:  # run as ./analysis/report.py by a Python without the project or matplotlib
     sys.exit(f"error: {exc}: this Python ({sys.executable}) lacks the restart-harness package or matplotlib; use "
              "./submit-job.sh report ..., or pip install -e '.[analysis]' into it")
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:
-        """One line, exit 2 (argparse would print the whole usage first)."""
-        print(f"error: {message} (usage: ./submit-job.sh report RUN_OR_SWEEP_DIR... [-o REPORT_DIR])", file=sys.stderr)
-        sys.exit(2)
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = _Parser(prog="./submit-job.sh report", description=__doc__.split("\n\n")[1],
-                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("paths", nargs="+", metavar="RUN_OR_SWEEP_DIR",
-                   help="run directories, sweep folders or whole results/ folders (searched recursively)")
-    p.add_argument("-o", "--output", type=Path, default=None,
-                   help="report folder to create (must not exist or be empty); default reports/report-<time>/ in the "
-                        "current folder")
-    p.add_argument("--include", default="", metavar="failed,dry",
-                   help="also report runs that did not finish (failed, interrupted) and dry runs; by default only "
-                        "finished runs are, and the others are counted on one line (also include=...)")
-    p.add_argument("--match", default=None, metavar="GLOB",
-                   help="only runs whose folder name (or path below a folder given) matches, e.g. 'tiny-*' or "
-                        "'sweep-*/*' (also match=...)")
-    # key=value spellings, as the harness's other commands take them
-    argv = [f"--{t.split('=', 1)[0]}={t.split('=', 1)[1]}" if t.startswith(("include=", "match=")) else t
-            for t in argv]
-    args = p.parse_args(argv)
-    args.include = tuple(w for w in args.include.split(",") if w)
-    unknown = [w for w in args.include if w not in ld.INCLUDE]
-    if unknown:
-        p.error(f"include={unknown[0]}: accepted: {', '.join(ld.INCLUDE)} (comma-separated)")
-    return args
+    """The command line, through the harness's one parser (command/parse.py parse_report); a mistake is one line on
+    stderr and exit code 2."""
+    try:
+        request = parse_report(argv)
+        include = tuple(w for w in request.options.include.split(",") if w)
+        if unknown := [w for w in include if w not in ld.INCLUDE]:
+            raise UsageError(f"include={unknown[0]}: accepted: {', '.join(ld.INCLUDE)} (comma-separated)")
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    out = request.options.out_dir
+    return argparse.Namespace(paths=request.paths, output=Path(out).expanduser() if out else None, include=include,
+                              match=request.options.match)
 
 
 def report_dir(requested: Path | None) -> Path:

@@ -12,15 +12,15 @@ import textwrap
 from dataclasses import dataclass, field
 
 from analysis.load import Run
-from restart_harness.results.schema import (
+from restart_harness.schema import (
     CONFIG_DEFAULTS,
-    CONFIG_FIELDS,
     KINDS,
     LOAD_CATEGORIES,
     PHASE_NAMES,
     PLACE_FIELDS,
     PREDICTED_PHASES,
     SAVE_CATEGORIES,
+    config_fields,
     engine_label,
     io_metadata_ops,
     layout_label,
@@ -406,13 +406,14 @@ class Group:
 
 
 def _config(run: Run, row: dict | None = None) -> dict:
-    """The run's configuration (CONFIG_FIELDS), with how this restart row started (schema.restart_conditions) where
+    """The run's configuration (schema.config_fields), with how this restart row started (schema.restart_conditions) where
     its record says: a re-run with another launcher or cache, or a staged environment, is a configuration of its own."""
     spec = {**run.spec, "staged": False}
     for name, column in RESTART_CONDITIONS.items():
         if row is not None and row.get(column) is not None:
             spec[name] = row[column]
-    out = {k: json.dumps(spec.get(k, CONFIG_DEFAULTS.get(k)), sort_keys=True) for k in (*CONFIG_FIELDS, "staged")}
+    out = {k: json.dumps(spec.get(k, CONFIG_DEFAULTS.get(k)), sort_keys=True)
+           for k in (*config_fields(run.spec), "staged")}
     for a, b in PLACE_FIELDS:
         out[f"{a}.{b}"] = json.dumps(get(spec, a, b))
     return out

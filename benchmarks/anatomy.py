@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from restart_harness.results.schema import LOAD_CATEGORIES
+from restart_harness.schema import LOAD_CATEGORIES
 
 REPO = Path(__file__).resolve().parent.parent
 BASE = ["small", "dp=2", "iters=6", "save_interval=2", "after=1", "cache=drop"]

@@ -34,7 +34,7 @@ Method
   (medians over repeats).
 - Targets: `targets=fs,s3` runs every case that can write to object storage (engine default and dcp, both stacks)
   a second time with ckpt_dir=s3://bench/runs on a local Ceph RADOS Gateway that the script starts (objects in
-  memory, restart_harness/storage/local_s3.py) and stops; those rows are labelled `... s3`, their runs use
+  memory, testbeds/ceph_s3.py) and stops; those rows are labelled `... s3`, their runs use
   keep=false (the store's memory is bounded), and their ratios are to the S3 baseline (`./submit-job.sh baseline
   dir=s3://bench/probe`: PUT and GET with the engines' own client), measured in each repeat beside the disk's. The
   restart phases and the load and save anatomy (median seconds of the slowest rank) show where the time goes.
@@ -148,9 +148,9 @@ def main() -> None:
         measure(cases, base, repeats, targets)
     finally:
         if server is not None:
-            from restart_harness.storage import local_s3
+            from testbeds import ceph_s3
 
-            local_s3.stop(server.root)
+            ceph_s3.stop(server.root)
 
 
 S3_TARGET = "ckpt_dir=s3://bench/runs"
@@ -158,9 +158,9 @@ S3_TARGET = "ckpt_dir=s3://bench/runs"
 
 def start_object_store():
     """A local RADOS Gateway for the s3 rows; its AWS_* settings go to every run through the environment."""
-    from restart_harness.storage import local_s3
+    from testbeds import ceph_s3
 
-    server = local_s3.start(Path(f"/tmp/rh-bench-s3-{os.getpid()}"), memory_mib=6144)
+    server = ceph_s3.start(Path(f"/tmp/rh-bench-s3-{os.getpid()}"), memory_mib=6144)
     server.create_bucket("bench")
     os.environ.update(server.environment())
     return server

@@ -35,7 +35,7 @@ from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 REPO = Path(__file__).resolve().parent.parent
-from restart_harness.storage.cache_dir import extensions_dir
+from restart_harness.files.cache_dir import extensions_dir
 
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))  # the harness's built ops
 

@@ -6,7 +6,7 @@ Method
 - Checkpoint: `./submit-job.sh MODEL dp=2 stack=fsdp2 iters=2 save_interval=2 after=1 baseline=false` (default
   MODEL small: a 363 MiB checkpoint), once per target and repeat: on the results folder's file system, and with
   ckpt_dir=s3://bench/runs on a single-node Ceph RADOS Gateway this script starts (objects in memory,
-  restart_harness/storage/local_s3.py) and stops.
+  testbeds/ceph_s3.py) and stops.
 - The harness's figures, from that run's restart (restart-01, in fresh processes, page cache dropped):
   `load_throughput_mib_s`: checkpoint bytes over the slowest rank's seconds inside the engine's load (what the
   restart waited for: DCP's planning collectives, reads, deserialization, copies into the shards);
@@ -108,11 +108,11 @@ def _plain(checkpoint: str, env: dict, scratch: Path) -> float:
 
 
 def main(repeats: int, model: str) -> None:
-    from restart_harness.storage import local_s3
+    from testbeds import ceph_s3
 
     scratch = Path(tempfile.mkdtemp(prefix="rh-load-figures-"))
     server_dir = Path(f"/tmp/rh-bench-s3-{os.getpid()}")
-    s3 = local_s3.start(server_dir, memory_mib=4096)
+    s3 = ceph_s3.start(server_dir, memory_mib=4096)
     s3.create_bucket("bench")
     env = {**os.environ, **s3.environment(), "PYTHONUNBUFFERED": "1"}
     base = [model, "dp=2", "stack=fsdp2", "iters=2", "save_interval=2", "after=1", "baseline=false"]
@@ -139,13 +139,12 @@ def main(repeats: int, model: str) -> None:
                       file=sys.stderr, flush=True)
                 if target == "s3":
                     subprocess.run(["rm", "-rf", str(run_dir / "checkpoint")], check=False)
-                    from restart_harness import targets
-                    from restart_harness.spec import run as resolved
+                    from restart_harness import resolve
 
                     os.environ.update(s3.environment())
-                    targets.for_run(resolved.read(run_dir)).delete()
+                    resolve.read(run_dir).target.delete()
     finally:
-        local_s3.stop(server_dir)
+        ceph_s3.stop(server_dir)
     print(f"`benchmarks/load_figures.py {repeats} {model}` (fsdp2 dp=2, medians of {repeats} interleaved repeats)\n")
     print("| target | checkpoint MiB | plain dcp.load MiB/s | harness waited MiB/s (x plain) | harness storage read "
           "MiB/s (x plain) | load anatomy of the slowest rank: read / deserialize / copy / wait / other s |")

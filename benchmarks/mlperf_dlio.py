@@ -35,7 +35,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-from restart_harness.storage import pagecache
+from restart_harness.files import pagecache
 
 GIB = 1 << 30
 SHAPE = {"hidden_size": 4096, "ffn_hidden_size": 14336, "vocab_size": 128256}

@@ -70,14 +70,14 @@ def calibrate(runs: Path, out: Path) -> None:
 
 def predicted_vs_measured(run_dir: Path, calibration: dict) -> dict:
     """The held-out run predicted as it would have predicted itself before launch, with this calibration."""
+    from restart_harness import resolve
     from restart_harness.predict import forecast
     from restart_harness.results import prediction
-    from restart_harness.spec import run as resolved
 
-    run = resolved.read(run_dir)
+    run = resolve.read(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
-    store = forecast.storage(run.spec, record=summary.get("baseline"))
-    made = forecast.build(run.spec, run.facts["host"]["cpus"], store, calibration)
+    store = forecast.storage(run, record=summary.get("baseline"))
+    made = forecast.build(run, run.facts["host"]["cpus"], store, calibration)
     return prediction.compare(made, summary)
 
 
@@ -96,9 +96,9 @@ def main() -> None:
 
 def measure(out: Path, repeats: int) -> None:
     """Every case REPEATS times, interleaved; out/cases.json names each held-out run's case."""
-    from restart_harness.storage import local_s3
+    from testbeds import ceph_s3
 
-    server = local_s3.start(Path(f"/tmp/rh-predict-s3-{os.getpid()}"), memory_mib=6144)
+    server = ceph_s3.start(Path(f"/tmp/rh-predict-s3-{os.getpid()}"), memory_mib=6144)
     server.create_bucket("bench")
     os.environ.update(server.environment())
     held: dict[str, str] = {}
@@ -112,7 +112,7 @@ def measure(out: Path, repeats: int) -> None:
                 held[str(run(tokens, out / "held-out"))] = name
                 (out / "cases.json").write_text(json.dumps(held, indent=1))
     finally:
-        local_s3.stop(server.root)
+        ceph_s3.stop(server.root)
 
 
 def evaluate(out: Path) -> None:

@@ -41,7 +41,7 @@ def submit(args: list[str]) -> Path:
 
 
 def figures(restart: dict) -> dict:
-    from restart_harness.results.schema import io_metadata_ops
+    from restart_harness.schema import io_metadata_ops
 
     io = restart["io_sources"]
     n = io["ranks"]

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from restart_harness.storage.cache_dir import extensions_dir
+from restart_harness.files.cache_dir import extensions_dir
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = extensions_dir()

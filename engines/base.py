@@ -1,7 +1,11 @@
 """The interface between the harness and a checkpoint engine. Every engine is one module in engines/ holding one
-subclass of Engine (the plug-in: what it is, what it can do, its options, its checks) and, at module level, the
-CheckpointIO class its ranks save and load through. Everything the harness asks has an explicit default here, so a
-plug-in states only where it differs.
+subclass of Engine and, at module level, what the other parts of the harness need of it:
+
+    the command line    Engine: what it is, its options (typed), its capabilities, check(), node_checks()
+    the planner         FileLayout (Engine.files()): how it stores DeepSpeed's files and what a restart reads of them
+    a running rank      Engine.ds_config(), prepare(), open(ctx) -> the CheckpointIO its ranks save and load through
+
+Everything the harness asks has an explicit default here, so a plug-in states only where it differs.
 
 Options are a dataclass of declared keys (restart_harness/spec/keys.py): they appear in --help, are parsed by the one
 coercion path, and reach the engine typed (self.options). Engine modules import no torch at module level: the
@@ -20,7 +24,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from restart_harness.errors import UsageError
-from restart_harness.launchers.base import NodeCheck
+from restart_harness.plugins import NodeCheck
+from restart_harness.spec.runspec import RunSpec
+from restart_harness.targets.base import Target
 
 
 @dataclass
@@ -32,8 +38,8 @@ class NoOptions:
 class EngineContext:
     """What a rank hands its engine when it opens it (after the training stack is built)."""
 
-    spec: Any  # the run's RunSpec
-    target: Any  # the placed storage target (restart_harness/targets/): streams, DCP writer/reader, paths
+    spec: RunSpec
+    target: Target  # the placed storage target (restart_harness/targets/): streams, DCP writer/reader, paths
     # the training stack saves its whole sharded state with one collective call per checkpoint (FSDP2 + DCP),
     # instead of one call per file of the rank's own state (DeepSpeed)
     collective: bool = False
@@ -114,8 +120,29 @@ class NativeIO(CheckpointIO):
         return self.native.preserves_storage_sharing()
 
 
+class FileLayout:
+    """What the planner (restart_harness/plan/checkpoint.py) needs of an engine: the files it stores for each of
+    DeepSpeed's, and how much of each a restarting rank reads. By default DeepSpeed's own files, written by DeepSpeed's
+    writer and read whole by every rank that loads them."""
+
+    def __init__(self, spec: RunSpec, options: Any):
+        self.spec, self.options = spec, options
+
+    def stored(self, recipe: Any, rank_of: Any) -> list[tuple[str, int]]:
+        """The files this engine writes for one of DeepSpeed's (a plan/checkpoint.py FileRecipe), each with the global
+        rank writing it; rank_of(dp_rank) is the global rank at the recipe's pipeline stage and TP rank and that
+        data-parallel rank. A load of a DeepSpeed file reads the first of the files returned for it
+        (CheckpointIO.read_path)."""
+        return [(recipe.path, recipe.writer)]
+
+    def restart_read_bytes(self, path: str, nbytes: int, dp_rank: int) -> int:
+        """How many of the `nbytes` of the file at `path` a rank at data-parallel index dp_rank reads from storage
+        when its restart loads it. By default all of them: every rank reads what it loads."""
+        return nbytes
+
+
 class Engine(ABC):
-    """One checkpoint engine, constructed for one resolved RunSpec."""
+    """One checkpoint engine, constructed for one RunSpec (restart_harness/resolve.py); self.options typed."""
 
     name: ClassVar[str]
     description: ClassVar[str]
@@ -136,11 +163,12 @@ class Engine(ABC):
     target_kinds: ClassVar[tuple[str, ...]] = ("posix",)
     # DeepSpeed's decoupled writer: DeepSpeed commits a save in the next engine.step(); the save is durable then
     committed_by_deepspeed: ClassVar[bool] = False
-    # checksums=auto takes content checksums of this engine's files (storage/checksum.py): its files are written
+    # checksums=auto takes content checksums of this engine's files (files/checksum.py): its files are written
     # region by region in the background, so a file of the right size can still be torn, and its reader would not say
     checksums_by_default: ClassVar[bool] = False
+    file_layout: ClassVar[type[FileLayout]] = FileLayout  # what the planner asks (files())
 
-    def __init__(self, spec: Any):
+    def __init__(self, spec: RunSpec):
         self.spec = spec
         self.options = self.Options(**spec.engine_options)
 
@@ -159,24 +187,16 @@ class Engine(ABC):
 
     def node_checks(self) -> list[NodeCheck]:
         """What the engine needs of the node that runs its ranks (a module, an op's headers, locked memory): checked
-        there before any rank starts (restart_harness/launch/nodecheck.py), here where the ranks start here."""
+        there before any rank starts (restart_harness/nodecheck.py), here where the ranks start here."""
         return []
 
     def prepare(self) -> None:
         """In each rank, before the training stack is built: what must be in place before DeepSpeed creates the
         engine from ds_config.json (a dependency's work-around from third_party/)."""
 
-    def stored(self, recipe: Any, rank_of: Any) -> list[tuple[str, int]]:
-        """The planner: the files this engine writes for one of DeepSpeed's (a plan/checkpoint.py FileRecipe), each
-        with the global rank writing it; rank_of(dp_rank) is the global rank at the recipe's pipeline stage and TP
-        rank and that data-parallel rank. By default DeepSpeed's file, written by DeepSpeed's writer. A load of a
-        DeepSpeed file reads the first of the files returned for it (CheckpointIO.read_path)."""
-        return [(recipe.path, recipe.writer)]
-
-    def restart_read_bytes(self, path: str, nbytes: int, dp_rank: int) -> int:
-        """The planner: how many of the `nbytes` of the file at `path` a rank at data-parallel index dp_rank reads
-        from storage when its restart loads it. By default all of them: every rank reads what it loads."""
-        return nbytes
+    def files(self) -> FileLayout:
+        """The planner's view of this engine: how it stores DeepSpeed's files."""
+        return self.file_layout(self.spec, self.options)
 
     def ds_config(self) -> dict:
         """Block merged into ds_config.json (e.g. datastates_ckpt, checkpoint.writer)."""

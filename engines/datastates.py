@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from engines.base import CheckpointIO, Engine, EngineContext, NativeIO
 from restart_harness.errors import UsageError
-from restart_harness.launchers.base import NodeCheck
+from restart_harness.plugins import NodeCheck
 from restart_harness.spec.keys import key
 
 INSTALL = ("build it from https://github.com/DataStates/datastates-llm at the commit of "

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from engines.base import CheckpointIO, Engine, EngineContext, NativeIO
+from engines.base import CheckpointIO, Engine, EngineContext, FileLayout, NativeIO
 from restart_harness.errors import UsageError
-from restart_harness.launchers.base import NodeCheck
+from restart_harness.plugins import NodeCheck
 from restart_harness.spec.keys import key
 
 LIBAIO_HEADER = "libaio.h"
@@ -35,12 +35,32 @@ class Options:
     show_statistics: bool = key(False, "DeepSpeed prints the writer's statistics", group="checkpoint")
 
 
+class WriterFiles(FileLayout):
+    """DeepSpeed's torch.save files under the FastPersist writer's names."""
+
+    def stored(self, recipe, rank_of) -> list[tuple[str, int]]:
+        """`X.pt-R.N`, writer R of N data-parallel writers (N: the data-parallel degree with data_parallel=replica,
+        the nodes with machine, two per node with socket; times io_multiplier). Every data-parallel rank writes its
+        own replica of a model-states file; a ZeRO shard is its own rank's; a pipeline layer file is written by
+        data-parallel rank 0 alone."""
+        from third_party.deepspeed_fastpersist_cpu import replica_name
+
+        spec, o = self.spec, self.options
+        units = {"replica": spec.dp, "machine": spec.nodes, "socket": 2 * spec.nodes}[o.data_parallel]
+        writers = units * o.io_multiplier
+        if recipe.kind == "model_states":
+            return [(replica_name(recipe.path, d, writers), rank_of(d)) for d in range(spec.dp)]
+        own = recipe.dp_rank if recipe.dp_rank is not None else 0
+        return [(replica_name(recipe.path, own, writers), recipe.writer)]
+
+
 class FastPersistEngine(Engine):
     name = "fastpersist"
     description = "DeepSpeed FastPersist writer (checkpoint.writer type fast) - libaio, O_DIRECT, locked double buffers"
     Options = Options
     emulates = False  # DeepSpeed builds the engine from its config inside deepspeed.initialize
-    planned_names = True  # DeepSpeed's torch.save files under the writer's names (stored())
+    planned_names = True  # DeepSpeed's torch.save files under the writer's names (WriterFiles)
+    file_layout = WriterFiles
     decoupled = False
 
     def asynchronous(self) -> bool:
@@ -89,21 +109,6 @@ class FastPersistEngine(Engine):
             "data_parallel": o.data_parallel,
             "show_statistics": o.show_statistics,
         }}}
-
-    def stored(self, recipe, rank_of) -> list[tuple[str, int]]:
-        """`X.pt-R.N`, writer R of N data-parallel writers (N: the data-parallel degree with data_parallel=replica,
-        the nodes with machine, two per node with socket; times io_multiplier). Every data-parallel rank writes its
-        own replica of a model-states file; a ZeRO shard is its own rank's; a pipeline layer file is written by
-        data-parallel rank 0 alone."""
-        from third_party.deepspeed_fastpersist_cpu import replica_name
-
-        spec, o = self.spec, self.options
-        units = {"replica": spec.dp, "machine": spec.nodes, "socket": 2 * spec.nodes}[o.data_parallel]
-        writers = units * o.io_multiplier
-        if recipe.kind == "model_states":
-            return [(replica_name(recipe.path, d, writers), rank_of(d)) for d in range(spec.dp)]
-        own = recipe.dp_rank if recipe.dp_rank is not None else 0
-        return [(replica_name(recipe.path, own, writers), recipe.writer)]
 
     def prepare(self) -> None:
         from third_party import deepspeed_arch_list

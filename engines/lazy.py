@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from engines.base import CheckpointIO, Engine, EngineContext
+from engines.base import CheckpointIO, Engine, EngineContext, FileLayout
 from restart_harness import faults
 from restart_harness.spec.keys import key
 
@@ -59,18 +59,8 @@ class Options:
                                      "reads all of it)", group="checkpoint")
 
 
-class LazyEngine(Engine):
-    name = "lazy"
-    description = ("the harness's own: lazy copy overlapping the next step, parallel aligned writes, balanced "
-                   "replica writes, parallel reads into preallocated buffers (engines/_lazy_format.py)")
-    Options = Options
-    emulates = False  # needs the DeepSpeed engine to hook its optimizer step
-
-    def asynchronous(self) -> bool:
-        return True
-
-    def ds_config(self) -> dict:
-        return {"checkpoint": {"parallel_write": {"pipeline_stage": True}}} if self.spec.pp > 1 else {}
+class LazyFiles(FileLayout):
+    """DeepSpeed's files; with broadcast_load a replicated model file is read once per data-parallel group."""
 
     def restart_read_bytes(self, path: str, nbytes: int, dp_rank: int) -> int:
         """With broadcast_load, a replicated model file is read once per data-parallel group: in shares (part k by
@@ -81,6 +71,21 @@ class LazyEngine(Engine):
         if o.balance and nbytes >= dp * o.balance_min_mib * 2**20:
             return nbytes // dp + (nbytes % dp if dp_rank == 0 else 0)
         return nbytes if dp_rank == 0 else 0
+
+
+class LazyEngine(Engine):
+    name = "lazy"
+    description = ("the harness's own: lazy copy overlapping the next step, parallel aligned writes, balanced "
+                   "replica writes, parallel reads into preallocated buffers (engines/_lazy_format.py)")
+    Options = Options
+    emulates = False  # needs the DeepSpeed engine to hook its optimizer step
+    file_layout = LazyFiles
+
+    def asynchronous(self) -> bool:
+        return True
+
+    def ds_config(self) -> dict:
+        return {"checkpoint": {"parallel_write": {"pipeline_stage": True}}} if self.spec.pp > 1 else {}
 
     def open(self, ctx: EngineContext) -> CheckpointIO:
         return LazyIO(self.options, ctx.training)

@@ -1,12 +1,18 @@
 """`./submit-job.sh [COMMAND] ...`: parse and validate (command/), complete the spec against this machine
-(machine.py), check the machine (preflight.py), then act. Every user mistake is one line on stderr and exit code 2,
-before anything is created."""
+(machine.py), check the machine and resolve the run's plug-ins (preflight.py, resolve.py), then act. Every user
+mistake is one line on stderr and exit code 2, before anything is created.
+
+Each command is one row of COMMANDS: how its words become a checked request (everything that can refuse it), and
+what it does with it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from restart_harness.errors import RunFailed, UsageError
@@ -20,14 +26,14 @@ HELP = ("-h", "--help")
 
 
 def _help_wanted(argv: list[str]) -> str | None:
-    """`--help` / `help`: all; `CMD --help` / `help CMD`: that command's (report answers its own)."""
-    from restart_harness.command.parse import COMMANDS
+    """`--help` / `help`: all; `CMD --help` / `help CMD`: that command's."""
+    from restart_harness.command.parse import COMMANDS as NAMES
 
     if argv and argv[0] == "help":
-        return argv[1] if len(argv) > 1 and argv[1] in COMMANDS and argv[1] != "report" else "all"
+        return argv[1] if len(argv) > 1 and argv[1] in NAMES else "all"
     if argv and argv[0] in HELP:
         return "all"
-    if len(argv) > 1 and argv[0] in COMMANDS and argv[0] != "report" and any(a in HELP for a in argv[1:]):
+    if len(argv) > 1 and argv[0] in NAMES and any(a in HELP for a in argv[1:]):
         return argv[0]
     if len(argv) > 1 and any(a in HELP for a in argv[1:]):
         return "run"
@@ -52,91 +58,25 @@ def _main(argv: list[str]) -> int:
 
         print(usage() if wanted == "all" else command_usage(wanted))
         return 0
-    import dataclasses
-
-    from restart_harness import machine, preflight
-    from restart_harness.command import parse as command
+    from restart_harness.command import parse
 
     try:
-        name, tokens = command.split_command(argv)
-        if name == "report":
-            from analysis.report import main as report
-
-            return report(tokens)
-        if name == "baseline":
-            options = command.parse_baseline(tokens)
-            preflight.baseline(options)
-            return _baseline(options)
-        if name == "plan":
-            request = command.parse_plan(tokens)
-            return _plan(request)
-        if name == "predict":
-            request = command.parse_predict(tokens)
-            spec = request.spec
-            if spec.device == "auto":  # as a run resolves it, without the run's checks of this node's resources
-                spec = dataclasses.replace(spec, device="cuda" if machine.nvidia_devices() else "cpu")
-            return _predict(spec, request.options)
-        if name == "clean":
-            options = command.parse_clean(tokens)
-            if not Path(options.folder).expanduser().is_dir():
-                raise UsageError(f"folder={options.folder}: no such directory; accepted: a folder of runs (results)")
-            return _clean(options)
-        if name == "calibrate":
-            options = command.parse_calibrate(tokens)
-            preflight.output_file("out", options.out)
-            return _calibrate(options)
-        if name == "matrix":
-            from restart_harness.launch import matrix
-
-            options = command.parse_matrix(tokens)
-            matrix.device_of(options)  # device=cuda without a device: refused before anything is created
-            folder = matrix.run(options)
-            print(folder)
-            return 0 if matrix.ok(folder) else 1
-        if name == "mlperf":
-            from restart_harness.launch import mlperf
-
-            request = command.parse_mlperf(tokens)
-            if request.spec is not None:
-                request.spec = machine.resolve(request.spec)
-                preflight.run(request.spec, fixed_layout=f"the workload {request.workload.name}")
-                mlperf.check(request)
-            return _mlperf(request)
-        if name == "restart":
-            request = command.parse_restart(tokens)
-            request = dataclasses.replace(request, integrity=preflight.restart(request))
-        elif command.is_sweep(tokens):
-            request = command.parse_sweep(tokens)
-            request.combos = [dataclasses.replace(c, spec=machine.resolve(c.spec)) for c in request.combos]
-            for combo in request.combos:
-                preflight.run(combo.spec)
-            if len({c.spec.results_dir for c in request.combos}) > 1:
-                raise UsageError("results_dir=: a sweep writes into one folder")
+        name, tokens = parse.split_command(argv)
+        if name == "run" and parse.is_sweep(tokens):
             name = "sweep"
-        else:
-            request = machine.resolve(command.parse_run(tokens)[0])
-            preflight.run(request)
+        command = COMMANDS[name]
+        request = command.check(tokens)
+        return _guarded(lambda: command.act(request)) if command.launches else command.act(request)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    return _execute(name, request)
 
 
-def _baseline(options) -> int:
-    import os
-
-    from restart_harness import targets
-    from restart_harness.storage import baseline
-
-    ranks = options.ranks or min(os.cpu_count() or 1, baseline.AUTO_MAX_RANKS)
-    target = targets.for_location(options.dir, ".")
-    try:
-        record = baseline.measure(target, options.file_bytes, ranks, options.tool)
-    except Exception as exc:  # noqa: BLE001 - a probe failing on the storage (OSError, the S3 client's errors)
-        print(f"error: baseline of {options.dir} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    print(baseline.render(record, baseline.cache_path(target, options.file_bytes, ranks)))
-    return 0
+@dataclass(frozen=True)
+class Command:
+    check: Callable  # tokens -> request, every refusal (UsageError) made before anything is created
+    act: Callable  # request -> exit code
+    launches: bool = False  # it starts ranks: SIGTERM ends it like Ctrl-C, a failed run is one line and exit 1
 
 
 def _guarded(work) -> int:
@@ -152,34 +92,162 @@ def _guarded(work) -> int:
         return 130
 
 
-def _mlperf(request) -> int:
-    from restart_harness.launch import mlperf
+# ---- run, sweep, restart -----------------------------------------------------------------------------------------
+def _check_run(tokens: list[str]):
+    from restart_harness import machine, preflight
+    from restart_harness.command import parse
 
-    return _guarded(lambda: mlperf.main(request))
+    return preflight.run(machine.resolve(parse.parse_run(tokens)[0]))
 
 
-def _plan(request) -> int:
+def _check_sweep(tokens: list[str]):
+    from restart_harness import machine, preflight
+    from restart_harness.command import parse
+
+    request = parse.parse_sweep(tokens)
+    request.combos = [dataclasses.replace(c, spec=machine.resolve(c.spec)) for c in request.combos]
+    for combo in request.combos:
+        combo.plugins = preflight.run(combo.spec)
+    if len({c.spec.results_dir for c in request.combos}) > 1:
+        raise UsageError("results_dir=: a sweep writes into one folder")
+    return request
+
+
+def _check_restart(tokens: list[str]):
+    from restart_harness import preflight
+    from restart_harness.command import parse
+
+    request = parse.parse_restart(tokens)
+    return dataclasses.replace(request, integrity=preflight.restart(request))
+
+
+def _print_run(run_dir: Path, submitted: bool) -> int:
+    from restart_harness.files.atomic import read_json
+    from restart_harness.results import terminal
+
+    if not submitted and (run_dir / "summary.json").is_file():  # a submitted job's results come when it has run
+        print(terminal.render(read_json(run_dir / "summary.json")))
+    print(run_dir)
+    return 0
+
+
+def _run(plugins) -> int:
+    from restart_harness.phases.run import run
+
+    return _print_run(run(plugins), submitted=False)
+
+
+def _restart(request) -> int:
+    from restart_harness.phases.restart_only import restart_only
+
+    return _print_run(restart_only(request), submitted=request.run.with_spec(request.spec).launcher.submits())
+
+
+def _sweep(request) -> int:
+    from restart_harness.campaigns import sweep
+    from restart_harness.files.atomic import read_json
+
+    sweep_dir = sweep.run(request)
+    summary = read_json(sweep_dir / "sweep.json")
+    print(sweep.render(summary))
+    print(sweep_dir)
+    return 0 if all(r["state"] in ("complete", "submitted", "dry_run") for r in summary["runs"]) else 1
+
+
+# ---- commands that launch nothing, and the campaigns -----------------------------------------------------------------
+def _check_plan(tokens: list[str]):
+    from restart_harness import resolve
+    from restart_harness.command import parse
+
+    request = parse.parse_plan(tokens)
+    return request, resolve.plugins(request.spec)
+
+
+def _plan(checked) -> int:
     import json
 
     from restart_harness.plan import estimate
 
-    plan = estimate.build(request.spec, request.options.bandwidth_gbps, request.target)
+    request, plugins = checked
+    plan = estimate.build(plugins, request.options.bandwidth_gbps, request.target)
     print(json.dumps(plan, indent=1) if request.options.plan == "json"
           else estimate.render(plan, files=request.options.detail == "files"))
     return 0
 
 
-def _predict(spec, options) -> int:
+def _check_predict(tokens: list[str]):
+    from restart_harness import machine, resolve
+    from restart_harness.command import parse
+
+    request = parse.parse_predict(tokens)
+    spec = request.spec
+    if spec.device == "auto":  # as a run resolves it, without the run's checks of this node's resources
+        spec = dataclasses.replace(spec, device="cuda" if machine.nvidia_devices() else "cpu")
+    return resolve.plugins(spec), request.options
+
+
+def _predict(checked) -> int:
     import json
-    import os
 
     from restart_harness.predict import forecast
 
-    store = forecast.storage(spec, options.write_gbps, options.read_gbps, metadata_ops_s=options.metadata_ops_s,
+    plugins, options = checked
+    store = forecast.storage(plugins, options.write_gbps, options.read_gbps, metadata_ops_s=options.metadata_ops_s,
                              env_metadata_ops_s=options.env_metadata_ops_s)
-    prediction = forecast.build(spec, options.cpus_per_node or os.cpu_count() or 1, store)
+    prediction = forecast.build(plugins, options.cpus_per_node or os.cpu_count() or 1, store)
     print(json.dumps(prediction, indent=1) if options.predict == "json" else forecast.render(prediction))
     return 0
+
+
+def _check_calibrate(tokens: list[str]):
+    from restart_harness import preflight
+    from restart_harness.command import parse
+
+    options = parse.parse_calibrate(tokens)
+    preflight.output_file("out", options.out)
+    return options
+
+
+def _calibrate(options) -> int:
+    from restart_harness.predict import fit
+
+    calibration = fit.calibrate([Path(p) for p in options.runs.split(",") if p])
+    print(fit.render(calibration))
+    print(fit.write(calibration, Path(options.out)))
+    return 0
+
+
+def _check_baseline(tokens: list[str]):
+    from restart_harness import preflight
+    from restart_harness.command import parse
+
+    options = parse.parse_baseline(tokens)
+    preflight.baseline(options)
+    return options
+
+
+def _baseline(options) -> int:
+    from restart_harness import resolve
+    from restart_harness.files import baseline
+
+    ranks = options.ranks or min(os.cpu_count() or 1, baseline.AUTO_MAX_RANKS)
+    probe = resolve.target_at(options.dir).storage_probe()
+    try:
+        record = baseline.measure(probe, options.file_bytes, ranks, options.tool)
+    except Exception as exc:  # noqa: BLE001 - a probe failing on the storage (OSError, the S3 client's errors)
+        print(f"error: baseline of {options.dir} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    print(baseline.render(record, baseline.cache_path(probe, options.file_bytes, ranks)))
+    return 0
+
+
+def _check_clean(tokens: list[str]):
+    from restart_harness.command import parse
+
+    options = parse.parse_clean(tokens)
+    if not Path(options.folder).expanduser().is_dir():
+        raise UsageError(f"folder={options.folder}: no such directory; accepted: a folder of runs (results)")
+    return options
 
 
 def _clean(options) -> int:
@@ -200,36 +268,58 @@ def _clean(options) -> int:
     return 0
 
 
-def _calibrate(options) -> int:
-    from pathlib import Path
+def _report(tokens: list[str]) -> int:
+    from analysis.report import main as report
 
-    from restart_harness.predict import fit
-
-    calibration = fit.calibrate([Path(p) for p in options.runs.split(",") if p])
-    out = fit.write(calibration, Path(options.out))
-    print(fit.render(calibration))
-    print(out)
-    return 0
+    return report(tokens)
 
 
-def _execute(name: str, request) -> int:
-    from restart_harness import launchers
-    from restart_harness.launch import runner, sweep
-    from restart_harness.results import terminal
-    from restart_harness.storage.atomic import read_json
+def _check_matrix(tokens: list[str]):
+    from restart_harness.campaigns import matrix
+    from restart_harness.command import parse
 
-    def work() -> int:
-        if name == "sweep":
-            sweep_dir = sweep.run(request)
-            summary = read_json(sweep_dir / "sweep.json")
-            print(sweep.render(summary))
-            print(sweep_dir)
-            return 0 if all(r["state"] in ("complete", "submitted", "dry_run") for r in summary["runs"]) else 1
-        run_dir = runner.restart_only(request) if name == "restart" else runner.run(request)
-        submitted = name == "restart" and launchers.of(request.spec).submits()  # the results come when the job has run
-        if not submitted and (run_dir / "summary.json").is_file():
-            print(terminal.render(read_json(run_dir / "summary.json")))
-        print(run_dir)
-        return 0
+    options = parse.parse_matrix(tokens)
+    matrix.device_of(options)  # device=cuda without a device: refused before anything is created
+    return options
 
-    return _guarded(work)
+
+def _matrix(options) -> int:
+    from restart_harness.campaigns import matrix
+
+    folder = matrix.run(options)
+    print(folder)
+    return 0 if matrix.ok(folder) else 1
+
+
+def _check_mlperf(tokens: list[str]):
+    from restart_harness import machine, preflight
+    from restart_harness.campaigns import mlperf
+    from restart_harness.command import parse
+
+    request = parse.parse_mlperf(tokens)
+    if request.spec is not None:
+        request.spec = machine.resolve(request.spec)
+        request.plugins = preflight.run(request.spec, fixed_layout=f"the workload {request.workload.name}")
+        mlperf.check(request)
+    return request
+
+
+def _mlperf(request) -> int:
+    from restart_harness.campaigns import mlperf
+
+    return mlperf.main(request)
+
+
+COMMANDS: dict[str, Command] = {
+    "run": Command(_check_run, _run, launches=True),
+    "sweep": Command(_check_sweep, _sweep, launches=True),
+    "restart": Command(_check_restart, _restart, launches=True),
+    "plan": Command(_check_plan, _plan),
+    "predict": Command(_check_predict, _predict),
+    "calibrate": Command(_check_calibrate, _calibrate),
+    "baseline": Command(_check_baseline, _baseline),
+    "clean": Command(_check_clean, _clean),
+    "report": Command(lambda tokens: tokens, _report),  # analysis/report.py refuses its own mistakes (exit 2)
+    "matrix": Command(_check_matrix, _matrix),
+    "mlperf": Command(_check_mlperf, _mlperf, launches=True),
+}

@@ -14,8 +14,8 @@ from importlib import metadata
 from pathlib import Path
 
 import restart_harness
-from restart_harness import launchers
-from restart_harness.storage.filesystem import filesystem
+from restart_harness.files.filesystem import filesystem
+from restart_harness.resolve import launcher_class
 
 EMULATE_MEMORY_FRACTION = 0.6
 
@@ -72,7 +72,8 @@ def resolve(spec):
         changes["device"] = "cuda" if nvidia_devices() else "cpu"
     if spec.env_hook:
         changes["env_hook"] = str(Path(spec.env_hook).expanduser().absolute())
-    if not launchers.of(spec).submits():  # a submitted run's compute node decides these, inside the job (complete_in_job)
+    # a submitted run's compute node decides these, inside the job (complete_in_job)
+    if not launcher_class(spec.launcher).submits():
         changes.update(_node_defaults(spec, dry_run=spec.dry_run))
     return dataclasses.replace(spec, **changes) if changes else spec
 

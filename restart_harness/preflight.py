@@ -12,25 +12,18 @@ import shutil
 import sys
 from pathlib import Path
 
-from engines import registry
-from restart_harness import launchers, machine, stacks, targets
+from restart_harness import machine, nodecheck, resolve
 from restart_harness.command.options import BaselineOptions
 from restart_harness.command.parse import RestartRequest
 from restart_harness.errors import UsageError
-from restart_harness.launch import nodecheck
+from restart_harness.files import baseline as baseline_store
+from restart_harness.files import checksum
+from restart_harness.files.filesystem import why_not_a_directory
+from restart_harness.resolve import Plugins
 from restart_harness.results import events as ev
 from restart_harness.spec.runspec import RunSpec
-from restart_harness.storage import baseline as baseline_store
-from restart_harness.storage import checksum
-from restart_harness.storage.filesystem import why_not_a_directory
 
 MIB = 1 << 20
-
-
-def engine(spec: RunSpec):
-    eng = registry.get(spec.engine)(spec)
-    eng.check()
-    return eng
 
 
 def directory(key: str, path: str) -> None:
@@ -48,14 +41,16 @@ def output_file(key: str, path: str) -> None:
         raise UsageError(f"{key}={path}: {reason}")
 
 
-def planned_bytes(spec: RunSpec, saves: int | None = None) -> int:
+def planned_bytes(plugins: Plugins, saves: int | None = None) -> int:
     """Bytes every checkpoint of the run would take (the planner's files as the engine stores them; the run keeps
     every tag)."""
     from restart_harness.plan import checkpoint
 
+    spec = plugins.spec
     if saves is None:
         saves = spec.save_count
-    return saves * sum(f.bytes for f in checkpoint.stored_files(spec) if f.rank < spec.launched_ranks)
+    return saves * sum(f.bytes for f in checkpoint.stored_files(spec, plugins.engine.files())
+                       if f.rank < spec.launched_ranks)
 
 
 def tracer(spec: RunSpec) -> None:
@@ -84,11 +79,12 @@ def emulation(spec: RunSpec, fixed_layout: str | None = None) -> None:
                             "give more memory, or a layout with more ranks (tp, pp, dp) so that files are smaller"))
 
 
-def launcher(spec: RunSpec) -> None:
+def launcher(plugins: Plugins) -> None:
     """The launcher can run from here (its own checks: launchers/); nothing has been written yet."""
+    spec = plugins.spec
     if spec.env_hook and not Path(spec.env_hook).is_file():
         raise UsageError(f"env_hook={spec.env_hook}: no such file (a bash file sourced before the ranks start)")
-    launchers.of(spec).preflight()
+    plugins.launcher.preflight()
 
 
 # What one rank holds, measured here (docs/faults.md): a process with torch and DeepSpeed imported peaks at ~410 MiB
@@ -99,13 +95,14 @@ STATE_FACTOR = 3
 RANKS_PER_CPU = 8  # beyond this a rank gets too little of a core to start, rendezvous and train within the timeouts
 
 
-def resources(spec: RunSpec) -> None:
+def resources(plugins: Plugins) -> None:
     """The ranks this node starts fit its memory and CPUs (estimated from the plan; the compute node of a submitted
     run is the scheduler's)."""
-    if launchers.of(spec).submits() or spec.dry_run:
+    spec = plugins.spec
+    if plugins.launcher.submits() or spec.dry_run:
         return
     ranks, cpus = spec.ranks_per_node, os.cpu_count() or 1
-    share = 0 if spec.emulate else planned_bytes(spec, saves=1) // spec.world_size
+    share = 0 if spec.emulate else planned_bytes(plugins, saves=1) // spec.world_size
     per_rank = RANK_BASE_BYTES + STATE_FACTOR * share
     need = ranks * per_rank + (int(spec.emulate_memory_gib * 2**30) if spec.emulate and spec.emulate_memory_gib else 0)
     available = machine.available_memory_bytes()
@@ -124,20 +121,21 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
 
 
-def nodes(spec: RunSpec) -> None:
+def nodes(plugins: Plugins) -> None:
     """What the node that runs the ranks must have (an engine's module, CUDA and the GPUs, locked memory:
-    launch/nodecheck.py), checked here where the ranks start here. A submitted run's nodes, or a dry run's, may not
-    be this machine: its job checks every node before the checkpoint phase (launch/runner.py)."""
-    if launchers.of(spec).submits() or spec.dry_run:
+    nodecheck.py), checked here where the ranks start here. A submitted run's nodes, or a dry run's, may not
+    be this machine: its job checks every node before the checkpoint phase (phases/nodes.py)."""
+    if plugins.launcher.submits() or plugins.spec.dry_run:
         return
-    nodecheck.here(spec)
+    nodecheck.here(plugins)
 
 
-def port(spec: RunSpec) -> None:
+def port(plugins: Plugins) -> None:
     """A rendezvous port given for ranks started on this node must be free here."""
     import socket
 
-    if spec.master_port is None or not launchers.of(spec).port_here or spec.dry_run:
+    spec = plugins.spec
+    if spec.master_port is None or not plugins.launcher.port_here or spec.dry_run:
         return
     with socket.socket() as s:
         try:
@@ -147,43 +145,41 @@ def port(spec: RunSpec) -> None:
                              "accepted: a free port, or leave it out (a free one is chosen)") from None
 
 
-def scheduler(spec: RunSpec) -> None:
-    """What the scheduler says of the job before the run directory exists (a launcher's own: Slurm's sinfo and
-    sbatch --test-only; PBS's qsub has no such mode)."""
-    launchers.of(spec).scheduler_preflight()
-
-
-def run(spec: RunSpec, fixed_layout: str | None = None) -> None:
+def run(spec: RunSpec, fixed_layout: str | None = None) -> Plugins:
     """A run (or one combination of a sweep): everything that can be checked before the run directory exists
-    (`fixed_layout`: who fixes its layout, if not the user)."""
-    engine(spec)
-    launcher(spec)
-    stage(spec)
-    port(spec)
-    nodes(spec)
+    (`fixed_layout`: who fixes its layout, if not the user); its plug-ins, resolved once (resolve.py), to run it
+    with."""
+    plugins = resolve.plugins(spec)
+    plugins.engine.check()
+    launcher(plugins)
+    stage(plugins)
+    port(plugins)
+    nodes(plugins)
     tracer(spec)
     emulation(spec, fixed_layout)
-    scheduler(spec)
+    plugins.launcher.scheduler_preflight()  # what the scheduler says of the job (Slurm: sbatch --test-only)
     calibration(spec)
     directory("results_dir", spec.results_dir)
-    need = planned_bytes(spec) if registry.get(spec.engine).saves and not spec.dry_run else None
-    targets.for_spec(spec).preflight("ckpt_dir", need, reach=not spec.dry_run)
-    resources(spec)
+    need = planned_bytes(plugins) if plugins.engine.saves and not spec.dry_run else None
+    plugins.target.preflight("ckpt_dir", need, reach=not spec.dry_run)
+    resources(plugins)
     if not spec.dry_run:
         extension_locks()
+    return plugins
 
 
-def stage(spec: RunSpec) -> None:
-    """env_stage=: a folder with room for the environment's copy, on this node (launch/staging.py); RH_STRACE=1:
+def stage(plugins: Plugins) -> None:
+    """env_stage=: a folder with room for the environment's copy, on this node (staging.py); RH_STRACE=1:
     strace is here (iocount/strace.py)."""
     from restart_harness.iocount import strace
 
     if why := strace.missing():
         raise UsageError(why)
+    spec = plugins.spec
     if spec.env_stage is not None and not spec.dry_run:
-        from restart_harness.launch import staging
+        from restart_harness import staging
 
-        staging.check(spec.env_stage, spec.nodes, launchers.of(spec).submits())
+        staging.check(spec.env_stage, spec.nodes, plugins.launcher.submits())
 
 
 def calibration(spec: RunSpec) -> None:
@@ -195,7 +191,7 @@ def calibration(spec: RunSpec) -> None:
 
 def extension_locks() -> None:
     """A JIT build lock left by a killed build would hang every rank in init_distributed (third_party)."""
-    from restart_harness.storage.cache_dir import extensions_dir
+    from restart_harness.files.cache_dir import extensions_dir
     from third_party.torch_extension_lock import remove_stale
 
     for lock in remove_stale(extensions_dir()):
@@ -207,7 +203,7 @@ def restart(request: RestartRequest) -> dict | None:
     """A restart-only re-run: the run is not in progress, its launcher and engine run here, its checkpoint is whole,
     and a restart at another layout is one its stack can make. Returns what the check of the checkpoint's content
     read (committed_checkpoint)."""
-    from restart_harness.results.status import observed
+    from restart_harness.rundir.status import observed
 
     spec, run_dir = request.spec, request.run_dir
     status = observed(run_dir)
@@ -217,42 +213,43 @@ def restart(request: RestartRequest) -> dict | None:
     if status["state"] not in ("complete", "failed"):
         raise UsageError(f"run={run_dir}: not a finished run ({status['state']}: {status.get('reason')}); accepted: "
                          "a run whose checkpoint phase ended (complete or failed)")
-    launcher(spec)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
-    stage(spec)
-    scheduler(spec)
-    port(spec)
-    eng = engine(spec)
-    nodes(spec)
+    restarts = request.run.with_spec(spec)  # the run with the restarts' own spec (layout, launcher, ...)
+    launcher(restarts)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
+    stage(restarts)
+    restarts.launcher.scheduler_preflight()
+    port(restarts)
+    restarts.engine.check()
+    nodes(restarts)
     tracer(spec)
     extension_locks()
-    if elsewhere := request.run.checkpoint_elsewhere():
+    if elsewhere := request.run.made.checkpoint_elsewhere():
         raise UsageError(f"run={run_dir}: {elsewhere}")
-    target = targets.for_run(request.run)
-    target.preflight("run", None)
-    tag, integrity = committed_checkpoint(request.run, target)
+    restarts.target.preflight("run", None)
+    tag, integrity = committed_checkpoint(restarts)
     if request.relayout:
         saves = [s for evs in ev.of_kind(ev.read_record(run_dir, "checkpoint"), "save").values() for s in evs
                  if s["tag"] == tag]
-        stacks.of(spec).check_relayout(request.original, spec, type(eng), type(target), saves)
+        restarts.stack.check_relayout(request.original, spec, type(restarts.engine), type(restarts.target), saves)
     return integrity
 
 
 def baseline(options: BaselineOptions) -> None:
-    target = targets.for_location(options.dir, ".")
-    target.preflight_probe("dir")
+    probe = resolve.target_at(options.dir).storage_probe()
+    probe.check("dir")
     if options.tool == "fio" and shutil.which("fio") is None:
         raise UsageError("tool=fio: fio is not installed (apt-get install fio); use tool=builtin")
     ranks = options.ranks or min(os.cpu_count() or 1, baseline_store.AUTO_MAX_RANKS)
-    need, free = options.file_bytes * ranks, target.free_bytes()
+    need, free = options.file_bytes * ranks, probe.free_bytes()
     if free is not None and need > free // 2:
         raise UsageError(f"file_bytes x ranks = {need} bytes is more than half the {free} bytes free in {options.dir}")
 
 
 # ---- restart-only: is the committed checkpoint whole? ---------------------------------------------------------
-def committed_checkpoint(run, target) -> tuple[str, dict | None]:
+def committed_checkpoint(run: resolve.Run) -> tuple[str, dict | None]:
     """The tag `latest` names, after checking every file the save recorded for it: path and bytes as the target
-    stores them, and content where the save recorded checksums (storage/checksum.py); raises UsageError naming the
+    stores them, and content where the save recorded checksums (files/checksum.py); raises UsageError naming the
     first missing, truncated or torn file. Returns the tag and what the checksum check read (None: none recorded)."""
+    target = run.target
     where = target.describe()
     if gone := target.missing():
         raise UsageError(f"run {run.run_dir.name}: {gone}; nothing to restart from")

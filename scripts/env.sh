@@ -7,7 +7,7 @@
 #      extras of pyproject.toml under the pins of requirements.txt); again whenever either file changes.
 #      RH_VENV_DIR puts it elsewhere: .ci/run keeps one per requirements in the user cache, shared by every clone on
 #      the machine (each clone re-points the editable install at itself), so a fresh clone reuses the environment and
-#      DeepSpeed's JIT-built ops, which are keyed on it (restart_harness/storage/cache_dir.py), instead of rebuilding
+#      DeepSpeed's JIT-built ops, which are keyed on it (restart_harness/files/cache_dir.py), instead of rebuilding
 RH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 rh_log() { echo "[setup] $*" >&2; }

@@ -22,8 +22,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from restart_harness.files.atomic import write_json_atomic
 from restart_harness.predict import restart_io
-from restart_harness.storage.atomic import write_json_atomic
 
 REPO = Path(__file__).resolve().parent.parent
 

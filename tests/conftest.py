@@ -392,16 +392,16 @@ def harness(tmp_path_factory, request) -> Harness:
 
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
-    """A single-node Ceph RADOS Gateway for the session (restart_harness/storage/local_s3.py, with the ETag proxy of
+    """A single-node Ceph RADOS Gateway for the session (testbeds/ceph_s3.py, with the ETag proxy of
     third_party/rgw_multipart_etag.py in front), bucket `ckpt`, its settings in this process's environment (every
     run and restart inherits them, as from a user's shell), stopped at the end."""
     require_tool("radosgw", "ceph-mon", "ceph-osd", package="radosgw ceph-mon ceph-osd ceph-common")
     one_worker("s3_server", tmp_path_factory)
-    from restart_harness.storage import local_s3
+    from testbeds import ceph_s3
 
     root = Path(f"/tmp/rh-s3-{os.getpid()}")  # short: Ceph's admin sockets live here (108-byte socket paths)
     with timed_setup("s3_server"):
-        s3 = local_s3.start(root, memory_mib=1024)
+        s3 = ceph_s3.start(root, memory_mib=1024)
     saved = {k: os.environ.get(k) for k in s3.environment()}
     try:
         s3.create_bucket("ckpt")
@@ -413,7 +413,7 @@ def s3_server(tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        local_s3.stop(root)
+        ceph_s3.stop(root)
 
 
 @pytest.fixture

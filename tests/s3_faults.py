@@ -1,4 +1,4 @@
-"""Faults between an S3 client and the local gateway (restart_harness/storage/local_s3.py): an HTTP proxy the tests put
+"""Faults between an S3 client and the local gateway (testbeds/ceph_s3.py): an HTTP proxy the tests put
 in front of the server's endpoint, which answers chosen requests itself (503 SlowDown, as S3 throttles) or runs an
 action first (kill the gateway, suspend the user) and then forwards the request as usual. Every other request
 passes through unchanged, signed headers included. It counts what it did, so a test can compare the faults it

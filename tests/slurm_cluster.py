@@ -1,4 +1,4 @@
-"""The local multi-node Slurm cluster (restart_harness/launch/local_cluster.py) as the tests use it: started for a
+"""The local multi-node Slurm cluster (testbeds/slurm_cluster.py) as the tests use it: started for a
 test module, stopped afterwards, and checked to have left nothing behind (namespaces, links, daemons, files)."""
 
 from __future__ import annotations
@@ -14,28 +14,28 @@ import pytest
 from conftest import REPO, require_tool
 from durations import timed_setup
 
-from restart_harness.launch import local_cluster
-from restart_harness.launch.local_cluster import Cluster
+from testbeds import slurm_cluster as cluster_bed
+from testbeds.slurm_cluster import Cluster
 
 
 @contextmanager
 def slurm_cluster(root: Path, nodes: int, gpus: int = 0):
     """A cluster of `nodes` nodes (with `gpus` stand-in GPUs each) under root; yields it. Torn down even when the test
     fails."""
-    require_tool(*local_cluster.BINARIES, package="slurm-wlm, munge, iproute2 and util-linux")
+    require_tool(*cluster_bed.BINARIES, package="slurm-wlm, munge, iproute2 and util-linux")
     if os.geteuid() != 0:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail("CI must not skip: the local Slurm cluster needs root")
         pytest.skip("the local Slurm cluster needs root (network namespaces, a bridge, slurmd)")
     with timed_setup(f"slurm_cluster_{nodes}_nodes" + (f"_{gpus}_gpus" if gpus else "")):
-        cluster = local_cluster.up(root, nodes, cpus=2, gpus=gpus)
+        cluster = cluster_bed.up(root, nodes, cpus=2, gpus=gpus)
     try:
         yield cluster
     finally:
         pids = [p for p in cluster.created["pids"].values() if p]
-        local_cluster.down(root)
-        left = local_cluster.leftovers(cluster.ident)
-        alive = [p for p in pids if local_cluster._alive(p)]
+        cluster_bed.down(root)
+        left = cluster_bed.leftovers(cluster.ident)
+        alive = [p for p in pids if cluster_bed._alive(p)]
         assert not left and not alive and not root.exists(), (left, alive)
 
 

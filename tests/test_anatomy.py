@@ -17,7 +17,7 @@ from conftest import REPO, cases, copy_run, events, load_summary
 
 from restart_harness import iocount
 from restart_harness.model import digest
-from restart_harness.results.schema import SAVE_CATEGORIES
+from restart_harness.schema import SAVE_CATEGORIES
 
 ANATOMY_RUNS = cases("tiny-dp2", "tp2-pp2-dp2", "torchsnapshot-dp2", "dcp-tp2-pp2", "fastpersist-dp2")
 WITHIN = 0.05  # the bound: categories add up to the measured figure within 5%

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, require_tool
 
-from restart_harness.storage import baseline
+from restart_harness.files import baseline
 from restart_harness.targets.filesystem import FileSystemTarget
 
 
@@ -45,7 +45,7 @@ def test_baseline_measures_and_caches(tool, tmp_path, monkeypatch):
     assert "metadata      create" in proc.stdout
     assert list(target.iterdir()) == []  # the probe's files are gone
     monkeypatch.setenv("RH_CACHE_DIR", str(cache))
-    assert baseline.cached(FileSystemTarget(str(target)), 4 << 20, 2)["measured_at"] == record["measured_at"]
+    assert baseline.cached(FileSystemTarget(str(target)).storage_probe(), 4 << 20, 2)["measured_at"] == record["measured_at"]
 
 
 def test_automatic_probe_is_bounded_and_cached(tmp_path, monkeypatch):
@@ -54,8 +54,8 @@ def test_automatic_probe_is_bounded_and_cached(tmp_path, monkeypatch):
     assert baseline.auto_size(300 << 30, 64, 1 << 40) == (16 << 20, 8)
     assert baseline.auto_size(50_000, 2, 1 << 40) == (16 << 20, 2)
     assert baseline.auto_size(50_000, 2, 5 << 20) is None  # a nearly full file system is not probed
-    first = baseline.for_run(FileSystemTarget(str(tmp_path / "ckpt")), 50_000, 2)
-    again = baseline.for_run(FileSystemTarget(str(tmp_path / "ckpt")), 50_000, 2)
+    first = baseline.for_run(FileSystemTarget(str(tmp_path / "ckpt")).storage_probe(), 50_000, 2)
+    again = baseline.for_run(FileSystemTarget(str(tmp_path / "ckpt")).storage_probe(), 50_000, 2)
     assert first["cached"] is False and again["cached"] is True
     assert again["write_mib_s"] == first["write_mib_s"] and again["measured_at"] == first["measured_at"]
 

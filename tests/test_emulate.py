@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import RUNS, cases, events, load_summary, run_cli, run_dir_of
 
-from engines import registry
+from restart_harness import resolve
 from restart_harness.command import parse_args
 
 # Each emulated case (conftest.RUNS) beside the real run it must equal (same model, layout, engine, last step).
@@ -100,7 +100,7 @@ def _open(spec):
     from restart_harness.targets.filesystem import FileSystemTarget
 
     native = EmulatedStack.engine_context(None)["native"]
-    return registry.get(spec.engine)(spec).open(EngineContext(spec, FileSystemTarget(None), native=native))
+    return resolve.plugins(spec).engine.open(EngineContext(spec, FileSystemTarget(None), native=native))
 
 
 @pytest.mark.slow

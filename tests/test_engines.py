@@ -20,12 +20,11 @@ from test_layouts import expected_files
 from engines import _state_tree as state_tree
 from engines import registry
 from engines.base import Engine
-from restart_harness import targets
+from restart_harness import resolve
 from restart_harness.command import parse_args
 from restart_harness.errors import UsageError
-from restart_harness.generate.ds_config import build_ds_config
-from restart_harness.spec import run as resolved
-from restart_harness.storage.cache_dir import extensions_dir
+from restart_harness.files.cache_dir import extensions_dir
+from restart_harness.rundir.ds_config import build_ds_config
 from third_party.deepspeed_fastpersist_cpu import replica_name
 
 CLOSE_CALL_SECONDS = 0.005  # step start is reconstructed from the event's wall time minus its seconds
@@ -161,7 +160,7 @@ def _deepspeed_reads(config: dict):
 
 @pytest.mark.parametrize("engine", registry.names())
 def test_every_engine_generates_a_config_deepspeed_accepts(engine):
-    config = build_ds_config(_spec_for(engine))
+    config = build_ds_config(resolve.plugins(_spec_for(engine)))
     parsed = _deepspeed_reads(config)
     writer = parsed.checkpoint_config["writer"]
     if engine in ("fastpersist", "decoupled"):
@@ -173,14 +172,14 @@ def test_every_engine_generates_a_config_deepspeed_accepts(engine):
 
 
 def test_datastates_block_follows_the_options():
-    config = build_ds_config(_spec_for("datastates", host_cache_size=4, parser_threads=2))
+    config = build_ds_config(resolve.plugins(_spec_for("datastates", host_cache_size=4, parser_threads=2)))
     assert config["datastates_ckpt"] == {"host_cache_size": 4, "parser_threads": 2}
     assert _deepspeed_reads(config).datastates_config.config == {"host_cache_size": 4, "parser_threads": 2}
 
 
 def test_writer_options_reach_the_config():
-    config = build_ds_config(_spec_for("fastpersist", io_buffer_mib=8, io_multiplier=2, data_parallel="socket",
-                                       io_buffer_double=False))
+    config = build_ds_config(resolve.plugins(_spec_for("fastpersist", io_buffer_mib=8, io_multiplier=2,
+                                                      data_parallel="socket", io_buffer_double=False)))
     writer = config["checkpoint"]["writer"]
     assert writer == {"type": "fast", "decoupled": False, "io_buffer_size": 8 * 2**20, "io_buffer_double": False,
                       "io_multiplier": 2, "data_parallel": "socket", "show_statistics": False}
@@ -190,7 +189,7 @@ def test_engine_options_parse_into_the_spec():
     spec = parse_args(["tiny", "engine=torchsnapshot", "async_take=true", "memory_budget_mib=64"])
     assert spec.engine_options == {"async_take": True, "memory_budget_mib": 64}
     assert parse_args(["tiny", "engine=dcp"]).engine_options == {"async_save": False}
-    engine = registry.get("torchsnapshot")(spec)
+    engine = resolve.plugins(spec).engine
     assert engine.options.async_take is True and engine.options.memory_budget_mib == 64 and engine.asynchronous()
 
 
@@ -272,7 +271,7 @@ def test_fastpersist_writes_deepspeeds_replicas_and_restarts_from_them(harness, 
     summary = load_summary(run_dir)
     assert summary["restart"]["verified"] is True
     tag = f"global_step{spec.iters}"
-    folder = Path(targets.for_run(resolved.read(run_dir)).path(tag))
+    folder = Path(resolve.read(run_dir).target.path(tag))
     names = sorted(p.name for p in folder.iterdir())
     by_base: dict[str, list[str]] = collections.defaultdict(list)
     for n in names:
@@ -411,13 +410,13 @@ def test_deepspeed_still_aborts_a_rank_whose_buffer_cannot_be_locked():
 
 
 def test_fastpersist_without_libaio_headers_is_refused(monkeypatch, tmp_path):
-    """A check of the node that runs the ranks (launch/nodecheck.py): here, where the ranks would start here."""
+    """A check of the node that runs the ranks (nodecheck.py): here, where the ranks would start here."""
     from engines import fastpersist
-    from restart_harness.launch import nodecheck
+    from restart_harness import nodecheck
 
     monkeypatch.setattr(fastpersist, "INCLUDE_DIRS", (str(tmp_path),))
     with pytest.raises(UsageError, match="engine=fastpersist cannot run on this node: .*apt-get install libaio-dev"):
-        nodecheck.here(_spec_for("fastpersist"))
+        nodecheck.here(resolve.plugins(_spec_for("fastpersist")))
 
 
 @pytest.mark.slow

@@ -41,7 +41,7 @@ def test_stand_in_gpus_are_scheduled_and_bound_as_on_a_gpu_cluster(gpu_cluster, 
     assert "#SBATCH --gpus-per-node=2" in job
     launch = (run_dir / "launch-checkpoint.sh").read_text()
     probe = run_dir / "launch-probe.sh"
-    probe.write_text(re.sub(r"-m restart_harness\.worker .*$", "-m restart_harness.worker.rank_env", launch,
+    probe.write_text(re.sub(r"-m restart_harness\.worker .*$", "-m restart_harness.rank_env", launch,
                             flags=re.MULTILINE))
     script = tmp_path / "probe.sbatch"
     header = [line for line in job.splitlines() if line.startswith("#SBATCH") and "--output" not in line]

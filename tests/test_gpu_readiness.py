@@ -26,8 +26,8 @@ def matrix(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
 def test_matrix_lists_what_this_node_can_run_and_why_not_the_rest(tmp_path):
     """Every engine of the registry and the FSDP2 case: on a CPU machine only DataStates and FastPersist's decoupled
     writer are refused, each with its reason (the same preflight a run gets); FastPersist is runnable (issue 27)."""
+    from restart_harness.campaigns import matrix as matrix_cases
     from restart_harness.command.parse import parse_matrix
-    from restart_harness.launch import matrix as matrix_cases
 
     device, listed = matrix_cases.cases(parse_matrix(["layouts=tp1-pp1-dp2"]), tmp_path)
     refused = {c["engine"]: c["refused"] for c in listed}
@@ -187,7 +187,7 @@ def test_the_headline_gpu_job_is_prepared_on_a_machine_without_a_gpu(tmp_path):
                                          (["up", "2", "gpus=４"], "gpus=４"), (["up", "2", "gpu=4"], "gpu=4")])
 def test_local_cluster_gpus_bad_input_is_one_line_and_starts_nothing(tmp_path, args, named):
     root = tmp_path / "cluster"
-    proc = subprocess.run([sys.executable, "-m", "restart_harness.launch.local_cluster", *args, "--root", str(root)],
+    proc = subprocess.run([sys.executable, "-m", "testbeds.slurm_cluster", *args, "--root", str(root)],
                           capture_output=True, text=True, cwd=REPO, check=False, timeout=60)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and named in lines[0], proc.stderr

@@ -17,7 +17,7 @@ from conftest import REPO, copy_run, load_summary, require_tool, submit
 from restart_harness import iocount
 from restart_harness.iocount import strace
 from restart_harness.results import terminal
-from restart_harness.results.schema import io_metadata_ops
+from restart_harness.schema import io_metadata_ops
 
 CHILD = r"""
 import json, os, sys
@@ -114,7 +114,7 @@ def test_the_spine_restart_reads_its_imports_from_the_environment(tiny_dp2):
 def test_env_cache_drops_and_warms_an_environments_libraries(tmp_path):
     """pagecache.environment() on a folder standing for an environment: drop (file by file, as with cache=warm)
     leaves its libraries cold, warm reads them back; auto does nothing and says what the checkpoint's step did."""
-    from restart_harness.storage import pagecache
+    from restart_harness.files import pagecache
 
     env = tmp_path / "env"
     (env / "lib").mkdir(parents=True)
@@ -135,7 +135,7 @@ def test_env_cache_keep_evicts_the_checkpoint_file_by_file_and_leaves_the_rest(t
     """env_cache=keep (the test cases' setting, conftest.CASE_ENV_CACHE): the restart's cache step evicts the
     checkpoint's files alone (posix_fadvise, never drop_caches, even as root); a library beside them stays resident,
     and the environment's step does nothing of its own."""
-    from restart_harness.storage import pagecache
+    from restart_harness.files import pagecache
 
     ckpt, env = tmp_path / "checkpoint", tmp_path / "env"
     ckpt.mkdir()
@@ -149,7 +149,7 @@ def test_env_cache_keep_evicts_the_checkpoint_file_by_file_and_leaves_the_rest(t
     for path in (*files, library):
         path.read_bytes()
     assert pagecache.resident_bytes(library) == 512 * 1024
-    state = pagecache.prepare(files, "drop", per_file=True)  # what runner.py asks for under env_cache=keep
+    state = pagecache.prepare(files, "drop", per_file=True)  # what phases/restart.py asks for under env_cache=keep
     assert state["method"] == "posix_fadvise_dontneed" and state["observed"] == "cold", state
     assert pagecache.resident_bytes(library) == 512 * 1024  # every other page left as it was
     kept = pagecache.environment([str(env)], "keep", state)
@@ -261,7 +261,7 @@ def test_a_staging_folder_too_small_is_refused_before_anything(tmp_path):
 HARNESS = r"""
 import subprocess, sys, time
 ranks = subprocess.Popen(["sleep", "600"], start_new_session=True)
-subprocess.Popen([sys.executable, "-m", "restart_harness.launch.session", str(ranks.pid), str(__import__("os").getpid()),
+subprocess.Popen([sys.executable, "-m", "restart_harness.phases.session", str(ranks.pid), str(__import__("os").getpid()),
                   sys.argv[1]], start_new_session=True)
 print(ranks.pid, flush=True)
 time.sleep(600)
@@ -269,7 +269,7 @@ time.sleep(600)
 
 
 def test_a_staged_copy_does_not_outlive_a_killed_harness(tmp_path):
-    """The harness killed outright while its ranks run: the watchdog (launch/session.py) ends the ranks and removes
+    """The harness killed outright while its ranks run: the watchdog (phases/session.py) ends the ranks and removes
     the environment's copy it was given."""
     import signal
     import time
@@ -298,7 +298,7 @@ def test_rh_strace_without_strace_is_one_line_before_anything(tmp_path, monkeypa
     from restart_harness import preflight
     from restart_harness.errors import UsageError
 
-    spec = SimpleNamespace(env_stage=None, dry_run=False)  # what preflight.stage reads of a RunSpec
+    spec = SimpleNamespace(spec=SimpleNamespace(env_stage=None, dry_run=False))  # what preflight.stage reads of a run
     monkeypatch.setenv(strace.ENV, "1")
     monkeypatch.setenv("PATH", str(tmp_path))  # no strace on it
     with pytest.raises(UsageError, match="RH_STRACE=1 needs strace, which is not installed"):

@@ -14,11 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from restart_harness import launchers
+from restart_harness import rank_env, resolve
 from restart_harness.command.parse import parse_sweep
-from restart_harness.launch.runner import allocate_record
-from restart_harness.spec import run as resolved
-from restart_harness.worker import rank_env
+from restart_harness.rundir.records import allocate_record
 
 
 def cli(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -58,7 +56,7 @@ def test_torchrun_script(tmp_path):
     run_dir = dry_run(tmp_path, "tiny", "dp=2", "launcher=torchrun", "phase=checkpoint")
     script = (run_dir / "launch-checkpoint.sh").read_text()
     assert "-m torch.distributed.run --nnodes 1 --nproc-per-node 2" in script
-    assert "export RH_LAUNCHER=torchrun" in script
+    assert "# restart-harness checkpoint launch (torchrun)" in script and f"export {rank_env.VARIABLE}=" in script
     assert not (run_dir / "launch-restart-01.sh").exists()  # phase=checkpoint: no restart launch
     bash_n(run_dir / "launch-checkpoint.sh")
 
@@ -86,7 +84,7 @@ def test_sbatch_script(tmp_path):
     for expected in ("--nodes=2", "--ntasks-per-node=4", "--time=00:30:00", "--partition=gpu", "--account=proj42",
                      f"--output={run_dir}/logs/job-%j.log"):
         assert expected in d, (expected, d)
-    assert f"-m restart_harness.launch.job {run_dir}" in job
+    assert f"-m restart_harness.phases.job {run_dir}" in job
     assert job.index(f"source {hook}") < job.index("exec ")
     launch = (run_dir / "launch-restart-01.sh").read_text()
     assert re.search(r"exec srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --kill-on-bad-exit=1 ", launch)
@@ -124,8 +122,12 @@ def test_qsub_script_asks_for_a_gpu_a_rank_and_checks_its_nodes_first(tmp_path):
     assert "-l select=2:mpiprocs=4:ngpus=4" in directives((run_dir / "job.pbs").read_text(), "#PBS")
     checks = proc.stdout.split("==> checks of the node that runs the ranks")[1]
     assert "device=cuda: an NVIDIA driver, a CUDA build of torch and 4 GPUs visible to the job" in checks
-    spec = resolved.read(run_dir).spec
-    assert launchers.of(spec).per_node_command(["x"])[:5] == ["mpiexec", "-n", "2", "--ppn", "1"]
+    assert resolve.read(run_dir).launcher.per_node_command(["x"])[:5] == ["mpiexec", "-n", "2", "--ppn", "1"]
+
+
+def exported(launcher: str) -> dict[str, str]:
+    """What a launch script of `launcher` exports for its ranks to find their rank variables (rank_env.py)."""
+    return {rank_env.VARIABLE: rank_env.encode(resolve.launcher_class(launcher).rank_variables)}
 
 
 @pytest.mark.parametrize("launcher,env,expected", [
@@ -140,7 +142,7 @@ def test_qsub_script_asks_for_a_gpu_a_rank_and_checks_its_nodes_first(tmp_path):
      {"RANK": "1", "WORLD_SIZE": "2", "CROSS_RANK": "0", "CROSS_SIZE": "1", "LOCAL_SIZE": "2"}),
 ])
 def test_rank_environment_from_each_launcher(launcher, env, expected):
-    env = {**env, "RH_LAUNCHER": launcher}
+    env = {**env, **exported(launcher)}
     rank_env.fill(env)
     assert {k: env.get(k) for k in expected} == expected
 
@@ -157,7 +159,7 @@ def test_rank_environment_from_each_launcher(launcher, env, expected):
 ])
 @pytest.mark.parametrize("launcher", ["mpiexec", "pbs"])
 def test_rank_environment_from_mpiexec(launcher, env, expected):
-    env = {**env, "RH_LAUNCHER": launcher}
+    env = {**env, **exported(launcher)}
     rank_env.fill(env)
     assert {k: env.get(k) for k in expected} == expected
 
@@ -167,7 +169,7 @@ def test_mpiexec_script(tmp_path):
     for record in ("checkpoint", "restart-01"):
         script = (run_dir / f"launch-{record}.sh").read_text()
         assert re.search(r"^exec mpiexec -n 2 \S+ -m restart_harness\.worker ", script, re.MULTILINE), script
-        assert "export RH_LAUNCHER=mpiexec" in script and "export MASTER_ADDR=127.0.0.1" in script
+        assert "export MASTER_ADDR=127.0.0.1" in script and f"export {rank_env.VARIABLE}='RANK=PALS_RANKID," in script
         bash_n(run_dir / f"launch-{record}.sh")
 
 
@@ -356,7 +358,7 @@ def test_a_busy_machine_is_seen_before_a_launch():
 def test_rendezvous_ports_are_drawn_at_random_below_the_ephemeral_range():
     """Two harnesses started together both got bind(0)'s port and the second failed with EADDRINUSE: ports are drawn
     at random from 20000-32767 (below Linux's ephemeral range) and tried."""
-    from restart_harness.launch.runner import free_port
+    from restart_harness.rundir.create import free_port
 
     ports = [free_port() for _ in range(20)]
     assert all(20000 <= p <= 32767 for p in ports) and len(set(ports)) > 10, ports

@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_cli
 
+from restart_harness import resolve
+from restart_harness.campaigns import mlperf as command
 from restart_harness.command import parse
-from restart_harness.launch import mlperf as command
 from restart_harness.plan import checkpoint, mlperf
 from restart_harness.results import mlperf as metrics
-from restart_harness.results.schema import GIB
+from restart_harness.schema import GIB
 
 
 def test_the_table_names_every_workload_with_its_exact_deepspeed_size():
@@ -27,7 +28,7 @@ def test_the_table_names_every_workload_with_its_exact_deepspeed_size():
     for name, row in rows.items():
         w = mlperf.WORKLOADS[name]
         spec = parse.parse_run([w.preset, *w.layout_tokens])[0]
-        assert row["deepspeed_bytes"] == sum(f.bytes for f in checkpoint.stored_files(spec))
+        assert row["deepspeed_bytes"] == sum(f.bytes for f in checkpoint.stored_files(spec, resolve.plugins(spec).engine.files()))
         assert f"{row['deepspeed_bytes'] / GIB:.2f} GiB" in proc.stdout and name in proc.stdout
     # ZeRO-3 writes no bf16 weights: 12 of the 14 bytes per parameter; ZeRO-1 all 14 (and its framing)
     for name in ("llama3-8b", "llama3-70b"):
@@ -93,7 +94,7 @@ def test_a_scaled_down_workload_runs_in_subset_mode_with_mlperfs_metrics(tmp_pat
     assert all(r["tag"] == "global_step2" and r["ranks"] == 8 for r in restarts)
     # exactly the first 8 ranks' files of the 64-rank checkpoint: the planner's names, bytes within its estimate
     full = parse.parse_run(["llama3-70B", "tp=8", "dp=8", "zero=3", "shrink=32"])[0]
-    planned = {f.path: f.bytes for f in checkpoint.stored_files(full) if f.rank < 8}
+    planned = {f.path: f.bytes for f in checkpoint.stored_files(full, resolve.plugins(full).engine.files()) if f.rank < 8}
     written = {f["path"]: f["bytes"] for f in json.loads((run_dir / "inventory.json").read_text())["files"]}
     assert sorted(written) == sorted(planned) and len(planned) == 16
     for path, size in written.items():  # storages exact; pickle and zip framing estimated (docs/planner.md)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, cases, load_summary
 
+from restart_harness import resolve
 from restart_harness.command import parse_args
 from restart_harness.plan import checkpoint, rules
 from restart_harness.spec import parameters as table
@@ -61,7 +62,7 @@ def _plan_memory(tokens: list[str]) -> tuple[int, int]:
     spec = parse_args(tokens)
     tracemalloc.start()
     try:
-        plan = estimate.build(spec, 5.0)
+        plan = estimate.build(resolve.plugins(spec), 5.0)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -87,8 +88,8 @@ def test_a_broadcast_load_reads_the_checkpoint_once(tokens):
     from restart_harness.plan import estimate
 
     spec = parse_args(tokens)
-    shared = estimate.build(parse_args([*tokens, "engine=lazy"]))
-    every = estimate.build(parse_args([*tokens, "engine=lazy", "broadcast_load=false"]))
+    shared = estimate.build(resolve.plugins(parse_args([*tokens, "engine=lazy"])))
+    every = estimate.build(resolve.plugins(parse_args([*tokens, "engine=lazy", "broadcast_load=false"])))
     size = {f["path"]: f["bytes"] for f in every["files"]}
     first = size["mp_rank_00_model_states.pt"]
     assert shared["total_bytes"] == every["total_bytes"]
@@ -233,14 +234,14 @@ def test_plan_equals_the_real_checkpoint(harness, name):
     spec = RunSpec.from_json(json.loads((run_dir / "spec.json").read_text()))  # resolved: the shape as trained
     inventory = json.loads((run_dir / "inventory.json").read_text())
     real = {f["path"]: f for f in inventory["files"]}
-    planned = {f.path: f for f in checkpoint.stored_files(spec)}
+    planned = {f.path: f for f in checkpoint.stored_files(spec, resolve.plugins(spec).engine.files())}
     assert sorted(planned) == sorted(real)
     for path, f in planned.items():
         assert (f.kind, f.rank) == (real[path]["kind"], real[path]["rank"]), path
         actual = real[path]["bytes"]
         assert f.tensor_bytes < actual, path  # the exact part is never more than the file
         assert abs(f.bytes - actual) <= max(0.01 * actual, 64 * KIB), (path, f.bytes, actual)
-    reads = {r: sorted(paths) for r, paths in checkpoint.stored_reads(spec).items()}
+    reads = {r: sorted(paths) for r, paths in checkpoint.stored_reads(spec, resolve.plugins(spec).engine.files()).items()}
     assert reads == _loaded(run_dir)
 
 

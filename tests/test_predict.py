@@ -152,7 +152,7 @@ def test_an_environments_metadata_rate_prices_the_import_storm(tmp_path):
     set-up each carry every rank's measured operations (configs/restart_io.json) over that rate, named."""
     from restart_harness.predict import restart_io
 
-    phases, key = restart_io.lookup("deepspeed", "default")
+    phases, key = restart_io.lookup("deepspeed", "default", "default")
     assert key == "deepspeed/default" and phases["imports"]["metadata_ops"] > 10_000, phases
     base = ["predict", "70B", "tp=4", "pp=8", "dp=128", "nodes=1024", "launcher=slurm", "device=cpu",
             "cpus_per_node=64", "write_gbps=100", "read_gbps=200", "predict=json"]

@@ -207,7 +207,7 @@ def test_killed_harness_leaves_running_which_readers_see_as_failed(tmp_path, lau
     import signal
     import time
 
-    from restart_harness.results.status import observed
+    from restart_harness.rundir.status import observed
 
     results = tmp_path / "results"
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RH_FAULT": "hang@step:rank=0:step=3"}

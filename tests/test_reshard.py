@@ -17,6 +17,7 @@ import pytest
 import torch
 from conftest import REPO, copy_run, load_summary, restart, run_cli, run_dir_of
 
+from restart_harness import resolve
 from restart_harness.plan import checkpoint, universal
 from restart_harness.results import trace
 from restart_harness.results.summary import LOSS_CONTINUITY_REL
@@ -129,7 +130,7 @@ def test_a_zero2_checkpoint_at_tp2_restarts_at_its_own_and_at_another_layout(tmp
     run_dir = run_dir_of(run_cli(["tiny", "tp=2", "dp=2", "zero=2", "baseline=false", *SOURCE.split()], tmp_path))
     saved = spec_of(run_dir)
     written = {f["path"]: f for f in json.loads((run_dir / "inventory.json").read_text())["files"]}
-    planned = {f.path: f for f in checkpoint.stored_files(saved)}
+    planned = {f.path: f for f in checkpoint.stored_files(saved, resolve.plugins(saved).engine.files())}
     assert set(written) == set(planned)
     for path, f in planned.items():
         assert written[path]["rank"] == f.rank and abs(written[path]["bytes"] - f.bytes) <= 0.01 * f.bytes, path

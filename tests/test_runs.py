@@ -14,9 +14,8 @@ from pathlib import Path
 import pytest
 from conftest import RUNS, events, load_summary
 
-from restart_harness import targets
-from restart_harness.results.schema import RESTART_PHASES, io_metadata_ops
-from restart_harness.spec import run as resolved
+from restart_harness import resolve
+from restart_harness.schema import RESTART_PHASES, io_metadata_ops
 
 pytestmark = pytest.mark.slow
 MARK_ORDER = [a for a, _, _ in RESTART_PHASES] + [RESTART_PHASES[-1][2], "finished"]
@@ -41,7 +40,7 @@ def _marks_in_order(evs: list[dict]) -> list[str]:
 def test_every_case_holds(harness, name):
     case = RUNS[name]
     run_dir, first, _ = harness.played(name)
-    run = resolved.read(run_dir)
+    run = resolve.read(run_dir)
     status = json.loads((run_dir / "status.json").read_text())
     summary = load_summary(run_dir)
     assert (summary["status"]["state"], summary["status"]["reason"]) == (status["state"], status["reason"])
@@ -56,7 +55,7 @@ def test_every_case_holds(harness, name):
         assert first.stderr.strip().splitlines()[-1] == f"error: {status['reason']}"
 
     # saves: every rank's figures ordered, and only a save durable on every rank is ever committed
-    target = targets.for_run(run)
+    target = run.target
     stored = target.listing()
     committed_tags = []
     for tag, per_rank in _saves(run_dir).items():
@@ -122,7 +121,7 @@ def test_every_case_holds(harness, name):
     assert [r["record"] for r in summary["restarts"]] == records
     for r in summary["restarts"]:
         per_rank = events(run_dir, r["record"])
-        own = resolved.read(run_dir, r["record"]).spec
+        own = records.read(run_dir, r["record"]).spec
         assert len(per_rank) == r["ranks"] == own.world_size, r["record"]
         verifies = [e for evs in per_rank.values() for e in evs if e["event"] == "verify"]
         assert len(verifies) == own.world_size and all(v["ok"] for v in verifies), r["record"]

@@ -1,5 +1,5 @@
 """ckpt_dir=s3://... (docs/s3.md) against a real S3 server: a single-node Ceph RADOS Gateway started for this module
-and stopped after it (restart_harness/storage/local_s3.py), with the ETag proxy of third_party/rgw_multipart_etag.py
+and stopped after it (testbeds/ceph_s3.py), with the ETag proxy of third_party/rgw_multipart_etag.py
 in front. Real launches: DeepSpeed's torch.save engine through s3torchconnector's checkpoint streams, DCP on
 DeepSpeed and on FSDP2 through its DCP writer and reader; every restart verified."""
 

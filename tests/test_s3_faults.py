@@ -96,16 +96,16 @@ def test_gateway_killed_during_a_multipart_upload(s3_server, proxy, tmp_path, mo
     tries per request here, AWS_MAX_ATTEMPTS; the default 10 take about 45 s), the status names the endpoint and
     the tag, `latest` stays global_step2, the uploads the dead gateway could not abort are reported, then aborted by
     the restart, which verifies global_step2."""
-    from restart_harness.storage import local_s3
+    from testbeds import ceph_s3
 
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "3")
-    proxy.on(on_object("global_step4", part=True), before=lambda: local_s3.kill_gateway(s3_server.root), times=1)
+    proxy.on(on_object("global_step4", part=True), before=lambda: ceph_s3.kill_gateway(s3_server.root), times=1)
     try:
         proc = submit([*RUN, "ckpt_dir=s3://ckpt/killed", f"results_dir={tmp_path / 'results'}"], tmp_path,
                       timeout=600)
     finally:
         proxy.wait_for_hooks()
-        local_s3.start_gateway(s3_server.root)
+        ceph_s3.start_gateway(s3_server.root)
     run_dir = the_run(tmp_path / "results")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     status = json.loads((run_dir / "status.json").read_text())
@@ -132,16 +132,16 @@ def test_credentials_suspended_in_the_middle_of_a_save(s3_server, proxy, tmp_pat
     """The S3 user is suspended (radosgw-admin) as global_step4's first part is sent: the save fails at once (403
     is not retried), the status says access was refused, `latest` stays global_step2; with the user enabled again a
     restart aborts the upload left behind and verifies."""
-    from restart_harness.storage import local_s3
+    from testbeds import ceph_s3
 
-    proxy.on(on_object("global_step4", part=True), before=lambda: local_s3.set_user_suspended(s3_server.root, True),
+    proxy.on(on_object("global_step4", part=True), before=lambda: ceph_s3.set_user_suspended(s3_server.root, True),
              times=1)
     try:
         proc = submit([*RUN, "ckpt_dir=s3://ckpt/revoked", f"results_dir={tmp_path / 'results'}"], tmp_path,
                       timeout=600)
     finally:
         proxy.wait_for_hooks()  # the suspend's radosgw-admin may still be ending when the other rank's 403 ends the run
-        local_s3.set_user_suspended(s3_server.root, False)
+        ceph_s3.set_user_suspended(s3_server.root, False)
     run_dir = the_run(tmp_path / "results")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     reason = json.loads((run_dir / "status.json").read_text())["reason"]
@@ -163,7 +163,7 @@ def test_gateway_restarted_while_a_restart_reads(s3_server, proxy, tmp_path):
     """A checkpoint phase, then a restart during whose first GET of a checkpoint object radosgw is SIGKILLed and
     started again: the client retries until the gateway is back, the restart verifies, and its summary counts the
     failed requests it retried."""
-    from restart_harness.storage import local_s3
+    from testbeds import ceph_s3
 
     proc = submit(["tiny", "dp=2", "iters=2", "phase=checkpoint", "baseline=false", "ckpt_dir=s3://ckpt/reread",
                    f"launcher={CASE_LAUNCHER}",
@@ -171,10 +171,10 @@ def test_gateway_restarted_while_a_restart_reads(s3_server, proxy, tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = the_run(tmp_path / "results")
 
-    starting = threading.Thread(target=local_s3.start_gateway, args=(s3_server.root,), daemon=True)
+    starting = threading.Thread(target=ceph_s3.start_gateway, args=(s3_server.root,), daemon=True)
 
     def bounce() -> None:
-        local_s3.kill_gateway(s3_server.root)
+        ceph_s3.kill_gateway(s3_server.root)
         starting.start()  # back in a few seconds; this request gets no answer
 
     rule = proxy.on(on_object("global_step2", method="GET"), before=bounce, fail=True, times=1)

@@ -1,5 +1,5 @@
 """launcher=slurm across nodes, against a real Slurm of 4 nodes that this module starts and stops
-(restart_harness/launch/local_cluster.py: each node a network namespace with its own hostname, address and slurmd).
+(testbeds/slurm_cluster.py: each node a network namespace with its own hostname, address and slurmd).
 sbatch submits the generated job from this host (the login node); the ranks start through srun on the job's nodes
 and reach each other over the cluster's bridge; the restart is a second srun step in fresh processes; finalize runs
 inside the job into the same run directory. Every multi-node path: tensor parallel within a node and data parallel

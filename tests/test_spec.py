@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from restart_harness import launchers
+from restart_harness import resolve
 from restart_harness.command import parse_args
 from restart_harness.errors import UsageError
-from restart_harness.generate.ds_config import build_ds_config
-from restart_harness.generate.launch import launch_script, worker_args
+from restart_harness.rundir.ds_config import build_ds_config
+from restart_harness.rundir.scripts import launch_script, worker_args
 from restart_harness.spec.model_shape import load_model, preset_names
 
 
@@ -116,19 +116,20 @@ def test_unsafe_yaml_preset_is_refused(tmp_path):
 
 def test_ds_config_zero1_adamw_batch():
     spec = parse_args(["tiny", "dp=2", "micro_batch=3", "grad_accum=2"])
-    cfg = build_ds_config(spec)
+    cfg = build_ds_config(resolve.plugins(spec))
     assert cfg["zero_optimization"] == {"stage": 1}
     assert cfg["optimizer"]["type"] == "AdamW" and cfg["optimizer"]["params"]["torch_adam"] is True
     assert cfg["train_batch_size"] == 3 * 2 * 2
     assert cfg["train_micro_batch_size_per_gpu"] == 3 and cfg["gradient_accumulation_steps"] == 2
     assert cfg["bf16"]["enabled"] is True
-    assert build_ds_config(parse_args(["tiny", "precision=fp32"]))["bf16"]["enabled"] is False
+    assert build_ds_config(resolve.plugins(parse_args(["tiny", "precision=fp32"])))["bf16"]["enabled"] is False
 
 
 def test_launch_script_uses_deepspeed_launcher(tmp_path):
     spec = parse_args(["tiny", "dp=2", "device=cpu"])
-    cmd = launchers.of(spec).rank_command(29555, worker_args(tmp_path, "checkpoint", "checkpoint"))
-    text = launch_script(spec, "checkpoint", cmd)
+    plugins = resolve.plugins(spec)
+    cmd = plugins.launcher.rank_command(29555, worker_args(tmp_path, "checkpoint", "checkpoint"))
+    text = launch_script(plugins, "checkpoint", cmd)
     assert "deepspeed.launcher.runner" in text and "--num_gpus 2" in text and "--master_port 29555" in text
     assert "export DS_ACCELERATOR=cpu" in text and "export OMP_NUM_THREADS=1" in text
     assert "TORCH_EXTENSIONS_DIR=" in text and "--module restart_harness.worker" in text
@@ -137,23 +138,24 @@ def test_launch_script_uses_deepspeed_launcher(tmp_path):
 def test_jit_ops_are_cached_per_python_environment(tmp_path, monkeypatch):
     """Two environments never share a JIT build folder (each would rebuild the other's ops, whose build flags name
     its paths); the ranks get this environment's, and the stale-lock sweep looks there."""
-    from restart_harness.storage import cache_dir as cache
+    from restart_harness.files import cache_dir as cache
 
     monkeypatch.setenv(cache.ENV, str(tmp_path))
     mine = cache.extensions_dir()
     assert mine.parent == tmp_path / "torch_extensions"
     spec = parse_args(["tiny", "dp=2", "device=cpu"])
-    text = launch_script(spec, "checkpoint", launchers.of(spec).rank_command(29555, worker_args(tmp_path, "c", "c")))
+    plugins = resolve.plugins(spec)
+    text = launch_script(plugins, "checkpoint", plugins.launcher.rank_command(29555, worker_args(tmp_path, "c", "c")))
     assert f"TORCH_EXTENSIONS_DIR={mine}" in text
     monkeypatch.setattr(cache.sys, "prefix", str(tmp_path / "another-venv"))
     assert cache.extensions_dir() != mine and cache.extensions_dir().parent == mine.parent
 
 
 def test_run_directories_never_collide(tmp_path):
-    from restart_harness.launch.runner import new_run_dir
+    from restart_harness.rundir.create import new_run_dir
 
     spec = parse_args(["tiny", f"results_dir={tmp_path}"])
-    dirs = {new_run_dir(spec) for _ in range(3)}  # same second, same spec
+    dirs = {new_run_dir(resolve.plugins(spec)) for _ in range(3)}  # same second, same spec
     assert len(dirs) == 3 and all(d.is_dir() for d in dirs)
 
 
@@ -200,7 +202,7 @@ def test_torch_file_baton_still_waits_on_an_ownerless_lock(tmp_path):
     (["tiny", "engine=dcp"], "dcp"),
 ])
 def test_engine_label_names_the_options_a_run_changed(args, label):
-    from restart_harness.results.schema import engine_label
+    from restart_harness.schema import engine_label
 
     spec = parse_args(args).to_json()
     assert engine_label(spec) == label

@@ -7,6 +7,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -16,30 +17,31 @@ import pytest
 from conftest import REPO, submit
 
 from engines import registry
+from restart_harness.command import parse_args
 from restart_harness.command.options import BaselineOptions, PlanOptions, RestartOptions
 from restart_harness.launchers import all_launchers
 from restart_harness.spec.keys import keys_of
 from restart_harness.spec.model_shape import shape_keys
 from restart_harness.spec.runspec import run_keys
 
-PACKAGES = ("restart_harness", "engines", "analysis", "third_party", "configs")
+PACKAGES = ("restart_harness", "engines", "analysis", "third_party", "configs", "testbeds")
 
 
-def project_modules() -> dict[str, Path]:
+def project_modules(root: Path = REPO) -> dict[str, Path]:
     out = {}
     for package in PACKAGES:
-        for path in (REPO / package).rglob("*.py"):
-            parts = list(path.relative_to(REPO).with_suffix("").parts)
+        for path in (root / package).rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             out[".".join(parts)] = path
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(root: Path = REPO) -> dict[str, set[str]]:
     """module -> the project modules it imports anywhere in its body (a package's __init__ counts as importing
     nothing of its own children)."""
-    modules = project_modules()
+    modules = project_modules(root)
 
     def resolve(name: str) -> str | None:
         while name and name not in modules:
@@ -113,11 +115,104 @@ def test_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-def test_storage_layer_imports_nothing_above_it():
-    graph = import_graph()
-    for module, targets in graph.items():
-        if module.startswith("restart_harness.storage"):
-            assert all(t.startswith("restart_harness.storage") or t == "restart_harness" for t in targets), module
+
+
+# The layers, from the ground up (docs/architecture.md "Layers"): a unit imports units of the layers below it only,
+# imports inside functions included. A unit is a folder or a module of restart_harness/, or a top-level package.
+LAYERS = (
+    ("errors", "faults", "plugins", "rank_env", "schema", "files", "third_party", "configs"),
+    ("iocount", "spec", "staging"),
+    ("launchers", "targets"),
+    ("engines", "model"),
+    ("plan",),
+    ("stacks",),
+    ("resolve",),
+    ("machine", "nodecheck", "worker", "command"),
+    ("rundir",),
+    ("results",),
+    ("predict", "analysis"),
+    ("preflight",),
+    ("phases",),
+    ("campaigns",),
+    ("cli",),
+    ("testbeds",),  # test servers: nothing of the harness imports them
+)
+
+
+def unit_of(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if parts[0] == "restart_harness" and len(parts) > 1 else parts[0]
+
+
+def layering_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that does not run down the layers (or names a unit no layer holds)."""
+    layer = {unit: n for n, units in enumerate(LAYERS) for unit in units}
+    found = []
+    for module, imported in sorted(graph.items()):
+        here = unit_of(module)
+        if module == "restart_harness":
+            continue
+        if here not in layer:
+            found.append(f"{module}: its unit {here!r} is in no layer (tests/test_structure.py LAYERS)")
+            continue
+        for target in sorted(imported):
+            there = unit_of(target)
+            if target == "restart_harness" or there == here:
+                continue
+            if layer.get(there, len(LAYERS)) >= layer[here]:
+                found.append(f"{module} imports {target}: {there} is not below {here}")
+    return found
+
+
+def test_every_import_runs_down_the_layers():
+    """Package by package, lazy imports included: no unit imports one beside or above it (so no package cycle)."""
+    assert layering_violations(import_graph()) == []
+
+
+def test_a_planted_upward_import_is_found(tmp_path):
+    """The layering check fails on an import inside a function, from the ground floor to the orchestration."""
+    for package in PACKAGES:
+        shutil.copytree(REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    atomic = tmp_path / "restart_harness" / "files" / "atomic.py"
+    atomic.write_text(atomic.read_text() + "\n\ndef planted():\n    from restart_harness.phases import run\n")
+    found = layering_violations(import_graph(tmp_path))
+    assert found and all(v.startswith("restart_harness.files.atomic imports restart_harness.phases") for v in found)
+    assert "phases is not below files" in found[0]
+
+
+def test_the_docs_show_the_layers():
+    """docs/architecture.md lists the layers this test holds the code to."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    shown = " < ".join(", ".join(units) for units in LAYERS)
+    assert shown in " ".join(text.replace("`", "").split()), shown
+
+
+# The registries are asked for a plug-in by its name in one module: everything else is handed the objects.
+LOOKUP = re.compile(r"\b(registry|launchers|stacks|targets)\.(get|select|recorded|for_location|of|for_spec|for_run)\("
+                    r"|all_(stacks|launchers|targets|engines)\(\)\[")
+LOOKUPS_IN = {"restart_harness/resolve.py": 8, "restart_harness/stacks/__init__.py": 1,
+              "restart_harness/targets/__init__.py": 1, "engines/registry.py": 1}  # the registries' own get()
+
+
+def test_plug_ins_are_looked_up_by_name_only_where_the_run_is_resolved():
+    found = {}
+    for path in project_modules().values():
+        rel = path.relative_to(REPO).as_posix()
+        if n := len(LOOKUP.findall(path.read_text())):
+            found[rel] = n
+    assert found == LOOKUPS_IN
+
+
+def test_configurations_are_declared_with_the_keys_and_recorded():
+    """Which spec fields make a configuration is declared with each key (config=); spec.json records the list, and
+    every field of the runs that predate the record is still one."""
+    from restart_harness.schema import CONFIG_FIELDS_UNRECORDED, config_fields
+    from restart_harness.spec.runspec import configuration_fields
+
+    spec = parse_args(["tiny"]).to_json()
+    assert config_fields(spec) == tuple(configuration_fields())
+    assert set(CONFIG_FIELDS_UNRECORDED) <= set(configuration_fields())
+    assert {"seed", "results_dir", "master_port", "timeout"}.isdisjoint(configuration_fields())
 
 
 def test_every_key_is_declared_once():
@@ -207,9 +302,9 @@ def test_the_wall_clock_rule_finds_a_bound():
 BRANCH = re.compile(r"""is_s3\b|checkpoint_url|["']s3://|\bstack\s*(==|!=)|(==|!=)\s*["']"""
                     r"""(deepspeed|fsdp2|emulated|s3|filesystem|posix|object)["']""")
 ANSWERED_IN = ("restart_harness/targets/", "restart_harness/stacks/", "restart_harness/spec/",
-               "restart_harness/storage/")
-# results/schema.py reads runs of harness 0.2.0, whose spec.json names no storage target (an s3:// ckpt_dir was S3)
-READS_OLD_RUNS = {"restart_harness/results/schema.py": 1}
+               "restart_harness/files/")
+# restart_harness/schema.py reads runs of harness 0.2.0, whose spec.json names no storage target (an s3:// ckpt_dir was S3)
+READS_OLD_RUNS = {"restart_harness/schema.py": 1}
 
 
 def test_storage_targets_and_stacks_are_asked_of_their_plug_ins_only():

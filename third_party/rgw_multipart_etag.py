@@ -3,7 +3,7 @@
 write with `Header "ETag" not found`. Reads work, and a HEAD of the completed object shows the right ETag.
 
 This is a pass-through HTTP proxy placed in front of such a gateway by the local test server
-(restart_harness/storage/local_s3.py) and only there: requests and their signed headers go through byte for byte;
+(testbeds/ceph_s3.py) and only there: requests and their signed headers go through byte for byte;
 in a CompleteMultipartUpload response an empty ETag is replaced by the one S3 defines for a multipart object (the
 md5 of the parts' binary md5s, then `-<number of parts>`), computed from the part list in the request. Nothing else
 is changed. A real S3 endpoint never goes through it.

@@ -18,6 +18,7 @@ from restart_harness.command.options import (
     RestartOptions,
 )
 from restart_harness.command.parse import restart_keys
+from restart_harness.command.report import ReportOptions
 from restart_harness.spec.keys import GROUPS, describe, keys_of
 from restart_harness.spec.model_shape import preset_names, shape_keys
 from restart_harness.spec.runspec import run_keys
@@ -30,7 +31,7 @@ usage: ./submit-job.sh [run] MODEL [key=value ...]          train, checkpoint, r
        ./submit-job.sh calibrate runs=DIR out=FILE           fit the prediction model to finished runs
        ./submit-job.sh restart run=RUN_DIR [key=value ...]   restart-only re-runs of an earlier run
        ./submit-job.sh baseline dir=PATH [key=value ...]     storage: sequential write+fsync and cold read
-       ./submit-job.sh report RUN_OR_SWEEP_DIR... [-o DIR]   runs.csv, report.md/.html and plots (analysis/)
+       ./submit-job.sh report RUN_OR_SWEEP_DIR... [key=value]   runs.csv, report.md/.html and plots (analysis/)
        ./submit-job.sh matrix [key=value ...]                every engine x layouts that fit the node, verified
        ./submit-job.sh mlperf [WORKLOAD] [key=value ...]     an MLPerf Storage checkpoint workload, MLPerf's metrics
        ./submit-job.sh clean [key=value ...]                 delete finished runs' checkpoints, keep their results
@@ -58,6 +59,7 @@ def usage() -> str:
     lines += _section("calibrate keys (with `calibrate`)", list(keys_of(CalibrateOptions).values()))
     lines += _section("baseline keys (with `baseline`)", list(keys_of(BaselineOptions).values()))
     lines += _section("matrix keys (with `matrix`)", list(keys_of(MatrixOptions).values()))
+    lines += _section("report keys (with `report RUN_OR_SWEEP_DIR...`)", list(keys_of(ReportOptions).values()))
     lines += [*_section("restart keys (with `restart`)", list(keys_of(RestartOptions).values()))[:-1],
               f"  and of the run keys above: {', '.join(restart_keys())}", ""]
     lines += _section("clean keys (with `clean`)", list(keys_of(CleanOptions).values()))
@@ -80,6 +82,7 @@ def usage() -> str:
 # the options of each command other than a run; those marked with a run's keys take them too
 _COMMAND_KEYS = {"plan": (PlanOptions, True), "predict": (PredictOptions, True), "calibrate": (CalibrateOptions, False),
                  "baseline": (BaselineOptions, False), "matrix": (MatrixOptions, False),
+                 "report": (ReportOptions, False),
                  "restart": (RestartOptions, False), "mlperf": (MlperfOptions, False),
                  "clean": (CleanOptions, False)}
 
@@ -130,6 +133,7 @@ def markdown() -> str:
                            ("calibrate (`./submit-job.sh calibrate ...`)", CalibrateOptions),
                            ("baseline (`./submit-job.sh baseline ...`)", BaselineOptions),
                            ("matrix (`./submit-job.sh matrix ...`)", MatrixOptions),
+                           ("report (`./submit-job.sh report RUN_OR_SWEEP_DIR... ...`)", ReportOptions),
                            ("restart (`./submit-job.sh restart ...`)", RestartOptions),
                            ("mlperf (`./submit-job.sh mlperf WORKLOAD ...`)", MlperfOptions),
                            ("clean (`./submit-job.sh clean ...`)", CleanOptions)):

@@ -1,14 +1,14 @@
-"""The options of the commands other than a run (plan, predict, calibrate, baseline, matrix, restart, mlperf,
-clean): each a dataclass of declared keys
+"""The options of the commands other than a run (plan, predict, calibrate, baseline, matrix, report, restart,
+mlperf, clean): each a dataclass of declared keys
 (restart_harness/spec/keys.py), parsed by command/parse.py, listed by --help."""
 
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass
 
+from restart_harness.files import baseline
 from restart_harness.plan import mlperf
 from restart_harness.spec.keys import Path, Size, key
-from restart_harness.storage import baseline
 
 
 @dataclass

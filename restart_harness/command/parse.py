@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path as FsPath
 
 from engines import registry
-from restart_harness import launchers, stacks, targets
+from restart_harness import resolve, stacks
 from restart_harness.command.options import (
     MATRIX_STACK_CASES,
     MLPERF_FIXED,
@@ -37,14 +37,13 @@ from restart_harness.command.options import (
     PredictOptions,
     RestartOptions,
 )
+from restart_harness.command.tokens import fill, options_of, pairs_of, required
 from restart_harness.errors import UsageError
-from restart_harness.spec import run as resolved
-from restart_harness.spec.keys import MAX_VALUE_CHARS, Key, coerce, keys_of
+from restart_harness.spec.keys import MAX_VALUE_CHARS, Key, coerce, keys_of, parse_bool
 from restart_harness.spec.model_shape import load_model, preset_names, shape_keys
 from restart_harness.spec.runspec import RunSpec, run_keys
 
 COMMANDS = ("run", "plan", "predict", "calibrate", "restart", "baseline", "report", "matrix", "mlperf", "clean")
-_TOKEN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$")
 
 
 @dataclass
@@ -58,11 +57,11 @@ class PlanRequest:
 class RestartRequest:
     """An existing run, its RunSpec with the restart overrides applied, and how many restarts."""
 
-    run: resolved.ResolvedRun  # the run as it was made (its own spec: the layout that wrote the checkpoint)
+    run: resolve.Run  # the run as it was made (its own spec: the layout that wrote the checkpoint)
     spec: RunSpec  # the restarts' spec
     tokens: list[str]  # the overrides as given (key=value), handed on to a submitted restart-only job
     # what the check of the committed checkpoint's content read before anything launched (preflight.restart;
-    # storage/checksum.py), or None where its save recorded no checksums
+    # files/checksum.py), or None where its save recorded no checksums
     integrity: dict | None = None
 
     @property
@@ -91,6 +90,7 @@ class Combination:
     values: dict[str, str]
     tokens: list[str]
     spec: RunSpec
+    plugins: resolve.Plugins | None = None  # once preflight has checked the combination
 
 
 @dataclass
@@ -113,41 +113,19 @@ def split_command(argv: list[str]) -> tuple[str, list[str]]:
         if value == "json":
             return "plan", [t if t != plan else "plan=json" for t in argv]
         try:
-            wanted = parse_bool_text(value)
-        except ValueError:
+            wanted = parse_bool("plan", value)
+        except UsageError:
             raise UsageError(f"{plan}: accepted values are true, json, false") from None
         rest = [t for t in argv if t != plan]
         return ("plan", rest) if wanted else ("run", rest)
     return "run", argv
 
 
-def parse_bool_text(text: str) -> bool:
-    if text in ("true", "1", "yes", "on"):
-        return True
-    if text in ("false", "0", "no", "off"):
-        return False
-    raise ValueError(text)
-
-
-def pairs_of(tokens: list[str]) -> dict[str, str]:
-    """key=value tokens -> {key: text}; each key at most once."""
-    pairs: dict[str, str] = {}
-    for token in tokens:
-        match = _TOKEN.match(token)
-        if not match:
-            raise UsageError(f"{token!r}: malformed argument; expected key=value")
-        name, value = match.groups()
-        if name in pairs:
-            raise UsageError(f"{name}: given twice ({name}={pairs[name]} and {token})")
-        pairs[name] = value
-    return pairs
-
-
 def _unknown(name: str, accepted: list[str], engine: str | None = None) -> UsageError:
     owners = [e for e in registry.owner_of_option(name) if e != engine]
     if owners:
         return UsageError(f"{name}=: an option of engine {', '.join(owners)}, not of engine {engine}; "
-                          f"engine {engine} takes: {', '.join(keys_of(registry.get(engine).Options)) or 'no options'}")
+                          f"engine {engine} takes: {', '.join(keys_of(resolve.engine_class(engine).Options)) or 'no options'}")
     for command, options in (("plan", PlanOptions), ("predict", PredictOptions), ("baseline", BaselineOptions),
                              ("restart", RestartOptions)):
         if name in keys_of(options):
@@ -155,23 +133,6 @@ def _unknown(name: str, accepted: list[str], engine: str | None = None) -> Usage
     near = difflib.get_close_matches(name, accepted, n=1)
     hint = f" (did you mean {near[0]}?)" if near else ""
     return UsageError(f"unknown key {name!r}{hint}; accepted keys are listed by ./submit-job.sh --help")
-
-
-def _fill(target: dict, declared: dict[str, Key], pairs: dict[str, str]) -> dict[str, str]:
-    """Coerce the pairs declared in `declared` into target; returns the pairs left over."""
-    rest = {}
-    for name, text in pairs.items():
-        if name in declared:
-            target[name] = coerce(declared[name], text)
-        else:
-            rest[name] = text
-    return rest
-
-
-def _required(declared: dict[str, Key], values: dict, command: str) -> None:
-    for name, k in declared.items():
-        if k.required and name not in values:
-            raise UsageError(f"{command} needs {name}=: {k.help}")
 
 
 # ---- run -----------------------------------------------------------------------------------------------------
@@ -186,18 +147,18 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
     shape, source = _model(model)
     pairs = pairs_of(rest)
     values: dict = {}
-    pairs = _fill(values, run_keys(), pairs)
+    pairs = fill(values, run_keys(), pairs)
     if "launcher" in values:  # an alias (launcher=deepspeed) is recorded as the launcher's name
-        values["launcher"] = launchers.get(values["launcher"]).name
-    stack = stacks.get(values.get("stack", run_keys()["stack"].default))
+        values["launcher"] = resolve.launcher_class(values["launcher"]).name
+    stack = resolve.stack_named(values.get("stack", run_keys()["stack"].default))
     values.setdefault("engine", stack.default_engine)  # each stack's own: DeepSpeed's torch.save, DCP for FSDP2
-    engine = registry.get(values["engine"])
+    engine = resolve.engine_class(values["engine"])
     options: dict = {}
-    pairs = _fill(options, keys_of(engine.Options), pairs)
+    pairs = fill(options, keys_of(engine.Options), pairs)
     shape_values: dict = {}
-    pairs = _fill(shape_values, shape_keys(), pairs)
+    pairs = fill(shape_values, shape_keys(), pairs)
     extra_values: dict = {}
-    pairs = _fill(extra_values, extra or {}, pairs)
+    pairs = fill(extra_values, extra or {}, pairs)
     if pairs:
         name = next(iter(pairs))
         accepted = [*run_keys(), *shape_keys(), *keys_of(engine.Options), *(extra or {})]
@@ -228,13 +189,13 @@ def _model(word: str) -> tuple:
 def check(spec: RunSpec) -> None:
     """What the launcher, the training stack, the engine and the storage target say of spec (pure: no machine, no
     network)."""
-    launchers.get(spec.launcher).check(spec)
-    stack, engine = stacks.of(spec), registry.get(spec.engine)
+    resolve.launcher_class(spec.launcher).check(spec)
+    stack, engine = resolve.stack_class(spec), resolve.engine_class(spec.engine)
     if not stack.accepts_engine(engine):
         takers = [n for n, c in registry.all_engines().items() if stack.accepts_engine(c)]
         raise UsageError(stack.engine_refusal.format(engine=engine.name, stack=spec.stack, takers=", ".join(takers)))
     stack.check(spec)
-    target = targets.select(spec.ckpt_dir)
+    target = resolve.target_class(spec.ckpt_dir)
     if spec.ckpt_dir is not None:
         target.check_location(spec.ckpt_dir)
     where = f"ckpt_dir={spec.ckpt_dir}"
@@ -256,20 +217,24 @@ _WRITES = {"posix": "to a file system", "object": "to object storage"}
 
 def parse_plan(tokens: list[str]) -> PlanRequest:
     spec, values = parse_run(tokens, keys_of(PlanOptions))
-    if not stacks.of(spec).planned:
+    if not resolve.stack_class(spec).planned:
         raise UsageError(f"stack={spec.stack}: the planner predicts DeepSpeed's checkpoint files; accepted: "
-                         f"{', '.join('stack=' + n for n in stacks.names() if stacks.get(n).planned)} (a "
+                         f"{_planned_stacks()} (a "
                          f"stack={spec.stack} checkpoint is one DCP shard file per rank and .metadata)")
     options = PlanOptions(**values)
     target = None
     if any(v is not None for v in (options.to_tp, options.to_pp, options.to_dp)):
-        if not registry.get(spec.engine).universal:
+        if not resolve.engine_class(spec.engine).universal:
             raise UsageError(f"to_tp/to_pp/to_dp: engine={spec.engine} cannot restart at another layout (DeepSpeed's "
                              "universal-checkpoint converter reads torch.save files only); accepted: engine="
                              + ", ".join(n for n, c in registry.all_engines().items() if c.universal))
         target = spec.with_layout(tp=options.to_tp or spec.tp, pp=options.to_pp or spec.pp,
                                   dp=options.to_dp or spec.dp, ranks_per_node=None)
     return PlanRequest(spec, options, target)
+
+
+def _planned_stacks() -> str:
+    return ", ".join(f"stack={n}" for n, cls in stacks.all_stacks().items() if n in stacks.names() and cls.planned)
 
 
 @dataclass
@@ -280,10 +245,9 @@ class PredictRequest:
 
 def parse_predict(tokens: list[str]) -> PredictRequest:
     spec, values = parse_run(tokens, keys_of(PredictOptions))
-    if not stacks.of(spec).planned:
+    if not resolve.stack_class(spec).planned:
         raise UsageError(f"stack={spec.stack}: the prediction model builds on the planner, which predicts DeepSpeed's "
-                         "checkpoint files; accepted: "
-                         f"{', '.join('stack=' + n for n in stacks.names() if stacks.get(n).planned)}")
+                         f"checkpoint files; accepted: {_planned_stacks()}")
     options = PredictOptions(**values)
     if (options.write_gbps is None) != (options.read_gbps is None):
         given = "write_gbps" if options.write_gbps is not None else "read_gbps"
@@ -292,40 +256,26 @@ def parse_predict(tokens: list[str]) -> PredictRequest:
 
 
 def parse_calibrate(tokens: list[str]) -> CalibrateOptions:
-    return _options(CalibrateOptions, tokens, "calibrate")
-
-
-def _options(cls: type, tokens: list[str], command: str):
-    """A command's own options (a dataclass of key() fields) from its tokens: unknown keys and missing required
-    ones refused with one line naming what the command accepts."""
-    declared = keys_of(cls)
-    values: dict = {}
-    rest = _fill(values, declared, pairs_of(tokens))
-    if rest:
-        name = next(iter(rest))
-        raise UsageError(f"{name}={rest[name]}: not a {command} key; {command} accepts "
-                         f"{', '.join(f'{k}=' for k in declared)}")
-    _required(declared, values, command)
-    return cls(**values)
+    return options_of(CalibrateOptions, tokens, "calibrate")
 
 
 def parse_clean(tokens: list[str]) -> CleanOptions:
-    return _options(CleanOptions, tokens, "clean")
+    return options_of(CleanOptions, tokens, "clean")
 
 
 def parse_baseline(tokens: list[str]) -> BaselineOptions:
-    return _options(BaselineOptions, tokens, "baseline")
+    return options_of(BaselineOptions, tokens, "baseline")
 
 
 def parse_matrix(tokens: list[str]) -> MatrixOptions:
-    options = _options(MatrixOptions, tokens, "matrix")
+    options = options_of(MatrixOptions, tokens, "matrix")
     if options.model is not None:
         load_model(options.model)  # an unknown preset: one line naming the accepted ones
     for layout in ([] if options.layouts == "auto" else options.layouts.split(",")):
         if not re.fullmatch(r"tp[1-9][0-9]*-pp[1-9][0-9]*-dp[1-9][0-9]*", layout):
             raise UsageError(f"layouts={options.layouts}: {layout!r} is not a layout; accepted: tpT-ppP-dpD, "
                              "e.g. tp2-pp2-dp1, comma-separated, or auto")
-    launchers.get(options.launcher)  # an unknown one: one line naming the accepted ones
+    resolve.launcher_class(options.launcher)  # an unknown one: one line naming the accepted ones
     if options.engines != "all":
         for name in options.engines.split(","):
             if name not in registry.names() and name not in MATRIX_STACK_CASES:
@@ -344,6 +294,7 @@ class MlperfRequest:
     options: MlperfOptions
     spec: RunSpec | None
     tokens: list[str]
+    plugins: resolve.Plugins | None = None  # once preflight has checked the workload's runs
 
 
 def parse_mlperf(tokens: list[str]) -> MlperfRequest:
@@ -369,7 +320,7 @@ def parse_mlperf(tokens: list[str]) -> MlperfRequest:
                          f"TPxPPxDP {workload.tp}x{workload.pp}x{workload.dp}, ZeRO-{workload.zero}, emulated, "
                          "every checkpoint fsync'd, cold reads); scale it down with shrink=K")
     values: dict = {}
-    _fill(values, keys_of(MlperfOptions), dict(pairs))
+    fill(values, keys_of(MlperfOptions), dict(pairs))
     checkpoints = values.get("checkpoints", MlperfOptions.checkpoints)
     declared = run_keys()
     if "subset" in pairs and coerce(declared["subset"], pairs["subset"]):  # MLPerf's subset: one host of 8 GPUs
@@ -442,8 +393,8 @@ def parse_restart(tokens: list[str]) -> RestartRequest:
     pairs = pairs_of(tokens)
     pairs.pop("phase", None)  # `phase=restart` spelled as a key
     options: dict = {}
-    pairs = _fill(options, keys_of(RestartOptions), pairs)
-    _required(keys_of(RestartOptions), options, "restart")
+    pairs = fill(options, keys_of(RestartOptions), pairs)
+    required(keys_of(RestartOptions), options, "restart")
     allowed = restart_keys()
     overrides: dict = {}
     for name, text in pairs.items():
@@ -452,8 +403,8 @@ def parse_restart(tokens: list[str]) -> RestartRequest:
                              f"accepted with restart: run, {', '.join(allowed)}")
         overrides[name] = coerce(allowed[name], text)
     if "launcher" in overrides:
-        overrides["launcher"] = launchers.get(overrides["launcher"]).name
-    run = resolved.read(FsPath(options["run"]).expanduser())
+        overrides["launcher"] = resolve.launcher_class(overrides["launcher"]).name
+    run = resolve.read(FsPath(options["run"]).expanduser())
     spec = dataclasses.replace(run.spec, **overrides, phase="restart", dry_run=False)
     if LAYOUT_KEYS & overrides.keys():
         spec = _relayout(spec, run.spec, overrides)
@@ -475,7 +426,7 @@ def _relayout(spec: RunSpec, original: RunSpec, overrides: dict) -> RunSpec:
     if "dp" not in overrides and "ranks_per_node" in overrides:
         layout["dp"] = None
     spec = spec.with_layout(**layout)
-    stacks.of(spec).check(spec)
+    resolve.stack_class(spec).check(spec)
     batch = original.global_batch
     if batch % spec.dp:
         raise UsageError(f"dp={spec.dp}: the run's global batch of {batch} samples (micro_batch {original.micro_batch} "

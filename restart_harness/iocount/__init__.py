@@ -1,7 +1,7 @@
 """Per-process counters of the I/O done on the checkpoint's files (rhio.c, loaded with LD_PRELOAD into each rank):
 calls, bytes, request sizes, seconds inside the calls and the wall time during which any such call was in flight;
 and, for every path the process touches, opens, metadata calls, listings, reads and writes by source (the Python
-environment, the extension cache, the checkpoint, ...: RH_IO_SOURCES, set by restart_harness/launch/observe.py).
+environment, the extension cache, the checkpoint, ...: RH_IO_SOURCES, set by restart_harness/rundir/observe.py).
 
 The library is compiled once per machine into the user cache directory (`cc`, a few hundred milliseconds) by the
 harness before it launches ranks; a machine without a C compiler runs without it, and the anatomy then reports no
@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from restart_harness.storage.cache_dir import cache_dir
+from restart_harness.files.cache_dir import cache_dir
 
 SOURCE = Path(__file__).with_name("rhio.c")
 CLASSES = ("read", "write", "sync")

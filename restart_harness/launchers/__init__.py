@@ -1,5 +1,5 @@
 """Launchers: what starts a run's ranks (DeepSpeed's launcher, torchrun, mpiexec, a Slurm or PBS job), one module
-each holding one subclass of launchers.base.Launcher, discovered here. The launcher is chosen once by `launcher=`;
+each holding one subclass of launchers.base.Launcher, discovered here. The launcher is chosen once by `launcher=` (restart_harness/resolve.py);
 nothing outside this package asks which one it is (tests/test_structure.py). Importing a launcher module imports no
 torch."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from functools import cache
 
 from restart_harness.errors import UsageError
-from restart_harness.launchers.base import LAUNCHER_VARIABLE, Launcher, Raw, shell_line
+from restart_harness.launchers.base import Launcher, Raw, shell_line
 from restart_harness.plugins import discover
 
 
@@ -26,11 +26,6 @@ def get(name: str) -> type[Launcher]:
     raise UsageError(f"launcher={name}: accepted values are {accepted}")
 
 
-def of(spec) -> Launcher:
-    """The launcher of spec's ranks."""
-    return get(spec.launcher)(spec)
-
-
 def job_id() -> str | None:
     """The id of the batch job this process runs in, if any."""
     import os
@@ -39,4 +34,4 @@ def job_id() -> str | None:
                  if c.job_variable and os.environ.get(c.job_variable)), None)
 
 
-__all__ = ["LAUNCHER_VARIABLE", "Launcher", "Raw", "all_launchers", "get", "job_id", "of", "shell_line"]
+__all__ = ["Launcher", "Raw", "all_launchers", "get", "job_id", "shell_line"]

@@ -8,7 +8,7 @@ RANK_VARIABLES = {
     "WORLD_SIZE": ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"),
     "LOCAL_RANK": ("PALS_LOCAL_RANKID", "PMI_LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK"),
     "LOCAL_SIZE": ("PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    # Open MPI has no node index (its OMPI_COMM_WORLD_NODE_RANK is the rank within the node): worker/rank_env.py
+    # Open MPI has no node index (its OMPI_COMM_WORLD_NODE_RANK is the rank within the node): rank_env.py
     # derives it as RANK // LOCAL_SIZE, true of mpiexec's default placement (by slot: a node's ranks are consecutive)
     "CROSS_RANK": ("PALS_NODEID",),
 }

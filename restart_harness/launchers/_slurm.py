@@ -12,8 +12,7 @@ from restart_harness.errors import UsageError
 from restart_harness.launchers.base import Launcher
 
 JOB_VARIABLE = "SLURM_JOB_ID"
-# the rank variables of an srun task (worker/rank_env.py); NAME is what the launch script says the ranks read
-NAME = "slurm"
+# the rank variables of an srun task (rank_env.py)
 RANK_VARIABLES = {
     "RANK": ("SLURM_PROCID",),
     "WORLD_SIZE": ("SLURM_NTASKS",),

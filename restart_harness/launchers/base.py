@@ -1,12 +1,13 @@
 """The interface between the harness and a launcher: what starts the ranks of a phase. One module in
 restart_harness/launchers/ per launcher, holding one subclass of Launcher; the launcher is chosen once by
-`launcher=` (launchers.of(spec)) and everything that depends on it is asked of it, never tested elsewhere.
+`launcher=` (restart_harness/resolve.py) and everything that depends on it is asked of it, never tested elsewhere.
 
 Two sides of a launcher, as submitit pairs an executor with a job environment:
   where the command is typed   check (pure), preflight (its tools here), submits (a batch job, or ranks started here),
                                job_script and submit for a batch scheduler, the launch script's command and lines
   inside the launch            rank_variables: how a rank finds its rank, local rank, world size and node from the
-                               environment the launcher set (worker/rank_env.py fills DeepSpeed's names from them);
+                               environment the launcher set (its launch script exports them: rank_env.py fills
+                               DeepSpeed's names from them);
                                per_node_command: work once per node (the page-cache step); task_verdicts: how it says
                                a rank's task ended (a lost node)
 The predictor fits the launch phase per calibration_key.
@@ -20,31 +21,14 @@ import shlex
 import shutil
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from restart_harness import SOURCE_ROOT
+from restart_harness import SOURCE_ROOT, rank_env
 from restart_harness.errors import UsageError
 
 WORKER_MODULE = "restart_harness.worker"
-JOB_MODULE = "restart_harness.launch.job"
-# The launch script tells each rank whose rank variables it reads (worker/rank_env.py)
-LAUNCHER_VARIABLE = "RH_LAUNCHER"
-
-
-@dataclass(frozen=True)
-class NodeCheck:
-    """One thing the node that runs the ranks must have (an engine's module, CUDA and its GPUs): checked where the
-    ranks start before the launcher starts them (restart_harness/launch/nodecheck.py)."""
-
-    name: str  # what it is about: "engine=datastates", "device=cuda"
-    what: str  # what it checks, one line (dry_run=true prints it)
-    run: Callable[[], str | None]  # why this node cannot run the ranks, or None
-    instead: str = ""  # what to ask for instead, where the ranks would start on the machine the command is typed on
-
-
+JOB_MODULE = "restart_harness.phases.job"
 class Raw(str):
     """A command part written into the script unquoted (a shell variable such as "$PBS_NODEFILE")."""
 
@@ -62,7 +46,7 @@ class Launcher(ABC):
     scheduler: ClassVar[str | None] = None  # a batch scheduler's name when runs become its jobs (Slurm, PBS)
     job_variable: ClassVar[str | None] = None  # set inside one of its jobs (SLURM_JOB_ID): the ranks start directly
     # RANK, WORLD_SIZE, LOCAL_RANK, CROSS_RANK, CROSS_SIZE, LOCAL_SIZE -> the launcher's own variables, in order of
-    # preference; a name absent here is one the launcher sets itself (or worker/rank_env.py derives)
+    # preference; a name absent here is one the launcher sets itself (or rank_env.py derives)
     rank_variables: ClassVar[dict[str, tuple[str, ...]]] = {}
     subset: ClassVar[bool] = False  # can start only the first node's ranks here (subset=true)
     port_here: ClassVar[bool] = False  # the rendezvous port (master_port=) is bound on this node
@@ -111,9 +95,10 @@ class Launcher(ABC):
         """This process already runs inside one of this scheduler's jobs."""
         return bool(cls.job_variable and os.environ.get(cls.job_variable))
 
-    def submits(self) -> bool:
+    @classmethod
+    def submits(cls) -> bool:
         """The run becomes a batch job (a scheduler's launcher, from outside one of its jobs)."""
-        return self.scheduler is not None and not self.inside_job()
+        return cls.scheduler is not None and not cls.inside_job()
 
     # ---- the launch script ------------------------------------------------------------------------------------
     @abstractmethod
@@ -121,8 +106,9 @@ class Launcher(ABC):
         """The command that starts every rank of one phase (`args`: the worker's)."""
 
     def environment(self) -> dict[str, str]:
-        """Variables the launch script exports for the ranks (beyond the harness's own)."""
-        return {LAUNCHER_VARIABLE: self.name}
+        """Variables the launch script exports for the ranks (beyond the harness's own): where a rank finds its rank
+        variables (rank_env.py reads them before anything is imported)."""
+        return {rank_env.VARIABLE: rank_env.encode(self.rank_variables)}
 
     def script_lines(self, port: int) -> list[str]:
         """Shell lines run before the command (where the rendezvous is, a host file)."""
@@ -173,7 +159,7 @@ def job_name(run_dir: Path, limit: int) -> str:
 
 
 def job_body(spec, run_dir: Path, job_args: list[str]) -> list[str]:
-    """A batch job's commands: `python -m restart_harness.launch.job RUN_DIR` does inside the allocation what a run
+    """A batch job's commands: `python -m restart_harness.phases.job RUN_DIR` does inside the allocation what a run
     here does (checkpoint launch, page cache, restart launch, finalize). The Python that submitted the job runs it
     (clusters share the file system); env_hook= is sourced by the job script and by every launch script."""
     lines = ["set -euo pipefail", f"cd {shlex.quote(str(SOURCE_ROOT))}"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from restart_harness import SOURCE_ROOT
+from restart_harness import SOURCE_ROOT, rank_env
 from restart_harness.errors import UsageError
 from restart_harness.launchers import _slurm
 from restart_harness.launchers.base import WORKER_MODULE, Raw
@@ -45,7 +45,9 @@ class DeepSpeedLauncher(_slurm.SpansAllocation):
 
     def environment(self) -> dict[str, str]:
         # across nodes the ranks are plain srun tasks: their variables are Slurm's
-        return {**super().environment(), **({"RH_LAUNCHER": _slurm.NAME} if self.spec.across_nodes else {})}
+        if self.spec.across_nodes:
+            return {rank_env.VARIABLE: rank_env.encode(_slurm.RANK_VARIABLES)}
+        return super().environment()
 
     def script_lines(self, port: int) -> list[str]:
         if not self.spec.across_nodes:

@@ -13,16 +13,12 @@ that ends with an error ends the others (as srun --kill-on-bad-exit does), and t
 
 from __future__ import annotations
 
-import importlib
-import os
-import signal
 import sys
-import time
 
 from restart_harness.errors import UsageError
 from restart_harness.launchers.base import Launcher
 
-MODULE = "restart_harness.launchers.prefork"
+MODULE = "restart_harness.worker.prefork"  # the forking process: the in-rank half of this launcher
 
 
 class PreforkLauncher(Launcher):
@@ -45,79 +41,3 @@ class PreforkLauncher(Launcher):
 
     def script_lines(self, port: int) -> list[str]:
         return ["export MASTER_ADDR=127.0.0.1", f"export MASTER_PORT={port}"]
-
-
-def _exit_code(status: int) -> int:
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell says it
-
-
-def _rank(rank: int, ranks: int, start: float, argv: list[str]) -> int:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_SIZE=str(ranks),
-                      CROSS_RANK="0", CROSS_SIZE="1")
-    from restart_harness.worker.main import main as worker_main
-
-    return worker_main(start, argv, forked=True)  # rank 0's imports phase counts this process's I/O
-
-
-def main(argv: list[str]) -> int:
-    """`python -m restart_harness.launchers.prefork N WORKER_ARGS...`: import, fork N ranks, wait for them."""
-    start = time.time()  # every rank's process start: before the imports they share
-    ranks, worker_args = int(argv[0]), argv[1:]
-    from restart_harness import stacks
-    from restart_harness.spec import run as resolved
-    from restart_harness.worker.main import RankJob
-
-    job = RankJob.parse(worker_args)
-    stack = stacks.of(resolved.read(job.run_dir, job.record).spec)
-    stack.imports()
-    for module in stack.later_imports:
-        importlib.import_module(module)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    children: dict[int, int] = {}
-    for rank in range(ranks):
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                code = _rank(rank, ranks, start, worker_args)
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:  # noqa: BLE001 - a forked child never returns into the loop; its log has the error
-                import traceback
-
-                traceback.print_exc()
-            finally:
-                from restart_harness.worker.main import end_process
-
-                end_process(code)
-        children[pid] = rank
-
-    def end_all(signum=None, frame=None):
-        for pid in children:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if signum is not None:
-            os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, end_all)
-    worst = 0
-    while children:
-        pid, status = os.wait()
-        if pid not in children:
-            continue
-        children.pop(pid)
-        code = _exit_code(status)
-        if code and not worst:  # the first rank to fail ends the others
-            worst = code
-            end_all()
-    return worst
-
-
-if __name__ == "__main__":
-    from restart_harness.worker.main import end_process
-
-    end_process(main(sys.argv[1:]))  # this process never builds a model, opens a checkpoint or joins a group

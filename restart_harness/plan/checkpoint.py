@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from engines.base import FileLayout
 from restart_harness.plan import rules
 from restart_harness.plan.torch_save import SavedFile
 from restart_harness.spec import parameters as table
@@ -162,35 +163,28 @@ def files(spec: RunSpec) -> list[PlannedFile]:
     return sorted(planned, key=lambda f: f.path)
 
 
-def stored_files(spec: RunSpec) -> list[PlannedFile]:
-    """files() as the run's engine stores them (Engine.stored: its names, replicas and writing ranks), sorted."""
-    from engines import registry
-
-    engine = registry.get(spec.engine)(spec)
+def stored_files(spec: RunSpec, layout: FileLayout) -> list[PlannedFile]:
+    """files() as the run's engine stores them (layout: the engine's FileLayout, Engine.files(): its names,
+    replicas and writing ranks), sorted."""
     planned = []
     for r in recipes(spec):
         saved = _saved_file(spec, r)
-        for path, rank in engine.stored(r, _rank_at(spec, r)):
+        for path, rank in layout.stored(r, _rank_at(spec, r)):
             planned.append(PlannedFile(path, saved.bytes(), r.kind, rank, saved.tensor_bytes))
     return sorted(planned, key=lambda f: f.path)
 
 
-def stored_reads(spec: RunSpec) -> dict[int, list[str]]:
+def stored_reads(spec: RunSpec, layout: FileLayout) -> dict[int, list[str]]:
     """restart_reads() as the run's engine stores the files: a load reads the first file stored for each."""
-    from engines import registry
-
-    engine = registry.get(spec.engine)(spec)
-    first = {r.path: engine.stored(r, _rank_at(spec, r))[0][0] for r in recipes(spec)}
+    first = {r.path: layout.stored(r, _rank_at(spec, r))[0][0] for r in recipes(spec)}
     return {rank: [first[p] for p in paths] for rank, paths in restart_reads(spec).items()}
 
 
-def stored_read_bytes(spec: RunSpec, reads: dict[int, list[str]], size_of: dict[str, int]) -> dict[int, int]:
+def stored_read_bytes(spec: RunSpec, layout: FileLayout, reads: dict[int, list[str]],
+                      size_of: dict[str, int]) -> dict[int, int]:
     """rank -> the bytes its restart reads from storage of the stored files it loads (reads: stored_reads): all of
-    each, less where the engine has one replica read for the group (Engine.restart_read_bytes)."""
-    from engines import registry
-
-    engine = registry.get(spec.engine)(spec)
-    return {r: sum(engine.restart_read_bytes(p, size_of[p], (r // spec.tp) % spec.dp) for p in paths)
+    each, less where the engine has one replica read for the group (FileLayout.restart_read_bytes)."""
+    return {r: sum(layout.restart_read_bytes(p, size_of[p], (r // spec.tp) % spec.dp) for p in paths)
             for r, paths in reads.items()}
 
 

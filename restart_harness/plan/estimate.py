@@ -14,12 +14,10 @@ import statistics
 import time
 from pathlib import Path
 
-from engines import registry
-from restart_harness import targets
+from restart_harness.files import baseline
 from restart_harness.plan import checkpoint
-from restart_harness.results.schema import KINDS, MIB
+from restart_harness.schema import KINDS, MIB
 from restart_harness.spec.runspec import RunSpec
-from restart_harness.storage import baseline
 
 GB = 10**9
 ESTIMATE_IGNORES = ("per-rank and per-client limits (one rank may not reach the aggregate bandwidth), file creation "
@@ -43,12 +41,13 @@ def checkpoint_dir(spec: RunSpec) -> str:
     return spec.ckpt_dir or str(Path(spec.results_dir).resolve())
 
 
-def _estimate(spec: RunSpec, files: list, total: int, read_total: int, bandwidth_gbps: float | None) -> dict:
+def _estimate(plugins, files: list, total: int, read_total: int, bandwidth_gbps: float | None) -> dict:
+    spec = plugins.spec
     if bandwidth_gbps is not None:
         write = read = bandwidth_gbps
         source = f"bandwidth_gbps={bandwidth_gbps:g} (GB/s = 10^9 bytes/s, for writing and reading)"
     else:
-        found = baseline.cached(targets.for_spec(spec), typical_file_bytes(files), spec.world_size)
+        found = baseline.cached(plugins.target.storage_probe(), typical_file_bytes(files), spec.world_size)
         if not found or not found.get("write_mib_s") or not found.get("read_mib_s"):
             return {"source": None, "save_seconds": None, "restart_read_seconds": None,
                     "note": "no bandwidth: give bandwidth_gbps=, or measure with ./submit-job.sh baseline "
@@ -68,14 +67,15 @@ def _estimate(spec: RunSpec, files: list, total: int, read_total: int, bandwidth
     }
 
 
-def build(spec: RunSpec, bandwidth_gbps: float | None = None, target: RunSpec | None = None) -> dict:
-    """The plan as plain data (what plan=json prints); with target, the restart at that layout too."""
+def build(plugins, bandwidth_gbps: float | None = None, target: RunSpec | None = None) -> dict:
+    """The plan as plain data (what plan=json prints) for a run's plug-ins (restart_harness/resolve.py Plugins:
+    its spec, engine and storage target); with target, the restart at that layout too."""
     start = time.perf_counter()
-    engine = registry.get(spec.engine)
+    spec, engine = plugins.spec, plugins.engine
     saves = engine.saves
     names = ("predicted" if engine.planned_names else "sizes only") if saves else "none"
-    files = checkpoint.stored_files(spec) if saves else []
-    reads = checkpoint.stored_reads(spec) if saves else {}
+    files = checkpoint.stored_files(spec, engine.files()) if saves else []
+    reads = checkpoint.stored_reads(spec, engine.files()) if saves else {}
     size_of = {f.path: f.bytes for f in files}
     by_rank = {r: {"files": 0, "bytes": 0} for r in range(spec.world_size)}
     by_kind = {k: {"files": 0, "bytes": 0} for k in KINDS}
@@ -84,7 +84,7 @@ def build(spec: RunSpec, bandwidth_gbps: float | None = None, target: RunSpec | 
         by_rank[f.rank]["bytes"] += f.bytes
         by_kind[f.kind]["files"] += 1
         by_kind[f.kind]["bytes"] += f.bytes
-    read_per_rank = checkpoint.stored_read_bytes(spec, reads, size_of)
+    read_per_rank = checkpoint.stored_read_bytes(spec, engine.files(), reads, size_of)
     total = sum(f.bytes for f in files)
     read_total = sum(read_per_rank.values())
     note = {
@@ -116,7 +116,7 @@ def build(spec: RunSpec, bandwidth_gbps: float | None = None, target: RunSpec | 
         "restart_read_bytes_per_rank": _stats(list(read_per_rank.values())),
         "restart_reads": {str(r): paths for r, paths in reads.items()},
     }
-    plan["estimate"] = _estimate(spec, files, total, read_total, bandwidth_gbps) if files else None
+    plan["estimate"] = _estimate(plugins, files, total, read_total, bandwidth_gbps) if files else None
     if target is not None:
         from restart_harness.plan import universal
 

@@ -1,5 +1,5 @@
 """MLPerf Storage v2.0's four checkpoint workloads (its Submission_guidelines.md, section 2.2, Table 2) as harness
-runs: the model preset, DeepSpeed layout and ZeRO stage of each, and its stated checkpoint size (launch/mlperf.py
+runs: the model preset, DeepSpeed layout and ZeRO stage of each, and its stated checkpoint size (campaigns/mlperf.py
 prints them beside DeepSpeed 0.19.8's exact checkpoint from the planner, and runs one)."""
 
 from __future__ import annotations

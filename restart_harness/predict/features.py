@@ -5,11 +5,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from engines import registry
-from restart_harness import targets
 from restart_harness.plan import checkpoint
 from restart_harness.predict import restart_io
-from restart_harness.spec.runspec import RunSpec
+from restart_harness.resolve import Plugins
 from restart_harness.targets.base import POSIX
 
 
@@ -43,24 +41,25 @@ class Features:
         return asdict(self)
 
 
-def of(spec: RunSpec, cpus_per_node: int, write_bytes_per_s: float | None,
+def of(plugins: Plugins, cpus_per_node: int, write_bytes_per_s: float | None,
        read_bytes_per_s: float | None, metadata_ops_per_s: float | None = None,
        env_metadata_ops_per_s: float | None = None) -> Features:
+    spec, layout = plugins.spec, plugins.engine.files()
     launched = spec.launched_ranks
     per_node = min(spec.ranks_per_node or launched, launched)
     save_bytes = dict.fromkeys(range(launched), 0)
     save_files = dict.fromkeys(range(launched), 0)
     size_of = {}
-    if registry.get(spec.engine).saves:
-        for f in checkpoint.stored_files(spec):
+    if plugins.engine.saves:
+        for f in checkpoint.stored_files(spec, layout):
             size_of[f.path] = f.bytes
             if f.rank < launched:
                 save_bytes[f.rank] += f.bytes
                 save_files[f.rank] += 1
-        reads = {r: paths for r, paths in checkpoint.stored_reads(spec).items() if r < launched}
+        reads = {r: paths for r, paths in checkpoint.stored_reads(spec, layout).items() if r < launched}
     else:
         reads = {}
-    read_bytes = checkpoint.stored_read_bytes(spec, reads, size_of)
+    read_bytes = checkpoint.stored_read_bytes(spec, layout, reads, size_of)
     return Features(
         world_size=launched, nodes=max(1, -(-launched // per_node)), ranks_per_node=per_node,
         cpus_per_node=cpus_per_node, contention=max(1.0, per_node / max(1, cpus_per_node)),
@@ -70,12 +69,14 @@ def of(spec: RunSpec, cpus_per_node: int, write_bytes_per_s: float | None,
         save_files_max_rank=max(save_files.values(), default=0), save_files=sum(save_files.values()),
         read_bytes=sum(read_bytes.values()), read_bytes_max_rank=max(read_bytes.values(), default=0),
         read_files_max_rank=max((len(p) for p in reads.values()), default=0),
-        read_files=sum(len(p) for p in reads.values()), cold_reads=spec.cache == "drop" or targets.for_spec(spec).kind != POSIX,
+        read_files=sum(len(p) for p in reads.values()),
+        cold_reads=spec.cache == "drop" or plugins.target.kind != POSIX,
         write_bytes_per_s=write_bytes_per_s, read_bytes_per_s=read_bytes_per_s,
         metadata_ops_per_s=metadata_ops_per_s, env_metadata_ops_per_s=env_metadata_ops_per_s,
-        startup_metadata_ops_per_rank=_startup(spec))
+        startup_metadata_ops_per_rank=_startup(plugins))
 
 
-def _startup(spec: RunSpec) -> dict | None:
-    phases, _ = restart_io.lookup(spec.stack, spec.engine)
+def _startup(plugins: Plugins) -> dict | None:
+    spec = plugins.spec
+    phases, _ = restart_io.lookup(spec.stack, spec.engine, plugins.stack.default_engine)
     return {p: v["metadata_ops"] for p, v in phases.items()} if phases else None

@@ -15,13 +15,16 @@ import statistics
 import time
 from pathlib import Path
 
-from restart_harness import stacks
+import numpy as np
+
+from restart_harness import resolve
 from restart_harness.errors import UsageError
+from restart_harness.files.atomic import write_json_atomic
 from restart_harness.predict import features as feats
 from restart_harness.predict.model import PHASES, Phase
 from restart_harness.results.prediction import measured
-from restart_harness.results.schema import MIB
-from restart_harness.storage.atomic import write_json_atomic
+from restart_harness.rundir.status import find_run_dirs
+from restart_harness.schema import MIB
 
 SCHEMA_VERSION = 1
 CALIBRATIONS = Path(__file__).resolve().parents[2] / "configs" / "calibration"
@@ -47,21 +50,10 @@ def load(name: str) -> dict:
 
 
 def _solve_for(rows: list[list[float]], y: list[float]) -> list[float] | None:
-    """Least squares by the normal equations (Gaussian elimination with partial pivoting); None if singular."""
-    k = len(rows[0])
-    a = [[sum(r[i] * r[j] for r in rows) for j in range(k)] + [sum(r[i] * v for r, v in zip(rows, y))]
-         for i in range(k)]
-    scale = max(abs(a[i][i]) for i in range(k)) or 1.0
-    for col in range(k):
-        pivot = max(range(col, k), key=lambda r: abs(a[r][col]))
-        if abs(a[pivot][col]) <= 1e-12 * scale:
-            return None
-        a[col], a[pivot] = a[pivot], a[col]
-        for r in range(k):
-            if r != col:
-                m = a[r][col] / a[col][col]
-                a[r] = [x - m * p for x, p in zip(a[r], a[col])]
-    return [a[i][k] / a[i][i] for i in range(k)]
+    """Least squares (numpy's); None where the columns are linearly dependent."""
+    a = np.asarray(rows, dtype=float)
+    solution, _, rank, _ = np.linalg.lstsq(a, np.asarray(y, dtype=float), rcond=None)
+    return None if rank < a.shape[1] else solution.tolist()
 
 
 def nonnegative_fit(x: list[list[float]], y: list[float], given: list[float] | None = None) -> list[float]:
@@ -102,35 +94,27 @@ def _quantile(values: list[float], q: float) -> float:
 
 
 def run_dirs(paths: list[Path]) -> list[Path]:
-    """Every finished run directory under the given folders (a folder holding summary.json and spec.json)."""
-    found = set()
-    for p in paths:
-        p = Path(p)
-        for summary in ([p / "summary.json"] if (p / "summary.json").is_file() else p.rglob("summary.json")):
-            if (summary.parent / "spec.json").is_file():
-                found.add(summary.parent.resolve())
-    return sorted(found)
+    """Every finished run directory under the given folders (a run directory holding summary.json)."""
+    return sorted({d.resolve() for p in paths for d in find_run_dirs(Path(p)) if (d / "summary.json").is_file()})
 
 
 def observation(run_dir: Path) -> dict | None:
     """One finished run as the fit sees it: its spec, features and measured phases (None: not usable, and why)."""
-    from restart_harness.spec import run as resolved
-
     summary = json.loads((run_dir / "summary.json").read_text())
     if (summary.get("status") or {}).get("state") != "complete":
         return {"run": str(run_dir), "skipped": f"state {(summary.get('status') or {}).get('state')}"}
     try:
-        run = resolved.read(run_dir)
+        run = resolve.read(run_dir)
     except UsageError as exc:
         return {"run": str(run_dir), "skipped": str(exc)}
-    if not stacks.of(run.spec).planned:
+    if not run.stack.planned:
         return {"run": str(run_dir), "skipped": f"stack={run.spec.stack}: the planner does not plan its files"}
     b = summary.get("baseline") or {}
     write = b.get("write_mib_s") and b["write_mib_s"] * MIB
     read = b.get("read_mib_s") and b["read_mib_s"] * MIB
     cpus = (run.facts.get("host") or {}).get("cpus") or 1
     saves = (summary.get("checkpoint") or {}).get("saves") or []
-    return {"run": str(run_dir), "spec": run.spec, "features": feats.of(run.spec, cpus, write or None, read or None),
+    return {"run": str(run_dir), "plugins": run, "features": feats.of(run, cpus, write or None, read or None),
             "measured": measured(summary), "asynchronous": any(s.get("async") for s in saves)}
 
 
@@ -138,7 +122,7 @@ def _fit_phase(phase: Phase, observations: list[dict]) -> dict:
     groups: dict[str, list] = {}
     seen: dict[str, int] = {}
     for o in observations:
-        group = phase.group(o["spec"])
+        group = phase.group(o["plugins"])
         seen[group] = seen.get(group, 0) + 1
         y = o["measured"].get(phase.name)
         if not y or y <= 0:
@@ -150,7 +134,7 @@ def _fit_phase(phase: Phase, observations: list[dict]) -> dict:
     fitted = {}
     for group, n in sorted(seen.items()):
         if group not in groups and not any(o["measured"].get(phase.name) for o in observations
-                                           if phase.group(o["spec"]) == group):
+                                           if phase.group(o["plugins"]) == group):
             fitted[group] = {"absent": True, "runs": n}  # no run of this group has the phase (emulated: no model)
     for group, rows in sorted(groups.items()):
         given_names = phase.given + (phase.given_if_synchronous if not any(r[3] for r in rows) else ())

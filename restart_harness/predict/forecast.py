@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import time
 
-from restart_harness import targets
+from restart_harness.files import baseline
 from restart_harness.plan import checkpoint
 from restart_harness.plan.estimate import typical_file_bytes
 from restart_harness.predict import features as feats
 from restart_harness.predict import fit, restart_io
 from restart_harness.predict.model import predict
+from restart_harness.resolve import Plugins
 from restart_harness.results.prediction import PHASES
-from restart_harness.results.schema import MIB, PREDICTED_TOTAL
-from restart_harness.spec.runspec import RunSpec
-from restart_harness.storage import baseline
+from restart_harness.schema import MIB, PREDICTED_TOTAL
 
 GB = 10**9
 IGNORES = ("stragglers and variation between nodes, interference from other jobs, a storage's per-client limits "
@@ -24,13 +23,13 @@ IGNORES = ("stragglers and variation between nodes, interference from other jobs
            "that grows faster than linearly in ranks, bytes or files")
 
 
-def storage(spec: RunSpec, write_gbps: float | None = None, read_gbps: float | None = None,
+def storage(plugins: Plugins, write_gbps: float | None = None, read_gbps: float | None = None,
             record: dict | None = None, metadata_ops_s: float | None = None,
             env_metadata_ops_s: float | None = None) -> dict:
     """The storage the prediction assumes: bandwidths given, else the run's baseline record, else the cached
     baseline of the checkpoint directory's storage; bytes per second, with where they came from; and metadata rates
     where they are stated (the checkpoint's storage; the environment's file system)."""
-    found = _bandwidth(spec, write_gbps, read_gbps, record)
+    found = _bandwidth(plugins, write_gbps, read_gbps, record)
     if metadata_ops_s is not None:
         found["metadata_ops_per_s"] = metadata_ops_s
         found["source"] += f"; metadata_ops_s={metadata_ops_s:g} (file creates and opens per second, aggregate)"
@@ -41,13 +40,14 @@ def storage(spec: RunSpec, write_gbps: float | None = None, read_gbps: float | N
     return found
 
 
-def _bandwidth(spec: RunSpec, write_gbps: float | None, read_gbps: float | None, record: dict | None) -> dict:
+def _bandwidth(plugins: Plugins, write_gbps: float | None, read_gbps: float | None, record: dict | None) -> dict:
     if write_gbps is not None and read_gbps is not None:
         return {"write_bytes_per_s": write_gbps * GB, "read_bytes_per_s": read_gbps * GB,
                 "source": f"given: write_gbps={write_gbps:g}, read_gbps={read_gbps:g} (aggregate, GB/s = 10^9 B/s)"}
     if record is None:
+        spec = plugins.spec
         files = checkpoint.files(spec)
-        record = baseline.cached(targets.for_spec(spec), typical_file_bytes(files), spec.launched_ranks)
+        record = baseline.cached(plugins.target.storage_probe(), typical_file_bytes(files), spec.launched_ranks)
     if record and record.get("write_mib_s") and record.get("read_mib_s"):
         return {"write_bytes_per_s": record["write_mib_s"] * MIB, "read_bytes_per_s": record["read_mib_s"] * MIB,
                 "source": (f"baseline of {record.get('dir')} ({record.get('method')}, {record.get('ranks')} ranks x "
@@ -57,14 +57,15 @@ def _bandwidth(spec: RunSpec, write_gbps: float | None, read_gbps: float | None,
                       "read_gbps=; phases that move checkpoint bytes are not predicted"}
 
 
-def build(spec: RunSpec, cpus_per_node: int, store: dict, calibration: dict | None = None) -> dict:
-    """The prediction as plain data (prediction.json, predict=json)."""
+def build(plugins: Plugins, cpus_per_node: int, store: dict, calibration: dict | None = None) -> dict:
+    """The prediction as plain data (prediction.json, predict=json) for a run's plug-ins (resolve.py)."""
     start = time.perf_counter()
+    spec = plugins.spec
     calibration = calibration or fit.load(spec.calibration)
-    f = feats.of(spec, cpus_per_node, store["write_bytes_per_s"], store["read_bytes_per_s"],
+    f = feats.of(plugins, cpus_per_node, store["write_bytes_per_s"], store["read_bytes_per_s"],
                  store.get("metadata_ops_per_s"), store.get("env_metadata_ops_per_s"))
-    made = predict(spec, f, calibration)
-    made["notes"] += _storm_notes(spec, f)
+    made = predict(plugins, f, calibration)
+    made["notes"] += _storm_notes(plugins, f)
     return {
         "model": spec.model_label, "layout": spec.layout, "zero": spec.zero, "engine": spec.engine,
         "stack": spec.stack, "emulate": spec.emulate, "launcher": spec.launcher, "world_size": spec.world_size,
@@ -75,14 +76,15 @@ def build(spec: RunSpec, cpus_per_node: int, store: dict, calibration: dict | No
     }
 
 
-def _storm_notes(spec: RunSpec, f: feats.Features) -> list[str]:
+def _storm_notes(plugins: Plugins, f: feats.Features) -> list[str]:
     """What the start-up's metadata term assumed (docs/restart-io.md)."""
+    spec = plugins.spec
     ops = f.startup_metadata_ops_per_rank
     if not ops:
         missing = (f"start-up metadata: no measured counts for {spec.stack}/{spec.engine} in "
                    "configs/restart_io.json; the import storm is not predicted")
         return [missing]
-    _, key = restart_io.lookup(spec.stack, spec.engine)
+    _, key = restart_io.lookup(spec.stack, spec.engine, plugins.stack.default_engine)
     measured = restart_io.load().get("measured") or {}
     per_rank = sum(ops.get(p, 0) for p in restart_io.STARTUP)
     text = (f"start-up metadata: {per_rank:,.0f} operations a rank from imports to engine_init ({key}, "
@@ -96,7 +98,7 @@ def _storm_notes(spec: RunSpec, f: feats.Features) -> list[str]:
     return [text + "; give env_metadata_ops_s= (the environment's file system's rate) to predict its time"]
 
 
-def run_wall_seconds(spec: RunSpec, made: dict) -> float | None:
+def run_wall_seconds(plugins: Plugins, made: dict) -> float | None:
     """A whole run's wall seconds from its phase predictions, for the estimate before a sweep or a long run: two
     launches (the checkpoint phase starts like a restart does), every training step at the predicted step time
     (iters before, `after` after the restart), and every save's durable seconds (0 where the storage is unknown).
@@ -111,6 +113,7 @@ def run_wall_seconds(spec: RunSpec, made: dict) -> float | None:
     if start is None or step is None:
         return None
     save = seconds("save_durable_seconds") or 0.0
+    spec = plugins.spec
     return 2 * start + (spec.iters + spec.after) * step + spec.save_count * save
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from restart_harness import launchers, stacks
 from restart_harness.predict.features import Features
+from restart_harness.resolve import Plugins
 from restart_harness.results.prediction import RESTART_PHASES, SAVE_PHASES, TOTAL
-from restart_harness.spec.runspec import RunSpec, run_keys
+from restart_harness.spec.runspec import run_keys
 
 
 @dataclass(frozen=True)
@@ -78,27 +78,27 @@ EXTRAPOLATION = 2.0  # a term's value beyond this many times the largest the cal
 class Phase:
     name: str
     terms: tuple[Term, ...]
-    group: Callable[[RunSpec], str]  # whose coefficients: a phase is fitted per group
+    group: Callable[[Plugins], str]  # whose coefficients: a phase is fitted per group
     fixed: str  # what the fixed term stands for in this phase
     given: tuple[str, ...] = ()  # terms not fitted: coefficient 1 (the storage's own time at its baseline)
     given_if_synchronous: tuple[str, ...] = ()  # the same where every calibration run of the group saved synchronously
 
 
-def _engine(spec: RunSpec) -> str:
-    return f"{stacks.of(spec).name}/{spec.engine}"
+def _engine(plugins: Plugins) -> str:
+    return f"{plugins.stack.name}/{plugins.spec.engine}"
 
 
-def _stack(spec: RunSpec) -> str:
-    return stacks.of(spec).name  # emulate=true: the emulated stack
+def _stack(plugins: Plugins) -> str:
+    return plugins.stack.name  # emulate=true: the emulated stack
 
 
-def _stack_device(spec: RunSpec) -> str:
+def _stack_device(plugins: Plugins) -> str:
     """Compute on the device: a calibration of CPU ranks says nothing of a GPU's model build or step."""
-    return f"{stacks.of(spec).name}/{spec.device}"
+    return f"{plugins.stack.name}/{plugins.spec.device}"
 
 
-def _launcher(spec: RunSpec) -> str:
-    return launchers.of(spec).calibration_key
+def _launcher(plugins: Plugins) -> str:
+    return plugins.launcher.calibration_key
 
 
 _SAVE = (FIXED, CPU, STORAGE_WRITE, METADATA_WRITE, SERIALIZE, FILES)
@@ -126,13 +126,13 @@ PHASES: dict[str, Phase] = {p.name: p for p in (
 assert tuple(PHASES) == (*SAVE_PHASES, *RESTART_PHASES)
 
 
-def fallback_group(phase: Phase, spec: RunSpec) -> str | None:
+def fallback_group(phase: Phase, plugins: Plugins) -> str | None:
     """Where an engine was not calibrated: the same stack's default engine; a launcher: the default launcher's (said in
     the prediction's note)."""
     if phase.group is _engine:
-        return f"{stacks.of(spec).name}/default"
+        return f"{plugins.stack.name}/default"
     if phase.group is _launcher:
-        return launchers.get(run_keys()["launcher"].default)(spec).calibration_key
+        return run_keys()["launcher"].default  # the default launcher's name: its calibration key
     return None
 
 
@@ -160,14 +160,14 @@ def predict_phase(phase: Phase, features: Features, fitted: dict) -> dict:
             "extrapolated": beyond}
 
 
-def predict(spec: RunSpec, features: Features, calibration: dict) -> dict:
+def predict(plugins: Plugins, features: Features, calibration: dict) -> dict:
     """Every phase of the run (each a value and a range, or None with why), and the restart's total."""
     phases, notes = {}, []
     for phase in PHASES.values():
         groups = calibration["phases"].get(phase.name, {})
-        group = phase.group(spec)
+        group = phase.group(plugins)
         fitted = groups.get(group)
-        if fitted is None and (other := fallback_group(phase, spec)) in groups:
+        if fitted is None and (other := fallback_group(phase, plugins)) in groups:
             fitted = groups[other]
             notes.append(f"{phase.name}: {group} is not in the calibration; {other}'s rates")
         if fitted is None:

@@ -15,8 +15,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from restart_harness import CONFIGS, launchers, stacks
-from restart_harness.results.schema import io_metadata_ops
+from restart_harness import CONFIGS, resolve
+from restart_harness.schema import io_metadata_ops
 
 TABLE = CONFIGS / "restart_io.json"
 STARTUP = ("imports", "dist_init", "model_build", "engine_init")  # the phases before the checkpoint is read
@@ -50,7 +50,7 @@ def table(run_dirs: list[Path]) -> dict[str, dict]:
     for run_dir in run_dirs:
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
         spec = summary["spec"]
-        if launchers.get(spec.get("launcher") or "local").forks_ranks:  # its node imported once for every rank
+        if resolve.read(run_dir).launcher.forks_ranks:  # its node imported once for every rank
             continue
         for restart in summary.get("restarts") or []:
             figures = per_rank(restart)
@@ -71,10 +71,10 @@ def load(path: Path = TABLE) -> dict:
         return {}
 
 
-def lookup(stack: str, engine: str, path: Path = TABLE) -> tuple[dict | None, str | None]:
+def lookup(stack: str, engine: str, default_engine: str, path: Path = TABLE) -> tuple[dict | None, str | None]:
     """The start-up figures of a stack and engine (else the stack's default engine's), and which entry they are."""
     entries = load(path).get("stacks") or {}
-    for key in (f"{stack}/{engine}", f"{stack}/{stacks.get(stack).default_engine}"):
+    for key in (f"{stack}/{engine}", f"{stack}/{default_engine}"):
         if key in entries:
             return entries[key]["phases"], key
     return None, None

@@ -11,7 +11,7 @@ import statistics
 
 from restart_harness import iocount
 from restart_harness.results import events as ev
-from restart_harness.results.schema import LOAD_CATEGORIES, SAVE_CATEGORIES
+from restart_harness.schema import LOAD_CATEGORIES, SAVE_CATEGORIES
 
 
 def _round(x: float | None) -> float | None:

@@ -10,10 +10,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from restart_harness import targets
-from restart_harness.results.status import find_run_dirs, observed
-from restart_harness.spec import run as resolved
-from restart_harness.storage.atomic import read_json, write_json_atomic
+from restart_harness import resolve
+from restart_harness.rundir.status import find_run_dirs, observed
+from restart_harness.files.atomic import read_json, write_json_atomic
 
 FINISHED = ("complete", "failed")
 
@@ -48,7 +47,7 @@ def candidates(folder: Path, older_than_hours: float | None, larger_than: int | 
         if older_than_hours is not None and (age is None or age < older_than_hours):
             continue
         try:
-            target = targets.for_run(resolved.read(run_dir))
+            target = resolve.read(run_dir).target
             if target.missing():
                 continue
             listing = [f for files in target.listing().values() for f in files]
@@ -64,7 +63,7 @@ def candidates(folder: Path, older_than_hours: float | None, larger_than: int | 
 
 def delete(candidate: Candidate) -> str:
     """Delete one run's checkpoint through its target; mark its status.json; returns what was deleted."""
-    deleted = targets.for_run(resolved.read(candidate.run_dir)).delete()
+    deleted = resolve.read(candidate.run_dir).target.delete()
     status_path = candidate.run_dir / "status.json"
     write_json_atomic(status_path, {**read_json(status_path), "checkpoint_deleted": True})
     return deleted

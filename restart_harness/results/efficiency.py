@@ -1,11 +1,11 @@
-"""summary.json's `baseline` (the storage's own sequential throughput, storage/baseline.py) and
+"""summary.json's `baseline` (the storage's own sequential throughput, files/baseline.py) and
 `checkpoint.efficiency`: the save's durable throughput and the restart's load throughput as fractions of it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from restart_harness.storage.atomic import read_json
+from restart_harness.files.atomic import read_json
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:

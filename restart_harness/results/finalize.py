@@ -7,15 +7,15 @@ import json
 import time
 from pathlib import Path
 
-from restart_harness import targets
+from restart_harness import resolve
 from restart_harness.results import efficiency, io_sources
 from restart_harness.results import events as ev
 from restart_harness.results import inventory as inv
 from restart_harness.results import prediction
 from restart_harness.results import summary as sm
-from restart_harness.results.schema import RESTART_PHASES
-from restart_harness.spec import run as resolved
-from restart_harness.storage.atomic import write_json_atomic
+from restart_harness.schema import RESTART_PHASES
+from restart_harness.spec import record as records
+from restart_harness.files.atomic import write_json_atomic
 
 
 def _writers(run_dir: Path) -> dict[str, dict[str, int]]:
@@ -49,8 +49,8 @@ def _stored(target) -> dict[str, list[tuple[str, int]]]:
 
 
 def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
-    run = resolved.read(run_dir)
-    target = targets.for_run(run)
+    run = resolve.read(run_dir)
+    target = run.target
     writers = _writers(run_dir)
     stored = _stored(target)
     committed = {tag: {"files": len(stored[tag]), "bytes": sum(n for _, n in stored[tag])}
@@ -61,7 +61,7 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
         tag = next((e["tag"] for evs in record.values() for e in evs if e["event"] == "loaded"), None)
         # every restart says where it ran and what it read: its own layout (its record's spec), the saved
         # checkpoint, and what it loaded (the same, or a converted copy of it)
-        own = resolved.read(run_dir, info["record"]).spec
+        own = records.read(run_dir, info["record"]).spec
         info.setdefault("layout", {"saved": run.spec.layout, "loaded": own.layout})
         r = sm.restart(record, info["record"], info, info.get("cache"), committed.get(tag, {}).get("bytes"),
                        str(target.root), run_dir)
@@ -90,7 +90,7 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
         inventory["tag"] = tag
         write_json_atomic(run_dir / "inventory.json", inventory)
     status = {"state": state, "reason": reason, "time": time.time()}
-    summary = sm.build(run_dir, run.to_json(), status, {"root": str(target.root), "committed": committed},
+    summary = sm.build(run_dir, run.made.to_json(), status, {"root": str(target.root), "committed": committed},
                        inventory, restarts)
     checkpoint_launch = _launch_record(run_dir, "checkpoint")
     summary["checkpoint"]["storage_requests"] = target.requests(run_dir / "logs" / "client" / "checkpoint")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from restart_harness.results.schema import KINDS, classify
+from restart_harness.schema import KINDS, classify
 
 
 def build(where: str, writers: dict[str, int] | None, entries: list[tuple[str, int]]) -> dict:

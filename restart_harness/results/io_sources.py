@@ -5,7 +5,7 @@ ranks. worker/io_sources.py measures them; docs/measurements.md#io-by-source def
 
 from __future__ import annotations
 
-from restart_harness.results.schema import IO_KERNEL_FIELDS, IO_SOURCE_FIELDS, IO_SOURCES
+from restart_harness.schema import IO_KERNEL_FIELDS, IO_SOURCE_FIELDS, IO_SOURCES
 
 
 def _add(into: dict[str, int], counts: dict) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 
-from restart_harness.results.schema import GIB
+from restart_harness.schema import GIB
 
 
 def _mean(values: list[float]) -> float | None:

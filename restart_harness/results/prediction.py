@@ -17,7 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
-from restart_harness.results.schema import (
+from restart_harness.schema import (
     PHASE_NAMES,
     PREDICTED_PHASES,
     PREDICTED_RESTART,

@@ -1,4 +1,4 @@
-"""Event records + inventory -> summary.json (schema: results/schema.py, docs/results.md)."""
+"""Event records + inventory -> summary.json (schema: restart_harness/schema.py, docs/results.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 from restart_harness.results import breakdown, io_sources, placement, save_memory, trace, training_cost
 from restart_harness.results import events as ev
-from restart_harness.results.schema import (
+from restart_harness.schema import (
     MEMORY_PHASES_CHECKPOINT,
     MEMORY_PHASES_EMULATED,
     MEMORY_PHASES_RESTART,
@@ -210,8 +210,8 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         "differing": differing[:100],
         "launcher": launch.get("launcher"),  # what started this restart's ranks (a re-run may name another)
         "cache": cache,
-        "environment_cache": launch.get("environment_cache"),  # env_cache= (storage/pagecache.py environment())
-        "staging": launch.get("staging"),  # env_stage=: the environment's copy (launch/staging.py), before the launch
+        "environment_cache": launch.get("environment_cache"),  # env_cache= (files/pagecache.py environment())
+        "staging": launch.get("staging"),  # env_stage=: the environment's copy (staging.py), before the launch
         **_load_figures(record, name, load_bytes, load_s, phases, launch),
         "exit_code": launch.get("exit_code"),
         "machine_load": launch.get("machine_load"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from restart_harness.results import placement, save_memory
-from restart_harness.results.schema import (LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES, io_metadata_ops,
+from restart_harness.schema import (LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES, io_metadata_ops,
                                             restart_conditions)
 
 

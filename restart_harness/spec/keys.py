@@ -22,10 +22,11 @@ from functools import cache
 
 from restart_harness.errors import UsageError
 
-GROUPS = ("model", "layout", "training", "checkpoint", "observe", "launch", "cluster", "output", "plan", "predict", "calibrate", "baseline", "matrix",
-          "restart", "mlperf", "clean")
+GROUPS = ("model", "layout", "training", "checkpoint", "observe", "launch", "cluster", "output", "plan", "predict",
+          "calibrate", "baseline", "matrix", "report", "restart", "mlperf", "clean")
 # Text values never pass through a shell unquoted; this keeps them free of shell and JSON surprises as well.
 _SAFE_TEXT = re.compile(r"^[A-Za-z0-9_.,/:+@%=~-]*$")
+_SAFE_GLOB = re.compile(r"^[A-Za-z0-9_.,/:+@%=~*?\[\]!-]*$")
 _INT = re.compile(r"^[+-]?[0-9]+$")  # ASCII digits only: "２" is not 2
 _SIZE = re.compile(r"^([0-9]+)([kKmMgGtT]i?[bB]?)?$")
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -43,6 +44,10 @@ class Size(int):
 
 class Path(str):
     """Text naming a file or folder (checked against the machine in preflight, never here)."""
+
+
+class Glob(str):
+    """A shell-style pattern (fnmatch): safe text and * ? [ ] !."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class Key:
     sweep: bool = True  # may take a comma list (one run per value)
     restart: bool = False  # a restart-only re-run may set it
     required: bool = False
+    config: bool = True  # runs that differ in it are different configurations (key())
 
     @property
     def upper(self) -> float | None:
@@ -73,7 +79,8 @@ class Key:
 
     @property
     def type_name(self) -> str:
-        name = {int: "int", float: "float", bool: "bool", str: "text", Path: "path", Size: "bytes"}[self.type]
+        name = {int: "int", float: "float", bool: "bool", str: "text", Path: "path", Size: "bytes",
+                Glob: "glob"}[self.type]
         return name + (" | none" if self.optional else "")
 
     def accepted(self) -> str:
@@ -83,7 +90,8 @@ class Key:
         if self.type is bool:
             return "true, false"
         words = {int: "an integer", float: "a finite number", Size: "a size in bytes (4096, 64M, 1G)",
-                 str: "text of [A-Za-z0-9_.,/:+@%=~-]", Path: "a path of [A-Za-z0-9_.,/:+@%=~-]"}[self.type]
+                 str: "text of [A-Za-z0-9_.,/:+@%=~-]", Path: "a path of [A-Za-z0-9_.,/:+@%=~-]",
+                 Glob: "a pattern of [A-Za-z0-9_.,/:+@%=~-] and * ? [ ] !"}[self.type]
         upper = self.upper
         if self.minimum is not None and upper is not None:
             words += f" from {_number(self.minimum)} to {_number(upper)}"
@@ -103,12 +111,13 @@ def _number(x: float) -> str:
 
 def key(default: object, help: str, *, group: str, unit: str | None = None, choices: tuple[str, ...] | None = None,
         minimum: float | None = None, above: float | None = None, maximum: float | None = None, sweep: bool = True,
-        restart: bool = False, required: bool = False) -> dataclasses.Field:
-    """A dataclass field that is also a declared key."""
+        restart: bool = False, required: bool = False, config: bool = True) -> dataclasses.Field:
+    """A dataclass field that is also a declared key; config=False: two runs that differ only in it are repeats of
+    one configuration (a seed, a path, a port, a timeout: results/ and analysis/ pool them)."""
     if group not in GROUPS:
         raise ValueError(f"unknown key group {group!r}")
     meta = {"key": {"help": help, "group": group, "unit": unit, "choices": choices, "minimum": minimum, "above": above,
-                    "maximum": maximum, "sweep": sweep, "restart": restart,
+                    "maximum": maximum, "sweep": sweep, "restart": restart, "config": config,
                     "required": required or default is dataclasses.MISSING}}
     return dataclasses.field(default=default, metadata=meta)
 
@@ -174,6 +183,10 @@ def coerce(k: Key, text: str) -> object:
             value = float(text)
         except ValueError:
             raise UsageError(f"{k.name}={text}: not a number") from None
+    elif k.type is Glob:
+        if not _SAFE_GLOB.match(text):
+            raise UsageError(f"{k.name}={text}: contains characters outside [A-Za-z0-9_.,/:+@%=~-] and * ? [ ] !")
+        value = text
     else:
         if not _SAFE_TEXT.match(text):
             raise UsageError(f"{k.name}={text}: contains characters outside [A-Za-z0-9_.,/:+@%=~-]")

@@ -1,7 +1,7 @@
 """RunSpec: every setting of one run. Each field is a declared key (restart_harness/spec/keys.py): its help, default,
 unit, accepted values and range live here and nowhere else. Frozen: parsed and validated once (restart_harness/command/),
 completed against the machine once (restart_harness/machine.py), then passed around as one object and written to
-spec.json (spec/run.py). resolve() and with_layout() are pure and return new specs; the checks that depend on the
+spec.json (spec/record.py). resolve() and with_layout() are pure and return new specs; the checks that depend on the
 training stack, the engine or the storage target are theirs (stacks/, engines/, targets/)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from restart_harness.errors import UsageError
 from restart_harness.spec.keys import Path, key, keys_of
 from restart_harness.spec.model_shape import ModelShape
 
-PHASES = ("all", "checkpoint")
-MAX_WORLD = 1 << 17  # ranks: more than the largest training jobs published (about 100,000 GPUs)  # `restart` is a command of its own: ./submit-job.sh restart run=DIR
+PHASES = ("all", "checkpoint")  # `restart` is a command of its own: ./submit-job.sh restart run=DIR
+MAX_WORLD = 1 << 17  # ranks: more than the largest training jobs published (about 100,000 GPUs)
 _WALLTIME = re.compile(r"^(\d+-)?\d+:\d{2}:\d{2}$")
 
 
@@ -27,7 +27,7 @@ class RunSpec:
     shape: ModelShape
     model_source: str = ""
     engine_options: dict = field(default_factory=dict)  # the engine's declared options (engines/<name>.py)
-    # their defaults, so that results name only the options a run changed (results/schema.py engine_label)
+    # their defaults, so that results name only the options a run changed (restart_harness/schema.py engine_label)
     engine_option_defaults: dict = field(default_factory=dict)
 
     # model
@@ -63,8 +63,8 @@ class RunSpec:
     grad_accum: int = key(2, "micro-batches per optimizer step", group="training", minimum=1)
     seq_len: int | None = key(None, "tokens per sample; default min(max_position_embeddings, 2048) / shrink, >= 16",
                               group="training", minimum=1)
-    lr: float = key(1e-4, "AdamW learning rate", group="training", above=0)
-    seed: int = key(1234, "seed of weights and synthetic data", group="training", minimum=0)
+    lr: float = key(1e-4, "AdamW learning rate", config=False, group="training", above=0)
+    seed: int = key(1234, "seed of weights and synthetic data", config=False, group="training", minimum=0)
     # checkpoint
     engine: str = key("default", "checkpoint engine (engines/; list below); its options are keys too; when not "
                                  "given, the stack's own: default (stack=deepspeed), dcp (stack=fsdp2)",
@@ -82,22 +82,22 @@ class RunSpec:
                                         "extension cache made in this folder just before they start (node-local "
                                         "storage, /dev/shm), as centres stage against import storms; the copy's time "
                                         "is the restart's `staging`; removed when the restart ends",
-                                 group="checkpoint", restart=True)
+                                 config=False, group="checkpoint", restart=True)
     ckpt_dir: Path | None = key(None, "where checkpoints go: a parallel file system, or s3://bucket/prefix "
                                       "(engine=default or dcp; docs/s3.md); default <run dir>/checkpoint",
-                                group="checkpoint", sweep=False)
-    keep: bool = key(True, "false: delete the checkpoint once the run's results are written", group="checkpoint",
+                                config=False, group="checkpoint", sweep=False)
+    keep: bool = key(True, "false: delete the checkpoint once the run's results are written", config=False, group="checkpoint",
                      restart=True)
     checksums: str = key("auto", "sha256 of every checkpoint file, taken by the rank that wrote it once the save is "
                                  "committed (not timed) and checked before a restart loads it: a torn file of the "
                                  "right size fails the restart; auto = on for engines whose files are written in the "
                                  "background region by region (datastates), off otherwise (it reads every checkpoint "
-                                 "back); file systems only", group="checkpoint", choices=("auto", "on", "off"))
+                                 "back); file systems only", config=False, group="checkpoint", choices=("auto", "on", "off"))
     baseline: bool = key(True, "measure the checkpoint storage (cached) and report save/load efficiency",
-                         group="checkpoint")
+                         config=False, group="checkpoint")
     baseline_max_age_hours: float = key(24.0, "a cached storage baseline older than this is measured again before "
                                               "the run (a storage's speed drifts; efficiencies against a stale one "
-                                              "mislead)", group="checkpoint", unit="h", above=0)
+                                              "mislead)", config=False, group="checkpoint", unit="h", above=0)
     emulate: bool = key(False, "no model, no training: each rank writes exactly the planned files of each checkpoint "
                                "(real names, sizes, tensors, format; one per save_interval steps up to iters) "
                                "through the engine, and its restart reads the latest back (docs/emulation.md)",
@@ -107,7 +107,7 @@ class RunSpec:
                               "checkpoint", group="checkpoint")
     emulate_memory_gib: float | None = key(None, "emulate: file state a node may hold at once (ranks work in waves "
                                                  "within it); default 60% of the memory available at launch",
-                                           group="checkpoint", unit="GiB", above=0)
+                                           config=False, group="checkpoint", unit="GiB", above=0)
     # observe
     anatomy: bool = key(True, "split each load and save into read/write, (de)serialization, copies, waiting (I/O "
                               "counters preloaded into every rank; docs/anatomy.md)", group="observe", restart=True)
@@ -116,7 +116,7 @@ class RunSpec:
     calibration: str = key("default", "the prediction model's calibration: configs/calibration/NAME.json, or the path "
                                       "of a file ./submit-job.sh calibrate wrote; every run's summary sets the "
                                       "prediction made with it before launch beside what was measured "
-                                      "(docs/prediction.md)", group="observe", sweep=False)
+                                      "(docs/prediction.md)", config=False, group="observe", sweep=False)
     # launch
     device: str = key("auto", "auto = cuda when NVIDIA devices are present, else cpu (DeepSpeed over gloo)",
                        group="launch", choices=("auto", "cpu", "cuda"))
@@ -126,34 +126,34 @@ class RunSpec:
                                  "mpiexec); local and torchrun take nodes > 1 inside a Slurm allocation",
                         group="launch", restart=True)
     timeout: int = key(1800, "seconds one launch may take before its whole process group is killed",
-                       group="launch", unit="s", minimum=1, maximum=28 * 86400, restart=True)
+                       config=False, group="launch", unit="s", minimum=1, maximum=28 * 86400, restart=True)
     threads: int | None = key(None, "CPU threads per rank (OMP_NUM_THREADS, torch's intra-op threads); default the "
                                     "node's CPUs / ranks_per_node, at least 1: ranks neither idle cores nor fight for "
-                                    "them (a restart's deserialization and copies are CPU work)", group="launch",
+                                    "them (a restart's deserialization and copies are CPU work)", config=False, group="launch",
                               minimum=1, maximum=1024, restart=True)
-    master_port: int | None = key(None, "rendezvous port; default a free one", group="launch", minimum=1,
+    master_port: int | None = key(None, "rendezvous port; default a free one", config=False, group="launch", minimum=1,
                                   maximum=65535, restart=True)
     phase: str = key("all", "all = checkpoint then restart; checkpoint = the checkpoint phase only (restart an "
-                            "existing run with ./submit-job.sh restart run=DIR)", group="launch", choices=PHASES,
+                            "existing run with ./submit-job.sh restart run=DIR)", config=False, group="launch", choices=PHASES,
                      sweep=False)
     repeats: int = key(1, "runs of each combination (a sweep folder when > 1); restart: restarts",
-                       group="launch", minimum=1, maximum=10_000, sweep=False, restart=True)
+                       config=False, group="launch", minimum=1, maximum=10_000, sweep=False, restart=True)
     max_runs: int = key(64, "a sweep expanding to more runs (combinations x repeats) is refused unless this is raised",
-                        group="launch", minimum=1, sweep=False)
+                        config=False, group="launch", minimum=1, sweep=False)
     dry_run: bool = key(False, "write ds_config.json and the launch (and job) scripts, print them, launch nothing",
-                        group="launch", sweep=False)
+                        config=False, group="launch", sweep=False)
     # cluster
     wait: bool = key(False, "launcher=slurm|pbs from a login node: return when the job ends, showing its progress, "
-                            "with the run's summary (exit 0) or its one-line failure (exit 1)", group="cluster",
+                            "with the run's summary (exit 0) or its one-line failure (exit 1)", config=False, group="cluster",
                      sweep=False)
-    walltime: str = key("01:00:00", "slurm/pbs job time limit, HH:MM:SS or D-HH:MM:SS", group="cluster")
-    queue: str | None = key(None, "Slurm partition / PBS queue", group="cluster")
-    account: str | None = key(None, "Slurm account / PBS project (-A)", group="cluster")
-    filesystems: str | None = key(None, "pbs: -l filesystems= (ALCF, e.g. home:eagle)", group="cluster")
+    walltime: str = key("01:00:00", "slurm/pbs job time limit, HH:MM:SS or D-HH:MM:SS", config=False, group="cluster")
+    queue: str | None = key(None, "Slurm partition / PBS queue", config=False, group="cluster")
+    account: str | None = key(None, "Slurm account / PBS project (-A)", config=False, group="cluster")
+    filesystems: str | None = key(None, "pbs: -l filesystems= (ALCF, e.g. home:eagle)", config=False, group="cluster")
     env_hook: Path | None = key(None, "bash file sourced by the job script and every launch script (modules, "
-                                      "conda)", group="cluster", sweep=False)
+                                      "conda)", config=False, group="cluster", sweep=False)
     # output
-    results_dir: Path = key("results", "where run directories go", group="output", sweep=False)
+    results_dir: Path = key("results", "where run directories go", config=False, group="output", sweep=False)
 
     # ---- derived values -------------------------------------------------------------
     @property
@@ -186,6 +186,7 @@ class RunSpec:
         data = dataclasses.asdict(self)
         data["shape"] = dataclasses.asdict(self.shape)
         data["derived"] = {
+            "configuration_fields": configuration_fields(),
             "world_size": self.world_size,
             "launched_ranks": self.launched_ranks,
             "global_batch": self.global_batch,
@@ -319,3 +320,12 @@ def _check_model_split(spec: RunSpec) -> None:
 def run_keys() -> dict:
     """The declared keys of a run (not MODEL, shape fields or engine options)."""
     return keys_of(RunSpec)
+
+
+def configuration_fields() -> list[str]:
+    """The spec fields that make two runs repeats of one configuration (keys declared config=False do not: seeds,
+    paths, ports, timeouts), in declaration order; spec.json carries them (derived.configuration_fields) for
+    analysis/, which reads result files without this module."""
+    declared = run_keys()
+    return [f.name for f in dataclasses.fields(RunSpec)
+            if (f.name in declared and declared[f.name].config) or f.name in ("model", "shape", "engine_options")]

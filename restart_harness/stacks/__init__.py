@@ -29,9 +29,4 @@ def get(name: str) -> type[Stack]:
     return all_stacks()[name]
 
 
-def of(spec) -> type[Stack]:
-    """The stack that runs spec's ranks: its stack=, or the emulated one with emulate=true."""
-    return all_stacks()[EMULATED] if spec.emulate else get(spec.stack)
-
-
-__all__ = ["EMULATED", "Relayout", "Stack", "Verification", "all_stacks", "get", "names", "of"]
+__all__ = ["EMULATED", "Relayout", "Stack", "Verification", "all_stacks", "get", "names"]

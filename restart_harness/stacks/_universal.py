@@ -25,8 +25,8 @@ from pathlib import Path
 
 from restart_harness import iocount
 from restart_harness.errors import RunFailed
+from restart_harness.files.atomic import files_under, read_json, write_json_atomic
 from restart_harness.spec.runspec import RunSpec
-from restart_harness.storage.atomic import files_under, read_json, write_json_atomic
 
 MARKER = ".rh-converted.json"
 CONVERTER = "deepspeed.checkpoint.ds_to_universal"

@@ -105,7 +105,7 @@ class Stack(ABC):
         import torch  # noqa: F401
 
     # Modules a rank imports later, inside its set-up (torch.optim's first optimizer imports torch._dynamo): a
-    # launcher that forks its ranks from one process imports them before it forks (launchers/prefork.py)
+    # launcher that forks its ranks from one process imports them before it forks (worker/prefork.py)
     later_imports: ClassVar[tuple[str, ...]] = ("torch._dynamo",)
 
     def __init__(self, run, rank: int, log):
@@ -208,8 +208,8 @@ class Stack(ABC):
         return self.run.run_dir / "digests" / tag / f"rank-{rank:05d}.json"
 
     def write_digests(self, tag: str, digests: dict[str, str]) -> None:
+        from restart_harness.files.atomic import write_json_atomic
         from restart_harness.model import digest
-        from restart_harness.storage.atomic import write_json_atomic
 
         path = self.digest_path(tag)
         path.parent.mkdir(parents=True, exist_ok=True)

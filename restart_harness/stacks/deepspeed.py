@@ -50,7 +50,7 @@ def init_distributed(spec):
     import torch
     import torch.distributed as dist
 
-    from restart_harness.worker.rank_env import cuda_device
+    from restart_harness.rank_env import cuda_device
     from third_party.deepspeed_shm_unlink import unlink_own_buffer
 
     if spec.device == "cuda":

@@ -119,9 +119,9 @@ class EmulatedStack(Stack):
                     dist.barrier()
 
     def save(self, root, tag, client_state, io, untimed) -> None:
+        from restart_harness.files.atomic import write_json_atomic
         from restart_harness.model import digest
         from restart_harness.stacks._deepspeed_files import Filler, build_state, tensors_of
-        from restart_harness.storage.atomic import write_json_atomic
 
         tag_dir = Path(root) / tag
         if self.rank == 0:

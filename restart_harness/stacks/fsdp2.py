@@ -18,7 +18,7 @@ from pathlib import Path
 from restart_harness.errors import UsageError
 from restart_harness.stacks.base import Stack, Verification
 
-# The optimizer of the DeepSpeed runs (generate/ds_config.py): the same AdamW hyper-parameters and clipping.
+# The optimizer of the DeepSpeed runs (rundir/ds_config.py): the same AdamW hyper-parameters and clipping.
 BETAS, EPS, WEIGHT_DECAY, CLIP = (0.9, 0.95), 1e-8, 0.1, 1.0
 
 
@@ -67,7 +67,7 @@ class FSDP2Stack(Stack):
         import torch.distributed as dist
 
         if self.spec.device == "cuda":
-            from restart_harness.worker.rank_env import cuda_device
+            from restart_harness.rank_env import cuda_device
 
             index = cuda_device()
             torch.cuda.set_device(index)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from restart_harness.errors import UsageError
 from restart_harness.plugins import discover
-from restart_harness.targets.base import NO_OBSERVER, Target
+from restart_harness.targets.base import Target
 
 
 @cache
@@ -34,16 +34,11 @@ def for_location(location: str | None, results_dir: str | Path) -> Target:
     return cls.for_location(location, results_dir)
 
 
-def for_spec(spec) -> Target:
-    return for_location(spec.ckpt_dir, spec.results_dir)
-
-
-def for_run(run, observer=NO_OBSERVER) -> Target:
-    """The placed target of a run (spec/run.py ResolvedRun), in any process that continues it."""
-    name = run.target.get("checkpoint_target") or ("s3" if run.target.get("checkpoint_url") else "filesystem")
+def recorded(record: dict, run_dir: Path) -> type[Target]:
+    """The target class a run's spec.json names (restart_harness/resolve.py places it from the record)."""
+    name = record.get("checkpoint_target") or ("s3" if record.get("checkpoint_url") else "filesystem")  # harness 0.2.0
     try:
-        cls = all_targets()[name]
+        return all_targets()[name]
     except KeyError:
-        raise UsageError(f"run={run.run_dir}: its checkpoints are on storage target {name!r}, which this harness "
+        raise UsageError(f"run={run_dir}: its checkpoints are on storage target {name!r}, which this harness "
                          f"does not know (targets: {', '.join(all_targets())})") from None
-    return cls.from_record(run.target, run.checkpoint_root, observer)

@@ -1,6 +1,6 @@
 """The interface between the harness and a storage target: where a run's checkpoints are kept. One module in
 restart_harness/targets/ per target, holding one subclass of Target; the target is chosen once from `ckpt_dir`
-(targets.for_spec) and everything that depends on the kind of storage is asked of it, never tested elsewhere.
+(restart_harness/resolve.py) and everything that depends on the kind of storage is asked of it, never tested elsewhere.
 
 Two lives of a target:
   before the run exists    for_location(ckpt_dir, results_dir): check_location (pure), preflight (the machine),
@@ -17,6 +17,7 @@ dcp_writer() / dcp_reader(), or, for a POSIX target (kind == POSIX), the paths t
 from __future__ import annotations
 
 import contextlib
+import copy
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,7 +51,7 @@ class Target(ABC):
     name: ClassVar[str]  # recorded in spec.json as checkpoint_target
     kind: ClassVar[str]  # POSIX or OBJECT
     description: ClassVar[str]
-    # checksums= (storage/checksum.py): a rank reads its committed files back through their local paths for their
+    # checksums= (files/checksum.py): a rank reads its committed files back through their local paths for their
     # sha256; None where it can, else why not (one line's end)
     no_checksums: ClassVar[str | None] = None
 
@@ -82,10 +83,6 @@ class Target(ABC):
         need_bytes (the planned checkpoints; None: unknown) cannot fit. reach=False: only what needs no network
         (dry_run=true writes scripts, nothing else)."""
 
-    def preflight_probe(self, key: str) -> None:
-        """Raise UsageError when a storage baseline cannot be probed at the location (`./submit-job.sh baseline`)."""
-        self.preflight(key, None)
-
     # ---- one run's place ------------------------------------------------------------------------------------------
     @abstractmethod
     def placed(self, run_dir: Path) -> Target:
@@ -100,6 +97,12 @@ class Target(ABC):
     @abstractmethod
     def from_record(cls, record: dict, root: Path, observer=NO_OBSERVER) -> Target:
         """The placed target of a run, from its record (spec.json) and its local root."""
+
+    def observed(self, observer) -> Target:
+        """This target reporting its network I/O to `observer` (a rank's anatomy: worker/anatomy.py)."""
+        other = copy.copy(self)
+        other.observer = observer
+        return other
 
     def describe(self) -> str:
         """Where the checkpoints are, for humans (a path or a URL)."""
@@ -166,7 +169,7 @@ class Target(ABC):
     @abstractmethod
     def prepare_cache(self, tag_dir: Path, requested: str, per_file: bool = False) -> dict:
         """Make the page-cache state `requested` (drop | warm) for what a restart will read under tag_dir, and
-        record what was observed (storage/pagecache.py's record); `per_file`: evict only those files, never the
+        record what was observed (files/pagecache.py's record); `per_file`: evict only those files, never the
         whole cache (env_cache=warm)."""
 
     def explain_save_failure(self, exc: BaseException, tag: str) -> BaseException:
@@ -180,7 +183,7 @@ class Target(ABC):
 
     def requests(self, log_dir: Path) -> dict | None:
         """The client's requests of one launch, from what launch_environment made it log (None: no such log):
-        results/schema.py CLIENT_REQUEST_FIELDS."""
+        restart_harness/schema.py CLIENT_REQUEST_FIELDS."""
         return None
 
     def abort_incomplete_uploads(self) -> dict | None:
@@ -188,19 +191,40 @@ class Target(ABC):
         they could not be listed or aborted, or None}; None where the storage has no such thing."""
         return None
 
-    # ---- the storage baseline ------------------------------------------------------------------------------------
+    # ---- the storage baseline --------------------------------------------------------------------------------------
+    probe_class: ClassVar[type[StorageProbe]]  # the probe of this kind of storage (storage_probe())
+
+    def storage_probe(self) -> StorageProbe:
+        """The probe of the storage this target writes to (files/baseline.py measures, caches and renders it)."""
+        return self.probe_class(self)
+
+
+class StorageProbe(ABC):
+    """The storage baseline's side of a target, apart from the checkpoint I/O a run's ranks use: where a probe
+    writes, its cache key and free space, and the probe itself (files/baseline.py times, caches and renders it)."""
+
+    def __init__(self, target: Target):
+        self.target = target
+
+    def describe(self) -> str:
+        return self.target.describe()
+
+    def check(self, key: str) -> None:
+        """Raise UsageError when the storage cannot be probed at the location (`./submit-job.sh baseline`)."""
+        self.target.preflight(key, None)
+
     @abstractmethod
-    def baseline_key(self) -> str:
-        """One cache folder per storage (host and file system, or endpoint and bucket): storage/baseline.py."""
+    def key(self) -> str:
+        """One cache folder per storage (host and file system, or endpoint and bucket)."""
 
     @abstractmethod
     def free_bytes(self) -> int | None:
-        """Free space for a baseline probe (None: the storage has no such figure)."""
+        """Free space for a probe (None: the storage has no such figure)."""
 
     @abstractmethod
-    def probe(self, file_bytes: int, ranks: int, tool: str) -> dict:
+    def measure(self, file_bytes: int, ranks: int, tool: str) -> dict:
         """Measure the storage: `ranks` writers each write file_bytes and make it durable, then `ranks` readers read it
-        back cold; returns storage/baseline.py's record (write, read, read_cache, method, tool, dir, filesystem,
+        back cold; returns files/baseline.py's record (write, read, read_cache, method, tool, dir, filesystem,
         write_means, read_means)."""
 
 

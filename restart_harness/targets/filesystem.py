@@ -17,20 +17,68 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from restart_harness.errors import UsageError
-from restart_harness.storage import baseline, pagecache
-from restart_harness.storage.atomic import files_under, fsync_paths, write_text_atomic
-from restart_harness.storage.filesystem import filesystem, free_bytes, nearest_existing, why_not_a_directory
-from restart_harness.targets.base import LATEST, NO_OBSERVER, POSIX, Target, as_path
+from restart_harness.files import baseline, pagecache
+from restart_harness.files.atomic import files_under, fsync_paths, write_text_atomic
+from restart_harness.files.filesystem import filesystem, free_bytes, nearest_existing, why_not_a_directory
+from restart_harness.targets.base import LATEST, NO_OBSERVER, POSIX, StorageProbe, Target, as_path
 
 MIB = 1 << 20
 FULL_DISK_BYTES = 1 << 20
 IN_RUN = "checkpoint"  # the checkpoint folder inside a run directory (no ckpt_dir given)
 
 
+class FileSystemProbe(StorageProbe):
+    """The storage baseline of a file system: fio or the built-in probe, beside the run's checkpoint folder."""
+
+    def check(self, key: str) -> None:
+        """The baseline measures a folder that exists (it is not created)."""
+        d = Path(self.target.location)
+        if not d.is_dir():
+            raise UsageError(f"{key}={self.target.location}: no such directory")
+        if not os.access(d, os.W_OK) or why_not_a_directory(d):
+            raise UsageError(f"{key}={self.target.location}: not writable")
+
+    def _probe_dir(self) -> Path:
+        """Where a probe writes: beside the run's checkpoint folder, or the location itself."""
+        return (self.target.root.parent if self.target.root is not None else self.target._base()).resolve()
+
+    def key(self) -> str:
+        fs = filesystem(nearest_existing(self._probe_dir()))
+        ident = f"{socket.gethostname()}|{fs['device']}|{fs['mount']}|{fs['type']}"
+        return f"{fs['type'] or 'fs'}-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
+
+    def free_bytes(self) -> int:
+        return free_bytes(self._probe_dir())
+
+    def measure(self, file_bytes: int, ranks: int, tool: str) -> dict:
+        directory = self._probe_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        if tool == "auto":
+            tool = "fio" if fio_available() else "builtin"
+        workdir = directory / baseline.scratch_name()
+        workdir.mkdir(parents=True)
+        try:
+            files = [workdir / f"rh.{i}" for i in range(ranks)]
+            if tool == "fio":
+                write, read, cache = _fio(workdir, files, file_bytes)
+                method = fio_version() or "fio"
+            else:
+                write, read, cache = _builtin(files, file_bytes)
+                method = "builtin"
+            meta = metadata_probe(workdir / "meta", ranks)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        return {"write": write, "read": read, "read_cache": cache, "metadata": meta, "method": method, "tool": tool,
+                "dir": str(directory), "filesystem": filesystem(directory),
+                "block_bytes": min(baseline.BLOCK_BYTES, file_bytes),
+                "write_means": "sequential write + fsync", "read_means": "sequential read"}
+
+
 class FileSystemTarget(Target):
     name = "filesystem"
     kind = POSIX
     description = "a file system (local or parallel): files, fsync, atomic rename"
+    probe_class = FileSystemProbe
 
     def __init__(self, location: str | None, root: Path | None = None, observer=NO_OBSERVER, results_dir=None):
         super().__init__(location, root, observer)
@@ -60,14 +108,6 @@ class FileSystemTarget(Target):
                 raise UsageError(f"the checkpoints need {need_bytes / MIB:,.1f} MiB (planned) but the file system "
                                  f"holding {where} has {free / MIB:,.1f} MiB free; give ckpt_dir= on a larger one, or "
                                  "fewer saves (iters, save_interval)")
-
-    def preflight_probe(self, key: str) -> None:
-        """The baseline measures a folder that exists (it is not created)."""
-        d = Path(self.location)
-        if not d.is_dir():
-            raise UsageError(f"{key}={self.location}: no such directory")
-        if not os.access(d, os.W_OK) or why_not_a_directory(d):
-            raise UsageError(f"{key}={self.location}: not writable")
 
     # ---- one run -------------------------------------------------------------------------------------------------
     def placed(self, run_dir: Path) -> FileSystemTarget:
@@ -142,43 +182,6 @@ class FileSystemTarget(Target):
             return OSError(errno.ENOSPC, f"No space left on device while saving {tag}: {free} bytes free on the "
                                          f"checkpoint filesystem at {self.root} ({type(exc).__name__}: {exc})")
         return exc
-
-    # ---- the storage baseline --------------------------------------------------------------------------------------
-    def _probe_dir(self) -> Path:
-        """Where a probe writes: beside the run's checkpoint folder, or the location itself."""
-        return (self.root.parent if self.root is not None else self._base()).resolve()
-
-    def baseline_key(self) -> str:
-        fs = filesystem(nearest_existing(self._probe_dir()))
-        ident = f"{socket.gethostname()}|{fs['device']}|{fs['mount']}|{fs['type']}"
-        return f"{fs['type'] or 'fs'}-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
-
-    def free_bytes(self) -> int:
-        return free_bytes(self._probe_dir())
-
-    def probe(self, file_bytes: int, ranks: int, tool: str) -> dict:
-        directory = self._probe_dir()
-        directory.mkdir(parents=True, exist_ok=True)
-        if tool == "auto":
-            tool = "fio" if fio_available() else "builtin"
-        workdir = directory / baseline.scratch_name()
-        workdir.mkdir(parents=True)
-        try:
-            files = [workdir / f"rh.{i}" for i in range(ranks)]
-            if tool == "fio":
-                write, read, cache = _fio(workdir, files, file_bytes)
-                method = fio_version() or "fio"
-            else:
-                write, read, cache = _builtin(files, file_bytes)
-                method = "builtin"
-            meta = metadata_probe(workdir / "meta", ranks)
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
-        return {"write": write, "read": read, "read_cache": cache, "metadata": meta, "method": method, "tool": tool,
-                "dir": str(directory), "filesystem": filesystem(directory),
-                "block_bytes": min(baseline.BLOCK_BYTES, file_bytes),
-                "write_means": "sequential write + fsync", "read_means": "sequential read"}
-
 
 # ---- probes ------------------------------------------------------------------------------------------------------
 METADATA_FILES = 500  # per rank, as mdtest's -n: files each rank creates, stats, opens and removes

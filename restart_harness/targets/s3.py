@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from restart_harness.errors import UsageError
-from restart_harness.storage import baseline, pagecache
-from restart_harness.targets.base import LATEST, NO_OBSERVER, OBJECT, PER_RANK_DIRS, Target
+from restart_harness.files import baseline, pagecache
+from restart_harness.targets.base import LATEST, NO_OBSERVER, OBJECT, PER_RANK_DIRS, StorageProbe, Target
 
 SCHEME = "s3://"
 
@@ -304,12 +304,63 @@ class TimedStream:
         return getattr(self._stream, name)
 
 
+class S3Probe(StorageProbe):
+    """The storage baseline of a bucket: PUT and GET through s3torchconnector's streams."""
+
+    def key(self) -> str:
+        import hashlib
+
+        ident = f"{socket.gethostname()}|{self.target.settings.endpoint_url}|{self.target.settings.region}|{self.target.url.bucket}"
+        return f"s3-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
+
+    def free_bytes(self) -> None:
+        return None  # a bucket has no free-space figure
+
+    def measure(self, file_bytes: int, ranks: int, tool: str) -> dict:
+        """`ranks` threads each PUT one object of file_bytes (a multipart upload, complete - durable - when the write
+        returns), then GET it back whole; the objects are deleted afterwards."""
+        import os
+
+        streams = self.target._streams()
+        scratch = self.target.url.child(baseline.scratch_name())
+        keys = [str(scratch.child(f"rh.{i}")) for i in range(ranks)]
+        payload = os.urandom(min(baseline.BLOCK_BYTES, file_bytes))
+
+        def put(i: int) -> None:
+            left = file_bytes
+            with streams.writer(keys[i]) as stream:
+                while left:
+                    left -= stream.write(payload[:min(left, len(payload))])
+
+        def get(i: int) -> None:
+            got = 0
+            with streams.reader(keys[i]) as stream:
+                while block := stream.read(baseline.BLOCK_BYTES):
+                    got += len(block)
+            if got != file_bytes:
+                raise OSError(f"read {got} bytes of {keys[i]}, wrote {file_bytes}")
+
+        try:
+            write = baseline.phase(file_bytes * ranks, baseline.threads(ranks, put))
+            read = baseline.phase(file_bytes * ranks, baseline.threads(ranks, get))
+        finally:
+            delete_all(scratch, self.target.settings)
+        where = self.target.settings.endpoint_url or f"AWS {self.target.settings.region}"
+        return {"write": write, "read": read, "read_cache": {"observed": "not applicable", "error": None},
+                "method": "s3torchconnector put/get", "tool": "s3", "dir": str(self.target.url),
+                "filesystem": {"type": "s3", "device": where, "mount": f"s3://{self.target.url.bucket}",
+                               "where": f"object store at {where}"},
+                "block_bytes": len(payload), "write_means": "PUT until the upload completes",
+                "read_means": "GET of each whole object"}
+
+
 class S3Target(Target):
     name = "s3"
     kind = OBJECT
     no_checksums = ("checkpoint files are read back for their checksums on a file system only (an object store "
                     "checks each upload's integrity itself)")
     description = "an S3 bucket (s3://bucket/prefix) through s3torchconnector: objects, uploads, listings"
+    probe_class = S3Probe
 
     def __init__(self, location: str | None, root: Path | None = None, observer=NO_OBSERVER,
                  url: S3Url | None = None, settings: S3Settings | None = None):
@@ -454,7 +505,7 @@ class S3Target(Target):
         return bool(self._objects(path))
 
     def commit_latest(self, tag: str) -> None:
-        from restart_harness.storage.atomic import write_text_atomic
+        from restart_harness.files.atomic import write_text_atomic
 
         url = self.url.child(LATEST)
         stream = self.client.put_object(url.bucket, url.prefix)
@@ -526,50 +577,3 @@ class S3Target(Target):
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             return {"aborted": aborted, "error": f"{type(exc).__name__}: {exc}"}
         return {"aborted": aborted, "error": None}
-
-    # ---- the storage baseline --------------------------------------------------------------------------------------
-    def baseline_key(self) -> str:
-        import hashlib
-
-        ident = f"{socket.gethostname()}|{self.settings.endpoint_url}|{self.settings.region}|{self.url.bucket}"
-        return f"s3-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
-
-    def free_bytes(self) -> None:
-        return None  # a bucket has no free-space figure
-
-    def probe(self, file_bytes: int, ranks: int, tool: str) -> dict:
-        """`ranks` threads each PUT one object of file_bytes (a multipart upload, complete - durable - when the write
-        returns), then GET it back whole; the objects are deleted afterwards."""
-        import os
-
-        streams = self._streams()
-        scratch = self.url.child(baseline.scratch_name())
-        keys = [str(scratch.child(f"rh.{i}")) for i in range(ranks)]
-        payload = os.urandom(min(baseline.BLOCK_BYTES, file_bytes))
-
-        def put(i: int) -> None:
-            left = file_bytes
-            with streams.writer(keys[i]) as stream:
-                while left:
-                    left -= stream.write(payload[:min(left, len(payload))])
-
-        def get(i: int) -> None:
-            got = 0
-            with streams.reader(keys[i]) as stream:
-                while block := stream.read(baseline.BLOCK_BYTES):
-                    got += len(block)
-            if got != file_bytes:
-                raise OSError(f"read {got} bytes of {keys[i]}, wrote {file_bytes}")
-
-        try:
-            write = baseline.phase(file_bytes * ranks, baseline.threads(ranks, put))
-            read = baseline.phase(file_bytes * ranks, baseline.threads(ranks, get))
-        finally:
-            delete_all(scratch, self.settings)
-        where = self.settings.endpoint_url or f"AWS {self.settings.region}"
-        return {"write": write, "read": read, "read_cache": {"observed": "not applicable", "error": None},
-                "method": "s3torchconnector put/get", "tool": "s3", "dir": str(self.url),
-                "filesystem": {"type": "s3", "device": where, "mount": f"s3://{self.url.bucket}",
-                               "where": f"object store at {where}"},
-                "block_bytes": len(payload), "write_means": "PUT until the upload completes",
-                "read_means": "GET of each whole object"}

@@ -1,5 +1,5 @@
 """Per-rank event log: one JSON object per line, appended and flushed as it happens. The records are the typed events
-of restart_harness/results/schema.py."""
+of restart_harness/schema.py."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from restart_harness.results.schema import Event, Mark
+from restart_harness.schema import Event, Mark
 
 
 class EventLog:

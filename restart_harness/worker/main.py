@@ -16,9 +16,8 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from restart_harness import faults, stacks, targets
-from restart_harness.results.schema import Done, Error, Layout, Process, Step, Verify
-from restart_harness.spec import run as resolved
+from restart_harness import faults, resolve
+from restart_harness.schema import Done, Error, Layout, Process, Step, Verify
 from restart_harness.targets.base import PER_RANK_DIRS
 from restart_harness.worker.anatomy import Anatomy
 from restart_harness.worker.eventlog import EventLog
@@ -63,11 +62,10 @@ def main(process_start: float, argv=None, forked: bool = False) -> int:
     log.emit(Process(os.getpid(), socket.gethostname(), int(node) if node and node.isdigit() else None))
     log.mark("process_start", t=process_start)
     try:
-        the_run = resolved.read(job.run_dir, job.record)
-        stack = stacks.of(the_run.spec)
-        stack.imports()  # torch, the stack's own libraries: the `imports` phase
+        the_run = resolve.read(job.run_dir, job.record)
+        the_run.stack.imports()  # torch, the stack's own libraries: the `imports` phase
         log.mark("imports_done")
-        run(job, the_run, stack(the_run, rank, log), log, rank, memory)
+        run(job, the_run, log, rank, memory)
         # Linux reports ru_maxrss in KiB: the peak resident memory of this rank's process.
         log.emit(Done(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
         return 0
@@ -90,17 +88,15 @@ def end_process(code: int):
     os._exit(code)
 
 
-def run(job: RankJob, the_run, stack, log: EventLog, rank: int, memory: MemoryProbe) -> None:
-    from engines import registry
-
-    spec = the_run.spec
-    engine = registry.get(spec.engine)(spec)
+def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: MemoryProbe) -> None:
+    spec, engine = the_run.spec, the_run.engine
+    stack = the_run.stack(the_run, rank, log)
     stack.start()
     log.mark("dist_init_done")
     engine.prepare()
     stack.build()
     anatomy = Anatomy(stack.device.type, enabled=spec.anatomy)
-    target = targets.for_run(the_run, observer=anatomy)
+    target = the_run.target.observed(anatomy)
     anatomy.add_prefix(target.root)
     stack.hook(anatomy)
     manager = None

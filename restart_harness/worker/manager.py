@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 from restart_harness import faults
+from restart_harness.files import checksum
 from restart_harness.iocount import delta
-from restart_harness.results.schema import LOAD_CATEGORIES, SAVE_CATEGORIES, Digest, LoadAnatomy, Loaded, Save
-from restart_harness.storage import checksum
+from restart_harness.schema import LOAD_CATEGORIES, SAVE_CATEGORIES, Digest, LoadAnatomy, Loaded, Save
 
 
 class Recorder:

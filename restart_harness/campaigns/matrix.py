@@ -1,0 +1,164 @@
+"""`matrix`: the check to run on a GPU node before trusting it with real runs. Every engine (and stack=fsdp2 with DCP,
+case `fsdp2-dcp`) at a few layouts that fit the node, each checkpointed, restarted cold in fresh processes and verified, then one table and the report. What
+cannot run on the node is listed with the reason (the same one-line refusal a run would get), not skipped silently.
+
+On CUDA the model is 1B by default (real NCCL, bf16 on the devices, device-side digests); on a CPU machine it is the
+CPU subset: tiny at dp=2 and tp=2 pp=2. Each case is a separate run of the ordinary command (its own run directory
+under results_dir), so a failure in one does not stop the others.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from restart_harness import machine
+from restart_harness.command.options import MATRIX_STACK_CASES, MatrixOptions
+from restart_harness.errors import UsageError
+from restart_harness.files.atomic import read_json, write_json_atomic
+
+SHORT = ["iters=4", "save_interval=2", "after=1", "cache=drop"]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def device_of(options: MatrixOptions) -> tuple[str, int]:
+    gpus = machine.nvidia_devices()
+    device = options.device if options.device != "auto" else ("cuda" if gpus else "cpu")
+    if device == "cuda" and not (options.gpus or gpus):
+        raise UsageError("device=cuda: no NVIDIA device found (/dev/nvidia*); accepted: device=cpu or auto")
+    return device, options.gpus or gpus or 1
+
+
+def layouts(options: MatrixOptions, device: str, gpus: int) -> list[tuple[int, int, int]]:
+    if options.layouts != "auto":
+        return [tuple(int(x[2:]) for x in layout.split("-")) for layout in options.layouts.split(",")]
+    if device == "cpu":
+        return [(1, 1, 2), (2, 2, 1)]
+    out = [(1, 1, gpus)]
+    if gpus >= 2:
+        out.append((2, 1, gpus // 2))
+        out.append((1, 2, gpus // 2))
+    if gpus >= 4:
+        out.append((2, 2, gpus // 4))
+    return out
+
+
+def engines(options: MatrixOptions) -> list[str]:
+    from engines import registry
+
+    if options.engines != "all":
+        return options.engines.split(",")
+    return [n for n, cls in registry.all_engines().items() if cls.saves] + list(MATRIX_STACK_CASES)
+
+
+def cases(options: MatrixOptions, folder: Path) -> tuple[str, list[dict]]:
+    """(device, every case with its tokens, and `refused` with the reason where it cannot run on this node)."""
+    from restart_harness import preflight
+    from restart_harness.command.parse import parse_run
+
+    device, gpus = device_of(options)
+    model = options.model or ("1B" if device == "cuda" else "tiny")
+    out = []
+    for tp, pp, dp in layouts(options, device, gpus):
+        for engine in engines(options):
+            tokens = [model, f"tp={tp}", f"pp={pp}", f"dp={dp}", *MATRIX_STACK_CASES.get(engine, [f"engine={engine}"]),
+                      f"device={device}", *SHORT, f"launcher={options.launcher}", f"keep={str(options.keep).lower()}",
+                      f"results_dir={folder / 'runs'}"]
+            case = {"name": f"{engine} tp{tp}-pp{pp}-dp{dp}", "engine": engine, "layout": f"tp{tp}-pp{pp}-dp{dp}",
+                    "tokens": tokens, "refused": None}
+            try:
+                spec, _ = parse_run(tokens)
+                preflight.run(machine.resolve(spec))
+            except UsageError as exc:
+                case["refused"] = str(exc)
+            out.append(case)
+    return device, out
+
+
+def run(options: MatrixOptions, say=print) -> Path:
+    """Run every case that can run here, one after another, into a new folder results_dir/matrix-<time>/: the runs
+    (runs/), matrix.json (every case: tokens, refusal or exit code, figures) and the report (report/)."""
+    from datetime import datetime
+
+    from restart_harness.files.atomic import make_fresh_dir
+
+    Path(options.results_dir).mkdir(parents=True, exist_ok=True)
+    folder = make_fresh_dir(Path(options.results_dir), f"matrix-{datetime.now():%Y%m%d-%H%M%S}")
+    device, todo = cases(options, folder)
+    runnable = [c for c in todo if not c["refused"]]
+    say(f"[matrix] {device}: {len(runnable)} cases to run, {len(todo) - len(runnable)} refused on this node; "
+        f"matrix.json in {folder} is rewritten after each case")
+    # state: running until every case ran (complete), or failed when the matrix itself was stopped (Ctrl-C); a case
+    # without exit_code had not run then
+    record = {"device": device, "created": time.time(), "state": "running", "cases": todo}
+    write_json_atomic(folder / "matrix.json", record)
+    try:
+        for i, case in enumerate(runnable, 1):
+            say(f"[matrix] {i}/{len(runnable)} {case['name']}")
+            start = time.time()
+            proc = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), *case["tokens"]],
+                                  capture_output=True, text=True, check=False)
+            case["seconds"] = round(time.time() - start, 1)
+            case["exit_code"] = proc.returncode
+            lines = proc.stdout.strip().splitlines()
+            run_dir = Path(lines[-1]) if lines and Path(lines[-1]).is_dir() else None
+            case["run_dir"] = str(run_dir) if run_dir else None
+            case["error"] = (proc.stderr.strip().splitlines() or [""])[-1] if proc.returncode else None
+            case.update(_figures(run_dir))
+            write_json_atomic(folder / "matrix.json", record)
+            say(f"[matrix] {i}/{len(runnable)} {case['name']}: {_result(case)} in {case['seconds']:.0f} s")
+        record["state"] = "complete"
+    except KeyboardInterrupt:
+        record["state"] = "failed"
+        raise
+    finally:
+        write_json_atomic(folder / "matrix.json", record)
+    if runnable:
+        from analysis.report import main as report
+
+        report([str(folder / "runs"), "-o", str(folder / "report")])
+    say(render(record))
+    return folder
+
+
+def _figures(run_dir: Path | None) -> dict:
+    if run_dir is None or not (run_dir / "summary.json").is_file():
+        return {"verified": None}
+    s = read_json(run_dir / "summary.json")
+    ckpt, restart = s.get("checkpoint") or {}, s.get("restart") or {}
+    save = (ckpt.get("saves") or [{}])[-1]
+    return {"verified": restart.get("verified"), "bytes": ckpt.get("bytes"), "files": ckpt.get("files"),
+            "blocking_seconds": save.get("blocking_seconds"), "durable_seconds": save.get("durable_seconds"),
+            "load_seconds": restart.get("load_seconds"), "load_mib_s": restart.get("load_throughput_mib_s"),
+            "restart_seconds": restart.get("total_seconds"), "phases": restart.get("phases")}
+
+
+def render(record: dict) -> str:
+    def f(v, d=3):
+        return "-" if v is None else f"{v:.{d}f}"
+
+    lines = [f"matrix on {record['device']}",
+             (f"{'case':<34} {'result':<10} {'blocking s':>10} {'durable s':>10} {'load s':>8} {'load MiB/s':>10} "
+             f"{'restart s':>9}")]
+    for c in record["cases"]:
+        if c["refused"]:
+            lines.append(f"{c['name']:<34} refused    {c['refused']}")
+            continue
+        result = _result(c)
+        lines.append(f"{c['name']:<34} {result:<10} {f(c.get('blocking_seconds')):>10} "
+                     f"{f(c.get('durable_seconds')):>10} {f(c.get('load_seconds')):>8} "
+                     f"{f(c.get('load_mib_s'), 1):>10} {f(c.get('restart_seconds'), 2):>9}"
+                     + (f"  {c['error']}" if c.get("error") else ""))
+    return "\n".join(lines)
+
+
+def _result(case: dict) -> str:
+    return "verified" if case.get("verified") else "FAILED" if case.get("exit_code") else "unverified"
+
+
+def ok(folder: Path) -> bool:
+    """Every case that could run here ran and verified."""
+    return all(c["refused"] or c.get("verified") for c in read_json(folder / "matrix.json")["cases"])
+

@@ -1,0 +1,141 @@
+"""Sweeps: comma lists on any key (and on MODEL) expand to their product; `repeats=N` runs each combination N
+times. Every combination is validated before anything is created; then each run goes into one sweep folder
+(`<results_dir>/sweep-<time>/NNN-<run>`), `sweep.json` records each combination, its run directory, state and
+reason, and a failing combination is recorded and the sweep goes on."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+from restart_harness.command.parse import SweepRequest
+from restart_harness.errors import RunFailed
+from restart_harness.files.atomic import make_fresh_dir, write_json_atomic
+from restart_harness.plan.estimate import duration, size_text
+from restart_harness.schema import SWEEP_SCHEMA_VERSION
+
+
+def new_sweep_dir(results_dir: str) -> Path:
+    try:
+        return make_fresh_dir(Path(results_dir), f"sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    except FileExistsError as exc:
+        raise RunFailed(str(exc)) from None
+
+
+def _bar(done: int, total: int, width: int = 20) -> str:
+    filled = round(width * done / total)
+    return "#" * filled + "." * (width - filled)
+
+
+def estimate(plugins) -> tuple[float | None, int]:
+    """(predicted wall seconds of one run, or None; the bytes of every checkpoint it keeps), from the calibration in
+    force and the planner; before anything starts. A prediction that fails is no estimate, never an error."""
+    from restart_harness import preflight
+    from restart_harness.predict import forecast
+
+    if not plugins.stack.planned:
+        return None, 0
+    nbytes = preflight.planned_bytes(plugins)
+    try:
+        made = forecast.build(plugins, os.cpu_count() or 1, forecast.storage(plugins))
+        return forecast.run_wall_seconds(plugins, made), nbytes
+    except Exception:  # noqa: BLE001 - an estimate must never stop a sweep
+        return None, nbytes
+
+
+def _clock(seconds: float) -> str:
+    return duration(seconds).replace(".0 ", " ")
+
+
+def run(request: SweepRequest) -> Path:
+    """Run every combination x repeat in order into one sweep folder; returns it. Never stops on a failure."""
+    from restart_harness.phases.run import run as run_one
+    from restart_harness.rundir.status import observed
+
+    tokens, lists, combos = request.tokens, request.lists, request.combos
+    sweep_dir = new_sweep_dir(combos[0].spec.results_dir)
+    runs = []
+    for combo in combos:
+        for rep in range(1, combo.spec.repeats + 1):
+            runs.append({"index": len(runs) + 1, "combination": combo.values, "repeat": rep,
+                         "repeats": combo.spec.repeats, "command": combo.tokens, "run_dir": None,
+                         "state": "pending", "reason": None})
+    sweep = {"schema_version": SWEEP_SCHEMA_VERSION, "sweep_id": sweep_dir.name, "command": tokens, "lists": lists,
+             "state": "running", "started": time.time(), "finished": None, "runs": runs}
+    write_json_atomic(sweep_dir / "sweep.json", sweep)
+    total = len(runs)
+    by_index = [combo for combo in combos for _ in range(combo.spec.repeats)]
+    guesses = {id(c): estimate(c.plugins) for c in combos}
+    predicted = [guesses[id(c)][0] for c in by_index]
+    nbytes = sum(guesses[id(c)][1] for c in by_index)
+    known = [p for p in predicted if p is not None]
+    said = (f"about {_clock(sum(known))}" + (f" for the {len(known)} runs predicted" if len(known) < total else "")
+            + f" (calibration {combos[0].spec.calibration})") if known else "no time estimate (nothing predicted)"
+    dry = " dry runs, nothing launched; run for real they would take" if combos[0].spec.dry_run else " runs:"
+    print(f"[sweep] {total}{dry} {said}; {size_text(nbytes)} of checkpoints kept", file=sys.stderr, flush=True)
+    sweep["estimate"] = {"wall_seconds": round(sum(known), 1) if known else None, "runs_predicted": len(known),
+                         "checkpoint_bytes": nbytes}
+    started = time.time()
+    try:
+        for entry, combo in zip(runs, by_index):
+            label = " ".join(f"{k}={v}" for k, v in entry["combination"].items()) or "(one combination)"
+            rep = f", repeat {entry['repeat']}/{entry['repeats']}" if entry["repeats"] > 1 else ""
+            print(f"[sweep {entry['index']}/{total} {_bar(entry['index'] - 1, total)}] {label}{rep}"
+                  + _times(started, entry["index"] - 1, predicted), file=sys.stderr, flush=True)
+            entry["state"] = "running"
+            write_json_atomic(sweep_dir / "sweep.json", sweep)
+            plugins = combo.plugins.with_spec(dataclasses.replace(combo.spec, results_dir=str(sweep_dir)))
+            try:
+                entry["run_dir"] = str(run_one(plugins, prefix=f"{entry['index']:03d}-"))
+                entry["state"] = observed(Path(entry["run_dir"]))["state"]
+            except RunFailed as exc:
+                entry["state"], entry["reason"] = "failed", str(exc)
+            except Exception as exc:  # noqa: BLE001 - one broken combination must not end the sweep
+                entry["state"], entry["reason"] = "failed", f"{type(exc).__name__}: {exc}"
+            if entry["run_dir"] is None:
+                made = sorted(sweep_dir.glob(f"{entry['index']:03d}-*"))
+                entry["run_dir"] = str(made[-1]) if made else None
+            write_json_atomic(sweep_dir / "sweep.json", sweep)
+            print(f"[sweep {entry['index']}/{total} {_bar(entry['index'], total)}] {entry['state']}"
+                  + (f": {entry['reason']}" if entry["reason"] else "") + _times(started, entry["index"], predicted),
+                  file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        for entry in runs:
+            if entry["state"] in ("pending", "running"):
+                entry["state"], entry["reason"] = "skipped", "sweep interrupted"
+        sweep["state"] = "interrupted"
+        raise
+    finally:
+        if sweep["state"] == "running":
+            sweep["state"] = "complete"
+        sweep["finished"] = time.time()
+        sweep["counts"] = {s: sum(1 for r in runs if r["state"] == s) for s in sorted({r["state"] for r in runs})}
+        write_json_atomic(sweep_dir / "sweep.json", sweep)
+    return sweep_dir
+
+
+def _times(started: float, done: int, predicted: list[float | None]) -> str:
+    """"; elapsed 2 min, ~6 min left": the time left from the runs done so far (their mean, measured) once one is,
+    else from the prediction."""
+    elapsed = time.time() - started
+    left = len(predicted) - done
+    if done:
+        remaining = elapsed / done * left
+    elif all(p is not None for p in predicted):
+        remaining = sum(predicted)
+    else:
+        return f"; elapsed {_clock(elapsed)}"
+    return f"; elapsed {_clock(elapsed)}, ~{_clock(remaining)} left" if left else f"; elapsed {_clock(elapsed)}"
+
+
+def render(sweep: dict) -> str:
+    """One line per run: index, state, run directory name, reason."""
+    lines = [f"sweep {sweep['sweep_id']}: {', '.join(f'{n} {s}' for s, n in sweep['counts'].items())}"]
+    for r in sweep["runs"]:
+        name = Path(r["run_dir"]).name if r["run_dir"] else "-"
+        lines.append(f"  {r['index']:>3}  {r['state']:<9} {name}" + (f"  ({r['reason']})" if r["reason"] else ""))
+    return "\n".join(lines)

@@ -1,0 +1,219 @@
+"""Storage baseline: what the checkpoint storage does for plain sequential I/O, so a save or a load can be read as a
+fraction of it.
+
+One measurement: `ranks` writers each write one file (object) of `file_bytes` in 4 MiB blocks and make it durable
+(write), the files are evicted from the page cache where there is one (the record says whether the read was really
+cold), then `ranks` readers read them back (read). Throughput is total bytes / the slowest writer's (reader's)
+seconds, in MiB/s: the MLPerf Storage definition the summary's checkpoint throughput uses too. How a storage is
+probed is its target's StorageProbe (restart_harness/targets/: fio or a built-in probe on a file system, PUT and GET
+with the engines' own client on object storage); this module times, caches and renders.
+
+Results are cached per storage (the probe's key: host and file system, or endpoint and bucket), file size and rank
+count under the user cache directory (files/cache_dir.py: <cache>/baseline/), written atomically with the time and
+method. This module imports nothing above files/: a probe is passed in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from restart_harness.files.atomic import write_json_atomic
+from restart_harness.files.cache_dir import cache_dir
+
+MIB = 1 << 20
+BLOCK_BYTES = 4 * MIB
+TOOLS = ("auto", "fio", "builtin")
+# The automatic probe before a run: bounded so it costs about a second, never minutes.
+AUTO_MIN_FILE_BYTES = 16 * MIB  # fio reports whole milliseconds: smaller files would round to noise
+AUTO_MAX_TOTAL_BYTES = 128 * MIB
+AUTO_MAX_RANKS = 8
+AUTO_MAX_FREE_FRACTION = 0.1
+DEFAULT_FILE_BYTES = 64 * MIB
+
+
+def cache_root() -> Path:
+    return cache_dir("baseline")
+
+
+def cache_path(probe, file_bytes: int, ranks: int) -> Path:
+    return cache_root() / probe.key() / f"{file_bytes}x{ranks}.json"
+
+
+def cached(probe, file_bytes: int | None = None, ranks: int | None = None) -> dict | None:
+    """The cached baseline of the probe's storage: the exact size and rank count if given and present, else the
+    most recent measurement there (its file_bytes and ranks say what it was measured at)."""
+    folder = cache_root() / probe.key()
+    if file_bytes is not None and ranks is not None:
+        exact = folder / f"{file_bytes}x{ranks}.json"
+        if exact.is_file():
+            return _read(exact)
+    if not folder.is_dir():
+        return None
+    entries = [e for e in (_read(p) for p in folder.glob("*.json")) if e]
+    return max(entries, key=lambda e: e.get("measured_at", ""), default=None)
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # a damaged cache entry is measured again, never trusted
+
+
+def threads(count: int, work) -> list[float]:
+    """Run work(i) in `count` threads released together; each one's seconds from the common start."""
+    barrier = threading.Barrier(count + 1)
+    ends: list[float] = [0.0] * count
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            work(i)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors.append(exc)
+        ends[i] = time.perf_counter()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [e - start for e in ends]
+
+
+def phase(total: int, seconds: list[float]) -> dict:
+    """A write or read phase: bytes, the slowest worker's seconds, MiB/s over them."""
+    slowest = max(seconds)
+    return {"bytes": total, "seconds": round(slowest, 6), "mib_s": round(total / MIB / slowest, 3) if slowest else None}
+
+
+PROBE_REPEATS = 3  # probes per baseline: the median is the baseline, min and max its spread
+
+
+def scratch_name() -> str:
+    """A probe's own folder (or prefix), unique per host, process and moment."""
+    return f".rh-baseline-{socket.gethostname()}-{os.getpid()}-{int(time.time() * 1000)}"
+
+
+def measure(probe, file_bytes: int, ranks: int, tool: str = "auto", repeats: int | None = None) -> dict:
+    """Probe the storage now, `repeats` times (probe.measure()); the record holds the median write and read
+    throughput and their spread (min, max over the repeats), is cached and returned. A small probe on a shared or
+    virtual disk moves run to run: the spread says how far the baseline, and every efficiency derived from it, can
+    be trusted."""
+    started = time.perf_counter()
+    probes = [probe.measure(file_bytes, ranks, tool) for _ in range(repeats or PROBE_REPEATS)]
+    writes = sorted(probes, key=lambda p: p["write"]["mib_s"])
+    reads = sorted(probes, key=lambda p: p["read"]["mib_s"])
+    write, read = writes[len(writes) // 2]["write"], reads[len(reads) // 2]["read"]  # the median probe's
+    facts = {k: v for k, v in probes[-1].items() if k not in ("write", "read", "metadata")}
+    metas = [p["metadata"] for p in probes if p.get("metadata")]
+    if metas:  # each rate the median over the probes (caches written before 2026-11-26 have none)
+        facts["metadata"] = {k: sorted(m[k] for m in metas)[len(metas) // 2] if k.endswith("_per_s") else metas[0][k]
+                             for k in metas[0]}
+    record = {
+        "write_mib_s": write["mib_s"], "read_mib_s": read["mib_s"], **facts, "file_bytes": file_bytes, "ranks": ranks,
+        "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "probe_seconds": round(time.perf_counter() - started, 3), "write": write, "read": read,
+        "spread": {"repeats": len(probes), "write_mib_s": [writes[0]["write"]["mib_s"], writes[-1]["write"]["mib_s"]],
+                   "read_mib_s": [reads[0]["read"]["mib_s"], reads[-1]["read"]["mib_s"]]},
+    }
+    path = cache_path(probe, file_bytes, ranks)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, record)
+    return record
+
+
+def auto_size(typical_file_bytes: int, ranks: int, free_bytes: int) -> tuple[int, int] | None:
+    """(file_bytes, ranks) for the automatic probe: the checkpoint's typical file and rank count, bounded so the
+    probe stays around a second; None when the file system has too little free space to probe at all."""
+    ranks = max(1, min(ranks, AUTO_MAX_RANKS))
+    budget = min(AUTO_MAX_TOTAL_BYTES, int(free_bytes * AUTO_MAX_FREE_FRACTION))
+    file_bytes = min(max(typical_file_bytes, AUTO_MIN_FILE_BYTES), budget // ranks)
+    file_bytes -= file_bytes % 4096
+    if file_bytes < AUTO_MIN_FILE_BYTES:
+        return None
+    return file_bytes, ranks
+
+
+def age_seconds(record: dict) -> float | None:
+    """Seconds since the record was measured (None when it says no time)."""
+    try:
+        return max(0.0, (datetime.now(timezone.utc) - datetime.fromisoformat(record["measured_at"])).total_seconds())
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def summary_record(record: dict | None, cached_flag: bool) -> dict | None:
+    """The summary.json `baseline` object: the measurement, and how old it was when the run used it."""
+    if record is None:
+        return None
+    keys = ("write_mib_s", "read_mib_s", "method", "file_bytes", "ranks", "dir", "measured_at", "spread")
+    out = {k: record.get(k) for k in keys}
+    out["cached"] = cached_flag
+    age = age_seconds(record)
+    out["age_seconds"] = round(age, 1) if age is not None else None
+    out["read_cache_observed"] = (record.get("read_cache") or {}).get("observed")
+    if record.get("error"):
+        out["error"] = record["error"]
+    return out
+
+
+def for_run(probe, typical_file_bytes: int, ranks: int, max_age_seconds: float | None = None) -> dict:
+    """The baseline a run records: the cached one for this storage, size and rank count when it is at most
+    max_age_seconds old, else a bounded measurement now. Never fails the run: a probe that cannot run is recorded
+    with its error."""
+    try:
+        free = probe.free_bytes()
+    except OSError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "dir": probe.describe(), "cached": False}
+    size = auto_size(typical_file_bytes, ranks, AUTO_MAX_TOTAL_BYTES / AUTO_MAX_FREE_FRACTION if free is None else free)
+    if size is None:
+        return {"error": "too little free space for a probe", "dir": probe.describe(), "cached": False}
+    file_bytes, ranks = size
+    hit = cached(probe, file_bytes, ranks)
+    fresh = hit and (max_age_seconds is None or (age_seconds(hit) or float("inf")) <= max_age_seconds)
+    if fresh and hit.get("file_bytes") == file_bytes and hit.get("ranks") == ranks:
+        return summary_record(hit, True)
+    try:
+        return summary_record(measure(probe, file_bytes, ranks), False)
+    except Exception as exc:  # noqa: BLE001 - includes the S3 client's errors; recorded, never fatal
+        return {"error": f"{type(exc).__name__}: {exc}", "dir": probe.describe(), "cached": False}
+
+
+def _spread(record: dict, key: str) -> str:
+    """"median of 3, 250.1-330.9": what the probes spanned."""
+    sp = record.get("spread")
+    return f"median of {sp['repeats']}, {sp[key][0]}-{sp[key][1]}" if sp else "one probe"
+
+
+def render(record: dict, cached_at: Path) -> str:
+    cache, fs = record["read_cache"], record["filesystem"]
+    where = fs.get("where") or f"{fs['type']} on {fs['device']}, mounted at {fs['mount']}"
+    return "\n".join([
+        f"storage baseline of {record['dir']} ({where})",
+        (f"  method        {record['method']}, {record['ranks']} ranks x {record['file_bytes']} bytes, "
+         f"{record['block_bytes']} byte blocks"),
+        (f"  write_mib_s   {record['write_mib_s']}  ({record['write_means']}; slowest rank "
+         f"{record['write']['seconds']} s; {_spread(record, 'write_mib_s')})"),
+        (f"  read_mib_s    {record['read_mib_s']}  ({record['read_means']}; {_spread(record, 'read_mib_s')}; page cache "
+         f"before the read: {cache['observed']}" + (f", {cache['error']}" if cache.get("error") else "") + ")"),
+        *([f"  metadata      {_metadata_line(record['metadata'])}"] if record.get("metadata") else []),
+        f"  measured_at   {record['measured_at']}; cached in {cached_at}",
+    ])
+
+
+def _metadata_line(m: dict) -> str:
+    return (f"create {m['create_per_s']:,.0f}, stat {m['stat_per_s']:,.0f}, open {m['open_per_s']:,.0f}, remove "
+            f"{m['remove_per_s']:,.0f} operations/s ({m['ranks']} ranks x {m['files_per_rank']} files, mdtest's shape; "
+            "median of the probes)")

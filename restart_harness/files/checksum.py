@@ -1,0 +1,62 @@
+"""Content checksums of checkpoint files (key checksums=, docs/measurements.md#checksums).
+
+A file's size says it was not cut short; only its content says that every region of it was written. An engine that
+writes a file's regions from background threads after save() returned (DataStates-LLM) can leave a file of the right
+size with a region never written, and its reader takes the zeros as tensor data. With checksums, the rank that wrote
+a file takes the sha256 of its content once the save is committed (outside every timed figure: worker/manager.py) and
+records it with the file's bytes in its save event; before a restart loads the committed checkpoint, each recorded
+file is read again and compared (preflight.committed_checkpoint before a restart-only re-run, phases/restart.py
+before the restart of phase=all). A folder of shards (one entry in the save's files) has one checksum over every
+file under it: each file's path relative to the folder, then its content, in path order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+ALGORITHM = "sha256"
+_CHUNK = 8 << 20
+
+
+class Mismatch(ValueError):
+    """A recorded file whose content is not what was committed (str: one line naming it)."""
+
+
+def of(path: str | Path) -> str:
+    """sha256 (hex) of a file's content, or of a folder of shards."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    if path.is_dir():
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            digest.update(str(f.relative_to(path)).encode() + b"\0")
+            _feed(digest, f)
+    else:
+        _feed(digest, path)
+    return digest.hexdigest()
+
+
+def _feed(digest, path: Path) -> None:
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            digest.update(view[:n])
+
+
+def compare(tag_dir: Path, recorded: dict[str, dict]) -> dict | None:
+    """Check every recorded file of one checkpoint (relative path -> {bytes, sha256}) against its content under
+    tag_dir; raises Mismatch naming the first that differs. Returns what was checked ({algorithm, files, bytes,
+    seconds}), or None when the save recorded no checksums (checksums=off)."""
+    checked = {rel: r for rel, r in sorted(recorded.items()) if r.get(ALGORITHM)}
+    if not checked:
+        return None
+    start = time.perf_counter()
+    for rel, r in checked.items():
+        actual = of(tag_dir / rel)
+        if actual != r[ALGORITHM]:
+            raise Mismatch(f"{tag_dir / rel}: content differs from the {ALGORITHM} recorded when {tag_dir.name} was "
+                           f"committed ({r['bytes']} bytes either way: torn, a region never written or overwritten)")
+    return {"algorithm": ALGORITHM, "files": len(checked), "bytes": sum(r["bytes"] for r in checked.values()),
+            "seconds": round(time.perf_counter() - start, 6)}

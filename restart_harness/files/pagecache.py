@@ -1,0 +1,199 @@
+"""Evict checkpoint files from the page cache before a restart, and check what actually happened by
+reading back page residency with mincore(2); the same for the Python environment and the extension cache
+(`env_cache=`: environment())."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from pathlib import Path
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def resident_bytes(path: Path) -> int:
+    """Bytes of path that are in the page cache now (mincore over a read-only mapping)."""
+    size = path.stat().st_size
+    if size == 0:
+        return 0
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap {path}")
+        try:
+            pages = (size + PAGE - 1) // PAGE
+            vec = (ctypes.c_ubyte * pages)()
+            if _libc.mincore(addr, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore {path}")
+            resident = sum(1 for v in vec if v & 1)
+        finally:
+            _libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+    return min(size, resident * PAGE)
+
+
+def resident_total(files: list[Path]) -> int:
+    return sum(resident_bytes(f) for f in files)
+
+
+def _drop_caches() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+def _fadvise_dontneed(files: list[Path]) -> None:
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)  # dirty pages cannot be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def not_applicable(requested: str, why: str) -> dict:
+    """The cache step's record where no local page cache holds the checkpoint (object storage)."""
+    return {"requested": requested, "method": None, "error": None, "bytes": None, "resident_bytes_before": None,
+            "resident_bytes_after": None, "observed": "not applicable", "why": why}
+
+
+def _evict(files: list[Path], record: dict, per_file: bool) -> None:
+    """drop_caches (every clean page and the dentry and inode caches: as on a node that just booted) where allowed
+    and not `per_file`, else posix_fadvise(DONTNEED) on each file (its pages only); the method and errors go in
+    record."""
+    if not per_file:
+        try:
+            _drop_caches()
+            record["method"] = "drop_caches"
+            return
+        except OSError as exc:
+            record["error"] = f"drop_caches: {exc.strerror or exc}"
+    try:
+        _fadvise_dontneed(files)
+        record["method"] = "posix_fadvise_dontneed"
+    except OSError as exc2:
+        record["error"] = "; ".join(filter(None, (record["error"], f"posix_fadvise: {exc2.strerror or exc2}")))
+
+
+def _observed(after: int, total: int) -> str:
+    if after == 0:
+        return "cold"
+    if after >= total:
+        return "warm"
+    return f"partial ({after / total:.1%} resident)"
+
+
+def prepare(files: list[Path], requested: str, per_file: bool = False) -> dict:
+    """Make the cache state `requested` (drop | warm) for files; report what was tried and observed. `per_file`:
+    evict these files only, never the whole cache (env_cache=warm keeps the environment's pages)."""
+    total = sum(f.stat().st_size for f in files)
+    before = resident_total(files)
+    record = {"requested": requested, "method": None, "error": None, "bytes": total,
+              "resident_bytes_before": before}
+    if requested == "drop":
+        _evict(files, record, per_file)
+    after = resident_total(files)
+    record["resident_bytes_after"] = after
+    record["observed"] = _observed(after, total)
+    return record
+
+
+def _files(prefixes: list[str]) -> list[Path]:
+    """Every regular file under the prefixes (folders; a prefix that is a file is itself), each once."""
+    seen: set[str] = set()
+    out: list[Path] = []
+    for prefix in prefixes:
+        walk = [(prefix, [], [])] if os.path.isfile(prefix) else os.walk(prefix)
+        for folder, _, names in walk:
+            for name in names or [""]:
+                path = os.path.realpath(os.path.join(folder, name)) if name else os.path.realpath(folder)
+                if path not in seen and os.path.isfile(path):
+                    seen.add(path)
+                    out.append(Path(path))
+    return out
+
+
+def _is_library(path: Path) -> bool:
+    return path.name.endswith(".so") or ".so." in path.name
+
+
+def _read_all(files: list[Path]) -> None:
+    buf = bytearray(4 << 20)
+    for path in files:
+        try:
+            with open(path, "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+        except OSError:
+            continue
+
+
+ENVIRONMENT_MARGIN = 0.01
+
+
+def environment(prefixes: list[str], requested: str, checkpoint: dict, per_file: bool = False) -> dict:
+    """The page-cache step of the Python environment and the extension cache (env_cache=): drop evicts their files
+    (with drop_caches unless `per_file`: cache=warm keeps the checkpoint's pages), warm reads them all into the
+    cache, keep and auto do nothing of their own (keep: the checkpoint's step went file by file) and say what the
+    checkpoint's step did to them. Observed on their shared libraries (most of their bytes: torch's among them),
+    with mincore; `checkpoint`: that step's record."""
+    if requested == "keep":
+        return {"requested": "keep", "method": None, "error": None, "bytes": None, "resident_bytes_before": None,
+                "resident_bytes_after": None, "observed": None,
+                "why": "env_cache=keep: not observed; the environment's pages were left as they were (the "
+                       "checkpoint's were evicted file by file)"}
+    if requested == "auto":
+        evicted = checkpoint.get("method") == "drop_caches"
+        return {"requested": "auto", "method": "drop_caches (the checkpoint's cache step)" if evicted else None,
+                "error": None, "bytes": None, "resident_bytes_before": None, "resident_bytes_after": None,
+                "observed": None, "why": "env_cache=auto: not observed; " + (
+                    "cache=drop's drop_caches evicted every clean page, the environment's too" if evicted
+                    else "the environment's pages were left as they were")}
+    files = _files(prefixes)
+    libraries = [f for f in files if _is_library(f)]
+    total = sum(f.stat().st_size for f in libraries)
+    record = {"requested": requested, "method": None, "error": None, "files": len(files), "libraries": len(libraries),
+              "bytes": total, "resident_bytes_before": resident_total(libraries)}
+    if requested == "drop":
+        _evict(files, record, per_file)
+    else:
+        _read_all(files)
+        record["method"] = "read"
+    after = resident_total(libraries)
+    record["resident_bytes_after"] = after
+    # other processes of the machine keep resident what they map, and a page or two of a file may come and go: within
+    # ENVIRONMENT_MARGIN of either end is cold or warm (the bytes are recorded)
+    share = after / total if total else 0.0
+    record["observed"] = ("cold" if share <= ENVIRONMENT_MARGIN else "warm" if share >= 1 - ENVIRONMENT_MARGIN
+                          else f"partial ({share:.1%} resident)")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m restart_harness.files.pagecache drop|warm DIR [--per-file]`: the cache step on this node, its
+    record as one JSON line with the node's host name (a multi-node job runs it on every node: phases/nodes.py);
+    --per-file evicts DIR's files alone, never drop_caches (env_cache=warm or keep)."""
+    import json
+    import socket
+    import sys
+
+    from restart_harness.files.atomic import files_under
+
+    args = argv if argv is not None else sys.argv[1:]
+    requested, where = args[:2]
+    record = prepare(files_under(Path(where)), requested, per_file="--per-file" in args[2:])
+    print(json.dumps({"host": socket.gethostname(), **record}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

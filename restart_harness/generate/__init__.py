@@ -1,1 +1,0 @@
-"""RunSpec -> generated artifacts: ds_config.json and one launch script per phase."""

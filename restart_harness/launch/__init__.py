@@ -1,1 +1,0 @@
-"""Generated launch scripts -> running ranks: the phase orchestration, page-cache control, host facts."""

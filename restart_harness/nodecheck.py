@@ -1,0 +1,84 @@
+"""The checks that depend on the node that runs the ranks: an engine's Python module or op, CUDA and the GPU count,
+locked memory. Checks of keys, of the layout and of the storage do not depend on it and stay in preflight.py.
+
+Where the ranks start on this machine, preflight runs these checks here, before anything is created. A run that is
+submitted (launcher=slurm|pbs from a login node), or only written (dry_run=true), may be prepared on a machine that
+cannot run it: its checks run in the job, once on every node, before the checkpoint phase starts
+(`python -m restart_harness.nodecheck RUN_DIR`, started by the launcher's per-node command); a node that
+fails one ends the run with one line naming the node and the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+from restart_harness import resolve
+from restart_harness.plugins import NodeCheck
+from restart_harness.resolve import Plugins
+
+
+def checks(plugins: Plugins) -> list[NodeCheck]:
+    """Every node check of a run: the device's, the engine's."""
+    spec = plugins.spec
+    out = []
+    if spec.device == "cuda":
+        out.append(NodeCheck("device=cuda", f"an NVIDIA driver, a CUDA build of torch and {spec.ranks_per_node} GPUs "
+                                            "visible to the job", lambda: cuda_shortfall(spec.ranks_per_node),
+                             instead="device=cpu or device=auto"))
+    return out + plugins.engine.node_checks()
+
+
+def failures(plugins: Plugins) -> list[tuple[str, str]]:
+    """(check name, reason) of every check this node fails."""
+    return [(c.name, why) for c in checks(plugins) if (why := c.run())]
+
+
+def here(plugins: Plugins) -> None:
+    """The checks, on this machine, where the ranks start on it: UsageError (one line) at the first it fails."""
+    from restart_harness.errors import UsageError
+
+    for check in checks(plugins):
+        if why := check.run():
+            raise UsageError(f"{check.name} cannot run on this node: {why}"
+                             + (f"; accepted here: {check.instead}" if check.instead else ""))
+
+
+def cuda_shortfall(gpus: int) -> str | None:
+    """Why this node cannot give `gpus` CUDA devices to its ranks, or None."""
+    if not Path("/proc/driver/nvidia/version").is_file():
+        return "no NVIDIA driver on this node (/proc/driver/nvidia/version is absent)"
+    import torch
+
+    if torch.version.cuda is None:
+        return f"this Python's torch ({torch.__version__}) is a CPU build"
+    seen = torch.cuda.device_count()
+    if seen < gpus:
+        return f"{seen} CUDA devices visible to the job, {gpus} ranks on this node need one each"
+    return None
+
+
+def line(node_failures: list[dict]) -> str | None:
+    """One line for the run's failure: the first failing node and its reasons, and how many others failed."""
+    failing = [n for n in node_failures if n["failed"]]
+    if not failing:
+        return None
+    first = failing[0]
+    reasons = "; ".join(f"{name}: {why}" for name, why in first["failed"])
+    more = f" (and {len(failing) - 1} other node{'s' if len(failing) > 2 else ''})" if len(failing) > 1 else ""
+    return f"node {first['host']} cannot run the ranks{more}: {reasons}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """On one node: its host name and the checks it fails, as one JSON line (every node's line reaches the job)."""
+    run = resolve.read(Path((argv if argv is not None else sys.argv[1:])[0]))
+    print(json.dumps({"host": socket.gethostname(), "checks": [c.name for c in checks(run)],
+                      "failed": failures(run), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}),
+          flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""One launch of a phase's ranks: the launch script run in a session of its own, its output logged, rank 0's
+progress shown, a watchdog that ends it if the harness dies, a time limit, and every wait after a signal bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from restart_harness import SOURCE_ROOT, machine
+from restart_harness.iocount import strace
+from restart_harness.phases import say, session
+
+# after a signal, how long the harness waits for its launch's session to end once killed
+KILLED_WAIT_SECONDS = 10
+
+
+def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None = None) -> dict:
+    """Run launch-<record>.sh, logging its output and showing rank 0's progress; kill it on timeout. `cleanup`:
+    folders the watchdog removes if the harness dies while the ranks run (a staged environment)."""
+    log_path = run_dir / "logs" / f"{record}.log"
+    log_path.parent.mkdir(exist_ok=True)
+    events = run_dir / "events" / record / "rank-00000.jsonl"
+    load = machine.load_now()  # before the ranks start: other work on the machine, not ours
+    if load["busy"]:
+        say(f"  [{record}] machine busy before the launch: {load['cpu_busy_fraction']:.0%} of its {load['cpus']} "
+            "CPUs in use by other work; timings and the prediction are suspect")
+    start = time.time()
+    with open(log_path, "wb") as log:
+        command = [*strace.wrapper(run_dir, record), "bash", str(run_dir / f"launch-{record}.sh")]
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        watchdog = _watchdog(proc.pid, cleanup or [])
+        try:
+            timed_out = _follow(proc, events, record, start, timeout)
+        except BaseException:
+            # the harness is going away (Ctrl-C, SIGTERM, an exception): take the ranks with it
+            end(proc)
+            raise
+        finally:
+            watchdog.kill()
+            _bounded_wait(watchdog)
+    return {"record": record, "start": start, "wall_seconds": round(time.time() - start, 3),
+            "exit_code": proc.returncode, "timed_out": timed_out, "log": str(log_path.relative_to(run_dir)),
+            "machine_load": load}
+
+
+def end(proc: subprocess.Popen) -> None:
+    """Kill a launch's whole session and wait for it, within KILLED_WAIT_SECONDS."""
+    session.kill(proc.pid)
+    _bounded_wait(proc)
+
+
+def _bounded_wait(proc: subprocess.Popen) -> None:
+    try:
+        proc.wait(timeout=KILLED_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass  # a zombie's parent is this process: it is reaped when the harness exits
+
+
+def _watchdog(sid: int, cleanup: list[Path]) -> subprocess.Popen:
+    """A harness killed outright (SIGKILL, OOM killer) cannot end its launch; this small process does, so no rank
+    outlives the harness. Launchers do not reliably pass a SIGTERM on (DeepSpeed's runner leaves its ranks)."""
+    return subprocess.Popen([sys.executable, "-m", "restart_harness.phases.session", str(sid), str(os.getpid()),
+                             *map(str, cleanup)],
+                            start_new_session=True, cwd=SOURCE_ROOT)
+
+
+def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, timeout: int) -> bool:
+    """Show rank 0's progress until the launch ends; SIGKILL its process group after `timeout` s (-> True)."""
+    offset = 0
+    while True:
+        try:
+            proc.wait(timeout=0.5)
+            done = True
+        except subprocess.TimeoutExpired:
+            done = False
+        lines, offset = new_lines(events, offset)
+        for e in lines:
+            if msg := progress_line(record, e):
+                say(msg)
+        if done:
+            return False
+        if time.time() - start > timeout:
+            end(proc)
+            return True
+
+
+def progress_line(record: str, e: dict) -> str | None:
+    """One line of rank 0's progress for an event, or None for events not shown."""
+    kind = e["event"]
+    if kind == "step":
+        return f"  [{record}] step {e['step']}/{e['last']}  loss {e['loss']:.4f}  {e['seconds']:.2f} s"
+    if kind == "save":
+        return (f"  [{record}] saved {e['tag']}: rank 0 wrote {len(e['files'])} files, {e['bytes'] / 2**20:.2f} MiB; "
+                f"blocking {e['blocking_seconds']:.3f} s, durable {e['durable_seconds']:.3f} s")
+    if kind == "mark" and e["name"] in ("engine_initialized", "checkpoint_loaded"):
+        return f"  [{record}] {e['name'].replace('_', ' ')}"
+    if kind == "verify" and not e["ok"]:  # "verified" is said once every rank is (phases/restart.py)
+        return f"  [{record}] rank 0: restored state MISMATCH in {e['differing_count']} tensors"
+    if kind == "error":
+        return f"  [{record}] rank 0 error: {e['message']}"
+    return None
+
+
+def new_lines(path: Path, offset: int) -> tuple[list[dict], int]:
+    """The complete JSON lines written to path since byte `offset`, and the offset after them."""
+    if not path.is_file():
+        return [], offset
+    with open(path, "rb") as f:
+        f.seek(offset)
+        chunk = f.read()
+    complete = chunk[: chunk.rfind(b"\n") + 1]
+    return [json.loads(line) for line in complete.decode().splitlines()], offset + len(complete)
+
+
+def one_record_a_node(command: list[str], timeout: int) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Run a per-node command (one task a node, each printing one JSON record); the process and the records it
+    printed (lines that are not JSON, such as a launcher's own messages, are passed over)."""
+    proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=timeout, cwd=SOURCE_ROOT)
+    nodes = []
+    for line in proc.stdout.splitlines():
+        try:
+            nodes.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return proc, nodes

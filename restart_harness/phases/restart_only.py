@@ -1,0 +1,62 @@
+"""Restart-only re-runs (`./submit-job.sh restart run=DIR`): the restart phase of an existing run, again, `repeats`
+times, each with a record of its own; the run at its own layout or another (the stack's conversion first), with
+the keys a restart may change (cache, launcher, anatomy, ...). Then the run is summarized again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from restart_harness import machine
+from restart_harness.errors import RunFailed
+from restart_harness.phases import say
+from restart_harness.phases.nodes import check_nodes
+from restart_harness.phases.restart import abort_incomplete_uploads, integrity_line, restarts
+from restart_harness.phases.run import discard_checkpoint
+from restart_harness.phases.submit import submit_restart_job
+from restart_harness.results import finalize
+from restart_harness.rundir.status import observed
+
+
+def restart_only(request) -> Path:
+    """`request` (command/parse.py RestartRequest): the run as made, the restarts' spec, how many.
+
+    The run's state stays what its checkpoint phase made it (a run whose checkpoint phase failed stays failed,
+    a crashed one becomes failed with that reason); a failing re-run marks the run failed with its reason."""
+    run = request.run
+    if run.with_spec(request.spec).launcher.submits():
+        return submit_restart_job(run.with_spec(request.spec), request.repeats, request.tokens)
+    at = run.with_spec(machine.complete_in_job(request.spec))  # a layout of its own: its threads per rank
+    spec, run_dir = at.spec, at.run_dir
+    prior = observed(run_dir)
+    state, reason = ("complete", None) if prior["state"] == "complete" else ("failed", prior.get("reason"))
+    tag = at.target.latest()
+    layouts = {"saved": request.original.layout, "loaded": spec.layout}
+    say(f"run {run_dir.name}: {request.repeats} restart(s) of {spec.model_label} from {tag}, saved at "
+        f"{layouts['saved']}, loaded at {spec.layout}; launcher {spec.launcher}, cache={spec.cache}")
+    try:
+        check_nodes(at)  # inside a restart job: its nodes, with the run's engine and device
+        relayout, facts = None, {"layout": layouts}
+        if request.integrity:
+            facts["integrity"] = request.integrity
+            say(f"  {integrity_line(tag, request.integrity)}")
+        if (uploads := abort_incomplete_uploads(at, "setup")) is not None:
+            facts["incomplete_uploads"] = uploads
+        if request.relayout:
+            relayout = at.stack.relayout(at, request.original, tag, say)
+            if relayout.conversion:
+                facts["conversion"] = relayout.conversion
+        launched = restarts(at, request.repeats, relayout, facts, own_spec=True)
+    except RunFailed as exc:
+        finalize.finalize(run_dir, state="failed", reason=str(exc))
+        raise
+    except KeyboardInterrupt:
+        finalize.finalize(run_dir, state="failed", reason="interrupted during a restart-only re-run")
+        raise
+    summary = finalize.finalize(run_dir, state=state, reason=reason)
+    failed = [r for r in summary["restarts"] if r["record"] in launched and not r["verified"]]
+    if failed:  # each verified on every rank, but a first loss at another layout did not continue the run's
+        raise RunFailed(f"{failed[-1]['record']}: restart did not restore the saved state: "
+                        + ", ".join(failed[-1]["differing"][:5]))
+    if not spec.keep:
+        discard_checkpoint(at)
+    return run_dir

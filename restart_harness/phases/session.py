@@ -1,0 +1,70 @@
+"""Ending a launch whole. A launch runs in a session of its own (start_new_session); its launcher may put ranks in
+process groups of their own inside it (Open MPI's mpiexec gives each rank its own), so a process-group kill is not
+enough: every process of the session is killed. `python -m restart_harness.phases.session SID PARENT [FOLDER...]` is
+the watchdog that does it when the harness dies, and then removes the folders (a staged environment)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+
+def members(sid: int) -> list[int]:
+    """Processes whose session is sid (from /proc/PID/stat: the fields after the command's closing parenthesis are
+    state, ppid, pgrp, session, ...)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
+        if len(fields) > 3 and int(fields[3]) == sid:
+            out.append(int(entry.name))
+    return out
+
+
+def kill(sid: int) -> None:
+    """SIGKILL every process of session sid (its leader's group first, then any group made inside it)."""
+    try:
+        os.killpg(sid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for _ in range(5):  # a process forking while we kill: look again
+        pids = [p for p in members(sid) if p != os.getpid()]
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def watch(sid: int, parent: int, cleanup: list[str] | None = None) -> None:
+    """Kill session sid when the harness (parent) dies: the kernel sends this process SIGTERM then
+    (PR_SET_PDEATHSIG); then remove the `cleanup` folders."""
+
+    def end(*_):
+        try:
+            kill(sid)
+            for folder in cleanup or []:
+                shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            os._exit(0)
+
+    signal.signal(signal.SIGTERM, end)
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != parent:  # the harness died before the death signal was armed
+        end()
+    while True:
+        signal.pause()
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:])

@@ -1,0 +1,73 @@
+"""Inside a rank: the rank variables torch.distributed and DeepSpeed read, filled from whatever the launcher set, and
+the CUDA device the rank takes. Standard library only, imported before anything else in a rank.
+
+DeepSpeed's launcher sets RANK, WORLD_SIZE, LOCAL_RANK and also CROSS_RANK, CROSS_SIZE, LOCAL_SIZE, which
+DeepSpeed's newer checkpoint writers read. torchrun sets only the first three (plus GROUP_RANK and
+LOCAL_WORLD_SIZE); srun and mpiexec set none of them, only their own. Each launcher declares where its ranks find
+them (restart_harness/launchers/, its rank_variables), and its launch script exports that declaration (VARIABLE:
+`RANK=SLURM_PROCID;LOCAL_SIZE=SLURM_NTASKS_PER_NODE,SLURM_TASKS_PER_NODE;...`), so a rank reads it without asking
+which launcher started it. Values already present are never overwritten.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, MutableMapping
+
+VARIABLE = "RH_RANK_VARIABLES"
+
+
+def encode(sources: Mapping[str, tuple[str, ...]]) -> str:
+    """A launcher's rank_variables as one environment value."""
+    return ";".join(f"{name}={','.join(candidates)}" for name, candidates in sources.items())
+
+
+def decode(text: str) -> dict[str, tuple[str, ...]]:
+    out = {}
+    for part in filter(None, text.split(";")):
+        name, _, candidates = part.partition("=")
+        out[name] = tuple(c for c in candidates.split(",") if c)
+    return out
+
+
+def fill(env: MutableMapping[str, str] | None = None) -> None:
+    """Set RANK, WORLD_SIZE, LOCAL_RANK, CROSS_RANK, CROSS_SIZE, LOCAL_SIZE from the launcher's variables."""
+    env = os.environ if env is None else env
+    for variable, candidates in decode(env.get(VARIABLE, "")).items():
+        if variable in env:
+            continue
+        value = next((env[c] for c in candidates if env.get(c)), None)
+        if value is not None:
+            # SLURM_NTASKS_PER_NODE may read "2(x3)" on heterogeneous allocations: the count comes first
+            env[variable] = value.split("(")[0]
+    if "LOCAL_SIZE" in env and "WORLD_SIZE" in env:
+        env.setdefault("CROSS_SIZE", str(int(env["WORLD_SIZE"]) // int(env["LOCAL_SIZE"])))
+        if "RANK" in env:
+            env.setdefault("CROSS_RANK", str(int(env["RANK"]) // int(env["LOCAL_SIZE"])))
+
+
+def cuda_device(env: Mapping[str, str] | None = None) -> int:
+    """The CUDA device index this rank takes: its local rank among the devices the launcher made visible to it.
+    Where the scheduler binds one device a task (CUDA_VISIBLE_DEVICES holds one), that one: index 0."""
+    env = os.environ if env is None else env
+    local_rank = int(env.get("LOCAL_RANK", "0"))
+    visible = [d for d in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return 0 if len(visible) == 1 else local_rank
+
+
+def main() -> int:
+    """`python -m restart_harness.rank_env` in place of a rank: what it would see and take (its rank variables, the
+    devices the launcher made visible, the CUDA device index), as one JSON line."""
+    import json
+    import socket
+
+    fill()
+    seen = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "CROSS_RANK",
+                                           "CROSS_SIZE", "CUDA_VISIBLE_DEVICES")}
+    seen.update({k: v for k, v in os.environ.items() if k.endswith("GPUS_ON_NODE")})  # Slurm, Flux: the node's count
+    print(json.dumps({"host": socket.gethostname(), **seen, "cuda_device": cuda_device()}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

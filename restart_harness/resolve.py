@@ -1,0 +1,144 @@
+"""Resolving a run: the one place where the names a RunSpec holds become the plug-ins that run it.
+
+    launcher=NAME        -> a Launcher         (restart_harness/launchers/)
+    stack=NAME, emulate= -> a Stack class      (restart_harness/stacks/; one instance per rank)
+    engine=NAME          -> an Engine          (engines/; its options typed)
+    ckpt_dir=LOCATION    -> a Target           (restart_harness/targets/; placed once the run directory exists)
+
+The command line resolves a spec once it is validated (Plugins); the run directory records the spec (spec.json), and
+every process that continues the run (a batch job, each rank, finalize, a restart-only re-run) resolves it again
+from there (read: a Run). Nothing else asks a registry for a plug-in by its name: everything after this hands the
+objects on (tests/test_structure.py counts the lookups)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from engines import registry
+from engines.base import Engine
+from restart_harness import launchers, stacks, targets
+from restart_harness.launchers.base import Launcher
+from restart_harness.spec import record as records
+from restart_harness.spec.runspec import RunSpec
+from restart_harness.stacks.base import Stack
+from restart_harness.targets.base import NO_OBSERVER, Target
+
+
+# ---- the lookups by name: one per kind of plug-in --------------------------------------------------------------
+def launcher_class(name: str) -> type[Launcher]:
+    """launcher=NAME (a name or an alias); UsageError naming the accepted ones."""
+    return launchers.get(name)
+
+
+def stack_class(spec: RunSpec) -> type[Stack]:
+    """The stack that runs spec's ranks: its stack=, or the emulated one with emulate=true."""
+    return stacks.all_stacks()[stacks.EMULATED] if spec.emulate else stacks.get(spec.stack)
+
+
+def stack_named(name: str) -> type[Stack]:
+    """stack=NAME, before a spec exists (its default engine decides engine=)."""
+    return stacks.get(name)
+
+
+def engine_class(name: str) -> type[Engine]:
+    """engine=NAME; UsageError naming the accepted ones."""
+    return registry.get(name)
+
+
+def target_class(location: str | None) -> type[Target]:
+    """The storage target whose scheme ckpt_dir=location uses."""
+    return targets.select(location)
+
+
+def target_at(location: str | None, results_dir: str | Path = ".") -> Target:
+    """The storage target at ckpt_dir=location (or dir= of the baseline command), before any run."""
+    return targets.for_location(location, results_dir)
+
+
+# ---- one spec's plug-ins -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Plugins:
+    """What runs one RunSpec, each plug-in looked up once; the target is where the run would put its checkpoints
+    (placed when the run directory exists: Run)."""
+
+    spec: RunSpec
+    launcher: Launcher
+    stack: type[Stack]
+    engine: Engine
+    target: Target
+
+    def with_spec(self, spec: RunSpec) -> Plugins:
+        """The same run with another spec (a restart's own layout or launcher; a spec completed inside a job)."""
+        return plugins(spec, target=self.target)
+
+
+def plugins(spec: RunSpec, target: Target | None = None) -> Plugins:
+    """The plug-ins of spec (target: one already placed, kept)."""
+    if target is None:
+        target = target_at(spec.ckpt_dir, spec.results_dir)
+    return Plugins(spec, launcher_class(spec.launcher)(spec), stack_class(spec), engine_class(spec.engine)(spec),
+                   target)
+
+
+# ---- one run, as made --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Run(Plugins):
+    """One resolved run: the spec, its plug-ins (the target placed), the run directory, and what spec.json records
+    beside them (host and software facts; the restart record whose own spec this is)."""
+
+    made: records.RunRecord | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.made.run_dir
+
+    @property
+    def facts(self) -> dict:
+        return self.made.facts
+
+    @property
+    def record(self) -> str | None:
+        """The restart record whose own spec this is (a restart at another layout), or None."""
+        return self.made.record
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.made.checkpoint_root
+
+    def with_spec(self, spec: RunSpec, record: str | None = None) -> Run:
+        """This run with another spec (completed inside a job, or a restart record's own)."""
+        made = dataclasses.replace(self.made, spec=spec, record=record if record is not None else self.made.record)
+        return Run(**vars(plugins(spec, target=self.target)), made=made)
+
+    def observed(self, observer) -> Run:
+        """The same run whose target reports its network I/O to `observer` (a rank's anatomy)."""
+        return dataclasses.replace(self, target=self.target.observed(observer))
+
+    def write(self) -> None:
+        """spec.json: the record of this run."""
+        self.made.write()
+
+    def write_record_spec(self, record: str, spec: RunSpec) -> Path:
+        """records/spec-<record>.json: this run at another layout, for one restart record."""
+        return self.made.write_record_spec(record, spec)
+
+
+def placed(spec: RunSpec, run_dir: Path, facts: dict, target: Target) -> Run:
+    """The run whose directory was just made, its target placed there (its record goes into spec.json)."""
+    made = records.RunRecord(run_dir, spec, target.record(run_dir), facts)
+    return Run(**vars(plugins(spec, target=target)), made=made)
+
+
+def of_record(made: records.RunRecord, observer=NO_OBSERVER) -> Run:
+    """The run spec.json describes, with its plug-ins."""
+    cls = targets.recorded(made.target_record, made.run_dir)
+    target = cls.from_record(made.target_record, made.checkpoint_root, observer)
+    return Run(**vars(plugins(made.spec, target=target)), made=made)
+
+
+def read(run_dir: Path, record: str | None = None) -> Run:
+    """The run in run_dir (with the spec of `record` where that restart has its own); UsageError naming the problem
+    when the folder is not a readable run directory."""
+    return of_record(records.read(run_dir, record))

@@ -1,0 +1,77 @@
+"""A new run directory: claimed exclusively, then spec.json (the resolved run), ds_config.json and the launch scripts
+written into it before anything launches."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import socket
+from datetime import datetime
+from pathlib import Path
+
+from restart_harness import machine
+from restart_harness.errors import RunFailed
+from restart_harness.files.atomic import make_fresh_dir, write_json_atomic
+from restart_harness.resolve import Plugins, Run, placed
+from restart_harness.rundir import observe
+from restart_harness.rundir.ds_config import build_ds_config
+from restart_harness.rundir.scripts import write_launch
+from restart_harness.rundir.status import set_status
+from restart_harness.schema import stack_engine
+
+
+def new_run_dir(plugins: Plugins, prefix: str = "") -> Path:
+    """results/<model>-<layout>-<engine label>-<time>, created exclusively: a run never reuses another's folder."""
+    spec = plugins.spec
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    label = "-".join(stack_engine(dataclasses.asdict(spec)))
+    base = prefix + f"{spec.model_label}-{spec.layout}-{label}-{stamp}".replace("/", "_")
+    try:
+        return make_fresh_dir(Path(spec.results_dir), base)
+    except FileExistsError as exc:
+        raise RunFailed(str(exc)) from None
+
+
+def free_port() -> int:
+    """A rendezvous port free now. Drawn at random from the dynamic range and tried, not bind(0)'s: two harnesses
+    started at the same moment got the same port from bind(0) here (both probes closed before either rank bound it),
+    and the second run failed with EADDRINUSE."""
+    draw = random.SystemRandom()
+    for _ in range(100):
+        port = draw.randint(20000, 32767)  # below Linux's ephemeral range (32768-60999), where clients' ports come from
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_of(run: Plugins) -> int:
+    """The rendezvous port of a launch: master_port=, or a free one."""
+    return run.spec.master_port or free_port()
+
+
+def prepare(plugins: Plugins, prefix: str = "") -> Run:
+    """The run directory with spec.json (the resolved run), ds_config.json and the launch scripts."""
+    run_dir = new_run_dir(plugins, prefix)
+    set_status(run_dir, "running")
+    target = plugins.target.placed(run_dir)
+    facts = machine.facts(target.filesystem_path())
+    run = placed(plugins.spec, run_dir, facts, target)
+    facts["io_sources"] = observe.sources_facts(run_dir, run.checkpoint_root)
+    run.write()
+    write_json_atomic(run_dir / "ds_config.json", build_ds_config(run))
+    write_scripts(run, port_of(run))
+    return run
+
+
+def write_scripts(run: Run, port: int) -> None:
+    """The checkpoint phase's launch script and, with phase=all, the first restart's (written now so that it can be
+    read (dry_run) and re-run by hand; claimed when it is launched)."""
+    write_launch(run, "checkpoint", "checkpoint", port)
+    if run.spec.phase == "all":
+        write_launch(run, "restart", "restart-01", port)

@@ -1,0 +1,317 @@
+"""The result files' schema: names, versions, kinds, phases, states and labels, written down once. The harness
+writes with it and analysis/ reads with it. Standard library only: analysis/ must import it where only matplotlib
+is installed. The field-by-field reference is docs/results.md."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+SCHEMA_VERSION = 1  # summary.json; analysis reads every version in READABLE_VERSIONS
+READABLE_VERSIONS = (1,)
+SWEEP_SCHEMA_VERSION = 1  # sweep.json
+MLPERF_SCHEMA_VERSION = 1  # mlperf.json (results/mlperf.py)
+GIB = 1 << 30  # every *_gib_s figure is 2^30 bytes per second (MLPerf's tool prints these as "GB/second")
+MIB = 1 << 20  # every *_mib_s figure is 2^20 bytes per second
+
+# Files of a run directory.
+SPEC, DS_CONFIG, STATUS, SUMMARY, INVENTORY, BASELINE = (
+    "spec.json", "ds_config.json", "status.json", "summary.json", "inventory.json", "baseline.json")
+SWEEP = "sweep.json"
+MLPERF = "mlperf.json"
+
+# status.json `state`. A `running` whose harness process is gone is read as `failed` ("harness ended") by
+# rundir/status.py observed(), which every reader uses.
+STATES = ("running", "submitted", "dry_run", "complete", "failed")
+FINISHED_STATES = ("complete", "failed")
+
+# Kinds of checkpoint files, by the DeepSpeed name of the file (or of the directory a sharded engine writes); a
+# stack=fsdp2 checkpoint is DCP's own: a shard file per rank and one global metadata file.
+# engine=fastpersist (ZeRO < 3) writes X.pt as `X.pt-R.N`: writer R of N data-parallel writers
+_REPLICA = r"(-\d+\.\d+)?$"
+KINDS = ("model_states", "optimizer_states", "layer_states", "dcp_shards", "dcp_metadata", "other")
+_KIND_PATTERNS = (
+    ("dcp_shards", re.compile(r"^__\d+_\d+\.distcp$")),
+    ("dcp_metadata", re.compile(r"^\.metadata$")),
+    ("layer_states", re.compile(r"^layer_\d+-model_\d+-model_states\.pt" + _REPLICA)),
+    ("model_states", re.compile(r"^(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt" + _REPLICA)),
+    ("optimizer_states", re.compile(r"^(bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt" + _REPLICA)),
+)
+
+
+def classify(relpath: str) -> str:
+    """Kind of a file by the DeepSpeed name of its top component (sharded engines write directories)."""
+    top = relpath.split("/", 1)[0]
+    return next((kind for kind, pattern in _KIND_PATTERNS if pattern.match(top)), "other")
+
+
+# The restart's phases: (name, mark that starts it, mark that ends it), in order. The summary gives each as the
+# slowest rank's seconds (restart.phases.<name>).
+RESTART_PHASES = (
+    ("imports", "process_start", "imports_done"),
+    ("dist_init", "imports_done", "dist_init_done"),
+    ("model_build", "dist_init_done", "model_built"),
+    ("engine_init", "model_built", "engine_initialized"),
+    ("checkpoint_load", "engine_initialized", "checkpoint_loaded"),
+    ("first_step", "checkpoint_loaded", "first_step_done"),
+)
+PHASE_NAMES = tuple(name for name, _, _ in RESTART_PHASES)
+# What the prediction model predicts and every summary's `prediction` compares (results/prediction.py defines each)
+PREDICTED_SAVE = ("save_blocking_seconds", "save_durable_seconds", "save_commit_seconds")
+PREDICTED_RESTART = ("restart_launch_seconds", *(f"restart_{p}_seconds" for p in PHASE_NAMES))
+PREDICTED_TOTAL = "restart_total_with_launch_seconds"
+PREDICTED_PHASES = (*PREDICTED_SAVE, *PREDICTED_RESTART, PREDICTED_TOTAL)
+# Memory high-water marks are recorded per phase: the restart's phases, then the steps after the first; for the
+# checkpoint phase the same start-up phases, then training (saves included).
+MEMORY_PHASES_RESTART = (*RESTART_PHASES, ("training", "first_step_done", "finished"))
+MEMORY_PHASES_CHECKPOINT = (*RESTART_PHASES[:4], ("training", "engine_initialized", "finished"))
+# emulate=true builds no model and trains nothing: after start-up the checkpoint phase only writes the files
+MEMORY_PHASES_EMULATED = (*RESTART_PHASES[:2], ("save", "engine_initialized", "finished"))
+
+# A phase's I/O by source (docs/measurements.md#io-by-source): each mark carries, under `io`, what the phase it ends
+# did (worker/io_sources.py). Every path a rank opens, stats or lists is in the source whose prefix is the longest to
+# match it (rundir/observe.py names the prefixes; spec.json's io_sources records them with their file systems).
+IO_SOURCES = ("environment", "extension_cache", "checkpoint", "run_dir", "system", "pseudo", "other")
+# per source: rhio.c's counters (calls the process made through libc), then the files the dynamic loader mapped
+IO_SOURCE_FIELDS = ("opens", "open_failures", "metadata_calls", "metadata_failures", "listings", "reads", "read_bytes",
+                    "writes", "write_bytes", "mapped_files", "mapped_bytes")
+# per process, from the kernel (/proc/self/io, getrusage): what the storage delivered, whatever the source
+IO_KERNEL_FIELDS = ("storage_read_bytes", "storage_write_bytes", "read_chars", "read_syscalls", "major_faults")
+# what a parallel file system's metadata service serves: every open (failed ones too), stat-family call and listing
+IO_METADATA_FIELDS = ("opens", "open_failures", "metadata_calls", "listings")
+
+
+def io_metadata_ops(counts: dict) -> int:
+    """Metadata operations of one source's counts (IO_METADATA_FIELDS summed)."""
+    return sum(counts.get(k) or 0 for k in IO_METADATA_FIELDS)
+
+# The anatomy of a load and of a save (restart_harness/worker/anatomy.py defines each category).
+LOAD_CATEGORIES = ("read", "deserialize", "copy", "wait", "other")
+SAVE_CATEGORIES = ("serialize", "write", "fsync", "wait", "other")
+
+# `storage_requests` of a phase (object storage: the requests its client sent, from the client's own log; None on a
+# file system). A request is one HTTP attempt; an operation (an upload, a GET of an object, a listing) is one call
+# of the client, which retries failed requests. retried_requests: failed requests of operations that still
+# succeeded; failed_operations: those whose error reached the harness.
+STORAGE_REQUEST_FIELDS = ("requests", "failed_requests", "throttled_requests", "retried_requests",
+                          "canceled_requests", "failed_operations", "by_type", "failures", "ranks", "source")
+
+# The spec fields that make two runs repeats of one configuration (seed, paths, ports and timeouts do not) are
+# declared with the keys (spec/runspec.py configuration_fields) and recorded in spec.json (derived.configuration_fields);
+# these are the fields of runs whose spec.json predates that record. Where else a configuration can differ: another
+# machine or another file system (PLACE_FIELDS).
+CONFIG_FIELDS_UNRECORDED = ("model", "shape", "shrink", "stack", "precision", "tp", "pp", "dp", "zero", "nodes",
+                            "ranks_per_node", "replicate", "engine", "engine_options", "device", "launcher", "cache",
+                            "env_cache", "iters", "save_interval", "after", "micro_batch", "grad_accum", "seq_len",
+                            "anatomy", "trace", "emulate", "subset")
+
+
+def config_fields(spec: dict) -> tuple[str, ...]:
+    """The configuration fields of a run's spec.json (or of its summary's spec)."""
+    return tuple((spec.get("derived") or {}).get("configuration_fields") or CONFIG_FIELDS_UNRECORDED)
+
+
+# What a configuration field was before the harness recorded it (spec.json of older runs)
+CONFIG_DEFAULTS = {"zero": 1, "emulate": False, "subset": False, "env_cache": "auto"}
+
+
+def restart_conditions(restart: dict) -> dict:
+    """How one restart record started, where a restart-only re-run may differ from its run's spec: its launcher,
+    the page cache of the checkpoint (cache=) and of the environment (env_cache=) as requested, and whether the
+    environment was staged (env_stage=). Restarts that differ in any of these are never pooled into one figure
+    (the terminal's restarts row, the report's configurations). None: a record older than the field."""
+    return {"launcher": restart.get("launcher"), "cache": (restart.get("cache") or {}).get("requested"),
+            "env_cache": (restart.get("environment_cache") or {}).get("requested"),
+            "staged": bool(restart.get("staging"))}
+PLACE_FIELDS = (("host", "hostname"), ("checkpoint_filesystem", "mount"), ("checkpoint_filesystem", "type"),
+                ("checkpoint_object_store", "endpoint_url"))  # s3:// runs: never pooled with file-system runs
+
+
+def model_label(spec: dict) -> str:
+    """`70B` or `70B-shrink64`: the run directory's and every table's name for the model."""
+    shrink = spec.get("shrink") or 1
+    return str(spec["model"]) if shrink == 1 else f"{spec['model']}-shrink{shrink}"
+
+
+def layout_label(spec: dict) -> str:
+    """`tp2 pp4 dp1` (and `zero3` for a ZeRO stage other than 1, `2n` with several nodes, `subset 8/64` when only
+    the first node's ranks ran)."""
+    nodes, zero = spec.get("nodes") or 1, spec.get("zero") or 1
+    derived = spec.get("derived") or {}
+    subset = (f" subset {derived.get('launched_ranks', spec.get('ranks_per_node'))}/"
+              f"{derived.get('world_size', spec['tp'] * spec['pp'] * spec['dp'])}" if spec.get("subset") else "")
+    return (f"tp{spec['tp']} pp{spec['pp']} dp{spec['dp']}" + (f" zero{zero}" if zero != 1 else "")
+            + (f" {nodes}n" if nodes > 1 else "") + subset)
+
+
+DEFAULT_STACK, DEFAULT_TARGET = "deepspeed", "filesystem"  # what a label leaves unsaid
+
+
+def target_name(spec: dict) -> str:
+    """The storage target of a run's spec.json (runs of harness 0.2.0 name none: an s3:// ckpt_dir was S3)."""
+    if spec.get("checkpoint_target"):
+        return str(spec["checkpoint_target"])
+    return "s3" if str(spec.get("ckpt_dir") or "").startswith("s3://") else DEFAULT_TARGET
+
+
+def _unless(value: str, default: str) -> list[str]:
+    return [] if value == default else [value]
+
+
+def stack_engine(spec: dict) -> list[str]:
+    """The training stack where it is not DeepSpeed, then the engine: ["default"], ["fsdp2", "dcp"]."""
+    return [*_unless(str(spec.get("stack") or DEFAULT_STACK), DEFAULT_STACK), str(spec["engine"])]
+
+
+def engine_label(spec: dict) -> str:
+    """The engine and each on/off option the run changed from the engine's default: `dcp async_save` (switched on),
+    `fastpersist no_io_buffer_double` (switched off); the training stack first where it is not DeepSpeed
+    (`fsdp2 dcp`), and the storage target last where it is not a file system (`default s3`). Specs written before
+    the defaults were recorded (no engine_option_defaults) name every option that is on."""
+    options, defaults = spec.get("engine_options") or {}, spec.get("engine_option_defaults")
+    if not defaults:
+        changed = [k for k, v in options.items() if v is True]
+    else:
+        changed = [k if v else f"no_{k}" for k, v in options.items()
+                   if isinstance(v, bool) and v != defaults.get(k, False)]
+    return " ".join([*stack_engine(spec), *changed, *_unless(target_name(spec), DEFAULT_TARGET)])
+
+
+# ---- the per-rank event records (events/<record>/rank-N.jsonl) ------------------------------------------------------
+# Each line is {"t": wall time, "rank": N, "event": <kind>, **fields}. The worker writes these dataclasses (each kind
+# in one place); readers (results/, analysis/) read the lines as dicts. `extra` fields are merged into the line.
+@dataclass(frozen=True)
+class Event:
+    kind: ClassVar[str]
+
+    def fields(self) -> dict:
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        extra = data.pop("extra", None) or {}
+        return {RENAMED.get(k, k): v for k, v in data.items() if k not in OMIT_IF_NONE or v is not None} | extra
+
+
+RENAMED = {"asynchronous": "async"}  # a Python keyword in the file
+OMIT_IF_NONE = ("flush",)  # written only where there is one (an asynchronous save's background part)
+
+
+@dataclass(frozen=True)
+class Process(Event):
+    """Where the rank runs: its process, the host (the node's hostname) and the launcher's node index (CROSS_RANK:
+    SLURM_NODEID, PALS_NODEID, torchrun's GROUP_RANK; 0 under DeepSpeed's single-node launcher). Records written
+    before harness 0.4 carry the pid only."""
+
+    kind = "process"
+    pid: int
+    host: str = ""
+    node: int | None = None
+
+
+@dataclass(frozen=True)
+class Mark(Event):
+    """A milestone (schema RESTART_PHASES' marks, `finished`), with the memory high-water marks of the phase it
+    ends (peak_rss_bytes, peak_device_bytes)."""
+
+    kind = "mark"
+    name: str
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Layout(Event):
+    kind = "layout"
+    dp_rank: int
+    tp_rank: int
+    pp_rank: int
+    device: str
+    local_parameters: int
+    extra: dict = field(default_factory=dict)  # stack, emulated
+
+    @classmethod
+    def of(cls, fields: dict) -> Layout:
+        names = [f.name for f in dataclasses.fields(cls) if f.name != "extra"]
+        return cls(**{k: fields[k] for k in names}, extra={k: v for k, v in fields.items() if k not in names})
+
+
+@dataclass(frozen=True)
+class Step(Event):
+    kind = "step"
+    step: int
+    loss: float
+    seconds: float
+    last: int
+    in_flight: bool  # an asynchronous save's flush was in flight during the step
+    # the step's highest resident set less the one it started with (worker/memory.py): the training's own transient
+    # host memory, against which a save's memory is read (docs/measurements.md#memory-per-save)
+    rss_peak_added_bytes: int | None = None
+    rss_bytes: int | None = None  # the resident set when the step began
+
+
+@dataclass(frozen=True)
+class Digest(Event):
+    kind = "digest"
+    tag: str
+    seconds: float
+    tensors: int
+
+
+@dataclass(frozen=True)
+class Save(Event):
+    """One rank's save, once committed (docs/measurements.md defines each figure)."""
+
+    kind = "save"
+    tag: str
+    step: int
+    start: float  # wall time the save began
+    blocking_seconds: float
+    durable_seconds: float
+    commit_seconds: float
+    files: list  # {path relative to the tag, bytes, seconds}
+    bytes: int
+    asynchronous: bool
+    in_flight_steps: int
+    anatomy: dict | None
+    flush: dict | None = None
+    engine_statistics: dict | None = None  # the engine's own account of this save (CheckpointIO.statistics)
+    # checksums=: seconds this rank took to read its committed files back for their sha256 (each file's is in files)
+    checksum_seconds: float | None = None
+    extra: dict = field(default_factory=dict)  # the stack's facts: universal_info, emulated, waves
+    # host memory of the save from its start to its commit (worker/manager.py Memory; docs/measurements.md)
+    memory: dict | None = None
+
+
+@dataclass(frozen=True)
+class Loaded(Event):
+    kind = "loaded"
+    tag: str
+    files: list  # {path, seconds} of every engine load, in order (the recorder's own clock)
+    # wall time just before the load began and just after it ended, taken outside the anatomy's window
+    outer_start: float
+    outer_end: float
+    engine_statistics: dict | None = None  # the engine's own account of the load (CheckpointIO.load_statistics)
+
+
+@dataclass(frozen=True)
+class LoadAnatomy(Event):
+    kind = "load_anatomy"
+    extra: dict  # the anatomy window's record (worker/anatomy.py Window.close)
+
+
+@dataclass(frozen=True)
+class Verify(Event):
+    kind = "verify"
+    extra: dict  # stacks/base.py Verification.event()
+
+
+@dataclass(frozen=True)
+class Done(Event):
+    kind = "done"
+    max_rss_bytes: int
+
+
+@dataclass(frozen=True)
+class Error(Event):
+    kind = "error"
+    message: str
+    traceback: str

@@ -16,6 +16,7 @@ from conftest import RUNS, events, load_summary
 
 from restart_harness import resolve
 from restart_harness.schema import RESTART_PHASES, io_metadata_ops
+from restart_harness.spec import record as spec_record
 
 pytestmark = pytest.mark.slow
 MARK_ORDER = [a for a, _, _ in RESTART_PHASES] + [RESTART_PHASES[-1][2], "finished"]
@@ -121,7 +122,7 @@ def test_every_case_holds(harness, name):
     assert [r["record"] for r in summary["restarts"]] == records
     for r in summary["restarts"]:
         per_rank = events(run_dir, r["record"])
-        own = records.read(run_dir, r["record"]).spec
+        own = spec_record.read(run_dir, r["record"]).spec
         assert len(per_rank) == r["ranks"] == own.world_size, r["record"]
         verifies = [e for evs in per_rank.values() for e in evs if e["event"] == "verify"]
         assert len(verifies) == own.world_size and all(v["ok"] for v in verifies), r["record"]

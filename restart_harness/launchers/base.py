@@ -108,7 +108,7 @@ class Launcher(ABC):
     def environment(self) -> dict[str, str]:
         """Variables the launch script exports for the ranks (beyond the harness's own): where a rank finds its rank
         variables (rank_env.py reads them before anything is imported)."""
-        return {rank_env.VARIABLE: rank_env.encode(self.rank_variables)}
+        return {rank_env.VARIABLE: rank_env.encode(self.rank_variables)} if self.rank_variables else {}
 
     def script_lines(self, port: int) -> list[str]:
         """Shell lines run before the command (where the rendezvous is, a host file)."""

@@ -237,6 +237,8 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
     row.update({
         "restart_verify_seconds": num(rec.get("verify_seconds")),
         "restart_verified": rec.get("verified") if rec else None,
+        "restart_outcome": get(rec, "outcome", "state") if rec else None,
+        "restart_outcome_reason": get(rec, "outcome", "reason") if rec else None,
         "restart_verified_tensors": num(rec.get("verified_tensors")),
         "restart_cache_observed": get(rec, "cache", "observed"),
         "restart_load_seconds": num(rec.get("load_seconds")),
@@ -314,6 +316,7 @@ def save_rows(runs: list[Run]) -> list[dict]:
                 "commit_seconds": num(s.get("commit_seconds")),
                 "checksum_seconds": num(s.get("checksum_seconds")),
                 "training_lost_seconds": num(get(s, "training_lost", "seconds")),
+                "training_lost_within_noise": get(s, "training_lost", "within_noise"),
                 "memory_cost_bytes": num(get(s, "memory", "cost_bytes")),
                 "memory_peak_added_bytes": num(get(s, "memory", "peak_added_bytes")),
                 "memory_held_bytes": num(get(s, "memory", "held_bytes")),
@@ -374,6 +377,7 @@ class Group:
     rows: list[dict] = field(default_factory=list)
     resharded: list[dict] = field(default_factory=list)  # restart records at another layout than the run's
     saves: list[dict] = field(default_factory=list)
+    key: str = ""  # C1, C2, ...: its short name in the report (the configurations table, axes too crowded for labels)
 
     @property
     def label(self) -> str:
@@ -394,7 +398,11 @@ class Group:
         return "\n".join(textwrap.fill(x, 22) for x in (*parts, self.extra) if x) or self.full_label
 
     def stat(self, column: str) -> Stat | None:
-        return stat([r.get(column) for r in self.rows])
+        """Over restart records; a restart's own figures only from those that verified (a failed or interrupted
+        restart-only re-run is a row of runs.csv with its outcome, never a figure)."""
+        rows = [r for r in self.rows if r.get("restart_verified") is not False] if column.startswith(
+            ("restart_", "phase_", "load_")) else self.rows
+        return stat([r.get(column) for r in rows])
 
     def run_stat(self, column: str) -> Stat | None:
         """Over runs, not restart records: one value per run (checkpoint bytes, files...)."""
@@ -449,8 +457,8 @@ def groups(runs: list[Run], table: list[dict] | None = None, states: tuple[str, 
     found = list(out.values())
     common = frozenset(name for name in ("model", "layout", "engine")
                        if len({getattr(g, name) for g in found}) == 1 and len(found) > 1)
-    for g in found:
-        g.common = common
+    for n, g in enumerate(found, 1):
+        g.common, g.key = common, f"C{n}"
     return found
 
 

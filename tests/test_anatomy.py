@@ -252,8 +252,9 @@ def test_digest_detects_moved_blocks_and_wrong_shape():
 @pytest.mark.slow
 def test_a_flipped_byte_in_a_checkpoint_file_fails_the_restart_naming_the_tensor(harness, tmp_path):
     """One byte of the fp32 master weights inside an optimizer file of a complete run is flipped on disk (size
-    unchanged, so the preflight's size check passes): the restart loads it, verification fails naming that tensor,
-    and the run is failed - in status.json, summary.json and on the terminal, with no "verified" line."""
+    unchanged, so the preflight's size check passes): the restart-only re-run loads it, verification fails naming that
+    tensor, the command fails with no "verified" line, and the re-run's record says so (its outcome: failed, the
+    tensor). The run itself stays complete: its own restart verified, and the report still shows it."""
     run_dir = copy_run(harness.run("dp2-short"), tmp_path)
     path = run_dir / "checkpoint" / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
     with zipfile.ZipFile(path) as z:
@@ -274,10 +275,19 @@ def test_a_flipped_byte_in_a_checkpoint_file_fails_the_restart_naming_the_tensor
     assert "restart-02: restart did not restore the saved state" in last and "rank 1: optimizer." in last, last
     assert "[restart-02] restored state verified" not in proc.stderr
     summary = load_summary(run_dir)
-    assert summary["restart"]["verified"] is False
+    assert summary["restart"]["verified"] is False and summary["restart"]["outcome"]["state"] == "failed"
+    assert "rank 1: optimizer." in summary["restart"]["outcome"]["reason"]
     assert any(d.startswith("rank 1: optimizer.") for d in summary["restart"]["differing"])
+    first = next(r for r in summary["restarts"] if r["record"] == "restart-01")
+    assert first["verified"] is True and first["outcome"]["state"] == "verified" and not first["rerun"]
     status = json.loads((run_dir / "status.json").read_text())
-    assert status["state"] == summary["status"]["state"] == "failed" and "rank 1: optimizer." in status["reason"]
+    assert status["state"] == summary["status"]["state"] == "complete", status
+    report = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "report", str(run_dir),
+                             f"out_dir={tmp_path / 'report'}"], capture_output=True, text=True, timeout=300, cwd=REPO,
+                            check=False)
+    assert report.returncode == 0, report.stderr
+    rows = (tmp_path / "report" / "runs.csv").read_text().splitlines()
+    assert len(rows) == 3 and "restart-02" in rows[2] and "failed" in rows[2], rows
 
 
 # ---- the report ---------------------------------------------------------------------------------------------

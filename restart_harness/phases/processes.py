@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from restart_harness import SOURCE_ROOT, machine
+from restart_harness.files.cache_dir import extensions_dir
 from restart_harness.iocount import strace
 from restart_harness.phases import say, session
 
@@ -69,8 +70,9 @@ def _watchdog(sid: int, cleanup: list[Path]) -> subprocess.Popen:
 
 
 def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, timeout: int) -> bool:
-    """Show rank 0's progress until the launch ends; SIGKILL its process group after `timeout` s (-> True)."""
-    offset = 0
+    """Show rank 0's progress until the launch ends (and any op the launch builds first); SIGKILL its process group
+    after `timeout` s (-> True)."""
+    offset, built = 0, set()
     while True:
         try:
             proc.wait(timeout=0.5)
@@ -81,11 +83,27 @@ def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, tim
         for e in lines:
             if msg := progress_line(record, e):
                 say(msg)
+        _building(record, built, start)
         if done:
             return False
         if time.time() - start > timeout:
             end(proc)
             return True
+
+
+def _building(record: str, said: set, since: float) -> None:
+    """Say each op torch starts building in this environment while the launch runs (once): its JIT builder holds a
+    lock in the op's folder of the extension cache while it compiles (minutes on a few cores, once per environment;
+    ranks that need the op wait for it), when the terminal would otherwise show nothing after "launching"."""
+    for lock in extensions_dir().glob("*/lock"):
+        try:
+            fresh = lock.stat().st_mtime >= since - 1
+        except OSError:  # the build ended meanwhile
+            continue
+        if fresh and lock.parent.name not in said:
+            said.add(lock.parent.name)
+            say(f"  [{record}] DeepSpeed's {lock.parent.name} op is being built for this environment (its first use: "
+                "about a minute on 2 cores; cached for every later run)")
 
 
 def progress_line(record: str, e: dict) -> str | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 from restart_harness import staging
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files import pagecache
-from restart_harness.files.atomic import write_json_atomic
+from restart_harness.files.atomic import read_json, write_json_atomic
 from restart_harness.phases import say
 from restart_harness.phases.diagnose import failure
 from restart_harness.phases.nodes import cache_on_every_node
@@ -22,6 +22,7 @@ from restart_harness.rundir.create import port_of
 from restart_harness.rundir.ds_config import build_ds_config, deep_merge
 from restart_harness.rundir.records import allocate_record, save_record
 from restart_harness.rundir.scripts import write_launch
+from restart_harness.schema import count
 
 
 def restarts(run: Run, repeats: int, relayout=None, facts: dict | None = None, own_spec: bool = False) -> list[str]:
@@ -30,6 +31,7 @@ def restarts(run: Run, repeats: int, relayout=None, facts: dict | None = None, o
     each record (the layouts, the conversion, the checksum check); `own_spec`: each record keeps run's spec as its own
     (records/spec-<record>.json: a restart-only re-run's layout, launcher, anatomy, ...)."""
     launched = []
+    facts = {**(facts or {}), "rerun": own_spec}  # a restart-only re-run's outcome is its own, never the run's
     for n in range(repeats):
         record = allocate_record(run.run_dir)
         launched.append(record)
@@ -48,8 +50,29 @@ def restarts(run: Run, repeats: int, relayout=None, facts: dict | None = None, o
 
 
 def restart(run: Run, record: str, relayout=None, extra: dict | None = None) -> dict:
-    """One restart launch of a prepared record. With env_stage=, the environment's copy is made first (the cache
-    steps then act on it, the launch script runs from it) and removed when the restart ends."""
+    """One restart launch of a prepared record, its outcome recorded in records/<record>.json whatever it is
+    (verified, failed with the reason, interrupted)."""
+    try:
+        info = _restart(run, record, relayout, extra)
+    except RunFailed as exc:
+        _outcome(run, record, extra, "failed", str(exc))
+        raise
+    except KeyboardInterrupt:
+        _outcome(run, record, extra, "interrupted", "interrupted (Ctrl-C or SIGTERM) during the restart")
+        raise
+    return info
+
+
+def _outcome(run: Run, record: str, extra: dict | None, state: str, reason: str) -> None:
+    """A restart record's outcome, beside what its launch recorded (nothing, where it never launched)."""
+    path = run.run_dir / "records" / f"{record}.json"
+    info = read_json(path) if path.is_file() else {"record": record, "launcher": run.spec.launcher, **(extra or {})}
+    save_record(run.run_dir, {**info, "outcome": {"state": state, "reason": reason}})
+
+
+def _restart(run: Run, record: str, relayout=None, extra: dict | None = None) -> dict:
+    """With env_stage=, the environment's copy is made first (the cache steps then act on it, the launch script runs
+    from it) and removed when the restart ends."""
     target, spec = run.target, run.spec
     tag = target.latest()
     if tag is None:
@@ -90,7 +113,7 @@ def _launch(run: Run, record: str, load_dir: Path, staged, extra: dict | None) -
         say(f"  [{record}] environment's page cache: asked {env_state['requested']}, observed {env_state['observed']}"
             f" ({env_state['libraries']} shared libraries, {env_state['bytes'] / 2**30:.2f} GiB)"
             + (f" ({env_state['error']})" if env_state["error"] else ""))
-    say(f"  [{record}] launching {spec.launched_ranks} fresh ranks")
+    say(f"  [{record}] launching {count(spec.launched_ranks, 'fresh rank')}")
     info = launch(run.run_dir, record, spec.timeout, cleanup=[staged.folder] if staged else None)
     info.update(cache=state, environment_cache=env_state, launcher=spec.launcher, **(extra or {}))
     if staged is not None:
@@ -101,7 +124,10 @@ def _launch(run: Run, record: str, load_dir: Path, staged, extra: dict | None) -
     failed, tensors = ev.verification(ev.read_record(run.run_dir, record), spec.launched_ranks)
     if failed:
         raise RunFailed(f"{record}: restart did not restore the saved state: {', '.join(failed[:5])}")
-    say(f"  [{record}] restored state verified on every rank ({spec.launched_ranks} ranks, {tensors} tensors)")
+    info["outcome"] = {"state": "verified", "reason": None}
+    save_record(run.run_dir, info)
+    say(f"  [{record}] restored state verified on every rank ({count(spec.launched_ranks, 'rank')}, "
+        f"{count(tensors, 'tensor')})")
     return info
 
 

@@ -20,8 +20,9 @@ from restart_harness.rundir.status import observed
 def restart_only(request) -> Path:
     """`request` (command/parse.py RestartRequest): the run as made, the restarts' spec, how many.
 
-    The run's state stays what its checkpoint phase made it (a run whose checkpoint phase failed stays failed,
-    a crashed one becomes failed with that reason); a failing re-run marks the run failed with its reason."""
+    The run's state stays what its own phases made it (a run whose checkpoint phase failed stays failed, a crashed
+    one becomes failed with that reason): a re-run that fails, is interrupted or does not verify is that re-run's
+    outcome (records/<record>.json, the summary's restarts), never the run's, so what was verified stays visible."""
     run = request.run
     if run.with_spec(request.spec).launcher.submits():
         return submit_restart_job(run.with_spec(request.spec), request.repeats, request.tokens)
@@ -33,6 +34,7 @@ def restart_only(request) -> Path:
     layouts = {"saved": request.original.layout, "loaded": spec.layout}
     say(f"run {run_dir.name}: {request.repeats} restart(s) of {spec.model_label} from {tag}, saved at "
         f"{layouts['saved']}, loaded at {spec.layout}; launcher {spec.launcher}, cache={spec.cache}")
+    launched: list[str] = []
     try:
         check_nodes(at)  # inside a restart job: its nodes, with the run's engine and device
         relayout, facts = None, {"layout": layouts}
@@ -46,13 +48,8 @@ def restart_only(request) -> Path:
             if relayout.conversion:
                 facts["conversion"] = relayout.conversion
         launched = restarts(at, request.repeats, relayout, facts, own_spec=True)
-    except RunFailed as exc:
-        finalize.finalize(run_dir, state="failed", reason=str(exc))
-        raise
-    except KeyboardInterrupt:
-        finalize.finalize(run_dir, state="failed", reason="interrupted during a restart-only re-run")
-        raise
-    summary = finalize.finalize(run_dir, state=state, reason=reason)
+    finally:
+        summary = finalize.finalize(run_dir, state=state, reason=reason)
     failed = [r for r in summary["restarts"] if r["record"] in launched and not r["verified"]]
     if failed:  # each verified on every rank, but a first loss at another layout did not continue the run's
         raise RunFailed(f"{failed[-1]['record']}: restart did not restore the saved state: "

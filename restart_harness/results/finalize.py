@@ -48,6 +48,14 @@ def _stored(target) -> dict[str, list[tuple[str, int]]]:
         return {}
 
 
+def rerun(info: dict, phase: str) -> bool:
+    """A restart-only re-run's record, not the run's own restart (records before the harness said so: the run's own
+    is restart-01 of a phase=all run)."""
+    if "rerun" in info:
+        return bool(info["rerun"])
+    return not (info["record"] == "restart-01" and phase == "all")
+
+
 def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
     run = resolve.read(run_dir)
     target = run.target
@@ -71,6 +79,9 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
         r["storage_requests"] = target.requests(run_dir / "logs" / "client" / info["record"])
         r["incomplete_uploads"] = info.get("incomplete_uploads")
         r["integrity"] = info.get("integrity")  # the committed files' checksums, read back before the launch
+        r["rerun"] = rerun(info, run.spec.phase)
+        r["outcome"] = info.get("outcome") or ({"state": "verified", "reason": None} if r["verified"] else
+                                               {"state": "failed", "reason": "not verified on every rank"})
         facts = dict(run.facts.get("io_sources") or {})
         if info.get("staging"):  # env_stage=: the ranks' environment and extension cache were the copy's
             for source in ("environment", "extension_cache"):
@@ -78,8 +89,13 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
         r["io_sources"] = io_sources.by_phase(record, RESTART_PHASES, facts)
         restarts.append(r)
     sm.loss_continuity(restarts)
-    unverified = [r for r in restarts if not r["verified"]]
-    if state == "complete" and unverified:  # a run's state is the outcome of every restart's verification
+    for r in restarts:
+        if r["outcome"]["state"] == "verified" and not r["verified"]:  # a first loss that did not continue the run's
+            r["outcome"] = {"state": "failed", "reason": "restart did not restore the saved state: "
+                                                        + ", ".join(r["differing"][:5] or ["nothing verified"])}
+    # the run's state is the outcome of its own phases; a restart-only re-run's is its own (its record's outcome)
+    unverified = [r for r in restarts if not r["verified"] and not r["rerun"]]
+    if state == "complete" and unverified:
         r = unverified[-1]
         state, reason = "failed", f"{r['record']}: restart did not restore the saved state: " + \
             ", ".join(r["differing"][:5] or ["nothing verified"])

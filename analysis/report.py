@@ -25,22 +25,23 @@ try:
     from restart_harness.command.report import parse_report
     from restart_harness.errors import UsageError
     from restart_harness.files.atomic import make_fresh_dir, write_bytes_atomic
+    from restart_harness.files.filesystem import why_not_a_directory, why_unresolvable
+    from restart_harness.schema import count
 except ImportError as exc:  # run as ./analysis/report.py by a Python without the project or matplotlib
     sys.exit(f"error: {exc}: this Python ({sys.executable}) lacks the restart-harness package or matplotlib; use "
              "./submit-job.sh report ..., or pip install -e '.[analysis]' into it")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    """The command line, through the harness's one parser (command/parse.py parse_report); a mistake is one line on
-    stderr and exit code 2."""
-    try:
-        request = parse_report(argv)
-        include = tuple(w for w in request.options.include.split(",") if w)
-        if unknown := [w for w in include if w not in ld.INCLUDE]:
-            raise UsageError(f"include={unknown[0]}: accepted: {', '.join(ld.INCLUDE)} (comma-separated)")
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(2)
+    """The command line, through the harness's one parser (command/report.py parse_report); UsageError on a
+    mistake."""
+    request = parse_report(argv)
+    for key, value in [("out_dir", request.options.out_dir), *(("RUN_OR_SWEEP_DIR", p) for p in request.paths)]:
+        if value is not None and (why := why_unresolvable(value)):
+            raise UsageError(f"{key}={value}: {why}")
+    include = tuple(w for w in request.options.include.split(",") if w)
+    if unknown := [w for w in include if w not in ld.INCLUDE]:
+        raise UsageError(f"include={unknown[0]}: accepted: {', '.join(ld.INCLUDE)} (comma-separated)")
     out = request.options.out_dir
     return argparse.Namespace(paths=request.paths, output=Path(out).expanduser() if out else None, include=include,
                               match=request.options.match)
@@ -96,18 +97,34 @@ def write(out: Path, built: dict, title: str) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse(sys.argv[1:] if argv is None else argv)
+    """The report; a mistake is one line on stderr and exit code 2, before anything is written."""
+    try:
+        args = parse(sys.argv[1:] if argv is None else argv)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.output is not None and args.output.exists() and (not args.output.is_dir() or any(args.output.iterdir())):
-        print(f"error: -o {args.output} already exists and is not an empty folder; give a new one", file=sys.stderr)
+        print(f"error: out_dir={args.output}: already exists and is not an empty folder; accepted: a new one",
+              file=sys.stderr)
+        return 2
+    if args.output is not None and (why := why_not_a_directory(args.output)):
+        print(f"error: out_dir={args.output}: {why}; accepted: a folder that can be created", file=sys.stderr)
         return 2
     loaded = ld.load(args.paths, include=args.include, match=args.match)
     runs, skipped = loaded.runs, loaded.skipped
+    left = ""
     if loaded.left_out:
         words = {"failed": "failed or interrupted", "dry": "dry", "not matching": f"not matching {args.match}"}
         said = ", ".join(f"{n} {words[k]}" for k, n in sorted(loaded.left_out.items()))
         hint = [k for k in ld.INCLUDE if k in loaded.left_out]
-        print(f"left out: {said} run(s)" + (f" (include={','.join(hint)} takes them in)" if hint else ""),
-              file=sys.stderr)
+        left = f"left out: {said} run(s)" + (f" (include={','.join(hint)} takes them in)" if hint else "")
+    if not runs:  # one line: what was found instead of a readable run
+        found = "; ".join([*([left] if left else []), *(s.line() for s in skipped)])
+        print(f"error: no readable run in {' '.join(map(str, args.paths))}" + (f" ({found})" if found else "")
+              + "; nothing written", file=sys.stderr)
+        return 2
+    if left:
+        print(left, file=sys.stderr)
     for s in skipped:
         print(s.line(), file=sys.stderr)
     for r in runs:
@@ -116,9 +133,6 @@ def main(argv: list[str] | None = None) -> int:
         if r.state != "complete":
             reason = tb.get(r.summary, "status", "reason", default="no reason given")
             print(f"run {r.dir} is {r.state} ({reason}): in runs.csv, left out of the plots", file=sys.stderr)
-    if not runs:
-        print(f"error: no readable run in {' '.join(map(str, args.paths))}; nothing written", file=sys.stderr)
-        return 2
     failures = ld.sweep_failures([Path(p) for p in args.paths], runs)
     for f in failures:
         print(f"sweep {f.sweep}: combination {f.combination} {f.state}: {f.reason}", file=sys.stderr)
@@ -129,9 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: cannot create the report folder: {exc}", file=sys.stderr)
         return 2
     n_restarts = sum(1 for r in built["rows"] if r.get("restart_record"))
-    title = f"Restart-harness report: {len(runs)} runs, {n_restarts} restarts, {len(built['groups'])} configurations"
+    n_groups = len(built["groups"])
+    title = (f"Restart-harness report: {count(len(runs), 'run')}, {count(n_restarts, 'restart')}, "
+             f"{count(n_groups, 'configuration')}")
     written = write(out, built, title)
-    print(f"{len(runs)} runs ({n_restarts} restart records) in {len(built['groups'])} configurations; "
+    print(f"{count(len(runs), 'run')} ({count(n_restarts, 'restart record')}) in {count(n_groups, 'configuration')}; "
           f"{len(skipped)} skipped; wrote {', '.join(p.name for p in written)}")
     print(out)
     return 0

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from restart_harness.errors import RunFailed, UsageError
+from restart_harness.errors import RunFailed, UsageError, refused
 
 
 def _terminate(signum, frame):  # SIGTERM ends a run like Ctrl-C: ranks killed, run recorded as failed
@@ -109,7 +109,8 @@ def _check_sweep(tokens: list[str]):
     for combo in request.combos:
         combo.plugins = preflight.run(combo.spec)
     if len({c.spec.results_dir for c in request.combos}) > 1:
-        raise UsageError("results_dir=: a sweep writes into one folder")
+        raise refused("results_dir", ",".join(sorted({c.spec.results_dir for c in request.combos})),
+                      "a sweep writes into one folder", "one results_dir")
     return request
 
 
@@ -200,10 +201,10 @@ def _predict(checked) -> int:
 
 
 def _check_calibrate(tokens: list[str]):
-    from restart_harness import preflight
+    from restart_harness import machine, preflight
     from restart_harness.command import parse
 
-    options = parse.parse_calibrate(tokens)
+    options = machine.paths(parse.parse_calibrate(tokens))
     preflight.output_file("out", options.out)
     return options
 
@@ -218,10 +219,10 @@ def _calibrate(options) -> int:
 
 
 def _check_baseline(tokens: list[str]):
-    from restart_harness import preflight
+    from restart_harness import machine, preflight
     from restart_harness.command import parse
 
-    options = parse.parse_baseline(tokens)
+    options = machine.paths(parse.parse_baseline(tokens))
     preflight.baseline(options)
     return options
 
@@ -242,9 +243,10 @@ def _baseline(options) -> int:
 
 
 def _check_clean(tokens: list[str]):
+    from restart_harness import machine
     from restart_harness.command import parse
 
-    options = parse.parse_clean(tokens)
+    options = machine.paths(parse.parse_clean(tokens))
     if not Path(options.folder).expanduser().is_dir():
         raise UsageError(f"folder={options.folder}: no such directory; accepted: a folder of runs (results)")
     return options
@@ -252,9 +254,10 @@ def _check_clean(tokens: list[str]):
 
 def _clean(options) -> int:
     from restart_harness.results import clean
+    from restart_harness.schema import count
 
-    found, problems = clean.candidates(Path(options.folder).expanduser(), options.older_than_hours,
-                                       options.larger_than, options.prefix)
+    found, problems, left = clean.candidates(Path(options.folder).expanduser(), options.older_than_hours,
+                                             options.larger_than, options.prefix)
     for problem in problems:
         print(f"skipped {problem}", file=sys.stderr)
     verb = "deleted" if options.apply else "would delete"
@@ -263,8 +266,10 @@ def _clean(options) -> int:
             clean.delete(c)
         print(f"{verb} {clean.line(c)}")
     total = sum(c.bytes for c in found)
-    print(f"{verb} the checkpoints of {len(found)} finished runs, {total / 2**30:,.2f} GiB in all; their results "
-          "(spec, summary, events, logs) are kept" + ("" if options.apply else "; apply=true deletes them"))
+    print(f"{verb} the checkpoints of {count(len(found), 'finished run')}, {total / 2**30:,.2f} GiB in all; their "
+          "results (spec, summary, events, logs) are kept" + ("" if options.apply else "; apply=true deletes them"))
+    if left:
+        print("left alone: " + ", ".join(f"{count(n, 'run')} {why}" for why, n in sorted(left.items())))
     return 0
 
 
@@ -275,10 +280,12 @@ def _report(tokens: list[str]) -> int:
 
 
 def _check_matrix(tokens: list[str]):
+    from restart_harness import machine, preflight
     from restart_harness.campaigns import matrix
     from restart_harness.command import parse
 
-    options = parse.parse_matrix(tokens)
+    options = machine.paths(parse.parse_matrix(tokens))
+    preflight.directory("results_dir", options.results_dir)
     matrix.device_of(options)  # device=cuda without a device: refused before anything is created
     return options
 

@@ -7,3 +7,9 @@ class UsageError(Exception):
 
 class RunFailed(Exception):
     """A launched run failed; the run directory records why."""
+
+
+def refused(key: str, value: object, why: str, accepted: str | None = None) -> UsageError:
+    """The one shape of a refusal of a key's value: `key=value: why; accepted: what`, the value as it was given
+    (never dropped: a user who typed engine=lazy reads engine=lazy back)."""
+    return UsageError(f"{key}={value}: {why}" + (f"; accepted: {accepted}" if accepted else ""))

@@ -14,8 +14,11 @@ from importlib import metadata
 from pathlib import Path
 
 import restart_harness
-from restart_harness.files.filesystem import filesystem
+from restart_harness.errors import refused
+from restart_harness.files.filesystem import filesystem, why_unresolvable
 from restart_harness.resolve import launcher_class
+from restart_harness.spec.keys import Path as KeyPath
+from restart_harness.spec.keys import keys_of
 
 EMULATE_MEMORY_FRACTION = 0.6
 
@@ -63,10 +66,27 @@ def default_emulate_memory_gib() -> float:
     return round(EMULATE_MEMORY_FRACTION * (available_memory_bytes() or 8 << 30) / 2**30, 3)
 
 
+def paths(options):
+    """A spec's (or a command's options') every declared path as this machine will use it, resolved once: `~` and
+    `~user` expanded; UsageError naming the key and the value where it cannot be used (no such user, a loop of
+    symbolic links). Object-store locations (s3://...) are their target's."""
+    changes = {}
+    for name, k in keys_of(type(options)).items():
+        value = getattr(options, name)
+        if k.type is not KeyPath or value is None or "://" in str(value):
+            continue
+        if why := why_unresolvable(value):
+            raise refused(name, value, why, "a path this machine can follow")
+        if str(value).startswith("~"):
+            changes[name] = KeyPath(Path(value).expanduser())
+    return dataclasses.replace(options, **changes) if changes else options
+
+
 def resolve(spec):
-    """spec completed against this machine: device=auto -> cuda when NVIDIA devices are present, else cpu; env_hook
-    as an absolute path; emulate=true's memory budget from this node's available memory, unless the run is
-    submitted (the compute node's decides, inside the job: complete_in_job) or only written (dry_run)."""
+    """spec completed against this machine: its paths (paths()); device=auto -> cuda when NVIDIA devices are present,
+    else cpu; env_hook as an absolute path; emulate=true's memory budget from this node's available memory, unless
+    the run is submitted (the compute node's decides, inside the job: complete_in_job) or only written (dry_run)."""
+    spec = paths(spec)
     changes: dict = {}
     if spec.device == "auto":
         changes["device"] = "cuda" if nvidia_devices() else "cpu"

@@ -15,12 +15,13 @@ from pathlib import Path
 from restart_harness import machine, nodecheck, resolve
 from restart_harness.command.options import BaselineOptions
 from restart_harness.command.parse import RestartRequest
-from restart_harness.errors import UsageError
+from restart_harness.errors import UsageError, refused
 from restart_harness.files import baseline as baseline_store
 from restart_harness.files import checksum
 from restart_harness.files.filesystem import why_not_a_directory
 from restart_harness.resolve import Plugins
 from restart_harness.results import events as ev
+from restart_harness.schema import PREDICTED_TOTAL
 from restart_harness.spec.runspec import RunSpec
 
 MIB = 1 << 20
@@ -83,7 +84,8 @@ def launcher(plugins: Plugins) -> None:
     """The launcher can run from here (its own checks: launchers/); nothing has been written yet."""
     spec = plugins.spec
     if spec.env_hook and not Path(spec.env_hook).is_file():
-        raise UsageError(f"env_hook={spec.env_hook}: no such file (a bash file sourced before the ranks start)")
+        raise refused("env_hook", spec.env_hook, "a directory" if Path(spec.env_hook).is_dir() else "no such file",
+                      "a bash file sourced before the ranks start")
     plugins.launcher.preflight()
 
 
@@ -150,6 +152,7 @@ def run(spec: RunSpec, fixed_layout: str | None = None) -> Plugins:
     (`fixed_layout`: who fixes its layout, if not the user); its plug-ins, resolved once (resolve.py), to run it
     with."""
     plugins = resolve.plugins(spec)
+    cache()
     plugins.engine.check()
     launcher(plugins)
     stage(plugins)
@@ -164,8 +167,72 @@ def run(spec: RunSpec, fixed_layout: str | None = None) -> Plugins:
     plugins.target.preflight("ckpt_dir", need, reach=not spec.dry_run)
     resources(plugins)
     if not spec.dry_run:
+        work(plugins)  # last: what cannot fit the node or its disk is said first
         extension_locks()
     return plugins
+
+
+def cache() -> None:
+    """The user cache folder (DeepSpeed's JIT-built ops, storage baselines) can be written (RH_CACHE_DIR)."""
+    from restart_harness.files import cache_dir
+
+    if why := cache_dir.problem():
+        where = os.environ.get(cache_dir.ENV)
+        raise refused(cache_dir.ENV, where, why, "a folder this user can write, or leave it unset") if where else \
+            UsageError(f"the user cache folder {cache_dir.cache_dir()}: {why}; accepted: RH_CACHE_DIR= a folder "
+                       "this user can write")
+
+
+def walltime_seconds(text: str) -> int:
+    """HH:MM:SS or D-HH:MM:SS (walltime=) in seconds."""
+    days, _, clock = text.rpartition("-")
+    hours, minutes, seconds = (int(x) for x in clock.split(":"))
+    return (int(days) if days else 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+def work(plugins: Plugins) -> None:
+    """Each launch fits its time limit by the harness's own prediction (predict/: the arithmetic `./submit-job.sh
+    predict` shows): the checkpoint phase (start-up, iters steps, its saves) and a restart (start-up, `after` steps)
+    within timeout=, and a submitted run within walltime=. Every key is bounded alone; their product is bounded here.
+    A prediction errs both ways, so a run is refused only when even the low end of its range does not fit; where
+    nothing is predicted (a device or a group the calibration lacks), nothing is refused."""
+    from restart_harness.plan.estimate import duration
+    from restart_harness.predict import forecast
+
+    spec = plugins.spec
+    if not plugins.stack.planned:
+        return
+    try:
+        made = forecast.build(plugins, os.cpu_count() or 1, forecast.storage(plugins))
+    except Exception:  # noqa: BLE001 - a prediction that cannot be made refuses nothing
+        return
+    phases = made.get("phases") or {}
+
+    def low(name: str) -> float | None:
+        return (phases.get(name) or {}).get("low")
+
+    start, step, durable = low(PREDICTED_TOTAL), low("restart_first_step_seconds"), low("save_durable_seconds")
+    if start is None or (plugins.stack.trains and step is None):
+        return
+    step = step or 0.0
+    checkpoint = start + max(spec.iters - 1, 0) * step + spec.save_count * (durable or 0.0)
+    restart = start + max(spec.after - 1, 0) * step if spec.phase == "all" and plugins.engine.saves else 0.0
+    shape = (f"steps of {step:.3g} s at micro_batch={spec.micro_batch} x grad_accum={spec.grad_accum} x "
+             f"seq_len={spec.seq_len} tokens" if step else "")
+    for phase, seconds, count, keys in (("checkpoint", checkpoint, spec.iters, "iters"),
+                                        ("restart", restart, spec.after, "after")):
+        if seconds > spec.timeout:
+            what = f"{keys}={count} {shape}" if step else f"{spec.save_count} saves"
+            raise UsageError(f"the {phase} phase would take at least {duration(seconds)} ({what}, predicted with "
+                             f"calibration {spec.calibration}; `./submit-job.sh predict` shows how), more than "
+                             f"timeout={spec.timeout} s; accepted: fewer {keys}"
+                             + (", a smaller micro_batch, grad_accum or seq_len" if step else "")
+                             + f", or timeout= above {int(seconds) + 1}")
+    limit = walltime_seconds(spec.walltime)
+    if plugins.launcher.submits() and checkpoint + restart > limit:
+        raise UsageError(f"the job would take at least {duration(checkpoint + restart)} (checkpoint and restart "
+                         f"phases, predicted with calibration {spec.calibration}), more than walltime={spec.walltime}; "
+                         "accepted: a longer walltime=, or fewer iters and after")
 
 
 def stage(plugins: Plugins) -> None:
@@ -214,6 +281,7 @@ def restart(request: RestartRequest) -> dict | None:
         raise UsageError(f"run={run_dir}: not a finished run ({status['state']}: {status.get('reason')}); accepted: "
                          "a run whose checkpoint phase ended (complete or failed)")
     restarts = request.run.with_spec(spec)  # the run with the restarts' own spec (layout, launcher, ...)
+    cache()
     launcher(restarts)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
     stage(restarts)
     restarts.launcher.scheduler_preflight()
@@ -234,6 +302,7 @@ def restart(request: RestartRequest) -> dict | None:
 
 
 def baseline(options: BaselineOptions) -> None:
+    cache()
     probe = resolve.target_at(options.dir).storage_probe()
     probe.check("dir")
     if options.tool == "fio" and shutil.which("fio") is None:

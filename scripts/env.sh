@@ -20,13 +20,32 @@ rh_compile_checkout() {
      >/dev/null 2>&1) || rh_log "could not write the checkout's bytecode (Python compiles it in every process then)"
 }
 
+# RH_PYTHON must be a Python 3.10+ that can import what a run needs; asked without importing them (find_spec: a few
+# hundredths of a second, on every command), so a shell, /bin/false or a bare Python is one line, not a failed run.
+rh_check_python() {
+  local why
+  why="$("$1" -c 'import importlib.util as u, sys
+if sys.version_info < (3, 10): print("Python", sys.version.split()[0], "is older than 3.10"); raise SystemExit
+missing = [m for m in ("torch", "deepspeed", "yaml") if u.find_spec(m) is None]
+print("it lacks " + ", ".join(missing) if missing else "ok")' 2>/dev/null)" || why=""
+  [[ "$why" == ok ]] && return 0
+  echo "error: RH_PYTHON=$1: ${why:-not a Python (it did not run a Python statement)}; accepted: the path of a" \
+       "Python 3.10+ with torch, deepspeed and PyYAML, or leave RH_PYTHON unset (the project's .venv)" >&2
+  exit 2
+}
+
 rh_choose_python() {
+  if [[ -n "${RH_VENV:-}" && "$RH_VENV" != 0 && "$RH_VENV" != 1 ]]; then
+    echo "error: RH_VENV=$RH_VENV: accepted: 1 (use the project's .venv), 0 or unset" >&2
+    exit 2
+  fi
   if [[ -n "${RH_PYTHON:-}" ]]; then
     if [[ ! -x "$RH_PYTHON" && -z "$(command -v "$RH_PYTHON" 2>/dev/null)" ]]; then
       echo "error: RH_PYTHON=$RH_PYTHON: no such executable; accepted: the path of a Python that has torch and" \
            "deepspeed, or leave RH_PYTHON unset (the project's .venv)" >&2
       exit 2
     fi
+    rh_check_python "$RH_PYTHON"
     RH_PY="$RH_PYTHON"; return
   fi
   if [[ "${RH_VENV:-0}" != 1 && -z "${RH_VENV_DIR:-}" ]] && command -v python3 >/dev/null \

@@ -1,9 +1,16 @@
-"""Every user mistake, typed into ./submit-job.sh: exit code 2, one line on stderr, nothing created."""
+"""Every user mistake, typed into ./submit-job.sh: exit code 2, one line on stderr, nothing created.
+
+CASES is the corpus (docs/faults.md counts its rows): each row the input, and the words the one line must hold (the
+value as given, and what is wrong with it). It runs in this process, through the command line's own entry
+(restart_harness.cli.main), in a fresh folder: nothing may appear there. `{tmp}` in an input is that folder, which
+holds a loop of symbolic links (loop1 -> loop2 -> loop1), a file (afile) and an empty folder (empty). The
+environment variables the launcher script reads (scripts/env.sh) go through ./submit-job.sh itself (ENV_CASES)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,7 +54,7 @@ CASES = {
     "fsdp2 planned": (["plan", "tiny", "stack=fsdp2"], "stack=fsdp2"),
     # work that cannot fit is refused before any (issue 28): memory and CPUs of this node, a sweep's size, a plan's
     "a thousand ranks on one node": (["tiny", "dp=1000"], "1000 ranks need"),
-    "more ranks than the CPUs can start": (["tiny", "dp=24"], "24 ranks on this node's"),
+    "more ranks than the CPUs can start": (["tiny", "dp=24"], "24 ranks"),  # on its CPUs, or its memory first
     "ranks per node above the node": (["tiny", "dp=2", "nodes=1", "ranks_per_node=1000", "launcher=torchrun"],
                                       "dp=2 does not match"),
     "a model larger than the node": (["13B"], "need"),
@@ -70,10 +77,10 @@ CASES = {
     "ZeRO stage for fsdp2": (["tiny", "stack=fsdp2", "zero=3", "dp=2"], "zero=3"),
     # MLPerf Storage's checkpoint workloads (issue 25): the workload fixes its model, layout and method
     "no such MLPerf workload": (["mlperf", "llama3-9b"], "llama3-9b"),
-    "a layout key of an MLPerf workload": (["mlperf", "llama3-8b", "tp=2"], "tp=: fixed by the MLPerf workload"),
+    "a layout key of an MLPerf workload": (["mlperf", "llama3-8b", "tp=2"], "tp=2: fixed by the MLPerf workload"),
     "a shape key of an MLPerf workload": (["mlperf", "llama3-8b", "hidden_size=64"], "hidden_size="),
     "an MLPerf workload with no reads": (["mlperf", "llama3-8b", "reads=0"], "reads=0"),
-    "an MLPerf workload dry run": (["mlperf", "llama3-8b", "dry_run=true"], "dry_run=: not taken by mlperf"),
+    "an MLPerf workload dry run": (["mlperf", "llama3-8b", "dry_run=true"], "dry_run=true: not taken by mlperf"),
     "a subset of a trained run": (["tiny", "dp=2", "nodes=2", "ranks_per_node=1", "subset=true"],
                                   "subset=true: only an emulated"),
     "a subset of one node": (["tiny", "dp=2", "emulate=true", "subset=true"], "subset=true with nodes=1"),
@@ -82,7 +89,7 @@ CASES = {
     # the prediction model (issue 26)
     "a calibration that does not exist": (["tiny", "calibration=nope"], "calibration=nope"),
     "a calibration that is not one": (["predict", "tiny", "calibration=/etc/hostname"], "calibration=/etc/hostname"),
-    "one bandwidth of two": (["predict", "tiny", "write_gbps=1"], "write_gbps=: give write_gbps= and read_gbps="),
+    "one bandwidth of two": (["predict", "tiny", "write_gbps=1"], "write_gbps=1: give write_gbps= and read_gbps="),
     "a bandwidth of zero": (["predict", "tiny", "write_gbps=0", "read_gbps=1"], "write_gbps=0"),
     "fsdp2 predicted": (["predict", "tiny", "stack=fsdp2"], "stack=fsdp2"),
     "a predict key in a run": (["tiny", "read_gbps=2"], "predict"),
@@ -97,21 +104,201 @@ CASES = {
     "a timeout beyond bound": (["tiny", "timeout=99999999999999"], "timeout=99999999999999: must be at most"),
     "a value of 10,000 characters": (["tiny", "lr=" + "1" * 10000], "lr=: a value of 10,000 characters"),
     "an unknown command": (["frobnicate", "tiny"], "unknown model 'frobnicate', and not a command either"),
+    # issue 58: work bounded by the harness's own prediction (each key alone is bounded; their product here)
+    "a micro-batch of a hundred million": (["tiny", "micro_batch=100000000"], "the checkpoint phase would take at least"),
+    "a billion accumulation steps": (["tiny", "grad_accum=1000000000"], "grad_accum=1000000000"),
+    "a hundred million steps after the restart": (["tiny", "after=100000000"], "the restart phase would take at least"),
+    "a hundred million steps": (["tiny", "iters=100000000", "save_interval=100000000"], "iters=100000000 steps"),
+    "a launch shorter than its start-up": (["tiny", "timeout=2"], "more than timeout=2 s"),
+    # issue 58: paths that cannot be followed, resolved once where they are given
+    "checkpoints under a loop of links": (["tiny", "ckpt_dir={tmp}/loop1/x"], "loop1/x: a loop of symbolic links"),
+    "results in a loop of links": (["tiny", "results_dir={tmp}/loop1"], "loop1: a loop of symbolic links"),
+    "results in an unknown user's home": (["tiny", "results_dir=~nosuchuser/r"], "results_dir=~nosuchuser/r: no user"),
+    "checkpoints in an unknown user's home": (["tiny", "ckpt_dir=~nosuchuser/c"], "ckpt_dir=~nosuchuser/c: no user"),
+    "staging in an unknown user's home": (["tiny", "env_stage=~nosuchuser/s"], "env_stage=~nosuchuser/s: no user"),
+    "a report into an unknown user's home": (["report", ".", "-o", "~nosuchuser/r"], "out_dir=~nosuchuser/r: no user"),
+    "a report of a loop": (["report", "{tmp}/loop1"], "loop1: a loop of symbolic links"),
+    "a baseline of a loop": (["baseline", "dir={tmp}/loop1"], "dir={tmp}/loop1: a loop"),
+    "a restart of a loop": (["restart", "run={tmp}/loop1"], "run={tmp}/loop1: a loop"),
+    "cleaning a loop": (["clean", "folder={tmp}/loop1"], "folder={tmp}/loop1: a loop"),
+    "a matrix into a loop": (["matrix", "results_dir={tmp}/loop1"], "results_dir={tmp}/loop1: a loop"),
+    "a matrix into a pseudo file system": (["matrix", "results_dir=/proc/x"], "results_dir=/proc/x: /proc is on"),
+    "results into a file": (["tiny", "results_dir={tmp}/afile"], "afile exists and is not a directory"),
+    "checkpoints under a file": (["tiny", "ckpt_dir={tmp}/afile/x"], "afile exists and is not a directory"),
+    # issue 58: the value as given, never dropped (one formatter of refusals: errors.refused)
+    "one bandwidth of two, as typed": (["predict", "small", "write_gbps=5"], "write_gbps=5: give write_gbps="),
+    "a layout key of an MLPerf preset in any case": (["mlperf", "llama3-8B", "tp=2"], "tp=2: fixed by the MLPerf"),
+    "a restart layout the model cannot take": (["plan", "tiny", "to_tp=3"], "to_tp=3: tp=3 does not divide"),
+    "an env hook that is a folder": (["tiny", "env_hook=/etc"], "env_hook=/etc: a directory"),
+    # issue 58: a fresh probe of wrong inputs across every command (docs/faults.md: how they were chosen)
+    "no steps": (["tiny", "iters=0"], "iters=0: must be a positive integer"),
+    "no save interval": (["tiny", "save_interval=0"], "save_interval=0"),
+    "no sequence": (["tiny", "seq_len=0"], "seq_len=0"),
+    "no micro-batch": (["tiny", "micro_batch=0"], "micro_batch=0"),
+    "fp16": (["tiny", "precision=fp16"], "precision=fp16: accepted values are bf16, fp32"),
+    "a TPU": (["tiny", "device=tpu"], "device=tpu"),
+    "an empty engine": (["tiny", "engine="], "engine=: empty value"),
+    "a value without a key": (["tiny", "=2"], "'=2': malformed"),
+    "a fractional degree": (["tiny", "tp=1.5"], "tp=1.5: not an integer"),
+    "a hexadecimal degree": (["tiny", "tp=0x10"], "tp=0x10: not an integer"),
+    "a negative learning rate": (["tiny", "lr=-1"], "lr=-1: must be a positive number"),
+    "an overflowing learning rate": (["tiny", "lr=1e400"], "lr=1e400: must be a finite number"),
+    "a negative seed": (["tiny", "seed=-1"], "seed=-1"),
+    "keep maybe": (["tiny", "keep=maybe"], "keep=maybe: accepted values are true, false"),
+    "a hot cache": (["tiny", "cache=hot"], "cache=hot"),
+    "an unknown launcher": (["tiny", "launcher=kubernetes"], "launcher=kubernetes: accepted values are local"),
+    "no nodes": (["tiny", "nodes=0"], "nodes=0"),
+    "no ranks per node": (["tiny", "ranks_per_node=0"], "ranks_per_node=0"),
+    "a negative ZeRO stage": (["tiny", "zero=-1"], "zero=-1"),
+    "an empty stack": (["tiny", "stack="], "stack=: empty value"),
+    "checksums in capitals": (["tiny", "checksums=ON"], "checksums=ON: accepted values are auto, on, off"),
+    "no threads": (["tiny", "threads=0"], "threads=0"),
+    "no timeout": (["tiny", "timeout=0"], "timeout=0"),
+    "port zero": (["tiny", "master_port=0"], "master_port=0"),
+    "a walltime without hours": (["tiny", "walltime=25:00"], "walltime=25:00: accepted HH:MM:SS"),
+    "a queue with a semicolon": (["tiny", "queue=a;b"], "queue=a;b: contains characters outside"),
+    "a missing env hook": (["tiny", "env_hook=/nonexistent.sh"], "env_hook=/nonexistent.sh: no such file"),
+    "a calibration that is a password file": (["tiny", "calibration=../../etc/passwd"], "calibration=../../etc/passwd"),
+    "an S3 location without a bucket": (["tiny", "ckpt_dir=s3://"], "ckpt_dir=s3://"),
+    "a Google Cloud location": (["tiny", "ckpt_dir=gs://bucket/x"], "ckpt_dir=gs://bucket/x: no storage target"),
+    "a file URL": (["tiny", "ckpt_dir=file:///tmp/x"], "ckpt_dir=file:///tmp/x"),
+    "lazy emulated": (["tiny", "emulate=true", "engine=lazy"], "emulate=true cannot emulate engine=lazy"),
+    "no emulation memory": (["tiny", "emulate=true", "emulate_memory_gib=0"], "emulate_memory_gib=0"),
+    "a shrink that breaks rotary embeddings": (["tiny", "shrink=3"], "shrink=3: head dimension"),
+    "no layers": (["tiny", "num_hidden_layers=0"], "num_hidden_layers=0"),
+    "a hidden size heads cannot split": (["tiny", "hidden_size=7"], "hidden_size=7 is not divisible"),
+    "no vocabulary": (["tiny", "vocab_size=0"], "vocab_size=0"),
+    "no repeats": (["tiny", "repeats=0"], "repeats=0"),
+    "no runs allowed": (["tiny", "max_runs=0"], "max_runs=0"),
+    "a restart spelt as a phase without a run": (["tiny", "phase=restart"], "restart takes no MODEL"),
+    "an unknown phase": (["tiny", "phase=bogus"], "phase=bogus"),
+    "anatomy maybe": (["tiny", "anatomy=maybe"], "anatomy=maybe"),
+    "a trace of two": (["tiny", "trace=2"], "trace=2"),
+    "no lazy writers": (["tiny", "engine=lazy", "writers=0"], "writers=0"),
+    "no torchsnapshot memory": (["tiny", "engine=torchsnapshot", "memory_budget_mib=0"], "memory_budget_mib=0"),
+    "an async dcp maybe": (["tiny", "engine=dcp", "async_save=maybe"], "async_save=maybe"),
+    "an empty model": ([""], "unknown model ''"),
+    "spaces around =": (["tiny", "tp = 2"], "'tp = 2': malformed"),
+    "a key in capitals": (["tiny", "TP=2"], "unknown key 'TP'"),
+    "a key twice": (["tiny", "tp=2", "tp=2"], "tp: given twice (tp=2 and tp=2)"),
+    "a sweep of a model and nothing": (["tiny,", "dp=2"], "MODEL=tiny,: a sweep list needs distinct"),
+    "a sweep of empty values": (["tiny", "dp=,"], "dp=,: a sweep list"),
+    "a sweep of one value twice": (["tiny", "dp=2,2"], "dp=2,2: a sweep list"),
+    "a sweep of result folders": (["tiny", "results_dir=a,b"], "results_dir=a,b: a sweep takes one results_dir"),
+    "a model folder without a config": (["{tmp}/empty"], "no such HF config file"),
+    "a model config that is not there": (["{tmp}/model.json"], "model.json': no such HF config file"),
+    "plan without a model": (["plan"], "missing MODEL"),
+    "plan as XML": (["plan", "tiny", "plan=xml"], "plan=xml"),
+    "plan every detail": (["plan", "tiny", "detail=all"], "detail=all"),
+    "plan at no bandwidth": (["plan", "tiny", "bandwidth_gbps=0"], "bandwidth_gbps=0"),
+    "plan at a negative bandwidth": (["plan", "tiny", "bandwidth_gbps=-1"], "bandwidth_gbps=-1"),
+    "plan a restart at no pipeline": (["plan", "tiny", "to_pp=0"], "to_pp=0"),
+    "plan a DCP restart elsewhere": (["plan", "tiny", "engine=dcp", "to_dp=2"], "engine=dcp cannot restart"),
+    "plan 70B at tp=7": (["plan", "70B", "tp=8", "to_tp=7"], "to_tp=7: tp=7 does not divide"),
+    "predict without a model": (["predict"], "missing MODEL"),
+    "predict as CSV": (["predict", "tiny", "predict=csv"], "predict=csv"),
+    "predict for no CPUs": (["predict", "tiny", "cpus_per_node=0"], "cpus_per_node=0"),
+    "predict a negative metadata rate": (["predict", "tiny", "metadata_ops_s=-5"], "metadata_ops_s=-5"),
+    "predict a NaN bandwidth": (["predict", "tiny", "write_gbps=1", "read_gbps=nan"], "read_gbps=nan"),
+    "calibrate nothing": (["calibrate"], "calibrate needs runs="),
+    "calibrate missing runs": (["calibrate", "runs=/nonexistent", "out=x.json"], "runs=/nonexistent: no finished run"),
+    "calibrate an empty folder": (["calibrate", "runs={tmp}/empty", "out=x.json"], "no finished run directory"),
+    "calibrate without runs": (["calibrate", "out=x.json"], "calibrate needs runs="),
+    "calibrate into a device": (["calibrate", "runs=tests", "out=/dev/null"], "out=/dev/null: /dev is on"),
+    "restart nothing": (["restart"], "restart needs run="),
+    "restart an empty run": (["restart", "run="], "run=: empty value"),
+    "restart a missing run": (["restart", "run=/nonexistent"], "run=/nonexistent: not a run directory"),
+    "restart an empty folder": (["restart", "run={tmp}/empty"], "not a run directory (no spec.json)"),
+    "restart a model": (["restart", "tiny", "run={tmp}"], "restart takes no MODEL"),
+    "a baseline of nothing": (["baseline"], "baseline needs dir="),
+    "a baseline of a missing folder": (["baseline", "dir=/nonexistent"], "dir=/nonexistent: no such directory"),
+    "a baseline of /proc": (["baseline", "dir=/proc"], "dir=/proc: not writable"),
+    "a baseline with dd": (["baseline", "dir={tmp}", "tool=dd"], "tool=dd"),
+    "a baseline of no bytes": (["baseline", "dir={tmp}", "file_bytes=0"], "file_bytes=0"),
+    "a baseline of no ranks": (["baseline", "dir={tmp}", "ranks=0"], "ranks=0"),
+    "a baseline of a petabyte": (["baseline", "dir={tmp}", "file_bytes=1P"], "file_bytes=1P"),
+    "a report of nothing there": (["report", "/nonexistent"], "no readable run in /nonexistent (skipped /nonexistent"),
+    "a report of an empty folder": (["report", "{tmp}/empty"], "no readable run in {tmp}/empty (skipped"),
+    "a report of everything": (["report", "{tmp}/empty", "include=all"], "include=all: accepted: failed, dry"),
+    "a report matching a semicolon": (["report", "{tmp}/empty", "match=a;b"], "match=a;b: contains characters"),
+    "a report flag": (["report", "{tmp}/empty", "-x"], "-x: not an option of report"),
+    "a report without its folder": (["report", "{tmp}/empty", "-o"], "-o: needs a folder"),
+    "a report into /proc": (["report", "{tmp}/empty", "out_dir=/proc/x"], "out_dir=/proc/x: /proc is on"),
+    "a matrix on a TPU": (["matrix", "device=tpu"], "device=tpu"),
+    "a matrix layout of tp0": (["matrix", "layouts=tp0-pp1-dp1"], "layouts=tp0-pp1-dp1"),
+    "a matrix of floppies": (["matrix", "engines=floppy"], "engines=floppy"),
+    "a matrix of no GPUs": (["matrix", "gpus=0"], "gpus=0"),
+    "a matrix launcher that is not one": (["matrix", "launcher=nope"], "launcher=nope"),
+    "a matrix model that is not one": (["matrix", "model=nope"], "unknown model 'nope'"),
+    "an MLPerf workload of no runs": (["mlperf", "llama3-8b", "runs=0"], "runs=0"),
+    "an MLPerf workload of no checkpoints": (["mlperf", "llama3-8b", "checkpoints=0"], "checkpoints=0"),
+    "an MLPerf workload shrunk to nothing": (["mlperf", "llama3-8b", "shrink=0"], "shrink=0"),
+    "an MLPerf workload that is not one": (["mlperf", "nope"], "mlperf nope: not an MLPerf Storage"),
+    "cleaning a missing folder": (["clean", "folder=/nonexistent"], "folder=/nonexistent: no such directory"),
+    "cleaning runs from the future": (["clean", "older_than_hours=-1"], "older_than_hours=-1"),
+    "cleaning larger than abc": (["clean", "larger_than=abc"], "larger_than=abc"),
+    "cleaning maybe": (["clean", "apply=maybe"], "apply=maybe"),
+    "cleaning a prefix with a semicolon": (["clean", "prefix=a;b"], "prefix=a;b"),
+}
+
+# The environment variables the docs name, where they are read: the launcher script (scripts/env.sh), the user cache
+ENV_CASES = {
+    "a Python that is false": ({"RH_PYTHON": "/bin/false"}, ["tiny"], "RH_PYTHON=/bin/false: not a Python"),
+    "a Python that is a shell": ({"RH_PYTHON": "/bin/sh"}, ["tiny"], "RH_PYTHON=/bin/sh: not a Python"),
+    "a Python without torch": ({"RH_PYTHON": "{tmp}/bare-python"}, ["tiny"], "it lacks torch, deepspeed"),
+    "an environment switch that is a banana": ({"RH_VENV": "banana"}, ["tiny"], "RH_VENV=banana: accepted: 1"),
+    "a cache that is a file": ({"RH_CACHE_DIR": "{tmp}/afile"}, ["tiny"], "RH_CACHE_DIR={tmp}/afile: {tmp}/afile exists"),
+    "a cache on /proc": ({"RH_CACHE_DIR": "/proc/x"}, ["baseline", "dir={tmp}"], "RH_CACHE_DIR=/proc/x: /proc is on"),
 }
 
 
+def made(tmp_path: Path) -> Path:
+    """The fresh folder of one row: a loop of links, a file and an empty folder, and nothing else."""
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "empty").mkdir()
+    bare = tmp_path / "bare-python"  # a Python without torch: this one, isolated from its site-packages
+    bare.write_text(f"#!/bin/sh\nexec {sys.executable} -I -S \"$@\"\n")
+    bare.chmod(0o755)
+    return tmp_path
+
+
+def held_to_one_line(code: int, err: str, named: str, tmp_path: Path, before: set) -> None:
+    lines = err.strip().splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], err
+    assert "Traceback" not in err and len(lines[0]) < 1500  # a value is never echoed beyond its bound
+    assert {p.name for p in tmp_path.iterdir()} == before  # nothing created, results included
+    assert not (REPO / "INJECTED").exists()
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_bad_input(name, tmp_path):
+def test_bad_input(name, tmp_path, monkeypatch, capsys):
+    from restart_harness.cli import main
+
     tokens, named = CASES[name]
-    results = tmp_path / "results"
-    proc = subprocess.run([str(REPO / "submit-job.sh"), *tokens, f"results_dir={results}"], cwd=tmp_path, check=False,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr and len(lines[0]) < 1500  # a value is never echoed beyond its bound
-    assert not results.exists()
-    assert not (tmp_path / "INJECTED").exists() and not (REPO / "INJECTED").exists()
+    before = {p.name for p in made(tmp_path).iterdir()}
+    monkeypatch.chdir(tmp_path)
+    tokens = [t.replace("{tmp}", str(tmp_path)) for t in tokens]
+    typed_as_is = not tokens or tokens[0] in NO_RESULTS_DIR or any(t.startswith("results_dir=") for t in tokens)
+    code = main(tokens if typed_as_is else [*tokens, f"results_dir={tmp_path / 'results'}"])
+    held_to_one_line(code, capsys.readouterr().err, named.replace("{tmp}", str(tmp_path)), tmp_path, before)
+
+
+# commands that take no results_dir= (a row of theirs is typed as it is)
+NO_RESULTS_DIR = ("plan", "predict", "calibrate", "restart", "baseline", "report", "matrix", "clean")
+
+
+@pytest.mark.parametrize("name", list(ENV_CASES))
+def test_bad_environment(name, tmp_path):
+    env, tokens, named = ENV_CASES[name]
+    before = {p.name for p in made(tmp_path).iterdir()}
+    env = {k: v.replace("{tmp}", str(tmp_path)) for k, v in env.items()}
+    proc = subprocess.run([str(REPO / "submit-job.sh"), *(t.replace("{tmp}", str(tmp_path)) for t in tokens)],
+                          cwd=tmp_path, check=False, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+    held_to_one_line(proc.returncode, proc.stderr, named.replace("{tmp}", str(tmp_path)), tmp_path, before)
 
 
 def test_unsafe_yaml_preset(tmp_path):
@@ -194,6 +381,8 @@ def test_a_python_that_is_not_there(tmp_path):
     (["restart", "-h"], "restart keys:"),
     (["predict", "--help"], "predict keys:"),
     (["tiny", "--help"], "layout keys:"),
+    (["report", "--help"], "report keys:"),
+    (["help", "report"], "out_dir="),
 ])
 def test_every_command_has_its_help(argv, says):
     proc = subprocess.run([str(REPO / "submit-job.sh"), *argv], check=False, capture_output=True, text=True,

@@ -38,9 +38,10 @@ from restart_harness.command.options import (
     RestartOptions,
 )
 from restart_harness.command.tokens import fill, options_of, pairs_of, required
-from restart_harness.errors import UsageError
+from restart_harness.errors import UsageError, refused
+from restart_harness.files.filesystem import why_unresolvable
 from restart_harness.spec.keys import MAX_VALUE_CHARS, Key, coerce, keys_of, parse_bool
-from restart_harness.spec.model_shape import load_model, preset_names, shape_keys
+from restart_harness.spec.model_shape import load_model, preset_named, preset_names, shape_keys
 from restart_harness.spec.runspec import RunSpec, run_keys
 
 COMMANDS = ("run", "plan", "predict", "calibrate", "restart", "baseline", "report", "matrix", "mlperf", "clean")
@@ -121,15 +122,17 @@ def split_command(argv: list[str]) -> tuple[str, list[str]]:
     return "run", argv
 
 
-def _unknown(name: str, accepted: list[str], engine: str | None = None) -> UsageError:
+def _unknown(name: str, value: str, accepted: list[str], engine: str | None = None) -> UsageError:
     owners = [e for e in registry.owner_of_option(name) if e != engine]
     if owners:
-        return UsageError(f"{name}=: an option of engine {', '.join(owners)}, not of engine {engine}; "
-                          f"engine {engine} takes: {', '.join(keys_of(resolve.engine_class(engine).Options)) or 'no options'}")
+        takes = ", ".join(keys_of(resolve.engine_class(engine).Options)) or "no options"
+        return refused(name, value, f"an option of engine {', '.join(owners)}, not of engine {engine}; engine "
+                                    f"{engine} takes: {takes}")
     for command, options in (("plan", PlanOptions), ("predict", PredictOptions), ("baseline", BaselineOptions),
                              ("restart", RestartOptions)):
         if name in keys_of(options):
-            return UsageError(f"{name}=: a key of the {command} command; usage: ./submit-job.sh {command} ... {name}=...")
+            return refused(name, value, f"a key of the {command} command; usage: ./submit-job.sh {command} ... "
+                                        f"{name}=...")
     near = difflib.get_close_matches(name, accepted, n=1)
     hint = f" (did you mean {near[0]}?)" if near else ""
     return UsageError(f"unknown key {name!r}{hint}; accepted keys are listed by ./submit-job.sh --help")
@@ -145,6 +148,7 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
     if "=" in model:
         raise UsageError(f"{model!r}: the first argument must be a MODEL (preset name or config.json path)")
     shape, source = _model(model)
+    model = preset_named(model) or model  # a preset by its own spelling: results name it one way
     pairs = pairs_of(rest)
     values: dict = {}
     pairs = fill(values, run_keys(), pairs)
@@ -162,7 +166,7 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
     if pairs:
         name = next(iter(pairs))
         accepted = [*run_keys(), *shape_keys(), *keys_of(engine.Options), *(extra or {})]
-        raise _unknown(name, accepted, engine.name)
+        raise _unknown(name, pairs[name], accepted, engine.name)
     if shape_values:
         shape = dataclasses.replace(shape, **shape_values)
     defaults = dataclasses.asdict(engine.Options())
@@ -228,8 +232,13 @@ def parse_plan(tokens: list[str]) -> PlanRequest:
             raise UsageError(f"to_tp/to_pp/to_dp: engine={spec.engine} cannot restart at another layout (DeepSpeed's "
                              "universal-checkpoint converter reads torch.save files only); accepted: engine="
                              + ", ".join(n for n, c in registry.all_engines().items() if c.universal))
-        target = spec.with_layout(tp=options.to_tp or spec.tp, pp=options.to_pp or spec.pp,
-                                  dp=options.to_dp or spec.dp, ranks_per_node=None)
+        try:
+            target = spec.with_layout(tp=options.to_tp or spec.tp, pp=options.to_pp or spec.pp,
+                                      dp=options.to_dp or spec.dp, ranks_per_node=None)
+        except UsageError as exc:
+            given = " ".join(f"to_{k}={v}" for k, v in (("tp", options.to_tp), ("pp", options.to_pp),
+                                                        ("dp", options.to_dp)) if v is not None)
+            raise UsageError(f"{given}: {exc}") from None
     return PlanRequest(spec, options, target)
 
 
@@ -251,7 +260,9 @@ def parse_predict(tokens: list[str]) -> PredictRequest:
     options = PredictOptions(**values)
     if (options.write_gbps is None) != (options.read_gbps is None):
         given = "write_gbps" if options.write_gbps is not None else "read_gbps"
-        raise UsageError(f"{given}=: give write_gbps= and read_gbps= together (or neither: the cached baseline)")
+        typed = next(t.split("=", 1)[1] for t in tokens if t.startswith(f"{given}="))
+        raise refused(given, typed, "give write_gbps= and read_gbps= together", "both, or neither (the cached "
+                      "baseline)")
     return PredictRequest(spec, options)
 
 
@@ -311,14 +322,14 @@ def parse_mlperf(tokens: list[str]) -> MlperfRequest:
     workload = mlperf.get(name)
     pairs = pairs_of(rest)
     if "dry_run" in pairs:
-        raise UsageError("dry_run=: not taken by mlperf; `./submit-job.sh mlperf` (no workload) prints the "
-                         f"workloads, `./submit-job.sh plan {workload.preset} {' '.join(workload.layout_tokens)}` "
-                         "the files of one checkpoint")
+        raise refused("dry_run", pairs["dry_run"], "not taken by mlperf; `./submit-job.sh mlperf` (no workload) prints "
+                      f"the workloads, `./submit-job.sh plan {workload.preset} {' '.join(workload.layout_tokens)}` "
+                      "the files of one checkpoint")
     fixed = [k for k in pairs if k in MLPERF_FIXED or k in shape_keys()]
     if fixed:
-        raise UsageError(f"{fixed[0]}=: fixed by the MLPerf workload {workload.name} ({workload.preset}, "
-                         f"TPxPPxDP {workload.tp}x{workload.pp}x{workload.dp}, ZeRO-{workload.zero}, emulated, "
-                         "every checkpoint fsync'd, cold reads); scale it down with shrink=K")
+        raise refused(fixed[0], pairs[fixed[0]], f"fixed by the MLPerf workload {workload.name} ({workload.preset}, "
+                      f"TPxPPxDP {workload.tp}x{workload.pp}x{workload.dp}, ZeRO-{workload.zero}, emulated, every "
+                      "checkpoint fsync'd, cold reads); scale it down with shrink=K")
     values: dict = {}
     fill(values, keys_of(MlperfOptions), dict(pairs))
     checkpoints = values.get("checkpoints", MlperfOptions.checkpoints)
@@ -399,11 +410,13 @@ def parse_restart(tokens: list[str]) -> RestartRequest:
     overrides: dict = {}
     for name, text in pairs.items():
         if name not in allowed:
-            raise UsageError(f"{name}=: cannot change for a restart of an existing run (fixed by its spec.json); "
-                             f"accepted with restart: run, {', '.join(allowed)}")
+            raise refused(name, text, "cannot change for a restart of an existing run (fixed by its spec.json)",
+                          f"with restart: run, {', '.join(allowed)}")
         overrides[name] = coerce(allowed[name], text)
     if "launcher" in overrides:
         overrides["launcher"] = resolve.launcher_class(overrides["launcher"]).name
+    if why := why_unresolvable(options["run"]):
+        raise refused("run", options["run"], why, "the run directory an earlier run printed")
     run = resolve.read(FsPath(options["run"]).expanduser())
     spec = dataclasses.replace(run.spec, **overrides, phase="restart", dry_run=False)
     if LAYOUT_KEYS & overrides.keys():

@@ -21,6 +21,14 @@ def cache_dir(*parts: str) -> Path:
     return Path(root).expanduser().joinpath(*parts)
 
 
+def problem() -> str | None:
+    """Why the cache folder (RH_CACHE_DIR where it is set) cannot be used, or None: it must be a folder this user can
+    write, or one that can be created."""
+    from restart_harness.files.filesystem import why_not_a_directory
+
+    return why_not_a_directory(cache_dir())
+
+
 def extensions_dir() -> Path:
     """TORCH_EXTENSIONS_DIR for DeepSpeed's JIT-built ops: one folder per Python environment. torch rebuilds an op
     whose build flags changed, and the flags name the environment's paths (its DeepSpeed sources, torch's headers),

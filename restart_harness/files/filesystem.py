@@ -28,6 +28,22 @@ def filesystem(path: Path) -> dict:
     return best
 
 
+def why_unresolvable(text: str | Path) -> str | None:
+    """Why a path cannot be used as it is written (the home of a user who does not exist, a loop of symbolic links, a
+    name too long), or None. Every path a user gives is checked with this before anything is created."""
+    try:
+        path = Path(text).expanduser()
+    except RuntimeError:  # ~name of no such user
+        return f"no user {str(text).split('/')[0][1:]!r} on this machine, so {str(text).split('/')[0]} has no home"
+    try:
+        path.resolve()
+    except RuntimeError:  # Python 3.11: "Symlink loop from ..."
+        return "a loop of symbolic links: it leads nowhere"
+    except OSError as exc:
+        return f"cannot be followed ({exc.strerror or exc})"
+    return None
+
+
 def nearest_existing(path: Path) -> Path:
     """path itself, or its closest ancestor that exists."""
     path = Path(path).expanduser().absolute()
@@ -45,6 +61,8 @@ def why_not_a_directory(path: Path) -> str | None:
 
     Proven, not guessed: a temporary directory is created and removed in the nearest existing ancestor (os.access
     says yes to root on /proc, where mkdir then fails)."""
+    if why := why_unresolvable(path):
+        return why
     # the path as it will be used: `..` and symlinks resolved (a run's folders are made under Path.resolve()), so
     # relative/ckpt/../../../../proc/x is checked as /proc/x, not as a folder under relative/
     path = Path(os.path.realpath(Path(path).expanduser()))

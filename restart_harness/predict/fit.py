@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from restart_harness import resolve
-from restart_harness.errors import UsageError
+from restart_harness.errors import UsageError, refused
 from restart_harness.files.atomic import write_json_atomic
 from restart_harness.predict import features as feats
 from restart_harness.predict.model import PHASES, Phase
@@ -170,7 +170,8 @@ def calibrate(paths: list[Path]) -> dict:
     seen = [observation(d) for d in dirs]
     used = [o for o in seen if "skipped" not in o]
     if not used:
-        raise UsageError(f"runs=: none of the {len(dirs)} runs can be used ({seen[0]['skipped']}, ...)")
+        raise refused("runs", ",".join(map(str, paths)), f"none of the {len(dirs)} runs can be used "
+                      f"({seen[0]['skipped']}, ...)")
     hosts = {(o["features"].cpus_per_node) for o in used}
     return {
         "schema_version": SCHEMA_VERSION,

@@ -104,9 +104,15 @@ def _read_yaml(path: Path) -> object:
         raise UsageError(f"model preset {path}: not safe YAML ({first})") from None
 
 
+def preset_named(name: str) -> str | None:
+    """The preset `name` means, whatever its case (llama3-8b is llama3-8B), or None."""
+    return next((p for p in preset_names() if p.lower() == name.lower()), None) if "/" not in name else None
+
+
 def load_model(name: str) -> tuple[ModelShape, str]:
-    """Resolve MODEL: a preset name, or a path to a local HF config.json (or a folder holding one), or a .yaml."""
-    preset = MODELS_DIR / f"{name}.yaml"
+    """Resolve MODEL: a preset name (any case), or a path to a local HF config.json (or a folder holding one), or a
+    .yaml."""
+    preset = MODELS_DIR / f"{preset_named(name) or name}.yaml"
     if "/" not in name and preset.is_file():
         return from_mapping(_read_yaml(preset), str(preset)), str(preset)
     path = Path(name)

@@ -29,6 +29,8 @@ UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes
 LEGEND = {"fontsize": "small", "loc": "upper left", "bbox_to_anchor": (1.0, 1.0)}  # outside: never on a bar
 MAX_WIDTH_IN = 20.0
 CAPTION = "bars: median over repeats; whiskers: min-max where n > 1"
+SAVES_CAPTION = "bars: median over every save of the configuration's runs; whiskers: min-max where n > 1"
+CHAR_IN = 0.075  # width of a tick label's character at the default size, inches: whether labels fit their slots
 
 
 def byte_unit(largest: float) -> tuple[str, float]:
@@ -52,14 +54,28 @@ def _figure(n_categories: int, height: float = 4.2) -> tuple[Figure, object]:
 
 def _caption(fig: Figure, text: str, groups: list[Group] | None = None) -> None:
     """Small grey note under the axes (a supxlabel, so the layout makes room for it); with groups, also what every
-    configuration shown shares (their labels leave it out)."""
+    configuration shown shares (their labels leave it out), and where configuration keys on the axis are named."""
     common = common_label(groups) if groups else ""
-    fig.supxlabel(text + (f"\nevery configuration: {common}" if common else ""), fontsize="x-small", color="0.4")
+    keyed = "\nC1, C2, ...: the configurations table of report.md names each" if getattr(fig, "keyed", False) else ""
+    fig.supxlabel(text + (f"\nevery configuration: {common}" if common else "") + keyed, fontsize="x-small",
+                  color="0.4")
 
 
-def _group_tick(g: Group) -> str:
-    return g.tick
+def _ticks(fig: Figure, gs: list[Group]) -> list[str]:
+    """Each configuration's label under its slot, or its key (C1, ...) where the labels would overlap: the report's
+    configurations table names every key (the caption says so)."""
+    slot = fig.get_size_inches()[0] * 0.7 / max(1, len(gs))
+    widest = max((len(line) for g in gs for line in g.tick.splitlines()), default=0) * CHAR_IN
+    if widest <= slot:
+        return [g.tick for g in gs]
+    fig.keyed = True
+    return [g.key for g in gs]
 
+
+def _title(ax, text: str) -> None:
+    """A figure's title on as many lines as its width needs (a title longer than the axes was cut off)."""
+    width = max(30, int(ax.figure.get_size_inches()[0] * 11))
+    ax.set_title("\n".join(textwrap.fill(line, width) for line in text.splitlines()), loc="left")
 
 def grouped_bars(ax, categories: list[str], series: dict[str, list[Stat | None]], scale: float = 1.0,
                  value_format: str | None = None) -> None:
@@ -117,7 +133,7 @@ def checkpoint_by_layout(groups: list[Group], column: str, ylabel: str, title: s
     if spans_decades:
         ax.set_yscale("log")
     ax.set_ylabel(ylabel.format(unit=unit) + (", log scale" if spans_decades else ""))
-    ax.set_title(title, loc="left")
+    _title(ax, title)
     ax.legend(title="model, engine", **LEGEND)
     _caption(fig, CAPTION)
     return fig
@@ -147,12 +163,16 @@ def save_seconds(groups: list[Group]) -> Figure | None:
     }
     if any(g.save_stat("training_lost_seconds") for g in gs):  # docs/measurements.md#training-lost
         series["training lost (blocking + slowed steps + waits)"] = [g.save_stat("training_lost_seconds") for g in gs]
-    grouped_bars(ax, [_group_tick(g) for g in gs], series)
+    grouped_bars(ax, _ticks(fig, gs), series)
     ax.set_ylabel("save time (s)")
-    ax.set_title("Save time per engine: blocking, durable and training time lost\n"
-                 "(every save; slowest rank; training lost on the ranks' common timeline)", loc="left")
+    _title(ax, "Save time per engine: blocking, durable and training time lost\n"
+               "(every save; slowest rank; training lost on the ranks' common timeline)")
     ax.legend(**LEGEND)
-    _caption(fig, CAPTION, gs)
+    noise = [g for g in gs if g.save_stat("training_lost_seconds") and all(
+        r.get("training_lost_within_noise") for r in g.saves if r.get("training_lost_seconds") is not None)]
+    _caption(fig, SAVES_CAPTION + ("\ntraining lost within the steps' own noise, no measurable cost: "
+                                   + ", ".join(g.key if getattr(fig, "keyed", False) else g.label for g in noise)
+                                   if noise else ""), gs)
     return fig
 
 
@@ -169,7 +189,7 @@ def throughput(groups: list[Group]) -> Figure | None:
         # bytes read over the time inside the reads (runs of harness >= 0.3: docs/measurements.md)
         "restart, storage read": [g.stat("restart_storage_read_throughput_mib_s") for g in gs],
     }
-    grouped_bars(ax, [_group_tick(g) for g in gs], {k: v for k, v in series.items() if any(v)})
+    grouped_bars(ax, _ticks(fig, gs), {k: v for k, v in series.items() if any(v)})
     for column, style, name in (("baseline_write_mib_s", "--", "storage baseline, write"),
                                 ("baseline_read_mib_s", ":", "storage baseline, read")):
         labelled = False
@@ -180,9 +200,14 @@ def throughput(groups: list[Group]) -> Figure | None:
                           label=None if labelled else name)
                 labelled = True
     ax.set_ylabel("throughput (MiB/s)")
-    ax.set_title("Checkpoint throughput per engine\n(bytes / slowest rank's seconds)", loc="left")
+    _title(ax, "Checkpoint throughput per engine\n(bytes / slowest rank's seconds)")
     ax.legend(**LEGEND)
-    _caption(fig, CAPTION, gs)
+    above = [g for g in gs if (r := g.stat("restart_storage_read_throughput_mib_s")) and (b := g.run_stat(
+        "baseline_read_mib_s")) and r.median > b.median]
+    _caption(fig, CAPTION + ("\nabove the baseline's read: " + ", ".join(g.key if getattr(fig, "keyed", False)
+                                                                         else g.label for g in above)
+                             + " - the baseline (one sequential cold read per rank at one file size) is not this "
+                             "storage's limit for these reads (docs/measurements.md)" if above else ""), gs)
     return fig
 
 
@@ -207,10 +232,10 @@ def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
         if sums and sums.n > 1:
             ax.errorbar([j + 0.34], [sums.median], yerr=[[sums.median - sums.min], [sums.max - sums.median]],
                         fmt="o", color="black", markersize=3, capsize=4, elinewidth=1.2)
-    ax.set_xticks(range(len(gs)), [_group_tick(g) for g in gs])
+    ax.set_xticks(range(len(gs)), _ticks(fig, gs))
     ax.set_xlim(-0.6, len(gs) - 0.4)
     ax.set_ylabel("restart time (s)")
-    ax.set_title("Restart time by phase (slowest rank per phase)", loc="left")
+    _title(ax, "Restart time by phase (slowest rank per phase)")
     ax.legend(title="phase", **LEGEND)
     _caption(fig, "stacks: median of each phase; dot and whisker: median and min-max of the total over "
              "restarts, where n > 1", gs)
@@ -244,7 +269,7 @@ def file_sizes(groups: list[Group]) -> Figure | None:
     ax.set_yticks(range(len(rows)), [f"{g.label}\n({len(fs)} files)" for g, fs in rows], fontsize="small")
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlabel("file size (bytes, log scale)")
-    ax.set_title("Checkpoint file sizes (each dot one file)", loc="left")
+    _title(ax, "Checkpoint file sizes (each dot one file)")
     ax.grid(axis="x", which="both", alpha=0.3)
     ax.legend(title="kind", **LEGEND)
     return fig
@@ -259,9 +284,9 @@ def step_seconds(groups: list[Group]) -> Figure | None:
     if any(g.run_stat("step_in_flight_median_seconds") for g in gs):
         series["steps with a save in flight"] = [g.run_stat("step_in_flight_median_seconds") for g in gs]
     fig, ax = _figure(len(gs))
-    grouped_bars(ax, [_group_tick(g) for g in gs], series)
+    grouped_bars(ax, _ticks(fig, gs), series)
     ax.set_ylabel("training step time, median per run (s)")
-    ax.set_title("Training step time per engine", loc="left")
+    _title(ax, "Training step time per engine")
     ax.legend(**LEGEND)
     _caption(fig, CAPTION + " (over runs)", gs)
     return fig
@@ -282,10 +307,10 @@ def _stacked(groups: list[Group], columns: list[tuple[str, str]], ylabel: str, t
             continue
         ax.bar(range(len(gs)), heights, bottom=bottoms, width=0.6, label=name, color=CATEGORY_COLORS.get(name, f"C{i}"))
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-    ax.set_xticks(range(len(gs)), [g.tick for g in gs])
+    ax.set_xticks(range(len(gs)), _ticks(fig, gs))
     ax.set_xlim(-0.6, len(gs) - 0.4)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, loc="left")
+    _title(ax, title)
     ax.legend(title="where the time goes", **LEGEND)
     _caption(fig, caption, gs)
     return fig
@@ -466,16 +491,19 @@ def _io_page(shown: list, phases: list[str], page: tuple[int, int]) -> Figure:
                     used[source] = ax.bar(range(len(names)), heights, bottom=bottoms, width=0.6,
                                           color=SOURCE_COLORS.get(source, "#777777"))
                     bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-            ax.set_xticks(range(len(names)), [p.replace("_", "\n") for p in names], fontsize="small")
+            ax.set_xticks(range(len(names)), [p.replace("_", " ") for p in names], fontsize="small", rotation=35,
+                          ha="right", rotation_mode="anchor")
             ax.set_ylabel(label)
             ax.grid(axis="y", alpha=0.3)
             if row == 0:
-                ax.set_title(textwrap.fill(g.full_label, 34), fontsize="medium", loc="left")
+                ax.set_title(textwrap.fill(g.label, 30), fontsize="medium", loc="left")  # what it differs in
     order = [s for s in SOURCE_COLORS if s in used] + [s for s in used if s not in SOURCE_COLORS]
     fig.legend([used[s] for s in order], [s.replace("_", " ") for s in order], title="source",
                loc="outside right upper", fontsize="small")
+    common = common_label([g for g, _ in shown]) if len(shown) > 1 else ""
     fig.suptitle("Restart I/O by phase and source\n(latest restart of each configuration, per rank)"
-                 + (f", page {page[0]} of {page[1]}" if page[1] > 1 else ""))
+                 + (f", page {page[0]} of {page[1]}" if page[1] > 1 else "") + (f"\nevery configuration: {common}"
+                                                                                   if common else ""))
     _caption(fig, "metadata operations: opens (failed ones too), stat-family calls, listings; reads: through read "
              "calls (mapped libraries not included); docs/measurements.md#io-by-source")
     return fig
@@ -508,7 +536,7 @@ def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
     ax.set_xticks(range(len(bars)), [label for label, _ in bars])
     ax.set_xlim(-0.6, len(bars) - 0.4)
     ax.set_ylabel("seconds")
-    ax.set_title("Restart at another layout:\nconversion and restart phases (slowest rank)", loc="left")
+    _title(ax, "Restart at another layout:\nconversion and restart phases (slowest rank)")
     ax.legend(**LEGEND)
     _caption(fig, "first bar of each run: its restart at the layout that wrote the checkpoint; conversion is "
                   "paid once per checkpoint and reused by later restarts (shown where it ran)")
@@ -552,7 +580,7 @@ def prediction(groups: list[Group]) -> Figure | None:
     ax.set_xlabel("measured (s)")
     ax.set_ylabel("predicted before launch (s)")
     ax.grid(alpha=0.3, which="both")
-    ax.set_title("Predicted vs measured seconds, per phase and run", loc="left")
+    _title(ax, "Predicted vs measured seconds, per phase and run")
     ax.legend(**LEGEND)
     names = ", ".join(sorted(calibrations)) or "?"
     _caption(fig, "each point: one phase of one run, predicted before launch (docs/prediction.md); calibration "

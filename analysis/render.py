@@ -60,17 +60,18 @@ def configurations(groups: list[Group]) -> Table:
     for g in groups:
         restarts = [r for r in g.rows if r.get("restart_record")]
         verified = sum(1 for r in restarts if r.get("restart_verified") is True)
-        rows.append([g.label, str(len(g.runs)), str(len(restarts)), fmt(g.run_stat("checkpoint_files"), 0),
+        rows.append([g.key, g.label, str(len(g.runs)), str(len(restarts)), fmt(g.run_stat("checkpoint_files"), 0),
                      fmt(g.run_stat("checkpoint_bytes"), 2, MIB), fmt(g.save_stat("blocking_seconds")),
                      fmt(g.save_stat("durable_seconds")), fmt(g.save_stat("throughput_durable_mib_s"), 1),
                      fmt(g.save_stat("training_lost_seconds")), fmt(g.run_stat("save_memory_peak_added_max_bytes"), 1, MIB),
                      fmt(g.stat("restart_total_seconds")), fmt(g.stat("phase_checkpoint_load_seconds")),
                      f"{verified}/{len(restarts)}" if restarts else "-"])
-    return Table("Configurations", ["configuration", "runs", "restarts", "checkpoint files", "checkpoint MiB",
+    return Table("Configurations", ["key", "configuration", "runs", "restarts", "checkpoint files", "checkpoint MiB",
                                     "save blocking s", "save durable s", "save durable MiB/s",
                                     "training lost per save s", "save memory peak per rank MiB", "restart total s",
                                     "checkpoint load s", "verified"], rows,
-                 "median [min-max] (n) over repeats; save figures over every save of the configuration's runs"
+                 "median [min-max] (n) over repeats; save figures over every save of the configuration's runs; key: "
+                 "the configuration's name on figures too crowded for its label"
                  + (f"; every configuration: {common_label(groups)}" if common_label(groups) else ""))
 
 

@@ -129,6 +129,11 @@ PLACE_FIELDS = (("host", "hostname"), ("checkpoint_filesystem", "mount"), ("chec
                 ("checkpoint_object_store", "endpoint_url"))  # s3:// runs: never pooled with file-system runs
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 rank`, `2 ranks`: a number with its noun, in every line the harness prints."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
 def model_label(spec: dict) -> str:
     """`70B` or `70B-shrink64`: the run directory's and every table's name for the model."""
     shrink = spec.get("shrink") or 1

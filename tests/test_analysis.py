@@ -30,7 +30,8 @@ UNIT_SUFFIXES = ("_seconds", "_bytes", "_files", "_mib_s", "_ratio", "_count", "
 NOT_FIGURES = {"run_id", "state", "state_reason", "sweep", "schema_version", "model", "shrink", "precision", "tp", "pp",
                "dp", "zero", "nodes", "world_size", "emulate", "engine", "engine_label", "device", "cache_requested", "num_parameters",
                "checkpoint_tag",
-               "save_tag", "save_step", "restart_record", "restart_tag", "restart_verified", "restart_cache_observed", "restart_env_cache_observed",
+               "save_tag", "save_step", "restart_record", "restart_tag", "restart_verified", "restart_outcome", "restart_outcome_reason",
+               "restart_cache_observed", "restart_env_cache_observed",
                "restart_launcher", "restart_cache_requested", "restart_env_cache_requested", "restart_staged",
                "restart_exit_code", "baseline_method", "machine_busy_at_launch", "save_memory_growing", "final_loss", "run_dir", "training_steps",
                "load_slowest_rank", "restart_layout_saved", "restart_layout_loaded", "conversion_reused",
@@ -355,8 +356,8 @@ def test_nothing_readable_is_exit_2(tmp_path: Path):
     proc = report_cmd(str(empty), str(tmp_path / "broken"), str(tmp_path / "missing"), "-o", str(out))
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 4 and lines[-1].startswith("error: no readable run")
-    assert "no run directories" in lines[0] and "corrupt summary.json" in lines[1] and "no such file" in lines[2]
+    assert len(lines) == 1 and lines[0].startswith("error: no readable run")  # one line, saying what was found
+    assert "no run directories" in lines[0] and "corrupt summary.json" in lines[0] and "no such file" in lines[0]
     assert not out.exists()
     usage = report_cmd(cwd=tmp_path)
     assert usage.returncode == 2 and len(usage.stderr.strip().splitlines()) == 1 and not (tmp_path / "reports").exists()
@@ -376,7 +377,8 @@ def test_analysis_needs_only_matplotlib(tmp_path):
         "restart_harness.results.placement", "restart_harness.schema", "restart_harness.rundir",
         "restart_harness.rundir.status", "restart_harness.files", "restart_harness.files.atomic",
         "restart_harness.command", "restart_harness.command.report", "restart_harness.command.tokens",
-        "restart_harness.errors", "restart_harness.spec", "restart_harness.spec.keys"]))
+        "restart_harness.errors", "restart_harness.spec", "restart_harness.spec.keys",
+        "restart_harness.files.filesystem"]))
 
 
 def test_notebook_runs_top_to_bottom(more_runs: Path, monkeypatch):

@@ -16,7 +16,7 @@ from restart_harness.command.parse import SweepRequest
 from restart_harness.errors import RunFailed
 from restart_harness.files.atomic import make_fresh_dir, write_json_atomic
 from restart_harness.plan.estimate import duration, size_text
-from restart_harness.schema import SWEEP_SCHEMA_VERSION
+from restart_harness.schema import SWEEP_SCHEMA_VERSION, count
 
 
 def new_sweep_dir(results_dir: str) -> Path:
@@ -73,10 +73,11 @@ def run(request: SweepRequest) -> Path:
     predicted = [guesses[id(c)][0] for c in by_index]
     nbytes = sum(guesses[id(c)][1] for c in by_index)
     known = [p for p in predicted if p is not None]
-    said = (f"about {_clock(sum(known))}" + (f" for the {len(known)} runs predicted" if len(known) < total else "")
+    said = (f"about {_clock(sum(known))}" + (f" for the {count(len(known), 'run')} predicted" if len(known) < total else "")
             + f" (calibration {combos[0].spec.calibration})") if known else "no time estimate (nothing predicted)"
-    dry = " dry runs, nothing launched; run for real they would take" if combos[0].spec.dry_run else " runs:"
-    print(f"[sweep] {total}{dry} {said}; {size_text(nbytes)} of checkpoints kept", file=sys.stderr, flush=True)
+    dry = (f"{count(total, 'dry run')}, nothing launched; run for real they would take" if combos[0].spec.dry_run
+           else f"{count(total, 'run')}:")
+    print(f"[sweep] {dry} {said}; {size_text(nbytes)} of checkpoints kept", file=sys.stderr, flush=True)
     sweep["estimate"] = {"wall_seconds": round(sum(known), 1) if known else None, "runs_predicted": len(known),
                          "checkpoint_bytes": nbytes}
     started = time.time()

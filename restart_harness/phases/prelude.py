@@ -48,6 +48,9 @@ def record_prediction(run: resolve.Run, probe: dict | None) -> str | None:
 
 
 def baseline_line(b: dict) -> str:
-    age = f"(cached, {b['age_seconds'] / 3600:.1f} h old) " if b["cached"] and b.get("age_seconds") is not None else ""
+    """The storage baseline in one line; a cached one says where and when it was measured (the cache is per file
+    system and user, so it may be another checkout's or another run's folder on the same storage)."""
+    age = (f"(cached: measured {b['age_seconds'] / 3600:.1f} h ago in {b.get('dir')}, on the same file system) "
+           if b["cached"] and b.get("age_seconds") is not None else "")
     return (f"storage {age}write {b['write_mib_s']} MiB/s, read {b['read_mib_s']} MiB/s "
             f"({b['method']}, {b['ranks']} x {b['file_bytes']} bytes)")

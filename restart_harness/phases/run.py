@@ -17,6 +17,7 @@ from restart_harness.rundir import scripts
 from restart_harness.rundir.create import port_of, prepare, write_scripts
 from restart_harness.rundir.records import save_record
 from restart_harness.rundir.status import set_status
+from restart_harness.schema import count
 
 # parameters a rank from which a bf16 step on a CPU without AVX-512 takes seconds (`small`, 56 M a rank at dp=2: 70 s;
 # `tiny`, 0.25 M: 0.13 s) and the run is told so
@@ -30,10 +31,14 @@ def run(plugins: resolve.Plugins, prefix: str = "") -> Path:
     warn(made)
     if made.spec.dry_run:
         set_status(made.run_dir, "dry_run", "dry_run=true: written, nothing launched")
-        if made.launcher.scheduler:
-            scripts.write_job_script(made)
+        job = scripts.write_job_script(made) if made.launcher.scheduler else None
         scripts.show_generated(made.run_dir)
         nodes.show_node_checks(made)
+        print("==> nothing was launched <==\nto run it: the same command without dry_run=true"
+              + (f" (it submits {job.name} to {made.launcher.scheduler})" if job else
+                 f"; or by hand, phase by phase: bash {made.run_dir / 'launch-checkpoint.sh'}, then the restart's "
+                 "script once the checkpoint is committed (the harness's own run also measures, verifies and "
+                 "summarizes)"))
         return made.run_dir
     if made.launcher.submits():
         return submit.submit(made)
@@ -68,7 +73,7 @@ def execute(run_dir: Path) -> Path:
     job = launchers.job_id()
     set_status(run_dir, "running", **({"job_id": job} if job else {}))
     subset = f", subset: the first {spec.launched_ranks}" if spec.subset else ""
-    say(f"run {run_dir.name}: {spec.model_label}, {spec.layout} ({spec.world_size} ranks{subset}, {spec.device}), "
+    say(f"run {run_dir.name}: {spec.model_label}, {spec.layout} ({count(spec.world_size, 'rank')}{subset}, {spec.device}), "
         f"engine {spec.engine}, {spec.precision}, launcher {spec.launcher}")
     try:
         nodes.check_nodes(the_run)
@@ -98,7 +103,7 @@ def execute(run_dir: Path) -> Path:
 def checkpoint_phase(run: resolve.Run) -> dict:
     """The ranks train and checkpoint (launch-checkpoint.sh); RunFailed with the reason when the launch fails."""
     spec = run.spec
-    say(f"  [checkpoint] launching {spec.launched_ranks} ranks (log: {run.run_dir / 'logs' / 'checkpoint.log'})")
+    say(f"  [checkpoint] launching {count(spec.launched_ranks, 'rank')} (log: {run.run_dir / 'logs' / 'checkpoint.log'})")
     info = launch(run.run_dir, "checkpoint", spec.timeout)
     info["incomplete_uploads"] = abort_incomplete_uploads(run, "checkpoint")
     save_record(run.run_dir, info)

@@ -33,22 +33,31 @@ def _age_hours(status: dict) -> float | None:
 
 
 def candidates(folder: Path, older_than_hours: float | None, larger_than: int | None,
-               prefix: str | None) -> tuple[list[Candidate], list[str]]:
-    """The finished runs below folder whose checkpoint is still there and passes the filters; and one line for each
-    run that could not be checked."""
-    out, problems = [], []
+               prefix: str | None) -> tuple[list[Candidate], list[str], dict[str, int]]:
+    """The finished runs below folder whose checkpoint is still there and passes the filters; one line for each run
+    that could not be checked; and how many runs were left alone, by why."""
+    out, problems, left = [], [], {}
+
+    def leave(why: str) -> None:
+        left[why] = left.get(why, 0) + 1
+
     for run_dir in find_run_dirs(folder):
         if prefix and not run_dir.name.startswith(prefix):
+            leave(f"not starting with {prefix}")
             continue
         status = observed(run_dir)
         if status["state"] not in FINISHED or status.get("checkpoint_deleted"):
-            continue  # in progress, a dry run, or already cleaned
+            leave("already cleaned" if status.get("checkpoint_deleted") else
+                  "dry runs" if status["state"] == "dry_run" else f"{status['state']}")
+            continue
         age = _age_hours(status)
         if older_than_hours is not None and (age is None or age < older_than_hours):
+            leave(f"finished less than {older_than_hours:g} h ago")
             continue
         try:
             target = resolve.read(run_dir).target
             if target.missing():
+                leave("checkpoint already gone")
                 continue
             listing = [f for files in target.listing().values() for f in files]
         except Exception as exc:  # a run folder from elsewhere, an object store that does not answer: said, skipped
@@ -56,9 +65,10 @@ def candidates(folder: Path, older_than_hours: float | None, larger_than: int | 
             continue
         nbytes = sum(n for _, n in listing)
         if larger_than is not None and nbytes <= larger_than:
+            leave(f"checkpoint not larger than {larger_than:,} bytes")
             continue
         out.append(Candidate(run_dir, status["state"], age, target.describe(), len(listing), nbytes))
-    return out, problems
+    return out, problems, left
 
 
 def delete(candidate: Candidate) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 
 from restart_harness.results import placement, save_memory
-from restart_harness.schema import (LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES, io_metadata_ops,
-                                            restart_conditions)
+from restart_harness.schema import (LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES, count, io_metadata_ops,
+                                    restart_conditions)
 
 
 def _s(value: float | None) -> str:
@@ -14,7 +14,7 @@ def _s(value: float | None) -> str:
 
 
 def _ranks(n: int) -> str:
-    return f"{n} rank" if n == 1 else f"{n} ranks"
+    return count(n, "rank")
 
 
 def _when(base: dict) -> str:
@@ -22,7 +22,8 @@ def _when(base: dict) -> str:
     age = base.get("age_seconds")
     if not base.get("cached"):
         return ", measured for this run"
-    return f", cached, measured {age / 3600:.1f} h before the run" if age is not None else ", cached"
+    where = f" in {base['dir']} (the same file system)" if base.get("dir") else ""
+    return f", cached, measured {age / 3600:.1f} h before the run{where}" if age is not None else f", cached{where}"
 
 
 def _storage_rows(name: str, phase: dict) -> list[tuple[str, str]]:
@@ -110,8 +111,8 @@ def render(summary: dict) -> str:
         if rs.get("load_throughput_mib_s"):
             rows.append(("load", f"{_s(rs['load_seconds'])} waited for ({rs['load_throughput_mib_s']:,.1f} MiB/s)"
                                  + (f"; storage read {sr['throughput_mib_s']:,.1f} MiB/s ({sr['bytes'] / MIB:,.2f} MiB "
-                                    f"in {sr['seconds']:.3f} s of reads, slowest rank {sr['slowest_rank']})"
-                                    if sr else "")))
+                                    f"read by all {count(rs['ranks'], 'rank')}, over the slowest one's "
+                                    f"{sr['seconds']:.3f} s of reads: rank {sr['slowest_rank']})" if sr else "")))
         lb = rs.get("load_breakdown")
         if lb:
             parts = "  ".join(f"{c} {lb[f'{c}_seconds']:.3f}" if lb[f"{c}_seconds"] is not None else f"{c} -"
@@ -138,8 +139,27 @@ def render(summary: dict) -> str:
                                 f"{pct.get('save', '-')}, load {pct.get('load', '-')}"))
     rows += _restart_rows(restarts)
     rows += _prediction_rows(summary.get("prediction"))
+    rows += _terms(" ".join(v for _, v in rows))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+# the words of this summary a newcomer would stop at, each said once at its end where the summary used it
+# (docs/measurements.md defines every figure)
+TERMS = (
+    ("blocking", "the time training waited for a save; durable: until every file of it survives a crash (fsync, or "
+                 "an upload complete)"),
+    ("MAD", "median absolute deviation: how much the steps vary around their median step"),
+    ("training lost", "wall time the saves cost training beyond its own steps (blocking, slowed steps, waits)"),
+    ("storage delivered", "bytes the kernel read from the storage device for the ranks, not from the page cache"),
+    ("major faults", "pages of mapped files (libraries) read from storage when first touched"),
+    ("efficiency", "a save's durable throughput (a load's) over the storage baseline's write (read) throughput"),
+)
+
+
+def _terms(text: str) -> list[tuple[str, str]]:
+    used = [(word, meaning) for word, meaning in TERMS if word in text]
+    return [("terms" if i == 0 else "", f"{word}: {meaning}") for i, (word, meaning) in enumerate(used)]
 
 
 def _lost_rows(ck: dict) -> list[tuple[str, str]]:
@@ -152,9 +172,11 @@ def _lost_rows(ck: dict) -> list[tuple[str, str]]:
     base = run["baseline_step"]
     last = next(s for s in reversed(ck["saves"]) if (s.get("training_lost") or {}).get("seconds") is not None)
     lost = last["training_lost"]
-    return [("training lost", f"per save median {_s(run['per_save_seconds_median'])} over {run['saves']} saves "
+    noise = (f"; WITHIN NOISE (steps vary by +-{run['per_save_noise_seconds']:.3f} s over a save's window): no "
+             "measurable cost" if run.get("within_noise") else "")
+    return [("training lost", f"per save median {_s(run['per_save_seconds_median'])} over {count(run['saves'], 'save')} "
                               f"against a {_s(base['seconds'])} step (median of {base['steps']} steps without a save "
-                              f"in flight, MAD {_s(base['mad_seconds'])})"),
+                              f"in flight, MAD {_s(base['mad_seconds'])}){noise}"),
             (f"lost {last['tag']}", f"{_s(lost['seconds'])} = blocking {_s(lost['blocking_seconds'])} + "
                               f"{lost['overlapped_steps']} overlapped steps {lost['overlapped_extra_seconds']:+.3f} s + "
                               f"waits and other {lost['other_seconds']:+.3f} s")]

@@ -8,11 +8,16 @@ that had no flush in flight, its first step (warm-up) left out. The window holds
 its background work overlapped, the wait for its flush before the next save and the commit's per-step polls, so an
 asynchronous engine is charged for what its flush slows down, not only for its blocking return.
 
+A save's figure is within the noise when it is smaller than what the window's steps vary by themselves: 2 standard
+deviations of the sum of their deviations from the baseline, 3 x MAD x sqrt(steps in the window) (a MAD is about 0.67
+of a standard deviation). Such a figure, negative ones included, says the save cost nothing measurable here.
+
 Rank 0's timeline: the ranks step in lockstep (every step ends in collectives), so rank 0's window includes waiting
 for the slowest rank. The blocking part is the slowest rank's (the next step cannot start before it returns)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from restart_harness.results import events as ev
@@ -20,6 +25,9 @@ from restart_harness.results import events as ev
 NO_BASELINE = ("no step without a save in flight besides the first (warm-up): nothing to measure a save's cost "
                "against; give the run more iters between saves, or compare with engine=none (benchmarks/"
                "compare_engines.py)")
+
+
+NOISE_MADS = 3.0  # 2 standard deviations of a sum of step deviations, in MADs (about 0.67 sigma each)
 
 
 def _r(x: float) -> float:
@@ -70,8 +78,11 @@ def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict:
         window = end - end_of_step[k]
         seconds = window - len(between) * b
         overlapped = sum(s["seconds"] - b for s in between if s.get("in_flight"))
+        noise = NOISE_MADS * (base["mad_seconds"] or 0.0) * math.sqrt(max(1, len(between)))
         entry = {
             "seconds": _r(seconds),
+            "noise_seconds": _r(noise),
+            "within_noise": abs(seconds) < noise,
             "blocking_seconds": save["blocking_seconds"],
             "overlapped_steps": sum(1 for s in between if s.get("in_flight")),
             "overlapped_extra_seconds": _r(overlapped),
@@ -83,6 +94,11 @@ def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict:
             entry["after_training_wait_seconds"] = _r(max(0.0, own["t"] - end))
         save["training_lost"] = entry
         lost.append(seconds)
+    noise = statistics.median(s["training_lost"]["noise_seconds"] for s in ordered if "seconds" in s["training_lost"]) \
+        if lost else None
+    median = statistics.median(lost) if lost else None
     return {"baseline_step": base, "saves": len(lost),
-            "per_save_seconds_median": _r(statistics.median(lost)) if lost else None,
+            "per_save_seconds_median": _r(median) if lost else None,
+            "per_save_noise_seconds": _r(noise) if noise is not None else None,
+            "within_noise": bool(lost) and abs(median) < noise,
             "total_seconds": _r(sum(lost)) if lost else None, "note": None}

@@ -65,6 +65,7 @@ class LazyEngine(Engine):
                    "replica writes, parallel reads into preallocated buffers (engines/_lazy_format.py)")
     Options = Options
     emulates = False  # needs the DeepSpeed engine to hook its optimizer step
+    durable_on_wait = True  # its writers fsync each part file before wait() returns
 
     def asynchronous(self) -> bool:
         return True

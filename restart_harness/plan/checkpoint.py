@@ -175,6 +175,22 @@ def stored_files(spec: RunSpec) -> list[PlannedFile]:
     return sorted(planned, key=lambda f: f.path)
 
 
+def rank_saves(spec: RunSpec) -> dict[int, tuple[int, int]]:
+    """rank -> (bytes, tensors) it saves per checkpoint, the files as the run's engine stores them: what an engine
+    that holds a rank's whole save in memory before writing it must have room for (engine=datastates' host cache).
+    `tensors` bounds the state's tensors (one per parameter of a module file, one per storage of an optimizer file)."""
+    from engines import registry
+
+    engine = registry.get(spec.engine)(spec)
+    out: dict[int, tuple[int, int]] = {}
+    for r in recipes(spec):
+        saved = _saved_file(spec, r)
+        for _, rank in engine.stored(r, _rank_at(spec, r)):
+            nbytes, tensors = out.get(rank, (0, 0))
+            out[rank] = (nbytes + saved.bytes(), tensors + len(r.params) + len(saved.storage_bytes))
+    return out
+
+
 def stored_reads(spec: RunSpec) -> dict[int, list[str]]:
     """restart_reads() as the run's engine stores the files: a load reads the first file stored for each."""
     from engines import registry

@@ -96,7 +96,9 @@ for op, builder in ops:
         parts.append((f"DeepSpeed op {op}", f"compiled; loading it here: {type(exc).__name__}: {exc}"[:400]))
 if src != "none":
     site = Path(importlib.import_module("torch").__file__).parent.parent
-    sos = sorted(p for p in site.rglob("*.so") if p.relative_to(site).parts[0].startswith("datastates"))
+    # its Python extension modules (the nanobind module; lib/libdatastates_core.so is the core library they link)
+    sos = sorted(p for p in site.rglob("*.so") if p.relative_to(site).parts[0].startswith("datastates")
+                 and (".cpython-" in p.name or ".abi3." in p.name))
     loaded = []
     for so in sos:  # each compiled module imported on its own: it needs CUDA's runtime, not a driver, to load
         name = ".".join(so.relative_to(site).with_suffix("").parts).split(".cpython")[0]

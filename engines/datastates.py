@@ -9,9 +9,7 @@ before it loads. DataStates-LLM is not on PyPI and its constructor needs CUDA: r
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,33 +110,6 @@ def installed_shortfall() -> str | None:
     return None
 
 
-class _LastError(logging.Handler):
-    """The last error DataStates logged (its loggers are named after its modules, under `datastates`)."""
-
-    def __init__(self):
-        super().__init__(logging.ERROR)
-        self.last: str | None = None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.last = record.getMessage()[:500]
-
-
-@contextlib.contextmanager
-def _exits_explained():
-    """DataStates answers every error inside save, load and wait with sys.exit(-1) after logging it, which DeepSpeed's
-    `except Exception` lets through and which ends a waiter thread without a word: here it becomes a RuntimeError
-    carrying what DataStates logged."""
-    handler, logger = _LastError(), logging.getLogger("datastates")
-    logger.addHandler(handler)
-    try:
-        yield
-    except SystemExit as exc:
-        raise RuntimeError(f"DataStates-LLM ended the call with sys.exit({exc.code}): "
-                           f"{handler.last or 'it logged no error (its output is in the rank log)'}") from None
-    finally:
-        logger.removeHandler(handler)
-
-
 def tensor_bytes(state) -> int:
     """The bytes of every distinct storage under the tensors of a (nested) state (a view keeps its whole buffer)."""
     import torch
@@ -177,11 +148,15 @@ class DataStatesIO(NativeIO):
         self.restored_bytes = 0
 
     def save(self, state, path):
-        with _exits_explained():
+        from third_party.datastates_exit import explained
+
+        with explained():
             return super().save(state, path)
 
     def load(self, path, map_location=None, into=None):
-        with _exits_explained():
+        from third_party.datastates_exit import explained
+
+        with explained():
             state = super().load(path, map_location=map_location)
         self.restored_bytes += tensor_bytes(state)
         return state
@@ -190,7 +165,9 @@ class DataStatesIO(NativeIO):
         """Until DataStates' own wait(persist=True) returns: every queued copy and io_uring write completed (not
         fsync'd: the harness does that next). DeepSpeed 0.19.8's DataStatesCheckpointEngine does not override
         get_commit_info(), so engine.step() never commits it (only cleanup at exit does): the harness waits here."""
-        with _exits_explained():
+        from third_party.datastates_exit import explained
+
+        with explained():
             self.native.ckpt_engine.wait(persist=True)
 
     def buffers(self) -> dict:

@@ -167,6 +167,12 @@ class Engine(ABC):
     # region by region in the background, so a file of the right size can still be torn, and its reader would not say
     checksums_by_default: ClassVar[bool] = False
     file_layout: ClassVar[type[FileLayout]] = FileLayout  # what the planner asks (files())
+    # True: once its save (synchronous) or its wait() (asynchronous) returns, the engine has fsync'd its files itself.
+    # False: they may sit in the page cache or the device's write cache then (torch.save, torchsnapshot, DataStates'
+    # io_uring writes): the harness's fsync of every file and folder (the target's make_durable), inside the save's
+    # measured window, is what makes them durable. The manager runs that fsync for every engine before it stamps
+    # durable_seconds (a second fsync of a clean file costs little), and records which made the files durable.
+    durable_on_wait: ClassVar[bool] = False
 
     def __init__(self, spec: RunSpec):
         self.spec = spec

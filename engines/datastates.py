@@ -1,30 +1,43 @@
 """engine=datastates: DeepSpeed's own DataStatesCheckpointEngine (DataStates-LLM, "lazy asynchronous
 checkpointing"), switched on by the `datastates_ckpt` block in ds_config.json. DeepSpeed creates the engine; it is
-decoupled: save() returns once the copy is queued and DataStates flushes in the background (see DataStatesIO.wait for
-when it is durable). The harness commits its checkpoints (DeepSpeed 0.19.8 does not) and takes their checksums
-(checksums=auto), so a torn file fails the restart before it loads. DataStates-LLM is not on PyPI and its
-constructor needs CUDA: refused before launch elsewhere (docs/engines.md)."""
+decoupled: save() returns once the copy is queued and DataStates flushes in the background. Its wait(persist=True)
+waits for io_uring's completions but does not fsync (DataStates 1b84990 fsyncs only when it shuts down): the harness
+fsyncs every file inside the save's window before it stamps durable_seconds (worker/manager.py), commits its
+checkpoints (DeepSpeed 0.19.8 does not) and takes their checksums (checksums=auto), so a torn file fails the restart
+before it loads. DataStates-LLM is not on PyPI and its constructor needs CUDA: refused before launch elsewhere
+(docs/engines.md)."""
 
 from __future__ import annotations
 
 import importlib.util
+import math
 from dataclasses import dataclass
+from pathlib import Path
 
 from engines.base import CheckpointIO, Engine, EngineContext, NativeIO
 from restart_harness.errors import UsageError
 from restart_harness.plugins import NodeCheck
 from restart_harness.spec.keys import key
 
-INSTALL = ("build it from https://github.com/DataStates/datastates-llm at the commit of "
-           "scripts/bundle/datastates-llm.pin (not on PyPI; CMake, nanobind, the CUDA toolkit, liburing), which "
-           "scripts/bundle/install.sh does on a CUDA node")
+INSTALL = ("build DataStates-LLM at the commit of scripts/bundle/datastates-llm.pin (not on PyPI; CMake, nanobind, "
+           "the CUDA toolkit, liburing): scripts/bundle/install.sh does on a CUDA node, or "
+           "scripts/bundle/build-datastates.sh SRC PYTHON")
+# DataStates' engine: `state_engine` (its default, io_uring) is the only one of 1b84990's three that DeepSpeed 0.19.8
+# can use: `simple_engine`'s load hands DeepSpeed's callable map_location to Tensor.to (and exits), and
+# `state_aggregated_engine` writes only in commit(tag), which DeepSpeed never calls
+ENGINE_TYPE = "state_engine"
+ALIGNMENT = 4096  # DataStates places every tensor of its host cache at a file-system block boundary
+CACHE_SLACK_BYTES = 64 << 20  # the pickled remainder's region and the pool's own rounding
 
 
 @dataclass
 class Options:
-    host_cache_size: int = key(16, "pinned host memory per rank for the device-to-host copies",
-                               group="checkpoint", unit="GB", minimum=1)
-    parser_threads: int = key(8, "threads that serialize and write", group="checkpoint", minimum=1, maximum=256)
+    host_cache_size: float | None = key(None, "pinned host memory per rank for the device-to-host copies; auto: what "
+                                        "the largest rank saves per checkpoint (the planner's bytes, each tensor "
+                                        "4 KiB-aligned)", group="checkpoint", unit="GB", above=0)
+    parser_threads: int = key(8, "threads that serialize and write, as DeepSpeed documents the block (DataStates "
+                                 "1b84990 reads only host_cache_size, engine_type and profile_engine)",
+                              group="checkpoint", minimum=1, maximum=256)
 
 
 class DataStatesEngine(Engine):
@@ -36,6 +49,9 @@ class DataStatesEngine(Engine):
     # DataStates writes each file's regions from its flush threads after save() returned, and DeepSpeed 0.19.8
     # never commits this engine: the harness commits it, and takes each file's checksum to check before a restart
     checksums_by_default = True
+    # its wait(persist=True) returns once io_uring's writes completed, without an fsync (1b84990: io_uring_handler_t's
+    # fsync() waits for completions; the files are fsync'd only when its file handler is destroyed at shutdown)
+    durable_on_wait = False
 
     def asynchronous(self) -> bool:
         return True  # DeepSpeed's DataStates engine is decoupled
@@ -47,25 +63,119 @@ class DataStatesEngine(Engine):
                              f"launcher=slurm|pbs from a login node); {INSTALL}")
 
     def node_checks(self) -> list[NodeCheck]:
-        def module() -> str | None:
-            if importlib.util.find_spec("datastates") is None:
-                return f"Python module 'datastates' is not installed; {INSTALL}"
-            return None
+        def installed() -> str | None:
+            return installed_shortfall()
 
-        return [NodeCheck("engine=datastates", "Python module 'datastates' (DataStates-LLM) importable", module)]
+        return [NodeCheck("engine=datastates", "Python module 'datastates' (DataStates-LLM) importable, built, with "
+                                               "the API DeepSpeed 0.19.8 calls", installed)]
+
+    def host_cache_bytes(self) -> int:
+        """The pinned host cache each rank asks DataStates for: host_cache_size, or (auto) the largest rank's save
+        with each tensor's alignment and some slack, in whole MiB."""
+        if self.options.host_cache_size is not None:
+            return int(self.options.host_cache_size * 2**30)
+        from restart_harness.plan.checkpoint import rank_saves
+
+        need = max((b + t * ALIGNMENT for b, t in rank_saves(self.spec, self.files()).values()), default=0) + CACHE_SLACK_BYTES
+        return math.ceil(need / 2**20) * 2**20
 
     def ds_config(self) -> dict:
-        """The datastates_ckpt block DeepSpeed reads (host_cache_size in GB, parser_threads)."""
-        return {"datastates_ckpt": {"host_cache_size": self.options.host_cache_size,
+        """The datastates_ckpt block DeepSpeed hands DataStates: host_cache_size in GB (DataStates multiplies by
+        2^30 and takes fractions), the engine type, parser_threads."""
+        return {"datastates_ckpt": {"host_cache_size": self.host_cache_bytes() / 2**30, "engine_type": ENGINE_TYPE,
                                     "parser_threads": self.options.parser_threads}}
 
     def open(self, ctx: EngineContext) -> CheckpointIO:
-        return DataStatesIO(ctx.native, ctx.target)
+        return DataStatesIO(ctx.native, ctx.target, self.host_cache_bytes())
+
+
+def installed_shortfall() -> str | None:
+    """Why this node's DataStates-LLM cannot serve DeepSpeed 0.19.8: not installed, installed without its compiled
+    core, or an API DeepSpeed does not call (the repository's 2024 sources; ebc6762's load); None when it can. Read
+    from the installed package's sources (importing it needs CUDA's libraries): engines/_datastates_api.py."""
+    from engines import _datastates_api
+
+    spec = importlib.util.find_spec("datastates")
+    if spec is None:
+        return f"Python module 'datastates' is not installed; {INSTALL}"
+    locations = list(spec.submodule_search_locations or [])
+    package = Path(locations[0]) if locations else Path(spec.origin or ".").parent
+    try:
+        _datastates_api.check(package, ENGINE_TYPE)
+    except ValueError as exc:
+        return f"the installed DataStates-LLM ({package}) is not the one DeepSpeed 0.19.8 can use: {exc}; {INSTALL}"
+    if not any(package.glob("datastates_core*.so")):
+        return (f"the installed DataStates-LLM ({package}) has no compiled core (datastates_core*.so: its CMake build "
+                f"did not run or was not installed there); {INSTALL}")
+    return None
+
+
+def tensor_bytes(state) -> int:
+    """The bytes of every distinct storage under the tensors of a (nested) state (a view keeps its whole buffer)."""
+    import torch
+
+    seen: set[int] = set()
+    total = 0
+
+    def walk(x) -> None:
+        nonlocal total
+        if isinstance(x, torch.Tensor):
+            storage = x.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+
+    walk(state)
+    return total
 
 
 class DataStatesIO(NativeIO):
+    """DeepSpeed's DataStatesCheckpointEngine; its pinned host cache and the restore buffers it keeps are counted."""
+
+    def __init__(self, native, target, host_cache_bytes: int):
+        super().__init__(native, target)
+        self.host_cache_bytes = host_cache_bytes
+        # DataStates 1b84990's restore reads each tensor into a buffer it allocates and never frees
+        # (state_io_engine_impl_t::restore keeps persistent_allocs; load() returns views of them): every load keeps a
+        # host copy of what it read, for the life of the engine. Counted until DataStates frees them (a load's
+        # tensors then own their memory: a restart's peak RSS drops by the checkpoint's share, the way to tell).
+        self.restored_bytes = 0
+
+    def save(self, state, path):
+        from third_party.datastates_exit import explained
+
+        with explained():
+            return super().save(state, path)
+
+    def load(self, path, map_location=None, into=None):
+        from third_party.datastates_exit import explained
+
+        with explained():
+            state = super().load(path, map_location=map_location)
+        self.restored_bytes += tensor_bytes(state)
+        return state
+
     def wait(self) -> None:
-        """Until DataStates has persisted every queued save. DeepSpeed 0.19.8's DataStatesCheckpointEngine keeps its
-        commit info but does not override get_commit_info(), so engine.step() never commits it (only cleanup at exit
-        does): the harness waits on DataStates' own wait(persist=True) instead."""
-        self.native.ckpt_engine.wait(persist=True)
+        """Until DataStates' own wait(persist=True) returns: every queued copy and io_uring write completed (not
+        fsync'd: the harness does that next). DeepSpeed 0.19.8's DataStatesCheckpointEngine does not override
+        get_commit_info(), so engine.step() never commits it (only cleanup at exit does): the harness waits here."""
+        from third_party.datastates_exit import explained
+
+        with explained():
+            self.native.ckpt_engine.wait(persist=True)
+
+    def buffers(self) -> dict:
+        """The pinned host cache (page-locked with cudaHostRegister when DataStates starts) and the restore copies
+        its loads keep."""
+        return {"host_bytes": self.host_cache_bytes + self.restored_bytes, "pinned_bytes": self.host_cache_bytes,
+                "restore_kept_bytes": self.restored_bytes}
+
+    def load_statistics(self) -> dict:
+        """After the restart's load: the host copies DataStates keeps of what it read, and its pinned cache."""
+        return {"restore_kept_bytes": self.restored_bytes, "host_cache_bytes": self.host_cache_bytes}

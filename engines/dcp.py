@@ -31,6 +31,7 @@ class DCPEngine(Engine):
     Options = Options
     stacks = ("deepspeed", "fsdp2")
     target_kinds = ("posix", "object")
+    durable_on_wait = True  # FileSystemWriter(sync_files=True), its default: each file fsync'd before save returns
 
     def asynchronous(self) -> bool:
         return self.options.async_save

@@ -25,6 +25,12 @@ class DecoupledEngine(FastPersistEngine):
                              "engine=fastpersist (the same writer, synchronous), engine=lazy, engine=torchsnapshot "
                              "async_take=true or engine=dcp async_save=true on CPU")
 
+    def prepare(self) -> None:
+        from third_party import deepspeed_decoupled_cause
+
+        super().prepare()
+        deepspeed_decoupled_cause.install()  # a dead writer process's error reaches the rank's
+
     def open(self, ctx: EngineContext) -> CheckpointIO:
         return DecoupledIO(ctx.native, ctx.target, self.options.io_multiplier)
 
@@ -38,9 +44,12 @@ class DecoupledIO(WriterIO):
         self.io_multiplier = io_multiplier
 
     def save(self, state, path):
+        from third_party.deepspeed_decoupled_cause import died
         from third_party.deepspeed_decoupled_grad import detached
         from third_party.deepspeed_fastpersist_cpu import replica_name
 
+        if why := died(self.native):  # DeepSpeed's save would return as if written (its writer is gone)
+            raise RuntimeError(why)
         self.native.save(detached(state), path)
         config = self.native.dp_writer_config
         if config is None:

@@ -14,15 +14,11 @@ ZeRO >= 1): two ranks would write one file at once, so they are refused unless e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from engines.base import CheckpointIO, Engine, EngineContext, FileLayout, NativeIO
 from restart_harness.errors import UsageError
 from restart_harness.plugins import NodeCheck
 from restart_harness.spec.keys import key
-
-LIBAIO_HEADER = "libaio.h"
-INCLUDE_DIRS = ("/usr/include", "/usr/local/include")
 
 
 @dataclass
@@ -61,31 +57,32 @@ class FastPersistEngine(Engine):
     emulates = False  # DeepSpeed builds the engine from its config inside deepspeed.initialize
     planned_names = True  # DeepSpeed's torch.save files under the writer's names (WriterFiles)
     file_layout = WriterFiles
+    durable_on_wait = True  # FastFileWriter fsyncs each file it closes (decoupled: in its writer process)
     decoupled = False
 
     def asynchronous(self) -> bool:
         return self.decoupled
 
     def node_checks(self) -> list[NodeCheck]:
-        """On a CPU node: the headers DeepSpeed's async_io op JIT-builds against, and the locked memory its writer's
-        buffers take (a CUDA node's DeepSpeed pins through CUDA and may carry the op prebuilt)."""
-        if self.spec.device == "cuda":
-            return []
+        """DeepSpeed's async_io op can be loaded or built here (libaio: engines/_async_io.py), on any device; on a CPU
+        node also the locked memory its writer's buffers take (a CUDA node's DeepSpeed pins through CUDA)."""
+        from engines import _async_io
 
-        def headers() -> str | None:
-            if any(Path(d, LIBAIO_HEADER).is_file() for d in INCLUDE_DIRS):
-                return None
-            return (f"DeepSpeed's async_io op (DeepNVMe's libaio writer) builds against {LIBAIO_HEADER}, which is not "
-                    "installed (Debian/Ubuntu: apt-get install libaio-dev); use engine=default, torchsnapshot or dcp")
+        def async_io() -> str | None:
+            why = _async_io.shortfall()
+            return f"{why}; or use engine=default, lazy, torchsnapshot or dcp" if why else None
 
         def locked_memory() -> str | None:
             from third_party.deepspeed_fastpersist_cpu import locked_memory_shortfall
 
             return locked_memory_shortfall(self.options.io_buffer_mib * 2**20)
 
-        return [NodeCheck(f"engine={self.name}", f"{LIBAIO_HEADER} for DeepSpeed's async_io op", headers),
-                NodeCheck(f"engine={self.name}", f"{self.options.io_buffer_mib} MiB of locked memory per rank "
-                                                 "(ulimit -l)", locked_memory)]
+        checks = [NodeCheck(f"engine={self.name}", "DeepSpeed's async_io op prebuilt, or libaio's header and "
+                                                   "library to build it, and its runtime library", async_io)]
+        if self.spec.device != "cuda":
+            checks.append(NodeCheck(f"engine={self.name}", f"{self.options.io_buffer_mib} MiB of locked memory per "
+                                                           "rank (ulimit -l)", locked_memory))
+        return checks
 
     def check(self) -> None:
         spec, o = self.spec, self.options

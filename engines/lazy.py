@@ -80,6 +80,7 @@ class LazyEngine(Engine):
     Options = Options
     emulates = False  # needs the DeepSpeed engine to hook its optimizer step
     file_layout = LazyFiles
+    durable_on_wait = True  # its writers fsync each part file before wait() returns
 
     def asynchronous(self) -> bool:
         return True

@@ -37,13 +37,14 @@ def failures(plugins: Plugins) -> list[tuple[str, str]]:
 
 
 def here(plugins: Plugins) -> None:
-    """The checks, on this machine, where the ranks start on it: UsageError (one line) at the first it fails."""
+    """The checks, on this machine, where the ranks start on it: UsageError (one line) naming every check it fails,
+    as a job's node line does (a GPU node lacking libaio is told both, not the device alone)."""
     from restart_harness.errors import UsageError
 
-    for check in checks(plugins):
-        if why := check.run():
-            raise UsageError(f"{check.name} cannot run on this node: {why}"
-                             + (f"; accepted here: {check.instead}" if check.instead else ""))
+    failed = [f"{c.name} cannot run on this node: {why}" + (f"; accepted here: {c.instead}" if c.instead else "")
+              for c in checks(plugins) if (why := c.run())]
+    if failed:
+        raise UsageError(" | ".join(failed))
 
 
 def cuda_shortfall(gpus: int) -> str | None:

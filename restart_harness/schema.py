@@ -284,6 +284,10 @@ class Save(Event):
     extra: dict = field(default_factory=dict)  # the stack's facts: universal_info, emulated, waves
     # host memory of the save from its start to its commit (worker/manager.py Memory; docs/measurements.md)
     memory: dict | None = None
+    # what made the files durable inside durable_seconds: by "engine" (its own fsync, Engine.durable_on_wait) or
+    # "harness fsync" (the target's make_durable), engine_wait_seconds (its flush, after the save returned) and
+    # make_durable_seconds (the harness's fsync of the files and their folders)
+    durability: dict | None = None
 
 
 @dataclass(frozen=True)

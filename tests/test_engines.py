@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -172,9 +174,25 @@ def test_every_engine_generates_a_config_deepspeed_accepts(engine):
 
 
 def test_datastates_block_follows_the_options():
+    block = {"host_cache_size": 4.0, "engine_type": "state_engine", "parser_threads": 2}
     config = build_ds_config(resolve.plugins(_spec_for("datastates", host_cache_size=4, parser_threads=2)))
-    assert config["datastates_ckpt"] == {"host_cache_size": 4, "parser_threads": 2}
-    assert _deepspeed_reads(config).datastates_config.config == {"host_cache_size": 4, "parser_threads": 2}
+    assert config["datastates_ckpt"] == block
+    assert _deepspeed_reads(config).datastates_config.config == block
+
+
+@pytest.mark.parametrize("tokens", [["small"], ["small", "tp=2", "pp=2"], ["3B", "dp=2"]])
+def test_datastates_host_cache_is_sized_to_what_a_rank_saves(tokens):
+    """host_cache_size=auto (the default): the pinned cache DataStates allocates and page-locks at start-up holds the
+    largest rank's save (the planner's bytes, each tensor 4 KiB-aligned), not a fixed 16 GB whatever the model."""
+    from restart_harness.plan.checkpoint import stored_files
+
+    spec = parse_args([*tokens, "engine=datastates"])
+    gb = build_ds_config(resolve.plugins(spec))["datastates_ckpt"]["host_cache_size"]
+    by_rank = collections.Counter()
+    for f in stored_files(spec, resolve.plugins(spec).engine.files()):
+        by_rank[f.rank] += f.bytes
+    largest = max(by_rank.values())
+    assert largest <= gb * 2**30 <= largest + (128 << 20), (gb, largest)
 
 
 def test_writer_options_reach_the_config():
@@ -409,14 +427,107 @@ def test_deepspeed_still_aborts_a_rank_whose_buffer_cannot_be_locked():
     assert aborted and "deepspeed_pin_tensor" in proc.stderr, (proc.returncode, proc.stderr[-2000:])
 
 
-def test_fastpersist_without_libaio_headers_is_refused(monkeypatch, tmp_path):
-    """A check of the node that runs the ranks (nodecheck.py): here, where the ranks would start here."""
-    from engines import fastpersist
-    from restart_harness import nodecheck
+def test_async_io_engines_are_refused_where_libaio_is_missing(tmp_path):
+    """A node without libaio (hidden here in a mount namespace, tests/hidden_libaio.py): engine=fastpersist and
+    engine=decoupled need DeepSpeed's async_io op, which could not build on such a GPU node (2026-11-26). Each is
+    refused in one line naming libaio before anything is created - decoupled with device=cuda in the same line as
+    device=cuda's own refusal on this CPU machine (every failed node check is named). With libaio's files in a folder
+    of their own, pointed at by CPATH, LIBRARY_PATH and LD_LIBRARY_PATH (how a node carries them), the check passes."""
+    import hidden_libaio
 
-    monkeypatch.setattr(fastpersist, "INCLUDE_DIRS", (str(tmp_path),))
-    with pytest.raises(UsageError, match="engine=fastpersist cannot run on this node: .*apt-get install libaio-dev"):
-        nodecheck.here(resolve.plugins(_spec_for("fastpersist")))
+    results = tmp_path / "results"
+    for engine, device in (("fastpersist", "cpu"), ("decoupled", "cuda")):
+        proc = hidden_libaio.run(hidden_libaio.quoted(sys.executable, str(REPO / "config-n-run.py"), "tiny",
+                                                      f"engine={engine}", f"device={device}",
+                                                      f"results_dir={results}"), tmp_path / engine, cwd=REPO)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, proc.stdout + proc.stderr
+        assert f"engine={engine} cannot run on this node: DeepSpeed's async_io op" in lines[0], lines
+        assert "libaio.so.1 is not installed" in lines[0], lines
+        assert (f"device={device} cannot run on this node" in lines[0]) is (device == "cuda"), lines
+    assert not results.exists()
+    # libaio carried as files: the same check passes (no run: the check itself, as preflight calls it)
+    carried = tmp_path / "libaio"
+    (carried / "include").mkdir(parents=True)
+    (carried / "lib").mkdir()
+    shutil.copy2("/usr/include/libaio.h", carried / "include")
+    for lib in Path(hidden_libaio.LIBDIR).glob("libaio.so*"):
+        shutil.copy2(lib, carried / "lib", follow_symlinks=True)
+    check = ("from restart_harness.command import parse_args; from restart_harness import nodecheck, resolve; "
+             "nodecheck.here(resolve.plugins(parse_args(['tiny', 'engine=fastpersist', 'device=cpu']))); "
+             "print('accepted')")
+    env = {**os.environ, "CPATH": str(carried / "include"), "LIBRARY_PATH": str(carried / "lib"),
+           "LD_LIBRARY_PATH": str(carried / "lib")}
+    ok = hidden_libaio.run(hidden_libaio.quoted(sys.executable, "-c", check), tmp_path / "ns2", env=env, cwd=REPO)
+    assert ok.returncode == 0 and ok.stdout.strip() == "accepted", ok.stdout + ok.stderr
+
+
+SHARED_DATASTATES = REPO.parent / "shared" / "deps" / "datastates-llm"  # the assembled trees (shared/ beside the clone)
+
+
+@pytest.mark.parametrize("commit, named", [
+    ("ebc6762", "StateCheckpointEngine.load does not accept a callable map_location"),
+    ("1b84990", "has no compiled core (datastates_core*.so"),
+    ("2024", "no package `datastates` whose __init__.py binds CheckpointEngine")])
+def test_datastates_installed_but_unusable_is_refused_in_one_line(tmp_path, commit, named):
+    """A node whose `datastates` imports but is not what DeepSpeed 0.19.8 can use - the pin before (ebc6762: its load
+    exits on DeepSpeed's callable map_location), the pinned Python package without its CMake-built core, the
+    repository's 2024 layout - is refused before anything is created, in one line naming what is missing (beside
+    device=cuda's own refusal on this CPU machine) and what is accepted."""
+    site = tmp_path / "site"
+    if commit == "2024":
+        (site / "datastates" / "llm").mkdir(parents=True)
+        (site / "datastates" / "llm" / "__init__.py").write_text("class Checkpointing:\n    def wait(self): pass\n")
+    else:
+        tarball = SHARED_DATASTATES / f"datastates-llm-{commit}-assembled.tar.gz"
+        if not tarball.is_file():
+            pytest.skip(f"{tarball} is not here (the shared folder of assembled DataStates-LLM trees)")
+        subprocess.run(["tar", "-C", str(tmp_path), "-xzf", str(tarball)], check=True)
+        shutil.copytree(next(tmp_path.glob("datastates-llm-*")) / "llm" / "datastates", site / "datastates")
+    results = tmp_path / "results"
+    proc = submit(["tiny", "engine=datastates", "device=cuda", f"results_dir={results}"], tmp_path,
+                  env={"PYTHONPATH": str(site)})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "engine=datastates cannot run on this node" in lines[0] and named in lines[0], lines
+    assert "scripts/bundle/datastates-llm.pin" in lines[0] and not results.exists()
+
+
+@pytest.mark.slow  # two processes importing DeepSpeed (about 15 s on an idle machine here)
+def test_decoupled_writer_death_names_its_cause(tmp_path):
+    """DeepSpeed 0.19.8's real DecoupledCheckpointEngine on CPU, whose spawned writer process dies at once (it cannot
+    pin its buffer without an accelerator): DeepSpeed alone tells the rank only that the process is not running
+    (test_deepspeed_decoupled_cause_shim_still_needed); with third_party/deepspeed_decoupled_cause.py the rank's error
+    carries the writer's own exception and exit code."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port()), "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(extensions_dir())}
+    proc = subprocess.run([sys.executable, str(REPO / "tests/data/decoupled_writer_dies.py"), "shim"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600, env=env, check=False)
+    said = [x for x in proc.stdout.splitlines() if x.startswith("ERROR: ")]
+    assert said, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert ("decoupled checkpoint writer (process" in said[-1] and "exit code 1" in said[-1]
+            and "RuntimeError: Cannot access accelerator device when none is available" in said[-1]
+            and "checkpoint process is not running" in said[-1]), said  # DeepSpeed's own words kept after the cause
+
+
+def test_deepspeed_decoupled_cause_shim_still_needed():
+    """Why deepspeed_decoupled_cause.py exists: DeepSpeed 0.19.8's commit says only that its writer process died or is
+    not running, and its save returns silently into a dead process. Fails once DeepSpeed's errors read the writer's."""
+    import inspect
+
+    from deepspeed.runtime.checkpoint_engine import decoupled_checkpoint_engine as dce
+
+    source = inspect.getsource(dce)
+    assert "Checkpoint process died unexpectedly" in source and "checkpoint process is not running" in source
+    assert "exitcode" not in source and "traceback" not in source, "DeepSpeed reports its writer's cause: drop the shim"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.mark.slow

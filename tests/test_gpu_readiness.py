@@ -82,7 +82,8 @@ def datastates_sources(root: Path, api: str) -> Path:
                  "llm/datastates/engines/__init__.py": "from .engine_state import StateEngine as CheckpointEngine\n",
                  "llm/datastates/engines/engine_state.py": (
                      "class StateEngine:\n    def save(self, state_dict, path): pass\n"
-                     "    def load(self, path, map_location=None): pass\n"
+                     "    def load(self, path, map_location=None):\n"
+                     "        return map_location(None, 'cpu') if callable(map_location) else None\n"
                      "    def wait(self, persist=False, for_all=False): pass\n")}
     else:
         files = {"setup.py": "", "datastates/llm/__init__.py": "from .checkpointing import *\n",
@@ -110,16 +111,50 @@ def test_datastates_sources_without_deepspeeds_api_are_refused_before_gathering(
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert str(old) in lines[0] and "from datastates import CheckpointEngine" in lines[0] and "persist" in lines[0]
     assert not out.exists()
-    # an engine class whose wait takes no `persist` is named as what is missing
+    # an engine class whose wait takes no `persist`, or whose load cannot take DeepSpeed's callable map_location, is
+    # named as what is missing
     engine = pinned / "llm/datastates/engines/engine_state.py"
     engine.write_text(engine.read_text().replace("persist=False, ", ""))
     no_persist = subprocess.run([sys.executable, str(check), str(pinned)], capture_output=True, text=True, check=False)
-    assert no_persist.returncode == 2 and "binds CheckpointEngine, but no class" in no_persist.stderr
+    assert no_persist.returncode == 2 and "StateEngine.wait takes no `persist`" in no_persist.stderr
+    engine.write_text(engine.read_text().replace("for_all=False", "persist=False, for_all=False")
+                      .replace("map_location(None, 'cpu') if callable(map_location) else None", "None"))
+    no_callable = subprocess.run([sys.executable, str(check), str(pinned)], capture_output=True, text=True,
+                                 check=False)
+    assert no_callable.returncode == 2 and "does not accept a callable map_location" in no_callable.stderr
     # the pin names a full commit of the repository DeepSpeed's error message points to
     pin = dict(line.split("=", 1) for line in (REPO / "scripts/bundle/datastates-llm.pin").read_text().splitlines()
                if line and not line.startswith("#"))
     assert pin["DATASTATES_URL"] == "https://github.com/DataStates/datastates-llm.git"
     assert len(pin["DATASTATES_COMMIT"]) == 40 and int(pin["DATASTATES_COMMIT"], 16)
+
+
+SHARED_DATASTATES = REPO.parent / "shared" / "deps" / "datastates-llm"  # the assembled trees (shared/ beside the clone)
+
+
+@pytest.mark.parametrize("commit, accepted", [("1b84990", True), ("ebc6762", False)])
+def test_the_pinned_datastates_tree_has_the_api_and_the_one_before_does_not(tmp_path, commit, accepted):
+    """The real assembled trees: 1b84990 (the pin) passes the API check, callable map_location included; ebc6762 (the
+    pin before, whose restore died on an H200) is refused by gather.sh from its tarball in one line naming the
+    callable map_location, before anything is gathered."""
+    tarball = SHARED_DATASTATES / f"datastates-llm-{commit}-assembled.tar.gz"
+    if not tarball.is_file():
+        pytest.skip(f"{tarball} is not here (the shared folder of assembled DataStates-LLM trees)")
+    pin = (REPO / "scripts/bundle/datastates-llm.pin").read_text()
+    assert (f"DATASTATES_COMMIT={commit}" in pin) is accepted
+    subprocess.run(["tar", "-C", str(tmp_path), "-xzf", str(tarball)], check=True)
+    tree = next(tmp_path.iterdir())
+    check = subprocess.run([sys.executable, str(REPO / "scripts/bundle/check-datastates.py"), str(tree)],
+                           capture_output=True, text=True, check=False)
+    assert (check.returncode == 0) is accepted, check.stderr
+    if accepted:
+        return
+    out = tmp_path / "bundle"
+    proc = subprocess.run([str(REPO / "scripts/bundle/gather.sh"), str(out), "--datastates", str(tarball)],
+                          capture_output=True, text=True, check=False, timeout=60)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "callable map_location" in lines[0], proc.stderr
+    assert str(tarball) in lines[0] and not out.exists()
 
 
 def test_offline_bundle_installs_from_its_own_files_only(tmp_path):
@@ -171,11 +206,13 @@ def test_the_headline_gpu_job_is_prepared_on_a_machine_without_a_gpu(tmp_path):
     run_dir = Path(proc.stdout.strip().splitlines()[-1])
     job = (run_dir / "job.sbatch").read_text()
     assert "#SBATCH --gpus-per-node=8" in job and "#SBATCH --nodes=1" in job
-    assert json.loads((run_dir / "ds_config.json").read_text())["datastates_ckpt"]["host_cache_size"] == 16
+    # the pinned host cache each rank asks for holds its save (13B over 8 ranks: about 21 GB), not a fixed 16 GB
+    assert 21 < json.loads((run_dir / "ds_config.json").read_text())["datastates_ckpt"]["host_cache_size"] < 22
     listed = proc.stdout.split("==> checks of the node that runs the ranks (on every node of the job, before any "
                                "rank starts) <==\n")[1].splitlines()
     assert listed[:2] == ["device=cuda: an NVIDIA driver, a CUDA build of torch and 8 GPUs visible to the job",
-                          "engine=datastates: Python module 'datastates' (DataStates-LLM) importable"], listed
+                          ("engine=datastates: Python module 'datastates' (DataStates-LLM) importable, built, with "
+                           "the API DeepSpeed 0.19.8 calls")], listed
     # the same run launched here instead is refused before anything is created, naming the device
     here = submit(["13B", "pp=2", "tp=4", "engine=datastates", "device=cuda", f"results_dir={tmp_path / 'r2'}"],
                   tmp_path)

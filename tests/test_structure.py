@@ -122,9 +122,9 @@ def test_cycle_finder_finds_a_cycle():
 LAYERS = (
     ("errors", "faults", "plugins", "rank_env", "schema", "files", "third_party", "configs"),
     ("iocount", "spec", "staging"),
+    ("plan",),
     ("launchers", "targets"),
     ("engines", "model"),
-    ("plan",),
     ("stacks",),
     ("resolve",),
     ("machine", "nodecheck", "worker", "command"),

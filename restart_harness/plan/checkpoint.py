@@ -6,12 +6,22 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from engines.base import FileLayout
 from restart_harness.plan import rules
 from restart_harness.plan.torch_save import SavedFile
 from restart_harness.spec import parameters as table
 from restart_harness.spec.runspec import RunSpec
+
+
+class StoredFiles(Protocol):
+    """What the planner asks of an engine (engines/base.py FileLayout, an engine's files()): the files it stores for
+    each of DeepSpeed's, and how much of each a restarting rank reads."""
+
+    def stored(self, recipe, rank_of) -> list[tuple[str, int]]: ...
+
+    def restart_read_bytes(self, path: str, nbytes: int, dp_rank: int) -> int: ...
+
 
 ELEMENT_BYTES = {"bf16": 2, "fp32": 4}
 # ZeRO-1 optimizer file: fp32 master partition, Adam exp_avg and exp_avg_sq (4 bytes each), and Adam's step.
@@ -163,8 +173,8 @@ def files(spec: RunSpec) -> list[PlannedFile]:
     return sorted(planned, key=lambda f: f.path)
 
 
-def stored_files(spec: RunSpec, layout: FileLayout) -> list[PlannedFile]:
-    """files() as the run's engine stores them (layout: the engine's FileLayout, Engine.files(): its names,
+def stored_files(spec: RunSpec, layout: StoredFiles) -> list[PlannedFile]:
+    """files() as the run's engine stores them (layout: the engine's StoredFiles, Engine.files(): its names,
     replicas and writing ranks), sorted."""
     planned = []
     for r in recipes(spec):
@@ -174,16 +184,29 @@ def stored_files(spec: RunSpec, layout: FileLayout) -> list[PlannedFile]:
     return sorted(planned, key=lambda f: f.path)
 
 
-def stored_reads(spec: RunSpec, layout: FileLayout) -> dict[int, list[str]]:
+def rank_saves(spec: RunSpec, layout: StoredFiles) -> dict[int, tuple[int, int]]:
+    """rank -> (bytes, tensors) it saves per checkpoint, the files as the run's engine stores them: what an engine
+    that holds a rank's whole save in memory before writing it must have room for (engine=datastates' host cache).
+    `tensors` bounds the state's tensors (one per parameter of a module file, one per storage of an optimizer file)."""
+    out: dict[int, tuple[int, int]] = {}
+    for r in recipes(spec):
+        saved = _saved_file(spec, r)
+        for _, rank in layout.stored(r, _rank_at(spec, r)):
+            nbytes, tensors = out.get(rank, (0, 0))
+            out[rank] = (nbytes + saved.bytes(), tensors + len(r.params) + len(saved.storage_bytes))
+    return out
+
+
+def stored_reads(spec: RunSpec, layout: StoredFiles) -> dict[int, list[str]]:
     """restart_reads() as the run's engine stores the files: a load reads the first file stored for each."""
     first = {r.path: layout.stored(r, _rank_at(spec, r))[0][0] for r in recipes(spec)}
     return {rank: [first[p] for p in paths] for rank, paths in restart_reads(spec).items()}
 
 
-def stored_read_bytes(spec: RunSpec, layout: FileLayout, reads: dict[int, list[str]],
+def stored_read_bytes(spec: RunSpec, layout: StoredFiles, reads: dict[int, list[str]],
                       size_of: dict[str, int]) -> dict[int, int]:
     """rank -> the bytes its restart reads from storage of the stored files it loads (reads: stored_reads): all of
-    each, less where the engine has one replica read for the group (FileLayout.restart_read_bytes)."""
+    each, less where the engine has one replica read for the group (StoredFiles.restart_read_bytes)."""
     return {r: sum(layout.restart_read_bytes(p, size_of[p], (r // spec.tp) % spec.dp) for p in paths)
             for r, paths in reads.items()}
 

@@ -11,7 +11,9 @@ Per save, over ranks (the largest rank's figure, and that rank):
                     steps (the median, over the phase's steps with no flush in flight, the first left out, of a step's
                     peak less its start: `step_peak_added_bytes`); a save whose window holds no step costs its
                     peak_added_bytes
-  engine_buffers    the engine's own count of the host (and pinned) bytes it holds (CheckpointIO.buffers), if it keeps any
+  engine_buffers    the engine's own count of the host (and pinned) bytes it holds (CheckpointIO.buffers), if it keeps any;
+                    engine=datastates: its pinned host cache, and restore_kept_bytes, the host copies its loads keep
+                    (DataStates-LLM 1b84990 never frees its restore buffers), both in host_bytes
   device            the same figures of torch's allocated device memory, on CUDA
 
 Per run: the largest of each figure over saves, its rank and save, and the median cost. The headline is

@@ -52,6 +52,11 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str |
             # checksums=: the slowest rank's read-back for its files' sha256, after the commit (None: not taken)
             "checksum_seconds": max((r["checksum_seconds"] for r in per_rank if r.get("checksum_seconds") is not None),
                                     default=None),
+            # what made the files durable (worker/manager.py): the engine's own fsync or the harness's, and the
+            # slowest rank's seconds of that fsync (None in runs of a harness before 2026-11-26)
+            "durable_by": next((r["durability"]["by"] for r in per_rank if r.get("durability")), None),
+            "make_durable_seconds": max((r["durability"]["make_durable_seconds"] for r in per_rank
+                                         if r.get("durability")), default=None),
             "throughput_mib_s": {"blocking": mib_s(nbytes, blocking), "durable": mib_s(nbytes, durable),
                                  "commit": mib_s(nbytes, max(r["commit_seconds"] for r in per_rank))},
             "per_rank": [

@@ -7,7 +7,9 @@ Per save and rank (docs/measurements.md):
   blocking_seconds  inside the stack's save (what training waits for)
   durable_seconds   from the same start until every file this rank wrote is durable: the engine's flush is done
                     (CheckpointIO.wait, or DeepSpeed's own commit for its decoupled writer) and the target has made
-                    the files durable (fsync of the file data, then of the folders naming them)
+                    the files durable (fsync of the file data, then of the folders naming them). Where the engine's
+                    own wait does not fsync (Engine.durable_on_wait False: DataStates' io_uring writes, torch.save),
+                    that fsync is what makes them durable; the save's `durability` records both parts' seconds
   commit_seconds    from the same start until `latest` names the tag: after a barrier (every rank durable) rank 0
                     has the target commit it atomically. DeepSpeed's own `latest` write (before its last barrier,
                     never fsync'd) is disabled with save_latest=False, so `latest` never names a torn checkpoint.
@@ -81,6 +83,7 @@ class _Pending:
         self.anatomy: dict | None = None  # the save window (worker/anatomy.py); an async save's blocking part only
         self.flush: dict | None = None  # the background part: seconds, and write/fsync busy seconds in it
         self.engine_statistics: dict | None = None
+        self.durability: dict | None = None  # who made the files durable, and each part's seconds
         self.durable_at: float | None = None
         self.returned_io: dict | None = None  # the I/O counters when the save returned
         self.committed_at: float | None = None
@@ -98,6 +101,7 @@ class CheckpointManager:
         self.stack, self.target, self.anatomy, self.log = stack, target, anatomy, log
         self.recorder = Recorder(io, target, anatomy, stack.rank)
         self.waits_for_deepspeed = engine.committed_by_deepspeed
+        self.engine_fsyncs = engine.durable_on_wait
         self.checksums = engine.checksums(target)
         self.asynchronous = engine.asynchronous() or self.waits_for_deepspeed
         self.memory = memory  # worker/memory.py MemoryProbe; None: no memory figures
@@ -171,8 +175,13 @@ class CheckpointManager:
                     self.recorder.committed.wait()  # DeepSpeed's commit in engine.step() (its decoupled writer)
                 else:
                     self.recorder.io.wait()
+                waited = time.perf_counter()
+                # the files' data, then their folders: durable from here whether or not the engine's wait fsync'd
                 self.target.make_durable([path for path, _ in p.saved])
             p.durable_at = time.perf_counter()
+            p.durability = {"by": "engine" if self.engine_fsyncs else "harness fsync",
+                            "engine_wait_seconds": round(waited - begun, 6),
+                            "make_durable_seconds": round(p.durable_at - waited, 6)}
             io = delta(counters.totals(), before)
             p.flush = {"seconds": round(p.durable_at - begun, 6),
                        "write_busy_seconds": round(io["write"]["busy_seconds"], 6) if io else None,
@@ -230,7 +239,7 @@ class CheckpointManager:
             files=files, bytes=sum(f["bytes"] for f in files), asynchronous=self.asynchronous,
             in_flight_steps=p.in_flight_steps, anatomy=p.anatomy, flush=p.flush if self.asynchronous else None,
             engine_statistics=p.engine_statistics, checksum_seconds=checksum_seconds, extra=self.stack.save_facts(),
-            memory=_memory(p)))
+            memory=_memory(p), durability=p.durability))
 
     def overlapped(self, step_start: float) -> bool:
         """Was a flush in flight at any time since step_start (perf_counter)? Counts the step for the save."""

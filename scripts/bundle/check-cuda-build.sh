@@ -3,14 +3,16 @@
 # project's machines): the bundle's own CUDA path (gather.sh, then install.sh --cuda yes) against a CUDA build of
 # torch, then what can be imported without a driver. Nothing built here can run (no GPU): it proves the builds.
 #
-#   scripts/bundle/check-cuda-build.sh DATASTATES_SRC [--torch VERSION] [--arch LIST] [--work DIR]
+#   scripts/bundle/check-cuda-build.sh DATASTATES_SRC [--torch VERSION] [--arch LIST] [--work DIR] [--datastates-only]
 #
-#   DATASTATES_SRC  a DataStates-LLM source tree (gather.sh --datastates; its API check applies), or `none`
+#   DATASTATES_SRC  a DataStates-LLM source tree or a .tar.gz of one (gather.sh --datastates), or `none`
 #   --torch         the CUDA build of torch to compile against (default 2.14.1: on this project's machines pip takes
 #                   2.14.1+cu130 from the machine's disk); its CUDA major version must be nvcc's
 #   --arch          TORCH_CUDA_ARCH_LIST: the GPUs to compile for, there being none to ask (default "8.0;9.0":
 #                   A100, H100/H200)
 #   --work          where the bundle, the environment and the logs go (default: a new folder under /tmp; kept)
+#   --datastates-only  DeepSpeed installed without its CUDA ops (install.sh --deepspeed-ops none): DataStates-LLM is
+#                   the one part compiled (minutes, not the half hour DeepSpeed's ops take on 2 cores)
 #
 # Prints one line per part: compiled / imported / not built, with the compiler's error where one failed; exit 0 when
 # every part that was asked for compiled. Result and date: docs/clusters.md ("CUDA builds, checked without a GPU").
@@ -18,18 +20,19 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 die() { echo "error: $*" >&2; exit 2; }
 log() { echo "[cuda-build] $*" >&2; }
-[[ $# -ge 1 ]] || die "usage: scripts/bundle/check-cuda-build.sh DATASTATES_SRC|none [--torch VERSION] [--arch LIST] [--work DIR]"
+[[ $# -ge 1 ]] || die "usage: scripts/bundle/check-cuda-build.sh DATASTATES_SRC|none [--torch VERSION] [--arch LIST] [--work DIR] [--datastates-only]"
 SRC="$1"; shift
-TORCH=2.14.1 ARCH="8.0;9.0" WORK=""
+TORCH=2.14.1 ARCH="8.0;9.0" WORK="" OPS=auto
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --torch) TORCH="${2:?}"; shift 2 ;;
     --arch) ARCH="${2:?}"; shift 2 ;;
     --work) WORK="${2:?}"; shift 2 ;;
-    *) die "unknown option $1; accepted: --torch VERSION, --arch LIST, --work DIR" ;;
+    --datastates-only) OPS=none; shift ;;
+    *) die "unknown option $1; accepted: --torch VERSION, --arch LIST, --work DIR, --datastates-only" ;;
   esac
 done
-[[ "$SRC" == none || -d "$SRC" ]] || die "$SRC: no such source folder; accepted: a DataStates-LLM source tree, or none"
+[[ "$SRC" == none || -e "$SRC" ]] || die "$SRC: no such source folder or tarball; accepted: a DataStates-LLM source tree, a .tar.gz of one, or none"
 command -v nvcc >/dev/null || die "nvcc not found: CUDA's compiler is what this check needs"
 NVCC_MAJOR="$(nvcc --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')"
 WORK="${WORK:-$(mktemp -d /tmp/rh-cuda-build.XXXXXX)}"
@@ -43,7 +46,7 @@ log "gathering the bundle (torch $TORCH, DeepSpeed's source distribution, DataSt
   2>"$WORK/gather.err" \
   || { cat "$WORK/gather.err" >&2; die "gather.sh failed"; }
 log "installing with --cuda yes (DeepSpeed's CUDA ops and DataStates-LLM compile now; several minutes on 2 cores)"
-TORCH_CUDA_ARCH_LIST="$ARCH" "$ROOT/scripts/bundle/install.sh" "$WORK/bundle" "$WORK/dest" --cuda yes \
+TORCH_CUDA_ARCH_LIST="$ARCH" "$ROOT/scripts/bundle/install.sh" "$WORK/bundle" "$WORK/dest" --cuda yes --deepspeed-ops "$OPS" \
   2>"$WORK/install.err" || true
 VPY="$WORK/dest/.venv/bin/python"
 [[ -x "$VPY" ]] || { cat "$WORK/install.err" >&2; die "install.sh made no environment"; }
@@ -53,11 +56,11 @@ log "torch $("$VPY" -c 'import torch; print(torch.__version__)') (CUDA ${TORCH_C
 
 # what each part became: DeepSpeed's prebuilt ops are importable modules of the wheel; DataStates-LLM's core
 rc=0
-"$VPY" - "$WORK" "$SRC" <<'PYEOF' || rc=$?
+"$VPY" - "$WORK" "$SRC" "$OPS" <<'PYEOF' || rc=$?
 import importlib, json, os, re, sys
 from pathlib import Path
 
-work, src = Path(sys.argv[1]), sys.argv[2]
+work, src, ops_asked = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
 log = (work / "dest" / ".venv" / "install.log").read_text(errors="replace")
 parts, failed = [], False
 
@@ -74,6 +77,9 @@ try:
     from deepspeed.git_version_info import installed_ops
     from deepspeed.ops import op_builder
     ops = (("async_io", "AsyncIOBuilder"), ("pin_memory", "PinMemoryBuilder"), ("fused_adam", "FusedAdamBuilder"))
+    if ops_asked == "none":
+        ops = ()
+        parts.append(("DeepSpeed ops", "not asked (--datastates-only)"))
 except Exception as exc:  # noqa: BLE001
     failed, ops = True, ()
     parts.append(("DeepSpeed", f"not installed: {first_error(log)} ({type(exc).__name__}: {exc})"))
@@ -90,7 +96,9 @@ for op, builder in ops:
         parts.append((f"DeepSpeed op {op}", f"compiled; loading it here: {type(exc).__name__}: {exc}"[:400]))
 if src != "none":
     site = Path(importlib.import_module("torch").__file__).parent.parent
-    sos = sorted(p for p in site.rglob("*.so") if p.relative_to(site).parts[0].startswith("datastates"))
+    # its Python extension modules (the nanobind module; lib/libdatastates_core.so is the core library they link)
+    sos = sorted(p for p in site.rglob("*.so") if p.relative_to(site).parts[0].startswith("datastates")
+                 and (".cpython-" in p.name or ".abi3." in p.name))
     loaded = []
     for so in sos:  # each compiled module imported on its own: it needs CUDA's runtime, not a driver, to load
         name = ".".join(so.relative_to(site).with_suffix("").parts).split(".cpython")[0]
@@ -102,6 +110,15 @@ if src != "none":
     try:
         from datastates import CheckpointEngine  # noqa: F401  what DeepSpeed 0.19.8 imports
         api = "`from datastates import CheckpointEngine` works (its constructor needs a GPU)"
+        from engines import _datastates_api  # the harness's own check, on the installed package
+
+        package = Path(importlib.import_module("datastates").__file__).parent
+        try:
+            found = _datastates_api.check(package)
+            api += f"; {found.engine_class} has save, wait(persist), load(callable map_location)"
+        except ValueError as exc:
+            failed = True
+            api += f"; {exc}"
     except Exception as exc:  # noqa: BLE001
         api = f"`from datastates import CheckpointEngine`: {type(exc).__name__}: {exc}"
     what = (f"compiled ({'; '.join(loaded)}); " if sos else "not built: " + first_error(log) + "; ") + api

@@ -2,15 +2,17 @@
 # Gather, on a machine with internet, everything a compute node without internet needs to run the harness
 # (docs/clusters.md#offline-install). Run it with the same Python minor version and CPU architecture as the nodes.
 #
-#   scripts/bundle/gather.sh OUT_DIR [--torch-index URL] [--torch-version V] [--datastates GIT_URL|DIR|none]
+#   scripts/bundle/gather.sh OUT_DIR [--torch-index URL] [--torch-version V] [--datastates GIT_URL|DIR|TARBALL|none]
 #                                    [--datastates-commit SHA] [--any-datastates-api]
 #
 #   --torch-index   where the node's torch build comes from, e.g. https://download.pytorch.org/whl/cu126
 #                   (default: pip's own configuration: PyPI's default build, or a local wheel pip is set up to find)
 #   --torch-version the torch release to carry instead of requirements.txt's pin (the CUDA build a node's driver
 #                   takes; install.sh installs the one the bundle carries)
-#   --datastates    DataStates-LLM sources to carry (default: the repository in scripts/bundle/datastates-llm.pin);
-#                   `none` leaves it out (engine=datastates is then refused on the node, with the reason)
+#   --datastates    DataStates-LLM sources to carry (default: the repository in scripts/bundle/datastates-llm.pin): a
+#                   git URL (fetched at the pinned commit), a source folder, or a .tar.gz of one (one top folder), as
+#                   where the repository cannot be cloned the pinned tree is brought as a tarball; `none` leaves it
+#                   out (engine=datastates is then refused on the node, with the reason)
 #   --datastates-commit  the commit of GIT_URL to carry (default: the pinned one, datastates-llm.pin)
 #   --any-datastates-api carry the sources whatever API they provide (to compile them: check-cuda-build.sh); the
 #                   node then refuses engine=datastates if DeepSpeed's import fails
@@ -19,12 +21,13 @@
 #
 # OUT_DIR gets: constraints.txt (requirements.txt's pins, torch's as asked), wheels/ (torch at that pin, every dependency of the extras run, analysis and trace,
 # build tools for DeepSpeed's ops and DataStates-LLM), src/ (DeepSpeed's source distribution, DataStates-LLM's
-# sources), project.tar.gz (this checkout, git archive of HEAD), MANIFEST.sha256. Install with
-# scripts/bundle/install.sh OUT_DIR DEST on the node.
+# sources), debs/ (Debian's liburing and libaio packages, where apt-get can download them: DataStates-LLM's core links
+# liburing statically, DeepSpeed's async_io op builds against libaio), project.tar.gz (this checkout, git archive of
+# HEAD), MANIFEST.sha256. Install with scripts/bundle/install.sh OUT_DIR DEST on the node.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 die() { echo "error: $*" >&2; exit 2; }
-USAGE="usage: scripts/bundle/gather.sh OUT_DIR [--torch-index URL] [--torch-version V] [--datastates GIT_URL|DIR|none] [--datastates-commit SHA] [--any-datastates-api]"
+USAGE="usage: scripts/bundle/gather.sh OUT_DIR [--torch-index URL] [--torch-version V] [--datastates GIT_URL|DIR|TARBALL|none] [--datastates-commit SHA] [--any-datastates-api]"
 [[ $# -ge 1 ]] || die "$USAGE"
 OUT="$1"; shift
 # shellcheck source=datastates-llm.pin
@@ -37,7 +40,7 @@ while [[ $# -gt 0 ]]; do
     --datastates) DATASTATES="${2:?}"; shift 2 ;;
     --datastates-commit) DATASTATES_COMMIT="${2:?}"; shift 2 ;;
     --any-datastates-api) ANY_API=1; shift ;;
-    *) die "unknown option $1; accepted: --torch-index URL, --torch-version V, --datastates GIT_URL|DIR|none, --datastates-commit SHA, --any-datastates-api" ;;
+    *) die "unknown option $1; accepted: --torch-index URL, --torch-version V, --datastates GIT_URL|DIR|TARBALL|none, --datastates-commit SHA, --any-datastates-api" ;;
   esac
 done
 [[ -z "$TORCH_VERSION" || "$TORCH_VERSION" =~ ^[0-9]+\.[0-9]+(\.[0-9]+)?$ ]] \
@@ -54,6 +57,15 @@ case "$DATASTATES" in
   *)
     if [[ -d "$DATASTATES" ]]; then
       cp -a "$DATASTATES" "$DS_TMP/datastates-llm"; rm -rf "$DS_TMP/datastates-llm/.git"; DS_FROM="$DATASTATES"
+    elif [[ -f "$DATASTATES" ]]; then  # a tarball of the sources: its one top folder is the tree
+      mkdir "$DS_TMP/unpacked"
+      tar -C "$DS_TMP/unpacked" -xzf "$DATASTATES" 2>/dev/null \
+        || die "--datastates $DATASTATES: not a .tar.gz; accepted: a git URL, a source folder, a .tar.gz of one, or none"
+      top=("$DS_TMP"/unpacked/*)
+      [[ ${#top[@]} -eq 1 && -d "${top[0]}" ]] \
+        || die "--datastates $DATASTATES: holds ${#top[@]} entries at its top; accepted: a .tar.gz of one source folder"
+      mv "${top[0]}" "$DS_TMP/datastates-llm"; rm -rf "$DS_TMP/datastates-llm/.git"
+      DS_FROM="$DATASTATES (sha256 $(sha256sum "$DATASTATES" | cut -c1-16))"
     else
       log "DataStates-LLM sources: $DATASTATES at $DATASTATES_COMMIT"
       if git init -q "$DS_TMP/datastates-llm" \
@@ -113,6 +125,15 @@ quiet "$PY" -m pip download -d "$OUT/wheels" -c "$CONSTRAINTS" ${TORCH_INDEX:+--
   "${REQS[@]}" "$(pin torch)" setuptools wheel ninja packaging cmake nanobind pybind11 fasteners numpy pip nvidia-ml-py
 mv "$OUT"/wheels/deepspeed-*.tar.gz "$OUT/src/"
 log "DeepSpeed source distribution: $(basename "$OUT"/src/deepspeed-*.tar.gz)"
+
+# Debian's packages of the two system libraries a node may lack (carried as files; install.sh extracts them)
+mkdir -p "$OUT/debs"
+if command -v apt-get >/dev/null && (cd "$OUT/debs" && apt-get download -q liburing2 liburing-dev libaio1 libaio-dev) \
+     >>"$LOG" 2>&1; then
+  log "Debian packages: $(cd "$OUT/debs" && echo *.deb)"
+else
+  log "liburing and libaio packages not carried (apt-get download failed, see $LOG): a node without liburing-dev does not build DataStates-LLM"
+fi
 
 if [[ -n "$DS_FROM" ]]; then
   log "DataStates-LLM sources ($DS_FROM)"

@@ -2,7 +2,10 @@
 # Install, on a node without internet, the harness from a bundle made by scripts/bundle/gather.sh: nothing is
 # downloaded (pip runs with --no-index, the bundle's wheels only, this machine's pip configuration ignored).
 #
-#   scripts/bundle/install.sh BUNDLE DEST [--cuda auto|yes|no]
+#   scripts/bundle/install.sh BUNDLE DEST [--cuda auto|yes|no] [--deepspeed-ops auto|none]
+#
+#   --deepspeed-ops none  DeepSpeed with no prebuilt op, on CUDA too (they JIT-build on first use): what
+#                   check-cuda-build.sh --datastates-only uses to compile DataStates-LLM alone
 #
 # DEST gets the project (from the bundle's project.tar.gz) and DEST/.venv with torch, DeepSpeed (built from source:
 # with its async_io op on CUDA when libaio's headers are there, which FastPersist needs; no ops otherwise, they
@@ -11,16 +14,18 @@
 set -euo pipefail
 die() { echo "error: $*" >&2; exit 2; }
 log() { echo "[install] $*" >&2; }
-[[ $# -ge 2 ]] || die "usage: scripts/bundle/install.sh BUNDLE DEST [--cuda auto|yes|no]"
+[[ $# -ge 2 ]] || die "usage: scripts/bundle/install.sh BUNDLE DEST [--cuda auto|yes|no] [--deepspeed-ops auto|none]"
 BUNDLE="$(cd "$1" && pwd)" || die "$1: no such bundle directory"; DEST="$2"; shift 2
-CUDA=auto
+CUDA=auto DS_OPS=auto
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --cuda) CUDA="${2:?}"; shift 2 ;;
-    *) die "unknown option $1; accepted: --cuda auto|yes|no" ;;
+    --deepspeed-ops) DS_OPS="${2:?}"; shift 2 ;;
+    *) die "unknown option $1; accepted: --cuda auto|yes|no, --deepspeed-ops auto|none" ;;
   esac
 done
 [[ "$CUDA" =~ ^(auto|yes|no)$ ]] || die "--cuda $CUDA; accepted: auto, yes, no"
+[[ "$DS_OPS" =~ ^(auto|none)$ ]] || die "--deepspeed-ops $DS_OPS; accepted: auto, none"
 [[ -f "$BUNDLE/MANIFEST.sha256" ]] || die "$BUNDLE: no MANIFEST.sha256 (not a bundle of scripts/bundle/gather.sh)"
 [[ -e "$DEST" && -n "$(ls -A "$DEST" 2>/dev/null)" ]] && die "$DEST exists and is not empty"
 
@@ -43,32 +48,30 @@ LOG="$DEST/.venv/install.log"
 run() { "$@" >>"$LOG" 2>&1 || { tail -30 "$LOG" >&2; die "failed: $* (whole log: $LOG)"; }; }
 
 # DataStates-LLM (the bundle's pinned sources, scripts/bundle/datastates-llm.pin), built against this node's CUDA and
-# torch. Sources with a top-level CMakeLists.txt and llm/ (the pinned ones): the C++/CUDA core and its nanobind module
-# with CMake into the environment's site-packages (as the sources' own install.sh does), then the Python package
-# llm/; older sources: their setup.py. A failed build leaves the harness installed without it: engine=datastates is
-# then refused on this node, with the reason.
+# torch by scripts/bundle/build-datastates.sh, with the bundle's liburing (debs/, Debian's liburing-dev: headers and
+# the static library its core links) where the node has none. A failed build leaves the harness installed without it:
+# engine=datastates is then refused on this node, with the reason.
 build_datastates() {
-  local src="$DEST/.venv/datastates-llm" purelib
+  local src="$DEST/.venv/datastates-llm" uring=()
   tar -C "$DEST/.venv" -xzf "$BUNDLE/src/datastates-llm.tar.gz"
   log "DataStates-LLM ($(cat "$BUNDLE/src/datastates-llm.source" 2>/dev/null)), built against this node's CUDA and torch"
-  if [[ -f "$src/CMakeLists.txt" ]] && ! echo '#include <liburing.h>' | cc -E - >/dev/null 2>&1; then
-    log "DataStates-LLM not built: liburing's headers are missing (Debian: liburing-dev); engine=datastates is refused"
-    return 0
-  fi  # (its CMake build uses io_uring; the older setup.py sources do not)
-  purelib="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  if [[ -f "$src/CMakeLists.txt" && -d "$src/llm" ]]; then
-    { cmake -S "$src" -B "$src/build" -DCMAKE_INSTALL_PREFIX="$purelib" -DBUILD_PYTHON_BINDINGS=ON \
-        -DPython_EXECUTABLE="$VPY" -Dnanobind_DIR="$("$VPY" -m nanobind --cmake_dir)" \
-      && cmake --build "$src/build" -j"$(nproc)" && cmake --install "$src/build" \
-      && "$VPY" -m pip install --no-deps --no-build-isolation "$src/llm"; } >>"$LOG" 2>&1
-  else
-    "$VPY" -m pip install --no-build-isolation "$src" >>"$LOG" 2>&1
+  if ! echo '#include <liburing.h>' | cc -E - >/dev/null 2>&1 && ls "$BUNDLE"/debs/liburing-dev_*.deb >/dev/null 2>&1; then
+    extract_deb "$BUNDLE"/debs/liburing-dev_*.deb "$DEST/.venv/liburing"
+    uring=(--liburing "$DEST/.venv/liburing/usr")
   fi
-  if "$VPY" -c 'from datastates import CheckpointEngine' >>"$LOG" 2>&1; then
+  if "$DEST/scripts/bundle/build-datastates.sh" "$src" "$VPY" "${uring[@]}" >>"$LOG" 2>&1; then
     log "DataStates-LLM installed: from datastates import CheckpointEngine works"
   else
-    log "DataStates-LLM did not build or import (see $LOG): engine=datastates is refused on this node"
+    log "DataStates-LLM did not build or import ($(grep -h 'DataStates-LLM not built' "$LOG" | tail -1 || true); see $LOG): engine=datastates is refused on this node"
   fi
+}
+# A Debian package's files under DIR, without dpkg where there is none (an .deb is an ar archive holding data.tar.*)
+extract_deb() {
+  mkdir -p "$2"
+  if command -v dpkg-deb >/dev/null; then dpkg-deb -x "$1" "$2"; return; fi
+  local tmp; tmp="$(mktemp -d)"
+  (cd "$tmp" && ar x "$1") && tar -C "$2" -xf "$tmp"/data.tar.*
+  rm -rf "$tmp"
 }
 
 log "torch and build tools (log: $LOG)"
@@ -131,7 +134,10 @@ if [[ "$CUDA" == yes ]]; then
   math_headers
   # built for the CUDA accelerator even where no GPU answers (a login node): DS_ACCELERATOR=cuda, the GPUs from
   # TORCH_CUDA_ARCH_LIST (set it there: nothing to ask)
-  if echo '#include <libaio.h>' | cc -E - >/dev/null 2>&1; then
+  if [[ "$DS_OPS" == none ]]; then
+    log "DeepSpeed from source, no prebuilt ops (--deepspeed-ops none: they JIT-build on first use)"
+    run env DS_ACCELERATOR=cuda DS_BUILD_OPS=0 "$VPY" -m pip install --no-build-isolation "$DS_SRC"
+  elif echo '#include <libaio.h>' | cc -E - >/dev/null 2>&1; then
     # async_io resolves its pinned-memory manager from the pin_memory op, which DeepSpeed loads first: built with it
     log "DeepSpeed from source with its async_io and pin_memory (FastPersist) and fused_adam ops (several minutes)"
     run env DS_ACCELERATOR=cuda DS_BUILD_OPS=0 DS_BUILD_AIO=1 DS_BUILD_PIN_MEMORY=1 DS_BUILD_FUSED_ADAM=1 \

@@ -1,0 +1,452 @@
+#!/usr/bin/env python3
+"""Check every checkpoint engine on one GPU node, offline, within a time limit, from the folder
+scripts/bundle/gpu-check-folder.py made (docs/clusters.md, "The GPU check in one offline command"):
+
+    python3 FOLDER/gpu-check.py --out "$OUT" [--time-limit 600] [--work /tmp/rh-gpu-check] [--big 3B|none]
+
+In order, each step logged as it ends (OUT/check.log):
+  1. the folder is checked whole (MANIFEST.sha256): a missing or changed file is one line, exit 2, nothing written;
+  2. the node's Python gets what it lacks or has older (gpu-check.json's packages, pip --no-index --no-deps
+     --no-build-isolation, in a venv over the image's packages; DeepSpeed from its source distribution, no ops), the
+     project (editable), and, where the node has no libaio or liburing, Debian's files of them (CPATH, LIBRARY_PATH,
+     LD_LIBRARY_PATH); DataStates-LLM is built against the node's CUDA and torch (OUT/install.log);
+  3. `submit-job.sh matrix model=small` (every engine and fsdp2-dcp; OUT/matrix-small.log);
+  4. if the disk holds it and the time left allows, one real run of the big model (3B) with engine=default and lazy
+     (one save each, its checkpoint deleted after it; OUT/big-3B.log); otherwise skipped with the reason;
+and after every case that ends, OUT/results.tar.gz is rewritten (every run's records, reports and logs, never a
+checkpoint), so a check stopped at its time limit leaves what it did. At the time limit (less RESERVE_SECONDS to
+pack) the running command is stopped as Ctrl-C stops it (its run recorded as interrupted, the matrix as failed). OUT holds at most 8 files:
+check.log, node.txt, install.log, matrix-<model>.log, big-<model>.log, results.tar.gz.
+Exit 0: every case that could run verified and nothing was cut off; 1 otherwise; 2: bad input. Standard library only:
+it runs with the image's Python before anything is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESERVE_SECONDS = 30  # kept back from the time limit: stop what runs, pack, write the last lines
+STOP_GRACE_SECONDS = 20  # after SIGTERM, before every process of the command is killed
+OUT_FILES_MAX = 8  # what a device call brings back
+START = time.monotonic()
+
+
+def fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+class Check:
+    def __init__(self, a):
+        self.a, self.out, self.work = a, a.out, a.work
+        self.deadline = START + a.time_limit - min(RESERVE_SECONDS, a.time_limit / 4)
+        self.log = open(self.out / "check.log", "a", buffering=1)  # noqa: SIM115 - open for the whole check
+        self.env = dict(os.environ)
+        self.py = a.python
+        self.cut = False
+        self.failed = False
+        self.reported: set[str] = set()
+
+    # ---- plumbing --------------------------------------------------------------------------------------------------
+    def say(self, line: str) -> None:
+        text = f"[gpu-check +{time.monotonic() - START:.0f}s] {line}"
+        self.log.write(text + "\n")
+        print(text, file=sys.stderr, flush=True)
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def run(self, cmd: list[str], log: Path, env: dict | None = None, cwd: Path | None = None) -> int | None:
+        """cmd in a session of its own, its output appended to log, stopped at the deadline (None: it was)."""
+        with open(log, "a") as f:
+            f.write(f"$ {shlex.join(cmd)}\n")
+            f.flush()
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env or self.env, cwd=cwd,
+                                    start_new_session=True)
+            return self.wait(proc)
+
+    def wait(self, proc: subprocess.Popen, each=None) -> int | None:
+        while True:
+            try:
+                return proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                if each:
+                    each()
+                if self.left() <= 0:
+                    self.stop(proc)
+                    return None
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        """SIGINT to the command's process group, as Ctrl-C in a terminal (the harness records its run as interrupted
+        and the matrix as failed, ending its ranks), then every process of its session is killed."""
+        self.cut = True
+        self.say(f"time limit: stopping {Path(proc.args[0]).name} (pid {proc.pid}); what ended is packed")
+        try:
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=STOP_GRACE_SECONDS)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+        for pid in session_members(proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        proc.wait()
+
+    def pack(self) -> None:
+        """OUT/results.tar.gz: everything under WORK/results but checkpoints, written whole or not at all."""
+        results = self.work / "results"
+        if not results.is_dir():
+            return
+        tmp = self.out / ".results.tar.gz.partial"
+        with tarfile.open(tmp, "w:gz") as t:
+            t.add(results, arcname="results", filter=lambda i: without_checkpoints(i, results.parent))
+        os.replace(tmp, self.out / "results.tar.gz")
+
+    # ---- steps -----------------------------------------------------------------------------------------------------
+    def node(self) -> None:
+        lines = []
+        versions = ("import sys, torch; print(sys.version); print('torch', torch.__version__, 'cuda', "
+                    "torch.version.cuda, torch.cuda.is_available(), torch.cuda.device_count())")
+        for cmd in (["nvidia-smi"], ["df", "-h", str(self.work), str(self.out)], ["nproc"], ["free", "-g"],
+                    ["uname", "-r"], [self.py, "-c", versions], ["nvcc", "--version"], ["cmake", "--version"]):
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+                lines += [f"$ {shlex.join(cmd)}", proc.stdout.rstrip(), proc.stderr.rstrip()]
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                lines += [f"$ {shlex.join(cmd)}", f"({exc})"]
+        (self.out / "node.txt").write_text("\n".join(x for x in lines if x) + "\n")
+
+    def installed(self, py: str, names: list[str]) -> dict[str, str | None]:
+        code = ("import importlib.metadata as m, json, sys\nout = {}\nfor n in sys.argv[1:]:\n    try:\n"
+                "        out[n] = m.version(n)\n    except m.PackageNotFoundError:\n        out[n] = None\n"
+                "print(json.dumps(out))")
+        proc = subprocess.run([py, "-c", code, *names], capture_output=True, text=True, check=False)
+        return json.loads(proc.stdout) if proc.returncode == 0 else dict.fromkeys(names)
+
+    def install(self, manifest: dict) -> None:
+        """What the node's Python lacks or has older, into a venv over its packages (or into its own venv)."""
+        log = self.out / "install.log"
+        (self.work / "project").mkdir(parents=True)
+        with tarfile.open(HERE / "project.tar.gz") as t:
+            t.extractall(self.work / "project", filter="data")
+        cuda = self.cuda()
+        roles = ["run", "analysis"] + (["cuda"] if cuda else [])
+        wanted = [p for r in roles for p in manifest["packages"].get(r, [])]
+        have = self.installed(self.py, [p["name"] for p in wanted] + ["restart-harness"])
+        need = [p for p in wanted if older(have.get(p["name"]), p["version"])]
+        self.say("the node's Python has " + (", ".join(f"{n} {v}" for n, v in have.items() if v) or "none of them")
+                 + "; to install: " + (", ".join(f"{p['name']} {p['version']}" for p in need) or "nothing"))
+        if need or not have.get("restart-harness"):
+            self.py = self.environment()
+            build = [p for p in manifest["packages"].get("build", [])
+                     if older(self.installed(self.py, [p["name"]]).get(p["name"]), p["version"])]
+            wheels = [str(HERE / p["file"]) for p in build + need if p["file"].endswith(".whl")]
+            sdists = [str(HERE / p["file"]) for p in need if not p["file"].endswith(".whl")]
+            pip = [self.py, "-m", "pip", "install", "--no-index", "--no-deps", "--no-build-isolation",
+                   "--disable-pip-version-check"]
+            for cmd, env in ((pip + wheels, None), (pip + sdists, {**self.env, "DS_BUILD_OPS": "0"}),
+                             (pip + ["-e", str(self.work / "project")], None)):
+                if cmd != pip and self.run(cmd, log, env=env) != 0:
+                    self.failed = True
+                    self.say(f"install failed: {shlex.join(cmd[-1:])} (OUT/install.log)")
+                    return
+        self.env["RH_PYTHON"] = self.py
+        self.env["PATH"] = f"{Path(self.py).parent}:{self.env.get('PATH', '')}"  # ninja for DeepSpeed's JIT builds
+        self.system_libraries()
+        if cuda:
+            self.datastates()
+        else:
+            self.say("DataStates-LLM not built: this node's torch has no CUDA (engine=datastates is refused, "
+                     "with the reason)")
+
+    def environment(self) -> str:
+        """A venv over the image's packages (its own venv where the image's Python is one already)."""
+        real = subprocess.run([self.py, "-c", "import sys; print(sys.prefix != sys.base_prefix)"],
+                              capture_output=True, text=True, check=False).stdout.strip()
+        if real == "True":
+            self.say(f"installing into the image's own venv ({self.py})")
+            return self.py
+        venv = self.work / "venv"
+        subprocess.run([self.py, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+        self.say(f"venv {venv} over the image's packages")
+        return str(venv / "bin" / "python")
+
+    def cuda(self) -> bool:
+        proc = subprocess.run([self.py, "-c", "import torch; print(bool(torch.version.cuda))"], capture_output=True,
+                              text=True, check=False)
+        return proc.stdout.strip() == "True" and shutil.which("nvcc") is not None
+
+    def system_libraries(self) -> None:
+        """libaio (DeepSpeed's async_io op) and liburing (DataStates-LLM): Debian's files, where the node lacks them."""
+        sysroot = self.work / "sys"
+        for deb in sorted((HERE / "debs").glob("*.deb")):
+            extract_deb(deb, sysroot)
+        probe = ("from engines import _async_io; print(_async_io.shortfall() or '')")
+        why = subprocess.run([self.py, "-c", probe], capture_output=True, text=True, env=self.env,
+                             cwd=self.work / "project", check=False).stdout.strip()
+        if why:
+            inc, lib = sysroot / "usr/include", next((sysroot / "usr/lib").glob("*-linux-gnu"), sysroot / "usr/lib")
+            for var, path in (("CPATH", inc), ("LIBRARY_PATH", lib), ("LD_LIBRARY_PATH", lib)):
+                self.env[var] = f"{path}:{self.env[var]}" if self.env.get(var) else str(path)
+            self.say(f"libaio: {why}; using Debian's files carried ({inc}, {lib})")
+        else:
+            self.say("libaio: the node has it (DeepSpeed's async_io op can be built or loaded)")
+
+    def datastates(self) -> None:
+        src = self.work / "datastates-llm"
+        if not (HERE / "datastates-llm.tar.gz").is_file():
+            self.say("DataStates-LLM not carried: engine=datastates is refused, with the reason")
+            return
+        with tarfile.open(HERE / "datastates-llm.tar.gz") as t:
+            t.extractall(self.work, filter="data")
+        uring = []
+        if subprocess.run(["cc", "-E", "-x", "c", "-"], input="#include <liburing.h>\n", capture_output=True,
+                          text=True, check=False).returncode != 0:
+            uring = ["--liburing", str(self.work / "sys" / "usr")]
+        start = time.monotonic()
+        code = self.run(["bash", str(self.work / "project/scripts/bundle/build-datastates.sh"), str(src), self.py,
+                         *uring], self.out / "install.log")
+        self.say(f"DataStates-LLM {'built' if code == 0 else 'NOT built'} in {time.monotonic() - start:.0f} s "
+                 f"(exit {code}; OUT/install.log)")
+
+    def matrix(self) -> None:
+        folder = self.work / "results" / "matrix"
+        folder.mkdir(parents=True, exist_ok=True)
+        cmd = [str(self.work / "project/submit-job.sh"), "matrix", f"model={self.a.model}",
+               f"engines={self.a.engines}", f"results_dir={folder}", *shlex.split(self.a.matrix_args)]
+        self.say(f"matrix: {shlex.join(cmd[1:])} ({self.left():.0f} s left)")
+        seen: dict[Path, float] = {}
+
+        def changed() -> None:  # a case ended: matrix.json was rewritten
+            for record in folder.glob("matrix-*/matrix.json"):
+                if seen.get(record) != record.stat().st_mtime:
+                    seen[record] = record.stat().st_mtime
+                    self.pack()
+                    self.report_cases(record)
+
+        with open(self.out / f"matrix-{self.a.model}.log", "a") as f:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+            code = self.wait(proc, each=changed)
+        changed()
+        records = list(folder.glob("matrix-*/matrix.json"))
+        cases = json.loads(records[0].read_text())["cases"] if records else []
+        bad = [c["name"] for c in cases if not c["refused"] and not c.get("verified")]
+        self.failed |= bool(bad) or code is None or not records
+        self.say(f"matrix {'stopped at the time limit' if code is None else f'ended (exit {code})'}: "
+                 f"{sum(1 for c in cases if c.get('verified'))} verified, {sum(1 for c in cases if c['refused'])} "
+                 f"refused, not verified: {', '.join(bad) or 'none'}")
+
+    def report_cases(self, record: Path) -> None:
+        for c in json.loads(record.read_text())["cases"]:
+            if "exit_code" in c and c["name"] not in self.reported:
+                self.reported.add(c["name"])
+                self.say(f"case {c['name']}: {'verified' if c.get('verified') else 'NOT verified'} "
+                         f"(exit {c['exit_code']}, {c.get('seconds')} s){'; ' + c['error'] if c.get('error') else ''}")
+
+    def big_fits(self) -> tuple[list[str], float | None] | None:
+        """Before the matrix: does the big model's run fit this node's disk? (its tokens and predicted seconds a run),
+        or None with the reason said: skipped, never failed half-way."""
+        model = self.a.big
+        tokens = [model, "iters=2", "save_interval=2", "after=1", "cache=drop", "keep=false"]
+        plan = self.plan(tokens, self.a.big_engines.split(","))
+        if plan is None:
+            return None
+        need_bytes, seconds = plan
+        free = shutil.disk_usage(self.work).free
+        if need_bytes > free:
+            self.say(f"{model} skipped: one checkpoint of it needs {need_bytes / 1e9:.1f} GB (the planner) and "
+                     f"{self.work}'s file system has {free / 1e9:.1f} GB free; accepted: --work on a file system with "
+                     f"{need_bytes / 1e9:.1f} GB free, or --big none")
+            return None
+        self.say(f"{model}: one checkpoint needs {need_bytes / 1e9:.1f} GB, {free / 1e9:.1f} GB free; it runs after "
+                 "the matrix if the time left allows")
+        return tokens, seconds
+
+    def big(self, tokens: list[str], seconds: float | None) -> None:
+        model, engines = tokens[0], self.a.big_engines.split(",")
+        want = 1.2 * seconds if seconds else 180.0
+        if self.left() < want:
+            self.say(f"{model} skipped: {self.left():.0f} s left, a run needs about {want:.0f} s "
+                     f"({'1.2 x the prediction' if seconds else 'no prediction: 180 s'}); accepted: a longer "
+                     "--time-limit")
+            self.cut = True
+            return
+        folder = self.work / "results" / "big"
+        folder.mkdir(parents=True, exist_ok=True)
+        cmd = [str(self.work / "project/submit-job.sh"), *tokens, f"engine={','.join(engines)}",
+               f"results_dir={folder}"]
+        self.say(f"{model}: {shlex.join(cmd[1:])} ({self.left():.0f} s left, predicted {seconds or 0:.0f} s a run)")
+        seen: dict[Path, float] = {}
+
+        def changed() -> None:
+            for record in folder.glob("sweep-*/sweep.json"):
+                if seen.get(record) != record.stat().st_mtime:
+                    seen[record] = record.stat().st_mtime
+                    self.pack()
+
+        with open(self.out / f"big-{model}.log", "a") as f:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+            code = self.wait(proc, each=changed)
+        changed()
+        self.failed |= code != 0
+        self.say(f"{model} {'stopped at the time limit' if code is None else f'ended (exit {code})'}")
+
+    def plan(self, tokens: list[str], engines: list[str]) -> tuple[int, float | None] | None:
+        """(bytes of the largest run's checkpoints, the first run's predicted wall seconds or None), asked of the
+        harness's planner and predictor (campaigns/sweep.py estimate)."""
+        code = ("import json, sys\nfrom restart_harness import machine, resolve\nfrom restart_harness.command import "
+                "parse_args\nfrom restart_harness.campaigns.sweep import estimate\n"
+                "tokens, engines = json.loads(sys.argv[1]), sys.argv[2:]\n"
+                "print(json.dumps([estimate(resolve.plugins(machine.resolve(parse_args([*tokens, 'engine=' + e]))))\n"
+                "                  for e in engines]))")
+        proc = subprocess.run([self.py, "-c", code, json.dumps(tokens), *engines], capture_output=True, text=True,
+                              env=self.env, cwd=self.work / "project", check=False)
+        if proc.returncode != 0:
+            self.say(f"{tokens[0]} skipped: the harness refuses it here: "
+                     f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}")
+            return None
+        estimates = json.loads(proc.stdout)
+        return max(b for _, b in estimates), estimates[0][0]
+
+
+def older(have: str | None, carried: str) -> bool:
+    """Is an installed version missing or older than the carried one (numeric parts compared)?"""
+    if have is None:
+        return True
+
+    def parts(v: str) -> tuple[int, ...]:
+        out = []
+        for x in v.replace("+", ".").split("."):
+            digits = "".join(c for c in x if c.isdigit()) if x[:1].isdigit() else ""
+            if not digits:
+                break
+            out.append(int(digits))
+        return tuple(out)
+
+    return parts(have) < parts(carried)
+
+
+def without_checkpoints(info: tarfile.TarInfo, base: Path) -> tarfile.TarInfo | None:
+    """Everything but a run's checkpoints: its checkpoint/ folder (beside its spec.json) is left out, whole (its
+    events/checkpoint/ records stay)."""
+    path = base / info.name
+    return None if path.name == "checkpoint" and (path.parent / "spec.json").is_file() else info
+
+
+def session_members(sid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if len(fields) > 3 and int(fields[3]) == sid:
+                out.append(int(entry.name))
+    return out
+
+
+def extract_deb(deb: Path, dest: Path) -> None:
+    """A Debian package's files under dest, without dpkg (an ar archive holding data.tar.*)."""
+    data = deb.read_bytes()
+    assert data[:8] == b"!<arch>\n", deb
+    at = 8
+    while at < len(data):
+        name, size = data[at:at + 16].decode().strip().rstrip("/"), int(data[at + 48:at + 58].decode().strip())
+        body = data[at + 60:at + 60 + size]
+        if name.startswith("data.tar"):
+            with tarfile.open(fileobj=io.BytesIO(body)) as t:
+                t.extractall(dest, filter=_within)
+            return
+        at += 60 + size + (size % 2)
+
+
+def _within(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """tarfile's "data" filter, a member it refuses (a link to an absolute path, such as a unit file's) left out."""
+    try:
+        return tarfile.data_filter(member, dest)
+    except tarfile.FilterError:
+        return None
+
+
+def whole(folder: Path) -> dict:
+    """The folder's files against MANIFEST.sha256; gpu-check.json. One line and exit 2 at the first problem."""
+    accepted = "accepted: a folder made by scripts/bundle/gpu-check-folder.py, carried whole"
+    manifest = folder / "MANIFEST.sha256"
+    if not manifest.is_file() or not (folder / "gpu-check.json").is_file():
+        fail(f"{folder}: no MANIFEST.sha256 or gpu-check.json; {accepted}")
+    info = json.loads((folder / "gpu-check.json").read_text())
+    what = {p["file"]: f"{p['name']} {p['version']}" for ps in info["packages"].values() for p in ps}
+    for line in manifest.read_text().splitlines():
+        digest, _, rel = line.partition("  ")
+        path = folder / rel
+        label = f"{rel} ({what[rel]})" if rel in what else rel
+        if not path.is_file():
+            fail(f"{folder}: {label} is missing; {accepted}")
+        if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+            fail(f"{folder}: {label} differs from MANIFEST.sha256; {accepted}")
+    listed = {line.partition("  ")[2] for line in manifest.read_text().splitlines()}
+    for rel, label in what.items():
+        if rel not in listed:
+            fail(f"{folder}: {rel} ({label}) is not in MANIFEST.sha256; {accepted}")
+    return info
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=os.environ.get("OUT"))
+    p.add_argument("--time-limit", type=float, default=600.0, help="seconds for the whole check (default 600)")
+    p.add_argument("--work", type=Path, default=Path("/tmp/rh-gpu-check"))
+    p.add_argument("--python", default=sys.executable, help="the node's Python with torch (default: this one)")
+    p.add_argument("--model", default="small")
+    p.add_argument("--engines", default="all")
+    p.add_argument("--matrix-args", default="", help="more matrix keys, e.g. 'layouts=tp1-pp1-dp1'")
+    p.add_argument("--big", default="3B", help="the model of the real-size run, or none")
+    p.add_argument("--big-engines", default="default,lazy")
+    a = p.parse_args(argv)
+    if a.out is None:
+        fail("no --out and no $OUT; accepted: --out DIR, the folder the results go to")
+    if not 30 <= a.time_limit <= 86400:
+        fail(f"--time-limit {a.time_limit:g}; accepted: 30 to 86400 seconds")
+    info = whole(HERE)
+    if a.out.exists() and any(a.out.iterdir()):
+        fail(f"--out {a.out} is not empty; accepted: a new or empty folder (it gets at most {OUT_FILES_MAX} files)")
+    if a.work.exists() and any(a.work.iterdir()):
+        fail(f"--work {a.work} is not empty; accepted: a new or empty folder")
+    a.out.mkdir(parents=True, exist_ok=True)
+    a.work.mkdir(parents=True, exist_ok=True)
+    check = Check(a)
+    check.say(f"folder {HERE} whole (project {info['project_commit'][:12]}, DataStates-LLM {info['datastates']}); "
+              f"time limit {a.time_limit:.0f} s, {RESERVE_SECONDS} s of it kept to pack")
+    check.node()
+    check.install(info)
+    big = check.big_fits() if a.big != "none" and not check.failed else None
+    if not check.failed and check.left() > 0:
+        check.matrix()
+    if big and check.left() > 0 and not check.cut:
+        check.big(*big)
+    elif big:
+        check.say(f"{a.big} skipped: {'the time limit cut the matrix off' if check.cut else 'an earlier step failed'}")
+    check.pack()
+    files = sorted(f.name for f in a.out.iterdir())
+    check.say(f"done: {'cut off at the time limit; ' if check.cut else ''}"
+              f"{'something did not verify or failed; ' if check.failed else ''}OUT: {', '.join(files)}")
+    return 1 if check.cut or check.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

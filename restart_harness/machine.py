@@ -129,6 +129,38 @@ def _meminfo(field: str) -> int | None:
     return None
 
 
+def cpu_model() -> str | None:
+    """This machine's CPU model as the kernel names it (/proc/cpuinfo `model name`), or None."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def gpu_model() -> str | None:
+    """The model of this node's first NVIDIA GPU as its driver names it (/proc/driver/nvidia/gpus/*/information), or
+    None where there is no driver."""
+    for info in sorted(glob.glob("/proc/driver/nvidia/gpus/*/information")):
+        try:
+            for line in Path(info).read_text().splitlines():
+                if line.startswith("Model:"):
+                    return line.split(":", 1)[1].strip()
+        except OSError:
+            continue
+    return None
+
+
+def device_facts(device: str) -> dict:
+    """What a run's ranks compute on here: the kind (cpu or cuda), its model and how many; a prediction is only this
+    device's where its calibration was measured on the same (predict/forecast.py)."""
+    if device == "cuda":
+        return {"kind": "cuda", "model": gpu_model(), "count": nvidia_devices()}
+    return {"kind": "cpu", "model": cpu_model(), "count": os.cpu_count() or 1}
+
+
 def cpu_flags() -> set[str]:
     """The instruction-set flags of this machine's first CPU (/proc/cpuinfo); empty where it cannot be read."""
     try:
@@ -171,6 +203,9 @@ def facts(checkpoint_path: Path) -> dict:
             "cpus": os.cpu_count(),
             "memory_bytes": _meminfo("MemTotal:"),
             "cpu_avx512": "avx512f" in cpu_flags(),
+            "cpu_model": cpu_model(),
+            "gpu_model": gpu_model(),
+            "gpus": nvidia_devices(),
             "user_is_root": os.geteuid() == 0,
         },
         "checkpoint_filesystem": filesystem(checkpoint_path),

@@ -60,6 +60,10 @@ def test_matrix_runs_what_this_node_can_and_says_why_not_the_rest(tmp_path):
     for name in ("decoupled", "datastates"):
         assert "cpu" in by_engine[name]["refused"] and "exit_code" not in by_engine[name]
     assert (folder / "report" / "report.md").is_file() and "refused" in proc.stdout
+    # a calibration of this device from the matrix's own runs, naming it (a GPU node's predictions use its own)
+    calibration = json.loads((folder / "calibration.json").read_text())
+    assert record["calibration"] == str(folder / "calibration.json") and calibration["runs"]
+    assert [d["kind"] for d in calibration["devices"]] == ["cpu"] and calibration["devices"][0]["model"]
 
 
 @pytest.mark.parametrize("args, named", [(["device=cuda"], "device=cuda"), (["layouts=tp2"], "layouts=tp2"),

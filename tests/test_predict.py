@@ -94,6 +94,8 @@ def test_calibrate_fits_finished_runs_and_predict_uses_the_file(tmp_path):
     p = json.loads(cli(["predict", "tiny", f"calibration={out}", "write_gbps=1", "read_gbps=1", "predict=json"],
                        tmp_path).stdout)
     assert p["calibration"]["path"] == str(out) and p["calibration"]["runs"] == 3
+    # the calibration names the devices its runs computed on (runs before 2026-11-26: the kind, not the model)
+    assert cal["devices"] == [{"kind": "cpu", "model": None, "count": 2}] and p["other_device"] is False
     # the fit reproduces its own runs within the range it states
     for run_dir in fit.run_dirs([DATA]):
         o = fit.observation(run_dir)
@@ -171,3 +173,20 @@ def test_an_environments_metadata_rate_prices_the_import_storm(tmp_path):
     assert any("give env_metadata_ops_s=" in n for n in plain["note"])
     text = cli([*base[:-1], "env_metadata_ops_s=100000"], tmp_path).stdout
     assert "an import storm" in text
+
+
+def test_a_prediction_for_another_device_says_so_beside_every_figure(tmp_path):
+    """A calibration is tied to the device its runs computed on: predicting a GPU run with this project's CPU
+    calibration says so in its header and beside every figure (prediction.json: other_device), never quietly."""
+    gpu = cli(["predict", "small", "device=cuda", "write_gbps=1", "read_gbps=1"], tmp_path)
+    assert gpu.returncode == 0, gpu.stderr
+    assert "NOT THIS RUN'S DEVICE" in gpu.stdout and "save_durable_seconds" in gpu.stdout
+    figures = [line for line in gpu.stdout.splitlines()
+               if line.startswith(("save_", "restart_")) and "not predicted" not in line]
+    assert figures and all("[ANOTHER DEVICE's rates]" in line for line in figures), gpu.stdout
+    made = json.loads(cli(["predict", "small", "device=cuda", "write_gbps=1", "read_gbps=1", "predict=json"],
+                          tmp_path).stdout)
+    assert made["other_device"] is True and made["device"]["kind"] == "cuda"
+    assert made["note"][0].startswith("calibrated on another device (cpu: ")
+    cpu = json.loads(cli(["predict", "small", "write_gbps=1", "read_gbps=1", "predict=json"], tmp_path).stdout)
+    assert cpu["other_device"] is False and cpu["device"]["kind"] == "cpu"

@@ -119,8 +119,24 @@ def run(options: MatrixOptions, say=print) -> Path:
         from analysis.report import main as report
 
         report([str(folder / "runs"), "-o", str(folder / "report")])
+        record["calibration"] = calibrate_device(folder, say)
+        write_json_atomic(folder / "matrix.json", record)
     say(render(record))
     return folder
+
+
+def calibrate_device(folder: Path, say) -> str | None:
+    """A calibration of this device from the matrix's runs (folder/calibration.json): the prediction of a run on it
+    then uses this device's rates (calibration=PATH) instead of another device's."""
+    from restart_harness.predict import fit
+
+    try:
+        path = fit.write(fit.calibrate([folder / "runs"]), folder / "calibration.json")
+    except UsageError as exc:
+        say(f"[matrix] no calibration of this device: {exc}")
+        return None
+    say(f"[matrix] a calibration of this device from these runs: {path} (calibration={path} in a run or predict)")
+    return str(path)
 
 
 def _figures(run_dir: Path | None) -> dict:

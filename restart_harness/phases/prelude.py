@@ -44,7 +44,8 @@ def record_prediction(run: resolve.Run, probe: dict | None) -> str | None:
     whole = forecast.run_wall_seconds(run, made)
     if whole is not None:
         parts.append(f"the whole run about {estimate.duration(whole)}")
-    return f"calibration {spec.calibration}: " + (", ".join(parts) or "nothing predicted (see prediction.json)")
+    other = " - calibrated on ANOTHER DEVICE, its rates, not this one's" if made.get("other_device") else ""
+    return f"calibration {spec.calibration}: " + (", ".join(parts) or "nothing predicted (see prediction.json)") + other
 
 
 def baseline_line(b: dict) -> str:

@@ -115,7 +115,28 @@ def observation(run_dir: Path) -> dict | None:
     cpus = (run.facts.get("host") or {}).get("cpus") or 1
     saves = (summary.get("checkpoint") or {}).get("saves") or []
     return {"run": str(run_dir), "plugins": run, "features": feats.of(run, cpus, write or None, read or None),
-            "measured": measured(summary), "asynchronous": any(s.get("async") for s in saves)}
+            "measured": measured(summary), "asynchronous": any(s.get("async") for s in saves),
+            "device": recorded_device(run.spec.device, run.facts.get("host") or {})}
+
+
+def recorded_device(device: str, host: dict) -> dict:
+    """The device a run computed on, from its spec.json (its model: null in runs before 2026-11-26)."""
+    if device == "cuda":
+        return {"kind": "cuda", "model": host.get("gpu_model"), "count": host.get("gpus")}
+    return {"kind": "cpu", "model": host.get("cpu_model"), "count": host.get("cpus")}
+
+
+def device_label(d: dict) -> str:
+    """`cpu: AMD EPYC ... (2)`, `cuda: NVIDIA H200 (8)`: a device as a calibration and a prediction name it."""
+    return f"{d['kind']}: {d.get('model') or 'model not recorded'}" + (f" ({d['count']})" if d.get("count") else "")
+
+
+def same_device(calibration: dict, device: dict) -> bool:
+    """Was the calibration measured on this kind of device (the same model, where both name one)? A calibration
+    older than the record of its devices was measured on this project's CPU machines."""
+    devices = calibration.get("devices") or [{"kind": "cpu", "model": None}]
+    return any(d["kind"] == device["kind"] and (not d.get("model") or not device.get("model")
+                                                or d["model"] == device["model"]) for d in devices)
 
 
 def _fit_phase(phase: Phase, observations: list[dict]) -> dict:
@@ -173,10 +194,13 @@ def calibrate(paths: list[Path]) -> dict:
         raise refused("runs", ",".join(map(str, paths)), f"none of the {len(dirs)} runs can be used "
                       f"({seen[0]['skipped']}, ...)")
     hosts = {(o["features"].cpus_per_node) for o in used}
+    devices = {json.dumps(o["device"], sort_keys=True): o["device"] for o in used}
     return {
         "schema_version": SCHEMA_VERSION,
         "fitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus_per_node": sorted(hosts)},
+        # the devices its runs computed on: a prediction for another says so beside every figure (forecast.py)
+        "devices": [devices[k] for k in sorted(devices)],
         "definition": "phase_seconds = sum of coefficient x term; ratio_range: the 10th and 90th percentiles of "
                       "measured / fitted over these runs (min and max under 5 runs); docs/prediction.md",
         "runs": [o["run"] for o in used],
@@ -194,7 +218,8 @@ def write(calibration: dict, out: Path) -> Path:
 
 def render(calibration: dict) -> str:
     """Each phase and group: its runs, fitted coefficients and how well they fit those runs."""
-    lines = [f"calibration from {len(calibration['runs'])} runs ({len(calibration['skipped'])} skipped)", "",
+    lines = [f"calibration from {len(calibration['runs'])} runs ({len(calibration['skipped'])} skipped) on "
+             + "; ".join(device_label(d) for d in calibration.get("devices") or []), "",
              f"{'phase':<34}{'group':<22}{'runs':>5}{'median |err|':>14}{'range':>16}  coefficients"]
     for name, groups in calibration["phases"].items():
         for group, g in groups.items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from restart_harness import machine
 from restart_harness.files import baseline
 from restart_harness.plan import checkpoint
 from restart_harness.plan.estimate import typical_file_bytes
@@ -15,7 +16,7 @@ from restart_harness.predict import fit, restart_io
 from restart_harness.predict.model import predict
 from restart_harness.resolve import Plugins
 from restart_harness.results.prediction import PHASES
-from restart_harness.schema import MIB, PREDICTED_TOTAL
+from restart_harness.schema import MIB, PREDICTED_TOTAL, count
 
 GB = 10**9
 IGNORES = ("stragglers and variation between nodes, interference from other jobs, a storage's per-client limits "
@@ -66,11 +67,24 @@ def build(plugins: Plugins, cpus_per_node: int, store: dict, calibration: dict |
                  store.get("metadata_ops_per_s"), store.get("env_metadata_ops_per_s"))
     made = predict(plugins, f, calibration)
     made["notes"] += _storm_notes(plugins, f)
+    device = machine.device_facts(spec.device)
+    other = not fit.same_device(calibration, device)
+    calibrated = "; ".join(fit.device_label(d) for d in calibration.get("devices") or []) or \
+        "cpu: this project's 2-core machines (model not recorded)"
+    if other:
+        for row in made["phases"].values():
+            if row.get("seconds") is not None:
+                row["other_device"] = True
+        made["notes"].insert(0, f"calibrated on another device ({calibrated}), not on this run's "
+                                f"({fit.device_label(device)}): every figure is that device's rates, not this one's; "
+                                "a calibration of this device: ./submit-job.sh matrix (it writes one) or calibrate")
     return {
         "model": spec.model_label, "layout": spec.layout, "zero": spec.zero, "engine": spec.engine,
         "stack": spec.stack, "emulate": spec.emulate, "launcher": spec.launcher, "world_size": spec.world_size,
         "calibration": {"name": spec.calibration, "path": str(fit.path_of(spec.calibration)),
-                        "fitted_at": calibration.get("fitted_at"), "runs": len(calibration.get("runs", []))},
+                        "fitted_at": calibration.get("fitted_at"), "runs": len(calibration.get("runs", [])),
+                        "devices": calibrated},
+        "device": device, "other_device": other,
         "storage": store["source"], "features": f.to_json(), "phases": made["phases"], "note": made["notes"],
         "ignores": IGNORES, "predict_seconds": round(time.perf_counter() - start, 6),
     }
@@ -89,7 +103,7 @@ def _storm_notes(plugins: Plugins, f: feats.Features) -> list[str]:
     per_rank = sum(ops.get(p, 0) for p in restart_io.STARTUP)
     text = (f"start-up metadata: {per_rank:,.0f} operations a rank from imports to engine_init ({key}, "
             f"measured {measured.get('date')} with torch {measured.get('torch')}, DeepSpeed "
-            f"{measured.get('deepspeed')}), {f.world_size * per_rank:,.0f} for {f.world_size:,} ranks")
+            f"{measured.get('deepspeed')}), {f.world_size * per_rank:,.0f} for {count(f.world_size, 'rank')}")
     if f.env_metadata_ops_per_s:
         storm = (f": {f.world_size * per_rank / f.env_metadata_ops_per_s:,.1f} s at {f.env_metadata_ops_per_s:,.0f} "
                  "operations/s if every rank starts at once (the environment_metadata term; a client cache or a "
@@ -123,11 +137,13 @@ def _seconds(x: float) -> str:
 
 def render(p: dict) -> str:
     f = p["features"]
-    lines = [(f"predict: {p['model']}, {p['layout']} zero={p['zero']} ({p['world_size']} ranks, {f['nodes']} "
-              f"node{'s' if f['nodes'] > 1 else ''} x {f['ranks_per_node']}, {f['cpus_per_node']} CPUs per node), "
+    lines = [(f"predict: {p['model']}, {p['layout']} zero={p['zero']} ({count(p['world_size'], 'rank')}, "
+              f"{count(f['nodes'], 'node')} x {f['ranks_per_node']}, {count(f['cpus_per_node'], 'CPU')} per node), "
               f"engine {p['engine']}, launcher {p['launcher']}"),
              (f"calibration {p['calibration']['name']} ({p['calibration']['runs']} runs, fitted "
-              f"{p['calibration']['fitted_at']})"),
+              f"{p['calibration']['fitted_at']}, on {p['calibration'].get('devices', 'cpu')})"
+              + (" - NOT THIS RUN'S DEVICE: every figure below is that device's rates" if p.get("other_device")
+                 else "")),
              f"storage     {p['storage']}",
              (f"checkpoint  {f['save_bytes']:,} bytes written (busiest rank {f['save_bytes_max_rank']:,} in "
               f"{f['save_files_max_rank']} files); restart reads {f['read_bytes']:,} bytes"), "",
@@ -138,7 +154,8 @@ def render(p: dict) -> str:
             lines.append(f"{name:<34}{'-':>10}{'':>22}  not predicted: {row['why']}")
             continue
         span = f"{_seconds(row['low'])} - {_seconds(row['high'])}"
-        mark = " (extrapolated)" if row.get("extrapolated") else ""
+        mark = (" (extrapolated)" if row.get("extrapolated") else "") + (
+            " [ANOTHER DEVICE's rates]" if row.get("other_device") else "")
         lines.append(f"{name:<34}{_seconds(row['seconds']):>10}{span:>22}  {row['bound']}{mark}")
     lines += [f"note: {n}" for n in p["note"]]
     lines.append(f"ignores: {p['ignores']}")

@@ -509,6 +509,75 @@ def _io_page(shown: list, phases: list[str], page: tuple[int, int]) -> Figure:
     return fig
 
 
+KIND_COLORS = {"import": "#1f77b4", "jit_op": "#ff7f0e", "process_group": "#2ca02c", "collective": "#98df8a",
+               "cuda": "#d62728", "model": "#9467bd", "optimizer": "#c5b0d5", "checkpoint": "#8c564b",
+               "training": "#e377c2", "launcher": "#7f7f7f", "harness": "#bcbd22", "other": "#17becf",
+               "remainder": "#dddddd"}
+
+
+def _attributed(groups: list[Group]) -> list[tuple[str, dict]]:
+    """Every sampled restart of the groups (a run's restart-only re-runs side by side: another launcher, a warm
+    extension cache, ...), labelled by configuration, record and what its launch differed in."""
+    out = []
+    for g in groups:
+        for run in g.runs:
+            for rec in run.summary.get("restarts") or []:
+                att = rec.get("attribution") if isinstance(rec, dict) else None
+                if att and att.get("sampled") and att.get("phases"):
+                    env = (rec.get("environment_cache") or {}).get("observed")
+                    how = ", ".join(x for x in (f"launcher {rec.get('launcher')}" if rec.get("launcher") else "",
+                                                f"environment {env}" if env else "") if x)
+                    out.append((f"{g.label}: {rec.get('record')}" + (f" ({how})" if how else ""), att))
+    return out
+
+
+def restart_causes(groups: list[Group]) -> list[Figure]:
+    """Where each restart phase's seconds went (attribution=): per sampled restart, a bar per phase split by the kind
+    of its causes, the largest named on its bar; one x scale across the page, so restarts compare."""
+    shown = _attributed(groups)
+    pages = [shown[i:i + MAX_TIMELINES] for i in range(0, len(shown), MAX_TIMELINES)]
+    return [_causes_page(page, (n, len(pages))) for n, page in enumerate(pages, 1)]
+
+
+def _causes_page(shown: list, page: tuple[int, int]) -> Figure:
+    heights = [0.8 + 0.42 * len(att["phases"]) for _, att in shown]
+    fig = Figure(figsize=(11.0, 1.4 + sum(heights)), layout="constrained")
+    axes = fig.subplots(len(shown), 1, squeeze=False, height_ratios=heights, sharex=True)[:, 0]
+    used: dict[str, object] = {}
+    longest = max(p["seconds"] for _, att in shown for p in att["phases"].values())
+    for ax, (label, att) in zip(axes, shown, strict=True):
+        names = list(att["phases"])
+        for y, name in enumerate(names):
+            p = att["phases"][name]
+            by_kind: dict[str, float] = {}
+            for c in p["causes"]:
+                by_kind[c["kind"]] = by_kind.get(c["kind"], 0.0) + c["seconds"]
+            by_kind["remainder"] = p["remainder_seconds"]
+            left = 0.0
+            for kind, color in KIND_COLORS.items():
+                width = by_kind.get(kind, 0.0)
+                if width > 0:
+                    used[kind] = ax.barh(y, width, left=left, height=0.6, color=color)
+                    left += width
+            top = p["causes"][0] if p["causes"] else None
+            if top and top["seconds"] > 0.12 * longest:
+                ax.text(0.01 * longest, y, textwrap.shorten(top["cause"], 60), va="center", fontsize="x-small",
+                        color="white" if top["kind"] in ("import", "checkpoint", "launcher", "cuda") else "black")
+        ax.set_yticks(range(len(names)), [n.replace("_", " ") for n in names], fontsize="small")
+        ax.set_ylim(len(names) - 0.4, -0.6)
+        ax.set_title(textwrap.fill(label, 110), fontsize="medium", loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1].set_xlabel("seconds (each phase on its slowest rank; the launcher before any rank starts)")
+    order = [k for k in KIND_COLORS if k in used]
+    fig.legend([used[k] for k in order], [k.replace("_", " ") for k in order], title="cause", loc="outside right upper",
+               fontsize="small")
+    fig.suptitle("Where each restart phase went (attribution=, sampled restarts)"
+                 + (f", page {page[0]} of {page[1]}" if page[1] > 1 else ""))
+    _caption(fig, "each bar: a phase's measured seconds split by the kind of its causes; remainder: unnamed samples "
+                  "and time the sampler did not see; text: the largest cause (docs/attribution.md)")
+    return fig
+
+
 def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
     """Each restart at another layout beside its run's same-layout restart: conversion, then the restart's phases."""
     bars: list[tuple[str, dict]] = []
@@ -618,6 +687,7 @@ def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | No
         **_pages("restart_timeline_seconds", restart_timelines(groups, phases)),
         **_pages("step_timeline_seconds", step_timelines(groups)),
         **_pages("restart_io_by_source", restart_io(groups, phases)),
+        **_pages("restart_causes_seconds", restart_causes(groups)),
         "reshard_seconds": reshard_seconds(groups, phases),
         "prediction_seconds": prediction(groups),
     }

@@ -62,6 +62,16 @@ def tracer(spec: RunSpec) -> None:
                          "pip install 'restart-harness[trace]' (or dftracer==2.2.0), or trace=false")
 
 
+def attribution(plugins: Plugins) -> None:
+    """attribution= where its sampler cannot see the ranks: not a refusal (the run is still worth its phase timings),
+    one line that says why, before anything starts; each launch's record says it again (rundir/sampling.py)."""
+    from restart_harness.rundir import sampling
+
+    if why := sampling.unavailable(plugins.spec, plugins.launcher):
+        print(f"[setup] attribution={plugins.spec.attribution}: not available here, the run goes on with phase "
+              f"timings only: {why}", file=sys.stderr, flush=True)
+
+
 def emulation(spec: RunSpec, fixed_layout: str | None = None) -> None:
     """emulate=true: the largest file's state fits in the memory budget (a rank holds one file at a time); the budget
     of a submitted run is the compute node's (checked inside the job). `fixed_layout`: who fixes the layout (an
@@ -159,6 +169,7 @@ def run(spec: RunSpec, fixed_layout: str | None = None) -> Plugins:
     port(plugins)
     nodes(plugins)
     tracer(spec)
+    attribution(plugins)
     emulation(spec, fixed_layout)
     plugins.launcher.scheduler_preflight()  # what the scheduler says of the job (Slurm: sbatch --test-only)
     calibration(spec)
@@ -289,6 +300,7 @@ def restart(request: RestartRequest) -> dict | None:
     restarts.engine.check()
     nodes(restarts)
     tracer(spec)
+    attribution(restarts)
     extension_locks()
     if elsewhere := request.run.made.checkpoint_elsewhere():
         raise UsageError(f"run={run_dir}: {elsewhere}")

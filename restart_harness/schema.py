@@ -70,6 +70,15 @@ MEMORY_PHASES_CHECKPOINT = (*RESTART_PHASES[:4], ("training", "engine_initialize
 # emulate=true builds no model and trains nothing: after start-up the checkpoint phase only writes the files
 MEMORY_PHASES_EMULATED = (*RESTART_PHASES[:2], ("save", "engine_initialized", "finished"))
 
+# attribution= (docs/attribution.md): the sampler's rate, the marks a sampled rank pauses at (an anchor each: the
+# sampler's clock to the ranks'), and the prefix of the pausing function's name in the sampler's stacks
+ATTRIBUTION_RATE_HZ = 100
+ATTRIBUTION_MODES = ("off", "python", "native")
+ANCHOR_MARKS = ("imports_done", "finished")
+ANCHOR_PREFIX = "rh_anchor__"
+ANCHOR_SAMPLES = 5  # the pause lasts this many sampling intervals: samples inside it even when the sampler lags
+ATTRIBUTION_RATE_ENV = "RH_ATTRIBUTION_RATE_HZ"  # set for the ranks of a sampled launch only
+
 # A phase's I/O by source (docs/measurements.md#io-by-source): each mark carries, under `io`, what the phase it ends
 # did (worker/io_sources.py). Every path a rank opens, stats or lists is in the source whose prefix is the longest to
 # match it (rundir/observe.py names the prefixes; spec.json's io_sources records them with their file systems).
@@ -211,6 +220,19 @@ class Process(Event):
     pid: int
     host: str = ""
     node: int | None = None
+    thread: int | None = None  # the main thread's identifier (pthread_t): its samples in a sampler's trace
+
+
+@dataclass(frozen=True)
+class Anchor(Event):
+    """attribution: a short pause of the rank inside a function named ANCHOR_PREFIX + mark, right after that mark,
+    from wall time `start` to `end`: the sampler's trace shows it, which puts the sampler's clock on the ranks' one
+    (results/attribution.py)."""
+
+    kind = "anchor"
+    mark: str
+    start: float
+    end: float
 
 
 @dataclass(frozen=True)

@@ -68,9 +68,9 @@ rh_choose_python() {
     { "$venv/bin/python" -m pip install -q --upgrade pip \
       && "$venv/bin/python" -m pip install -q "$(grep -E '^torch==' "$RH_ROOT/requirements.txt")"; } >"$log" 2>&1 \
       || { cat "$log" >&2; exit 1; }
-    rh_log "installing the project with its extras (run, analysis, trace, s3, test) under requirements.txt's pins"
+    rh_log "installing the project with its extras (run, analysis, trace, s3, attribution, test) under requirements.txt's pins"
     DS_BUILD_OPS=0 "$venv/bin/python" -m pip install -q -c "$RH_ROOT/requirements.txt" \
-      -e "$RH_ROOT[run,analysis,trace,s3,test]" >>"$log" 2>&1 || { cat "$log" >&2; exit 1; }
+      -e "$RH_ROOT[run,analysis,trace,s3,attribution,test]" >>"$log" 2>&1 || { cat "$log" >&2; exit 1; }
     rm -f "$venv"/.installed-* && touch "$stamp"
     echo "$RH_ROOT" > "$venv/.project-root"
     rh_compile_checkout "$venv"

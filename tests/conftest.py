@@ -58,6 +58,7 @@ class Step:
 
     args: str = ""
     expect: int = 0
+    env: tuple[tuple[str, str], ...] = ()  # (name, value) set for this re-run only
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ RUNS: dict[str, Case] = {
     "fsdp2-async-dp2": Case(f"tiny dp=2 stack=fsdp2 async_save=true {ASYNC_SHORT}"),
     # the harness's own engine; lazy-dp2 is tiny-dp2 with engine=lazy (tests/test_lazy.py compares their files),
     # its model file split over both replicas even at this size
-    "lazy-dp2": Case("tiny dp=2 engine=lazy balance_min_mib=0 iters=4 save_interval=2 after=2"),
+    "lazy-dp2": Case("tiny dp=2 engine=lazy balance_min_mib=0 iters=4 save_interval=2 after=2 attribution=python"),
     "lazy-tp2-pp2-dp2": Case(f"tiny tp=2 pp=2 dp=2 engine=lazy {SHORT}"),
     # emulation (no model, no training): each beside the real run above it must equal (tests/test_emulate.py)
     "emulated-tiny-dp2": Case("tiny dp=2 engine=default iters=4 save_interval=2 after=2 emulate=true"),
@@ -124,7 +125,11 @@ RUNS: dict[str, Case] = {
     # the run's own restart (restart-01) is the first loss's reference
     "reshard-dp2": Case(f"tiny dp=2 {SHORT}", then=("dp=1", "tp=2 pp=2 dp=1 trace=true")),
     # the PyTorch-native stack restarted at other data-parallel sizes: DCP reshards while it loads
-    "fsdp2-dp2": Case(f"tiny dp=2 stack=fsdp2 {SHORT}", then=("dp=1", "dp=4")),
+    "fsdp2-dp2": Case(f"tiny dp=2 stack=fsdp2 attribution=python {SHORT}", then=("dp=1", "dp=4")),
+    # where each phase's seconds went (tests/test_attribution.py; lazy-dp2 and fsdp2-dp2 are sampled too): DeepSpeed's
+    # launcher sampled; then a restart-only re-run whose sampler cannot run, which goes on with phase timings only
+    "attribution-dp2": Case(f"tiny dp=2 attribution=python launcher=local {SHORT}",
+                            then=(Step(env=(("RH_PY_SPY", "/bin/false"),)),)),
     # the checkpoint phase alone (torchrun), two restart-only re-runs that delete it after, then one refused
     "checkpoint-only-torchrun": Case(f"tiny dp=2 launcher=torchrun phase=checkpoint {SHORT}",
                                      then=("repeats=2 cache=warm keep=false", Step(expect=2))),
@@ -192,12 +197,12 @@ def submit(args: list[str], cwd: Path, timeout: int = 120, env: dict | None = No
                           timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def restart(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+def restart(run_dir: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """`config-n-run.py restart run=<run_dir> key=value ...`: a restart-only re-run (exit code not checked)."""
-    env = {k: v for k, v in os.environ.items() if k != "RH_FAULT"}
+    base = {k: v for k, v in os.environ.items() if k != "RH_FAULT"}
     return subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "restart", f"run={run_dir}", *args],
                           check=False, capture_output=True, text=True, timeout=900, cwd=REPO,
-                          env={**env, "PYTHONUNBUFFERED": "1"})
+                          env={**base, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
 def copy_run(run_dir: Path, dest: Path) -> Path:
@@ -245,7 +250,7 @@ class Harness:
         (run_dir,) = [p for p in results.iterdir() if p.is_dir()]
         steps = []
         for step in case.steps:
-            proc = restart(run_dir, *step.args.split())
+            proc = restart(run_dir, *step.args.split(), env=dict(step.env))
             assert proc.returncode == step.expect, f"{name}: restart {step.args} exited {proc.returncode}\n" + \
                 proc.stdout + proc.stderr
             steps.append(proc)

@@ -174,6 +174,7 @@ CASES = {
     "an unknown phase": (["tiny", "phase=bogus"], "phase=bogus"),
     "anatomy maybe": (["tiny", "anatomy=maybe"], "anatomy=maybe"),
     "a trace of two": (["tiny", "trace=2"], "trace=2"),
+    "attribution yes": (["tiny", "attribution=yes"], "attribution=yes: accepted values are off, python, native"),
     "no lazy writers": (["tiny", "engine=lazy", "writers=0"], "writers=0"),
     "no torchsnapshot memory": (["tiny", "engine=torchsnapshot", "memory_budget_mib=0"], "memory_budget_mib=0"),
     "an async dcp maybe": (["tiny", "engine=dcp", "async_save=maybe"], "async_save=maybe"),

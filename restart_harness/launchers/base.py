@@ -118,6 +118,17 @@ class Launcher(ABC):
         """The script execs the command (False where a trap must run when it ends)."""
         return True
 
+    def unsampled(self) -> str | None:
+        """Why a sampler started with the launch (attribution=) cannot see every rank, or None: it follows the
+        launch command's descendants on this node, which the ranks are unless a scheduler or another node starts
+        them."""
+        if self.scheduler is not None:
+            return (f"launcher={self.spec.launcher}: {self.scheduler} starts the ranks (its own daemons), outside the "
+                    "launch command's processes")
+        if self.spec.across_nodes:
+            return f"nodes={self.spec.nodes}: the other nodes' ranks are not processes of this node"
+        return None
+
     def per_node_command(self, argv: list[str]) -> list[str] | None:
         """argv once on every node of the launch, or None where the launch has one node (argv then runs here)."""
         return None

@@ -14,14 +14,27 @@ from restart_harness import SOURCE_ROOT, machine
 from restart_harness.files.cache_dir import extensions_dir
 from restart_harness.iocount import strace
 from restart_harness.phases import say, session
+from restart_harness.rundir import sampling
 
 # after a signal, how long the harness waits for its launch's session to end once killed
 KILLED_WAIT_SECONDS = 10
 
 
-def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None = None) -> dict:
+def launch_of(run, record: str, cleanup: list[Path] | None = None) -> dict:
+    """launch() of a run's record, sampled where attribution= asks for it and the sampler can see the ranks; the
+    record says which (`attribution`; preflight.attribution said why not)."""
+    spec = run.spec
+    sampler, refused = sampling.of_launch(spec, run.launcher, run.run_dir, record)
+    info = launch(run.run_dir, record, spec.timeout, cleanup, sampler)
+    if sampler is not None or refused:
+        info["attribution"] = sampler.record(spec.attribution) if sampler else refused
+    return info
+
+
+def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None = None, sampler=None) -> dict:
     """Run launch-<record>.sh, logging its output and showing rank 0's progress; kill it on timeout. `cleanup`:
-    folders the watchdog removes if the harness dies while the ranks run (a staged environment)."""
+    folders the watchdog removes if the harness dies while the ranks run (a staged environment); `sampler`: the
+    launch runs under it (attribution=, rundir/sampling.py)."""
     log_path = run_dir / "logs" / f"{record}.log"
     log_path.parent.mkdir(exist_ok=True)
     events = run_dir / "events" / record / "rank-00000.jsonl"
@@ -32,7 +45,10 @@ def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None 
     start = time.time()
     with open(log_path, "wb") as log:
         command = [*strace.wrapper(run_dir, record), "bash", str(run_dir / f"launch-{record}.sh")]
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = None
+        if sampler is not None:
+            command, env = sampler.command(command), {**os.environ, **sampler.environment()}
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         watchdog = _watchdog(proc.pid, cleanup or [])
         try:
             timed_out = _follow(proc, events, record, start, timeout)
@@ -44,7 +60,7 @@ def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None 
             watchdog.kill()
             _bounded_wait(watchdog)
     return {"record": record, "start": start, "wall_seconds": round(time.time() - start, 3),
-            "exit_code": proc.returncode, "timed_out": timed_out, "log": str(log_path.relative_to(run_dir)),
+            "exit_code": sampler.exit_code(proc.returncode) if sampler else proc.returncode, "timed_out": timed_out, "log": str(log_path.relative_to(run_dir)),
             "machine_load": load}
 
 

@@ -14,7 +14,7 @@ from restart_harness.files.atomic import read_json, write_json_atomic
 from restart_harness.phases import say
 from restart_harness.phases.diagnose import failure
 from restart_harness.phases.nodes import cache_on_every_node
-from restart_harness.phases.processes import launch
+from restart_harness.phases.processes import launch_of
 from restart_harness.resolve import Run
 from restart_harness.results import events as ev
 from restart_harness.rundir import observe
@@ -114,7 +114,7 @@ def _launch(run: Run, record: str, load_dir: Path, staged, extra: dict | None) -
             f" ({env_state['libraries']} shared libraries, {env_state['bytes'] / 2**30:.2f} GiB)"
             + (f" ({env_state['error']})" if env_state["error"] else ""))
     say(f"  [{record}] launching {count(spec.launched_ranks, 'fresh rank')}")
-    info = launch(run.run_dir, record, spec.timeout, cleanup=[staged.folder] if staged else None)
+    info = launch_of(run, record, cleanup=[staged.folder] if staged else None)
     info.update(cache=state, environment_cache=env_state, launcher=spec.launcher, **(extra or {}))
     if staged is not None:
         info["staging"] = staged.record

@@ -10,7 +10,7 @@ from restart_harness import launchers, machine, resolve
 from restart_harness.errors import RunFailed
 from restart_harness.phases import nodes, prelude, say, submit
 from restart_harness.phases.diagnose import failure
-from restart_harness.phases.processes import launch
+from restart_harness.phases.processes import launch_of
 from restart_harness.phases.restart import abort_incomplete_uploads, restarts, whole_checkpoint
 from restart_harness.results import finalize
 from restart_harness.rundir import scripts
@@ -104,7 +104,7 @@ def checkpoint_phase(run: resolve.Run) -> dict:
     """The ranks train and checkpoint (launch-checkpoint.sh); RunFailed with the reason when the launch fails."""
     spec = run.spec
     say(f"  [checkpoint] launching {count(spec.launched_ranks, 'rank')} (log: {run.run_dir / 'logs' / 'checkpoint.log'})")
-    info = launch(run.run_dir, "checkpoint", spec.timeout)
+    info = launch_of(run, "checkpoint")
     info["incomplete_uploads"] = abort_incomplete_uploads(run, "checkpoint")
     save_record(run.run_dir, info)
     if info["exit_code"] != 0:

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from restart_harness import resolve
-from restart_harness.results import efficiency, io_sources
+from restart_harness.results import attribution, efficiency, io_sources
 from restart_harness.results import events as ev
 from restart_harness.results import inventory as inv
 from restart_harness.results import prediction
@@ -87,6 +87,7 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
             for source in ("environment", "extension_cache"):
                 facts[source] = {**(facts.get(source) or {}), "filesystem": info["staging"]["filesystem"]}
         r["io_sources"] = io_sources.by_phase(record, RESTART_PHASES, facts)
+        r["attribution"] = attribution.of_record(run_dir, info["record"], record, RESTART_PHASES, info)
         restarts.append(r)
     sm.loss_continuity(restarts)
     for r in restarts:
@@ -112,6 +113,9 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
     summary["checkpoint"]["storage_requests"] = target.requests(run_dir / "logs" / "client" / "checkpoint")
     summary["checkpoint"]["incomplete_uploads"] = checkpoint_launch.get("incomplete_uploads")
     summary["checkpoint"]["machine_load"] = checkpoint_launch.get("machine_load")
+    # the checkpoint phase's start-up, attributed as a restart's (the phases up to engine_init)
+    summary["checkpoint"]["attribution"] = attribution.of_record(
+        run_dir, "checkpoint", ev.read_record(run_dir, "checkpoint"), RESTART_PHASES[:4], checkpoint_launch)
     efficiency.add(summary, run_dir)
     summary["prediction"] = prediction.compare(prediction.read(run_dir), summary)
     if summary["prediction"] is not None:  # measured on a busy machine, a prediction's error is not the model's

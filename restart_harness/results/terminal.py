@@ -106,6 +106,7 @@ def render(summary: dict) -> str:
                                    f"{staged['filesystem']['type']}" if staged else "")
                                 + f"); cache {c.get('observed', '-')}" + (f", environment {env}" if env else "")))
         rows.append(("phases", "  ".join(f"{k} {v:.2f}" for k, v in rs["phases"].items())))
+        rows += attribution_rows(rs.get("attribution"), rs["record"])
         rows += _io_rows(rs.get("io_sources"))
         sr = (rs.get("load_breakdown") or {}).get("storage_read")
         if rs.get("load_throughput_mib_s"):
@@ -154,7 +155,38 @@ TERMS = (
     ("storage delivered", "bytes the kernel read from the storage device for the ranks, not from the page cache"),
     ("major faults", "pages of mapped files (libraries) read from storage when first touched"),
     ("efficiency", "a save's durable throughput (a load's) over the storage baseline's write (read) throughput"),
+    ("remainder", "a phase's seconds no cause names: samples of unnamed work, and time the sampler did not see"),
 )
+
+
+def attribution_rows(att: dict | None, record: str) -> list[tuple[str, str]]:
+    """"where the restart went": each phase's largest causes (results/attribution.py), its slowest rank's."""
+    title = "where the restart went"
+    if not att:
+        return []
+    if not att.get("sampled"):
+        return [(title, f"not sampled (attribution={att['mode']}): {att['reason']}; phase timings only")]
+    rows = [(title, f"each phase's causes on its slowest rank, s ({att['tool']}, {att['rate_hz']} Hz samples; "
+                    f"flame graphs in profiles/{record}/)")]
+    for phase, p in att["phases"].items():
+        if not p["seconds"]:
+            continue
+        shown = [c for c in p["causes"] if c["seconds"] >= 0.05 * p["seconds"]][:3] or p["causes"][:1]
+        rest = sum(c["seconds"] for c in p["causes"]) - sum(c["seconds"] for c in shown)
+        parts = [f"{c['cause']} {c['seconds']:.2f}" + (_detail(c) if i == 0 else "") for i, c in enumerate(shown)]
+        if rest >= 0.005:
+            parts.append(f"{len(p['causes']) - len(shown)} more {rest:.2f}")
+        parts.append(f"remainder {p['remainder_seconds']:.2f}")
+        rows.append((f"  {phase}", f"{p['seconds']:.2f}: " + ", ".join(parts)))
+    return rows
+
+
+def _detail(cause: dict) -> str:
+    """An import's largest packages and who imported it."""
+    said = [f"{k} {v:.2f}" for k, v in list((cause.get("parts") or {}).items())[:2]]
+    if cause.get("via"):
+        said.append(f"by {cause['via']}")
+    return f" ({'; '.join(said)})" if said else ""
 
 
 def _terms(text: str) -> list[tuple[str, str]]:

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from restart_harness.errors import UsageError
+from restart_harness.schema import ATTRIBUTION_MODES
 from restart_harness.spec.keys import Path, key, keys_of
 from restart_harness.spec.model_shape import ModelShape
 
@@ -113,6 +114,12 @@ class RunSpec:
                               "counters preloaded into every rank; docs/anatomy.md)", group="observe", restart=True)
     trace: bool = key(False, "record every POSIX I/O call on the checkpoint with dftracer; raw traces in "
                              "traces/<record>/, summarized per phase", group="observe", restart=True)
+    attribution: str = key("off", "say what each restart phase's seconds went to (imports of which package, a JIT "
+                                  "op's build, communicator set-up, waits on other ranks, ...): py-spy samples the "
+                                  "launcher and every rank, python = Python stacks, native = with C/C++ frames too "
+                                  "(slower); one flame graph per rank and phase (docs/attribution.md). Off by default: "
+                                  "sampling slows what it samples (docs/benchmarks.md)", group="observe",
+                           choices=ATTRIBUTION_MODES, restart=True)
     calibration: str = key("default", "the prediction model's calibration: configs/calibration/NAME.json, or the path "
                                       "of a file ./submit-job.sh calibrate wrote; every run's summary sets the "
                                       "prediction made with it before launch beside what was measured "

@@ -12,12 +12,14 @@ from restart_harness.schema import Event, Mark
 
 
 class EventLog:
-    def __init__(self, path: Path, rank: int, probes=()):
+    def __init__(self, path: Path, rank: int, probes=(), anchors=None):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
         # () -> {field: value}: what a phase did since the previous call (worker/memory.py's high-water marks,
         # worker/io_sources.py's I/O), merged into the mark that ends it
         self.probes = tuple(probes)
+        # mark -> Anchor | None: a sampled rank's pause after a live mark (worker/anchor.py, attribution=)
+        self.anchors = anchors
         # Kept open for the life of the rank, line-buffered: the launcher follows progress live.
         self._file = open(path, "a", buffering=1)  # noqa: SIM115
 
@@ -39,6 +41,8 @@ class EventLog:
         if fields is None:
             fields = self.phase_fields() if name != "process_start" else {}
         self.emit(Mark(name, extra=fields), t=t)
+        if t is None and self.anchors is not None and (anchor := self.anchors(name)) is not None:
+            self.emit(anchor)
 
     def close(self) -> None:
         self._file.flush()

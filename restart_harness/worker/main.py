@@ -11,6 +11,7 @@ import os
 import resource
 import socket
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from pathlib import Path
 from restart_harness import faults, resolve
 from restart_harness.schema import Done, Error, Layout, Process, Step, Verify
 from restart_harness.targets.base import PER_RANK_DIRS
+from restart_harness.worker import anchor
 from restart_harness.worker.anatomy import Anatomy
 from restart_harness.worker.eventlog import EventLog
 from restart_harness.worker.io_sources import IOProbe
@@ -57,9 +59,11 @@ def main(process_start: float, argv=None, forked: bool = False) -> int:
             os.environ[name] = str(Path(os.environ[name]) / f"rank-{rank:05d}")
     memory = MemoryProbe()
     log = EventLog(job.run_dir / "events" / job.record / f"rank-{rank:05d}.jsonl", rank,
-                   (memory.phase_peaks, IOProbe(forked, owns=os.environ.get("LOCAL_RANK") == "0").phase))
+                   (memory.phase_peaks, IOProbe(forked, owns=os.environ.get("LOCAL_RANK") == "0").phase),
+                   anchor.of_launch())
     node = os.environ.get("CROSS_RANK")
-    log.emit(Process(os.getpid(), socket.gethostname(), int(node) if node and node.isdigit() else None))
+    log.emit(Process(os.getpid(), socket.gethostname(), int(node) if node and node.isdigit() else None,
+                     threading.main_thread().ident))
     log.mark("process_start", t=process_start)
     try:
         the_run = resolve.read(job.run_dir, job.record)

@@ -11,12 +11,14 @@ In order, each step logged as it ends (OUT/check.log):
      project (editable), and, where the node has no libaio or liburing, Debian's files of them (CPATH, LIBRARY_PATH,
      LD_LIBRARY_PATH); DataStates-LLM is built against the node's CUDA and torch (OUT/install.log);
   3. `submit-job.sh matrix model=small` (every engine and fsdp2-dcp; OUT/matrix-small.log);
-  4. if the disk holds it and the time left allows, one real run of the big model (3B) with engine=default and lazy
+  4. `submit-job.sh small engine=default,lazy attribution=python` where the time left allows: where each restart
+     phase's seconds went on this node (docs/attribution.md; OUT/attribution-small.log);
+  5. if the disk holds it and the time left allows, one real run of the big model (3B) with engine=default and lazy
      (one save each, its checkpoint deleted after it; OUT/big-3B.log); otherwise skipped with the reason;
 and after every case that ends, OUT/results.tar.gz is rewritten (every run's records, reports and logs, never a
 checkpoint), so a check stopped at its time limit leaves what it did. At the time limit (less RESERVE_SECONDS to
 pack) the running command is stopped as Ctrl-C stops it (its run recorded as interrupted, the matrix as failed). OUT holds at most 8 files:
-check.log, node.txt, install.log, matrix-<model>.log, big-<model>.log, results.tar.gz.
+check.log, node.txt, install.log, matrix-<model>.log, attribution-<model>.log, big-<model>.log, results.tar.gz.
 Exit 0: every case that could run verified and nothing was cut off; 1 otherwise; 2: bad input. Standard library only:
 it runs with the image's Python before anything is installed.
 """
@@ -250,6 +252,25 @@ class Check:
                  f"{sum(1 for c in cases if c.get('verified'))} verified, {sum(1 for c in cases if c['refused'])} "
                  f"refused, not verified: {', '.join(bad) or 'none'}")
 
+    def attribution(self) -> None:
+        """One sampled run per engine of --attribution-engines: each restart phase's causes on this node."""
+        want = 150.0
+        if self.left() < want:
+            self.say(f"attribution skipped: {self.left():.0f} s left, it needs about {want:.0f} s")
+            return
+        folder = self.work / "results" / "attribution"
+        folder.mkdir(parents=True, exist_ok=True)
+        cmd = [str(self.work / "project/submit-job.sh"), self.a.model, f"engine={self.a.attribution_engines}",
+               "attribution=python", "keep=false", f"results_dir={folder}"]
+        self.say(f"attribution: {shlex.join(cmd[1:])} ({self.left():.0f} s left)")
+        with open(self.out / f"attribution-{self.a.model}.log", "a") as f:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+            code = self.wait(proc)
+        self.pack()
+        self.failed |= code not in (0, None)
+        self.say(f"attribution {'stopped at the time limit' if code is None else f'ended (exit {code})'} "
+                 f"(OUT/attribution-{self.a.model}.log: its terminal's \"where the restart went\")")
+
     def report_cases(self, record: Path) -> None:
         for c in json.loads(record.read_text())["cases"]:
             if "exit_code" in c and c["name"] not in self.reported:
@@ -417,6 +438,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--matrix-args", default="", help="more matrix keys, e.g. 'layouts=tp1-pp1-dp1'")
     p.add_argument("--big", default="3B", help="the model of the real-size run, or none")
     p.add_argument("--big-engines", default="default,lazy")
+    p.add_argument("--attribution-engines", default="default,lazy", help="engines of the sampled run, or none")
     a = p.parse_args(argv)
     if a.out is None:
         fail("no --out and no $OUT; accepted: --out DIR, the folder the results go to")
@@ -437,6 +459,8 @@ def main(argv: list[str]) -> int:
     big = check.big_fits() if a.big != "none" and not check.failed else None
     if not check.failed and check.left() > 0:
         check.matrix()
+    if not check.failed and check.left() > 0 and a.attribution_engines != "none":
+        check.attribution()
     if big and check.left() > 0 and not check.cut:
         check.big(*big)
     elif big:

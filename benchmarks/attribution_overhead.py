@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""What attribution= costs: restarts of one checkpoint, sampled and not, interleaved.
+
+Method
+- One `phase=checkpoint` run of MODEL (default `tiny dp=2`, DeepSpeed's launcher), attribution off.
+- ROUNDS rounds (default 5); each round one restart-only re-run per mode (attribution=off, python, native), in an
+  order rotated every round so that no mode always follows another; every restart `cache=warm env_cache=warm`
+  (nothing read from storage that the previous one read: the page cache is not what varies).
+- Per mode, per phase (the launcher's seconds, restart.phases, and `total`: the launcher plus process start -> first
+  step), the median over the rounds; the overhead is the median of each round's ratio to that round's unsampled
+  restart, so a machine whose speed drifts between rounds cancels out of it.
+- Also the time the summary takes to read the sampler's trace (finalize of the run, the sampled records only):
+  that is after the run, never inside a phase.
+
+Usage: .venv/bin/python -m benchmarks.attribution_overhead [ROUNDS] [MODEL key=value ...]   (prints Markdown tables)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+MODES = ("off", "python", "native")
+PHASES = ("launcher", "imports", "dist_init", "model_build", "engine_init", "checkpoint_load", "first_step", "total")
+
+
+def cli(args: list[str]) -> Path:
+    proc = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), *args], check=True, capture_output=True,
+                          text=True, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def figures(restart: dict) -> dict[str, float]:
+    out = {"launcher": restart["launch_seconds"], **restart["phases"]}
+    out["total"] = restart["launch_seconds"] + restart["total_seconds"]
+    return out
+
+
+def main() -> None:
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    model = sys.argv[2:] or ["tiny", "dp=2"]
+    results = Path(tempfile.mkdtemp(prefix="rh-attribution-"))
+    run_dir = cli([*model, "launcher=local", "phase=checkpoint", f"results_dir={results}"])
+    order: list[str] = []
+    for n in range(rounds):
+        modes = MODES[n % len(MODES):] + MODES[:n % len(MODES)]
+        for mode in modes:
+            cli(["restart", f"run={run_dir}", f"attribution={mode}", "cache=warm", "env_cache=warm"])
+            order.append(mode)
+            print(f"round {n + 1}/{rounds}: {mode}", file=sys.stderr, flush=True)
+    restarts = json.loads((run_dir / "summary.json").read_text())["restarts"]
+    by_round: list[dict[str, dict[str, float]]] = [{} for _ in range(rounds)]
+    for i, (mode, r) in enumerate(zip(order, restarts, strict=True)):
+        by_round[i // len(MODES)][mode] = figures(r)
+    print(f"{' '.join(model)}, launcher=local; {rounds} rounds; machine load before each launch: "
+          + ", ".join(f"{r['machine_load']['cpu_busy_fraction']:.0%}" for r in restarts if r.get("machine_load")))
+    print()
+    print("| mode | " + " | ".join(PHASES) + " |")
+    print("|---|" + "---:|" * len(PHASES))
+    for mode in MODES:
+        cells = [f"{statistics.median(b[mode][p] for b in by_round):.2f}" for p in PHASES]
+        print(f"| {mode} (median s) | " + " | ".join(cells) + " |")
+    for mode in MODES[1:]:
+        cells = []
+        for p in PHASES:
+            ratios = [b[mode][p] / b["off"][p] for b in by_round if b["off"][p] > 0]
+            cells.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
+        print(f"| {mode} / off | " + " | ".join(cells) + " |")
+    from restart_harness.results import finalize
+
+    start = time.perf_counter()
+    finalize.finalize(run_dir, state="complete")
+    print(f"\nfinalize of the run ({len(restarts)} restarts, {sum(1 for m in order if m != 'off')} sampled): "
+          f"{time.perf_counter() - start:.1f} s; samples.json of one sampled restart: "
+          f"{(run_dir / 'profiles' / restarts[1]['record'] / 'samples.json').stat().st_size / 2**20:.1f} MiB"
+          if len(restarts) > 1 and (run_dir / 'profiles' / restarts[1]['record']).exists() else "")
+    print(f"\nrun: {run_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,255 @@
+"""Where each phase's seconds went (attribution=): the sampler's trace of a launch (results/samples.py) cut at the
+ranks' marks, every sample named by its cause (results/causes.py), into summary.json's `attribution` of the record
+and one flame graph per rank and phase (speedscope's JSON; https://www.speedscope.app opens it).
+
+Method (docs/attribution.md):
+- Clocks: each sampled rank pauses right after a few marks inside a function the sampler sees by name (worker/
+  anchor.py). The pause's wall-clock start and end against the first and last sample that shows it give the offset
+  of the sampler's clock to the ranks' (each estimate within about one sampling interval). The ranks of a launch share
+  the node's clock and the one sampler's, so the offset is the median of every estimate; their spread is recorded.
+  Where no sample fell inside a pause, the sampler's clock is taken to start with the launch (it is started by it).
+- A phase of a rank is the wall-clock window between its two marks (restart_harness/schema.py RESTART_PHASES), moved
+  onto the sampler's clock; the rank's main thread's samples inside it are named and summed per cause. The
+  verification digest, timed apart and outside every phase, is taken out as the phase's figure takes it out.
+- The launcher's phase is the window from the launch's start to the last rank's process start; at each moment the
+  launcher process that is not merely waiting on a child is the one on the critical path, and its sample counts.
+- The named causes, the unnamed samples and the time the sampler did not see (before it found a new process, a
+  sample it could not read) add up to the phase's measured seconds; `sampled_seconds` is what the samples covered.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from restart_harness.files.atomic import write_text_atomic
+from restart_harness.results import causes, samples
+from restart_harness.results import events as ev
+from restart_harness.schema import ANCHOR_PREFIX, ANCHOR_SAMPLES
+
+LAUNCHER = "launcher"  # the phase before any rank starts: the launch script, the launcher's processes
+REMAINDER_SHOWN = 5  # the largest unnamed causes listed in a phase's remainder
+PARTS_SHOWN = 5  # an import's largest packages
+
+
+def _round(x: float) -> float:
+    return round(x, 6)
+
+
+def of_record(run_dir: Path, record: str, events: dict[int, list[dict]], phases, launch: dict) -> dict | None:
+    """summary.json's `attribution` of one launch record: None where it was not asked; where it was asked and could
+    not sample, why. `phases`: (name, start mark, end mark) of the record's phases."""
+    asked = launch.get("attribution")
+    if not asked:
+        return None
+    if not asked.get("sampled"):
+        return asked
+    trace_path = run_dir / asked["trace"] if asked.get("trace") else None
+    if trace_path is None or not trace_path.is_file():
+        return {**asked, "sampled": False, "reason": "the sampler wrote no trace (its launch was killed, or failed "
+                                                     "before the sampler wrote it)"}
+    trace = samples.read(trace_path)
+    estimates, ranks = [], {}
+    for rank, evs in sorted(events.items()):
+        process = next((e for e in evs if e["event"] == "process"), None)
+        thread = trace.of_pid(process["pid"], process.get("thread")) if process else None
+        if thread is not None:
+            ranks[rank] = (thread, evs)
+            estimates += _offsets(trace, thread, [e for e in evs if e["event"] == "anchor"])
+    if not ranks:
+        return {**asked, "sampled": False, "reason": "no rank's process is in the sampler's trace"}
+    # the ranks of a launch share one node's clock and the one sampler's: one offset, from every anchor found
+    if estimates:
+        clock = {"source": "anchors", "estimates": len(estimates),
+                 "spread_seconds": _round(max(estimates) - min(estimates))}
+        shared = statistics.median(estimates)
+    else:  # no sample fell inside a pause (a sampler lagging far behind): its clock starts with the launch
+        clock = {"source": "launch start", "estimates": 0, "spread_seconds": None}
+        shared = launch["start"]
+    offset = dict.fromkeys(ranks, shared)
+    folder = trace_path.parent
+    per_rank: dict[int, dict] = {}
+    for rank, (thread, evs) in ranks.items():
+        marks = ev.marks(evs)
+        verify = next((e["seconds"] for e in evs if e["event"] == "verify"), 0.0)
+        per_rank[rank] = {}
+        for name, a, b in phases:
+            if a not in marks or b not in marks:
+                continue
+            seconds = marks[b] - marks[a] - (verify if name == "first_step" else 0.0)
+            window = (marks[a] - offset[rank], marks[b] - offset[rank])
+            spans = _clip(_with_parent(trace, thread), *window)
+            per_rank[rank][name] = _phase(trace, spans, seconds, folder / f"rank-{rank:05d}" / f"{name}.speedscope.json",
+                                          run_dir)
+    out_phases = {}
+    launcher = _launcher_phase(trace, ranks, events, launch, shared, folder, run_dir)
+    if launcher is not None:
+        out_phases[LAUNCHER] = launcher
+    for name, _, _ in phases:
+        have = {rank: p[name] for rank, p in per_rank.items() if name in p}
+        if have:
+            slowest = max(have, key=lambda r: have[r]["seconds"])
+            out_phases[name] = {"rank": slowest, **have[slowest]}
+    return {**asked, "clock": clock, "ranks_sampled": sorted(ranks),
+            "ranks_not_sampled": sorted(set(events) - set(ranks)), "phases": out_phases,
+            "per_rank": {rank: p for rank, p in sorted(per_rank.items())}}
+
+
+def _with_parent(trace: samples.Trace, thread: samples.Thread):
+    """A rank's spans, preceded by its parent process's before the rank's first sample: a rank forked from a process
+    that imported for it (launcher=prefork) counts from that process's start, and its imports are the parent's."""
+    chain = [int(p) for f in thread.spans[0][2] for p in _pids(trace.frames[f].name)] if thread.spans else []
+    parent = trace.of_pid(chain[-2]) if len(chain) >= 2 and chain[-1] == thread.pid else None
+    if parent is None:
+        return thread.spans
+    return [s for s in parent.spans if s[1] <= thread.first] + thread.spans
+
+
+def _offsets(trace: samples.Trace, thread: samples.Thread, anchors: list[dict]) -> list[float]:
+    """Estimates of (rank's wall clock - sampler's clock) from the anchors: the first sample inside a pause comes
+    within one interval after its start, the first one after it within one interval after its end."""
+    out = []
+    for anchor in anchors:
+        name = ANCHOR_PREFIX + anchor["mark"]
+        inside = [i for i, (_, _, stack) in enumerate(thread.spans) if any(trace.frames[f].name == name
+                                                                             for f in stack)]
+        if inside:
+            interval = (anchor["end"] - anchor["start"]) / ANCHOR_SAMPLES
+            out.append(anchor["start"] - thread.spans[inside[0]][0] + interval / 2)
+            if inside[-1] + 1 < len(thread.spans):  # a thread's last stretch ends when the sampler stopped
+                out.append(anchor["end"] - thread.spans[inside[-1]][1] + interval / 2)
+    return out
+
+
+def _clip(spans, lo: float, hi: float):
+    return [(max(s, lo), min(e, hi), stack) for s, e, stack in spans if e > lo and s < hi]
+
+
+def _phase(trace: samples.Trace, spans, seconds: float, flame: Path | None, run_dir: Path,
+           launcher: bool = False, known: dict | None = None) -> dict:
+    """`known`: cause -> seconds of time no sample covers but whose cause is known."""
+    named: dict[causes.Cause, float] = defaultdict(float, known or {})
+    via: dict[causes.Cause, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    parts: dict[causes.Cause, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    kept = []
+    memo: dict[tuple, causes.Cause] = {}
+    for s, e, stack in spans:
+        cause = memo.get(stack)
+        if cause is None:
+            cause = memo[stack] = causes.classify([trace.frames[f] for f in stack], launcher)
+        if cause.kind == causes.EXCLUDED:
+            continue
+        named[cause] += e - s
+        if cause.via:
+            via[cause][cause.via] += e - s
+        if cause.part:
+            parts[cause][cause.part] += e - s
+        kept.append((s, e, stack))
+    sampled = sum(t for c, t in named.items() if c not in (known or {}))
+    unsampled = max(seconds - sampled - sum((known or {}).values()), 0.0)
+    listed = sorted(((c, t) for c, t in named.items() if c.kind != "remainder"), key=lambda x: -x[1])
+    unnamed = sorted(((c, t) for c, t in named.items() if c.kind == "remainder"), key=lambda x: -x[1])
+    # the samples may cover a little more than the marks (the clocks agree within an interval): scaled to the phase
+    covered = sum(named.values())
+    scale = seconds / covered if covered > seconds > 0 else 1.0
+    remainder = sum(t for _, t in unnamed) * scale + unsampled
+    out = {
+        "seconds": _round(seconds),
+        "sampled_seconds": _round(sampled),
+        "causes": [{"kind": c.kind, "cause": c.name, "seconds": _round(t * scale),
+                    **({"via": max(via[c].items(), key=lambda x: x[1])[0]} if via.get(c) else {}),
+                    **({"parts": {k: _round(v * scale) for k, v in sorted(parts[c].items(), key=lambda x: -x[1])
+                                  [:PARTS_SHOWN]}} if parts.get(c) else {})}
+                   for c, t in listed],
+        "remainder_seconds": _round(remainder),
+        "remainder": {"unsampled_seconds": _round(unsampled),
+                      "unnamed": [{"cause": c.name, "seconds": _round(t * scale)}
+                                  for c, t in unnamed[:REMAINDER_SHOWN]]},
+    }
+    if flame is not None and kept:
+        flame.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(flame, json.dumps(speedscope(trace, kept, f"{flame.parent.name} {flame.name.split('.')[0]}"),
+                                            separators=(",", ":")))
+        out["flame_graph"] = str(flame.relative_to(run_dir))
+    return out
+
+
+def _launcher_phase(trace, ranks, events, launch, offset: float, folder: Path, run_dir: Path) -> dict | None:
+    """From the launch's start to the last rank's process start: the launcher processes' samples (those of no rank
+    and of no rank's child), one at a time: the latest started that is not waiting on a child."""
+    starts = [ev.marks(evs).get("process_start") for evs in events.values()]
+    if not launch.get("start") or not starts or None in starts:
+        return None
+    lo, hi = launch["start"] - offset, max(starts) - offset
+    rank_pids = {thread.pid for thread, _ in ranks.values()}
+    threads = []
+    for thread in trace.threads.values():
+        if thread.pid in rank_pids or not thread.spans or trace.of_pid(thread.pid) is not thread:
+            continue
+        chain = {int(p) for f in thread.spans[0][2] for p in _pids(trace.frames[f].name)}
+        if chain & rank_pids:
+            continue
+        threads.append(thread)
+    threads.sort(key=lambda t: -t.first)  # the latest started first
+    memo: dict[tuple, causes.Cause] = {}
+
+    def cause(stack):
+        if stack not in memo:
+            memo[stack] = causes.classify([trace.frames[f] for f in stack], launcher=True)
+        return memo[stack]
+
+    clipped = [_clip(t.spans, lo, hi) for t in threads]
+    edges = sorted({x for spans in clipped for s, e, _ in spans for x in (s, e)})
+    chosen = []
+    cursor = [0] * len(clipped)
+    for a, b in zip(edges, edges[1:]):
+        best = None
+        for i, spans in enumerate(clipped):
+            while cursor[i] < len(spans) and spans[cursor[i]][1] <= a:
+                cursor[i] += 1
+            if cursor[i] < len(spans) and spans[cursor[i]][0] <= a:
+                stack = spans[cursor[i]][2]
+                if best is None:
+                    best = stack
+                if cause(stack).name != "waiting on its child processes":
+                    best = stack
+                    break
+        if best is not None:
+            chosen.append((a, b, best))
+    # before the sampler's first sample: the launch script's shell, and the sampler starting (it starts the launch)
+    lead = max(min(chosen[0][0] if chosen else hi, hi) - lo, 0.0)
+    return {"rank": None, **_phase(trace, chosen, hi - lo, folder / "launcher.speedscope.json", run_dir, True,
+                                   {causes.BEFORE_SAMPLING: lead} if lead else None)}
+
+
+def _pids(name: str) -> list[str]:
+    if name.startswith("process "):
+        pid = name[len("process "):].split(":", 1)[0]
+        return [pid] if pid.isdigit() else []
+    return []
+
+
+def speedscope(trace: samples.Trace, spans, name: str) -> dict:
+    """speedscope's file format (https://github.com/jlfwong/speedscope/wiki/Importing-from-custom-sources): one
+    sampled profile, a sample per stretch of one stack weighted by its seconds, in time order."""
+    index: dict[int, int] = {}
+    frames = []
+    stacks, weights = [], []
+    for s, e, stack in spans:
+        row = []
+        for f in stack:
+            if f not in index:
+                index[f] = len(frames)
+                fr = trace.frames[f]
+                frames.append({"name": fr.name, **({"file": causes.relative(fr.file), "line": fr.line}
+                                                   if fr.file else {})})
+            row.append(index[f])
+        stacks.append(row)
+        weights.append(_round(e - s))
+    total = sum(weights)
+    return {"$schema": "https://www.speedscope.app/file-format-schema.json", "exporter": "restart-harness",
+            "name": name, "activeProfileIndex": 0, "shared": {"frames": frames},
+            "profiles": [{"type": "sampled", "name": name, "unit": "seconds", "startValue": 0,
+                          "endValue": _round(total), "samples": stacks, "weights": weights}]}

@@ -1,0 +1,128 @@
+"""attribution=: py-spy (PyPI) started with a launch, sampling the launcher and every rank it starts on this node, into
+profiles/<record>/samples.json (Chrome's trace-event format: Perfetto and chrome://tracing open it). What the samples
+say is read by results/attribution.py; docs/attribution.md has the method.
+
+Whether the sampler can see the ranks is decided once per launch, before it starts (`unavailable`): asked for
+where it cannot work (a launcher whose ranks a scheduler starts, ranks on other nodes, no py-spy, no permission to
+trace), the run goes on with phase timings only, and the launch record and the terminal say why.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from restart_harness.iocount import strace
+from restart_harness.schema import ATTRIBUTION_RATE_ENV, ATTRIBUTION_RATE_HZ
+
+TOOL_ENV = "RH_PY_SPY"  # the py-spy to use; default the one beside this Python, else on PATH
+PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
+INSTALL = "pip install 'restart-harness[attribution]' (py-spy==0.4.3)"
+
+
+def tool() -> tuple[str | None, str | None]:
+    """(py-spy's path, None) or (None, why there is none)."""
+    given = os.environ.get(TOOL_ENV)
+    if given:
+        if not (os.path.isfile(given) and os.access(given, os.X_OK)):
+            return None, f"{TOOL_ENV}={given} is not an executable file"
+        return given, None
+    beside = Path(sys.executable).parent / "py-spy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside), None
+    found = shutil.which("py-spy")
+    return (found, None) if found else (None, f"py-spy is not installed: {INSTALL}")
+
+
+def unavailable(spec, launcher) -> str | None:
+    """Why attribution=python|native cannot sample this launch's ranks, or None (also when it is off)."""
+    if spec.attribution == "off":
+        return None
+    if why := launcher.unsampled():
+        return why
+    if os.environ.get(strace.ENV) == "1":
+        return f"{strace.ENV}=1 traces the launch with strace, and a process has one tracer"
+    path, why = tool()
+    if path is None:
+        return why
+    return _probe(path, spec.attribution == "native")
+
+
+@functools.cache
+def _probe(path: str, native: bool) -> str | None:
+    """py-spy samples a short Python process it starts (what it will do to the ranks): ptrace's permission, the
+    container's seccomp profile and py-spy's own support of this Python are all proven here, in about a second."""
+    try:
+        scope = int(PTRACE_SCOPE.read_text())
+    except (OSError, ValueError):
+        scope = None
+    if scope == 3:
+        return f"tracing is disabled on this node ({PTRACE_SCOPE} = 3: no process may trace another)"
+    with tempfile.TemporaryDirectory(prefix="rh-py-spy-") as tmp:
+        out = Path(tmp) / "probe.txt"
+        command = [path, "record", "--idle", "--rate", "50", "--format", "raw", "--output", str(out),
+                   *(["--native"] if native else []), "--", sys.executable, "-c", "import time; time.sleep(0.4)"]
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"py-spy ({path}) did not sample a test process: {exc}"
+        if proc.returncode != 0 or not out.is_file() or not out.stat().st_size:
+            said = [line for line in (proc.stderr + proc.stdout).splitlines() if line.strip()]
+            return (f"py-spy ({path}) could not sample a test process"
+                    + (f": {said[-1].strip()}" if said else f" (exit code {proc.returncode})")
+                    + ("; in a container, tracing needs --cap-add SYS_PTRACE" if scope is not None else ""))
+    return None
+
+
+def version(path: str) -> str:
+    try:
+        return subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return "py-spy"
+
+
+class Sampler:
+    """The wrapper of one launch: py-spy follows `sh`, which runs the launch and keeps its exit code (py-spy's own is
+    0 whatever its command's)."""
+
+    def __init__(self, run_dir: Path, record: str, native: bool):
+        self.folder = run_dir / "profiles" / record
+        self.trace = self.folder / "samples.json"
+        self.exit_file = self.folder / "exit-code"
+        self.native = native
+        self.path = tool()[0]
+
+    def command(self, launch: list[str]) -> list[str]:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        return [self.path, "record", "--subprocesses", "--idle", "--rate", str(ATTRIBUTION_RATE_HZ),
+                *(["--native"] if self.native else []), "--format", "chrometrace", "--output", str(self.trace),
+                "--", "sh", "-c", '"$@"; echo $? > "$RH_LAUNCH_EXIT_FILE"', "sh", *launch]
+
+    def environment(self) -> dict[str, str]:
+        return {"RH_LAUNCH_EXIT_FILE": str(self.exit_file), ATTRIBUTION_RATE_ENV: str(ATTRIBUTION_RATE_HZ)}
+
+    def exit_code(self, sampler_code: int | None) -> int | None:
+        """The launch's own exit code; the sampler's where the launch left none (killed with it)."""
+        try:
+            return int(self.exit_file.read_text().strip())
+        except (OSError, ValueError):
+            return sampler_code
+
+    def record(self, mode: str) -> dict:
+        return {"mode": mode, "sampled": True, "reason": None, "tool": version(self.path),
+                "rate_hz": ATTRIBUTION_RATE_HZ, "trace": str(self.trace.relative_to(self.folder.parent.parent))
+                if self.trace.is_file() else None}
+
+
+def of_launch(spec, launcher, run_dir: Path, record: str) -> tuple[Sampler | None, dict | None]:
+    """The sampler of a launch and what its record says of attribution (None, None: not asked)."""
+    if spec.attribution == "off":
+        return None, None
+    if why := unavailable(spec, launcher):
+        return None, {"mode": spec.attribution, "sampled": False, "reason": why}
+    return Sampler(run_dir, record, spec.attribution == "native"), None

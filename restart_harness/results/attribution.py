@@ -107,6 +107,41 @@ def _with_parent(trace: samples.Trace, thread: samples.Thread):
     return [s for s in parent.spans if s[1] <= thread.first] + thread.spans
 
 
+# the load anatomy's categories (restart_harness/worker/anatomy.py, docs/anatomy.md) as causes of checkpoint_load
+LOAD_CAUSES = {
+    "read": ("checkpoint", "reading the checkpoint's files (I/O calls)"),
+    "deserialize": ("checkpoint", "deserialization (the engine's load, reads inside it excluded)"),
+    "copy": ("checkpoint", "copies into the model and the optimizer"),
+    "wait": ("collective", "waiting for the other ranks (collectives inside the load)"),
+    "other": ("other", "the load's other work (the engine's Python between those calls)"),
+}
+
+
+def with_load_anatomy(att: dict | None, load_breakdown: dict | None) -> None:
+    """checkpoint_load's causes from its anatomy, where it has one: the load is timed call by call (reads by the I/O
+    counters, the engine's load, copies, collectives), which a phase of a few samples cannot resolve; the samples'
+    own causes stay beside them (`sampled_causes`), and the files the rank read longest are `reads`."""
+    phase = ((att or {}).get("phases") or {}).get("checkpoint_load")
+    if not phase or not load_breakdown:
+        return
+    row = next((r for r in load_breakdown.get("per_rank") or [] if r["rank"] == phase["rank"]), None)
+    if row is None or any(row.get(f"{c}_seconds") is None for c in LOAD_CAUSES):
+        return
+    measured = {c: row[f"{c}_seconds"] for c in LOAD_CAUSES}
+    scale = phase["seconds"] / sum(measured.values()) if sum(measured.values()) > phase["seconds"] > 0 else 1.0
+    phase["sampled_causes"] = phase["causes"]
+    phase["causes"] = sorted(({"kind": LOAD_CAUSES[c][0], "cause": LOAD_CAUSES[c][1], "seconds": _round(t * scale)}
+                              for c, t in measured.items() if t > 0), key=lambda c: -c["seconds"])
+    phase["remainder_seconds"] = _round(max(phase["seconds"] - sum(c["seconds"] for c in phase["causes"]), 0.0))
+    phase["remainder"] = {"unsampled_seconds": 0.0, "unnamed": [], "outside_the_anatomy_seconds":
+                          phase["remainder_seconds"]}
+    phase["method"] = "anatomy"
+    mine = [f for f in load_breakdown.get("files") or [] if f["rank"] == phase["rank"] and f.get("read_seconds")]
+    mine.sort(key=lambda f: -f["read_seconds"])
+    phase["reads"] = [{"file": f["path"], "read_seconds": f["read_seconds"], "read_bytes": f["read_bytes"]}
+                      for f in mine[:REMAINDER_SHOWN]]
+
+
 def _offsets(trace: samples.Trace, thread: samples.Thread, anchors: list[dict]) -> list[float]:
     """Estimates of (rank's wall clock - sampler's clock) from the anchors: the first sample inside a pause comes
     within one interval after its start, the first one after it within one interval after its end."""

@@ -229,7 +229,7 @@ def _checkpoint(frames):
             return Cause("checkpoint", "torch Distributed Checkpoint (plans, reads, copies)")
         if "/engines/" in f.file or _in(f, "deepspeed/runtime/checkpoint_engine/") or _short(f.name) in (
                 "load_checkpoint", "_load_checkpoint", "load_module_state_dict", "_load_zero_checkpoint"):
-            return Cause("checkpoint", f"the checkpoint engine's load ({_short(f.name)}, {relative(f.file)})")
+            return Cause("checkpoint", f"the checkpoint engine ({_short(f.name)}, {relative(f.file)})")
     return None
 
 

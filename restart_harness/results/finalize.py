@@ -88,6 +88,7 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
                 facts[source] = {**(facts.get(source) or {}), "filesystem": info["staging"]["filesystem"]}
         r["io_sources"] = io_sources.by_phase(record, RESTART_PHASES, facts)
         r["attribution"] = attribution.of_record(run_dir, info["record"], record, RESTART_PHASES, info)
+        attribution.with_load_anatomy(r["attribution"], r.get("load_breakdown"))
         restarts.append(r)
     sm.loss_continuity(restarts)
     for r in restarts:

@@ -177,6 +177,9 @@ def attribution_rows(att: dict | None, record: str) -> list[tuple[str, str]]:
         if rest >= 0.005:
             parts.append(f"{len(p['causes']) - len(shown)} more {rest:.2f}")
         parts.append(f"remainder {p['remainder_seconds']:.2f}")
+        if p.get("reads"):
+            f = p["reads"][0]
+            parts.append(f"longest read {f['file']} {f['read_seconds']:.3f} s ({f['read_bytes'] / 2**20:,.2f} MiB)")
         rows.append((f"  {phase}", f"{p['seconds']:.2f}: " + ", ".join(parts)))
     return rows
 

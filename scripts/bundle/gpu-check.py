@@ -363,8 +363,11 @@ def older(have: str | None, carried: str) -> bool:
 
 def without_checkpoints(info: tarfile.TarInfo, base: Path) -> tarfile.TarInfo | None:
     """Everything but a run's checkpoints: its checkpoint/ folder (beside its spec.json) is left out, whole (its
-    events/checkpoint/ records stay)."""
+    events/checkpoint/ records stay); and the sampler's raw traces (profiles/<record>/samples.json, megabytes each:
+    summary.json and the flame graphs beside them carry what they say)."""
     path = base / info.name
+    if path.name == "samples.json" and path.parent.parent.name == "profiles":
+        return None
     return None if path.name == "checkpoint" and (path.parent / "spec.json").is_file() else info
 
 

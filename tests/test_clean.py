@@ -35,12 +35,14 @@ def test_clean_lists_then_deletes_checkpoints_and_keeps_results(harness, tmp_pat
 
     rest = clean(f"folder={runs}", "apply=true")
     assert not (small / "checkpoint").exists()
-    assert rest.stdout.splitlines()[-1].startswith("deleted the checkpoints of 1 finished runs")
+    assert rest.stdout.splitlines()[-2].startswith("deleted the checkpoints of 1 finished run,"), rest.stdout
+    assert rest.stdout.splitlines()[-1] == "left alone: 1 run already cleaned", rest.stdout
     assert load_summary(small) == summary and (small / "events" / "checkpoint").is_dir()  # results kept
     assert json.loads((small / "status.json").read_text())["checkpoint_deleted"] is True
     again = restart(small)
     assert again.returncode == 2 and "nothing to restart from" in again.stderr and len(again.stderr.splitlines()) == 1
-    assert clean(f"folder={runs}").stdout.splitlines()[-1].startswith("would delete the checkpoints of 0 finished")
+    last = clean(f"folder={runs}").stdout.splitlines()
+    assert last[-2].startswith("would delete the checkpoints of 0 finished runs") and last[-1].endswith("2 runs already cleaned")
 
 
 @pytest.mark.parametrize("args, named", [

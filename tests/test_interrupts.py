@@ -5,6 +5,7 @@ is that re-run's outcome, and the run, with what it verified, stays as it was.""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -20,10 +21,10 @@ pytestmark = pytest.mark.slow
 ENDS_WITHIN_SECONDS = 90
 
 
-def interrupted(cmd: list[str], when: str, how: int = signal.SIGTERM) -> tuple[int, str]:
+def interrupted(cmd: list[str], when: str, how: int = signal.SIGTERM, env: dict | None = None) -> tuple[int, str]:
     """Run cmd, send `how` once its stderr says `when`; its exit code and stderr."""
     proc = subprocess.Popen(cmd, cwd=REPO, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env=env)
     said = []
     for line in proc.stderr:
         said.append(line)
@@ -56,6 +57,19 @@ def test_a_checkpoint_phase_interrupted_ends_its_ranks_and_the_run(tmp_path):
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == "failed" and status["reason"] == "interrupted", status
     assert ranks_left(run_dir) == []
+
+
+def test_ranks_interrupted_while_they_build_an_op_leave_no_lock_behind(tmp_path):
+    """A rank killed mid-build leaves torch's build lock, on which every later run would wait (third_party/
+    torch_extension_lock.py): the harness removes it once the launch is gone. A fresh cache: the first CPU run builds
+    DeepSpeed's shm_comm op."""
+    cache = tmp_path / "cache"
+    cmd = [sys.executable, str(REPO / "config-n-run.py"),
+           *case_launcher(["tiny", "dp=2", "iters=2", f"results_dir={tmp_path / 'results'}"])]
+    code, said = interrupted(cmd, "op is being built", signal.SIGINT, env={**os.environ, "RH_CACHE_DIR": str(cache)})
+    assert code == 130, said
+    assert "left unfinished" in said, said
+    assert not list(cache.glob("torch_extensions/*/*/lock")), said
 
 
 def test_an_interrupted_re_run_is_its_own_outcome_and_the_run_stays_complete(harness, tmp_path):

@@ -178,6 +178,23 @@ def test_stale_extension_lock_is_removed_and_a_held_or_young_one_kept(tmp_path):
     assert not stale.exists() and held.exists() and young.exists()
 
 
+def test_a_lock_made_during_a_launch_and_held_by_nothing_is_removed_once_it_is_gone(tmp_path):
+    from third_party.torch_extension_lock import remove_orphaned
+
+    start = time.time()
+    before, orphaned, held = (tmp_path / name / "lock" for name in ("before_op", "orphaned_op", "held_op"))
+    for lock in (before, orphaned, held):
+        lock.parent.mkdir()
+        lock.touch()
+    os.utime(before, (start - 60, start - 60))  # another run's, older than this launch
+    fd = os.open(held, os.O_RDONLY)  # a concurrent run's build in progress
+    try:
+        assert remove_orphaned(tmp_path, start) == [orphaned]
+    finally:
+        os.close(fd)
+    assert before.exists() and held.exists()
+
+
 def test_torch_file_baton_still_waits_on_an_ownerless_lock(tmp_path):
     """The reason for third_party/torch_extension_lock: torch's baton waits on a lock whose builder is gone. When this
     fails, torch recovers by itself and the shim can go."""

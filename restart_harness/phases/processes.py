@@ -55,12 +55,16 @@ def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None 
         except BaseException:
             # the harness is going away (Ctrl-C, SIGTERM, an exception): take the ranks with it
             end(proc)
+            _orphaned_locks(proc, record, start)
             raise
         finally:
             watchdog.kill()
             _bounded_wait(watchdog)
+    if timed_out or proc.returncode:
+        _orphaned_locks(proc, record, start)
     return {"record": record, "start": start, "wall_seconds": round(time.time() - start, 3),
-            "exit_code": sampler.exit_code(proc.returncode) if sampler else proc.returncode, "timed_out": timed_out, "log": str(log_path.relative_to(run_dir)),
+            "exit_code": sampler.exit_code(proc.returncode) if sampler else proc.returncode, "timed_out": timed_out,
+            "log": str(log_path.relative_to(run_dir)),
             "machine_load": load}
 
 
@@ -75,6 +79,16 @@ def _bounded_wait(proc: subprocess.Popen) -> None:
         proc.wait(timeout=KILLED_WAIT_SECONDS)
     except subprocess.TimeoutExpired:
         pass  # a zombie's parent is this process: it is reaped when the harness exits
+
+
+def _orphaned_locks(proc: subprocess.Popen, record: str, since: float) -> None:
+    """A rank killed while it built an op leaves the build's lock, on which every other run waits (third_party);
+    once the launch's processes are gone, a lock made since its start that nothing holds is that."""
+    from third_party.torch_extension_lock import remove_orphaned
+
+    session.gone(proc.pid, KILLED_WAIT_SECONDS)
+    for lock in remove_orphaned(extensions_dir(), since):
+        say(f"  [{record}] removed {lock}: the lock of a JIT build this launch's ranks left unfinished")
 
 
 def _watchdog(sid: int, cleanup: list[Path]) -> subprocess.Popen:

@@ -97,6 +97,17 @@ CASES = {
     "a timeout beyond bound": (["tiny", "timeout=99999999999999"], "timeout=99999999999999: must be at most"),
     "a value of 10,000 characters": (["tiny", "lr=" + "1" * 10000], "lr=: a value of 10,000 characters"),
     "an unknown command": (["frobnicate", "tiny"], "unknown model 'frobnicate', and not a command either"),
+    # the study (issue 56): what no cell can be made of, refused before any is planned or run
+    "a study on no GPUs": (["study", "gpus=0"], "gpus=0"),
+    "a study strategy whose tp divides no kv heads": (["study", "models=3B", "strategies=tp3"],
+                                                      "tp=3 does not divide num_key_value_heads=8"),
+    "a study strategy whose pp divides no layers": (["study", "models=3B", "strategies=tp4-pp3"],
+                                                    "pp=3 does not divide the 28 layers"),
+    "a study model no strategy places": (["study", "models=70B", "gpus=8"], "no strategy places 70B on gpus=8"),
+    "a study time limit below its planned table": (["study", "models=tiny", "gpus=2", "time_limit=0.1"],
+                                                   "time_limit=0.1 min: the planned-only table alone takes"),
+    "a study layout key": (["study", "tp=2"], "tp=: set by the study"),
+    "a study resumed from no study": (["study", "resume=/tmp"], "resume=/tmp: not a study folder"),
 }
 
 

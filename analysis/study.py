@@ -19,6 +19,7 @@ import statistics
 from pathlib import Path
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from analysis.render import Table, html_page, markdown
 from restart_harness.files.atomic import write_bytes_atomic
@@ -202,7 +203,8 @@ def _storage(run: dict | None, mode: str | None) -> str:
     fs = (summary.get("spec") or {}).get("checkpoint_filesystem") or {}
     where = f"{fs.get('type') or '?'} at {fs.get('mount') or '?'}"
     if b.get("write_mib_s"):
-        return f"{where}: baseline write {b['write_mib_s']:,.0f} / read {b['read_mib_s']:,.0f} MiB/s ({b.get('method')})"
+        return (f"{where}: baseline write {b['write_mib_s']:,.0f} / read {b['read_mib_s']:,.0f} MiB/s "
+                f"({b.get('method')})")
     return where
 
 
@@ -374,13 +376,6 @@ def planned(study: dict) -> dict[tuple[str, int, str], dict]:
     return out
 
 
-def _unit(largest: float) -> tuple[str, float]:
-    for name, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if largest >= scale:
-            return name, scale
-    return "bytes", 1
-
-
 def files_figure(table: list[dict], plans: dict) -> Figure | None:
     """Files per checkpoint, and the most one node and one rank write, per strategy (planned)."""
     models = list(dict.fromkeys(r["model"] for r in table))
@@ -416,7 +411,7 @@ def sizes_figure(table: list[dict], plans: dict) -> Figure | None:
     for ax, model in zip(axes, models):
         keys = _strategies(table, model)
         got = [plans[(model, *k)] for k in keys]
-        unit, scale = _unit(max(p["total"] for p in got))
+        scale = 1
         xs = list(range(len(keys)))
         ax.vlines(xs, [p["min"] / scale for p in got], [p["max"] / scale for p in got], color="C0", linewidth=7,
                   alpha=0.45, label="file sizes, smallest to largest")
@@ -424,23 +419,35 @@ def sizes_figure(table: list[dict], plans: dict) -> Figure | None:
         ax.scatter(xs, [p["total"] / scale for p in got], color="C3", marker="_", s=500, linewidths=2, zorder=3,
                    label="whole checkpoint")
         for x, p in zip(xs, got):
-            ax.annotate(_size(p["total"]), (x, p["total"] / scale), textcoords="offset points", xytext=(0, 5),
+            ax.annotate(_size(p["total"]), (x, p["total"]), textcoords="offset points", xytext=(0, 5),
                         ha="center", fontsize="x-small")
+            ax.annotate(_size(p["max"]), (x, p["max"]), textcoords="offset points", xytext=(6, -3),
+                        fontsize="xx-small", color="C0")
         ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=1024))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _size(v).replace(".00 ", " ")))
+        ax.yaxis.set_minor_locator(LogLocator(base=1024, subs=(32.0,)))
+        ax.yaxis.set_minor_formatter(NullFormatter())
         ax.margins(y=0.2)
         ax.set_xticks(xs, [_tick(*k) for k in keys], fontsize="small")
-        ax.set_ylabel(f"{unit} (log scale)")
+        ax.set_ylabel("bytes (log scale)")
         ax.set_title(f"{model}: file sizes and the whole checkpoint", loc="left")
-        ax.grid(axis="y", alpha=0.3, which="both")
+        ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.supxlabel("planned: tensor bytes exact, torch.save's pickle and zip estimated (docs/planner.md)",
                   fontsize="x-small", color="0.4")
     return fig
 
 
+LOG_SPAN = 100  # values spanning more than this factor get a log axis (else a linear one from 0)
+
+
 def _seconds_figure(table: list[dict], column: str, title: str, inner: str | None = None) -> Figure | None:
-    """Bars per strategy (x) and engine (colour); hatched where predicted, dotted where emulated, solid where
-    measured; with inner, a darker bar of that part inside."""
+    """Bars per strategy (x) and engine (colour); hatched and pale where predicted, dotted where emulated, solid where
+    measured; with inner, a black mark at that part's seconds inside each bar."""
+    from matplotlib.patches import Patch
+    from matplotlib.transforms import blended_transform_factory
+
     models = [m for m in dict.fromkeys(r["model"] for r in table)
               if any(r.get(column) is not None for r in table if r["model"] == m)]
     if not models:
@@ -451,56 +458,76 @@ def _seconds_figure(table: list[dict], column: str, title: str, inner: str | Non
     for ax, model in zip(axes, models):
         keys = _strategies(table, model)
         by = {(r["gpus"], r["strategy"], r["engine"]): r for r in table if r["model"] == model}
+        values = [r[column] for r in by.values() if r.get(column)]
+        log = max(values) > LOG_SPAN * min(values)
+        bottom = blended_transform_factory(ax.transData, ax.transAxes)
         for e, engine in enumerate(engines):
             for x, k in enumerate(keys):
                 r = by.get((*k, engine))
                 pos = x - 0.4 + width * (e + 0.5)
                 if r is None or r.get(column) is None:
-                    ax.text(pos, 0, "n/p", ha="center", va="bottom", fontsize="xx-small", rotation=90, color="0.5")
+                    ax.text(pos, 0.02, "n/p", transform=bottom, ha="center", va="bottom", fontsize="x-small",
+                            rotation=90, color="0.35")
                     continue
                 source = r[f"{column}_source"]
-                ax.bar(pos, r[column], width=width * 0.92, color=f"C{e}", hatch=HATCH[source], edgecolor="white",
-                       alpha=0.55 if source == "predicted" else 1.0)
+                bars = ax.bar(pos, r[column], width=width * 0.92, color=f"C{e}", hatch=HATCH[source],
+                              edgecolor="white", alpha=0.5 if source == "predicted" else 1.0)
+                if not log:
+                    ax.bar_label(bars, fmt="{:,.0f}" if r[column] >= 100 else "{:.2f}", fontsize="xx-small",
+                                 padding=1, rotation=90)
                 if inner and r.get(inner) is not None:
-                    ax.bar(pos, min(r[inner], r[column]), width=width * 0.45, color="black", alpha=0.45)
-        ax.set_yscale("log")
+                    ax.plot([pos - width * 0.4, pos + width * 0.4], [r[inner]] * 2, color="black", linewidth=2.5)
+        if log:
+            ax.set_yscale("log")
+        else:
+            ax.margins(y=0.18)
         ax.set_xticks(range(len(keys)), [_tick(*k) for k in keys], fontsize="small")
-        ax.set_ylabel("seconds (log scale)")
+        ax.set_ylabel("seconds" + (" (log scale)" if log else ""))
         ax.set_title(f"{model}: {title}", loc="left")
-        ax.grid(axis="y", alpha=0.3, which="both")
-    from matplotlib.patches import Patch
-
+        ax.grid(axis="y", alpha=0.3)
     handles = [Patch(color=f"C{e}", label=engine) for e, engine in enumerate(engines)]
-    handles += [Patch(facecolor="0.6", hatch=HATCH["predicted"], edgecolor="white", alpha=0.55, label="predicted"),
+    handles += [Patch(facecolor="0.6", hatch=HATCH["predicted"], edgecolor="white", alpha=0.5, label="predicted"),
                 Patch(facecolor="0.6", hatch=HATCH["emulated"], edgecolor="white", label="emulated"),
                 Patch(facecolor="0.6", label="measured")]
     if inner:
-        handles.append(Patch(color="black", alpha=0.45, label="of which the checkpoint load"))
+        from matplotlib.lines import Line2D
+
+        handles.append(Line2D([], [], color="black", linewidth=2.5, label="its checkpoint load"))
     axes[0].legend(handles=handles, fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.supxlabel("n/p: not predicted (e.g. a GPU's phases from a CPU calibration; why in study.csv); predicted for "
-                  "the cell's device, calibration and storage (study.md)", fontsize="x-small", color="0.4")
+    fig.supxlabel("n/p: not predicted (a GPU's model build and first step from a CPU calibration: why in study.csv); "
+                  "predicted for the cell's device, calibration and storage; engines not in the calibration take the "
+                  "default engine's rates (study.md)", fontsize="x-small", color="0.4")
     return fig
 
 
 def check_figure(table: list[dict]) -> Figure | None:
-    """Every run: what it measured against what was predicted for it before it started."""
-    points: dict[str, list[tuple[float, float]]] = {}
+    """Every run: what it measured against what was predicted for it before it started (colour: the figure;
+    marker: the engine)."""
+    points: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    busy = 0
     for r in table:
+        busy += bool(r.get("check_machine_busy"))
         for name in CHECKED:
             m, p = r.get(f"check_{name}_measured"), r.get(f"check_{name}_predicted")
             if m and p and m > 0 and p > 0:
-                points.setdefault(name, []).append((m, p))
+                points.setdefault((name, r["engine"]), []).append((m, p))
     if not points:
         return None
-    fig = Figure(figsize=(8, 5.5), layout="constrained")
+    fig = Figure(figsize=(8.5, 5.6), layout="constrained")
     ax = fig.add_subplot()
     values = [v for pts in points.values() for pair in pts for v in pair]
     lo, hi = min(values) / 2, max(values) * 2
     ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="exact")
     ax.fill_between([lo, hi], [lo / 2, hi / 2], [lo * 2, hi * 2], color="0.9", label="within 2x")
-    for i, (name, pts) in enumerate(points.items()):
-        ax.scatter([m for m, _ in pts], [p for _, p in pts], color=f"C{i}", s=30,
-                   label=name.removesuffix("_seconds").replace("_", " "))
+    names = list(dict.fromkeys(n for n, _ in points))
+    engines = list(dict.fromkeys(e for _, e in points))
+    for (name, engine), pts in points.items():
+        ax.scatter([m for m, _ in pts], [p for _, p in pts], color=f"C{names.index(name)}", s=36,
+                   marker="osD^v"[engines.index(engine) % 5])
+    for i, name in enumerate(names):
+        ax.scatter([], [], color=f"C{i}", label=name.removesuffix("_seconds").replace("_", " "))
+    for j, engine in enumerate(engines):
+        ax.scatter([], [], color="0.4", marker="osD^v"[j % 5], label=f"engine {engine}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)
@@ -510,6 +537,9 @@ def check_figure(table: list[dict]) -> Figure | None:
     ax.set_title("The study's runs: measured against predicted, at each run's own size", loc="left")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    runs = sum(1 for r in table if r.get("check_mode"))
+    fig.supxlabel(f"{runs} runs; {busy} of them started on a busy machine (other work on its CPUs: the "
+                  "calibration's machine was quiet)", fontsize="x-small", color="0.4")
     return fig
 
 

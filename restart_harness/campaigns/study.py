@@ -45,8 +45,12 @@ MIN_STRATEGIES = 4  # auto: fewer placeable categories are made up from the othe
 # and its figures (matplotlib imported, six PNGs) 10-20 s. A run spends a few seconds outside its two launches
 # (harness start, the page-cache step, finalize).
 REPORT_SECONDS = 30.0
+# An emulated cell's file state in memory at once, of the memory available when it is sized (a lone run takes 60%):
+# on a shared 2-core machine two 8-rank 13B cells lost ranks to the OOM killer at 60% while other work grew
+STUDY_EMULATE_MEMORY_FRACTION = 0.4
 HARNESS_SECONDS = 8.0
 MODES = ("real", "emulated", "shrunk", "predicted")  # most faithful first
+REASONS = " | "  # between the reasons of the options not taken (a reason itself may hold "; ")
 
 
 @dataclass(frozen=True)
@@ -425,7 +429,8 @@ def storage(request: StudyRequest, cells: list[Cell], measure: bool) -> dict:
     store = forecast.storage(plugins, record=record, **extra)
     fs = filesystem(nearest_existing(Path(estimate.checkpoint_dir(spec))))
     store["label"] = (f"{fs['type'] or '?'} at {fs['mount']}: baseline write {record['write_mib_s']:,.0f} / read "
-                      f"{record['read_mib_s']:,.0f} MiB/s ({record.get('method')}, {str(record.get('measured_at'))[:16]})")
+                      f"{record['read_mib_s']:,.0f} MiB/s ({record.get('method')}, "
+                      f"{str(record.get('measured_at'))[:16]})")
     return store
 
 
@@ -517,6 +522,10 @@ def evaluate(cell: Cell, mode: str, shrink: int, emulate: bool, sizing: Sizing) 
     else:
         words += [f"nodes={cell.nodes}", f"ranks_per_node={cell.per_node}"]
     words += [f"emulate={'true' if emulate else 'false'}", f"shrink={shrink}"]
+    if emulate and sizing.local and not any(w.startswith("emulate_memory_gib=") for w in words):
+        # runs one after another, unattended, on a machine others may share: less of its memory than a lone run's 60%
+        budget = STUDY_EMULATE_MEMORY_FRACTION * (machine.available_memory_bytes() or 8 << 30) / GIB
+        words.append(f"emulate_memory_gib={budget:.3f}")
     option = Option(mode, shrink, emulate)
     try:
         spec = machine.resolve(parse_run(words)[0])
@@ -548,7 +557,7 @@ def choose(cell: Cell, allowance: float, sizing: Sizing, cheapest: bool = False)
     if sizing.fidelity == "auto":  # the cheapest that runs: nothing fits when it does not
         low = next((o for o in (evaluate(cell, *c, sizing) for c in reversed(ladder)) if _fits(o, sizing, why)), None)
         if low is None:
-            return Option("predicted", reason="; ".join(why) or "nothing to run", why="no option runs here")
+            return Option("predicted", reason=REASONS.join(why) or "nothing to run", why="no option runs here")
         if low.seconds * sizing.factor > allowance:
             return Option("predicted", time_bound=True, why="no time left for a run",
                           reason=f"no run fits the time it may take ({_clock(allowance)}): the quickest, {low.text}, "
@@ -566,8 +575,8 @@ def choose(cell: Cell, allowance: float, sizing: Sizing, cheapest: bool = False)
         if sizing.fidelity == "auto" and o.seconds * sizing.factor > allowance:
             why.append(f"{o.text}: ~{_clock(o.seconds * sizing.factor)}, more than {_clock(allowance)}")
             continue
-        return dataclasses.replace(o, reason="; ".join(why))
-    return Option("predicted", reason="; ".join(why) or "nothing to run", why=_first(why[-1] if why else "", 90),
+        return dataclasses.replace(o, reason=REASONS.join(why))
+    return Option("predicted", reason=REASONS.join(why) or "nothing to run", why=_first(why[-1] if why else "", 90),
                   time_bound=any("more than" in w and "disk=" not in w for w in why))
 
 
@@ -761,7 +770,7 @@ def _check_named(study: Study) -> None:
     runs = [c for c in study.cells if c.option.mode != "predicted"]
     for cell in study.cells:
         if cell.runs_here is None and cell.option.mode == "predicted":
-            misses = [r for r in cell.option.reason.split("; ") if "more than disk=" in r or "not predicted" in r]
+            misses = [r for r in cell.option.reason.split(REASONS) if "more than disk=" in r or "not predicted" in r]
             if misses:
                 raise UsageError(f"fidelity={o.fidelity}: cell {cell.id} does not fit: {misses[0]}; accepted: a larger "
                                  "disk=, fidelity=auto (the largest option that fits, cell by cell), or fewer models")
@@ -860,8 +869,9 @@ def _run_cells(study: Study) -> None:
             continue
         done += 1
         elapsed = time.time() - study.started
-        say(f"[study {done}/{max(total, done)}] {_cell_text(cell)}: {option.text}, ~{_clock(option.seconds * sizing.factor)}"
-            f"; elapsed {_clock(elapsed)}, {_clock(max(0, study.deadline - time.time()))} left")
+        left = max(0.0, study.deadline - time.time())
+        say(f"[study {done}/{max(total, done)}] {_cell_text(cell)}: {option.text}, "
+            f"~{_clock(option.seconds * sizing.factor)}; elapsed {_clock(elapsed)}, {_clock(left)} left")
         cell.option, cell.state, cell.reason = option, "running", None
         write(study)
         spec = dataclasses.replace(option.plugins.spec, results_dir=str(study.folder))
@@ -884,7 +894,8 @@ def _run_cells(study: Study) -> None:
         _made_run_dir(study, cell)
         if cell.run_dir and cell.run_dir not in cell.attempts:
             cell.attempts.append(cell.run_dir)
-        if cell.state == "complete" and sizing.local and option.seconds:
+        if sizing.local and option.seconds and (cell.state == "complete" or cell.wall_seconds > option.seconds):
+            # a run that failed after outlasting its estimate says the estimates are short here too
             study.ratios.append(round(cell.wall_seconds / option.seconds, 3))
         if cell.state == "failed":
             _discard(study, cell)
@@ -975,8 +986,9 @@ def render_plan(study: Study) -> str:
     kept = [c for c in cells if c.state in ("complete", "failed", "submitted")]
     expected = sum(c.option.seconds * sizing.factor for c in runs)
     models = len(request.models)
+    ref = " and the reference layout" if request.options.reference else ""
     lines = [(f"[study] {len(cells)} cells ({models} model{'s' * (models > 1)}, GPU counts "
-              f"{','.join(map(str, request.gpu_counts))}{' and the reference layout' if request.options.reference else ''},"
+              f"{','.join(map(str, request.gpu_counts))}{ref},"
               f" engines {','.join(request.engines)}): every cell planned (exact files) and predicted (calibration "
               f"{cells[0].spec.calibration}, device {_device(request)})"),
              f"[study] storage for the predictions: {sizing.store.get('label')} ({sizing.store.get('source')})"]
@@ -990,9 +1002,9 @@ def render_plan(study: Study) -> str:
                  f"{_size(max((c.option.bytes for c in runs), default=0))} at once (disk={_size(sizing.disk)}), "
                  f"{_size(sum(c.option.bytes for c in runs))} written in all")
     for c in runs:
+        not_more = f"  (not more: {_first(c.option.reason.split(REASONS)[-1], 130)})" if c.option.reason else ""
         lines.append(f"  {_cell_text(c):<46} {c.option.text:<24} ~{_clock(c.option.seconds * sizing.factor):>8} "
-                     f"{_size(c.option.bytes):>10}" + (f"  (not more: {_first(c.option.reason.split('; ')[-1], 130)})"
-                                                       if c.option.reason else ""))
+                     f"{_size(c.option.bytes):>10}" + not_more)
     reasons: dict[str, int] = {}
     for c in cells:
         if c.option.mode == "predicted" and c.state == "planned":

@@ -107,7 +107,8 @@ def command_usage(name: str) -> str:
     elif name == "mlperf":
         lines += [f"and the run keys (./submit-job.sh --help) except {', '.join(MLPERF_FIXED)} and the model's shape"]
     elif name == "study":
-        lines += [(f"and the predict keys but predict= (write_gbps=, read_gbps=, ...: the storage the predictions assume), "
+        lines += [("and the predict keys but predict= (write_gbps=, read_gbps=, ...: the storage the predictions "
+                   "assume), "
                   f"and the run keys (./submit-job.sh --help) except {', '.join(STUDY_FIXED)} and the model's shape")]
     elif with_run_keys:
         lines += ["and every run key: ./submit-job.sh --help"]

@@ -299,6 +299,7 @@ def build_cells(request: StudyRequest) -> tuple[list[Cell], list[str]]:
     notes: list[str] = []
     device = _device(request)
     run_words = [t for t in request.run_tokens if not t.startswith("device=")]
+    devices: dict[str, str] = {}
     for model in request.models:
         shape = load_model(model)[0]
         counts = [(g, None) for g in request.gpu_counts]
@@ -335,10 +336,11 @@ def build_cells(request: StudyRequest) -> tuple[list[Cell], list[str]]:
             placed_any = True
             for layout in kept:
                 for engine in request.engines:
-                    spec = _spec(model, layout, nodes, per_node, engine, shape, o, run_words, device)
-                    cells.append(Cell(len(cells) + 1, model, gpus, nodes, per_node, layout, engine,
-                                      _words(model, layout, nodes, per_node, engine, shape, o, run_words, device),
-                                      spec, ref, needs[layout]))
+                    dev = devices.setdefault(engine, _engine_device(engine, device, model, layout, nodes, per_node,
+                                                                    shape, o, run_words))
+                    words = _words(model, layout, nodes, per_node, engine, shape, o, run_words, dev)
+                    cells.append(Cell(len(cells) + 1, model, gpus, nodes, per_node, layout, engine, words,
+                                      parse_run(words)[0], ref, needs[layout]))
         if not placed_any:
             raise UsageError(_unplaceable(model, request, least))
     return cells, notes
@@ -380,12 +382,22 @@ def _fits_some(model: str, gpus: int, request: StudyRequest) -> bool:
     return False
 
 
+def _engine_device(engine, device, *cell) -> str:
+    """The device an engine's cells are predicted for: the study's, or CUDA for an engine that runs only there
+    (DataStates-LLM), whose cells on a CPU machine are then predicted for the device it runs on."""
+    for dev in dict.fromkeys((device, "cuda")):
+        try:
+            resolve.plugins(_spec(*cell[:4], engine, *cell[4:], dev)).engine.check()
+            return dev
+        except UsageError:
+            continue
+    return device
+
+
 def _words(model, layout, nodes, per_node, engine, shape, o, run_words, device) -> list[str]:
     vocab = [f"vocab_size={vocab_size(shape, layout.tp, o.vocab)}"] if o.vocab == "reference" else []
-    # DataStates runs on CUDA only: on a CPU machine its cells are predicted for the device it runs on
-    dev = "cuda" if resolve.engine_class(engine).name == "datastates" else device
     return [model, f"tp={layout.tp}", f"pp={layout.pp}", f"dp={layout.dp}", f"nodes={nodes}",
-            f"ranks_per_node={per_node}", f"engine={engine}", *vocab, *run_words, f"device={dev}",
+            f"ranks_per_node={per_node}", f"engine={engine}", *vocab, *run_words, f"device={device}",
             f"iters={o.saves}", "save_interval=1", "after=1"]
 
 
@@ -465,9 +477,15 @@ def predict_cells(cells: list[Cell], store: dict, cpus: int) -> None:
                            "storage": made["storage"], "phases": made["phases"], "note": made["note"]}
 
 
-def run_seconds(made: dict, spec) -> float | None:
+# CPU-seconds a rank's start costs here, mostly imports (docs/testing.md: about 7 a rank; a forking launcher pays
+# them once per node): the calibration's emulated runs all had 2 ranks, so it cannot say what 16 cost on 2 cores
+RANK_START_CPU_SECONDS = 7.0
+
+
+def run_seconds(made: dict, spec, cpus: int = 1, forks: bool = False) -> float | None:
     """A run's wall seconds from its predicted phases: two launches (the checkpoint phase starts as a restart
-    does), its steps, saves and the load, and the harness's own; None where a phase it needs is not predicted."""
+    does), its steps, saves and the load, and the harness's own; at least its ranks' start-up CPU-seconds over the
+    node's CPUs. None where a phase it needs is not predicted."""
     phases = made["phases"]
 
     def s(name: str) -> float | None:
@@ -478,7 +496,8 @@ def run_seconds(made: dict, spec) -> float | None:
     step, save, load = s("restart_first_step_seconds"), s("save_commit_seconds"), s("restart_checkpoint_load_seconds")
     if None in (*start, step, save, load):
         return None
-    return HARNESS_SECONDS + 2 * sum(start) + (spec.iters + spec.after) * step + spec.save_count * save + load
+    starts = 2 * max(sum(start), (1 if forks else spec.ranks_per_node) * RANK_START_CPU_SECONDS / max(1, cpus))
+    return HARNESS_SECONDS + starts + (spec.iters + spec.after) * step + spec.save_count * save + load
 
 
 @dataclass
@@ -532,15 +551,16 @@ def evaluate(cell: Cell, mode: str, shrink: int, emulate: bool, sizing: Sizing) 
         plugins = preflight.run(spec)
         option.plugins = plugins
         option.bytes = preflight.planned_bytes(plugins)
-        option.seconds = run_seconds(forecast.build(plugins, sizing.cpus, sizing.store), spec)
+        option.seconds = run_seconds(forecast.build(plugins, sizing.cpus, sizing.store), spec, sizing.cpus,
+                                     forks=plugins.launcher.forks_ranks)
     except UsageError as exc:
         option.reason = str(exc)
     sizing.cache[key] = option
     return option
 
 
-def choose(cell: Cell, allowance: float, sizing: Sizing, cheapest: bool = False) -> Option:
-    """The most faithful option of the cell that fits the disk and `allowance` seconds; with cheapest, the least
+def choose(cell: Cell, allowance: float, sizing: Sizing, least: bool = False) -> Option:
+    """The most faithful option of the cell that fits the disk and `allowance` seconds; with least, the least
     costly that fits (more cells rather than more fidelity), unless a more faithful one costs about as much (a small
     model's real size). Else predicted, saying why the others were not taken."""
     if cell.runs_here:
@@ -555,7 +575,7 @@ def choose(cell: Cell, allowance: float, sizing: Sizing, cheapest: bool = False)
                              "it inside deepspeed.initialize)")
     why: list[str] = []
     if sizing.fidelity == "auto":  # the cheapest that runs: nothing fits when it does not
-        low = next((o for o in (evaluate(cell, *c, sizing) for c in reversed(ladder)) if _fits(o, sizing, why)), None)
+        low = cheapest(cell, sizing, why)
         if low is None:
             return Option("predicted", reason=REASONS.join(why) or "nothing to run", why="no option runs here")
         if low.seconds * sizing.factor > allowance:
@@ -567,7 +587,7 @@ def choose(cell: Cell, allowance: float, sizing: Sizing, cheapest: bool = False)
         o = evaluate(cell, *candidate, sizing)
         if not _fits(o, sizing, why):
             continue
-        if sizing.fidelity == "auto" and cheapest and o is not low and o.seconds > 1.15 * low.seconds + 2:
+        if sizing.fidelity == "auto" and least and o is not low and o.seconds > 1.15 * low.seconds + 2:
             if candidate[0] == "shrunk":
                 return dataclasses.replace(low, reason="more cells rather than more fidelity, once each model and "
                                                        "engine has had a run")
@@ -578,6 +598,16 @@ def choose(cell: Cell, allowance: float, sizing: Sizing, cheapest: bool = False)
         return dataclasses.replace(o, reason=REASONS.join(why))
     return Option("predicted", reason=REASONS.join(why) or "nothing to run", why=_first(why[-1] if why else "", 90),
                   time_bound=any("more than" in w and "disk=" not in w for w in why))
+
+
+def cheapest(cell: Cell, sizing: Sizing, why: list[str] | None = None) -> Option | None:
+    """The least costly option of the cell that runs here, fits the disk and has a predicted time (None: none)."""
+    why = [] if why is None else why
+    for candidate in reversed(_ladder(cell, "auto")):
+        o = evaluate(cell, *candidate, sizing)
+        if _fits(o, sizing, why):
+            return o
+    return None
 
 
 def _fits(o: Option, sizing: Sizing, why: list[str]) -> bool:
@@ -626,14 +656,26 @@ def priority(cells: list[Cell]) -> tuple[list[Cell], list[Cell]]:
     return coverage, rest
 
 
-def next_option(cell: Cell, coverage_left: int, time_left: float, sizing: Sizing) -> Option:
-    """A cell's option now: a coverage cell takes the most faithful that fits its share of the time left; after
-    the coverage, the cheapest that fits what is left. A named fidelity takes that, whatever the time."""
+def next_option(cell: Cell, later: list[Cell] | None, time_left: float, sizing: Sizing) -> Option:
+    """A cell's option now. A coverage cell (later: the coverage cells after it) may take its cheapest option plus an
+    equal share of the time the coverage cells' cheapest runs leave (the time for those after it that fit kept for
+    them): each model and engine gets a run before any gets a faithful one. After the coverage (later None), the
+    cheapest that fits what is left. A named fidelity takes that, whatever the time."""
     if sizing.fidelity != "auto":
         return choose(cell, math.inf, sizing)
-    if coverage_left:
-        return choose(cell, time_left / coverage_left, sizing)
-    return choose(cell, time_left, sizing, cheapest=True)
+    if later is None:
+        return choose(cell, time_left, sizing, least=True)
+    low = cheapest(cell, sizing)
+    if low is None:
+        return choose(cell, time_left, sizing)
+    own = low.seconds * sizing.factor
+    kept, runs = 0.0, 1
+    for other in later:
+        o = cheapest(other, sizing) if other.runs_here is None else None
+        if o is not None and own + kept + o.seconds * sizing.factor <= time_left:
+            kept += o.seconds * sizing.factor
+            runs += 1
+    return choose(cell, min(time_left, own + max(0.0, time_left - own - kept) / runs), sizing)
 
 
 # ---- the study: checked, sized, run ------------------------------------------------------------------------------
@@ -751,17 +793,17 @@ def project(study: Study) -> None:
             cell.option = choose(cell, 0.0, sizing)
     coverage, rest = priority(todo)
     for i, cell in enumerate([*coverage, *rest]):
-        cell.option = _next(cell, max(0, len(coverage) - i), study.deadline - clock, sizing)
+        cell.option = _next(cell, coverage[i + 1:] if i < len(coverage) else None, study.deadline - clock, sizing)
         if cell.option.mode != "predicted":
             cell.state = "pending"
             clock += cell.option.seconds * sizing.factor
 
 
-def _next(cell: Cell, coverage_left: int, time_left: float, sizing: Sizing) -> Option:
+def _next(cell: Cell, later: list[Cell] | None, time_left: float, sizing: Sizing) -> Option:
     if sizing.fidelity == "auto" and time_left < HARNESS_SECONDS * sizing.factor and not cell.runs_here:
         return Option("predicted", time_bound=True, why="no time left for a run",
                       reason="the time limit is spent by the runs before it")
-    return next_option(cell, coverage_left, time_left, sizing)
+    return next_option(cell, later, time_left, sizing)
 
 
 def _check_named(study: Study) -> None:
@@ -862,7 +904,7 @@ def _run_cells(study: Study) -> None:
     done = 0
     for i, cell in enumerate(order):
         sizing.factor = _factor(study)
-        option = _next(cell, max(0, len(coverage) - i), study.deadline - time.time(), sizing)
+        option = _next(cell, coverage[i + 1:] if i < len(coverage) else None, study.deadline - time.time(), sizing)
         if option.mode == "predicted":
             cell.state, cell.option = "planned", option
             write(study)

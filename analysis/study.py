@@ -319,11 +319,18 @@ def reference_table(table: list[dict]) -> Table | None:
 def summary_table(study: dict, table: list[dict]) -> Table:
     counts: dict[str, int] = {}
     for r in table:
-        counts[r["how"]] = counts.get(r["how"], 0) + 1
+        how = r["how"].split(": ")[0].split(" K=")[0]  # planned + predicted, shrunk, emulated at real size, ...
+        counts[how] = counts.get(how, 0) + 1
+    why: dict[str, int] = {}
+    for r in table:
+        if r["how"].startswith("planned + predicted: "):
+            w = r["how"].removeprefix("planned + predicted: ")
+            why[w] = why.get(w, 0) + 1
     elapsed = (study.get("updated") or 0) - (study.get("started") or 0)
     load = (study.get("machine") or {}).get("load_at_start") or {}
     rows_ = [["command", "./submit-job.sh " + " ".join(study["command"])], ["state", study["state"]],
-             ["cells", ", ".join(f"{n} {k}" for k, n in counts.items())],
+             ["cells", "; ".join(f"{n} {k}" for k, n in counts.items())
+              + "".join(f"; of the predicted, {n}: {w}" for w, n in why.items())],
              ["time", f"{elapsed / 60:.1f} min of time_limit {study['time_limit_seconds'] / 60:g} min"],
              ["machine", (f"{study['machine'].get('host')}: {load.get('cpus')} CPUs, load {load.get('loadavg_1min')} "
                          f"at the start; run wall seconds / estimate: {study['factor'].get('ratios') or 'no run'}")],

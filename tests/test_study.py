@@ -169,3 +169,41 @@ def test_a_reduced_study_runs_is_interrupted_and_resumes(tmp_path):
                             check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert "tiny: " in (tmp_path / "report" / "report.md").read_text()
+
+
+def _cell(index: int, model: str, engine: str = "default", reference: bool = False) -> study.Cell:
+    layout = study.Layout(1, 1, 8, "data")
+    ref = study.REFERENCES[0] if reference else None
+    return study.Cell(index, model, 8, 1, 8, layout, engine, [], None, ref)
+
+
+def test_each_model_and_engine_gets_a_run_before_any_gets_a_faithful_one(monkeypatch):
+    """The sizing, on made-up estimates: the reference layout first, then one cell per model and engine; each takes
+    its cheapest option plus an equal share of what the others' cheapest leave, so a short time limit gives every
+    one a run rather than the first a faithful one; what does not fit is predicted, saying so."""
+    seconds = {("shrunk", 64): 60, ("shrunk", 32): 70, ("shrunk", 16): 90, ("shrunk", 8): 150, ("shrunk", 4): 250,
+               ("shrunk", 2): 400, ("emulated", 1): 1000}
+
+    def evaluate(cell, mode, shrink, emulate, sizing):
+        if mode == "real":
+            return study.Option(mode, reason="4 ranks need ~124.0 GiB on this node")
+        return study.Option(mode, shrink, emulate, seconds[(mode, shrink)], 1 << 20)
+
+    monkeypatch.setattr(study, "evaluate", evaluate)
+    sizing = study.Sizing(disk=1 << 40, store={}, cpus=2, factor=1.0, fidelity="auto", run_words=[], local=True)
+    cells = [_cell(1, "3B"), _cell(2, "3B", "torchsnapshot"), _cell(3, "13B"), _cell(4, "13B"), _cell(5, "3B"),
+             _cell(6, "3B", reference=True)]
+    coverage, rest = study.priority(cells)
+    assert [c.index for c in coverage] == [6, 2, 3] and [c.index for c in rest] == [1, 4, 5]
+    left, chosen = 300.0, []
+    for i, cell in enumerate(coverage):
+        option = study.next_option(cell, coverage[i + 1:], left, sizing)
+        chosen.append((option.mode, option.shrink))
+        left -= option.seconds or 0
+    assert chosen == [("shrunk", 16)] * 3  # 60 s each at least, the 120 s they leave shared
+    first = study.next_option(coverage[0], coverage[1:], 100.0, sizing)
+    assert (first.mode, first.shrink) == ("shrunk", 16) and "shrunk K=8 (emulated): ~2.5 min, more than" in first.reason
+    late = study.next_option(coverage[1], coverage[2:], 10.0, sizing)
+    assert late.mode == "predicted" and late.time_bound and late.why == "no time left for a run"
+    cheap = study.next_option(rest[0], None, 1000.0, sizing)  # after the coverage: more cells, not more fidelity
+    assert (cheap.mode, cheap.shrink) == ("shrunk", 64)

@@ -7,7 +7,8 @@ a report folder (default ./reports/report-<time>/):
 runs.csv (one row per run and restart record), saves.csv (one row per save), report.md, one PNG per figure and
 report.html (everything embedded); a study folder (study.json, ./submit-job.sh study) adds its table and figures first
 (analysis/study.py). Unreadable inputs are named on stderr, one line each, and skipped. The last
-line printed is the report folder. Exit 0 if at least one run was read, 2 if none (nothing is written then)."""
+line printed is the report folder. Exit 0 if at least one run or study was read, 2 if none (nothing is written
+then)."""
 
 from __future__ import annotations
 
@@ -85,7 +86,11 @@ def with_studies(built: dict, studies: list[Path]) -> dict:
     """A study folder among the inputs: its table's section (analysis/study.py) first in the report."""
     tables, pngs, missing = [], {}, []
     for folder in studies:
-        t, p, m = st.section(folder)
+        try:
+            t, p, m = st.section(folder)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a torn or foreign study.json: named, skipped
+            print(f"skipped {folder}: its {STUDY} cannot be read ({type(exc).__name__}: {exc})", file=sys.stderr)
+            continue
         tables += t
         pngs.update(p)
         missing += m
@@ -140,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     built = build(runs, skipped, failures) if runs else {"rows": [], "saves": [], "groups": [], "figures": {},
                                                          "tables": []}
     built = with_studies(built, studies)
+    if not runs and not built["tables"]:
+        print(f"error: no readable run or study in {' '.join(map(str, args.paths))}; nothing written", file=sys.stderr)
+        return 2
     try:
         out = report_dir(args.output)
     except OSError as exc:

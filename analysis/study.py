@@ -1,4 +1,4 @@
-"""A study's table (`./submit-job.sh study`, restart_harness/campaigns/study.py): study.json and the run folders of
+"""A study's table (`./submit-job.sh study`, restart_harness/campaigns/study/): study.json and the run folders of
 its cells -> study.csv (one row per cell: model x GPU count x strategy x engine), study-files.csv (every file of
 every cell), study.md and study.html (the report section) and the figures, written into the study's folder.
 

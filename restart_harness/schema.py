@@ -13,7 +13,7 @@ SCHEMA_VERSION = 1  # summary.json; analysis reads every version in READABLE_VER
 READABLE_VERSIONS = (1,)
 SWEEP_SCHEMA_VERSION = 1  # sweep.json
 MLPERF_SCHEMA_VERSION = 1  # mlperf.json (results/mlperf.py)
-STUDY_SCHEMA_VERSION = 1  # study.json (campaigns/study.py; analysis/study.py reads it)
+STUDY_SCHEMA_VERSION = 1  # study.json (campaigns/study/; analysis/study.py reads it)
 GIB = 1 << 30  # every *_gib_s figure is 2^30 bytes per second (MLPerf's tool prints these as "GB/second")
 MIB = 1 << 20  # every *_mib_s figure is 2^20 bytes per second
 

@@ -204,6 +204,7 @@ def test_a_python_that_is_not_there(tmp_path):
     (["help", "restart"], "restart keys:"),
     (["restart", "-h"], "restart keys:"),
     (["predict", "--help"], "predict keys:"),
+    (["study", "--help"], "study keys:"),
     (["tiny", "--help"], "layout keys:"),
 ])
 def test_every_command_has_its_help(argv, says):

@@ -1,4 +1,4 @@
-"""`./submit-job.sh study` (restart_harness/campaigns/study.py, analysis/study.py): the reference study's table.
+"""`./submit-job.sh study` (restart_harness/campaigns/study/, analysis/study.py): the reference study's table.
 
 The planner's side (the strategies a shape allows, the reference study's vocabulary, its 3B log) is checked without
 launching anything; a planned-only study writes the whole table in seconds; one reduced study (tiny, two ranks, two
@@ -20,7 +20,8 @@ import pytest
 from conftest import REPO
 
 from restart_harness import resolve
-from restart_harness.campaigns import study
+from restart_harness.campaigns.study import cells as study_cells
+from restart_harness.campaigns.study import sizing
 from restart_harness.command.parse import parse_study
 from restart_harness.schema import SOURCES, STUDY
 from restart_harness.spec.model_shape import load_model
@@ -36,34 +37,34 @@ def test_the_reference_3b_tp4_cell_is_the_reference_study_log():
     """The reference study's 3B at tp=4 on one 4-GPU node: its log says 'Checkpoint Save GB: 43.83' and names 8
     files; the planner, with the study's vocabulary (GPT-2's padded to 50,688 at tp=4), gives the same total to the
     log's precision and the same 8 names."""
-    cells, _ = study.build_cells(parse_study(["models=3B", "gpus=8"]))
+    cells, _ = study_cells.build_cells(parse_study(["models=3B", "gpus=8"]))
     ref = [c for c in cells if c.reference and c.engine == "default"]
     assert [(c.gpus, c.layout.label) for c in ref] == [(4, "tp4-pp1-dp1")]
     assert ref[0].spec.shape.vocab_size == 50688
-    plan = study._plan_record(resolve.plugins(ref[0].spec))
-    assert round(plan["total_bytes"] / 1e9, 2) == study.REFERENCES[0].checkpoint_gb == 43.83
-    assert sorted(f[0] for f in plan["files"]) == sorted(study.REFERENCES[0].files)
+    plan = study_cells.plan_record(resolve.plugins(ref[0].spec))
+    assert round(plan["total_bytes"] / 1e9, 2) == study_cells.REFERENCES[0].checkpoint_gb == 43.83
+    assert sorted(f[0] for f in plan["files"]) == sorted(study_cells.REFERENCES[0].files)
     # the log's figure is Megatron's 14 bytes x parameters (norms counted on every TP rank): the tensors exactly
     assert plan["tensor_bytes"] == 14 * 4 * 782_674_944 + 4 * 4  # and Adam's step counter per optimizer file
 
 
 def test_the_reference_vocabulary_is_padded_as_megatron_pads_it():
     shape = load_model("3B")[0]
-    assert [study.vocab_size(shape, tp, "reference") for tp in (1, 2, 4, 8)] == [50304, 50432, 50688, 51200]
-    assert study.vocab_size(shape, 4, "preset") == 128256
+    assert [study_cells.vocab_size(shape, tp, "reference") for tp in (1, 2, 4, 8)] == [50304, 50432, 50688, 51200]
+    assert study_cells.vocab_size(shape, 4, "preset") == 128256
 
 
 def test_auto_strategies_follow_the_shape_and_the_gpus_memory():
     """Pure data, tensor and pipeline parallel and two mixes where the shape allows them (3B's 28 layers take no
     8-stage pipeline); 70B fits 80 GiB GPUs only with tp x pp = 16, and gets four strategies there, none on 8 GPUs."""
-    cells, notes = study.build_cells(parse_study(["models=3B,13B,70B", "gpus=8,16", "engines=default",
+    cells, notes = study_cells.build_cells(parse_study(["models=3B,13B,70B", "gpus=8,16", "engines=default",
                                                   "reference=false"]))
     labels = {(m, g): [c.layout.label for c in cells if (c.model, c.gpus) == (m, g)] for m in ("3B", "13B", "70B")
               for g in (8, 16)}
     assert labels[("3B", 8)] == ["tp1-pp1-dp8", "tp8-pp1-dp1", "tp1-pp4-dp2", "tp4-pp2-dp1", "tp2-pp2-dp2"]
     assert labels[("13B", 8)][:3] == ["tp1-pp1-dp8", "tp8-pp1-dp1", "tp1-pp8-dp1"]
     assert labels[("70B", 8)] == [] and any(n.startswith("70B on 8 GPUs") for n in notes)
-    assert len(labels[("70B", 16)]) >= study.MIN_STRATEGIES
+    assert len(labels[("70B", 16)]) >= study_cells.MIN_STRATEGIES
     assert all(c.tp * c.pp == 16 for c in (x.layout for x in cells if x.model == "70B"))
     assert all(c.gpu_state_bytes <= 80 * 2**30 for c in cells)
 
@@ -171,10 +172,10 @@ def test_a_reduced_study_runs_is_interrupted_and_resumes(tmp_path):
     assert "tiny: " in (tmp_path / "report" / "report.md").read_text()
 
 
-def _cell(index: int, model: str, engine: str = "default", reference: bool = False) -> study.Cell:
-    layout = study.Layout(1, 1, 8, "data")
-    ref = study.REFERENCES[0] if reference else None
-    return study.Cell(index, model, 8, 1, 8, layout, engine, [], None, ref)
+def _cell(index: int, model: str, engine: str = "default", reference: bool = False) -> study_cells.Cell:
+    layout = study_cells.Layout(1, 1, 8, "data")
+    ref = study_cells.REFERENCES[0] if reference else None
+    return study_cells.Cell(index, model, 8, 1, 8, layout, engine, [], None, ref)
 
 
 def test_each_model_and_engine_gets_a_run_before_any_gets_a_faithful_one(monkeypatch):
@@ -184,26 +185,26 @@ def test_each_model_and_engine_gets_a_run_before_any_gets_a_faithful_one(monkeyp
     seconds = {("shrunk", 64): 60, ("shrunk", 32): 70, ("shrunk", 16): 90, ("shrunk", 8): 150, ("shrunk", 4): 250,
                ("shrunk", 2): 400, ("emulated", 1): 1000}
 
-    def evaluate(cell, mode, shrink, emulate, sizing):
+    def evaluate(cell, mode, shrink, emulate, sized):
         if mode == "real":
-            return study.Option(mode, reason="4 ranks need ~124.0 GiB on this node")
-        return study.Option(mode, shrink, emulate, seconds[(mode, shrink)], 1 << 20)
+            return study_cells.Option(mode, reason="4 ranks need ~124.0 GiB on this node")
+        return study_cells.Option(mode, shrink, emulate, seconds[(mode, shrink)], 1 << 20)
 
-    monkeypatch.setattr(study, "evaluate", evaluate)
-    sizing = study.Sizing(disk=1 << 40, store={}, cpus=2, factor=1.0, fidelity="auto", run_words=[], local=True)
+    monkeypatch.setattr(sizing, "evaluate", evaluate)
+    sized = sizing.Sizing(disk=1 << 40, store={}, cpus=2, factor=1.0, fidelity="auto", run_words=[], local=True)
     cells = [_cell(1, "3B"), _cell(2, "3B", "torchsnapshot"), _cell(3, "13B"), _cell(4, "13B"), _cell(5, "3B"),
              _cell(6, "3B", reference=True)]
-    coverage, rest = study.priority(cells)
+    coverage, rest = sizing.priority(cells)
     assert [c.index for c in coverage] == [6, 2, 3] and [c.index for c in rest] == [1, 4, 5]
     left, chosen = 300.0, []
     for i, cell in enumerate(coverage):
-        option = study.next_option(cell, coverage[i + 1:], left, sizing)
+        option = sizing.next_option(cell, coverage[i + 1:], left, sized)
         chosen.append((option.mode, option.shrink))
         left -= option.seconds or 0
     assert chosen == [("shrunk", 16)] * 3  # 60 s each at least, the 120 s they leave shared
-    first = study.next_option(coverage[0], coverage[1:], 100.0, sizing)
+    first = sizing.next_option(coverage[0], coverage[1:], 100.0, sized)
     assert (first.mode, first.shrink) == ("shrunk", 16) and "shrunk K=8 (emulated): ~2.5 min, more than" in first.reason
-    late = study.next_option(coverage[1], coverage[2:], 10.0, sizing)
+    late = sizing.next_option(coverage[1], coverage[2:], 10.0, sized)
     assert late.mode == "predicted" and late.time_bound and late.why == "no time left for a run"
-    cheap = study.next_option(rest[0], None, 1000.0, sizing)  # after the coverage: more cells, not more fidelity
+    cheap = sizing.next_option(rest[0], None, 1000.0, sized)  # after the coverage: more cells, not more fidelity
     assert (cheap.mode, cheap.shrink) == ("shrunk", 64)

@@ -354,7 +354,7 @@ class Strategy:
 
 @dataclass
 class StudyRequest:
-    """`study [key=value ...]`: what the study covers and the run keys every cell takes (campaigns/study.py)."""
+    """`study [key=value ...]`: what the study covers and the run keys every cell takes (campaigns/study/)."""
 
     options: StudyOptions
     predict: PredictOptions  # the storage and CPUs predictions assume (write_gbps=, read_gbps=, ...)

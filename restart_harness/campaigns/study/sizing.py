@@ -24,8 +24,8 @@ SHRINKS = (2, 4, 8, 16, 32, 64)  # 64: the largest that keeps every preset's hea
 # A run spends a few seconds outside its two launches (harness start, the page-cache step, finalize).
 HARNESS_SECONDS = 8.0
 # An emulated cell's file state in memory at once, of the memory available when it is sized (a lone run takes 60%):
-# on a shared 2-core machine two 8-rank 13B cells lost ranks to the OOM killer at 60% while other work grew
-STUDY_EMULATE_MEMORY_FRACTION = 0.4
+# on a shared 2-core machine 8-rank 13B cells lost ranks to the OOM killer at 60% and at 40% while other work grew
+STUDY_EMULATE_MEMORY_FRACTION = 0.25
 REASONS = " | "  # between the reasons of the options not taken (a reason itself may hold "; ")
 
 

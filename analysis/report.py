@@ -5,8 +5,10 @@ analysis ..., ./submit-job.sh report ...; -o REPORT_DIR is out_dir=)
 Finds every finished run (a directory holding spec.json whose run completed) at or below the paths given, and writes
 a report folder (default ./reports/report-<time>/):
 runs.csv (one row per run and restart record), saves.csv (one row per save), report.md, one PNG per figure and
-report.html (everything embedded). Unreadable inputs are named on stderr, one line each, and skipped. The last
-line printed is the report folder. Exit 0 if at least one run was read, 2 if none (nothing is written then)."""
+report.html (everything embedded); a study folder (study.json, ./submit-job.sh study) adds its table and figures first
+(analysis/study.py). Unreadable inputs are named on stderr, one line each, and skipped. The last
+line printed is the report folder. Exit 0 if at least one run or study was read, 2 if none (nothing is written
+then)."""
 
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ FIGURE_DPI = 110
 try:
     from analysis import load as ld
     from analysis import plots, render
+    from analysis import study as st
     from analysis import table as tb
     from restart_harness.command.report import parse_report
     from restart_harness.errors import UsageError
     from restart_harness.files.atomic import make_fresh_dir, write_bytes_atomic
     from restart_harness.files.filesystem import why_not_a_directory, why_unresolvable
-    from restart_harness.schema import count
+    from restart_harness.schema import STUDY, count
 except ImportError as exc:  # run as ./analysis/report.py by a Python without the project or matplotlib
     sys.exit(f"error: {exc}: this Python ({sys.executable}) lacks the restart-harness package or matplotlib; use "
              "./submit-job.sh report ..., or pip install -e '.[analysis]' into it")
@@ -79,11 +82,26 @@ def build(runs: list[ld.Run], skipped: list[ld.Skipped], failures: list[ld.Sweep
     return {"rows": rows, "saves": tb.save_rows(runs), "groups": groups, "figures": figures, "tables": tables}
 
 
+def with_studies(built: dict, studies: list[Path]) -> dict:
+    """A study folder among the inputs: its table's section (analysis/study.py) first in the report."""
+    tables, pngs, missing = [], {}, []
+    for folder in studies:
+        try:
+            t, p, m = st.section(folder)
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a torn or foreign study.json: named, skipped
+            print(f"skipped {folder}: its {STUDY} cannot be read ({type(exc).__name__}: {exc})", file=sys.stderr)
+            continue
+        tables += t
+        pngs.update(p)
+        missing += m
+    return {**built, "tables": tables + built["tables"], "study_pngs": pngs, "study_missing": missing}
+
+
 def write(out: Path, built: dict, title: str) -> list[Path]:
     """The report files under out; returns them."""
     figures = {k: v for k, v in built["figures"].items() if v is not None}
-    missing = [k for k, v in built["figures"].items() if v is None]
-    pngs = {name: png_bytes(fig) for name, fig in figures.items()}
+    missing = [k for k, v in built["figures"].items() if v is None] + built.get("study_missing", [])
+    pngs = {**built.get("study_pngs", {}), **{name: png_bytes(fig) for name, fig in figures.items()}}
     files = {
         "runs.csv": tb.to_csv(built["rows"]).encode(),
         "saves.csv": tb.to_csv(built["saves"]).encode(),
@@ -118,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         said = ", ".join(f"{n} {words[k]}" for k, n in sorted(loaded.left_out.items()))
         hint = [k for k in ld.INCLUDE if k in loaded.left_out]
         left = f"left out: {said} run(s)" + (f" (include={','.join(hint)} takes them in)" if hint else "")
-    if not runs:  # one line: what was found instead of a readable run
+    studies = [Path(p) for p in args.paths if (Path(p) / STUDY).is_file()]
+    if not runs and not studies:  # one line: what was found instead of a readable run
         found = "; ".join([*([left] if left else []), *(s.line() for s in skipped)])
         print(f"error: no readable run in {' '.join(map(str, args.paths))}" + (f" ({found})" if found else "")
               + "; nothing written", file=sys.stderr)
@@ -136,7 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     failures = ld.sweep_failures([Path(p) for p in args.paths], runs)
     for f in failures:
         print(f"sweep {f.sweep}: combination {f.combination} {f.state}: {f.reason}", file=sys.stderr)
-    built = build(runs, skipped, failures)
+    built = build(runs, skipped, failures) if runs else {"rows": [], "saves": [], "groups": [], "figures": {},
+                                                         "tables": []}
+    built = with_studies(built, studies)
+    if not runs and not built["tables"]:
+        print(f"error: no readable run or study in {' '.join(map(str, args.paths))}; nothing written", file=sys.stderr)
+        return 2
     try:
         out = report_dir(args.output)
     except OSError as exc:
@@ -145,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     n_restarts = sum(1 for r in built["rows"] if r.get("restart_record"))
     n_groups = len(built["groups"])
     title = (f"Restart-harness report: {count(len(runs), 'run')}, {count(n_restarts, 'restart')}, "
-             f"{count(n_groups, 'configuration')}")
+             f"{count(n_groups, 'configuration')}" + (f", {count(len(studies), 'study', 'studies')}" if studies else ""))
     written = write(out, built, title)
     print(f"{count(len(runs), 'run')} ({count(n_restarts, 'restart record')}) in {count(n_groups, 'configuration')}; "
           f"{len(skipped)} skipped; wrote {', '.join(p.name for p in written)}")

@@ -317,6 +317,19 @@ def _mlperf(request) -> int:
     return mlperf.main(request)
 
 
+def _check_study(tokens: list[str]):
+    from restart_harness.campaigns import study
+    from restart_harness.command import parse
+
+    return study.check(parse.parse_study(tokens))
+
+
+def _study(checked) -> int:
+    from restart_harness.campaigns import study
+
+    return study.main(checked)
+
+
 COMMANDS: dict[str, Command] = {
     "run": Command(_check_run, _run, launches=True),
     "sweep": Command(_check_sweep, _sweep, launches=True),
@@ -329,4 +342,5 @@ COMMANDS: dict[str, Command] = {
     "report": Command(lambda tokens: tokens, _report),  # analysis/report.py refuses its own mistakes (exit 2)
     "matrix": Command(_check_matrix, _matrix),
     "mlperf": Command(_check_mlperf, _mlperf, launches=True),
+    "study": Command(_check_study, _study, launches=True),
 }

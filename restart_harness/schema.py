@@ -13,6 +13,7 @@ SCHEMA_VERSION = 1  # summary.json; analysis reads every version in READABLE_VER
 READABLE_VERSIONS = (1,)
 SWEEP_SCHEMA_VERSION = 1  # sweep.json
 MLPERF_SCHEMA_VERSION = 1  # mlperf.json (results/mlperf.py)
+STUDY_SCHEMA_VERSION = 1  # study.json (campaigns/study/; analysis/study.py reads it)
 GIB = 1 << 30  # every *_gib_s figure is 2^30 bytes per second (MLPerf's tool prints these as "GB/second")
 MIB = 1 << 20  # every *_mib_s figure is 2^20 bytes per second
 
@@ -21,6 +22,10 @@ SPEC, DS_CONFIG, STATUS, SUMMARY, INVENTORY, BASELINE = (
     "spec.json", "ds_config.json", "status.json", "summary.json", "inventory.json", "baseline.json")
 SWEEP = "sweep.json"
 MLPERF = "mlperf.json"
+STUDY = "study.json"
+# Where a study's figure comes from (docs/study.md): a run at the real size, real-size files written and read without
+# training, the planner (exact), or the calibrated prediction model. A cell's figures each name one of these.
+SOURCES = ("measured", "emulated", "planned", "predicted")
 
 # status.json `state`. A `running` whose harness process is gone is read as `failed` ("harness ended") by
 # rundir/status.py observed(), which every reader uses.

@@ -250,6 +250,17 @@ ENV_CASES = {
     "an environment switch that is a banana": ({"RH_VENV": "banana"}, ["tiny"], "RH_VENV=banana: accepted: 1"),
     "a cache that is a file": ({"RH_CACHE_DIR": "{tmp}/afile"}, ["tiny"], "RH_CACHE_DIR={tmp}/afile: {tmp}/afile exists"),
     "a cache on /proc": ({"RH_CACHE_DIR": "/proc/x"}, ["baseline", "dir={tmp}"], "RH_CACHE_DIR=/proc/x: /proc is on"),
+    # the study (issue 56): what no cell can be made of, refused before any is planned or run
+    "a study on no GPUs": (["study", "gpus=0"], "gpus=0"),
+    "a study strategy whose tp divides no kv heads": (["study", "models=3B", "strategies=tp3"],
+                                                      "tp=3 does not divide num_key_value_heads=8"),
+    "a study strategy whose pp divides no layers": (["study", "models=3B", "strategies=tp4-pp3"],
+                                                    "pp=3 does not divide the 28 layers"),
+    "a study model no strategy places": (["study", "models=70B", "gpus=8"], "no strategy places 70B on gpus=8"),
+    "a study time limit below its planned table": (["study", "models=tiny", "gpus=2", "time_limit=0.1"],
+                                                   "time_limit=0.1 min: the planned-only table alone takes"),
+    "a study layout key": (["study", "tp=2"], "tp=: set by the study"),
+    "a study resumed from no study": (["study", "resume=/tmp"], "resume=/tmp: not a study folder"),
 }
 
 
@@ -381,6 +392,7 @@ def test_a_python_that_is_not_there(tmp_path):
     (["help", "restart"], "restart keys:"),
     (["restart", "-h"], "restart keys:"),
     (["predict", "--help"], "predict keys:"),
+    (["study", "--help"], "study keys:"),
     (["tiny", "--help"], "layout keys:"),
     (["report", "--help"], "report keys:"),
     (["help", "report"], "out_dir="),

@@ -8,6 +8,7 @@ from engines import registry
 from restart_harness import launchers, stacks, targets
 from restart_harness.command.options import (
     MLPERF_FIXED,
+    STUDY_FIXED,
     BaselineOptions,
     CalibrateOptions,
     CleanOptions,
@@ -16,6 +17,7 @@ from restart_harness.command.options import (
     PlanOptions,
     PredictOptions,
     RestartOptions,
+    StudyOptions,
 )
 from restart_harness.command.parse import restart_keys
 from restart_harness.command.report import ReportOptions
@@ -35,6 +37,7 @@ usage: ./submit-job.sh [run] MODEL [key=value ...]          train, checkpoint, r
        ./submit-job.sh matrix [key=value ...]                every engine x layouts that fit the node, verified
        ./submit-job.sh mlperf [WORKLOAD] [key=value ...]     an MLPerf Storage checkpoint workload, MLPerf's metrics
        ./submit-job.sh clean [key=value ...]                 delete finished runs' checkpoints, keep their results
+       ./submit-job.sh study [key=value ...]                 models x strategies x engines: files, sizes, save, restart
 (older spellings: `phase=restart run=DIR`, `MODEL ... plan=true|json`)
 
 MODEL: {presets} (configs/models/), a .yaml preset, or a local HF config.json (or its folder)
@@ -65,6 +68,9 @@ def usage() -> str:
     lines += _section("clean keys (with `clean`)", list(keys_of(CleanOptions).values()))
     lines += [*_section("mlperf keys (with `mlperf WORKLOAD`)", list(keys_of(MlperfOptions).values()))[:-1],
               f"  and the run keys above except {', '.join(MLPERF_FIXED)} and the model's shape (the workload's)", ""]
+    lines += [*_section("study keys (with `study`)", list(keys_of(StudyOptions).values()))[:-1],
+              (f"  and the predict keys but predict=, and the run keys above except {', '.join(STUDY_FIXED)} and the "
+              "model's shape (each cell's)"), ""]
     lines.append("training stacks (stack=NAME):")
     lines += [f"  {name}: {cls.description}" for name, cls in stacks.all_stacks().items() if name in stacks.names()]
     lines += ["", "launchers (launcher=NAME):"]
@@ -84,7 +90,7 @@ _COMMAND_KEYS = {"plan": (PlanOptions, True), "predict": (PredictOptions, True),
                  "baseline": (BaselineOptions, False), "matrix": (MatrixOptions, False),
                  "report": (ReportOptions, False),
                  "restart": (RestartOptions, False), "mlperf": (MlperfOptions, False),
-                 "clean": (CleanOptions, False)}
+                 "clean": (CleanOptions, False), "study": (StudyOptions, False)}
 
 
 def command_usage(name: str) -> str:
@@ -100,6 +106,10 @@ def command_usage(name: str) -> str:
         lines += [f"and of the run keys (./submit-job.sh --help): {', '.join(restart_keys())}"]
     elif name == "mlperf":
         lines += [f"and the run keys (./submit-job.sh --help) except {', '.join(MLPERF_FIXED)} and the model's shape"]
+    elif name == "study":
+        lines += [("and the predict keys but predict= (write_gbps=, read_gbps=, ...: the storage the predictions "
+                   "assume), "
+                  f"and the run keys (./submit-job.sh --help) except {', '.join(STUDY_FIXED)} and the model's shape")]
     elif with_run_keys:
         lines += ["and every run key: ./submit-job.sh --help"]
     return "\n".join(lines).rstrip() + "\n"
@@ -136,7 +146,8 @@ def markdown() -> str:
                            ("report (`./submit-job.sh report RUN_OR_SWEEP_DIR... ...`)", ReportOptions),
                            ("restart (`./submit-job.sh restart ...`)", RestartOptions),
                            ("mlperf (`./submit-job.sh mlperf WORKLOAD ...`)", MlperfOptions),
-                           ("clean (`./submit-job.sh clean ...`)", CleanOptions)):
+                           ("clean (`./submit-job.sh clean ...`)", CleanOptions),
+                           ("study (`./submit-job.sh study ...`)", StudyOptions)):
         lines += [f"## {title}", "", *table(list(keys_of(options).values()))]
     lines += ["## launchers", "", "| launcher= | what starts the ranks |", "|---|---|"]
     lines += [f"| `{name}`" + "".join(f" (or `{a}`)" for a in cls.aliases) + f" | {cls.description} |"

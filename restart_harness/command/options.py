@@ -121,3 +121,46 @@ class MlperfOptions:
 # and a cold read): an mlperf command refuses them.
 MLPERF_FIXED = ("tp", "pp", "dp", "zero", "stack", "engine", "emulate", "iters", "save_interval", "after", "cache",
                 "phase", "repeats", "precision", "replicate")
+
+
+@dataclass
+class StudyOptions:
+    models: str = key("3B,13B,70B", "model presets (or .yaml presets), comma-separated", group="study")
+    gpus: str = key("8,16", "GPU counts, comma-separated: each gives its own rows (default one 8-GPU node, and two)",
+                    group="study")
+    gpus_per_node: int = key(8, "GPUs (ranks) per node: tensor parallel stays within a node; the files per node",
+                             group="study", minimum=1, maximum=1024)
+    strategies: str = key("auto", "auto = pure data, tensor and pipeline parallel and their mixes the model's shape "
+                                  "and the GPUs' memory allow (docs/study.md); or a comma list of tpT, ppP, dp and "
+                                  "their mixes (tp4-pp2; dp fills the GPU count, or tp4-pp2-dp2 names it)",
+                          group="study")
+    engines: str = key("default,torchsnapshot,datastates", "checkpoint engines, comma-separated; +NAME,... adds to "
+                                                           "the three defaults", group="study")
+    vocab: str = key("reference", "reference = the reference study's vocabulary: GPT-2's 50,257 tokens padded as "
+                                  "Megatron-DeepSpeed pads them, to a multiple of 128 x tp; preset = the preset's own",
+                     group="study", choices=("reference", "preset"))
+    gpu_memory_gib: float | None = key(80.0, "memory of one GPU: a strategy whose model state on a GPU (weights, "
+                                             "gradients, its ZeRO optimizer partition; activations left out) does "
+                                             "not fit is not placed; none = place whatever the shape allows",
+                                       group="study", unit="GiB", above=0)
+    reference: bool = key(True, "add the reference study's logged layout (3B tp4-pp1-dp1 on one 4-GPU node) with "
+                                "its log's checkpoint size and file names beside the planner's", group="study")
+    fidelity: str = key("auto", "auto = each cell the most faithful option that fits the disk and the time left (a "
+                                "real run, emulation at real size, shrunk with the file layout kept, else predicted); "
+                                "real, emulated, shrunk or predicted = that for every cell whose engine runs here, "
+                                "refused if it does not fit", group="study",
+                        choices=("auto", "real", "emulated", "shrunk", "predicted"))
+    time_limit: float = key(25.0, "the study's wall time, planning and the table included: cells are sized to it "
+                                  "and a run still going at the end is stopped (resume= continues)", group="study",
+                            unit="min", above=0, maximum=40320)
+    disk: Size | None = key(None, "checkpoint bytes a cell may write (each cell's checkpoint is deleted once its "
+                                  "records are written, unless keep=true); default half the free space where the "
+                                  "checkpoints go", group="study", unit="bytes", minimum=1)
+    saves: int = key(1, "checkpoints each run writes", group="study", minimum=1, maximum=100)
+    resume: Path | None = key(None, "continue the study in this folder: its cells not yet finished, with its own "
+                                    "keys (time_limit= may be given anew)", group="study")
+
+
+# Run keys a study sets for each cell (its layout, the cell's option, the run's steps): a study command refuses them.
+STUDY_FIXED = ("tp", "pp", "dp", "nodes", "ranks_per_node", "shrink", "emulate", "subset", "engine", "stack", "iters",
+               "save_interval", "after", "phase", "repeats", "max_runs", "dry_run", "replicate")

@@ -28,6 +28,7 @@ from restart_harness import resolve, stacks
 from restart_harness.command.options import (
     MATRIX_STACK_CASES,
     MLPERF_FIXED,
+    STUDY_FIXED,
     BaselineOptions,
     CalibrateOptions,
     CleanOptions,
@@ -36,15 +37,17 @@ from restart_harness.command.options import (
     PlanOptions,
     PredictOptions,
     RestartOptions,
+    StudyOptions,
 )
 from restart_harness.command.tokens import fill, options_of, pairs_of, required
 from restart_harness.errors import UsageError, refused
 from restart_harness.files.filesystem import why_unresolvable
 from restart_harness.spec.keys import MAX_VALUE_CHARS, Key, coerce, keys_of, parse_bool
 from restart_harness.spec.model_shape import load_model, preset_named, preset_names, shape_keys
-from restart_harness.spec.runspec import RunSpec, run_keys
+from restart_harness.spec.runspec import MAX_WORLD, RunSpec, run_keys
 
-COMMANDS = ("run", "plan", "predict", "calibrate", "restart", "baseline", "report", "matrix", "mlperf", "clean")
+COMMANDS = ("run", "plan", "predict", "calibrate", "restart", "baseline", "report", "matrix", "mlperf", "clean",
+            "study")
 
 
 @dataclass
@@ -342,6 +345,142 @@ def parse_mlperf(tokens: list[str]) -> MlperfRequest:
                               "cache=drop", f"iters={checkpoints}", "save_interval=1",
                               *(f"{k}={v}" for k, v in pairs.items())], keys_of(MlperfOptions))
     return MlperfRequest(workload, MlperfOptions(**values), spec, rest)
+
+
+# ---- study -----------------------------------------------------------------------------------------------------
+STUDY_ENGINES = ("default", "torchsnapshot", "datastates")
+_DEGREE = r"(tp[1-9][0-9]*|pp[1-9][0-9]*|dp(?:[1-9][0-9]*)?)"
+_STRATEGY = re.compile(rf"^{_DEGREE}(-{_DEGREE})*$")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """A parallel layout asked for by degrees: dp None fills each GPU count (tp x pp x dp = GPUs)."""
+
+    tp: int
+    pp: int
+    dp: int | None
+    text: str
+
+
+@dataclass
+class StudyRequest:
+    """`study [key=value ...]`: what the study covers and the run keys every cell takes (campaigns/study/)."""
+
+    options: StudyOptions
+    predict: PredictOptions  # the storage and CPUs predictions assume (write_gbps=, read_gbps=, ...)
+    run_tokens: list[str]  # run keys (key=value) every cell's run takes
+    models: list[str]
+    gpu_counts: list[int]
+    engines: list[str]
+    strategies: list[Strategy] | None  # None: auto
+    tokens: list[str]  # the command's words, recorded in study.json (resume= runs them again)
+
+
+def _study_list(name: str, text: str, what: str) -> list[str]:
+    values = text.split(",")
+    if any(v == "" for v in values) or len(set(values)) != len(values):
+        raise UsageError(f"{name}={text}: needs distinct, non-empty {what}, comma-separated")
+    return values
+
+
+def parse_strategy(text: str) -> Strategy:
+    """tp4, pp2, dp, tp4-pp2, tp2-pp2-dp2: degrees by name, each at most once; dp without a number fills the GPUs."""
+    if not _STRATEGY.match(text):
+        raise UsageError(f"strategies={text}: not a strategy; accepted: tpT, ppP, dp and their mixes joined by -, "
+                         "e.g. tp4-pp2, tp2-pp2-dp2, dp (or auto)")
+    degrees: dict[str, int | None] = {}
+    for part in text.split("-"):
+        name, number = part[:2], part[2:]
+        if name in degrees:
+            raise UsageError(f"strategies={text}: {name} given twice")
+        degrees[name] = int(number) if number else None
+    return Strategy(degrees.get("tp") or 1, degrees.get("pp") or 1, degrees.get("dp"), text)
+
+
+def parse_study(tokens: list[str]) -> StudyRequest:
+    """`study [study keys] [predict keys: write_gbps= ...] [run keys]`; with resume=DIR, the words study.json recorded
+    (time_limit= may be given anew)."""
+    if tokens and "=" not in tokens[0]:
+        raise UsageError(f"{tokens[0]!r}: study takes no MODEL; usage: ./submit-job.sh study [models=3B,13B,70B] "
+                         "[gpus=8,16] [key=value ...]")
+    pairs = pairs_of(tokens)
+    if "resume" in pairs:
+        pairs = _resumed(pairs)
+    fixed = [k for k in pairs if k in STUDY_FIXED or k in shape_keys()]
+    if fixed:
+        raise UsageError(f"{fixed[0]}=: set by the study for each cell (its layout, engine and option: a real run, "
+                         "emulation, shrunk, predicted); accepted: the study keys (./submit-job.sh study --help) and "
+                         "the other run keys")
+    values: dict = {}
+    rest = fill(values, keys_of(StudyOptions), pairs)
+    predict_values: dict = {}
+    rest = fill(predict_values, {k: v for k, v in keys_of(PredictOptions).items() if k != "predict"}, rest)
+    declared = run_keys()
+    for name, text in rest.items():
+        if name not in declared:
+            raise _unknown(name, [*keys_of(StudyOptions), *declared])
+        coerce(declared[name], text)
+    options = StudyOptions(**values)
+    predict = PredictOptions(**predict_values)
+    if (predict.write_gbps is None) != (predict.read_gbps is None):
+        given = "write_gbps" if predict.write_gbps is not None else "read_gbps"
+        raise UsageError(f"{given}=: give write_gbps= and read_gbps= together (or neither: the cached baseline)")
+    models = _study_list("models", options.models, "model presets")
+    for model in models:
+        try:
+            load_model(model)
+        except UsageError as exc:
+            raise UsageError(f"models={options.models}: {exc}" if "/" in model or model.endswith((".yaml", ".json"))
+                             else f"models={options.models}: unknown model {model!r}; accepted: "
+                                  f"{', '.join(preset_names())}, a .yaml preset or an HF config.json") from None
+    gpu_counts = []
+    for text in _study_list("gpus", options.gpus, "GPU counts"):
+        if not (text.isascii() and text.isdigit()) or int(text) < 1 or int(text) > MAX_WORLD:
+            raise UsageError(f"gpus={options.gpus}: {text!r} is not a GPU count; accepted: positive integers up to "
+                             f"{MAX_WORLD:,}, comma-separated, e.g. gpus=8,16")
+        gpu_counts.append(int(text))
+    engines = list(STUDY_ENGINES) if options.engines.startswith("+") else []
+    for name in _study_list("engines", options.engines.removeprefix("+"), "engine names"):
+        if name not in registry.names():
+            raise UsageError(f"engines={options.engines}: unknown engine {name!r}; accepted: "
+                             + ", ".join(n for n, c in registry.all_engines().items() if c.saves))
+        cls = resolve.engine_class(name)
+        if not cls.saves:
+            raise UsageError(f"engines={options.engines}: engine {name} writes no checkpoint; accepted: "
+                             + ", ".join(n for n, c in registry.all_engines().items() if c.saves))
+        if "deepspeed" not in cls.stacks:
+            raise UsageError(f"engines={options.engines}: engine {name} does not checkpoint DeepSpeed's ZeRO state; "
+                             "accepted: " + ", ".join(n for n, c in registry.all_engines().items()
+                                                      if c.saves and "deepspeed" in c.stacks))
+        if name not in engines:
+            engines.append(name)
+    strategies = (None if options.strategies == "auto" else
+                  [parse_strategy(t) for t in _study_list("strategies", options.strategies, "strategies")])
+    pairs_run = {**rest, "keep": rest.get("keep", "false")}  # each cell's checkpoint deleted once its records are
+    return StudyRequest(options, predict, [f"{k}={v}" for k, v in pairs_run.items()], models, gpu_counts, engines,
+                        strategies, list(tokens))
+
+
+def _resumed(pairs: dict[str, str]) -> dict[str, str]:
+    """resume=DIR: the words the study was started with (its study.json), and a new time_limit= if given."""
+    import json
+
+    from restart_harness.schema import STUDY
+
+    folder = FsPath(coerce(keys_of(StudyOptions)["resume"], pairs["resume"])).expanduser()
+    others = [k for k in pairs if k not in ("resume", "time_limit", "results_dir")]
+    if others:
+        raise UsageError(f"{others[0]}=: resume= continues a study with its own keys; accepted with it: time_limit=")
+    try:
+        recorded = json.loads((folder / STUDY).read_text())
+        words = [w for w in recorded["command"] if w != "study"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"resume={pairs['resume']}: not a study folder (no readable {STUDY}); accepted: the folder "
+                         "a study printed") from None
+    resumed = {k: v for k, v in pairs_of([w for w in words if not w.startswith(("resume=", "time_limit="))]).items()}
+    return {**resumed, "resume": pairs["resume"], **({"time_limit": pairs["time_limit"]} if "time_limit" in pairs
+                                                      else {})}
 
 
 # ---- sweeps ----------------------------------------------------------------------------------------------------

@@ -1,0 +1,445 @@
+"""The study as a campaign: checked and sized before anything is created, its runs made one by one into its folder
+(study.json rewritten after each), the time limit kept, an interruption resumable, and the table written at the end
+(docs/study.md#resumable-and-safe)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import signal
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from restart_harness import machine, resolve
+from restart_harness.campaigns.study.cells import Cell, Option, build_cells, study_device
+from restart_harness.campaigns.study.sizing import (
+    HARNESS_SECONDS,
+    REASONS,
+    Sizing,
+    choose,
+    clock,
+    next_option,
+    predict_cells,
+    priority,
+    shorten,
+    storage,
+)
+from restart_harness.command.parse import StudyRequest
+from restart_harness.errors import RunFailed, UsageError
+from restart_harness.files.atomic import make_fresh_dir, read_json, write_json_atomic
+from restart_harness.phases import say
+from restart_harness.plan.estimate import size_text
+from restart_harness.schema import STUDY, STUDY_SCHEMA_VERSION
+
+# What a study spends outside its runs, measured here (2 cores): planning ~0.1 s a cell; writing the table and its
+# figures (matplotlib imported, five PNGs) 10-20 s.
+REPORT_SECONDS = 30.0
+
+
+# ---- the study: checked, sized, run ------------------------------------------------------------------------------
+@dataclass
+class Study:
+    request: StudyRequest
+    cells: list[Cell]
+    notes: list[str]
+    sizing: Sizing
+    started: float  # time.time() when the command started
+    planning_seconds: float
+    load: dict  # machine.load_now() when the study was sized
+    folder: Path | None = None  # resume=: the study's folder; else made when it starts
+    previous: dict | None = None  # resume=: the study.json it continues
+    state: str = "running"
+    ratios: list[float] = field(default_factory=list)  # run wall seconds / estimate, the runs so far
+
+    @property
+    def deadline(self) -> float:
+        """When the last run must have ended: the time limit less the table's own time."""
+        return self.started + self.request.options.time_limit * 60 - REPORT_SECONDS
+
+    def to_run(self) -> list[Cell]:
+        return [c for c in self.cells if c.state in ("pending", "running", "interrupted")
+                or (c.state == "planned" and c.option.time_bound)]
+
+
+def prior_factor(load: dict) -> float:
+    """Run wall seconds over the calibration's estimate before any run here: 1 on a quiet machine, more as other
+    work shares its CPUs (corrected by every run: Study.ratios)."""
+    return round(1.0 + (load.get("loadavg_1min") or 0.0) / max(1, load.get("cpus") or 1), 2)
+
+
+def check(request: StudyRequest) -> Study:
+    """Every cell planned and predicted, the runs sized (projected: each is sized again before it starts), every
+    refusal made - before anything is created."""
+    started = time.time()
+    o = request.options
+    cells, notes = build_cells(request)
+    previous = _previous(request, cells)
+    sample = resolve.plugins(cells[0].spec)
+    local = not sample.launcher.submits()
+    cpus = request.predict.cpus_per_node or os.cpu_count() or 1
+    store = storage(request, cells, measure=False)
+    predict_cells(cells, store, cpus)
+    device = study_device(request)
+    for cell in cells:
+        cell.runs_here = _runs_here(cell, device)
+    free = sample.target.storage_probe().free_bytes()
+    disk = o.disk or max(1, (free or 0) // 2)
+    load = machine.load_now()
+    factor = prior_factor(load)
+    if previous and previous.get("factor", {}).get("ratios"):
+        factor = round(statistics.median(previous["factor"]["ratios"]), 2)
+    run_words = [w for w in request.run_tokens if not w.startswith("device=")] + [f"device={device}"]
+    sizing = Sizing(disk, store, cpus, factor, o.fidelity, run_words, local)
+    planning = time.time() - started
+    study = Study(request, cells, notes, sizing, started, planning, load,
+                  folder=Path(o.resume).expanduser() if o.resume else None, previous=previous)
+    if previous:
+        study.ratios = list(previous.get("factor", {}).get("ratios") or [])
+    least = planning + REPORT_SECONDS
+    if o.time_limit * 60 < least:
+        raise UsageError(f"time_limit={o.time_limit:g} min: the planned-only table alone takes ~{clock(least)} here "
+                         f"(planning {len(cells)} cells took {planning:.1f} s; the table and its figures ~"
+                         f"{REPORT_SECONDS:.0f} s); accepted: time_limit >= {math.ceil(least / 6) / 10:g}")
+    project(study)
+    if o.fidelity not in ("auto", "predicted"):
+        _check_named(study)
+    return study
+
+
+def _runs_here(cell: Cell, device: str) -> str | None:
+    """None where the cell's engine can run on this machine's device (its own check); else why not."""
+    spec = dataclasses.replace(cell.spec, device=device)
+    try:
+        resolve.plugins(spec).engine.check()
+    except UsageError as exc:
+        return str(exc)
+    return None
+
+
+def _previous(request: StudyRequest, cells: list[Cell]) -> dict | None:
+    """resume=: the study.json continued, its cells' states carried over (cells are matched by id)."""
+    if not request.options.resume:
+        return None
+    folder = Path(request.options.resume).expanduser()
+    recorded = read_json(folder / STUDY)
+    by_id = {c["id"]: c for c in recorded.get("cells", [])}
+    for cell in cells:
+        old = by_id.get(cell.id)
+        if old is None:
+            continue
+        cell.state, cell.run_dir, cell.reason = old["state"], old.get("run_dir"), old.get("reason")
+        cell.wall_seconds, cell.attempts = old.get("wall_seconds"), list(old.get("attempts") or [])
+        o = old.get("option") or {}
+        if old["state"] in ("complete", "failed", "submitted"):
+            cell.option = Option(o.get("mode", "predicted"), o.get("shrink", 1), o.get("emulate", False),
+                                 o.get("estimate_seconds"), o.get("bytes", 0), o.get("reason", ""))
+        else:
+            cell.option = Option("predicted", reason=o.get("reason", ""), why=o.get("why", ""),
+                                 time_bound=old["state"] != "planned" or o.get("time_bound", False))
+    return recorded
+
+
+def project(study: Study) -> None:
+    """Each cell's option as the run would choose it, on the clock of the estimates: what the study prints before
+    it starts (each run is sized again, with the time truly left, before it starts)."""
+    clock = time.time()
+    sizing = study.sizing
+    todo = study.to_run() if study.previous else list(study.cells)
+    for cell in todo:
+        cell.state = "planned"
+        if cell.runs_here:
+            cell.option = choose(cell, 0.0, sizing)
+    coverage, rest = priority(todo)
+    for i, cell in enumerate([*coverage, *rest]):
+        cell.option = _next(cell, coverage[i + 1:] if i < len(coverage) else None, study.deadline - clock, sizing)
+        if cell.option.mode != "predicted":
+            cell.state = "pending"
+            clock += cell.option.seconds * sizing.factor
+
+
+def _next(cell: Cell, later: list[Cell] | None, time_left: float, sizing: Sizing) -> Option:
+    if sizing.fidelity == "auto" and time_left < HARNESS_SECONDS * sizing.factor and not cell.runs_here:
+        return Option("predicted", time_bound=True, why="no time left for a run",
+                      reason="the time limit is spent by the runs before it")
+    return next_option(cell, later, time_left, sizing)
+
+
+def _check_named(study: Study) -> None:
+    """fidelity=real|emulated|shrunk: every cell whose engine runs here gets it, or the study is refused."""
+    o = study.request.options
+    runs = [c for c in study.cells if c.option.mode != "predicted"]
+    for cell in study.cells:
+        if cell.runs_here is None and cell.option.mode == "predicted":
+            misses = [r for r in cell.option.reason.split(REASONS) if "more than disk=" in r or "not predicted" in r]
+            if misses:
+                raise UsageError(f"fidelity={o.fidelity}: cell {cell.id} does not fit: {misses[0]}; accepted: a larger "
+                                 "disk=, fidelity=auto (the largest option that fits, cell by cell), or fewer models")
+    total = sum(c.option.seconds * study.sizing.factor for c in runs)
+    left = study.deadline - time.time()
+    if total > left:
+        raise UsageError(f"fidelity={o.fidelity}: its {len(runs)} runs would take ~{clock(total)} (the calibration's "
+                         f"estimate x {study.sizing.factor:g} for this machine), more than the "
+                         f"{clock(max(0, left))} time_limit={o.time_limit:g} min leaves; accepted: time_limit >= "
+                         f"{math.ceil((total + time.time() - study.started + REPORT_SECONDS) / 60)}, "
+                         "fidelity=auto, or fewer models, strategies or engines")
+
+
+# ---- running ---------------------------------------------------------------------------------------------------
+class TimeUp(KeyboardInterrupt):
+    """The study's time limit: raised in the main thread like Ctrl-C, so a run in progress is stopped and recorded
+    as one interrupted would be."""
+
+
+def _alarm(signum, frame):
+    raise TimeUp()
+
+
+def run(study: Study) -> Path:
+    """Run the study's cells into its folder (study.json rewritten after each), then write the table; returns the
+    folder. Ctrl-C stops it (resume= continues); the time limit stops the run in progress and ends the study."""
+    request = study.request
+    if study.folder is None:
+        results = next((t.split("=", 1)[1] for t in request.run_tokens if t.startswith("results_dir=")), "results")
+        try:
+            study.folder = make_fresh_dir(Path(results), f"study-{datetime.now():%Y%m%d-%H%M%S}")
+        except FileExistsError as exc:
+            raise RunFailed(str(exc)) from None
+    if study.sizing.store.get("assumed"):  # no baseline was cached: measured now, and the cells predicted with it
+        study.sizing.store = storage(request, study.cells, measure=True)
+        study.sizing.cache.clear()
+        predict_cells(study.cells, study.sizing.store, study.sizing.cpus)
+        project(study)
+    print(render_plan(study), file=sys.stderr, flush=True)
+    write(study)
+    previous = signal.signal(signal.SIGALRM, _alarm)
+    interrupted = None
+    try:
+        if request.options.fidelity != "predicted":
+            left = study.deadline - time.time()
+            if left <= 0:
+                raise TimeUp()
+            signal.setitimer(signal.ITIMER_REAL, left)
+            _run_cells(study)
+        study.state = "complete" if not any(c.state == "submitted" for c in study.cells) else "submitted"
+    except TimeUp:
+        study.state = "time_limit"
+        _stop_remaining(study, f"the time limit (time_limit={request.options.time_limit:g} min) ended the study "
+                               "before this cell's run")
+    except KeyboardInterrupt as exc:
+        study.state, interrupted = "interrupted", exc
+        _stop_remaining(study, "the study was interrupted before this cell's run")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        write(study)
+    _table(study)
+    if interrupted is not None:
+        say(f"[study] interrupted; continue it with: ./submit-job.sh study resume={study.folder}")
+        raise interrupted
+    return study.folder
+
+
+def _stop_remaining(study: Study, reason: str) -> None:
+    for cell in study.cells:
+        if cell.state == "running":  # stopped outside its run's own handling (between its launches and records)
+            cell.state, cell.reason = "interrupted", cell.reason or reason
+        elif cell.state == "pending":
+            cell.state = "planned"
+            cell.option = Option("predicted", reason=reason, why="no time left for a run", time_bound=True)
+
+
+def _run_cells(study: Study) -> None:
+    """Each cell to run in priority order, sized again with the time truly left and the machine factor so far."""
+    from restart_harness.phases.run import run as run_one
+
+    sizing = study.sizing
+    for cell in study.cells:  # submitted earlier (resume=): what their jobs did
+        if cell.state == "submitted" and cell.run_dir:
+            cell.state = _observed(cell)
+    coverage, rest = priority([c for c in study.to_run()])
+    order = [*coverage, *rest]
+    total = sum(1 for c in order if c.state == "pending")
+    done = 0
+    for i, cell in enumerate(order):
+        sizing.factor = _factor(study)
+        option = _next(cell, coverage[i + 1:] if i < len(coverage) else None, study.deadline - time.time(), sizing)
+        if option.mode == "predicted":
+            cell.state, cell.option = "planned", option
+            write(study)
+            continue
+        done += 1
+        elapsed = time.time() - study.started
+        left = max(0.0, study.deadline - time.time())
+        say(f"[study {done}/{max(total, done)}] {_cell_text(cell)}: {option.text}, "
+            f"~{clock(option.seconds * sizing.factor)}; elapsed {clock(elapsed)}, {clock(left)} left")
+        cell.option, cell.state, cell.reason = option, "running", None
+        write(study)
+        spec = dataclasses.replace(option.plugins.spec, results_dir=str(study.folder))
+        began = time.time()
+        try:
+            cell.run_dir = str(run_one(option.plugins.with_spec(spec), prefix=f"{cell.index:03d}-"))
+            cell.state = _observed(cell)
+        except RunFailed as exc:
+            cell.state, cell.reason = "failed", str(exc)
+        except KeyboardInterrupt:
+            cell.state = "interrupted"
+            cell.reason = "the study's time limit" if isinstance(sys.exc_info()[1], TimeUp) else "interrupted"
+            _made_run_dir(study, cell)
+            _discard(study, cell)
+            write(study)
+            raise
+        except Exception as exc:  # noqa: BLE001 - one broken cell must not end the study
+            cell.state, cell.reason = "failed", f"{type(exc).__name__}: {exc}"
+        cell.wall_seconds = round(time.time() - began, 1)
+        _made_run_dir(study, cell)
+        if cell.run_dir and cell.run_dir not in cell.attempts:
+            cell.attempts.append(cell.run_dir)
+        if sizing.local and option.seconds and (cell.state == "complete" or cell.wall_seconds > option.seconds):
+            # a run that failed after outlasting its estimate says the estimates are short here too
+            study.ratios.append(round(cell.wall_seconds / option.seconds, 3))
+        if cell.state == "failed":
+            _discard(study, cell)
+        say(f"[study {done}] {cell.state}" + (f": {cell.reason}" if cell.reason else "")
+            + f" in {clock(cell.wall_seconds)}")
+        write(study)
+
+
+def _factor(study: Study) -> float:
+    return round(statistics.median(study.ratios), 2) if study.ratios else study.sizing.factor
+
+
+def _observed(cell: Cell) -> str:
+    from restart_harness.rundir.status import observed
+
+    state = observed(Path(cell.run_dir))["state"]
+    return {"dry_run": "complete"}.get(state, state)
+
+
+def _made_run_dir(study: Study, cell: Cell) -> None:
+    if cell.run_dir is None:
+        made = sorted(study.folder.glob(f"{cell.index:03d}-*"))
+        cell.run_dir = str(made[-1]) if made else None
+    if cell.run_dir and cell.run_dir not in cell.attempts:
+        cell.attempts.append(cell.run_dir)
+
+
+def _discard(study: Study, cell: Cell) -> None:
+    """A failed or interrupted cell's checkpoint goes too (keep=false): its records say what it was."""
+    from restart_harness.phases.run import discard_checkpoint
+
+    if cell.run_dir is None or "keep=true" in study.request.run_tokens:
+        return
+    try:
+        discard_checkpoint(resolve.read(Path(cell.run_dir)))
+    except Exception as exc:  # noqa: BLE001 - a run that never wrote its spec has no checkpoint to delete
+        say(f"  could not delete the checkpoint of {cell.run_dir}: {type(exc).__name__}: {exc}")
+
+
+# ---- records -----------------------------------------------------------------------------------------------------
+def record(study: Study) -> dict:
+    request = study.request
+    return {
+        "schema_version": STUDY_SCHEMA_VERSION, "study_id": study.folder.name if study.folder else None,
+        "command": ["study", *request.tokens] if not request.options.resume else
+        (study.previous or {}).get("command", ["study", *request.tokens]),
+        "state": study.state, "started": study.started, "updated": time.time(),
+        "options": dataclasses.asdict(request.options), "models": request.models, "gpu_counts": request.gpu_counts,
+        "engines": request.engines, "run_keys": request.run_tokens,
+        "time_limit_seconds": request.options.time_limit * 60, "planning_seconds": round(study.planning_seconds, 2),
+        "machine": {"host": os.uname().nodename, "load_at_start": study.load},
+        "factor": {"prior": prior_factor(study.load), "ratios": study.ratios, "now": _factor(study)},
+        "disk_bytes": study.sizing.disk, "storage": study.sizing.store.get("label"),
+        "storage_source": study.sizing.store.get("source"),
+        "storage_write_bytes_per_s": study.sizing.store.get("write_bytes_per_s"),
+        "storage_read_bytes_per_s": study.sizing.store.get("read_bytes_per_s"),
+        "not_placed": study.notes, "cells": [c.to_json() for c in study.cells],
+    }
+
+
+def write(study: Study) -> None:
+    if study.folder is not None:
+        write_json_atomic(study.folder / STUDY, record(study))
+
+
+def _table(study: Study) -> None:
+    """The study's table (analysis/study.py): CSV, Markdown, the report section and its figures."""
+    try:
+        from analysis import study as table
+    except ImportError as exc:  # matplotlib missing: the cells are recorded; `report` writes the table later
+        say(f"[study] no table written ({exc}); ./submit-job.sh report {study.folder} writes it where matplotlib is")
+        return
+    for path in table.write(study.folder):
+        say(f"  wrote {path}")
+
+
+# ---- what it prints ----------------------------------------------------------------------------------------------
+def _cell_text(cell: Cell) -> str:
+    ref = " (reference)" if cell.reference else ""
+    return f"{cell.model} {cell.gpus} GPUs {cell.layout.label} {cell.engine}{ref}"
+
+
+def render_plan(study: Study) -> str:
+    """What the study will do, cell by cell for its runs and by reason for the rest; the time and bytes expected."""
+    request, sizing = study.request, study.sizing
+    cells = study.cells
+    runs = [c for c in cells if c.option.mode != "predicted" and c.state in ("pending", "running")]
+    kept = [c for c in cells if c.state in ("complete", "failed", "submitted")]
+    expected = sum(c.option.seconds * sizing.factor for c in runs)
+    models = len(request.models)
+    ref = " and the reference layout" if request.options.reference else ""
+    lines = [(f"[study] {len(cells)} cells ({models} model{'s' * (models > 1)}, GPU counts "
+              f"{','.join(map(str, request.gpu_counts))}{ref},"
+              f" engines {','.join(request.engines)}): every cell planned (exact files) and predicted (calibration "
+              f"{cells[0].spec.calibration}, device {study_device(request)})"),
+             f"[study] storage for the predictions: {sizing.store.get('label')} ({sizing.store.get('source')})"]
+    lines += [f"[study] not placed: {n}" for n in study.notes]
+    if kept:
+        lines.append(f"[study] resumed: {len(kept)} cells kept from {study.folder}")
+    lines.append(f"[study] {len(runs)} runs expected to take ~{clock(expected)} (the calibration's estimate x "
+                 f"{sizing.factor:g}: this machine's {study.load.get('cpus')} CPUs at load "
+                 f"{study.load.get('loadavg_1min')}; corrected after each run, each run sized again before it "
+                 f"starts) of time_limit={request.options.time_limit:g} min; checkpoints up to "
+                 f"{size_text(max((c.option.bytes for c in runs), default=0))} at once "
+                 f"(disk={size_text(sizing.disk)}), {size_text(sum(c.option.bytes for c in runs))} written in all")
+    for c in runs:
+        not_more = f"  (not more: {shorten(c.option.reason.split(REASONS)[-1], 130)})" if c.option.reason else ""
+        lines.append(f"  {_cell_text(c):<46} {c.option.text:<24} ~{clock(c.option.seconds * sizing.factor):>8} "
+                     f"{size_text(c.option.bytes):>10}" + not_more)
+    reasons: dict[str, int] = {}
+    for c in cells:
+        if c.option.mode == "predicted" and c.state == "planned":
+            why = c.option.why or shorten(c.option.reason, 90)
+            reasons[why] = reasons.get(why, 0) + 1
+    for why, n in reasons.items():
+        lines.append(f"[study] planned and predicted only: {n} cells: {why}")
+    return "\n".join(lines)
+
+
+def main(study: Study) -> int:
+    folder = run(study)
+    recorded = read_json(folder / STUDY)
+    counts: dict[str, int] = {}
+    for c in recorded["cells"]:
+        mode = c["option"]["mode"] if c["state"] == "complete" else ("predicted" if c["state"] == "planned"
+                                                                     else c["state"])
+        counts[mode] = counts.get(mode, 0) + 1
+    print(f"study {recorded['study_id']}: {recorded['state']}; {len(recorded['cells'])} cells: "
+          + ", ".join(f"{n} {m}" for m, n in counts.items()))
+    for c in recorded["cells"]:
+        ref = c.get("reference")
+        if ref:
+            plan = c["plan"]
+            names = sorted(f[0] for f in plan["files"])
+            same = names == sorted(ref["files"])
+            gb = plan["total_bytes"] / 1e9
+            print(f"reference {c['id']}: planner {gb:.2f} GB in {plan['total_files']} files; the reference study's log "
+                  f"{ref['checkpoint_gb']:.2f} GB in {len(ref['files'])} files"
+                  f" ({'equal' if round(gb, 2) == ref['checkpoint_gb'] and same else 'DIFFERENT'})")
+    print(folder)
+    failed = [c for c in recorded["cells"] if c["state"] == "failed"]
+    return 1 if failed else 0

@@ -142,6 +142,13 @@ def run_columns(run: Run) -> dict:
         "machine_busy_at_launch": (get(ck, "machine_load", "busy") if get(ck, "machine_load") else None),
         "efficiency_save_ratio": num(get(ck, "efficiency", "save")),
         "efficiency_load_ratio": num(get(ck, "efficiency", "load")),
+        # the storage's ceiling (files/baseline.py ceiling()) and the efficiencies against it
+        "ceiling_write_mib_s": num(get(s, "baseline", "ceiling", "write_mib_s")),
+        "ceiling_read_mib_s": num(get(s, "baseline", "ceiling", "read_mib_s")),
+        "ceiling_write_from": get(s, "baseline", "ceiling", "write_from"),
+        "ceiling_read_from": get(s, "baseline", "ceiling", "read_from"),
+        "efficiency_save_of_ceiling_ratio": num(get(ck, "efficiency", "save_of_ceiling")),
+        "efficiency_load_of_ceiling_ratio": num(get(ck, "efficiency", "load_of_ceiling")),
     })
     row.update(request_columns("save", ck))
     row.update(prediction_columns(s))

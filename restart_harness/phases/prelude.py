@@ -49,5 +49,7 @@ def record_prediction(run: resolve.Run, probe: dict | None) -> str | None:
 
 def baseline_line(b: dict) -> str:
     age = f"(cached, {b['age_seconds'] / 3600:.1f} h old) " if b["cached"] and b.get("age_seconds") is not None else ""
+    c = b.get("ceiling")
+    ceiling = f"; ceiling write {c['write_mib_s']} MiB/s, read {c['read_mib_s']} MiB/s" if c else ""
     return (f"storage {age}write {b['write_mib_s']} MiB/s, read {b['read_mib_s']} MiB/s "
-            f"({b['method']}, {b['ranks']} x {b['file_bytes']} bytes)")
+            f"({b['method']}, {b['ranks']} x {b['file_bytes']} bytes){ceiling}")

@@ -136,10 +136,27 @@ def render(summary: dict) -> str:
         rows.append(("storage", f"baseline write {base['write_mib_s']:,.1f} / read {base['read_mib_s']:,.1f} MiB/s "
                                 f"({base['method']}{_when(base)}{spread}); efficiency save "
                                 f"{pct.get('save', '-')}, load {pct.get('load', '-')}"))
+        c = base.get("ceiling")
+        if c:
+            csp = c["spread"]
+            rows.append(("ceiling", f"write {c['write_mib_s']:,.1f} ({_ceiling_from(c, 'write')}, "
+                                    f"{csp['write_mib_s'][0]:,.0f}-{csp['write_mib_s'][1]:,.0f}) / read "
+                                    f"{c['read_mib_s']:,.1f} MiB/s ({_ceiling_from(c, 'read')}, "
+                                    f"{csp['read_mib_s'][0]:,.0f}-{csp['read_mib_s'][1]:,.0f}); efficiency save "
+                                    f"{pct.get('save_of_ceiling', '-')}, load {pct.get('load_of_ceiling', '-')}"))
     rows += _restart_rows(restarts)
     rows += _prediction_rows(summary.get("prediction"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _ceiling_from(c: dict, way: str) -> str:
+    """Where a direction's ceiling came from: the direct probe (its shape), or the baseline where that was faster."""
+    d = c["direct"]
+    if c[f"{way}_from"] == "baseline":
+        return f"the baseline: the direct probe gave {d[f'{way}_mib_s']:,.0f}"
+    io = "O_DIRECT" if d.get("o_direct") else "buffered"
+    return f"{io}, {d['request_bytes'] >> 20} MiB x {d['queue_depth']} a rank"
 
 
 def _lost_rows(ck: dict) -> list[tuple[str, str]]:

@@ -3,16 +3,23 @@
 Save (DeepSpeed's save_checkpoint drives it, file by file):
   1. save() takes references, not copies: it pickles the non-tensor remainder (small), plans where every tensor goes
      (engines/_lazy_format.py: raw bytes at aligned offsets in one part file per writer) and returns.
-  2. a copy thread copies the tensors into host buffers while the next forward and backward run; the next optimizer
-     step (DeepSpeed's _take_model_step, wrapped) waits only for copies not yet done. On CUDA the copies run
-     device->host into pinned buffers on a side stream, and the step waits on the copy's event on the GPU, not on
-     the host. Buffers and the write plan are kept per file name and layout and reused by every later save.
-  3. a pool of writer threads writes each part from its buffer in large aligned requests (pwrite, no pickling of
-     tensor data), then fsyncs it; the harness fsyncs the directories and commits `latest` once every rank is done.
+  2. a copy thread copies the tensors into host buffers while the next forward and backward run, a write request's
+     worth at a time; the next optimizer step (DeepSpeed's _take_model_step, wrapped) waits only for copies not yet
+     done. On CUDA the copies run device->host into page-locked buffers on a side stream, and the step waits on the
+     copy's event on the GPU, not on the host. Buffers and the write plan are kept per file name and layout and
+     reused by every later save; a buffer is exactly its part's bytes (page-locked by registering it, not through
+     torch's pinned allocator, which rounds up to a power of two).
+  3. `writers` threads write each part from its buffer in requests of write_chunk_mib (O_DIRECT by default), each
+     request as soon as the copy has passed it: the storage sees the queue depth and request size the storage
+     ceiling is probed with (files/baseline.py), overlapping the copy. Then fsync; the harness fsyncs the
+     directories and commits `latest` once every rank is done.
   4. a file replicated over data-parallel ranks (a pp=1 run's model weights, which DeepSpeed has replica 0 write
      alone) is written by all replicas in balanced shares (parts of the same directory); pipeline layer files are
      spread over replicas by DeepSpeed's own checkpoint.parallel_write.pipeline_stage.
-Load: every part read into one preallocated buffer by parallel large reads, tensors built as views of it (no copy).
+Load: every part read into one preallocated buffer by `readers` threads in parallel requests, tensors built as views
+of it (no copy); the rank's own ZeRO file is read ahead while the replicated model file is loaded. A replicated file
+is read once by the data-parallel group and broadcast, or read by every replica, whichever the measured bandwidths
+say is sooner (replicated_way(); broadcast_load=auto).
 
 Format, reader, converter to DeepSpeed's torch.save layout: engines/_lazy_format.py.
 """
@@ -25,26 +32,32 @@ import os
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from engines.base import CheckpointIO, Engine, EngineContext, FileLayout
 from restart_harness import faults
+from restart_harness.files.baseline import CEILING_QUEUE_DEPTH, CEILING_REQUEST_BYTES
 from restart_harness.spec.keys import key
 
 # the files DeepSpeed has data-parallel replica 0 write (not ZeRO-3's zero_pp_rank_N_mp_rank_NN_model_states.pt: a
 # data-parallel rank's own)
 REPLICATED = re.compile(r"(?:^|/)mp_rank_\d+_model_states\.pt$")
+MIB = 1 << 20
+# the broadcast's bandwidth is measured with one broadcast of this many bytes (or the file's share, if smaller)
+BROADCAST_PROBE_BYTES = 32 * MIB
 
 
 @dataclass
 class Options:
-    writers: int = key(4, "writer threads per rank (parallel large writes of the part files)", group="checkpoint",
+    # the defaults are the storage ceiling's shape (files/baseline.py): its queue depth and request size
+    writers: int = key(CEILING_QUEUE_DEPTH, "writer threads per rank: write requests in flight", group="checkpoint",
                        minimum=1, maximum=256)
-    readers: int = key(4, "reader threads per rank at restart (parallel large reads)", group="checkpoint",
-                       minimum=1, maximum=256)
-    write_chunk_mib: int = key(16, "bytes per write request", group="checkpoint", unit="MiB", minimum=1)
+    readers: int = key(CEILING_QUEUE_DEPTH, "reader threads per rank at restart: read requests in flight",
+                       group="checkpoint", minimum=1, maximum=256)
+    write_chunk_mib: int = key(CEILING_REQUEST_BYTES // MIB, "bytes per write request", group="checkpoint",
+                               unit="MiB", minimum=1)
     balance: bool = key(True, "replicated model files written by all data-parallel replicas in balanced shares "
                               "(false: by replica 0, as DeepSpeed does)", group="checkpoint")
     balance_min_mib: int = key(4, "split a replicated file only when each share gets at least this much",
@@ -54,19 +67,22 @@ class Options:
     direct_io: bool = key(True, "write and read the part files with O_DIRECT (aligned buffers and requests, no page "
                                 "cache; false: buffered); where the file system refuses it, buffered I/O, recorded as "
                                 "direct_io_fallback in the save's engine_statistics", group="checkpoint")
-    broadcast_load: bool = key(True, "at restart, a replicated model file is read once per data-parallel group (each "
-                                     "part by one replica) and broadcast to the other replicas (false: every replica "
-                                     "reads all of it)", group="checkpoint")
+    broadcast_load: str = key("auto", "at restart, a replicated model file is read once per data-parallel group (each "
+                                      "part by one replica) and broadcast to the other replicas (true), read by "
+                                      "every replica (false), or whichever is sooner by the broadcast's bandwidth "
+                                      "measured over the group and the storage's read bandwidth per reader from its "
+                                      "probe (auto)", group="checkpoint", choices=("auto", "true", "false"))
 
 
 class LazyFiles(FileLayout):
     """DeepSpeed's files; with broadcast_load a replicated model file is read once per data-parallel group."""
 
     def restart_read_bytes(self, path: str, nbytes: int, dp_rank: int) -> int:
-        """With broadcast_load, a replicated model file is read once per data-parallel group: in shares (part k by
-        replica k) where it was written in shares, else by replica 0 (LazyIO._broadcast_read)."""
+        """With broadcast_load (auto planned as the broadcast: the restart decides), a replicated model file is read
+        once per data-parallel group: in shares (part k by replica k) where it was written in shares, else by
+        replica 0 (LazyIO._broadcast_read)."""
         dp, o = self.spec.dp, self.options
-        if not (o.broadcast_load and dp > 1 and REPLICATED.search(path)):
+        if not (o.broadcast_load != "false" and dp > 1 and REPLICATED.search(path)):
             return nbytes
         if o.balance and nbytes >= dp * o.balance_min_mib * 2**20:
             return nbytes // dp + (nbytes % dp if dp_rank == 0 else 0)
@@ -88,7 +104,34 @@ class LazyEngine(Engine):
         return {"checkpoint": {"parallel_write": {"pipeline_stage": True}}} if self.spec.pp > 1 else {}
 
     def open(self, ctx: EngineContext) -> CheckpointIO:
-        return LazyIO(self.options, ctx.training)
+        return LazyIO(self.options, ctx.training, storage=ctx.storage)
+
+
+def replicated_way(file_bytes: int, replicas: int, other_bytes: int, broadcast_mib_s: float | None,
+                   read_mib_s_per_reader: float | None) -> dict:
+    """Broadcast a replicated file over the data-parallel group, or have every replica read it, whichever is sooner
+    for one rank, by a model of its load (seconds; F the file, d the replicas, O the bytes of the rank's own files
+    read meanwhile, r the storage's read bandwidth per reader, B the broadcast's bandwidth):
+      every replica reads: (F + O) / r
+      broadcast:           max((F/d + O) / r, F/d / r + F / B)   (its share read, then every share broadcast one
+                                                                  after the other while its own files are read on)
+    r is the ceiling's read bandwidth over the probe's readers (every rank reads at once at a restart); without it
+    (no probe: baseline=false) the broadcast, which reads the fewest bytes."""
+    if not read_mib_s_per_reader or not broadcast_mib_s:
+        return {"way": "broadcast", "why": "no storage read bandwidth from a probe (baseline=false, or it failed): "
+                                           "the broadcast, which reads the fewest bytes"}
+    f, o, d = file_bytes / MIB, other_bytes / MIB, replicas
+    r, b = read_mib_s_per_reader, broadcast_mib_s
+    read_s = (f + o) / r
+    broadcast_s = max((f / d + o) / r, f / d / r + f / b)
+    way = "broadcast" if broadcast_s < read_s else "read"
+    why = (f"{'broadcast' if way == 'broadcast' else 'every replica reads'}: {min(read_s, broadcast_s):.3f} s "
+           f"against {max(read_s, broadcast_s):.3f} s (broadcast {b:,.0f} MiB/s over the data-parallel group, "
+           f"storage {r:,.0f} MiB/s a reader, {f:,.1f} MiB over {d} replicas, {o:,.1f} MiB of the rank's own "
+           "read meanwhile)")
+    return {"way": way, "why": why, "predicted_broadcast_seconds": round(broadcast_s, 6),
+            "predicted_read_seconds": round(read_s, 6), "broadcast_mib_s": round(b, 1),
+            "read_mib_s_per_reader": round(r, 1)}
 
 
 class _Part:
@@ -101,15 +144,74 @@ class _Part:
 
         self.path, self.size = path, size
         self.buffer = fmt.aligned_empty(size, pinned=pinned, zeroed=True)
-        self.copies = copies  # (tensor index, offset, nbytes)
+        self.copies = copies  # (tensor index, offset, nbytes), by offset
         self.busy = False
 
 
+class _Flush:
+    """One part's save in flight: how far the copy has filled its buffer (`copied`: every byte before it is final,
+    tensor or padding), and the write requests that follow it, each issued once the copy has passed its end."""
+
+    def __init__(self, part: _Part, step: int | None, direct: bool, chunk: int):
+        from engines import _lazy_format as fmt
+
+        self.part, self.step, self.direct = part, step, direct
+        self.view = fmt.padded_view(part.buffer) if direct else fmt.byte_view(part.buffer)
+        self.length = len(self.view)
+        self.offsets = list(range(0, self.length, chunk)) or [0]
+        self.chunk = chunk
+        self.copied = 0
+        self.cond = threading.Condition()
+        self.error: BaseException | None = None
+        self.left = len(self.offsets)
+        self.fds: list[int] = []  # every descriptor opened (closed at the end, never while a request may use one)
+        self.fd: int | None = None
+        self.fallback: str | None = None
+        self.started: float | None = None
+        self.done: Future = Future()
+
+    def advance(self, upto: int | None = None, error: BaseException | None = None) -> None:
+        with self.cond:
+            self.copied = self.length if upto is None else max(self.copied, upto)
+            if error is not None:
+                self.error = error
+            self.cond.notify_all()
+
+    def wait_copied(self, end: int) -> None:
+        with self.cond:
+            while self.copied < end and self.error is None:
+                self.cond.wait()
+            if self.error is not None:
+                raise self.error
+
+    def descriptor(self, refused: str | None = None) -> int:
+        """The file, opened once (O_DIRECT unless the file system refuses it: then a buffered descriptor beside it,
+        for every request from then on; `refused`: why, when a request was refused)."""
+        with self.cond:
+            if refused and self.direct:
+                self.direct, self.fd, self.fallback = False, None, refused
+            if self.fd is None:
+                flags = os.O_WRONLY | os.O_CREAT | (0 if self.fds else os.O_TRUNC)
+                if self.direct:
+                    try:
+                        self.fd = os.open(self.part.path, flags | os.O_DIRECT, 0o644)
+                    except OSError as exc:
+                        if exc.errno != errno.EINVAL:
+                            raise
+                        self.direct = False
+                        self.fallback = f"{self.part.path.parent.parent}: {exc.strerror} (EINVAL)"
+                if self.fd is None:
+                    self.fd = os.open(self.part.path, flags, 0o644)
+                self.fds.append(self.fd)
+            return self.fd
+
+
 class LazyIO(CheckpointIO):
-    def __init__(self, options: Options, ds_engine):
+    def __init__(self, options: Options, ds_engine, storage: dict | None = None):
         self.options = options
         self.writers = ThreadPoolExecutor(options.writers, thread_name_prefix="lazy-write")
         self.copier = ThreadPoolExecutor(1, thread_name_prefix="lazy-copy")
+        self.readers = ThreadPoolExecutor(options.readers, thread_name_prefix="lazy-read")
         self.plans: dict[tuple, _Part] = {}  # (file name, layout signature) -> reusable part
         self.copies: list = []  # futures of copies not yet waited for by an optimizer step
         self.writes: list = []  # futures of writes not yet waited for by wait()
@@ -117,9 +219,13 @@ class LazyIO(CheckpointIO):
         self.side_stream = None
         self.stats = {"copy_seconds": 0.0, "step_wait_seconds": 0.0, "write_seconds": 0.0, "buffers_reused": 0,
                       "buffers_allocated": 0}
-        self.load_stats = {"read_bytes": 0, "broadcast_bytes": 0, "broadcast_loads": 0}
+        self.load_stats: dict = {"read_bytes": 0, "broadcast_bytes": 0, "broadcast_loads": 0, "prefetched_bytes": 0}
         self.lock = threading.Lock()
         self.last_read: dict = {}  # the buffers of the last file loaded: a second load of it reads nothing
+        self.prefetch: dict = {}  # path -> (header, buffers, reads) of a file read ahead
+        self.prefetch_tags: set = set()
+        self.broadcast_mib_s: float | None = None
+        self.read_mib_s_per_reader = _per_reader(storage)
         self.ds_engine = ds_engine  # None: the format alone (tests), no step to wait in
         self.dp_rank, self.dp_size = _data_parallel(ds_engine) if ds_engine is not None else (0, 1)
         self.dp_group = getattr(getattr(ds_engine, "optimizer", None), "dp_process_group", None)
@@ -159,15 +265,17 @@ class LazyIO(CheckpointIO):
             written += [str(p) for p, _ in small]
         part = self._part(d, mine, header["parts"][mine]["bytes"], tensors, placements)
         written.append(str(part.path))
+        flush = _Flush(part, getattr(self.ds_engine, "global_steps", None), self.options.direct_io,
+                       self.options.write_chunk_mib * MIB)
         if any(t.is_cuda for t in tensors):
-            event = self._copy_on_side_stream(part, tensors)
-            copy = self.copier.submit(self._after_event, event)
+            marks = self._copy_on_side_stream(part, tensors, flush.chunk)
+            copy = self.copier.submit(self._after_events, flush, marks)
         else:
-            copy = self.copier.submit(self._copy, part, tensors)
-        step = getattr(self.ds_engine, "global_steps", None)
+            copy = self.copier.submit(self._copy, flush, tensors)
+        requests = [self.writers.submit(self._write_request, flush, off) for off in flush.offsets]
         with self.lock:
             self.copies.append(copy)
-            self.writes.append(self.writers.submit(self._write_after, copy, part, step))
+            self.writes += [flush.done, *requests]
         return written
 
     def _part(self, d: Path, k: int, size: int, tensors, placements) -> _Part:
@@ -189,77 +297,133 @@ class LazyIO(CheckpointIO):
         part.busy = True
         return part
 
-    def _copy(self, part: _Part, tensors) -> None:
+    def _copy(self, flush: _Flush, tensors) -> None:
+        """The tensors into the part's buffer in offset order, at most a write request's bytes at a time, each
+        step making the bytes before it writable (the gap to the next tensor is padding, zero already)."""
         start = time.perf_counter()
-        for i, off, n in part.copies:
-            t = tensors[i]
-            part.buffer[off:off + n].view(t.dtype).view(t.shape).copy_(t)
-        self._add("copy_seconds", time.perf_counter() - start)
+        part, step = flush.part, flush.chunk
+        try:
+            copies = part.copies
+            for j, (i, off, n) in enumerate(copies):
+                t = tensors[i]
+                dst = part.buffer[off:off + n]
+                nxt = copies[j + 1][1] if j + 1 < len(copies) else flush.length
+                if t.is_contiguous() and n > step:
+                    src = t.reshape(-1).view(dst.dtype) if t.dtype != dst.dtype else t.reshape(-1)
+                    for a in range(0, n, step):
+                        dst[a:a + step].copy_(src[a:a + step])
+                        flush.advance(off + min(a + step, n) if a + step < n else nxt)
+                else:
+                    dst.view(t.dtype).view(t.shape).copy_(t)
+                    flush.advance(nxt)
+            flush.advance()
+        except BaseException as exc:
+            flush.advance(error=exc)
+            raise
+        finally:
+            self._add("copy_seconds", time.perf_counter() - start)
 
     def _add(self, name: str, seconds: float) -> None:
         with self.lock:
             self.stats[name] += seconds
 
-    def _copy_on_side_stream(self, part: _Part, tensors):
+    def _copy_on_side_stream(self, part: _Part, tensors, chunk: int) -> list:
+        """The device->host copies queued on a side stream, after the work the current stream has queued so far; an
+        event after every request's worth of bytes, so the writes follow the copy; the last event also goes to the
+        next optimizer step (wait_copied)."""
         import torch
 
         if self.side_stream is None:
             self.side_stream = torch.cuda.Stream()
         self.side_stream.wait_stream(torch.cuda.current_stream())
+        marks, since = [], 0
         with torch.cuda.stream(self.side_stream):
-            for i, off, n in part.copies:
+            for j, (i, off, n) in enumerate(part.copies):
                 t = tensors[i]
                 part.buffer[off:off + n].view(t.dtype).view(t.shape).copy_(t, non_blocking=True)
                 if t.is_cuda:  # a CPU tensor (an optimizer's step count) is copied before copy_ returns
                     t.record_stream(self.side_stream)
-            event = torch.cuda.Event()
-            event.record(self.side_stream)
-        self.cuda_events.append(event)
-        return event
+                since += n
+                if since >= chunk or j == len(part.copies) - 1:
+                    # blocking: the copy thread sleeps on it instead of spinning a core beside the training step
+                    event = torch.cuda.Event(blocking=True)
+                    event.record(self.side_stream)
+                    nxt = part.copies[j + 1][1] if j + 1 < len(part.copies) else None
+                    marks.append((event, nxt))
+                    since = 0
+        if marks:
+            self.cuda_events.append(marks[-1][0])
+        return marks
 
-    def _after_event(self, event) -> None:
-        start = time.perf_counter()
-        event.synchronize()
-        self._add("copy_seconds", time.perf_counter() - start)
-
-    def _write_after(self, copy, part: _Part, step: int | None) -> None:
-        copy.result()
+    def _after_events(self, flush: _Flush, marks: list) -> None:
         start = time.perf_counter()
         try:
-            direct = self.options.direct_io
-            try:
-                self._write(part, step, direct)
-            except OSError as exc:
-                if not direct or exc.errno != errno.EINVAL:
-                    raise
-                with self.lock:  # the file system refuses O_DIRECT: buffered, and said so in the save's record
-                    self.stats["direct_io_fallback"] = f"{part.path.parent.parent}: {exc.strerror} (EINVAL)"
-                self._write(part, step, False)
+            for event, upto in marks:
+                event.synchronize()
+                flush.advance(upto)
+            flush.advance()
+        except BaseException as exc:
+            flush.advance(error=exc)
+            raise
         finally:
+            self._add("copy_seconds", time.perf_counter() - start)
+
+    def _write_request(self, flush: _Flush, off: int) -> None:
+        """One write request of the part, once the copy has passed its end; the last one to finish truncates the
+        padding away, fsyncs and closes the file and completes flush.done."""
+        end = min(off + flush.chunk, flush.length)
+        error = None
+        try:
+            flush.wait_copied(end)
+            with self.lock:
+                if flush.started is None:
+                    flush.started = time.perf_counter()
+            fd = flush.descriptor()
+            pos = off
+            while pos < end:
+                try:
+                    pos += os.pwrite(fd, flush.view[pos:end], pos)
+                except OSError as exc:  # a file system that takes the O_DIRECT open and refuses the request
+                    if exc.errno != errno.EINVAL:
+                        raise
+                    buffered = flush.descriptor(refused=f"{flush.part.path.parent.parent}: {exc.strerror} (EINVAL)")
+                    if buffered == fd:
+                        raise  # refused buffered too: not O_DIRECT's doing
+                    fd = buffered
+            faults.hit("flush", int(os.environ.get("RANK", "0")), flush.step)  # tests: killed mid-flush
+        except BaseException as exc:  # noqa: BLE001 - handed to flush.done below, raised by wait()
+            error = exc
+        with flush.cond:
+            flush.left -= 1
+            last = flush.left == 0
+            if error is not None and flush.error is None:
+                flush.error = error
+        if last:
+            self._finish(flush)
+
+    def _finish(self, flush: _Flush) -> None:
+        part = flush.part
+        try:
+            if flush.error is None:
+                fd = flush.descriptor()
+                if flush.length != part.size:
+                    os.ftruncate(fd, part.size)
+                os.fsync(fd)
+        except OSError as exc:
+            flush.error = exc
+        finally:
+            for fd in flush.fds:
+                os.close(fd)
             part.busy = False
-        self._add("write_seconds", time.perf_counter() - start)
-
-    def _write(self, part: _Part, step: int | None, direct: bool) -> None:
-        """The part's buffer into its file in requests of write_chunk_mib at aligned offsets, then fsync; with
-        direct, O_DIRECT requests of whole aligned blocks (the zero padding cut off again by ftruncate)."""
-        from engines import _lazy_format as fmt
-
-        chunk = self.options.write_chunk_mib * 2**20
-        view = fmt.padded_view(part.buffer) if direct else fmt.byte_view(part.buffer)
-        length = len(view)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
-        fd = os.open(part.path, flags, 0o644)
-        try:
-            for off in range(0, length, chunk):
-                end, pos = min(off + chunk, length), off
-                while pos < end:
-                    pos += os.pwrite(fd, view[pos:end], pos)
-                faults.hit("flush", int(os.environ.get("RANK", "0")), step)  # tests: killed mid-flush
-            if length != part.size:
-                os.ftruncate(fd, part.size)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            if flush.fallback:
+                with self.lock:  # the file system refuses O_DIRECT: buffered, and said so in the save's record
+                    self.stats["direct_io_fallback"] = flush.fallback
+            if flush.started is not None:
+                self._add("write_seconds", time.perf_counter() - flush.started)
+        if flush.error is not None:
+            flush.done.set_exception(flush.error)
+        else:
+            flush.done.set_result(None)
 
     def wait_copied(self) -> None:
         """Before an optimizer step: the copies of every save so far are done (on CUDA: the step's stream waits for
@@ -306,60 +470,191 @@ class LazyIO(CheckpointIO):
         from engines import _lazy_format as fmt
 
         if fmt.is_lazy(path):
-            shared = (self.options.broadcast_load and self.dp_size > 1 and self.dp_group is not None
-                      and REPLICATED.search(path))
+            shared = self.dp_size > 1 and self.dp_group is not None and REPLICATED.search(path)
             return fmt.load(path, threads=self.options.readers, map_location=map_location, reuse=self.last_read,
-                            reader=self._broadcast_read if shared else self._read)
+                            reader=self._replicated_read if shared else self._read)
         return torch.load(path, map_location=map_location, weights_only=False)
 
     def _read(self, path: Path):
         from engines import _lazy_format as fmt
 
-        header, remainder, buffers = fmt.read(path, self.options.readers, direct=self.options.direct_io)
+        ahead = self.prefetch.pop(str(path), None)
+        if ahead is not None:  # read ahead while an earlier file was loaded: wait for what is left of it
+            header, buffers, reads = ahead
+            for r in reads:
+                r.wait()
+            fmt.check_parts(path, header)
+        else:
+            header = fmt.read_header(path)
+            fmt.check_parts(path, header)
+            buffers = [fmt.aligned_empty(p["bytes"]) for p in header["parts"]]
+            reads = self._submit(path, header, buffers, range(len(buffers)))
+            self._read_ahead(path)
+            for r in reads:
+                r.wait()
+        remainder = (path / header["remainder"]).read_bytes()
         self.load_stats["read_bytes"] += sum(b.numel() for b in buffers) + len(remainder)
         return header, remainder, buffers
 
-    def _broadcast_read(self, path: Path):
-        """A replicated file, read once by the data-parallel group: replica 0 reads its header and remainder, replica
-        k % dp its part k; every byte reaches the others by broadcast (gloo here, NCCL's on GPUs where the group is
-        one), through DeepSpeed's comm (the anatomy counts its collectives as wait). A replica that cannot read its
-        share fails every replica with its reason, none waits for it."""
+    def _submit(self, path: Path, header: dict, buffers: list, parts) -> list:
+        from engines import _lazy_format as fmt
+
+        return [fmt.Reads(path / header["parts"][k]["file"], buffers[k], self.readers, self.options.direct_io)
+                for k in parts]
+
+    def _own_zero_file(self, tag_dir: Path) -> Path | None:
+        """This rank's own ZeRO file of the tag, named by DeepSpeed's own function (the one its load reads)."""
+        engine = self.ds_engine
+        try:
+            if engine is None or not engine.zero_optimization() or engine.zero_elastic_checkpoint():
+                return None
+            return Path(engine._get_zero_ckpt_name(str(tag_dir.parent), tag_dir.name))
+        except (AttributeError, TypeError, ValueError):
+            return None
+
+    def _ahead_bytes(self, path: Path) -> tuple[Path | None, dict | None]:
+        """The file _read_ahead would read ahead while `path` loads, and its header (None: nothing to read ahead)."""
+        from engines import _lazy_format as fmt
+
+        tag_dir = path.parent
+        if tag_dir in self.prefetch_tags:
+            return None, None
+        own = self._own_zero_file(tag_dir)
+        if own is None or own == path or not fmt.is_lazy(own):
+            return None, None
+        try:
+            header = fmt.read_header(own)
+            fmt.check_parts(own, header)
+        except (OSError, ValueError):
+            return None, None  # its own load will say what is wrong with it
+        return own, header
+
+    def _read_ahead(self, path: Path) -> None:
+        """Once per tag, after the first file's requests are queued: this rank's own ZeRO file, queued behind them,
+        so the storage stays busy while the first file is deserialized or broadcast."""
+        from engines import _lazy_format as fmt
+
+        own, header = self._ahead_bytes(path)
+        self.prefetch_tags.add(path.parent)
+        if own is None:
+            return
+        buffers = [fmt.aligned_empty(p["bytes"]) for p in header["parts"]]
+        self.prefetch[str(own)] = (header, buffers, self._submit(own, header, buffers, range(len(buffers))))
+        self.load_stats["prefetched_bytes"] += sum(b.numel() for b in buffers)
+
+    def _replicated_read(self, path: Path):
+        """A replicated file: replica 0 reads its header and remainder and tells the others with them, and with the
+        bytes of its own file it would read meanwhile; every replica then takes the same way (broadcast_load; for
+        auto replicated_way() on the same figures: the broadcast's bandwidth, all-reduced, and the storage's from the
+        run's probe): the broadcast read, or every replica reads it all. A replica 0 that cannot read it fails every
+        replica with its reason."""
+        import deepspeed.comm as dist
+
+        from engines import _lazy_format as fmt
+
+        group, choice = self.dp_group, self.options.broadcast_load
+        small: list = [None, None, 0, None]  # header, remainder, bytes read meanwhile, error
+        if self.dp_rank == 0:
+            try:
+                header = fmt.read_header(path)
+                fmt.check_parts(path, header)
+                _, ahead = self._ahead_bytes(path)
+                small[:3] = (header, (path / header["remainder"]).read_bytes(),
+                             sum(p["bytes"] for p in ahead["parts"]) if ahead else 0)
+            except (OSError, ValueError) as exc:
+                small[3] = f"{type(exc).__name__}: {exc}"
+        dist.broadcast_object_list(small, src=dist.get_global_rank(group, 0), group=group)
+        header, remainder, other, error = small
+        if error:
+            raise OSError(f"{path}: data-parallel replica 0 could not read it for the group: {error}")
+        file_bytes = sum(p["bytes"] for p in header["parts"])
+        if choice == "auto":
+            if self.read_mib_s_per_reader:
+                self._measure_broadcast(file_bytes)
+            decision = replicated_way(file_bytes, self.dp_size, other, self.broadcast_mib_s,
+                                      self.read_mib_s_per_reader)
+        else:
+            decision = {"way": "broadcast" if choice == "true" else "read", "why": f"broadcast_load={choice}"}
+        start = time.perf_counter()
+        if decision["way"] == "read":
+            out = self._read(path)
+        else:
+            out = self._broadcast_read(path, header, remainder)
+        self.load_stats.setdefault("replicated", []).append(
+            {"file": path.name, **decision, "seconds": round(time.perf_counter() - start, 6)})
+        return out
+
+    def _measure_broadcast(self, file_bytes: int) -> None:
+        """The broadcast's bandwidth over the data-parallel group (MiB/s to every other replica), once per restart:
+        one timed broadcast of a share's size (at least 1 MiB, at most BROADCAST_PROBE_BYTES) after a barrier, its
+        slowest replica's seconds (all-reduced, so every replica has the same figure)."""
+        import deepspeed.comm as dist
+        import torch
+
+        if self.broadcast_mib_s is not None:
+            return
+        group = self.dp_group
+        nbytes = max(MIB, min(BROADCAST_PROBE_BYTES, file_bytes // self.dp_size))
+        buf = torch.zeros(nbytes, dtype=torch.uint8)
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        self._group_broadcast(buf, dist.get_global_rank(group, 0))
+        seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        _all_reduce(seconds, "max", group)
+        self.broadcast_mib_s = nbytes / MIB / max(float(seconds.item()), 1e-9)
+
+    def _group_broadcast(self, buf, src: int) -> None:
+        """A host buffer broadcast over the data-parallel group: directly where its backend takes host tensors
+        (gloo), through a device buffer a request's worth at a time where it does not (NCCL)."""
+        import deepspeed.comm as dist
+        import torch
+        import torch.distributed as tdist
+
+        group = self.dp_group
+        if tdist.get_backend(group) != "nccl":
+            dist.broadcast(buf, src=src, group=group)
+            return
+        step = CEILING_REQUEST_BYTES
+        staging = torch.empty(min(step, buf.numel()), dtype=torch.uint8, device=torch.cuda.current_device())
+        mine = tdist.get_rank() == src
+        for a in range(0, buf.numel(), step):
+            n = min(step, buf.numel() - a)
+            if mine:
+                staging[:n].copy_(buf[a:a + n])
+            dist.broadcast(staging[:n], src=src, group=group)
+            if not mine:
+                buf[a:a + n].copy_(staging[:n])
+
+    def _broadcast_read(self, path: Path, header: dict, remainder: bytes):
+        """The broadcast way: replica k % dp reads part k; every byte reaches the others by broadcast (gloo here,
+        NCCL's through the device on GPUs), through DeepSpeed's comm (the anatomy counts its collectives as wait);
+        this rank's own ZeRO file is read ahead meanwhile. A replica that cannot read its share fails every replica
+        with its reason, none waits for it."""
         import deepspeed.comm as dist
         import torch
 
         from engines import _lazy_format as fmt
 
         group, size = self.dp_group, self.dp_size
-        small: list = [None, None, None]  # header, remainder, error
-        if self.dp_rank == 0:
-            try:
-                header = fmt.read_header(path)
-                fmt.check_parts(path, header)
-                small = [header, (path / header["remainder"]).read_bytes(), None]
-            except (OSError, ValueError) as exc:
-                small = [None, None, f"{type(exc).__name__}: {exc}"]
-        dist.broadcast_object_list(small, src=dist.get_global_rank(group, 0), group=group)
-        header, remainder, error = small
-        if error:
-            raise OSError(f"{path}: data-parallel replica 0 could not read it for the group: {error}")
         buffers = [fmt.aligned_empty(p["bytes"]) for p in header["parts"]]
         mine = [k for k in range(len(buffers)) if k % size == self.dp_rank]
         failed = None
         try:
-            with ThreadPoolExecutor(self.options.readers) as pool:
-                for k in mine:
-                    fmt.read_into(path / header["parts"][k]["file"], buffers[k], pool, direct=self.options.direct_io)
+            reads = self._submit(path, header, buffers, mine)
+            self._read_ahead(path)
+            for r in reads:
+                r.wait()
         except OSError as exc:
             failed = exc
         ok = torch.tensor([0 if failed else 1], dtype=torch.int32)
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+        _all_reduce(ok, "min", group)
         if failed:
             raise failed
         if not ok.item():
             raise OSError(f"{path}: another data-parallel replica could not read its part of it (its own error "
                           "is in its log)")
         for k, buf in enumerate(buffers):
-            dist.broadcast(buf, src=dist.get_global_rank(group, k % size), group=group)
+            self._group_broadcast(buf, dist.get_global_rank(group, k % size))
         read = sum(buffers[k].numel() for k in mine) + (len(remainder) if self.dp_rank == 0 else 0)
         self.load_stats["read_bytes"] += read
         self.load_stats["broadcast_bytes"] += sum(b.numel() for b in buffers) + len(remainder) - read
@@ -371,6 +666,31 @@ class LazyIO(CheckpointIO):
 
     def is_data_parallel_writer(self, dp_rank):
         return dp_rank == 0 or (self.options.balance and self.dp_size > 1)
+
+
+def _per_reader(storage: dict | None) -> float | None:
+    """The storage's read bandwidth per reader (MiB/s): the probe's ceiling read (else its baseline read) over its
+    concurrent readers; None without a probe."""
+    if not storage or storage.get("error"):
+        return None
+    read = (storage.get("ceiling") or {}).get("read_mib_s") or storage.get("read_mib_s")
+    ranks = storage.get("ranks") or 1
+    return read / ranks if read else None
+
+
+def _all_reduce(tensor, op: str, group) -> None:
+    """An all-reduce over the group, on the device where the group's backend wants one (NCCL)."""
+    import deepspeed.comm as dist
+    import torch
+    import torch.distributed as tdist
+
+    reduce_op = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN
+    if tdist.get_backend(group) == "nccl":
+        on_device = tensor.to(torch.cuda.current_device())
+        dist.all_reduce(on_device, op=reduce_op, group=group)
+        tensor.copy_(on_device.cpu())
+    else:
+        dist.all_reduce(tensor, op=reduce_op, group=group)
 
 
 def _data_parallel(ds_engine) -> tuple[int, int]:

@@ -112,6 +112,8 @@ def render(summary: dict) -> str:
                                  + (f"; storage read {sr['throughput_mib_s']:,.1f} MiB/s ({sr['bytes'] / MIB:,.2f} MiB "
                                     f"in {sr['seconds']:.3f} s of reads, slowest rank {sr['slowest_rank']})"
                                     if sr else "")))
+        for r in (rs.get("engine_load_statistics") or {}).get("replicated") or []:
+            rows.append(("replicated", f"{r['file']}: {r['way']} in {r['seconds']:.3f} s ({r['why']})"))
         lb = rs.get("load_breakdown")
         if lb:
             parts = "  ".join(f"{c} {lb[f'{c}_seconds']:.3f}" if lb[f"{c}_seconds"] is not None else f"{c} -"

@@ -249,6 +249,9 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
         "restart_load_seconds": num(rec.get("load_seconds")),
         "restart_load_throughput_mib_s": num(rec.get("load_throughput_mib_s")),
         "restart_storage_read_throughput_mib_s": num(rec.get("storage_read_throughput_mib_s")),
+        # engine=lazy: how each replicated file was loaded (broadcast, or read by every replica), decided per restart
+        "restart_replicated_load": "; ".join(f"{r['file']}: {r['way']}" for r in
+                                             (rec.get("engine_load_statistics") or {}).get("replicated") or []) or None,
         "restart_max_rss_bytes": num(rec.get("max_rss_bytes_per_rank")),
         "restart_exit_code": rec.get("exit_code"),
     })

@@ -84,13 +84,13 @@ BASELINE_FILE_MIB = 256
 
 
 def runnable(tokens: list[str]) -> bool:
-    from restart_harness import machine, preflight
+    from restart_harness import machine, resolve
     from restart_harness.command import parse_args
     from restart_harness.errors import UsageError
 
     try:
         spec = machine.resolve(parse_args(tokens))
-        preflight.engine(spec)  # the engine's own check: e.g. CUDA-only engines on a CPU machine
+        resolve.plugins(spec).engine.check()  # the engine's own check: e.g. CUDA-only engines on a CPU machine
         return True
     except UsageError as exc:
         print(f"skipped {' '.join(tokens)}: {exc}", file=sys.stderr)

@@ -46,7 +46,7 @@ from restart_harness.spec.keys import key
 REPLICATED = re.compile(r"(?:^|/)mp_rank_\d+_model_states\.pt$")
 MIB = 1 << 20
 # the broadcast's bandwidth is measured with one broadcast of this many bytes (or the file's share, if smaller)
-BROADCAST_PROBE_BYTES = 32 * MIB
+BROADCAST_PROBE_BYTES = 8 * MIB
 
 
 @dataclass
@@ -91,8 +91,10 @@ class LazyFiles(FileLayout):
 
 class LazyEngine(Engine):
     name = "lazy"
-    description = ("the harness's own: lazy copy overlapping the next step, parallel aligned writes, balanced "
-                   "replica writes, parallel reads into preallocated buffers (engines/_lazy_format.py)")
+    description = ("the harness's own: lazy copy overlapping the next step, aligned writes following the copy at the "
+                   "storage ceiling's queue depth, balanced replica writes, parallel reads and read-ahead into "
+                   "preallocated buffers, a replicated file broadcast or read by every replica as measured "
+                   "(engines/_lazy_format.py)")
     Options = Options
     emulates = False  # needs the DeepSpeed engine to hook its optimizer step
     file_layout = LazyFiles
@@ -149,19 +151,21 @@ class _Part:
 
 
 class _Flush:
-    """One part's save in flight: how far the copy has filled its buffer (`copied`: every byte before it is final,
-    tensor or padding), and the write requests that follow it, each issued once the copy has passed its end."""
+    """One part's save in flight: the copy fills its buffer in offset order, and the copy thread hands each write
+    request to the writers the moment the copy has passed the request's end (ready()): no thread waits on another,
+    so the training step beside it is interrupted only by requests that have work. The last request to finish
+    truncates the padding away, fsyncs and closes the file and completes `done`."""
 
-    def __init__(self, part: _Part, step: int | None, direct: bool, chunk: int):
+    def __init__(self, part: _Part, step: int | None, direct: bool, chunk: int, submit):
         from engines import _lazy_format as fmt
 
         self.part, self.step, self.direct = part, step, direct
         self.view = fmt.padded_view(part.buffer) if direct else fmt.byte_view(part.buffer)
         self.length = len(self.view)
         self.offsets = list(range(0, self.length, chunk)) or [0]
-        self.chunk = chunk
-        self.copied = 0
-        self.cond = threading.Condition()
+        self.chunk, self.submit = chunk, submit
+        self.handed = 0  # requests handed to the writers so far, in offset order
+        self.lock = threading.Lock()
         self.error: BaseException | None = None
         self.left = len(self.offsets)
         self.fds: list[int] = []  # every descriptor opened (closed at the end, never while a request may use one)
@@ -170,24 +174,23 @@ class _Flush:
         self.started: float | None = None
         self.done: Future = Future()
 
-    def advance(self, upto: int | None = None, error: BaseException | None = None) -> None:
-        with self.cond:
-            self.copied = self.length if upto is None else max(self.copied, upto)
-            if error is not None:
-                self.error = error
-            self.cond.notify_all()
+    def ready(self, upto: int | None = None) -> None:
+        """Every byte before `upto` (None: all of them) is final: hand out the requests that end there or before."""
+        upto = self.length if upto is None else upto
+        while self.handed < len(self.offsets) and min(self.offsets[self.handed] + self.chunk, self.length) <= upto:
+            self.submit(self, self.offsets[self.handed])
+            self.handed += 1
 
-    def wait_copied(self, end: int) -> None:
-        with self.cond:
-            while self.copied < end and self.error is None:
-                self.cond.wait()
-            if self.error is not None:
-                raise self.error
+    def failed(self, error: BaseException) -> None:
+        """The copy failed: every request left is handed out to count down, none writes, `done` gets the error."""
+        with self.lock:
+            self.error = self.error or error
+        self.ready()
 
     def descriptor(self, refused: str | None = None) -> int:
         """The file, opened once (O_DIRECT unless the file system refuses it: then a buffered descriptor beside it,
         for every request from then on; `refused`: why, when a request was refused)."""
-        with self.cond:
+        with self.lock:
             if refused and self.direct:
                 self.direct, self.fd, self.fallback = False, None, refused
             if self.fd is None:
@@ -266,17 +269,19 @@ class LazyIO(CheckpointIO):
         part = self._part(d, mine, header["parts"][mine]["bytes"], tensors, placements)
         written.append(str(part.path))
         flush = _Flush(part, getattr(self.ds_engine, "global_steps", None), self.options.direct_io,
-                       self.options.write_chunk_mib * MIB)
+                       self.options.write_chunk_mib * MIB, self._hand_out)
         if any(t.is_cuda for t in tensors):
             marks = self._copy_on_side_stream(part, tensors, flush.chunk)
             copy = self.copier.submit(self._after_events, flush, marks)
         else:
             copy = self.copier.submit(self._copy, flush, tensors)
-        requests = [self.writers.submit(self._write_request, flush, off) for off in flush.offsets]
         with self.lock:
             self.copies.append(copy)
-            self.writes += [flush.done, *requests]
+            self.writes.append(flush.done)
         return written
+
+    def _hand_out(self, flush: _Flush, off: int) -> None:
+        self.writers.submit(self._write_request, flush, off)
 
     def _part(self, d: Path, k: int, size: int, tensors, placements) -> _Part:
         import torch
@@ -298,8 +303,9 @@ class LazyIO(CheckpointIO):
         return part
 
     def _copy(self, flush: _Flush, tensors) -> None:
-        """The tensors into the part's buffer in offset order, at most a write request's bytes at a time, each
-        step making the bytes before it writable (the gap to the next tensor is padding, zero already)."""
+        """The tensors into the part's buffer in offset order, a tensor larger than a write request a request's
+        bytes at a time; after each, the requests it completed go to the writers (the gap to the next tensor is
+        padding, zero already)."""
         start = time.perf_counter()
         part, step = flush.part, flush.chunk
         try:
@@ -312,13 +318,13 @@ class LazyIO(CheckpointIO):
                     src = t.reshape(-1).view(dst.dtype) if t.dtype != dst.dtype else t.reshape(-1)
                     for a in range(0, n, step):
                         dst[a:a + step].copy_(src[a:a + step])
-                        flush.advance(off + min(a + step, n) if a + step < n else nxt)
+                        flush.ready(off + a + step if a + step < n else nxt)
                 else:
                     dst.view(t.dtype).view(t.shape).copy_(t)
-                    flush.advance(nxt)
-            flush.advance()
+                    flush.ready(nxt)
+            flush.ready()
         except BaseException as exc:
-            flush.advance(error=exc)
+            flush.failed(exc)
             raise
         finally:
             self._add("copy_seconds", time.perf_counter() - start)
@@ -360,40 +366,41 @@ class LazyIO(CheckpointIO):
         try:
             for event, upto in marks:
                 event.synchronize()
-                flush.advance(upto)
-            flush.advance()
+                flush.ready(upto)
+            flush.ready()
         except BaseException as exc:
-            flush.advance(error=exc)
+            flush.failed(exc)
             raise
         finally:
             self._add("copy_seconds", time.perf_counter() - start)
 
     def _write_request(self, flush: _Flush, off: int) -> None:
-        """One write request of the part, once the copy has passed its end; the last one to finish truncates the
-        padding away, fsyncs and closes the file and completes flush.done."""
+        """One write request of the part (handed out once the copy has passed its end); the last one to finish
+        completes the part (_finish)."""
         end = min(off + flush.chunk, flush.length)
         error = None
         try:
-            flush.wait_copied(end)
-            with self.lock:
-                if flush.started is None:
-                    flush.started = time.perf_counter()
-            fd = flush.descriptor()
-            pos = off
-            while pos < end:
-                try:
-                    pos += os.pwrite(fd, flush.view[pos:end], pos)
-                except OSError as exc:  # a file system that takes the O_DIRECT open and refuses the request
-                    if exc.errno != errno.EINVAL:
-                        raise
-                    buffered = flush.descriptor(refused=f"{flush.part.path.parent.parent}: {exc.strerror} (EINVAL)")
-                    if buffered == fd:
-                        raise  # refused buffered too: not O_DIRECT's doing
-                    fd = buffered
-            faults.hit("flush", int(os.environ.get("RANK", "0")), flush.step)  # tests: killed mid-flush
-        except BaseException as exc:  # noqa: BLE001 - handed to flush.done below, raised by wait()
+            if flush.error is None:
+                with flush.lock:
+                    if flush.started is None:
+                        flush.started = time.perf_counter()
+                fd = flush.descriptor()
+                pos = off
+                while pos < end:
+                    try:
+                        pos += os.pwrite(fd, flush.view[pos:end], pos)
+                    except OSError as exc:  # a file system that takes the O_DIRECT open and refuses the request
+                        if exc.errno != errno.EINVAL:
+                            raise
+                        why = f"{flush.part.path.parent.parent}: {exc.strerror} (EINVAL)"
+                        buffered = flush.descriptor(refused=why)
+                        if buffered == fd:
+                            raise  # refused buffered too: not O_DIRECT's doing
+                        fd = buffered
+                faults.hit("flush", int(os.environ.get("RANK", "0")), flush.step)  # tests: killed mid-flush
+        except BaseException as exc:  # noqa: BLE001 - handed to flush.done by _finish, raised by wait()
             error = exc
-        with flush.cond:
+        with flush.lock:
             flush.left -= 1
             last = flush.left == 0
             if error is not None and flush.error is None:

@@ -116,32 +116,33 @@ def test_buffers_are_reused_by_later_saves_of_the_same_layout(tmp_path):
 
 
 def test_writes_follow_the_copy_a_request_at_a_time(tmp_path, monkeypatch):
-    """A part larger than a write request is written by several requests in flight, each issued once the copy has
-    passed its end (never before: the bytes would not be the state's), whatever the tensors' sizes and layouts."""
+    """A part larger than a write request is written by several requests, each handed to the writers only once the
+    copy has passed its end: the same buffer saved again with other values (it is reused) never reaches the file
+    with the old ones, whatever the tensors' sizes and layouts."""
     import engines.lazy as lazy
 
-    base = torch.arange(3 * 2**20 // 4 + 7, dtype=torch.float32)
-    state = {"big": base, "strided": torch.randn(64, 64)[:, ::2], "small": torch.ones(5, dtype=torch.bfloat16),
-             "bigger": torch.randn(2**20 + 3)}
-    issued = []  # (offset, bytes copied when the request was issued)
-    real = lazy._Flush.wait_copied
+    requests = []
+    real = lazy.LazyIO._write_request
 
-    def watched(self, end):
-        real(self, end)
-        issued.append((end, self.copied))
+    def counted(self, flush, off):
+        requests.append(off)
+        return real(self, flush, off)
 
-    monkeypatch.setattr(lazy._Flush, "wait_copied", watched)
+    monkeypatch.setattr(lazy.LazyIO, "_write_request", counted)
     for direct in (True, False):
         engine = _engine(write_chunk_mib=1, writers=3, direct_io=direct)
-        path = tmp_path / f"d{direct}" / "global_step2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
-        engine.save(state, str(path))
-        engine.wait()
-        back = engine.load(str(path))
-        for k, v in state.items():
-            assert torch.equal(back[k], v), k
-        assert (path / "part-0.bin").stat().st_size == json.loads((path / "header.json").read_text())["parts"][0][
-            "bytes"]
-    assert len(issued) >= 2 * 8 and all(copied >= end for end, copied in issued)
+        for step in range(2):
+            state = {"big": torch.arange(3 * 2**20 // 4 + 7, dtype=torch.float32) * (step + 1),
+                     "strided": torch.randn(64, 64)[:, ::2], "small": torch.full((5,), step, dtype=torch.bfloat16),
+                     "bigger": torch.randn(2**20 + 3)}
+            path = tmp_path / f"d{direct}" / f"global_step{step}" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+            engine.save(state, str(path))
+            engine.wait()
+            back = fmt.load(path)  # the files, not the engine's buffers
+            for k, v in state.items():
+                assert torch.equal(back[k], v), (direct, step, k)
+        assert engine.statistics()["buffers_reused"] == 1
+    assert len(requests) == 2 * 2 * 8  # 7.x MiB a part: 8 requests of 1 MiB, each save
 
 
 def test_a_request_refused_with_einval_is_written_buffered(tmp_path, monkeypatch):

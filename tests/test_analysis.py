@@ -35,7 +35,7 @@ NOT_FIGURES = {"run_id", "state", "state_reason", "sweep", "schema_version", "mo
                "restart_exit_code", "baseline_method", "machine_busy_at_launch", "save_memory_growing", "final_loss", "run_dir", "training_steps",
                "load_slowest_rank", "restart_layout_saved", "restart_layout_loaded", "conversion_reused",
                "first_step_loss", "save_slowest_node", "save_slowest_node_rank", "restart_slowest_node",
-               "restart_slowest_node_rank"}
+               "restart_slowest_node_rank", "ceiling_write_from", "ceiling_read_from", "restart_replicated_load"}
 
 
 def report_cmd(*args: str, cwd: Path = REPO, module: bool = False) -> subprocess.CompletedProcess:

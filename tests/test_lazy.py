@@ -119,7 +119,7 @@ def test_writes_follow_the_copy_a_request_at_a_time(tmp_path, monkeypatch):
     """A part larger than a write request is written by several requests, each handed to the writers only once the
     copy has passed its end: the same buffer saved again with other values (it is reused) never reaches the file
     with the old ones, whatever the tensors' sizes and layouts."""
-    import engines.lazy as lazy
+    from engines import lazy
 
     requests = []
     real = lazy.LazyIO._write_request

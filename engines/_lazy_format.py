@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import io
 import json
 import os
@@ -45,6 +46,8 @@ VERSION = 1
 ALIGNMENT = 4096
 HEADER, REMAINDER = "header.json", "remainder.pkl"
 READ_CHUNK_BYTES = 16 << 20
+HUGE_PAGE = 2 << 20  # a transparent huge page on x86-64 and most aarch64 kernels
+MADV_HUGEPAGE = 14
 
 
 def part_name(k: int) -> str:
@@ -109,21 +112,41 @@ def aligned_empty(size: int, pinned: bool = False, zeroed: bool = False) -> torc
     so a file written from it holds no stray bytes of the process's memory. pinned: page-locked for CUDA's copies by
     registering this allocation itself (cudaHostRegister), not through torch's pinned-memory allocator, which rounds
     every block up to a power of two (a 0.73 GB buffer took 1 GiB) and keeps freed blocks cached."""
-    raw = (torch.zeros if zeroed else torch.empty)(aligned(size) + ALIGNMENT, dtype=torch.uint8)
-    shift = -raw.data_ptr() % ALIGNMENT
+    huge = size >= HUGE_PAGE
+    raw = torch.empty(aligned(size) + (HUGE_PAGE if huge else ALIGNMENT), dtype=torch.uint8)
+    shift = -raw.data_ptr() % (HUGE_PAGE if huge else ALIGNMENT)
     buf = raw[shift:shift + size]
+    if huge:
+        _huge_pages(buf)
+    if zeroed:
+        raw[shift:shift + aligned(size)].zero_()  # the buffer and its padding: its pages, and no others, touched
     if pinned:
-        _register(raw)
+        _register(raw, buf.data_ptr(), aligned(size))
         buf._rh_registered = raw  # the registration lasts as long as the buffer handed out
     return buf
 
 
-def _register(raw: torch.Tensor) -> None:
-    """Page-lock raw's memory for CUDA (exactly its bytes); unregistered when raw is collected."""
+def _huge_pages(buf: torch.Tensor) -> None:
+    """Ask for transparent huge pages (MADV_HUGEPAGE) over the whole 2 MiB pages of buf, none past its end, before
+    anything touches it: a fresh buffer's first touch costs a page fault per page, and on this project's virtual
+    machine 4 KiB pages were touched at 1.4 GB/s against 3.5 GB/s in 2 MiB pages (2026-11-27), as slow as the disk
+    reads into them. Where huge pages are off (`never`) or madvise fails, nothing changes."""
+    start, end = buf.data_ptr(), buf.data_ptr() + buf.numel() - buf.numel() % HUGE_PAGE
+    if end > start:
+        _libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_HUGEPAGE)
+
+
+@functools.cache
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _register(raw: torch.Tensor, ptr: int, n: int) -> None:
+    """Page-lock n bytes at ptr (a buffer of raw's, its padding included, nothing else of raw) for CUDA;
+    unregistered when raw is collected."""
     import weakref
 
     cudart = torch.cuda.cudart()
-    ptr, n = raw.data_ptr(), raw.numel()
     err = cudart.cudaHostRegister(ptr, n, 0)
     if int(getattr(err, "value", err)) != 0:
         raise RuntimeError(f"cudaHostRegister of {n} bytes failed: CUDA error {int(getattr(err, 'value', err))}")

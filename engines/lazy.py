@@ -17,7 +17,7 @@ Save (DeepSpeed's save_checkpoint drives it, file by file):
      alone) is written by all replicas in balanced shares (parts of the same directory); pipeline layer files are
      spread over replicas by DeepSpeed's own checkpoint.parallel_write.pipeline_stage.
 Load: every part read into one preallocated buffer by `readers` threads in parallel requests, tensors built as views
-of it (no copy); the rank's own ZeRO file is read ahead while the replicated model file is loaded. A replicated file
+of it (no copy); the rank's own ZeRO file is read ahead while DeepSpeed takes in the model file. A replicated file
 is read once by the data-parallel group and broadcast, or read by every replica, whichever the measured bandwidths
 say is sooner (replicated_way(); broadcast_load=auto).
 
@@ -80,7 +80,7 @@ class LazyFiles(FileLayout):
     def restart_read_bytes(self, path: str, nbytes: int, dp_rank: int) -> int:
         """With broadcast_load (auto planned as the broadcast: the restart decides), a replicated model file is read
         once per data-parallel group: in shares (part k by replica k) where it was written in shares, else by
-        replica 0 (LazyIO._broadcast_read)."""
+        replica 0 (LazyIO._broadcast_parts)."""
         dp, o = self.spec.dp, self.options
         if not (o.broadcast_load != "false" and dp > 1 and REPLICATED.search(path)):
             return nbytes
@@ -109,28 +109,29 @@ class LazyEngine(Engine):
         return LazyIO(self.options, ctx.training, storage=ctx.storage)
 
 
-def replicated_way(file_bytes: int, replicas: int, other_bytes: int, broadcast_mib_s: float | None,
+def replicated_way(file_bytes: int, replicas: int, broadcast_mib_s: float | None,
                    read_mib_s_per_reader: float | None) -> dict:
-    """Broadcast a replicated file over the data-parallel group, or have every replica read it, whichever is sooner
-    for one rank, by a model of its load (seconds; F the file, d the replicas, O the bytes of the rank's own files
-    read meanwhile, r the storage's read bandwidth per reader, B the broadcast's bandwidth):
-      every replica reads: (F + O) / r
-      broadcast:           max((F/d + O) / r, F/d / r + F / B)   (its share read, then every share broadcast one
-                                                                  after the other while its own files are read on)
-    r is the ceiling's read bandwidth over the probe's readers (every rank reads at once at a restart); without it
-    (no probe: baseline=false) the broadcast, which reads the fewest bytes."""
+    """Once every replica has read its own share of a replicated file (both ways read it): broadcast the shares over
+    the data-parallel group, or have every replica read the others' shares too, whichever is sooner (seconds; F the
+    file, d the replicas, r the storage's read bandwidth per reader, B the broadcast's bandwidth):
+      every replica reads the other shares:  F (d-1)/d / r
+      broadcast every share in turn:         F / B
+    so the broadcast when B > r d/(d-1). The rank's own ZeRO file is read meanwhile either way; the model does not
+    count on the broadcast hiding behind those reads (on 2 busy cores it did not: gloo's copies and the reads' page
+    faults share the CPUs). Without r or B (no probe, shares too small to time) the broadcast, which reads the fewest
+    bytes."""
     if not read_mib_s_per_reader or not broadcast_mib_s:
-        return {"way": "broadcast", "why": "no storage read bandwidth from a probe (baseline=false, or it failed): "
-                                           "the broadcast, which reads the fewest bytes"}
-    f, o, d = file_bytes / MIB, other_bytes / MIB, replicas
+        return {"way": "broadcast", "why": "no storage read bandwidth (no probe: baseline=false, or it failed, and "
+                                           "the shares too small to time): the broadcast, which reads the fewest "
+                                           "bytes"}
+    f, d = file_bytes / MIB, replicas
     r, b = read_mib_s_per_reader, broadcast_mib_s
-    read_s = (f + o) / r
-    broadcast_s = max((f / d + o) / r, f / d / r + f / b)
+    read_s = f * (d - 1) / d / r
+    broadcast_s = f / b
     way = "broadcast" if broadcast_s < read_s else "read"
     why = (f"{'broadcast' if way == 'broadcast' else 'every replica reads'}: {min(read_s, broadcast_s):.3f} s "
-           f"against {max(read_s, broadcast_s):.3f} s (broadcast {b:,.0f} MiB/s over the data-parallel group, "
-           f"storage {r:,.0f} MiB/s a reader, {f:,.1f} MiB over {d} replicas, {o:,.1f} MiB of the rank's own "
-           "read meanwhile)")
+           f"against {max(read_s, broadcast_s):.3f} s for the other replicas' shares (broadcast {b:,.0f} MiB/s over "
+           f"the data-parallel group, storage {r:,.0f} MiB/s a reader, {f:,.1f} MiB over {d} replicas)")
     return {"way": way, "why": why, "predicted_broadcast_seconds": round(broadcast_s, 6),
             "predicted_read_seconds": round(read_s, 6), "broadcast_mib_s": round(b, 1),
             "read_mib_s_per_reader": round(r, 1)}
@@ -537,8 +538,9 @@ class LazyIO(CheckpointIO):
         return own, header
 
     def _read_ahead(self, path: Path) -> None:
-        """Once per tag, after the first file's requests are queued: this rank's own ZeRO file, queued behind them,
-        so the storage stays busy while the first file is deserialized or broadcast."""
+        """Once per tag, once the first file's own requests are queued (and a broadcast of it done): this rank's own
+        ZeRO file, queued behind them, so the storage stays busy while DeepSpeed deserializes the first file and
+        copies it into the model."""
         from engines import _lazy_format as fmt
 
         own, header = self._ahead_bytes(path)
@@ -550,46 +552,96 @@ class LazyIO(CheckpointIO):
         self.load_stats["prefetched_bytes"] += sum(b.numel() for b in buffers)
 
     def _replicated_read(self, path: Path):
-        """A replicated file: replica 0 reads its header and remainder and tells the others with them, and with the
-        bytes of its own file it would read meanwhile; every replica then takes the same way (broadcast_load; for
-        auto replicated_way() on the same figures: the broadcast's bandwidth, all-reduced, and the storage's from the
-        run's probe): the broadcast read, or every replica reads it all. A replica 0 that cannot read it fails every
-        replica with its reason."""
+        """A replicated file: replica 0 reads its header and remainder and tells the others with them; then
+        broadcast_load's way: every replica reads it all (false), the broadcast (true), or (auto) every replica first
+        reads its own share, which both ways read, the group measures the storage (that read) and the broadcast, and
+        every replica takes the way replicated_way() gives on the same figures. The rank's own ZeRO file is queued
+        behind this file's reads. A replica that cannot read fails every replica with its reason."""
         import deepspeed.comm as dist
 
         from engines import _lazy_format as fmt
 
         group, choice = self.dp_group, self.options.broadcast_load
-        small: list = [None, None, 0, None]  # header, remainder, bytes read meanwhile, error
+        small: list = [None, None, None]  # header, remainder, error
         if self.dp_rank == 0:
             try:
                 header = fmt.read_header(path)
                 fmt.check_parts(path, header)
-                _, ahead = self._ahead_bytes(path)
-                small[:3] = (header, (path / header["remainder"]).read_bytes(),
-                             sum(p["bytes"] for p in ahead["parts"]) if ahead else 0)
+                small[:2] = header, (path / header["remainder"]).read_bytes()
             except (OSError, ValueError) as exc:
-                small[3] = f"{type(exc).__name__}: {exc}"
+                small[2] = f"{type(exc).__name__}: {exc}"
         dist.broadcast_object_list(small, src=dist.get_global_rank(group, 0), group=group)
-        header, remainder, other, error = small
+        header, remainder, error = small
         if error:
             raise OSError(f"{path}: data-parallel replica 0 could not read it for the group: {error}")
-        file_bytes = sum(p["bytes"] for p in header["parts"])
-        if choice == "auto":
-            if self.read_mib_s_per_reader:
-                self._measure_broadcast(file_bytes)
-            decision = replicated_way(file_bytes, self.dp_size, other, self.broadcast_mib_s,
-                                      self.read_mib_s_per_reader)
-        else:
-            decision = {"way": "broadcast" if choice == "true" else "read", "why": f"broadcast_load={choice}"}
         start = time.perf_counter()
-        if decision["way"] == "read":
-            out = self._read(path)
+        if choice == "false":
+            decision, out = {"way": "read", "why": "broadcast_load=false"}, self._read(path)
         else:
-            out = self._broadcast_read(path, header, remainder)
+            buffers = [fmt.aligned_empty(p["bytes"]) for p in header["parts"]]
+            mine = [k for k in range(len(buffers)) if k % self.dp_size == self.dp_rank]
+            reader_mib_s = self._read_share(path, header, buffers, mine)
+            if choice == "true":
+                decision = {"way": "broadcast", "why": "broadcast_load=true"}
+            else:
+                decision = self._decide(sum(p["bytes"] for p in header["parts"]), reader_mib_s)
+            if decision["way"] == "broadcast":
+                # the rank's own ZeRO file is read after the broadcast, not beside it: beside reads in flight a
+                # small dp=2 broadcast over gloo took 0.95 s where alone it took 0.10 (2026-11-27, 2 cores)
+                self._broadcast_parts(header, remainder, buffers, mine)
+                self._read_ahead(path)
+            else:  # the other shares first, then the rank's own ZeRO file behind them
+                reads = self._submit(path, header, buffers, [k for k in range(len(buffers)) if k not in mine])
+                self._read_ahead(path)
+                for r in reads:
+                    r.wait()
+                self.load_stats["read_bytes"] += sum(b.numel() for b in buffers)
+                self.load_stats["read_bytes" if self.dp_rank == 0 else "broadcast_bytes"] += len(remainder)
+            out = header, remainder, buffers
         self.load_stats.setdefault("replicated", []).append(
             {"file": path.name, **decision, "seconds": round(time.perf_counter() - start, 6)})
         return out
+
+    def _read_share(self, path: Path, header: dict, buffers: list, mine: list[int]) -> float | None:
+        """This replica's parts of a replicated file; returns the slowest replica's read bandwidth of its share
+        (MiB/s; all-reduced: every replica gets the same), None where a share is too small to time (under 1 MiB). A
+        replica that could not read fails every replica."""
+        import torch
+
+        started = time.perf_counter()
+        failed = None
+        try:
+            reads = self._submit(path, header, buffers, mine)
+            for r in reads:
+                r.wait()
+        except OSError as exc:
+            failed = exc
+        seconds = time.perf_counter() - started
+        share = sum(buffers[k].numel() for k in mine)
+        rate = share / MIB / seconds if share >= MIB and seconds > 0 else -1.0
+        figures = torch.tensor([0.0 if failed else 1.0, rate], dtype=torch.float64)
+        _all_reduce(figures, "min", self.dp_group)
+        if failed:
+            raise failed
+        if not figures[0].item():
+            raise OSError(f"{path}: another data-parallel replica could not read its part of it (its own error "
+                          "is in its log)")
+        return figures[1].item() if figures[1].item() > 0 else None
+
+    def _decide(self, file_bytes: int, reader_mib_s: float | None) -> dict:
+        """broadcast_load=auto, once this replica's share is read: the group's broadcast bandwidth measured now, the
+        storage's read bandwidth per reader as the group's own share reads just gave it (the run's probe where a share
+        was too small to time), and replicated_way() on those figures, the same on every replica."""
+        source = "the group's own share reads just now"
+        if reader_mib_s is None:
+            reader_mib_s, source = self.read_mib_s_per_reader, "the run's storage probe (the shares were too small)"
+        if reader_mib_s:
+            self._measure_broadcast(file_bytes)
+        decision = replicated_way(file_bytes, self.dp_size, self.broadcast_mib_s, reader_mib_s)
+        if reader_mib_s:
+            decision["read_mib_s_from"] = source
+            decision["why"] += f"; the storage's figure from {source}"
+        return decision
 
     def _measure_broadcast(self, file_bytes: int) -> None:
         """The broadcast's bandwidth over the data-parallel group (MiB/s to every other replica), once per restart:
@@ -632,41 +684,19 @@ class LazyIO(CheckpointIO):
             if not mine:
                 buf[a:a + n].copy_(staging[:n])
 
-    def _broadcast_read(self, path: Path, header: dict, remainder: bytes):
-        """The broadcast way: replica k % dp reads part k; every byte reaches the others by broadcast (gloo here,
-        NCCL's through the device on GPUs), through DeepSpeed's comm (the anatomy counts its collectives as wait);
-        this rank's own ZeRO file is read ahead meanwhile. A replica that cannot read its share fails every replica
-        with its reason, none waits for it."""
+    def _broadcast_parts(self, header: dict, remainder: bytes, buffers: list, mine: list[int]) -> None:
+        """The broadcast way, once every replica has read its share (part k by replica k % dp): every part reaches
+        the other replicas by broadcast (gloo here, NCCL's through the device on GPUs), through DeepSpeed's comm
+        (the anatomy counts its collectives as wait)."""
         import deepspeed.comm as dist
-        import torch
-
-        from engines import _lazy_format as fmt
 
         group, size = self.dp_group, self.dp_size
-        buffers = [fmt.aligned_empty(p["bytes"]) for p in header["parts"]]
-        mine = [k for k in range(len(buffers)) if k % size == self.dp_rank]
-        failed = None
-        try:
-            reads = self._submit(path, header, buffers, mine)
-            self._read_ahead(path)
-            for r in reads:
-                r.wait()
-        except OSError as exc:
-            failed = exc
-        ok = torch.tensor([0 if failed else 1], dtype=torch.int32)
-        _all_reduce(ok, "min", group)
-        if failed:
-            raise failed
-        if not ok.item():
-            raise OSError(f"{path}: another data-parallel replica could not read its part of it (its own error "
-                          "is in its log)")
         for k, buf in enumerate(buffers):
             self._group_broadcast(buf, dist.get_global_rank(group, k % size))
         read = sum(buffers[k].numel() for k in mine) + (len(remainder) if self.dp_rank == 0 else 0)
         self.load_stats["read_bytes"] += read
         self.load_stats["broadcast_bytes"] += sum(b.numel() for b in buffers) + len(remainder) - read
         self.load_stats["broadcast_loads"] += 1
-        return header, remainder, buffers
 
     def preserves_storage_sharing(self):
         return False  # each view's own elements are copied: no defensive clone needed

@@ -176,25 +176,24 @@ def test_a_request_refused_with_einval_is_written_buffered(tmp_path, monkeypatch
 
 
 def test_the_way_a_replicated_file_is_loaded_follows_the_measured_bandwidths():
-    """broadcast_load=auto (engines/lazy.py replicated_way): a broadcast slower than the storage's readers loses;
-    a fast one, or a slow storage, wins; and the rank's own file, read meanwhile, hides a broadcast."""
+    """broadcast_load=auto (engines/lazy.py replicated_way), once each replica has read its share: broadcasting every
+    share (F / B) against reading the other shares (F (d-1) / d / r), so the broadcast where B > r d / (d-1)."""
     from engines.lazy import replicated_way
 
     mib = 2**20
-    # 215 MiB over 2 replicas, nothing else: broadcasting 215 MiB at 600 MiB/s vs reading 107.5 MiB more at 1500
-    slow = replicated_way(215 * mib, 2, 0, broadcast_mib_s=600, read_mib_s_per_reader=1500)
-    assert slow["way"] == "read" and slow["predicted_read_seconds"] < slow["predicted_broadcast_seconds"]
-    # every share is broadcast in turn (F / B) against the other shares read (F (d-1) / d / r): B > 2 r wins here
-    assert replicated_way(215 * mib, 2, 0, broadcast_mib_s=600, read_mib_s_per_reader=250)["way"] == "broadcast"
-    # a broadcast of 1260 MiB/s (gloo on this project's machine) loses alone, and wins beside a 322 MiB optimizer
-    # file read meanwhile: the storage is then the longer road
-    assert replicated_way(215 * mib, 2, 0, broadcast_mib_s=1260, read_mib_s_per_reader=1500)["way"] == "read"
-    hidden = replicated_way(215 * mib, 2, 322 * mib, broadcast_mib_s=1260, read_mib_s_per_reader=1500)
-    assert hidden["way"] == "broadcast"
-    assert hidden["predicted_broadcast_seconds"] == pytest.approx((107.5 + 322) / 1500, abs=1e-5)
-    assert hidden["predicted_read_seconds"] == pytest.approx((215 + 322) / 1500, abs=1e-5)
-    assert "1,260 MiB/s" in hidden["why"] and "1,500 MiB/s" in hidden["why"]
-    unknown = replicated_way(215 * mib, 2, 0, broadcast_mib_s=None, read_mib_s_per_reader=None)
+    # 215 MiB over 2 replicas: gloo's 1,260 MiB/s on this project's machine against a disk read at 1,500 a reader
+    gloo = replicated_way(215 * mib, 2, broadcast_mib_s=1260, read_mib_s_per_reader=1500)
+    assert gloo["way"] == "read"
+    assert gloo["predicted_read_seconds"] == pytest.approx(107.5 / 1500, abs=1e-5)
+    assert gloo["predicted_broadcast_seconds"] == pytest.approx(215 / 1260, abs=1e-5)
+    assert "1,260 MiB/s" in gloo["why"] and "1,500 MiB/s" in gloo["why"]
+    # the same broadcast against a storage shared by many readers (250 MiB/s each), and NCCL against the disk
+    assert replicated_way(215 * mib, 2, broadcast_mib_s=1260, read_mib_s_per_reader=250)["way"] == "broadcast"
+    assert replicated_way(215 * mib, 2, broadcast_mib_s=40_000, read_mib_s_per_reader=1500)["way"] == "broadcast"
+    # more replicas: each reads more of the others' shares, so a slower broadcast still pays (B > r d / (d-1))
+    assert replicated_way(215 * mib, 8, broadcast_mib_s=1500, read_mib_s_per_reader=1200)["way"] == "broadcast"
+    assert replicated_way(215 * mib, 2, broadcast_mib_s=1500, read_mib_s_per_reader=1200)["way"] == "read"
+    unknown = replicated_way(215 * mib, 2, broadcast_mib_s=None, read_mib_s_per_reader=None)
     assert unknown["way"] == "broadcast" and "no storage read bandwidth" in unknown["why"]
 
 
@@ -254,7 +253,7 @@ def test_pinned_buffers_are_registered_at_their_exact_size(monkeypatch):
     buf = fmt.aligned_empty(size, pinned=True, zeroed=True)
     assert buf.numel() == size and buf.data_ptr() % fmt.ALIGNMENT == 0 and int(buf.sum()) == 0
     (kind, ptr, n), = calls
-    assert kind == "register" and n == fmt.aligned(size) + fmt.ALIGNMENT and ptr <= buf.data_ptr() < ptr + n
+    assert (kind, ptr, n) == ("register", buf.data_ptr(), fmt.aligned(size))
     del buf
     gc.collect()
     assert calls[-1] == ("unregister", ptr)

@@ -74,6 +74,7 @@ CASES = [
     ("lazy", ["engine=lazy"]),
     ("lazy buffered", ["engine=lazy", "direct_io=false"]),  # page-cache writes and reads instead of O_DIRECT
     ("lazy every replica reads", ["engine=lazy", "broadcast_load=false"]),  # without the broadcast load
+    ("lazy broadcast", ["engine=lazy", "broadcast_load=true"]),  # always the broadcast load (auto decides: the default)
     # the PyTorch-native stack: the same model and data, FSDP2 sharding, one collective DCP save per checkpoint
     ("fsdp2 none", ["stack=fsdp2", "engine=none"]),
     ("fsdp2 dcp", ["stack=fsdp2", "engine=dcp"]),

@@ -177,7 +177,8 @@ def save_seconds(groups: list[Group]) -> Figure | None:
 
 
 def throughput(groups: list[Group]) -> Figure | None:
-    """Save (blocking, durable) and restart load throughput per configuration; storage baseline where measured."""
+    """Save (blocking, durable) and restart load throughput per configuration; storage baseline and ceiling where
+    measured."""
     gs = [g for g in groups if g.save_stat("throughput_durable_mib_s") or g.stat("restart_load_throughput_mib_s")]
     if not gs:
         return None
@@ -190,13 +191,15 @@ def throughput(groups: list[Group]) -> Figure | None:
         "restart, storage read": [g.stat("restart_storage_read_throughput_mib_s") for g in gs],
     }
     grouped_bars(ax, _ticks(fig, gs), {k: v for k, v in series.items() if any(v)})
-    for column, style, name in (("baseline_write_mib_s", "--", "storage baseline, write"),
-                                ("baseline_read_mib_s", ":", "storage baseline, read")):
+    for column, style, colour, name in (("baseline_write_mib_s", "--", "black", "storage baseline, write"),
+                                        ("baseline_read_mib_s", ":", "black", "storage baseline, read"),
+                                        ("ceiling_write_mib_s", "--", "firebrick", "storage ceiling, write"),
+                                        ("ceiling_read_mib_s", ":", "firebrick", "storage ceiling, read")):
         labelled = False
         for j, g in enumerate(gs):
             s = g.run_stat(column)
             if s:
-                ax.hlines(s.median, j - 0.45, j + 0.45, colors="black", linestyles=style, linewidth=1.6,
+                ax.hlines(s.median, j - 0.45, j + 0.45, colors=colour, linestyles=style, linewidth=1.6,
                           label=None if labelled else name)
                 labelled = True
     ax.set_ylabel("throughput (MiB/s)")

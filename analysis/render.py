@@ -286,17 +286,27 @@ def baseline_table(table: list[dict]) -> Table | None:
         low, high = r.get(f"baseline_{way}_min_mib_s"), r.get(f"baseline_{way}_max_mib_s")
         return f"{low:,.0f}-{high:,.0f}" if low is not None and high is not None else "-"
 
+    def ceiling(r: dict, way: str) -> str:
+        value = r.get(f"ceiling_{way}_mib_s")
+        return "-" if value is None else f"{value:,.1f} ({r.get(f'ceiling_{way}_from')})"
+
     rows = [[r["run_id"], _v(r.get("baseline_method")), _v(r.get("baseline_write_mib_s"), 1), spread(r, "write"),
              _v(r.get("baseline_read_mib_s"), 1), spread(r, "read"), _v(r.get("baseline_probes_count")),
-             _v(r.get("efficiency_save_ratio")), _v(r.get("efficiency_load_ratio")),
+             _v(r.get("efficiency_save_ratio")), _v(r.get("efficiency_load_ratio")), ceiling(r, "write"),
+             ceiling(r, "read"), _v(r.get("efficiency_save_of_ceiling_ratio")),
+             _v(r.get("efficiency_load_of_ceiling_ratio")),
              {True: "yes", False: "no"}.get(r.get("machine_busy_at_launch"), "-")] for r in first.values()]
     if not rows:
         return None
-    return Table("Storage baseline", ["run", "method", "write MiB/s", "write min-max", "read MiB/s", "read min-max",
-                                      "probes", "save efficiency", "load efficiency", "machine busy"], rows,
+    return Table("Storage baseline and ceiling", ["run", "method", "write MiB/s", "write min-max", "read MiB/s",
+                                                  "read min-max", "probes", "save efficiency", "load efficiency",
+                                                  "ceiling write MiB/s", "ceiling read MiB/s", "save of ceiling",
+                                                  "load of ceiling", "machine busy"], rows,
                  "write/read: the median probe; min-max: over the probes (how far the baseline, and each efficiency "
                  "derived from it, can be trusted); efficiency: durable save (load) throughput / baseline write "
-                 "(read) throughput; machine busy: other work on the machine before the checkpoint launch")
+                 "(read) throughput; ceiling: the storage at its best, per direction the better of a direct-I/O probe "
+                 "(engine=lazy's requests and queue depth) and the baseline (which one in brackets), and the same "
+                 "throughputs over it; machine busy: other work on the machine before the checkpoint launch")
 
 
 def problems_table(skipped: list[Skipped], runs: list[Run], failures: list[SweepFailure]) -> Table | None:

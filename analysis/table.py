@@ -142,6 +142,13 @@ def run_columns(run: Run) -> dict:
         "machine_busy_at_launch": (get(ck, "machine_load", "busy") if get(ck, "machine_load") else None),
         "efficiency_save_ratio": num(get(ck, "efficiency", "save")),
         "efficiency_load_ratio": num(get(ck, "efficiency", "load")),
+        # the storage's ceiling (files/baseline.py ceiling()) and the efficiencies against it
+        "ceiling_write_mib_s": num(get(s, "baseline", "ceiling", "write_mib_s")),
+        "ceiling_read_mib_s": num(get(s, "baseline", "ceiling", "read_mib_s")),
+        "ceiling_write_from": get(s, "baseline", "ceiling", "write_from"),
+        "ceiling_read_from": get(s, "baseline", "ceiling", "read_from"),
+        "efficiency_save_of_ceiling_ratio": num(get(ck, "efficiency", "save_of_ceiling")),
+        "efficiency_load_of_ceiling_ratio": num(get(ck, "efficiency", "load_of_ceiling")),
     })
     row.update(request_columns("save", ck))
     row.update(prediction_columns(s))
@@ -244,6 +251,9 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
         "restart_load_seconds": num(rec.get("load_seconds")),
         "restart_load_throughput_mib_s": num(rec.get("load_throughput_mib_s")),
         "restart_storage_read_throughput_mib_s": num(rec.get("storage_read_throughput_mib_s")),
+        # engine=lazy: how each replicated file was loaded (broadcast, or read by every replica), decided per restart
+        "restart_replicated_load": "; ".join(f"{r['file']}: {r['way']}" for r in
+                                             (rec.get("engine_load_statistics") or {}).get("replicated") or []) or None,
         "restart_max_rss_bytes": num(rec.get("max_rss_bytes_per_rank")),
         "restart_exit_code": rec.get("exit_code"),
     })

@@ -29,9 +29,14 @@ Method
   checkpoint is 12 bytes per parameter (fp32 weights and two moments) against DeepSpeed's 14 (a bf16 model copy
   besides), so compare them in MiB/s, not in seconds. `only=LABEL,LABEL` runs the named cases alone.
 - Storage: in each repeat, before its engines, `./submit-job.sh baseline` measures the results directory's file
-  system afresh with as many ranks as the run has (write: each rank writes BASELINE_FILE_MIB and fsyncs; read: cold).
-  Ratios: blocking / default's blocking; durable MiB/s / baseline write MiB/s; load MiB/s / baseline read MiB/s
-  (medians over repeats).
+  system afresh with as many ranks as the run has (write: each rank writes BASELINE_FILE_MIB and fsyncs; read: cold),
+  and its ceiling in the same command, interleaved with the baseline's probes (docs/measurements.md#storage-ceiling:
+  per direction the better of O_DIRECT with engine=lazy's 16 MiB requests, 4 in flight a rank, fsync at the end, and
+  the baseline). Ratios: blocking / default's blocking; durable MiB/s / baseline write MiB/s and / ceiling write
+  MiB/s; load MiB/s / baseline read MiB/s and / ceiling read MiB/s. The ceiling ratios are taken per repeat (each
+  run's durable and load MiB/s over its own repeat's ceiling), then their median and min-max over the repeats.
+- Machine load: the 1-minute load average before and after each repeat, and each run's own record of other work
+  on the CPUs just before its launch (summary.checkpoint.machine_load.cpu_busy_fraction), in the table's header.
 - Targets: `targets=fs,s3` runs every case that can write to object storage (engine default and dcp, both stacks)
   a second time with ckpt_dir=s3://bench/runs on a local Ceph RADOS Gateway that the script starts (objects in
   memory, testbeds/ceph_s3.py) and stops; those rows are labelled `... s3`, their runs use
@@ -69,6 +74,7 @@ CASES = [
     ("lazy", ["engine=lazy"]),
     ("lazy buffered", ["engine=lazy", "direct_io=false"]),  # page-cache writes and reads instead of O_DIRECT
     ("lazy every replica reads", ["engine=lazy", "broadcast_load=false"]),  # without the broadcast load
+    ("lazy broadcast", ["engine=lazy", "broadcast_load=true"]),  # always the broadcast load (auto decides: the default)
     # the PyTorch-native stack: the same model and data, FSDP2 sharding, one collective DCP save per checkpoint
     ("fsdp2 none", ["stack=fsdp2", "engine=none"]),
     ("fsdp2 dcp", ["stack=fsdp2", "engine=dcp"]),
@@ -79,13 +85,13 @@ BASELINE_FILE_MIB = 256
 
 
 def runnable(tokens: list[str]) -> bool:
-    from restart_harness import machine, preflight
+    from restart_harness import machine, resolve
     from restart_harness.command import parse_args
     from restart_harness.errors import UsageError
 
     try:
         spec = machine.resolve(parse_args(tokens))
-        preflight.engine(spec)  # the engine's own check: e.g. CUDA-only engines on a CPU machine
+        resolve.plugins(spec).engine.check()  # the engine's own check: e.g. CUDA-only engines on a CPU machine
         return True
     except UsageError as exc:
         print(f"skipped {' '.join(tokens)}: {exc}", file=sys.stderr)
@@ -109,18 +115,22 @@ def fmt(value: float | None, digits: int = 3) -> str:
 
 
 def baseline(results: Path | str, ranks: int) -> dict:
-    """A fresh storage baseline of the results directory (or an s3:// URL): {write_mib_s, read_mib_s} from the
-    command's output."""
+    """A fresh storage baseline of the results directory (or an s3:// URL), its ceiling with it: the record the
+    command cached (the path its last line names)."""
     proc = subprocess.run([str(REPO / "submit-job.sh"), "baseline", f"dir={results}", f"ranks={ranks}",
                            f"file_bytes={BASELINE_FILE_MIB}MiB"], check=False, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"baseline failed: {proc.stderr.strip()}")
-    out = {}
-    for line in proc.stdout.splitlines():
-        words = line.split()
-        if len(words) >= 2 and words[0] in ("write_mib_s", "read_mib_s"):
-            out[words[0]] = float(words[1])
-    return out
+    cached = proc.stdout.strip().splitlines()[-1].rsplit("cached in ", 1)[1]
+    return json.loads(Path(cached).read_text())
+
+
+def spread(values: list[float]) -> str:
+    """median (min-max) of the repeats' values."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def main() -> None:
@@ -173,27 +183,41 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
     results = Path(tempfile.mkdtemp(prefix="rh-bench-engines-"))
     collected: dict[str, list[dict]] = {name: [] for name, _ in cases}
     storage: dict[str, list[dict]] = {t: [] for t in targets}
+    loads = []  # the 1-minute load average before and after each repeat
     for r in range(repeats):
+        loads.append(os.getloadavg()[0])
         for target in targets:
             storage[target].append(baseline(results if target == "fs" else "s3://bench/probe", world))
         for name, tokens in cases:
             print(f"repeat {r + 1}/{repeats}: {name}", file=sys.stderr, flush=True)
             collected[name].append(run(tokens, results))
+        loads.append(os.getloadavg()[0])
     speeds = {t: (median([b["write_mib_s"] for b in storage[t]]), median([b["read_mib_s"] for b in storage[t]]))
               for t in targets}
+    ceilings = {t: [b.get("ceiling") or {} for b in storage[t]] for t in targets}
+    busy = [((s["checkpoint"].get("machine_load") or {}).get("cpu_busy_fraction")) for runs in collected.values()
+            for s in runs]
+    busy = [b for b in busy if b is not None]
     print(f"`{' '.join(base)}`, {repeats} repeats; medians over saves (first save of each run dropped) and runs; "
           f"storage baselines ({world} ranks, {BASELINE_FILE_MIB} MiB each, measured in each repeat): "
           + "; ".join(f"{'file system' if t == 'fs' else 'local S3 (RGW)'} write {w:.1f} MiB/s, "
-                      f"{'cold ' if t == 'fs' else ''}read {rd:.1f} MiB/s" for t, (w, rd) in speeds.items()) + "\n")
+                      f"{'cold ' if t == 'fs' else ''}read {rd:.1f} MiB/s" for t, (w, rd) in speeds.items())
+          + "; ceilings, measured with them: "
+          + "; ".join(f"{'file system' if t == 'fs' else 'local S3 (RGW)'} " + _ceiling_words(ceilings[t])
+                      for t in targets)
+          + f". Machine: 1-minute load average {min(loads):.1f}-{max(loads):.1f} over the repeats"
+          + (f", other work on the CPUs before a launch {statistics.median(busy):.0%} (median; "
+             f"{min(busy):.0%}-{max(busy):.0%})" if busy else "") + ".\n")
     print("| engine | checkpoint MiB | blocking s | x default | durable s | durable MiB/s | x baseline write "
-          "| step s (no flush) | step s (flush in flight) | restart load s | load MiB/s | x baseline read "
-          "| checkpoint_load s | lost s (own) | lost s (vs none) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| x ceiling write | step s (no flush) | step s (flush in flight) | restart load s | load MiB/s "
+          "| x baseline read | x ceiling read | checkpoint_load s | lost s (own) | lost s (vs none) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     # engine=none's step per repeat: the step with no checkpointing at all, which each repeat's saves are held to
     none_steps = [summary["training"]["step_seconds_median"] for summary in collected.get("none", [])]
     rows = {}
     for name, _ in cases:
         summaries = collected[name]
+        target = "s3" if name.endswith(" s3") else "fs"
         saves = [s for summary in summaries for s in (summary["checkpoint"]["saves"][1:]
                                                       or summary["checkpoint"]["saves"])]
         nbytes = median([s["bytes"] for s in saves])
@@ -233,6 +257,13 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
                                    for summary in summaries]),
             "storage_read": median([((r.get("load_breakdown") or {}).get("storage_read") or {}).get("bytes")
                                     for r in restarts]),
+            "rank_bytes": median([(s["checkpoint"].get("bytes_per_rank") or {}).get("max") for s in summaries]),
+            # each repeat's run against its own repeat's ceiling: durable MiB/s (median of its kept saves) and load
+            "of_ceiling": {
+                "write": [_ratio(_durable_mib_s(s), c.get("write_mib_s")) for s, c in zip(summaries, ceilings[target],
+                                                                                            strict=False)],
+                "read": [_ratio((s["restart"] or {}).get("load_throughput_mib_s"), c.get("read_mib_s"))
+                         for s, c in zip(summaries, ceilings[target], strict=False)]},
         }
     default_blocking = (rows.get("default") or {}).get("blocking")
     for name, r in rows.items():
@@ -242,9 +273,10 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
         print(f"| {name} | {fmt(mib, 1)} | {fmt(blocking)} "
               f"| {fmt(blocking / default_blocking if blocking is not None and default_blocking else None, 3)} "
               f"| {fmt(durable)} | {fmt(durable_mib_s, 1)} "
-              f"| {fmt(durable_mib_s / write_mib_s if durable_mib_s else None, 2)} "
+              f"| {fmt(durable_mib_s / write_mib_s if durable_mib_s else None, 2)} | {spread(r['of_ceiling']['write'])} "
               f"| {fmt(r['no_flush'])} | {fmt(r['in_flight'])} | {fmt(r['load'])} | {fmt(r['load_mib_s'], 1)} "
-              f"| {fmt(r['load_mib_s'] / read_mib_s if r['load_mib_s'] else None, 2)} | {fmt(r['phase'])} "
+              f"| {fmt(r['load_mib_s'] / read_mib_s if r['load_mib_s'] else None, 2)} "
+              f"| {spread(r['of_ceiling']['read'])} | {fmt(r['phase'])} "
               f"| {fmt(r['lost_own'])} | {fmt(r['lost_none'])} |")
     print("\nWhere the time goes (medians; slowest rank's anatomy, docs/anatomy.md): restart phases in seconds, then "
           "one save's and the load's categories.\n")
@@ -258,18 +290,54 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
           "over the RSS it starts with (most demanding save), held while its flush runs, the median save's cost beyond "
           "a training step's own, the buffers the engine keeps between saves, the RSS growth per save and per step "
           "(summary.training.rss_growth: engine=none's is training's own); then what "
-          "the restart read from storage, all ranks (MiB, the I/O counters), and that over the checkpoint's bytes.\n")
+          "the restart read from storage, all ranks (MiB, the I/O counters), and that over the checkpoint's bytes; "
+          "last, the held memory and the engine's buffers over the largest rank's checkpoint bytes (what it wrote).\n")
     print("| engine | peak | held | cost | engine buffers | a step's own | growth per save | growth per step "
-          "| restart storage reads | x checkpoint |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| restart storage reads | x checkpoint | rank's checkpoint | held x rank's | buffers x rank's |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         m = r["memory"]
         cells = [m["peak_added_bytes_max"], m["held_bytes_max"], m["cost_bytes_median"], m["engine_buffers_bytes_max"],
                  m["step_peak_added_bytes"], r["growth"], r["step_growth"], r["storage_read"]]
         ratio = r["storage_read"] / 2**20 / r["mib"] if r["storage_read"] and r["mib"] else None
         print(f"| {name} | " + " | ".join(fmt(c / 2**20 if c is not None else None, 1) for c in cells)
-              + f" | {fmt(ratio, 2)} |")
+              + f" | {fmt(ratio, 2)} | {fmt(r['rank_bytes'] / 2**20 if r['rank_bytes'] else None, 1)} "
+              f"| {fmt(_ratio(m['held_bytes_max'], r['rank_bytes']), 3)} "
+              f"| {fmt(_ratio(m['engine_buffers_bytes_max'], r['rank_bytes']), 3)} |")
+    replicated = [(name, x) for name, _ in cases for s in collected[name]
+                  for x in ((s["restart"] or {}).get("engine_load_statistics") or {}).get("replicated") or []]
+    if replicated:
+        print("\nHow each restart loaded a replicated file (engine=lazy: restart.engine_load_statistics.replicated), "
+              "one line per restart in repeat order:\n")
+        for name, x in replicated:
+            print(f"- {name}: {x['file']} {x['way']} in {x['seconds']:.3f} s ({x['why']})")
     shutil.rmtree(results, ignore_errors=True)
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return value / base if value and base else None
+
+
+def _durable_mib_s(summary: dict) -> float | None:
+    """A run's durable MiB/s: checkpoint bytes over the median durable seconds of its kept saves."""
+    saves = summary["checkpoint"]["saves"][1:] or summary["checkpoint"]["saves"]
+    seconds, nbytes = median([s["durable_seconds"] for s in saves]), median([s["bytes"] for s in saves])
+    return nbytes / 2**20 / seconds if seconds and nbytes else None
+
+
+def _ceiling_words(ceilings: list[dict]) -> str:
+    """The repeats' ceilings in words: median write and read, min-max, and where each came from."""
+    if not any(ceilings):
+        return "none (object storage)"
+    out = []
+    for way in ("write", "read"):
+        values = [c[f"{way}_mib_s"] for c in ceilings if c]
+        sources = sorted({c[f"{way}_from"] for c in ceilings if c})
+        out.append(f"{way} {statistics.median(values):.1f} MiB/s ({min(values):.0f}-{max(values):.0f}; from "
+                   f"{' and '.join(sources)})")
+    d = next(c["direct"] for c in ceilings if c)
+    return ", ".join(out) + (f" [direct probe: {d['method']}, {'O_DIRECT' if d['o_direct'] else 'buffered'}, "
+                             f"{d['request_bytes'] >> 20} MiB x {d['queue_depth']} a rank]")
 
 
 if __name__ == "__main__":

@@ -47,6 +47,9 @@ class EngineContext:
     # TorchCheckpointEngine for an emulated rank; None where the stack is not DeepSpeed's
     native: Any = None
     training: Any = None  # the DeepSpeed engine, where the stack is DeepSpeed's (engine=lazy hooks its step)
+    # the run's storage probe (run_dir/baseline.json: the baseline and the ceiling, files/baseline.py), or None
+    # (baseline=false, or no probe could run): what the storage reads and writes, for an engine that decides by it
+    storage: dict | None = None
 
 
 class CheckpointIO(ABC):

@@ -3,16 +3,23 @@
 Save (DeepSpeed's save_checkpoint drives it, file by file):
   1. save() takes references, not copies: it pickles the non-tensor remainder (small), plans where every tensor goes
      (engines/_lazy_format.py: raw bytes at aligned offsets in one part file per writer) and returns.
-  2. a copy thread copies the tensors into host buffers while the next forward and backward run; the next optimizer
-     step (DeepSpeed's _take_model_step, wrapped) waits only for copies not yet done. On CUDA the copies run
-     device->host into pinned buffers on a side stream, and the step waits on the copy's event on the GPU, not on
-     the host. Buffers and the write plan are kept per file name and layout and reused by every later save.
-  3. a pool of writer threads writes each part from its buffer in large aligned requests (pwrite, no pickling of
-     tensor data), then fsyncs it; the harness fsyncs the directories and commits `latest` once every rank is done.
+  2. a copy thread copies the tensors into host buffers while the next forward and backward run, a write request's
+     worth at a time; the next optimizer step (DeepSpeed's _take_model_step, wrapped) waits only for copies not yet
+     done. On CUDA the copies run device->host into page-locked buffers on a side stream, and the step waits on the
+     copy's event on the GPU, not on the host. Buffers and the write plan are kept per file name and layout and
+     reused by every later save; a buffer is exactly its part's bytes (page-locked by registering it, not through
+     torch's pinned allocator, which rounds up to a power of two).
+  3. `writers` threads write each part from its buffer in requests of write_chunk_mib (O_DIRECT by default), each
+     request as soon as the copy has passed it: the storage sees the queue depth and request size the storage
+     ceiling is probed with (files/baseline.py), overlapping the copy. Then fsync; the harness fsyncs the
+     directories and commits `latest` once every rank is done.
   4. a file replicated over data-parallel ranks (a pp=1 run's model weights, which DeepSpeed has replica 0 write
      alone) is written by all replicas in balanced shares (parts of the same directory); pipeline layer files are
      spread over replicas by DeepSpeed's own checkpoint.parallel_write.pipeline_stage.
-Load: every part read into one preallocated buffer by parallel large reads, tensors built as views of it (no copy).
+Load: every part read into one preallocated buffer by `readers` threads in parallel requests, tensors built as views
+of it (no copy); the rank's own ZeRO file is read ahead while DeepSpeed takes in the model file. A replicated file
+is read once by the data-parallel group and broadcast, or read by every replica, whichever the measured bandwidths
+say is sooner (replicated_way(); broadcast_load=auto).
 
 Format, reader, converter to DeepSpeed's torch.save layout: engines/_lazy_format.py.
 """
@@ -25,26 +32,32 @@ import os
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from engines.base import CheckpointIO, Engine, EngineContext, FileLayout
 from restart_harness import faults
+from restart_harness.files.baseline import CEILING_QUEUE_DEPTH, CEILING_REQUEST_BYTES
 from restart_harness.spec.keys import key
 
 # the files DeepSpeed has data-parallel replica 0 write (not ZeRO-3's zero_pp_rank_N_mp_rank_NN_model_states.pt: a
 # data-parallel rank's own)
 REPLICATED = re.compile(r"(?:^|/)mp_rank_\d+_model_states\.pt$")
+MIB = 1 << 20
+# the broadcast's bandwidth is measured with one broadcast of this many bytes (or the file's share, if smaller)
+BROADCAST_PROBE_BYTES = 8 * MIB
 
 
 @dataclass
 class Options:
-    writers: int = key(4, "writer threads per rank (parallel large writes of the part files)", group="checkpoint",
+    # the defaults are the storage ceiling's shape (files/baseline.py): its queue depth and request size
+    writers: int = key(CEILING_QUEUE_DEPTH, "writer threads per rank: write requests in flight", group="checkpoint",
                        minimum=1, maximum=256)
-    readers: int = key(4, "reader threads per rank at restart (parallel large reads)", group="checkpoint",
-                       minimum=1, maximum=256)
-    write_chunk_mib: int = key(16, "bytes per write request", group="checkpoint", unit="MiB", minimum=1)
+    readers: int = key(CEILING_QUEUE_DEPTH, "reader threads per rank at restart: read requests in flight",
+                       group="checkpoint", minimum=1, maximum=256)
+    write_chunk_mib: int = key(CEILING_REQUEST_BYTES // MIB, "bytes per write request", group="checkpoint",
+                               unit="MiB", minimum=1)
     balance: bool = key(True, "replicated model files written by all data-parallel replicas in balanced shares "
                               "(false: by replica 0, as DeepSpeed does)", group="checkpoint")
     balance_min_mib: int = key(4, "split a replicated file only when each share gets at least this much",
@@ -54,19 +67,22 @@ class Options:
     direct_io: bool = key(True, "write and read the part files with O_DIRECT (aligned buffers and requests, no page "
                                 "cache; false: buffered); where the file system refuses it, buffered I/O, recorded as "
                                 "direct_io_fallback in the save's engine_statistics", group="checkpoint")
-    broadcast_load: bool = key(True, "at restart, a replicated model file is read once per data-parallel group (each "
-                                     "part by one replica) and broadcast to the other replicas (false: every replica "
-                                     "reads all of it)", group="checkpoint")
+    broadcast_load: str = key("auto", "at restart, a replicated model file is read once per data-parallel group (each "
+                                      "part by one replica) and broadcast to the other replicas (true), read by "
+                                      "every replica (false), or whichever is sooner by the broadcast's bandwidth "
+                                      "measured over the group and the storage's read bandwidth per reader from its "
+                                      "probe (auto)", group="checkpoint", choices=("auto", "true", "false"))
 
 
 class LazyFiles(FileLayout):
     """DeepSpeed's files; with broadcast_load a replicated model file is read once per data-parallel group."""
 
     def restart_read_bytes(self, path: str, nbytes: int, dp_rank: int) -> int:
-        """With broadcast_load, a replicated model file is read once per data-parallel group: in shares (part k by
-        replica k) where it was written in shares, else by replica 0 (LazyIO._broadcast_read)."""
+        """With broadcast_load (auto planned as the broadcast: the restart decides), a replicated model file is read
+        once per data-parallel group: in shares (part k by replica k) where it was written in shares, else by
+        replica 0 (LazyIO._broadcast_parts)."""
         dp, o = self.spec.dp, self.options
-        if not (o.broadcast_load and dp > 1 and REPLICATED.search(path)):
+        if not (o.broadcast_load != "false" and dp > 1 and REPLICATED.search(path)):
             return nbytes
         if o.balance and nbytes >= dp * o.balance_min_mib * 2**20:
             return nbytes // dp + (nbytes % dp if dp_rank == 0 else 0)
@@ -75,8 +91,10 @@ class LazyFiles(FileLayout):
 
 class LazyEngine(Engine):
     name = "lazy"
-    description = ("the harness's own: lazy copy overlapping the next step, parallel aligned writes, balanced "
-                   "replica writes, parallel reads into preallocated buffers (engines/_lazy_format.py)")
+    description = ("the harness's own: lazy copy overlapping the next step, aligned writes following the copy at the "
+                   "storage ceiling's queue depth, balanced replica writes, parallel reads and read-ahead into "
+                   "preallocated buffers, a replicated file broadcast or read by every replica as measured "
+                   "(engines/_lazy_format.py)")
     Options = Options
     emulates = False  # needs the DeepSpeed engine to hook its optimizer step
     file_layout = LazyFiles
@@ -89,7 +107,35 @@ class LazyEngine(Engine):
         return {"checkpoint": {"parallel_write": {"pipeline_stage": True}}} if self.spec.pp > 1 else {}
 
     def open(self, ctx: EngineContext) -> CheckpointIO:
-        return LazyIO(self.options, ctx.training)
+        return LazyIO(self.options, ctx.training, storage=ctx.storage)
+
+
+def replicated_way(file_bytes: int, replicas: int, broadcast_mib_s: float | None,
+                   read_mib_s_per_reader: float | None) -> dict:
+    """Once every replica has read its own share of a replicated file (both ways read it): broadcast the shares over
+    the data-parallel group, or have every replica read the others' shares too, whichever is sooner (seconds; F the
+    file, d the replicas, r the storage's read bandwidth per reader, B the broadcast's bandwidth):
+      every replica reads the other shares:  F (d-1)/d / r
+      broadcast every share in turn:         F / B
+    so the broadcast when B > r d/(d-1). The rank's own ZeRO file is read meanwhile either way; the model does not
+    count on the broadcast hiding behind those reads (on 2 busy cores it did not: gloo's copies and the reads' page
+    faults share the CPUs). Without r or B (no probe, shares too small to time) the broadcast, which reads the fewest
+    bytes."""
+    if not read_mib_s_per_reader or not broadcast_mib_s:
+        return {"way": "broadcast", "why": "no storage read bandwidth (no probe: baseline=false, or it failed, and "
+                                           "the shares too small to time): the broadcast, which reads the fewest "
+                                           "bytes"}
+    f, d = file_bytes / MIB, replicas
+    r, b = read_mib_s_per_reader, broadcast_mib_s
+    read_s = f * (d - 1) / d / r
+    broadcast_s = f / b
+    way = "broadcast" if broadcast_s < read_s else "read"
+    why = (f"{'broadcast' if way == 'broadcast' else 'every replica reads'}: {min(read_s, broadcast_s):.3f} s "
+           f"against {max(read_s, broadcast_s):.3f} s for the other replicas' shares (broadcast {b:,.0f} MiB/s over "
+           f"the data-parallel group, storage {r:,.0f} MiB/s a reader, {f:,.1f} MiB over {d} replicas)")
+    return {"way": way, "why": why, "predicted_broadcast_seconds": round(broadcast_s, 6),
+            "predicted_read_seconds": round(read_s, 6), "broadcast_mib_s": round(b, 1),
+            "read_mib_s_per_reader": round(r, 1)}
 
 
 class _Part:
@@ -102,15 +148,75 @@ class _Part:
 
         self.path, self.size = path, size
         self.buffer = fmt.aligned_empty(size, pinned=pinned, zeroed=True)
-        self.copies = copies  # (tensor index, offset, nbytes)
+        self.copies = copies  # (tensor index, offset, nbytes), by offset
         self.busy = False
 
 
+class _Flush:
+    """One part's save in flight: the copy fills its buffer in offset order, and the copy thread hands each write
+    request to the writers the moment the copy has passed the request's end (ready()): no thread waits on another,
+    so the training step beside it is interrupted only by requests that have work. The last request to finish
+    truncates the padding away, fsyncs and closes the file and completes `done`."""
+
+    def __init__(self, part: _Part, step: int | None, direct: bool, chunk: int, submit):
+        from engines import _lazy_format as fmt
+
+        self.part, self.step, self.direct = part, step, direct
+        self.view = fmt.padded_view(part.buffer) if direct else fmt.byte_view(part.buffer)
+        self.length = len(self.view)
+        self.offsets = list(range(0, self.length, chunk)) or [0]
+        self.chunk, self.submit = chunk, submit
+        self.handed = 0  # requests handed to the writers so far, in offset order
+        self.lock = threading.Lock()
+        self.error: BaseException | None = None
+        self.left = len(self.offsets)
+        self.fds: list[int] = []  # every descriptor opened (closed at the end, never while a request may use one)
+        self.fd: int | None = None
+        self.fallback: str | None = None
+        self.started: float | None = None
+        self.done: Future = Future()
+
+    def ready(self, upto: int | None = None) -> None:
+        """Every byte before `upto` (None: all of them) is final: hand out the requests that end there or before."""
+        upto = self.length if upto is None else upto
+        while self.handed < len(self.offsets) and min(self.offsets[self.handed] + self.chunk, self.length) <= upto:
+            self.submit(self, self.offsets[self.handed])
+            self.handed += 1
+
+    def failed(self, error: BaseException) -> None:
+        """The copy failed: every request left is handed out to count down, none writes, `done` gets the error."""
+        with self.lock:
+            self.error = self.error or error
+        self.ready()
+
+    def descriptor(self, refused: str | None = None) -> int:
+        """The file, opened once (O_DIRECT unless the file system refuses it: then a buffered descriptor beside it,
+        for every request from then on; `refused`: why, when a request was refused)."""
+        with self.lock:
+            if refused and self.direct:
+                self.direct, self.fd, self.fallback = False, None, refused
+            if self.fd is None:
+                flags = os.O_WRONLY | os.O_CREAT | (0 if self.fds else os.O_TRUNC)
+                if self.direct:
+                    try:
+                        self.fd = os.open(self.part.path, flags | os.O_DIRECT, 0o644)
+                    except OSError as exc:
+                        if exc.errno != errno.EINVAL:
+                            raise
+                        self.direct = False
+                        self.fallback = f"{self.part.path.parent.parent}: {exc.strerror} (EINVAL)"
+                if self.fd is None:
+                    self.fd = os.open(self.part.path, flags, 0o644)
+                self.fds.append(self.fd)
+            return self.fd
+
+
 class LazyIO(CheckpointIO):
-    def __init__(self, options: Options, ds_engine):
+    def __init__(self, options: Options, ds_engine, storage: dict | None = None):
         self.options = options
         self.writers = ThreadPoolExecutor(options.writers, thread_name_prefix="lazy-write")
         self.copier = ThreadPoolExecutor(1, thread_name_prefix="lazy-copy")
+        self.readers = ThreadPoolExecutor(options.readers, thread_name_prefix="lazy-read")
         self.plans: dict[tuple, _Part] = {}  # (file name, layout signature) -> reusable part
         self.copies: list = []  # futures of copies not yet waited for by an optimizer step
         self.writes: list = []  # futures of writes not yet waited for by wait()
@@ -118,9 +224,13 @@ class LazyIO(CheckpointIO):
         self.side_stream = None
         self.stats = {"copy_seconds": 0.0, "step_wait_seconds": 0.0, "write_seconds": 0.0, "buffers_reused": 0,
                       "buffers_allocated": 0}
-        self.load_stats = {"read_bytes": 0, "broadcast_bytes": 0, "broadcast_loads": 0}
+        self.load_stats: dict = {"read_bytes": 0, "broadcast_bytes": 0, "broadcast_loads": 0, "prefetched_bytes": 0}
         self.lock = threading.Lock()
         self.last_read: dict = {}  # the buffers of the last file loaded: a second load of it reads nothing
+        self.prefetch: dict = {}  # path -> (header, buffers, reads) of a file read ahead
+        self.prefetch_tags: set = set()
+        self.broadcast_mib_s: float | None = None
+        self.read_mib_s_per_reader = _per_reader(storage)
         self.ds_engine = ds_engine  # None: the format alone (tests), no step to wait in
         self.dp_rank, self.dp_size = _data_parallel(ds_engine) if ds_engine is not None else (0, 1)
         self.dp_group = getattr(getattr(ds_engine, "optimizer", None), "dp_process_group", None)
@@ -160,16 +270,20 @@ class LazyIO(CheckpointIO):
             written += [str(p) for p, _ in small]
         part = self._part(d, mine, header["parts"][mine]["bytes"], tensors, placements)
         written.append(str(part.path))
+        flush = _Flush(part, getattr(self.ds_engine, "global_steps", None), self.options.direct_io,
+                       self.options.write_chunk_mib * MIB, self._hand_out)
         if any(t.is_cuda for t in tensors):
-            event = self._copy_on_side_stream(part, tensors)
-            copy = self.copier.submit(self._after_event, event)
+            marks = self._copy_on_side_stream(part, tensors, flush.chunk)
+            copy = self.copier.submit(self._after_events, flush, marks)
         else:
-            copy = self.copier.submit(self._copy, part, tensors)
-        step = getattr(self.ds_engine, "global_steps", None)
+            copy = self.copier.submit(self._copy, flush, tensors)
         with self.lock:
             self.copies.append(copy)
-            self.writes.append(self.writers.submit(self._write_after, copy, part, step))
+            self.writes.append(flush.done)
         return written
+
+    def _hand_out(self, flush: _Flush, off: int) -> None:
+        self.writers.submit(self._write_request, flush, off)
 
     def _part(self, d: Path, k: int, size: int, tensors, placements) -> _Part:
         import torch
@@ -190,77 +304,135 @@ class LazyIO(CheckpointIO):
         part.busy = True
         return part
 
-    def _copy(self, part: _Part, tensors) -> None:
+    def _copy(self, flush: _Flush, tensors) -> None:
+        """The tensors into the part's buffer in offset order, a tensor larger than a write request a request's
+        bytes at a time; after each, the requests it completed go to the writers (the gap to the next tensor is
+        padding, zero already)."""
         start = time.perf_counter()
-        for i, off, n in part.copies:
-            t = tensors[i]
-            part.buffer[off:off + n].view(t.dtype).view(t.shape).copy_(t)
-        self._add("copy_seconds", time.perf_counter() - start)
+        part, step = flush.part, flush.chunk
+        try:
+            copies = part.copies
+            for j, (i, off, n) in enumerate(copies):
+                t = tensors[i]
+                dst = part.buffer[off:off + n]
+                nxt = copies[j + 1][1] if j + 1 < len(copies) else flush.length
+                if t.is_contiguous() and n > step:
+                    src = t.reshape(-1).view(dst.dtype) if t.dtype != dst.dtype else t.reshape(-1)
+                    for a in range(0, n, step):
+                        dst[a:a + step].copy_(src[a:a + step])
+                        flush.ready(off + a + step if a + step < n else nxt)
+                else:
+                    dst.view(t.dtype).view(t.shape).copy_(t)
+                    flush.ready(nxt)
+            flush.ready()
+        except BaseException as exc:
+            flush.failed(exc)
+            raise
+        finally:
+            self._add("copy_seconds", time.perf_counter() - start)
 
     def _add(self, name: str, seconds: float) -> None:
         with self.lock:
             self.stats[name] += seconds
 
-    def _copy_on_side_stream(self, part: _Part, tensors):
+    def _copy_on_side_stream(self, part: _Part, tensors, chunk: int) -> list:
+        """The device->host copies queued on a side stream, after the work the current stream has queued so far; an
+        event after every request's worth of bytes, so the writes follow the copy; the last event also goes to the
+        next optimizer step (wait_copied)."""
         import torch
 
         if self.side_stream is None:
             self.side_stream = torch.cuda.Stream()
         self.side_stream.wait_stream(torch.cuda.current_stream())
+        marks, since = [], 0
         with torch.cuda.stream(self.side_stream):
-            for i, off, n in part.copies:
+            for j, (i, off, n) in enumerate(part.copies):
                 t = tensors[i]
                 part.buffer[off:off + n].view(t.dtype).view(t.shape).copy_(t, non_blocking=True)
                 if t.is_cuda:  # a CPU tensor (an optimizer's step count) is copied before copy_ returns
                     t.record_stream(self.side_stream)
-            event = torch.cuda.Event()
-            event.record(self.side_stream)
-        self.cuda_events.append(event)
-        return event
+                since += n
+                if since >= chunk or j == len(part.copies) - 1:
+                    # blocking: the copy thread sleeps on it instead of spinning a core beside the training step
+                    event = torch.cuda.Event(blocking=True)
+                    event.record(self.side_stream)
+                    nxt = part.copies[j + 1][1] if j + 1 < len(part.copies) else None
+                    marks.append((event, nxt))
+                    since = 0
+        if marks:
+            self.cuda_events.append(marks[-1][0])
+        return marks
 
-    def _after_event(self, event) -> None:
-        start = time.perf_counter()
-        event.synchronize()
-        self._add("copy_seconds", time.perf_counter() - start)
-
-    def _write_after(self, copy, part: _Part, step: int | None) -> None:
-        copy.result()
+    def _after_events(self, flush: _Flush, marks: list) -> None:
         start = time.perf_counter()
         try:
-            direct = self.options.direct_io
-            try:
-                self._write(part, step, direct)
-            except OSError as exc:
-                if not direct or exc.errno != errno.EINVAL:
-                    raise
-                with self.lock:  # the file system refuses O_DIRECT: buffered, and said so in the save's record
-                    self.stats["direct_io_fallback"] = f"{part.path.parent.parent}: {exc.strerror} (EINVAL)"
-                self._write(part, step, False)
+            for event, upto in marks:
+                event.synchronize()
+                flush.ready(upto)
+            flush.ready()
+        except BaseException as exc:
+            flush.failed(exc)
+            raise
         finally:
-            part.busy = False
-        self._add("write_seconds", time.perf_counter() - start)
+            self._add("copy_seconds", time.perf_counter() - start)
 
-    def _write(self, part: _Part, step: int | None, direct: bool) -> None:
-        """The part's buffer into its file in requests of write_chunk_mib at aligned offsets, then fsync; with
-        direct, O_DIRECT requests of whole aligned blocks (the zero padding cut off again by ftruncate)."""
-        from engines import _lazy_format as fmt
-
-        chunk = self.options.write_chunk_mib * 2**20
-        view = fmt.padded_view(part.buffer) if direct else fmt.byte_view(part.buffer)
-        length = len(view)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0)
-        fd = os.open(part.path, flags, 0o644)
+    def _write_request(self, flush: _Flush, off: int) -> None:
+        """One write request of the part (handed out once the copy has passed its end); the last one to finish
+        completes the part (_finish)."""
+        end = min(off + flush.chunk, flush.length)
+        error = None
         try:
-            for off in range(0, length, chunk):
-                end, pos = min(off + chunk, length), off
+            if flush.error is None:
+                with flush.lock:
+                    if flush.started is None:
+                        flush.started = time.perf_counter()
+                fd = flush.descriptor()
+                pos = off
                 while pos < end:
-                    pos += os.pwrite(fd, view[pos:end], pos)
-                faults.hit("flush", int(os.environ.get("RANK", "0")), step)  # tests: killed mid-flush
-            if length != part.size:
-                os.ftruncate(fd, part.size)
-            os.fsync(fd)
+                    try:
+                        pos += os.pwrite(fd, flush.view[pos:end], pos)
+                    except OSError as exc:  # a file system that takes the O_DIRECT open and refuses the request
+                        if exc.errno != errno.EINVAL:
+                            raise
+                        why = f"{flush.part.path.parent.parent}: {exc.strerror} (EINVAL)"
+                        buffered = flush.descriptor(refused=why)
+                        if buffered == fd:
+                            raise  # refused buffered too: not O_DIRECT's doing
+                        fd = buffered
+                faults.hit("flush", int(os.environ.get("RANK", "0")), flush.step)  # tests: killed mid-flush
+        except BaseException as exc:  # noqa: BLE001 - handed to flush.done by _finish, raised by wait()
+            error = exc
+        with flush.lock:
+            flush.left -= 1
+            last = flush.left == 0
+            if error is not None and flush.error is None:
+                flush.error = error
+        if last:
+            self._finish(flush)
+
+    def _finish(self, flush: _Flush) -> None:
+        part = flush.part
+        try:
+            if flush.error is None:
+                fd = flush.descriptor()
+                if flush.length != part.size:
+                    os.ftruncate(fd, part.size)
+                os.fsync(fd)
+        except OSError as exc:
+            flush.error = exc
         finally:
-            os.close(fd)
+            for fd in flush.fds:
+                os.close(fd)
+            part.busy = False
+            if flush.fallback:
+                with self.lock:  # the file system refuses O_DIRECT: buffered, and said so in the save's record
+                    self.stats["direct_io_fallback"] = flush.fallback
+            if flush.started is not None:
+                self._add("write_seconds", time.perf_counter() - flush.started)
+        if flush.error is not None:
+            flush.done.set_exception(flush.error)
+        else:
+            flush.done.set_result(None)
 
     def wait_copied(self) -> None:
         """Before an optimizer step: the copies of every save so far are done (on CUDA: the step's stream waits for
@@ -307,71 +479,256 @@ class LazyIO(CheckpointIO):
         from engines import _lazy_format as fmt
 
         if fmt.is_lazy(path):
-            shared = (self.options.broadcast_load and self.dp_size > 1 and self.dp_group is not None
-                      and REPLICATED.search(path))
+            shared = self.dp_size > 1 and self.dp_group is not None and REPLICATED.search(path)
             return fmt.load(path, threads=self.options.readers, map_location=map_location, reuse=self.last_read,
-                            reader=self._broadcast_read if shared else self._read)
+                            reader=self._replicated_read if shared else self._read)
         return torch.load(path, map_location=map_location, weights_only=False)
 
     def _read(self, path: Path):
         from engines import _lazy_format as fmt
 
-        header, remainder, buffers = fmt.read(path, self.options.readers, direct=self.options.direct_io)
+        ahead = self.prefetch.pop(str(path), None)
+        if ahead is not None:  # read ahead while an earlier file was loaded: wait for what is left of it
+            header, buffers, reads = ahead
+            for r in reads:
+                r.wait()
+            fmt.check_parts(path, header)
+        else:
+            header = fmt.read_header(path)
+            fmt.check_parts(path, header)
+            buffers = [fmt.aligned_empty(p["bytes"]) for p in header["parts"]]
+            reads = self._submit(path, header, buffers, range(len(buffers)))
+            self._read_ahead(path)
+            for r in reads:
+                r.wait()
+        remainder = (path / header["remainder"]).read_bytes()
         self.load_stats["read_bytes"] += sum(b.numel() for b in buffers) + len(remainder)
         return header, remainder, buffers
 
-    def _broadcast_read(self, path: Path):
-        """A replicated file, read once by the data-parallel group: replica 0 reads its header and remainder, replica
-        k % dp its part k; every byte reaches the others by broadcast (gloo here, NCCL's on GPUs where the group is
-        one), through DeepSpeed's comm (the anatomy counts its collectives as wait). A replica that cannot read its
-        share fails every replica with its reason, none waits for it."""
+    def _submit(self, path: Path, header: dict, buffers: list, parts) -> list:
+        from engines import _lazy_format as fmt
+
+        return [fmt.Reads(path / header["parts"][k]["file"], buffers[k], self.readers, self.options.direct_io)
+                for k in parts]
+
+    def _own_zero_file(self, tag_dir: Path) -> Path | None:
+        """This rank's own ZeRO file of the tag, named by DeepSpeed's own function (the one its load reads)."""
+        engine = self.ds_engine
+        try:
+            if engine is None or not engine.zero_optimization() or engine.zero_elastic_checkpoint():
+                return None
+            return Path(engine._get_zero_ckpt_name(str(tag_dir.parent), tag_dir.name))
+        except (AttributeError, TypeError, ValueError):
+            return None
+
+    def _ahead_bytes(self, path: Path) -> tuple[Path | None, dict | None]:
+        """The file _read_ahead would read ahead while `path` loads, and its header (None: nothing to read ahead)."""
+        from engines import _lazy_format as fmt
+
+        tag_dir = path.parent
+        if tag_dir in self.prefetch_tags:
+            return None, None
+        own = self._own_zero_file(tag_dir)
+        if own is None or own == path or not fmt.is_lazy(own):
+            return None, None
+        try:
+            header = fmt.read_header(own)
+            fmt.check_parts(own, header)
+        except (OSError, ValueError):
+            return None, None  # its own load will say what is wrong with it
+        return own, header
+
+    def _read_ahead(self, path: Path) -> None:
+        """Once per tag, once the first file's own requests are queued (and a broadcast of it done): this rank's own
+        ZeRO file, queued behind them, so the storage stays busy while DeepSpeed deserializes the first file and
+        copies it into the model."""
+        from engines import _lazy_format as fmt
+
+        own, header = self._ahead_bytes(path)
+        self.prefetch_tags.add(path.parent)
+        if own is None:
+            return
+        buffers = [fmt.aligned_empty(p["bytes"]) for p in header["parts"]]
+        self.prefetch[str(own)] = (header, buffers, self._submit(own, header, buffers, range(len(buffers))))
+        self.load_stats["prefetched_bytes"] += sum(b.numel() for b in buffers)
+
+    def _replicated_read(self, path: Path):
+        """A replicated file: replica 0 reads its header and remainder and tells the others with them; then
+        broadcast_load's way: every replica reads it all (false), the broadcast (true), or (auto) every replica first
+        reads its own share, which both ways read, the group measures the storage (that read) and the broadcast, and
+        every replica takes the way replicated_way() gives on the same figures. The rank's own ZeRO file is queued
+        behind this file's reads. A replica that cannot read fails every replica with its reason."""
         import deepspeed.comm as dist
-        import torch
 
         from engines import _lazy_format as fmt
 
-        group, size = self.dp_group, self.dp_size
+        group, choice = self.dp_group, self.options.broadcast_load
         small: list = [None, None, None]  # header, remainder, error
         if self.dp_rank == 0:
             try:
                 header = fmt.read_header(path)
                 fmt.check_parts(path, header)
-                small = [header, (path / header["remainder"]).read_bytes(), None]
+                small[:2] = header, (path / header["remainder"]).read_bytes()
             except (OSError, ValueError) as exc:
-                small = [None, None, f"{type(exc).__name__}: {exc}"]
+                small[2] = f"{type(exc).__name__}: {exc}"
         dist.broadcast_object_list(small, src=dist.get_global_rank(group, 0), group=group)
         header, remainder, error = small
         if error:
             raise OSError(f"{path}: data-parallel replica 0 could not read it for the group: {error}")
-        buffers = [fmt.aligned_empty(p["bytes"]) for p in header["parts"]]
-        mine = [k for k in range(len(buffers)) if k % size == self.dp_rank]
+        start = time.perf_counter()
+        if choice == "false":
+            decision, out = {"way": "read", "why": "broadcast_load=false"}, self._read(path)
+        else:
+            buffers = [fmt.aligned_empty(p["bytes"]) for p in header["parts"]]
+            mine = [k for k in range(len(buffers)) if k % self.dp_size == self.dp_rank]
+            reader_mib_s = self._read_share(path, header, buffers, mine)
+            if choice == "true":
+                decision = {"way": "broadcast", "why": "broadcast_load=true"}
+            else:
+                decision = self._decide(sum(p["bytes"] for p in header["parts"]), reader_mib_s)
+            if decision["way"] == "broadcast":
+                # the rank's own ZeRO file is read after the broadcast, not beside it: beside reads in flight a
+                # small dp=2 broadcast over gloo took 0.95 s where alone it took 0.10 (2026-11-27, 2 cores)
+                self._broadcast_parts(header, remainder, buffers, mine)
+                self._read_ahead(path)
+            else:  # the other shares first, then the rank's own ZeRO file behind them
+                reads = self._submit(path, header, buffers, [k for k in range(len(buffers)) if k not in mine])
+                self._read_ahead(path)
+                for r in reads:
+                    r.wait()
+                self.load_stats["read_bytes"] += sum(b.numel() for b in buffers)
+                self.load_stats["read_bytes" if self.dp_rank == 0 else "broadcast_bytes"] += len(remainder)
+            out = header, remainder, buffers
+        self.load_stats.setdefault("replicated", []).append(
+            {"file": path.name, **decision, "seconds": round(time.perf_counter() - start, 6)})
+        return out
+
+    def _read_share(self, path: Path, header: dict, buffers: list, mine: list[int]) -> float | None:
+        """This replica's parts of a replicated file; returns the slowest replica's read bandwidth of its share
+        (MiB/s; all-reduced: every replica gets the same), None where a share is too small to time (under 1 MiB). A
+        replica that could not read fails every replica."""
+        import torch
+
+        started = time.perf_counter()
         failed = None
         try:
-            with ThreadPoolExecutor(self.options.readers) as pool:
-                for k in mine:
-                    fmt.read_into(path / header["parts"][k]["file"], buffers[k], pool, direct=self.options.direct_io)
+            reads = self._submit(path, header, buffers, mine)
+            for r in reads:
+                r.wait()
         except OSError as exc:
             failed = exc
-        ok = torch.tensor([0 if failed else 1], dtype=torch.int32)
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
+        seconds = time.perf_counter() - started
+        share = sum(buffers[k].numel() for k in mine)
+        rate = share / MIB / seconds if share >= MIB and seconds > 0 else -1.0
+        figures = torch.tensor([0.0 if failed else 1.0, rate], dtype=torch.float64)
+        _all_reduce(figures, "min", self.dp_group)
         if failed:
             raise failed
-        if not ok.item():
+        if not figures[0].item():
             raise OSError(f"{path}: another data-parallel replica could not read its part of it (its own error "
                           "is in its log)")
+        return figures[1].item() if figures[1].item() > 0 else None
+
+    def _decide(self, file_bytes: int, reader_mib_s: float | None) -> dict:
+        """broadcast_load=auto, once this replica's share is read: the group's broadcast bandwidth measured now, the
+        storage's read bandwidth per reader as the group's own share reads just gave it (the run's probe where a share
+        was too small to time), and replicated_way() on those figures, the same on every replica."""
+        source = "the group's own share reads just now"
+        if reader_mib_s is None:
+            reader_mib_s, source = self.read_mib_s_per_reader, "the run's storage probe (the shares were too small)"
+        if reader_mib_s:
+            self._measure_broadcast(file_bytes)
+        decision = replicated_way(file_bytes, self.dp_size, self.broadcast_mib_s, reader_mib_s)
+        if reader_mib_s:
+            decision["read_mib_s_from"] = source
+            decision["why"] += f"; the storage's figure from {source}"
+        return decision
+
+    def _measure_broadcast(self, file_bytes: int) -> None:
+        """The broadcast's bandwidth over the data-parallel group (MiB/s to every other replica), once per restart:
+        one timed broadcast of a share's size (at least 1 MiB, at most BROADCAST_PROBE_BYTES) after a barrier, its
+        slowest replica's seconds (all-reduced, so every replica has the same figure)."""
+        import deepspeed.comm as dist
+        import torch
+
+        if self.broadcast_mib_s is not None:
+            return
+        group = self.dp_group
+        nbytes = max(MIB, min(BROADCAST_PROBE_BYTES, file_bytes // self.dp_size))
+        buf = torch.zeros(nbytes, dtype=torch.uint8)
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        self._group_broadcast(buf, dist.get_global_rank(group, 0))
+        seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        _all_reduce(seconds, "max", group)
+        self.broadcast_mib_s = nbytes / MIB / max(float(seconds.item()), 1e-9)
+
+    def _group_broadcast(self, buf, src: int) -> None:
+        """A host buffer broadcast over the data-parallel group: directly where its backend takes host tensors
+        (gloo), through a device buffer a request's worth at a time where it does not (NCCL)."""
+        import deepspeed.comm as dist
+        import torch
+        import torch.distributed as tdist
+
+        group = self.dp_group
+        if tdist.get_backend(group) != "nccl":
+            dist.broadcast(buf, src=src, group=group)
+            return
+        step = CEILING_REQUEST_BYTES
+        staging = torch.empty(min(step, buf.numel()), dtype=torch.uint8, device=torch.cuda.current_device())
+        mine = tdist.get_rank() == src
+        for a in range(0, buf.numel(), step):
+            n = min(step, buf.numel() - a)
+            if mine:
+                staging[:n].copy_(buf[a:a + n])
+            dist.broadcast(staging[:n], src=src, group=group)
+            if not mine:
+                buf[a:a + n].copy_(staging[:n])
+
+    def _broadcast_parts(self, header: dict, remainder: bytes, buffers: list, mine: list[int]) -> None:
+        """The broadcast way, once every replica has read its share (part k by replica k % dp): every part reaches
+        the other replicas by broadcast (gloo here, NCCL's through the device on GPUs), through DeepSpeed's comm
+        (the anatomy counts its collectives as wait)."""
+        import deepspeed.comm as dist
+
+        group, size = self.dp_group, self.dp_size
         for k, buf in enumerate(buffers):
-            dist.broadcast(buf, src=dist.get_global_rank(group, k % size), group=group)
+            self._group_broadcast(buf, dist.get_global_rank(group, k % size))
         read = sum(buffers[k].numel() for k in mine) + (len(remainder) if self.dp_rank == 0 else 0)
         self.load_stats["read_bytes"] += read
         self.load_stats["broadcast_bytes"] += sum(b.numel() for b in buffers) + len(remainder) - read
         self.load_stats["broadcast_loads"] += 1
-        return header, remainder, buffers
 
     def preserves_storage_sharing(self):
         return False  # each view's own elements are copied: no defensive clone needed
 
     def is_data_parallel_writer(self, dp_rank):
         return dp_rank == 0 or (self.options.balance and self.dp_size > 1)
+
+
+def _per_reader(storage: dict | None) -> float | None:
+    """The storage's read bandwidth per reader (MiB/s): the probe's ceiling read (else its baseline read) over its
+    concurrent readers; None without a probe."""
+    if not storage or storage.get("error"):
+        return None
+    read = (storage.get("ceiling") or {}).get("read_mib_s") or storage.get("read_mib_s")
+    ranks = storage.get("ranks") or 1
+    return read / ranks if read else None
+
+
+def _all_reduce(tensor, op: str, group) -> None:
+    """An all-reduce over the group, on the device where the group's backend wants one (NCCL)."""
+    import deepspeed.comm as dist
+    import torch
+    import torch.distributed as tdist
+
+    reduce_op = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN
+    if tdist.get_backend(group) == "nccl":
+        on_device = tensor.to(torch.cuda.current_device())
+        dist.all_reduce(on_device, op=reduce_op, group=group)
+        tensor.copy_(on_device.cpu())
+    else:
+        dist.all_reduce(tensor, op=reduce_op, group=group)
 
 
 def _data_parallel(ds_engine) -> tuple[int, int]:

@@ -43,6 +43,16 @@ def test_baseline_measures_and_caches(tool, tmp_path, monkeypatch):
     assert (meta["ranks"], meta["files_per_rank"]) == (2, 500), meta
     assert all(meta[f"{step}_per_s"] > 100 for step in ("create", "stat", "open", "remove")), meta
     assert "metadata      create" in proc.stdout
+    # the ceiling: the same files with O_DIRECT, engine=lazy's requests (capped at the file) and queue depth
+    ceiling = record["ceiling"]
+    direct = ceiling["direct"]
+    assert (direct["o_direct"], direct["refused"], direct["request_bytes"], direct["queue_depth"]) == (
+        True, None, 4 << 20, baseline.CEILING_QUEUE_DEPTH), direct
+    assert direct["write"]["bytes"] == direct["read"]["bytes"] == 8 << 20 and direct["spread"]["repeats"] == 3
+    for way in ("write", "read"):
+        assert ceiling[f"{way}_mib_s"] == max(direct[f"{way}_mib_s"], record[f"{way}_mib_s"])
+        assert ceiling[f"{way}_from"] == ("direct" if direct[f"{way}_mib_s"] >= record[f"{way}_mib_s"] else "baseline")
+    assert "ceiling_write_mib_s" in proc.stdout and "ceiling_read_mib_s" in proc.stdout
     assert list(target.iterdir()) == []  # the probe's files are gone
     monkeypatch.setenv("RH_CACHE_DIR", str(cache))
     assert baseline.cached(FileSystemTarget(str(target)).storage_probe(), 4 << 20, 2)["measured_at"] == record["measured_at"]
@@ -58,6 +68,28 @@ def test_automatic_probe_is_bounded_and_cached(tmp_path, monkeypatch):
     again = baseline.for_run(FileSystemTarget(str(tmp_path / "ckpt")).storage_probe(), 50_000, 2)
     assert first["cached"] is False and again["cached"] is True
     assert again["write_mib_s"] == first["write_mib_s"] and again["measured_at"] == first["measured_at"]
+    assert again["ceiling"] == first["ceiling"] and first["ceiling"]["write_mib_s"] > 0
+    # an entry cached before the ceiling existed is measured again, not used without one
+    path = next((tmp_path / "cache").rglob("*.json"))
+    old = json.loads(path.read_text())
+    del old["ceiling"]
+    path.write_text(json.dumps(old))
+    assert baseline.for_run(FileSystemTarget(str(tmp_path / "ckpt")).storage_probe(), 50_000, 2)["cached"] is False
+
+
+def test_the_ceiling_is_the_better_probe_per_direction_with_its_spread():
+    def probe(write, read):
+        return {"write": {"mib_s": write}, "read": {"mib_s": read}, "method": "m", "request_bytes": 1,
+                "queue_depth": 4, "o_direct": True, "refused": None}
+
+    record = {"write_mib_s": 300.0, "read_mib_s": 1500.0,
+              "spread": {"repeats": 3, "write_mib_s": [250.0, 350.0], "read_mib_s": [1400.0, 1600.0]}}
+    c = baseline.ceiling(record, [probe(900.0, 1000.0), probe(1200.0, 1100.0), probe(1000.0, 900.0)])
+    assert (c["write_mib_s"], c["write_from"], c["spread"]["write_mib_s"]) == (1000.0, "direct", [900.0, 1200.0])
+    # buffered reads beat the direct probe here: the baseline is the ceiling, with the baseline's spread
+    assert (c["read_mib_s"], c["read_from"], c["spread"]["read_mib_s"]) == (1500.0, "baseline", [1400.0, 1600.0])
+    assert c["direct"]["read_mib_s"] == 1000.0 and c["spread"]["repeats"] == 3
+    assert baseline.ceiling(record, []) is None  # object storage: no ceiling, no number
 
 
 @pytest.mark.parametrize("args, named", [

@@ -256,8 +256,12 @@ def test_runs_record_baseline_and_efficiency(harness):
     durable = summary["checkpoint"]["throughput_mib_s"]["durable"]
     assert eff["save"] == pytest.approx(durable / base["write_mib_s"], rel=1e-3)
     assert eff["load"] == pytest.approx(summary["restart"]["load_throughput_mib_s"] / base["read_mib_s"], rel=1e-3)
+    ceiling = base["ceiling"]  # and against the storage's ceiling, measured with it
+    assert eff["save_of_ceiling"] == pytest.approx(durable / ceiling["write_mib_s"], rel=1e-3)
+    assert eff["load_of_ceiling"] == pytest.approx(summary["restart"]["load_throughput_mib_s"]
+                                                   / ceiling["read_mib_s"], rel=1e-3)
     off = load_summary(harness.run("tp2-pp2"))  # baseline=false
-    assert off["baseline"] is None and off["checkpoint"]["efficiency"] == {"save": None, "load": None}
+    assert off["baseline"] is None and set(off["checkpoint"]["efficiency"].values()) == {None}
     assert not (harness.run("tp2-pp2") / "baseline.json").exists()
 
 

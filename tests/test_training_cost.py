@@ -1,6 +1,6 @@
 """What a save costs training (restart_harness/results/training_cost.py), on timelines written out by hand: the
-window from the end of the save's step to the next save, less the baseline steps it holds; its parts; no number
-without a baseline. The same figures on real runs: tests/test_runs.py (every case) and benchmarks/compare_engines.py."""
+window from the save's start to the next save's, less the baseline steps it holds; windows that never overlap and
+leave the harness's verification digest out; its parts; no number without a baseline. The same figures on real runs: tests/test_runs.py (every case) and benchmarks/compare_engines.py."""
 
 from __future__ import annotations
 
@@ -29,12 +29,13 @@ def test_a_synchronous_save_costs_its_window_less_the_baseline_steps():
     run = training_cost.per_save(record, saves)
     assert run["baseline_step"] == {"seconds": 1.0, "steps": 3, "mad_seconds": 0.0}
     first, last = saves[0]["training_lost"], saves[1]["training_lost"]
-    # 3.0 -> 5.61 holds steps 3 and 4: 2.61 - 2 x 1.0; the durable part and the polls are the 0.11 beyond blocking
-    assert first["seconds"] == pytest.approx(0.61) and first["steps_in_window"] == 2
-    assert first["other_seconds"] == pytest.approx(0.11) and first["overlapped_extra_seconds"] == 0
-    # the last save: to the end of its blocking part (5.61 + 0.5); its commit 0.09 s later is after training
-    assert last["seconds"] == pytest.approx(0.51) and last["after_training_wait_seconds"] == pytest.approx(0.09)
-    assert run["total_seconds"] == pytest.approx(1.12) and run["per_save_seconds_median"] == pytest.approx(0.56)
+    # 3.01 -> 5.61 holds steps 3 and 4: 2.6 - 2 x 1.0; the durable part and the polls are the 0.1 beyond blocking
+    assert first["seconds"] == pytest.approx(0.6) and first["steps_in_window"] == 2
+    assert first["other_seconds"] == pytest.approx(0.1) and first["overlapped_extra_seconds"] == 0
+    # the last save: from its start to the end of its blocking part (5.61 + 0.5); its commit 0.09 s later is after
+    # training
+    assert last["seconds"] == pytest.approx(0.5) and last["after_training_wait_seconds"] == pytest.approx(0.09)
+    assert run["total_seconds"] == pytest.approx(1.1) and run["per_save_seconds_median"] == pytest.approx(0.55)
 
 
 def test_an_asynchronous_save_is_charged_for_the_steps_its_flush_slowed():
@@ -47,8 +48,27 @@ def test_an_asynchronous_save_is_charged_for_the_steps_its_flush_slowed():
     assert first["seconds"] == pytest.approx(0.7)  # 5.7 - 3.0 - 2 x 1.0
     assert (first["blocking_seconds"], first["overlapped_steps"]) == (0.1, 1)
     assert first["overlapped_extra_seconds"] == pytest.approx(0.5) and first["other_seconds"] == pytest.approx(0.1)
-    last = saves[1]["training_lost"]  # 5.6 -> 7.3 holds step 5: 1.7 - 1.0
-    assert last["seconds"] == pytest.approx(0.7) and last["overlapped_extra_seconds"] == pytest.approx(0.5)
+    # 5.7 -> 7.3 holds step 5: 1.6 - 1.0; the 0.1 s the first save's flush was waited for before it is the first's
+    last = saves[1]["training_lost"]
+    assert last["seconds"] == pytest.approx(0.6) and last["overlapped_extra_seconds"] == pytest.approx(0.5)
+    assert last["other_seconds"] == pytest.approx(0.0)
+
+
+def test_windows_never_overlap_and_leave_the_verification_digest_out():
+    """Every moment after the first save's start is in one save's window at most: the saves' losses add up to the
+    phase's wall time less its steps at the baseline and the harness's digests (0.3 s before each save here)."""
+    record = {0: [step(1, 2.0, 2.0), step(2, 1.0, 3.0), {"event": "digest", "tag": "s2", "seconds": 0.3},
+                  save("s2", 3.3, 6.1), step(3, 1.5, 4.9, in_flight=True), step(4, 1.0, 5.9),
+                  {"event": "digest", "tag": "s4", "seconds": 0.3}, save("s4", 6.4, 7.9),
+                  step(5, 1.5, 8.0, in_flight=True), step(6, 1.0, 9.0)]}
+    saves = [entry("s2", 2, 0.1), entry("s4", 4, 0.1)]
+    run = training_cost.per_save(record, saves)
+    first, last = saves[0]["training_lost"], saves[1]["training_lost"]
+    # s2: 3.3 -> 6.1 (s4's digest starts at 6.4 - 0.3; s2's flush was waited for 5.9 -> 6.1): 2.8 - 2 x 1.0
+    assert first["seconds"] == pytest.approx(0.8) and first["digest_seconds"] == pytest.approx(0.3)
+    assert last["seconds"] == pytest.approx(2.6 - 2 * 1.0)  # 6.4 -> 9.0 holds steps 5 and 6
+    span = 9.0 - 3.3 - 0.3  # the first save's start to the end, less the second save's digest
+    assert run["total_seconds"] == pytest.approx(span - 4 * 1.0)
 
 
 def test_no_number_without_a_step_free_of_saves():

@@ -8,6 +8,12 @@ seconds, in MiB/s: the MLPerf Storage definition the summary's checkpoint throug
 probed is its target's StorageProbe (restart_harness/targets/: fio or a built-in probe on a file system, PUT and GET
 with the engines' own client on object storage); this module times, caches and renders.
 
+The ceiling: the same files written and read again the way the storage does best, where the target has such a way
+(a file system: O_DIRECT, CEILING_REQUEST_BYTES requests, CEILING_QUEUE_DEPTH of them in flight a rank, fsync at
+the end; the shape engine=lazy's writers and readers use). Interleaved with the baseline's probes; per direction the
+ceiling is the better of the two medians (a storage whose buffered path is faster has that as its limit), and the
+record says which (`write_from`, `read_from`) with that probe's spread. Every efficiency is shown against both.
+
 Results are cached per storage (the probe's key: host and file system, or endpoint and bucket), file size and rank
 count under the user cache directory (files/cache_dir.py: <cache>/baseline/), written atomically with the time and
 method. This module imports nothing above files/: a probe is passed in.
@@ -35,6 +41,9 @@ AUTO_MAX_TOTAL_BYTES = 128 * MIB
 AUTO_MAX_RANKS = 8
 AUTO_MAX_FREE_FRACTION = 0.1
 DEFAULT_FILE_BYTES = 64 * MIB
+# the ceiling's shape: engine=lazy's request (write_chunk_mib, its reader's chunk) and its writers and readers a rank
+CEILING_REQUEST_BYTES = 16 * MIB
+CEILING_QUEUE_DEPTH = 4
 
 
 def cache_root() -> Path:
@@ -106,16 +115,52 @@ def scratch_name() -> str:
     return f".rh-baseline-{socket.gethostname()}-{os.getpid()}-{int(time.time() * 1000)}"
 
 
-def measure(probe, file_bytes: int, ranks: int, tool: str = "auto", repeats: int | None = None) -> dict:
-    """Probe the storage now, `repeats` times (probe.measure()); the record holds the median write and read
-    throughput and their spread (min, max over the repeats), is cached and returned. A small probe on a shared or
-    virtual disk moves run to run: the spread says how far the baseline, and every efficiency derived from it, can
-    be trusted."""
-    started = time.perf_counter()
-    probes = [probe.measure(file_bytes, ranks, tool) for _ in range(repeats or PROBE_REPEATS)]
+def _medians(probes: list[dict]) -> tuple[dict, dict, dict]:
+    """The median probe's write and read, and the spread over the probes."""
     writes = sorted(probes, key=lambda p: p["write"]["mib_s"])
     reads = sorted(probes, key=lambda p: p["read"]["mib_s"])
-    write, read = writes[len(writes) // 2]["write"], reads[len(reads) // 2]["read"]  # the median probe's
+    spread = {"repeats": len(probes), "write_mib_s": [writes[0]["write"]["mib_s"], writes[-1]["write"]["mib_s"]],
+              "read_mib_s": [reads[0]["read"]["mib_s"], reads[-1]["read"]["mib_s"]]}
+    return writes[len(writes) // 2]["write"], reads[len(reads) // 2]["read"], spread
+
+
+def ceiling(record: dict, direct_probes: list[dict]) -> dict | None:
+    """The storage's limit as far as it was measured: per direction the better of the baseline's median and the
+    direct probes' median, with where it came from and that probe's spread; None where the storage has no other way
+    to be written than the baseline's (object storage: the baseline is the engines' own client)."""
+    if not direct_probes:
+        return None
+    write, read, spread = _medians(direct_probes)
+    last = direct_probes[-1]
+    direct = {"write_mib_s": write["mib_s"], "read_mib_s": read["mib_s"], "write": write, "read": read,
+              "spread": spread, **{k: last.get(k) for k in ("method", "request_bytes", "queue_depth", "o_direct",
+                                                             "refused", "write_means", "read_means")},
+              "read_cache_observed": (last.get("read_cache") or {}).get("observed")}
+    out: dict = {"spread": {"repeats": spread["repeats"]}}
+    for way in ("write", "read"):
+        base, best = record[f"{way}_mib_s"], direct[f"{way}_mib_s"]
+        mine = best is not None and (base is None or best >= base)
+        out[f"{way}_mib_s"] = best if mine else base
+        out[f"{way}_from"] = "direct" if mine else "baseline"
+        out["spread"][f"{way}_mib_s"] = (spread if mine else record["spread"])[f"{way}_mib_s"]
+    out["direct"] = direct
+    return out
+
+
+def measure(probe, file_bytes: int, ranks: int, tool: str = "auto", repeats: int | None = None) -> dict:
+    """Probe the storage now, `repeats` times (probe.measure(), then probe.measure_ceiling(): interleaved, so the
+    disk's drift reaches both alike); the record holds the median write and read throughput and their spread (min,
+    max over the repeats), and the ceiling (ceiling()), is cached and returned. A small probe on a shared or virtual
+    disk moves run to run: the spread says how far the baseline, and every efficiency derived from it, can be
+    trusted."""
+    started = time.perf_counter()
+    probes, directs = [], []
+    for _ in range(repeats or PROBE_REPEATS):
+        probes.append(probe.measure(file_bytes, ranks, tool))
+        direct = probe.measure_ceiling(file_bytes, ranks, tool)
+        if direct is not None:
+            directs.append(direct)
+    write, read, spread = _medians(probes)
     facts = {k: v for k, v in probes[-1].items() if k not in ("write", "read", "metadata")}
     metas = [p["metadata"] for p in probes if p.get("metadata")]
     if metas:  # each rate the median over the probes (caches written before 2026-11-26 have none)
@@ -124,10 +169,10 @@ def measure(probe, file_bytes: int, ranks: int, tool: str = "auto", repeats: int
     record = {
         "write_mib_s": write["mib_s"], "read_mib_s": read["mib_s"], **facts, "file_bytes": file_bytes, "ranks": ranks,
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "probe_seconds": round(time.perf_counter() - started, 3), "write": write, "read": read,
-        "spread": {"repeats": len(probes), "write_mib_s": [writes[0]["write"]["mib_s"], writes[-1]["write"]["mib_s"]],
-                   "read_mib_s": [reads[0]["read"]["mib_s"], reads[-1]["read"]["mib_s"]]},
+        "write": write, "read": read, "spread": spread,
     }
+    record["ceiling"] = ceiling(record, directs)
+    record["probe_seconds"] = round(time.perf_counter() - started, 3)
     path = cache_path(probe, file_bytes, ranks)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, record)
@@ -158,7 +203,7 @@ def summary_record(record: dict | None, cached_flag: bool) -> dict | None:
     """The summary.json `baseline` object: the measurement, and how old it was when the run used it."""
     if record is None:
         return None
-    keys = ("write_mib_s", "read_mib_s", "method", "file_bytes", "ranks", "dir", "measured_at", "spread")
+    keys = ("write_mib_s", "read_mib_s", "method", "file_bytes", "ranks", "dir", "measured_at", "spread", "ceiling")
     out = {k: record.get(k) for k in keys}
     out["cached"] = cached_flag
     age = age_seconds(record)
@@ -183,7 +228,8 @@ def for_run(probe, typical_file_bytes: int, ranks: int, max_age_seconds: float |
     file_bytes, ranks = size
     hit = cached(probe, file_bytes, ranks)
     fresh = hit and (max_age_seconds is None or (age_seconds(hit) or float("inf")) <= max_age_seconds)
-    if fresh and hit.get("file_bytes") == file_bytes and hit.get("ranks") == ranks:
+    # an entry cached before the ceiling was probed (2026-11-27) is measured again
+    if fresh and hit.get("file_bytes") == file_bytes and hit.get("ranks") == ranks and "ceiling" in hit:
         return summary_record(hit, True)
     try:
         return summary_record(measure(probe, file_bytes, ranks), False)
@@ -209,6 +255,7 @@ def render(record: dict, cached_at: Path) -> str:
         (f"  read_mib_s    {record['read_mib_s']}  ({record['read_means']}; {_spread(record, 'read_mib_s')}; page cache "
          f"before the read: {cache['observed']}" + (f", {cache['error']}" if cache.get("error") else "") + ")"),
         *([f"  metadata      {_metadata_line(record['metadata'])}"] if record.get("metadata") else []),
+        *_ceiling_lines(record.get("ceiling")),
         f"  measured_at   {record['measured_at']}; cached in {cached_at}",
     ])
 
@@ -217,3 +264,19 @@ def _metadata_line(m: dict) -> str:
     return (f"create {m['create_per_s']:,.0f}, stat {m['stat_per_s']:,.0f}, open {m['open_per_s']:,.0f}, remove "
             f"{m['remove_per_s']:,.0f} operations/s ({m['ranks']} ranks x {m['files_per_rank']} files, mdtest's shape; "
             "median of the probes)")
+
+
+def _ceiling_lines(c: dict | None) -> list[str]:
+    """The ceiling's two lines (and how the direct probe was made) for the `baseline` command."""
+    if not c:
+        return []
+    d = c["direct"]
+    how = (f"{d['method']}, {'O_DIRECT' if d['o_direct'] else 'buffered (' + str(d['refused']) + ')'}, "
+           f"{d['request_bytes'] // MIB} MiB requests, {d['queue_depth']} in flight a rank")
+    out = []
+    for way in ("write", "read"):
+        src = "the direct probe" if c[f"{way}_from"] == "direct" else "the baseline, faster than the direct probe"
+        lo, hi = c["spread"][f"{way}_mib_s"]
+        out.append(f"  ceiling_{way}_mib_s  {c[f'{way}_mib_s']}  ({src}; median of {c['spread']['repeats']}, {lo}-{hi};"
+                   f" direct probe {d[f'{way}_mib_s']})")
+    return [*out, f"  ceiling_method  {how}"]

@@ -53,5 +53,7 @@ def baseline_line(b: dict) -> str:
     system and user, so it may be another checkout's or another run's folder on the same storage)."""
     age = (f"(cached: measured {b['age_seconds'] / 3600:.1f} h ago in {b.get('dir')}, on the same file system) "
            if b["cached"] and b.get("age_seconds") is not None else "")
+    c = b.get("ceiling")
+    ceiling = f"; ceiling write {c['write_mib_s']} MiB/s, read {c['read_mib_s']} MiB/s" if c else ""
     return (f"storage {age}write {b['write_mib_s']} MiB/s, read {b['read_mib_s']} MiB/s "
-            f"({b['method']}, {b['ranks']} x {b['file_bytes']} bytes)")
+            f"({b['method']}, {b['ranks']} x {b['file_bytes']} bytes){ceiling}")

@@ -240,10 +240,22 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
 
 
 def _engine_load_statistics(record: dict[int, list[dict]]) -> dict | None:
-    """The engines' own accounts of the restart's load (CheckpointIO.load_statistics), summed over ranks."""
-    stats = [e["engine_statistics"] for evs in record.values() for e in evs
+    """The engines' own accounts of the restart's load (CheckpointIO.load_statistics): counts summed over ranks;
+    anything else (engine=lazy's `replicated`: how each replicated file was loaded, which its data-parallel group
+    decided together) as the lowest rank recorded it."""
+    stats = [e["engine_statistics"] for _, evs in sorted(record.items()) for e in evs
              if e["event"] == "loaded" and e.get("engine_statistics")]
-    return {k: sum(s.get(k, 0) for s in stats) for k in stats[0]} if stats else None
+    if not stats:
+        return None
+    names = list(dict.fromkeys(k for s in stats for k in s))
+
+    def merged(k: str):
+        values = [s[k] for s in stats if k in s]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            return sum(values)
+        return values[0]
+
+    return {k: merged(k) for k in names}
 
 
 def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict | None,

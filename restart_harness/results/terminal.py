@@ -114,6 +114,8 @@ def render(summary: dict) -> str:
                                  + (f"; storage read {sr['throughput_mib_s']:,.1f} MiB/s ({sr['bytes'] / MIB:,.2f} MiB "
                                     f"read by all {count(rs['ranks'], 'rank')}, over the slowest one's "
                                     f"{sr['seconds']:.3f} s of reads: rank {sr['slowest_rank']})" if sr else "")))
+        for r in (rs.get("engine_load_statistics") or {}).get("replicated") or []:
+            rows.append(("replicated", f"{r['file']}: {r['way']} in {r['seconds']:.3f} s ({r['why']})"))
         lb = rs.get("load_breakdown")
         if lb:
             parts = "  ".join(f"{c} {lb[f'{c}_seconds']:.3f}" if lb[f"{c}_seconds"] is not None else f"{c} -"
@@ -138,11 +140,28 @@ def render(summary: dict) -> str:
         rows.append(("storage", f"baseline write {base['write_mib_s']:,.1f} / read {base['read_mib_s']:,.1f} MiB/s "
                                 f"({base['method']}{_when(base)}{spread}); efficiency save "
                                 f"{pct.get('save', '-')}, load {pct.get('load', '-')}"))
+        c = base.get("ceiling")
+        if c:
+            csp = c["spread"]
+            rows.append(("ceiling", f"write {c['write_mib_s']:,.1f} ({_ceiling_from(c, 'write')}, "
+                                    f"{csp['write_mib_s'][0]:,.0f}-{csp['write_mib_s'][1]:,.0f}) / read "
+                                    f"{c['read_mib_s']:,.1f} MiB/s ({_ceiling_from(c, 'read')}, "
+                                    f"{csp['read_mib_s'][0]:,.0f}-{csp['read_mib_s'][1]:,.0f}); efficiency save "
+                                    f"{pct.get('save_of_ceiling', '-')}, load {pct.get('load_of_ceiling', '-')}"))
     rows += _restart_rows(restarts)
     rows += _prediction_rows(summary.get("prediction"))
     rows += _terms(" ".join(v for _, v in rows))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _ceiling_from(c: dict, way: str) -> str:
+    """Where a direction's ceiling came from: the direct probe (its shape), or the baseline where that was faster."""
+    d = c["direct"]
+    if c[f"{way}_from"] == "baseline":
+        return f"the baseline: the direct probe gave {d[f'{way}_mib_s']:,.0f}"
+    io = "O_DIRECT" if d.get("o_direct") else "buffered"
+    return f"{io}, {d['request_bytes'] >> 20} MiB x {d['queue_depth']} a rank"
 
 
 # the words of this summary a newcomer would stop at, each said once at its end where the summary used it
@@ -155,6 +174,8 @@ TERMS = (
     ("storage delivered", "bytes the kernel read from the storage device for the ranks, not from the page cache"),
     ("major faults", "pages of mapped files (libraries) read from storage when first touched"),
     ("efficiency", "a save's durable throughput (a load's) over the storage baseline's write (read) throughput"),
+    ("ceiling", "the storage's best throughput in its probes: the baseline's, or a direct-I/O probe's at "
+                "engine=lazy's request size and queue depth where that was faster"),
     ("remainder", "a phase's seconds no cause names: samples of unnamed work, and time the sampler did not see"),
 )
 

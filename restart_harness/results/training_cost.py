@@ -1,12 +1,15 @@
 """What each save costs training: the wall time training lost to it, against the run's own steps with no save in
 flight (docs/measurements.md, "Training time lost per save").
 
-A save at step k costs training the wall time from the end of step k to the start of the next save (or, for the last
-save, to the end of the last step, or of its own blocking part if later), less the time the steps in that window would
-have taken without checkpointing: their count times the baseline step. The baseline is the median of the phase's steps
-that had no flush in flight, its first step (warm-up) left out. The window holds the save's blocking part, every step
-its background work overlapped, the wait for its flush before the next save and the commit's per-step polls, so an
-asynchronous engine is charged for what its flush slows down, not only for its blocking return.
+A save at step k costs training the wall time from its start (after step k) to the start of the next save (or, for the
+last save, to the end of the last step, or of its own blocking part if later), less the time the steps in that window
+would have taken without checkpointing: their count times the baseline step. The baseline is the median of the
+phase's steps that had no flush in flight, its first step (warm-up) left out. The window holds the save's blocking
+part, every step its background work overlapped, the wait for its flush before the next save and the commit's
+per-step polls, so an asynchronous engine is charged for what its flush slows down, not only for its blocking
+return. The windows do not overlap: the wait for a save's flush before the next save is in its own window only (until
+2026-11-27 each window began at the end of its step, so that wait was counted in two), and the harness's verification
+digest taken just before each save (`digest_seconds`) is in none: it is the harness's, not the engine's.
 
 A save's figure is within the noise when it is smaller than what the window's steps vary by themselves: 2 standard
 deviations of the sum of their deviations from the baseline, 3 x MAD x sqrt(steps in the window) (a MAD is about 0.67
@@ -62,6 +65,7 @@ def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict:
         return {"baseline_step": base, "saves": len(ordered), "per_save_seconds_median": None, "total_seconds": None,
                 "note": NO_BASELINE}
     end_of_step = {s["step"]: s["t"] for s in steps}
+    digests = {e["tag"]: e["seconds"] for e in ev.of_kind(record, "digest").get(0, [])}
     b = base["seconds"]
     lost = []
     for i, save in enumerate(ordered):
@@ -71,11 +75,11 @@ def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict:
         nxt = ordered[i + 1] if i + 1 < len(ordered) else None
         last_step = nxt["step"] if nxt else steps[-1]["step"]
         between = [s for s in steps if k < s["step"] <= last_step]
-        if nxt:
-            end = mine[nxt["tag"]]["start"]
+        if nxt:  # up to the next save's digest: its wait for this save's flush is this save's
+            end = mine[nxt["tag"]]["start"] - digests.get(nxt["tag"], 0.0)
         else:
             end = max(steps[-1]["t"], own["start"] + save["blocking_seconds"])
-        window = end - end_of_step[k]
+        window = end - own["start"]
         seconds = window - len(between) * b
         overlapped = sum(s["seconds"] - b for s in between if s.get("in_flight"))
         noise = NOISE_MADS * (base["mad_seconds"] or 0.0) * math.sqrt(max(1, len(between)))
@@ -89,6 +93,7 @@ def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict:
             "other_seconds": _r(seconds - save["blocking_seconds"] - overlapped),
             "window_seconds": _r(window),
             "steps_in_window": len(between),
+            "digest_seconds": _r(digests.get(save["tag"], 0.0)),
         }
         if not nxt:  # the flush of the last save, waited for once training had ended: the job's, not training's
             entry["after_training_wait_seconds"] = _r(max(0.0, own["t"] - end))

@@ -227,6 +227,12 @@ class StorageProbe(ABC):
         back cold; returns files/baseline.py's record (write, read, read_cache, method, tool, dir, filesystem,
         write_means, read_means)."""
 
+    def measure_ceiling(self, file_bytes: int, ranks: int, tool: str) -> dict | None:
+        """The same files written and read the way this storage does best (files/baseline.py: the ceiling), or None
+        where it has no way other than the baseline's; returns write, read, read_cache, method, request_bytes,
+        queue_depth, o_direct, refused (why O_DIRECT was not used, or None), write_means, read_means."""
+        return None
+
 
 @contextlib.contextmanager
 def as_path(path: str | Path) -> Iterator[str]:

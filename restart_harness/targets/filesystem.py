@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import socket
@@ -72,6 +73,34 @@ class FileSystemProbe(StorageProbe):
                 "dir": str(directory), "filesystem": filesystem(directory),
                 "block_bytes": min(baseline.BLOCK_BYTES, file_bytes),
                 "write_means": "sequential write + fsync", "read_means": "sequential read"}
+
+
+    def measure_ceiling(self, file_bytes: int, ranks: int, tool: str) -> dict:
+        """The ceiling's probe (files/baseline.py): each rank one file of file_bytes, written with O_DIRECT in
+        requests of CEILING_REQUEST_BYTES, CEILING_QUEUE_DEPTH in flight, fsync'd; then read back the same way. fio
+        (libaio, iodepth) or the built-in one (threads, each its own reused buffer). Where the file system refuses
+        O_DIRECT, the same shape buffered, and `refused` says why."""
+        directory = self._probe_dir()
+        directory.mkdir(parents=True, exist_ok=True)
+        if tool == "auto":
+            tool = "fio" if fio_available() else "builtin"
+        request, depth = min(baseline.CEILING_REQUEST_BYTES, file_bytes), baseline.CEILING_QUEUE_DEPTH
+        workdir = directory / baseline.scratch_name()
+        workdir.mkdir(parents=True)
+        try:
+            files = [workdir / f"rh.{i}" for i in range(ranks)]
+            if tool == "fio":
+                write, read, cache, refused = _fio_direct(workdir, files, file_bytes, request, depth)
+                method = f"{fio_version() or 'fio'} libaio"
+            else:
+                write, read, cache, refused = _builtin_direct(files, file_bytes, request, depth)
+                method = "builtin threads"
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        how = f"{'buffered' if refused else 'O_DIRECT'}, {request // MIB} MiB requests x {depth} in flight a rank"
+        return {"write": write, "read": read, "read_cache": cache, "method": method, "tool": tool,
+                "request_bytes": request, "queue_depth": depth, "o_direct": refused is None, "refused": refused,
+                "write_means": f"{how}, fsync at the end", "read_means": how}
 
 
 class FileSystemTarget(Target):
@@ -279,21 +308,105 @@ def _builtin(files: list[Path], file_bytes: int) -> tuple[dict, dict, dict]:
             cache)
 
 
-def _fio_run(workdir: Path, rw: str, file_bytes: int, ranks: int) -> dict:
-    """fio's psync engine, one job per rank; fallocate=none, because torch.save does not preallocate and fio's
-    default posix_fallocate made writes ~9x slower on ext4 here (unwritten extents converted at fsync)."""
+def _fio_run(workdir: Path, rw: str, file_bytes: int, ranks: int, options: tuple[str, ...] = ()) -> dict:
+    """fio's psync engine (or `options`' engine and shape), one job per rank; fallocate=none, because torch.save does
+    not preallocate and fio's default posix_fallocate made writes ~9x slower on ext4 here (unwritten extents converted
+    at fsync)."""
     cmd = ["fio", "--name=rh-baseline", f"--directory={workdir}", f"--rw={rw}",
            f"--bs={min(baseline.BLOCK_BYTES, file_bytes)}", f"--size={file_bytes}", f"--numjobs={ranks}",
-           "--ioengine=psync", "--fallocate=none", "--filename_format=rh.$jobnum", "--output-format=json"]
+           "--ioengine=psync", "--fallocate=none", "--filename_format=rh.$jobnum", "--output-format=json", *options]
     if rw == "write":
         cmd.append("--end_fsync=1")
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
-        raise OSError(f"fio {rw} exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
+        raise OSError(f"fio {rw} exited {proc.returncode}: {' '.join(proc.stderr.strip().splitlines()[-3:])}")
     jobs = json.loads(proc.stdout[proc.stdout.index("{"):])["jobs"]
     total = sum(j[rw]["io_bytes"] for j in jobs)
     slowest = max(j["job_runtime"] for j in jobs) / 1000.0  # ms; includes end_fsync for writes
     return {"bytes": total, "seconds": round(slowest, 6), "mib_s": round(total / MIB / slowest, 3) if slowest else None}
+
+
+def _fio_direct(workdir: Path, files: list[Path], file_bytes: int, request: int,
+                depth: int) -> tuple[dict, dict, dict, str | None]:
+    """The ceiling's fio jobs (later options override the baseline's): libaio, `depth` requests of `request` bytes in
+    flight a job, O_DIRECT; buffered where fio reports that the file system refuses it."""
+    shape = ("--ioengine=libaio", f"--iodepth={depth}", f"--bs={request}")
+    try:
+        write = _fio_run(workdir, "write", file_bytes, len(files), (*shape, "--direct=1"))
+        direct, refused = "--direct=1", None
+    except OSError as exc:
+        if "Invalid argument" not in str(exc) and "direct" not in str(exc):
+            raise
+        for f in workdir.iterdir():
+            f.unlink()
+        refused = f"O_DIRECT refused: {exc}"
+        direct = "--direct=0"
+        write = _fio_run(workdir, "write", file_bytes, len(files), (*shape, direct))
+    cache = _evict(files)
+    read = _fio_run(workdir, "read", file_bytes, len(files), (*shape, direct))
+    return write, read, cache, refused
+
+
+def _open_direct(path: Path, flags: int) -> tuple[int, str | None]:
+    """path opened with O_DIRECT, or without it where the file system answers EINVAL (and why)."""
+    try:
+        return os.open(path, flags | os.O_DIRECT, 0o644), None
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        return os.open(path, flags, 0o644), f"O_DIRECT refused: {exc.strerror} (EINVAL)"
+
+
+def _builtin_direct(files: list[Path], file_bytes: int, request: int,
+                    depth: int) -> tuple[dict, dict, dict, str | None]:
+    """Each rank `depth` threads, each with one page-aligned buffer of `request` bytes that it reuses (an anonymous
+    mapping: O_DIRECT's alignment), taking every depth-th request of its file: pwrite, then one fsync a file; evict;
+    preadv the same way. Requests are whole 4 KiB blocks; the last write's padding is cut off by ftruncate."""
+    padded = -(-file_bytes // 4096) * 4096
+    offsets = list(range(0, padded, request))
+    payload = os.urandom(request)  # random: no file system can compress it away
+    refusals: list[str] = []
+
+    def run(i: int, write: bool) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC if write else os.O_RDONLY
+        fd, why = _open_direct(files[i], flags)
+        if why:
+            refusals.append(why)
+
+        def stream(t: int) -> None:
+            buf = mmap.mmap(-1, request)
+            if write:
+                buf.write(payload)
+            view = memoryview(buf)
+            try:
+                for off in offsets[t::depth]:
+                    n = min(request, padded - off)
+                    done = 0
+                    while done < n:
+                        step = (os.pwrite(fd, view[done:n], off + done) if write
+                                else os.preadv(fd, [view[done:n]], off + done))
+                        if step <= 0:
+                            break  # the end of the file
+                        done += step
+            finally:
+                view.release()
+                buf.close()
+
+        try:
+            with ThreadPoolExecutor(max_workers=depth) as pool:
+                list(pool.map(stream, range(depth)))
+            if write:
+                if padded != file_bytes:
+                    os.ftruncate(fd, file_bytes)
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    total = file_bytes * len(files)
+    write_s = baseline.threads(len(files), lambda i: run(i, True))
+    cache = _evict(files)
+    read_s = baseline.threads(len(files), lambda i: run(i, False))
+    return baseline.phase(total, write_s), baseline.phase(total, read_s), cache, (refusals[0] if refusals else None)
 
 
 def _fio(workdir: Path, files: list[Path], file_bytes: int) -> tuple[dict, dict, dict]:

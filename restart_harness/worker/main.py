@@ -107,7 +107,8 @@ def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: Me
     if engine.saves:
         from engines.base import EngineContext
 
-        io = engine.open(EngineContext(spec, target, collective=stack.collective, **stack.engine_context()))
+        io = engine.open(EngineContext(spec, target, collective=stack.collective, storage=_storage(the_run),
+                                       **stack.engine_context()))
         manager = CheckpointManager(stack, engine, io, target, anatomy, log, memory)
     log.emit(Layout.of({**stack.layout(), "threads": _threads()}))
 
@@ -147,6 +148,18 @@ def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: Me
     log.mark("finished")
     if spec.trace:
         dftracer_compat.finish(stack.barrier)
+
+
+def _storage(the_run: resolve.Run) -> dict | None:
+    """The run's storage probe (baseline.json, written before the checkpoint phase), or None without one."""
+    import json
+
+    path = the_run.run_dir / "baseline.json"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return None if not isinstance(record, dict) or record.get("error") else record
 
 
 def _threads() -> int:

@@ -9,6 +9,7 @@ import textwrap
 
 from matplotlib.figure import Figure
 
+from analysis import crossover
 from analysis.table import (
     KINDS,
     LOAD_CATEGORIES,
@@ -620,4 +621,5 @@ def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | No
         **_pages("restart_io_by_source", restart_io(groups, phases)),
         "reshard_seconds": reshard_seconds(groups, phases),
         "prediction_seconds": prediction(groups),
+        **_pages("crossover_seconds", crossover.figures(groups)),
     }

@@ -222,3 +222,24 @@ def test_the_report_draws_the_crossover_and_the_runs(tmp_path):
     table = next(t for t in built["tables"] if t.title.startswith("Crossover"))
     assert len(table.rows) == len(built["groups"])
     assert all(row[-1] == "1/1" or row[-1] == "2/2" for row in table.rows)
+
+
+@pytest.mark.slow
+@pytest.mark.spine
+def test_a_real_run_records_its_crossover_and_its_side(tiny_dp2):
+    """The spine's run (tiny dp=2, launched for real): its summary carries the crossover it predicted before launch
+    and its own side of it, measured phase by phase."""
+    from restart_harness.results import prediction
+
+    made = json.loads((tiny_dp2 / prediction.FILE).read_text())["crossover"]
+    summary = json.loads((tiny_dp2 / "summary.json").read_text())
+    c = summary["prediction"]["crossover"]
+    assert c["status"] == made["status"] and c["crossover_checkpoint_bytes"] == made["crossover_checkpoint_bytes"]
+    assert made["run_checkpoint_bytes"] == pytest.approx(summary["checkpoint"]["bytes"], rel=0.01)  # planned vs on disk
+    restart = summary["restart"]
+    measured = {"restart_launch_seconds": restart["launch_seconds"],
+                **{f"restart_{k}_seconds": v for k, v in restart["phases"].items()}}
+    largest = max(measured, key=measured.get)
+    assert c["measured"] == {"checkpoint_bytes": summary["checkpoint"]["bytes"], "largest_phase": largest,
+                             "load_largest": largest == CROSSOVER_LOAD,
+                             "side_agrees": made["run_load_largest"] == (largest == CROSSOVER_LOAD)}

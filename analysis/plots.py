@@ -9,6 +9,7 @@ import textwrap
 
 from matplotlib.figure import Figure
 
+from analysis import crossover
 from analysis.table import (
     KINDS,
     LOAD_CATEGORIES,
@@ -693,4 +694,5 @@ def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | No
         **_pages("restart_causes_seconds", restart_causes(groups)),
         "reshard_seconds": reshard_seconds(groups, phases),
         "prediction_seconds": prediction(groups),
+        **_pages("crossover_seconds", crossover.figures(groups)),
     }

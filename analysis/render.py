@@ -7,6 +7,7 @@ import base64
 import html
 from dataclasses import dataclass
 
+from analysis import crossover
 from analysis.load import Run, Skipped, SweepFailure
 from analysis.table import (
     LOAD_CATEGORIES,
@@ -255,6 +256,21 @@ def prediction_table(groups: list[Group]) -> Table | None:
                  "median over the configuration's runs; durable save: the median of a run's saves; restart with "
                  "launcher: launch + process start to first step; error: (predicted - measured) / measured; every "
                  "phase is in runs.csv (predicted_*, measured_*, *_prediction_error_ratio); docs/prediction.md")
+
+
+def crossover_table(groups: list[Group]) -> Table | None:
+    """Where each configuration's family is predicted to have the load as its largest restart phase, and which side
+    its runs were on, predicted and measured (docs/prediction.md#the-crossover)."""
+    rows = crossover.rows(groups)
+    if not rows:
+        return None
+    return Table("Crossover: the checkpoint size from which the load is the largest restart phase",
+                 ["configuration", "checkpoint GiB", "crossover GiB (predicted)", "overtaking",
+                  "largest phase predicted", "largest phase measured", "side agrees"], rows,
+                 "crossover: the smallest checkpoint of the configuration's family (its model's size changed) at "
+                 "which the predicted checkpoint load exceeds every other restart phase, launch included, as its "
+                 "latest run predicted before launch; largest phase: at the run's own checkpoint size; side agrees: "
+                 "runs whose measured largest phase is the load exactly where the prediction said so")
 
 
 def runs_table(table: list[dict]) -> Table:

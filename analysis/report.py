@@ -76,6 +76,7 @@ def build(runs: list[ld.Run], skipped: list[ld.Skipped], failures: list[ld.Sweep
     tables += [t for t in (render.anatomy_table(groups), render.stragglers_table(groups), render.memory_table(groups),
                            render.io_table(groups),
                            render.reshard_table(groups), render.prediction_table(groups),
+                           render.crossover_table(groups),
                            render.nodes_table(runs)) if t]
     tables.append(render.runs_table(rows))
     tables += [t for t in (render.baseline_table(rows), render.problems_table(skipped, runs, failures)) if t]

@@ -195,7 +195,8 @@ def _predict(checked) -> int:
     plugins, options = checked
     store = forecast.storage(plugins, options.write_gbps, options.read_gbps, metadata_ops_s=options.metadata_ops_s,
                              env_metadata_ops_s=options.env_metadata_ops_s)
-    prediction = forecast.build(plugins, options.cpus_per_node or os.cpu_count() or 1, store)
+    prediction = forecast.build(plugins, options.cpus_per_node or os.cpu_count() or 1, store,
+                                crossover_range=(options.crossover_min_bytes, options.crossover_max_bytes))
     print(json.dumps(prediction, indent=1) if options.predict == "json" else forecast.render(prediction))
     return 0
 

@@ -68,6 +68,12 @@ PREDICTED_SAVE = ("save_blocking_seconds", "save_durable_seconds", "save_commit_
 PREDICTED_RESTART = ("restart_launch_seconds", *(f"restart_{p}_seconds" for p in PHASE_NAMES))
 PREDICTED_TOTAL = "restart_total_with_launch_seconds"
 PREDICTED_PHASES = (*PREDICTED_SAVE, *PREDICTED_RESTART, PREDICTED_TOTAL)
+# The crossover (predict/crossover.py, docs/prediction.md#the-crossover): prediction.crossover.crossover_checkpoint_bytes
+# is the checkpoint size from which CROSSOVER_LOAD is predicted larger than every other restart phase (launch included);
+# where there is none in the range, `status` says why
+CROSSOVER_LOAD = "restart_checkpoint_load_seconds"
+CROSSOVER_STATUSES = ("crosses", "already_largest", "never_largest", "not_predicted", "no_checkpoint")
+CROSSOVER_RANGE_BYTES = (1 << 20, 1 << 50)  # the checkpoint sizes looked at unless predict is given others: 1 MiB - 1 PiB
 # Memory high-water marks are recorded per phase: the restart's phases, then the steps after the first; for the
 # checkpoint phase the same start-up phases, then training (saves included).
 MEMORY_PHASES_RESTART = (*RESTART_PHASES, ("training", "first_step_done", "finished"))

@@ -8,6 +8,7 @@ from dataclasses import MISSING, dataclass
 
 from restart_harness.files import baseline
 from restart_harness.plan import mlperf
+from restart_harness.schema import CROSSOVER_RANGE_BYTES
 from restart_harness.spec.keys import Path, Size, key
 
 
@@ -46,6 +47,11 @@ class PredictOptions:
                                                  "(configs/restart_io.json) over it: the import storm; default: no "
                                                  "such limit", group="predict", unit="operations/s", above=0)
     cpus_per_node: int | None = key(None, "CPU cores per node; default this machine's", group="predict", minimum=1)
+    crossover_min_bytes: Size = key(Size(CROSSOVER_RANGE_BYTES[0]), "the smallest checkpoint the crossover looks at (the "
+                                    "checkpoint size from which the load is the largest restart phase: "
+                                    "docs/prediction.md#the-crossover)", group="predict", unit="bytes", minimum=1024)
+    crossover_max_bytes: Size = key(Size(CROSSOVER_RANGE_BYTES[1]), "the largest checkpoint it looks at (above "
+                                    "crossover_min_bytes)", group="predict", unit="bytes", minimum=1024)
 
 
 @dataclass

@@ -11,8 +11,8 @@ from restart_harness import machine
 from restart_harness.files import baseline
 from restart_harness.plan import checkpoint
 from restart_harness.plan.estimate import typical_file_bytes
+from restart_harness.predict import crossover, fit, restart_io
 from restart_harness.predict import features as feats
-from restart_harness.predict import fit, restart_io
 from restart_harness.predict.model import predict
 from restart_harness.resolve import Plugins
 from restart_harness.results.prediction import PHASES
@@ -58,8 +58,10 @@ def _bandwidth(plugins: Plugins, write_gbps: float | None, read_gbps: float | No
                       "read_gbps=; phases that move checkpoint bytes are not predicted"}
 
 
-def build(plugins: Plugins, cpus_per_node: int, store: dict, calibration: dict | None = None) -> dict:
-    """The prediction as plain data (prediction.json, predict=json) for a run's plug-ins (resolve.py)."""
+def build(plugins: Plugins, cpus_per_node: int, store: dict, calibration: dict | None = None,
+          crossover_range: tuple[int, int] = (crossover.MIN_BYTES, crossover.MAX_BYTES)) -> dict:
+    """The prediction as plain data (prediction.json, predict=json) for a run's plug-ins (resolve.py); with the
+    crossover of the run's family in crossover_range (bytes of checkpoint)."""
     start = time.perf_counter()
     spec = plugins.spec
     calibration = calibration or fit.load(spec.calibration)
@@ -86,7 +88,7 @@ def build(plugins: Plugins, cpus_per_node: int, store: dict, calibration: dict |
                         "devices": calibrated},
         "device": device, "other_device": other,
         "storage": store["source"], "features": f.to_json(), "phases": made["phases"], "note": made["notes"],
-        "ignores": IGNORES, "predict_seconds": round(time.perf_counter() - start, 6),
+        "crossover": crossover.compute(plugins, f, calibration, *crossover_range), "ignores": IGNORES, "predict_seconds": round(time.perf_counter() - start, 6),
     }
 
 
@@ -157,6 +159,9 @@ def render(p: dict) -> str:
         mark = (" (extrapolated)" if row.get("extrapolated") else "") + (
             " [ANOTHER DEVICE's rates]" if row.get("other_device") else "")
         lines.append(f"{name:<34}{_seconds(row['seconds']):>10}{span:>22}  {row['bound']}{mark}")
+    if c := p.get("crossover"):
+        lines += ["", f"{'crossover':<12}{crossover.headline(c)}"]
+        lines += [f"{'':<12}{line}" for line in c.get("explanation", [])]
     lines += [f"note: {n}" for n in p["note"]]
     lines.append(f"ignores: {p['ignores']}")
     return "\n".join(lines)

@@ -9,6 +9,10 @@ A phase is a span in seconds:
     restart_total_with_launch_seconds
         launch_seconds + total_seconds (the sum of the six phases) of that restart
 rel_error = (predicted - measured) / measured; within_range: low <= measured <= high.
+
+The crossover (predict/crossover.py) is carried as predicted, with the run's own side beside it: which restart phase
+was measured the largest (launch included) at the run's checkpoint size, and whether the load being the largest or
+not is what the prediction said (`side_agrees`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import statistics
 from pathlib import Path
 
 from restart_harness.schema import (
+    CROSSOVER_LOAD,
     PHASE_NAMES,
     PREDICTED_PHASES,
     PREDICTED_RESTART,
@@ -89,4 +94,21 @@ def compare(prediction: dict | None, summary: dict) -> dict | None:
     errors = [abs(r["rel_error"]) for r in phases.values() if r["rel_error"] is not None]
     return {"calibration": prediction.get("calibration"), "storage": prediction.get("storage"),
             "note": prediction.get("note"), "phases": phases,
-            "median_abs_rel_error": round(statistics.median(errors), 4) if errors else None}
+            "median_abs_rel_error": round(statistics.median(errors), 4) if errors else None,
+            "crossover": crossover_side(prediction.get("crossover"), seen, summary)}
+
+
+def crossover_side(predicted: dict | None, seen: dict[str, float | None], summary: dict) -> dict | None:
+    """The crossover as predicted, and `measured`: the run's checkpoint bytes, its largest measured restart phase,
+    whether that is the load, and whether the prediction put the run on that side (None where not measured)."""
+    if not predicted:
+        return None
+    restart = {p: seen.get(p) for p in RESTART_PHASES if seen.get(p) is not None}
+    side = None
+    if restart.get(CROSSOVER_LOAD) is not None:
+        largest = max(restart, key=restart.get)
+        side = {"largest_phase": largest, "load_largest": largest == CROSSOVER_LOAD,
+                "side_agrees": (None if predicted.get("run_load_largest") is None
+                                else predicted["run_load_largest"] == (largest == CROSSOVER_LOAD))}
+    return {**predicted, "measured": {"checkpoint_bytes": (summary.get("checkpoint") or {}).get("bytes"),
+                                      **(side or {"largest_phase": None, "load_largest": None, "side_agrees": None})}}

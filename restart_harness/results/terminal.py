@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 
 from restart_harness.results import placement, save_memory
-from restart_harness.schema import (LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES, count, io_metadata_ops,
+from restart_harness.schema import (GIB, LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES, count, io_metadata_ops,
                                     restart_conditions)
 
 
@@ -361,4 +361,23 @@ def _prediction_rows(checked: dict | None) -> list[tuple[str, str]]:
         return []
     busy = ("; MEASURED ON A BUSY MACHINE (other work before a launch: machine_load in summary.json), so the errors "
             "are not the model's" if checked.get("machine_busy") else "")
-    return [("predicted", f"{'; '.join(parts)}; calibration {checked['calibration']['name']}{busy}")]
+    return [("predicted", f"{'; '.join(parts)}; calibration {checked['calibration']['name']}{busy}"),
+            *_crossover_rows(checked.get("crossover"))]
+
+
+def _crossover_rows(c: dict | None) -> list[tuple[str, str]]:
+    """The checkpoint size from which the load is predicted the largest restart phase, and this run's side of it,
+    predicted and measured (docs/prediction.md#the-crossover)."""
+    if not c or not c.get("status"):
+        return []
+    b, m = c.get("crossover_checkpoint_bytes"), c.get("measured") or {}
+    text = (f"load the largest restart phase from {b / GIB:,.2f} GiB of checkpoint on (predicted)" if b else
+            f"none predicted in range: {c['status'].replace('_', ' ')}")
+    if m.get("largest_phase") and m.get("checkpoint_bytes"):
+        text += (f"; this run's {m['checkpoint_bytes'] / GIB:,.3f} GiB: largest phase predicted "
+                 f"{_phase(c['run_largest_phase'])}, measured {_phase(m['largest_phase'])}")
+    return [("crossover", text)]
+
+
+def _phase(name: str) -> str:
+    return name.removeprefix("restart_").removesuffix("_seconds")

@@ -250,16 +250,6 @@ CASES = {
     "cleaning larger than abc": (["clean", "larger_than=abc"], "larger_than=abc"),
     "cleaning maybe": (["clean", "apply=maybe"], "apply=maybe"),
     "cleaning a prefix with a semicolon": (["clean", "prefix=a;b"], "prefix=a;b"),
-}
-
-# The environment variables the docs name, where they are read: the launcher script (scripts/env.sh), the user cache
-ENV_CASES = {
-    "a Python that is false": ({"RH_PYTHON": "/bin/false"}, ["tiny"], "RH_PYTHON=/bin/false: not a Python"),
-    "a Python that is a shell": ({"RH_PYTHON": "/bin/sh"}, ["tiny"], "RH_PYTHON=/bin/sh: not a Python"),
-    "a Python without torch": ({"RH_PYTHON": "{tmp}/bare-python"}, ["tiny"], "it lacks torch, deepspeed"),
-    "an environment switch that is a banana": ({"RH_VENV": "banana"}, ["tiny"], "RH_VENV=banana: accepted: 1"),
-    "a cache that is a file": ({"RH_CACHE_DIR": "{tmp}/afile"}, ["tiny"], "RH_CACHE_DIR={tmp}/afile: {tmp}/afile exists"),
-    "a cache on /proc": ({"RH_CACHE_DIR": "/proc/x"}, ["baseline", "dir={tmp}"], "RH_CACHE_DIR=/proc/x: /proc is on"),
     # the study (issue 56): what no cell can be made of, refused before any is planned or run
     "a study on no GPUs": (["study", "gpus=0"], "gpus=0"),
     "a study strategy whose tp divides no kv heads": (["study", "models=3B", "strategies=tp3"],
@@ -271,6 +261,16 @@ ENV_CASES = {
                                                    "time_limit=0.1 min: the planned-only table alone takes"),
     "a study layout key": (["study", "tp=2"], "tp=: set by the study"),
     "a study resumed from no study": (["study", "resume=/tmp"], "resume=/tmp: not a study folder"),
+}
+
+# The environment variables the docs name, where they are read: the launcher script (scripts/env.sh), the user cache
+ENV_CASES = {
+    "a Python that is false": ({"RH_PYTHON": "/bin/false"}, ["tiny"], "RH_PYTHON=/bin/false: not a Python"),
+    "a Python that is a shell": ({"RH_PYTHON": "/bin/sh"}, ["tiny"], "RH_PYTHON=/bin/sh: not a Python"),
+    "a Python without torch": ({"RH_PYTHON": "{tmp}/bare-python"}, ["tiny"], "it lacks torch, deepspeed"),
+    "an environment switch that is a banana": ({"RH_VENV": "banana"}, ["tiny"], "RH_VENV=banana: accepted: 1"),
+    "a cache that is a file": ({"RH_CACHE_DIR": "{tmp}/afile"}, ["tiny"], "RH_CACHE_DIR={tmp}/afile: {tmp}/afile exists"),
+    "a cache on /proc": ({"RH_CACHE_DIR": "/proc/x"}, ["baseline", "dir={tmp}"], "RH_CACHE_DIR=/proc/x: /proc is on"),
 }
 
 

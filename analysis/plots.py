@@ -530,7 +530,8 @@ def _attributed(groups: list[Group]) -> list[tuple[str, dict]]:
                 if att and att.get("sampled") and att.get("phases"):
                     env = (rec.get("environment_cache") or {}).get("observed")
                     how = ", ".join(x for x in (f"launcher {rec.get('launcher')}" if rec.get("launcher") else "",
-                                                f"environment {env}" if env else "") if x)
+                                                f"environment {env}" if env else "",
+                                                "staged" if rec.get("staging") else "") if x)
                     out.append((f"{g.label}: {rec.get('record')}" + (f" ({how})" if how else ""), att))
     return out
 

@@ -146,7 +146,9 @@ def _op(frames):
         caller = frames[first - 1] if first else frames[0]
         op = f"of {_short(caller.name)} ({relative(caller.file)})"
     names = {_short(f.name) for f in builder + jit}
-    if names & {"_run_ninja_build", "_write_ninja_file_and_build_library", "build"}:
+    if any(_in(f, "torch/utils/file_baton.py") for f in frames):
+        what = "waiting for another process's JIT build (torch's build lock)"
+    elif names & {"_run_ninja_build", "_write_ninja_file_and_build_library", "build"}:
         what = "JIT build, or ninja's check that it is up to date"
     elif names & {"is_compatible", "has_function", "compatible_ops", "_probe_compatible_ops"}:
         what = "compatibility probe (a C compiler test build)"

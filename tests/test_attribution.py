@@ -5,8 +5,10 @@ lazy-dp2 and fsdp2-dp2 under prefork), a real sampler on a small process, and wh
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 from conftest import REPO, cases, load_summary
@@ -204,3 +206,27 @@ def test_the_sampler_keeps_the_launchs_exit_code(tmp_path):
                           capture_output=True,
                           env={**__import__("os").environ, **sampler.environment()}, timeout=60, check=False)
     assert proc.returncode == 0 and sampler.exit_code(proc.returncode) == 3, proc.stderr
+
+
+def test_a_rank_left_traced_after_it_exited_is_found(monkeypatch):
+    """third_party/py_spy_stuck_tracee.py: a zombie whose tracer is a thread of the sampler is named once it has been
+    one for STUCK_SECONDS (here: a child this test traces with ptrace, then kills, and does not reap)."""
+    import ctypes
+    import signal
+
+    from third_party import py_spy_stuck_tracee as stuck
+
+    monkeypatch.setattr(stuck, "STUCK_SECONDS", 0.0)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert ctypes.CDLL(None, use_errno=True).ptrace(16, child.pid, None, None) == 0  # PTRACE_ATTACH
+        os.kill(child.pid, signal.SIGKILL)
+        watch = stuck.Watch(os.getpid())
+        deadline = time.time() + 10
+        while (found := watch.stuck([child.pid])) is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert found == child.pid
+        assert stuck.Watch(child.pid).stuck([os.getpid()]) is None  # a live process traced by nobody
+    finally:
+        child.kill()
+        child.wait()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from restart_harness.files.cache_dir import extensions_dir
 from restart_harness.iocount import strace
 from restart_harness.phases import say, session
 from restart_harness.rundir import sampling
+from third_party.py_spy_stuck_tracee import VERSION as VERSION_STUCK
 
 # after a signal, how long the harness waits for its launch's session to end once killed
 KILLED_WAIT_SECONDS = 10
@@ -51,7 +53,7 @@ def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None 
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         watchdog = _watchdog(proc.pid, cleanup or [])
         try:
-            timed_out = _follow(proc, events, record, start, timeout)
+            timed_out = _follow(proc, events, record, start, timeout, sampler)
         except BaseException:
             # the harness is going away (Ctrl-C, SIGTERM, an exception): take the ranks with it
             end(proc)
@@ -99,10 +101,12 @@ def _watchdog(sid: int, cleanup: list[Path]) -> subprocess.Popen:
                             start_new_session=True, cwd=SOURCE_ROOT)
 
 
-def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, timeout: int) -> bool:
+def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, timeout: int, sampler=None) -> bool:
     """Show rank 0's progress until the launch ends (and any op the launch builds first); SIGKILL its process group
-    after `timeout` s (-> True)."""
+    after `timeout` s (-> True). A sampler that holds a rank traced after it exited is ended, and the launch waited
+    for without it (third_party/py_spy_stuck_tracee.py)."""
     offset, built = 0, set()
+    watch = sampler.watch(proc.pid) if sampler is not None else None
     while True:
         try:
             proc.wait(timeout=0.5)
@@ -114,6 +118,15 @@ def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, tim
             if msg := progress_line(record, e):
                 say(msg)
         _building(record, built, start)
+        if watch is not None and not done and (pid := watch.stuck(session.members(proc.pid))):
+            sampler.lost = (f"py-spy {VERSION_STUCK} held rank process {pid} traced after it exited (its launcher "
+                            "could not reap it); the sampler was ended and this launch's samples are lost")
+            say(f"  [{record}] {sampler.lost}")
+            watch = None
+            os.kill(proc.pid, signal.SIGKILL)  # its tracees are released as it exits
+            proc.wait()
+            session.gone(proc.pid, max(1, timeout - (time.time() - start)))  # the launch ends by itself
+            return False
         if done:
             return False
         if time.time() - start > timeout:

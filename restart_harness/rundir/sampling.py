@@ -96,11 +96,15 @@ class Sampler:
         self.exit_file = self.folder / "exit-code"
         self.native = native
         self.path = tool()[0]
+        self.lost: str | None = None  # why its samples are lost, where the harness had to end it
 
     def command(self, launch: list[str]) -> list[str]:
         self.folder.mkdir(parents=True, exist_ok=True)
+        # python: --nonblocking reads the ranks' memory without stopping them (no ptrace: less overhead, and no rank
+        # left a traced zombie, third_party/py_spy_stuck_tracee.py); native stacks need a stopped process
         return [self.path, "record", "--subprocesses", "--idle", "--rate", str(ATTRIBUTION_RATE_HZ),
-                *(["--native"] if self.native else []), "--format", "chrometrace", "--output", str(self.trace),
+                *(["--native"] if self.native else ["--nonblocking"]), "--format", "chrometrace",
+                "--output", str(self.trace),
                 "--", "sh", "-c", '"$@"; echo $? > "$RH_LAUNCH_EXIT_FILE"', "sh", *launch]
 
     def environment(self) -> dict[str, str]:
@@ -113,7 +117,15 @@ class Sampler:
         except (OSError, ValueError):
             return sampler_code
 
+    def watch(self, pid: int):
+        """What follows the launch watches for (native mode: a rank left traced, third_party/py_spy_stuck_tracee.py)."""
+        from third_party.py_spy_stuck_tracee import Watch
+
+        return Watch(pid) if self.native else None
+
     def record(self, mode: str) -> dict:
+        if self.lost:
+            return {"mode": mode, "sampled": False, "reason": self.lost}
         return {"mode": mode, "sampled": True, "reason": None, "tool": version(self.path),
                 "rate_hz": ATTRIBUTION_RATE_HZ, "trace": str(self.trace.relative_to(self.folder.parent.parent))
                 if self.trace.is_file() else None}

@@ -524,9 +524,12 @@ def _attributed(groups: list[Group]) -> list[tuple[str, dict]]:
     extension cache, ...), labelled by configuration, record and what its launch differed in."""
     out = []
     for g in groups:
+        mine = {(r.get("run_dir"), r.get("restart_record")) for r in g.rows}  # re-runs may be other configurations
         for run in g.runs:
             for rec in run.summary.get("restarts") or []:
-                att = rec.get("attribution") if isinstance(rec, dict) else None
+                if not isinstance(rec, dict) or (str(run.dir), rec.get("record")) not in mine:
+                    continue
+                att = rec.get("attribution")
                 if att and att.get("sampled") and att.get("phases"):
                     env = (rec.get("environment_cache") or {}).get("observed")
                     how = ", ".join(x for x in (f"launcher {rec.get('launcher')}" if rec.get("launcher") else "",

@@ -341,7 +341,7 @@ COMMANDS: dict[str, Command] = {
     "baseline": Command(_check_baseline, _baseline),
     "clean": Command(_check_clean, _clean),
     "report": Command(lambda tokens: tokens, _report),  # analysis/report.py refuses its own mistakes (exit 2)
-    "matrix": Command(_check_matrix, _matrix),
+    "matrix": Command(_check_matrix, _matrix, launches=True),
     "mlperf": Command(_check_mlperf, _mlperf, launches=True),
     "study": Command(_check_study, _study, launches=True),
 }

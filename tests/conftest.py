@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +38,12 @@ from durations import (
 
 __all__ = ["pytest_runtest_logreport", "pytest_runtest_makereport", "pytest_runtest_setup", "pytest_sessionfinish",
            "pytest_testnodedown"]
+# A job a non-interactive shell starts with & begins with SIGINT ignored, and its children inherit that across exec
+# (Python then keeps it): the Ctrl-C the interruption tests send would do nothing. A Python handler here is reset to
+# the default in every process the tests start.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 REPO = Path(__file__).resolve().parent.parent
 SHORT = "iters=2 save_interval=2 after=1"
 # The launcher of a case that names none: launcher=prefork imports torch and DeepSpeed once and forks the ranks, where

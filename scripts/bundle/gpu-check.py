@@ -92,15 +92,20 @@ class Check:
                     return None
 
     def stop(self, proc: subprocess.Popen) -> None:
-        """SIGINT to the command's process group, as Ctrl-C in a terminal (the harness records its run as interrupted
-        and the matrix as failed, ending its ranks), then every process of its session is killed."""
+        """SIGTERM to the command's process group (the harness records its run as interrupted and the matrix as
+        failed, ending its ranks; not SIGINT, which a job started with & by a non-interactive shell ignores), then
+        every process of its session is killed."""
         self.cut = True
         self.say(f"time limit: stopping {Path(proc.args[0]).name} (pid {proc.pid}); what ended is packed")
         try:
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(timeout=STOP_GRACE_SECONDS)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
             pass
+        # the shell of submit-job.sh ends at once on SIGTERM: wait for the harness under it to record its end
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        while session_members(proc.pid, live=True) and time.monotonic() < deadline:
+            proc.poll()
+            time.sleep(0.2)
         for pid in session_members(proc.pid):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -371,7 +376,8 @@ def without_checkpoints(info: tarfile.TarInfo, base: Path) -> tarfile.TarInfo | 
     return None if path.name == "checkpoint" and (path.parent / "spec.json").is_file() else info
 
 
-def session_members(sid: int) -> list[int]:
+def session_members(sid: int, live: bool = False) -> list[int]:
+    """The processes of session sid (zombies left out where `live`)."""
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -379,7 +385,7 @@ def session_members(sid: int) -> list[int]:
                 fields = (entry / "stat").read_text().rpartition(")")[2].split()
             except OSError:
                 continue
-            if len(fields) > 3 and int(fields[3]) == sid:
+            if len(fields) > 3 and int(fields[3]) == sid and not (live and fields[0] == "Z"):
                 out.append(int(entry.name))
     return out
 

@@ -206,6 +206,11 @@ def _cuda(frames):
 
 
 def _process_group(frames):
+    last = frames[-1]
+    if _in(last, "deepspeed/comm/torch.py") and _short(last.name) == "__init__":
+        # TorchBackend.__init__'s own native call: shm_comm_op.initialize, which sets up the node's shared memory and
+        # waits for every local rank to reach it (the others' dist_init: a JIT build, imports)
+        return Cause("process_group", "DeepSpeed's shared-memory op joining the node's ranks (waits for each of them)")
     for f in frames:
         if _in(f, "torch/distributed/rendezvous.py"):
             return Cause("process_group", "rendezvous (the TCP store on rank 0)")

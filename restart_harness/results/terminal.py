@@ -150,7 +150,7 @@ def render(summary: dict) -> str:
                                     f"{pct.get('save_of_ceiling', '-')}, load {pct.get('load_of_ceiling', '-')}"))
     rows += _restart_rows(restarts)
     rows += _prediction_rows(summary.get("prediction"))
-    rows += _terms(" ".join(v for _, v in rows))
+    rows += _terms(" ".join(f"{k} {v}" for k, v in rows))  # a row's name may be the term (ceiling)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 

@@ -46,8 +46,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.attribution_overhead import PHASES, figures  # each phase of a restart record, and `total`
+
 REPO = Path(__file__).resolve().parent.parent
-PHASES = ("launcher", "imports", "dist_init", "model_build", "engine_init", "checkpoint_load", "first_step", "total")
 STAGE = "/dev/shm/rh-what-if-stage"
 
 
@@ -72,12 +73,6 @@ def cli(args: list[str], python: str | None = None, env: dict | None = None) -> 
     if proc.returncode:
         sys.exit(f"{' '.join(args)}: exit {proc.returncode}\n{proc.stderr[-3000:]}")
     return Path(proc.stdout.strip().splitlines()[-1])
-
-
-def figures(restart: dict) -> dict[str, float]:
-    out = {"launcher": restart["launch_seconds"], **restart["phases"]}
-    out["total"] = restart["launch_seconds"] + restart["total_seconds"]
-    return out
 
 
 def largest(restart: dict, phase: str) -> str:

@@ -72,9 +72,11 @@ CASES = [
     ("fastpersist", ["engine=fastpersist"]),
     ("decoupled", ["engine=decoupled"]),
     ("lazy", ["engine=lazy"]),
-    ("lazy buffered", ["engine=lazy", "direct_io=false"]),  # page-cache writes and reads instead of O_DIRECT
-    ("lazy every replica reads", ["engine=lazy", "broadcast_load=false"]),  # without the broadcast load
-    ("lazy broadcast", ["engine=lazy", "broadcast_load=true"]),  # always the broadcast load (auto decides: the default)
+    ("lazy buffered", ["engine=lazy", "direct_io=false", "read_io=buffered"]),  # page-cache writes and reads
+    ("lazy O_DIRECT reads", ["engine=lazy", "read_io=direct"]),  # reads O_DIRECT whatever the probe found faster
+    ("lazy every replica reads", ["engine=lazy", "broadcast_load=false"]),  # without the shared or broadcast load
+    # always the broadcast load (auto: shared memory where the replicas share a node, else the measured choice)
+    ("lazy broadcast", ["engine=lazy", "broadcast_load=true"]),
     # the PyTorch-native stack: the same model and data, FSDP2 sharding, one collective DCP save per checkpoint
     ("fsdp2 none", ["stack=fsdp2", "engine=none"]),
     ("fsdp2 dcp", ["stack=fsdp2", "engine=dcp"]),

@@ -26,6 +26,7 @@ Format, reader, converter to DeepSpeed's torch.save layout: engines/_lazy_format
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -55,7 +56,7 @@ class Options:
     writers: int = key(CEILING_QUEUE_DEPTH, "writer threads per rank: write requests in flight", group="checkpoint",
                        minimum=1, maximum=256)
     readers: int = key(CEILING_QUEUE_DEPTH, "reader threads per rank at restart: read requests in flight",
-                       group="checkpoint", minimum=1, maximum=256)
+                       group="checkpoint", minimum=1, maximum=256, restart=True)
     write_chunk_mib: int = key(CEILING_REQUEST_BYTES // MIB, "bytes per write request", group="checkpoint",
                                unit="MiB", minimum=1)
     balance: bool = key(True, "replicated model files written by all data-parallel replicas in balanced shares "
@@ -64,14 +65,24 @@ class Options:
                                group="checkpoint", unit="MiB", minimum=0)
     # the default since 2026-11-25: on this project's disk O_DIRECT made a small dp=2 save durable 4.9x sooner and its
     # restart load 1.5x faster than buffered I/O (docs/benchmarks.md#lazy-at-the-storage-limit)
-    direct_io: bool = key(True, "write and read the part files with O_DIRECT (aligned buffers and requests, no page "
-                                "cache; false: buffered); where the file system refuses it, buffered I/O, recorded as "
-                                "direct_io_fallback in the save's engine_statistics", group="checkpoint")
+    direct_io: bool = key(True, "write the part files with O_DIRECT (aligned buffers and requests, no page cache; "
+                                "false: buffered), and read them so where read_io=auto has no storage probe to go by; "
+                                "where the file system refuses it, buffered I/O, recorded as direct_io_fallback in the "
+                                "save's engine_statistics", group="checkpoint")
+    # auto since 2026-11-27: on this project's disk the probe's buffered cold read beat O_DIRECT (fio: 1.27-1.38 GB/s
+    # against 0.75-0.92), and a restart reading buffered loaded 1.3x sooner (docs/benchmarks.md#lazy-reads-the-way-
+    # the-storage-reads-fastest)
+    read_io: str = key("auto", "at restart, read the part files with O_DIRECT (direct), through the page cache "
+                               "(buffered), or the way the run's storage probe read faster (auto: its read "
+                               "ceiling's way, O_DIRECT or buffered; without a probe, direct_io's way)",
+                       group="checkpoint", choices=("auto", "direct", "buffered"), restart=True)
     broadcast_load: str = key("auto", "at restart, a replicated model file is read once per data-parallel group (each "
                                       "part by one replica) and broadcast to the other replicas (true), read by "
                                       "every replica (false), or whichever is sooner by the broadcast's bandwidth "
                                       "measured over the group and the storage's read bandwidth per reader from its "
-                                      "probe (auto)", group="checkpoint", choices=("auto", "true", "false"))
+                                      "probe (auto; replicas on one node reading buffered share its page cache: "
+                                      "every replica reads)", group="checkpoint", choices=("auto", "true", "false"),
+                              restart=True)
 
 
 class LazyFiles(FileLayout):
@@ -231,6 +242,10 @@ class LazyIO(CheckpointIO):
         self.prefetch_tags: set = set()
         self.broadcast_mib_s: float | None = None
         self.read_mib_s_per_reader = _per_reader(storage)
+        self.read_io = read_way(options, storage)  # {"way": "direct" | "buffered", "why": ...}
+        self.read_direct = self.read_io["way"] == "direct"
+        self.load_stats["read_io"] = self.read_io
+        self.on_node: bool | None = None  # every data-parallel replica on this node (asked once)
         self.ds_engine = ds_engine  # None: the format alone (tests), no step to wait in
         self.dp_rank, self.dp_size = _data_parallel(ds_engine) if ds_engine is not None else (0, 1)
         self.dp_group = getattr(getattr(ds_engine, "optimizer", None), "dp_process_group", None)
@@ -484,7 +499,10 @@ class LazyIO(CheckpointIO):
                             reader=self._replicated_read if shared else self._read)
         return torch.load(path, map_location=map_location, weights_only=False)
 
-    def _read(self, path: Path):
+    def _read(self, path: Path, first: list[int] | None = None, direct: bool | None = None):
+        """The file's parts read here (the parts in `first` queued first; direct: O_DIRECT or buffered, None the
+        restart's read way), the rank's own ZeRO file queued behind them; or, where it was read ahead, what is left
+        of that."""
         from engines import _lazy_format as fmt
 
         ahead = self.prefetch.pop(str(path), None)
@@ -497,7 +515,9 @@ class LazyIO(CheckpointIO):
             header = fmt.read_header(path)
             fmt.check_parts(path, header)
             buffers = [fmt.aligned_empty(p["bytes"]) for p in header["parts"]]
-            reads = self._submit(path, header, buffers, range(len(buffers)))
+            first = first or []
+            reads = self._submit(path, header, buffers, [*first, *(k for k in range(len(buffers)) if k not in first)],
+                                 direct)
             self._read_ahead(path)
             for r in reads:
                 r.wait()
@@ -505,11 +525,11 @@ class LazyIO(CheckpointIO):
         self.load_stats["read_bytes"] += sum(b.numel() for b in buffers) + len(remainder)
         return header, remainder, buffers
 
-    def _submit(self, path: Path, header: dict, buffers: list, parts) -> list:
+    def _submit(self, path: Path, header: dict, buffers: list, parts, direct: bool | None = None) -> list:
         from engines import _lazy_format as fmt
 
-        return [fmt.Reads(path / header["parts"][k]["file"], buffers[k], self.readers, self.options.direct_io)
-                for k in parts]
+        direct = self.read_direct if direct is None else direct
+        return [fmt.Reads(path / header["parts"][k]["file"], buffers[k], self.readers, direct) for k in parts]
 
     def _own_zero_file(self, tag_dir: Path) -> Path | None:
         """This rank's own ZeRO file of the tag, named by DeepSpeed's own function (the one its load reads)."""
@@ -554,43 +574,64 @@ class LazyIO(CheckpointIO):
 
     def _replicated_read(self, path: Path):
         """A replicated file: replica 0 reads its header and remainder and tells the others with them; then
-        broadcast_load's way: every replica reads it all (false), the broadcast (true), or (auto) every replica first
-        reads its own share, which both ways read, the group measures the storage (that read) and the broadcast, and
-        every replica takes the way replicated_way() gives on the same figures. The rank's own ZeRO file is queued
-        behind this file's reads. A replica that cannot read fails every replica with its reason."""
+        broadcast_load's way: every replica reads it all (false), the broadcast (true), or (auto) where every replica
+        is on this node and its shared memory holds the file, each replica reads its own share into one shared
+        mapping that all of them build their tensors on (_shared_read: the fewest bytes read and none moved), else
+        every replica first reads its own share, which both other ways read, the group measures the storage (that
+        read) and the broadcast, and every replica takes the way replicated_way() gives on the same figures. The
+        rank's own ZeRO file is queued behind this file's reads. A replica that cannot read fails every replica with
+        its reason."""
         import deepspeed.comm as dist
 
         from engines import _lazy_format as fmt
 
         group, choice = self.dp_group, self.options.broadcast_load
-        small: list = [None, None, None]  # header, remainder, error
+        on_node = choice == "auto" and self._replicas_on_node()
+        small: list = [None, None, None, None]  # header, remainder, error, the shared mapping's file (or why not)
         if self.dp_rank == 0:
             try:
                 header = fmt.read_header(path)
                 fmt.check_parts(path, header)
                 small[:2] = header, (path / header["remainder"]).read_bytes()
+                if on_node:
+                    small[3] = _shm_create(_shm_layout(header)[1])
             except (OSError, ValueError) as exc:
                 small[2] = f"{type(exc).__name__}: {exc}"
         dist.broadcast_object_list(small, src=dist.get_global_rank(group, 0), group=group)
-        header, remainder, error = small
+        header, remainder, error, shm = small
         if error:
             raise OSError(f"{path}: data-parallel replica 0 could not read it for the group: {error}")
         start = time.perf_counter()
-        if choice == "false":
-            decision, out = {"way": "read", "why": "broadcast_load=false"}, self._read(path)
+        mine = [k for k in range(len(header["parts"])) if k % self.dp_size == self.dp_rank]
+        out, decision = None, None
+        if shm and shm.get("file"):
+            out, why_not = self._shared_read(path, header, remainder, shm["file"], mine)
+            if out is not None:
+                decision = {"way": "shared", "why": "shared: every data-parallel replica is on this node, so each "
+                                                    "read its own share into one shared-memory mapping and all build "
+                                                    "their tensors on it (the file read once, nothing broadcast or "
+                                                    "copied)"}
+            else:
+                shm = {"why_not": why_not}
+        if out is not None:
+            pass
+        elif choice == "false":
+            decision, out = {"way": "read", "why": "broadcast_load=false"}, self._read(path, first=mine)
         else:
             buffers = [fmt.aligned_empty(p["bytes"]) for p in header["parts"]]
-            mine = [k for k in range(len(buffers)) if k % self.dp_size == self.dp_rank]
             reader_mib_s = self._read_share(path, header, buffers, mine)
             if choice == "true":
                 decision = {"way": "broadcast", "why": "broadcast_load=true"}
             else:
                 decision = self._decide(sum(p["bytes"] for p in header["parts"]), reader_mib_s)
+                if on_node:
+                    decision["why"] += f"; not shared memory: {(shm or {}).get('why_not')}"
             if decision["way"] == "broadcast":
-                # the rank's own ZeRO file is read after the broadcast, not beside it: beside reads in flight a
-                # small dp=2 broadcast over gloo took 0.95 s where alone it took 0.10 (2026-11-27, 2 cores)
-                self._broadcast_parts(header, remainder, buffers, mine)
+                # the rank's own ZeRO file queued before the broadcast, so the storage is not idle while it runs:
+                # in 9 paired restarts of a small dp=2 (2026-11-27, 2 cores, O_DIRECT) the load was sooner in 7,
+                # median 0.81 s against 0.90, though the broadcast itself slows beside the reads
                 self._read_ahead(path)
+                self._broadcast_parts(header, remainder, buffers, mine)
             else:  # the other shares first, then the rank's own ZeRO file behind them
                 reads = self._submit(path, header, buffers, [k for k in range(len(buffers)) if k not in mine])
                 self._read_ahead(path)
@@ -602,6 +643,70 @@ class LazyIO(CheckpointIO):
         self.load_stats.setdefault("replicated", []).append(
             {"file": path.name, **decision, "seconds": round(time.perf_counter() - start, 6)})
         return out
+
+    def _replicas_on_node(self) -> bool:
+        """Is every replica of the data-parallel group on this node? Asked of the group once per restart."""
+        if self.on_node is None:
+            import socket
+
+            import deepspeed.comm as dist
+
+            hosts: list = [None] * self.dp_size
+            dist.all_gather_object(hosts, socket.gethostname(), group=self.dp_group)
+            self.on_node = len(set(hosts)) == 1
+        return self.on_node
+
+    def _shared_read(self, path: Path, header: dict, remainder: bytes, shm: str, mine: list[int]):
+        """The shared way: every replica maps the file replica 0 made in shared memory (and says whether it could:
+        a replica in another container may not see it, then no replica takes this way), replica 0 unlinks it once
+        all have it mapped (nothing is left behind, whatever happens next), each reads its own parts into the
+        mapping, the group learns that every part is there, and the tensors are views of the mapping. Returns
+        ((header, remainder, buffers), None), or (None, why not) where some replica could not map it."""
+        import mmap
+
+        import torch
+
+        offsets, total = _shm_layout(header)
+        mapped, why = None, None
+        try:
+            fd = os.open(shm, os.O_RDWR)
+            try:
+                if os.fstat(fd).st_size != total:
+                    raise OSError(f"{shm}: {os.fstat(fd).st_size} bytes, {total} expected")
+                mapped = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            why = f"replica {self.dp_rank} could not map {shm}: {exc.strerror or exc}"
+        flags = torch.tensor([0.0 if mapped is None else 1.0], dtype=torch.float64)
+        _all_reduce(flags, "min", self.dp_group)
+        if self.dp_rank == 0:
+            with contextlib.suppress(OSError):
+                os.unlink(shm)
+        if not flags[0].item():
+            return None, why or "another replica could not map the shared memory (its log says why)"
+        whole = torch.frombuffer(mapped, dtype=torch.uint8)  # keeps the mapping alive as long as a view of it
+        buffers = [whole[o:o + p["bytes"]] for o, p in zip(offsets, header["parts"], strict=True)]
+        failed = None
+        try:
+            reads = self._submit(path, header, buffers, mine)
+            self._read_ahead(path)
+            for r in reads:
+                r.wait()
+        except OSError as exc:
+            failed = exc
+        done = torch.tensor([0.0 if failed else 1.0], dtype=torch.float64)
+        _all_reduce(done, "min", self.dp_group)
+        if failed:
+            raise failed
+        if not done[0].item():
+            raise OSError(f"{path}: another data-parallel replica could not read its part of it (its own error is "
+                          "in its log)")
+        read = sum(buffers[k].numel() for k in mine) + (len(remainder) if self.dp_rank == 0 else 0)
+        self.load_stats["read_bytes"] += read
+        self.load_stats["shared_bytes"] = self.load_stats.get("shared_bytes", 0) + sum(
+            b.numel() for b in buffers) + len(remainder) - read
+        return (header, remainder, buffers), None
 
     def _read_share(self, path: Path, header: dict, buffers: list, mine: list[int]) -> float | None:
         """This replica's parts of a replicated file; returns the slowest replica's read bandwidth of its share
@@ -704,6 +809,67 @@ class LazyIO(CheckpointIO):
 
     def is_data_parallel_writer(self, dp_rank):
         return dp_rank == 0 or (self.options.balance and self.dp_size > 1)
+
+
+SHM_DIR = Path("/dev/shm")  # POSIX shared memory's file system on Linux
+SHM_HEADROOM = 0.5  # the shared way takes at most this fraction of the shared memory's free bytes
+
+
+def _shm_layout(header: dict) -> tuple[list[int], int]:
+    """Where each part of a file goes in its shared mapping: at 2 MiB boundaries, each with room for its O_DIRECT
+    padding; and the mapping's size."""
+    from engines import _lazy_format as fmt
+
+    offsets, at = [], 0
+    for part in header["parts"]:
+        offsets.append(at)
+        at += fmt.aligned(fmt.aligned(part["bytes"]), fmt.HUGE_PAGE)
+    return offsets, max(at, fmt.ALIGNMENT)
+
+
+def _shm_create(nbytes: int) -> dict:
+    """A file of nbytes in shared memory for the group to map ({"file": path}), or why not ({"why_not": ...}):
+    no /dev/shm, or too little of it free (a container's is often 64 MiB)."""
+    import secrets
+
+    try:
+        stat = os.statvfs(SHM_DIR)
+    except OSError as exc:
+        return {"why_not": f"{SHM_DIR}: {exc.strerror or exc}"}
+    free = stat.f_bavail * stat.f_frsize
+    if nbytes > free * SHM_HEADROOM:
+        return {"why_not": f"{SHM_DIR} has {free / MIB:,.0f} MiB free, the file needs {nbytes / MIB:,.0f} MiB (at most "
+                           f"{SHM_HEADROOM:.0%} of it is taken)"}
+    path = SHM_DIR / f"rh-lazy-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, nbytes)
+    except OSError as exc:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        return {"why_not": f"{path}: {exc.strerror or exc}"}
+    os.close(fd)
+    return {"file": str(path)}
+
+
+def read_way(options: Options, storage: dict | None) -> dict:
+    """How the part files are read at restart: read_io's way, or (auto) the way the run's storage probe read
+    faster, which is the way its read ceiling was measured (files/baseline.py: the O_DIRECT probe, or the buffered
+    baseline); without a probe that has a ceiling (baseline=false, object storage, a failed probe), direct_io's."""
+    if options.read_io != "auto":
+        return {"way": options.read_io, "why": f"read_io={options.read_io}"}
+    ceiling = (storage or {}).get("ceiling") if storage and not storage.get("error") else None
+    source = (ceiling or {}).get("read_from")
+    if source not in ("direct", "buffered", "baseline"):
+        way = "direct" if options.direct_io else "buffered"
+        return {"way": way, "why": f"no storage probe with a ceiling to go by: direct_io={str(options.direct_io).lower()}"}
+    probe = ceiling.get("direct") or {}
+    direct, buffered = probe.get("read_mib_s"), probe.get("buffered_read_mib_s") or storage.get("read_mib_s")
+    figures = (f" (the probe's cold reads: O_DIRECT {direct:,.0f} MiB/s, buffered {buffered:,.0f} MiB/s)"
+               if direct and buffered else "")
+    if source == "direct":
+        return {"way": "direct", "why": f"the storage read faster with O_DIRECT{figures}"}
+    return {"way": "buffered", "why": f"the storage read faster through the page cache{figures}"}
 
 
 def _per_reader(storage: dict | None) -> float | None:

@@ -90,6 +90,21 @@ def test_the_ceiling_is_the_better_probe_per_direction_with_its_spread():
     assert (c["read_mib_s"], c["read_from"], c["spread"]["read_mib_s"]) == (1500.0, "baseline", [1400.0, 1600.0])
     assert c["direct"]["read_mib_s"] == 1000.0 and c["spread"]["repeats"] == 3
     assert baseline.ceiling(record, []) is None  # object storage: no ceiling, no number
+    # the probe's shape read through the page cache, faster than both: the read ceiling, said to be buffered
+    buffered = [{**probe(900.0, 1000.0), "read_buffered": {"mib_s": m}} for m in (1700.0, 1650.0, 1800.0)]
+    c = baseline.ceiling(record, buffered)
+    assert (c["read_mib_s"], c["read_from"], c["spread"]["read_mib_s"]) == (1700.0, "buffered", [1650.0, 1800.0])
+    assert c["write_from"] == "direct" and c["direct"]["buffered_read_mib_s"] == 1700.0
+
+
+def test_the_ceiling_probe_reads_the_same_files_buffered_too(tmp_path):
+    """The file system's ceiling probe reads its files a second time, evicted, in the same shape through the page
+    cache; the built-in probe is the default (the engine's own threads), fio only when asked for."""
+    probe = FileSystemTarget(str(tmp_path / "ckpt")).storage_probe()
+    out = probe.measure_ceiling(8 << 20, 2, "auto")
+    assert out["tool"] == "builtin" and out["read"]["bytes"] == 2 * (8 << 20)
+    assert out["read_buffered"]["bytes"] == 2 * (8 << 20) and out["read_buffered"]["mib_s"] > 0
+    assert "buffered" in out["read_buffered_means"] and not list((tmp_path / "ckpt").rglob("rh.*"))
 
 
 @pytest.mark.parametrize("args, named", [

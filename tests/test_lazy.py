@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, events, load_summary, run_cli
+from conftest import REPO, copy_run, events, load_summary, restart, run_cli
 
 from engines import _lazy_format as fmt
 from engines.lazy import LazyIO, Options
@@ -197,6 +197,26 @@ def test_the_way_a_replicated_file_is_loaded_follows_the_measured_bandwidths():
     assert unknown["way"] == "broadcast" and "no storage read bandwidth" in unknown["why"]
 
 
+def test_reads_go_the_way_the_storage_probe_read_fastest():
+    """read_io=auto reads the way the run's read ceiling was measured (files/baseline.py): O_DIRECT where the
+    direct probe was fastest, through the page cache where the probe's buffered read or the buffered baseline was;
+    without a probe with a ceiling, direct_io's way. An explicit read_io is taken as given."""
+    from engines.lazy import read_way
+
+    def storage(source):
+        return {"read_mib_s": 1300.0, "ceiling": {"read_from": source, "direct": {"read_mib_s": 850.0,
+                                                                               "buffered_read_mib_s": 1100.0}}}
+
+    assert read_way(Options(), storage("direct"))["way"] == "direct"
+    for source in ("buffered", "baseline"):
+        way = read_way(Options(), storage(source))
+        assert way["way"] == "buffered" and "850 MiB/s" in way["why"] and "1,100 MiB/s" in way["why"], way
+    assert read_way(Options(), None) == {"way": "direct", "why": "no storage probe with a ceiling to go by: "
+                                                                 "direct_io=true"}
+    assert read_way(Options(direct_io=False), {"error": "no space"})["way"] == "buffered"
+    assert read_way(Options(read_io="direct"), storage("baseline")) == {"way": "direct", "why": "read_io=direct"}
+
+
 def test_the_ranks_own_zero_file_is_read_ahead_while_the_model_file_loads(tmp_path):
     """The first load of a tag queues this rank's own ZeRO file (DeepSpeed's name for it) behind its own reads; its
     load then waits for those reads instead of reading again."""
@@ -285,16 +305,29 @@ def test_lazy_saves_restarts_and_verifies(harness, name):
                 and json.loads(line)["rank"] in writers}
     assert dp_ranks == {0, 1}
     if name == "lazy-dp2":
-        # broadcast_load=auto: the group measured the broadcast against the storage's readers (the run's probe),
-        # took one way for the replicated model file, said why, and the restart read what that way reads
+        # broadcast_load=auto with both replicas on this node: each read its share of the replicated model file into
+        # one shared-memory mapping, said so, left nothing in /dev/shm, and the restart read the checkpoint once;
+        # the reads went the way the run's storage probe read fastest, and said why
         restart = summary["restart"]
         stats = restart["engine_load_statistics"]
         (way,) = stats["replicated"]
         assert way["file"] == "mp_rank_00_model_states.pt" and way["seconds"] > 0, way
+        assert stats["prefetched_bytes"] > 0  # each rank's optimizer file read ahead meanwhile
+        assert stats["read_io"]["way"] in ("direct", "buffered") and stats["read_io"]["why"], stats
+        probe = (summary.get("baseline") or {}).get("ceiling")
+        if probe:
+            assert stats["read_io"]["way"] == ("direct" if probe["read_from"] == "direct" else "buffered"), stats
+        storage_read = restart["load_breakdown"]["storage_read"]["bytes"]
+        assert not list(Path("/dev/shm").glob("rh-lazy-*"))
+        if way["way"] == "shared":
+            assert "on this node" in way["why"] and stats["shared_bytes"] > 0, way
+            assert storage_read <= summary["checkpoint"]["bytes"] + 4096, restart
+            assert stats["broadcast_loads"] == 0, stats
+            return
+        # where /dev/shm cannot hold it: the measured choice, with its figures and why not shared
+        assert "not shared memory" in way["why"], way
         assert way["predicted_broadcast_seconds"] > 0 and way["predicted_read_seconds"] > 0, way
         assert "MiB/s over the data-parallel group" in way["why"] and "a reader" in way["why"], way
-        assert stats["prefetched_bytes"] > 0  # each rank's optimizer file read ahead meanwhile
-        storage_read = restart["load_breakdown"]["storage_read"]["bytes"]
         if way["way"] == "broadcast":
             # read once by the data-parallel group (each part by one replica) and broadcast: the restart reads from
             # storage what the checkpoint holds (and `latest`), not the model file once a replica
@@ -302,6 +335,28 @@ def test_lazy_saves_restarts_and_verifies(harness, name):
             assert stats["broadcast_loads"] == 2 and stats["broadcast_bytes"] > 0  # one file, on both replicas
         else:
             assert stats["broadcast_loads"] == 0 and storage_read > summary["checkpoint"]["bytes"], restart
+
+
+@pytest.mark.slow
+def test_a_restart_re_run_may_change_how_the_engine_reads(lazy_dp2, tmp_path):
+    """The engine's options that act only at restart (read_io, readers, broadcast_load) may change in a restart-only
+    re-run; one the checkpoint depends on may not (one line, exit 2, nothing launched). Forced to the broadcast
+    with O_DIRECT reads, the re-run broadcasts the replicated file and says why it read so."""
+    run = copy_run(lazy_dp2, tmp_path)
+    refused = restart(run, "write_chunk_mib=1")
+    assert refused.returncode == 2, refused.stderr
+    line, = refused.stderr.strip().splitlines()
+    assert "write_chunk_mib=1" in line and "read_io" in line and "broadcast_load" in line, line
+    proc = restart(run, "read_io=direct", "broadcast_load=true", "attribution=off")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = load_summary(run)
+    latest = summary["restarts"][-1]
+    stats = latest["engine_load_statistics"]
+    assert latest["verified"] is True and stats["read_io"] == {"way": "direct", "why": "read_io=direct"}, stats
+    (way,) = stats["replicated"]
+    assert way["way"] == "broadcast" and way["why"] == "broadcast_load=true", way
+    assert stats["broadcast_loads"] == 2 and stats["broadcast_bytes"] > 0, stats
+    assert json.loads((run / "spec.json").read_text())["engine_options"]["read_io"] == "auto"  # the run's own spec
 
 
 @pytest.mark.slow

@@ -553,18 +553,26 @@ def parse_restart(tokens: list[str]) -> RestartRequest:
     options: dict = {}
     pairs = fill(options, keys_of(RestartOptions), pairs)
     required(keys_of(RestartOptions), options, "restart")
-    allowed = restart_keys()
-    overrides: dict = {}
-    for name, text in pairs.items():
-        if name not in allowed:
-            raise refused(name, text, "cannot change for a restart of an existing run (fixed by its spec.json)",
-                          f"with restart: run, {', '.join(allowed)}")
-        overrides[name] = coerce(allowed[name], text)
-    if "launcher" in overrides:
-        overrides["launcher"] = resolve.launcher_class(overrides["launcher"]).name
     if why := why_unresolvable(options["run"]):
         raise refused("run", options["run"], why, "the run directory an earlier run printed")
     run = resolve.read(FsPath(options["run"]).expanduser())
+    allowed = restart_keys()
+    # the engine's options that act only at restart (how it reads: engine=lazy's read_io, readers, broadcast_load)
+    engine_allowed = {k: v for k, v in keys_of(resolve.engine_class(run.spec.engine).Options).items() if v.restart}
+    overrides: dict = {}
+    engine_overrides: dict = {}
+    for name, text in pairs.items():
+        if name in engine_allowed and name not in allowed:
+            engine_overrides[name] = coerce(engine_allowed[name], text)
+            continue
+        if name not in allowed:
+            raise refused(name, text, "cannot change for a restart of an existing run (fixed by its spec.json)",
+                          f"with restart: run, {', '.join([*allowed, *engine_allowed])}")
+        overrides[name] = coerce(allowed[name], text)
+    if "launcher" in overrides:
+        overrides["launcher"] = resolve.launcher_class(overrides["launcher"]).name
+    if engine_overrides:
+        overrides["engine_options"] = {**run.spec.engine_options, **engine_overrides}
     spec = dataclasses.replace(run.spec, **overrides, phase="restart", dry_run=False)
     if LAYOUT_KEYS & overrides.keys():
         spec = _relayout(spec, run.spec, overrides)

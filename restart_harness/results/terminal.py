@@ -113,7 +113,11 @@ def render(summary: dict) -> str:
             rows.append(("load", f"{_s(rs['load_seconds'])} waited for ({rs['load_throughput_mib_s']:,.1f} MiB/s)"
                                  + (f"; storage read {sr['throughput_mib_s']:,.1f} MiB/s ({sr['bytes'] / MIB:,.2f} MiB "
                                     f"read by all {count(rs['ranks'], 'rank')}, over the slowest one's "
-                                    f"{sr['seconds']:.3f} s of reads: rank {sr['slowest_rank']})" if sr else "")))
+                                    f"{sr['seconds']:.3f} s with a read in flight: rank {sr['slowest_rank']})"
+                                    if sr else "")))
+        if (rs.get("engine_load_statistics") or {}).get("read_io"):
+            way = rs["engine_load_statistics"]["read_io"]
+            rows.append(("reads", f"{'O_DIRECT' if way['way'] == 'direct' else 'buffered'}: {way['why']}"))
         for r in (rs.get("engine_load_statistics") or {}).get("replicated") or []:
             rows.append(("replicated", f"{r['file']}: {r['way']} in {r['seconds']:.3f} s ({r['why']})"))
         lb = rs.get("load_breakdown")
@@ -158,10 +162,13 @@ def render(summary: dict) -> str:
 def _ceiling_from(c: dict, way: str) -> str:
     """Where a direction's ceiling came from: the direct probe (its shape), or the baseline where that was faster."""
     d = c["direct"]
+    shape = f"{d['request_bytes'] >> 20} MiB x {d['queue_depth']} a rank"
     if c[f"{way}_from"] == "baseline":
         return f"the baseline: the direct probe gave {d[f'{way}_mib_s']:,.0f}"
+    if c[f"{way}_from"] == "buffered":
+        return f"buffered, {shape}: O_DIRECT gave {d[f'{way}_mib_s']:,.0f}"
     io = "O_DIRECT" if d.get("o_direct") else "buffered"
-    return f"{io}, {d['request_bytes'] >> 20} MiB x {d['queue_depth']} a rank"
+    return f"{io}, {shape}"
 
 
 # the words of this summary a newcomer would stop at, each said once at its end where the summary used it
@@ -174,8 +181,8 @@ TERMS = (
     ("storage delivered", "bytes the kernel read from the storage device for the ranks, not from the page cache"),
     ("major faults", "pages of mapped files (libraries) read from storage when first touched"),
     ("efficiency", "a save's durable throughput (a load's) over the storage baseline's write (read) throughput"),
-    ("ceiling", "the storage's best throughput in its probes: the baseline's, or a direct-I/O probe's at "
-                "engine=lazy's request size and queue depth where that was faster"),
+    ("ceiling", "the storage's best throughput in its probes: the baseline's, or a probe's at engine=lazy's "
+                "request size and queue depth (O_DIRECT, or for reads also buffered) where that was faster"),
     ("remainder", "a phase's seconds no cause names: samples of unnamed work, and time the sampler did not see"),
 )
 

@@ -687,37 +687,27 @@ class LazyIO(CheckpointIO):
             return None, why or "another replica could not map the shared memory (its log says why)"
         whole = torch.frombuffer(mapped, dtype=torch.uint8)  # keeps the mapping alive as long as a view of it
         buffers = [whole[o:o + p["bytes"]] for o, p in zip(offsets, header["parts"], strict=True)]
-        failed = None
-        try:
-            reads = self._submit(path, header, buffers, mine)
-            self._read_ahead(path)
-            for r in reads:
-                r.wait()
-        except OSError as exc:
-            failed = exc
-        done = torch.tensor([0.0 if failed else 1.0], dtype=torch.float64)
-        _all_reduce(done, "min", self.dp_group)
-        if failed:
-            raise failed
-        if not done[0].item():
-            raise OSError(f"{path}: another data-parallel replica could not read its part of it (its own error is "
-                          "in its log)")
+        self._read_share(path, header, buffers, mine, then_ahead=True)
         read = sum(buffers[k].numel() for k in mine) + (len(remainder) if self.dp_rank == 0 else 0)
         self.load_stats["read_bytes"] += read
         self.load_stats["shared_bytes"] = self.load_stats.get("shared_bytes", 0) + sum(
             b.numel() for b in buffers) + len(remainder) - read
         return (header, remainder, buffers), None
 
-    def _read_share(self, path: Path, header: dict, buffers: list, mine: list[int]) -> float | None:
+    def _read_share(self, path: Path, header: dict, buffers: list, mine: list[int],
+                    then_ahead: bool = False) -> float | None:
         """This replica's parts of a replicated file; returns the slowest replica's read bandwidth of its share
         (MiB/s; all-reduced: every replica gets the same), None where a share is too small to time (under 1 MiB). A
-        replica that could not read fails every replica."""
+        replica that could not read fails every replica. then_ahead: the rank's own ZeRO file queued behind the
+        share (its reads then share the storage with the share's: the bandwidth is not the storage's alone)."""
         import torch
 
         started = time.perf_counter()
         failed = None
         try:
             reads = self._submit(path, header, buffers, mine)
+            if then_ahead:
+                self._read_ahead(path)
             for r in reads:
                 r.wait()
         except OSError as exc:

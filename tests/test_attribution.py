@@ -79,8 +79,9 @@ def test_every_phase_is_accounted_for_by_named_causes(harness, name):
             # what the samples covered, against the marks (the launcher's first moments come before the sampler's
             # first sample: a cause of its own)
             if phase != "launcher":
-                missed = p["seconds"] - p["sampled_seconds"]
-                assert missed <= max((1 - COVERAGE_MIN) * p["seconds"], COVERAGE_GAP_SECONDS), (phase, p)
+                coverage = p["sampled_seconds"] / p["seconds"]
+                least = min(COVERAGE_MIN, 1 - COVERAGE_GAP_SECONDS / p["seconds"])  # a short phase: a few samples
+                assert coverage >= least, (phase, p)
 
 
 @pytest.mark.slow

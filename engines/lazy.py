@@ -69,12 +69,13 @@ class Options:
                                 "false: buffered), and read them so where read_io=auto has no storage probe to go by; "
                                 "where the file system refuses it, buffered I/O, recorded as direct_io_fallback in the "
                                 "save's engine_statistics", group="checkpoint")
-    # auto since 2026-11-27: on this project's disk the probe's buffered cold read beat O_DIRECT (fio: 1.27-1.38 GB/s
-    # against 0.75-0.92), and a restart reading buffered loaded 1.3x sooner (docs/benchmarks.md#lazy-reads-the-way-
-    # the-storage-reads-fastest)
+    # auto since 2026-11-27: which way reads faster differs from disk to disk and from day to day (on this project's
+    # disk fio's buffered read beat its O_DIRECT one, 1.27-1.38 GB/s against 0.75-0.92, while this engine's own
+    # O_DIRECT threads read 1.42 GB/s against 1.02 buffered: docs/benchmarks.md#lazy-reads-the-way-the-storage-reads-
+    # fastest), so the run's own probe decides
     read_io: str = key("auto", "at restart, read the part files with O_DIRECT (direct), through the page cache "
-                               "(buffered), or the way the run's storage probe read faster (auto: its read "
-                               "ceiling's way, O_DIRECT or buffered; without a probe, direct_io's way)",
+                               "(buffered), or the way the run's storage probe read faster in this engine's shape "
+                               "(auto: its O_DIRECT and its buffered read; without a probe, direct_io's way)",
                        group="checkpoint", choices=("auto", "direct", "buffered"), restart=True)
     broadcast_load: str = key("auto", "at restart, a replicated model file is read once per data-parallel group (each "
                                       "part by one replica) and broadcast to the other replicas (true), read by "
@@ -843,9 +844,12 @@ def _shm_create(nbytes: int) -> dict:
 
 
 def read_way(options: Options, storage: dict | None) -> dict:
-    """How the part files are read at restart: read_io's way, or (auto) the way the run's storage probe read
-    faster, which is the way its read ceiling was measured (files/baseline.py: the O_DIRECT probe, or the buffered
-    baseline); without a probe that has a ceiling (baseline=false, object storage, a failed probe), direct_io's."""
+    """How the part files are read at restart: read_io's way, or (auto) the faster of the storage probe's two reads
+    in this engine's own shape (files/baseline.py: the ceiling probe read with O_DIRECT and through the page cache,
+    `readers`-like threads of 16 MiB requests); the baseline's single buffered stream is not a way this engine
+    reads, so it decides only where the probe has no buffered read (probes before 2026-11-27): then the way the
+    read ceiling came from. Without a probe that has a ceiling (baseline=false, object storage, a failed probe),
+    direct_io's."""
     if options.read_io != "auto":
         return {"way": options.read_io, "why": f"read_io={options.read_io}"}
     ceiling = (storage or {}).get("ceiling") if storage and not storage.get("error") else None
@@ -854,12 +858,15 @@ def read_way(options: Options, storage: dict | None) -> dict:
         way = "direct" if options.direct_io else "buffered"
         return {"way": way, "why": f"no storage probe with a ceiling to go by: direct_io={str(options.direct_io).lower()}"}
     probe = ceiling.get("direct") or {}
-    direct, buffered = probe.get("read_mib_s"), probe.get("buffered_read_mib_s") or storage.get("read_mib_s")
-    figures = (f" (the probe's cold reads: O_DIRECT {direct:,.0f} MiB/s, buffered {buffered:,.0f} MiB/s)"
-               if direct and buffered else "")
+    direct, buffered = probe.get("read_mib_s"), probe.get("buffered_read_mib_s")
+    if direct and buffered and not probe.get("refused"):
+        figures = f" (the probe's cold reads in this engine's shape: O_DIRECT {direct:,.0f} MiB/s, buffered {buffered:,.0f})"
+        if direct >= buffered:
+            return {"way": "direct", "why": f"the storage read faster with O_DIRECT{figures}"}
+        return {"way": "buffered", "why": f"the storage read faster through the page cache{figures}"}
     if source == "direct":
-        return {"way": "direct", "why": f"the storage read faster with O_DIRECT{figures}"}
-    return {"way": "buffered", "why": f"the storage read faster through the page cache{figures}"}
+        return {"way": "direct", "why": "the storage's read ceiling came from the O_DIRECT probe"}
+    return {"way": "buffered", "why": f"the storage's read ceiling came from its {source} read"}
 
 
 def _per_reader(storage: dict | None) -> float | None:

@@ -73,6 +73,38 @@ def test_direct_io_writes_and_reads_the_same_bytes_as_buffered(tmp_path, nbytes)
     assert files[True] == files[False]
 
 
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_fresh_buffers_pages_are_populated_ahead_and_the_bytes_are_the_files(tmp_path, direct):
+    """A file of several requests read into a fresh buffer: a thread of its own faults in the pages of every request
+    no read has begun (MADV_POPULATE_WRITE, Linux 5.14 and later, as here), the reads wait only for a request it is
+    at, and the buffer holds the file's bytes exactly, its last partial request included; with populate off, the
+    same bytes and no thread."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    size = 3 * fmt.READ_CHUNK_BYTES + 4096 + 7
+    data = torch.randint(0, 256, (size,), dtype=torch.uint8)
+    path = tmp_path / "part-0.bin"
+    path.write_bytes(fmt.byte_view(data).tobytes() + bytes(fmt.aligned(size) - size))
+    with ThreadPoolExecutor(1) as pool:
+        for populate in (True, False):
+            held = threading.Event()
+            pool.submit(held.wait, 30)  # the reads start late: the thread gets to every request first
+            buf = fmt.aligned_empty(size)
+            reads = fmt.Reads(path, buf, pool, direct, populate=populate)
+            deadline = time.monotonic() + 30
+            while populate and reads.populated < 4 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            held.set()
+            reads.wait()
+            assert torch.equal(buf, data)
+            if populate:
+                assert reads.populated == 4 and reads.claims == ["read"] * 4, (reads.populated, reads.claims)
+            else:
+                assert reads.claims is None and reads.populated == 0
+
+
 def test_a_file_system_refusing_direct_io_gets_buffered_io_and_the_run_says_so(tmp_path, monkeypatch):
     """Where O_DIRECT is refused (EINVAL at open or at the first request; tmpfs before Linux 6.6, some FUSE and
     network file systems), the engine writes and reads buffered, and the save's engine_statistics name the file
@@ -198,19 +230,23 @@ def test_the_way_a_replicated_file_is_loaded_follows_the_measured_bandwidths():
 
 
 def test_reads_go_the_way_the_storage_probe_read_fastest():
-    """read_io=auto reads the way the run's read ceiling was measured (files/baseline.py): O_DIRECT where the
-    direct probe was fastest, through the page cache where the probe's buffered read or the buffered baseline was;
-    without a probe with a ceiling, direct_io's way. An explicit read_io is taken as given."""
+    """read_io=auto reads the way the run's ceiling probe (files/baseline.py) read faster in this engine's own
+    shape, O_DIRECT or buffered, whichever the read ceiling itself came from (the baseline's single buffered stream
+    is not a way the engine reads); a probe without a buffered read (before 2026-11-27) goes by the ceiling's
+    source; without a probe with a ceiling, direct_io's way. An explicit read_io is taken as given."""
     from engines.lazy import read_way
 
-    def storage(source):
-        return {"read_mib_s": 1300.0, "ceiling": {"read_from": source, "direct": {"read_mib_s": 850.0,
-                                                                               "buffered_read_mib_s": 1100.0}}}
+    def storage(source, direct=850.0, buffered=1100.0):
+        return {"read_mib_s": 1300.0, "ceiling": {"read_from": source, "direct": {"read_mib_s": direct,
+                                                                               "buffered_read_mib_s": buffered}}}
 
-    assert read_way(Options(), storage("direct"))["way"] == "direct"
-    for source in ("buffered", "baseline"):
+    for source in ("direct", "buffered", "baseline"):
         way = read_way(Options(), storage(source))
-        assert way["way"] == "buffered" and "850 MiB/s" in way["why"] and "1,100 MiB/s" in way["why"], way
+        assert way["way"] == "buffered" and "850 MiB/s" in way["why"] and "1,100)" in way["why"], way
+        way = read_way(Options(), storage(source, direct=1420.0))
+        assert way["way"] == "direct" and "1,420 MiB/s" in way["why"], way
+    assert read_way(Options(), storage("baseline", buffered=None))["way"] == "buffered"
+    assert read_way(Options(), storage("direct", buffered=None))["way"] == "direct"
     assert read_way(Options(), None) == {"way": "direct", "why": "no storage probe with a ceiling to go by: "
                                                                  "direct_io=true"}
     assert read_way(Options(direct_io=False), {"error": "no space"})["way"] == "buffered"

@@ -35,6 +35,11 @@ Method
   the baseline). Ratios: blocking / default's blocking; durable MiB/s / baseline write MiB/s and / ceiling write
   MiB/s; load MiB/s / baseline read MiB/s and / ceiling read MiB/s. The ceiling ratios are taken per repeat (each
   run's durable and load MiB/s over its own repeat's ceiling), then their median and min-max over the repeats.
+- The restart's reads: beside load MiB/s (what the restart waited for), the storage read MiB/s (all ranks' bytes
+  read from storage over the slowest rank's seconds with a read in flight: load_breakdown.storage_read), both over
+  the repeat's read ceiling, and how each engine that says so read (engine_load_statistics.read_io). A load above
+  the ceiling is reads running on between the engine's loads, not a storage faster than its ceiling
+  (docs/measurements.md#two-load-figures).
 - Machine load: the 1-minute load average before and after each repeat, and each run's own record of other work
   on the CPUs just before its launch (summary.checkpoint.machine_load.cpu_busy_fraction), in the table's header.
 - Targets: `targets=fs,s3` runs every case that can write to object storage (engine default and dcp, both stacks)
@@ -260,12 +265,17 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
             "storage_read": median([((r.get("load_breakdown") or {}).get("storage_read") or {}).get("bytes")
                                     for r in restarts]),
             "rank_bytes": median([(s["checkpoint"].get("bytes_per_rank") or {}).get("max") for s in summaries]),
+            "storage_read_mib_s": median([_storage_read(r).get("throughput_mib_s") for r in restarts]),
+            "read_ways": sorted({f"{w['way']} ({w['why']})" for r in restarts
+                                 for w in [((r.get("engine_load_statistics") or {}).get("read_io"))] if w}),
             # each repeat's run against its own repeat's ceiling: durable MiB/s (median of its kept saves) and load
             "of_ceiling": {
                 "write": [_ratio(_durable_mib_s(s), c.get("write_mib_s")) for s, c in zip(summaries, ceilings[target],
                                                                                             strict=False)],
                 "read": [_ratio((s["restart"] or {}).get("load_throughput_mib_s"), c.get("read_mib_s"))
-                         for s, c in zip(summaries, ceilings[target], strict=False)]},
+                         for s, c in zip(summaries, ceilings[target], strict=False)],
+                "storage_read": [_ratio(_storage_read(s["restart"]).get("throughput_mib_s"), c.get("read_mib_s"))
+                                 for s, c in zip(summaries, ceilings[target], strict=False)]},
         }
     default_blocking = (rows.get("default") or {}).get("blocking")
     for name, r in rows.items():
@@ -306,6 +316,20 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
               + f" | {fmt(ratio, 2)} | {fmt(r['rank_bytes'] / 2**20 if r['rank_bytes'] else None, 1)} "
               f"| {fmt(_ratio(m['held_bytes_max'], r['rank_bytes']), 3)} "
               f"| {fmt(_ratio(m['engine_buffers_bytes_max'], r['rank_bytes']), 3)} |")
+    print("\nThe restart's reads against the storage (medians over repeats; docs/measurements.md#two-load-figures): "
+          "load MiB/s is the checkpoint's bytes over the seconds the slowest rank waited inside the engine's loads; "
+          "storage read MiB/s is what all ranks read from storage over the slowest rank's seconds with a read in "
+          "flight, the storage's own pace. A load above the storage read (or above the ceiling) means reads ran on "
+          "while DeepSpeed worked between the engine's loads (a read-ahead), which no load second counts, not a "
+          "storage faster than its ceiling.\n")
+    print("| engine | load MiB/s | x ceiling read | storage read MiB/s | x ceiling read | how it read |")
+    print("|---|---|---|---|---|---|")
+    for name, r in rows.items():
+        if r["load_mib_s"] is None:
+            continue
+        print(f"| {name} | {fmt(r['load_mib_s'], 1)} | {spread(r['of_ceiling']['read'])} "
+              f"| {fmt(r['storage_read_mib_s'], 1)} | {spread(r['of_ceiling']['storage_read'])} "
+              f"| {'; '.join(r['read_ways']) or '-'} |")
     replicated = [(name, x) for name, _ in cases for s in collected[name]
                   for x in ((s["restart"] or {}).get("engine_load_statistics") or {}).get("replicated") or []]
     if replicated:
@@ -314,6 +338,11 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
         for name, x in replicated:
             print(f"- {name}: {x['file']} {x['way']} in {x['seconds']:.3f} s ({x['why']})")
     shutil.rmtree(results, ignore_errors=True)
+
+
+def _storage_read(restart: dict | None) -> dict:
+    """A restart's storage read (results/breakdown.py): bytes read by all ranks over the slowest rank's read busy."""
+    return ((restart or {}).get("load_breakdown") or {}).get("storage_read") or {}
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:

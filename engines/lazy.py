@@ -860,7 +860,7 @@ def read_way(options: Options, storage: dict | None) -> dict:
     probe = ceiling.get("direct") or {}
     direct, buffered = probe.get("read_mib_s"), probe.get("buffered_read_mib_s")
     if direct and buffered and not probe.get("refused"):
-        figures = f" (the probe's cold reads in this engine's shape: O_DIRECT {direct:,.0f} MiB/s, buffered {buffered:,.0f})"
+        figures = f": the probe's cold reads in this engine's shape, O_DIRECT {direct:,.0f} MiB/s, buffered {buffered:,.0f}"
         if direct >= buffered:
             return {"way": "direct", "why": f"the storage read faster with O_DIRECT{figures}"}
         return {"way": "buffered", "why": f"the storage read faster through the page cache{figures}"}

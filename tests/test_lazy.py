@@ -242,7 +242,7 @@ def test_reads_go_the_way_the_storage_probe_read_fastest():
 
     for source in ("direct", "buffered", "baseline"):
         way = read_way(Options(), storage(source))
-        assert way["way"] == "buffered" and "850 MiB/s" in way["why"] and "1,100)" in way["why"], way
+        assert way["way"] == "buffered" and "850 MiB/s" in way["why"] and "buffered 1,100" in way["why"], way
         way = read_way(Options(), storage(source, direct=1420.0))
         assert way["way"] == "direct" and "1,420 MiB/s" in way["why"], way
     assert read_way(Options(), storage("baseline", buffered=None))["way"] == "buffered"

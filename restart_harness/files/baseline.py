@@ -46,6 +46,9 @@ DEFAULT_FILE_BYTES = 64 * MIB
 # the ceiling's shape: engine=lazy's request (write_chunk_mib, its reader's chunk) and its writers and readers a rank
 CEILING_REQUEST_BYTES = 16 * MIB
 CEILING_QUEUE_DEPTH = 4
+# what a cached record holds: 1 the ceiling (2026-11-27), 2 its probe's buffered read too (engine=lazy's read_io=auto
+# decides by it). A run re-measures an entry of another version instead of deciding on figures it lacks.
+RECORD_VERSION = 2
 
 
 def cache_root() -> Path:
@@ -181,7 +184,7 @@ def measure(probe, file_bytes: int, ranks: int, tool: str = "auto", repeats: int
     record = {
         "write_mib_s": write["mib_s"], "read_mib_s": read["mib_s"], **facts, "file_bytes": file_bytes, "ranks": ranks,
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "write": write, "read": read, "spread": spread,
+        "write": write, "read": read, "spread": spread, "record_version": RECORD_VERSION,
     }
     record["ceiling"] = ceiling(record, directs)
     record["probe_seconds"] = round(time.perf_counter() - started, 3)
@@ -240,8 +243,9 @@ def for_run(probe, typical_file_bytes: int, ranks: int, max_age_seconds: float |
     file_bytes, ranks = size
     hit = cached(probe, file_bytes, ranks)
     fresh = hit and (max_age_seconds is None or (age_seconds(hit) or float("inf")) <= max_age_seconds)
-    # an entry cached before the ceiling was probed (2026-11-27) is measured again
-    if fresh and hit.get("file_bytes") == file_bytes and hit.get("ranks") == ranks and "ceiling" in hit:
+    # an entry cached by an older probe (without the ceiling, or without its buffered read) is measured again
+    if fresh and hit.get("file_bytes") == file_bytes and hit.get("ranks") == ranks \
+            and hit.get("record_version") == RECORD_VERSION:
         return summary_record(hit, True)
     try:
         return summary_record(measure(probe, file_bytes, ranks), False)

@@ -350,9 +350,10 @@ def test_lazy_saves_restarts_and_verifies(harness, name):
         assert way["file"] == "mp_rank_00_model_states.pt" and way["seconds"] > 0, way
         assert stats["prefetched_bytes"] > 0  # each rank's optimizer file read ahead meanwhile
         assert stats["read_io"]["way"] in ("direct", "buffered") and stats["read_io"]["why"], stats
-        probe = (summary.get("baseline") or {}).get("ceiling")
-        if probe:
-            assert stats["read_io"]["way"] == ("direct" if probe["read_from"] == "direct" else "buffered"), stats
+        probe = ((summary.get("baseline") or {}).get("ceiling") or {}).get("direct") or {}
+        if probe:  # the faster of the probe's two reads in the engine's shape (every probe records both)
+            faster = "direct" if probe["read_mib_s"] >= probe["buffered_read_mib_s"] else "buffered"
+            assert stats["read_io"]["way"] == faster, (stats, probe)
         storage_read = restart["load_breakdown"]["storage_read"]["bytes"]
         assert not list(Path("/dev/shm").glob("rh-lazy-*"))
         if way["way"] == "shared":

@@ -71,8 +71,8 @@ class Options:
                                 "save's engine_statistics", group="checkpoint")
     # auto since 2026-11-27: which way reads faster differs from disk to disk and from day to day (on this project's
     # disk fio's buffered read beat its O_DIRECT one, 1.27-1.38 GB/s against 0.75-0.92, while this engine's own
-    # O_DIRECT threads read 1.42 GB/s against 1.02 buffered: docs/benchmarks.md#lazy-reads-the-way-the-storage-reads-
-    # fastest), so the run's own probe decides
+    # O_DIRECT threads read 1.42 GB/s against 1.02 buffered: docs/benchmarks.md#fresh-pages-faulted-in-ahead-of-the-
+    # reads), so the run's own probe decides
     read_io: str = key("auto", "at restart, read the part files with O_DIRECT (direct), through the page cache "
                                "(buffered), or the way the run's storage probe read faster in this engine's shape "
                                "(auto: its O_DIRECT and its buffered read; without a probe, direct_io's way)",
@@ -860,7 +860,8 @@ def read_way(options: Options, storage: dict | None) -> dict:
     probe = ceiling.get("direct") or {}
     direct, buffered = probe.get("read_mib_s"), probe.get("buffered_read_mib_s")
     if direct and buffered and not probe.get("refused"):
-        figures = f": the probe's cold reads in this engine's shape, O_DIRECT {direct:,.0f} MiB/s, buffered {buffered:,.0f}"
+        figures = (f": the probe's cold reads in this engine's shape, O_DIRECT {direct:,.0f} MiB/s, "
+                   f"buffered {buffered:,.0f}")
         if direct >= buffered:
             return {"way": "direct", "why": f"the storage read faster with O_DIRECT{figures}"}
         return {"way": "buffered", "why": f"the storage read faster through the page cache{figures}"}

@@ -266,7 +266,7 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
                                     for r in restarts]),
             "rank_bytes": median([(s["checkpoint"].get("bytes_per_rank") or {}).get("max") for s in summaries]),
             "storage_read_mib_s": median([_storage_read(r).get("throughput_mib_s") for r in restarts]),
-            "read_ways": sorted({f"{w['way']} ({w['why']})" for r in restarts
+            "read_ways": sorted({f"{w['way']}: {w['why']}" for r in restarts
                                  for w in [((r.get("engine_load_statistics") or {}).get("read_io"))] if w}),
             # each repeat's run against its own repeat's ceiling: durable MiB/s (median of its kept saves) and load
             "of_ceiling": {

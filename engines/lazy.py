@@ -860,11 +860,10 @@ def read_way(options: Options, storage: dict | None) -> dict:
     probe = ceiling.get("direct") or {}
     direct, buffered = probe.get("read_mib_s"), probe.get("buffered_read_mib_s")
     if direct and buffered and not probe.get("refused"):
-        figures = (f": the probe's cold reads in this engine's shape, O_DIRECT {direct:,.0f} MiB/s, "
-                   f"buffered {buffered:,.0f}")
+        shape = "faster in the probe's cold reads in this engine's shape"
         if direct >= buffered:
-            return {"way": "direct", "why": f"the storage read faster with O_DIRECT{figures}"}
-        return {"way": "buffered", "why": f"the storage read faster through the page cache{figures}"}
+            return {"way": "direct", "why": f"{shape}, O_DIRECT {direct:,.0f} MiB/s against buffered {buffered:,.0f}"}
+        return {"way": "buffered", "why": f"{shape}, buffered {buffered:,.0f} MiB/s against O_DIRECT {direct:,.0f}"}
     if source == "direct":
         return {"way": "direct", "why": "the storage's read ceiling came from the O_DIRECT probe"}
     return {"way": "buffered", "why": f"the storage's read ceiling came from its {source} read"}

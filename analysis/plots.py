@@ -58,7 +58,9 @@ def _caption(fig: Figure, text: str, groups: list[Group] | None = None) -> None:
     configuration shown shares (their labels leave it out), and where configuration keys on the axis are named."""
     common = common_label(groups) if groups else ""
     keyed = "\nC1, C2, ...: the configurations table of report.md names each" if getattr(fig, "keyed", False) else ""
-    fig.supxlabel(text + (f"\nevery configuration: {common}" if common else "") + keyed, fontsize="x-small",
+    text += (f"\nevery configuration: {common}" if common else "") + keyed
+    width = max(40, int(fig.get_size_inches()[0] * 15))  # x-small characters an inch: a longer line was cut off
+    fig.supxlabel("\n".join(textwrap.fill(line, width) for line in text.splitlines()), fontsize="x-small",
                   color="0.4")
 
 

@@ -192,7 +192,7 @@ class Reads:
         self.claims: list | None = [None] * len(offsets) if populate and len(offsets) > 1 else None
         self.ready = [threading.Event() for _ in offsets] if self.claims else None
         self.lock = threading.Lock()
-        self.populated = 0  # requests whose pages the thread faulted in
+        self.requests, self.populated = len(offsets), 0  # requests; those whose pages the thread faulted in
         if self.claims:
             threading.Thread(target=self._populate, args=(buf.data_ptr(), len(self.view)), daemon=True,
                              name="rh-lazy-populate").start()
@@ -206,15 +206,16 @@ class Reads:
                 if self.claims[i] is not None:
                     continue
                 self.claims[i] = "populating"
+            works = False
             try:
                 off = i * READ_CHUNK_BYTES
                 n = min(READ_CHUNK_BYTES, length - off)
                 works = libc.madvise(ctypes.c_void_p(address + off), ctypes.c_size_t(n), MADV_POPULATE_WRITE) == 0
+                self.populated += works  # counted before the read it releases can finish
             finally:
                 event.set()
             if not works:
                 return
-            self.populated += 1
 
     def _chunk(self, off: int) -> None:
         if self.claims:

@@ -237,6 +237,7 @@ class LazyIO(CheckpointIO):
         self.stats = {"copy_seconds": 0.0, "step_wait_seconds": 0.0, "write_seconds": 0.0, "buffers_reused": 0,
                       "buffers_allocated": 0}
         self.load_stats: dict = {"read_bytes": 0, "broadcast_bytes": 0, "broadcast_loads": 0, "prefetched_bytes": 0}
+        self.submitted: list = []  # every file read (_lazy_format.Reads): its requests and those populated ahead
         self.lock = threading.Lock()
         self.last_read: dict = {}  # the buffers of the last file loaded: a second load of it reads nothing
         self.prefetch: dict = {}  # path -> (header, buffers, reads) of a file read ahead
@@ -486,7 +487,10 @@ class LazyIO(CheckpointIO):
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in self.stats.items()}
 
     def load_statistics(self) -> dict:
-        return dict(self.load_stats)
+        """What the restart's loads did (summed over ranks in the summary); read_requests and populated_requests: the
+        16 MiB requests read, and those whose fresh pages a thread faulted in ahead of them (_lazy_format.Reads)."""
+        return {**self.load_stats, "read_requests": sum(r.requests for r in self.submitted),
+                "populated_requests": sum(r.populated for r in self.submitted)}
 
     # --- load -------------------------------------------------------------------------------------------------
     def load(self, path, map_location=None, into=None):
@@ -530,7 +534,9 @@ class LazyIO(CheckpointIO):
         from engines import _lazy_format as fmt
 
         direct = self.read_direct if direct is None else direct
-        return [fmt.Reads(path / header["parts"][k]["file"], buffers[k], self.readers, direct) for k in parts]
+        reads = [fmt.Reads(path / header["parts"][k]["file"], buffers[k], self.readers, direct) for k in parts]
+        self.submitted += reads
+        return reads
 
     def _own_zero_file(self, tag_dir: Path) -> Path | None:
         """This rank's own ZeRO file of the tag, named by DeepSpeed's own function (the one its load reads)."""

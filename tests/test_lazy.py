@@ -350,6 +350,8 @@ def test_lazy_saves_restarts_and_verifies(harness, name):
         assert way["file"] == "mp_rank_00_model_states.pt" and way["seconds"] > 0, way
         assert stats["prefetched_bytes"] > 0  # each rank's optimizer file read ahead meanwhile
         assert stats["read_io"]["way"] in ("direct", "buffered") and stats["read_io"]["why"], stats
+        # every 16 MiB request counted over the ranks, and those whose fresh pages a thread faulted in ahead of it
+        assert stats["read_requests"] > 0 and 0 <= stats["populated_requests"] <= stats["read_requests"], stats
         probe = ((summary.get("baseline") or {}).get("ceiling") or {}).get("direct") or {}
         if probe:  # the faster of the probe's two reads in the engine's shape (every probe records both)
             faster = "direct" if probe["read_mib_s"] >= probe["buffered_read_mib_s"] else "buffered"

@@ -116,8 +116,11 @@ def render(summary: dict) -> str:
                                     f"{sr['seconds']:.3f} s with a read in flight: rank {sr['slowest_rank']})"
                                     if sr else "")))
         if (rs.get("engine_load_statistics") or {}).get("read_io"):
-            way = rs["engine_load_statistics"]["read_io"]
-            rows.append(("reads", f"{'O_DIRECT' if way['way'] == 'direct' else 'buffered'}: {way['why']}"))
+            stats = rs["engine_load_statistics"]
+            way, requests = stats["read_io"], stats.get("read_requests")
+            rows.append(("reads", f"{'O_DIRECT' if way['way'] == 'direct' else 'buffered'}: {way['why']}"
+                                  + (f"; fresh pages faulted in ahead of {stats.get('populated_requests', 0):,} of "
+                                     f"{requests:,} requests (all ranks)" if requests else "")))
         for r in (rs.get("engine_load_statistics") or {}).get("replicated") or []:
             rows.append(("replicated", f"{r['file']}: {r['way']} in {r['seconds']:.3f} s ({r['why']})"))
         lb = rs.get("load_breakdown")

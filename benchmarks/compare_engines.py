@@ -78,6 +78,7 @@ CASES = [
     ("decoupled", ["engine=decoupled"]),
     ("lazy", ["engine=lazy"]),
     ("lazy buffered", ["engine=lazy", "direct_io=false", "read_io=buffered"]),  # page-cache writes and reads
+    ("lazy staged whole", ["engine=lazy", "staging_mib=1048576"]),  # every part staged whole, as before 2026-11-27
     ("lazy O_DIRECT reads", ["engine=lazy", "read_io=direct"]),  # reads O_DIRECT whatever the probe found faster
     ("lazy every replica reads", ["engine=lazy", "broadcast_load=false"]),  # without the shared or broadcast load
     # always the broadcast load (auto: shared memory where the replicas share a node, else the measured choice)

@@ -7,8 +7,9 @@ Save (DeepSpeed's save_checkpoint drives it, file by file):
      worth at a time; the next optimizer step (DeepSpeed's _take_model_step, wrapped) waits only for copies not yet
      done. On CUDA the copies run device->host into page-locked buffers on a side stream, and the step waits on the
      copy's event on the GPU, not on the host. Buffers and the write plan are kept per file name and layout and
-     reused by every later save; a buffer is exactly its part's bytes (page-locked by registering it, not through
-     torch's pinned allocator, which rounds up to a power of two).
+     reused by every later save; a buffer is at most its part's bytes (page-locked by registering it, not through
+     torch's pinned allocator, which rounds up to a power of two): the whole part, or (staging_mib, _staging) a ring
+     of write requests that the copy reuses once their writes are done.
   3. `writers` threads write each part from its buffer in requests of write_chunk_mib (O_DIRECT by default), each
      request as soon as the copy has passed it: the storage sees the queue depth and request size the storage
      ceiling is probed with (files/baseline.py), overlapping the copy. Then fsync; the harness fsyncs the
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import re
@@ -59,6 +61,14 @@ class Options:
                        group="checkpoint", minimum=1, maximum=256, restart=True)
     write_chunk_mib: int = key(CEILING_REQUEST_BYTES // MIB, "bytes per write request", group="checkpoint",
                                unit="MiB", minimum=1)
+    # auto since 2026-11-27: a part need not be staged whole when its writes catch up with its copy before the next
+    # optimizer step waits for it (docs/engines.md, "Staging"); on CUDA auto stages whole parts
+    staging_mib: int = key(0, "host staging buffer of each part file a rank writes: a ring of write requests that "
+                              "the copy reuses once their writes are done (at least writers + 1 requests); 0 (auto): "
+                              "the part less what the writers are expected to write within half the optimizer step's "
+                              "interval, by the storage probe's write ceiling and the interval measured before the "
+                              "first save (the whole part on CUDA, without a probe or without two steps before it)",
+                           group="checkpoint", unit="MiB", minimum=0)
     balance: bool = key(True, "replicated model files written by all data-parallel replicas in balanced shares "
                               "(false: by replica 0, as DeepSpeed does)", group="checkpoint")
     balance_min_mib: int = key(4, "split a replicated file only when each share gets at least this much",
@@ -153,29 +163,63 @@ def replicated_way(file_bytes: int, replicas: int, broadcast_mib_s: float | None
 class _Part:
     """One part file this rank writes: its buffer, and which tensors go where in it. The buffer starts at an
     ALIGNMENT boundary and is zeroed once (the gaps between aligned tensors and the padding after the last are
-    written as zeros), so an O_DIRECT write can take it whole."""
+    written as zeros), so an O_DIRECT write can take it whole.
 
-    def __init__(self, path: Path, size: int, pinned: bool, copies: list[tuple[int, int, int]]):
+    The buffer holds the whole part, or (staging_mib) a ring of `slots` write requests: request c of the part is
+    staged in slot c % slots, and the copy takes a slot only once the write of the request before it there is done
+    (_Flush.claim_upto). A request put in a slot that last held another one has its gaps zeroed first, so the file
+    gets the same bytes either way."""
+
+    def __init__(self, path: Path, size: int, pinned: bool, copies: list[tuple[int, int, int]], chunk: int,
+                 slots: int | None = None):
         from engines import _lazy_format as fmt
 
-        self.path, self.size = path, size
-        self.buffer = fmt.aligned_empty(size, pinned=pinned, zeroed=True)
+        self.path, self.size, self.chunk = path, size, chunk
         self.copies = copies  # (tensor index, offset, nbytes), by offset
+        self.chunks = max(1, -(-fmt.aligned(size) // chunk))  # write requests of the part
+        self.slots = min(slots or self.chunks, self.chunks)
+        self.ring = self.slots < self.chunks
+        self.nbytes = self.slots * chunk if self.ring else size  # the buffer's bytes (its padding aside)
+        self.buffer = fmt.aligned_empty(self.nbytes, pinned=pinned, zeroed=True)
+        self.holds: list = [None] * self.slots  # the request each slot holds the bytes of (None: zeros)
+        self.gaps = _gaps(copies, fmt.aligned(size), chunk) if self.ring else {}
         self.busy = False
+
+    def staged(self, pos: int, n: int):
+        """The buffer's n bytes staging the part's bytes from `pos` (within one request when it is a ring)."""
+        if not self.ring:
+            return self.buffer[pos:pos + n]
+        c = pos // self.chunk
+        at = c % self.slots * self.chunk + pos - c * self.chunk
+        return self.buffer[at:at + n]
+
+
+def _gaps(copies: list[tuple[int, int, int]], length: int, chunk: int) -> dict[int, list[tuple[int, int]]]:
+    """Per write request, the byte ranges of the part that no tensor covers (alignment gaps, the end's padding)."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    pos = 0
+    for a, b in [*((off, off + n) for _, off, n in copies), (length, length)]:
+        while pos < a:  # a gap from pos to a, cut at request boundaries
+            end = min(a, (pos // chunk + 1) * chunk)
+            out.setdefault(pos // chunk, []).append((pos, end))
+            pos = end
+        pos = max(pos, b)
+    return out
 
 
 class _Flush:
     """One part's save in flight: the copy fills its buffer in offset order, and the copy thread hands each write
     request to the writers the moment the copy has passed the request's end (ready()): no thread waits on another,
     so the training step beside it is interrupted only by requests that have work. The last request to finish
-    truncates the padding away, fsyncs and closes the file and completes `done`."""
+    truncates the padding away, fsyncs and closes the file and completes `done`. A ring buffer (_Part) is the one
+    exception: the copy waits to take a slot until the request staged there before is written (claim_upto)."""
 
     def __init__(self, part: _Part, step: int | None, direct: bool, chunk: int, submit):
         from engines import _lazy_format as fmt
 
         self.part, self.step, self.direct = part, step, direct
         self.view = fmt.padded_view(part.buffer) if direct else fmt.byte_view(part.buffer)
-        self.length = len(self.view)
+        self.length = fmt.aligned(part.size) if direct else part.size
         self.offsets = list(range(0, self.length, chunk)) or [0]
         self.chunk, self.submit = chunk, submit
         self.handed = 0  # requests handed to the writers so far, in offset order
@@ -187,11 +231,61 @@ class _Flush:
         self.fallback: str | None = None
         self.started: float | None = None
         self.done: Future = Future()
+        # a ring: the requests the copy has taken slots for, and per slot the last request written from it
+        self.claimed = -1 if part.ring else len(self.offsets) - 1
+        self.written = [-1] * part.slots
+        self.freed = threading.Condition()
+        self.waited = 0.0  # seconds the copy waited for a slot
+
+    def data(self, off: int, end: int) -> memoryview:
+        """The staged bytes of the request [off, end)."""
+        if not self.part.ring:
+            return self.view[off:end]
+        at = off // self.chunk % self.part.slots * self.chunk
+        return self.view[at:at + end - off]
+
+    def claim_upto(self, c: int) -> bool:
+        """A ring: take the slots of every request up to c (the last request at most), each once the request staged
+        there before is written, zeroing its gaps where the slot held another request. False: a write failed, the
+        copy stops (wait() raises it, not the training step)."""
+        part = self.part
+        c = min(c, len(self.offsets) - 1)
+        while self.claimed < c:
+            k = self.claimed + 1
+            slot = k % part.slots
+            if k >= part.slots:
+                before = k - part.slots  # the request staged in this slot before k
+                with self.freed:
+                    if self.written[slot] < before:
+                        start = time.perf_counter()
+                        self.freed.wait_for(functools.partial(self._free, slot, before))
+                        self.waited += time.perf_counter() - start
+            if self.error is not None:
+                return False
+            if part.holds[slot] not in (None, k):
+                for a, b in part.gaps.get(k, ()):
+                    part.staged(a, b - a).zero_()
+            part.holds[slot] = k
+            self.claimed = k
+        return self.error is None
+
+    def _free(self, slot: int, before: int) -> bool:
+        return self.written[slot] >= before or self.error is not None
+
+    def release(self, off: int) -> None:
+        """Request at `off` written (or given up): its slot may take the next request."""
+        if self.part.ring:
+            c = off // self.chunk
+            with self.freed:
+                self.written[c % self.part.slots] = c
+                self.freed.notify_all()
 
     def ready(self, upto: int | None = None) -> None:
-        """Every byte before `upto` (None: all of them) is final: hand out the requests that end there or before."""
+        """Every byte before `upto` (None: all of them) is final: hand out the requests that end there or before
+        (in a ring, of those the copy has taken slots for)."""
         upto = self.length if upto is None else upto
-        while self.handed < len(self.offsets) and min(self.offsets[self.handed] + self.chunk, self.length) <= upto:
+        last = min(len(self.offsets), self.claimed + 1)
+        while self.handed < last and min(self.offsets[self.handed] + self.chunk, self.length) <= upto:
             self.submit(self, self.offsets[self.handed])
             self.handed += 1
 
@@ -199,6 +293,7 @@ class _Flush:
         """The copy failed: every request left is handed out to count down, none writes, `done` gets the error."""
         with self.lock:
             self.error = self.error or error
+        self.claimed = len(self.offsets) - 1  # the requests left only count down, none is written
         self.ready()
 
     def descriptor(self, refused: str | None = None) -> int:
@@ -232,10 +327,9 @@ class LazyIO(CheckpointIO):
         self.plans: dict[tuple, _Part] = {}  # (file name, layout signature) -> reusable part
         self.copies: list = []  # futures of copies not yet waited for by an optimizer step
         self.writes: list = []  # futures of writes not yet waited for by wait()
-        self.cuda_events: list = []
         self.side_stream = None
-        self.stats = {"copy_seconds": 0.0, "step_wait_seconds": 0.0, "write_seconds": 0.0, "buffers_reused": 0,
-                      "buffers_allocated": 0}
+        self.stats: dict = {"copy_seconds": 0.0, "step_wait_seconds": 0.0, "write_seconds": 0.0,
+                            "staging_wait_seconds": 0.0, "buffers_reused": 0, "buffers_allocated": 0}
         self.load_stats: dict = {"read_bytes": 0, "broadcast_bytes": 0, "broadcast_loads": 0, "prefetched_bytes": 0}
         self.submitted: list = []  # every file read (_lazy_format.Reads): its requests and those populated ahead
         self.lock = threading.Lock()
@@ -248,6 +342,9 @@ class LazyIO(CheckpointIO):
         self.read_direct = self.read_io["way"] == "direct"
         self.load_stats["read_io"] = self.read_io
         self.on_node: bool | None = None  # every data-parallel replica on this node (asked once)
+        self.write_mib_s_per_writer = _per_writer(storage)
+        self.step_marks: list[float] = []  # perf_counter at the last optimizer steps before the first save
+        self.lag: dict = {}  # staging=auto: the save's tag directory, and the bytes its writes may still lag by
         self.ds_engine = ds_engine  # None: the format alone (tests), no step to wait in
         self.dp_rank, self.dp_size = _data_parallel(ds_engine) if ds_engine is not None else (0, 1)
         self.dp_group = getattr(getattr(ds_engine, "optimizer", None), "dp_process_group", None)
@@ -258,6 +355,8 @@ class LazyIO(CheckpointIO):
         step = ds_engine._take_model_step
 
         def take_model_step(*args, **kwargs):
+            if not self.plans:  # the optimizer step's interval, until the first save (staging=auto sizes by it)
+                self.step_marks = [*self.step_marks[-3:], time.perf_counter()]
             self.wait_copied()  # nothing may change the state while it is being copied
             return step(*args, **kwargs)
 
@@ -289,13 +388,21 @@ class LazyIO(CheckpointIO):
         written.append(str(part.path))
         flush = _Flush(part, getattr(self.ds_engine, "global_steps", None), self.options.direct_io,
                        self.options.write_chunk_mib * MIB, self._hand_out)
-        if any(t.is_cuda for t in tensors):
+        event = None
+        if any(t.is_cuda for t in tensors) and not part.ring:
             marks = self._copy_on_side_stream(part, tensors, flush.chunk)
             copy = self.copier.submit(self._after_events, flush, marks)
+            event = marks[-1][0] if marks else None
+        elif any(t.is_cuda for t in tensors):  # a ring's copies wait for slots: queued by the copy thread
+            import torch
+
+            made = torch.cuda.Event()
+            made.record()
+            copy = self.copier.submit(self._copy, flush, tensors, made)
         else:
             copy = self.copier.submit(self._copy, flush, tensors)
         with self.lock:
-            self.copies.append(copy)
+            self.copies.append((copy, event))
             self.writes.append(flush.done)
         return written
 
@@ -314,39 +421,111 @@ class LazyIO(CheckpointIO):
         else:
             pinned = torch.cuda.is_available() and any(t.is_cuda for t in tensors)
             copies = [(i, off, n) for i, (p, off, n) in enumerate(placements) if p == k]
-            part = _Part(d / fmt.part_name(k), size, pinned, copies)
+            chunk = self.options.write_chunk_mib * MIB
+            slots, why = self._staging(d, fmt.aligned(size), chunk, pinned)
+            part = _Part(d / fmt.part_name(k), size, pinned, copies, chunk, slots)
             self.plans[signature] = part
             self.stats["buffers_allocated"] += 1
+            self.stats.setdefault("staging", []).append(
+                {"file": d.name, "part_bytes": size, "buffer_bytes": part.nbytes, "why": why})
         part.path = d / fmt.part_name(k)
         part.busy = True
         return part
 
-    def _copy(self, flush: _Flush, tensors) -> None:
-        """The tensors into the part's buffer in offset order, a tensor larger than a write request a request's
-        bytes at a time; after each, the requests it completed go to the writers (the gap to the next tensor is
-        padding, zero already)."""
+    def _staging(self, d: Path, length: int, chunk: int, pinned: bool) -> tuple[int | None, str]:
+        """How many write requests' worth a new part's buffer stages (None: the whole part), and why
+        (staging_mib; docs/engines.md, "Staging"). auto: the copy may run ahead of the writes by the whole buffer,
+        so a ring of the part less L bytes holds the copy back only where the writes lag it by more than L. L is
+        what the writers are expected to write in half the interval between optimizer steps (W T / 2: W the storage
+        probe's write ceiling a rank, T the shortest interval between the optimizer steps before the first save),
+        shared by the parts of one checkpoint; the next optimizer step comes about T after the save and waits for
+        the copy, so half of T is the margin for a slower disk."""
+        chunks = -(-length // chunk)
+        least = self.options.writers + 1  # a slot for every request in flight and one being copied
+        if self.options.staging_mib:
+            slots = max(self.options.staging_mib * MIB // chunk, least)
+            if slots >= chunks:
+                return None, f"staging_mib={self.options.staging_mib}: the whole part fits"
+            return slots, (f"staging_mib={self.options.staging_mib}: a ring of {slots} requests"
+                           + (f", the least that keeps {self.options.writers} writers busy"
+                              if slots * chunk > self.options.staging_mib * MIB else ""))
+        if pinned:
+            return None, ("auto on CUDA: the whole part (its copies are queued on the side stream at save() and the "
+                          "step waits for them on the GPU; a ring's must wait on the host)")
+        w = self.write_mib_s_per_writer
+        intervals = [b - a for a, b in zip(self.step_marks, self.step_marks[1:], strict=False)]
+        if not w or not intervals:
+            return None, ("auto: the whole part (" + ("no storage probe with a write ceiling"
+                                                      if not w else "fewer than two optimizer steps before the save")
+                          + ")")
+        tag = str(d.parent)
+        if self.lag.get("tag") != tag:
+            self.lag = {"tag": tag, "left": int(w * MIB * min(intervals) / 2)}
+        reuse = min(self.lag["left"] // chunk, chunks - least)
+        if reuse <= 0:
+            return None, (f"auto: the whole part ({chunks} requests; the writes may lag the copy by "
+                          f"{self.lag['left'] / MIB:,.0f} MiB more in this checkpoint)")
+        self.lag["left"] -= reuse * chunk
+        return chunks - reuse, (f"auto: a ring of {chunks - reuse} of the part's {chunks} requests: the writers "
+                                f"({w:,.0f} MiB/s a rank, the storage probe's write ceiling) are expected to write "
+                                f"what the ring reuses within half the {min(intervals):.3f} s between optimizer steps")
+
+    def _copy(self, flush: _Flush, tensors, after=None) -> None:
+        """The tensors into the part's buffer in offset order, a tensor that spans write requests a request's bytes
+        at a time; after each, the requests it completed go to the writers (the gap to the next tensor is padding,
+        zero already). In a ring, each request's slot is taken first (_Flush.claim_upto). after: a CUDA event on
+        the stream that made the tensors: the copies go on the side stream behind it (a ring's device->host copies,
+        which must wait for slots, so they cannot all be queued at save())."""
+        import torch
+
         start = time.perf_counter()
-        part, step = flush.part, flush.chunk
+        part, chunk = flush.part, flush.chunk
         try:
-            copies = part.copies
-            for j, (i, off, n) in enumerate(copies):
-                t = tensors[i]
-                dst = part.buffer[off:off + n]
-                nxt = copies[j + 1][1] if j + 1 < len(copies) else flush.length
-                if t.is_contiguous() and n > step:
-                    src = t.reshape(-1).view(dst.dtype) if t.dtype != dst.dtype else t.reshape(-1)
-                    for a in range(0, n, step):
-                        dst[a:a + step].copy_(src[a:a + step])
-                        flush.ready(off + a + step if a + step < n else nxt)
+            with self._on_side_stream(after):
+                copies = part.copies
+                for j, (i, off, n) in enumerate(copies):
+                    t = tensors[i]
+                    nxt = copies[j + 1][1] if j + 1 < len(copies) else flush.length
+                    first, last = off // chunk, (off + max(n, 1) - 1) // chunk
+                    if first == last or not (part.ring or t.is_contiguous()):  # in one request, or whole
+                        if not flush.claim_upto(last):
+                            break
+                        part.staged(off, n).view(t.dtype).view(t.shape).copy_(t)
+                        flush.ready(nxt)
+                        continue
+                    src = (t if t.is_contiguous() else t.contiguous()).reshape(-1).view(torch.uint8)
+                    pos = off
+                    while pos < off + n:
+                        end = min((pos // chunk + 1) * chunk, off + n)
+                        if not flush.claim_upto(pos // chunk):
+                            break
+                        part.staged(pos, end - pos).copy_(src[pos - off:end - off])
+                        pos = end
+                        flush.ready(end if end < off + n else nxt)
+                    if pos < off + n:
+                        break
                 else:
-                    dst.view(t.dtype).view(t.shape).copy_(t)
-                    flush.ready(nxt)
-            flush.ready()
+                    if flush.claim_upto(len(flush.offsets) - 1):
+                        flush.ready()
+            if flush.error is not None:  # a write failed: the requests left count down unwritten
+                flush.failed(flush.error)
         except BaseException as exc:
             flush.failed(exc)
             raise
         finally:
             self._add("copy_seconds", time.perf_counter() - start)
+            self._add("staging_wait_seconds", flush.waited)
+
+    def _on_side_stream(self, after):
+        """The side stream, behind the event `after` (None: no CUDA copies: nothing)."""
+        if after is None:
+            return contextlib.nullcontext()
+        import torch
+
+        if self.side_stream is None:
+            self.side_stream = torch.cuda.Stream()
+        self.side_stream.wait_event(after)
+        return torch.cuda.stream(self.side_stream)
 
     def _add(self, name: str, seconds: float) -> None:
         with self.lock:
@@ -376,8 +555,6 @@ class LazyIO(CheckpointIO):
                     nxt = part.copies[j + 1][1] if j + 1 < len(part.copies) else None
                     marks.append((event, nxt))
                     since = 0
-        if marks:
-            self.cuda_events.append(marks[-1][0])
         return marks
 
     def _after_events(self, flush: _Flush, marks: list) -> None:
@@ -405,9 +582,10 @@ class LazyIO(CheckpointIO):
                         flush.started = time.perf_counter()
                 fd = flush.descriptor()
                 pos = off
+                data = flush.data(off, end)
                 while pos < end:
                     try:
-                        pos += os.pwrite(fd, flush.view[pos:end], pos)
+                        pos += os.pwrite(fd, data[pos - off:], pos)
                     except OSError as exc:  # a file system that takes the O_DIRECT open and refuses the request
                         if exc.errno != errno.EINVAL:
                             raise
@@ -424,6 +602,7 @@ class LazyIO(CheckpointIO):
             last = flush.left == 0
             if error is not None and flush.error is None:
                 flush.error = error
+        flush.release(off)
         if last:
             self._finish(flush)
 
@@ -456,18 +635,16 @@ class LazyIO(CheckpointIO):
         them on the GPU)."""
         with self.lock:
             copies, self.copies = self.copies, []
-            events, self.cuda_events = self.cuda_events, []
         if not copies:
             return
         start = time.perf_counter()
-        if events:
-            import torch
+        for copy, event in copies:
+            if event is not None:  # queued on the side stream at save(): the step's stream waits on the GPU
+                import torch
 
-            for event in events:
                 torch.cuda.current_stream().wait_event(event)
-        else:
-            for c in copies:
-                c.result()
+            else:
+                copy.result()
         self._add("step_wait_seconds", time.perf_counter() - start)
 
     def wait(self) -> None:
@@ -480,8 +657,8 @@ class LazyIO(CheckpointIO):
     def buffers(self) -> dict:
         """Every part's staging buffer, kept for the next save of the same layout."""
         parts = list(self.plans.values())
-        return {"host_bytes": sum(p.size for p in parts),
-                "pinned_bytes": sum(p.size for p in parts if p.buffer.is_pinned())}
+        return {"host_bytes": sum(p.nbytes for p in parts),
+                "pinned_bytes": sum(p.nbytes for p in parts if p.buffer.is_pinned())}
 
     def statistics(self) -> dict:
         return {k: round(v, 6) if isinstance(v, float) else v for k, v in self.stats.items()}
@@ -873,6 +1050,15 @@ def read_way(options: Options, storage: dict | None) -> dict:
     if source == "direct":
         return {"way": "direct", "why": "the storage's read ceiling came from the O_DIRECT probe"}
     return {"way": "buffered", "why": f"the storage's read ceiling came from its {source} read"}
+
+
+def _per_writer(storage: dict | None) -> float | None:
+    """The storage's write bandwidth per rank (MiB/s): the probe's write ceiling over its concurrent writers; None
+    without a probe."""
+    if not storage or storage.get("error"):
+        return None
+    write = (storage.get("ceiling") or {}).get("write_mib_s")
+    return write / (storage.get("ranks") or 1) if write else None
 
 
 def _per_reader(storage: dict | None) -> float | None:

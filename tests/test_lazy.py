@@ -177,6 +177,96 @@ def test_writes_follow_the_copy_a_request_at_a_time(tmp_path, monkeypatch):
     assert len(requests) == 2 * 2 * 8  # 7.x MiB a part: 8 requests of 1 MiB, each save
 
 
+def _ring_state(step: int) -> dict:
+    """Tensors of every shape a ring must handle: spanning requests (one strided), within one, empty, gaps."""
+    g = torch.Generator().manual_seed(step)
+    return {"big": torch.randn(5 * 2**20 // 4 + 7, generator=g), "strided": torch.randn(1024, 1030, generator=g)[:, ::2],
+            "small": torch.full((5,), step, dtype=torch.bfloat16), "empty": torch.empty(0, 3),
+            "tail": torch.randn(3 * 2**20 // 4 - 100, generator=g), "step": torch.tensor(step)}
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_ring_buffer_writes_the_same_files_as_a_whole_one(tmp_path, monkeypatch, direct):
+    """staging_mib: a part staged in a ring of write requests far smaller than the part gives the files byte for
+    byte what a buffer of the whole part gives, save after save (the slots reused, their gaps zeroed), and the copy
+    waits for slots while the writes are slow (staging_wait_seconds), never the bytes."""
+    import time
+
+    from engines import lazy
+
+    real = lazy.LazyIO._write_request
+
+    def slow(self, flush, off):
+        time.sleep(0.01)
+        return real(self, flush, off)
+
+    monkeypatch.setattr(lazy.LazyIO, "_write_request", slow)
+    ring, whole = (_engine(write_chunk_mib=1, writers=2, direct_io=direct, staging_mib=m) for m in (3, 0))
+    for step in range(3):
+        state = _ring_state(step)
+        for name, engine in (("ring", ring), ("whole", whole)):
+            path = tmp_path / name / f"global_step{step}" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+            engine.save(state, str(path))
+            engine.wait_copied()
+            engine.wait()
+        files = [tmp_path / name / f"global_step{step}" / "zero_pp_rank_0_mp_rank_00_optim_states.pt" / "part-0.bin"
+                 for name in ("ring", "whole")]
+        assert files[0].read_bytes() == files[1].read_bytes(), step
+        back = fmt.load(files[0].parent)
+        assert all(torch.equal(back[k], v) for k, v in state.items()), step
+    stats = ring.statistics()
+    (staged,) = stats["staging"]
+    assert staged["buffer_bytes"] == 3 * 2**20 < staged["part_bytes"] and "a ring of 3 requests" in staged["why"]
+    assert ring.buffers()["host_bytes"] == 3 * 2**20 and stats["buffers_reused"] == 2
+    assert stats["staging_wait_seconds"] > 0 and whole.statistics()["staging_wait_seconds"] == 0
+    assert whole.buffers()["host_bytes"] == whole.statistics()["staging"][0]["part_bytes"]
+
+
+def test_a_failed_write_in_a_ring_stops_the_copy_and_fails_the_save_not_the_step(tmp_path, monkeypatch):
+    """A write that fails while the copy waits for its slot: the copy stops, the optimizer step's wait returns, and
+    wait() raises the write's error (the harness then never commits the checkpoint)."""
+    import errno
+
+    real = os.pwrite
+    calls = []
+
+    def failing(fd, data, offset):
+        calls.append(offset)
+        if len(calls) == 2:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, data, offset)
+
+    monkeypatch.setattr(os, "pwrite", failing)
+    engine = _engine(write_chunk_mib=1, writers=1, staging_mib=2)
+    engine.save(_ring_state(0), str(tmp_path / "global_step1" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"))
+    engine.wait_copied()
+    with pytest.raises(OSError, match="Input/output error"):
+        engine.wait()
+    assert len(calls) == 2  # the copy stopped at the slot the failed request held: no request after it written
+
+
+def test_auto_staging_reuses_what_the_writes_clear_within_half_an_optimizer_step():
+    """staging_mib=0 (auto): a part is staged whole without a write ceiling, without two optimizer steps before the
+    save, or on CUDA; otherwise in a ring of the part less what the writers write in half the interval between
+    steps (W T / 2, shared by a checkpoint's parts), never fewer than writers + 1 requests."""
+    probe = {"ranks": 2, "ceiling": {"write_mib_s": 200.0}}  # 100 MiB/s a rank
+    engine = LazyIO(Options(), None, storage=probe)
+    chunk, d = 16 * 2**20, Path("/ckpt/global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    assert engine._staging(d, 160 * 2**20, chunk, pinned=False)[0] is None  # no interval measured yet
+    engine.step_marks = [10.0, 11.5, 12.8]  # shortest interval 1.3 s: 65 MiB may lag, 4 requests
+    slots, why = engine._staging(d, 160 * 2**20, chunk, pinned=False)
+    assert slots == 6 and "a ring of 6 of the part's 10 requests" in why and "1.300 s" in why
+    # the same checkpoint's next part: 1 MiB of lag left, under a request: whole
+    assert engine._staging(d.with_name("mp_rank_00_model_states.pt"), 160 * 2**20, chunk, pinned=False)[0] is None
+    # the next checkpoint starts afresh, and a ring never goes below writers + 1 requests
+    engine.step_marks = [0.0, 100.0]
+    assert engine._staging(Path("/ckpt/global_step4/x.pt"), 160 * 2**20, chunk, pinned=False)[0] == 5
+    assert engine._staging(Path("/ckpt/global_step6/x.pt"), 160 * 2**20, chunk, pinned=True)[0] is None
+    assert LazyIO(Options(), None)._staging(d, 160 * 2**20, chunk, pinned=False)[1].endswith(
+        "(no storage probe with a write ceiling)")
+    assert LazyIO(Options(staging_mib=1), None)._staging(d, 160 * 2**20, chunk, pinned=True)[0] == 5
+
+
 def test_a_request_refused_with_einval_is_written_buffered(tmp_path, monkeypatch):
     """A file system that takes the O_DIRECT open and refuses its requests (some FUSE and network file systems):
     the rest of the part goes through a buffered descriptor, the save's statistics say so, the bytes are right."""

@@ -6,8 +6,9 @@ Method
 - Engines: every engine whose plug-in accepts this machine (check() passes: on CPU default, torchsnapshot and
   its async_take variant, dcp and its async_save variant, lazy, and fastpersist where libaio's headers are; on CUDA
   also datastates where installed and decoupled), plus engine=none for the step-time baseline.
-- Each case is one `./submit-job.sh small dp=2 engine=... iters=6 save_interval=2 after=1 cache=drop` (override
-  the layout and counts with extra key=value arguments), run REPEATS times in sequence on an otherwise idle
+- Each case is one `./submit-job.sh small dp=2 engine=... iters=6 save_interval=2 after=1 cache=drop keep=false`
+  (override the layout and counts with extra key=value arguments; keep=false deletes the checkpoint once the run's
+  records are written), run REPEATS times in sequence on an otherwise idle
   machine, cases interleaved per repeat so drift hits all engines alike.
 - Per run: for each save, the slowest rank's blocking_seconds (inside save_checkpoint) and durable_seconds (until
   the flush finished and every file is fsync'd), from summary.json; the first save of a run is dropped as warm-up
@@ -44,8 +45,8 @@ Method
   on the CPUs just before its launch (summary.checkpoint.machine_load.cpu_busy_fraction), in the table's header.
 - Targets: `targets=fs,s3` runs every case that can write to object storage (engine default and dcp, both stacks)
   a second time with ckpt_dir=s3://bench/runs on a local Ceph RADOS Gateway that the script starts (objects in
-  memory, testbeds/ceph_s3.py) and stops; those rows are labelled `... s3`, their runs use
-  keep=false (the store's memory is bounded), and their ratios are to the S3 baseline (`./submit-job.sh baseline
+  memory, testbeds/ceph_s3.py) and stops; those rows are labelled `... s3` (keep=false matters there too: the
+  store's memory is bounded), and their ratios are to the S3 baseline (`./submit-job.sh baseline
   dir=s3://bench/probe`: PUT and GET with the engines' own client), measured in each repeat beside the disk's. The
   restart phases and the load and save anatomy (median seconds of the slowest rank) show where the time goes.
 
@@ -88,7 +89,9 @@ CASES = [
     ("fsdp2 dcp", ["stack=fsdp2", "engine=dcp"]),
     ("fsdp2 dcp async_save", ["stack=fsdp2", "engine=dcp", "async_save=true"]),
 ]
-BASE = ["dp=2", "iters=6", "save_interval=2", "after=1", "cache=drop"]
+# keep=false: each run's checkpoint is deleted once its records are written (3 repeats of 4 `small` cases at
+# iters=10 kept 39 GB otherwise, more than this project's disk had free on 2026-11-27)
+BASE = ["dp=2", "iters=6", "save_interval=2", "after=1", "cache=drop", "keep=false"]
 BASELINE_FILE_MIB = 256
 
 
@@ -160,7 +163,7 @@ def main() -> None:
     server = None
     if "s3" in targets:
         server = start_object_store()
-        cases += [(f"{name} s3", [*base, *extra, S3_TARGET, "keep=false"]) for name, extra in chosen
+        cases += [(f"{name} s3", [*base, *extra, S3_TARGET]) for name, extra in chosen
                   if runnable([*base, *extra, S3_TARGET])]
     try:
         measure(cases, base, repeats, targets)

@@ -50,6 +50,8 @@ REPLICATED = re.compile(r"(?:^|/)mp_rank_\d+_model_states\.pt$")
 MIB = 1 << 20
 # the broadcast's bandwidth is measured with one broadcast of this many bytes (or the file's share, if smaller)
 BROADCAST_PROBE_BYTES = 8 * MIB
+# parts whose staging (bytes, buffer, why) every save's engine_statistics lists; all of them are in staging_bytes
+STAGING_RECORDS = 16
 
 
 @dataclass
@@ -114,7 +116,7 @@ class LazyFiles(FileLayout):
 class LazyEngine(Engine):
     name = "lazy"
     description = ("the harness's own: lazy copy overlapping the next step, aligned writes following the copy at the "
-                   "storage ceiling's queue depth, balanced replica writes, parallel reads and read-ahead into "
+                   "storage ceiling's queue depth from buffers no larger than the writes need, balanced replica writes, parallel reads and read-ahead into "
                    "preallocated buffers, a replicated file broadcast or read by every replica as measured "
                    "(engines/_lazy_format.py)")
     Options = Options
@@ -396,6 +398,8 @@ class LazyIO(CheckpointIO):
         elif any(t.is_cuda for t in tensors):  # a ring's copies wait for slots: queued by the copy thread
             import torch
 
+            if self.side_stream is None:  # here, on the rank's device (the copy thread's current device is 0)
+                self.side_stream = torch.cuda.Stream()
             made = torch.cuda.Event()
             made.record()
             copy = self.copier.submit(self._copy, flush, tensors, made)
@@ -426,8 +430,13 @@ class LazyIO(CheckpointIO):
             part = _Part(d / fmt.part_name(k), size, pinned, copies, chunk, slots)
             self.plans[signature] = part
             self.stats["buffers_allocated"] += 1
-            self.stats.setdefault("staging", []).append(
-                {"file": d.name, "part_bytes": size, "buffer_bytes": part.nbytes, "why": why})
+            staged = self.stats.setdefault("staging", [])
+            if len(staged) < STAGING_RECORDS:
+                staged.append({"file": d.name, "part_bytes": size, "buffer_bytes": part.nbytes, "why": why})
+            totals = self.stats.setdefault("staging_bytes", {"parts": 0, "part_bytes": 0, "buffer_bytes": 0})
+            totals["parts"] += 1
+            totals["part_bytes"] += size
+            totals["buffer_bytes"] += part.nbytes
         part.path = d / fmt.part_name(k)
         part.busy = True
         return part
@@ -447,7 +456,8 @@ class LazyIO(CheckpointIO):
             if slots >= chunks:
                 return None, f"staging_mib={self.options.staging_mib}: the whole part fits"
             return slots, (f"staging_mib={self.options.staging_mib}: a ring of {slots} requests"
-                           + (f", the least that keeps {self.options.writers} writers busy"
+                           + (f", the least: a request for each of the {self.options.writers} writers and one "
+                              f"being copied"
                               if slots * chunk > self.options.staging_mib * MIB else ""))
         if pinned:
             return None, ("auto on CUDA: the whole part (its copies are queued on the side stream at save() and the "
@@ -513,17 +523,16 @@ class LazyIO(CheckpointIO):
             flush.failed(exc)
             raise
         finally:
-            self._add("copy_seconds", time.perf_counter() - start)
+            self._add("copy_seconds", time.perf_counter() - start - flush.waited)  # copying, not waiting for slots
             self._add("staging_wait_seconds", flush.waited)
 
     def _on_side_stream(self, after):
-        """The side stream, behind the event `after` (None: no CUDA copies: nothing)."""
+        """The side stream (made by save() on the rank's device; entering it also makes that device current in the
+        copy thread), behind the event `after` (None: no CUDA copies: nothing)."""
         if after is None:
             return contextlib.nullcontext()
         import torch
 
-        if self.side_stream is None:
-            self.side_stream = torch.cuda.Stream()
         self.side_stream.wait_event(after)
         return torch.cuda.stream(self.side_stream)
 

@@ -122,7 +122,9 @@ RUNS: dict[str, Case] = {
     # the harness's own engine; lazy-dp2 is tiny-dp2 with engine=lazy (tests/test_lazy.py compares their files),
     # its model file split over both replicas even at this size
     "lazy-dp2": Case("tiny dp=2 engine=lazy balance_min_mib=0 iters=4 save_interval=2 after=2 attribution=python"),
-    "lazy-tp2-pp2-dp2": Case(f"tiny tp=2 pp=2 dp=2 engine=lazy {SHORT}"),
+    # ... and its parts staged in rings of 1 MiB requests (the vocabulary grown so an optimizer file spans several)
+    "lazy-tp2-pp2-dp2": Case(f"tiny tp=2 pp=2 dp=2 engine=lazy vocab_size=16384 write_chunk_mib=1 writers=1 "
+                             f"staging_mib=1 {SHORT}"),
     # emulation (no model, no training): each beside the real run above it must equal (tests/test_emulate.py)
     "emulated-tiny-dp2": Case("tiny dp=2 engine=default iters=4 save_interval=2 after=2 emulate=true"),
     "emulated-tp2-pp2": Case(f"tiny tp=2 pp=2 baseline=false {SHORT} emulate=true"),

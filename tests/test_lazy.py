@@ -1,6 +1,7 @@
 """engine=lazy (engines/lazy.py, format in engines/_lazy_format.py): the format round-trips every kind of tensor a
 DeepSpeed state holds; real runs save, restart and verify at dp=2 (the replicated model file split over both
-replicas) and tp=2 pp=2 dp=2 (layer files spread over replicas); its checkpoint converted to DeepSpeed's layout
+replicas) and tp=2 pp=2 dp=2 (layer files spread over replicas, parts staged in rings of write requests); a ring
+writes the files a whole buffer writes, byte for byte; its checkpoint converted to DeepSpeed's layout
 equals the default engine's checkpoint of the same run tensor for tensor and is read by DeepSpeed's zero_to_fp32;
 a rank killed in the middle of a flush leaves `latest` on the last checkpoint every rank made durable."""
 
@@ -217,6 +218,7 @@ def test_a_ring_buffer_writes_the_same_files_as_a_whole_one(tmp_path, monkeypatc
     stats = ring.statistics()
     (staged,) = stats["staging"]
     assert staged["buffer_bytes"] == 3 * 2**20 < staged["part_bytes"] and "a ring of 3 requests" in staged["why"]
+    assert stats["staging_bytes"] == {"parts": 1, "part_bytes": staged["part_bytes"], "buffer_bytes": 3 * 2**20}
     assert ring.buffers()["host_bytes"] == 3 * 2**20 and stats["buffers_reused"] == 2
     assert stats["staging_wait_seconds"] > 0 and whole.statistics()["staging_wait_seconds"] == 0
     assert whole.buffers()["host_bytes"] == whole.statistics()["staging"][0]["part_bytes"]
@@ -430,6 +432,12 @@ def test_lazy_saves_restarts_and_verifies(harness, name):
                 for line in p.read_text().splitlines() if json.loads(line)["event"] == "layout"
                 and json.loads(line)["rank"] in writers}
     assert dp_ranks == {0, 1}
+    staged = [p for s in saves for p in s["engine_statistics"]["staging"]]
+    if name == "lazy-tp2-pp2-dp2":  # staging_mib=1, writers=1: rings of 2 requests where a part spans more
+        rings = [p for p in staged if p["buffer_bytes"] < p["part_bytes"]]
+        assert rings and all(p["buffer_bytes"] == 2 * 2**20 and "a ring of 2 requests" in p["why"] for p in rings)
+    else:  # auto: the tiny parts fit in fewer requests than a ring holds
+        assert all(p["buffer_bytes"] == p["part_bytes"] for p in staged), staged
     if name == "lazy-dp2":
         # broadcast_load=auto with both replicas on this node: each read its share of the replicated model file into
         # one shared-memory mapping, said so, left nothing in /dev/shm, and the restart read the checkpoint once;

@@ -94,11 +94,14 @@ def test_save_window_is_the_save_and_counts_every_byte_written(harness, name):
             assert a["io"]["write"]["bytes"] >= save["bytes"]  # rank 0 also writes `latest`
             assert a["io"]["write"]["bytes"] <= save["bytes"] + 64
             assert a["io"]["sync"]["calls"] >= len(save["files"])
-            # write seconds: at most the counters' seconds inside writes, and those where one thread writes
+            # write seconds: at most the counters' seconds inside writes, and those of the tag's files where one thread
+            # writes. Rank 0's write of `latest` (at the commit, outside the engine's save: `other`) is counted but is
+            # not the save's: the likely cause of one failure, 0.5 ms attributed against 5.7 ms counted (2026-11-27)
             counted = sum(f["write"]["seconds"] for f in a["files"].values())
             assert a["seconds"]["write"] <= counted + 1e-5, (rank, save["tag"])
             if SINGLE_READER[name]:
-                assert a["seconds"]["write"] == pytest.approx(counted, rel=WITHIN, abs=2e-3), (rank, save["tag"])
+                saved = sum(f["write"]["seconds"] for p, f in a["files"].items() if f"/{save['tag']}/" in p)
+                assert a["seconds"]["write"] == pytest.approx(saved, rel=WITHIN, abs=2e-3), (rank, save["tag"])
 
 
 @pytest.mark.slow

@@ -459,6 +459,9 @@ class LazyIO(CheckpointIO):
                            + (f", the least: a request for each of the {self.options.writers} writers and one "
                               f"being copied"
                               if slots * chunk > self.options.staging_mib * MIB else ""))
+        if chunks <= least:
+            return None, (f"auto: the whole part: its {chunks} request{'s are' if chunks != 1 else ' is'} no more than a "
+                          f"ring's least, writers + 1 = {least}")
         if pinned:
             return None, ("auto on CUDA: the whole part (its copies are queued on the side stream at save() and the "
                           "step waits for them on the GPU; a ring's must wait on the host)")
@@ -473,8 +476,8 @@ class LazyIO(CheckpointIO):
             self.lag = {"tag": tag, "left": int(w * MIB * min(intervals) / 2)}
         reuse = min(self.lag["left"] // chunk, chunks - least)
         if reuse <= 0:
-            return None, (f"auto: the whole part ({chunks} requests; the writes may lag the copy by "
-                          f"{self.lag['left'] / MIB:,.0f} MiB more in this checkpoint)")
+            return None, (f"auto: the whole part: the writes may lag the copy by only {self.lag['left'] / MIB:,.1f} MiB "
+                          f"more in this checkpoint, less than a request")
         self.lag["left"] -= reuse * chunk
         return chunks - reuse, (f"auto: a ring of {chunks - reuse} of the part's {chunks} requests: the writers "
                                 f"({w:,.0f} MiB/s a rank, the storage probe's write ceiling) are expected to write "

@@ -267,6 +267,8 @@ def test_auto_staging_reuses_what_the_writes_clear_within_half_an_optimizer_step
     assert LazyIO(Options(), None)._staging(d, 160 * 2**20, chunk, pinned=False)[1].endswith(
         "(no storage probe with a write ceiling)")
     assert LazyIO(Options(staging_mib=1), None)._staging(d, 160 * 2**20, chunk, pinned=True)[0] == 5
+    assert engine._staging(d, 80 * 2**20, chunk, pinned=False) == (
+        None, "auto: the whole part: its 5 requests are no more than a ring's least, writers + 1 = 5")
 
 
 def test_a_request_refused_with_einval_is_written_buffered(tmp_path, monkeypatch):
@@ -433,11 +435,14 @@ def test_lazy_saves_restarts_and_verifies(harness, name):
                 and json.loads(line)["rank"] in writers}
     assert dp_ranks == {0, 1}
     staged = [p for s in saves for p in s["engine_statistics"]["staging"]]
+    told = summary["checkpoint"]["engine_staging"]  # the rank with the most buffer bytes (the terminal's staging row)
     if name == "lazy-tp2-pp2-dp2":  # staging_mib=1, writers=1: rings of 2 requests where a part spans more
         rings = [p for p in staged if p["buffer_bytes"] < p["part_bytes"]]
         assert rings and all(p["buffer_bytes"] == 2 * 2**20 and "a ring of 2 requests" in p["why"] for p in rings)
+        assert told["rings"] >= 1 and told["buffer_bytes"] < told["part_bytes"], told
     else:  # auto: the tiny parts fit in fewer requests than a ring holds
         assert all(p["buffer_bytes"] == p["part_bytes"] for p in staged), staged
+        assert told["rings"] == 0 and told["buffer_bytes"] == told["part_bytes"], told
     if name == "lazy-dp2":
         # broadcast_load=auto with both replicas on this node: each read its share of the replicated model file into
         # one shared-memory mapping, said so, left nothing in /dev/shm, and the restart read the checkpoint once;

@@ -265,6 +265,12 @@ def _memory_rows(ck: dict, steps: dict | None) -> list[tuple[str, str]]:
                                else "")),
             ("  beyond steps", f"median {mib(m['cost_bytes_median'])} a save over {m['saves']} saves, less a "
                                f"training step's own {mib(m['step_peak_added_bytes'])} where its flush overlapped steps")]
+    st = ck.get("engine_staging")
+    if st:  # engine=lazy: how its buffers were sized (docs/engines.md#staging)
+        listed = f"{st['rings']} of {st['listed']} parts in rings" + (
+            "" if st["listed"] == st["parts"] else f" (of the first {st['listed']} of {st['parts']})")
+        rows.append(("  staging", f"{st['buffer_bytes'] / MIB:,.1f} MiB of buffers for {st['part_bytes'] / MIB:,.1f} "
+                                  f"MiB of parts on rank {st['rank']}, {listed}; the largest part: {st['why']}"))
     g = m["growth"]
     if g.get("bytes_per_save") is None:
         rows.append(("memory growth", f"not measured: {g['note']}"))

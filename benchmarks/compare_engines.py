@@ -325,7 +325,9 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
           "storage read MiB/s is what all ranks read from storage over the slowest rank's seconds with a read in "
           "flight, the storage's own pace. A load above the storage read (or above the ceiling) means reads ran on "
           "while DeepSpeed worked between the engine's loads (a read-ahead), which no load second counts, not a "
-          "storage faster than its ceiling.\n")
+          "storage faster than its ceiling. A storage read above the ceiling is a buffered reader working between "
+          "its calls (torch.load), whose pages the kernel read ahead while no call was in flight "
+          "(benchmarks/read_ahead_overlap.py).\n")
     print("| engine | load MiB/s | x ceiling read | storage read MiB/s | x ceiling read | how it read |")
     print("|---|---|---|---|---|---|")
     for name, r in rows.items():

@@ -116,9 +116,9 @@ class LazyFiles(FileLayout):
 class LazyEngine(Engine):
     name = "lazy"
     description = ("the harness's own: lazy copy overlapping the next step, aligned writes following the copy at the "
-                   "storage ceiling's queue depth from buffers no larger than the writes need, balanced replica writes, parallel reads and read-ahead into "
-                   "preallocated buffers, a replicated file broadcast or read by every replica as measured "
-                   "(engines/_lazy_format.py)")
+                   "storage ceiling's queue depth from buffers no larger than the writes need, balanced replica "
+                   "writes, parallel reads and read-ahead into preallocated buffers, a replicated file broadcast or "
+                   "read by every replica as measured (engines/_lazy_format.py)")
     Options = Options
     emulates = False  # needs the DeepSpeed engine to hook its optimizer step
     file_layout = LazyFiles

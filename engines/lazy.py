@@ -433,10 +433,6 @@ class LazyIO(CheckpointIO):
             staged = self.stats.setdefault("staging", [])
             if len(staged) < STAGING_RECORDS:
                 staged.append({"file": d.name, "part_bytes": size, "buffer_bytes": part.nbytes, "why": why})
-            totals = self.stats.setdefault("staging_bytes", {"parts": 0, "part_bytes": 0, "buffer_bytes": 0})
-            totals["parts"] += 1
-            totals["part_bytes"] += size
-            totals["buffer_bytes"] += part.nbytes
         part.path = d / fmt.part_name(k)
         part.busy = True
         return part
@@ -468,7 +464,7 @@ class LazyIO(CheckpointIO):
         w = self.write_mib_s_per_writer
         intervals = [b - a for a, b in zip(self.step_marks, self.step_marks[1:], strict=False)]
         if not w or not intervals:
-            return None, ("auto: the whole part (" + ("no storage probe with a write ceiling"
+            return None, ("auto: the whole part (" + ("no storage probe with a write figure"
                                                       if not w else "fewer than two optimizer steps before the save")
                           + ")")
         tag = str(d.parent)
@@ -673,7 +669,12 @@ class LazyIO(CheckpointIO):
                 "pinned_bytes": sum(p.nbytes for p in parts if p.buffer.is_pinned())}
 
     def statistics(self) -> dict:
-        return {k: round(v, 6) if isinstance(v, float) else v for k, v in self.stats.items()}
+        """The save's account (summed over the run); staging_bytes: the parts kept for later saves, their bytes and
+        their buffers' (docs/engines.md#staging)."""
+        parts = list(self.plans.values())
+        staged = {"staging_bytes": {"parts": len(parts), "part_bytes": sum(p.size for p in parts),
+                                    "buffer_bytes": sum(p.nbytes for p in parts)}} if parts else {}
+        return {**{k: round(v, 6) if isinstance(v, float) else v for k, v in self.stats.items()}, **staged}
 
     def load_statistics(self) -> dict:
         """What the restart's loads did (summed over ranks in the summary); read_requests and populated_requests: the
@@ -1065,22 +1066,21 @@ def read_way(options: Options, storage: dict | None) -> dict:
 
 
 def _per_writer(storage: dict | None) -> float | None:
-    """The storage's write bandwidth per rank (MiB/s): the probe's write ceiling over its concurrent writers; None
-    without a probe."""
-    if not storage or storage.get("error"):
-        return None
-    write = (storage.get("ceiling") or {}).get("write_mib_s")
-    return write / (storage.get("ranks") or 1) if write else None
+    """The storage's write bandwidth per rank (MiB/s): _per_rank's, writing."""
+    return _per_rank(storage, "write_mib_s")
 
 
 def _per_reader(storage: dict | None) -> float | None:
-    """The storage's read bandwidth per reader (MiB/s): the probe's ceiling read (else its baseline read) over its
-    concurrent readers; None without a probe."""
+    """The storage's read bandwidth per reader (MiB/s): _per_rank's, reading."""
+    return _per_rank(storage, "read_mib_s")
+
+
+def _per_rank(storage: dict | None, figure: str) -> float | None:
+    """The probe's ceiling (else its baseline) figure over its concurrent ranks; None without a probe."""
     if not storage or storage.get("error"):
         return None
-    read = (storage.get("ceiling") or {}).get("read_mib_s") or storage.get("read_mib_s")
-    ranks = storage.get("ranks") or 1
-    return read / ranks if read else None
+    total = (storage.get("ceiling") or {}).get(figure) or storage.get(figure)
+    return total / (storage.get("ranks") or 1) if total else None
 
 
 def _all_reduce(tensor, op: str, group) -> None:

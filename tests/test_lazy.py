@@ -265,7 +265,7 @@ def test_auto_staging_reuses_what_the_writes_clear_within_half_an_optimizer_step
     assert engine._staging(Path("/ckpt/global_step4/x.pt"), 160 * 2**20, chunk, pinned=False)[0] == 5
     assert engine._staging(Path("/ckpt/global_step6/x.pt"), 160 * 2**20, chunk, pinned=True)[0] is None
     assert LazyIO(Options(), None)._staging(d, 160 * 2**20, chunk, pinned=False)[1].endswith(
-        "(no storage probe with a write ceiling)")
+        "(no storage probe with a write figure)")
     assert LazyIO(Options(staging_mib=1), None)._staging(d, 160 * 2**20, chunk, pinned=True)[0] == 5
     assert engine._staging(d, 80 * 2**20, chunk, pinned=False) == (
         None, "auto: the whole part: its 5 requests are no more than a ring's least, writers + 1 = 5")

@@ -50,10 +50,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
                               match=request.options.match)
 
 
+def taken(folder: Path) -> bool:
+    """Whether folder holds something already (a report is never written over anything)."""
+    return folder.exists() and (not folder.is_dir() or any(folder.iterdir()))
+
+
 def report_dir(requested: Path | None) -> Path:
     """The report folder, created here; an earlier report is never overwritten."""
     if requested is not None:
-        if requested.exists() and (not requested.is_dir() or any(requested.iterdir())):
+        if taken(requested):
             raise FileExistsError(f"{requested} already exists and is not an empty folder; give a new one")
         requested.mkdir(parents=True, exist_ok=True)
         return requested.resolve()
@@ -115,6 +120,16 @@ def write(out: Path, built: dict, title: str) -> list[Path]:
     return [out / name for name in files]
 
 
+def left_out(counts: dict[str, int], match: str | None) -> str:
+    """The line naming the runs include= and match= left out; "" when none."""
+    if not counts:
+        return ""
+    words = {"failed": "failed or interrupted", "dry": "dry", "not matching": f"not matching {match}"}
+    said = ", ".join(f"{n} {words[k]}" for k, n in sorted(counts.items()))
+    hint = [k for k in ld.INCLUDE if k in counts]
+    return f"left out: {said} run(s)" + (f" (include={','.join(hint)} takes them in)" if hint else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     """The report; a mistake is one line on stderr and exit code 2, before anything is written."""
     try:
@@ -122,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if args.output is not None and args.output.exists() and (not args.output.is_dir() or any(args.output.iterdir())):
+    if args.output is not None and taken(args.output):
         print(f"error: out_dir={args.output}: already exists and is not an empty folder; accepted: a new one",
               file=sys.stderr)
         return 2
@@ -130,13 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: out_dir={args.output}: {why}; accepted: a folder that can be created", file=sys.stderr)
         return 2
     loaded = ld.load(args.paths, include=args.include, match=args.match)
-    runs, skipped = loaded.runs, loaded.skipped
-    left = ""
-    if loaded.left_out:
-        words = {"failed": "failed or interrupted", "dry": "dry", "not matching": f"not matching {args.match}"}
-        said = ", ".join(f"{n} {words[k]}" for k, n in sorted(loaded.left_out.items()))
-        hint = [k for k in ld.INCLUDE if k in loaded.left_out]
-        left = f"left out: {said} run(s)" + (f" (include={','.join(hint)} takes them in)" if hint else "")
+    runs, skipped, left = loaded.runs, loaded.skipped, left_out(loaded.left_out, args.match)
     studies = [Path(p) for p in args.paths if (Path(p) / STUDY).is_file()]
     if not runs and not studies:  # one line: what was found instead of a readable run
         found = "; ".join([*([left] if left else []), *(s.line() for s in skipped)])

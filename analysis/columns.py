@@ -1,0 +1,286 @@
+"""One run's columns of runs.csv (analysis/table.py makes the rows): those the same for every restart record of a
+run, and those of each restart record and of the save it loaded, with units in every column name."""
+
+from __future__ import annotations
+
+import math
+
+from analysis.load import Run
+from restart_harness.schema import (
+    CONFIG_DEFAULTS,
+    KINDS,
+    LOAD_CATEGORIES,
+    PREDICTED_PHASES,
+    SAVE_CATEGORIES,
+    engine_label,
+    io_metadata_ops,
+    restart_conditions,
+)
+
+# runs.csv's column of each of schema.restart_conditions: how a restart started
+RESTART_CONDITIONS = {"launcher": "restart_launcher", "cache": "restart_cache_requested",
+                      "env_cache": "restart_env_cache_requested", "staged": "restart_staged"}
+
+
+
+def get(d: object, *keys: str, default: object = None) -> object:
+    """d[k1][k2]... or default when any level is missing or not an object."""
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return default
+        d = d[k]
+    return default if d is None else d
+
+
+def num(value: object) -> float | None:
+    """A finite number or None (strings, booleans and nested objects are not figures)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def restart_records(summary: dict) -> list[dict]:
+    """Every restart record, oldest first; a summary with only `restart` gives that one."""
+    records = [r for r in summary.get("restarts") or [] if isinstance(r, dict)]
+    if not records and isinstance(summary.get("restart"), dict):
+        records = [summary["restart"]]
+    return records
+
+
+
+def loaded_save(summary: dict, tag: str | None) -> dict:
+    """The save a restart loaded (by tag), else the checkpoint's tag, else the last save; {} if none."""
+    saves = [s for s in get(summary, "checkpoint", "saves", default=[]) if isinstance(s, dict)]
+    for want in (tag, get(summary, "checkpoint", "tag")):
+        for s in saves:
+            if want and s.get("tag") == want:
+                return s
+    return saves[-1] if saves else {}
+
+
+
+def run_columns(run: Run) -> dict:
+    """Columns that are the same for every restart record of a run."""
+    s, spec = run.summary, run.spec
+    ck = s.get("checkpoint") or {}
+    row = {
+        "run_id": run.run_id,
+        "state": run.state,
+        "state_reason": get(s, "status", "reason"),
+        "sweep": run.sweep,
+        "schema_version": s.get("schema_version"),
+        "model": spec["model"],
+        "shrink": spec.get("shrink"),
+        "precision": spec.get("precision"),
+        "tp": spec["tp"], "pp": spec["pp"], "dp": spec["dp"], "zero": spec.get("zero", CONFIG_DEFAULTS["zero"]),
+        "nodes": spec.get("nodes"),
+        "world_size": get(spec, "derived", "world_size"),
+        "launched_ranks": get(spec, "derived", "launched_ranks") or get(spec, "derived", "world_size"),
+        "emulate": bool(spec.get("emulate", CONFIG_DEFAULTS["emulate"])),
+        "engine": spec["engine"],
+        "engine_label": engine_label(spec),
+        "device": spec.get("device"),
+        "cache_requested": spec.get("cache"),
+        "num_parameters": get(spec, "derived", "num_parameters"),
+        "checkpoint_tag": ck.get("tag"),
+        "checkpoint_files": num(ck.get("files")),
+        "checkpoint_bytes": num(ck.get("bytes")),
+    }
+    for kind in KINDS:
+        row[f"{kind}_files"] = num(get(ck, "by_kind", kind, "files"))
+        row[f"{kind}_bytes"] = num(get(ck, "by_kind", kind, "bytes"))
+    row["checkpoint_rank_max_bytes"] = num(get(ck, "bytes_per_rank", "max"))
+    row["checkpoint_rank_min_bytes"] = num(get(ck, "bytes_per_rank", "min"))
+    row["saves_count"] = len(get(ck, "saves", default=[]) or [])
+    return {**row, **training_columns(s), **storage_columns(s), **request_columns("save", ck),
+            **prediction_columns(s)}
+
+
+def training_columns(summary: dict) -> dict:
+    """How training went, and what the saves cost it in time and in host memory."""
+    tr, ck = summary.get("training") or {}, summary.get("checkpoint") or {}
+    losses = [x for x in tr.get("losses") or [] if num(x) is not None]
+    return {
+        "training_steps": num(tr.get("steps")),
+        "step_median_seconds": num(tr.get("step_seconds_median")),
+        "step_in_flight_median_seconds": num(tr.get("step_seconds_median_in_flight")),
+        # what each save cost training (results/training_cost.py): median over the run's saves, and its baseline
+        "save_training_lost_median_seconds": num(get(ck, "training_lost", "per_save_seconds_median")),
+        "save_training_lost_total_seconds": num(get(ck, "training_lost", "total_seconds")),
+        "step_baseline_seconds": num(get(ck, "training_lost", "baseline_step", "seconds")),
+        # what each save cost in host memory per rank (results/save_memory.py), and its growth over the saves
+        "save_memory_cost_median_bytes": num(get(ck, "memory", "cost_bytes_median")),
+        "save_memory_peak_added_max_bytes": num(get(ck, "memory", "peak_added_bytes_max")),
+        "save_memory_held_max_bytes": num(get(ck, "memory", "held_bytes_max")),
+        "save_memory_engine_buffers_max_bytes": num(get(ck, "memory", "engine_buffers_bytes_max")),
+        "save_memory_growth_per_save_bytes": num(get(ck, "memory", "growth", "bytes_per_save")),
+        "save_memory_growing": get(ck, "memory", "growth", "growing"),
+        "final_loss": losses[-1] if losses else None,
+        "train_max_rss_bytes": num(tr.get("max_rss_bytes_per_rank")),
+    }
+
+
+def storage_columns(summary: dict) -> dict:
+    """What the storage delivered to the baseline probes, its ceiling (files/baseline.py ceiling()), and the
+    checkpoint's efficiencies against both."""
+    s, ck = summary, summary.get("checkpoint") or {}
+    row = {"baseline_write_mib_s": num(get(s, "baseline", "write_mib_s")),
+           "baseline_read_mib_s": num(get(s, "baseline", "read_mib_s")),
+           "baseline_method": get(s, "baseline", "method"),
+           "baseline_probes_count": num(get(s, "baseline", "spread", "repeats"))}
+    for way in ("write", "read"):  # the spread's slowest and fastest probe
+        spread = get(s, "baseline", "spread", f"{way}_mib_s") or [None]
+        row[f"baseline_{way}_min_mib_s"], row[f"baseline_{way}_max_mib_s"] = num(spread[0]), num(spread[-1])
+    return {
+        **row,
+        "machine_busy_at_launch": (get(ck, "machine_load", "busy") if get(ck, "machine_load") else None),
+        "efficiency_save_ratio": num(get(ck, "efficiency", "save")),
+        "efficiency_load_ratio": num(get(ck, "efficiency", "load")),
+        "ceiling_write_mib_s": num(get(s, "baseline", "ceiling", "write_mib_s")),
+        "ceiling_read_mib_s": num(get(s, "baseline", "ceiling", "read_mib_s")),
+        "ceiling_write_from": get(s, "baseline", "ceiling", "write_from"),
+        "ceiling_read_from": get(s, "baseline", "ceiling", "read_from"),
+        "efficiency_save_of_ceiling_ratio": num(get(ck, "efficiency", "save_of_ceiling")),
+        "efficiency_load_of_ceiling_ratio": num(get(ck, "efficiency", "load_of_ceiling")),
+    }
+
+
+def prediction_columns(summary: dict) -> dict:
+    """What the run predicted for itself before launch, and how far off it was (results/prediction.py); empty
+    for runs without a prediction (older runs, stack=fsdp2)."""
+    phases = get(summary, "prediction", "phases") or {}
+    row = {}
+    for phase in PREDICTED_PHASES:
+        p = phases.get(phase) or {}
+        row[f"predicted_{phase}"] = num(p.get("predicted"))
+        row[f"measured_{phase}"] = num(p.get("measured"))  # as the prediction defines it (results/prediction.py)
+        row[f"{phase.removesuffix('_seconds')}_prediction_error_ratio"] = num(p.get("rel_error"))
+    return row
+
+
+REQUEST_COLUMNS = ("requests", "failed_requests", "throttled_requests", "retried_requests", "failed_operations")
+
+
+def request_columns(prefix: str, phase: dict) -> dict:
+    """What an object store's client went through in a phase (summary storage_requests; empty on a file system)."""
+    counts, uploads = phase.get("storage_requests") or {}, phase.get("incomplete_uploads")
+    return {**{f"{prefix}_{name}_count": num(counts.get(name)) for name in REQUEST_COLUMNS},
+            f"{prefix}_incomplete_uploads_aborted_count": len(uploads.get("aborted") or [])
+            if isinstance(uploads, dict) else None}
+
+
+def node_columns(prefix: str, phase: dict) -> dict:
+    """How many nodes a save or restart ran on and its slowest node (results/placement.py; empty where the ranks
+    recorded no hosts, as before harness 0.4)."""
+    nodes, worst = phase.get("per_node"), phase.get("slowest_node") or {}
+    return {f"{prefix}_nodes_count": len(nodes) if nodes else None, f"{prefix}_slowest_node": worst.get("host"),
+            f"{prefix}_slowest_node_rank": num(worst.get("rank"))}
+
+
+def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
+    """Columns of one restart record, and of the save it loaded (all empty for a run without a restart)."""
+    rec = rec or {}
+    save = loaded_save(summary, rec.get("tag")) if summary.get("checkpoint") else {}
+    row = {
+        "save_tag": save.get("tag"),
+        "save_step": num(save.get("step")),
+        "save_blocking_seconds": num(save.get("blocking_seconds")),
+        "save_durable_seconds": num(save.get("durable_seconds")),
+        "save_commit_seconds": num(save.get("commit_seconds")),
+        "save_training_lost_seconds": num(get(save, "training_lost", "seconds")),
+        "save_memory_cost_bytes": num(get(save, "memory", "cost_bytes")),
+        "save_checksum_seconds": num(save.get("checksum_seconds")),
+        "throughput_blocking_mib_s": num(get(save, "throughput_mib_s", "blocking")),
+        "throughput_durable_mib_s": num(get(save, "throughput_mib_s", "durable")),
+        "restart_record": rec.get("record"),
+        "restart_tag": rec.get("tag"),
+        "restart_ranks": num(rec.get("ranks")),
+        "restart_total_seconds": num(rec.get("total_seconds")),
+        "restart_launch_seconds": num(rec.get("launch_seconds")),
+        "restart_wall_seconds": num(rec.get("wall_seconds")),
+        "restart_integrity_seconds": num(get(rec, "integrity", "seconds")),
+        "restart_staging_seconds": num(get(rec, "staging", "seconds")),  # env_stage=: copying the environment
+        "restart_staging_bytes": num(get(rec, "staging", "bytes")),
+        "restart_env_cache_observed": get(rec, "environment_cache", "observed"),
+        # how this restart started, where a restart-only re-run changed it (the run's spec says the first one's)
+        **{RESTART_CONDITIONS[k]: v for k, v in restart_conditions(rec).items()},
+        **node_columns("save", save),
+        **node_columns("restart", rec),
+    }
+    return {**row, **breakdown_columns(rec, save, phases), **outcome_columns(rec), **request_columns("restart", rec),
+            **io_columns(rec.get("io_sources"))}
+
+
+def breakdown_columns(rec: dict, save: dict, phases: list[str]) -> dict:
+    """Where a restart's time went (its phases and its load's categories) and the loaded save's."""
+    row = {f"phase_{p}_seconds": num(get(rec, "phases", p)) for p in phases}
+    lb = rec.get("load_breakdown") or {}
+    for c in LOAD_CATEGORIES:
+        row[f"load_{c}_seconds"] = num(lb.get(f"{c}_seconds"))
+    row["load_slowest_rank"] = lb.get("slowest_rank")
+    row["load_read_bytes"] = sum(num(r.get("read_bytes")) or 0 for r in lb.get("per_rank", [])) or None
+    peaks = [num(v.get("peak_rss_bytes_max")) for v in (rec.get("memory") or {}).values() if isinstance(v, dict)]
+    row["restart_peak_rss_bytes"] = max((p for p in peaks if p is not None), default=None)
+    bd = save.get("breakdown") or {}
+    for c in SAVE_CATEGORIES:
+        row[f"save_{c}_seconds"] = num(bd.get(f"{c}_seconds"))
+    return row
+
+
+def outcome_columns(rec: dict) -> dict:
+    """How a restart ended: its layout and conversion, its loss continuity, whether it verified, its load's speed."""
+    layout, conversion = rec.get("layout") or {}, rec.get("conversion") or {}
+    return {
+        "restart_layout_saved": layout.get("saved"),
+        "restart_layout_loaded": layout.get("loaded"),
+        "conversion_seconds": num(conversion.get("seconds")),
+        "conversion_reused": conversion.get("reused"),
+        "conversion_written_bytes": num(conversion.get("bytes_written")),
+        "conversion_read_bytes": num(conversion.get("bytes_read_counted")),
+        "first_step_loss": num(rec.get("first_step_loss")),
+        "first_loss_diff_ratio": num(get(rec, "loss_continuity", "rel_diff")),
+        "restart_verify_seconds": num(rec.get("verify_seconds")),
+        "restart_verified": rec.get("verified") if rec else None,
+        "restart_outcome": get(rec, "outcome", "state") if rec else None,
+        "restart_outcome_reason": get(rec, "outcome", "reason") if rec else None,
+        "restart_verified_tensors": num(rec.get("verified_tensors")),
+        "restart_cache_observed": get(rec, "cache", "observed"),
+        "restart_load_seconds": num(rec.get("load_seconds")),
+        "restart_load_throughput_mib_s": num(rec.get("load_throughput_mib_s")),
+        "restart_storage_read_throughput_mib_s": num(rec.get("storage_read_throughput_mib_s")),
+        # engine=lazy: how each replicated file was loaded (broadcast, or read by every replica), decided per restart
+        "restart_replicated_load": "; ".join(f"{r['file']}: {r['way']}" for r in
+                                             (rec.get("engine_load_statistics") or {}).get("replicated") or []) or None,
+        "restart_max_rss_bytes": num(rec.get("max_rss_bytes_per_rank")),
+        "restart_exit_code": rec.get("exit_code"),
+    }
+
+
+def io_columns(io: dict | None) -> dict:
+    """A restart's I/O by source, per rank (results/io_sources.py; empty for runs without it): metadata operations
+    (opens, failed opens, stat-family calls, listings), opens and bytes read outside the checkpoint, those of its
+    imports and of the Python environment, and what the kernel says the storage delivered."""
+    n, total = num(get(io, "ranks")), get(io, "total", "sources", default={}) or {}
+    if not n or not isinstance(total, dict):  # none recorded: every column empty
+        io, total = {}, {}
+    rest = [c for name, c in total.items() if name != "checkpoint" and isinstance(c, dict)]
+    imports = get(io, "phases", "imports", "sources", default={}) or {}
+    kernel = get(io, "total", "kernel", default={}) or {}
+    counted = get(io, "by_source", default=True)  # false: anatomy=false, the kernel's figures only
+
+    def per_rank(value: float | None, by_source: bool = True) -> float | None:
+        return None if value is None or not n or (by_source and not counted) else round(value / n, 1)
+
+    return {
+        "restart_metadata_ops_per_rank_count": per_rank(sum(io_metadata_ops(c) for c in rest)),
+        "restart_opens_per_rank_count": per_rank(sum(c.get("opens", 0) for c in rest)),
+        "restart_read_per_rank_bytes": per_rank(sum(c.get("read_bytes", 0) for c in rest)),
+        "restart_imports_metadata_ops_per_rank_count": per_rank(sum(io_metadata_ops(c) for c in imports.values()
+                                                              if isinstance(c, dict))),
+        "restart_environment_metadata_ops_per_rank_count": per_rank(io_metadata_ops(total.get("environment") or {})),
+        "restart_environment_read_per_rank_bytes": per_rank((total.get("environment") or {}).get("read_bytes", 0)),
+        "restart_checkpoint_metadata_ops_per_rank_count": per_rank(io_metadata_ops(total.get("checkpoint") or {})),
+        "restart_storage_read_per_rank_bytes": per_rank(num(kernel.get("storage_read_bytes")), by_source=False),
+        "restart_major_faults_per_rank_count": per_rank(num(kernel.get("major_faults")), by_source=False),
+    }
+

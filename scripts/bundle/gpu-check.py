@@ -4,28 +4,17 @@ scripts/bundle/gpu-check-folder.py made (docs/clusters.md, "The GPU check in one
 
     python3 FOLDER/gpu-check.py --out "$OUT" [--time-limit 600] [--work /tmp/rh-gpu-check] [--big 3B|none]
 
-In order, each step logged as it ends (OUT/check.log):
-  1. the folder is checked whole (MANIFEST.sha256): a missing or changed file is one line, exit 2, nothing written;
-  2. the node's Python gets what it lacks or has older (gpu-check.json's packages, pip --no-index --no-deps
-     --no-build-isolation, in a venv over the image's packages; DeepSpeed from its source distribution, no ops), the
-     project (editable), and, where the node has no libaio or liburing, Debian's files of them (CPATH, LIBRARY_PATH,
-     LD_LIBRARY_PATH); DataStates-LLM is built against the node's CUDA and torch (OUT/install.log);
-  3. `submit-job.sh matrix model=small` (every engine and fsdp2-dcp; OUT/matrix-small.log);
-  4. `submit-job.sh small engine=default,lazy attribution=python` where the time left allows: where each restart
-     phase's seconds went on this node (docs/attribution.md; OUT/attribution-small.log);
-  5. if the disk holds it and the time left allows, one real run of the big model (3B) with engine=default and lazy
-     (one save each, its checkpoint deleted after it; OUT/big-3B.log); otherwise skipped with the reason;
-and after every case that ends, OUT/results.tar.gz is rewritten (every run's records, reports and logs, never a
-checkpoint), so a check stopped at its time limit leaves what it did. At the time limit (less RESERVE_SECONDS to
-pack) the running command is stopped as Ctrl-C stops it (its run recorded as interrupted, the matrix as failed). OUT holds at most 8 files:
-check.log, node.txt, install.log, matrix-<model>.log, attribution-<model>.log, big-<model>.log, results.tar.gz.
-Exit 0: every case that could run verified and nothing was cut off; 1 otherwise; 2: bad input. Standard library only:
-it runs with the image's Python before anything is installed.
+Each step and case is logged as it ends (OUT/check.log); what it does, in order, what OUT/results.tar.gz holds (never a
+checkpoint: rewritten after every case) and the OUT files (at most OUT_FILES_MAX): docs/clusters.md. At the time limit
+(less RESERVE_SECONDS to pack) the running command is stopped as Ctrl-C stops it. Exit 0: every case that could run
+verified and nothing was cut off; 1 otherwise; 2: bad input. Standard library only: it runs with the image's Python
+before anything is installed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import json
@@ -56,10 +45,8 @@ class Check:
         self.a, self.out, self.work = a, a.out, a.work
         self.deadline = START + a.time_limit - min(RESERVE_SECONDS, a.time_limit / 4)
         self.log = open(self.out / "check.log", "a", buffering=1)  # noqa: SIM115 - open for the whole check
-        self.env = dict(os.environ)
-        self.py = a.python
-        self.cut = False
-        self.failed = False
+        self.env, self.py = dict(os.environ), a.python
+        self.cut = self.failed = False
         self.reported: set[str] = set()
 
     # ---- plumbing --------------------------------------------------------------------------------------------------
@@ -71,25 +58,41 @@ class Check:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def run(self, cmd: list[str], log: Path, env: dict | None = None, cwd: Path | None = None) -> int | None:
-        """cmd in a session of its own, its output appended to log, stopped at the deadline (None: it was)."""
+    def run(self, cmd: list[str], log: Path, env: dict | None = None, each=None, echo: bool = True) -> int | None:
+        """cmd in a session of its own, its output appended to log (after the command line where `echo`), each()
+        every 2 s while it runs, stopped at the deadline (None: it was)."""
         with open(log, "a") as f:
-            f.write(f"$ {shlex.join(cmd)}\n")
-            f.flush()
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env or self.env, cwd=cwd,
+            if echo:
+                f.write(f"$ {shlex.join(cmd)}\n")
+                f.flush()
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env or self.env,
                                     start_new_session=True)
-            return self.wait(proc)
+            while True:
+                try:
+                    return proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    if each:
+                        each()
+                    if self.left() <= 0:
+                        self.stop(proc)
+                        return None
 
-    def wait(self, proc: subprocess.Popen, each=None) -> int | None:
-        while True:
-            try:
-                return proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                if each:
-                    each()
-                if self.left() <= 0:
-                    self.stop(proc)
-                    return None
+    def submit(self, tokens: list[str], log: str, folder: Path, records: str = "", each=None) -> int | None:
+        """submit-job.sh with tokens, its output in OUT/log; the results packed whenever a record matching
+        `records` under folder is (re)written, then each(record). None: stopped at the time limit."""
+        seen: dict[Path, float] = {}
+
+        def changed() -> None:
+            for record in folder.glob(records) if records else ():
+                if seen.get(record) != record.stat().st_mtime:
+                    seen[record] = record.stat().st_mtime
+                    self.pack()
+                    if each:
+                        each(record)
+
+        code = self.run([str(self.work / "project/submit-job.sh"), *tokens], self.out / log, each=changed, echo=False)
+        changed()
+        return code
 
     def stop(self, proc: subprocess.Popen) -> None:
         """SIGTERM to the command's process group (the harness records its run as interrupted and the matrix as
@@ -97,20 +100,16 @@ class Check:
         every process of its session is killed."""
         self.cut = True
         self.say(f"time limit: stopping {Path(proc.args[0]).name} (pid {proc.pid}); what ended is packed")
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
         # the shell of submit-job.sh ends at once on SIGTERM: wait for the harness under it to record its end
         deadline = time.monotonic() + STOP_GRACE_SECONDS
         while session_members(proc.pid, live=True) and time.monotonic() < deadline:
             proc.poll()
             time.sleep(0.2)
         for pid in session_members(proc.pid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         proc.wait()
 
     def pack(self) -> None:
@@ -233,29 +232,16 @@ class Check:
     def matrix(self) -> None:
         folder = self.work / "results" / "matrix"
         folder.mkdir(parents=True, exist_ok=True)
-        cmd = [str(self.work / "project/submit-job.sh"), "matrix", f"model={self.a.model}",
-               f"engines={self.a.engines}", f"results_dir={folder}", *shlex.split(self.a.matrix_args)]
-        self.say(f"matrix: {shlex.join(cmd[1:])} ({self.left():.0f} s left)")
-        seen: dict[Path, float] = {}
-
-        def changed() -> None:  # a case ended: matrix.json was rewritten
-            for record in folder.glob("matrix-*/matrix.json"):
-                if seen.get(record) != record.stat().st_mtime:
-                    seen[record] = record.stat().st_mtime
-                    self.pack()
-                    self.report_cases(record)
-
-        with open(self.out / f"matrix-{self.a.model}.log", "a") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-            code = self.wait(proc, each=changed)
-        changed()
+        tokens = ["matrix", f"model={self.a.model}", f"engines={self.a.engines}", f"results_dir={folder}",
+                  *shlex.split(self.a.matrix_args)]
+        self.say(f"matrix: {shlex.join(tokens)} ({self.left():.0f} s left)")
+        code = self.submit(tokens, f"matrix-{self.a.model}.log", folder, "matrix-*/matrix.json", self.report_cases)
         records = list(folder.glob("matrix-*/matrix.json"))
         cases = json.loads(records[0].read_text())["cases"] if records else []
         bad = [c["name"] for c in cases if not c["refused"] and not c.get("verified")]
         self.failed |= bool(bad) or code is None or not records
-        self.say(f"matrix {'stopped at the time limit' if code is None else f'ended (exit {code})'}: "
-                 f"{sum(1 for c in cases if c.get('verified'))} verified, {sum(1 for c in cases if c['refused'])} "
-                 f"refused, not verified: {', '.join(bad) or 'none'}")
+        self.say(f"matrix {ended(code)}: {sum(1 for c in cases if c.get('verified'))} verified, "
+                 f"{sum(1 for c in cases if c['refused'])} refused, not verified: {', '.join(bad) or 'none'}")
 
     def attribution(self) -> None:
         """One sampled run per engine of --attribution-engines: each restart phase's causes on this node."""
@@ -265,16 +251,14 @@ class Check:
             return
         folder = self.work / "results" / "attribution"
         folder.mkdir(parents=True, exist_ok=True)
-        cmd = [str(self.work / "project/submit-job.sh"), self.a.model, f"engine={self.a.attribution_engines}",
-               "attribution=python", "keep=false", f"results_dir={folder}"]
-        self.say(f"attribution: {shlex.join(cmd[1:])} ({self.left():.0f} s left)")
-        with open(self.out / f"attribution-{self.a.model}.log", "a") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-            code = self.wait(proc)
+        tokens = [self.a.model, f"engine={self.a.attribution_engines}", "attribution=python", "keep=false",
+                  f"results_dir={folder}"]
+        self.say(f"attribution: {shlex.join(tokens)} ({self.left():.0f} s left)")
+        code = self.submit(tokens, f"attribution-{self.a.model}.log", folder)
         self.pack()
         self.failed |= code not in (0, None)
-        self.say(f"attribution {'stopped at the time limit' if code is None else f'ended (exit {code})'} "
-                 f"(OUT/attribution-{self.a.model}.log: its terminal's \"where the restart went\")")
+        self.say(f"attribution {ended(code)} (OUT/attribution-{self.a.model}.log: its terminal's \"where the restart "
+                 "went\")")
 
     def report_cases(self, record: Path) -> None:
         for c in json.loads(record.read_text())["cases"]:
@@ -288,10 +272,20 @@ class Check:
         or None with the reason said: skipped, never failed half-way."""
         model = self.a.big
         tokens = [model, "iters=2", "save_interval=2", "after=1", "cache=drop", "keep=false"]
-        plan = self.plan(tokens, self.a.big_engines.split(","))
-        if plan is None:
+        # the largest run's checkpoint bytes and the first run's predicted wall seconds (or None), asked of the
+        # harness's planner and predictor (campaigns/sweep.py estimate)
+        code = ("import json, sys\nfrom restart_harness import machine, resolve\nfrom restart_harness.command import "
+                "parse_args\nfrom restart_harness.campaigns.sweep import estimate\n"
+                "tokens, engines = json.loads(sys.argv[1]), sys.argv[2:]\n"
+                "print(json.dumps([estimate(resolve.plugins(machine.resolve(parse_args([*tokens, 'engine=' + e]))))\n"
+                "                  for e in engines]))")
+        proc = subprocess.run([self.py, "-c", code, json.dumps(tokens), *self.a.big_engines.split(",")],
+                              capture_output=True, text=True, env=self.env, cwd=self.work / "project", check=False)
+        if proc.returncode != 0:
+            self.say(f"{model} skipped: the harness refuses it here: {(proc.stderr.strip().splitlines() or ['?'])[-1]}")
             return None
-        need_bytes, seconds = plan
+        estimates = json.loads(proc.stdout)
+        need_bytes, seconds = max(b for _, b in estimates), estimates[0][0]
         free = shutil.disk_usage(self.work).free
         if need_bytes > free:
             self.say(f"{model} skipped: one checkpoint of it needs {need_bytes / 1e9:.1f} GB (the planner) and "
@@ -313,40 +307,15 @@ class Check:
             return
         folder = self.work / "results" / "big"
         folder.mkdir(parents=True, exist_ok=True)
-        cmd = [str(self.work / "project/submit-job.sh"), *tokens, f"engine={','.join(engines)}",
-               f"results_dir={folder}"]
-        self.say(f"{model}: {shlex.join(cmd[1:])} ({self.left():.0f} s left, predicted {seconds or 0:.0f} s a run)")
-        seen: dict[Path, float] = {}
-
-        def changed() -> None:
-            for record in folder.glob("sweep-*/sweep.json"):
-                if seen.get(record) != record.stat().st_mtime:
-                    seen[record] = record.stat().st_mtime
-                    self.pack()
-
-        with open(self.out / f"big-{model}.log", "a") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-            code = self.wait(proc, each=changed)
-        changed()
+        tokens = [*tokens, f"engine={','.join(engines)}", f"results_dir={folder}"]
+        self.say(f"{model}: {shlex.join(tokens)} ({self.left():.0f} s left, predicted {seconds or 0:.0f} s a run)")
+        code = self.submit(tokens, f"big-{model}.log", folder, "sweep-*/sweep.json")
         self.failed |= code != 0
-        self.say(f"{model} {'stopped at the time limit' if code is None else f'ended (exit {code})'}")
+        self.say(f"{model} {ended(code)}")
 
-    def plan(self, tokens: list[str], engines: list[str]) -> tuple[int, float | None] | None:
-        """(bytes of the largest run's checkpoints, the first run's predicted wall seconds or None), asked of the
-        harness's planner and predictor (campaigns/sweep.py estimate)."""
-        code = ("import json, sys\nfrom restart_harness import machine, resolve\nfrom restart_harness.command import "
-                "parse_args\nfrom restart_harness.campaigns.sweep import estimate\n"
-                "tokens, engines = json.loads(sys.argv[1]), sys.argv[2:]\n"
-                "print(json.dumps([estimate(resolve.plugins(machine.resolve(parse_args([*tokens, 'engine=' + e]))))\n"
-                "                  for e in engines]))")
-        proc = subprocess.run([self.py, "-c", code, json.dumps(tokens), *engines], capture_output=True, text=True,
-                              env=self.env, cwd=self.work / "project", check=False)
-        if proc.returncode != 0:
-            self.say(f"{tokens[0]} skipped: the harness refuses it here: "
-                     f"{(proc.stderr.strip().splitlines() or ['?'])[-1]}")
-            return None
-        estimates = json.loads(proc.stdout)
-        return max(b for _, b in estimates), estimates[0][0]
+
+def ended(code: int | None) -> str:
+    return "stopped at the time limit" if code is None else f"ended (exit {code})"
 
 
 def older(have: str | None, carried: str) -> bool:

@@ -1,0 +1,177 @@
+"""Where a bucket is and how it is reached, configured the way AWS tools are (docs/s3.md's table: region, endpoint,
+credentials, addressing, retries), and the checks, listing and deletion made with that client, its errors said in one
+line (targets/s3.py stores checkpoints there)."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import socket
+import urllib.parse
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEME = "s3://"
+DEFAULT_REGION = "us-east-1"
+
+
+def client_errors() -> tuple[type[BaseException], ...]:
+    """The S3 client's exception types (none when the s3 extra is not installed: nothing can raise them)."""
+    try:
+        from s3torchconnectorclient import S3Exception
+    except ImportError:
+        return ()
+    return (S3Exception,)
+
+
+def is_s3(text) -> bool:
+    return isinstance(text, str) and text.startswith(SCHEME)
+
+
+@dataclass(frozen=True)
+class S3Url:
+    bucket: str
+    prefix: str  # no leading or trailing slash; may be ""
+
+    @classmethod
+    def parse(cls, text: str) -> S3Url:
+        """s3://bucket[/prefix]; ValueError naming what is wrong."""
+        if not is_s3(text):
+            raise ValueError(f"{text} is not an s3:// URL")
+        bucket, _, prefix = text[len(SCHEME):].partition("/")
+        if not bucket or not all(c.isalnum() or c in ".-" for c in bucket) or not 3 <= len(bucket) <= 63:
+            raise ValueError(f"{text}: {bucket!r} is not a bucket name (3-63 of a-z 0-9 . -)")
+        return cls(bucket, prefix.strip("/"))
+
+    def child(self, *parts: str) -> S3Url:
+        return S3Url(self.bucket, "/".join(p.strip("/") for p in (self.prefix, *parts) if p.strip("/")))
+
+    def __str__(self) -> str:
+        return f"{SCHEME}{self.bucket}/{self.prefix}" if self.prefix else f"{SCHEME}{self.bucket}"
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    region: str
+    endpoint_url: str | None
+    profile: str | None
+    max_attempts: int = 10  # tries per request, the first one included (the client's own default)
+
+    @property
+    def path_style(self) -> bool:
+        return self.endpoint_url is not None
+
+    @classmethod
+    def from_environment(cls, env=None) -> S3Settings:
+        env = os.environ if env is None else env
+        profile = env.get("AWS_PROFILE") or None
+        config = _profile_config(env, profile or "default")
+        region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION") or config.get("region") or DEFAULT_REGION
+        endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL") or config.get("endpoint_url")
+        attempts = env.get("AWS_MAX_ATTEMPTS") or config.get("max_attempts") or "10"
+        if not attempts.strip().isdigit() or int(attempts) < 1:
+            source = "AWS_MAX_ATTEMPTS" if env.get("AWS_MAX_ATTEMPTS") else "max_attempts in the AWS config"
+            raise ValueError(f"{source}={attempts}: accepted a whole number of tries per request, >= 1")
+        return cls(region, endpoint or None, profile, int(attempts))
+
+    def describe(self) -> str:
+        return f"region {self.region}, endpoint {self.endpoint_url or 'AWS'}" + (
+            f", profile {self.profile}" if self.profile else "")
+
+    def client_config(self):
+        from s3torchconnector import S3ClientConfig
+
+        return S3ClientConfig(force_path_style=self.path_style, profile=self.profile, max_attempts=self.max_attempts)
+
+    def client(self, max_attempts: int | None = None):
+        """s3torchconnector's own client (the one its checkpoint streams and DCP writer use)."""
+        from s3torchconnectorclient._mountpoint_s3_client import MountpointS3Client
+
+        return MountpointS3Client(self.region, endpoint=self.endpoint_url, force_path_style=self.path_style,
+                                  profile=self.profile, max_attempts=max_attempts or self.max_attempts)
+
+    def export(self) -> None:
+        """Make the endpoint visible to clients built without an endpoint argument (s3torchconnector's DCP writer
+        and reader read AWS_ENDPOINT_URL)."""
+        if self.endpoint_url:
+            os.environ["AWS_ENDPOINT_URL"] = self.endpoint_url
+        os.environ.setdefault("AWS_REGION", self.region)
+
+
+def _profile_config(env, profile: str) -> dict:
+    path = Path(env.get("AWS_CONFIG_FILE") or Path.home() / ".aws" / "config").expanduser()
+    parser = configparser.ConfigParser()
+    try:
+        parser.read(path)
+    except configparser.Error:
+        return {}
+    section = "default" if profile == "default" else f"profile {profile}"
+    return dict(parser[section]) if parser.has_section(section) else {}
+
+
+def check_reachable(settings: S3Settings, timeout: float = 3.0) -> str | None:
+    """None when the endpoint accepts a TCP connection, else why not (the S3 client itself retries for minutes)."""
+    if not settings.endpoint_url:
+        return None  # AWS: name resolution and routing are the client's business
+    parsed = urllib.parse.urlsplit(settings.endpoint_url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        return f"endpoint {settings.endpoint_url} is not an http(s) URL"
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=timeout):
+            return None
+    except OSError as exc:
+        return f"endpoint {settings.endpoint_url} is unreachable ({exc.strerror or exc})"
+
+
+def check_writable(url: S3Url, settings: S3Settings) -> str | None:
+    """None when the bucket exists and these credentials can list `url`'s prefix and write under it; else one line."""
+    if problem := check_reachable(settings):
+        return problem
+    client = settings.client(max_attempts=2)
+    probe = url.child(".restart-harness-probe")
+    try:
+        next(iter(client.list_objects(url.bucket, url.prefix + "/" if url.prefix else "", "/", 1)), None)
+        client.put_object(url.bucket, probe.prefix).close()
+        client.delete_object(url.bucket, probe.prefix)
+    except client_errors() as exc:
+        return f"{_explain(str(exc))} ({settings.describe()})"
+    return None
+
+
+def _explain(message: str) -> str:
+    lower = message.lower()
+    if "bucket does not exist" in lower or "nosuchbucket" in lower:
+        return "the bucket does not exist"
+    if "usersuspended" in lower:
+        return f"access refused: the credentials' user is suspended ({message.strip()})"
+    if "slow_down" in lower or "throttl" in lower:
+        return f"requests throttled (503 SlowDown) beyond the client's retries ({message.strip()})"
+    if any(s in lower for s in ("socket_closed", "connection_refused", "socket is closed", "connection refused",
+                                "socket_timeout", "timed out")):
+        return f"the endpoint stopped answering, after the client's retries ({message.strip()})"
+    if "signaturedoesnotmatch" in lower or "invalidaccesskeyid" in lower or "no credentials" in lower \
+            or "credentials" in lower:
+        return f"access refused: wrong or missing credentials ({message.strip()})"
+    if "forbidden" in lower or "accessdenied" in lower:  # a suspended user's requests get this too (Ceph RGW)
+        return f"access refused: these credentials are not (or no longer) allowed here ({message.strip()})"
+    return message.strip()
+
+
+def listing(url: S3Url, settings: S3Settings, client=None) -> list[tuple[str, int]]:
+    """(key relative to url, bytes) of every object under url, sorted by key."""
+    client = client or settings.client()
+    prefix = url.prefix + "/" if url.prefix else ""
+    out = []
+    for page in client.list_objects(url.bucket, prefix):
+        out += [(o.key[len(prefix):], o.size) for o in page.object_info]
+    return sorted(out)
+
+
+def delete_all(url: S3Url, settings: S3Settings) -> int:
+    """Delete every object under url; returns how many."""
+    client = settings.client()
+    objects = listing(url, settings, client)
+    for key, _ in objects:
+        client.delete_object(url.bucket, url.child(key).prefix)
+    return len(objects)

@@ -42,8 +42,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from testbeds.slurm_files import gres_conf, hosts, slurm_conf
+
 DEFAULT_ROOT = Path(os.environ.get("RH_CLUSTER_DIR", "/tmp/restart-harness-cluster"))
-PARTITION = "debug"
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "sinfo", "ip",
             "unshare", "nsenter")
 _SBIN = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
@@ -172,62 +173,6 @@ def _signal(pid: int, sig: int) -> bool:
         return False
 
 
-def _slurm_conf(c: Cluster, ctl_port: int, d_port: int) -> str:
-    nodes = ",".join(c.nodes)
-    lines = [
-        "# a local cluster of network namespaces (testbeds/slurm_cluster.py), generated",
-        "ClusterName=rhlocal",
-        f"SlurmctldHost={c.login}({c.bridge_address})",
-        f"SlurmctldPort={ctl_port}",
-        f"SlurmdPort={d_port}",  # one port: every node has its own network namespace
-        "AuthType=auth/munge",
-        "CredType=cred/munge",
-        f"AuthInfo=socket={c.root}/munge/munge.socket",
-        "SlurmUser=root",
-        "SlurmdUser=root",
-        f"StateSaveLocation={c.root}/state",
-        f"SlurmdSpoolDir={c.root}/spool/%n",
-        f"SlurmctldPidFile={c.root}/run/slurmctld.pid",
-        f"SlurmdPidFile={c.root}/run/slurmd-%n.pid",
-        f"SlurmctldLogFile={c.root}/log/slurmctld.log",
-        f"SlurmdLogFile={c.root}/log/slurmd-%n.log",
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
-        "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core",
-        "AccountingStorageType=accounting_storage/none",
-        "JobAcctGatherType=jobacct_gather/none",
-        "JobCompType=jobcomp/none",
-        "MpiDefault=none",
-        "ReturnToService=2",
-        "SchedulerType=sched/backfill",
-        "SlurmdTimeout=20",  # a node that stops answering is marked down within about 30 s
-        "KillWait=5",
-        "InactiveLimit=0",
-        *(["GresTypes=gpu"] if c.gpus else []),
-        *(f"NodeName={n} NodeAddr={c.address(i)} CPUs={c.cpus}" + (f" Gres=gpu:{c.gpus}" if c.gpus else "")
-          + " State=UNKNOWN" for i, n in enumerate(c.nodes)),
-        f"PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP",
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _gres_conf(c: Cluster) -> str:
-    """Each node's GPUs: stand-in device files, declared by hand (no NVML autodetection: there is no driver)."""
-    last = c.gpus - 1
-    lines = ["# stand-in GPUs of a local cluster (testbeds/slurm_cluster.py), generated", "AutoDetect=off"]
-    lines += [f"NodeName={n} Name=gpu File={c.root}/dev/{n}/nvidia[0-{last}]" if last else
-              f"NodeName={n} Name=gpu File={c.root}/dev/{n}/nvidia0" for n in c.nodes]
-    return "\n".join(lines) + "\n"
-
-
-def _hosts(c: Cluster) -> str:
-    """Each node's /etc/hosts (bind-mounted in its mount namespace): the nodes and the login node by name."""
-    lines = ["127.0.0.1 localhost", f"{c.bridge_address} {c.login}"]
-    lines += [f"{c.address(i)} {n}" for i, n in enumerate(c.nodes)]
-    return "\n".join(lines) + "\n"
-
-
 def _tail(path: Path, chars: int = 1500) -> str:
     try:
         return path.read_text(errors="replace")[-chars:]
@@ -264,6 +209,7 @@ def up(root: Path, count: int, cpus: int | None = None, timeout: float = 90, gpu
 
 
 def _start(c: Cluster, timeout: float) -> None:
+    """munged, the bridge, and each node's namespace on it; then the Slurm daemons (_start_slurm)."""
     munge = c.root / "munge"
     key = munge / "munge.key"
     _run("mungekey", "--create", f"--keyfile={key}")
@@ -278,8 +224,7 @@ def _start(c: Cluster, timeout: float) -> None:
     c.save()
     _run("ip", "addr", "add", f"{c.bridge_address}/24", "dev", c.bridge)
     _run("ip", "link", "set", c.bridge, "up")
-    hosts = c.root / "hosts"
-    hosts.write_text(_hosts(c))
+    (c.root / "hosts").write_text(hosts(c))
     for i, node in enumerate(c.nodes):
         ns, host_end = c.netns(node), f"rhc{c.ident}v{i}"
         _run("ip", "netns", "add", ns)
@@ -292,14 +237,18 @@ def _start(c: Cluster, timeout: float) -> None:
         _run("ip", "-n", ns, "addr", "add", f"{c.address(i)}/24", "dev", "eth0")
         _run("ip", "-n", ns, "link", "set", "eth0", "up")
         _run("ip", "-n", ns, "link", "set", "lo", "up")
+    _start_slurm(c, timeout)
 
+
+def _start_slurm(c: Cluster, timeout: float) -> None:
+    """slurmctld on this host, then each node's slurmd in its namespaces; waits until every node has registered."""
     if c.gpus:
         for node in c.nodes:
             (c.root / "dev" / node).mkdir(parents=True)
             for i in range(c.gpus):  # Slurm takes only a character device; /dev/null's numbers: inert
                 os.mknod(c.root / "dev" / node / f"nvidia{i}", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
-        (c.root / "gres.conf").write_text(_gres_conf(c))  # slurm.conf's folder: where Slurm looks for it
-    c.conf.write_text(_slurm_conf(c, _free_port(), _free_port()))
+        (c.root / "gres.conf").write_text(gres_conf(c))  # slurm.conf's folder: where Slurm looks for it
+    c.conf.write_text(slurm_conf(c, _free_port(), _free_port()))
     env = c.env()
     proc = _run("slurmctld", "-f", str(c.conf), env=env, check=False)
     c.created["pids"]["slurmctld"] = _pid(c.root / "run" / "slurmctld.pid")
@@ -309,7 +258,7 @@ def _start(c: Cluster, timeout: float) -> None:
     for node in c.nodes:
         # the node's own hostname and /etc/hosts, in mount and UTS namespaces of its own inside its network one;
         # slurmd daemonizes, and everything it starts (slurmstepd, the ranks) stays in those namespaces
-        script = (f"hostname {node} && mount --bind {hosts} /etc/hosts && "
+        script = (f"hostname {node} && mount --bind {c.root / 'hosts'} /etc/hosts && "
                   f"exec {which('slurmd')} -f {c.conf}")
         # nsenter joins the network namespace only (`ip netns exec` would also remount /sys, hiding the cgroup
         # file system slurmd reads)

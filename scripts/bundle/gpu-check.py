@@ -4,11 +4,9 @@ scripts/bundle/gpu-check-folder.py made (docs/clusters.md, "The GPU check in one
 
     python3 FOLDER/gpu-check.py --out "$OUT" [--time-limit 600] [--work /tmp/rh-gpu-check] [--big 3B|none]
 
-Each step and case is logged as it ends (OUT/check.log); what it does, in order, what OUT/results.tar.gz holds (never a
-checkpoint: rewritten after every case) and the OUT files (at most OUT_FILES_MAX): docs/clusters.md. At the time limit
-(less RESERVE_SECONDS to pack) the running command is stopped as Ctrl-C stops it. Exit 0: every case that could run
-verified and nothing was cut off; 1 otherwise; 2: bad input. Standard library only: it runs with the image's Python
-before anything is installed.
+Its steps in order, OUT/results.tar.gz (rewritten after every case, never a checkpoint) and OUT's files: docs/clusters.md.
+Exit 0: every case that could run verified and nothing was cut off; 1 otherwise; 2: bad input. Standard library only:
+it runs with the image's Python before anything is installed.
 """
 
 from __future__ import annotations
@@ -173,11 +171,7 @@ class Check:
         self.env["RH_PYTHON"] = self.py
         self.env["PATH"] = f"{Path(self.py).parent}:{self.env.get('PATH', '')}"  # ninja for DeepSpeed's JIT builds
         self.system_libraries()
-        if cuda:
-            self.datastates()
-        else:
-            self.say("DataStates-LLM not built: this node's torch has no CUDA (engine=datastates is refused, "
-                     "with the reason)")
+        self.datastates(cuda)
 
     def environment(self) -> str:
         """A venv over the image's packages (its own venv where the image's Python is one already)."""
@@ -212,8 +206,12 @@ class Check:
         else:
             self.say("libaio: the node has it (DeepSpeed's async_io op can be built or loaded)")
 
-    def datastates(self) -> None:
+    def datastates(self, cuda: bool) -> None:
         src = self.work / "datastates-llm"
+        if not cuda:
+            self.say("DataStates-LLM not built: this node's torch has no CUDA (engine=datastates is refused, "
+                     "with the reason)")
+            return
         if not (HERE / "datastates-llm.tar.gz").is_file():
             self.say("DataStates-LLM not carried: engine=datastates is refused, with the reason")
             return
@@ -340,9 +338,8 @@ def without_checkpoints(info: tarfile.TarInfo, base: Path) -> tarfile.TarInfo | 
     events/checkpoint/ records stay); and the sampler's raw traces (profiles/<record>/samples.json, megabytes each:
     summary.json and the flame graphs beside them carry what they say)."""
     path = base / info.name
-    if path.name == "samples.json" and path.parent.parent.name == "profiles":
-        return None
-    return None if path.name == "checkpoint" and (path.parent / "spec.json").is_file() else info
+    raw_trace = path.name == "samples.json" and path.parent.parent.name == "profiles"
+    return None if raw_trace or path.name == "checkpoint" and (path.parent / "spec.json").is_file() else info
 
 
 def session_members(sid: int, live: bool = False) -> list[int]:
@@ -390,17 +387,15 @@ def whole(folder: Path) -> dict:
         fail(f"{folder}: no MANIFEST.sha256 or gpu-check.json; {accepted}")
     info = json.loads((folder / "gpu-check.json").read_text())
     what = {p["file"]: f"{p['name']} {p['version']}" for ps in info["packages"].values() for p in ps}
-    for line in manifest.read_text().splitlines():
-        digest, _, rel = line.partition("  ")
-        path = folder / rel
+    listed = [line.partition("  ") for line in manifest.read_text().splitlines()]
+    for digest, _, rel in listed:
         label = f"{rel} ({what[rel]})" if rel in what else rel
-        if not path.is_file():
+        if not (folder / rel).is_file():
             fail(f"{folder}: {label} is missing; {accepted}")
-        if hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+        if hashlib.sha256((folder / rel).read_bytes()).hexdigest() != digest:
             fail(f"{folder}: {label} differs from MANIFEST.sha256; {accepted}")
-    listed = {line.partition("  ")[2] for line in manifest.read_text().splitlines()}
     for rel, label in what.items():
-        if rel not in listed:
+        if rel not in {line[2] for line in listed}:
             fail(f"{folder}: {rel} ({label}) is not in MANIFEST.sha256; {accepted}")
     return info
 
@@ -423,12 +418,11 @@ def main(argv: list[str]) -> int:
     if not 30 <= a.time_limit <= 86400:
         fail(f"--time-limit {a.time_limit:g}; accepted: 30 to 86400 seconds")
     info = whole(HERE)
-    if a.out.exists() and any(a.out.iterdir()):
-        fail(f"--out {a.out} is not empty; accepted: a new or empty folder (it gets at most {OUT_FILES_MAX} files)")
-    if a.work.exists() and any(a.work.iterdir()):
-        fail(f"--work {a.work} is not empty; accepted: a new or empty folder")
-    a.out.mkdir(parents=True, exist_ok=True)
-    a.work.mkdir(parents=True, exist_ok=True)
+    for flag, folder, gets in (("--out", a.out, f" (it gets at most {OUT_FILES_MAX} files)"), ("--work", a.work, "")):
+        if folder.exists() and any(folder.iterdir()):
+            fail(f"{flag} {folder} is not empty; accepted: a new or empty folder{gets}")
+    for folder in (a.out, a.work):
+        folder.mkdir(parents=True, exist_ok=True)
     check = Check(a)
     check.say(f"folder {HERE} whole (project {info['project_commit'][:12]}, DataStates-LLM {info['datastates']}); "
               f"time limit {a.time_limit:.0f} s, {RESERVE_SECONDS} s of it kept to pack")

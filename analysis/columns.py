@@ -64,26 +64,16 @@ def run_columns(run: Run) -> dict:
     s, spec = run.summary, run.spec
     ck = s.get("checkpoint") or {}
     row = {
-        "run_id": run.run_id,
-        "state": run.state,
-        "state_reason": get(s, "status", "reason"),
-        "sweep": run.sweep,
-        "schema_version": s.get("schema_version"),
-        "model": spec["model"],
-        "shrink": spec.get("shrink"),
+        "run_id": run.run_id, "state": run.state, "state_reason": get(s, "status", "reason"), "sweep": run.sweep,
+        "schema_version": s.get("schema_version"), "model": spec["model"], "shrink": spec.get("shrink"),
         "precision": spec.get("precision"),
         "tp": spec["tp"], "pp": spec["pp"], "dp": spec["dp"], "zero": spec.get("zero", CONFIG_DEFAULTS["zero"]),
-        "nodes": spec.get("nodes"),
-        "world_size": get(spec, "derived", "world_size"),
+        "nodes": spec.get("nodes"), "world_size": get(spec, "derived", "world_size"),
         "launched_ranks": get(spec, "derived", "launched_ranks") or get(spec, "derived", "world_size"),
         "emulate": bool(spec.get("emulate", CONFIG_DEFAULTS["emulate"])),
-        "engine": spec["engine"],
-        "engine_label": engine_label(spec),
-        "device": spec.get("device"),
-        "cache_requested": spec.get("cache"),
-        "num_parameters": get(spec, "derived", "num_parameters"),
-        "checkpoint_tag": ck.get("tag"),
-        "checkpoint_files": num(ck.get("files")),
+        "engine": spec["engine"], "engine_label": engine_label(spec), "device": spec.get("device"),
+        "cache_requested": spec.get("cache"), "num_parameters": get(spec, "derived", "num_parameters"),
+        "checkpoint_tag": ck.get("tag"), "checkpoint_files": num(ck.get("files")),
         "checkpoint_bytes": num(ck.get("bytes")),
     }
     for kind in KINDS:
@@ -182,8 +172,7 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
     rec = rec or {}
     save = loaded_save(summary, rec.get("tag")) if summary.get("checkpoint") else {}
     row = {
-        "save_tag": save.get("tag"),
-        "save_step": num(save.get("step")),
+        "save_tag": save.get("tag"), "save_step": num(save.get("step")),
         "save_blocking_seconds": num(save.get("blocking_seconds")),
         "save_durable_seconds": num(save.get("durable_seconds")),
         "save_commit_seconds": num(save.get("commit_seconds")),
@@ -192,12 +181,9 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
         "save_checksum_seconds": num(save.get("checksum_seconds")),
         "throughput_blocking_mib_s": num(get(save, "throughput_mib_s", "blocking")),
         "throughput_durable_mib_s": num(get(save, "throughput_mib_s", "durable")),
-        "restart_record": rec.get("record"),
-        "restart_tag": rec.get("tag"),
-        "restart_ranks": num(rec.get("ranks")),
+        "restart_record": rec.get("record"), "restart_tag": rec.get("tag"), "restart_ranks": num(rec.get("ranks")),
         "restart_total_seconds": num(rec.get("total_seconds")),
-        "restart_launch_seconds": num(rec.get("launch_seconds")),
-        "restart_wall_seconds": num(rec.get("wall_seconds")),
+        "restart_launch_seconds": num(rec.get("launch_seconds")), "restart_wall_seconds": num(rec.get("wall_seconds")),
         "restart_integrity_seconds": num(get(rec, "integrity", "seconds")),
         "restart_staging_seconds": num(get(rec, "staging", "seconds")),  # env_stage=: copying the environment
         "restart_staging_bytes": num(get(rec, "staging", "bytes")),
@@ -231,18 +217,15 @@ def outcome_columns(rec: dict) -> dict:
     """How a restart ended: its layout and conversion, its loss continuity, whether it verified, its load's speed."""
     layout, conversion = rec.get("layout") or {}, rec.get("conversion") or {}
     return {
-        "restart_layout_saved": layout.get("saved"),
-        "restart_layout_loaded": layout.get("loaded"),
-        "conversion_seconds": num(conversion.get("seconds")),
-        "conversion_reused": conversion.get("reused"),
+        "restart_layout_saved": layout.get("saved"), "restart_layout_loaded": layout.get("loaded"),
+        "conversion_seconds": num(conversion.get("seconds")), "conversion_reused": conversion.get("reused"),
         "conversion_written_bytes": num(conversion.get("bytes_written")),
         "conversion_read_bytes": num(conversion.get("bytes_read_counted")),
         "first_step_loss": num(rec.get("first_step_loss")),
         "first_loss_diff_ratio": num(get(rec, "loss_continuity", "rel_diff")),
         "restart_verify_seconds": num(rec.get("verify_seconds")),
-        "restart_verified": rec.get("verified") if rec else None,
-        "restart_outcome": get(rec, "outcome", "state") if rec else None,
-        "restart_outcome_reason": get(rec, "outcome", "reason") if rec else None,
+        "restart_verified": rec.get("verified"), "restart_outcome": get(rec, "outcome", "state"),
+        "restart_outcome_reason": get(rec, "outcome", "reason"),
         "restart_verified_tensors": num(rec.get("verified_tensors")),
         "restart_cache_observed": get(rec, "cache", "observed"),
         "restart_load_seconds": num(rec.get("load_seconds")),
@@ -251,8 +234,7 @@ def outcome_columns(rec: dict) -> dict:
         # engine=lazy: how each replicated file was loaded (broadcast, or read by every replica), decided per restart
         "restart_replicated_load": "; ".join(f"{r['file']}: {r['way']}" for r in
                                              (rec.get("engine_load_statistics") or {}).get("replicated") or []) or None,
-        "restart_max_rss_bytes": num(rec.get("max_rss_bytes_per_rank")),
-        "restart_exit_code": rec.get("exit_code"),
+        "restart_max_rss_bytes": num(rec.get("max_rss_bytes_per_rank")), "restart_exit_code": rec.get("exit_code"),
     }
 
 

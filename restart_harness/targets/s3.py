@@ -228,31 +228,27 @@ class S3Target(Target):
             yield timed
 
     def dcp_writer(self, path):
-        from s3torchconnector.dcp import S3StorageWriter
-
-        writer = S3StorageWriter(self.settings.region, str(self.url_of(path)),
-                                 s3client_config=self.settings.client_config())
-        self._time_streams(writer.fs)
-        return writer
+        return self._dcp("S3StorageWriter", path)
 
     def dcp_reader(self, path):
-        from s3torchconnector.dcp import S3StorageReader
+        return self._dcp("S3StorageReader", path)
 
-        reader = S3StorageReader(self.settings.region, str(self.url_of(path)),
-                                 s3client_config=self.settings.client_config())
-        self._time_streams(reader.fs)
-        return reader
+    def _dcp(self, kind: str, path):
+        """s3torchconnector's DCP storage writer or reader, its S3FileSystem's streams timed (write for "wb", read for
+        "rb")."""
+        from s3torchconnector import dcp
 
-    def _time_streams(self, fs) -> None:
-        """s3torchconnector's DCP S3FileSystem with its streams timed (write for "wb", read for "rb")."""
-        opened, observer = fs.create_stream, self.observer
+        storage = getattr(dcp, kind)(self.settings.region, str(self.url_of(path)),
+                                     s3client_config=self.settings.client_config())
+        opened, observer = storage.fs.create_stream, self.observer
 
         @contextlib.contextmanager
         def create_stream(path, mode):
             with opened(path, mode) as stream:
                 yield TimedStream(stream, observer, "write" if "w" in mode else "read")
 
-        fs.create_stream = create_stream
+        storage.fs.create_stream = create_stream
+        return storage
 
     def written(self, paths) -> None:
         """Empty placeholders under root, so that DeepSpeed's globbing loader finds the objects of those names."""

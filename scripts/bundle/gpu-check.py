@@ -4,9 +4,9 @@ scripts/bundle/gpu-check-folder.py made (docs/clusters.md, "The GPU check in one
 
     python3 FOLDER/gpu-check.py --out "$OUT" [--time-limit 600] [--work /tmp/rh-gpu-check] [--big 3B|none]
 
-Its steps in order, OUT/results.tar.gz (rewritten after every case, never a checkpoint) and OUT's files: docs/clusters.md.
-Exit 0: every case that could run verified and nothing was cut off; 1 otherwise; 2: bad input. Standard library only:
-it runs with the image's Python before anything is installed.
+Its steps in order, OUT/results.tar.gz (rewritten after every case, never a checkpoint) and OUT's files:
+docs/clusters.md. Exit 0: every case that could run verified and nothing was cut off; 1 otherwise; 2: bad input.
+Standard library only: it runs with the image's Python before anything is installed.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import hashlib
 import io
+import itertools
 import json
 import os
 import shlex
@@ -321,14 +322,10 @@ def older(have: str | None, carried: str) -> bool:
     if have is None:
         return True
 
-    def parts(v: str) -> tuple[int, ...]:
-        out = []
-        for x in v.replace("+", ".").split("."):
-            digits = "".join(c for c in x if c.isdigit()) if x[:1].isdigit() else ""
-            if not digits:
-                break
-            out.append(int(digits))
-        return tuple(out)
+    def parts(v: str) -> tuple[int, ...]:  # the leading parts that start with a digit, their digits
+        fields = v.replace("+", ".").split(".")
+        digits = ("".join(c for c in x if c.isdigit()) if x[:1].isdigit() else "" for x in fields)
+        return tuple(int(d) for d in itertools.takewhile(bool, digits))
 
     return parts(have) < parts(carried)
 

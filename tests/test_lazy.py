@@ -134,6 +134,41 @@ def test_a_file_system_refusing_direct_io_gets_buffered_io_and_the_run_says_so(t
     assert "Invalid argument (EINVAL)" in engine.statistics()["direct_io_fallback"]
 
 
+def test_each_saves_statistics_are_its_own(tmp_path, monkeypatch):
+    """statistics() is asked once per save (engines/base.py: "since the last call"): the second save's seconds are
+    its own, not the first's added to them, and a direct I/O fallback of the first is not the second's."""
+    import errno
+    import time
+
+    real_open, real_fsync = os.open, os.fsync
+    slow = {"on": True}
+
+    def refusing(path, flags, *args):  # the first save's file system refuses O_DIRECT
+        if flags & os.O_DIRECT and slow["on"]:
+            raise OSError(errno.EINVAL, "Invalid argument", str(path))
+        return real_open(path, flags, *args)
+
+    def fsync(fd):  # and it is slow
+        if slow["on"]:
+            time.sleep(0.3)
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "open", refusing)
+    monkeypatch.setattr(os, "fsync", fsync)
+    engine = _engine()
+    figures = []
+    for step in (1, 2):
+        engine.save({"w": torch.randn(1000)}, str(tmp_path / f"global_step{step}" / "mp_rank_00_model_states.pt"))
+        engine.wait_copied()
+        engine.wait()
+        figures.append(engine.statistics())
+        slow["on"] = False
+    first, second = figures
+    assert first["write_seconds"] >= 0.3 > second["write_seconds"], figures
+    assert "direct_io_fallback" in first and "direct_io_fallback" not in second, figures
+    assert second["buffers_reused"] == 1  # the buffers' counts are the run's (as staging_bytes is)
+
+
 def test_buffers_are_reused_by_later_saves_of_the_same_layout(tmp_path):
     engine = _engine()
     for step in range(3):

@@ -164,7 +164,8 @@ def test_each_saves_statistics_are_its_own(tmp_path, monkeypatch):
         figures.append(engine.statistics())
         slow["on"] = False
     first, second = figures
-    assert first["write_seconds"] >= 0.3 > second["write_seconds"], figures
+    # summed over the saves, the second's would be the first's (its slow fsync included) and more
+    assert second["write_seconds"] < first["write_seconds"], figures
     assert "direct_io_fallback" in first and "direct_io_fallback" not in second, figures
     assert second["buffers_reused"] == 1  # the buffers' counts are the run's (as staging_bytes is)
 

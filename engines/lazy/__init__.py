@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 
 from engines.base import CheckpointIO, Engine, EngineContext, FileLayout
+from engines.lazy.stats import LazyRecords
 from restart_harness.files.baseline import CEILING_QUEUE_DEPTH, CEILING_REQUEST_BYTES
 from restart_harness.spec.keys import key
 
@@ -89,6 +90,7 @@ class LazyEngine(Engine):
     Options = Options
     emulates = False  # needs the DeepSpeed engine to hook its optimizer step
     file_layout = LazyFiles
+    records = LazyRecords
     durable_on_wait = True  # its writers fsync each part file before wait() returns
 
     def asynchronous(self) -> bool:

@@ -1,10 +1,14 @@
 """engine=lazy's statistics and decision records, typed; each renders the dict a result file holds
-(engine_statistics of a save or of a restart's load: docs/results.md)."""
+(engine_statistics of a save or of a restart's load: docs/results.md), and LazyRecords what the summary and the
+terminal make of them."""
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+
+from engines.base import EngineRecords
+from restart_harness.schema import MIB
 
 # parts whose staging (bytes, buffer, why) every save's engine_statistics lists; all of them are in staging_bytes
 STAGING_RECORDS = 16
@@ -99,3 +103,42 @@ class LoadStats:
             out["replicated"] = self.replicated
         return {**out, "read_requests": sum(r.requests for r in reads),
                 "populated_requests": sum(r.populated for r in reads)}
+
+
+class LazyRecords(EngineRecords):
+    @staticmethod
+    def staging(record: dict[int, list[dict]]) -> dict | None:
+        """How the saves were staged in host buffers (engine_statistics.staging_bytes and staging,
+        docs/engines.md#staging), at the last save, on the rank with the most buffer bytes: its parts' bytes and
+        buffers, how many of the parts listed are rings, and why its largest part was staged so."""
+        best = None
+        for rank, evs in sorted(record.items()):
+            stats = [e["engine_statistics"] for e in evs
+                     if e["event"] == "save" and (e.get("engine_statistics") or {}).get("staging_bytes")]
+            if not stats:
+                continue
+            parts = stats[-1].get("staging") or []
+            totals = stats[-1]["staging_bytes"]
+            if best is None or totals["buffer_bytes"] > best["buffer_bytes"]:
+                largest = max(parts, key=lambda p: p["part_bytes"], default={})
+                best = {"rank": rank, **totals, "listed": len(parts),
+                        "rings": sum(p["buffer_bytes"] < p["part_bytes"] for p in parts), "why": largest.get("why")}
+        return best
+
+    @staticmethod
+    def memory_rows(st: dict) -> list[tuple[str, str]]:
+        listed = f"{st['rings']} of {st['listed']} parts in rings" + (
+            "" if st["listed"] == st["parts"] else f" (of the first {st['listed']} of {st['parts']})")
+        return [("  staging", (f"{st['buffer_bytes'] / MIB:,.1f} MiB of buffers for {st['part_bytes'] / MIB:,.1f} "
+                               f"MiB of parts on rank {st['rank']}, {listed}; the largest part: {st['why']}"))]
+
+    @staticmethod
+    def restart_rows(stats: dict) -> list[tuple[str, str]]:
+        rows = []
+        if stats.get("read_io"):
+            way, requests = stats["read_io"], stats.get("read_requests")
+            rows.append(("reads", f"{'O_DIRECT' if way['way'] == 'direct' else 'buffered'}: {way['why']}"
+                                  + (f"; fresh pages faulted in ahead of {stats.get('populated_requests', 0):,} of "
+                                     f"{requests:,} requests (all ranks)" if requests else "")))
+        return rows + [("replicated", f"{r['file']}: {r['way']} in {r['seconds']:.3f} s ({r['why']})")
+                       for r in stats.get("replicated") or []]

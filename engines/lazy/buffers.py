@@ -28,7 +28,7 @@ def aligned_empty(size: int, pinned: bool = False, zeroed: bool = False) -> torc
     for a request's buffer, offset and length). zeroed: the whole buffer, padding and gaps between tensors included,
     so a file written from it holds no stray bytes of the process's memory. pinned: page-locked for CUDA's copies by
     registering this allocation itself (cudaHostRegister), not through torch's pinned-memory allocator, which rounds
-    every block up to a power of two (a 0.73 GB buffer took 1 GiB) and keeps freed blocks cached."""
+    every block up to a power of two (docs/engines.md#enginelazy) and keeps freed blocks cached."""
     huge = size >= HUGE_PAGE
     raw = torch.empty(aligned(size) + (HUGE_PAGE if huge else ALIGNMENT), dtype=torch.uint8)
     shift = -raw.data_ptr() % (HUGE_PAGE if huge else ALIGNMENT)

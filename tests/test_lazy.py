@@ -496,16 +496,16 @@ def test_lazy_saves_restarts_and_verifies(harness, name):
             assert stats["read_io"]["way"] == faster, (stats, probe)
         storage_read = restart["load_breakdown"]["storage_read"]["bytes"]
         assert not list(Path("/dev/shm").glob("rh-lazy-*"))
-        if way.way == "shared":
-            assert "on this node" in way.why and stats["shared_bytes"] > 0, way
+        if way["way"] == "shared":
+            assert "on this node" in way["why"] and stats["shared_bytes"] > 0, way
             assert storage_read <= summary["checkpoint"]["bytes"] + 4096, restart
             assert stats["broadcast_loads"] == 0, stats
             return
         # where /dev/shm cannot hold it: the measured choice, with its figures and why not shared
-        assert "not shared memory" in way.why, way
+        assert "not shared memory" in way["why"], way
         assert way["predicted_broadcast_seconds"] > 0 and way["predicted_read_seconds"] > 0, way
-        assert "MiB/s over the data-parallel group" in way.why and "a reader" in way.why, way
-        if way.way == "broadcast":
+        assert "MiB/s over the data-parallel group" in way["why"] and "a reader" in way["why"], way
+        if way["way"] == "broadcast":
             # read once by the data-parallel group (each part by one replica) and broadcast: the restart reads from
             # storage what the checkpoint holds (and `latest`), not the model file once a replica
             assert storage_read <= summary["checkpoint"]["bytes"] + 4096, restart
@@ -531,7 +531,7 @@ def test_a_restart_re_run_may_change_how_the_engine_reads(lazy_dp2, tmp_path):
     stats = latest["engine_load_statistics"]
     assert latest["verified"] is True and stats["read_io"] == {"way": "direct", "why": "read_io=direct"}, stats
     (way,) = stats["replicated"]
-    assert way.way == "broadcast" and way.why == "broadcast_load=true", way
+    assert way["way"] == "broadcast" and way["why"] == "broadcast_load=true", way
     assert stats["broadcast_loads"] == 2 and stats["broadcast_bytes"] > 0, stats
     assert json.loads((run / "spec.json").read_text())["engine_options"]["read_io"] == "auto"  # the run's own spec
 

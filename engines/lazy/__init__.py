@@ -1,17 +1,6 @@
-"""engine=lazy: the harness's own engine, built to show how close to the storage a checkpoint can get
-(docs/engines.md#enginelazy). This module is what the harness asks of it (Engine, its options, its FileLayout); the
-rank's CheckpointIO is one idea a module:
-
-    checkpoint_io.py  LazyIO: a rank's save, wait and load, and the DeepSpeed internals it patches
-    save.py           the save pipeline: a copy thread into kept host buffers while the next step runs
-    staging.py        a part's host buffer (whole, or a ring of write requests) and its save in flight
-    writers.py        the writer pool: O_DIRECT requests following the copy, buffered where refused
-    load.py           the load pipeline: parallel reads, the rank's own ZeRO file read ahead
-    replicated.py     a file replicated over data-parallel ranks: shared memory, broadcast, or read by every replica
-    policy.py         the choices: a part's staging, the read way, the replicated file's way
-    stats.py          typed statistics and decision records, as the result files hold them
-    format.py         the on-disk format, its reader and its converter (reads.py, buffers.py beside it)
-"""
+"""engine=lazy: the harness's own engine, built to show how close to the storage a checkpoint can get. This module is
+what the harness asks of it (no torch); each idea of a rank's CheckpointIO is a module beside it, mapped in
+docs/engines.md#enginelazy."""
 
 from __future__ import annotations
 

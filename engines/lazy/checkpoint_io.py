@@ -18,6 +18,9 @@ class LazyIO(CheckpointIO):
         self.dp_rank, self.dp_size, self.dp_group = data_parallel
         self.saver = Saver(options, storage, ds_engine, self.dp_rank, self.dp_size)
         self.loader = Loader(options, storage, ds_engine, data_parallel)
+        # the save's (statistics: since the last call, stats.SaveStats) and the load's, as they are
+        self.wait_copied, self.wait, self.buffers = self.saver.wait_copied, self.saver.wait, self.saver.buffers
+        self.statistics, self.load_statistics = self.saver.statistics, self.loader.statistics
         if ds_engine is not None:
             self.patch_deepspeed(ds_engine)
 
@@ -42,25 +45,8 @@ class LazyIO(CheckpointIO):
         self.loader.last_read.clear()
         return self.saver.save(state, path)
 
-    def wait_copied(self) -> None:
-        self.saver.wait_copied()
-
-    def wait(self) -> None:
-        self.saver.wait()
-
-    def buffers(self) -> dict:
-        return self.saver.buffers()
-
-    def statistics(self) -> dict:
-        """The saves since the last call (copy, step wait and write seconds, a direct I/O fallback) and the buffers
-        kept (stats.SaveStats)."""
-        return self.saver.statistics()
-
     def load(self, path, map_location=None, into=None):
         return self.loader.load(path, map_location)
-
-    def load_statistics(self) -> dict:
-        return self.loader.statistics()
 
     def preserves_storage_sharing(self):
         return False  # each view's own elements are copied: no defensive clone needed

@@ -17,10 +17,8 @@ def replicated_way(file_bytes: int, replicas: int, broadcast_mib_s: float | None
     file, d the replicas, r the storage's read bandwidth per reader, B the broadcast's bandwidth):
       every replica reads the other shares:  F (d-1)/d / r
       broadcast every share in turn:         F / B
-    so the broadcast when B > r d/(d-1). The rank's own ZeRO file is read meanwhile either way; the model does not
-    count on the broadcast hiding behind those reads (on 2 busy cores it did not: gloo's copies and the reads' page
-    faults share the CPUs). Without r or B (no probe, shares too small to time) the broadcast, which reads the fewest
-    bytes."""
+    so the broadcast when B > r d/(d-1) (not counting on it hiding behind the reads: docs/engines.md). Without r or
+    B (no probe, shares too small to time) the broadcast, which reads the fewest bytes."""
     if not read_mib_s_per_reader or not broadcast_mib_s:
         return Decision("broadcast", "no storage read bandwidth (no probe: baseline=false, or it failed, and the "
                                      "shares too small to time): the broadcast, which reads the fewest bytes")
@@ -38,12 +36,9 @@ def replicated_way(file_bytes: int, replicas: int, broadcast_mib_s: float | None
 
 
 def read_way(options: Options, storage: dict | None) -> Decision:
-    """How the part files are read at restart: read_io's way, or (auto) the faster of the storage probe's two reads
-    in this engine's own shape (files/baseline.py: the ceiling probe read with O_DIRECT and through the page cache,
-    `readers`-like threads of 16 MiB requests); the baseline's single buffered stream is not a way this engine
-    reads, so it decides only where the probe has no buffered read (older probes): then the way the
-    read ceiling came from. Without a probe that has a ceiling (baseline=false, object storage, a failed probe),
-    direct_io's."""
+    """How the part files are read at restart: read_io's way, or (auto) the faster of the storage probe's O_DIRECT
+    and buffered reads in this engine's shape (files/baseline.py); where the probe has no buffered read, the way its
+    read ceiling came from; without a probe with a ceiling, direct_io's."""
     if options.read_io != "auto":
         return Decision(options.read_io, f"read_io={options.read_io}")
     ceiling = (storage or {}).get("ceiling") if storage and not storage.get("error") else None
@@ -95,13 +90,9 @@ class Staging:
         self.step_marks = [*self.step_marks[-3:], time.perf_counter()]
 
     def choose(self, d: Path, length: int, chunk: int, pinned: bool) -> tuple[int | None, str]:
-        """How many write requests' worth a new part's buffer stages (None: the whole part), and why
-        (staging_mib; docs/engines.md, "Staging"). auto: the copy may run ahead of the writes by the whole buffer,
-        so a ring of the part less L bytes holds the copy back only where the writes lag it by more than L. L is
-        what the writers are expected to write in half the interval between optimizer steps (W T / 2: W the storage
-        probe's write ceiling a rank, T the shortest interval between the optimizer steps before the first save),
-        shared by the parts of one checkpoint; the next optimizer step comes about T after the save and waits for
-        the copy, so half of T is the margin for a slower disk."""
+        """How many write requests' worth a new part's buffer stages (None: the whole part), and why. auto: a ring
+        of the part less L = W T / 2 bytes (W the probe's write ceiling a rank, T the shortest interval between the
+        optimizer steps before the first save), L shared by a checkpoint's parts (docs/engines.md#staging)."""
         chunks = -(-length // chunk)
         least = self.options.writers + 1  # a slot for every request in flight and one being copied
         if self.options.staging_mib:

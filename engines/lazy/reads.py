@@ -21,11 +21,9 @@ MADV_POPULATE_WRITE = 23  # Linux 5.14 and later; EINVAL before
 class Reads:
     """One file being read into a buffer by a pool's threads, READ_CHUNK_BYTES a request: wait() for it.
 
-    A fresh buffer's pages are faulted in by a thread of its own ahead of the reads (MADV_POPULATE_WRITE), not by
-    each read as it lands, so a request does not hold its share of the storage idle while it faults its own pages
-    (figures: docs/benchmarks.md#fresh-pages-faulted-in-ahead-of-the-reads). The thread only helps: a request whose
-    pages it has not begun faults them itself, so where CPUs are short it never holds a read back; before Linux 5.14
-    each request faults its own."""
+    A thread of its own faults in the fresh buffer's pages ahead of the reads (MADV_POPULATE_WRITE, Linux 5.14 and
+    later); a request whose pages it has not begun faults them itself, so it never holds a read back
+    (docs/engines.md#enginelazy)."""
 
     def __init__(self, path: Path, buf: torch.Tensor, pool: ThreadPoolExecutor, direct: bool = False,
                  populate: bool = True):

@@ -37,14 +37,10 @@ class ReplicatedReads:
         self._on_node: bool | None = None  # every data-parallel replica on this node (asked once)
 
     def read(self, path: Path):
-        """A replicated file: replica 0 reads its header and remainder and tells the others with them; then
-        broadcast_load's way: every replica reads it all (false), the broadcast (true), or (auto) where every replica
-        is on this node and its shared memory holds the file, each replica reads its own share into one shared
-        mapping that all of them build their tensors on (_shared_read: the fewest bytes read and none moved), else
-        every replica first reads its own share, which both other ways read, the group measures the storage (that
-        read) and the broadcast, and every replica takes the way replicated_way() gives on the same figures. The
-        rank's own ZeRO file is queued behind this file's reads. A replica that cannot read fails every replica with
-        its reason."""
+        """A replicated file, by broadcast_load's way: every replica reads it all (false), the broadcast (true), or
+        (auto) shared memory where every replica is on this node, else each replica reads its own share and the
+        group takes the way replicated_way() gives on the bandwidths measured. A replica that cannot read fails every
+        replica with its reason."""
         choice = self.options.broadcast_load
         on_node = choice == "auto" and self.on_node()
         header, remainder, shm = self._small_files(path, on_node)
@@ -125,10 +121,8 @@ class ReplicatedReads:
         return self._on_node
 
     def _shared_read(self, path: Path, header: dict, remainder: bytes, shm: str, mine: list[int]):
-        """The shared way: every replica maps the file replica 0 made in shared memory (and says whether it could:
-        a replica in another container may not see it, then no replica takes this way), replica 0 unlinks it once
-        all have it mapped (nothing is left behind, whatever happens next), each reads its own parts into the
-        mapping, the group learns that every part is there, and the tensors are views of the mapping. Returns
+        """The shared way: every replica maps the file replica 0 made in shared memory, replica 0 unlinks it once
+        all have it mapped, each reads its own parts into it, and the tensors are views of the mapping. Returns
         ((header, remainder, buffers), None), or (None, why not) where some replica could not map it."""
         import mmap
 

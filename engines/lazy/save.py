@@ -1,7 +1,6 @@
-"""engine=lazy's save pipeline: save() takes references, plans where every tensor goes and returns; a copy thread
-copies the tensors into kept host buffers while the next forward and backward run, handing each write request to the
-writers once it has passed it; the next optimizer step waits only for copies not yet done (on CUDA, on the GPU:
-the copies run on a side stream into page-locked buffers). docs/engines.md#enginelazy."""
+"""engine=lazy's save pipeline: save() plans where every tensor goes and returns; a copy thread copies the tensors
+into kept host buffers while the next step runs (on CUDA, on a side stream), handing each write request to the
+writers once it has passed it; the next optimizer step waits only for copies not yet done."""
 
 from __future__ import annotations
 

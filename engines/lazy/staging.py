@@ -14,14 +14,9 @@ from engines.lazy.buffers import aligned, aligned_empty, byte_view, padded_view
 
 
 class Part:
-    """One part file this rank writes: its buffer, and which tensors go where in it. The buffer starts at an
-    ALIGNMENT boundary and is zeroed once (the gaps between aligned tensors and the padding after the last are
-    written as zeros), so an O_DIRECT write can take it whole.
-
-    The buffer holds the whole part, or (staging_mib) a ring of `slots` write requests: request c of the part is
-    staged in slot c % slots, and the copy takes a slot only once the write of the request before it there is done
-    (Flush.claim_upto). A request put in a slot that last held another one has its gaps zeroed first, so the file
-    gets the same bytes either way."""
+    """One part file this rank writes: its buffer (aligned, zeroed once), and which tensors go where in it. The
+    buffer holds the whole part, or a ring of `slots` write requests: request c in slot c % slots, taken once the
+    request before it there is written (Flush.claim_upto), its gaps zeroed where the slot held another request."""
 
     def __init__(self, path: Path, size: int, pinned: bool, copies: list[tuple[int, int, int]], chunk: int,
                  slots: int | None = None):

@@ -12,6 +12,7 @@ from restart_harness.schema import MIB
 
 # parts whose staging (bytes, buffer, why) every save's engine_statistics lists; all of them are in staging_bytes
 STAGING_RECORDS = 16
+SECONDS = ("copy_seconds", "step_wait_seconds", "write_seconds", "staging_wait_seconds")  # since the last call
 
 
 @dataclass
@@ -63,15 +64,14 @@ class SaveStats:
         """The record of the saves since the last call (then reset), with staging_bytes: the parts kept for later
         saves, their bytes and their buffers' (docs/engines.md#staging)."""
         with self.lock:
-            out = {"copy_seconds": round(self.copy_seconds, 6), "step_wait_seconds": round(self.step_wait_seconds, 6),
-                   "write_seconds": round(self.write_seconds, 6),
-                   "staging_wait_seconds": round(self.staging_wait_seconds, 6),
-                   "buffers_reused": self.buffers_reused, "buffers_allocated": self.buffers_allocated}
+            out = {**{k: round(getattr(self, k), 6) for k in SECONDS}, "buffers_reused": self.buffers_reused,
+                   "buffers_allocated": self.buffers_allocated}
             if self.staging:
                 out["staging"] = [vars(s).copy() for s in self.staging]
             if self.direct_io_fallback:
                 out["direct_io_fallback"] = self.direct_io_fallback
-            self.copy_seconds = self.step_wait_seconds = self.write_seconds = self.staging_wait_seconds = 0.0
+            for k in SECONDS:
+                setattr(self, k, 0.0)
             self.direct_io_fallback = None
         if parts:
             out["staging_bytes"] = {"parts": len(parts), "part_bytes": sum(p.size for p in parts),

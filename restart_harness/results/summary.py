@@ -242,8 +242,7 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
 
 def _engine_load_statistics(record: dict[int, list[dict]]) -> dict | None:
     """The engines' own accounts of the restart's load (CheckpointIO.load_statistics): counts summed over ranks;
-    anything else (engine=lazy's `replicated`: how each replicated file was loaded, which its data-parallel group
-    decided together) as the lowest rank recorded it."""
+    anything else (a decision its data-parallel group took together, say) as the lowest rank recorded it."""
     stats = [e["engine_statistics"] for _, evs in sorted(record.items()) for e in evs
              if e["event"] == "loaded" and e.get("engine_statistics")]
     if not stats:

@@ -179,7 +179,7 @@ TERMS = (
     ("storage delivered", "bytes the kernel read from the storage device for the ranks, not from the page cache"),
     ("major faults", "pages of mapped files (libraries) read from storage when first touched"),
     ("efficiency", "a save's durable throughput (a load's) over the storage baseline's write (read) throughput"),
-    ("ceiling", "the storage's best throughput in its probes: the baseline's, or a probe's at engine=lazy's "
+    ("ceiling", "the storage's best throughput in its probes: the baseline's, or a probe's at the ceiling's "
                 "request size and queue depth (O_DIRECT, or for reads also buffered) where that was faster"),
     ("remainder", "a phase's seconds no cause names: samples of unnamed work, and time the sampler did not see"),
 )

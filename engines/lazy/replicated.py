@@ -252,7 +252,6 @@ class ReplicatedReads:
         self.stats.broadcast_loads += 1
 
 
-
 SHM_DIR = Path("/dev/shm")  # POSIX shared memory's file system on Linux
 SHM_HEADROOM = 0.5  # the shared way takes at most this fraction of the shared memory's free bytes
 

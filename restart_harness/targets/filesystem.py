@@ -371,11 +371,9 @@ def _open_direct(path: Path, flags: int) -> tuple[int, str | None]:
 
 def _builtin_direct(files: list[Path], file_bytes: int, request: int, depth: int,
                     write_too: bool = True, direct: bool = True) -> tuple[dict | None, dict, dict, str | None]:
-    """Each rank `depth` threads, each with one page-aligned buffer of `request` bytes that it reuses (an anonymous
-    mapping: O_DIRECT's alignment), taking every depth-th request of its file: pwrite, then one fsync a file; evict;
-    preadv the same way. Requests are whole 4 KiB blocks; the last write's padding is cut off by ftruncate.
-    write_too=False: the files are there, only read them (evicted first); direct=False: buffered (the same shape
-    through the page cache)."""
+    """Each rank `depth` threads, each reusing one page-aligned buffer of `request` bytes, taking every depth-th
+    request of its file (whole 4 KiB blocks, the padding cut off by ftruncate): pwrite, one fsync a file; evict;
+    preadv the same way. write_too=False: only read them (evicted first); direct=False: through the page cache."""
     padded = -(-file_bytes // 4096) * 4096
     offsets = list(range(0, padded, request))
     payload = os.urandom(request)  # random: no file system can compress it away

@@ -11,7 +11,7 @@ from engines.lazy import REPLICATED, Options
 from engines.lazy.buffers import aligned_empty
 from engines.lazy.format import check_parts, is_lazy, read_header
 from engines.lazy.format import load as load_file
-from engines.lazy.policy import per_reader, read_way
+from engines.lazy.policy import per_rank, read_way
 from engines.lazy.reads import Reads
 from engines.lazy.replicated import ReplicatedReads
 from engines.lazy.stats import LoadStats
@@ -30,7 +30,7 @@ class Loader:
         self.prefetch: dict = {}  # path -> (header, buffers, reads) of a file read ahead
         self.prefetch_tags: set = set()
         self.dp_rank, self.dp_size, self.dp_group = data_parallel
-        self.replicated = ReplicatedReads(self, options, data_parallel, per_reader(storage))
+        self.replicated = ReplicatedReads(self, options, data_parallel, per_rank(storage, "read_mib_s"))
 
     def statistics(self) -> dict:
         return self.stats.as_dict(self.submitted)

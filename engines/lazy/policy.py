@@ -58,18 +58,9 @@ def read_way(options: Options, storage: dict | None) -> Decision:
     return Decision("buffered", f"the storage's read ceiling came from its {source} read")
 
 
-def per_writer(storage: dict | None) -> float | None:
-    """The storage's write bandwidth per rank (MiB/s): per_rank's, writing."""
-    return per_rank(storage, "write_mib_s")
-
-
-def per_reader(storage: dict | None) -> float | None:
-    """The storage's read bandwidth per reader (MiB/s): per_rank's, reading."""
-    return per_rank(storage, "read_mib_s")
-
-
 def per_rank(storage: dict | None, figure: str) -> float | None:
-    """The probe's ceiling (else its baseline) figure over its concurrent ranks; None without a probe."""
+    """The probe's ceiling (else its baseline) figure over its concurrent ranks (MiB/s a rank: write_mib_s, or
+    read_mib_s a reader); None without a probe."""
     if not storage or storage.get("error"):
         return None
     total = (storage.get("ceiling") or {}).get(figure) or storage.get(figure)
@@ -82,7 +73,7 @@ class Staging:
 
     def __init__(self, options: Options, storage: dict | None):
         self.options = options
-        self.write_mib_s = per_writer(storage)
+        self.write_mib_s = per_rank(storage, "write_mib_s")
         self.step_marks: list[float] = []  # perf_counter at the last optimizer steps before the first save
         self.lag: dict = {}  # auto: the save's tag directory, and the bytes its writes may still lag by
 

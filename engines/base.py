@@ -144,6 +144,28 @@ class FileLayout:
         return nbytes
 
 
+class EngineRecords:
+    """What the results make of an engine's own statistics (CheckpointIO.statistics and load_statistics, as the
+    checkpoint record holds them): its summary entry and its terminal rows, so no other module knows its keys. By
+    default none."""
+
+    @staticmethod
+    def staging(record: dict[int, list[dict]]) -> dict | None:
+        """summary.json's checkpoint.engine_staging, of the checkpoint record (rank -> events): how the engine sized
+        its host buffers, or None."""
+        return None
+
+    @staticmethod
+    def memory_rows(staging: dict) -> list[tuple[str, str]]:
+        """Terminal rows under the save memory, of checkpoint.engine_staging."""
+        return []
+
+    @staticmethod
+    def restart_rows(load_statistics: dict) -> list[tuple[str, str]]:
+        """Terminal rows of a restart's engine_load_statistics (summed over ranks: results/summary.py)."""
+        return []
+
+
 class Engine(ABC):
     """One checkpoint engine, constructed for one RunSpec (restart_harness/resolve.py); self.options typed."""
 
@@ -170,6 +192,7 @@ class Engine(ABC):
     # region by region in the background, so a file of the right size can still be torn, and its reader would not say
     checksums_by_default: ClassVar[bool] = False
     file_layout: ClassVar[type[FileLayout]] = FileLayout  # what the planner asks (files())
+    records: ClassVar[type[EngineRecords]] = EngineRecords  # what the results make of its own statistics
     # True: once its save (synchronous) or its wait() (asynchronous) returns, the engine has fsync'd its files itself.
     # False: they may sit in the page cache or the device's write cache then (torch.save, torchsnapshot, DataStates'
     # io_uring writes): the harness's fsync of every file and folder (the target's make_durable), inside the save's

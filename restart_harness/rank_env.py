@@ -7,6 +7,8 @@ LOCAL_WORLD_SIZE); srun and mpiexec set none of them, only their own. Each launc
 them (restart_harness/launchers/, its rank_variables), and its launch script exports that declaration (VARIABLE:
 `RANK=SLURM_PROCID;LOCAL_SIZE=SLURM_NTASKS_PER_NODE,SLURM_TASKS_PER_NODE;...`), so a rank reads it without asking
 which launcher started it. Values already present are never overwritten.
+
+all_reduce: the one min / max collective the stacks and the engines share (imported on call: torch).
 """
 
 from __future__ import annotations
@@ -71,3 +73,16 @@ def main() -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def all_reduce(values: list[float], op: str, group=None, device=None) -> list[float]:
+    """A collective over `group` (None: every rank): each value's min (op "min") or max ("max") over its ranks, as
+    float64, on `device` (None: the current CUDA device where the group's backend is NCCL, else the host)."""
+    import torch
+    import torch.distributed as dist
+
+    if device is None and dist.get_backend(group) == "nccl":
+        device = torch.cuda.current_device()
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN, group=group)
+    return tensor.tolist()

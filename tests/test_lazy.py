@@ -1,4 +1,4 @@
-"""engine=lazy (engines/lazy.py, format in engines/_lazy_format.py): the format round-trips every kind of tensor a
+"""engine=lazy (engines/lazy/, format in engines/lazy/format.py): the format round-trips every kind of tensor a
 DeepSpeed state holds; real runs save, restart and verify at dp=2 (the replicated model file split over both
 replicas) and tp=2 pp=2 dp=2 (layer files spread over replicas, parts staged in rings of write requests); a ring
 writes the files a whole buffer writes, byte for byte; its checkpoint converted to DeepSpeed's layout
@@ -18,8 +18,12 @@ import pytest
 import torch
 from conftest import REPO, copy_run, events, load_summary, restart, run_cli
 
-from engines import _lazy_format as fmt
-from engines.lazy import LazyIO, Options
+from engines.lazy import Options, buffers
+from engines.lazy import format as fmt
+from engines.lazy import reads as lazy_reads
+from engines.lazy import writers as lazy_writers
+from engines.lazy.checkpoint_io import LazyIO
+from engines.lazy.stats import Decision
 
 
 def _engine(**options):
@@ -84,16 +88,16 @@ def test_a_fresh_buffers_pages_are_populated_ahead_and_the_bytes_are_the_files(t
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    size = 3 * fmt.READ_CHUNK_BYTES + 4096 + 7
+    size = 3 * lazy_reads.READ_CHUNK_BYTES + 4096 + 7
     data = torch.randint(0, 256, (size,), dtype=torch.uint8)
     path = tmp_path / "part-0.bin"
-    path.write_bytes(fmt.byte_view(data).tobytes() + bytes(fmt.aligned(size) - size))
+    path.write_bytes(buffers.byte_view(data).tobytes() + bytes(buffers.aligned(size) - size))
     with ThreadPoolExecutor(1) as pool:
         for populate in (True, False):
             held = threading.Event()
             pool.submit(held.wait, 30)  # the reads start late: the thread gets to every request first
-            buf = fmt.aligned_empty(size)
-            reads = fmt.Reads(path, buf, pool, direct, populate=populate)
+            buf = buffers.aligned_empty(size)
+            reads = lazy_reads.Reads(path, buf, pool, direct, populate=populate)
             deadline = time.monotonic() + 30
             while populate and reads.populated < 4 and time.monotonic() < deadline:
                 time.sleep(0.01)
@@ -130,6 +134,42 @@ def test_a_file_system_refusing_direct_io_gets_buffered_io_and_the_run_says_so(t
     assert "Invalid argument (EINVAL)" in engine.statistics()["direct_io_fallback"]
 
 
+def test_each_saves_statistics_are_its_own(tmp_path, monkeypatch):
+    """statistics() is asked once per save (engines/base.py: "since the last call"): the second save's seconds are
+    its own, not the first's added to them, and a direct I/O fallback of the first is not the second's."""
+    import errno
+    import time
+
+    real_open, real_fsync = os.open, os.fsync
+    slow = {"on": True}
+
+    def refusing(path, flags, *args):  # the first save's file system refuses O_DIRECT
+        if flags & os.O_DIRECT and slow["on"]:
+            raise OSError(errno.EINVAL, "Invalid argument", str(path))
+        return real_open(path, flags, *args)
+
+    def fsync(fd):  # and it is slow
+        if slow["on"]:
+            time.sleep(0.3)
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "open", refusing)
+    monkeypatch.setattr(os, "fsync", fsync)
+    engine = _engine()
+    figures = []
+    for step in (1, 2):
+        engine.save({"w": torch.randn(1000)}, str(tmp_path / f"global_step{step}" / "mp_rank_00_model_states.pt"))
+        engine.wait_copied()
+        engine.wait()
+        figures.append(engine.statistics())
+        slow["on"] = False
+    first, second = figures
+    # summed over the saves, the second's would be the first's (its slow fsync included) and more
+    assert second["write_seconds"] < first["write_seconds"], figures
+    assert "direct_io_fallback" in first and "direct_io_fallback" not in second, figures
+    assert second["buffers_reused"] == 1  # the buffers' counts are the run's (as staging_bytes is)
+
+
 def test_buffers_are_reused_by_later_saves_of_the_same_layout(tmp_path):
     engine = _engine()
     for step in range(3):
@@ -152,16 +192,14 @@ def test_writes_follow_the_copy_a_request_at_a_time(tmp_path, monkeypatch):
     """A part larger than a write request is written by several requests, each handed to the writers only once the
     copy has passed its end: the same buffer saved again with other values (it is reused) never reaches the file
     with the old ones, whatever the tensors' sizes and layouts."""
-    from engines import lazy
-
     requests = []
-    real = lazy.LazyIO._write_request
+    real = lazy_writers.Writers.write_request
 
     def counted(self, flush, off):
         requests.append(off)
         return real(self, flush, off)
 
-    monkeypatch.setattr(lazy.LazyIO, "_write_request", counted)
+    monkeypatch.setattr(lazy_writers.Writers, "write_request", counted)
     for direct in (True, False):
         engine = _engine(write_chunk_mib=1, writers=3, direct_io=direct)
         for step in range(2):
@@ -193,15 +231,13 @@ def test_a_ring_buffer_writes_the_same_files_as_a_whole_one(tmp_path, monkeypatc
     waits for slots while the writes are slow (staging_wait_seconds), never the bytes."""
     import time
 
-    from engines import lazy
-
-    real = lazy.LazyIO._write_request
+    real = lazy_writers.Writers.write_request
 
     def slow(self, flush, off):
         time.sleep(0.01)
         return real(self, flush, off)
 
-    monkeypatch.setattr(lazy.LazyIO, "_write_request", slow)
+    monkeypatch.setattr(lazy_writers.Writers, "write_request", slow)
     ring, whole = (_engine(write_chunk_mib=1, writers=2, direct_io=direct, staging_mib=m) for m in (3, 0))
     for step in range(3):
         state = _ring_state(step)
@@ -254,20 +290,20 @@ def test_auto_staging_reuses_what_the_writes_clear_within_half_an_optimizer_step
     probe = {"ranks": 2, "ceiling": {"write_mib_s": 200.0}}  # 100 MiB/s a rank
     engine = LazyIO(Options(), None, storage=probe)
     chunk, d = 16 * 2**20, Path("/ckpt/global_step2/zero_pp_rank_0_mp_rank_00_optim_states.pt")
-    assert engine._staging(d, 160 * 2**20, chunk, pinned=False)[0] is None  # no interval measured yet
-    engine.step_marks = [10.0, 11.5, 12.8]  # shortest interval 1.3 s: 65 MiB may lag, 4 requests
-    slots, why = engine._staging(d, 160 * 2**20, chunk, pinned=False)
+    assert engine.saver.staging.choose(d, 160 * 2**20, chunk, pinned=False)[0] is None  # no interval measured yet
+    engine.saver.staging.step_marks = [10.0, 11.5, 12.8]  # shortest interval 1.3 s: 65 MiB may lag, 4 requests
+    slots, why = engine.saver.staging.choose(d, 160 * 2**20, chunk, pinned=False)
     assert slots == 6 and "a ring of 6 of the part's 10 requests" in why and "1.300 s" in why
     # the same checkpoint's next part: 1 MiB of lag left, under a request: whole
-    assert engine._staging(d.with_name("mp_rank_00_model_states.pt"), 160 * 2**20, chunk, pinned=False)[0] is None
+    assert engine.saver.staging.choose(d.with_name("mp_rank_00_model_states.pt"), 160 * 2**20, chunk, pinned=False)[0] is None
     # the next checkpoint starts afresh, and a ring never goes below writers + 1 requests
-    engine.step_marks = [0.0, 100.0]
-    assert engine._staging(Path("/ckpt/global_step4/x.pt"), 160 * 2**20, chunk, pinned=False)[0] == 5
-    assert engine._staging(Path("/ckpt/global_step6/x.pt"), 160 * 2**20, chunk, pinned=True)[0] is None
-    assert LazyIO(Options(), None)._staging(d, 160 * 2**20, chunk, pinned=False)[1].endswith(
+    engine.saver.staging.step_marks = [0.0, 100.0]
+    assert engine.saver.staging.choose(Path("/ckpt/global_step4/x.pt"), 160 * 2**20, chunk, pinned=False)[0] == 5
+    assert engine.saver.staging.choose(Path("/ckpt/global_step6/x.pt"), 160 * 2**20, chunk, pinned=True)[0] is None
+    assert LazyIO(Options(), None).saver.staging.choose(d, 160 * 2**20, chunk, pinned=False)[1].endswith(
         "(no storage probe with a write figure)")
-    assert LazyIO(Options(staging_mib=1), None)._staging(d, 160 * 2**20, chunk, pinned=True)[0] == 5
-    assert engine._staging(d, 80 * 2**20, chunk, pinned=False) == (
+    assert LazyIO(Options(staging_mib=1), None).saver.staging.choose(d, 160 * 2**20, chunk, pinned=True)[0] == 5
+    assert engine.saver.staging.choose(d, 80 * 2**20, chunk, pinned=False) == (
         None, "auto: the whole part: its 5 requests are no more than a ring's least, writers + 1 = 5")
 
 
@@ -302,25 +338,25 @@ def test_a_request_refused_with_einval_is_written_buffered(tmp_path, monkeypatch
 
 
 def test_the_way_a_replicated_file_is_loaded_follows_the_measured_bandwidths():
-    """broadcast_load=auto (engines/lazy.py replicated_way), once each replica has read its share: broadcasting every
+    """broadcast_load=auto (engines/lazy/policy.py replicated_way), once each replica has read its share: broadcasting every
     share (F / B) against reading the other shares (F (d-1) / d / r), so the broadcast where B > r d / (d-1)."""
-    from engines.lazy import replicated_way
+    from engines.lazy.policy import replicated_way
 
     mib = 2**20
     # 215 MiB over 2 replicas: gloo's 1,260 MiB/s on this project's machine against a disk read at 1,500 a reader
     gloo = replicated_way(215 * mib, 2, broadcast_mib_s=1260, read_mib_s_per_reader=1500)
-    assert gloo["way"] == "read"
-    assert gloo["predicted_read_seconds"] == pytest.approx(107.5 / 1500, abs=1e-5)
-    assert gloo["predicted_broadcast_seconds"] == pytest.approx(215 / 1260, abs=1e-5)
-    assert "1,260 MiB/s" in gloo["why"] and "1,500 MiB/s" in gloo["why"]
+    assert gloo.way == "read"
+    assert gloo.figures["predicted_read_seconds"] == pytest.approx(107.5 / 1500, abs=1e-5)
+    assert gloo.figures["predicted_broadcast_seconds"] == pytest.approx(215 / 1260, abs=1e-5)
+    assert "1,260 MiB/s" in gloo.why and "1,500 MiB/s" in gloo.why
     # the same broadcast against a storage shared by many readers (250 MiB/s each), and NCCL against the disk
-    assert replicated_way(215 * mib, 2, broadcast_mib_s=1260, read_mib_s_per_reader=250)["way"] == "broadcast"
-    assert replicated_way(215 * mib, 2, broadcast_mib_s=40_000, read_mib_s_per_reader=1500)["way"] == "broadcast"
+    assert replicated_way(215 * mib, 2, broadcast_mib_s=1260, read_mib_s_per_reader=250).way == "broadcast"
+    assert replicated_way(215 * mib, 2, broadcast_mib_s=40_000, read_mib_s_per_reader=1500).way == "broadcast"
     # more replicas: each reads more of the others' shares, so a slower broadcast still pays (B > r d / (d-1))
-    assert replicated_way(215 * mib, 8, broadcast_mib_s=1500, read_mib_s_per_reader=1200)["way"] == "broadcast"
-    assert replicated_way(215 * mib, 2, broadcast_mib_s=1500, read_mib_s_per_reader=1200)["way"] == "read"
+    assert replicated_way(215 * mib, 8, broadcast_mib_s=1500, read_mib_s_per_reader=1200).way == "broadcast"
+    assert replicated_way(215 * mib, 2, broadcast_mib_s=1500, read_mib_s_per_reader=1200).way == "read"
     unknown = replicated_way(215 * mib, 2, broadcast_mib_s=None, read_mib_s_per_reader=None)
-    assert unknown["way"] == "broadcast" and "no storage read bandwidth" in unknown["why"]
+    assert unknown.way == "broadcast" and "no storage read bandwidth" in unknown.why
 
 
 def test_reads_go_the_way_the_storage_probe_read_fastest():
@@ -328,7 +364,7 @@ def test_reads_go_the_way_the_storage_probe_read_fastest():
     shape, O_DIRECT or buffered, whichever the read ceiling itself came from (the baseline's single buffered stream
     is not a way the engine reads); a probe without a buffered read (before 2026-11-27) goes by the ceiling's
     source; without a probe with a ceiling, direct_io's way. An explicit read_io is taken as given."""
-    from engines.lazy import read_way
+    from engines.lazy.policy import read_way
 
     def storage(source, direct=850.0, buffered=1100.0):
         return {"read_mib_s": 1300.0, "ceiling": {"read_from": source, "direct": {"read_mib_s": direct,
@@ -336,15 +372,14 @@ def test_reads_go_the_way_the_storage_probe_read_fastest():
 
     for source in ("direct", "buffered", "baseline"):
         way = read_way(Options(), storage(source))
-        assert way["way"] == "buffered" and "buffered 1,100 MiB/s against O_DIRECT 850" in way["why"], way
+        assert way.way == "buffered" and "buffered 1,100 MiB/s against O_DIRECT 850" in way.why, way
         way = read_way(Options(), storage(source, direct=1420.0))
-        assert way["way"] == "direct" and "O_DIRECT 1,420 MiB/s against buffered 1,100" in way["why"], way
-    assert read_way(Options(), storage("baseline", buffered=None))["way"] == "buffered"
-    assert read_way(Options(), storage("direct", buffered=None))["way"] == "direct"
-    assert read_way(Options(), None) == {"way": "direct", "why": "no storage probe with a ceiling to go by: "
-                                                                 "direct_io=true"}
-    assert read_way(Options(direct_io=False), {"error": "no space"})["way"] == "buffered"
-    assert read_way(Options(read_io="direct"), storage("baseline")) == {"way": "direct", "why": "read_io=direct"}
+        assert way.way == "direct" and "O_DIRECT 1,420 MiB/s against buffered 1,100" in way.why, way
+    assert read_way(Options(), storage("baseline", buffered=None)).way == "buffered"
+    assert read_way(Options(), storage("direct", buffered=None)).way == "direct"
+    assert read_way(Options(), None) == Decision("direct", "no storage probe with a ceiling to go by: direct_io=true")
+    assert read_way(Options(direct_io=False), {"error": "no space"}).way == "buffered"
+    assert read_way(Options(read_io="direct"), storage("baseline")) == Decision("direct", "read_io=direct")
 
 
 def test_the_ranks_own_zero_file_is_read_ahead_while_the_model_file_loads(tmp_path):
@@ -375,9 +410,9 @@ def test_the_ranks_own_zero_file_is_read_ahead_while_the_model_file_loads(tmp_pa
     restarted = LazyIO(Options(), Stub())
     assert torch.equal(restarted.load(str(tag / "mp_rank_00_model_states.pt"))["w"], model["w"])
     ahead = restarted.load_statistics()["prefetched_bytes"]
-    assert ahead >= 1000 * 100 * 4 and str(tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt") in restarted.prefetch
+    assert ahead >= 1000 * 100 * 4 and str(tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt") in restarted.loader.prefetch
     back = restarted.load(str(tag / "zero_pp_rank_0_mp_rank_00_optim_states.pt"))
-    assert torch.equal(back["m"], optim["m"]) and back["step"] == 3 and not restarted.prefetch
+    assert torch.equal(back["m"], optim["m"]) and back["step"] == 3 and not restarted.loader.prefetch
     assert restarted.load_statistics()["read_bytes"] >= ahead  # counted once, when used
 
 
@@ -400,10 +435,10 @@ def test_pinned_buffers_are_registered_at_their_exact_size(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart())
     size = 3 * 2**20 + 5  # a power-of-two allocator would take 4 MiB
-    buf = fmt.aligned_empty(size, pinned=True, zeroed=True)
-    assert buf.numel() == size and buf.data_ptr() % fmt.ALIGNMENT == 0 and int(buf.sum()) == 0
+    buf = buffers.aligned_empty(size, pinned=True, zeroed=True)
+    assert buf.numel() == size and buf.data_ptr() % buffers.ALIGNMENT == 0 and int(buf.sum()) == 0
     (kind, ptr, n), = calls
-    assert (kind, ptr, n) == ("register", buf.data_ptr(), fmt.aligned(size))
+    assert (kind, ptr, n) == ("register", buf.data_ptr(), buffers.aligned(size))
     del buf
     gc.collect()
     assert calls[-1] == ("unregister", ptr)
@@ -507,7 +542,7 @@ def test_converted_checkpoint_equals_the_default_engines(lazy_dp2, tiny_dp2, tmp
     to DeepSpeed's layout holds the same tensors in the same files, and DeepSpeed's zero_to_fp32 reads it."""
     src = lazy_dp2 / "checkpoint" / "global_step4"
     out = tmp_path / "converted" / "global_step4"
-    proc = subprocess.run([sys.executable, "-m", "engines._lazy_format", "to-torch-save", str(src), str(out)],
+    proc = subprocess.run([sys.executable, "-m", "engines.lazy.format", "to-torch-save", str(src), str(out)],
                           capture_output=True, text=True, cwd=REPO, check=False)
     assert proc.returncode == 0, proc.stderr
     default = tiny_dp2 / "checkpoint" / "global_step4"

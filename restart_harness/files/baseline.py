@@ -10,7 +10,7 @@ with the engines' own client on object storage); this module times, caches and r
 
 The ceiling: the same files written and read again the way the storage does best, where the target has such a way
 (a file system: O_DIRECT, CEILING_REQUEST_BYTES requests, CEILING_QUEUE_DEPTH of them in flight a rank, fsync at
-the end; the shape engine=lazy's writers and readers use; then read once more in that shape through the page
+the end; a shape an engine's own writers and readers can take; then read once more in that shape through the page
 cache). Interleaved with the baseline's probes; per direction the ceiling is the best of the medians (a storage
 whose buffered path is faster has that as its limit), and the record says which (`write_from`: direct or
 baseline; `read_from`: direct, buffered or baseline) with that probe's spread. Every efficiency is shown against
@@ -43,11 +43,11 @@ AUTO_MAX_TOTAL_BYTES = 128 * MIB
 AUTO_MAX_RANKS = 8
 AUTO_MAX_FREE_FRACTION = 0.1
 DEFAULT_FILE_BYTES = 64 * MIB
-# the ceiling's shape: engine=lazy's request (write_chunk_mib, its reader's chunk) and its writers and readers a rank
+# the ceiling's shape: a request's bytes and the requests in flight a rank (an engine's defaults may take it)
 CEILING_REQUEST_BYTES = 16 * MIB
 CEILING_QUEUE_DEPTH = 4
-# what a cached record holds: 1 the ceiling (2026-11-27), 2 its probe's buffered read too (engine=lazy's read_io=auto
-# decides by it). A run re-measures an entry of another version instead of deciding on figures it lacks.
+# what a cached record holds: 1 the ceiling (2026-11-27), 2 its probe's buffered read too (an engine may
+# choose its read way by it). A run re-measures an entry of another version instead of deciding on figures it lacks.
 RECORD_VERSION = 2
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from restart_harness import resolve
 from restart_harness.results import breakdown, io_sources, placement, save_memory, trace, training_cost
 from restart_harness.results import events as ev
 from restart_harness.schema import (
@@ -241,8 +242,7 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
 
 def _engine_load_statistics(record: dict[int, list[dict]]) -> dict | None:
     """The engines' own accounts of the restart's load (CheckpointIO.load_statistics): counts summed over ranks;
-    anything else (engine=lazy's `replicated`: how each replicated file was loaded, which its data-parallel group
-    decided together) as the lowest rank recorded it."""
+    anything else (a decision its data-parallel group took together, say) as the lowest rank recorded it."""
     stats = [e["engine_statistics"] for _, evs in sorted(record.items()) for e in evs
              if e["event"] == "loaded" and e.get("engine_statistics")]
     if not stats:
@@ -256,25 +256,6 @@ def _engine_load_statistics(record: dict[int, list[dict]]) -> dict | None:
         return values[0]
 
     return {k: merged(k) for k in names}
-
-
-def _staging(record: dict[int, list[dict]]) -> dict | None:
-    """How an engine that stages its saves in host buffers sized them (engine=lazy's engine_statistics.staging_bytes
-    and staging, docs/engines.md#staging), at the last save, on the rank with the most buffer bytes: its parts'
-    bytes and buffers, how many of the parts listed are rings, and why its largest part was staged so."""
-    best = None
-    for rank, evs in sorted(record.items()):
-        stats = [e["engine_statistics"] for e in evs
-                 if e["event"] == "save" and (e.get("engine_statistics") or {}).get("staging_bytes")]
-        if not stats:
-            continue
-        parts = stats[-1].get("staging") or []
-        totals = stats[-1]["staging_bytes"]
-        if best is None or totals["buffer_bytes"] > best["buffer_bytes"]:
-            largest = max(parts, key=lambda p: p["part_bytes"], default={})
-            best = {"rank": rank, **totals, "listed": len(parts),
-                    "rings": sum(p["buffer_bytes"] < p["part_bytes"] for p in parts), "why": largest.get("why")}
-    return best
 
 
 def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict | None,
@@ -301,7 +282,7 @@ def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict |
         "saves": save_list,
         "training_lost": lost,
         "memory": memory,
-        "engine_staging": _staging(checkpoint_record),
+        "engine_staging": resolve.engine_class(spec["engine"]).records.staging(checkpoint_record),
         "throughput_mib_s": loaded["throughput_mib_s"] if loaded else None,
         "placement": placement.placement(checkpoint_record),
         "trace": trace.summarize(run_dir / "traces" / "checkpoint", checkpoint_record, list(MEMORY_PHASES_CHECKPOINT)),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 
+from restart_harness import resolve
 from restart_harness.results import placement, save_memory
 from restart_harness.schema import (GIB, LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES, count, io_metadata_ops,
                                     restart_conditions)
@@ -45,6 +46,7 @@ def _storage_rows(name: str, phase: dict) -> list[tuple[str, str]]:
 
 def render(summary: dict) -> str:
     spec, ck, rs = summary["spec"], summary["checkpoint"], summary["restart"]
+    records = resolve.engine_class(spec["engine"]).records  # the engine's own rows
     restarts = summary.get("restarts") or []
     d = spec["derived"]
     shrunk = f" (shrunk /{spec['shrink']})" if d["shrunk"] else ""
@@ -82,7 +84,7 @@ def render(summary: dict) -> str:
                          + (f"; sha256 read back after the commit in {_s(save['checksum_seconds'])}"
                             if save.get("checksum_seconds") is not None else "")))
         rows += _lost_rows(ck)
-        rows += _memory_rows(ck, (summary.get("training") or {}).get("rss_growth"))
+        rows += _memory_rows(ck, (summary.get("training") or {}).get("rss_growth"), records)
         bd = (ck["saves"][-1] if ck["saves"] else {}).get("breakdown")
         if bd:
             parts = "  ".join(f"{c} {bd[f'{c}_seconds']:.3f}" if bd[f"{c}_seconds"] is not None else f"{c} -"
@@ -115,14 +117,7 @@ def render(summary: dict) -> str:
                                     f"read by all {count(rs['ranks'], 'rank')}, over the slowest one's "
                                     f"{sr['seconds']:.3f} s with a read in flight: rank {sr['slowest_rank']})"
                                     if sr else "")))
-        if (rs.get("engine_load_statistics") or {}).get("read_io"):
-            stats = rs["engine_load_statistics"]
-            way, requests = stats["read_io"], stats.get("read_requests")
-            rows.append(("reads", f"{'O_DIRECT' if way['way'] == 'direct' else 'buffered'}: {way['why']}"
-                                  + (f"; fresh pages faulted in ahead of {stats.get('populated_requests', 0):,} of "
-                                     f"{requests:,} requests (all ranks)" if requests else "")))
-        for r in (rs.get("engine_load_statistics") or {}).get("replicated") or []:
-            rows.append(("replicated", f"{r['file']}: {r['way']} in {r['seconds']:.3f} s ({r['why']})"))
+        rows += records.restart_rows(rs.get("engine_load_statistics") or {})
         lb = rs.get("load_breakdown")
         if lb:
             parts = "  ".join(f"{c} {lb[f'{c}_seconds']:.3f}" if lb[f"{c}_seconds"] is not None else f"{c} -"
@@ -184,7 +179,7 @@ TERMS = (
     ("storage delivered", "bytes the kernel read from the storage device for the ranks, not from the page cache"),
     ("major faults", "pages of mapped files (libraries) read from storage when first touched"),
     ("efficiency", "a save's durable throughput (a load's) over the storage baseline's write (read) throughput"),
-    ("ceiling", "the storage's best throughput in its probes: the baseline's, or a probe's at engine=lazy's "
+    ("ceiling", "the storage's best throughput in its probes: the baseline's, or a probe's at the ceiling's "
                 "request size and queue depth (O_DIRECT, or for reads also buffered) where that was faster"),
     ("remainder", "a phase's seconds no cause names: samples of unnamed work, and time the sampler did not see"),
 )
@@ -248,7 +243,7 @@ def _lost_rows(ck: dict) -> list[tuple[str, str]]:
                               f"waits and other {lost['other_seconds']:+.3f} s")]
 
 
-def _memory_rows(ck: dict, steps: dict | None) -> list[tuple[str, str]]:
+def _memory_rows(ck: dict, steps: dict | None, records) -> list[tuple[str, str]]:
     """What the saves cost in host memory (results/save_memory.py), and whether it grew save after save."""
     m = ck.get("memory")
     if not m or not m.get("saves"):
@@ -265,12 +260,8 @@ def _memory_rows(ck: dict, steps: dict | None) -> list[tuple[str, str]]:
                                else "")),
             ("  beyond steps", f"median {mib(m['cost_bytes_median'])} a save over {m['saves']} saves, less a "
                                f"training step's own {mib(m['step_peak_added_bytes'])} where its flush overlapped steps")]
-    st = ck.get("engine_staging")
-    if st:  # engine=lazy: how its buffers were sized (docs/engines.md#staging)
-        listed = f"{st['rings']} of {st['listed']} parts in rings" + (
-            "" if st["listed"] == st["parts"] else f" (of the first {st['listed']} of {st['parts']})")
-        rows.append(("  staging", f"{st['buffer_bytes'] / MIB:,.1f} MiB of buffers for {st['part_bytes'] / MIB:,.1f} "
-                                  f"MiB of parts on rank {st['rank']}, {listed}; the largest part: {st['why']}"))
+    if ck.get("engine_staging"):  # how the engine sized its host buffers (its own rows)
+        rows += records.memory_rows(ck["engine_staging"])
     g = m["growth"]
     if g.get("bytes_per_save") is None:
         rows.append(("memory growth", f"not measured: {g['note']}"))

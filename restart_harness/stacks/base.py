@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from restart_harness.errors import UsageError
+from restart_harness.rank_env import all_reduce
 
 
 @dataclass(frozen=True)
@@ -175,21 +176,11 @@ class Stack(ABC):
 
     def all_true(self, flag: bool) -> bool:
         """A collective: True when flag is True on every rank."""
-        import torch
-        import torch.distributed as dist
-
-        value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device)
-        dist.all_reduce(value, op=dist.ReduceOp.MIN)
-        return bool(value.item())
+        return bool(all_reduce([1.0 if flag else 0.0], "min", device=self.device)[0])
 
     def max_of(self, value: float) -> float:
         """A collective: the largest value over the ranks."""
-        import torch
-        import torch.distributed as dist
-
-        tensor = torch.tensor([value], dtype=torch.float64, device=self.device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return float(tensor.item())
+        return all_reduce([value], "max", device=self.device)[0]
 
     def sync(self) -> None:
         """Wait for queued device work (a timer that stops while it is queued measures nothing): CUDA only."""

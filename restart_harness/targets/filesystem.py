@@ -81,10 +81,10 @@ class FileSystemProbe(StorageProbe):
     def measure_ceiling(self, file_bytes: int, ranks: int, tool: str) -> dict:
         """The ceiling's probe (files/baseline.py): each rank one file of file_bytes, written with O_DIRECT in
         requests of CEILING_REQUEST_BYTES, CEILING_QUEUE_DEPTH in flight, fsync'd; then read back the same way. The
-        built-in probe (threads, each its own reused buffer: engine=lazy's writers and readers), or with tool=fio
+        built-in probe (threads, each its own reused buffer), or with tool=fio
         fio's libaio at that iodepth. Where the file system refuses
         O_DIRECT, the same shape buffered, and `refused` says why. Then, evicted again, read once more in the same
-        shape through the page cache (`read_buffered`; the built-in threads, engine=lazy's reader: a disk whose
+        shape through the page cache (`read_buffered`; the built-in threads: a disk whose
         read-ahead beats O_DIRECT reads fastest so)."""
         directory = self._probe_dir()
         directory.mkdir(parents=True, exist_ok=True)
@@ -371,11 +371,9 @@ def _open_direct(path: Path, flags: int) -> tuple[int, str | None]:
 
 def _builtin_direct(files: list[Path], file_bytes: int, request: int, depth: int,
                     write_too: bool = True, direct: bool = True) -> tuple[dict | None, dict, dict, str | None]:
-    """Each rank `depth` threads, each with one page-aligned buffer of `request` bytes that it reuses (an anonymous
-    mapping: O_DIRECT's alignment), taking every depth-th request of its file: pwrite, then one fsync a file; evict;
-    preadv the same way. Requests are whole 4 KiB blocks; the last write's padding is cut off by ftruncate.
-    write_too=False: the files are there, only read them (evicted first); direct=False: buffered (the same shape
-    through the page cache: engine=lazy's read_io=buffered)."""
+    """Each rank `depth` threads, each reusing one page-aligned buffer of `request` bytes, taking every depth-th
+    request of its file (whole 4 KiB blocks, the padding cut off by ftruncate): pwrite, one fsync a file; evict;
+    preadv the same way. write_too=False: only read them (evicted first); direct=False: through the page cache."""
     padded = -(-file_bytes // 4096) * 4096
     offsets = list(range(0, padded, request))
     payload = os.urandom(request)  # random: no file system can compress it away
@@ -388,7 +386,7 @@ def _builtin_direct(files: list[Path], file_bytes: int, request: int, depth: int
             refusals.append(why)
 
         def stream(t: int) -> None:
-            # in 2 MiB pages where the kernel gives them, as engine=lazy's buffers are (engines/_lazy_format.py):
+            # in 2 MiB pages where the kernel gives them, as an engine's large buffers may be:
             # an O_DIRECT request's pages are its scatter-gather list, and 4 KiB ones split a 16 MiB request
             buf = mmap.mmap(-1, request + HUGE_PAGE)
             with contextlib.suppress(AttributeError, OSError):  # no MADV_HUGEPAGE: 4 KiB pages

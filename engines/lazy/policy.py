@@ -1,0 +1,119 @@
+"""engine=lazy's policies: how each part of a save is staged, which way the part files are read at restart, and
+which way a replicated file reaches every replica. Each answers with its reason (docs/engines.md#enginelazy)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from engines.lazy import MIB, Options
+from engines.lazy.stats import Decision
+
+
+def replicated_way(file_bytes: int, replicas: int, broadcast_mib_s: float | None,
+                   read_mib_s_per_reader: float | None) -> Decision:
+    """Once every replica has read its own share of a replicated file (both ways read it): broadcast the shares over
+    the data-parallel group, or have every replica read the others' shares too, whichever is sooner (seconds; F the
+    file, d the replicas, r the storage's read bandwidth per reader, B the broadcast's bandwidth):
+      every replica reads the other shares:  F (d-1)/d / r
+      broadcast every share in turn:         F / B
+    so the broadcast when B > r d/(d-1) (not counting on it hiding behind the reads: docs/engines.md). Without r or
+    B (no probe, shares too small to time) the broadcast, which reads the fewest bytes."""
+    if not read_mib_s_per_reader or not broadcast_mib_s:
+        return Decision("broadcast", "no storage read bandwidth (no probe: baseline=false, or it failed, and the "
+                                     "shares too small to time): the broadcast, which reads the fewest bytes")
+    f, d = file_bytes / MIB, replicas
+    r, b = read_mib_s_per_reader, broadcast_mib_s
+    read_s = f * (d - 1) / d / r
+    broadcast_s = f / b
+    way = "broadcast" if broadcast_s < read_s else "read"
+    why = (f"{'broadcast' if way == 'broadcast' else 'every replica reads'}: {min(read_s, broadcast_s):.3f} s "
+           f"against {max(read_s, broadcast_s):.3f} s for the other replicas' shares (broadcast {b:,.0f} MiB/s over "
+           f"the data-parallel group, storage {r:,.0f} MiB/s a reader, {f:,.1f} MiB over {d} replicas)")
+    return Decision(way, why, {"predicted_broadcast_seconds": round(broadcast_s, 6),
+                               "predicted_read_seconds": round(read_s, 6), "broadcast_mib_s": round(b, 1),
+                               "read_mib_s_per_reader": round(r, 1)})
+
+
+def read_way(options: Options, storage: dict | None) -> Decision:
+    """How the part files are read at restart: read_io's way, or (auto) the faster of the storage probe's O_DIRECT
+    and buffered reads in this engine's shape (files/baseline.py); where the probe has no buffered read, the way its
+    read ceiling came from; without a probe with a ceiling, direct_io's."""
+    if options.read_io != "auto":
+        return Decision(options.read_io, f"read_io={options.read_io}")
+    ceiling = (storage or {}).get("ceiling") if storage and not storage.get("error") else None
+    source = (ceiling or {}).get("read_from")
+    if source not in ("direct", "buffered", "baseline"):
+        way = "direct" if options.direct_io else "buffered"
+        return Decision(way, f"no storage probe with a ceiling to go by: direct_io={str(options.direct_io).lower()}")
+    probe = ceiling.get("direct") or {}
+    direct, buffered = probe.get("read_mib_s"), probe.get("buffered_read_mib_s")
+    if direct and buffered and not probe.get("refused"):
+        shape = "faster in the probe's cold reads in this engine's shape"
+        if direct >= buffered:
+            return Decision("direct", f"{shape}, O_DIRECT {direct:,.0f} MiB/s against buffered {buffered:,.0f}")
+        return Decision("buffered", f"{shape}, buffered {buffered:,.0f} MiB/s against O_DIRECT {direct:,.0f}")
+    if source == "direct":
+        return Decision("direct", "the storage's read ceiling came from the O_DIRECT probe")
+    return Decision("buffered", f"the storage's read ceiling came from its {source} read")
+
+
+def per_rank(storage: dict | None, figure: str) -> float | None:
+    """The probe's ceiling (else its baseline) figure over its concurrent ranks (MiB/s a rank: write_mib_s, or
+    read_mib_s a reader); None without a probe."""
+    if not storage or storage.get("error"):
+        return None
+    total = (storage.get("ceiling") or {}).get(figure) or storage.get(figure)
+    return total / (storage.get("ranks") or 1) if total else None
+
+
+class Staging:
+    """staging_mib's choice for each new part's buffer; auto goes by the storage probe's write ceiling and the
+    interval between the optimizer steps before the first save (mark_step)."""
+
+    def __init__(self, options: Options, storage: dict | None):
+        self.options = options
+        self.write_mib_s = per_rank(storage, "write_mib_s")
+        self.step_marks: list[float] = []  # perf_counter at the last optimizer steps before the first save
+        self.lag: dict = {}  # auto: the save's tag directory, and the bytes its writes may still lag by
+
+    def mark_step(self) -> None:
+        self.step_marks = [*self.step_marks[-3:], time.perf_counter()]
+
+    def choose(self, d: Path, length: int, chunk: int, pinned: bool) -> tuple[int | None, str]:
+        """How many write requests' worth a new part's buffer stages (None: the whole part), and why. auto: a ring
+        of the part less L = W T / 2 bytes (W the probe's write ceiling a rank, T the shortest interval between the
+        optimizer steps before the first save), L shared by a checkpoint's parts (docs/engines.md#staging)."""
+        chunks = -(-length // chunk)
+        least = self.options.writers + 1  # a slot for every request in flight and one being copied
+        if self.options.staging_mib:
+            slots = max(self.options.staging_mib * MIB // chunk, least)
+            if slots >= chunks:
+                return None, f"staging_mib={self.options.staging_mib}: the whole part fits"
+            return slots, (f"staging_mib={self.options.staging_mib}: a ring of {slots} requests"
+                           + (f", the least: a request for each of the {self.options.writers} writers and one "
+                              f"being copied"
+                              if slots * chunk > self.options.staging_mib * MIB else ""))
+        if chunks <= least:
+            return None, (f"auto: the whole part: its {chunks} request{'s are' if chunks != 1 else ' is'} no more than a "
+                          f"ring's least, writers + 1 = {least}")
+        if pinned:
+            return None, ("auto on CUDA: the whole part (its copies are queued on the side stream at save() and the "
+                          "step waits for them on the GPU; a ring's must wait on the host)")
+        w = self.write_mib_s
+        intervals = [b - a for a, b in zip(self.step_marks, self.step_marks[1:], strict=False)]
+        if not w or not intervals:
+            return None, ("auto: the whole part (" + ("no storage probe with a write figure"
+                                                      if not w else "fewer than two optimizer steps before the save")
+                          + ")")
+        tag = str(d.parent)
+        if self.lag.get("tag") != tag:
+            self.lag = {"tag": tag, "left": int(w * MIB * min(intervals) / 2)}
+        reuse = min(self.lag["left"] // chunk, chunks - least)
+        if reuse <= 0:
+            return None, (f"auto: the whole part: the writes may lag the copy by only {self.lag['left'] / MIB:,.1f} MiB "
+                          f"more in this checkpoint, less than a request")
+        self.lag["left"] -= reuse * chunk
+        return chunks - reuse, (f"auto: a ring of {chunks - reuse} of the part's {chunks} requests: the writers "
+                                f"({w:,.0f} MiB/s a rank, the storage probe's write ceiling) are expected to write "
+                                f"what the ring reuses within half the {min(intervals):.3f} s between optimizer steps")

@@ -17,7 +17,7 @@ from restart_harness.command.options import BaselineOptions
 from restart_harness.command.parse import RestartRequest
 from restart_harness.errors import UsageError, refused
 from restart_harness.files import baseline as baseline_store
-from restart_harness.files import checksum
+from restart_harness.files import checksum, exclusive
 from restart_harness.files.filesystem import why_not_a_directory
 from restart_harness.resolve import Plugins
 from restart_harness.results import events as ev
@@ -34,11 +34,14 @@ def directory(key: str, path: str) -> None:
 
 
 def output_file(key: str, path: str) -> None:
-    """A file the command will write: its folder can be written (or made), and it is not a folder itself."""
+    """A file the command will create: its folder can be written (or made), and nothing is there yet (never
+    overwritten: files/exclusive.py)."""
     where = Path(path).expanduser()
     if where.is_dir():
         raise UsageError(f"{key}={path}: a directory; accepted: the path of a file to write")
     if reason := why_not_a_directory(where.parent):
+        raise UsageError(f"{key}={path}: {reason}")
+    if reason := exclusive.taken(path):
         raise UsageError(f"{key}={path}: {reason}")
 
 

@@ -187,9 +187,12 @@ def run(spec: RunSpec, fixed_layout: str | None = None) -> Plugins:
 
 
 def cache() -> None:
-    """The user cache folder (DeepSpeed's JIT-built ops, storage baselines) can be written (RH_CACHE_DIR)."""
+    """The user cache folder (DeepSpeed's JIT-built ops, storage baselines) can be written (RH_CACHE_DIR), and the
+    baselines' scope is one it knows (RH_BASELINE_CACHE)."""
     from restart_harness.files import cache_dir
 
+    if why := baseline_store.scope_problem():
+        raise UsageError(why)
     if why := cache_dir.problem():
         where = os.environ.get(cache_dir.ENV)
         raise refused(cache_dir.ENV, where, why, "a folder this user can write, or leave it unset") if where else \

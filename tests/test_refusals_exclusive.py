@@ -37,6 +37,14 @@ CASES = {
                                                          "is in use by pid"),
 }
 
+# environment variables of the one rule's neighbours (through the command line's own entry, in this process)
+ENV_CASES = {
+    "a baseline cache of an unknown scope": ({"RH_BASELINE_CACHE": "everyone"}, ["baseline", "dir={tmp}"],
+                                             "RH_BASELINE_CACHE=everyone: accepted: checkout, shared"),
+    "a baseline cache scope for a run": ({"RH_BASELINE_CACHE": "1"}, ["tiny", "results_dir={tmp}/results"],
+                                         "RH_BASELINE_CACHE=1: accepted: checkout, shared"),
+}
+
 HOLD = """import sys, time
 from restart_harness.files import exclusive
 assert exclusive.hold(sys.argv[1]) is None
@@ -149,3 +157,20 @@ def test_a_file_that_appeared_meanwhile_is_kept(tmp_path):
     with pytest.raises(FileExistsError):
         exclusive.create_json(out, {"mine": 1})
     assert out.read_text() == "another's" and [p.name for p in tmp_path.iterdir()] == ["calibration.json"]
+
+
+@pytest.mark.parametrize("name", list(ENV_CASES))
+def test_refused_environment(name, tmp_path, monkeypatch, capsys):
+    from restart_harness.cli import main
+
+    env, tokens, named = ENV_CASES[name]
+    made(tmp_path)
+    before = everything(tmp_path)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    code = main([t.replace("{tmp}", str(tmp_path)) for t in tokens])
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], err
+    assert everything(tmp_path) == before

@@ -9,6 +9,7 @@ with one ckpt_dir, and two resumes of one study."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -173,4 +174,30 @@ def test_refused_environment(name, tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], err
+    assert everything(tmp_path) == before
+
+
+# the launcher script's environment (scripts/env.sh), through ./submit-job.sh: RH_VENV_DIR names another checkout's
+SCRIPT_CASES = {
+    "an environment of another checkout": ({"RH_VENV_DIR": "{tmp}/env"}, "RH_VENV_DIR={tmp}/env: the environment of "
+                                           "the checkout /elsewhere/checkout"),
+    "an environment of another checkout, re-pointing refused": ({"RH_VENV_DIR": "{tmp}/env", "RH_VENV_REPOINT": "0"},
+                                                                "accepted: RH_VENV_REPOINT=1 to re-point it"),
+    "a re-point switch that is a banana": ({"RH_VENV_DIR": "{tmp}/env", "RH_VENV_REPOINT": "banana"},
+                                           "RH_VENV_REPOINT=banana: accepted: 1"),
+}
+
+
+@pytest.mark.parametrize("name", list(SCRIPT_CASES))
+def test_refused_by_the_launcher_script(name, tmp_path):
+    env, named = SCRIPT_CASES[name]
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / ".project-root").write_text("/elsewhere/checkout\n")
+    before = everything(tmp_path)
+    base = {k: v for k, v in os.environ.items() if k not in ("RH_PYTHON", "RH_VENV", "RH_VENV_REPOINT")}
+    proc = subprocess.run([str(REPO / "submit-job.sh"), "tiny", "dry_run=true"], cwd=tmp_path, check=False,
+                          capture_output=True, text=True, timeout=120,
+                          env={**base, **{k: v.replace("{tmp}", str(tmp_path)) for k, v in env.items()}})
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and named.replace("{tmp}", str(tmp_path)) in lines[0], proc.stderr
     assert everything(tmp_path) == before

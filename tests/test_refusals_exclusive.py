@@ -179,8 +179,8 @@ def test_refused_environment(name, tmp_path, monkeypatch, capsys):
 
 # the launcher script's environment (scripts/env.sh), through ./submit-job.sh: RH_VENV_DIR names another checkout's
 SCRIPT_CASES = {
-    "an environment of another checkout": ({"RH_VENV_DIR": "{tmp}/env"}, "RH_VENV_DIR={tmp}/env: the environment of "
-                                           "the checkout /elsewhere/checkout"),
+    "an environment of another checkout": ({"RH_VENV_DIR": "{tmp}/env"},
+                                           "RH_VENV_DIR={tmp}/env: the environment of the checkout /elsewhere/checkout"),
     "an environment of another checkout, re-pointing refused": ({"RH_VENV_DIR": "{tmp}/env", "RH_VENV_REPOINT": "0"},
                                                                 "accepted: RH_VENV_REPOINT=1 to re-point it"),
     "a re-point switch that is a banana": ({"RH_VENV_DIR": "{tmp}/env", "RH_VENV_REPOINT": "banana"},

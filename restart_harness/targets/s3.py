@@ -14,9 +14,9 @@ A run's objects are `<prefix>/<run name>-<owner>/<tag>/<DeepSpeed's or DCP's fil
 checkpoint is committed (owner: a digest of the run folder's host and path, so that no two runs share a prefix). The
 run directory keeps a local index of the same names (`checkpoint/`): DeepSpeed finds its files by globbing a file
 system, so each object has an empty placeholder there, beside DeepSpeed's recovery script and `latest`. Sizes, file
-counts and the inventory come from the bucket listing, never from the placeholders. An object is durable when its upload completes (the writer's close); `latest` is one PUT, which is
-atomic. No page cache is involved in a restart's reads, and the baseline probe PUTs and GETs objects with the same
-client the engines use.
+counts and the inventory come from the bucket listing, never from the placeholders. An object is durable when its
+upload completes (the writer's close); `latest` is one PUT, which is atomic. No page cache is involved in a restart's
+reads, and the baseline probe PUTs and GETs objects with the same client the engines use.
 """
 
 from __future__ import annotations

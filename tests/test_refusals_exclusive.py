@@ -149,15 +149,23 @@ def test_two_resumes_of_one_study_neither_runs_nor_loses(tmp_path, capsys):
     exclusive.release(study)
 
 
-def test_a_file_that_appeared_meanwhile_is_kept(tmp_path):
-    """The final write of an output file is exclusive: a file made after the check is never replaced."""
-    from restart_harness.files import exclusive
+def test_a_file_that_appeared_meanwhile_is_kept(tmp_path, monkeypatch, capsys):
+    """The final write of an output file is exclusive: a calibration written by another process after the check (here:
+    while this one fitted) is never replaced; one line, exit 1."""
+    from restart_harness import cli
+    from restart_harness.predict import fit
 
     out = tmp_path / "calibration.json"
-    out.write_text("another's")
-    with pytest.raises(FileExistsError):
-        exclusive.create_json(out, {"mine": 1})
-    assert out.read_text() == "another's" and [p.name for p in tmp_path.iterdir()] == ["calibration.json"]
+    fitted = fit.calibrate
+
+    def another_writes_meanwhile(runs):
+        out.write_text("another's")
+        return fitted(runs)
+    monkeypatch.setattr(fit, "calibrate", another_writes_meanwhile)
+    shutil.copytree(REPO / "tests" / "data" / "results" / "one", tmp_path / "runs")
+    assert cli.main(["calibrate", f"runs={tmp_path / 'runs'}", f"out={out}"]) == 1
+    assert f"out={out}: written by another process meanwhile" in capsys.readouterr().err
+    assert out.read_text() == "another's" and sorted(p.name for p in tmp_path.iterdir()) == ["calibration.json", "runs"]
 
 
 @pytest.mark.parametrize("name", list(ENV_CASES))

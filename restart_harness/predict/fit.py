@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from restart_harness import resolve
-from restart_harness.errors import RunFailed, UsageError, refused
+from restart_harness.errors import UsageError, refused
 from restart_harness.files.exclusive import create_json
 from restart_harness.predict import features as feats
 from restart_harness.predict.model import PHASES, Phase
@@ -212,11 +212,7 @@ def calibrate(paths: list[Path]) -> dict:
 def write(calibration: dict, out: Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        return create_json(out, calibration)
-    except FileExistsError:
-        raise RunFailed(f"out={out}: written by another process meanwhile; kept as it is (nothing is overwritten)") \
-            from None
+    return create_json(out, calibration)  # FileExistsError where another process wrote it meanwhile
 
 
 def render(calibration: dict) -> str:

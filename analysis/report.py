@@ -27,7 +27,7 @@ try:
     from analysis import table as tb
     from restart_harness.command.report import parse_report
     from restart_harness.errors import UsageError
-    from restart_harness.files.atomic import make_fresh_dir, write_bytes_atomic
+    from restart_harness.files.exclusive import claim_dir, create_file
     from restart_harness.files.filesystem import why_not_a_directory, why_unresolvable
     from restart_harness.schema import STUDY, count
 except ImportError as exc:  # run as ./analysis/report.py by a Python without the project or matplotlib
@@ -62,7 +62,7 @@ def report_dir(requested: Path | None) -> Path:
             raise FileExistsError(f"{requested} already exists and is not an empty folder; give a new one")
         requested.mkdir(parents=True, exist_ok=True)
         return requested.resolve()
-    return make_fresh_dir(Path("reports"), f"report-{datetime.now():%Y%m%d-%H%M%S}")
+    return claim_dir(Path("reports"), f"report-{datetime.now():%Y%m%d-%H%M%S}")
 
 
 def png_bytes(fig) -> bytes:
@@ -116,7 +116,7 @@ def write(out: Path, built: dict, title: str) -> list[Path]:
         **{f"{name}.png": data for name, data in pngs.items()},
     }
     for name, data in files.items():
-        write_bytes_atomic(out / name, data)
+        create_file(out / name, data)  # a file another report wrote there meanwhile is kept: FileExistsError
     return [out / name for name in files]
 
 
@@ -180,7 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     n_groups = len(built["groups"])
     title = (f"Restart-harness report: {count(len(runs), 'run')}, {count(n_restarts, 'restart')}, "
              f"{count(n_groups, 'configuration')}" + (f", {count(len(studies), 'study', 'studies')}" if studies else ""))
-    written = write(out, built, title)
+    try:
+        written = write(out, built, title)
+    except FileExistsError as exc:
+        print(f"error: {exc.filename}: written by another process meanwhile; kept as it is, this report stopped",
+              file=sys.stderr)
+        return 1
     print(f"{count(len(runs), 'run')} ({count(n_restarts, 'restart record')}) in {count(n_groups, 'configuration')}; "
           f"{len(skipped)} skipped; wrote {', '.join(p.name for p in written)}")
     print(out)

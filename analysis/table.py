@@ -49,8 +49,12 @@ def rows(runs: list[Run]) -> list[dict]:
     for run in runs:
         base = run_columns(run)
         for rec in restart_records(run.summary) or [None]:
-            # run_id and restart_record first: together they name the row
-            out.append({"run_id": base["run_id"], "restart_record": (rec or {}).get("record"), **base,
+            # run_id and restart_record first: together they name the row; a restart that did not verify (a
+            # restart-only re-run's failure leaves the run complete) is its row's state: its own outcome
+            outcome = (rec or {}).get("outcome") or {}
+            own = ({"state": outcome["state"], "state_reason": outcome.get("reason")}
+                   if outcome.get("state") not in (None, "verified") else {})
+            out.append({"run_id": base["run_id"], "restart_record": (rec or {}).get("record"), **base, **own,
                         **restart_columns(run.summary, rec, phases), "run_dir": str(run.dir)})
     return out
 

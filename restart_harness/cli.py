@@ -215,7 +215,12 @@ def _calibrate(options) -> int:
 
     calibration = fit.calibrate([Path(p) for p in options.runs.split(",") if p])
     print(fit.render(calibration))
-    print(fit.write(calibration, Path(options.out)))
+    try:
+        print(fit.write(calibration, Path(options.out)))
+    except FileExistsError:
+        print(f"error: out={options.out}: written by another process meanwhile; kept as it is (nothing is "
+              "overwritten)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -17,7 +17,7 @@ from restart_harness.command.options import BaselineOptions
 from restart_harness.command.parse import RestartRequest
 from restart_harness.errors import UsageError, refused
 from restart_harness.files import baseline as baseline_store
-from restart_harness.files import checksum
+from restart_harness.files import checksum, exclusive
 from restart_harness.files.filesystem import why_not_a_directory
 from restart_harness.resolve import Plugins
 from restart_harness.results import events as ev
@@ -34,11 +34,14 @@ def directory(key: str, path: str) -> None:
 
 
 def output_file(key: str, path: str) -> None:
-    """A file the command will write: its folder can be written (or made), and it is not a folder itself."""
+    """A file the command will create: its folder can be written (or made), and nothing is there yet (never
+    overwritten: files/exclusive.py)."""
     where = Path(path).expanduser()
     if where.is_dir():
         raise UsageError(f"{key}={path}: a directory; accepted: the path of a file to write")
     if reason := why_not_a_directory(where.parent):
+        raise UsageError(f"{key}={path}: {reason}")
+    if reason := exclusive.taken(path):
         raise UsageError(f"{key}={path}: {reason}")
 
 
@@ -184,9 +187,12 @@ def run(spec: RunSpec, fixed_layout: str | None = None) -> Plugins:
 
 
 def cache() -> None:
-    """The user cache folder (DeepSpeed's JIT-built ops, storage baselines) can be written (RH_CACHE_DIR)."""
+    """The user cache folder (DeepSpeed's JIT-built ops, storage baselines) can be written (RH_CACHE_DIR), and the
+    baselines' scope is one it knows (RH_BASELINE_CACHE)."""
     from restart_harness.files import cache_dir
 
+    if why := baseline_store.scope_problem():
+        raise UsageError(why)
     if why := cache_dir.problem():
         where = os.environ.get(cache_dir.ENV)
         raise refused(cache_dir.ENV, where, why, "a folder this user can write, or leave it unset") if where else \

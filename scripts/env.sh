@@ -5,9 +5,11 @@
 #      probe imports torch in python3, a fraction of a second on every command)
 #   3. otherwise the project-local .venv: created on first use, the project installed into it (editable, with the
 #      extras of pyproject.toml under the pins of requirements.txt); again whenever either file changes.
-#      RH_VENV_DIR puts it elsewhere: .ci/run keeps one per requirements in the user cache, shared by every clone on
-#      the machine (each clone re-points the editable install at itself), so a fresh clone reuses the environment and
-#      DeepSpeed's JIT-built ops, which are keyed on it (restart_harness/files/cache_dir.py), instead of rebuilding
+#      RH_VENV_DIR puts it elsewhere. An environment is one checkout's (its editable install points there): another
+#      checkout re-points it only when told (RH_VENV_REPOINT=1), else one line says whose it is. .ci/run keeps one per
+#      requirements in the user cache, shared by every clone on the machine on purpose (it sets RH_VENV_REPOINT=1:
+#      each clone re-points the editable install at itself), so a fresh clone reuses the environment and DeepSpeed's
+#      JIT-built ops, which are keyed on it (restart_harness/files/cache_dir.py), instead of rebuilding
 RH_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 rh_log() { echo "[setup] $*" >&2; }
@@ -53,7 +55,20 @@ rh_choose_python() {
      && [[ "$(command -v python3)" != "$RH_ROOT/.venv/bin/python3" ]]; then
     RH_PY="$(command -v python3)"; return
   fi
-  local venv="${RH_VENV_DIR:-$RH_ROOT/.venv}" stamp
+  if [[ -n "${RH_VENV_REPOINT:-}" && "$RH_VENV_REPOINT" != 0 && "$RH_VENV_REPOINT" != 1 ]]; then
+    echo "error: RH_VENV_REPOINT=$RH_VENV_REPOINT: accepted: 1 (re-point RH_VENV_DIR's environment at this checkout)," \
+         "0 or unset" >&2
+    exit 2
+  fi
+  local venv="${RH_VENV_DIR:-$RH_ROOT/.venv}" stamp owner
+  owner="$(cat "$venv/.project-root" 2>/dev/null || true)"
+  # (the checkout's own .venv, moved with its checkout, is re-pointed without asking: it is no other's)
+  if [[ -n "${RH_VENV_DIR:-}" && -n "$owner" && "$owner" != "$RH_ROOT" && "${RH_VENV_REPOINT:-0}" != 1 ]]; then
+    echo "error: RH_VENV_DIR=$venv: the environment of the checkout $owner (its editable install points there);" \
+         "accepted: RH_VENV_REPOINT=1 to re-point it at this checkout ($RH_ROOT; $owner then needs the same to take" \
+         "it back), another RH_VENV_DIR, or leave RH_VENV_DIR unset (this checkout's own .venv)" >&2
+    exit 2
+  fi
   stamp="$venv/.installed-$(cat "$RH_ROOT/requirements.txt" "$RH_ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
   if [[ ! -f "$stamp" ]]; then
     if ! mkdir -p "$venv" 2>/dev/null || [[ ! -w "$venv" ]]; then
@@ -75,8 +90,8 @@ rh_choose_python() {
     echo "$RH_ROOT" > "$venv/.project-root"
     rh_compile_checkout "$venv"
   fi
-  if [[ "$(cat "$venv/.project-root" 2>/dev/null)" != "$RH_ROOT" ]]; then  # an environment shared by checkouts
-    rh_log "pointing $venv at this checkout ($RH_ROOT)"
+  if [[ "$(cat "$venv/.project-root" 2>/dev/null)" != "$RH_ROOT" ]]; then  # shared by checkouts: RH_VENV_REPOINT=1
+    rh_log "pointing $venv at this checkout ($RH_ROOT; it was ${owner:-no checkout}'s: RH_VENV_REPOINT=1)"
     # with the environment's own setuptools when it has one (3 s; a build environment of pip's own takes 10 s,
     # every fresh clone CI makes)
     { DS_BUILD_OPS=0 "$venv/bin/python" -m pip install -q --no-deps --no-build-isolation -e "$RH_ROOT" \

@@ -237,6 +237,35 @@ def test_file_size_figure(built, study):
     assert optim and optim <= set(dots["optimizer states"][:, 0])
 
 
+def test_a_restart_row_is_in_its_own_state(tiny_dp2: Path, tmp_path: Path):
+    """A restart-only re-run that failed verification leaves its run complete (its own restart verified), but its
+    row says failed, with its reason (issue 68: the row said complete, and verified false far to the right)."""
+    run = _copy_results(tiny_dp2, tmp_path / "run")
+
+    def a_failed_rerun(s):
+        again = {**s["restarts"][0], "record": "restart-02", "verified": False, "rerun": True,
+                 "outcome": {"state": "failed", "reason": "restart did not restore the saved state: rank 1: x"}}
+        s["restarts"].append(again)
+    _edit_summary(run, a_failed_rerun)
+    runs, skipped = ld.load([run])
+    states = [(r["restart_record"], r["state"], r["state_reason"]) for r in report.build(runs, skipped, [])["rows"]]
+    assert states == [("restart-01", "complete", None),
+                      ("restart-02", "failed", "restart did not restore the saved state: rank 1: x")], states
+
+
+def test_a_restart_stopped_before_its_first_step_has_no_total():
+    """restart_total_seconds ends at the first step (checkpoint_loaded for a stack that trains none, once its rank
+    finished): a restart interrupted after its load has none (issue 68: 15.6 s shown for one that never stepped)."""
+    from restart_harness.results.summary import restart
+
+    marks = [{"event": "mark", "name": n, "t": t} for n, t in (("process_start", 0.0), ("checkpoint_loaded", 15.6))]
+    def total(*more):
+        return restart({0: [*marks, *({"event": "mark", "name": n, "t": t} for n, t in more)]}, "restart-02", {},
+                       None, None)["total_seconds"]
+    assert total() is None
+    assert total(("finished", 16.0)) == 15.6 and total(("first_step_done", 17.0)) == 17.0
+
+
 def test_optional_fields_and_engine_none(tiny_dp2: Path, tmp_path: Path):
     """Fields other helpers add (baseline, efficiency, in-flight step time) are used when present; an engine=none
     run (no checkpoint, no restart) appears only where it has data."""
@@ -368,8 +397,8 @@ def test_nothing_readable_is_exit_2(tmp_path: Path):
 
 def test_analysis_needs_only_matplotlib(tmp_path):
     """The analysis must run where only matplotlib is installed: of the harness it imports the schema, the status
-    reader, the placement helpers (the one formatter of rank lists, over the event reader), the atomic file writer and
-    the report command's words (the key declarations and their one parser): standard library only, never the
+    reader, the placement helpers (the one formatter of rank lists, over the event reader), the atomic and the exclusive
+    file writers and the report command's words (the key declarations and their one parser): standard library only, never the
     runner, torch, DeepSpeed or YAML."""
     code = ("import sys, analysis.report, analysis.load, analysis.table, analysis.plots, analysis.render; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('restart_harness', 'engines', 'torch', "
@@ -378,7 +407,7 @@ def test_analysis_needs_only_matplotlib(tmp_path):
     assert proc.stdout.strip() == str(sorted([
         "restart_harness", "restart_harness.results", "restart_harness.results.events",
         "restart_harness.results.placement", "restart_harness.schema", "restart_harness.rundir",
-        "restart_harness.rundir.status", "restart_harness.files", "restart_harness.files.atomic",
+        "restart_harness.rundir.status", "restart_harness.files", "restart_harness.files.atomic", "restart_harness.files.exclusive",
         "restart_harness.command", "restart_harness.command.report", "restart_harness.command.tokens",
         "restart_harness.errors", "restart_harness.spec", "restart_harness.spec.keys",
         "restart_harness.files.filesystem"]))

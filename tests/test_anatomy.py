@@ -4,6 +4,7 @@ timeline figure shows every rank. Real runs from the run table (conftest.RUNS)."
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -285,12 +286,18 @@ def test_a_flipped_byte_in_a_checkpoint_file_fails_the_restart_naming_the_tensor
     assert first["verified"] is True and first["outcome"]["state"] == "verified" and not first["rerun"]
     status = json.loads((run_dir / "status.json").read_text())
     assert status["state"] == summary["status"]["state"] == "complete", status
+    # ... and says that a later re-run failed verification (issue 68)
+    assert [(r["record"], r["state"]) for r in status["reruns_failed"]] == [("restart-02", "failed")], status
+    assert "restart-02: restart did not restore the saved state" in status["reason"], status
     report = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), "report", str(run_dir),
                              f"out_dir={tmp_path / 'report'}"], capture_output=True, text=True, timeout=300, cwd=REPO,
                             check=False)
     assert report.returncode == 0, report.stderr
-    rows = (tmp_path / "report" / "runs.csv").read_text().splitlines()
-    assert len(rows) == 3 and "restart-02" in rows[2] and "failed" in rows[2], rows
+    with open(tmp_path / "report" / "runs.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    # each restart's row is in its own state: the run's verified restart complete, the re-run failed
+    assert [(r["restart_record"], r["state"]) for r in rows] == [("restart-01", "complete"), ("restart-02", "failed")]
+    assert "did not restore the saved state" in rows[1]["state_reason"], rows[1]
 
 
 # ---- the report ---------------------------------------------------------------------------------------------

@@ -215,6 +215,25 @@ def test_the_sampler_keeps_the_launchs_exit_code(tmp_path):
     assert proc.returncode == 0 and sampler.exit_code(proc.returncode) == 3, proc.stderr
 
 
+def test_a_sampler_that_never_exits_is_killed_after_the_bound(tmp_path, monkeypatch):
+    """A sampler stand-in that runs the launch, then never exits: killed SAMPLER_GRACE_SECONDS after the launch ended;
+    the launch keeps its exit code, and its record says why there are no samples (issue 68: a finished run held for
+    5.5 minutes)."""
+    from restart_harness.phases import processes
+
+    fake = tmp_path / "py-spy"
+    fake.write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\nshift\n"$@"\nexec sleep 600\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv(sampling.TOOL_ENV, str(fake))
+    monkeypatch.setattr(processes, "SAMPLER_GRACE_SECONDS", 1)
+    (tmp_path / "launch-restart-01.sh").write_text("exit 3\n")
+    sampler = sampling.Sampler(tmp_path, "restart-01", native=False)
+    info = processes.launch(tmp_path, "restart-01", 300, sampler=sampler)  # without the bound: timed out at 300 s
+    assert not info["timed_out"] and info["exit_code"] == 3
+    record = sampler.record("python")
+    assert not record["sampled"] and "killed" in record["reason"] and "samples are lost" in record["reason"]
+
+
 def test_a_rank_left_traced_after_it_exited_is_found(monkeypatch):
     """third_party/py_spy_stuck_tracee.py: a zombie whose tracer is a thread of the sampler is named once it has been
     one for STUCK_SECONDS (here: a child this test traces with ptrace, then kills, and does not reap)."""

@@ -21,6 +21,21 @@ def baseline_cli(args: list[str], cache: Path, cwd: Path) -> subprocess.Complete
                           capture_output=True, text=True, timeout=300, env=env)
 
 
+def test_baselines_are_this_checkouts_own_unless_shared_is_asked_for(tmp_path, monkeypatch):
+    """Issue 68: a prediction in one checkout used a baseline measured in another's folder (one user cache). By
+    default each checkout has its own folder of baselines; RH_BASELINE_CACHE=shared shares one, and says so."""
+    monkeypatch.setenv("RH_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv(baseline.SCOPE_ENV, raising=False)
+    own = baseline.cache_root()
+    assert own.parent == tmp_path / "baseline" and own.name.startswith("checkout-")
+    assert baseline.scope_words() == "this checkout's own"
+    monkeypatch.setenv(baseline.SCOPE_ENV, "shared")
+    assert baseline.cache_root() == tmp_path / "baseline"
+    assert "shared by every checkout" in baseline.scope_words() and baseline.scope_problem() is None
+    monkeypatch.setenv(baseline.SCOPE_ENV, "everyone")
+    assert baseline.scope_problem() == "RH_BASELINE_CACHE=everyone: accepted: checkout, shared"
+
+
 @pytest.mark.parametrize("tool", ["fio", "builtin"])
 def test_baseline_measures_and_caches(tool, tmp_path, monkeypatch):
     if tool == "fio":

@@ -82,6 +82,7 @@ def test_an_interrupted_re_run_is_its_own_outcome_and_the_run_stays_complete(har
     assert summary["status"]["state"] == "complete", summary["status"]
     last = summary["restarts"][-1]
     assert last["record"] == "restart-02" and last["rerun"] and last["outcome"]["state"] == "interrupted", last
+    assert last["total_seconds"] is None  # it never reached its first step, where that figure ends
     assert summary["restarts"][0]["outcome"]["state"] == "verified"
     # the next re-run claims its own record and verifies; the interrupted one stays recorded as it ended
     again = subprocess.run(restart, cwd=REPO, capture_output=True, text=True, timeout=600, check=False)

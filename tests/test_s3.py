@@ -27,6 +27,11 @@ def objects(server, prefix: str) -> dict[str, int]:
     return dict(listing(S3Url.parse(f"s3://ckpt/{prefix}"), S3Settings.from_environment()))
 
 
+def prefix_of(run_dir: Path) -> str:
+    """The run's own prefix in the bucket (its name and its owner's digest: targets/s3.py placed())."""
+    return json.loads((run_dir / "spec.json").read_text())["checkpoint_url"][len("s3://ckpt/"):]
+
+
 @pytest.fixture
 def default_s3(server, harness) -> Path:
     return harness.run("s3-default-dp2")
@@ -37,8 +42,8 @@ def test_torch_save_round_trips_through_the_object_store(server, default_s3):
     assert summary["restart"]["verified"] and summary["restart"]["cache"]["observed"] == "not applicable"
     spec = json.loads((default_s3 / "spec.json").read_text())
     url = spec["checkpoint_url"]
-    assert url == f"s3://ckpt/runs/{default_s3.name}"
-    stored = objects(server, f"runs/{default_s3.name}")
+    assert url.startswith(f"s3://ckpt/runs/{default_s3.name}-")  # the run's own prefix: its name and its owner
+    stored = objects(server, url[len("s3://ckpt/"):])
     # every DeepSpeed file is an object of the run's prefix, `latest` too; sizes and counts are the listing's
     tag_files = {k.split("/", 1)[1]: n for k, n in stored.items() if k.startswith("global_step2/")}
     assert set(tag_files) == {"mp_rank_00_model_states.pt", "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt",
@@ -59,7 +64,7 @@ def test_torch_save_round_trips_through_the_object_store(server, default_s3):
 def test_fsdp2_dcp_round_trips_and_reshards_from_the_object_store(server, harness):
     run_dir = harness.run("s3-fsdp2-async-dp2")  # then restarted at dp=1: DCP reshards while it reads the objects
     assert load_summary(run_dir)["restarts"][0]["verified"]
-    stored = objects(server, f"runs/{run_dir.name}/global_step2")
+    stored = objects(server, f"{prefix_of(run_dir)}/global_step2")
     assert set(stored) == {".metadata", "__0_0.distcp", "__1_0.distcp"}
     record = json.loads((run_dir / "records" / "restart-02.json").read_text())
     assert record["layout"]["loaded"] == "tp1-pp1-dp1"
@@ -70,7 +75,7 @@ def test_pipeline_layer_files_round_trip_through_the_object_store(server, harnes
     """pp=2: DeepSpeed's pipeline loader globs for layer files; it finds the placeholders and reads the objects."""
     run_dir = harness.run("s3-pp2")
     assert load_summary(run_dir)["restart"]["verified"]
-    stored = objects(server, f"runs/{run_dir.name}/global_step2")
+    stored = objects(server, f"{prefix_of(run_dir)}/global_step2")
     assert sum(1 for k in stored if k.startswith("layer_")) >= 4
     inventory = json.loads((run_dir / "inventory.json").read_text())
     assert inventory["by_kind"]["layer_states"]["files"] == sum(1 for k in stored if k.startswith("layer_"))
@@ -94,7 +99,7 @@ def test_both_targets_and_both_stacks_side_by_side_in_one_report(server, default
 def test_dcp_on_deepspeed_round_trips_through_the_object_store(server, harness):
     run_dir = harness.run("s3-dcp-dp2")
     assert load_summary(run_dir)["restart"]["verified"]
-    stored = objects(server, f"runs/{run_dir.name}/global_step2")
+    stored = objects(server, f"{prefix_of(run_dir)}/global_step2")
     assert "mp_rank_00_model_states.pt/.metadata" in stored and len(stored) == 6
 
 
@@ -161,7 +166,7 @@ def test_a_changed_object_fails_the_restart(server, default_s3, tmp_path):
     from restart_harness.targets.s3 import S3Settings
 
     client = S3Settings.from_environment().client()
-    base = f"runs/{default_s3.name}/global_step2/bf16_zero_pp_rank_"
+    base = f"{prefix_of(default_s3)}/global_step2/bf16_zero_pp_rank_"
     victim = base + "0_mp_rank_00_optim_states.pt"
     client.copy_object("ckpt", victim, "ckpt", f"{victim}.kept")
     client.copy_object("ckpt", base + "1_mp_rank_00_optim_states.pt", "ckpt", victim)

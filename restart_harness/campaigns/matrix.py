@@ -82,10 +82,10 @@ def run(options: MatrixOptions, say=print) -> Path:
     (runs/), matrix.json (every case: tokens, refusal or exit code, figures) and the report (report/)."""
     from datetime import datetime
 
-    from restart_harness.files.atomic import make_fresh_dir
+    from restart_harness.files.exclusive import claim_dir
 
     Path(options.results_dir).mkdir(parents=True, exist_ok=True)
-    folder = make_fresh_dir(Path(options.results_dir), f"matrix-{datetime.now():%Y%m%d-%H%M%S}")
+    folder = claim_dir(Path(options.results_dir), f"matrix-{datetime.now():%Y%m%d-%H%M%S}")
     device, todo = cases(options, folder)
     runnable = [c for c in todo if not c["refused"]]
     say(f"[matrix] {device}: {len(runnable)} cases to run, {len(todo) - len(runnable)} refused on this node; "

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from restart_harness import resolve
 from restart_harness.errors import RunFailed, UsageError
-from restart_harness.files.atomic import make_fresh_dir, read_json, write_json_atomic
+from restart_harness.files.atomic import read_json, write_json_atomic
+from restart_harness.files.exclusive import claim_dir
 from restart_harness.phases import say
 from restart_harness.plan import mlperf as workloads
 from restart_harness.results import mlperf as metrics
@@ -103,7 +104,7 @@ def run(request) -> Path:
     from restart_harness.phases.run import run as run_one
 
     spec, options, w = request.spec, request.options, request.workload
-    folder = make_fresh_dir(Path(spec.results_dir), f"mlperf-{w.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    folder = claim_dir(Path(spec.results_dir), f"mlperf-{w.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     record = {"schema_version": MLPERF_SCHEMA_VERSION, "command": ["mlperf", w.name, *request.tokens],
               "state": "running", "started": time.time(), "finished": None, **describe(request),
               "run_dirs": [], "per_run": [], "overall": None}

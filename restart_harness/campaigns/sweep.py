@@ -14,14 +14,15 @@ from pathlib import Path
 
 from restart_harness.command.parse import SweepRequest
 from restart_harness.errors import RunFailed
-from restart_harness.files.atomic import make_fresh_dir, write_json_atomic
+from restart_harness.files.atomic import write_json_atomic
+from restart_harness.files.exclusive import claim_dir
 from restart_harness.plan.estimate import duration, size_text
 from restart_harness.schema import SWEEP_SCHEMA_VERSION, count
 
 
 def new_sweep_dir(results_dir: str) -> Path:
     try:
-        return make_fresh_dir(Path(results_dir), f"sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        return claim_dir(Path(results_dir), f"sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     except FileExistsError as exc:
         raise RunFailed(str(exc)) from None
 

@@ -1,5 +1,5 @@
-"""Files that are either whole or absent: temp file in the same directory, fsync, rename, fsync the directory.
-Exclusive directories (mkdir is the claim), and fsync of files a checkpoint engine wrote."""
+"""Files that are either whole or absent: temp file in the same directory, fsync, rename, fsync the directory; and
+fsync of files a checkpoint engine wrote (exclusive files, folders and locks: files/exclusive.py)."""
 
 from __future__ import annotations
 
@@ -69,16 +69,3 @@ def write_json_atomic(path: Path, data: object) -> None:
 def read_json(path: Path) -> object:
     return json.loads(Path(path).read_text())
 
-
-def make_fresh_dir(root: Path, base: str) -> Path:
-    """Create root/base, or root/base-2, -3, ... if taken; mkdir is the claim, so two processes never share one."""
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 1000):
-        path = root / (base if n == 1 else f"{base}-{n}")
-        try:
-            path.mkdir()
-            return path.resolve()
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"could not create a fresh directory {base} under {root}: 999 taken")

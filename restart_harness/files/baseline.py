@@ -18,11 +18,15 @@ both the baseline and the ceiling.
 
 Results are cached per storage (the probe's key: host and file system, or endpoint and bucket), file size and rank
 count under the user cache directory (files/cache_dir.py: <cache>/baseline/), written atomically with the time and
-method. This module imports nothing above files/: a probe is passed in.
+method. Each checkout keeps its own (<cache>/baseline/checkout-<hash of its folder>/): a prediction here never uses
+a baseline another checkout measured in its own folder; RH_BASELINE_CACHE=shared shares one among every checkout of
+this user, and every record and line that uses it says so. This module imports nothing above files/: a probe is
+passed in.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -31,6 +35,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from restart_harness import SOURCE_ROOT
 from restart_harness.files.atomic import write_json_atomic
 from restart_harness.files.cache_dir import cache_dir
 
@@ -51,8 +56,31 @@ CEILING_QUEUE_DEPTH = 4
 RECORD_VERSION = 2
 
 
+SCOPE_ENV = "RH_BASELINE_CACHE"
+SCOPES = ("checkout", "shared")
+
+
+def scope() -> str:
+    """`checkout` (the default: this checkout's own baselines) or `shared` (RH_BASELINE_CACHE=shared); preflight
+    refuses another value (scope_problem)."""
+    return "shared" if os.environ.get(SCOPE_ENV) == "shared" else "checkout"
+
+
+def scope_problem() -> str | None:
+    given = os.environ.get(SCOPE_ENV)
+    return None if given in (None, "", *SCOPES) else f"{SCOPE_ENV}={given}: accepted: {', '.join(SCOPES)}"
+
+
+def scope_words(record: dict | None = None) -> str:
+    """How a baseline's cache is shared, for the lines that use it."""
+    shared = (record or {}).get("cache_scope", scope()) == "shared"
+    return "shared by every checkout (RH_BASELINE_CACHE=shared)" if shared else "this checkout's own"
+
+
 def cache_root() -> Path:
-    return cache_dir("baseline")
+    if scope() == "shared":
+        return cache_dir("baseline")
+    return cache_dir("baseline", "checkout-" + hashlib.sha256(str(SOURCE_ROOT).encode()).hexdigest()[:12])
 
 
 def cache_path(probe, file_bytes: int, ranks: int) -> Path:
@@ -184,7 +212,7 @@ def measure(probe, file_bytes: int, ranks: int, tool: str = "auto", repeats: int
     record = {
         "write_mib_s": write["mib_s"], "read_mib_s": read["mib_s"], **facts, "file_bytes": file_bytes, "ranks": ranks,
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "write": write, "read": read, "spread": spread, "record_version": RECORD_VERSION,
+        "write": write, "read": read, "spread": spread, "record_version": RECORD_VERSION, "cache_scope": scope(),
     }
     record["ceiling"] = ceiling(record, directs)
     record["probe_seconds"] = round(time.perf_counter() - started, 3)
@@ -218,7 +246,8 @@ def summary_record(record: dict | None, cached_flag: bool) -> dict | None:
     """The summary.json `baseline` object: the measurement, and how old it was when the run used it."""
     if record is None:
         return None
-    keys = ("write_mib_s", "read_mib_s", "method", "file_bytes", "ranks", "dir", "measured_at", "spread", "ceiling")
+    keys = ("write_mib_s", "read_mib_s", "method", "file_bytes", "ranks", "dir", "measured_at", "spread", "ceiling",
+            "cache_scope")
     out = {k: record.get(k) for k in keys}
     out["cached"] = cached_flag
     age = age_seconds(record)
@@ -272,7 +301,7 @@ def render(record: dict, cached_at: Path) -> str:
          f"before the read: {cache['observed']}" + (f", {cache['error']}" if cache.get("error") else "") + ")"),
         *([f"  metadata      {_metadata_line(record['metadata'])}"] if record.get("metadata") else []),
         *_ceiling_lines(record.get("ceiling")),
-        f"  measured_at   {record['measured_at']}; cached in {cached_at}",
+        f"  measured_at   {record['measured_at']}; cached in {cached_at} ({scope_words(record)})",
     ])
 
 

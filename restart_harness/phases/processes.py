@@ -20,6 +20,9 @@ from third_party.py_spy_stuck_tracee import VERSION as VERSION_STUCK
 
 # after a signal, how long the harness waits for its launch's session to end once killed
 KILLED_WAIT_SECONDS = 10
+# attribution=: how long the sampler may take to write its trace and exit once the launch it wraps has ended; then it
+# is killed and the launch's samples are lost (under load py-spy once held a finished run 5.5 minutes)
+SAMPLER_GRACE_SECONDS = 60
 
 
 def launch_of(run, record: str, cleanup: list[Path] | None = None) -> dict:
@@ -104,9 +107,11 @@ def _watchdog(sid: int, cleanup: list[Path]) -> subprocess.Popen:
 def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, timeout: int, sampler=None) -> bool:
     """Show rank 0's progress until the launch ends (and any op the launch builds first); SIGKILL its process group
     after `timeout` s (-> True). A sampler that holds a rank traced after it exited is ended, and the launch waited
-    for without it (third_party/py_spy_stuck_tracee.py)."""
+    for without it (third_party/py_spy_stuck_tracee.py); one still running SAMPLER_GRACE_SECONDS after the launch
+    it wraps ended is killed: every wait on the sampler is bounded."""
     offset, built = 0, set()
     watch = sampler.watch(proc.pid) if sampler is not None else None
+    ended = None  # when the launch the sampler wraps ended (its exit code written)
     while True:
         try:
             proc.wait(timeout=0.5)
@@ -124,10 +129,17 @@ def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, tim
             say(f"  [{record}] {sampler.lost}")
             watch = None
             os.kill(proc.pid, signal.SIGKILL)  # its tracees are released as it exits
-            proc.wait()
+            _bounded_wait(proc)
             session.gone(proc.pid, max(1, timeout - (time.time() - start)))  # the launch ends by itself
             return False
         if done:
+            return False
+        if sampler is not None and (ended := ended or (time.time() if sampler.exit_file.is_file() else None)) \
+                and time.time() - ended > SAMPLER_GRACE_SECONDS:
+            sampler.lost = (f"the sampler (py-spy) had not ended {SAMPLER_GRACE_SECONDS} s after the launch ended; it "
+                            "was killed and this launch's samples are lost")
+            say(f"  [{record}] {sampler.lost}")
+            end(proc)
             return False
         if time.time() - start > timeout:
             end(proc)

@@ -19,7 +19,7 @@ import numpy as np
 
 from restart_harness import resolve
 from restart_harness.errors import UsageError, refused
-from restart_harness.files.atomic import write_json_atomic
+from restart_harness.files.exclusive import create_json
 from restart_harness.predict import features as feats
 from restart_harness.predict.model import PHASES, Phase
 from restart_harness.results.prediction import measured
@@ -212,8 +212,7 @@ def calibrate(paths: list[Path]) -> dict:
 def write(calibration: dict, out: Path) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(out, calibration)
-    return out
+    return create_json(out, calibration)  # FileExistsError where another process wrote it meanwhile
 
 
 def render(calibration: dict) -> str:

@@ -52,7 +52,8 @@ def _bandwidth(plugins: Plugins, write_gbps: float | None, read_gbps: float | No
     if record and record.get("write_mib_s") and record.get("read_mib_s"):
         return {"write_bytes_per_s": record["write_mib_s"] * MIB, "read_bytes_per_s": record["read_mib_s"] * MIB,
                 "source": (f"baseline of {record.get('dir')} ({record.get('method')}, {record.get('ranks')} ranks x "
-                           f"{record.get('file_bytes')} bytes, measured {record.get('measured_at')})")}
+                           f"{record.get('file_bytes')} bytes, measured {record.get('measured_at')}; "
+                           f"{baseline.scope_words(record)})")}
     return {"write_bytes_per_s": None, "read_bytes_per_s": None,
             "source": "none: no baseline of this storage (./submit-job.sh baseline dir=...) and no write_gbps= and "
                       "read_gbps=; phases that move checkpoint bytes are not predicted"}

@@ -13,7 +13,7 @@ from restart_harness.results import events as ev
 from restart_harness.results import inventory as inv
 from restart_harness.results import prediction
 from restart_harness.results import summary as sm
-from restart_harness.schema import RESTART_PHASES
+from restart_harness.schema import RESTART_PHASES, count
 from restart_harness.spec import record as records
 from restart_harness.files.atomic import write_json_atomic
 
@@ -108,6 +108,12 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
         inventory["tag"] = tag
         write_json_atomic(run_dir / "inventory.json", inventory)
     status = {"state": state, "reason": reason, "time": time.time()}
+    if failed := [r for r in restarts if r["rerun"] and r["outcome"]["state"] == "failed"]:
+        # the run stays what its own phases made it, and says that a later re-run did not verify
+        status["reruns_failed"] = [{"record": r["record"], **r["outcome"]} for r in failed]
+        last = failed[-1]
+        status["reason"] = "; ".join([*([reason] if reason else []), f"{count(len(failed), 'restart-only re-run')} "
+                                      f"did not verify, the last {last['record']}: {last['outcome']['reason']}"])
     summary = sm.build(run_dir, run.made.to_json(), status, {"root": str(target.root), "committed": committed},
                        inventory, restarts)
     checkpoint_launch = _launch_record(run_dir, "checkpoint")

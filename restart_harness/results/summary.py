@@ -174,8 +174,9 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         for phase, a, b in RESTART_PHASES:
             if a in m and b in m:
                 phases[phase] = m[b] - m[a] - (verify_s if phase == "first_step" else 0.0)
-        # an emulated restart trains no step: its total ends when the checkpoint is loaded
-        end = "first_step_done" if "first_step_done" in m else "checkpoint_loaded"
+        # an emulated restart trains no step: its total ends when the checkpoint is loaded (a rank that finished
+        # without a first step); a rank stopped before its end point has no total
+        end = "first_step_done" if "first_step_done" in m else "checkpoint_loaded" if "finished" in m else None
         total = (m[end] - m["process_start"] - (verify_s if end == "first_step_done" else 0.0)
                  if end in m and "process_start" in m else None)
         loaded = next((e for e in evs if e["event"] == "loaded"), None)

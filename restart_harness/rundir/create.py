@@ -11,7 +11,8 @@ from pathlib import Path
 
 from restart_harness import machine
 from restart_harness.errors import RunFailed
-from restart_harness.files.atomic import make_fresh_dir, write_json_atomic
+from restart_harness.files.atomic import write_json_atomic
+from restart_harness.files.exclusive import claim_dir
 from restart_harness.resolve import Plugins, Run, placed
 from restart_harness.rundir import observe
 from restart_harness.rundir.ds_config import build_ds_config
@@ -27,7 +28,7 @@ def new_run_dir(plugins: Plugins, prefix: str = "") -> Path:
     label = "-".join(stack_engine(dataclasses.asdict(spec)))
     base = prefix + f"{spec.model_label}-{spec.layout}-{label}-{stamp}".replace("/", "_")
     try:
-        return make_fresh_dir(Path(spec.results_dir), base)
+        return claim_dir(Path(spec.results_dir), base)
     except FileExistsError as exc:
         raise RunFailed(str(exc)) from None
 

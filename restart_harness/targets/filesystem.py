@@ -19,9 +19,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from restart_harness.errors import UsageError
+from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files import baseline, pagecache
 from restart_harness.files.atomic import files_under, fsync_paths, write_text_atomic
+from restart_harness.files.exclusive import claim_dir
 from restart_harness.files.filesystem import filesystem, free_bytes, nearest_existing, why_not_a_directory
 from restart_harness.targets.base import LATEST, NO_OBSERVER, POSIX, StorageProbe, Target, as_path
 
@@ -152,7 +153,14 @@ class FileSystemTarget(Target):
 
     # ---- one run -------------------------------------------------------------------------------------------------
     def placed(self, run_dir: Path) -> FileSystemTarget:
-        root = Path(self.location).expanduser().resolve() / run_dir.name if self.location else run_dir / IN_RUN
+        """The run's checkpoint folder: inside its run directory, or under ckpt_dir claimed by mkdir (a fresh name
+        where another run's folder of that name is there: two runs never share one, files/exclusive.py)."""
+        if not self.location:
+            return FileSystemTarget(None, run_dir / IN_RUN, self.observer)
+        try:
+            root = claim_dir(Path(self.location).expanduser().resolve(), run_dir.name)
+        except OSError as exc:
+            raise RunFailed(f"ckpt_dir={self.location}: cannot claim a checkpoint folder there: {exc}") from None
         return FileSystemTarget(self.location, root, self.observer)
 
     def record(self, run_dir: Path) -> dict:

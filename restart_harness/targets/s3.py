@@ -1,18 +1,19 @@
 """ckpt_dir=s3://bucket/prefix: object storage as a checkpoint target, read and written with s3torchconnector (the
 `s3` extra), configured the way AWS tools are (targets/_s3_bucket.py).
 
-A run's objects are `<prefix>/<run name>/<tag>/<DeepSpeed's or DCP's file name>`, and `<prefix>/<run name>/latest`
-once a checkpoint is committed. The run directory keeps a local index of the same names (`checkpoint/`): DeepSpeed
-finds its files by globbing a file system, so each object has an empty placeholder there, beside DeepSpeed's
-recovery script and `latest`. Sizes, file counts and the inventory come from the bucket listing, never from the
-placeholders. An object is durable when its upload completes (the writer's close); `latest` is one PUT, which is
-atomic. No page cache is involved in a restart's reads, and the baseline probe PUTs and GETs objects with the same
-client the engines use.
+A run's objects are `<prefix>/<run name>-<owner>/<tag>/<DeepSpeed's or DCP's file name>`, and `.../latest` once a
+checkpoint is committed (owner: a digest of the run folder's host and path, so that no two runs share a prefix). The
+run directory keeps a local index of the same names (`checkpoint/`): DeepSpeed finds its files by globbing a file
+system, so each object has an empty placeholder there, beside DeepSpeed's recovery script and `latest`. Sizes, file
+counts and the inventory come from the bucket listing, never from the placeholders. An object is durable when its
+upload completes (the writer's close); `latest` is one PUT, which is atomic. No page cache is involved in a restart's
+reads, and the baseline probe PUTs and GETs objects with the same client the engines use.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import socket
 from pathlib import Path
 
@@ -177,8 +178,11 @@ class S3Target(Target):
 
     # ---- one run -------------------------------------------------------------------------------------------------
     def placed(self, run_dir: Path) -> S3Target:
-        return S3Target(self.location, run_dir / "checkpoint", self.observer, self.url.child(run_dir.name),
-                        self.settings)
+        """The run's prefix: its run folder's name and a digest of that folder's host and path, so that two runs
+        (whose folders were claimed exclusively) never share one (a bucket has no mkdir to claim a prefix with)."""
+        owner = hashlib.sha1(f"{socket.gethostname()}:{run_dir.resolve()}".encode()).hexdigest()[:8]
+        return S3Target(self.location, run_dir / "checkpoint", self.observer,
+                        self.url.child(f"{run_dir.name}-{owner}"), self.settings)
 
     def record(self, run_dir: Path) -> dict:
         s = self.settings

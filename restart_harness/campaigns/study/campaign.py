@@ -31,7 +31,8 @@ from restart_harness.campaigns.study.sizing import (
 )
 from restart_harness.command.parse import StudyRequest
 from restart_harness.errors import RunFailed, UsageError
-from restart_harness.files.atomic import make_fresh_dir, read_json, write_json_atomic
+from restart_harness.files.atomic import read_json, write_json_atomic
+from restart_harness.files.exclusive import claim_dir, hold
 from restart_harness.phases import say
 from restart_harness.plan.estimate import size_text
 from restart_harness.schema import STUDY, STUDY_SCHEMA_VERSION
@@ -126,6 +127,8 @@ def _previous(request: StudyRequest, cells: list[Cell]) -> dict | None:
     if not request.options.resume:
         return None
     folder = Path(request.options.resume).expanduser()
+    if why := hold(folder):  # held until this process ends: a second resume of it is refused
+        raise UsageError(f"resume={request.options.resume}: {why}")
     recorded = read_json(folder / STUDY)
     by_id = {c["id"]: c for c in recorded.get("cells", [])}
     for cell in cells:
@@ -206,9 +209,10 @@ def run(study: Study) -> Path:
     if study.folder is None:
         results = next((t.split("=", 1)[1] for t in request.run_tokens if t.startswith("results_dir=")), "results")
         try:
-            study.folder = make_fresh_dir(Path(results), f"study-{datetime.now():%Y%m%d-%H%M%S}")
+            study.folder = claim_dir(Path(results), f"study-{datetime.now():%Y%m%d-%H%M%S}")
         except FileExistsError as exc:
             raise RunFailed(str(exc)) from None
+        hold(study.folder)  # a resume= of it while it runs is refused
     if study.sizing.store.get("assumed"):  # no baseline was cached: measured now, and the cells predicted with it
         study.sizing.store = storage(request, study.cells, measure=True)
         study.sizing.cache.clear()

@@ -1,0 +1,105 @@
+"""The one rule for everything the harness makes: nothing that exists is ever replaced or shared.
+
+A file is created exclusively (refused before the work if it exists; its final write a hard link of a whole
+temporary file, which fails rather than replace a file that appeared meanwhile). A folder is claimed by mkdir
+(a fresh name on collision). Work that continues an existing folder holds a lock on it (flock: the kernel frees it
+when the holder dies), and a second one is refused with the holder's pid, host and start time."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+LOCK = ".lock"
+
+
+def taken(path: Path | str) -> str | None:
+    """Why an output file the command will create cannot be (anything is there now), or None."""
+    if os.path.lexists(Path(path).expanduser()):
+        return "already exists (nothing is overwritten); accepted: a new file's path"
+    return None
+
+
+def create_file(path: Path, data: bytes, mode: int = 0o644) -> Path:
+    """path written whole and exclusively: FileExistsError if it appeared meanwhile (nothing replaced)."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.link(tmp, path)  # fails where path exists: the exclusive create
+    finally:
+        os.unlink(tmp)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def create_json(path: Path, data: object) -> Path:
+    return create_file(path, (json.dumps(data, indent=2) + "\n").encode())
+
+
+def claim_dir(root: Path, base: str) -> Path:
+    """Create root/base, or root/base-2, -3, ... if taken; mkdir is the claim, so two processes never share one."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        path = root / (base if n == 1 else f"{base}-{n}")
+        try:
+            path.mkdir()
+            return path.resolve()
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"could not create a fresh directory {base} under {root}: 999 taken")
+
+
+_held: dict[str, int] = {}  # folder -> the lock file's descriptor, open (so held) until this process ends
+
+
+def hold(folder: Path) -> str | None:
+    """This process holds folder's lock until it ends (or release()): None; else why not (the holder named: its pid,
+    host and start time), for the caller's one-line refusal."""
+    folder = Path(folder).resolve()
+    if str(folder) in _held:
+        return None
+    try:
+        fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        return f"cannot lock {folder}: {exc.strerror}; accepted: a folder this user can write"
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 4096, 0).decode(errors="replace")
+        os.close(fd)
+        return (f"{folder} is in use by {_holder(holder)}; accepted: wait for it to end (its lock is freed when that "
+                "process ends)")
+    os.ftruncate(fd, 0)
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    os.pwrite(fd, json.dumps(info).encode(), 0)
+    _held[str(folder)] = fd
+    return None
+
+
+def release(folder: Path) -> None:
+    fd = _held.pop(str(Path(folder).resolve()), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _holder(text: str) -> str:
+    try:
+        info = json.loads(text)
+        return f"pid {info['pid']} on {info['host']} (started {info['started']})"
+    except (ValueError, KeyError, TypeError):
+        return "another process"

@@ -47,8 +47,8 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.attribution_overhead import PHASES, figures  # each phase of a restart record, and `total`
+from benchmarks.common import REPO, median_table
 
-REPO = Path(__file__).resolve().parent.parent
 STAGE = "/dev/shm/rh-what-if-stage"
 
 
@@ -123,11 +123,7 @@ def evaluate(record: Path) -> None:
     print()
     print("Median seconds per phase (each phase on its slowest rank; total: launcher + process start -> first step)")
     print()
-    print("| arm | " + " | ".join(PHASES) + " |")
-    print("|---|" + "---:|" * len(PHASES))
-    for name in names:
-        cells = [f"{statistics.median(figures(b[name])[p] for b in by_round):.2f}" for p in PHASES]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    median_table("arm", PHASES, {name: [figures(b[name]) for b in by_round] for name in names})
     print()
     print("Saving against the baseline, s: median over rounds of (baseline - arm) in the round (min to max); "
           "negative: the change costs time")

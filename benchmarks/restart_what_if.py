@@ -20,7 +20,7 @@ Method
   - `environment staged`: `env_cache=drop env_stage=/dev/shm/...` (the same cold environment copied to node-local
     memory before the launch; the copy's seconds are reported beside the restart, not inside it). torch keys a JIT
     build on its sources' paths, which the copy changes: unless the op was compiled in at install, the staged
-    restart builds it again (staging.py);
+    restart builds it again (envstage.py);
   - `environment staged, ops prebuilt`: both (with PREBUILT_PYTHON).
 - Each phase (the launcher's seconds before any rank starts, the six restart phases on their slowest rank, and
   `total`: launcher + process start -> first step) per arm: the median over rounds, and the saving against the

@@ -121,7 +121,7 @@ def test_cycle_finder_finds_a_cycle():
 # imports inside functions included. A unit is a folder or a module of restart_harness/, or a top-level package.
 LAYERS = (
     ("errors", "faults", "plugins", "rank_env", "schema", "files", "third_party", "configs"),
-    ("iocount", "spec", "staging"),
+    ("iocount", "spec", "envstage"),
     ("plan",),
     ("launchers", "targets"),
     ("engines", "model"),

@@ -41,7 +41,7 @@ from restart_harness.command.options import (
 )
 from restart_harness.command.tokens import fill, options_of, pairs_of, required
 from restart_harness.errors import UsageError, refused
-from restart_harness.files.filesystem import why_unresolvable
+from restart_harness.files.fsfacts import why_unresolvable
 from restart_harness.spec.keys import MAX_VALUE_CHARS, Key, coerce, keys_of, parse_bool
 from restart_harness.spec.model_shape import load_model, preset_named, preset_names, shape_keys
 from restart_harness.spec.runspec import MAX_WORLD, RunSpec, run_keys

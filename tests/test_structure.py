@@ -391,3 +391,17 @@ def test_the_durations_file_says_how_busy_the_machine_and_its_host_were(tmp_path
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "test_durations.py"), str(tmp_path / "d.json")],
                          capture_output=True, text=True, check=True).stdout
     assert "machine during pytest: busy 1,900 CPU-s, idle 280, iowait 26, steal 6" in out, out
+
+
+# A module path the docs name (`restart_harness/x.py`, or `worker/x.py` inside restart_harness/), other than the
+# dependencies' own files (deepspeed/runtime/engine.py), is a file of this checkout.
+DOC_PATH = re.compile(r"(?<![\w./-])((?:[a-z_0-9]+/)+[a-z_0-9]+\.py)\b")
+NOT_OURS = ("deepspeed/", "torch/")
+
+
+def test_every_module_path_in_the_docs_exists():
+    stale = [f"{doc.relative_to(REPO)}:{n} {path}" for doc in [*(REPO / "docs").glob("*.md"), REPO / "README.md"]
+             for n, line in enumerate(doc.read_text().splitlines(), 1) for path in DOC_PATH.findall(line)
+             if not path.startswith(NOT_OURS) and not any((REPO / base / path).is_file()
+                                                          for base in ("", "restart_harness"))]
+    assert stale == []

@@ -622,6 +622,35 @@ def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
     return fig
 
 
+PREDICTION_BAND = 0.15  # the predictor's goal (docs/prediction.md): within 15% of what the run measures
+
+
+def measured_vs_predicted(series: list[tuple[list[tuple[float, float]], dict, str]], title: str, xlabel: str,
+                          ylabel: str) -> Figure:
+    """(measured, predicted) points, log-log, on the diagonal where a prediction is exact, with the goal's band; each
+    series its points, its scatter() style and its legend label (a series without points labels a legend entry)."""
+    fig = Figure(figsize=(8.5, 5.6), layout="constrained")
+    ax = fig.add_subplot()
+    values = [x for pts, _, _ in series for pair in pts for x in pair]
+    lo, hi = min(values) / 1.5, max(values) * 1.5
+    ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="exact")
+    below, above = 1 - PREDICTION_BAND, 1 + PREDICTION_BAND
+    ax.fill_between([lo, hi], [lo * below, hi * below], [lo * above, hi * above], color="0.85",
+                    label=f"+-{PREDICTION_BAND:.0%}")
+    for pts, style, label in series:
+        ax.scatter([m for m, _ in pts], [p for _, p in pts], label=label, **style)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, which="both")
+    _title(ax, title)
+    ax.legend(**LEGEND)
+    return fig
+
+
 def prediction(groups: list[Group]) -> Figure | None:
     """Predicted against measured seconds, every phase of every run that carries a prediction (log-log): on the
     diagonal a prediction is exact; the band is +-15%."""
@@ -640,27 +669,12 @@ def prediction(groups: list[Group]) -> Figure | None:
                     points.setdefault(name, []).append((m, v))
     if not points:
         return None
-    fig = Figure(figsize=(8.5, 5.6), layout="constrained")
-    ax = fig.add_subplot()
-    values = [x for pts in points.values() for pair in pts for x in pair]
-    lo, hi = min(values) / 1.5, max(values) * 1.5
-    ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="exact")
-    ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.85", label="+-15%")
     markers = "osD^v<>Pp*hX"
-    for i, (name, pts) in enumerate(points.items()):
-        total = name == PREDICTED_TOTAL
-        ax.scatter([m for m, _ in pts], [v for _, v in pts], s=40 if total else 22, marker="X" if total else
-                   markers[i % len(markers)], color="black" if total else f"C{i % 10}",
-                   label=name.removesuffix("_seconds").replace("_", " "), zorder=4 if total else 3)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("measured (s)")
-    ax.set_ylabel("predicted before launch (s)")
-    ax.grid(alpha=0.3, which="both")
-    _title(ax, "Predicted vs measured seconds, per phase and run")
-    ax.legend(**LEGEND)
+    series = [(pts, {"s": 40, "marker": "X", "color": "black", "zorder": 4} if name == PREDICTED_TOTAL else
+               {"s": 22, "marker": markers[i % len(markers)], "color": f"C{i % 10}", "zorder": 3},
+               name.removesuffix("_seconds").replace("_", " ")) for i, (name, pts) in enumerate(points.items())]
+    fig = measured_vs_predicted(series, "Predicted vs measured seconds, per phase and run", "measured (s)",
+                                "predicted before launch (s)")
     names = ", ".join(sorted(calibrations)) or "?"
     _caption(fig, "each point: one phase of one run, predicted before launch (docs/prediction.md); calibration "
                   f"{textwrap.shorten(names, 150)}")

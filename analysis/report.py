@@ -28,7 +28,7 @@ try:
     from restart_harness.command.report import parse_report
     from restart_harness.errors import UsageError
     from restart_harness.files.exclusive import claim_dir, create_file
-    from restart_harness.files.filesystem import why_not_a_directory, why_unresolvable
+    from restart_harness.files.fsfacts import why_not_a_directory, why_unresolvable
     from restart_harness.schema import STUDY, count
 except ImportError as exc:  # run as ./analysis/report.py by a Python without the project or matplotlib
     sys.exit(f"error: {exc}: this Python ({sys.executable}) lacks the restart-harness package or matplotlib; use "

@@ -21,6 +21,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from analysis.plots import measured_vs_predicted
 from analysis.render import Table, html_page, markdown
 from restart_harness.files.atomic import write_bytes_atomic
 from restart_harness.schema import PREDICTED_RESTART, PREDICTED_TOTAL, STUDY
@@ -520,30 +521,14 @@ def check_figure(table: list[dict]) -> Figure | None:
                 points.setdefault((name, r["engine"]), []).append((m, p))
     if not points:
         return None
-    fig = Figure(figsize=(8.5, 5.6), layout="constrained")
-    ax = fig.add_subplot()
-    values = [v for pts in points.values() for pair in pts for v in pair]
-    lo, hi = min(values) / 2, max(values) * 2
-    ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="exact")
-    ax.fill_between([lo, hi], [lo / 2, hi / 2], [lo * 2, hi * 2], color="0.9", label="within 2x")
     names = list(dict.fromkeys(n for n, _ in points))
     engines = list(dict.fromkeys(e for _, e in points))
-    for (name, engine), pts in points.items():
-        ax.scatter([m for m, _ in pts], [p for _, p in pts], color=f"C{names.index(name)}", s=36,
-                   marker="osD^v"[engines.index(engine) % 5])
-    for i, name in enumerate(names):
-        ax.scatter([], [], color=f"C{i}", label=name.removesuffix("_seconds").replace("_", " "))
-    for j, engine in enumerate(engines):
-        ax.scatter([], [], color="0.4", marker="osD^v"[j % 5], label=f"engine {engine}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("measured by the run (s)")
-    ax.set_ylabel("predicted before it started (s)")
-    ax.set_title("The study's runs: measured against predicted, at each run's own size", loc="left")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    series = [(pts, {"color": f"C{names.index(name)}", "s": 36, "marker": "osD^v"[engines.index(engine) % 5]}, None)
+              for (name, engine), pts in points.items()]
+    series += [([], {"color": f"C{i}"}, n.removesuffix("_seconds").replace("_", " ")) for i, n in enumerate(names)]
+    series += [([], {"color": "0.4", "marker": "osD^v"[j % 5]}, f"engine {engine}") for j, engine in enumerate(engines)]
+    fig = measured_vs_predicted(series, "The study's runs: measured against predicted, at each run's own size",
+                                "measured by the run (s)", "predicted before it started (s)")
     runs = sum(1 for r in table if r.get("check_mode"))
     fig.supxlabel(f"{runs} runs; {busy} of them started on a busy machine (other work on its CPUs: the "
                   "calibration's machine was quiet)", fontsize="x-small", color="0.4")

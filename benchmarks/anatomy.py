@@ -21,29 +21,16 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.common import median, submitted
 from restart_harness.schema import LOAD_CATEGORIES
 
-REPO = Path(__file__).resolve().parent.parent
 BASE = ["small", "dp=2", "iters=6", "save_interval=2", "after=1", "cache=drop"]
 CASES = [("anatomy=false", ["anatomy=false"]), ("anatomy=true", ["anatomy=true"]),
          ("trace=true", ["anatomy=true", "trace=true"])]
-
-
-def run(tokens: list[str], results: Path) -> Path:
-    proc = subprocess.run([str(REPO / "submit-job.sh"), *tokens, f"results_dir={results}"], check=True,
-                          capture_output=True, text=True)
-    return Path(proc.stdout.strip().splitlines()[-1])
-
-
-def median(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
 
 
 def main() -> None:
@@ -54,7 +41,7 @@ def main() -> None:
     runs: dict[str, list[Path]] = {name: [] for name, _ in CASES}
     for _ in range(repeats):
         for name, extra in CASES:
-            runs[name].append(run(base + extra, results))
+            runs[name].append(submitted([*base, *extra, f"results_dir={results}"]))
     figures: dict[str, dict[str, float | None]] = {}
     digests: list[float] = []
     worst = 0.0

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.common import REPO, median_table, spread
+
 MODES = ("off", "python", "native")
 PHASES = ("launcher", "imports", "dist_init", "model_build", "engine_init", "checkpoint_load", "first_step", "total")
 
@@ -62,16 +62,9 @@ def main() -> None:
     print(f"{' '.join(model)}, launcher=local; {rounds} rounds; machine load before each launch: "
           + ", ".join(f"{r['machine_load']['cpu_busy_fraction']:.0%}" for r in restarts if r.get("machine_load")))
     print()
-    print("| mode | " + " | ".join(PHASES) + " |")
-    print("|---|" + "---:|" * len(PHASES))
-    for mode in MODES:
-        cells = [f"{statistics.median(b[mode][p] for b in by_round):.2f}" for p in PHASES]
-        print(f"| {mode} (median s) | " + " | ".join(cells) + " |")
+    median_table("mode", PHASES, {f"{mode} (median s)": [b[mode] for b in by_round] for mode in MODES})
     for mode in MODES[1:]:
-        cells = []
-        for p in PHASES:
-            ratios = [b[mode][p] / b["off"][p] for b in by_round if b["off"][p] > 0]
-            cells.append(f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})")
+        cells = [spread([b[mode][p] / b["off"][p] for b in by_round if b["off"][p] > 0]) for p in PHASES]
         print(f"| {mode} / off | " + " | ".join(cells) + " |")
     from restart_harness.results import finalize
 

@@ -65,7 +65,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.common import REPO, median, spread, submitted
 
 CASES = [
     ("none", ["engine=none"]),
@@ -110,15 +110,8 @@ def runnable(tokens: list[str]) -> bool:
 
 
 def run(tokens: list[str], results: Path) -> dict:
-    proc = subprocess.run([str(REPO / "submit-job.sh"), *tokens, f"results_dir={results}"], check=True,
-                          capture_output=True, text=True)
-    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    run_dir = submitted([*tokens, f"results_dir={results}"])
     return json.loads((run_dir / "summary.json").read_text())
-
-
-def median(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
@@ -134,14 +127,6 @@ def baseline(results: Path | str, ranks: int) -> dict:
         sys.exit(f"baseline failed: {proc.stderr.strip()}")
     cached = proc.stdout.strip().splitlines()[-1].rsplit("cached in ", 1)[1]
     return json.loads(Path(cached).read_text())
-
-
-def spread(values: list[float]) -> str:
-    """median (min-max) of the repeats' values."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def main() -> None:

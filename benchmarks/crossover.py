@@ -42,11 +42,11 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.common import measure_then_evaluate, submitted
+
 GIB, MIB = 1 << 30, 1 << 20
 LOAD = "restart_checkpoint_load_seconds"
 RANGE = (1 << 20, 1 << 50)
@@ -59,16 +59,6 @@ FAMILIES = {
 }
 
 
-def run(tokens: list[str], results: Path) -> Path | None:
-    """One run; None (said on stderr) where it failed: the rounds go on, and the tables leave it out."""
-    proc = subprocess.run([str(REPO / "submit-job.sh"), *tokens, *COMMON, f"results_dir={results}"],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        print(f"{' '.join(tokens)} failed: {proc.stderr.strip()[-600:]}", file=sys.stderr, flush=True)
-        return None
-    return Path(proc.stdout.strip().splitlines()[-1])
-
-
 def measure(out: Path, repeats: int) -> None:
     """Every case REPEATS times, the families interleaved; out/cases.json names each run's family and case."""
     cases_file = out / "cases.json"
@@ -78,7 +68,7 @@ def measure(out: Path, repeats: int) -> None:
     for r in range(repeats):
         for fam, (name, tokens) in order:
             print(f"[round {r + 1}] {fam}: {name}", file=sys.stderr, flush=True)
-            if (made := run(tokens, out / fam)) is not None:
+            if (made := submitted([*tokens, *COMMON, f"results_dir={out / fam}"], check=False)) is not None:
                 cases[str(made)] = [fam, name]
                 cases_file.write_text(json.dumps(cases, indent=1))
 
@@ -205,12 +195,7 @@ def _medians(cases: list[tuple[str, dict]]) -> dict[str, tuple[float, dict[str, 
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    repeats = int(args.pop(0)) if args and args[0].isdigit() else 1
-    out = Path(next((a.split("=", 1)[1] for a in args if a.startswith("out=")), "/tmp/rh-crossover-bench"))
-    if "reuse=true" not in args:
-        measure(out, repeats)
-    evaluate(out)
+    measure_then_evaluate(measure, evaluate, 1, "/tmp/rh-crossover-bench")
 
 
 if __name__ == "__main__":

@@ -19,12 +19,12 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.common import submitted
+
 MIB = 1 << 20
 CASES = {"tiny dp=2": ["tiny", "dp=2"], "tiny tp=2 pp=2": ["tiny", "tp=2", "pp=2"],
          "small dp=2": ["small", "dp=2"], "small tp=2 pp=2": ["small", "tp=2", "pp=2"]}
@@ -32,9 +32,7 @@ COMMON = ["iters=2", "save_interval=2", "after=1", "cache=drop"]
 
 
 def run(tokens: list[str], results: Path) -> tuple[Path, dict]:
-    proc = subprocess.run([str(REPO / "submit-job.sh"), *tokens, f"results_dir={results}"], check=True,
-                          capture_output=True, text=True)
-    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    run_dir = submitted([*tokens, f"results_dir={results}"])
     return run_dir, json.loads((run_dir / "summary.json").read_text())
 
 

@@ -32,7 +32,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.common import REPO, measure_then_evaluate, submitted
 
 BASE = ["iters=6", "save_interval=2", "after=1", "cache=drop"]
 CALIBRATE = [
@@ -53,14 +53,6 @@ HELD_OUT = [
     ("another target: small dp=2 on S3", ["small", "dp=2", S3, "keep=false"]),
 ]
 FOCUS = ("save_durable_seconds", "restart_total_with_launch_seconds")
-
-
-def run(tokens: list[str], results: Path) -> Path:
-    proc = subprocess.run([str(REPO / "submit-job.sh"), *tokens, *BASE, f"results_dir={results}"],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(tokens)} failed: {proc.stderr.strip()[-600:]}")
-    return Path(proc.stdout.strip().splitlines()[-1])
 
 
 def calibrate(runs: Path, out: Path) -> None:
@@ -86,12 +78,7 @@ def pct(x: float | None) -> str:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    repeats = int(args.pop(0)) if args and args[0].isdigit() else 2
-    out = Path(next((a.split("=", 1)[1] for a in args if a.startswith("out=")), "/tmp/rh-predict-bench"))
-    if "reuse=true" not in args:
-        measure(out, repeats)
-    evaluate(out)
+    measure_then_evaluate(measure, evaluate, 2, "/tmp/rh-predict-bench")
 
 
 def measure(out: Path, repeats: int) -> None:
@@ -106,10 +93,10 @@ def measure(out: Path, repeats: int) -> None:
         for r in range(repeats):
             for name, tokens in CALIBRATE:
                 print(f"[round {r + 1}] calibration: {name}", file=sys.stderr, flush=True)
-                run(tokens, out / "calibrate")
+                submitted([*tokens, *BASE, f"results_dir={out / 'calibrate'}"])
             for name, tokens in HELD_OUT:
                 print(f"[round {r + 1}] held out: {name}", file=sys.stderr, flush=True)
-                held[str(run(tokens, out / "held-out"))] = name
+                held[str(submitted([*tokens, *BASE, f"results_dir={out / 'held-out'}"]))] = name
                 (out / "cases.json").write_text(json.dumps(held, indent=1))
     finally:
         ceph_s3.stop(server.root)

@@ -19,13 +19,12 @@ Usage: .venv/bin/python -m benchmarks.reshard [REPEATS] [MODEL]     (default 2 s
 from __future__ import annotations
 
 import json
-import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.common import median, submitted
+
 MIB = 1 << 20
 COMMON = ["iters=2", "save_interval=2", "after=1", "cache=drop"]
 # source layout -> target layouts: every change of issue 15 (dp 2->1, 1->2, 2->4; tp 1->2, 2->1; pp 1->2, 2->1; one
@@ -37,16 +36,6 @@ PLAN = {
 }
 
 
-def launch(args: list[str]) -> str:
-    proc = subprocess.run([str(REPO / "submit-job.sh"), *args], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return proc.stdout.strip().splitlines()[-1]
-
-
-def median(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
 
 
 def main() -> None:
@@ -55,14 +44,14 @@ def main() -> None:
     results = Path(tempfile.mkdtemp(prefix="rh-bench-reshard-"))
     rows = []
     for source, targets in PLAN.items():
-        run_dir = Path(launch([model, *source.split(), *COMMON, f"results_dir={results}"]))
+        run_dir = submitted([model, *source.split(), *COMMON, f"results_dir={results}"])
         print(f"[{model} {source}] {run_dir}", file=sys.stderr, flush=True)
         records: dict[str, list[str]] = {"same": [], **{t: [] for t in targets}}
         for r in range(repeats):
             for target in ["same", *targets]:
                 extra = [] if target == "same" else target.split()
                 before = len(json.loads((run_dir / "summary.json").read_text())["restarts"])
-                launch(["restart", f"run={run_dir}", "cache=drop", *extra])
+                submitted(["restart", f"run={run_dir}", "cache=drop", *extra])
                 summary = json.loads((run_dir / "summary.json").read_text())
                 assert len(summary["restarts"]) == before + 1
                 records[target].append(summary["restarts"][-1]["record"])

@@ -24,20 +24,14 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.common import submitted
+
 MIB = 2**20
 
-
-def submit(args: list[str]) -> Path:
-    proc = subprocess.run([str(REPO / "submit-job.sh"), *args], capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(args)} failed: {proc.stderr.strip().splitlines()[-1:]}")
-    return Path(proc.stdout.strip().splitlines()[-1])
 
 
 def figures(restart: dict) -> dict:
@@ -69,12 +63,12 @@ def main() -> None:
     rows = []
     try:
         for launcher in launchers:
-            run = submit(["tiny", "dp=2", f"launcher={launcher}", "phase=checkpoint", "baseline=false",
+            run = submitted(["tiny", "dp=2", f"launcher={launcher}", "phase=checkpoint", "baseline=false",
                           f"results_dir={results}", *args])
             got: dict[str, list[dict]] = {"drop": [], "warm": []}
             for _ in range(repeats):
                 for env_cache, runs in got.items():
-                    submit(["restart", f"run={run}", f"env_cache={env_cache}", "cache=drop"])
+                    submitted(["restart", f"run={run}", f"env_cache={env_cache}", "cache=drop"])
                     runs.append(figures(json.loads((run / "summary.json").read_text())["restart"]))
             for env_cache, runs in got.items():
                 rows.append((launcher, env_cache, runs))

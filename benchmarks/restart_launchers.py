@@ -19,23 +19,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def cli(args: list[str]) -> Path:
-    proc = subprocess.run([str(REPO / "submit-job.sh"), *args], check=True, capture_output=True, text=True)
-    return Path(proc.stdout.strip().splitlines()[-1])
-
-
-def stats(values: list[float]) -> str:
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+from benchmarks.common import spread, submitted
 
 
 def main() -> None:
@@ -46,18 +35,18 @@ def main() -> None:
     print("| launcher | cache | observed | launch_seconds | total_seconds | checkpoint_load | wall_seconds |")
     print("|---|---|---|---|---|---|---|")
     for launcher in ("local", "torchrun"):
-        run_dir = cli([*model, f"launcher={launcher}", "phase=checkpoint", f"results_dir={results}"])
+        run_dir = submitted([*model, f"launcher={launcher}", "phase=checkpoint", f"results_dir={results}"])
         seen = 0
         for cache in ("drop", "warm"):
-            cli(["phase=restart", f"run={run_dir}", f"cache={cache}", f"repeats={repeats}"])
+            submitted(["phase=restart", f"run={run_dir}", f"cache={cache}", f"repeats={repeats}"])
             restarts = json.loads((run_dir / "summary.json").read_text())["restarts"][seen:]
             seen += len(restarts)
             observed = Counter(r["cache"]["observed"] for r in restarts)
             print(f"| {launcher} | {cache} | {', '.join(f'{k} x{v}' for k, v in observed.items())} "
-                  f"| {stats([r['launch_seconds'] for r in restarts])} "
-                  f"| {stats([r['total_seconds'] for r in restarts])} "
-                  f"| {stats([r['phases']['checkpoint_load'] for r in restarts])} "
-                  f"| {stats([r['wall_seconds'] for r in restarts])} |")
+                  f"| {spread([r['launch_seconds'] for r in restarts])} "
+                  f"| {spread([r['total_seconds'] for r in restarts])} "
+                  f"| {spread([r['phases']['checkpoint_load'] for r in restarts])} "
+                  f"| {spread([r['wall_seconds'] for r in restarts])} |")
     shutil.rmtree(results, ignore_errors=True)
 
 

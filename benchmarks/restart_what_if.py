@@ -20,7 +20,7 @@ Method
   - `environment staged`: `env_cache=drop env_stage=/dev/shm/...` (the same cold environment copied to node-local
     memory before the launch; the copy's seconds are reported beside the restart, not inside it). torch keys a JIT
     build on its sources' paths, which the copy changes: unless the op was compiled in at install, the staged
-    restart builds it again (staging.py);
+    restart builds it again (envstage.py);
   - `environment staged, ops prebuilt`: both (with PREBUILT_PYTHON).
 - Each phase (the launcher's seconds before any rank starts, the six restart phases on their slowest rank, and
   `total`: launcher + process start -> first step) per arm: the median over rounds, and the saving against the
@@ -47,8 +47,8 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.attribution_overhead import PHASES, figures  # each phase of a restart record, and `total`
+from benchmarks.common import REPO, median_table
 
-REPO = Path(__file__).resolve().parent.parent
 STAGE = "/dev/shm/rh-what-if-stage"
 
 
@@ -123,11 +123,7 @@ def evaluate(record: Path) -> None:
     print()
     print("Median seconds per phase (each phase on its slowest rank; total: launcher + process start -> first step)")
     print()
-    print("| arm | " + " | ".join(PHASES) + " |")
-    print("|---|" + "---:|" * len(PHASES))
-    for name in names:
-        cells = [f"{statistics.median(figures(b[name])[p] for b in by_round):.2f}" for p in PHASES]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    median_table("arm", PHASES, {name: [figures(b[name]) for b in by_round] for name in names})
     print()
     print("Saving against the baseline, s: median over rounds of (baseline - arm) in the round (min to max); "
           "negative: the change costs time")

@@ -18,23 +18,21 @@ from __future__ import annotations
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import submitted
 from restart_harness.files.cache_dir import extensions_dir
 
-REPO = Path(__file__).resolve().parent.parent
 CACHE = extensions_dir()
 
 
 def timed(args: list[str], results: Path) -> tuple[float, Path]:
     start = time.perf_counter()
-    proc = subprocess.run([str(REPO / "submit-job.sh"), *args, f"results_dir={results}"], check=True,
-                          capture_output=True, text=True)
-    return time.perf_counter() - start, Path(proc.stdout.strip().splitlines()[-1])
+    run_dir = submitted([*args, f"results_dir={results}"])
+    return time.perf_counter() - start, run_dir
 
 
 def main() -> None:

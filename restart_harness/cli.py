@@ -9,18 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from restart_harness.errors import RunFailed, UsageError, refused
-
-
-def _terminate(signum, frame):  # SIGTERM ends a run like Ctrl-C: ranks killed, run recorded as failed
-    raise KeyboardInterrupt
-
+from restart_harness.errors import UsageError, exit_code, refused
 
 HELP = ("-h", "--help")
 
@@ -66,7 +60,7 @@ def _main(argv: list[str]) -> int:
             name = "sweep"
         command = COMMANDS[name]
         request = command.check(tokens)
-        return _guarded(lambda: command.act(request)) if command.launches else command.act(request)
+        return exit_code(lambda: command.act(request)) if command.launches else command.act(request)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -77,19 +71,6 @@ class Command:
     check: Callable  # tokens -> request, every refusal (UsageError) made before anything is created
     act: Callable  # request -> exit code
     launches: bool = False  # it starts ranks: SIGTERM ends it like Ctrl-C, a failed run is one line and exit 1
-
-
-def _guarded(work) -> int:
-    """Run work() (it launches ranks): SIGTERM ends it like Ctrl-C; a failed run is one line and exit 1."""
-    signal.signal(signal.SIGTERM, _terminate)
-    try:
-        return work()
-    except RunFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
 
 
 # ---- run, sweep, restart -----------------------------------------------------------------------------------------

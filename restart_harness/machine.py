@@ -15,7 +15,7 @@ from pathlib import Path
 
 import restart_harness
 from restart_harness.errors import refused
-from restart_harness.files.filesystem import filesystem, why_unresolvable
+from restart_harness.files.fsfacts import filesystem, why_unresolvable
 from restart_harness.resolve import launcher_class
 from restart_harness.spec.keys import Path as KeyPath
 from restart_harness.spec.keys import keys_of

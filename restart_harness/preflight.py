@@ -18,7 +18,7 @@ from restart_harness.command.parse import RestartRequest
 from restart_harness.errors import UsageError, refused
 from restart_harness.files import baseline as baseline_store
 from restart_harness.files import checksum, exclusive
-from restart_harness.files.filesystem import why_not_a_directory
+from restart_harness.files.fsfacts import why_not_a_directory
 from restart_harness.resolve import Plugins
 from restart_harness.results import events as ev
 from restart_harness.schema import PREDICTED_TOTAL
@@ -253,7 +253,7 @@ def work(plugins: Plugins) -> None:
 
 
 def stage(plugins: Plugins) -> None:
-    """env_stage=: a folder with room for the environment's copy, on this node (staging.py); RH_STRACE=1:
+    """env_stage=: a folder with room for the environment's copy, on this node (envstage.py); RH_STRACE=1:
     strace is here (iocount/strace.py)."""
     from restart_harness.iocount import strace
 
@@ -261,9 +261,9 @@ def stage(plugins: Plugins) -> None:
         raise UsageError(why)
     spec = plugins.spec
     if spec.env_stage is not None and not spec.dry_run:
-        from restart_harness import staging
+        from restart_harness import envstage
 
-        staging.check(spec.env_stage, spec.nodes, plugins.launcher.submits())
+        envstage.check(spec.env_stage, spec.nodes, plugins.launcher.submits())
 
 
 def calibration(spec: RunSpec) -> None:

@@ -91,7 +91,7 @@ ANCHOR_SAMPLES = 5  # the pause lasts this many sampling intervals: samples insi
 ATTRIBUTION_RATE_ENV = "RH_ATTRIBUTION_RATE_HZ"  # set for the ranks of a sampled launch only
 
 # A phase's I/O by source (docs/measurements.md#io-by-source): each mark carries, under `io`, what the phase it ends
-# did (worker/io_sources.py). Every path a rank opens, stats or lists is in the source whose prefix is the longest to
+# did (worker/io_marks.py). Every path a rank opens, stats or lists is in the source whose prefix is the longest to
 # match it (rundir/observe.py names the prefixes; spec.json's io_sources records them with their file systems).
 IO_SOURCES = ("environment", "extension_cache", "checkpoint", "run_dir", "system", "pseudo", "other")
 # per source: rhio.c's counters (calls the process made through libc), then the files the dynamic loader mapped

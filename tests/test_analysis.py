@@ -410,7 +410,7 @@ def test_analysis_needs_only_matplotlib(tmp_path):
         "restart_harness.rundir.status", "restart_harness.files", "restart_harness.files.atomic", "restart_harness.files.exclusive",
         "restart_harness.command", "restart_harness.command.report", "restart_harness.command.tokens",
         "restart_harness.errors", "restart_harness.spec", "restart_harness.spec.keys",
-        "restart_harness.files.filesystem"]))
+        "restart_harness.files.fsfacts"]))
 
 
 def test_notebook_runs_top_to_bottom(more_runs: Path, monkeypatch):

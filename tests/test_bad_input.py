@@ -95,7 +95,7 @@ CASES = {
     "a predict key in a run": (["tiny", "read_gbps=2"], "predict"),
     "an MLPerf workload larger than its memory": (["mlperf", "llama3-8b", "emulate_memory_gib=1"],
                                                   "or a smaller model (shrink=; the workload llama3-8b fixes tp"),
-    # issue 40: every number and path bounded and normalised on one path (spec/keys.py, files/filesystem.py)
+    # issue 40: every number and path bounded and normalised on one path (spec/keys.py, files/fsfacts.py)
     "a full-width digit": (["tiny", "tp=２"], "tp=２: contains characters outside ASCII"),
     "iters beyond any run": (["tiny", "iters=100000000000"], "iters=100000000000: must be at most 2,147,483,647"),
     "a path leaving its folder through ..": (["tiny", "ckpt_dir=relative/ckpt/" + "../" * 16 + "proc/x"],

@@ -1,4 +1,4 @@
-"""A restart's I/O by source (rhio.c's source counters, worker/io_sources.py, results/io_sources.py): each path in
+"""A restart's I/O by source (rhio.c's source counters, worker/io_marks.py, results/io_sources.py): each path in
 the source its prefix says, on a preloaded child; the spine run's restart reading its imports from the Python
 environment and its checkpoint only while loading; and the counters checked against the kernel's own view of a real
 restart, taken with strace (iocount/strace.py). Every run-table case's figures: tests/test_runs.py."""

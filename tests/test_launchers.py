@@ -220,7 +220,7 @@ def test_prefork_forks_every_rank_from_one_process_that_imported_first(harness):
         assert len(pids) == 4 and len(starts) == 1, (record, pids, starts)  # four processes, one start
         assert min(imported) > 0.2, imported  # torch and DeepSpeed, imported once before the forks
     script = (run_dir / "launch-restart-01.sh").read_text()
-    assert re.search(r"^exec \S+ -m restart_harness\.worker\.prefork 4 --run-dir ", script, re.MULTILINE), script
+    assert re.search(r"^exec \S+ -m restart_harness\.worker\.forker 4 --run-dir ", script, re.MULTILINE), script
     summary = load_summary(run_dir)
     assert summary["status"]["state"] == "complete" and all(r["verified"] for r in summary["restarts"])
 

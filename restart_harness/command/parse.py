@@ -41,9 +41,10 @@ from restart_harness.command.options import (
 )
 from restart_harness.command.tokens import fill, options_of, pairs_of, required
 from restart_harness.errors import UsageError, refused
-from restart_harness.files.filesystem import why_unresolvable
+from restart_harness.files.fsfacts import why_unresolvable
 from restart_harness.spec.keys import MAX_VALUE_CHARS, Key, coerce, keys_of, parse_bool
 from restart_harness.spec.model_shape import load_model, preset_named, preset_names, shape_keys
+from restart_harness.spec.relayout import LAYOUT_KEYS, restart_layout
 from restart_harness.spec.runspec import MAX_WORLD, RunSpec, run_keys
 
 COMMANDS = ("run", "plan", "predict", "calibrate", "restart", "baseline", "report", "matrix", "mlperf", "clean",
@@ -356,7 +357,6 @@ def parse_mlperf(tokens: list[str]) -> MlperfRequest:
 
 
 # ---- study -----------------------------------------------------------------------------------------------------
-STUDY_ENGINES = ("default", "torchsnapshot", "datastates")
 _DEGREE = r"(tp[1-9][0-9]*|pp[1-9][0-9]*|dp(?:[1-9][0-9]*)?)"
 _STRATEGY = re.compile(rf"^{_DEGREE}(-{_DEGREE})*$")
 
@@ -448,26 +448,33 @@ def parse_study(tokens: list[str]) -> StudyRequest:
             raise UsageError(f"gpus={options.gpus}: {text!r} is not a GPU count; accepted: positive integers up to "
                              f"{MAX_WORLD:,}, comma-separated, e.g. gpus=8,16")
         gpu_counts.append(int(text))
-    engines = list(STUDY_ENGINES) if options.engines.startswith("+") else []
-    for name in _study_list("engines", options.engines.removeprefix("+"), "engine names"):
-        if name not in registry.names():
-            raise UsageError(f"engines={options.engines}: unknown engine {name!r}; accepted: "
-                             + ", ".join(n for n, c in registry.all_engines().items() if c.saves))
-        cls = resolve.engine_class(name)
-        if not cls.saves:
-            raise UsageError(f"engines={options.engines}: engine {name} writes no checkpoint; accepted: "
-                             + ", ".join(n for n, c in registry.all_engines().items() if c.saves))
-        if "deepspeed" not in cls.stacks:
-            raise UsageError(f"engines={options.engines}: engine {name} does not checkpoint DeepSpeed's ZeRO state; "
-                             "accepted: " + ", ".join(n for n, c in registry.all_engines().items()
-                                                      if c.saves and "deepspeed" in c.stacks))
-        if name not in engines:
-            engines.append(name)
+    engines = _study_engines(options.engines, resolve.stack_named(declared["stack"].default))  # stack= is fixed
     strategies = (None if options.strategies == "auto" else
                   [parse_strategy(t) for t in _study_list("strategies", options.strategies, "strategies")])
     pairs_run = {**rest, "keep": rest.get("keep", "false")}  # each cell's checkpoint deleted once its records are
     return StudyRequest(options, predict, [f"{k}={v}" for k, v in pairs_run.items()], models, gpu_counts, engines,
                         strategies, list(tokens))
+
+
+def _study_engines(text: str, stack: type[stacks.Stack]) -> list[str]:
+    """engines=: the engines named (+NAME,...: the key's default, the reference study's, then these), each one that
+    saves a checkpoint of the stack the cells run."""
+    every = registry.all_engines()
+    engines = keys_of(StudyOptions)["engines"].default.split(",") if text.startswith("+") else []
+    for name in _study_list("engines", text.removeprefix("+"), "engine names"):
+        if name not in every:
+            raise UsageError(f"engines={text}: unknown engine {name!r}; accepted: "
+                             + ", ".join(n for n, c in every.items() if c.saves))
+        cls = resolve.engine_class(name)
+        if not cls.saves:
+            raise UsageError(f"engines={text}: engine {name} writes no checkpoint; accepted: "
+                             + ", ".join(n for n, c in every.items() if c.saves))
+        if not stack.accepts_engine(cls):
+            raise UsageError(f"engines={text}: engine {name} does not checkpoint {stack.key_text}; accepted: "
+                             + ", ".join(n for n, c in every.items() if c.saves and stack.accepts_engine(c)))
+        if name not in engines:
+            engines.append(name)
+    return engines
 
 
 def _resumed(pairs: dict[str, str]) -> dict[str, str]:
@@ -575,31 +582,7 @@ def parse_restart(tokens: list[str]) -> RestartRequest:
         overrides["engine_options"] = {**run.spec.engine_options, **engine_overrides}
     spec = dataclasses.replace(run.spec, **overrides, phase="restart", dry_run=False)
     if LAYOUT_KEYS & overrides.keys():
-        spec = _relayout(spec, run.spec, overrides)
+        spec = restart_layout(spec, run.spec, overrides.keys(), resolve.stack_class(spec).check)
         if "threads" not in overrides:
             spec = dataclasses.replace(spec, threads=None)  # this node's CPUs over the new ranks per node
     return RestartRequest(run, spec, [f"{k}={v}" for k, v in pairs.items()])
-
-
-LAYOUT_KEYS = frozenset({"tp", "pp", "dp", "nodes", "ranks_per_node"})
-
-
-def _relayout(spec: RunSpec, original: RunSpec, overrides: dict) -> RunSpec:
-    """A restart at another layout: keys not given keep the run's values (ranks per node follows); the model
-    must fit the new layout; the global batch stays the run's (micro-batch and accumulation adjusted), so the first
-    step after the restart trains on the same samples as at the original layout."""
-    layout = {}
-    if "ranks_per_node" not in overrides:
-        layout["ranks_per_node"] = None
-    if "dp" not in overrides and "ranks_per_node" in overrides:
-        layout["dp"] = None
-    spec = spec.with_layout(**layout)
-    resolve.stack_class(spec).check(spec)
-    batch = original.global_batch
-    if batch % spec.dp:
-        raise UsageError(f"dp={spec.dp}: the run's global batch of {batch} samples (micro_batch {original.micro_batch} "
-                         f"x grad_accum {original.grad_accum} x dp {original.dp}) does not split over {spec.dp} "
-                         "data-parallel ranks; accepted: dp dividing it")
-    per_rank = batch // spec.dp
-    micro_batch = max(m for m in range(1, min(original.micro_batch, per_rank) + 1) if per_rank % m == 0)
-    return dataclasses.replace(spec, micro_batch=micro_batch, grad_accum=per_rank // micro_batch)

@@ -24,7 +24,7 @@ def cache_dir(*parts: str) -> Path:
 def problem() -> str | None:
     """Why the cache folder (RH_CACHE_DIR where it is set) cannot be used, or None: it must be a folder this user can
     write, or one that can be created."""
-    from restart_harness.files.filesystem import why_not_a_directory
+    from restart_harness.files.fsfacts import why_not_a_directory
 
     return why_not_a_directory(cache_dir())
 

@@ -20,7 +20,7 @@
  * the folders above its prefixes, before any other source's prefix does (path resolution stats every component of
  * a path: Python's realpath on the environment's files stats /home, /home/user, ...; a copy in /dev/shm: /dev). The dynamic loader's own opens and maps
  * (shared libraries) do not go through these functions: Python reads them from /proc/self/maps
- * (restart_harness/worker/io_sources.py).
+ * (restart_harness/worker/io_marks.py).
  *
  * RH_IO_FOPEN_VIA_OPEN=1 makes fopen of a tracked file an open() plus fdopen(): the same file, mode and stream,
  * but a POSIX tracer below this library (dftracer 2.2.0) then learns the descriptor and sees the writes that

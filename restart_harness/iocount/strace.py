@@ -1,5 +1,5 @@
 """The independent check of the I/O-by-source counters: the kernel's own view of a launch's system calls, taken with
-strace, against what each rank's counters recorded (restart_harness/worker/io_sources.py).
+strace, against what each rank's counters recorded (restart_harness/worker/io_marks.py).
 
 RH_STRACE=1 in the harness's environment runs a launch under `strace -f -ff` (Debian's strace), one trace file per
 process in <run dir>/strace/<record>/; `python -m restart_harness.iocount.strace RUN_DIR [RECORD]` then sets each

@@ -50,7 +50,7 @@ class Launcher(ABC):
     rank_variables: ClassVar[dict[str, tuple[str, ...]]] = {}
     subset: ClassVar[bool] = False  # can start only the first node's ranks here (subset=true)
     port_here: ClassVar[bool] = False  # the rendezvous port (master_port=) is bound on this node
-    # forks the ranks from one process that imported for them: a node imports once (worker/io_sources.py)
+    # forks the ranks from one process that imported for them: a node imports once (worker/io_marks.py)
     forks_ranks: ClassVar[bool] = False
 
     def __init__(self, spec):

@@ -18,7 +18,7 @@ import sys
 from restart_harness.errors import UsageError
 from restart_harness.launchers.base import Launcher
 
-MODULE = "restart_harness.worker.prefork"  # the forking process: the in-rank half of this launcher
+MODULE = "restart_harness.worker.forker"  # the forking process: the in-rank half of this launcher
 
 
 class PreforkLauncher(Launcher):

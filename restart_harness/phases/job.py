@@ -4,23 +4,22 @@ rundir/create.py prepare() wrote at submission (checkpoint launch, page cache, r
 
 from __future__ import annotations
 
-import signal
 import sys
 from pathlib import Path
 
-from restart_harness.errors import RunFailed, UsageError
-
-
-def _terminate(signum, frame):  # scancel / qdel / walltime send SIGTERM first: record the run as failed
-    raise KeyboardInterrupt
+from restart_harness.errors import exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
+    """scancel, qdel and a walltime send SIGTERM first: the run is recorded as failed ("terminated", 143)."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         print("usage: python -m restart_harness.phases.job RUN_DIR [phase=restart key=value ...]", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _terminate)
+    return exit_code(lambda: _phases(Path(argv[0]).resolve(), argv[1:]), interrupted=(143, "terminated"))
+
+
+def _phases(run_dir: Path, tokens: list[str]) -> int:
     from restart_harness import preflight
     from restart_harness.command.parse import parse_restart
     from restart_harness.files.atomic import read_json
@@ -28,23 +27,12 @@ def main(argv: list[str] | None = None) -> int:
     from restart_harness.phases.run import execute
     from restart_harness.results import terminal
 
-    run_dir = Path(argv[0]).resolve()
-    try:
-        if argv[1:]:  # a restart-only job: checked again here, then launched directly (we are in the allocation)
-            request = parse_restart([*argv[1:], f"run={run_dir}"])
-            preflight.restart(request)
-            restart_only(request)
-        else:
-            execute(run_dir)
-    except UsageError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except RunFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("terminated", file=sys.stderr)
-        return 143
+    if tokens:  # a restart-only job: checked again here, then launched directly (we are in the allocation)
+        request = parse_restart([*tokens, f"run={run_dir}"])
+        preflight.restart(request)
+        restart_only(request)
+    else:
+        execute(run_dir)
     print(terminal.render(read_json(run_dir / "summary.json")))
     print(run_dir)
     return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from restart_harness import staging
+from restart_harness import envstage
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files import pagecache
 from restart_harness.files.atomic import read_json, write_json_atomic
@@ -81,7 +81,7 @@ def _restart(run: Run, record: str, relayout=None, extra: dict | None = None) ->
     staged = None
     if spec.env_stage is not None:
         say(f"  [{record}] staging the environment into {spec.env_stage}")
-        staged = staging.stage(spec.env_stage, f"{run.run_dir.name}-{record}")
+        staged = envstage.stage(spec.env_stage, f"{run.run_dir.name}-{record}")
     try:
         if staged is not None:
             write_launch(run, "restart", record, port_of(run), relayout.worker_args() if relayout else None,
@@ -91,7 +91,7 @@ def _restart(run: Run, record: str, relayout=None, extra: dict | None = None) ->
                 f"({st['filesystem']['type']} on {st['filesystem']['mount']})")
         return _launch(run, record, load_dir, staged, extra)
     finally:
-        staging.remove(staged)
+        envstage.remove(staged)
 
 
 def _launch(run: Run, record: str, load_dir: Path, staged, extra: dict | None) -> dict:

@@ -5,7 +5,7 @@ Estimate (docs/planner.md): the storage's bandwidth is an aggregate shared by al
     save_seconds            = total_bytes / write bandwidth
     restart_read_seconds    = restart_read_bytes / read bandwidth
 where restart_read_bytes counts what each rank reads from storage of the files its load_checkpoint loads (plan/checkpoint.py
-restart_reads; all of each by default, less where the engine says so: engine=lazy's broadcast load, Engine.restart_read_bytes).
+restart_reads; all of each by default, less where the engine says so: engine=lazy's broadcast load, FileLayout.restart_read_bytes).
 """
 
 from __future__ import annotations

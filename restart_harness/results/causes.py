@@ -292,13 +292,13 @@ def _launcher(frames):
 def _prefork(frames):
     """launcher=prefork's forking process, seen from a rank's phase that began in it (its imports)."""
     inner = next((f for f in reversed(frames) if f.file and not f.file.startswith("<")), None)
-    if inner is not None and inner.file.endswith("/worker/prefork.py"):
+    if inner is not None and inner.file.endswith("/worker/forker.py"):
         return Cause("launcher", "prefork: forking the ranks")
     return None
 
 
 def _harness(frames):
-    if any(re.search(r"/worker/(eventlog|memory|io_sources|anatomy)\.py", f.file) for f in frames):
+    if any(re.search(r"/worker/(eventlog|memory|io_marks|anatomy)\.py", f.file) for f in frames):
         return Cause("harness", "the harness's event log and probes")
     return None
 

@@ -1,7 +1,7 @@
 """A phase's I/O by source, from the ranks' marks into summary.json: per phase, per source (the Python environment,
 the extension cache, the checkpoint, ...), opens, metadata calls, listings, reads, writes and the files the dynamic
 loader mapped, and the kernel's own per-process figures (what the storage delivered, major faults); summed over the
-ranks. worker/io_sources.py measures them; docs/measurements.md#io-by-source defines each."""
+ranks. worker/io_marks.py measures them; docs/measurements.md#io-by-source defines each."""
 
 from __future__ import annotations
 

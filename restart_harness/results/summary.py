@@ -218,7 +218,7 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         "launcher": launch.get("launcher"),  # what started this restart's ranks (a re-run may name another)
         "cache": cache,
         "environment_cache": launch.get("environment_cache"),  # env_cache= (files/pagecache.py environment())
-        "staging": launch.get("staging"),  # env_stage=: the environment's copy (staging.py), before the launch
+        "staging": launch.get("staging"),  # env_stage=: the environment's copy (envstage.py), before the launch
         **_load_figures(record, name, load_bytes, load_s, phases, launch),
         "exit_code": launch.get("exit_code"),
         "machine_load": launch.get("machine_load"),

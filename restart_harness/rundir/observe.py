@@ -12,7 +12,7 @@ from pathlib import Path
 
 from restart_harness import SOURCE_ROOT, iocount
 from restart_harness.files.cache_dir import extensions_dir
-from restart_harness.files.filesystem import filesystem
+from restart_harness.files.fsfacts import filesystem
 from restart_harness.spec.runspec import RunSpec
 from third_party import dftracer_compat
 
@@ -42,7 +42,7 @@ def source_prefixes(run_dir: Path, ckpt_root: Path | None, staged=None) -> dict[
     - extension_cache: DeepSpeed's JIT-built ops (TORCH_EXTENSIONS_DIR), Triton's and Inductor's caches;
     - checkpoint: the checkpoint folder (a file-system target); run_dir: the run folder (spec, events, logs);
     - system: the system's libraries and configuration; pseudo: /proc, /sys, /dev, /run; other: the rest.
-    `staged` (staging.py Staged, env_stage=): the ranks' environment and extension cache are the copy's."""
+    `staged` (envstage.py Staged, env_stage=): the ranks' environment and extension cache are the copy's."""
     base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix,
                                      "installed_base": sys.base_prefix, "installed_platbase": sys.base_exec_prefix})
     user = getpass.getuser()

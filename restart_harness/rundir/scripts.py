@@ -70,7 +70,7 @@ def launch_script(plugins: Plugins, phase: str, command: list[str], port: int | 
 def write_launch(run: Run, phase: str, record: str, port: int, extra: list[str] | None = None,
                  staged=None) -> Path:
     """launch-<record>.sh: the ranks of one phase of `run` (its spec: the record's own, for a restart at another
-    layout or with another launcher; staged: the environment's copy they run from, env_stage=, staging.py)."""
+    layout or with another launcher; staged: the environment's copy they run from, env_stage=, envstage.py)."""
     command = run.launcher.rank_command(port, worker_args(run.run_dir, phase, record) + (extra or []))
     if staged is not None:  # every interpreter the launch starts is the copy's
         command = [staged.python if part == sys.executable else part for part in command]

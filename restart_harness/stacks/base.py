@@ -106,7 +106,7 @@ class Stack(ABC):
         import torch  # noqa: F401
 
     # Modules a rank imports later, inside its set-up (torch.optim's first optimizer imports torch._dynamo): a
-    # launcher that forks its ranks from one process imports them before it forks (worker/prefork.py)
+    # launcher that forks its ranks from one process imports them before it forks (worker/forker.py)
     later_imports: ClassVar[tuple[str, ...]] = ("torch._dynamo",)
 
     def __init__(self, run, rank: int, log):

@@ -23,7 +23,7 @@ from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files import baseline, pagecache
 from restart_harness.files.atomic import files_under, fsync_paths, write_text_atomic
 from restart_harness.files.exclusive import claim_dir
-from restart_harness.files.filesystem import filesystem, free_bytes, nearest_existing, why_not_a_directory
+from restart_harness.files.fsfacts import filesystem, free_bytes, nearest_existing, why_not_a_directory
 from restart_harness.targets.base import LATEST, NO_OBSERVER, POSIX, StorageProbe, Target, as_path
 
 MIB = 1 << 20

@@ -16,7 +16,7 @@ class EventLog:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
         # () -> {field: value}: what a phase did since the previous call (worker/memory.py's high-water marks,
-        # worker/io_sources.py's I/O), merged into the mark that ends it
+        # worker/io_marks.py's I/O), merged into the mark that ends it
         self.probes = tuple(probes)
         # mark -> Anchor | None: a sampled rank's pause after a live mark (worker/anchor.py, attribution=)
         self.anchors = anchors

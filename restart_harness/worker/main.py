@@ -23,7 +23,7 @@ from restart_harness.targets.base import PER_RANK_DIRS
 from restart_harness.worker import anchor
 from restart_harness.worker.anatomy import Anatomy
 from restart_harness.worker.eventlog import EventLog
-from restart_harness.worker.io_sources import IOProbe
+from restart_harness.worker.io_marks import IOProbe
 from restart_harness.worker.manager import CheckpointManager
 from restart_harness.worker.memory import MemoryProbe
 from third_party import dftracer_compat
@@ -51,7 +51,7 @@ class RankJob:
 
 
 def main(process_start: float, argv=None, forked: bool = False) -> int:
-    """One rank; `forked`: forked from a process that imported for it (launcher=prefork: worker/io_sources.py)."""
+    """One rank; `forked`: forked from a process that imported for it (launcher=prefork: worker/io_marks.py)."""
     job = RankJob.parse(argv)
     rank = int(os.environ.get("RANK", "0"))
     for name in os.environ.get(PER_RANK_DIRS, "").split():  # a storage client's log: one folder per rank

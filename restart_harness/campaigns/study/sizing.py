@@ -14,7 +14,7 @@ from restart_harness import machine, preflight, resolve
 from restart_harness.campaigns.study.cells import Cell, Option, plan_record
 from restart_harness.command.parse import StudyRequest, parse_run
 from restart_harness.errors import UsageError
-from restart_harness.files.filesystem import filesystem, nearest_existing
+from restart_harness.files.fsfacts import filesystem, nearest_existing
 from restart_harness.phases import say
 from restart_harness.plan import estimate
 from restart_harness.plan.estimate import size_text

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files.cache_dir import extensions_dir
-from restart_harness.files.filesystem import filesystem
+from restart_harness.files.fsfacts import filesystem
 
 PREFIX = "rh-env-"
 MARGIN = 1.1  # free space wanted beyond the copy's size

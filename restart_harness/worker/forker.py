@@ -27,7 +27,7 @@ def _rank(rank: int, ranks: int, start: float, argv: list[str]) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m restart_harness.worker.prefork N WORKER_ARGS...`: import, fork N ranks, wait for them."""
+    """`python -m restart_harness.worker.forker N WORKER_ARGS...`: import, fork N ranks, wait for them."""
     start = time.time()  # every rank's process start: before the imports they share
     ranks, worker_args = int(argv[0]), argv[1:]
     from restart_harness import resolve

@@ -42,9 +42,9 @@ from restart_harness.command.options import (
 from restart_harness.command.tokens import fill, options_of, pairs_of, required
 from restart_harness.errors import UsageError, refused
 from restart_harness.files.filesystem import why_unresolvable
-from restart_harness.spec.keys import MAX_VALUE_CHARS, Key, coerce, keys_of, parse_bool
+from restart_harness.spec.keys import MAX_VALUE_CHARS, Key, coerce, keys_of, parse_bool, plausible_rate
 from restart_harness.spec.model_shape import load_model, preset_named, preset_names, shape_keys
-from restart_harness.spec.runspec import MAX_WORLD, RunSpec, run_keys
+from restart_harness.spec.runspec import MAX_WORLD, RunSpec, run_keys, state_bytes
 
 COMMANDS = ("run", "plan", "predict", "calibrate", "restart", "baseline", "report", "matrix", "mlperf", "clean",
             "study")
@@ -229,6 +229,7 @@ def parse_plan(tokens: list[str]) -> PlanRequest:
                          f"{_planned_stacks()} (a "
                          f"stack={spec.stack} checkpoint is one DCP shard file per rank and .metadata)")
     options = PlanOptions(**values)
+    _plausible(spec, {"bandwidth_gbps": options.bandwidth_gbps})
     target = None
     if any(v is not None for v in (options.to_tp, options.to_pp, options.to_dp)):
         if not resolve.engine_class(spec.engine).universal:
@@ -274,7 +275,20 @@ def parse_predict(tokens: list[str]) -> PredictRequest:
         raise refused(name, typed[name], f"{'not below' if name.endswith('min_bytes') else 'not above'} "
                       f"{other}={getattr(options, other):,}", "crossover_min_bytes below crossover_max_bytes (the "
                       "checkpoint sizes the crossover looks at)")
+    _plausible(spec, {k: getattr(options, k) for k in ("write_gbps", "read_gbps", "metadata_ops_s",
+                                                          "env_metadata_ops_s")})
     return PredictRequest(spec, options)
+
+
+def _plausible(spec: RunSpec, rates: dict[str, float | None]) -> None:
+    """A rate given leads to a plausible time (keys.plausible_rate): the checkpoint's bytes at a bandwidth, one
+    operation a rank at a metadata rate."""
+    for name, value in rates.items():
+        if value is not None and name.endswith("_gbps"):
+            plausible_rate(name, value, state_bytes(spec.shape), f"the checkpoint's {state_bytes(spec.shape):,} bytes",
+                           scale=1e9)
+        elif value is not None:
+            plausible_rate(name, value, spec.world_size, f"one operation for each of the {spec.world_size} ranks")
 
 
 def parse_calibrate(tokens: list[str]) -> CalibrateOptions:
@@ -427,7 +441,7 @@ def parse_study(tokens: list[str]) -> StudyRequest:
     declared = run_keys()
     for name, text in rest.items():
         if name not in declared:
-            raise _unknown(name, [*keys_of(StudyOptions), *declared])
+            raise _unknown(name, text, [*keys_of(StudyOptions), *keys_of(PredictOptions), *declared])
         coerce(declared[name], text)
     options = StudyOptions(**values)
     predict = PredictOptions(**predict_values)

@@ -255,10 +255,10 @@ def stage(plugins: Plugins) -> None:
     if why := strace.missing(environment.read().RH_STRACE):
         raise UsageError(why)
     spec = plugins.spec
-    if spec.env_stage is not None and not spec.dry_run:
+    if spec.env_stage is not None:  # a dry run's too, as its ckpt_dir is: not the room the copy takes
         from restart_harness import staging
 
-        staging.check(spec.env_stage, spec.nodes, plugins.launcher.submits())
+        staging.check(spec.env_stage, spec.nodes, plugins.launcher.submits(), room=not spec.dry_run)
 
 
 def calibration(spec: RunSpec) -> None:

@@ -90,7 +90,7 @@ def run(options: MatrixOptions, say=print) -> Path:
     runnable = [c for c in todo if not c["refused"]]
     if todo:  # nothing made yet: a matrix none of whose cases can run is refused, as one run would be
         outcome.something_runs(f"matrix {_asked(options)}", len(todo), len(runnable), todo[0]["refused"],
-                               "layouts and engines this node can run (layouts=auto, engines=all)")
+                               "layouts and engines this node can run (layouts=auto, engines=all)", "cases")
     folder = make_fresh_dir(Path(options.results_dir), name)
     for case in todo:  # the folder as made (a second matrix in the same second gets name-2)
         case["tokens"] = [t if not t.startswith("results_dir=") else f"results_dir={folder / 'runs'}"

@@ -20,9 +20,9 @@ def exit_code(states: Iterable[str]) -> int:
     return 0 if states and all(s in DONE for s in states) else 1
 
 
-def something_runs(asked: str, parts: int, runnable: int, why: str, accepted: str) -> None:
-    """Refuse a campaign none of whose `parts` can run (`why`: the first part's reason), before anything is
-    created."""
+def something_runs(asked: str, parts: int, runnable: int, why: str, accepted: str, noun: str = "parts") -> None:
+    """Refuse a campaign none of whose `parts` (its cases, cells, runs) can run (`why`: the first one's reason),
+    before anything is created."""
     if parts and not runnable:
-        raise UsageError(f"{asked}: none of its {parts} {'part' if parts == 1 else 'parts'} can run here "
+        raise UsageError(f"{asked}: none of its {parts} {noun} can run here "
                          f"(the first: {why}); accepted: {accepted}")

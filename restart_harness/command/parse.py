@@ -579,8 +579,13 @@ def parse_restart(tokens: list[str]) -> RestartRequest:
         if name in engine_allowed and name not in allowed:
             engine_overrides[name] = coerce(engine_allowed[name], text)
             continue
+        if name not in allowed and name not in run_keys() and name not in shape_keys() \
+                and name not in keys_of(resolve.engine_class(run.spec.engine).Options):
+            raise _unknown(name, text, ["run", *allowed, *engine_allowed], run.spec.engine)
         if name not in allowed:
-            raise refused(name, text, "cannot change for a restart of an existing run (fixed by its spec.json)",
+            fixed = "(fixed by its spec.json)" if name not in ("dry_run", "results_dir", "max_runs") else \
+                f"(its restarts are launched into the run's own folder: it takes no {name})"
+            raise refused(name, text, f"cannot change for a restart of an existing run {fixed}",
                           f"with restart: run, {', '.join([*allowed, *engine_allowed])}")
         overrides[name] = coerce(allowed[name], text)
     if "launcher" in overrides:

@@ -85,7 +85,11 @@ class Launcher(ABC):
         return []
 
     def accepted_here(self) -> str:
-        return "launcher=local, launcher=torchrun, or dry_run=true to only write the job script"
+        return "launcher=local, launcher=torchrun" + self.dry_run_hint("the job script")
+
+    def dry_run_hint(self, what: str) -> str:
+        """The dry run a refusal may suggest: none to a restart-only re-run, which takes no dry_run."""
+        return "" if self.spec.phase == "restart" else f", or dry_run=true to only write {what}"
 
     def scheduler_preflight(self) -> None:
         """What the scheduler says of the job before it is submitted (Slurm: sinfo and sbatch --test-only)."""

@@ -149,7 +149,9 @@ class RunSpec:
                        config=False, group="launch", minimum=1, maximum=10_000, sweep=False, restart=True)
     max_runs: int = key(64, "a sweep expanding to more runs (combinations x repeats) is refused unless this is raised",
                         config=False, group="launch", minimum=1, sweep=False)
-    dry_run: bool = key(False, "write ds_config.json and the launch (and job) scripts, print them, launch nothing",
+    dry_run: bool = key(False, "write ds_config.json and the launch (and job) scripts, print them, launch nothing; "
+                               "every path is checked as a run's is (results_dir, ckpt_dir, env_stage, env_hook), "
+                               "not what a run would use of this node (free space, memory, the port, its modules)",
                         config=False, group="launch", sweep=False)
     # cluster
     wait: bool = key(False, "launcher=slurm|pbs from a login node: return when the job ends, showing its progress, "

@@ -181,7 +181,7 @@ def _check_named(study: Study) -> None:
     outcome.something_runs(f"fidelity={o.fidelity}", len(study.cells), len(runs),
                            f"cell {first.id}: {shorten(first.runs_here or first.option.reason, 200)}",
                            "a larger disk= or time_limit=, fidelity=auto (the most faithful option that fits, cell "
-                           "by cell, else predicted), or fidelity=predicted")
+                           "by cell, else predicted), or fidelity=predicted", "cells")
     for cell in study.cells:
         if cell.runs_here is None and cell.option.mode == "predicted":
             misses = [r for r in cell.option.reason.split(REASONS) if "more than disk=" in r or "not predicted" in r]

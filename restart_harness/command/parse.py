@@ -127,6 +127,8 @@ def split_command(argv: list[str]) -> tuple[str, list[str]]:
 
 def _unknown(name: str, value: str, accepted: list[str], engine: str | None = None) -> UsageError:
     owners = [e for e in registry.owner_of_option(name) if e != engine]
+    if owners and engine is None:  # a command with no engine of its own (study)
+        return refused(name, value, f"an option of engine {', '.join(owners)}, which this command does not take")
     if owners:
         takes = ", ".join(keys_of(resolve.engine_class(engine).Options)) or "no options"
         return refused(name, value, f"an option of engine {', '.join(owners)}, not of engine {engine}; engine "
@@ -229,7 +231,7 @@ def parse_plan(tokens: list[str]) -> PlanRequest:
                          f"{_planned_stacks()} (a "
                          f"stack={spec.stack} checkpoint is one DCP shard file per rank and .metadata)")
     options = PlanOptions(**values)
-    _plausible(spec, {"bandwidth_gbps": options.bandwidth_gbps})
+    _plausible(spec.shape, spec.world_size, {"bandwidth_gbps": options.bandwidth_gbps})
     target = None
     if any(v is not None for v in (options.to_tp, options.to_pp, options.to_dp)):
         if not resolve.engine_class(spec.engine).universal:
@@ -275,20 +277,18 @@ def parse_predict(tokens: list[str]) -> PredictRequest:
         raise refused(name, typed[name], f"{'not below' if name.endswith('min_bytes') else 'not above'} "
                       f"{other}={getattr(options, other):,}", "crossover_min_bytes below crossover_max_bytes (the "
                       "checkpoint sizes the crossover looks at)")
-    _plausible(spec, {k: getattr(options, k) for k in ("write_gbps", "read_gbps", "metadata_ops_s",
-                                                          "env_metadata_ops_s")})
+    _plausible(spec.shape, spec.world_size, dataclasses.asdict(options))
     return PredictRequest(spec, options)
 
 
-def _plausible(spec: RunSpec, rates: dict[str, float | None]) -> None:
+def _plausible(shape, ranks: int, rates: dict) -> None:
     """A rate given leads to a plausible time (keys.plausible_rate): the checkpoint's bytes at a bandwidth, one
     operation a rank at a metadata rate."""
     for name, value in rates.items():
         if value is not None and name.endswith("_gbps"):
-            plausible_rate(name, value, state_bytes(spec.shape), f"the checkpoint's {state_bytes(spec.shape):,} bytes",
-                           scale=1e9)
-        elif value is not None:
-            plausible_rate(name, value, spec.world_size, f"one operation for each of the {spec.world_size} ranks")
+            plausible_rate(name, value, state_bytes(shape), f"the checkpoint's {state_bytes(shape):,} bytes", scale=1e9)
+        elif value is not None and name.endswith("ops_s"):
+            plausible_rate(name, value, ranks, f"one operation for each of the {ranks} ranks")
 
 
 def parse_calibrate(tokens: list[str]) -> CalibrateOptions:
@@ -451,11 +451,12 @@ def parse_study(tokens: list[str]) -> StudyRequest:
     models = _study_list("models", options.models, "model presets")
     for model in models:
         try:
-            load_model(model)
+            shape = load_model(model)[0]
         except UsageError as exc:
             raise UsageError(f"models={options.models}: {exc}" if "/" in model or model.endswith((".yaml", ".json"))
                              else f"models={options.models}: unknown model {model!r}; accepted: "
                                   f"{', '.join(preset_names())}, a .yaml preset or an HF config.json") from None
+        _plausible(shape, 1, dataclasses.asdict(predict))
     gpu_counts = []
     for text in _study_list("gpus", options.gpus, "GPU counts"):
         if not (text.isascii() and text.isdigit()) or int(text) < 1 or int(text) > MAX_WORLD:

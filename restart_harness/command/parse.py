@@ -42,9 +42,9 @@ from restart_harness.command.options import (
 from restart_harness.command.tokens import fill, options_of, pairs_of, required
 from restart_harness.errors import UsageError, refused
 from restart_harness.files.filesystem import why_unresolvable
-from restart_harness.spec.keys import MAX_VALUE_CHARS, Key, coerce, keys_of, parse_bool, plausible_rate
+from restart_harness.spec.keys import MAX_VALUE_CHARS, Key, coerce, keys_of, parse_bool
 from restart_harness.spec.model_shape import load_model, preset_named, preset_names, shape_keys
-from restart_harness.spec.runspec import MAX_WORLD, RunSpec, run_keys, state_bytes
+from restart_harness.spec.runspec import MAX_WORLD, RunSpec, plausible_rates, run_keys
 
 COMMANDS = ("run", "plan", "predict", "calibrate", "restart", "baseline", "report", "matrix", "mlperf", "clean",
             "study")
@@ -231,7 +231,7 @@ def parse_plan(tokens: list[str]) -> PlanRequest:
                          f"{_planned_stacks()} (a "
                          f"stack={spec.stack} checkpoint is one DCP shard file per rank and .metadata)")
     options = PlanOptions(**values)
-    _plausible(spec.shape, spec.world_size, {"bandwidth_gbps": options.bandwidth_gbps})
+    plausible_rates(spec.shape, spec.world_size, {"bandwidth_gbps": options.bandwidth_gbps})
     target = None
     if any(v is not None for v in (options.to_tp, options.to_pp, options.to_dp)):
         if not resolve.engine_class(spec.engine).universal:
@@ -277,18 +277,8 @@ def parse_predict(tokens: list[str]) -> PredictRequest:
         raise refused(name, typed[name], f"{'not below' if name.endswith('min_bytes') else 'not above'} "
                       f"{other}={getattr(options, other):,}", "crossover_min_bytes below crossover_max_bytes (the "
                       "checkpoint sizes the crossover looks at)")
-    _plausible(spec.shape, spec.world_size, dataclasses.asdict(options))
+    plausible_rates(spec.shape, spec.world_size, dataclasses.asdict(options))
     return PredictRequest(spec, options)
-
-
-def _plausible(shape, ranks: int, rates: dict) -> None:
-    """A rate given leads to a plausible time (keys.plausible_rate): the checkpoint's bytes at a bandwidth, one
-    operation a rank at a metadata rate."""
-    for name, value in rates.items():
-        if value is not None and name.endswith("_gbps"):
-            plausible_rate(name, value, state_bytes(shape), f"the checkpoint's {state_bytes(shape):,} bytes", scale=1e9)
-        elif value is not None and name.endswith("ops_s"):
-            plausible_rate(name, value, ranks, f"one operation for each of the {ranks} ranks")
 
 
 def parse_calibrate(tokens: list[str]) -> CalibrateOptions:
@@ -456,7 +446,7 @@ def parse_study(tokens: list[str]) -> StudyRequest:
             raise UsageError(f"models={options.models}: {exc}" if "/" in model or model.endswith((".yaml", ".json"))
                              else f"models={options.models}: unknown model {model!r}; accepted: "
                                   f"{', '.join(preset_names())}, a .yaml preset or an HF config.json") from None
-        _plausible(shape, 1, dataclasses.asdict(predict))
+        plausible_rates(shape, 1, dataclasses.asdict(predict))
     gpu_counts = []
     for text in _study_list("gpus", options.gpus, "GPU counts"):
         if not (text.isascii() and text.isdigit()) or int(text) < 1 or int(text) > MAX_WORLD:

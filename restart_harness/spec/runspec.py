@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from restart_harness.errors import UsageError
 from restart_harness.schema import ATTRIBUTION_MODES
-from restart_harness.spec.keys import SIZE_MAX, Path, key, keys_of
+from restart_harness.spec.keys import SIZE_MAX, Path, key, keys_of, plausible_rate
 from restart_harness.spec.model_shape import ModelShape
 
 PHASES = ("all", "checkpoint")  # `restart` is a command of its own: ./submit-job.sh restart run=DIR
@@ -299,6 +299,16 @@ def _ranks(spec: RunSpec) -> tuple[int, int]:
 def state_bytes(shape: ModelShape) -> int:
     """The least a checkpoint of this model holds (STATE_BYTES_PER_PARAMETER a parameter)."""
     return shape.num_parameters() * STATE_BYTES_PER_PARAMETER
+
+
+def plausible_rates(shape: ModelShape, ranks: int, rates: dict) -> None:
+    """The rates given (`rates`: name -> value or None) lead to plausible times (keys.plausible_rate): the
+    checkpoint's bytes at a bandwidth (`*_gbps`), one operation a rank at a metadata rate (`*_ops_s`)."""
+    for name, value in rates.items():
+        if value is not None and name.endswith("_gbps"):
+            plausible_rate(name, value, state_bytes(shape), f"the checkpoint's {state_bytes(shape):,} bytes", scale=1e9)
+        elif value is not None and name.endswith("ops_s"):
+            plausible_rate(name, value, ranks, f"one operation for each of the {ranks} ranks")
 
 
 def _check_model_size(s: ModelShape) -> None:

@@ -53,13 +53,18 @@ def _main(argv: list[str]) -> int:
         print(usage() if wanted == "all" else command_usage(wanted))
         return 0
     from restart_harness.command import parse
+    from restart_harness.spec import environment
 
     try:
+        environment.read()  # RH_FAULT, RH_STRACE, ...: a bad value is refused here, for every command
         name, tokens = parse.split_command(argv)
         if name == "run" and parse.is_sweep(tokens):
             name = "sweep"
         command = COMMANDS[name]
-        request = command.check(tokens)
+        try:
+            request = command.check(tokens)
+        except OSError as exc:  # a path the checks could not resolve (each path is checked first: the net under it)
+            raise UsageError(f"{exc.filename or ' '.join(tokens)}: cannot be used ({exc.strerror or exc})") from None
         return exit_code(lambda: command.act(request)) if command.launches else command.act(request)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -126,14 +131,14 @@ def _restart(request) -> int:
 
 
 def _sweep(request) -> int:
-    from restart_harness.campaigns import sweep
+    from restart_harness.campaigns import outcome, sweep
     from restart_harness.files.atomic import read_json
 
     sweep_dir = sweep.run(request)
     summary = read_json(sweep_dir / "sweep.json")
     print(sweep.render(summary))
     print(sweep_dir)
-    return 0 if all(r["state"] in ("complete", "submitted", "dry_run") for r in summary["runs"]) else 1
+    return outcome.exit_code(r["state"] for r in summary["runs"])
 
 
 # ---- commands that launch nothing, and the campaigns -----------------------------------------------------------------
@@ -185,8 +190,12 @@ def _predict(checked) -> int:
 def _check_calibrate(tokens: list[str]):
     from restart_harness import machine, preflight
     from restart_harness.command import parse
+    from restart_harness.files.fsfacts import why_unresolvable
 
     options = machine.paths(parse.parse_calibrate(tokens))
+    for folder in options.runs.split(","):
+        if why := why_unresolvable(folder):
+            raise refused("runs", options.runs, f"{folder}: {why}", "finished run directories, or folders of them")
     preflight.output_file("out", options.out)
     return options
 
@@ -282,7 +291,7 @@ def _matrix(options) -> int:
 
     folder = matrix.run(options)
     print(folder)
-    return 0 if matrix.ok(folder) else 1
+    return matrix.exit_code(folder)
 
 
 def _check_mlperf(tokens: list[str]):

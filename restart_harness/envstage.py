@@ -62,9 +62,9 @@ def sources() -> tuple[Path, Path]:
     return Path(sys.prefix), extensions_dir()
 
 
-def check(folder: str | Path, nodes: int = 1, submits: bool = False) -> None:
-    """env_stage= before anything is launched: a folder that exists and is writable, with room for the copy, a
-    virtual environment to copy, and ranks started on this node."""
+def check(folder: str | Path, nodes: int = 1, submits: bool = False, room: bool = True) -> None:
+    """env_stage= before anything is launched: a folder that exists and is writable, with room for the copy (`room`:
+    not for a dry run, which copies nothing), a virtual environment to copy, and ranks started on this node."""
     where = Path(folder).expanduser()
     key = f"env_stage={folder}"
     if nodes > 1 or submits:
@@ -82,6 +82,8 @@ def check(folder: str | Path, nodes: int = 1, submits: bool = False) -> None:
     if sys.prefix == sys.base_prefix or not Path(sys.executable).absolute().is_relative_to(env.absolute()):
         raise UsageError(f"{key}: the harness runs in {sys.prefix}, not a virtual environment it can copy "
                          "(accepted: a venv, as ./submit-job.sh makes)")
+    if not room:
+        return
     need = _size(env)[0]
     free = shutil.disk_usage(where).free
     if free < need * MARGIN:

@@ -24,26 +24,51 @@ import os
 import signal
 import time
 
+# action -> the points it is injected at (the table above); the selectors a fault takes
+FAULTS = {"kill": ("save", "flush"), "hang": ("step",), "enospc": ("save",), "fill": ("step",), "leak": ("save",),
+          "tear": ("commit",)}
+SELECTORS = ("rank", "step", "node", "mib")
+ACCEPTED = ("ACTION@POINT of " + ", ".join(f"{a}@{p}" for a, points in FAULTS.items() for p in points)
+            + ", then :rank=R, :step=S, :node=N or :mib=M (non-negative integers), or unset")
 
-def _parse() -> dict | None:
-    text = os.environ.get("RH_FAULT")
-    if not text:
-        return None
+
+def parse(text: str) -> dict:
+    """RH_FAULT's text -> {action, point, selectors}; raises ValueError saying what is wrong (spec/environment.py
+    turns it into one line before any command runs)."""
     head, *fields = text.split(":")
-    action, _, point = head.partition("@")
-    spec = {"action": action, "point": point}
+    action, at, point = head.partition("@")
+    if not at or action not in FAULTS or point not in FAULTS[action]:
+        raise ValueError(f"{head!r} is not a fault")
+    spec: dict = {"action": action, "point": point}
     for field in fields:
-        key, _, value = field.partition("=")
-        spec[key] = int(value)
+        name, eq, value = field.partition("=")
+        if name not in SELECTORS or not eq:
+            raise ValueError(f"{field!r} is not a selector")
+        if name in spec:
+            raise ValueError(f"{name} given twice")
+        if not (value.isascii() and value.isdigit()) or int(value) > 2**31 - 1:
+            raise ValueError(f"{name}={value} is not a non-negative integer")
+        spec[name] = int(value)
     return spec
 
 
-FAULT = _parse()
+_UNSET = object()
+_FAULT: object = _UNSET
+
+
+def fault() -> dict | None:
+    """The configured fault, parsed once on first use (never at import: a command that injects nothing never fails
+    on it; the command line refused a malformed one already)."""
+    global _FAULT
+    if _FAULT is _UNSET:
+        text = os.environ.get("RH_FAULT")
+        _FAULT = parse(text) if text else None
+    return _FAULT  # type: ignore[return-value]
 
 
 def hit(point: str, rank: int, step: int | None = None, where: str | None = None) -> None:
     """Trigger the configured fault if it targets this point, rank and step (`where`: the checkpoint root)."""
-    f = FAULT
+    f = fault()
     if not f or f["point"] != point or f.get("rank", rank) != rank:
         return
     if "node" in f and f["node"] != int(os.environ.get("CROSS_RANK") or 0):

@@ -22,6 +22,7 @@ from restart_harness.files.fsfacts import why_not_a_directory
 from restart_harness.resolve import Plugins
 from restart_harness.results import events as ev
 from restart_harness.schema import PREDICTED_TOTAL
+from restart_harness.spec import environment
 from restart_harness.spec.runspec import RunSpec
 
 MIB = 1 << 20
@@ -257,13 +258,13 @@ def stage(plugins: Plugins) -> None:
     strace is here (iocount/strace.py)."""
     from restart_harness.iocount import strace
 
-    if why := strace.missing():
+    if why := strace.missing(environment.read().RH_STRACE):
         raise UsageError(why)
     spec = plugins.spec
-    if spec.env_stage is not None and not spec.dry_run:
+    if spec.env_stage is not None:  # a dry run's too, as its ckpt_dir is: not the room the copy takes
         from restart_harness import envstage
 
-        envstage.check(spec.env_stage, spec.nodes, plugins.launcher.submits())
+        envstage.check(spec.env_stage, spec.nodes, plugins.launcher.submits(), room=not spec.dry_run)
 
 
 def calibration(spec: RunSpec) -> None:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from restart_harness import machine
+from restart_harness.campaigns import outcome
 from restart_harness.command.options import MATRIX_STACK_CASES, MatrixOptions
 from restart_harness.errors import UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
@@ -84,10 +85,16 @@ def run(options: MatrixOptions, say=print) -> Path:
 
     from restart_harness.files.exclusive import claim_dir
 
-    Path(options.results_dir).mkdir(parents=True, exist_ok=True)
-    folder = claim_dir(Path(options.results_dir), f"matrix-{datetime.now():%Y%m%d-%H%M%S}")
-    device, todo = cases(options, folder)
+    name = f"matrix-{datetime.now():%Y%m%d-%H%M%S}"
+    device, todo = cases(options, Path(options.results_dir).expanduser().resolve() / name)
     runnable = [c for c in todo if not c["refused"]]
+    if todo:  # nothing made yet: a matrix none of whose cases can run is refused, as one run would be
+        outcome.something_runs(f"matrix {_asked(options)}", len(todo), len(runnable), todo[0]["refused"],
+                               "layouts and engines this node can run (layouts=auto, engines=all)", "cases")
+    folder = claim_dir(Path(options.results_dir), name)
+    for case in todo:  # the folder as made (a second matrix in the same second gets name-2)
+        case["tokens"] = [t if not t.startswith("results_dir=") else f"results_dir={folder / 'runs'}"
+                          for t in case["tokens"]]
     say(f"[matrix] {device}: {len(runnable)} cases to run, {len(todo) - len(runnable)} refused on this node; "
         f"matrix.json in {folder} is rewritten after each case")
     # state: running until every case ran (complete), or failed when the matrix itself was stopped (Ctrl-C); a case
@@ -174,7 +181,12 @@ def _result(case: dict) -> str:
     return "verified" if case.get("verified") else "FAILED" if case.get("exit_code") else "unverified"
 
 
-def ok(folder: Path) -> bool:
-    """Every case that could run here ran and verified."""
-    return all(c["refused"] or c.get("verified") for c in read_json(folder / "matrix.json")["cases"])
+def exit_code(folder: Path) -> int:
+    """The campaigns' one rule (outcome.py): 0 where every case that could run here ran and verified (a case this
+    node cannot run is listed with its reason: planned, not failed)."""
+    return outcome.exit_code("planned" if c["refused"] else "complete" if c.get("verified") else "failed"
+                             for c in read_json(folder / "matrix.json")["cases"])
 
+
+def _asked(options: MatrixOptions) -> str:
+    return f"layouts={options.layouts} engines={options.engines}"

@@ -17,6 +17,7 @@ from datetime import datetime
 from pathlib import Path
 
 from restart_harness import resolve
+from restart_harness.campaigns import outcome
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
 from restart_harness.files.exclusive import claim_dir
@@ -191,4 +192,4 @@ def main(request) -> int:
     folder = run(request)
     print(render(read_json(folder / MLPERF)))
     print(folder)
-    return 0 if read_json(folder / MLPERF)["state"] == "complete" else 1
+    return outcome.exit_code([read_json(folder / MLPERF)["state"]])

@@ -45,7 +45,7 @@ from restart_harness.files.fsfacts import why_unresolvable
 from restart_harness.spec.keys import MAX_VALUE_CHARS, Key, coerce, keys_of, parse_bool
 from restart_harness.spec.model_shape import load_model, preset_named, preset_names, shape_keys
 from restart_harness.spec.relayout import LAYOUT_KEYS, restart_layout
-from restart_harness.spec.runspec import MAX_WORLD, RunSpec, run_keys
+from restart_harness.spec.runspec import MAX_WORLD, RunSpec, plausible_rates, run_keys
 
 COMMANDS = ("run", "plan", "predict", "calibrate", "restart", "baseline", "report", "matrix", "mlperf", "clean",
             "study")
@@ -128,6 +128,8 @@ def split_command(argv: list[str]) -> tuple[str, list[str]]:
 
 def _unknown(name: str, value: str, accepted: list[str], engine: str | None = None) -> UsageError:
     owners = [e for e in registry.owner_of_option(name) if e != engine]
+    if owners and engine is None:  # a command with no engine of its own (study)
+        return refused(name, value, f"an option of engine {', '.join(owners)}, which this command does not take")
     if owners:
         takes = ", ".join(keys_of(resolve.engine_class(engine).Options)) or "no options"
         return refused(name, value, f"an option of engine {', '.join(owners)}, not of engine {engine}; engine "
@@ -230,6 +232,7 @@ def parse_plan(tokens: list[str]) -> PlanRequest:
                          f"{_planned_stacks()} (a "
                          f"stack={spec.stack} checkpoint is one DCP shard file per rank and .metadata)")
     options = PlanOptions(**values)
+    plausible_rates(spec.shape, spec.world_size, {"bandwidth_gbps": options.bandwidth_gbps})
     target = None
     if any(v is not None for v in (options.to_tp, options.to_pp, options.to_dp)):
         if not resolve.engine_class(spec.engine).universal:
@@ -275,6 +278,7 @@ def parse_predict(tokens: list[str]) -> PredictRequest:
         raise refused(name, typed[name], f"{'not below' if name.endswith('min_bytes') else 'not above'} "
                       f"{other}={getattr(options, other):,}", "crossover_min_bytes below crossover_max_bytes (the "
                       "checkpoint sizes the crossover looks at)")
+    plausible_rates(spec.shape, spec.world_size, dataclasses.asdict(options))
     return PredictRequest(spec, options)
 
 
@@ -427,7 +431,7 @@ def parse_study(tokens: list[str]) -> StudyRequest:
     declared = run_keys()
     for name, text in rest.items():
         if name not in declared:
-            raise _unknown(name, [*keys_of(StudyOptions), *declared])
+            raise _unknown(name, text, [*keys_of(StudyOptions), *keys_of(PredictOptions), *declared])
         coerce(declared[name], text)
     options = StudyOptions(**values)
     predict = PredictOptions(**predict_values)
@@ -437,11 +441,12 @@ def parse_study(tokens: list[str]) -> StudyRequest:
     models = _study_list("models", options.models, "model presets")
     for model in models:
         try:
-            load_model(model)
+            shape = load_model(model)[0]
         except UsageError as exc:
             raise UsageError(f"models={options.models}: {exc}" if "/" in model or model.endswith((".yaml", ".json"))
                              else f"models={options.models}: unknown model {model!r}; accepted: "
                                   f"{', '.join(preset_names())}, a .yaml preset or an HF config.json") from None
+        plausible_rates(shape, 1, dataclasses.asdict(predict))
     gpu_counts = []
     for text in _study_list("gpus", options.gpus, "GPU counts"):
         if not (text.isascii() and text.isdigit()) or int(text) < 1 or int(text) > MAX_WORLD:
@@ -572,8 +577,13 @@ def parse_restart(tokens: list[str]) -> RestartRequest:
         if name in engine_allowed and name not in allowed:
             engine_overrides[name] = coerce(engine_allowed[name], text)
             continue
+        if name not in allowed and name not in run_keys() and name not in shape_keys() \
+                and name not in keys_of(resolve.engine_class(run.spec.engine).Options):
+            raise _unknown(name, text, ["run", *allowed, *engine_allowed], run.spec.engine)
         if name not in allowed:
-            raise refused(name, text, "cannot change for a restart of an existing run (fixed by its spec.json)",
+            fixed = "(fixed by its spec.json)" if name not in ("dry_run", "results_dir", "max_runs") else \
+                f"(its restarts are launched into the run's own folder: it takes no {name})"
+            raise refused(name, text, f"cannot change for a restart of an existing run {fixed}",
                           f"with restart: run, {', '.join([*allowed, *engine_allowed])}")
         overrides[name] = coerce(allowed[name], text)
     if "launcher" in overrides:

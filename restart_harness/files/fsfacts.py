@@ -28,13 +28,35 @@ def filesystem(path: Path) -> dict:
     return best
 
 
+NAME_MAX = 255  # bytes of one component of a path (Linux's NAME_MAX): a longer one is ENAMETOOLONG at first use
+PATH_MAX = 4095  # bytes of a whole path
+
+
+def why_too_long(text: str | Path) -> str | None:
+    """Why a path is too long for the file system as written (pure: the machine is not asked), or None: every
+    component at most NAME_MAX bytes, the whole at most PATH_MAX."""
+    raw = os.fsencode(str(text))
+    if len(raw) > PATH_MAX:
+        return f"a path of {len(raw):,} bytes; accepted: a path of at most {PATH_MAX:,} bytes"
+    longest = max(raw.split(b"/"), key=len)
+    if len(longest) > NAME_MAX:
+        shown = longest[:16].decode(errors="replace")
+        return (f"a path component of {len(longest):,} bytes ({shown}...); accepted: components (folder and file "
+                f"names) of at most {NAME_MAX} bytes")
+    return None
+
+
 def why_unresolvable(text: str | Path) -> str | None:
     """Why a path cannot be used as it is written (the home of a user who does not exist, a loop of symbolic links, a
     name too long), or None. Every path a user gives is checked with this before anything is created."""
+    if why := why_too_long(text):
+        return why
     try:
         path = Path(text).expanduser()
     except RuntimeError:  # ~name of no such user
         return f"no user {str(text).split('/')[0][1:]!r} on this machine, so {str(text).split('/')[0]} has no home"
+    if why := why_too_long(path):  # ~ expanded: a home of long names
+        return why
     try:
         path.resolve()
     except RuntimeError:  # Python 3.11: "Symlink loop from ..."

@@ -17,7 +17,6 @@ The counters can never see more calls than the kernel: strace's count is an uppe
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import sys
@@ -31,20 +30,21 @@ TRACED = ("execve", *OPENS, *METADATA)
 _CALL = re.compile(r"^(?:\[pid\s+\d+\]\s+)?(\w+)\(.*\)\s+=\s+(-?\d+|\?)")
 
 
-def missing() -> str | None:
-    """Why RH_STRACE=1 cannot be honoured here (preflight says it before anything is launched), else None."""
-    if os.environ.get(ENV) == "1" and shutil.which("strace") is None:
+def missing(on: bool) -> str | None:
+    """Why RH_STRACE=1 cannot be honoured here (preflight says it before anything is launched), else None. `on`: the
+    variable as spec/environment.py parsed it (true, 1, yes, on)."""
+    if on and shutil.which("strace") is None:
         return f"{ENV}=1 needs strace, which is not installed (apt-get install strace)"
     return None
 
 
-def wrapper(run_dir: Path, record: str) -> list[str]:
-    """The command prefix that traces a launch, when RH_STRACE=1 (else nothing)."""
-    if os.environ.get(ENV) != "1":
+def wrapper(run_dir: Path, record: str, on: bool) -> list[str]:
+    """The command prefix that traces a launch, when RH_STRACE is on (else nothing)."""
+    if not on:
         return []
     tool = shutil.which("strace")
     if tool is None:  # preflight refused this already
-        raise RuntimeError(missing())
+        raise RuntimeError(missing(on))
     folder = run_dir / "strace" / record
     folder.mkdir(parents=True, exist_ok=True)
     return [tool, "-f", "-ff", "-qq", "--seccomp-bpf", "-e", f"trace={','.join(TRACED)}", "-o", str(folder / "trace")]

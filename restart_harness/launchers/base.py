@@ -55,6 +55,8 @@ class Launcher(ABC):
 
     def __init__(self, spec):
         self.spec = spec
+        # a refusal may suggest dry_run=true: not to a command that takes none (restart, study: they set it False)
+        self.offers_dry_run = spec.phase != "restart"
 
     # ---- before anything is created --------------------------------------------------------------------------
     @classmethod
@@ -85,7 +87,11 @@ class Launcher(ABC):
         return []
 
     def accepted_here(self) -> str:
-        return "launcher=local, launcher=torchrun, or dry_run=true to only write the job script"
+        return "launcher=local, launcher=torchrun" + self.dry_run_hint("the job script")
+
+    def dry_run_hint(self, what: str) -> str:
+        """The dry run a refusal may suggest, where the command takes one (offers_dry_run)."""
+        return f", or dry_run=true to only write {what}" if self.offers_dry_run else ""
 
     def scheduler_preflight(self) -> None:
         """What the scheduler says of the job before it is submitted (Slurm: sinfo and sbatch --test-only)."""

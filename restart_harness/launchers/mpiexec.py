@@ -39,8 +39,8 @@ class MpiexecLauncher(Launcher):
         return [] if self.spec.dry_run else ["mpiexec"]
 
     def accepted_here(self) -> str:
-        return ("install Open MPI or MPICH (Debian: apt-get install openmpi-bin), launcher=local, launcher=torchrun, "
-                "or dry_run=true to only write the launch scripts")
+        return ("install Open MPI or MPICH (Debian: apt-get install openmpi-bin), launcher=local, launcher=torchrun"
+                + self.dry_run_hint("the launch scripts"))
 
     def environment(self) -> dict[str, str]:
         return {**super().environment(), **OPEN_MPI_SETTINGS}

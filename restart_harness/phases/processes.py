@@ -16,6 +16,7 @@ from restart_harness.files.cache_dir import extensions_dir
 from restart_harness.iocount import strace
 from restart_harness.phases import say, session
 from restart_harness.rundir import sampling
+from restart_harness.spec import environment
 from third_party.py_spy_stuck_tracee import VERSION as VERSION_STUCK
 
 # after a signal, how long the harness waits for its launch's session to end once killed
@@ -49,7 +50,8 @@ def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None 
             "CPUs in use by other work; timings and the prediction are suspect")
     start = time.time()
     with open(log_path, "wb") as log:
-        command = [*strace.wrapper(run_dir, record), "bash", str(run_dir / f"launch-{record}.sh")]
+        traced = strace.wrapper(run_dir, record, environment.read().RH_STRACE)
+        command = [*traced, "bash", str(run_dir / f"launch-{record}.sh")]
         env = None
         if sampler is not None:
             command, env = sampler.command(command), {**os.environ, **sampler.environment()}

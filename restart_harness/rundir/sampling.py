@@ -19,6 +19,7 @@ from pathlib import Path
 
 from restart_harness.iocount import strace
 from restart_harness.schema import ATTRIBUTION_RATE_ENV, ATTRIBUTION_RATE_HZ
+from restart_harness.spec import environment
 
 TOOL_ENV = "RH_PY_SPY"  # the py-spy to use; default the one beside this Python, else on PATH
 PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
@@ -45,7 +46,7 @@ def unavailable(spec, launcher) -> str | None:
         return None
     if why := launcher.unsampled():
         return why
-    if os.environ.get(strace.ENV) == "1":
+    if environment.read().RH_STRACE:
         return f"{strace.ENV}=1 traces the launch with strace, and a process has one tracer"
     path, why = tool()
     if path is None:

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from functools import cache
 
 from restart_harness.errors import UsageError
+from restart_harness.files.fsfacts import why_too_long
 
 GROUPS = ("model", "layout", "training", "checkpoint", "observe", "launch", "cluster", "output", "plan", "predict",
-          "calibrate", "baseline", "matrix", "report", "restart", "mlperf", "clean", "study")
+          "calibrate", "baseline", "matrix", "report", "restart", "mlperf", "clean", "study", "environment")
 # Text values never pass through a shell unquoted; this keeps them free of shell and JSON surprises as well.
 _SAFE_TEXT = re.compile(r"^[A-Za-z0-9_.,/:+@%=~-]*$")
 _SAFE_GLOB = re.compile(r"^[A-Za-z0-9_.,/:+@%=~*?\[\]!-]*$")
@@ -36,6 +37,18 @@ TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 INT_MAX = 2**31 - 1
 SIZE_MAX = 1 << 50  # 1 PiB
 MAX_VALUE_CHARS = 1024  # a value longer than this is refused by its length, never echoed whole
+# What the keys lead to is bounded too (issue 68): a time a rate predicts at most a year, and a checkpoint at most
+# SIZE_MAX; a valid but absurd value is refused with the figure it would lead to
+SECONDS_MAX = 366 * 86400
+
+
+def plausible_rate(name: str, value: float, work: float, what: str, scale: float = 1.0) -> None:
+    """`name=value` (a rate of `scale` units of work a second) does `work` (`what`) within SECONDS_MAX, or is refused
+    naming the time it would take and the smallest rate that keeps it within the bound."""
+    seconds = work / (value * scale)
+    if seconds > SECONDS_MAX:
+        raise UsageError(f"{name}={value:g}: {what} would take {seconds:.3g} s ({seconds / SECONDS_MAX:.3g} years) "
+                         f"at this rate; accepted: {name} >= {work / SECONDS_MAX / scale:.3g} (at most a year)")
 
 
 class Size(int):
@@ -190,6 +203,8 @@ def coerce(k: Key, text: str) -> object:
     else:
         if not _SAFE_TEXT.match(text):
             raise UsageError(f"{k.name}={text}: contains characters outside [A-Za-z0-9_.,/:+@%=~-]")
+        if k.type is Path and "://" not in text and (why := why_too_long(text)):  # an object store's own rules
+            raise UsageError(f"{k.name}={text}: {why}")
         value = text
     return check(k, value, text)
 

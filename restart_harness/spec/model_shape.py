@@ -13,6 +13,7 @@ import yaml
 
 from restart_harness import CONFIGS
 from restart_harness.errors import UsageError
+from restart_harness.files.fsfacts import why_too_long
 from restart_harness.spec.keys import check, key, keys_of
 
 MODELS_DIR = CONFIGS / "models"
@@ -112,6 +113,15 @@ def preset_named(name: str) -> str | None:
 def load_model(name: str) -> tuple[ModelShape, str]:
     """Resolve MODEL: a preset name (any case), or a path to a local HF config.json (or a folder holding one), or a
     .yaml."""
+    if why := why_too_long(name):
+        raise UsageError(f"model {name!r}: {why}")
+    try:
+        return _load_model(name)
+    except OSError as exc:  # a folder that cannot be listed, a name the file system refuses
+        raise UsageError(f"model {name!r}: cannot be read ({exc.strerror or exc})") from None
+
+
+def _load_model(name: str) -> tuple[ModelShape, str]:
     preset = MODELS_DIR / f"{preset_named(name) or name}.yaml"
     if "/" not in name and preset.is_file():
         return from_mapping(_read_yaml(preset), str(preset)), str(preset)

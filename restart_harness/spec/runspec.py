@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 
 from restart_harness.errors import UsageError
 from restart_harness.schema import ATTRIBUTION_MODES
-from restart_harness.spec.keys import Path, key, keys_of
+from restart_harness.spec.keys import SIZE_MAX, Path, key, keys_of, plausible_rate
 from restart_harness.spec.model_shape import ModelShape
 
 PHASES = ("all", "checkpoint")  # `restart` is a command of its own: ./submit-job.sh restart run=DIR
 MAX_WORLD = 1 << 17  # ranks: more than the largest training jobs published (about 100,000 GPUs)
 _WALLTIME = re.compile(r"^(\d+-)?\d+:\d{2}:\d{2}$")
+# What a checkpoint holds at least, a parameter: its weights and Adam's two moments in fp32 (bf16 runs add more)
+STATE_BYTES_PER_PARAMETER = 12
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,9 @@ class RunSpec:
                        config=False, group="launch", minimum=1, maximum=10_000, sweep=False, restart=True)
     max_runs: int = key(64, "a sweep expanding to more runs (combinations x repeats) is refused unless this is raised",
                         config=False, group="launch", minimum=1, sweep=False)
-    dry_run: bool = key(False, "write ds_config.json and the launch (and job) scripts, print them, launch nothing",
+    dry_run: bool = key(False, "write ds_config.json and the launch (and job) scripts, print them, launch nothing; "
+                               "every path is checked as a run's is (results_dir, ckpt_dir, env_stage, env_hook), "
+                               "not what a run would use of this node (free space, memory, the port, its modules)",
                         config=False, group="launch", sweep=False)
     # cluster
     wait: bool = key(False, "launcher=slurm|pbs from a login node: return when the job ends, showing its progress, "
@@ -215,6 +219,7 @@ class RunSpec:
     def resolve(self) -> RunSpec:
         """The spec as given -> the spec a run uses: the model shrunk, the layout derived and checked, the sequence
         length filled in; raises UsageError naming the numbers. Call once, on a spec as parsed."""
+        _check_model_size(self.shape.shrunk(self.shrink))
         spec = dataclasses.replace(self, shape=self.shape.shrunk(self.shrink)).with_layout()
         # Sequence length shapes activations only, never the checkpoint: shrink divides it too.
         seq_len = spec.seq_len or min(spec.shape.max_position_embeddings, max(16, 2048 // spec.shrink))
@@ -289,6 +294,32 @@ def _ranks(spec: RunSpec) -> tuple[int, int]:
             f"{spec.nodes * ranks_per_node}"
         )
     return dp, ranks_per_node
+
+
+def state_bytes(shape: ModelShape) -> int:
+    """The least a checkpoint of this model holds (STATE_BYTES_PER_PARAMETER a parameter)."""
+    return shape.num_parameters() * STATE_BYTES_PER_PARAMETER
+
+
+def plausible_rates(shape: ModelShape, ranks: int, rates: dict) -> None:
+    """The rates given (`rates`: name -> value or None) lead to plausible times (keys.plausible_rate): the
+    checkpoint's bytes at a bandwidth (`*_gbps`), one operation a rank at a metadata rate (`*_ops_s`)."""
+    for name, value in rates.items():
+        if value is not None and name.endswith("_gbps"):
+            plausible_rate(name, value, state_bytes(shape), f"the checkpoint's {state_bytes(shape):,} bytes", scale=1e9)
+        elif value is not None and name.endswith("ops_s"):
+            plausible_rate(name, value, ranks, f"one operation for each of the {ranks} ranks")
+
+
+def _check_model_size(s: ModelShape) -> None:
+    """Every shape key is bounded alone; the checkpoint they lead to is bounded too (at most SIZE_MAX)."""
+    state = state_bytes(s)
+    if state > SIZE_MAX:
+        raise UsageError(f"hidden_size={s.hidden_size} intermediate_size={s.intermediate_size} num_hidden_layers="
+                         f"{s.num_hidden_layers} vocab_size={s.vocab_size}: a model of {s.num_parameters():.3g} "
+                         f"parameters, whose checkpoint would hold at least {state / 2**50:,.0f} PiB "
+                         f"({STATE_BYTES_PER_PARAMETER} bytes a parameter); accepted: a model whose checkpoint is "
+                         f"at most {SIZE_MAX / 2**50:,.0f} PiB")
 
 
 def _check_model_split(spec: RunSpec) -> None:

@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from restart_harness import machine, resolve
+from restart_harness.campaigns import outcome
 from restart_harness.campaigns.study.cells import Cell, Option, build_cells, study_device
 from restart_harness.campaigns.study.sizing import (
     HARNESS_SECONDS,
@@ -109,6 +110,10 @@ def check(request: StudyRequest) -> Study:
     project(study)
     if o.fidelity not in ("auto", "predicted"):
         _check_named(study)
+    if o.fidelity != "predicted":  # the cells run as single runs would: their launcher checked as a run's is
+        sample.launcher.offers_dry_run = False  # a study takes no dry_run
+        sample.launcher.preflight()
+        sample.launcher.scheduler_preflight()
     return study
 
 
@@ -176,6 +181,11 @@ def _check_named(study: Study) -> None:
     """fidelity=real|emulated|shrunk: every cell whose engine runs here gets it, or the study is refused."""
     o = study.request.options
     runs = [c for c in study.cells if c.option.mode != "predicted"]
+    first = next((c for c in study.cells if c.runs_here is None), None) or study.cells[0]
+    outcome.something_runs(f"fidelity={o.fidelity}", len(study.cells), len(runs),
+                           f"cell {first.id}: {shorten(first.runs_here or first.option.reason, 200)}",
+                           "a larger disk= or time_limit=, fidelity=auto (the most faithful option that fits, cell "
+                           "by cell, else predicted), or fidelity=predicted", "cells")
     for cell in study.cells:
         if cell.runs_here is None and cell.option.mode == "predicted":
             misses = [r for r in cell.option.reason.split(REASONS) if "more than disk=" in r or "not predicted" in r]
@@ -445,5 +455,4 @@ def main(study: Study) -> int:
                   f"{ref['checkpoint_gb']:.2f} GB in {len(ref['files'])} files"
                   f" ({'equal' if round(gb, 2) == ref['checkpoint_gb'] and same else 'DIFFERENT'})")
     print(folder)
-    failed = [c for c in recorded["cells"] if c["state"] == "failed"]
-    return 1 if failed else 0
+    return outcome.exit_code(c["state"] for c in recorded["cells"])

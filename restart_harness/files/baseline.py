@@ -295,6 +295,6 @@ def _ceiling_lines(c: dict | None) -> list[str]:
                "baseline": "the baseline, faster than the direct probe"}[c[f"{way}_from"]]
         lo, hi = c["spread"][f"{way}_mib_s"]
         buffered = f"; buffered {d['buffered_read_mib_s']}" if way == "read" and d.get("buffered_read_mib_s") else ""
-        out.append(f"  ceiling_{way}_mib_s  {c[f'{way}_mib_s']}  ({src}; median of {c['spread']['repeats']}, {lo}-{hi};"
+        out.append(f"  ceiling_{way}_mib_s  {c[f'{way}_mib_s']}  ({src}; median of {c['spread']['repeats']}, {lo} to {hi};"
                    f" direct probe {d[f'{way}_mib_s']}{buffered})")
     return [*out, f"  ceiling_method  {how}"]

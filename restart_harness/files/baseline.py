@@ -254,9 +254,9 @@ def for_run(probe, typical_file_bytes: int, ranks: int, max_age_seconds: float |
 
 
 def _spread(record: dict, key: str) -> str:
-    """"median of 3, 250.1-330.9": what the probes spanned."""
+    """"median of 3, 250.1 to 330.9": what the probes spanned."""
     sp = record.get("spread")
-    return f"median of {sp['repeats']}, {sp[key][0]}-{sp[key][1]}" if sp else "one probe"
+    return f"median of {sp['repeats']}, {sp[key][0]} to {sp[key][1]}" if sp else "one probe"
 
 
 def render(record: dict, cached_at: Path) -> str:

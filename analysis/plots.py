@@ -10,6 +10,7 @@ import textwrap
 from matplotlib.figure import Figure
 
 from analysis import crossover
+from analysis.layout import TICK_CHARS, fit, legend, wrap
 from analysis.table import (
     KINDS,
     LOAD_CATEGORIES,
@@ -27,11 +28,12 @@ from restart_harness.schema import PREDICTED_TOTAL, io_metadata_ops
 
 PHASE_COLORS = {"launch": "#bbbbbb"}
 UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10), ("bytes", 1))
-LEGEND = {"fontsize": "small", "loc": "upper left", "bbox_to_anchor": (1.0, 1.0)}  # outside: never on a bar
 MAX_WIDTH_IN = 20.0
-CAPTION = "bars: median over repeats; whiskers: min-max where n > 1"
-SAVES_CAPTION = "bars: median over every save of the configuration's runs; whiskers: min-max where n > 1"
+CAPTION = "bars: median over repeats; whiskers: min to max where n > 1"
+SAVES_CAPTION = "bars: median over every save of the configuration's runs; whiskers: min to max where n > 1"
 CHAR_IN = 0.075  # width of a tick label's character at the default size, inches: whether labels fit their slots
+XSMALL_CHAR_IN = 0.06  # ... of an x-small one
+BESIDE_IN = 3.6  # of a page's width, what its y labels and legend take
 
 
 def byte_unit(largest: float) -> tuple[str, float]:
@@ -137,7 +139,7 @@ def checkpoint_by_layout(groups: list[Group], column: str, ylabel: str, title: s
         ax.set_yscale("log")
     ax.set_ylabel(ylabel.format(unit=unit) + (", log scale" if spans_decades else ""))
     _title(ax, title)
-    ax.legend(title="model, engine", **LEGEND)
+    legend(ax, title="model, engine")
     _caption(fig, CAPTION)
     return fig
 
@@ -170,7 +172,7 @@ def save_seconds(groups: list[Group]) -> Figure | None:
     ax.set_ylabel("save time (s)")
     _title(ax, "Save time per engine: blocking, durable and training time lost\n"
                "(every save; slowest rank; training lost on the ranks' common timeline)")
-    ax.legend(**LEGEND)
+    legend(ax)
     noise = [g for g in gs if g.save_stat("training_lost_seconds") and all(
         r.get("training_lost_within_noise") for r in g.saves if r.get("training_lost_seconds") is not None)]
     _caption(fig, SAVES_CAPTION + ("\ntraining lost within the steps' own noise, no measurable cost: "
@@ -207,7 +209,7 @@ def throughput(groups: list[Group]) -> Figure | None:
                 labelled = True
     ax.set_ylabel("throughput (MiB/s)")
     _title(ax, "Checkpoint throughput per engine\n(bytes / slowest rank's seconds)")
-    ax.legend(**LEGEND)
+    legend(ax)
     above = [g for g in gs if (r := g.stat("restart_storage_read_throughput_mib_s")) and (b := g.run_stat(
         "baseline_read_mib_s")) and r.median > b.median]
     _caption(fig, CAPTION + ("\nabove the baseline's read: " + ", ".join(g.key if getattr(fig, "keyed", False)
@@ -242,7 +244,7 @@ def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
     ax.set_xlim(-0.6, len(gs) - 0.4)
     ax.set_ylabel("restart time (s)")
     _title(ax, "Restart time by phase (slowest rank per phase)")
-    ax.legend(title="phase", **LEGEND)
+    legend(ax, title="phase")
     _caption(fig, "stacks: median of each phase; dot and whisker: median and min-max of the total over "
              "restarts, where n > 1", gs)
     return fig
@@ -259,7 +261,8 @@ def file_sizes(groups: list[Group]) -> Figure | None:
             rows.append((g, files))
     if not rows:
         return None
-    fig = Figure(figsize=(9.0, 1.6 + 0.55 * len(rows)), layout="constrained")
+    ticks = [f"{wrap(g.label, TICK_CHARS)}\n({len(fs)} files)" for g, fs in rows]
+    fig = Figure(figsize=(9.0, 1.6 + sum(max(0.55, 0.13 * t.count("\n") + 0.2) for t in ticks)), layout="constrained")
     ax = fig.add_subplot()
     kinds = list(dict.fromkeys([*KINDS, *(str(f.get("kind")) for _, fs in rows for f in fs)]))
     for i, kind in enumerate(kinds):
@@ -272,12 +275,12 @@ def file_sizes(groups: list[Group]) -> Figure | None:
         if xs:
             ax.scatter(xs, ys, s=22, alpha=0.8, color=f"C{i}", label=kind.replace("_", " "))
     ax.set_xscale("log")
-    ax.set_yticks(range(len(rows)), [f"{g.label}\n({len(fs)} files)" for g, fs in rows], fontsize="small")
+    ax.set_yticks(range(len(rows)), ticks, fontsize="small")
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlabel("file size (bytes, log scale)")
     _title(ax, "Checkpoint file sizes (each dot one file)")
     ax.grid(axis="x", which="both", alpha=0.3)
-    ax.legend(title="kind", **LEGEND)
+    legend(ax, title="kind")
     return fig
 
 
@@ -293,7 +296,7 @@ def step_seconds(groups: list[Group]) -> Figure | None:
     grouped_bars(ax, _ticks(fig, gs), series)
     ax.set_ylabel("training step time, median per run (s)")
     _title(ax, "Training step time per engine")
-    ax.legend(**LEGEND)
+    legend(ax)
     _caption(fig, CAPTION + " (over runs)", gs)
     return fig
 
@@ -317,7 +320,7 @@ def _stacked(groups: list[Group], columns: list[tuple[str, str]], ylabel: str, t
     ax.set_xlim(-0.6, len(gs) - 0.4)
     ax.set_ylabel(ylabel)
     _title(ax, title)
-    ax.legend(title="where the time goes", **LEGEND)
+    legend(ax, title="where the time goes")
     _caption(fig, caption, gs)
     return fig
 
@@ -570,12 +573,13 @@ def _causes_page(shown: list, page: tuple[int, int]) -> Figure:
                     used[kind] = ax.barh(y, width, left=left, height=0.6, color=color)
                     left += width
             top = p["causes"][0] if p["causes"] else None
-            if top and top["seconds"] > 0.12 * longest:
-                ax.text(0.01 * longest, y, textwrap.shorten(top["cause"], 60), va="center", fontsize="x-small",
-                        color="white" if top["kind"] in ("import", "checkpoint", "launcher", "cuda") else "black")
+            room = int(p["seconds"] / longest * (fig.get_size_inches()[0] - BESIDE_IN) / XSMALL_CHAR_IN)
+            if top and room >= 15:  # on its bar, as much of it as the bar holds (white beyond a bar was cut off)
+                ax.text(0.01 * longest, y, textwrap.shorten(top["cause"], min(60, room)), va="center",
+                        fontsize="x-small", bbox={"facecolor": "white", "alpha": 0.75, "linewidth": 0, "pad": 1})
         ax.set_yticks(range(len(names)), [n.replace("_", " ") for n in names], fontsize="small")
         ax.set_ylim(len(names) - 0.4, -0.6)
-        ax.set_title(textwrap.fill(label, 110), fontsize="medium", loc="left")
+        ax.set_title(label, fontsize="medium", loc="left")  # wrapped to the axes by layout.fit
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel("seconds (each phase on its slowest rank; the launcher before any rank starts)")
     order = [k for k in KIND_COLORS if k in used]
@@ -616,7 +620,7 @@ def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
     ax.set_xlim(-0.6, len(bars) - 0.4)
     ax.set_ylabel("seconds")
     _title(ax, "Restart at another layout:\nconversion and restart phases (slowest rank)")
-    ax.legend(**LEGEND)
+    legend(ax)
     _caption(fig, "first bar of each run: its restart at the layout that wrote the checkpoint; conversion is "
                   "paid once per checkpoint and reused by later restarts (shown where it ran)")
     return fig
@@ -647,7 +651,7 @@ def measured_vs_predicted(series: list[tuple[list[tuple[float, float]], dict, st
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, which="both")
     _title(ax, title)
-    ax.legend(**LEGEND)
+    legend(ax)
     return fig
 
 
@@ -697,8 +701,9 @@ def _pages(name: str, figures: list[Figure]) -> dict[str, Figure | None]:
 
 
 def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | None]:
-    """Every figure by file name (unit in the name); None where no run has its data."""
-    return {
+    """Every figure by file name (unit in the name), its words fitted inside it (layout.fit); None where no run has
+    its data."""
+    figures = {
         **_per_model("checkpoint_bytes", checkpoint_bytes, groups),
         **_per_model("checkpoint_files", checkpoint_files, groups),
         "save_seconds": save_seconds(groups),
@@ -716,3 +721,4 @@ def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | No
         "prediction_seconds": prediction(groups),
         **_pages("crossover_seconds", crossover.figures(groups)),
     }
+    return {name: fig if fig is None else fit(fig) for name, fig in figures.items()}

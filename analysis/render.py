@@ -20,7 +20,7 @@ from analysis.table import (
     restart_where,
 )
 from restart_harness.results.placement import ranks_text
-from restart_harness.schema import PREDICTED_TOTAL, io_metadata_ops
+from restart_harness.schema import PREDICTED_TOTAL, io_metadata_ops, span
 
 MIB = 2**20
 
@@ -36,7 +36,7 @@ class Table:
 
 
 def fmt(s: Stat | None, digits: int = 3, scale: float = 1.0) -> str:
-    """`median` or `median [min-max] (n)` for repeats; `-` when absent."""
+    """`median` or `median (min to max, n=N)` for repeats; `-` when absent."""
     if s is None:
         return "-"
     m = f"{s.median / scale:.{digits}f}"
@@ -44,7 +44,7 @@ def fmt(s: Stat | None, digits: int = 3, scale: float = 1.0) -> str:
         return m
     if s.min == s.max:
         return f"{m} (n={s.n})"
-    return f"{m} [{s.min / scale:.{digits}f}-{s.max / scale:.{digits}f}] (n={s.n})"
+    return f"{m} ({span(s.min / scale, s.max / scale, f'.{digits}f')}, n={s.n})"
 
 
 def _v(value: object, digits: int = 3, scale: float = 1.0) -> str:
@@ -300,7 +300,7 @@ def baseline_table(table: list[dict]) -> Table | None:
             first.setdefault(r["run_id"], r)
     def spread(r: dict, way: str) -> str:
         low, high = r.get(f"baseline_{way}_min_mib_s"), r.get(f"baseline_{way}_max_mib_s")
-        return f"{low:,.0f}-{high:,.0f}" if low is not None and high is not None else "-"
+        return span(low, high, ",.0f") if low is not None and high is not None else "-"
 
     def ceiling(r: dict, way: str) -> str:
         value = r.get(f"ceiling_{way}_mib_s")

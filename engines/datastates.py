@@ -17,7 +17,7 @@ from pathlib import Path
 from engines.base import CheckpointIO, Engine, EngineContext, NativeIO
 from restart_harness.errors import UsageError
 from restart_harness.plugins import NodeCheck
-from restart_harness.spec.keys import key
+from restart_harness.spec.keys import GIB, key
 
 INSTALL = ("build DataStates-LLM at the commit of scripts/bundle/datastates-llm.pin (not on PyPI; CMake, nanobind, "
            "the CUDA toolkit, liburing): scripts/bundle/install.sh does on a CUDA node, or "
@@ -34,7 +34,7 @@ CACHE_SLACK_BYTES = 64 << 20  # the pickled remainder's region and the pool's ow
 class Options:
     host_cache_size: float | None = key(None, "pinned host memory per rank for the device-to-host copies; auto: what "
                                         "the largest rank saves per checkpoint (the planner's bytes, each tensor "
-                                        "4 KiB-aligned)", group="checkpoint", unit="GB", above=0)
+                                        "4 KiB-aligned)", group="checkpoint", unit="GiB", above=0)
     parser_threads: int = key(8, "threads that serialize and write, as DeepSpeed documents the block (DataStates "
                                  "1b84990 reads only host_cache_size, engine_type and profile_engine)",
                               group="checkpoint", minimum=1, maximum=256)
@@ -73,7 +73,7 @@ class DataStatesEngine(Engine):
         """The pinned host cache each rank asks DataStates for: host_cache_size, or (auto) the largest rank's save
         with each tensor's alignment and some slack, in whole MiB."""
         if self.options.host_cache_size is not None:
-            return int(self.options.host_cache_size * 2**30)
+            return int(self.options.host_cache_size * GIB)
         from restart_harness.plan.checkpoint import rank_saves
 
         need = max((b + t * ALIGNMENT for b, t in rank_saves(self.spec, self.files()).values()), default=0) + CACHE_SLACK_BYTES

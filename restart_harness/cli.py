@@ -20,18 +20,31 @@ HELP = ("-h", "--help")
 
 
 def _help_wanted(argv: list[str]) -> str | None:
-    """`--help` / `help`: all; `CMD --help` / `help CMD`: that command's."""
-    from restart_harness.command.parse import COMMANDS as NAMES
+    """`--help` / `help`: all; `CMD --help` / `help CMD`: that command's; `MODEL --help`: a run's (a sweep's with a
+    comma list); any other word with a help word: refused, naming it and the commands."""
+    from restart_harness.command.help import TOPICS
 
-    if argv and argv[0] == "help":
-        return argv[1] if len(argv) > 1 and argv[1] in NAMES else "all"
-    if argv and argv[0] in HELP:
+    if argv and argv[0] in HELP or argv == ["help"]:
         return "all"
-    if len(argv) > 1 and argv[0] in NAMES and any(a in HELP for a in argv[1:]):
+    if argv and argv[0] == "help":
+        if argv[1] not in TOPICS:
+            raise UsageError(f"help {argv[1]}: no such command; commands: {', '.join(TOPICS)}")
+        return argv[1]
+    if not any(a in HELP for a in argv[1:]):
+        return None
+    if argv[0] in TOPICS:
         return argv[0]
-    if len(argv) > 1 and any(a in HELP for a in argv[1:]):
-        return "run"
-    return None
+    from restart_harness.command import parse
+
+    words = [a for a in argv if a not in HELP]
+    try:
+        if "=" not in argv[0]:  # `key=value --help`: a run's keys
+            parse.load_model(argv[0].split(",")[0])
+    except (UsageError, OSError):
+        word = argv[0] if len(argv[0]) <= 80 else f"a first argument of {len(argv[0]):,} characters"
+        raise UsageError(f"{word} --help: neither a command nor a MODEL; commands: {', '.join(TOPICS)}; models: "
+                         f"{', '.join(parse.preset_names())}, a .yaml preset or an HF config.json") from None
+    return "sweep" if parse.is_sweep(words) else "run"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,15 +60,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    if wanted := _help_wanted(argv):
-        from restart_harness.command.help import command_usage, usage
-
-        print(usage() if wanted == "all" else command_usage(wanted))
-        return 0
     from restart_harness.command import parse
     from restart_harness.spec import environment
 
     try:
+        if wanted := _help_wanted(argv):
+            from restart_harness.command.help import command_usage, usage
+
+            print(usage() if wanted == "all" else command_usage(wanted))
+            return 0
         environment.read()  # RH_FAULT, RH_STRACE, ...: a bad value is refused here, for every command
         name, tokens = parse.split_command(argv)
         if name == "run" and parse.is_sweep(tokens):

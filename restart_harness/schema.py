@@ -149,6 +149,12 @@ PLACE_FIELDS = (("host", "hostname"), ("checkpoint_filesystem", "mount"), ("chec
                 ("checkpoint_object_store", "endpoint_url"))  # s3:// runs: never pooled with file-system runs
 
 
+def span(low: object, high: object, spec: str = "") -> str:
+    """`-0.250 to 0.007`: every range the harness prints, each end formatted with spec (a dash between two numbers
+    that may be negative reads as a minus sign)."""
+    return f"{format(low, spec)} to {format(high, spec)}"
+
+
 def count(n: int, noun: str, plural: str | None = None) -> str:
     """`1 rank`, `2 ranks`: a number with its noun, in every line the harness prints."""
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"

@@ -10,6 +10,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -466,3 +467,46 @@ def test_many_configurations_and_models_each_get_a_readable_figure(more_runs: Pa
     assert shown == configurations
     one_axis = plots.checkpoint_bytes(built["groups"]).axes[0]  # both models on one axis: log scale
     assert one_axis.get_yscale() == "log" and "log scale" in one_axis.get_ylabel()
+
+
+def test_long_labels_draw_without_warnings_and_every_word_stays_inside(more_runs: Path, tmp_path: Path):
+    """Configurations that differ in many keys (labels longer than a figure is wide) and a sampled restart
+    (tests/data/attribution/: a real lazy restart's attribution): matplotlib warns of nothing while the report
+    draws (a warning is an error here: constrained layout gave up on such labels), every subplot title ends inside
+    its axes (one ran under the legend), every legend lies inside its figure (the last entries were cut off), and the
+    largest cause's name stays on its bar (white beyond it was cut off)."""
+    attribution = json.loads((REPO / "tests" / "data" / "attribution" / "lazy-restart-attribution.json").read_text())
+    attribution["phases"]["dist_init"]["causes"][0]["cause"] = "a cause whose name is long enough to run past its bar"
+    for n in range(3):
+        for run in sorted(p for p in more_runs.iterdir() if p.is_dir()):
+            copy = _copy_results(run, tmp_path / "results" / f"{run.name}-{n}")
+            _edit_summary(copy, lambda s, n=n: (
+                s["spec"].update(seq_len=64 * (n + 1), grad_accum=n + 1, iters=4 + n, after=2 + n, micro_batch=n + 1,
+                                 engine_options={"writers": 4 + n, "readers": 4 + n, "write_chunk_mib": 8 + n,
+                                                 "staging_mib": n, "direct_io": n % 2 == 0}),
+                s["restarts"][0].update(attribution=attribution)))
+    out = tmp_path / "report"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        built = report.build(*ld.load([tmp_path / "results"]), [])
+        report.write(report.report_dir(out), built, "report")
+    figures = {k: v for k, v in built["figures"].items() if v is not None}
+    assert {"restart_timeline_seconds", "restart_causes_seconds", "file_size_bytes"} <= set(figures), figures.keys()
+    for name, fig in figures.items():
+        fig.draw_without_rendering()
+        page = fig.bbox
+        for ax in fig.axes:
+            box = ax.get_window_extent()
+            for title in (ax.title, ax._left_title):
+                if title.get_text():
+                    assert title.get_window_extent().x1 <= box.x1 + 1, (name, title.get_text())
+            if name.startswith("restart_causes"):
+                for text in ax.texts:
+                    y = round(ax.transData.inverted().transform(text.get_window_extent().p0)[1])
+                    bar_end = ax.transData.transform((max(b.get_x() + b.get_width() for c in _bars(ax) for b in c
+                                                          if abs(b.get_y() + b.get_height() / 2 - y) < 0.01), 0))[0]
+                    assert text.get_window_extent().x1 <= bar_end + 1, (name, text.get_text())
+        for lg in [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]:
+            inside = lg.get_window_extent()
+            assert inside.y0 >= page.y0 - 1 and inside.y1 <= page.y1 + 1 and inside.x1 <= page.x1 + 1, name
+    assert (out / "restart_causes_seconds.png").read_bytes().startswith(b"\x89PNG")

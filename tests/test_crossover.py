@@ -132,7 +132,7 @@ def test_none_in_range_is_said(tmp_path):
     assert fast["status"] == "never_largest" and fast["largest_at_max"] == "restart_first_step_seconds"
     assert by_hand(predict(["tiny", "write_gbps=10", "read_gbps=20", "cpus_per_node=2"], tmp_path)["features"],
                    fit.load("default"), cx.MIN_BYTES, cx.MAX_BYTES) == (None, None)
-    assert cx.headline(fast).startswith("none in 1.00 MiB - 1.00 PiB: the checkpoint load is never the largest")
+    assert cx.headline(fast).startswith("none in 1.00 MiB to 1.00 PiB: the checkpoint load is never the largest")
     # no bandwidth: the load is not predicted, nor is the crossover
     blind = predict(["tiny", "cpus_per_node=2"], tmp_path)["crossover"]
     assert blind["status"] == "not_predicted" and "restart_checkpoint_load_seconds" in blind["why"]

@@ -21,7 +21,7 @@ from restart_harness.command.options import (
 )
 from restart_harness.command.parse import restart_keys
 from restart_harness.command.report import ReportOptions
-from restart_harness.spec.keys import GROUPS, describe, keys_of
+from restart_harness.spec.keys import GROUPS, UNITS, describe, keys_of
 from restart_harness.spec.model_shape import preset_names, shape_keys
 from restart_harness.spec.runspec import run_keys
 
@@ -48,8 +48,8 @@ def _section(title: str, keys: list) -> list[str]:
     return [f"{title}:", *(f"  {describe(k, 'from MODEL' if k.group == 'model' else 'required')}" for k in keys), ""]
 
 
-def usage() -> str:
-    lines = [USAGE.format(presets=", ".join(preset_names()))]
+def _run_sections() -> list[str]:
+    lines = []
     run = run_keys()
     for group in GROUPS:
         keys = [k for k in run.values() if k.group == group]
@@ -57,6 +57,26 @@ def usage() -> str:
             keys += list(shape_keys().values())
         if keys:
             lines += _section(f"{group} keys", keys)
+    return lines
+
+
+def _plugin_sections() -> list[str]:
+    lines = ["training stacks (stack=NAME):"]
+    lines += [f"  {name}: {cls.description}" for name, cls in stacks.all_stacks().items() if name in stacks.names()]
+    lines += ["", "launchers (launcher=NAME):"]
+    lines += [f"  {name}" + "".join(f" (or {a})" for a in cls.aliases) + f": {cls.description}"
+              for name, cls in launchers.all_launchers().items()]
+    lines += ["", "storage targets (chosen by ckpt_dir):"]
+    lines += [f"  {name}: {cls.description}" for name, cls in targets.all_targets().items()]
+    lines += ["", "engines (engine=NAME) and their options (keys too):"]
+    for name, cls in registry.all_engines().items():
+        lines.append(f"  {name}: {cls.description}")
+        lines += [f"      {describe(k)}" for k in keys_of(cls.Options).values()]
+    return lines
+
+
+def usage() -> str:
+    lines = [USAGE.format(presets=", ".join(preset_names())), f"units: {UNITS}", "", *_run_sections()]
     lines += _section("plan keys (with `plan`)", list(keys_of(PlanOptions).values()))
     lines += _section("predict keys (with `predict`)", list(keys_of(PredictOptions).values()))
     lines += _section("calibrate keys (with `calibrate`)", list(keys_of(CalibrateOptions).values()))
@@ -71,18 +91,7 @@ def usage() -> str:
     lines += [*_section("study keys (with `study`)", list(keys_of(StudyOptions).values()))[:-1],
               (f"  and the predict keys but predict=, and the run keys above except {', '.join(STUDY_FIXED)} and the "
               "model's shape (each cell's)"), ""]
-    lines.append("training stacks (stack=NAME):")
-    lines += [f"  {name}: {cls.description}" for name, cls in stacks.all_stacks().items() if name in stacks.names()]
-    lines += ["", "launchers (launcher=NAME):"]
-    lines += [f"  {name}" + "".join(f" (or {a})" for a in cls.aliases) + f": {cls.description}"
-              for name, cls in launchers.all_launchers().items()]
-    lines += ["", "storage targets (chosen by ckpt_dir):"]
-    lines += [f"  {name}: {cls.description}" for name, cls in targets.all_targets().items()]
-    lines += ["", "engines (engine=NAME) and their options (keys too):"]
-    for name, cls in registry.all_engines().items():
-        lines.append(f"  {name}: {cls.description}")
-        lines += [f"      {describe(k)}" for k in keys_of(cls.Options).values()]
-    return "\n".join(lines)
+    return "\n".join(lines + _plugin_sections())
 
 
 # the options of each command other than a run; those marked with a run's keys take them too
@@ -93,25 +102,43 @@ _COMMAND_KEYS = {"plan": (PlanOptions, True), "predict": (PredictOptions, True),
                  "clean": (CleanOptions, False), "study": (StudyOptions, False)}
 
 
+TOPICS = ("run", "sweep", *_COMMAND_KEYS)  # what `CMD --help` and `help CMD` explain
+
+
+def _synopsis(name: str) -> list[str]:
+    """The command's lines of USAGE: `run` is `[run] MODEL`, a sweep `MODEL key=a,b`."""
+    word = {"run": "[run]", "sweep": "MODEL"}.get(name, name)
+    return [line.replace("usage: ", "").strip() for line in USAGE.splitlines()
+            if line.partition("./submit-job.sh ")[2].startswith(word + " ")]
+
+
 def command_usage(name: str) -> str:
     """`./submit-job.sh CMD --help` (or `help CMD`): the command's usage line and the keys it takes."""
-    synopsis = [line.replace("usage: ", "").strip() for line in USAGE.splitlines()
-                if f"./submit-job.sh {name} " in line or (name == "run" and "submit-job.sh [run] MODEL" in line)]
-    lines = ["usage: " + "\n       ".join(synopsis), ""]
+    lines = ["usage: " + "\n       ".join(_synopsis(name)), ""]
+    if name in ("run", "sweep"):
+        lines += [USAGE.splitlines()[-1].format(presets=", ".join(preset_names())), f"units: {UNITS}", ""]
+    if name == "sweep":
+        single = [k.name for k in run_keys().values() if not k.sweep]
+        return "\n".join(lines + [
+            ("every run key takes a comma list (key=a,b: one run per value, every combination of the lists), and so "
+            f"does MODEL; repeats=N runs each combination N times; one value only: {', '.join(single)}"),
+            "the run keys: ./submit-job.sh run --help", ""])
     if name == "run":
-        return "\n".join(usage().split("\n")[: usage().split("\n").index("plan keys (with `plan`):")])
+        return "\n".join(lines + _run_sections() + _plugin_sections()) + "\n"
     options, with_run_keys = _COMMAND_KEYS[name]
     lines += _section(f"{name} keys", list(keys_of(options).values()))
     if name == "restart":
-        lines += [f"and of the run keys (./submit-job.sh --help): {', '.join(restart_keys())}"]
+        lines += [f"and of the run keys (./submit-job.sh run --help): {', '.join(restart_keys())}"]
     elif name == "mlperf":
-        lines += [f"and the run keys (./submit-job.sh --help) except {', '.join(MLPERF_FIXED)} and the model's shape"]
+        lines += [(f"and the run keys (./submit-job.sh run --help) except {', '.join(MLPERF_FIXED)} and the model's "
+                  "shape")]
     elif name == "study":
         lines += [("and the predict keys but predict= (write_gbps=, read_gbps=, ...: the storage the predictions "
                    "assume), "
-                  f"and the run keys (./submit-job.sh --help) except {', '.join(STUDY_FIXED)} and the model's shape")]
+                  f"and the run keys (./submit-job.sh run --help) except {', '.join(STUDY_FIXED)} and the model's "
+                   "shape")]
     elif with_run_keys:
-        lines += ["and every run key: ./submit-job.sh --help"]
+        lines += ["and every run key: ./submit-job.sh run --help"]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -132,7 +159,7 @@ def markdown() -> str:
     lines = ["# Every key", "",
              ("Generated from the declarations (`python -m restart_harness.command.help > docs/keys.md`); the parser, "
              "`--help` and this page read the same ones. *restart*: a restart-only re-run may set it; *no sweep "
-             "list*: one value per sweep."), ""]
+             "list*: one value per sweep."), "", f"Units: {UNITS}.", ""]
     run = run_keys()
     for group in GROUPS:
         keys = [k for k in run.values() if k.group == group] + (list(shape_keys().values()) if group == "model" else [])

@@ -120,7 +120,7 @@ def split_command(argv: list[str]) -> tuple[str, list[str]]:
         try:
             wanted = parse_bool("plan", value)
         except UsageError:
-            raise UsageError(f"{plan}: accepted values are true, json, false") from None
+            raise UsageError(f"{plan}: accepted values are true, json, false (also 1, 0, yes, no, on, off)") from None
         rest = [t for t in argv if t != plan]
         return ("plan", rest) if wanted else ("run", rest)
     return "run", argv

@@ -283,9 +283,9 @@ def for_run(probe, typical_file_bytes: int, ranks: int, max_age_seconds: float |
 
 
 def _spread(record: dict, key: str) -> str:
-    """"median of 3, 250.1-330.9": what the probes spanned."""
+    """"median of 3, 250.1 to 330.9": what the probes spanned."""
     sp = record.get("spread")
-    return f"median of {sp['repeats']}, {sp[key][0]}-{sp[key][1]}" if sp else "one probe"
+    return f"median of {sp['repeats']}, {sp[key][0]} to {sp[key][1]}" if sp else "one probe"
 
 
 def render(record: dict, cached_at: Path) -> str:
@@ -324,6 +324,6 @@ def _ceiling_lines(c: dict | None) -> list[str]:
                "baseline": "the baseline, faster than the direct probe"}[c[f"{way}_from"]]
         lo, hi = c["spread"][f"{way}_mib_s"]
         buffered = f"; buffered {d['buffered_read_mib_s']}" if way == "read" and d.get("buffered_read_mib_s") else ""
-        out.append(f"  ceiling_{way}_mib_s  {c[f'{way}_mib_s']}  ({src}; median of {c['spread']['repeats']}, {lo}-{hi};"
+        out.append(f"  ceiling_{way}_mib_s  {c[f'{way}_mib_s']}  ({src}; median of {c['spread']['repeats']}, {lo} to {hi};"
                    f" direct probe {d[f'{way}_mib_s']}{buffered})")
     return [*out, f"  ceiling_method  {how}"]

@@ -17,9 +17,9 @@ from pathlib import Path
 from restart_harness.files import baseline
 from restart_harness.plan import checkpoint
 from restart_harness.schema import KINDS, MIB
+from restart_harness.spec.keys import GB
 from restart_harness.spec.runspec import RunSpec
 
-GB = 10**9
 ESTIMATE_IGNORES = ("per-rank and per-client limits (one rank may not reach the aggregate bandwidth), file creation "
                     "and metadata costs, serialization CPU time, the page cache, the commit barrier, and the "
                     "restart's non-I/O phases (imports, process-group and engine initialization, first step)")

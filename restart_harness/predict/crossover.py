@@ -25,7 +25,7 @@ from restart_harness.predict.features import Features
 from restart_harness.predict.model import predict
 from restart_harness.resolve import Plugins
 from restart_harness.results.prediction import RESTART_PHASES
-from restart_harness.schema import CROSSOVER_LOAD, CROSSOVER_RANGE_BYTES, GIB, MIB
+from restart_harness.schema import CROSSOVER_LOAD, CROSSOVER_RANGE_BYTES, GIB, MIB, span
 
 MIN_BYTES, MAX_BYTES = CROSSOVER_RANGE_BYTES  # 1 MiB - 1 PiB (the largest Size a key takes)
 GRID_PER_DECADE = 24  # where the load is largest is one interval when every phase is linear in B: finer is not needed
@@ -145,9 +145,9 @@ def headline(c: dict) -> str:
         return (f"checkpoint load largest from {size(b)} ({b:,} bytes) of checkpoint on, overtaking "
                 f"{short(c['overtakes'])}" + (f", until {size(until)}" if until else ""))
     if c["status"] == "already_largest":
-        return f"none in {lo} - {hi}: the checkpoint load is the largest phase already at {lo}"
+        return f"none in {span(lo, hi)}: the checkpoint load is the largest phase already at {lo}"
     if c["status"] == "never_largest":
-        return (f"none in {lo} - {hi}: the checkpoint load is never the largest phase; "
+        return (f"none in {span(lo, hi)}: the checkpoint load is never the largest phase; "
                 f"{short(c['largest_at_max'])} stays above it")
     return f"none: {c['why']}"
 

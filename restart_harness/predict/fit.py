@@ -24,7 +24,7 @@ from restart_harness.predict import features as feats
 from restart_harness.predict.model import PHASES, Phase
 from restart_harness.results.prediction import measured
 from restart_harness.rundir.status import find_run_dirs
-from restart_harness.schema import MIB
+from restart_harness.schema import MIB, span
 
 SCHEMA_VERSION = 1
 CALIBRATIONS = Path(__file__).resolve().parents[2] / "configs" / "calibration"
@@ -226,8 +226,8 @@ def render(calibration: dict) -> str:
                 lines.append(f"{name:<34}{group:<22}{g['runs']:>5}  not a phase of these runs")
                 continue
             coef = ", ".join(f"{k} {v:.3g}" for k, v in g["coefficients"].items()) or "none (all zero)"
-            span = f"x{g['ratio_range'][0]:.2f} - x{g['ratio_range'][1]:.2f}"
-            lines.append(f"{name:<34}{group:<22}{g['runs']:>5}{g['median_abs_rel_error']:>13.1%}{span:>16}  {coef}")
+            ratios = span(f"x{g['ratio_range'][0]:.2f}", f"x{g['ratio_range'][1]:.2f}")
+            lines.append(f"{name:<34}{group:<22}{g['runs']:>5}{g['median_abs_rel_error']:>13.1%}{ratios:>16}  {coef}")
     for run, why in calibration["skipped"].items():
         lines.append(f"skipped {run}: {why}")
     return "\n".join(lines)

@@ -16,9 +16,9 @@ from restart_harness.predict import features as feats
 from restart_harness.predict.model import predict
 from restart_harness.resolve import Plugins
 from restart_harness.results.prediction import PHASES
-from restart_harness.schema import MIB, PREDICTED_TOTAL, count
+from restart_harness.schema import MIB, PREDICTED_TOTAL, count, span
+from restart_harness.spec.keys import GB
 
-GB = 10**9
 IGNORES = ("stragglers and variation between nodes, interference from other jobs, a storage's per-client limits "
            "beyond what the baseline measured, caches warmer or colder than the calibration's runs, and any cost "
            "that grows faster than linearly in ranks, bytes or files")
@@ -156,10 +156,10 @@ def render(p: dict) -> str:
         if row.get("seconds") is None:
             lines.append(f"{name:<34}{'-':>10}{'':>22}  not predicted: {row['why']}")
             continue
-        span = f"{_seconds(row['low'])} - {_seconds(row['high'])}"
+        between = span(_seconds(row['low']), _seconds(row['high']))
         mark = (" (extrapolated)" if row.get("extrapolated") else "") + (
             " [ANOTHER DEVICE's rates]" if row.get("other_device") else "")
-        lines.append(f"{name:<34}{_seconds(row['seconds']):>10}{span:>22}  {row['bound']}{mark}")
+        lines.append(f"{name:<34}{_seconds(row['seconds']):>10}{between:>22}  {row['bound']}{mark}")
     if c := p.get("crossover"):
         lines += ["", f"{'crossover':<12}{crossover.headline(c)}"]
         lines += [f"{'':<12}{line}" for line in c.get("explanation", [])]

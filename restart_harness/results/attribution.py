@@ -9,7 +9,8 @@ Method (docs/attribution.md):
   the node's clock and the one sampler's, so the offset is the median of every estimate; their spread is recorded.
   Where no sample fell inside a pause, the sampler's clock is taken to start with the launch (it is started by it).
 - A phase of a rank is the wall-clock window between its two marks (restart_harness/schema.py RESTART_PHASES), moved
-  onto the sampler's clock; the rank's main thread's samples inside it are named and summed per cause. The
+  onto the sampler's clock; the rank's main thread's samples inside it are named and summed per cause (a sample
+  taken before the window began counts in it at most CARRIED_INTERVALS sampling intervals on). The
   verification digest, timed apart and outside every phase, is taken out as the phase's figure takes it out.
 - The launcher's phase is the window from the launch's start to the last rank's process start; at each moment the
   launcher process that is not merely waiting on a child is the one on the critical path, and its sample counts.
@@ -27,11 +28,12 @@ from pathlib import Path
 from restart_harness.files.atomic import write_text_atomic
 from restart_harness.results import causes, samples
 from restart_harness.results import events as ev
-from restart_harness.schema import ANCHOR_PREFIX, ANCHOR_SAMPLES
+from restart_harness.schema import ANCHOR_PREFIX, ANCHOR_SAMPLES, ATTRIBUTION_RATE_HZ
 
 LAUNCHER = "launcher"  # the phase before any rank starts: the launch script, the launcher's processes
 REMAINDER_SHOWN = 5  # the largest unnamed causes listed in a phase's remainder
 PARTS_SHOWN = 5  # an import's largest packages
+CARRIED_INTERVALS = 2  # a sample taken before a phase began speaks for it at most this many sampling intervals on
 
 
 def _round(x: float) -> float:
@@ -69,6 +71,7 @@ def of_record(run_dir: Path, record: str, events: dict[int, list[dict]], phases,
         clock = {"source": "launch start", "estimates": 0, "spread_seconds": None}
         shared = launch["start"]
     offset = dict.fromkeys(ranks, shared)
+    rate = asked.get("rate_hz") or ATTRIBUTION_RATE_HZ
     folder = trace_path.parent
     per_rank: dict[int, dict] = {}
     for rank, (thread, evs) in ranks.items():
@@ -80,7 +83,7 @@ def of_record(run_dir: Path, record: str, events: dict[int, list[dict]], phases,
                 continue
             seconds = marks[b] - marks[a] - (verify if name == "first_step" else 0.0)
             window = (marks[a] - offset[rank], marks[b] - offset[rank])
-            spans = _clip(_with_parent(trace, thread), *window)
+            spans = _clip(_with_parent(trace, thread), *window, carry=CARRIED_INTERVALS / rate)
             per_rank[rank][name] = _phase(trace, spans, seconds, folder / f"rank-{rank:05d}" / f"{name}.speedscope.json",
                                           run_dir)
     out_phases = {}
@@ -158,8 +161,15 @@ def _offsets(trace: samples.Trace, thread: samples.Thread, anchors: list[dict]) 
     return out
 
 
-def _clip(spans, lo: float, hi: float):
-    return [(max(s, lo), min(e, hi), stack) for s, e, stack in spans if e > lo and s < hi]
+def _clip(spans, lo: float, hi: float, carry: float | None = None):
+    """The stretches inside [lo, hi]; with carry, one that began before lo counts in it only until carry seconds after
+    its sample (a sampler lagging on a busy machine stretched the checkpoint load's last sample into first_step)."""
+    out = []
+    for s, e, stack in spans:
+        end = min(e, hi, s + carry) if carry is not None and s < lo else min(e, hi)
+        if end > max(s, lo):
+            out.append((max(s, lo), end, stack))
+    return out
 
 
 def _phase(trace: samples.Trace, spans, seconds: float, flame: Path | None, run_dir: Path,

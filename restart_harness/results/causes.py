@@ -229,7 +229,9 @@ def _collective(frames):
 
 
 def _checkpoint(frames):
-    for f in frames:
+    for i, f in enumerate(frames):
+        if "/engines/" in f.file and _training(frames[i + 1:]) is not None:
+            continue  # an engine's wrapper around a training call (engine=lazy's take_model_step): the call's work
         if _in(f, "torch/serialization.py"):
             return Cause("checkpoint", f"torch.{'load' if 'load' in f.name else 'save'} (files and deserialization)")
         if _in(f, "torch/distributed/checkpoint/"):

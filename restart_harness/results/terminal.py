@@ -7,7 +7,7 @@ import statistics
 from restart_harness import resolve
 from restart_harness.results import placement, save_memory
 from restart_harness.schema import (GIB, LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES, count, io_metadata_ops,
-                                    restart_conditions)
+                                    restart_conditions, span)
 
 
 def _s(value: float | None) -> str:
@@ -137,8 +137,8 @@ def render(summary: dict) -> str:
     if base.get("write_mib_s"):
         pct = {k: "-" if v is None else f"{v:.0%}" for k, v in eff.items()}
         sp = base.get("spread")
-        spread = (f"; over {sp['repeats']} probes write {sp['write_mib_s'][0]:,.0f}-{sp['write_mib_s'][1]:,.0f}, read "
-                  f"{sp['read_mib_s'][0]:,.0f}-{sp['read_mib_s'][1]:,.0f}" if sp else "; one probe, no spread")
+        spread = (f"; over {sp['repeats']} probes write {span(*sp['write_mib_s'], ',.0f')}, read "
+                  f"{span(*sp['read_mib_s'], ',.0f')}" if sp else "; one probe, no spread")
         rows.append(("storage", f"baseline write {base['write_mib_s']:,.1f} / read {base['read_mib_s']:,.1f} MiB/s "
                                 f"({base['method']}{_when(base)}{spread}); efficiency save "
                                 f"{pct.get('save', '-')}, load {pct.get('load', '-')}"))
@@ -146,9 +146,9 @@ def render(summary: dict) -> str:
         if c:
             csp = c["spread"]
             rows.append(("ceiling", f"write {c['write_mib_s']:,.1f} ({_ceiling_from(c, 'write')}, "
-                                    f"{csp['write_mib_s'][0]:,.0f}-{csp['write_mib_s'][1]:,.0f}) / read "
+                                    f"{span(*csp['write_mib_s'], ',.0f')}) / read "
                                     f"{c['read_mib_s']:,.1f} MiB/s ({_ceiling_from(c, 'read')}, "
-                                    f"{csp['read_mib_s'][0]:,.0f}-{csp['read_mib_s'][1]:,.0f}); efficiency save "
+                                    f"{span(*csp['read_mib_s'], ',.0f')}); efficiency save "
                                     f"{pct.get('save_of_ceiling', '-')}, load {pct.get('load_of_ceiling', '-')}"))
     rows += _restart_rows(restarts)
     rows += _prediction_rows(summary.get("prediction"))

@@ -9,6 +9,9 @@ check() is the one way a value (from text, YAML or JSON) is checked. Nothing her
 
 Types: int, float (always finite), bool, str, Path (text naming a file or folder), Size (bytes: 4096, 64M, 1G),
 and `X | None` (None written as `none` or `auto`).
+
+Units (UNITS, one rule for every size, bandwidth and memory key, in --help and docs/keys.md): GB is 10^9 bytes and
+GiB 2^30, as GB/s is 10^9 bytes a second; a letter alone is binary (64M = 64 MiB, as dd and truncate read it).
 """
 
 from __future__ import annotations
@@ -29,9 +32,14 @@ GROUPS = ("model", "layout", "training", "checkpoint", "observe", "launch", "clu
 _SAFE_TEXT = re.compile(r"^[A-Za-z0-9_.,/:+@%=~-]*$")
 _SAFE_GLOB = re.compile(r"^[A-Za-z0-9_.,/:+@%=~*?\[\]!-]*$")
 _INT = re.compile(r"^[+-]?[0-9]+$")  # ASCII digits only: "２" is not 2
-_SIZE = re.compile(r"^([0-9]+)([kKmMgGtT]i?[bB]?)?$")
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_SIZE = re.compile(r"^([0-9]+)(?:([kmgt])(i?)(b?))?$", re.IGNORECASE)
+_POWERS = {"k": 1, "m": 2, "g": 3, "t": 4}
+GB, GIB = 10**9, 1 << 30
+UNITS = ("GB = 10^9 bytes, GiB = 2^30 bytes (K, M, T alike); a letter alone is binary: 64M = 64 MiB; "
+         "GB/s = 10^9 bytes/s")
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+BOOL_WORDS = f"true, false (also {', '.join(w for pair in zip(TRUE[1:], FALSE[1:]) for w in pair)})"
+SIZE_EXAMPLES = "4096, 64M or 64MiB = 64 x 2^20, 10GB = 10 x 10^9"
 # Every number a user gives is bounded: an integer key without a maximum of its own takes this one, a size this one
 # (what they size is then counted by arithmetic, never by building it: RunSpec.save_count)
 INT_MAX = 2**31 - 1
@@ -52,7 +60,7 @@ def plausible_rate(name: str, value: float, work: float, what: str, scale: float
 
 
 class Size(int):
-    """A byte count; on the command line 4096, 64K, 64M, 64MiB, 1G (binary units)."""
+    """A byte count; on the command line 4096, 64K or 64KiB (2^10), 64MB (10^6), 10GB (10^9), 1G or 1GiB (2^30)."""
 
 
 class Path(str):
@@ -101,8 +109,8 @@ class Key:
         if self.choices:
             return ", ".join(self.choices)
         if self.type is bool:
-            return "true, false"
-        words = {int: "an integer", float: "a finite number", Size: "a size in bytes (4096, 64M, 1G)",
+            return BOOL_WORDS
+        words = {int: "an integer", float: "a finite number", Size: f"a size in bytes ({SIZE_EXAMPLES})",
                  str: "text of [A-Za-z0-9_.,/:+@%=~-]", Path: "a path of [A-Za-z0-9_.,/:+@%=~-]",
                  Glob: "a pattern of [A-Za-z0-9_.,/:+@%=~-] and * ? [ ] !"}[self.type]
         upper = self.upper
@@ -163,14 +171,19 @@ def parse_bool(name: str, text: str) -> bool:
         return True
     if lowered in FALSE:
         return False
-    raise UsageError(f"{name}={text}: accepted values are true, false")
+    raise UsageError(f"{name}={text}: accepted values are {BOOL_WORDS}")
 
 
 def parse_size(name: str, text: str) -> int:
+    """Bytes of `4096`, `64M`/`64MiB` (2^20) or `64MB` (10^6): UNITS."""
     match = _SIZE.match(text)
     if not match:
-        raise UsageError(f"{name}={text}: expected a size in bytes, e.g. 4096, 64M, 1G")
-    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "")[:1].lower()]
+        raise UsageError(f"{name}={text}: expected a size in bytes ({SIZE_EXAMPLES})")
+    digits, letter, binary, byte = match.groups()
+    if not letter:
+        return int(digits)
+    base = 1000 if byte and not binary else 1024
+    return int(digits) * base ** _POWERS[letter.lower()]
 
 
 def coerce(k: Key, text: str) -> object:
@@ -218,7 +231,7 @@ def check(k: Key, value: object, text: str | None = None) -> object:
         raise UsageError(f"{k.name}: a value is required; accepted: {k.accepted()}")
     if k.type is bool:
         if not isinstance(value, bool):
-            raise UsageError(f"{shown}: accepted values are true, false")
+            raise UsageError(f"{shown}: accepted values are true, false")  # a YAML or JSON value, not text
         return value
     if k.type in (int, Size):
         if isinstance(value, bool) or not isinstance(value, int):

@@ -125,14 +125,17 @@ class Run(Plugins):
         return self.made.write_record_spec(record, spec)
 
 
-def placed(spec: RunSpec, run_dir: Path, facts: dict, target: Target) -> Run:
-    """The run whose directory was just made, its target placed there (its record goes into spec.json)."""
-    made = records.RunRecord(run_dir, spec, target.record(run_dir), facts)
-    return Run(**vars(plugins(spec, target=target)), made=made)
+def placed(resolved: Plugins, run_dir: Path, facts: dict, target: Target) -> Run:
+    """The run whose directory was just made: the plug-ins preflight resolved, its target placed there (its record
+    goes into spec.json)."""
+    made = records.RunRecord(run_dir, resolved.spec, target.record(run_dir), facts)
+    return Run(**{**vars(resolved), "target": target}, made=made)
 
 
-def of_record(made: records.RunRecord, observer=NO_OBSERVER) -> Run:
-    """The run spec.json describes, with its plug-ins."""
+def of_record(made: records.RunRecord, observer=NO_OBSERVER, spec: RunSpec | None = None) -> Run:
+    """The run spec.json describes, with its plug-ins; `spec`: resolved in place of the recorded one (a restart-only
+    re-run's own, or the spec completed inside a batch job)."""
+    made = made if spec is None else dataclasses.replace(made, spec=spec)
     cls = targets.recorded(made.target_record, made.run_dir)
     target = cls.from_record(made.target_record, made.checkpoint_root, observer)
     return Run(**vars(plugins(made.spec, target=target)), made=made)

@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     from restart_harness.command.parse import parse_restart
     from restart_harness.files.atomic import read_json
     from restart_harness.phases.restart_only import restart_only
-    from restart_harness.phases.run import execute
+    from restart_harness.phases.run import execute, in_job
     from restart_harness.results import terminal
 
     run_dir = Path(argv[0]).resolve()
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
             preflight.restart(request)
             restart_only(request)
         else:
-            execute(run_dir)
+            execute(in_job(run_dir))
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

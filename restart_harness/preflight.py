@@ -291,7 +291,7 @@ def restart(request: RestartRequest) -> dict | None:
     if status["state"] not in ("complete", "failed"):
         raise UsageError(f"run={run_dir}: not a finished run ({status['state']}: {status.get('reason')}); accepted: "
                          "a run whose checkpoint phase ended (complete or failed)")
-    restarts = request.run.with_spec(spec)  # the run with the restarts' own spec (layout, launcher, ...)
+    restarts = request.run  # the run with the restarts' own spec (layout, launcher, ...)
     cache()
     launcher(restarts)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
     stage(restarts)
@@ -302,7 +302,7 @@ def restart(request: RestartRequest) -> dict | None:
     tracer(spec)
     attribution(restarts)
     extension_locks()
-    if elsewhere := request.run.made.checkpoint_elsewhere():
+    if elsewhere := restarts.made.checkpoint_elsewhere():
         raise UsageError(f"run={run_dir}: {elsewhere}")
     restarts.target.preflight("run", None)
     tag, integrity = committed_checkpoint(restarts)

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m restart_harness.phases.job RUN_DIR [phase=restart key=value ...]", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _terminate)
-    from restart_harness import preflight
+    from restart_harness import machine, preflight
     from restart_harness.command.parse import parse_restart
     from restart_harness.files.atomic import read_json
     from restart_harness.phases.restart_only import restart_only
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(argv[0]).resolve()
     try:
         if argv[1:]:  # a restart-only job: checked again here, then launched directly (we are in the allocation)
-            request = parse_restart([*argv[1:], f"run={run_dir}"])
+            request = parse_restart([*argv[1:], f"run={run_dir}"], machine.complete_in_job)
             preflight.restart(request)
             restart_only(request)
         else:

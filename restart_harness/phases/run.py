@@ -63,8 +63,7 @@ def warn(run: resolve.Run) -> None:
 
 
 def in_job(run_dir: Path) -> resolve.Run:
-    """Inside a batch job: the run prepare() wrote at submission, resolved once with what was left to this compute
-    node (threads per rank, the emulation memory); spec.json and the launch scripts rewritten where that changed."""
+    """Inside a batch job: the run prepare() wrote, completed on this node (complete_in_job) and resolved once."""
     made = records.read(run_dir)
     the_run = resolve.of_record(made, spec=machine.complete_in_job(made.spec))
     if the_run.spec != made.spec:
@@ -74,8 +73,7 @@ def in_job(run_dir: Path) -> resolve.Run:
 
 
 def execute(the_run: resolve.Run) -> Path:
-    """checkpoint phase -> cache state -> restart phase -> summary, in the run directory prepare() wrote (the Run it
-    returned, or inside a batch job the one in_job() read)."""
+    """checkpoint phase -> cache state -> restart phase -> summary, for the Run prepare() returned (or in_job()'s)."""
     spec, run_dir = the_run.spec, the_run.run_dir
     job = launchers.job_id()
     set_status(run_dir, "running", **({"job_id": job} if job else {}))

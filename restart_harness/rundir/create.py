@@ -56,8 +56,7 @@ def port_of(run: Plugins) -> int:
 
 
 def prepare(plugins: Plugins, prefix: str = "") -> Run:
-    """The run directory with spec.json (the resolved run), ds_config.json and the launch scripts; returns the Run
-    it recorded (preflight's plug-ins, the target placed), which the caller goes on with."""
+    """The run directory with spec.json, ds_config.json and the launch scripts; returns the Run spec.json records."""
     run_dir = new_run_dir(plugins, prefix)
     set_status(run_dir, "running")
     target = plugins.target.placed(run_dir)

@@ -283,7 +283,7 @@ def restart(request: RestartRequest) -> dict | None:
     read (committed_checkpoint)."""
     from restart_harness.rundir.status import observed
 
-    spec, run_dir = request.spec, request.run_dir
+    spec, run_dir, restarts = request.spec, request.run_dir, request.run  # the run at the restarts' own spec
     status = observed(run_dir)
     if status["state"] in ("running", "submitted"):
         where = f"job {status.get('job_id')}" if status["state"] == "submitted" else f"pid {status.get('pid')}"
@@ -291,7 +291,6 @@ def restart(request: RestartRequest) -> dict | None:
     if status["state"] not in ("complete", "failed"):
         raise UsageError(f"run={run_dir}: not a finished run ({status['state']}: {status.get('reason')}); accepted: "
                          "a run whose checkpoint phase ended (complete or failed)")
-    restarts = request.run  # the run with the restarts' own spec (layout, launcher, ...)
     cache()
     launcher(restarts)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
     stage(restarts)

@@ -580,8 +580,7 @@ def parse_restart(tokens: list[str], complete: Callable[[RunSpec], RunSpec]) -> 
         spec = _relayout(spec, run.spec, overrides)
         if "threads" not in overrides:
             spec = dataclasses.replace(spec, threads=None)  # this node's CPUs over the new ranks per node
-    if not resolve.launcher_class(spec.launcher).submits():
-        spec = complete(spec)  # a layout of its own: this node's threads per rank
+    spec = spec if resolve.launcher_class(spec.launcher).submits() else complete(spec)  # threads at a new layout
     return RestartRequest(resolve.of_record(run, spec=spec), run.spec, [f"{k}={v}" for k, v in pairs.items()])
 
 

@@ -114,10 +114,10 @@ def _check_sweep(tokens: list[str]):
 
 
 def _check_restart(tokens: list[str]):
-    from restart_harness import preflight
+    from restart_harness import machine, preflight
     from restart_harness.command import parse
 
-    request = parse.parse_restart(tokens)
+    request = parse.parse_restart(tokens, machine.complete_in_job)
     return dataclasses.replace(request, integrity=preflight.restart(request))
 
 
@@ -140,7 +140,7 @@ def _run(plugins) -> int:
 def _restart(request) -> int:
     from restart_harness.phases.restart_only import restart_only
 
-    return _print_run(restart_only(request), submitted=request.run.with_spec(request.spec).launcher.submits())
+    return _print_run(restart_only(request), submitted=request.run.launcher.submits())
 
 
 def _sweep(request) -> int:

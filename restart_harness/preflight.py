@@ -290,7 +290,7 @@ def restart(request: RestartRequest) -> dict | None:
     read (committed_checkpoint)."""
     from restart_harness.rundir.status import observed
 
-    spec, run_dir = request.spec, request.run_dir
+    spec, run_dir, restarts = request.spec, request.run_dir, request.run  # the run at the restarts' own spec
     status = observed(run_dir)
     if status["state"] in ("running", "submitted"):
         where = f"job {status.get('job_id')}" if status["state"] == "submitted" else f"pid {status.get('pid')}"
@@ -298,7 +298,6 @@ def restart(request: RestartRequest) -> dict | None:
     if status["state"] not in ("complete", "failed"):
         raise UsageError(f"run={run_dir}: not a finished run ({status['state']}: {status.get('reason')}); accepted: "
                          "a run whose checkpoint phase ended (complete or failed)")
-    restarts = request.run.with_spec(spec)  # the run with the restarts' own spec (layout, launcher, ...)
     cache()
     launcher(restarts)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
     stage(restarts)
@@ -309,7 +308,7 @@ def restart(request: RestartRequest) -> dict | None:
     tracer(spec)
     attribution(restarts)
     extension_locks()
-    if elsewhere := request.run.made.checkpoint_elsewhere():
+    if elsewhere := restarts.made.checkpoint_elsewhere():
         raise UsageError(f"run={run_dir}: {elsewhere}")
     restarts.target.preflight("run", None)
     tag, integrity = committed_checkpoint(restarts)

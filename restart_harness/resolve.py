@@ -5,10 +5,10 @@
     engine=NAME          -> an Engine          (engines/; its options typed)
     ckpt_dir=LOCATION    -> a Target           (restart_harness/targets/; placed once the run directory exists)
 
-The command line resolves a spec once it is validated (Plugins); the run directory records the spec (spec.json), and
-every process that continues the run (a batch job, each rank, finalize, a restart-only re-run) resolves it again
-from there (read: a Run). Nothing else asks a registry for a plug-in by its name: everything after this hands the
-objects on (tests/test_structure.py counts the lookups)."""
+A process resolves its run once and hands it on: the command line a validated spec (Plugins, placed into the Run
+that prepare() records in spec.json); a process that continues the run (a batch job, each rank, a restart-only
+re-run at its own spec) spec.json's record (read, of_record: a Run). Nothing else asks a registry for a plug-in by
+its name (tests/test_structure.py counts the lookups)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ class Plugins:
     target: Target
 
     def with_spec(self, spec: RunSpec) -> Plugins:
-        """The same run with another spec (a restart's own layout or launcher; a spec completed inside a job)."""
+        """The same plug-ins' target with another spec (a campaign's runs: their results_dir, a cell's keys)."""
         return plugins(spec, target=self.target)
 
 
@@ -107,11 +107,6 @@ class Run(Plugins):
     def checkpoint_root(self) -> Path:
         return self.made.checkpoint_root
 
-    def with_spec(self, spec: RunSpec, record: str | None = None) -> Run:
-        """This run with another spec (completed inside a job, or a restart record's own)."""
-        made = dataclasses.replace(self.made, spec=spec, record=record if record is not None else self.made.record)
-        return Run(**vars(plugins(spec, target=self.target)), made=made)
-
     def observed(self, observer) -> Run:
         """The same run whose target reports its network I/O to `observer` (a rank's anatomy)."""
         return dataclasses.replace(self, target=self.target.observed(observer))
@@ -125,20 +120,21 @@ class Run(Plugins):
         return self.made.write_record_spec(record, spec)
 
 
-def placed(spec: RunSpec, run_dir: Path, facts: dict, target: Target) -> Run:
-    """The run whose directory was just made, its target placed there (its record goes into spec.json)."""
-    made = records.RunRecord(run_dir, spec, target.record(run_dir), facts)
-    return Run(**vars(plugins(spec, target=target)), made=made)
+def placed(resolved: Plugins, run_dir: Path, facts: dict, target: Target) -> Run:
+    """The run whose directory was just made: preflight's plug-ins, the target placed there (recorded in spec.json)."""
+    made = records.RunRecord(run_dir, resolved.spec, target.record(run_dir), facts)
+    return Run(**{**vars(resolved), "target": target}, made=made)
 
 
-def of_record(made: records.RunRecord, observer=NO_OBSERVER) -> Run:
-    """The run spec.json describes, with its plug-ins."""
+def of_record(made: records.RunRecord, observer=NO_OBSERVER, spec: RunSpec | None = None) -> Run:
+    """The run spec.json describes, with its plug-ins (at `spec` instead: a restart's own, or completed in a job)."""
+    made = made if spec is None else dataclasses.replace(made, spec=spec)
     cls = targets.recorded(made.target_record, made.run_dir)
     target = cls.from_record(made.target_record, made.checkpoint_root, observer)
     return Run(**vars(plugins(made.spec, target=target)), made=made)
 
 
-def read(run_dir: Path, record: str | None = None) -> Run:
-    """The run in run_dir (with the spec of `record` where that restart has its own); UsageError naming the problem
-    when the folder is not a readable run directory."""
-    return of_record(records.read(run_dir, record))
+def read(run_dir: Path, record: str | None = None, spec: RunSpec | None = None) -> Run:
+    """The run in run_dir (with the spec of `record` where that restart has its own, or `spec`: of_record); UsageError
+    naming the problem when the folder is not a readable run directory."""
+    return of_record(records.read(run_dir, record), spec=spec)

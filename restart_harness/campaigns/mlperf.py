@@ -16,7 +16,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from restart_harness import resolve
+from restart_harness import machine, resolve
 from restart_harness.campaigns import outcome
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
@@ -123,8 +123,8 @@ def run(request) -> Path:
             record["run_dirs"].append(str(run_dir))
             write_json_atomic(folder / MLPERF, record)
             if options.reads > 1:
-                restarts = dataclasses.replace(one, phase="restart", repeats=options.reads - 1)
-                restart_only(RestartRequest(resolve.read(run_dir), restarts, []))
+                restarts = machine.complete_in_job(dataclasses.replace(one, phase="restart", repeats=options.reads - 1))
+                restart_only(RestartRequest(resolve.read(run_dir, spec=restarts), one, []))
             if not spec.keep:
                 discard_checkpoint(resolve.read(run_dir))
             record["per_run"].append(metrics.run_metrics(read_json(run_dir / "summary.json")))

@@ -20,6 +20,7 @@ import difflib
 import itertools
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path as FsPath
 
@@ -42,6 +43,7 @@ from restart_harness.command.options import (
 from restart_harness.command.tokens import fill, options_of, pairs_of, required
 from restart_harness.errors import UsageError, refused
 from restart_harness.files.fsfacts import why_unresolvable
+from restart_harness.spec import record as records
 from restart_harness.spec.keys import MAX_VALUE_CHARS, Key, coerce, keys_of, parse_bool
 from restart_harness.spec.model_shape import load_model, preset_named, preset_names, shape_keys
 from restart_harness.spec.relayout import LAYOUT_KEYS, restart_layout
@@ -60,10 +62,10 @@ class PlanRequest:
 
 @dataclass(frozen=True)
 class RestartRequest:
-    """An existing run, its RunSpec with the restart overrides applied, and how many restarts."""
+    """An existing run resolved once, with the restart overrides applied, and how many restarts."""
 
-    run: resolve.Run  # the run as it was made (its own spec: the layout that wrote the checkpoint)
-    spec: RunSpec  # the restarts' spec
+    run: resolve.Run  # the run with the restarts' spec (completed on the node that launches them)
+    original: RunSpec  # the run's spec as it was made (the layout that wrote the checkpoint)
     tokens: list[str]  # the overrides as given (key=value), handed on to a submitted restart-only job
     # what the check of the committed checkpoint's content read before anything launched (preflight.restart;
     # files/checksum.py), or None where its save recorded no checksums
@@ -74,7 +76,7 @@ class RestartRequest:
         return self.run.run_dir
 
     @property
-    def original(self) -> RunSpec:
+    def spec(self) -> RunSpec:  # the restarts'
         return self.run.spec
 
     @property
@@ -554,9 +556,9 @@ def restart_keys() -> dict[str, Key]:
     return {k: v for k, v in run_keys().items() if v.restart}
 
 
-def parse_restart(tokens: list[str]) -> RestartRequest:
-    """`restart run=RUN_DIR [key=value ...]`: the run's spec.json with the overrides applied. The run's status and
-    checkpoint are checked in preflight."""
+def parse_restart(tokens: list[str], complete: Callable[[RunSpec], RunSpec]) -> RestartRequest:
+    """`restart run=RUN_DIR [key=value ...]`: the run's spec.json with the overrides applied, `complete`d unless a job
+    of its own launches the restarts, resolved once. The run's status and checkpoint are checked in preflight."""
     if tokens and "=" not in tokens[0]:
         raise UsageError(f"{tokens[0]!r}: restart takes no MODEL (the run's spec.json has it); "
                          "usage: ./submit-job.sh restart run=RUN_DIR [cache=warm] [repeats=N]")
@@ -567,7 +569,7 @@ def parse_restart(tokens: list[str]) -> RestartRequest:
     required(keys_of(RestartOptions), options, "restart")
     if why := why_unresolvable(options["run"]):
         raise refused("run", options["run"], why, "the run directory an earlier run printed")
-    run = resolve.read(FsPath(options["run"]).expanduser())
+    run = records.read(FsPath(options["run"]).expanduser())  # its record: resolved once, with the restarts' spec
     allowed = restart_keys()
     # the engine's options that act only at restart (how it reads: engine=lazy's read_io, readers, broadcast_load)
     engine_allowed = {k: v for k, v in keys_of(resolve.engine_class(run.spec.engine).Options).items() if v.restart}
@@ -595,4 +597,5 @@ def parse_restart(tokens: list[str]) -> RestartRequest:
         spec = restart_layout(spec, run.spec, overrides.keys(), resolve.stack_class(spec).check)
         if "threads" not in overrides:
             spec = dataclasses.replace(spec, threads=None)  # this node's CPUs over the new ranks per node
-    return RestartRequest(run, spec, [f"{k}={v}" for k, v in pairs.items()])
+    spec = spec if resolve.launcher_class(spec.launcher).submits() else complete(spec)  # threads at a new layout
+    return RestartRequest(resolve.of_record(run, spec=spec), run.spec, [f"{k}={v}" for k, v in pairs.items()])

@@ -20,19 +20,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _phases(run_dir: Path, tokens: list[str]) -> int:
-    from restart_harness import preflight
+    from restart_harness import machine, preflight
     from restart_harness.command.parse import parse_restart
     from restart_harness.files.atomic import read_json
     from restart_harness.phases.restart_only import restart_only
-    from restart_harness.phases.run import execute
+    from restart_harness.phases.run import execute, in_job
     from restart_harness.results import terminal
 
     if tokens:  # a restart-only job: checked again here, then launched directly (we are in the allocation)
-        request = parse_restart([*tokens, f"run={run_dir}"])
+        request = parse_restart([*tokens, f"run={run_dir}"], machine.complete_in_job)
         preflight.restart(request)
         restart_only(request)
     else:
-        execute(run_dir)
+        execute(in_job(run_dir))
     print(terminal.render(read_json(run_dir / "summary.json")))
     print(run_dir)
     return 0

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from restart_harness import machine
 from restart_harness.errors import RunFailed
 from restart_harness.phases import say
 from restart_harness.phases.nodes import check_nodes
@@ -18,15 +17,14 @@ from restart_harness.rundir.status import observed
 
 
 def restart_only(request) -> Path:
-    """`request` (command/parse.py RestartRequest): the run as made, the restarts' spec, how many.
+    """`request` (command/parse.py RestartRequest): the run with the restarts' spec, the spec as made, how many.
 
     The run's state stays what its own phases made it (a run whose checkpoint phase failed stays failed, a crashed
     one becomes failed with that reason): a re-run that fails, is interrupted or does not verify is that re-run's
     outcome (records/<record>.json, the summary's restarts), never the run's, so what was verified stays visible."""
-    run = request.run
-    if run.with_spec(request.spec).launcher.submits():
-        return submit_restart_job(run.with_spec(request.spec), request.repeats, request.tokens)
-    at = run.with_spec(machine.complete_in_job(request.spec))  # a layout of its own: its threads per rank
+    at = request.run  # with the restarts' own spec, completed on this node (command/parse.py parse_restart)
+    if at.launcher.submits():
+        return submit_restart_job(at, request.repeats, request.tokens)
     spec, run_dir = at.spec, at.run_dir
     prior = observed(run_dir)
     state, reason = ("complete", None) if prior["state"] == "complete" else ("failed", prior.get("reason"))

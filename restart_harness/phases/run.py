@@ -18,6 +18,7 @@ from restart_harness.rundir.create import port_of, prepare, write_scripts
 from restart_harness.rundir.records import save_record
 from restart_harness.rundir.status import set_status
 from restart_harness.schema import count
+from restart_harness.spec import record as records
 
 # parameters a rank from which a bf16 step on a CPU without AVX-512 takes seconds (`small`, 56 M a rank at dp=2: 70 s;
 # `tiny`, 0.25 M: 0.13 s) and the run is told so
@@ -42,7 +43,7 @@ def run(plugins: resolve.Plugins, prefix: str = "") -> Path:
         return made.run_dir
     if made.launcher.submits():
         return submit.submit(made)
-    return execute(made.run_dir)
+    return execute(made)
 
 
 def warn(run: resolve.Run) -> None:
@@ -61,15 +62,19 @@ def warn(run: resolve.Run) -> None:
             "the run; precision=fp32 keeps them short (the checkpoint then holds fp32 weights)")
 
 
-def execute(run_dir: Path) -> Path:
-    """checkpoint phase -> cache state -> restart phase -> summary, from the run directory prepare() wrote (here, or
-    inside a batch job: phases/job.py)."""
-    the_run = resolve.read(run_dir)
-    spec = machine.complete_in_job(the_run.spec)  # submitted: this (compute) node decides what was left to it
-    if spec != the_run.spec:
-        the_run = the_run.with_spec(spec)
+def in_job(run_dir: Path) -> resolve.Run:
+    """Inside a batch job: the run prepare() wrote, completed on this node (complete_in_job) and resolved once."""
+    made = records.read(run_dir)
+    the_run = resolve.of_record(made, spec=machine.complete_in_job(made.spec))
+    if the_run.spec != made.spec:
         the_run.write()
         write_scripts(the_run, port_of(the_run))
+    return the_run
+
+
+def execute(the_run: resolve.Run) -> Path:
+    """checkpoint phase -> cache state -> restart phase -> summary, for the Run prepare() returned (or in_job()'s)."""
+    spec, run_dir = the_run.spec, the_run.run_dir
     job = launchers.job_id()
     set_status(run_dir, "running", **({"job_id": job} if job else {}))
     subset = f", subset: the first {spec.launched_ranks}" if spec.subset else ""

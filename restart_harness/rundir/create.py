@@ -57,12 +57,12 @@ def port_of(run: Plugins) -> int:
 
 
 def prepare(plugins: Plugins, prefix: str = "") -> Run:
-    """The run directory with spec.json (the resolved run), ds_config.json and the launch scripts."""
+    """The run directory with spec.json, ds_config.json and the launch scripts; returns the Run spec.json records."""
     run_dir = new_run_dir(plugins, prefix)
     set_status(run_dir, "running")
     target = plugins.target.placed(run_dir)
     facts = machine.facts(target.filesystem_path())
-    run = placed(plugins.spec, run_dir, facts, target)
+    run = placed(plugins, run_dir, facts, target)
     facts["io_sources"] = observe.sources_facts(run_dir, run.checkpoint_root)
     run.write()
     write_json_atomic(run_dir / "ds_config.json", build_ds_config(run))

@@ -41,19 +41,28 @@ def files_under(path: Path) -> list[Path]:
     return []
 
 
-def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def whole_temporary(path: Path, data: bytes, mode: int = 0o644) -> str:
+    """data written whole and durable into a temporary file beside path (its name returned), for a rename or link."""
+    fd, tmp = tempfile.mkstemp(dir=Path(path).parent, prefix=f".{Path(path).name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)  # mkstemp makes it private
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return tmp
+
+
+def write_bytes_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    path = Path(path)
+    tmp = whole_temporary(path, data, mode)
+    try:
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        os.unlink(tmp)
         raise
     fsync_dir(path.parent)
 

@@ -11,9 +11,10 @@ import fcntl
 import json
 import os
 import socket
-import tempfile
 import time
 from pathlib import Path
+
+from restart_harness.files.atomic import fsync_dir, whole_temporary
 
 LOCK = ".lock"
 
@@ -28,21 +29,12 @@ def taken(path: Path | str) -> str | None:
 def create_file(path: Path, data: bytes, mode: int = 0o644) -> Path:
     """path written whole and exclusively: FileExistsError if it appeared meanwhile (nothing replaced)."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = whole_temporary(path, data, mode)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
         os.link(tmp, path)  # fails where path exists: the exclusive create
     finally:
         os.unlink(tmp)
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_dir(path.parent)
     return path
 
 

@@ -54,11 +54,11 @@ class FileSystemProbe(StorageProbe):
 
     def measure(self, file_bytes: int, ranks: int, tool: str) -> dict:
         if tool == "auto":
-            tool = "fio" if fio_available() else "builtin"
+            tool = "fio" if shutil.which("fio") else "builtin"
         block, directory = min(baseline.BLOCK_BYTES, file_bytes), self._probe_dir()
         with _scratch(directory, ranks) as (workdir, files):
             if tool == "fio":
-                write, read, cache = _fio(workdir, files, file_bytes)
+                write, read, cache, _ = _fio(workdir, files, file_bytes)
                 method = fio_version() or "fio"
             else:
                 write, read, cache, _ = _builtin(files, file_bytes, block, 1, direct=False)
@@ -82,7 +82,8 @@ class FileSystemProbe(StorageProbe):
         request, depth = min(baseline.CEILING_REQUEST_BYTES, file_bytes), baseline.CEILING_QUEUE_DEPTH
         with _scratch(self._probe_dir(), ranks) as (workdir, files):
             if tool == "fio":
-                write, read, cache, refused = _fio_direct(workdir, files, file_bytes, request, depth)
+                shape = ("--ioengine=libaio", f"--iodepth={depth}", f"--bs={request}")
+                write, read, cache, refused = _fio(workdir, files, file_bytes, shape)
                 method = f"{fio_version() or 'fio'} libaio"
             else:
                 write, read, cache, refused = _builtin(files, file_bytes, request, depth)
@@ -129,10 +130,6 @@ def metadata_probe(folder: Path, ranks: int, files: int = METADATA_FILES) -> dic
     return out
 
 
-def fio_available() -> bool:
-    return shutil.which("fio") is not None
-
-
 def fio_version() -> str:
     proc = subprocess.run(["fio", "--version"], check=False, capture_output=True, text=True, timeout=30)
     return proc.stdout.strip()
@@ -177,32 +174,22 @@ def _fio_run(workdir: Path, rw: str, file_bytes: int, ranks: int, options: tuple
     return {"bytes": total, "seconds": round(slowest, 6), "mib_s": round(total / MIB / slowest, 3) if slowest else None}
 
 
-def _fio(workdir: Path, files: list[Path], file_bytes: int) -> tuple[dict, dict, dict]:
-    ranks = len(files)
-    write = _fio_run(workdir, "write", file_bytes, ranks)
-    cache = _evict(files)
-    read = _fio_run(workdir, "read", file_bytes, ranks)  # fio also invalidates the files' cache itself
-    return write, read, cache
-
-
-def _fio_direct(workdir: Path, files: list[Path], file_bytes: int, request: int,
-                depth: int) -> tuple[dict, dict, dict, str | None]:
-    """The ceiling's fio jobs (later options override the baseline's): libaio, `depth` requests of `request` bytes in
-    flight a job, O_DIRECT; buffered where fio reports that the file system refuses it."""
-    shape = ("--ioengine=libaio", f"--iodepth={depth}", f"--bs={request}")
+def _fio(workdir: Path, files: list[Path], file_bytes: int,
+         shape: tuple[str, ...] = ()) -> tuple[dict, dict, dict, str | None]:
+    """The baseline's fio jobs, or with `shape` the ceiling's (later options override the baseline's: libaio, its
+    requests in flight a job) with O_DIRECT, buffered where fio reports that the file system refuses it."""
+    direct, refused = ("--direct=1",) if shape else (), None
     try:
-        write = _fio_run(workdir, "write", file_bytes, len(files), (*shape, "--direct=1"))
-        direct, refused = "--direct=1", None
+        write = _fio_run(workdir, "write", file_bytes, len(files), (*shape, *direct))
     except OSError as exc:
-        if "Invalid argument" not in str(exc) and "direct" not in str(exc):
+        if not shape or ("Invalid argument" not in str(exc) and "direct" not in str(exc)):
             raise
         for f in workdir.iterdir():
             f.unlink()
-        refused = f"O_DIRECT refused: {exc}"
-        direct = "--direct=0"
-        write = _fio_run(workdir, "write", file_bytes, len(files), (*shape, direct))
+        direct, refused = ("--direct=0",), f"O_DIRECT refused: {exc}"
+        write = _fio_run(workdir, "write", file_bytes, len(files), (*shape, *direct))
     cache = _evict(files)
-    read = _fio_run(workdir, "read", file_bytes, len(files), (*shape, direct))
+    read = _fio_run(workdir, "read", file_bytes, len(files), (*shape, *direct))  # fio also invalidates the cache
     return write, read, cache, refused
 
 

@@ -118,9 +118,9 @@ def fmt(value: float | None, digits: int = 3) -> str:
 
 def baseline(results: Path | str, ranks: int) -> dict:
     """A fresh storage baseline of the results directory (or an s3:// URL), its ceiling with it: the record the
-    command cached (the path its last line names)."""
-    said = submitted(["baseline", f"dir={results}", f"ranks={ranks}", f"file_bytes={BASELINE_FILE_MIB}MiB"])
-    return json.loads(Path(str(said).rsplit("cached in ", 1)[1]).read_text())
+    command cached (its last line: `measured_at ...; cached in PATH.json (whose cache)`)."""
+    said = str(submitted(["baseline", f"dir={results}", f"ranks={ranks}", f"file_bytes={BASELINE_FILE_MIB}MiB"]))
+    return json.loads(Path(said.rsplit("cached in ", 1)[1].rsplit(".json", 1)[0] + ".json").read_text())
 
 
 def main() -> None:

@@ -59,13 +59,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import REPO, median, spread, submitted
+from benchmarks.common import median, spread, submitted
 
 CASES = [
     ("none", ["engine=none"]),
@@ -120,13 +118,9 @@ def fmt(value: float | None, digits: int = 3) -> str:
 
 def baseline(results: Path | str, ranks: int) -> dict:
     """A fresh storage baseline of the results directory (or an s3:// URL), its ceiling with it: the record the
-    command cached (the path its last line names)."""
-    proc = subprocess.run([str(REPO / "submit-job.sh"), "baseline", f"dir={results}", f"ranks={ranks}",
-                           f"file_bytes={BASELINE_FILE_MIB}MiB"], check=False, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"baseline failed: {proc.stderr.strip()}")
-    cached = proc.stdout.strip().splitlines()[-1].rsplit("cached in ", 1)[1]
-    return json.loads(Path(cached).read_text())
+    command cached (its last line: `measured_at ...; cached in PATH.json (whose cache)`)."""
+    said = str(submitted(["baseline", f"dir={results}", f"ranks={ranks}", f"file_bytes={BASELINE_FILE_MIB}MiB"]))
+    return json.loads(Path(said.rsplit("cached in ", 1)[1].rsplit(".json", 1)[0] + ".json").read_text())
 
 
 def main() -> None:
@@ -191,6 +185,28 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
     speeds = {t: (median([b["write_mib_s"] for b in storage[t]]), median([b["read_mib_s"] for b in storage[t]]))
               for t in targets}
     ceilings = {t: [b.get("ceiling") or {} for b in storage[t]] for t in targets}
+    _print_header(base, repeats, world, speeds, ceilings, loads, collected)
+    # engine=none's step per repeat: the step with no checkpointing at all, which each repeat's saves are held to
+    none_steps = [summary["training"]["step_seconds_median"] for summary in collected.get("none", [])]
+    rows = {name: _row(collected[name], ceilings["s3" if name.endswith(" s3") else "fs"], none_steps)
+            for name, _ in cases}
+    _main_table(rows, speeds)
+    _anatomy_table(rows)
+    _memory_table(rows)
+    _reads_table(rows)
+    replicated = [(name, x) for name, _ in cases for s in collected[name]
+                  for x in ((s["restart"] or {}).get("engine_load_statistics") or {}).get("replicated") or []]
+    if replicated:
+        print("\nHow each restart loaded a replicated file (engine=lazy: restart.engine_load_statistics.replicated), "
+              "one line per restart in repeat order:\n")
+        for name, x in replicated:
+            print(f"- {name}: {x['file']} {x['way']} in {x['seconds']:.3f} s ({x['why']})")
+    shutil.rmtree(results, ignore_errors=True)
+
+
+def _print_header(base: list[str], repeats: int, world: int, speeds: dict, ceilings: dict, loads: list[float],
+                  collected: dict[str, list[dict]]) -> None:
+    """What was run, the storage's baselines and ceilings, and how busy the machine was."""
     busy = [((s["checkpoint"].get("machine_load") or {}).get("cpu_busy_fraction")) for runs in collected.values()
             for s in runs]
     busy = [b for b in busy if b is not None]
@@ -200,72 +216,81 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
                       f"{'cold ' if t == 'fs' else ''}read {rd:.1f} MiB/s" for t, (w, rd) in speeds.items())
           + "; ceilings, measured with them: "
           + "; ".join(f"{'file system' if t == 'fs' else 'local S3 (RGW)'} " + _ceiling_words(ceilings[t])
-                      for t in targets)
+                      for t in ceilings)
           + f". Machine: 1-minute load average {min(loads):.1f}-{max(loads):.1f} over the repeats"
-          + (f", other work on the CPUs before a launch {statistics.median(busy):.0%} (median; "
+          + (f", other work on the CPUs before a launch {median(busy):.0%} (median; "
              f"{min(busy):.0%}-{max(busy):.0%})" if busy else "") + ".\n")
-    print("| engine | checkpoint MiB | blocking s | x default | durable s | durable MiB/s | x baseline write "
-          "| x ceiling write | step s (no flush) | step s (flush in flight) | restart load s | load MiB/s "
-          "| x baseline read | x ceiling read | checkpoint_load s | lost s (own) | lost s (vs none) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    # engine=none's step per repeat: the step with no checkpointing at all, which each repeat's saves are held to
-    none_steps = [summary["training"]["step_seconds_median"] for summary in collected.get("none", [])]
-    rows = {}
-    for name, _ in cases:
-        summaries = collected[name]
-        target = "s3" if name.endswith(" s3") else "fs"
-        saves = [s for summary in summaries for s in (summary["checkpoint"]["saves"][1:]
-                                                      or summary["checkpoint"]["saves"])]
-        nbytes = median([s["bytes"] for s in saves])
-        training = [summary["training"] for summary in summaries]
-        restarts = [summary["restart"] or {} for summary in summaries]
-        lost_own, lost_none = [], []
-        for i, summary in enumerate(summaries):
-            kept = summary["checkpoint"]["saves"][1:] or summary["checkpoint"]["saves"]
-            for s in kept:
-                tl = s.get("training_lost") or {}
-                lost_own.append(tl.get("seconds"))
-                if tl.get("window_seconds") is not None and i < len(none_steps) and none_steps[i] is not None:
-                    lost_none.append(tl["window_seconds"] - tl["steps_in_window"] * none_steps[i])
-        rows[name] = {
-            "lost_own": median(lost_own),
-            "lost_none": median(lost_none),
-            "mib": nbytes / 2**20 if nbytes else None,
-            "blocking": median([s["blocking_seconds"] for s in saves]),
-            "durable": median([s["durable_seconds"] for s in saves]),
-            "no_flush": median([t.get("step_seconds_median_no_flush", t["step_seconds_median"]) for t in training]),
-            "in_flight": median([t.get("step_seconds_median_in_flight") for t in training]),
-            "load": median([r.get("load_seconds") for r in restarts]),
-            "load_mib_s": median([r.get("load_throughput_mib_s") for r in restarts]),
-            "phase": median([(r.get("phases") or {}).get("checkpoint_load") for r in restarts]),
-            "phases": {k: median([(r.get("phases") or {}).get(k) for r in restarts])
-                       for k in ("imports", "dist_init", "model_build", "engine_init", "checkpoint_load", "first_step")},
-            "save_anatomy": {k: median([(s.get("breakdown") or {}).get(f"{k}_seconds") for s in saves])
-                             for k in ("serialize", "write", "fsync", "wait")},
-            "load_anatomy": {k: median([(r.get("load_breakdown") or {}).get(f"{k}_seconds") for r in restarts])
-                             for k in ("read", "deserialize", "copy", "wait")},
-            "memory": {k: median([((summary["checkpoint"].get("memory") or {}).get(k)) for summary in summaries])
-                       for k in ("peak_added_bytes_max", "held_bytes_max", "cost_bytes_median",
-                                 "engine_buffers_bytes_max", "step_peak_added_bytes")},
-            "growth": median([((summary["checkpoint"].get("memory") or {}).get("growth") or {}).get("bytes_per_save")
-                              for summary in summaries]),
-            "step_growth": median([((summary["training"].get("rss_growth") or {}).get("bytes_per_step"))
-                                   for summary in summaries]),
-            "storage_read": median([((r.get("load_breakdown") or {}).get("storage_read") or {}).get("bytes")
-                                    for r in restarts]),
-            "rank_bytes": median([(s["checkpoint"].get("bytes_per_rank") or {}).get("max") for s in summaries]),
-            "storage_read_mib_s": median([_storage_read(r).get("throughput_mib_s") for r in restarts]),
-            "read_ways": sorted({f"{w['way']}: {w['why']}" for r in restarts
-                                 for w in [((r.get("engine_load_statistics") or {}).get("read_io"))] if w}),
-            # each repeat's run against its own repeat's ceiling: durable MiB/s (median of its kept saves) and load
-            "of_ceiling": {
-                "write": [_ratio(_durable_mib_s(s), c.get("write_mib_s")) for s, c in zip(summaries, ceilings[target],
-                                                                                            strict=False)],
-                "read": [_ratio((s["restart"] or {}).get("load_throughput_mib_s"), c.get("read_mib_s"))
-                         for s, c in zip(summaries, ceilings[target], strict=False)],
-                "storage_read": [_ratio(_storage_read(s["restart"]).get("throughput_mib_s"), c.get("read_mib_s"))
-                                 for s, c in zip(summaries, ceilings[target], strict=False)]},
-        }
+
+
+def _kept(summary: dict) -> list[dict]:
+    """A run's saves less the first (warm-up) where there are more."""
+    return summary["checkpoint"]["saves"][1:] or summary["checkpoint"]["saves"]
+
+
+def _medians(records: list[dict | None], keys: tuple[str, ...], suffix: str = "") -> dict:
+    return {k: median([(r or {}).get(f"{k}{suffix}") for r in records]) for k in keys}
+
+
+def _row(summaries: list[dict], ceilings: list[dict], none_steps: list[float | None]) -> dict:
+    """One case's figures: medians over its kept saves and its repeats' runs."""
+    saves = [s for summary in summaries for s in _kept(summary)]
+    nbytes = median([s["bytes"] for s in saves])
+    training = [summary["training"] for summary in summaries]
+    restarts = [summary["restart"] or {} for summary in summaries]
+    memory = [summary["checkpoint"].get("memory") or {} for summary in summaries]
+    pairs = list(zip(summaries, ceilings, strict=False))  # each repeat's run and its repeat's ceiling
+    lost_own, lost_none = [], []  # training lost per kept save: at the run's own step, and at engine=none's
+    for i, summary in enumerate(summaries):
+        for s in _kept(summary):
+            tl = s.get("training_lost") or {}
+            lost_own.append(tl.get("seconds"))
+            if tl.get("window_seconds") is not None and i < len(none_steps) and none_steps[i] is not None:
+                lost_none.append(tl["window_seconds"] - tl["steps_in_window"] * none_steps[i])
+    return {
+        "lost_own": median(lost_own), "lost_none": median(lost_none),
+        "mib": nbytes / 2**20 if nbytes else None,
+        "blocking": median([s["blocking_seconds"] for s in saves]), "durable": median([s["durable_seconds"] for s in saves]),
+        "no_flush": median([t.get("step_seconds_median_no_flush", t["step_seconds_median"]) for t in training]),
+        "in_flight": median([t.get("step_seconds_median_in_flight") for t in training]),
+        "load": median([r.get("load_seconds") for r in restarts]),
+        "load_mib_s": median([r.get("load_throughput_mib_s") for r in restarts]),
+        "phases": _medians([r.get("phases") for r in restarts], PHASES),
+        "save_anatomy": _medians([s.get("breakdown") for s in saves], SAVE_PARTS, "_seconds"),
+        "load_anatomy": _medians([r.get("load_breakdown") for r in restarts], LOAD_PARTS, "_seconds"),
+        "memory": _medians(memory, MEMORY),
+        "growth": median([(m.get("growth") or {}).get("bytes_per_save") for m in memory]),
+        "step_growth": median([((t.get("rss_growth") or {}).get("bytes_per_step")) for t in training]),
+        "storage_read": median([_storage_read(r).get("bytes") for r in restarts]),
+        "rank_bytes": median([(s["checkpoint"].get("bytes_per_rank") or {}).get("max") for s in summaries]),
+        "storage_read_mib_s": median([_storage_read(r).get("throughput_mib_s") for r in restarts]),
+        "read_ways": sorted({f"{w['way']}: {w['why']}" for r in restarts
+                             for w in [((r.get("engine_load_statistics") or {}).get("read_io"))] if w}),
+        # each repeat's run against its own repeat's ceiling: durable MiB/s (median of its kept saves) and load
+        "of_ceiling": {"write": [_ratio(_durable_mib_s(s), c.get("write_mib_s")) for s, c in pairs],
+                       "read": [_ratio((s["restart"] or {}).get("load_throughput_mib_s"), c.get("read_mib_s"))
+                                for s, c in pairs],
+                       "storage_read": [_ratio(_storage_read(s["restart"]).get("throughput_mib_s"), c.get("read_mib_s"))
+                                        for s, c in pairs]},
+    }
+
+
+PHASES = ("imports", "dist_init", "model_build", "engine_init", "checkpoint_load", "first_step")
+SAVE_PARTS = ("serialize", "write", "fsync", "wait")
+LOAD_PARTS = ("read", "deserialize", "copy", "wait")
+MEMORY = ("peak_added_bytes_max", "held_bytes_max", "cost_bytes_median", "engine_buffers_bytes_max",
+          "step_peak_added_bytes")
+
+
+def _head(*columns: str) -> None:
+    """A Markdown table's header and its separator."""
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+
+
+def _main_table(rows: dict[str, dict], speeds: dict) -> None:
+    _head("engine", "checkpoint MiB", "blocking s", "x default", "durable s", "durable MiB/s", "x baseline write",
+          "x ceiling write", "step s (no flush)", "step s (flush in flight)", "restart load s", "load MiB/s",
+          "x baseline read", "x ceiling read", "checkpoint_load s", "lost s (own)", "lost s (vs none)")
     default_blocking = (rows.get("default") or {}).get("blocking")
     for name, r in rows.items():
         write_mib_s, read_mib_s = speeds["s3" if name.endswith(" s3") else "fs"]
@@ -277,34 +302,40 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
               f"| {fmt(durable_mib_s / write_mib_s if durable_mib_s else None, 2)} | {spread(r['of_ceiling']['write'])} "
               f"| {fmt(r['no_flush'])} | {fmt(r['in_flight'])} | {fmt(r['load'])} | {fmt(r['load_mib_s'], 1)} "
               f"| {fmt(r['load_mib_s'] / read_mib_s if r['load_mib_s'] else None, 2)} "
-              f"| {spread(r['of_ceiling']['read'])} | {fmt(r['phase'])} "
+              f"| {spread(r['of_ceiling']['read'])} | {fmt(r['phases']['checkpoint_load'])} "
               f"| {fmt(r['lost_own'])} | {fmt(r['lost_none'])} |")
+
+
+def _anatomy_table(rows: dict[str, dict]) -> None:
     print("\nWhere the time goes (medians; slowest rank's anatomy, docs/anatomy.md): restart phases in seconds, then "
           "one save's and the load's categories.\n")
-    print("| engine | imports | dist_init | model_build | engine_init | checkpoint_load | first_step "
-          "| save: serialize | write | fsync | wait | load: read | deserialize | copy | wait |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    _head("engine", *PHASES, *(f"save: {p}" if i == 0 else p for i, p in enumerate(SAVE_PARTS)),
+          *(f"load: {p}" if i == 0 else p for i, p in enumerate(LOAD_PARTS)))
     for name, r in rows.items():
         cells = [*r["phases"].values(), *r["save_anatomy"].values(), *r["load_anatomy"].values()]
         print(f"| {name} | " + " | ".join(fmt(c) for c in cells) + " |")
+
+
+def _memory_table(rows: dict[str, dict]) -> None:
     print("\nHost memory a save costs a rank (MiB, medians over repeats; docs/measurements.md#memory-per-save): its peak "
           "over the RSS it starts with (most demanding save), held while its flush runs, the median save's cost beyond "
           "a training step's own, the buffers the engine keeps between saves, the RSS growth per save and per step "
           "(summary.training.rss_growth: engine=none's is training's own); then what "
           "the restart read from storage, all ranks (MiB, the I/O counters), and that over the checkpoint's bytes; "
           "last, the held memory and the engine's buffers over the largest rank's checkpoint bytes (what it wrote).\n")
-    print("| engine | peak | held | cost | engine buffers | a step's own | growth per save | growth per step "
-          "| restart storage reads | x checkpoint | rank's checkpoint | held x rank's | buffers x rank's |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    _head("engine", "peak", "held", "cost", "engine buffers", "a step's own", "growth per save", "growth per step",
+          "restart storage reads", "x checkpoint", "rank's checkpoint", "held x rank's", "buffers x rank's")
     for name, r in rows.items():
         m = r["memory"]
-        cells = [m["peak_added_bytes_max"], m["held_bytes_max"], m["cost_bytes_median"], m["engine_buffers_bytes_max"],
-                 m["step_peak_added_bytes"], r["growth"], r["step_growth"], r["storage_read"]]
+        cells = [*m.values(), r["growth"], r["step_growth"], r["storage_read"]]
         ratio = r["storage_read"] / 2**20 / r["mib"] if r["storage_read"] and r["mib"] else None
         print(f"| {name} | " + " | ".join(fmt(c / 2**20 if c is not None else None, 1) for c in cells)
               + f" | {fmt(ratio, 2)} | {fmt(r['rank_bytes'] / 2**20 if r['rank_bytes'] else None, 1)} "
               f"| {fmt(_ratio(m['held_bytes_max'], r['rank_bytes']), 3)} "
               f"| {fmt(_ratio(m['engine_buffers_bytes_max'], r['rank_bytes']), 3)} |")
+
+
+def _reads_table(rows: dict[str, dict]) -> None:
     print("\nThe restart's reads against the storage (medians over repeats; docs/measurements.md#two-load-figures): "
           "load MiB/s is the checkpoint's bytes over the seconds the slowest rank waited inside the engine's loads; "
           "storage read MiB/s is what all ranks read from storage over the slowest rank's seconds with a read in "
@@ -313,22 +344,13 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
           "storage faster than its ceiling. A storage read above the ceiling is a buffered reader working between "
           "its calls (torch.load), whose pages the kernel read ahead while no call was in flight "
           "(benchmarks/read_ahead_overlap.py).\n")
-    print("| engine | load MiB/s | x ceiling read | storage read MiB/s | x ceiling read | how it read |")
-    print("|---|---|---|---|---|---|")
+    _head("engine", "load MiB/s", "x ceiling read", "storage read MiB/s", "x ceiling read", "how it read")
     for name, r in rows.items():
         if r["load_mib_s"] is None:
             continue
         print(f"| {name} | {fmt(r['load_mib_s'], 1)} | {spread(r['of_ceiling']['read'])} "
               f"| {fmt(r['storage_read_mib_s'], 1)} | {spread(r['of_ceiling']['storage_read'])} "
               f"| {'; '.join(r['read_ways']) or '-'} |")
-    replicated = [(name, x) for name, _ in cases for s in collected[name]
-                  for x in ((s["restart"] or {}).get("engine_load_statistics") or {}).get("replicated") or []]
-    if replicated:
-        print("\nHow each restart loaded a replicated file (engine=lazy: restart.engine_load_statistics.replicated), "
-              "one line per restart in repeat order:\n")
-        for name, x in replicated:
-            print(f"- {name}: {x['file']} {x['way']} in {x['seconds']:.3f} s ({x['why']})")
-    shutil.rmtree(results, ignore_errors=True)
 
 
 def _storage_read(restart: dict | None) -> dict:
@@ -342,7 +364,7 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 
 def _durable_mib_s(summary: dict) -> float | None:
     """A run's durable MiB/s: checkpoint bytes over the median durable seconds of its kept saves."""
-    saves = summary["checkpoint"]["saves"][1:] or summary["checkpoint"]["saves"]
+    saves = _kept(summary)
     seconds, nbytes = median([s["durable_seconds"] for s in saves]), median([s["bytes"] for s in saves])
     return nbytes / 2**20 / seconds if seconds and nbytes else None
 
@@ -355,7 +377,7 @@ def _ceiling_words(ceilings: list[dict]) -> str:
     for way in ("write", "read"):
         values = [c[f"{way}_mib_s"] for c in ceilings if c]
         sources = sorted({c[f"{way}_from"] for c in ceilings if c})
-        out.append(f"{way} {statistics.median(values):.1f} MiB/s ({min(values):.0f}-{max(values):.0f}; from "
+        out.append(f"{way} {median(values):.1f} MiB/s ({min(values):.0f}-{max(values):.0f}; from "
                    f"{' and '.join(sources)})")
     d = next(c["direct"] for c in ceilings if c)
     return ", ".join(out) + (f" [direct probe: {d['method']}, {'O_DIRECT' if d['o_direct'] else 'buffered'}, "

@@ -1,0 +1,275 @@
+"""The storage baseline's probe of a file system (targets/filesystem.py's probe_class; files/baseline.py times, caches
+and renders it): the baseline (fio's psync or the built-in probe: sequential write, fsync, evict, sequential read),
+the ceiling (O_DIRECT: fio's libaio or the built-in threads, an engine's own shape) and the metadata rates (mdtest's
+shape), each in a scratch folder beside the run's checkpoint folder, each read after its files are evicted."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import hashlib
+import json
+import mmap
+import os
+import shutil
+import socket
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from restart_harness.errors import UsageError
+from restart_harness.files import baseline, pagecache
+from restart_harness.files.fsfacts import filesystem, free_bytes, nearest_existing, why_not_a_directory
+from restart_harness.targets.base import StorageProbe
+
+MIB = 1 << 20
+HUGE_PAGE = 2 << 20  # a transparent huge page on x86-64 and most aarch64 kernels
+METADATA_FILES = 500  # per rank, as mdtest's -n: files each rank creates, stats, opens and removes
+
+
+class FileSystemProbe(StorageProbe):
+    """The storage baseline of a file system: fio or the built-in probe, beside the run's checkpoint folder."""
+
+    def check(self, key: str) -> None:
+        """The baseline measures a folder that exists (it is not created)."""
+        d = Path(self.target.location)
+        if not d.is_dir():
+            raise UsageError(f"{key}={self.target.location}: no such directory")
+        if not os.access(d, os.W_OK) or why_not_a_directory(d):
+            raise UsageError(f"{key}={self.target.location}: not writable")
+
+    def _probe_dir(self) -> Path:
+        """Where a probe writes: beside the run's checkpoint folder, or the location itself."""
+        return (self.target.root.parent if self.target.root is not None else self.target._base()).resolve()
+
+    def key(self) -> str:
+        fs = filesystem(nearest_existing(self._probe_dir()))
+        ident = f"{socket.gethostname()}|{fs['device']}|{fs['mount']}|{fs['type']}"
+        return f"{fs['type'] or 'fs'}-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
+
+    def free_bytes(self) -> int:
+        return free_bytes(self._probe_dir())
+
+    def measure(self, file_bytes: int, ranks: int, tool: str) -> dict:
+        if tool == "auto":
+            tool = "fio" if shutil.which("fio") else "builtin"
+        block, directory = min(baseline.BLOCK_BYTES, file_bytes), self._probe_dir()
+        with _scratch(directory, ranks) as (workdir, files):
+            if tool == "fio":
+                write, read, cache, _ = _fio(workdir, files, file_bytes)
+                method = fio_version() or "fio"
+            else:
+                write, read, cache, _ = _builtin(files, file_bytes, block, 1, direct=False)
+                method = "builtin"
+            meta = metadata_probe(workdir / "meta", ranks)
+        return {"write": write, "read": read, "read_cache": cache, "metadata": meta, "method": method, "tool": tool,
+                "dir": str(directory), "filesystem": filesystem(directory), "block_bytes": block,
+                "write_means": "sequential write + fsync", "read_means": "sequential read"}
+
+    def measure_ceiling(self, file_bytes: int, ranks: int, tool: str) -> dict:
+        """The ceiling's probe (files/baseline.py): each rank one file of file_bytes, written with O_DIRECT in
+        requests of CEILING_REQUEST_BYTES, CEILING_QUEUE_DEPTH in flight, fsync'd; then read back the same way. The
+        built-in probe (threads, each its own reused buffer), or with tool=fio fio's libaio at that iodepth. Where
+        the file system refuses O_DIRECT, the same shape buffered, and `refused` says why. Then, evicted again, read
+        once more in the same shape through the page cache (`read_buffered`; the built-in threads: a disk whose
+        read-ahead beats O_DIRECT reads fastest so)."""
+        # the engine's own shape unless fio is asked for: on this project's disk O_DIRECT reads in threads ran at
+        # 1,523 MiB/s where fio's libaio at the same depth and request size gave 1,098 (medians of 5, interleaved,
+        # 2026-11-27): a ceiling below what an engine reads is no ceiling
+        tool = "fio" if tool == "fio" else "builtin"
+        request, depth = min(baseline.CEILING_REQUEST_BYTES, file_bytes), baseline.CEILING_QUEUE_DEPTH
+        with _scratch(self._probe_dir(), ranks) as (workdir, files):
+            if tool == "fio":
+                shape = ("--ioengine=libaio", f"--iodepth={depth}", f"--bs={request}")
+                write, read, cache, refused = _fio(workdir, files, file_bytes, shape)
+                method = f"{fio_version() or 'fio'} libaio"
+            else:
+                write, read, cache, refused = _builtin(files, file_bytes, request, depth)
+                method = "builtin threads"
+            read_buffered = None
+            if refused is None:  # refused: the read above was already buffered
+                read_buffered = _builtin(files, file_bytes, request, depth, write_too=False, direct=False)[1]
+        how = f"{'buffered' if refused else 'O_DIRECT'}, {request // MIB} MiB requests x {depth} in flight a rank"
+        return {"write": write, "read": read, "read_cache": cache, "method": method, "tool": tool,
+                "request_bytes": request, "queue_depth": depth, "o_direct": refused is None, "refused": refused,
+                "write_means": f"{how}, fsync at the end", "read_means": how, "read_buffered": read_buffered,
+                "read_buffered_means": f"buffered, {request // MIB} MiB requests x {depth} threads a rank (built-in)"}
+
+
+@contextlib.contextmanager
+def _scratch(directory: Path, ranks: int):
+    """A fresh folder in directory with one file name a rank, removed afterwards."""
+    workdir = directory / baseline.scratch_name()
+    workdir.mkdir(parents=True)
+    try:
+        yield workdir, [workdir / f"rh.{i}" for i in range(ranks)]
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def metadata_probe(folder: Path, ranks: int, files: int = METADATA_FILES) -> dict:
+    """mdtest's shape on one node: `ranks` threads, each in a folder of its own, create `files` empty files, then stat
+    them, open and close them, remove them; each step's operations over its wall time, all ranks together
+    (operations per second). The rates of a file system's metadata service as this node's clients see them (a
+    client's caches included: the stats and opens follow the creates, as an import's do not)."""
+    folders = [folder / f"rank-{r}" for r in range(ranks)]
+    for f in folders:
+        f.mkdir(parents=True)
+    names = [[str(f / f"f.{i}") for i in range(files)] for f in folders]
+    steps = (("create", lambda path: os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644))),
+             ("stat", os.stat), ("open", lambda path: os.close(os.open(path, os.O_RDONLY))), ("remove", os.unlink))
+    out: dict = {"ranks": ranks, "files_per_rank": files}
+    with ThreadPoolExecutor(max_workers=ranks) as pool:
+        for step, fn in steps:
+            start = time.perf_counter()
+            list(pool.map(lambda paths, fn=fn: [fn(path) for path in paths], names))
+            seconds = time.perf_counter() - start
+            out[f"{step}_per_s"] = round(ranks * files / seconds, 1) if seconds > 0 else None
+    return out
+
+
+def fio_version() -> str:
+    proc = subprocess.run(["fio", "--version"], check=False, capture_output=True, text=True, timeout=30)
+    return proc.stdout.strip()
+
+
+def _evict(files: list[Path]) -> dict:
+    """Drop these files' pages (clean after fsync) and report what mincore then sees."""
+    total = sum(f.stat().st_size for f in files)
+    error = None
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        except OSError as exc:
+            error = f"posix_fadvise: {exc.strerror or exc}"
+        finally:
+            os.close(fd)
+    resident = pagecache.resident_total(files)
+    observed = ("cold" if resident == 0 else "warm" if resident >= total
+                else f"partial ({resident / total:.0%} resident)")
+    return {"method": "posix_fadvise_dontneed", "error": error, "resident_bytes_before_read": resident,
+            "observed": observed}
+
+
+# ---- fio ---------------------------------------------------------------------------------------------------------
+def _fio_run(workdir: Path, rw: str, file_bytes: int, ranks: int, options: tuple[str, ...] = ()) -> dict:
+    """fio's psync engine (or `options`' engine and shape), one job per rank; fallocate=none, because torch.save does
+    not preallocate and fio's default posix_fallocate made writes ~9x slower on ext4 here (unwritten extents converted
+    at fsync)."""
+    cmd = ["fio", "--name=rh-baseline", f"--directory={workdir}", f"--rw={rw}",
+           f"--bs={min(baseline.BLOCK_BYTES, file_bytes)}", f"--size={file_bytes}", f"--numjobs={ranks}",
+           "--ioengine=psync", "--fallocate=none", "--filename_format=rh.$jobnum", "--output-format=json", *options]
+    if rw == "write":
+        cmd.append("--end_fsync=1")
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise OSError(f"fio {rw} exited {proc.returncode}: {' '.join(proc.stderr.strip().splitlines()[-3:])}")
+    jobs = json.loads(proc.stdout[proc.stdout.index("{"):])["jobs"]
+    total = sum(j[rw]["io_bytes"] for j in jobs)
+    slowest = max(j["job_runtime"] for j in jobs) / 1000.0  # ms; includes end_fsync for writes
+    return {"bytes": total, "seconds": round(slowest, 6), "mib_s": round(total / MIB / slowest, 3) if slowest else None}
+
+
+def _fio(workdir: Path, files: list[Path], file_bytes: int,
+         shape: tuple[str, ...] = ()) -> tuple[dict, dict, dict, str | None]:
+    """The baseline's fio jobs, or with `shape` the ceiling's (later options override the baseline's: libaio, its
+    requests in flight a job) with O_DIRECT, buffered where fio reports that the file system refuses it."""
+    direct, refused = ("--direct=1",) if shape else (), None
+    try:
+        write = _fio_run(workdir, "write", file_bytes, len(files), (*shape, *direct))
+    except OSError as exc:
+        if not shape or ("Invalid argument" not in str(exc) and "direct" not in str(exc)):
+            raise
+        for f in workdir.iterdir():
+            f.unlink()
+        direct, refused = ("--direct=0",), f"O_DIRECT refused: {exc}"
+        write = _fio_run(workdir, "write", file_bytes, len(files), (*shape, *direct))
+    cache = _evict(files)
+    read = _fio_run(workdir, "read", file_bytes, len(files), (*shape, *direct))  # fio also invalidates the cache
+    return write, read, cache, refused
+
+
+# ---- the built-in probe ------------------------------------------------------------------------------------------
+def _open_direct(path: Path, flags: int) -> tuple[int, str | None]:
+    """path opened with O_DIRECT, or without it where the file system answers EINVAL (and why)."""
+    try:
+        return os.open(path, flags | os.O_DIRECT, 0o644), None
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        return os.open(path, flags, 0o644), f"O_DIRECT refused: {exc.strerror} (EINVAL)"
+
+
+@contextlib.contextmanager
+def _aligned_buffer(request: int):
+    """A reused buffer of `request` bytes starting on a 2 MiB page where the kernel gives them, as an engine's large
+    buffers may be: an O_DIRECT request's pages are its scatter-gather list, and 4 KiB ones split a 16 MiB request."""
+    buf = mmap.mmap(-1, request + HUGE_PAGE)
+    with contextlib.suppress(AttributeError, OSError):  # no MADV_HUGEPAGE: 4 KiB pages
+        buf.madvise(mmap.MADV_HUGEPAGE)
+    anchor = ctypes.c_char.from_buffer(buf)
+    shift = -ctypes.addressof(anchor) % HUGE_PAGE
+    del anchor  # an exported pointer would keep the mapping from closing
+    whole = memoryview(buf)
+    view = whole[shift:shift + request]
+    try:
+        yield view
+    finally:
+        view.release()
+        whole.release()
+        buf.close()
+
+
+def _stream(fd: int, offsets: list[int], end: int, request: int, payload: bytes | None) -> None:
+    """One thread's requests of one file: pwrite `payload` at each offset (or preadv where None) up to `end`."""
+    with _aligned_buffer(request) as view:
+        if payload is not None:
+            view[:] = payload
+        for off in offsets:
+            n = min(request, end - off)
+            done = 0
+            while done < n:
+                step = (os.pwrite(fd, view[done:n], off + done) if payload is not None
+                        else os.preadv(fd, [view[done:n]], off + done))
+                if step <= 0:
+                    break  # the end of the file
+                done += step
+
+
+def _builtin(files: list[Path], file_bytes: int, request: int, depth: int,
+             write_too: bool = True, direct: bool = True) -> tuple[dict | None, dict, dict, str | None]:
+    """Each rank `depth` threads, each reusing one page-aligned buffer of `request` bytes, taking every depth-th
+    request of its file (O_DIRECT: whole 4 KiB blocks, the padding cut off by ftruncate): pwrite, one fsync a file;
+    evict; preadv the same way (all release the GIL). write_too=False: only read them (evicted first);
+    direct=False: through the page cache (the baseline: one thread a rank, 4 MiB requests)."""
+    padded = -(-file_bytes // 4096) * 4096 if direct else file_bytes
+    payload = os.urandom(request)  # random: no file system can compress it away
+    refusals: list[str] = []
+
+    def run(i: int, write: bool) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC if write else os.O_RDONLY
+        fd, why = _open_direct(files[i], flags) if direct else (os.open(files[i], flags, 0o644), None)
+        if why:
+            refusals.append(why)
+        try:
+            offsets = range(0, padded, request)
+            with ThreadPoolExecutor(max_workers=depth) as pool:
+                list(pool.map(lambda t: _stream(fd, offsets[t::depth], padded, request, payload if write else None),
+                              range(depth)))
+            if write:
+                if padded != file_bytes:
+                    os.ftruncate(fd, file_bytes)
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    total = file_bytes * len(files)
+    write_s = baseline.threads(len(files), lambda i: run(i, True)) if write_too else None
+    cache = _evict(files)
+    read_s = baseline.threads(len(files), lambda i: run(i, False))
+    return (baseline.phase(total, write_s) if write_s else None, baseline.phase(total, read_s), cache,
+            (refusals[0] if refusals else None))

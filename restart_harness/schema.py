@@ -392,11 +392,19 @@ def _view(name: str, fields: str, nested: dict | None = None, renamed: dict | No
                                       namespace={"NESTED": nested or {}, "RENAMED": renamed or {}, **methods})
 
 
+LostView = _view("LostView", "saves note per_save_seconds_median per_save_noise_seconds within_noise baseline_step")
+GrowthView = _view("GrowthView", "bytes_per_save note growing standard_error_bytes saves rank")
+SaveMemoryView = _view("SaveMemoryView", "saves peak_added_bytes_max peak_added_rank peak_added_tag held_bytes_max "
+                       "retained_bytes_max cost_bytes_median step_peak_added_bytes engine_buffers_bytes_max growth",
+                       nested={"growth": GrowthView})
+CrossoverView = _view("CrossoverView", "status crossover_checkpoint_bytes run_largest_phase measured")
+PredictionView = _view("PredictionView", "phases machine_busy calibration crossover",
+                       nested={"crossover": CrossoverView})
 SpecView = _view("SpecView", "model engine precision device seq_len tp pp dp shrink emulate subset derived")
 SaveView = _view("SaveView", "tag blocking_seconds durable_seconds commit_seconds checksum_seconds is_async "
                   "throughput_mib_s breakdown training_lost per_node slowest_node", renamed={"async": "is_async"})
 CheckpointView = _view("CheckpointView", "tag files bytes by_kind bytes_per_rank saves training_lost memory "
-                       "engine_staging efficiency storage_requests incomplete_uploads", nested={"saves": [SaveView]})
+                       "engine_staging efficiency storage_requests incomplete_uploads", nested={"saves": [SaveView], "training_lost": LostView, "memory": SaveMemoryView})
 TrainingView = _view("TrainingView", "steps step_seconds_median steps_in_flight step_seconds_median_in_flight "
                                      "step_seconds_median_no_flush rss_growth")
 BaselineView = _view("BaselineView", "method write_mib_s read_mib_s cached age_seconds dir spread ceiling")
@@ -411,4 +419,5 @@ RestartView = _view(
     at_own_layout=lambda r: (r.layout or {}).get("loaded") == (r.layout or {}).get("saved"))
 SummaryView = _view("SummaryView", "run_id status spec checkpoint training restart restarts baseline prediction",
                     nested={"spec": SpecView, "checkpoint": CheckpointView, "training": TrainingView,
-                            "restart": RestartView, "restarts": [RestartView], "baseline": BaselineView})
+                            "restart": RestartView, "restarts": [RestartView], "baseline": BaselineView,
+                            "prediction": PredictionView})

@@ -7,8 +7,8 @@ import statistics
 from restart_harness import resolve
 from restart_harness.results import placement, save_memory
 from restart_harness.schema import (GIB, LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES, BaselineView,
-                                    CheckpointView, RestartView, SaveView, SpecView, SummaryView, TrainingView, count,
-                                    io_metadata_ops, span)
+                                    CheckpointView, CrossoverView, GrowthView, LostView, PredictionView, RestartView,
+                                    SaveView, SpecView, SummaryView, TrainingView, count, io_metadata_ops, span)
 
 
 def _s(value: float | None) -> str:
@@ -259,17 +259,17 @@ def _terms(text: str) -> list[tuple[str, str]]:
 
 def _lost_rows(ck: CheckpointView) -> list[tuple[str, str]]:
     """What the saves cost training (results/training_cost.py): per save, against the run's own steps."""
-    run = ck.training_lost or {}
-    if not run.get("saves") and not run.get("note"):
+    run = ck.training_lost or LostView()
+    if not run.saves and not run.note:
         return []
-    if run.get("per_save_seconds_median") is None:
-        return [("training lost", f"not measured: {run.get('note')}")]
-    base = run["baseline_step"]
+    if run.per_save_seconds_median is None:
+        return [("training lost", f"not measured: {run.note}")]
+    base = run.baseline_step
     last = next(s for s in reversed(ck.saves) if (s.training_lost or {}).get("seconds") is not None)
     lost = last.training_lost
-    noise = (f"; WITHIN NOISE (steps vary by +-{run['per_save_noise_seconds']:.3f} s over a save's window): no "
-             "measurable cost" if run.get("within_noise") else "")
-    return [("training lost", f"per save median {_s(run['per_save_seconds_median'])} over {count(run['saves'], 'save')} "
+    noise = (f"; WITHIN NOISE (steps vary by +-{run.per_save_noise_seconds:.3f} s over a save's window): no "
+             "measurable cost" if run.within_noise else "")
+    return [("training lost", f"per save median {_s(run.per_save_seconds_median)} over {count(run.saves, 'save')} "
                               f"against a {_s(base['seconds'])} step (median of {base['steps']} steps without a save "
                               f"in flight, MAD {_s(base['mad_seconds'])}){noise}"),
             (f"lost {last.tag}", f"{_s(lost['seconds'])} = blocking {_s(lost['blocking_seconds'])} + "
@@ -280,36 +280,36 @@ def _lost_rows(ck: CheckpointView) -> list[tuple[str, str]]:
 def _memory_rows(ck: CheckpointView, steps: dict | None, records) -> list[tuple[str, str]]:
     """What the saves cost in host memory (results/save_memory.py), and whether it grew save after save."""
     m = ck.memory
-    if not m or not m.get("saves"):
+    if not m or not m.saves:
         return []
 
     def mib(x):
         return "-" if x is None else f"{x / MIB:+,.1f} MiB".replace("-0.0", "+0.0")
 
-    buffers = m.get("engine_buffers_bytes_max")
-    rows = [("save memory", f"{mib(m['peak_added_bytes_max'])} per rank at its peak over the RSS a save starts with "
-                            f"(rank {m['peak_added_rank']}, {m['peak_added_tag']}); held while the flush runs "
-                            f"{mib(m['held_bytes_max'])}, retained at the commit {mib(m['retained_bytes_max'])}"
+    buffers = m.engine_buffers_bytes_max
+    rows = [("save memory", f"{mib(m.peak_added_bytes_max)} per rank at its peak over the RSS a save starts with "
+                            f"(rank {m.peak_added_rank}, {m.peak_added_tag}); held while the flush runs "
+                            f"{mib(m.held_bytes_max)}, retained at the commit {mib(m.retained_bytes_max)}"
                             + (f"; the engine keeps {buffers / MIB:,.1f} MiB of buffers between saves" if buffers
                                else "")),
-            ("  beyond steps", f"median {mib(m['cost_bytes_median'])} a save over {m['saves']} saves, less a "
-                               f"training step's own {mib(m['step_peak_added_bytes'])} where its flush overlapped steps")]
+            ("  beyond steps", f"median {mib(m.cost_bytes_median)} a save over {m.saves} saves, less a "
+                               f"training step's own {mib(m.step_peak_added_bytes)} where its flush overlapped steps")]
     if ck.engine_staging:  # how the engine sized its host buffers (its own rows)
         rows += records.memory_rows(ck.engine_staging)
-    g = m["growth"]
-    if g.get("bytes_per_save") is None:
-        rows.append(("memory growth", f"not measured: {g['note']}"))
+    g = m.growth or GrowthView()
+    if g.bytes_per_save is None:
+        rows.append(("memory growth", f"not measured: {g.note}"))
     else:
-        verdict = "GROWING" if g["growing"] else "flat"
-        se = g["standard_error_bytes"]
-        rows.append(("memory growth", f"{verdict}: RSS at a save's start {mib(g['bytes_per_save'])} per save"
+        verdict = "GROWING" if g.growing else "flat"
+        se = g.standard_error_bytes
+        rows.append(("memory growth", f"{verdict}: RSS at a save's start {mib(g.bytes_per_save)} per save"
                                       + (f" (standard error {se / MIB:,.1f} MiB)" if se is not None else "")
-                                      + f" over saves 2-{g['saves']}, rank {g['rank']}; flagged from "
+                                      + f" over saves 2-{g.saves}, rank {g.rank}; flagged from "
                                       f"{save_memory.GROWTH_FLOOR_BYTES / MIB:,.0f} MiB a save"
                                       + (f"; at a step's start {mib(steps['bytes_per_step'])} per step"
                                          if steps else "")
                                       + ("; training grows too: compare engine=none's training.rss_growth before "
-                                         "blaming the engine" if g["growing"] and steps else "")))
+                                         "blaming the engine" if g.growing and steps else "")))
     return rows
 
 
@@ -387,9 +387,9 @@ def _restart_rows(restarts: tuple[RestartView, ...]) -> list[tuple[str, str]]:
     return rows
 
 
-def _prediction_rows(checked: dict | None) -> list[tuple[str, str]]:
+def _prediction_rows(checked: PredictionView | None) -> list[tuple[str, str]]:
     """What the run predicted for itself before launch beside what it measured (docs/prediction.md)."""
-    phases = (checked or {}).get("phases") or {}
+    phases = (checked.phases if checked else None) or {}
     parts = []
     # the prediction is of the run's own first restart (results/prediction.py first_restart), whichever is shown above
     for label, name in (("durable save", "save_durable_seconds"), ("restart-01 with launcher", PREDICTED_TOTAL)):
@@ -399,22 +399,22 @@ def _prediction_rows(checked: dict | None) -> list[tuple[str, str]]:
     if not parts:
         return []
     busy = ("; MEASURED ON A BUSY MACHINE (other work before a launch: machine_load in summary.json), so the errors "
-            "are not the model's" if checked.get("machine_busy") else "")
-    return [("predicted", f"{'; '.join(parts)}; calibration {checked['calibration']['name']}{busy}"),
-            *_crossover_rows(checked.get("crossover"))]
+            "are not the model's" if checked.machine_busy else "")
+    return [("predicted", f"{'; '.join(parts)}; calibration {checked.calibration['name']}{busy}"),
+            *_crossover_rows(checked.crossover)]
 
 
-def _crossover_rows(c: dict | None) -> list[tuple[str, str]]:
+def _crossover_rows(c: CrossoverView | None) -> list[tuple[str, str]]:
     """The checkpoint size from which the load is predicted the largest restart phase, and this run's side of it,
     predicted and measured (docs/prediction.md#the-crossover)."""
-    if not c or not c.get("status"):
+    if not c or not c.status:
         return []
-    b, m = c.get("crossover_checkpoint_bytes"), c.get("measured") or {}
+    b, m = c.crossover_checkpoint_bytes, c.measured or {}
     text = (f"load the largest restart phase from {b / GIB:,.2f} GiB of checkpoint on (predicted)" if b else
-            f"none predicted in range: {c['status'].replace('_', ' ')}")
+            f"none predicted in range: {c.status.replace('_', ' ')}")
     if m.get("largest_phase") and m.get("checkpoint_bytes"):
         text += (f"; this run's {m['checkpoint_bytes'] / GIB:,.3f} GiB: largest phase predicted "
-                 f"{_phase(c['run_largest_phase'])}, measured {_phase(m['largest_phase'])}")
+                 f"{_phase(c.run_largest_phase)}, measured {_phase(m['largest_phase'])}")
     return [("crossover", text)]
 
 

@@ -33,11 +33,6 @@ def _records(run_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in paths]  # in record order: restart-100 after restart-99
 
 
-def _launch_record(run_dir: Path, record: str) -> dict:
-    path = run_dir / "records" / f"{record}.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def _stored(target) -> dict[str, list[tuple[str, int]]]:
     """tag -> (path, bytes) of what the target stores now ({} when it cannot be listed now: no inventory rather
     than a wrong one)."""
@@ -140,7 +135,8 @@ def _status(state: str, reason: str | None, restarts: list[dict]) -> dict:
 def _checkpoint_phase(summary: dict, run_dir: Path, target) -> None:
     """What the checkpoint phase's launch record and the target's client say: requests, uploads, machine load, and
     its start-up attributed as a restart's (the phases up to engine_init)."""
-    launch = _launch_record(run_dir, "checkpoint")
+    path = run_dir / "records" / "checkpoint.json"
+    launch = json.loads(path.read_text()) if path.is_file() else {}
     summary["checkpoint"]["storage_requests"] = target.requests(run_dir / "logs" / "client" / "checkpoint")
     summary["checkpoint"]["incomplete_uploads"] = launch.get("incomplete_uploads")
     summary["checkpoint"]["machine_load"] = launch.get("machine_load")

@@ -166,11 +166,8 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
             load_bytes: int | None, root: str | None = None, run_dir: Path | None = None) -> dict:
     """Phases as the slowest rank's seconds; the verification digest is timed apart and excluded."""
     per_rank = [_rank_restart(rank, evs) for rank, evs in sorted(record.items())]
-    phases = {}
-    for phase, _, _ in RESTART_PHASES:
-        values = [r["phases"][phase] for r in per_rank if phase in r["phases"]]
-        if values and len(values) == len(per_rank):
-            phases[phase] = round(max(values), 6)
+    phases = {phase: round(max(r["phases"][phase] for r in per_rank), 6) for phase in PHASE_NAMES
+              if per_rank and all(phase in r["phases"] for r in per_rank)}  # a phase every rank went through
     totals = [r["total_seconds"] for r in per_rank if r["total_seconds"] is not None]
     verifies = [r["verify"] for r in per_rank]
     verified = bool(per_rank) and all(v is not None and v["ok"] for v in verifies)

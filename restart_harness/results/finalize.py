@@ -33,11 +33,6 @@ def _records(run_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in paths]  # in record order: restart-100 after restart-99
 
 
-def _launch_record(run_dir: Path, record: str) -> dict:
-    path = run_dir / "records" / f"{record}.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
 def _stored(target) -> dict[str, list[tuple[str, int]]]:
     """tag -> (path, bytes) of what the target stores now ({} when it cannot be listed now: no inventory rather
     than a wrong one)."""
@@ -63,66 +58,22 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
     stored = _stored(target)
     committed = {tag: {"files": len(stored[tag]), "bytes": sum(n for _, n in stored[tag])}
                  for tag in writers if stored.get(tag)}
-    restarts = []
-    for info in _records(run_dir):
-        record = ev.read_record(run_dir, info["record"])
-        tag = next((e["tag"] for evs in record.values() for e in evs if e["event"] == "loaded"), None)
-        # every restart says where it ran and what it read: its own layout (its record's spec), the saved
-        # checkpoint, and what it loaded (the same, or a converted copy of it)
-        own = records.read(run_dir, info["record"]).spec
-        info.setdefault("layout", {"saved": run.spec.layout, "loaded": own.layout})
-        r = sm.restart(record, info["record"], info, info.get("cache"), committed.get(tag, {}).get("bytes"),
-                       str(target.root), run_dir)
-        r["saved_tag"] = (info.get("conversion") or {}).get("tag") or tag
-        r["loaded"] = {"tag": tag, "files": len(stored.get(tag, [])) or None,
-                       "bytes": sum(n for _, n in stored.get(tag, [])) or None}
-        r["storage_requests"] = target.requests(run_dir / "logs" / "client" / info["record"])
-        r["incomplete_uploads"] = info.get("incomplete_uploads")
-        r["integrity"] = info.get("integrity")  # the committed files' checksums, read back before the launch
-        r["rerun"] = rerun(info, run.spec.phase)
-        r["outcome"] = info.get("outcome") or ({"state": "verified", "reason": None} if r["verified"] else
-                                               {"state": "failed", "reason": "not verified on every rank"})
-        facts = dict(run.facts.get("io_sources") or {})
-        if info.get("staging"):  # env_stage=: the ranks' environment and extension cache were the copy's
-            for source in ("environment", "extension_cache"):
-                facts[source] = {**(facts.get(source) or {}), "filesystem": info["staging"]["filesystem"]}
-        r["io_sources"] = io_sources.by_phase(record, RESTART_PHASES, facts)
-        r["attribution"] = attribution.of_record(run_dir, info["record"], record, RESTART_PHASES, info)
-        attribution.with_load_anatomy(r["attribution"], r.get("load_breakdown"))
-        restarts.append(r)
+    restarts = [_restart(run, run_dir, info, committed, stored) for info in _records(run_dir)]
     sm.loss_continuity(restarts)
     for r in restarts:
         if r["outcome"]["state"] == "verified" and not r["verified"]:  # a first loss that did not continue the run's
             r["outcome"] = {"state": "failed", "reason": "restart did not restore the saved state: "
                                                         + ", ".join(r["differing"][:5] or ["nothing verified"])}
-    # the run's state is the outcome of its own phases; a restart-only re-run's is its own (its record's outcome)
-    unverified = [r for r in restarts if not r["verified"] and not r["rerun"]]
-    if state == "complete" and unverified:
-        r = unverified[-1]
-        state, reason = "failed", f"{r['record']}: restart did not restore the saved state: " + \
-            ", ".join(r["differing"][:5] or ["nothing verified"])
     tag = (restarts[-1]["saved_tag"] if restarts else None) or target.latest()
     inventory = None
     if tag and stored.get(tag):
         inventory = inv.build(f"{target.describe()}/{tag}", writers.get(tag), stored[tag])
         inventory["tag"] = tag
         write_json_atomic(run_dir / "inventory.json", inventory)
-    status = {"state": state, "reason": reason, "time": time.time()}
-    if failed := [r for r in restarts if r["rerun"] and r["outcome"]["state"] == "failed"]:
-        # the run stays what its own phases made it, and says that a later re-run did not verify
-        status["reruns_failed"] = [{"record": r["record"], **r["outcome"]} for r in failed]
-        last = failed[-1]
-        status["reason"] = "; ".join([*([reason] if reason else []), f"{count(len(failed), 'restart-only re-run')} "
-                                      f"did not verify, the last {last['record']}: {last['outcome']['reason']}"])
+    status = _status(state, reason, restarts)
     summary = sm.build(run_dir, run.made.to_json(), status, {"root": str(target.root), "committed": committed},
                        inventory, restarts)
-    checkpoint_launch = _launch_record(run_dir, "checkpoint")
-    summary["checkpoint"]["storage_requests"] = target.requests(run_dir / "logs" / "client" / "checkpoint")
-    summary["checkpoint"]["incomplete_uploads"] = checkpoint_launch.get("incomplete_uploads")
-    summary["checkpoint"]["machine_load"] = checkpoint_launch.get("machine_load")
-    # the checkpoint phase's start-up, attributed as a restart's (the phases up to engine_init)
-    summary["checkpoint"]["attribution"] = attribution.of_record(
-        run_dir, "checkpoint", ev.read_record(run_dir, "checkpoint"), RESTART_PHASES[:4], checkpoint_launch)
+    _checkpoint_phase(summary, run_dir, target)
     efficiency.add(summary, run_dir)
     summary["prediction"] = prediction.compare(prediction.read(run_dir), summary)
     if summary["prediction"] is not None:  # measured on a busy machine, a prediction's error is not the model's
@@ -132,3 +83,62 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
     write_json_atomic(run_dir / "summary.json", summary)
     write_json_atomic(run_dir / "status.json", status)
     return summary
+
+
+def _restart(run, run_dir: Path, info: dict, committed: dict, stored: dict) -> dict:
+    """One restart's summary from its record and its launch record (info), with what it read from the target."""
+    target = run.target
+    record = ev.read_record(run_dir, info["record"])
+    tag = next((e["tag"] for evs in record.values() for e in evs if e["event"] == "loaded"), None)
+    # every restart says where it ran and what it read: its own layout (its record's spec), the saved
+    # checkpoint, and what it loaded (the same, or a converted copy of it)
+    own = records.read(run_dir, info["record"]).spec
+    info.setdefault("layout", {"saved": run.spec.layout, "loaded": own.layout})
+    r = sm.restart(record, info["record"], info, info.get("cache"), committed.get(tag, {}).get("bytes"),
+                   str(target.root), run_dir)
+    r["saved_tag"] = (info.get("conversion") or {}).get("tag") or tag
+    r["loaded"] = {"tag": tag, "files": len(stored.get(tag, [])) or None,
+                   "bytes": sum(n for _, n in stored.get(tag, [])) or None}
+    r["storage_requests"] = target.requests(run_dir / "logs" / "client" / info["record"])
+    r["incomplete_uploads"] = info.get("incomplete_uploads")
+    r["integrity"] = info.get("integrity")  # the committed files' checksums, read back before the launch
+    r["rerun"] = rerun(info, run.spec.phase)
+    r["outcome"] = info.get("outcome") or ({"state": "verified", "reason": None} if r["verified"] else
+                                           {"state": "failed", "reason": "not verified on every rank"})
+    facts = dict(run.facts.get("io_sources") or {})
+    if info.get("staging"):  # env_stage=: the ranks' environment and extension cache were the copy's
+        for source in ("environment", "extension_cache"):
+            facts[source] = {**(facts.get(source) or {}), "filesystem": info["staging"]["filesystem"]}
+    r["io_sources"] = io_sources.by_phase(record, RESTART_PHASES, facts)
+    r["attribution"] = attribution.of_record(run_dir, info["record"], record, RESTART_PHASES, info)
+    attribution.with_load_anatomy(r["attribution"], r.get("load_breakdown"))
+    return r
+
+
+def _status(state: str, reason: str | None, restarts: list[dict]) -> dict:
+    """status.json: the run's state is the outcome of its own phases; a restart-only re-run's is its own (its
+    record's outcome), and a re-run that did not verify is said beside the run's state, not in place of it."""
+    unverified = [r for r in restarts if not r["verified"] and not r["rerun"]]
+    if state == "complete" and unverified:
+        r = unverified[-1]
+        state, reason = "failed", f"{r['record']}: restart did not restore the saved state: " + \
+            ", ".join(r["differing"][:5] or ["nothing verified"])
+    status = {"state": state, "reason": reason, "time": time.time()}
+    if failed := [r for r in restarts if r["rerun"] and r["outcome"]["state"] == "failed"]:
+        status["reruns_failed"] = [{"record": r["record"], **r["outcome"]} for r in failed]
+        last = failed[-1]
+        status["reason"] = "; ".join([*([reason] if reason else []), f"{count(len(failed), 'restart-only re-run')} "
+                                      f"did not verify, the last {last['record']}: {last['outcome']['reason']}"])
+    return status
+
+
+def _checkpoint_phase(summary: dict, run_dir: Path, target) -> None:
+    """What the checkpoint phase's launch record and the target's client say: requests, uploads, machine load, and
+    its start-up attributed as a restart's (the phases up to engine_init)."""
+    path = run_dir / "records" / "checkpoint.json"
+    launch = json.loads(path.read_text()) if path.is_file() else {}
+    summary["checkpoint"]["storage_requests"] = target.requests(run_dir / "logs" / "client" / "checkpoint")
+    summary["checkpoint"]["incomplete_uploads"] = launch.get("incomplete_uploads")
+    summary["checkpoint"]["machine_load"] = launch.get("machine_load")
+    summary["checkpoint"]["attribution"] = attribution.of_record(
+        run_dir, "checkpoint", ev.read_record(run_dir, "checkpoint"), RESTART_PHASES[:4], launch)

@@ -165,33 +165,9 @@ def _overlap(steps: list[dict]) -> dict:
 def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict | None,
             load_bytes: int | None, root: str | None = None, run_dir: Path | None = None) -> dict:
     """Phases as the slowest rank's seconds; the verification digest is timed apart and excluded."""
-    per_rank = []
-    for rank, evs in sorted(record.items()):
-        m = ev.marks(evs)
-        verify = next((e for e in evs if e["event"] == "verify"), None)
-        verify_s = verify["seconds"] if verify else 0.0
-        phases = {}
-        for phase, a, b in RESTART_PHASES:
-            if a in m and b in m:
-                phases[phase] = m[b] - m[a] - (verify_s if phase == "first_step" else 0.0)
-        # an emulated restart trains no step: its total ends when the checkpoint is loaded (a rank that finished
-        # without a first step); a rank stopped before its end point has no total
-        end = "first_step_done" if "first_step_done" in m else "checkpoint_loaded" if "finished" in m else None
-        total = (m[end] - m["process_start"] - (verify_s if end == "first_step_done" else 0.0)
-                 if end in m and "process_start" in m else None)
-        loaded = next((e for e in evs if e["event"] == "loaded"), None)
-        done = next((e for e in evs if e["event"] == "done"), {})
-        per_rank.append({
-            "rank": rank, "phases": phases, "marks": m, "max_rss_bytes": done.get("max_rss_bytes"),
-            "total_seconds": total, "verify": verify,
-            "process_start": m.get("process_start"), "tag": loaded["tag"] if loaded else None,
-            "load_seconds": sum(f["seconds"] for f in loaded["files"]) if loaded else None,
-        })
-    phases = {}
-    for phase, _, _ in RESTART_PHASES:
-        values = [r["phases"][phase] for r in per_rank if phase in r["phases"]]
-        if values and len(values) == len(per_rank):
-            phases[phase] = round(max(values), 6)
+    per_rank = [_rank_restart(rank, evs) for rank, evs in sorted(record.items())]
+    phases = {phase: round(max(r["phases"][phase] for r in per_rank), 6) for phase in PHASE_NAMES
+              if per_rank and all(phase in r["phases"] for r in per_rank)}  # a phase every rank went through
     totals = [r["total_seconds"] for r in per_rank if r["total_seconds"] is not None]
     verifies = [r["verify"] for r in per_rank]
     verified = bool(per_rank) and all(v is not None and v["ok"] for v in verifies)
@@ -239,6 +215,26 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
                      for r in per_rank],
         "launch_start": launch.get("start"),
     }
+
+
+def _rank_restart(rank: int, evs: list[dict]) -> dict:
+    """One rank's restart: its phases and total (less its verification digest), what it loaded, its peak RSS."""
+    m = ev.marks(evs)
+    verify = next((e for e in evs if e["event"] == "verify"), None)
+    verify_s = verify["seconds"] if verify else 0.0
+    phases = {phase: m[b] - m[a] - (verify_s if phase == "first_step" else 0.0)
+              for phase, a, b in RESTART_PHASES if a in m and b in m}
+    # an emulated restart trains no step: its total ends when the checkpoint is loaded (a rank that finished
+    # without a first step); a rank stopped before its end point has no total
+    end = "first_step_done" if "first_step_done" in m else "checkpoint_loaded" if "finished" in m else None
+    total = (m[end] - m["process_start"] - (verify_s if end == "first_step_done" else 0.0)
+             if end in m and "process_start" in m else None)
+    loaded = next((e for e in evs if e["event"] == "loaded"), None)
+    done = next((e for e in evs if e["event"] == "done"), {})
+    return {"rank": rank, "phases": phases, "marks": m, "max_rss_bytes": done.get("max_rss_bytes"),
+            "total_seconds": total, "verify": verify,
+            "process_start": m.get("process_start"), "tag": loaded["tag"] if loaded else None,
+            "load_seconds": sum(f["seconds"] for f in loaded["files"]) if loaded else None}
 
 
 def _engine_load_statistics(record: dict[int, list[dict]]) -> dict | None:

@@ -331,6 +331,18 @@ def _study(checked) -> int:
     return study.main(checked)
 
 
+def _check_endure(tokens: list[str]):
+    from restart_harness.campaigns import endure
+
+    return endure.check(tokens)
+
+
+def _endure(request) -> int:
+    from restart_harness.campaigns import endure
+
+    return endure.main(request)
+
+
 COMMANDS: dict[str, Command] = {
     "run": Command(_check_run, _run, launches=True),
     "sweep": Command(_check_sweep, _sweep, launches=True),
@@ -344,4 +356,5 @@ COMMANDS: dict[str, Command] = {
     "matrix": Command(_check_matrix, _matrix, launches=True),
     "mlperf": Command(_check_mlperf, _mlperf, launches=True),
     "study": Command(_check_study, _study, launches=True),
+    "endure": Command(_check_endure, _endure, launches=True),
 }

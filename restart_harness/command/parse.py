@@ -47,7 +47,7 @@ from restart_harness.spec.model_shape import load_model, preset_named, preset_na
 from restart_harness.spec.runspec import MAX_WORLD, RunSpec, run_keys
 
 COMMANDS = ("run", "plan", "predict", "calibrate", "restart", "baseline", "report", "matrix", "mlperf", "clean",
-            "study")
+            "study", "endure")
 
 
 @dataclass

@@ -23,7 +23,8 @@ from functools import cache
 from restart_harness.errors import UsageError
 
 GROUPS = ("model", "layout", "training", "checkpoint", "observe", "launch", "cluster", "output", "plan", "predict",
-          "calibrate", "baseline", "matrix", "report", "restart", "mlperf", "clean", "study")
+          "calibrate", "baseline", "matrix", "report", "restart", "mlperf", "clean", "study",
+          "endure")
 # Text values never pass through a shell unquoted; this keeps them free of shell and JSON surprises as well.
 _SAFE_TEXT = re.compile(r"^[A-Za-z0-9_.,/:+@%=~-]*$")
 _SAFE_GLOB = re.compile(r"^[A-Za-z0-9_.,/:+@%=~*?\[\]!-]*$")

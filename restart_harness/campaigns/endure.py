@@ -145,9 +145,11 @@ def _kill_rank(run_dir: Path, record: str, rank: int, fired: list) -> None:
 
 
 def _save_step(committed: int, seconds: float, save_interval: int, pace: dict) -> int:
-    """The first save step the job reaches `seconds` from its launch, by the pace measured so far."""
+    """The first save step the job reaches `seconds` from its launch, by the pace measured so far; never a fresh
+    job's first save, so that a checkpoint before it was committed and the restart has one to load."""
     steps = max(0.0, (seconds - pace["startup"]) / pace["step"])
-    return save_interval * max(committed // save_interval + 1, math.ceil((committed + steps) / save_interval))
+    return save_interval * max(committed // save_interval + 1 + (committed == 0),
+                               math.ceil((committed + steps) / save_interval))
 
 
 def _launch_once(run, record: str, failure: dict | None, deadline: float, pace: dict) -> tuple[dict, bool]:
@@ -202,8 +204,8 @@ def _campaign(run, request: EndureRequest, doc: dict, folder: Path) -> list[dict
         save_record(run.run_dir, info)
         after = _step_of(run.target.latest())
         launches.append({"record": record, "launch": info, "lost_after": after if hit else None,
-                         "verified": _verified(run, record)})
-        pace = _pace(request.estimate, run.run_dir, [x["record"] for x in launches])
+                         "loads": committed > 0, "verified": _verified(run, record)})
+        pace = _pace(request.estimate, run.run_dir, launches)
         if hit:
             ended = info["start"] + info["wall_seconds"]
             doc["failures"].append({**{k: v for k, v in failure.items() if k != "at"},
@@ -236,11 +238,18 @@ def _verified(run, record: str) -> bool | None:
     return True
 
 
-def _pace(estimate: dict | None, run_dir: Path | None = None, records: list[str] | None = None) -> dict:
-    """Start-up and step seconds to place a save failure: measured once there are steps, else predicted."""
+def _pace(estimate: dict | None, run_dir: Path | None = None, launches: list[dict] | None = None) -> dict:
+    """Start-up (a launch to its first step) and step seconds to place a save failure: measured once a launch has
+    stepped, else predicted."""
     pace = {"startup": (estimate or {}).get("startup") or 5.0, "step": (estimate or {}).get("step") or 0.1}
-    if run_dir is not None and (median := goodput.step_median(run_dir, records)):
+    launches = launches or []
+    if run_dir is not None and (median := goodput.step_median(run_dir, [x["record"] for x in launches])):
         pace["step"] = median
+    for x in reversed(launches):
+        steps = [e for e in ev.read_record(run_dir, x["record"]).get(0, []) if e["event"] == "step"]
+        if steps:
+            pace["startup"] = steps[0]["t"] - steps[0]["seconds"] - x["launch"]["start"]
+            break
     return pace
 
 
@@ -290,7 +299,7 @@ def _account(run, doc: dict, launches: list[dict]) -> None:
     median = goodput.step_median(run.run_dir, records)
     segments = [goodput.segment(run.run_dir, x["record"], x["launch"], x["lost_after"], median) for x in launches]
     doc["launches"] = [{"record": x["record"], "wall_seconds": x["launch"]["wall_seconds"],
-                        "exit_code": x["launch"]["exit_code"], "verified": x["verified"], **s}
+                        "exit_code": x["launch"]["exit_code"], "loads": x["loads"], "verified": x["verified"], **s}
                        for x, s in zip(launches, segments)]
     doc["step_seconds_median"] = median
     doc["saves_committed"] = sum(len([e for e in ev.read_record(run.run_dir, r).get(0, []) if e["event"] == "save"])
@@ -298,8 +307,8 @@ def _account(run, doc: dict, launches: list[dict]) -> None:
     doc["goodput"] = goodput.totals(segments, doc["wall_seconds"])
     restarts = launches[1:]
     doc["restarts"] = {"launched": len(restarts), "verified": sum(1 for x in restarts if x["verified"]),
-                       "killed_before_verifying": sum(1 for x in restarts if x["verified"] is None),
-                       "differing": 0}
+                       "killed_before_verifying": sum(1 for x in restarts if x["loads"] and not x["verified"]),
+                       "fresh": sum(1 for x in restarts if not x["loads"]), "differing": 0}
     doc["final_tag"] = run.target.latest()
 
 

@@ -49,6 +49,16 @@ def test_failure_rate_scales_with_the_gpus():
     assert "Llama 3" in g.DEFAULT_MTBF_SOURCE
 
 
+def test_a_predictions_phases_give_the_interval_at_its_gpus_and_at_scale():
+    phases = {"save_blocking_seconds": {"seconds": 20.0}, "restart_total_with_launch_seconds": {"seconds": 300.0},
+              "restart_first_step_seconds": {"seconds": 2.0}}
+    mine, large = (g.from_phases(phases, n) for n in (64, 16_384))
+    assert mine["gpus"] == 64 and large["job_mtbf_seconds"] == pytest.approx(54 * 86_400 / 419)
+    assert large["best_interval_seconds"] < mine["best_interval_seconds"] and "Llama 3" in large["mtbf_source"]
+    assert "16,384 GPUs" in g.line(large) and "expected goodput" in g.line(large)
+    assert g.from_phases({**phases, "save_blocking_seconds": {"seconds": None}}, 64) is None
+
+
 @pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan])
 def test_model_refuses_an_mtbf_that_is_not_a_positive_finite_time(value):
     with pytest.raises(ValueError, match="mtbf_seconds"):

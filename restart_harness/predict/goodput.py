@@ -121,3 +121,25 @@ def render(o: dict, gpus: int | None = None, source: str | None = None) -> str:
              (f"  Young/Daly sqrt(2 x save x MTBF) = {o['young_daly_interval_seconds']:,.1f} s: goodput "
              f"{o['goodput_at_young_daly']:.4f}")]
     return "\n".join(lines)
+
+
+def from_phases(phases: dict, gpus: int, mtbf_per_gpu_seconds: float = DEFAULT_MTBF_PER_GPU_SECONDS) -> dict | None:
+    """The optimum from a prediction's phases (`predict`, a run's prediction.json): a save's blocking seconds as its
+    training lost, start-up to the first step as the restart, the first step as the step; None where not predicted."""
+    def seconds(name: str) -> float | None:
+        return (phases.get(name) or {}).get("seconds")
+
+    save, restart, step = (seconds(n) for n in ("save_blocking_seconds", "restart_total_with_launch_seconds",
+                                                  "restart_first_step_seconds"))
+    if save is None or restart is None or not step:
+        return None
+    return {"gpus": gpus, "mtbf_per_gpu_seconds": mtbf_per_gpu_seconds, "mtbf_source": DEFAULT_MTBF_SOURCE
+            if mtbf_per_gpu_seconds == DEFAULT_MTBF_PER_GPU_SECONDS else "given",
+            **optimum(save, restart, step, job_mtbf_seconds(mtbf_per_gpu_seconds, gpus))}
+
+
+def line(o: dict) -> str:
+    """One line of an optimum at its GPU count."""
+    return (f"at {o['gpus']:,} GPUs (job MTBF {o['job_mtbf_seconds'] / 3600:,.2f} h): best checkpoint interval "
+            f"{o['best_interval_seconds']:,.1f} s ({o['best_interval_steps']:,} steps), expected goodput "
+            f"{o['goodput_at_best']:.4f}; Young/Daly {o['young_daly_interval_seconds']:,.1f} s")

@@ -127,9 +127,19 @@ def _print_run(run_dir: Path, submitted: bool) -> int:
     from restart_harness.results import terminal
 
     if not submitted and (run_dir / "summary.json").is_file():  # a submitted job's results come when it has run
-        print(terminal.render(read_json(run_dir / "summary.json")))
+        summary = read_json(run_dir / "summary.json")
+        print(terminal.render(summary))
+        _print_goodput(summary)
     print(run_dir)
     return 0
+
+
+def _print_goodput(summary: dict) -> None:
+    """The checkpoint interval this run's measured save and restart costs call for, at the default failure rate."""
+    from restart_harness.predict import goodput
+
+    for o in goodput.from_summary(summary):
+        print(f"goodput     {goodput.line(o)} (failures at the Llama 3 report's rate: docs/goodput.md)")
 
 
 def _run(plugins) -> int:

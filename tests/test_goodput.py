@@ -59,6 +59,15 @@ def test_a_predictions_phases_give_the_interval_at_its_gpus_and_at_scale():
     assert g.from_phases({**phases, "save_blocking_seconds": {"seconds": None}}, 64) is None
 
 
+def test_a_runs_summary_gives_the_interval_at_its_ranks_and_at_scale():
+    summary = {"spec": {"derived": {"world_size": 2}}, "restart": {"total_seconds": 12.0},
+               "checkpoint": {"training_lost": {"per_save_seconds_median": 0.05, "baseline_step": {"seconds": 0.06}}}}
+    mine, large = g.from_summary(summary)
+    assert (mine["gpus"], large["gpus"]) == (2, 16_384) and mine["save_seconds"] == 0.05
+    assert large["best_interval_seconds"] < mine["best_interval_seconds"]
+    assert g.from_summary({"spec": {}, "restart": None, "checkpoint": {}}) == []
+
+
 @pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan])
 def test_model_refuses_an_mtbf_that_is_not_a_positive_finite_time(value):
     with pytest.raises(ValueError, match="mtbf_seconds"):

@@ -143,3 +143,17 @@ def line(o: dict) -> str:
     return (f"at {o['gpus']:,} GPUs (job MTBF {o['job_mtbf_seconds'] / 3600:,.2f} h): best checkpoint interval "
             f"{o['best_interval_seconds']:,.1f} s ({o['best_interval_steps']:,} steps), expected goodput "
             f"{o['goodput_at_best']:.4f}; Young/Daly {o['young_daly_interval_seconds']:,.1f} s")
+
+
+def from_summary(summary: dict, mtbf_per_gpu_seconds: float = DEFAULT_MTBF_PER_GPU_SECONDS) -> list[dict]:
+    """The optimum from a run's measurements (summary.json): its training lost per save (median), its restart's
+    total (process start to the first step), its step without a save; at its ranks (as GPUs) and at Llama 3's
+    scale. Empty where a figure was not measured."""
+    lost = (summary.get("checkpoint") or {}).get("training_lost") or {}
+    save, restart = lost.get("per_save_seconds_median"), (summary.get("restart") or {}).get("total_seconds")
+    step = (lost.get("baseline_step") or {}).get("seconds")
+    if save is None or restart is None or not step:
+        return []
+    ranks = ((summary.get("spec") or {}).get("derived") or {}).get("world_size") or 1
+    return [{"gpus": n, **optimum(max(save, 0.0), restart, step, job_mtbf_seconds(mtbf_per_gpu_seconds, n))}
+            for n in dict.fromkeys((ranks, LLAMA3_GPUS))]

@@ -110,7 +110,8 @@ def test_a_campaign_with_failures_verifies_every_restart_and_ends_in_the_failure
         if f["kind"] == "save":  # the save it died in never committed: the restart used the checkpoint before it
             assert f["save_committed"] is False and 0 < f["committed_step_after"] < f["save_step"], f
     restarts = doc["restarts"]
-    assert restarts["launched"] == len(doc["failures"]) and restarts["differing"] == 0
+    # one restart per failure, but for a failure in the budget's last second (nothing left to restart for)
+    assert len(doc["failures"]) - 1 <= restarts["launched"] <= len(doc["failures"]) and restarts["differing"] == 0
     assert restarts["verified"] + restarts["killed_before_verifying"] + restarts["fresh"] == restarts["launched"]
     assert restarts["verified"] >= 1
     gp = doc["goodput"]

@@ -32,7 +32,9 @@ from restart_harness.schema import BADPUT_BUCKETS, ENDURE_SCHEMA_VERSION, PREDIC
 KINDS = ("rank", "job", "save")
 _DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smh]?)$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600}
-UNBOUNDED_ITERS = 1_000_000  # iters where nothing predicts the step time: the budget ends the campaign
+UNBOUNDED_ITERS = 1_000_000
+RESTART_BUCKETS = ("startup_seconds", "training_preparation_seconds", "checkpoint_restore_seconds",
+                   "first_steps_seconds")  # iters where nothing predicts the step time: the budget ends the campaign
 
 
 @dataclasses.dataclass
@@ -315,7 +317,9 @@ def _account(run, doc: dict, launches: list[dict]) -> None:
 def _reference(plugins, run, folder: Path) -> dict:
     """A failure-free run of the same keys to the campaign's last committed step; every rank's state digests of
     that step compared."""
+    from restart_harness.results import finalize
     from restart_harness.rundir.create import prepare
+    from restart_harness.rundir.records import save_record
 
     tag = run.target.latest()
     if tag is None:
@@ -324,6 +328,9 @@ def _reference(plugins, run, folder: Path) -> dict:
     ref = prepare(plugins.with_spec(dataclasses.replace(plugins.spec, iters=steps)), prefix="reference-")
     say(f"[endure] the failure-free reference: {steps} steps in {ref.run_dir.name}")
     info = launch(ref.run_dir, "checkpoint", ref.spec.timeout)
+    save_record(ref.run_dir, info)
+    finalize.finalize(ref.run_dir, state="complete" if info["exit_code"] == 0 else "failed",
+                      reason=None if info["exit_code"] == 0 else f"exit {info['exit_code']}")
     if info["exit_code"] != 0:
         return {"equal": False, "tag": tag, "why": f"the reference run failed (exit {info['exit_code']})"}
     differing = []
@@ -338,13 +345,15 @@ def _reference(plugins, run, folder: Path) -> dict:
 def _model(doc: dict, spec) -> dict | None:
     """The model's goodput at the campaign's measured costs and MTBF, beside the measured one."""
     g, step = doc["goodput"], doc["step_seconds_median"]
-    failures, saves = len(doc["failures"]), doc["saves_committed"]
+    saves = doc["saves_committed"]
     if not step or not saves:
         return None
-    b = g["badput_seconds"]
-    save = b["checkpoint_save_seconds"] / saves
-    restart = (sum(b[k] for k in ("startup_seconds", "training_preparation_seconds", "checkpoint_restore_seconds",
-                                  "first_steps_seconds")) / (failures + 1))
+    save = g["badput_seconds"]["checkpoint_save_seconds"] / saves
+    # the restart: a launch to the end of its first step, over the launches that got there (not those cut short)
+    whole = [sum(x[k] for k in RESTART_BUCKETS) for x in doc["launches"] if x["productive_seconds"] > 0]
+    if not whole:
+        return None
+    restart = sum(whole) / len(whole)
     interval = spec.save_interval * step
     best = model.optimum(save, restart, step, doc["mtbf_seconds"])
     return {"save_seconds": save, "restart_seconds": restart, "interval_seconds": interval,

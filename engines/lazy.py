@@ -123,6 +123,7 @@ class LazyEngine(Engine):
     emulates = False  # needs the DeepSpeed engine to hook its optimizer step
     file_layout = LazyFiles
     durable_on_wait = True  # its writers fsync each part file before wait() returns
+    fault_point = "flush"  # its files are written by its own flush, not through the recorder
 
     def asynchronous(self) -> bool:
         return True

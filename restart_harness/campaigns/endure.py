@@ -167,7 +167,7 @@ def _launch_once(run, record: str, failure: dict | None, deadline: float, pace: 
     elif failure:
         failure["save_step"] = _save_step(failure["committed_step_before"], failure["at"] - now,
                                           run.spec.save_interval, pace)
-        os.environ["RH_FAULT"] = f"kill@save:rank={failure['rank']}:step={failure['save_step']}"
+        os.environ["RH_FAULT"] = f"kill@{run.engine.fault_point}:rank={failure['rank']}:step={failure['save_step']}"
     try:
         info = launch(run.run_dir, record, max(1.0, timeout))
     finally:

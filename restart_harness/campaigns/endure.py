@@ -147,11 +147,12 @@ def _kill_rank(run_dir: Path, record: str, rank: int, fired: list) -> None:
 
 
 def _save_step(committed: int, seconds: float, save_interval: int, pace: dict) -> int:
-    """The first save step the job reaches `seconds` from its launch, by the pace measured so far; never a fresh
-    job's first save, so that a checkpoint before it was committed and the restart has one to load."""
+    """The first save step the job reaches `seconds` from its launch, by the pace measured so far, but no later than
+    the launch's second save (a pace that errs cannot put the failure out of reach); never a fresh job's first save,
+    so that a checkpoint before it was committed and the restart has one to load."""
     steps = max(0.0, (seconds - pace["startup"]) / pace["step"])
-    return save_interval * max(committed // save_interval + 1 + (committed == 0),
-                               math.ceil((committed + steps) / save_interval))
+    lowest = save_interval * (committed // save_interval + 1 + (committed == 0))
+    return min(lowest + save_interval, max(lowest, save_interval * math.ceil((committed + steps) / save_interval)))
 
 
 def _launch_once(run, record: str, failure: dict | None, deadline: float, pace: dict) -> tuple[dict, bool]:
@@ -315,8 +316,8 @@ def _account(run, doc: dict, launches: list[dict]) -> None:
 
 
 def _reference(plugins, run, folder: Path) -> dict:
-    """A failure-free run of the same keys to the campaign's last committed step; every rank's state digests of
-    that step compared."""
+    """A failure-free run of the same keys to the campaign's last committed step, saving once there; every rank's
+    state digests of that step compared."""
     from restart_harness.results import finalize
     from restart_harness.rundir.create import prepare
     from restart_harness.rundir.records import save_record
@@ -325,7 +326,9 @@ def _reference(plugins, run, folder: Path) -> dict:
     if tag is None:
         return {"equal": False, "why": "no checkpoint was committed: there is no final state to compare"}
     steps = _step_of(tag)
-    ref = prepare(plugins.with_spec(dataclasses.replace(plugins.spec, iters=steps)), prefix="reference-")
+    # one save, at the end: the state owes nothing to the saves or restarts between (and the reference is short)
+    ref = prepare(plugins.with_spec(dataclasses.replace(plugins.spec, iters=steps, save_interval=steps)),
+                  prefix="reference-")
     say(f"[endure] the failure-free reference: {steps} steps in {ref.run_dir.name}")
     info = launch(ref.run_dir, "checkpoint", ref.spec.timeout)
     save_record(ref.run_dir, info)

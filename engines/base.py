@@ -191,6 +191,9 @@ class Engine(ABC):
     # checksums=auto takes content checksums of this engine's files (files/checksum.py): its files are written
     # region by region in the background, so a file of the right size can still be torn, and its reader would not say
     checksums_by_default: ClassVar[bool] = False
+    # where RH_FAULT kills a rank inside this engine's save (restart_harness/faults.py): the recorder's `save` after
+    # its first file, or `flush` for an engine that writes its files in a background flush of its own
+    fault_point: ClassVar[str] = "save"
     file_layout: ClassVar[type[FileLayout]] = FileLayout  # what the planner asks (files())
     records: ClassVar[type[EngineRecords]] = EngineRecords  # what the results make of its own statistics
     # True: once its save (synchronous) or its wait() (asynchronous) returns, the engine has fsync'd its files itself.

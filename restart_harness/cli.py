@@ -126,9 +126,19 @@ def _print_run(run_dir: Path, submitted: bool) -> int:
     from restart_harness.results import terminal
 
     if not submitted and (run_dir / "summary.json").is_file():  # a submitted job's results come when it has run
-        print(terminal.render(read_json(run_dir / "summary.json")))
+        summary = read_json(run_dir / "summary.json")
+        print(terminal.render(summary))
+        _print_goodput(summary)
     print(run_dir)
     return 0
+
+
+def _print_goodput(summary: dict) -> None:
+    """The checkpoint interval this run's measured save and restart costs call for, at the default failure rate."""
+    from restart_harness.predict import goodput
+
+    for o in goodput.from_summary(summary):
+        print(f"goodput     {goodput.line(o)} (failures at the Llama 3 report's rate: docs/goodput.md)")
 
 
 def _run(plugins) -> int:
@@ -339,6 +349,18 @@ def _study(checked) -> int:
     return study.main(checked)
 
 
+def _check_endure(tokens: list[str]):
+    from restart_harness.campaigns import endure
+
+    return endure.check(tokens)
+
+
+def _endure(request) -> int:
+    from restart_harness.campaigns import endure
+
+    return endure.main(request)
+
+
 COMMANDS: dict[str, Command] = {
     "run": Command(_check_run, _run, launches=True),
     "sweep": Command(_check_sweep, _sweep, launches=True),
@@ -352,4 +374,5 @@ COMMANDS: dict[str, Command] = {
     "matrix": Command(_check_matrix, _matrix, launches=True),
     "mlperf": Command(_check_mlperf, _mlperf, launches=True),
     "study": Command(_check_study, _study, launches=True),
+    "endure": Command(_check_endure, _endure, launches=True),
 }

@@ -14,6 +14,10 @@ READABLE_VERSIONS = (1,)
 SWEEP_SCHEMA_VERSION = 1  # sweep.json
 MLPERF_SCHEMA_VERSION = 1  # mlperf.json (results/mlperf.py)
 STUDY_SCHEMA_VERSION = 1  # study.json (campaigns/study/; analysis/study.py reads it)
+ENDURE_SCHEMA_VERSION = 1  # endure.json (campaigns/endure.py): a failure campaign's goodput and badput
+# a failure campaign's badput, in seconds, named after ml-goodput-measurement's buckets (docs/goodput.md)
+BADPUT_BUCKETS = ("startup_seconds", "training_preparation_seconds", "checkpoint_save_seconds",
+                  "checkpoint_restore_seconds", "first_steps_seconds", "wasted_progress_seconds", "other_seconds")
 GIB = 1 << 30  # every *_gib_s figure is 2^30 bytes per second (MLPerf's tool prints these as "GB/second")
 MIB = 1 << 20  # every *_mib_s figure is 2^20 bytes per second
 

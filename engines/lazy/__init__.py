@@ -81,6 +81,7 @@ class LazyEngine(Engine):
     file_layout = LazyFiles
     records = LazyRecords
     durable_on_wait = True  # its writers fsync each part file before wait() returns
+    fault_point = "flush"  # its files are written by its own flush, not through the recorder
 
     def asynchronous(self) -> bool:
         return True

@@ -12,6 +12,7 @@ from restart_harness.command.options import (
     BaselineOptions,
     CalibrateOptions,
     CleanOptions,
+    EndureOptions,
     MatrixOptions,
     MlperfOptions,
     PlanOptions,
@@ -38,6 +39,7 @@ usage: ./submit-job.sh [run] MODEL [key=value ...]          train, checkpoint, r
        ./submit-job.sh mlperf [WORKLOAD] [key=value ...]     an MLPerf Storage checkpoint workload, MLPerf's metrics
        ./submit-job.sh clean [key=value ...]                 delete finished runs' checkpoints, keep their results
        ./submit-job.sh study [key=value ...]                 models x strategies x engines: files, sizes, save, restart
+       ./submit-job.sh endure MODEL duration=T mtbf=T [key=value ...]   failures at random while it trains: goodput
 (older spellings: `phase=restart run=DIR`, `MODEL ... plan=true|json`)
 
 MODEL: {presets} (configs/models/), a .yaml preset, or a local HF config.json (or its folder)
@@ -91,6 +93,8 @@ def usage() -> str:
     lines += [*_section("study keys (with `study`)", list(keys_of(StudyOptions).values()))[:-1],
               (f"  and the predict keys but predict=, and the run keys above except {', '.join(STUDY_FIXED)} and the "
               "model's shape (each cell's)"), ""]
+    lines += [*_section("endure keys (with `endure MODEL`)", list(keys_of(EndureOptions).values()))[:-1],
+              "  and the run keys above except phase= and keep=", ""]
     return "\n".join(lines + _plugin_sections())
 
 
@@ -99,7 +103,8 @@ _COMMAND_KEYS = {"plan": (PlanOptions, True), "predict": (PredictOptions, True),
                  "baseline": (BaselineOptions, False), "matrix": (MatrixOptions, False),
                  "report": (ReportOptions, False),
                  "restart": (RestartOptions, False), "mlperf": (MlperfOptions, False),
-                 "clean": (CleanOptions, False), "study": (StudyOptions, False)}
+                 "clean": (CleanOptions, False), "study": (StudyOptions, False),
+                 "endure": (EndureOptions, True)}
 
 
 TOPICS = ("run", "sweep", *_COMMAND_KEYS)  # what `CMD --help` and `help CMD` explain
@@ -174,7 +179,8 @@ def markdown() -> str:
                            ("restart (`./submit-job.sh restart ...`)", RestartOptions),
                            ("mlperf (`./submit-job.sh mlperf WORKLOAD ...`)", MlperfOptions),
                            ("clean (`./submit-job.sh clean ...`)", CleanOptions),
-                           ("study (`./submit-job.sh study ...`)", StudyOptions)):
+                           ("study (`./submit-job.sh study ...`)", StudyOptions),
+                           ("endure (`./submit-job.sh endure MODEL ...`)", EndureOptions)):
         lines += [f"## {title}", "", *table(list(keys_of(options).values()))]
     lines += ["## launchers", "", "| launcher= | what starts the ranks |", "|---|---|"]
     lines += [f"| `{name}`" + "".join(f" (or `{a}`)" for a in cls.aliases) + f" | {cls.description} |"

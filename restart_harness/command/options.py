@@ -170,3 +170,14 @@ class StudyOptions:
 # Run keys a study sets for each cell (its layout, the cell's option, the run's steps): a study command refuses them.
 STUDY_FIXED = ("tp", "pp", "dp", "nodes", "ranks_per_node", "shrink", "emulate", "subset", "engine", "stack", "iters",
                "save_interval", "after", "phase", "repeats", "max_runs", "dry_run", "replicate")
+
+
+@dataclass
+class EndureOptions:
+    duration: str = key(MISSING, "the failure campaign's wall-clock budget: seconds, or a number with s, m or h "
+                                 "(90s, 10m, 2h)", group="endure", unit="seconds")
+    mtbf: str = key(MISSING, "the job's mean time between failures: failures arrive at exponential times with this "
+                             "mean, drawn from seed= (90s, 10m, 2h)", group="endure", unit="seconds")
+    failures: str = key("rank,job,save", "what a failure kills, drawn in turn from this list: rank (one rank "
+                                         "SIGKILLed), job (the whole job), save (a rank killed inside a save)",
+                        group="endure")

@@ -50,7 +50,7 @@ from restart_harness.spec.relayout import LAYOUT_KEYS, restart_layout
 from restart_harness.spec.runspec import MAX_WORLD, RunSpec, plausible_rates, run_keys
 
 COMMANDS = ("run", "plan", "predict", "calibrate", "restart", "baseline", "report", "matrix", "mlperf", "clean",
-            "study")
+            "study", "endure")
 
 
 @dataclass

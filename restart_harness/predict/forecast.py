@@ -11,7 +11,7 @@ from restart_harness import machine
 from restart_harness.files import baseline
 from restart_harness.plan import checkpoint
 from restart_harness.plan.estimate import typical_file_bytes
-from restart_harness.predict import crossover, fit, restart_io
+from restart_harness.predict import crossover, fit, goodput, restart_io
 from restart_harness.predict import features as feats
 from restart_harness.predict.model import predict
 from restart_harness.resolve import Plugins
@@ -89,7 +89,11 @@ def build(plugins: Plugins, cpus_per_node: int, store: dict, calibration: dict |
                         "devices": calibrated},
         "device": device, "other_device": other,
         "storage": store["source"], "features": f.to_json(), "phases": made["phases"], "note": made["notes"],
-        "crossover": crossover.compute(plugins, f, calibration, *crossover_range), "ignores": IGNORES, "predict_seconds": round(time.perf_counter() - start, 6),
+        "crossover": crossover.compute(plugins, f, calibration, *crossover_range), "ignores": IGNORES,
+        # the checkpoint interval at the default failure rate: at the run's ranks (as GPUs) and at Llama 3's scale
+        "goodput": [g for n in (spec.world_size, goodput.LLAMA3_GPUS)
+                    if (g := goodput.from_phases(made["phases"], n)) is not None],
+        "predict_seconds": round(time.perf_counter() - start, 6),
     }
 
 
@@ -163,6 +167,9 @@ def render(p: dict) -> str:
     if c := p.get("crossover"):
         lines += ["", f"{'crossover':<12}{crossover.headline(c)}"]
         lines += [f"{'':<12}{line}" for line in c.get("explanation", [])]
+    if p.get("goodput"):
+        lines += ["", f"{'goodput':<12}under failures at {p['goodput'][0]['mtbf_source']}"]
+        lines += [f"{'':<12}{goodput.line(o)}" for o in p["goodput"]]
     lines += [f"note: {n}" for n in p["note"]]
     lines.append(f"ignores: {p['ignores']}")
     return "\n".join(lines)

@@ -27,7 +27,8 @@ from restart_harness.errors import UsageError
 from restart_harness.files.fsfacts import why_too_long
 
 GROUPS = ("model", "layout", "training", "checkpoint", "observe", "launch", "cluster", "output", "plan", "predict",
-          "calibrate", "baseline", "matrix", "report", "restart", "mlperf", "clean", "study", "environment")
+          "calibrate", "baseline", "matrix", "report", "restart", "mlperf", "clean", "study", "environment",
+          "endure")
 # Text values never pass through a shell unquoted; this keeps them free of shell and JSON surprises as well.
 _SAFE_TEXT = re.compile(r"^[A-Za-z0-9_.,/:+@%=~-]*$")
 _SAFE_GLOB = re.compile(r"^[A-Za-z0-9_.,/:+@%=~*?\[\]!-]*$")

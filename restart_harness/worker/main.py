@@ -38,6 +38,7 @@ class RankJob:
     record: str  # the event folder: checkpoint, restart-01, ...
     load_tag: str | None = None  # restart: the tag to load (a converted copy); default what `latest` names
     reference: Path | None = None  # restart: verify the full state against these digests (another layout)
+    train_on: bool = False  # restart: then train to `iters`, saving at every save_interval (a failure campaign)
 
     @classmethod
     def parse(cls, argv=None) -> RankJob:
@@ -47,6 +48,7 @@ class RankJob:
         p.add_argument("--record", required=True)
         p.add_argument("--load-tag")
         p.add_argument("--full-state-reference", type=Path, dest="reference")
+        p.add_argument("--train-on", action="store_true")
         return cls(**vars(p.parse_args(argv)))
 
 
@@ -113,15 +115,16 @@ def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: Me
     log.emit(Layout.of({**stack.layout(), "threads": _threads()}))
 
     first, last = 1, spec.iters
-    if job.phase == "restart":
+    fresh = job.train_on and the_run.target.latest() is None  # a campaign's job that failed before its first commit
+    if job.phase == "restart" and not fresh:
         tag, client_state = manager.load(job.load_tag)
         log.emit(Verify(stack.verify(tag, job.reference).event()))
         first = int(client_state["harness_step"]) + 1
-        last = first + spec.after - 1
+        last = spec.iters if job.train_on else first + spec.after - 1
     else:
         log.mark("engine_initialized")
 
-    saving = manager is not None and job.phase == "checkpoint"
+    saving = manager is not None and (job.phase == "checkpoint" or job.train_on)
     if stack.trains:
         for step in range(first, last + 1):
             faults.hit("step", rank, step, where=str(target.root))

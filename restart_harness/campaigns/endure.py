@@ -22,7 +22,8 @@ from datetime import datetime
 from pathlib import Path
 
 from restart_harness.errors import RunFailed, UsageError
-from restart_harness.files.atomic import make_fresh_dir, read_json, write_json_atomic
+from restart_harness.files.atomic import read_json, write_json_atomic
+from restart_harness.files.exclusive import claim_dir
 from restart_harness.phases.processes import launch
 from restart_harness.predict import goodput as model
 from restart_harness.results import events as ev
@@ -267,7 +268,7 @@ def main(request: EndureRequest) -> int:
 
     spec = request.plugins.spec
     try:
-        folder = make_fresh_dir(Path(spec.results_dir), f"endure-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        folder = claim_dir(Path(spec.results_dir), f"endure-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     except FileExistsError as exc:
         raise RunFailed(str(exc)) from None
     plugins = request.plugins.with_spec(dataclasses.replace(spec, results_dir=str(folder)))

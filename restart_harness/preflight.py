@@ -221,7 +221,10 @@ def work(plugins: Plugins) -> None:
     if not plugins.stack.planned:
         return
     try:
-        made = forecast.build(plugins, os.cpu_count() or 1, forecast.storage(plugins))
+        store = forecast.storage(plugins)
+        if store["write_bytes_per_s"] is None:  # no baseline of this storage yet: its low end, storage at no cost
+            store = {**store, "write_bytes_per_s": float("inf"), "read_bytes_per_s": float("inf")}
+        made = forecast.build(plugins, os.cpu_count() or 1, store)
     except Exception:  # noqa: BLE001 - a prediction that cannot be made refuses nothing
         return
     phases = made.get("phases") or {}

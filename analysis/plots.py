@@ -109,13 +109,9 @@ def throughput(groups: list[Group]) -> Figure | None:
                                         ("baseline_read_mib_s", ":", "black", "storage baseline, read"),
                                         ("ceiling_write_mib_s", "--", "firebrick", "storage ceiling, write"),
                                         ("ceiling_read_mib_s", ":", "firebrick", "storage ceiling, read")):
-        labelled = False
-        for j, g in enumerate(gs):
-            s = g.run_stat(column)
-            if s:
-                ax.hlines(s.median, j - 0.45, j + 0.45, colors=colour, linestyles=style, linewidth=1.6,
-                          label=None if labelled else name)
-                labelled = True
+        for k, (j, s) in enumerate((j, s) for j, g in enumerate(gs) if (s := g.run_stat(column))):
+            ax.hlines(s.median, j - 0.45, j + 0.45, colors=colour, linestyles=style, linewidth=1.6,
+                      label=None if k else name)  # one legend entry
     ax.set_ylabel("throughput (MiB/s)")
     title(ax, "Checkpoint throughput per engine\n(bytes / slowest rank's seconds)")
     legend(ax)

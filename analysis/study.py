@@ -7,11 +7,11 @@ torch)."""
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from analysis.load import _read_json
 from analysis.render import Table, html_page, markdown
 from analysis.study_figures import figures
 from analysis.study_rows import file_rows, rows, to_csv
@@ -20,16 +20,9 @@ from restart_harness.files.atomic import write_bytes_atomic
 from restart_harness.schema import STUDY
 
 
-def _read(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def load(folder: Path) -> tuple[dict, dict[int, dict]]:
     """study.json, and for each cell with a run folder its summary and inventory (None where unreadable)."""
-    study = _read(Path(folder) / STUDY)
+    study = _read_json(Path(folder) / STUDY)[0]
     if study is None:
         raise FileNotFoundError(f"{folder}: no readable {STUDY}")
     runs = {}
@@ -38,8 +31,8 @@ def load(folder: Path) -> tuple[dict, dict[int, dict]]:
             run_dir = Path(cell["run_dir"])
             if not run_dir.is_dir():  # a study folder moved or copied: its runs are beside study.json
                 run_dir = Path(folder) / run_dir.name
-            runs[cell["index"]] = {"summary": _read(run_dir / "summary.json"),
-                                   "inventory": _read(run_dir / "inventory.json"), "dir": run_dir}
+            runs[cell["index"]] = {"summary": _read_json(run_dir / "summary.json")[0],
+                                   "inventory": _read_json(run_dir / "inventory.json")[0], "dir": run_dir}
     return study, runs
 
 

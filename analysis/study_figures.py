@@ -18,10 +18,6 @@ from restart_harness.schema import PREDICTED_TOTAL
 HATCH = {"predicted": "///", "planned": "", "measured": "", "emulated": ".."}
 
 
-def _note(fig: Figure, text: str) -> None:
-    fig.supxlabel(text, fontsize="x-small", color="0.4")
-
-
 def _per_model(table: list[dict], models: list[str], heading: str, note: str, draw, handles=None) -> Figure | None:
     """A panel per model (None without any), strategies along x: draw(ax, model, strategies) fills it; the legend
     (of handles, else of what the first panel drew) beside the first."""
@@ -37,7 +33,7 @@ def _per_model(table: list[dict], models: list[str], heading: str, note: str, dr
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(**({"handles": handles} if handles else {}), fontsize="small", loc="upper left",
                    bbox_to_anchor=(1.0, 1.0))
-    _note(fig, note)
+    fig.supxlabel(note, fontsize="x-small", color="0.4")
     return fig
 
 
@@ -170,8 +166,8 @@ def check_figure(table: list[dict]) -> Figure | None:
     fig = measured_vs_predicted(series, "The study's runs: measured against predicted, at each run's own size",
                                 "measured by the run (s)", "predicted before it started (s)")
     runs = sum(1 for r in table if r.get("check_mode"))
-    _note(fig, f"{runs} runs; {busy} of them started on a busy machine (other work on its CPUs: the calibration's "
-               "machine was quiet)")
+    fig.supxlabel(f"{runs} runs; {busy} of them started on a busy machine (other work on its CPUs: the calibration's "
+                  "machine was quiet)", fontsize="x-small", color="0.4")
     return fig
 
 

@@ -1,5 +1,5 @@
-"""What keeps a figure's words inside it: legends of bounded width beside the axes, subplot titles wrapped to their
-axes, a figure as tall as its legend. Without them a long configuration label made constrained layout give up (its
+"""What keeps a figure's words inside it: axes as wide as their slots need, legends of bounded width beside the axes,
+titles and captions wrapped, configuration keys where labels would overlap, a figure as tall as its legend. Without them a long configuration label made constrained layout give up (its
 warning on the terminal, the axes collapsed), a title ran under the figure's legend and a legend's last entries were
 cut off."""
 
@@ -9,17 +9,64 @@ import textwrap
 
 from matplotlib.figure import Figure
 
+from analysis.table import common_label
+
 LEGEND = {"fontsize": "small", "loc": "upper left", "bbox_to_anchor": (1.0, 1.0)}  # outside: never on a bar
 LEGEND_CHARS = 40  # a legend entry wraps here: the legend beside the axes takes at most about 2.7 in
 TICK_CHARS = 36  # a tick label on the y axis wraps here
 EDGE_IN = 0.1  # kept between a title and the edge of its axes
 LINE_IN = 0.2  # a line of a title
 TITLE_IN = 0.8  # beside a legend: the figure's title above it, a margin below
+MAX_WIDTH_IN = 20.0
+CHAR_IN = 0.075  # width of a tick label's character at the default size, inches: whether labels fit their slots
 
 
 def wrap(text: str, chars: int) -> str:
     """text on lines of at most chars characters (its own line breaks kept)."""
     return "\n".join(textwrap.fill(line, chars) for line in text.splitlines())
+
+
+def bar_figure(n_categories: int, height: float = 4.2) -> tuple[Figure, object]:
+    """A figure and its axes for n categories of bars: wide enough for multi-line tick labels, but capped so a big
+    sweep still fits a screen (smaller ticks then)."""
+    fig = Figure(figsize=(min(MAX_WIDTH_IN, max(6.0, 1.6 + 1.5 * n_categories)), height), layout="constrained")
+    ax = fig.add_subplot()
+    if 1.6 + 1.5 * n_categories > MAX_WIDTH_IN:
+        ax.tick_params(axis="x", labelsize="x-small")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    return fig, ax
+
+
+def caption(fig: Figure, text: str, groups: list | None = None) -> None:
+    """Small grey note under the axes (a supxlabel, so the layout makes room for it); with groups, also what every
+    configuration shown shares (their labels leave it out), and where configuration keys on the axis are named."""
+    common = common_label(groups) if groups else ""
+    keyed = "\nC1, C2, ...: the configurations table of report.md names each" if getattr(fig, "keyed", False) else ""
+    text += (f"\nevery configuration: {common}" if common else "") + keyed
+    width = max(40, int(fig.get_size_inches()[0] * 15))  # x-small characters an inch: a longer line was cut off
+    fig.supxlabel(wrap(text, width), fontsize="x-small", color="0.4")
+
+
+def ticks(fig: Figure, gs: list) -> list[str]:
+    """Each configuration's label under its slot, or its key (C1, ...) where the labels would overlap: the report's
+    configurations table names every key (the caption says so)."""
+    slot = fig.get_size_inches()[0] * 0.7 / max(1, len(gs))
+    widest = max((len(line) for g in gs for line in g.tick.splitlines()), default=0) * CHAR_IN
+    if widest <= slot:
+        return [g.tick for g in gs]
+    fig.keyed = True
+    return [g.key for g in gs]
+
+
+def named(fig: Figure, gs: list) -> str:
+    """The configurations as the figure's axis names them (keys, or labels), for its caption."""
+    return ", ".join(g.key if getattr(fig, "keyed", False) else g.label for g in gs)
+
+
+def title(ax, text: str) -> None:
+    """A figure's title on as many lines as its width needs (a title longer than the axes was cut off)."""
+    ax.set_title(wrap(text, max(30, int(ax.figure.get_size_inches()[0] * 11))), loc="left")
 
 
 def legend(ax, **kwargs) -> None:

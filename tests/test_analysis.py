@@ -19,7 +19,7 @@ from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.container import BarContainer, ErrorbarContainer
 
 from analysis import load as ld
-from analysis import plots, report
+from analysis import panels, plots, report
 
 MIB = 2**20
 STORED = REPO / "tests" / "data" / "results"
@@ -461,7 +461,7 @@ def test_many_configurations_and_models_each_get_a_readable_figure(more_runs: Pa
     figures = {k for k, v in built["figures"].items() if v is not None}
     assert {"checkpoint_bytes_tiny", "checkpoint_bytes_big", "checkpoint_files_tiny"} <= figures, figures
     configurations = len(built["groups"])
-    pages = -(-configurations // plots.MAX_TIMELINES)
+    pages = -(-configurations // panels.MAX_TIMELINES)
     assert pages > 1 and {"restart_timeline_seconds", f"restart_timeline_seconds_{pages}"} <= figures
     shown = sum(len(built["figures"][k].axes) for k in figures if k.startswith("restart_timeline_seconds"))
     assert shown == configurations

@@ -304,12 +304,12 @@ def test_a_flipped_byte_in_a_checkpoint_file_fails_the_restart_naming_the_tensor
 @pytest.mark.slow
 def test_timeline_figure_shows_every_rank(harness):
     from analysis import load as ld
-    from analysis import plots, table
+    from analysis import panels, table
 
     run_dir = harness.run("tp2-pp2-dp2")
     runs, _ = ld.load([run_dir])
     groups = table.groups(runs)
-    fig = plots.restart_timeline(groups, list(table.KNOWN_PHASES))
+    fig = panels.restart_timeline(groups, list(table.KNOWN_PHASES))
     (ax,) = fig.axes
     labels = [t.get_text() for t in ax.get_yticklabels()]
     assert labels == [f"rank {r}" for r in range(8)]

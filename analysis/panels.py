@@ -1,0 +1,261 @@
+"""Figures of one panel per configuration, MAX_TIMELINES configurations to a page: each rank's restart timeline, the
+training steps over the checkpoint phase, a restart's I/O by phase and source, and where its phases' seconds went
+(attribution=). Each function returns the pages (an empty list when no run has the data)."""
+
+from __future__ import annotations
+
+import textwrap
+
+from matplotlib.figure import Figure
+
+from analysis.charts import CATEGORY_COLORS, PHASE_PALETTE
+from analysis.layout import caption
+from analysis.table import Group, common_label, restart_where
+from restart_harness.schema import io_metadata_ops
+
+XSMALL_CHAR_IN = 0.06  # width of an x-small character, inches
+BESIDE_IN = 3.6  # of a page's width, what its y labels and legend take
+
+
+def _paged(shown: list, draw) -> list[Figure]:
+    """draw(page, (n, pages)) for each page of the shown configurations."""
+    pages = [shown[i:i + MAX_TIMELINES] for i in range(0, len(shown), MAX_TIMELINES)]
+    return [draw(page, (n, len(pages))) for n, page in enumerate(pages, 1)]
+
+
+def _of(page: tuple[int, int]) -> str:
+    return f", page {page[0]} of {page[1]}" if page[1] > 1 else ""
+
+
+def _legend(fig: Figure, used: dict[str, object], **kwargs) -> None:
+    """The page's legend beside its panels: an entry per name used."""
+    fig.legend(list(used.values()), [n.replace("_", " ") for n in used], loc="outside right upper", fontsize="small",
+               **kwargs)
+
+
+MAX_TIMELINES = 6  # configurations on one page of the restart timeline; more make more pages
+
+
+def restart_timelines(groups: list[Group], phases: list[str]) -> list[Figure]:
+    """The restart timeline of every configuration, MAX_TIMELINES to a page."""
+    shown = [(g, rec) for g in groups if (rec := next((
+        r for run in reversed(g.runs) for r in reversed(run.summary.get("restarts") or [])
+        if isinstance(r, dict) and r.get("per_rank") and all("marks" in x for x in r["per_rank"])), None))]
+    return _paged(shown, lambda page, n: _timeline_page(page, phases, n))
+
+
+def restart_timeline(groups: list[Group], phases: list[str]) -> Figure | None:
+    """The first page of the restart timeline (restart_timelines: every page), or None without per-rank marks."""
+    return next(iter(restart_timelines(groups, phases)), None)
+
+
+def _timeline_page(shown: list, phases: list[str], page: tuple[int, int] = (1, 1)) -> Figure:
+    """One restart per configuration (its latest), every rank a row: the launcher, each phase, the verification,
+    and inside the checkpoint load what the rank's main thread did (read+deserialize, copy, wait)."""
+    heights = [1.0 + 0.35 * len(rec["per_rank"]) for _, rec in shown]
+    fig = Figure(figsize=(11.0, 1.2 + sum(heights)), layout="constrained")
+    axes = fig.subplots(len(shown), 1, squeeze=False, height_ratios=heights)[:, 0]
+    marks_order = [("process_start", "imports_done", "imports"), ("imports_done", "dist_init_done", "dist_init"),
+                   ("dist_init_done", "model_built", "model_build"), ("model_built", "engine_initialized", "engine_init"),
+                   ("engine_initialized", "checkpoint_loaded", "checkpoint_load"),
+                   ("checkpoint_loaded", "first_step_done", "first_step")]
+    colors = {p: PHASE_PALETTE[i % len(PHASE_PALETTE)] for i, p in enumerate(phases)}
+    used: dict[str, object] = {}
+    for ax, (g, rec) in zip(axes, shown, strict=True):
+        ranks = sorted(rec["per_rank"], key=lambda r: r["rank"])
+        t0 = min(r["marks"]["process_start"] for r in ranks if "process_start" in r["marks"])
+        launch = rec.get("launch_start")
+        lb = rec.get("load_breakdown") or {}
+        for y, r in enumerate(ranks):
+            m = r["marks"]
+            if launch and "process_start" in m:
+                used["launcher"] = ax.barh(y, m["process_start"] - launch, left=launch - t0, height=0.5,
+                                           color=CATEGORY_COLORS["launcher"])
+            for a, b, name in marks_order:
+                if a in m and b in m:
+                    used[name] = ax.barh(y, m[b] - m[a], left=m[a] - t0, height=0.5, color=colors.get(name, "C9"))
+            if r.get("verify_seconds") and "checkpoint_loaded" in m:
+                used["verify"] = ax.barh(y, r["verify_seconds"], left=m["checkpoint_loaded"] - t0, height=0.5,
+                                         color=CATEGORY_COLORS["verify"], hatch="//")
+            start = (lb.get("starts") or {}).get(str(r["rank"]), (lb.get("starts") or {}).get(r["rank"]))
+            for cat, a, b in (lb.get("intervals") or {}).get(str(r["rank"]), []) or \
+                    (lb.get("intervals") or {}).get(r["rank"], []):
+                if start is not None:
+                    name = "load: engine.load (read + deserialize)" if cat == "deserialize" else f"load: {cat}"
+                    used[name] = ax.barh(y + 0.38, b - a, left=start + a - t0, height=0.22,
+                                         color=CATEGORY_COLORS.get(cat, "black"))
+        ax.set_yticks(range(len(ranks)), [f"rank {r['rank']}" for r in ranks], fontsize="small")
+        ax.set_ylim(len(ranks) - 0.4, -0.6)
+        ax.set_title(f"{g.full_label}: {rec.get('record')}{restart_where(rec)}", fontsize="medium", loc="left")
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1].set_xlabel("seconds since the first rank's process start")
+    _legend(fig, used)
+    fig.suptitle("Restart timeline per rank (one restart per configuration)" + _of(page))
+    caption(fig, "wide bars: each rank's phases between its own marks; thin bars: inside the checkpoint load, what "
+                  "the main thread did (docs/anatomy.md)")
+    return fig
+
+
+def step_timelines(groups: list[Group]) -> list[Figure]:
+    """Every configuration's training steps over its checkpoint phase (its latest run), MAX_TIMELINES to a page."""
+    shown = [(g, run.summary) for g in groups if (run := next(
+        (r for r in reversed(g.runs) if (r.summary.get("training") or {}).get("step_seconds")), None))]
+    return _paged(shown, _step_page)
+
+
+def _step_page(shown: list, page: tuple[int, int]) -> Figure:
+    """Rank 0's step seconds, step by step: the steps a flush was in flight in marked, each save after its step,
+    the baseline step the training lost per save is measured against (docs/measurements.md#training-lost)."""
+    fig = Figure(figsize=(11.0, 1.4 + 2.0 * len(shown)), layout="constrained")
+    axes = fig.subplots(len(shown), 1, squeeze=False)[:, 0]
+    used: dict[str, object] = {}
+    for ax, (g, summary) in zip(axes, shown, strict=True):
+        tr, ck = summary["training"], summary.get("checkpoint") or {}
+        steps, seconds, busy = tr["step_numbers"], tr["step_seconds"], tr.get("step_in_flight") or []
+        used["step"] = ax.plot(steps, seconds, color="C0", marker="o", markersize=3, linewidth=1)[0]
+        flushed = [(x, y) for x, y, b in zip(steps, seconds, busy, strict=False) if b]
+        if flushed:
+            used["step with a flush in flight"] = ax.scatter(*zip(*flushed, strict=True), color="C1", zorder=3, s=18)
+        for i, save in enumerate(ck.get("saves") or []):
+            line = ax.axvline(save["step"] + 0.5, color="C3", linestyle="--", linewidth=0.8)
+            if i == 0:
+                used["save (after its step)"] = line
+        base = ((ck.get("training_lost") or {}).get("baseline_step") or {}).get("seconds")
+        if base:
+            used["baseline step (no flush in flight)"] = ax.axhline(base, color="grey", linewidth=0.8)
+        lost = (ck.get("training_lost") or {}).get("per_save_seconds_median")
+        ax.set_title(f"{g.full_label}" + (f": training lost per save, median {lost:.3f} s" if lost is not None
+                                          else ""), fontsize="medium", loc="left")
+        ax.set_ylabel("step (s)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[-1].set_xlabel("training step (rank 0)")
+    _legend(fig, used)
+    fig.suptitle("Training step time over the checkpoint phase (one run per configuration)" + _of(page))
+    caption(fig, "the first step is warm-up; docs/measurements.md#training-lost")
+    return fig
+
+
+SOURCE_COLORS = {"environment": "#1f77b4", "extension_cache": "#ff7f0e", "checkpoint": "#2ca02c",
+                 "run_dir": "#9467bd", "system": "#8c564b", "pseudo": "#dddddd", "other": "#bbbbbb"}
+
+
+def _latest_io(g: Group) -> dict | None:
+    return next((r["io_sources"] for run in reversed(g.runs) for r in reversed(run.summary.get("restarts") or [])
+                 if isinstance(r, dict) and isinstance(r.get("io_sources"), dict) and r["io_sources"].get("ranks")
+                 and r["io_sources"].get("by_source", True)),
+                None)
+
+
+def restart_io(groups: list[Group], phases: list[str]) -> list[Figure]:
+    """Each configuration's restart I/O per phase, stacked by source (its latest restart, per rank): metadata
+    operations above, MiB read through read calls below (docs/measurements.md#io-by-source)."""
+    shown = [(g, io) for g in groups if (io := _latest_io(g))]
+    return _paged(shown, lambda page, n: _io_page(page, phases, n))
+
+
+def _io_page(shown: list, phases: list[str], page: tuple[int, int]) -> Figure:
+    fig = Figure(figsize=(max(9.5, 3.2 + 2.6 * len(shown)), 6.4), layout="constrained")
+    axes = fig.subplots(2, len(shown), squeeze=False)
+    used: dict[str, object] = {}
+    for col, (g, io) in enumerate(shown):
+        n = io["ranks"]
+        names = [p for p in phases if p in io["phases"]]
+        found = {s for p in names for s in io["phases"][p]["sources"]}
+        sources = [*(s for s in SOURCE_COLORS if s in found), *sorted(found - set(SOURCE_COLORS))]
+        for row, (measure, scale, label) in enumerate((("ops", 1, "metadata operations per rank"),
+                                                       ("read_bytes", 2**20, "MiB read per rank"))):
+            ax = axes[row][col]
+            bottoms = [0.0] * len(names)
+            for source in sources:
+                counts = [io["phases"][p]["sources"].get(source) or {} for p in names]
+                heights = [(io_metadata_ops(c) if measure == "ops" else c.get("read_bytes", 0)) / n / scale
+                           for c in counts]
+                if any(heights):
+                    used[source] = ax.bar(range(len(names)), heights, bottom=bottoms, width=0.6,
+                                          color=SOURCE_COLORS.get(source, "#777777"))
+                    bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+            ax.set_xticks(range(len(names)), [p.replace("_", " ") for p in names], fontsize="small", rotation=35,
+                          ha="right", rotation_mode="anchor")
+            ax.set_ylabel(label)
+            ax.grid(axis="y", alpha=0.3)
+            if row == 0:
+                ax.set_title(textwrap.fill(g.label, 30), fontsize="medium", loc="left")  # what it differs in
+    order = [s for s in SOURCE_COLORS if s in used] + [s for s in used if s not in SOURCE_COLORS]
+    _legend(fig, {s: used[s] for s in order}, title="source")
+    common = common_label([g for g, _ in shown]) if len(shown) > 1 else ""
+    fig.suptitle("Restart I/O by phase and source\n(latest restart of each configuration, per rank)"
+                 + _of(page) + (f"\nevery configuration: {common}" if common else ""))
+    caption(fig, "metadata operations: opens (failed ones too), stat-family calls, listings; reads: through read "
+             "calls (mapped libraries not included); docs/measurements.md#io-by-source")
+    return fig
+
+
+KIND_COLORS = {"import": "#1f77b4", "jit_op": "#ff7f0e", "process_group": "#2ca02c", "collective": "#98df8a",
+               "cuda": "#d62728", "model": "#9467bd", "optimizer": "#c5b0d5", "checkpoint": "#8c564b",
+               "training": "#e377c2", "launcher": "#7f7f7f", "harness": "#bcbd22", "other": "#17becf",
+               "remainder": "#dddddd"}
+
+
+def _attributed(groups: list[Group]) -> list[tuple[str, dict]]:
+    """Every sampled restart of the groups (a run's restart-only re-runs side by side: another launcher, a warm
+    extension cache, ...), labelled by configuration, record and what its launch differed in."""
+    out = []
+    for g in groups:
+        mine = {(r.get("run_dir"), r.get("restart_record")) for r in g.rows}  # re-runs may be other configurations
+        for run in g.runs:
+            for rec in run.summary.get("restarts") or []:
+                if not isinstance(rec, dict) or (str(run.dir), rec.get("record")) not in mine:
+                    continue
+                att = rec.get("attribution")
+                if att and att.get("sampled") and att.get("phases"):
+                    env = (rec.get("environment_cache") or {}).get("observed")
+                    how = ", ".join(x for x in (f"launcher {rec.get('launcher')}" if rec.get("launcher") else "",
+                                                f"environment {env}" if env else "",
+                                                "staged" if rec.get("staging") else "") if x)
+                    out.append((f"{g.label}: {rec.get('record')}" + (f" ({how})" if how else ""), att))
+    return out
+
+
+def restart_causes(groups: list[Group]) -> list[Figure]:
+    """Where each restart phase's seconds went (attribution=): per sampled restart, a bar per phase split by the kind
+    of its causes, the largest named on its bar; one x scale across the page, so restarts compare."""
+    return _paged(_attributed(groups), _causes_page)
+
+
+def _causes_page(shown: list, page: tuple[int, int]) -> Figure:
+    heights = [0.8 + 0.42 * len(att["phases"]) for _, att in shown]
+    fig = Figure(figsize=(11.0, 1.4 + sum(heights)), layout="constrained")
+    axes = fig.subplots(len(shown), 1, squeeze=False, height_ratios=heights, sharex=True)[:, 0]
+    used: dict[str, object] = {}
+    longest = max(p["seconds"] for _, att in shown for p in att["phases"].values())
+    for ax, (label, att) in zip(axes, shown, strict=True):
+        names = list(att["phases"])
+        for y, name in enumerate(names):
+            p = att["phases"][name]
+            by_kind: dict[str, float] = {}
+            for c in p["causes"]:
+                by_kind[c["kind"]] = by_kind.get(c["kind"], 0.0) + c["seconds"]
+            by_kind["remainder"] = p["remainder_seconds"]
+            left = 0.0
+            for kind, color in KIND_COLORS.items():
+                width = by_kind.get(kind, 0.0)
+                if width > 0:
+                    used[kind] = ax.barh(y, width, left=left, height=0.6, color=color)
+                    left += width
+            top = p["causes"][0] if p["causes"] else None
+            room = int(p["seconds"] / longest * (fig.get_size_inches()[0] - BESIDE_IN) / XSMALL_CHAR_IN)
+            if top and room >= 15:  # on its bar, as much of it as the bar holds (white beyond a bar was cut off)
+                ax.text(0.01 * longest, y, textwrap.shorten(top["cause"], min(60, room)), va="center",
+                        fontsize="x-small", bbox={"facecolor": "white", "alpha": 0.75, "linewidth": 0, "pad": 1})
+        ax.set_yticks(range(len(names)), [n.replace("_", " ") for n in names], fontsize="small")
+        ax.set_ylim(len(names) - 0.4, -0.6)
+        ax.set_title(label, fontsize="medium", loc="left")  # wrapped to the axes by layout.fit
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1].set_xlabel("seconds (each phase on its slowest rank; the launcher before any rank starts)")
+    _legend(fig, {k: used[k] for k in KIND_COLORS if k in used}, title="cause")
+    fig.suptitle("Where each restart phase went (attribution=, sampled restarts)" + _of(page))
+    caption(fig, "each bar: a phase's measured seconds split by the kind of its causes; remainder: unnamed samples "
+                  "and time the sampler did not see; text: the largest cause (docs/attribution.md)")
+    return fig
+

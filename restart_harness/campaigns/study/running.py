@@ -11,16 +11,8 @@ from pathlib import Path
 
 from restart_harness import resolve
 from restart_harness.campaigns import outcome
-from restart_harness.campaigns.study.campaign import (
-    Study,
-    cell_text,
-    factor_now,
-    next_for,
-    project,
-    render_plan,
-    table,
-    write,
-)
+from restart_harness.campaigns.study import campaign
+from restart_harness.campaigns.study.campaign import Study
 from restart_harness.campaigns.study.cells import Cell, Option
 from restart_harness.campaigns.study.sizing import clock, predict_cells, priority, storage
 from restart_harness.campaigns.sweep import made_run_dir, new_dir
@@ -52,9 +44,9 @@ def run(study: Study) -> Path:
         study.sizing.store = storage(request, study.cells, measure=True)
         study.sizing.cache.clear()
         predict_cells(study.cells, study.sizing.store, study.sizing.cpus)
-        project(study)
-    print(render_plan(study), file=sys.stderr, flush=True)
-    write(study)
+        campaign.project(study)
+    print(campaign.render_plan(study), file=sys.stderr, flush=True)
+    campaign.write(study)
     previous = signal.signal(signal.SIGALRM, _alarm)
     interrupted = None
     try:
@@ -75,8 +67,8 @@ def run(study: Study) -> Path:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-        write(study)
-    table(study)
+        campaign.write(study)
+    campaign.table(study)
     if interrupted is not None:
         say(f"[study] interrupted; continue it with: ./submit-job.sh study resume={study.folder}")
         raise interrupted
@@ -102,22 +94,22 @@ def _run_cells(study: Study) -> None:
     total = sum(1 for c in order if c.state == "pending")
     done = 0
     for i, cell in enumerate(order):
-        study.sizing.factor = factor_now(study)
-        option = next_for(cell, coverage[i + 1:] if i < len(coverage) else None, study.deadline - time.time(),
-                          study.sizing)
+        study.sizing.factor = campaign.factor_now(study)
+        later = coverage[i + 1:] if i < len(coverage) else None
+        option = campaign.next_for(cell, later, study.deadline - time.time(), study.sizing)
         if option.mode == "predicted":
             cell.state, cell.option = "planned", option
-            write(study)
+            campaign.write(study)
             continue
         done += 1
         elapsed = time.time() - study.started
         left = max(0.0, study.deadline - time.time())
-        say(f"[study {done}/{max(total, done)}] {cell_text(cell)}: {option.text}, "
+        say(f"[study {done}/{max(total, done)}] {campaign.cell_text(cell)}: {option.text}, "
             f"~{clock(option.seconds * study.sizing.factor)}; elapsed {clock(elapsed)}, {clock(left)} left")
         _run_cell(study, cell, option)
         say(f"[study {done}] {cell.state}" + (f": {cell.reason}" if cell.reason else "")
             + f" in {clock(cell.wall_seconds)}")
-        write(study)
+        campaign.write(study)
 
 
 def _run_cell(study: Study, cell: Cell, option: Option) -> None:
@@ -125,7 +117,7 @@ def _run_cell(study: Study, cell: Cell, option: Option) -> None:
     from restart_harness.phases.run import run as run_one
 
     cell.option, cell.state, cell.reason = option, "running", None
-    write(study)
+    campaign.write(study)
     spec = dataclasses.replace(option.plugins.spec, results_dir=str(study.folder))
     began = time.time()
     try:
@@ -138,7 +130,7 @@ def _run_cell(study: Study, cell: Cell, option: Option) -> None:
         cell.reason = "the study's time limit" if isinstance(sys.exc_info()[1], TimeUp) else "interrupted"
         _made_run_dir(study, cell)
         _discard(study, cell)
-        write(study)
+        campaign.write(study)
         raise
     except Exception as exc:  # noqa: BLE001 - one broken cell must not end the study
         cell.state, cell.reason = "failed", f"{type(exc).__name__}: {exc}"

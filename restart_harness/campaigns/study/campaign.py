@@ -13,19 +13,8 @@ from pathlib import Path
 
 from restart_harness import machine, resolve
 from restart_harness.campaigns import outcome
+from restart_harness.campaigns.study import sizing as sizes
 from restart_harness.campaigns.study.cells import Cell, Option, build_cells, study_device
-from restart_harness.campaigns.study.sizing import (
-    HARNESS_SECONDS,
-    REASONS,
-    Sizing,
-    choose,
-    clock,
-    next_option,
-    predict_cells,
-    priority,
-    shorten,
-    storage,
-)
 from restart_harness.command.requests import StudyRequest
 from restart_harness.errors import UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
@@ -45,7 +34,7 @@ class Study:
     request: StudyRequest
     cells: list[Cell]
     notes: list[str]
-    sizing: Sizing
+    sizing: sizes.Sizing
     started: float  # time.time() when the command started
     planning_seconds: float
     load: dict  # machine.load_now() when the study was sized
@@ -80,8 +69,8 @@ def check(request: StudyRequest) -> Study:
     sample = resolve.plugins(cells[0].spec)
     local = not sample.launcher.submits()
     cpus = request.predict.cpus_per_node or os.cpu_count() or 1
-    store = storage(request, cells, measure=False)
-    predict_cells(cells, store, cpus)
+    store = sizes.storage(request, cells, measure=False)
+    sizes.predict_cells(cells, store, cpus)
     device = study_device(request)
     for cell in cells:
         cell.runs_here = _runs_here(cell, device)
@@ -92,7 +81,7 @@ def check(request: StudyRequest) -> Study:
     if previous and previous.get("factor", {}).get("ratios"):
         factor = round(statistics.median(previous["factor"]["ratios"]), 2)
     run_words = [w for w in request.run_tokens if not w.startswith("device=")] + [f"device={device}"]
-    sizing = Sizing(disk, store, cpus, factor, o.fidelity, run_words, local)
+    sizing = sizes.Sizing(disk, store, cpus, factor, o.fidelity, run_words, local)
     planning = time.time() - started
     study = Study(request, cells, notes, sizing, started, planning, load,
                   folder=Path(o.resume).expanduser() if o.resume else None, previous=previous)
@@ -100,8 +89,8 @@ def check(request: StudyRequest) -> Study:
         study.ratios = list(previous.get("factor", {}).get("ratios") or [])
     least = planning + REPORT_SECONDS
     if o.time_limit * 60 < least:
-        raise UsageError(f"time_limit={o.time_limit:g} min: the planned-only table alone takes ~{clock(least)} here "
-                         f"(planning {len(cells)} cells took {planning:.1f} s; the table and its figures ~"
+        raise UsageError(f"time_limit={o.time_limit:g} min: the planned-only table alone takes ~{sizes.clock(least)} "
+                         f"here (planning {len(cells)} cells took {planning:.1f} s; the table and its figures ~"
                          f"{REPORT_SECONDS:.0f} s); accepted: time_limit >= {math.ceil(least / 6) / 10:g}")
     project(study)
     if o.fidelity not in ("auto", "predicted"):
@@ -157,8 +146,8 @@ def project(study: Study) -> None:
     for cell in todo:
         cell.state = "planned"
         if cell.runs_here:
-            cell.option = choose(cell, 0.0, sizing)
-    coverage, rest = priority(todo)
+            cell.option = sizes.choose(cell, 0.0, sizing)
+    coverage, rest = sizes.priority(todo)
     for i, cell in enumerate([*coverage, *rest]):
         cell.option = next_for(cell, coverage[i + 1:] if i < len(coverage) else None, study.deadline - clock, sizing)
         if cell.option.mode != "predicted":
@@ -166,11 +155,11 @@ def project(study: Study) -> None:
             clock += cell.option.seconds * sizing.factor
 
 
-def next_for(cell: Cell, later: list[Cell] | None, time_left: float, sizing: Sizing) -> Option:
-    if sizing.fidelity == "auto" and time_left < HARNESS_SECONDS * sizing.factor and not cell.runs_here:
+def next_for(cell: Cell, later: list[Cell] | None, time_left: float, sizing: sizes.Sizing) -> Option:
+    if sizing.fidelity == "auto" and time_left < sizes.HARNESS_SECONDS * sizing.factor and not cell.runs_here:
         return Option("predicted", time_bound=True, why="no time left for a run",
                       reason="the time limit is spent by the runs before it")
-    return next_option(cell, later, time_left, sizing)
+    return sizes.next_option(cell, later, time_left, sizing)
 
 
 def _check_named(study: Study) -> None:
@@ -179,21 +168,22 @@ def _check_named(study: Study) -> None:
     runs = [c for c in study.cells if c.option.mode != "predicted"]
     first = next((c for c in study.cells if c.runs_here is None), None) or study.cells[0]
     outcome.something_runs(f"fidelity={o.fidelity}", len(study.cells), len(runs),
-                           f"cell {first.id}: {shorten(first.runs_here or first.option.reason, 200)}",
+                           f"cell {first.id}: {sizes.shorten(first.runs_here or first.option.reason, 200)}",
                            "a larger disk= or time_limit=, fidelity=auto (the most faithful option that fits, cell "
                            "by cell, else predicted), or fidelity=predicted", "cells")
     for cell in study.cells:
         if cell.runs_here is None and cell.option.mode == "predicted":
-            misses = [r for r in cell.option.reason.split(REASONS) if "more than disk=" in r or "not predicted" in r]
+            misses = [r for r in cell.option.reason.split(sizes.REASONS)
+                      if "more than disk=" in r or "not predicted" in r]
             if misses:
                 raise UsageError(f"fidelity={o.fidelity}: cell {cell.id} does not fit: {misses[0]}; accepted: a larger "
                                  "disk=, fidelity=auto (the largest option that fits, cell by cell), or fewer models")
     total = sum(c.option.seconds * study.sizing.factor for c in runs)
     left = study.deadline - time.time()
     if total > left:
-        raise UsageError(f"fidelity={o.fidelity}: its {len(runs)} runs would take ~{clock(total)} (the calibration's "
-                         f"estimate x {study.sizing.factor:g} for this machine), more than the "
-                         f"{clock(max(0, left))} time_limit={o.time_limit:g} min leaves; accepted: time_limit >= "
+        raise UsageError(f"fidelity={o.fidelity}: its {len(runs)} runs would take ~{sizes.clock(total)} (the "
+                         f"calibration's estimate x {study.sizing.factor:g} for this machine), more than the "
+                         f"{sizes.clock(max(0, left))} time_limit={o.time_limit:g} min leaves; accepted: time_limit >= "
                          f"{math.ceil((total + time.time() - study.started + REPORT_SECONDS) / 60)}, "
                          "fidelity=auto, or fewer models, strategies or engines")
 
@@ -264,20 +254,21 @@ def render_plan(study: Study) -> str:
     lines += [f"[study] not placed: {n}" for n in study.notes]
     if kept:
         lines.append(f"[study] resumed: {len(kept)} cells kept from {study.folder}")
-    lines.append(f"[study] {len(runs)} runs expected to take ~{clock(expected)} (the calibration's estimate x "
+    lines.append(f"[study] {len(runs)} runs expected to take ~{sizes.clock(expected)} (the calibration's estimate x "
                  f"{sizing.factor:g}: this machine's {study.load.get('cpus')} CPUs at load "
                  f"{study.load.get('loadavg_1min')}; corrected after each run, each run sized again before it "
                  f"starts) of time_limit={request.options.time_limit:g} min; checkpoints up to "
                  f"{size_text(max((c.option.bytes for c in runs), default=0))} at once "
                  f"(disk={size_text(sizing.disk)}), {size_text(sum(c.option.bytes for c in runs))} written in all")
     for c in runs:
-        not_more = f"  (not more: {shorten(c.option.reason.split(REASONS)[-1], 130)})" if c.option.reason else ""
-        lines.append(f"  {cell_text(c):<46} {c.option.text:<24} ~{clock(c.option.seconds * sizing.factor):>8} "
+        last = sizes.shorten(c.option.reason.split(sizes.REASONS)[-1], 130)
+        not_more = f"  (not more: {last})" if c.option.reason else ""
+        lines.append(f"  {cell_text(c):<46} {c.option.text:<24} ~{sizes.clock(c.option.seconds * sizing.factor):>8} "
                      f"{size_text(c.option.bytes):>10}" + not_more)
     reasons: dict[str, int] = {}
     for c in cells:
         if c.option.mode == "predicted" and c.state == "planned":
-            why = c.option.why or shorten(c.option.reason, 90)
+            why = c.option.why or sizes.shorten(c.option.reason, 90)
             reasons[why] = reasons.get(why, 0) + 1
     for why, n in reasons.items():
         lines.append(f"[study] planned and predicted only: {n} cells: {why}")

@@ -12,7 +12,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from restart_harness.command.parse import SweepRequest
+from restart_harness.command.requests import SweepRequest
 from restart_harness.errors import RunFailed
 from restart_harness.files.atomic import write_json_atomic
 from restart_harness.files.exclusive import claim_dir
@@ -20,11 +20,18 @@ from restart_harness.plan.estimate import duration, size_text
 from restart_harness.schema import SWEEP_SCHEMA_VERSION, count
 
 
-def new_sweep_dir(results_dir: str) -> Path:
+def new_dir(results_dir: str, kind: str) -> Path:
+    """A new campaign folder, `<results_dir>/<kind>-<time>` (sweep, study), claimed by this process."""
     try:
-        return claim_dir(Path(results_dir), f"sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        return claim_dir(Path(results_dir), f"{kind}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     except FileExistsError as exc:
         raise RunFailed(str(exc)) from None
+
+
+def made_run_dir(folder: Path, index: int) -> str | None:
+    """The run folder the campaign's run `index` made (NNN-<run>), where the run ended before saying it."""
+    made = sorted(folder.glob(f"{index:03d}-*"))
+    return str(made[-1]) if made else None
 
 
 def _bar(done: int, total: int, width: int = 20) -> str:
@@ -54,57 +61,23 @@ def _clock(seconds: float) -> str:
 
 def run(request: SweepRequest) -> Path:
     """Run every combination x repeat in order into one sweep folder; returns it. Never stops on a failure."""
-    from restart_harness.phases.run import run as run_one
-    from restart_harness.rundir.status import observed
-
-    tokens, lists, combos = request.tokens, request.lists, request.combos
-    sweep_dir = new_sweep_dir(combos[0].spec.results_dir)
+    combos = request.combos
+    sweep_dir = new_dir(combos[0].spec.results_dir, "sweep")
     runs = []
     for combo in combos:
         for rep in range(1, combo.spec.repeats + 1):
             runs.append({"index": len(runs) + 1, "combination": combo.values, "repeat": rep,
                          "repeats": combo.spec.repeats, "command": combo.tokens, "run_dir": None,
                          "state": "pending", "reason": None})
-    sweep = {"schema_version": SWEEP_SCHEMA_VERSION, "sweep_id": sweep_dir.name, "command": tokens, "lists": lists,
-             "state": "running", "started": time.time(), "finished": None, "runs": runs}
+    sweep = {"schema_version": SWEEP_SCHEMA_VERSION, "sweep_id": sweep_dir.name, "command": request.tokens,
+             "lists": request.lists, "state": "running", "started": time.time(), "finished": None, "runs": runs}
     write_json_atomic(sweep_dir / "sweep.json", sweep)
-    total = len(runs)
     by_index = [combo for combo in combos for _ in range(combo.spec.repeats)]
-    guesses = {id(c): estimate(c.plugins) for c in combos}
-    predicted = [guesses[id(c)][0] for c in by_index]
-    nbytes = sum(guesses[id(c)][1] for c in by_index)
-    known = [p for p in predicted if p is not None]
-    said = (f"about {_clock(sum(known))}" + (f" for the {count(len(known), 'run')} predicted" if len(known) < total else "")
-            + f" (calibration {combos[0].spec.calibration})") if known else "no time estimate (nothing predicted)"
-    dry = (f"{count(total, 'dry run')}, nothing launched; run for real they would take" if combos[0].spec.dry_run
-           else f"{count(total, 'run')}:")
-    print(f"[sweep] {dry} {said}; {size_text(nbytes)} of checkpoints kept", file=sys.stderr, flush=True)
-    sweep["estimate"] = {"wall_seconds": round(sum(known), 1) if known else None, "runs_predicted": len(known),
-                         "checkpoint_bytes": nbytes}
+    predicted = _announce(sweep, combos, by_index)
     started = time.time()
     try:
         for entry, combo in zip(runs, by_index):
-            label = " ".join(f"{k}={v}" for k, v in entry["combination"].items()) or "(one combination)"
-            rep = f", repeat {entry['repeat']}/{entry['repeats']}" if entry["repeats"] > 1 else ""
-            print(f"[sweep {entry['index']}/{total} {_bar(entry['index'] - 1, total)}] {label}{rep}"
-                  + _times(started, entry["index"] - 1, predicted), file=sys.stderr, flush=True)
-            entry["state"] = "running"
-            write_json_atomic(sweep_dir / "sweep.json", sweep)
-            plugins = combo.plugins.with_spec(dataclasses.replace(combo.spec, results_dir=str(sweep_dir)))
-            try:
-                entry["run_dir"] = str(run_one(plugins, prefix=f"{entry['index']:03d}-"))
-                entry["state"] = observed(Path(entry["run_dir"]))["state"]
-            except RunFailed as exc:
-                entry["state"], entry["reason"] = "failed", str(exc)
-            except Exception as exc:  # noqa: BLE001 - one broken combination must not end the sweep
-                entry["state"], entry["reason"] = "failed", f"{type(exc).__name__}: {exc}"
-            if entry["run_dir"] is None:
-                made = sorted(sweep_dir.glob(f"{entry['index']:03d}-*"))
-                entry["run_dir"] = str(made[-1]) if made else None
-            write_json_atomic(sweep_dir / "sweep.json", sweep)
-            print(f"[sweep {entry['index']}/{total} {_bar(entry['index'], total)}] {entry['state']}"
-                  + (f": {entry['reason']}" if entry["reason"] else "") + _times(started, entry["index"], predicted),
-                  file=sys.stderr, flush=True)
+            _run_entry(sweep_dir, sweep, entry, combo, lambda done: _times(started, done, predicted))
     except KeyboardInterrupt:
         for entry in runs:
             if entry["state"] in ("pending", "running"):
@@ -118,6 +91,49 @@ def run(request: SweepRequest) -> Path:
         sweep["counts"] = {s: sum(1 for r in runs if r["state"] == s) for s in sorted({r["state"] for r in runs})}
         write_json_atomic(sweep_dir / "sweep.json", sweep)
     return sweep_dir
+
+
+def _announce(sweep: dict, combos: list, by_index: list) -> list[float | None]:
+    """Print and record the sweep's estimate (time, checkpoint bytes kept); returns each run's predicted seconds."""
+    total = len(by_index)
+    guesses = {id(c): estimate(c.plugins) for c in combos}
+    predicted = [guesses[id(c)][0] for c in by_index]
+    nbytes = sum(guesses[id(c)][1] for c in by_index)
+    known = [p for p in predicted if p is not None]
+    said = (f"about {_clock(sum(known))}" + (f" for the {count(len(known), 'run')} predicted" if len(known) < total else "")
+            + f" (calibration {combos[0].spec.calibration})") if known else "no time estimate (nothing predicted)"
+    dry = (f"{count(total, 'dry run')}, nothing launched; run for real they would take" if combos[0].spec.dry_run
+           else f"{count(total, 'run')}:")
+    print(f"[sweep] {dry} {said}; {size_text(nbytes)} of checkpoints kept", file=sys.stderr, flush=True)
+    sweep["estimate"] = {"wall_seconds": round(sum(known), 1) if known else None, "runs_predicted": len(known),
+                         "checkpoint_bytes": nbytes}
+    return predicted
+
+
+def _run_entry(sweep_dir: Path, sweep: dict, entry: dict, combo, times) -> None:
+    """One run of the sweep into its folder, its state and reason recorded; `times(done)` the progress's clock."""
+    from restart_harness.phases.run import run as run_one
+    from restart_harness.rundir.status import observed
+
+    total, index = len(sweep["runs"]), entry["index"]
+    label = " ".join(f"{k}={v}" for k, v in entry["combination"].items()) or "(one combination)"
+    rep = f", repeat {entry['repeat']}/{entry['repeats']}" if entry["repeats"] > 1 else ""
+    print(f"[sweep {index}/{total} {_bar(index - 1, total)}] {label}{rep}" + times(index - 1), file=sys.stderr,
+          flush=True)
+    entry["state"] = "running"
+    write_json_atomic(sweep_dir / "sweep.json", sweep)
+    plugins = combo.plugins.with_spec(dataclasses.replace(combo.spec, results_dir=str(sweep_dir)))
+    try:
+        entry["run_dir"] = str(run_one(plugins, prefix=f"{index:03d}-"))
+        entry["state"] = observed(Path(entry["run_dir"]))["state"]
+    except RunFailed as exc:
+        entry["state"], entry["reason"] = "failed", str(exc)
+    except Exception as exc:  # noqa: BLE001 - one broken combination must not end the sweep
+        entry["state"], entry["reason"] = "failed", f"{type(exc).__name__}: {exc}"
+    entry["run_dir"] = entry["run_dir"] or made_run_dir(sweep_dir, index)
+    write_json_atomic(sweep_dir / "sweep.json", sweep)
+    print(f"[sweep {index}/{total} {_bar(index, total)}] {entry['state']}"
+          + (f": {entry['reason']}" if entry["reason"] else "") + times(index), file=sys.stderr, flush=True)
 
 
 def _times(started: float, done: int, predicted: list[float | None]) -> str:

@@ -12,6 +12,7 @@ ordinary run folder inside the study's folder; study.json records the cells and 
 section and plots).
 """
 
-from restart_harness.campaigns.study.campaign import check, main, run
+from restart_harness.campaigns.study.campaign import check
+from restart_harness.campaigns.study.running import main, run
 
 __all__ = ["check", "main", "run"]

@@ -1,39 +1,24 @@
-"""The study as a campaign: checked and sized before anything is created, its runs made one by one into its folder
-(study.json rewritten after each), the time limit kept, an interruption resumable, and the table written at the end
-(docs/study.md#resumable-and-safe)."""
+"""The study as a campaign: checked and sized before anything is created (every refusal made), recorded in its
+study.json and printed; its runs are made by running.py (docs/study.md#resumable-and-safe)."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import os
-import signal
 import statistics
-import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
 from restart_harness import machine, resolve
 from restart_harness.campaigns import outcome
+from restart_harness.campaigns.study import sizing as sizes
 from restart_harness.campaigns.study.cells import Cell, Option, build_cells, study_device
-from restart_harness.campaigns.study.sizing import (
-    HARNESS_SECONDS,
-    REASONS,
-    Sizing,
-    choose,
-    clock,
-    next_option,
-    predict_cells,
-    priority,
-    shorten,
-    storage,
-)
-from restart_harness.command.parse import StudyRequest
-from restart_harness.errors import RunFailed, UsageError
+from restart_harness.command.requests import StudyRequest
+from restart_harness.errors import UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
-from restart_harness.files.exclusive import claim_dir, hold
+from restart_harness.files.exclusive import hold
 from restart_harness.phases import say
 from restart_harness.plan.estimate import size_text
 from restart_harness.schema import STUDY, STUDY_SCHEMA_VERSION
@@ -49,7 +34,7 @@ class Study:
     request: StudyRequest
     cells: list[Cell]
     notes: list[str]
-    sizing: Sizing
+    sizing: sizes.Sizing
     started: float  # time.time() when the command started
     planning_seconds: float
     load: dict  # machine.load_now() when the study was sized
@@ -84,8 +69,8 @@ def check(request: StudyRequest) -> Study:
     sample = resolve.plugins(cells[0].spec)
     local = not sample.launcher.submits()
     cpus = request.predict.cpus_per_node or os.cpu_count() or 1
-    store = storage(request, cells, measure=False)
-    predict_cells(cells, store, cpus)
+    store = sizes.storage(request, cells, measure=False)
+    sizes.predict_cells(cells, store, cpus)
     device = study_device(request)
     for cell in cells:
         cell.runs_here = _runs_here(cell, device)
@@ -96,7 +81,7 @@ def check(request: StudyRequest) -> Study:
     if previous and previous.get("factor", {}).get("ratios"):
         factor = round(statistics.median(previous["factor"]["ratios"]), 2)
     run_words = [w for w in request.run_tokens if not w.startswith("device=")] + [f"device={device}"]
-    sizing = Sizing(disk, store, cpus, factor, o.fidelity, run_words, local)
+    sizing = sizes.Sizing(disk, store, cpus, factor, o.fidelity, run_words, local)
     planning = time.time() - started
     study = Study(request, cells, notes, sizing, started, planning, load,
                   folder=Path(o.resume).expanduser() if o.resume else None, previous=previous)
@@ -104,8 +89,8 @@ def check(request: StudyRequest) -> Study:
         study.ratios = list(previous.get("factor", {}).get("ratios") or [])
     least = planning + REPORT_SECONDS
     if o.time_limit * 60 < least:
-        raise UsageError(f"time_limit={o.time_limit:g} min: the planned-only table alone takes ~{clock(least)} here "
-                         f"(planning {len(cells)} cells took {planning:.1f} s; the table and its figures ~"
+        raise UsageError(f"time_limit={o.time_limit:g} min: the planned-only table alone takes ~{sizes.clock(least)} "
+                         f"here (planning {len(cells)} cells took {planning:.1f} s; the table and its figures ~"
                          f"{REPORT_SECONDS:.0f} s); accepted: time_limit >= {math.ceil(least / 6) / 10:g}")
     project(study)
     if o.fidelity not in ("auto", "predicted"):
@@ -161,20 +146,20 @@ def project(study: Study) -> None:
     for cell in todo:
         cell.state = "planned"
         if cell.runs_here:
-            cell.option = choose(cell, 0.0, sizing)
-    coverage, rest = priority(todo)
+            cell.option = sizes.choose(cell, 0.0, sizing)
+    coverage, rest = sizes.priority(todo)
     for i, cell in enumerate([*coverage, *rest]):
-        cell.option = _next(cell, coverage[i + 1:] if i < len(coverage) else None, study.deadline - clock, sizing)
+        cell.option = next_for(cell, coverage[i + 1:] if i < len(coverage) else None, study.deadline - clock, sizing)
         if cell.option.mode != "predicted":
             cell.state = "pending"
             clock += cell.option.seconds * sizing.factor
 
 
-def _next(cell: Cell, later: list[Cell] | None, time_left: float, sizing: Sizing) -> Option:
-    if sizing.fidelity == "auto" and time_left < HARNESS_SECONDS * sizing.factor and not cell.runs_here:
+def next_for(cell: Cell, later: list[Cell] | None, time_left: float, sizing: sizes.Sizing) -> Option:
+    if sizing.fidelity == "auto" and time_left < sizes.HARNESS_SECONDS * sizing.factor and not cell.runs_here:
         return Option("predicted", time_bound=True, why="no time left for a run",
                       reason="the time limit is spent by the runs before it")
-    return next_option(cell, later, time_left, sizing)
+    return sizes.next_option(cell, later, time_left, sizing)
 
 
 def _check_named(study: Study) -> None:
@@ -183,175 +168,30 @@ def _check_named(study: Study) -> None:
     runs = [c for c in study.cells if c.option.mode != "predicted"]
     first = next((c for c in study.cells if c.runs_here is None), None) or study.cells[0]
     outcome.something_runs(f"fidelity={o.fidelity}", len(study.cells), len(runs),
-                           f"cell {first.id}: {shorten(first.runs_here or first.option.reason, 200)}",
+                           f"cell {first.id}: {sizes.shorten(first.runs_here or first.option.reason, 200)}",
                            "a larger disk= or time_limit=, fidelity=auto (the most faithful option that fits, cell "
                            "by cell, else predicted), or fidelity=predicted", "cells")
     for cell in study.cells:
         if cell.runs_here is None and cell.option.mode == "predicted":
-            misses = [r for r in cell.option.reason.split(REASONS) if "more than disk=" in r or "not predicted" in r]
+            misses = [r for r in cell.option.reason.split(sizes.REASONS)
+                      if "more than disk=" in r or "not predicted" in r]
             if misses:
                 raise UsageError(f"fidelity={o.fidelity}: cell {cell.id} does not fit: {misses[0]}; accepted: a larger "
                                  "disk=, fidelity=auto (the largest option that fits, cell by cell), or fewer models")
     total = sum(c.option.seconds * study.sizing.factor for c in runs)
     left = study.deadline - time.time()
     if total > left:
-        raise UsageError(f"fidelity={o.fidelity}: its {len(runs)} runs would take ~{clock(total)} (the calibration's "
-                         f"estimate x {study.sizing.factor:g} for this machine), more than the "
-                         f"{clock(max(0, left))} time_limit={o.time_limit:g} min leaves; accepted: time_limit >= "
+        raise UsageError(f"fidelity={o.fidelity}: its {len(runs)} runs would take ~{sizes.clock(total)} (the "
+                         f"calibration's estimate x {study.sizing.factor:g} for this machine), more than the "
+                         f"{sizes.clock(max(0, left))} time_limit={o.time_limit:g} min leaves; accepted: time_limit >= "
                          f"{math.ceil((total + time.time() - study.started + REPORT_SECONDS) / 60)}, "
                          "fidelity=auto, or fewer models, strategies or engines")
 
 
-# ---- running ---------------------------------------------------------------------------------------------------
-class TimeUp(KeyboardInterrupt):
-    """The study's time limit: raised in the main thread like Ctrl-C, so a run in progress is stopped and recorded
-    as one interrupted would be."""
 
-
-def _alarm(signum, frame):
-    raise TimeUp()
-
-
-def run(study: Study) -> Path:
-    """Run the study's cells into its folder (study.json rewritten after each), then write the table; returns the
-    folder. Ctrl-C stops it (resume= continues); the time limit stops the run in progress and ends the study."""
-    request = study.request
-    if study.folder is None:
-        results = next((t.split("=", 1)[1] for t in request.run_tokens if t.startswith("results_dir=")), "results")
-        try:
-            study.folder = claim_dir(Path(results), f"study-{datetime.now():%Y%m%d-%H%M%S}")
-        except FileExistsError as exc:
-            raise RunFailed(str(exc)) from None
-        hold(study.folder)  # a resume= of it while it runs is refused
-    if study.sizing.store.get("assumed"):  # no baseline was cached: measured now, and the cells predicted with it
-        study.sizing.store = storage(request, study.cells, measure=True)
-        study.sizing.cache.clear()
-        predict_cells(study.cells, study.sizing.store, study.sizing.cpus)
-        project(study)
-    print(render_plan(study), file=sys.stderr, flush=True)
-    write(study)
-    previous = signal.signal(signal.SIGALRM, _alarm)
-    interrupted = None
-    try:
-        if request.options.fidelity != "predicted":
-            left = study.deadline - time.time()
-            if left <= 0:
-                raise TimeUp()
-            signal.setitimer(signal.ITIMER_REAL, left)
-            _run_cells(study)
-        study.state = "complete" if not any(c.state == "submitted" for c in study.cells) else "submitted"
-    except TimeUp:
-        study.state = "time_limit"
-        _stop_remaining(study, f"the time limit (time_limit={request.options.time_limit:g} min) ended the study "
-                               "before this cell's run")
-    except KeyboardInterrupt as exc:
-        study.state, interrupted = "interrupted", exc
-        _stop_remaining(study, "the study was interrupted before this cell's run")
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-        write(study)
-    _table(study)
-    if interrupted is not None:
-        say(f"[study] interrupted; continue it with: ./submit-job.sh study resume={study.folder}")
-        raise interrupted
-    return study.folder
-
-
-def _stop_remaining(study: Study, reason: str) -> None:
-    for cell in study.cells:
-        if cell.state == "running":  # stopped outside its run's own handling (between its launches and records)
-            cell.state, cell.reason = "interrupted", cell.reason or reason
-        elif cell.state == "pending":
-            cell.state = "planned"
-            cell.option = Option("predicted", reason=reason, why="no time left for a run", time_bound=True)
-
-
-def _run_cells(study: Study) -> None:
-    """Each cell to run in priority order, sized again with the time truly left and the machine factor so far."""
-    from restart_harness.phases.run import run as run_one
-
-    sizing = study.sizing
-    for cell in study.cells:  # submitted earlier (resume=): what their jobs did
-        if cell.state == "submitted" and cell.run_dir:
-            cell.state = _observed(cell)
-    coverage, rest = priority([c for c in study.to_run()])
-    order = [*coverage, *rest]
-    total = sum(1 for c in order if c.state == "pending")
-    done = 0
-    for i, cell in enumerate(order):
-        sizing.factor = _factor(study)
-        option = _next(cell, coverage[i + 1:] if i < len(coverage) else None, study.deadline - time.time(), sizing)
-        if option.mode == "predicted":
-            cell.state, cell.option = "planned", option
-            write(study)
-            continue
-        done += 1
-        elapsed = time.time() - study.started
-        left = max(0.0, study.deadline - time.time())
-        say(f"[study {done}/{max(total, done)}] {_cell_text(cell)}: {option.text}, "
-            f"~{clock(option.seconds * sizing.factor)}; elapsed {clock(elapsed)}, {clock(left)} left")
-        cell.option, cell.state, cell.reason = option, "running", None
-        write(study)
-        spec = dataclasses.replace(option.plugins.spec, results_dir=str(study.folder))
-        began = time.time()
-        try:
-            cell.run_dir = str(run_one(option.plugins.with_spec(spec), prefix=f"{cell.index:03d}-"))
-            cell.state = _observed(cell)
-        except RunFailed as exc:
-            cell.state, cell.reason = "failed", str(exc)
-        except KeyboardInterrupt:
-            cell.state = "interrupted"
-            cell.reason = "the study's time limit" if isinstance(sys.exc_info()[1], TimeUp) else "interrupted"
-            _made_run_dir(study, cell)
-            _discard(study, cell)
-            write(study)
-            raise
-        except Exception as exc:  # noqa: BLE001 - one broken cell must not end the study
-            cell.state, cell.reason = "failed", f"{type(exc).__name__}: {exc}"
-        cell.wall_seconds = round(time.time() - began, 1)
-        _made_run_dir(study, cell)
-        if cell.run_dir and cell.run_dir not in cell.attempts:
-            cell.attempts.append(cell.run_dir)
-        if sizing.local and option.seconds and (cell.state == "complete" or cell.wall_seconds > option.seconds):
-            # a run that failed after outlasting its estimate says the estimates are short here too
-            study.ratios.append(round(cell.wall_seconds / option.seconds, 3))
-        if cell.state == "failed":
-            _discard(study, cell)
-        say(f"[study {done}] {cell.state}" + (f": {cell.reason}" if cell.reason else "")
-            + f" in {clock(cell.wall_seconds)}")
-        write(study)
-
-
-def _factor(study: Study) -> float:
+def factor_now(study: Study) -> float:
     return round(statistics.median(study.ratios), 2) if study.ratios else study.sizing.factor
 
-
-def _observed(cell: Cell) -> str:
-    from restart_harness.rundir.status import observed
-
-    state = observed(Path(cell.run_dir))["state"]
-    return {"dry_run": "complete"}.get(state, state)
-
-
-def _made_run_dir(study: Study, cell: Cell) -> None:
-    if cell.run_dir is None:
-        made = sorted(study.folder.glob(f"{cell.index:03d}-*"))
-        cell.run_dir = str(made[-1]) if made else None
-    if cell.run_dir and cell.run_dir not in cell.attempts:
-        cell.attempts.append(cell.run_dir)
-
-
-def _discard(study: Study, cell: Cell) -> None:
-    """A failed or interrupted cell's checkpoint goes too (keep=false): its records say what it was."""
-    from restart_harness.phases.run import discard_checkpoint
-
-    if cell.run_dir is None or "keep=true" in study.request.run_tokens:
-        return
-    try:
-        discard_checkpoint(resolve.read(Path(cell.run_dir)))
-    except Exception as exc:  # noqa: BLE001 - a run that never wrote its spec has no checkpoint to delete
-        say(f"  could not delete the checkpoint of {cell.run_dir}: {type(exc).__name__}: {exc}")
 
 
 # ---- records -----------------------------------------------------------------------------------------------------
@@ -366,7 +206,7 @@ def record(study: Study) -> dict:
         "engines": request.engines, "run_keys": request.run_tokens,
         "time_limit_seconds": request.options.time_limit * 60, "planning_seconds": round(study.planning_seconds, 2),
         "machine": {"host": os.uname().nodename, "load_at_start": study.load},
-        "factor": {"prior": prior_factor(study.load), "ratios": study.ratios, "now": _factor(study)},
+        "factor": {"prior": prior_factor(study.load), "ratios": study.ratios, "now": factor_now(study)},
         "disk_bytes": study.sizing.disk, "storage": study.sizing.store.get("label"),
         "storage_source": study.sizing.store.get("source"),
         "storage_write_bytes_per_s": study.sizing.store.get("write_bytes_per_s"),
@@ -380,7 +220,7 @@ def write(study: Study) -> None:
         write_json_atomic(study.folder / STUDY, record(study))
 
 
-def _table(study: Study) -> None:
+def table(study: Study) -> None:
     """The study's table (analysis/study.py): CSV, Markdown, the report section and its figures."""
     try:
         from analysis import study as table
@@ -392,7 +232,7 @@ def _table(study: Study) -> None:
 
 
 # ---- what it prints ----------------------------------------------------------------------------------------------
-def _cell_text(cell: Cell) -> str:
+def cell_text(cell: Cell) -> str:
     ref = " (reference)" if cell.reference else ""
     return f"{cell.model} {cell.gpus} GPUs {cell.layout.label} {cell.engine}{ref}"
 
@@ -414,45 +254,24 @@ def render_plan(study: Study) -> str:
     lines += [f"[study] not placed: {n}" for n in study.notes]
     if kept:
         lines.append(f"[study] resumed: {len(kept)} cells kept from {study.folder}")
-    lines.append(f"[study] {len(runs)} runs expected to take ~{clock(expected)} (the calibration's estimate x "
+    lines.append(f"[study] {len(runs)} runs expected to take ~{sizes.clock(expected)} (the calibration's estimate x "
                  f"{sizing.factor:g}: this machine's {study.load.get('cpus')} CPUs at load "
                  f"{study.load.get('loadavg_1min')}; corrected after each run, each run sized again before it "
                  f"starts) of time_limit={request.options.time_limit:g} min; checkpoints up to "
                  f"{size_text(max((c.option.bytes for c in runs), default=0))} at once "
                  f"(disk={size_text(sizing.disk)}), {size_text(sum(c.option.bytes for c in runs))} written in all")
     for c in runs:
-        not_more = f"  (not more: {shorten(c.option.reason.split(REASONS)[-1], 130)})" if c.option.reason else ""
-        lines.append(f"  {_cell_text(c):<46} {c.option.text:<24} ~{clock(c.option.seconds * sizing.factor):>8} "
+        last = sizes.shorten(c.option.reason.split(sizes.REASONS)[-1], 130)
+        not_more = f"  (not more: {last})" if c.option.reason else ""
+        lines.append(f"  {cell_text(c):<46} {c.option.text:<24} ~{sizes.clock(c.option.seconds * sizing.factor):>8} "
                      f"{size_text(c.option.bytes):>10}" + not_more)
     reasons: dict[str, int] = {}
     for c in cells:
         if c.option.mode == "predicted" and c.state == "planned":
-            why = c.option.why or shorten(c.option.reason, 90)
+            why = c.option.why or sizes.shorten(c.option.reason, 90)
             reasons[why] = reasons.get(why, 0) + 1
     for why, n in reasons.items():
         lines.append(f"[study] planned and predicted only: {n} cells: {why}")
     return "\n".join(lines)
 
 
-def main(study: Study) -> int:
-    folder = run(study)
-    recorded = read_json(folder / STUDY)
-    counts: dict[str, int] = {}
-    for c in recorded["cells"]:
-        mode = c["option"]["mode"] if c["state"] == "complete" else ("predicted" if c["state"] == "planned"
-                                                                     else c["state"])
-        counts[mode] = counts.get(mode, 0) + 1
-    print(f"study {recorded['study_id']}: {recorded['state']}; {len(recorded['cells'])} cells: "
-          + ", ".join(f"{n} {m}" for m, n in counts.items()))
-    for c in recorded["cells"]:
-        ref = c.get("reference")
-        if ref:
-            plan = c["plan"]
-            names = sorted(f[0] for f in plan["files"])
-            same = names == sorted(ref["files"])
-            gb = plan["total_bytes"] / 1e9
-            print(f"reference {c['id']}: planner {gb:.2f} GB in {plan['total_files']} files; the reference study's log "
-                  f"{ref['checkpoint_gb']:.2f} GB in {len(ref['files'])} files"
-                  f" ({'equal' if round(gb, 2) == ref['checkpoint_gb'] and same else 'DIFFERENT'})")
-    print(folder)
-    return outcome.exit_code(c["state"] for c in recorded["cells"])

@@ -24,7 +24,6 @@ MIB = 1 << 20  # every *_mib_s figure is 2^20 bytes per second
 # Files of a run directory.
 SPEC, DS_CONFIG, STATUS, SUMMARY, INVENTORY, BASELINE = (
     "spec.json", "ds_config.json", "status.json", "summary.json", "inventory.json", "baseline.json")
-SWEEP = "sweep.json"
 MLPERF = "mlperf.json"
 STUDY = "study.json"
 # Where a study's figure comes from (docs/study.md): a run at the real size, real-size files written and read without
@@ -34,7 +33,6 @@ SOURCES = ("measured", "emulated", "planned", "predicted")
 # status.json `state`. A `running` whose harness process is gone is read as `failed` ("harness ended") by
 # rundir/status.py observed(), which every reader uses.
 STATES = ("running", "submitted", "dry_run", "complete", "failed")
-FINISHED_STATES = ("complete", "failed")
 
 # Kinds of checkpoint files, by the DeepSpeed name of the file (or of the directory a sharded engine writes); a
 # stack=fsdp2 checkpoint is DCP's own: a shard file per rank and one global metadata file.
@@ -367,61 +365,3 @@ class Error(Event):
     kind = "error"
     message: str
     traceback: str
-
-
-# Typed views of summary.json for its readers (the terminal: results/terminal.py): each reads one of the summary's
-# objects by its field names, in one place (View.of), and is read by attribute. A field an older summary lacks is None
-# (a list of views, empty); a key a view does not name is left out. Details the views do not name stay the summary's
-# own dicts (a restart's layout, a save's breakdown: docs/results.md).
-@dataclass(frozen=True)
-class View:
-    NESTED: ClassVar[dict] = {}  # field -> the view of its object, or [view] for a list of them
-    RENAMED: ClassVar[dict[str, str]] = {}  # summary key -> field, where the key is a Python keyword
-
-    @classmethod
-    def of(cls, data: dict | None):
-        if data is None:
-            return None
-        names = {f.name for f in dataclasses.fields(cls)}
-        values = {cls.RENAMED.get(k, k): v for k, v in data.items() if cls.RENAMED.get(k, k) in names}
-        for name, view in cls.NESTED.items():
-            values[name] = (tuple(view[0].of(x) for x in values.get(name) or ()) if isinstance(view, list)
-                            else view.of(values.get(name)))
-        return cls(**values)
-
-
-def _view(name: str, fields: str, nested: dict | None = None, renamed: dict | None = None, **methods) -> type:
-    """A frozen View class with these fields (names apart by spaces), each None unless the summary has it."""
-    return dataclasses.make_dataclass(name, [(f, object, None) for f in fields.split()], bases=(View,), frozen=True,
-                                      namespace={"NESTED": nested or {}, "RENAMED": renamed or {}, **methods})
-
-
-LostView = _view("LostView", "saves note per_save_seconds_median per_save_noise_seconds within_noise baseline_step")
-GrowthView = _view("GrowthView", "bytes_per_save note growing standard_error_bytes saves rank")
-SaveMemoryView = _view("SaveMemoryView", "saves peak_added_bytes_max peak_added_rank peak_added_tag held_bytes_max "
-                       "retained_bytes_max cost_bytes_median step_peak_added_bytes engine_buffers_bytes_max growth",
-                       nested={"growth": GrowthView})
-CrossoverView = _view("CrossoverView", "status crossover_checkpoint_bytes run_largest_phase measured")
-PredictionView = _view("PredictionView", "phases machine_busy calibration crossover",
-                       nested={"crossover": CrossoverView})
-SpecView = _view("SpecView", "model engine precision device seq_len tp pp dp shrink emulate subset derived")
-SaveView = _view("SaveView", "tag blocking_seconds durable_seconds commit_seconds checksum_seconds is_async "
-                  "throughput_mib_s breakdown training_lost per_node slowest_node", renamed={"async": "is_async"})
-CheckpointView = _view("CheckpointView", "tag files bytes by_kind bytes_per_rank saves training_lost memory "
-                       "engine_staging efficiency storage_requests incomplete_uploads", nested={"saves": [SaveView], "training_lost": LostView, "memory": SaveMemoryView})
-TrainingView = _view("TrainingView", "steps step_seconds_median steps_in_flight step_seconds_median_in_flight "
-                                     "step_seconds_median_no_flush rss_growth")
-BaselineView = _view("BaselineView", "method write_mib_s read_mib_s cached age_seconds dir spread ceiling")
-RestartView = _view(
-    "RestartView", "record ranks total_seconds launch_seconds phases verified verified_tensors differing launcher "
-    "cache environment_cache staging layout loaded load_seconds load_throughput_mib_s load_breakdown "
-    "engine_load_statistics attribution io_sources memory per_node slowest_node storage_requests incomplete_uploads "
-    "integrity",
-    # restart_conditions of this restart; whether it ran at the layout that saved the checkpoint
-    conditions=lambda r: restart_conditions({"launcher": r.launcher, "cache": r.cache, "staging": r.staging,
-                                             "environment_cache": r.environment_cache}),
-    at_own_layout=lambda r: (r.layout or {}).get("loaded") == (r.layout or {}).get("saved"))
-SummaryView = _view("SummaryView", "run_id status spec checkpoint training restart restarts baseline prediction",
-                    nested={"spec": SpecView, "checkpoint": CheckpointView, "training": TrainingView,
-                            "restart": RestartView, "restarts": [RestartView], "baseline": BaselineView,
-                            "prediction": PredictionView})

@@ -1,4 +1,4 @@
-"""The terminal reads summary.json through its typed views (schema.SummaryView): read in one place, by attribute,
+"""The terminal reads summary.json through its typed views (results/views.py SummaryView): read in one place, by attribute,
 older summaries included."""
 
 import dataclasses
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from restart_harness.results import terminal
-from restart_harness.schema import SummaryView
+from restart_harness.results.views import SummaryView
 
 DATA = Path(__file__).parent / "data" / "results"
 

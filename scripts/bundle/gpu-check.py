@@ -117,9 +117,14 @@ class Check:
         if not results.is_dir():
             return
         tmp = self.out / ".results.tar.gz.partial"
-        with tarfile.open(tmp, "w:gz") as t:
-            t.add(results, arcname="results", filter=lambda i: without_checkpoints(i, results.parent))
-        os.replace(tmp, self.out / "results.tar.gz")
+        for attempt in range(3):  # a file the stopped run was still replacing can vanish under tar: pack again
+            try:
+                with tarfile.open(tmp, "w:gz") as t:
+                    t.add(results, arcname="results", filter=lambda i: without_checkpoints(i, results.parent))
+                return os.replace(tmp, self.out / "results.tar.gz")
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                self.say(f"packing the results failed ({exc}){'; packing again' if attempt < 2 else ''}")
 
     # ---- steps -----------------------------------------------------------------------------------------------------
     def node(self) -> None:

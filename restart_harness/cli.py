@@ -138,7 +138,7 @@ def _print_goodput(summary: dict) -> None:
     from restart_harness.predict import goodput
 
     for o in goodput.from_summary(summary):
-        print(f"goodput     {goodput.line(o)} (failures at the Llama 3 report's rate: docs/goodput.md)")
+        print(f"{'goodput':<19}{goodput.line(o)} (failures at the Llama 3 report's rate: docs/goodput.md)")
 
 
 def _run(plugins) -> int:

@@ -140,7 +140,8 @@ def from_phases(phases: dict, gpus: int, mtbf_per_gpu_seconds: float = DEFAULT_M
 
 def line(o: dict) -> str:
     """One line of an optimum at its GPU count."""
-    return (f"at {o['gpus']:,} GPUs (job MTBF {o['job_mtbf_seconds'] / 3600:,.2f} h): best checkpoint interval "
+    gpus, hours = f"{o['gpus']:,} GPU" + ("" if o["gpus"] == 1 else "s"), o["job_mtbf_seconds"] / 3600
+    return (f"at {gpus} (job MTBF {f'{hours:,.0f}' if hours >= 100 else f'{hours:.3g}'} h): best checkpoint interval "
             f"{o['best_interval_seconds']:,.1f} s ({o['best_interval_steps']:,} steps), expected goodput "
             f"{o['goodput_at_best']:.4f}; Young/Daly {o['young_daly_interval_seconds']:,.1f} s")
 

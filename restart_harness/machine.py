@@ -15,6 +15,7 @@ from pathlib import Path
 
 import restart_harness
 from restart_harness.errors import refused
+from restart_harness.files import kernel_memory
 from restart_harness.files.fsfacts import filesystem, why_unresolvable
 from restart_harness.resolve import launcher_class
 from restart_harness.spec.keys import Path as KeyPath
@@ -58,7 +59,8 @@ def load_now() -> dict:
 
 
 def available_memory_bytes() -> int | None:
-    return _meminfo("MemAvailable:")
+    """MemAvailable, or less where this process's memory cgroup leaves less below its limit."""
+    return kernel_memory.available_bytes()
 
 
 def default_emulate_memory_gib() -> float:
@@ -117,16 +119,6 @@ def _node_defaults(spec, dry_run: bool) -> dict:
     if spec.emulate and spec.emulate_memory_gib is None and not dry_run:
         changes["emulate_memory_gib"] = default_emulate_memory_gib()
     return changes
-
-
-def _meminfo(field: str) -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith(field):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def cpu_model() -> str | None:
@@ -201,7 +193,7 @@ def facts(checkpoint_path: Path) -> dict:
             "kernel": platform.release(),
             "machine": platform.machine(),
             "cpus": os.cpu_count(),
-            "memory_bytes": _meminfo("MemTotal:"),
+            "memory_bytes": kernel_memory.meminfo("MemTotal:"),
             "cpu_avx512": "avx512f" in cpu_flags(),
             "cpu_model": cpu_model(),
             "gpu_model": gpu_model(),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from restart_harness import SOURCE_ROOT, machine
 from restart_harness.files.cache_dir import extensions_dir
+from restart_harness.files.kernel_memory import OomWatch
 from restart_harness.iocount import strace
 from restart_harness.phases import say, session
 from restart_harness.rundir import sampling
@@ -49,6 +50,7 @@ def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None 
         say(f"  [{record}] machine busy before the launch: {load['cpu_busy_fraction']:.0%} of its {load['cpus']} "
             "CPUs in use by other work; timings and the prediction are suspect")
     start = time.time()
+    oom = OomWatch()  # a rank the kernel kills for memory is named as the cause of a failure (phases/diagnose.py)
     with open(log_path, "wb") as log:
         traced = strace.wrapper(run_dir, record, environment.read().RH_STRACE)
         command = [*traced, "bash", str(run_dir / f"launch-{record}.sh")]
@@ -69,10 +71,11 @@ def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None 
             _bounded_wait(watchdog)
     if timed_out or proc.returncode:
         _orphaned_locks(proc, record, start)
+    killed = oom.result()
     return {"record": record, "start": start, "wall_seconds": round(time.time() - start, 3),
             "exit_code": sampler.exit_code(proc.returncode) if sampler else proc.returncode, "timed_out": timed_out,
             "log": str(log_path.relative_to(run_dir)),
-            "machine_load": load}
+            "machine_load": load} | ({"oom": killed} if killed else {})
 
 
 def end(proc: subprocess.Popen) -> None:

@@ -1,0 +1,181 @@
+"""What the kernel says of memory: this process's memory cgroup (its limit, what it uses, how many of its processes
+the OOM killer ended: cgroup v2's memory.events, v1's memory.oom_control) and the OOM killer's kills in the kernel
+log (/dev/kmsg, where readable). A launch reads the counters before and after (phases/processes.py): a rank the
+kernel killed for memory is then named as the cause of a failure (phases/diagnose.py), not its peers' lost
+connections."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+# where the kernel says it (a test points them at a stand-in)
+CGROUP_ROOT, PROC_CGROUP, KMSG = Path("/sys/fs/cgroup"), Path("/proc/self/cgroup"), "/dev/kmsg"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def _cgroup() -> tuple[Path, int] | None:
+    """(folder, version) of this process's memory cgroup: v2's (a memory.events beside it) or v1's memory controller."""
+    root = CGROUP_ROOT
+    for line in (_read(PROC_CGROUP) or "").splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        rel = path.lstrip("/")
+        if hierarchy == "0":
+            for base in (root, root / "unified"):
+                if (base / rel / "memory.events").is_file():
+                    return base / rel, 2
+        elif "memory" in controllers.split(",") and (root / "memory" / rel / "memory.oom_control").is_file():
+            return root / "memory" / rel, 1
+    return None
+
+
+def _field(text: str | None, name: str) -> int | None:
+    for line in (text or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == name and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def _number(path: Path) -> int | None:
+    text = (_read(path) or "").strip()
+    return int(text) if text.isdigit() else None
+
+
+def cgroup_memory() -> dict | None:
+    """This process's memory cgroup: {path, version, limit_bytes (None: no limit below the machine's memory),
+    usage_bytes, peak_bytes, oom_kills}, or None where it has none that can be read."""
+    found = _cgroup()
+    if found is None:
+        return None
+    folder, version = found
+    if version == 2:
+        limit, usage, peak = (_number(folder / n) for n in ("memory.max", "memory.current", "memory.peak"))
+        kills = _field(_read(folder / "memory.events"), "oom_kill")
+    else:
+        limit, usage, peak = (_number(folder / n) for n in
+                              ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.max_usage_in_bytes"))
+        kills = _field(_read(folder / "memory.oom_control"), "oom_kill")
+    total = meminfo("MemTotal:")
+    if limit is not None and total is not None and limit >= total:
+        limit = None  # v1 writes "no limit" as a huge number
+    return {"path": str(folder), "version": version, "limit_bytes": limit, "usage_bytes": usage, "peak_bytes": peak,
+            "oom_kills": kills}
+
+
+def meminfo(field: str) -> int | None:
+    """A /proc/meminfo figure in bytes ("MemAvailable:")."""
+    for line in (_read(Path("/proc/meminfo")) or "").splitlines():
+        if line.startswith(field):
+            return int(line.split()[1]) * 1024
+    return None
+
+
+def available_bytes() -> int | None:
+    """The memory a new process can have now: MemAvailable, or less where this process's cgroup limit leaves less."""
+    free = meminfo("MemAvailable:")
+    group = cgroup_memory()
+    if group and group["limit_bytes"] is not None and group["usage_bytes"] is not None:
+        room = max(0, group["limit_bytes"] - group["usage_bytes"])
+        free = room if free is None else min(free, room)
+    return free
+
+
+def system_oom_kills() -> int | None:
+    """The machine's OOM kills since boot (/proc/vmstat oom_kill)."""
+    return _field(_read(Path("/proc/vmstat")), "oom_kill")
+
+
+# ---- the kernel log ----------------------------------------------------------------------------------------------
+KILLED = re.compile(r"Killed process (\d+) \(([^)]*)\) total-vm:(\d+)kB, anon-rss:(\d+)kB, file-rss:(\d+)kB, "
+                    r"shmem-rss:(\d+)kB")
+MEMCG_USAGE = re.compile(r"^memory: usage (\d+)kB, limit (\d+)kB")
+CONSTRAINT = re.compile(r"oom-kill:constraint=(\w+)")
+MEMCG = re.compile(r",oom_memcg=([^,]+)")
+
+
+class KernelLog:
+    """The kernel log from now on: /dev/kmsg opened at its end (None where it cannot be read: no CAP_SYSLOG, or
+    dmesg_restrict); kills() parses what was logged since into the OOM killer's kills."""
+
+    def __init__(self):
+        try:
+            self.fd: int | None = os.open(KMSG, os.O_RDONLY | os.O_NONBLOCK)
+            os.lseek(self.fd, 0, os.SEEK_END)
+        except OSError:
+            self.fd = None
+
+    def lines(self) -> list[str]:
+        out: list[str] = []
+        while self.fd is not None:
+            try:
+                record = os.read(self.fd, 8192)
+            except BlockingIOError:
+                break
+            except BrokenPipeError:  # records overwritten before they were read: go on with the next
+                continue
+            except OSError:
+                break
+            if not record:
+                break
+            out.append(record.decode(errors="replace").partition(";")[2].rstrip("\n"))
+        return out
+
+    def kills(self) -> list[dict] | None:
+        """[{pid, process, anon_rss_bytes, total_vm_bytes, constraint, cgroup, cgroup_usage_bytes,
+        cgroup_limit_bytes}] logged since the log was opened, or None where it is not readable."""
+        if self.fd is None:
+            return None
+        out, usage, constraint = [], None, None
+        for line in self.lines():
+            if m := MEMCG_USAGE.match(line):
+                usage = (int(m[1]) * 1024, int(m[2]) * 1024)
+            elif m := CONSTRAINT.search(line):
+                memcg = MEMCG.search(line)
+                constraint = (m[1], memcg[1] if memcg else None)
+            elif m := KILLED.search(line):
+                out.append({"pid": int(m[1]), "process": m[2], "total_vm_bytes": int(m[3]) * 1024,
+                            "anon_rss_bytes": int(m[4]) * 1024, "rss_bytes": sum(int(m[i]) for i in (4, 5, 6)) * 1024,
+                            "constraint": constraint[0] if constraint else None,
+                            "cgroup": constraint[1] if constraint else None,
+                            "cgroup_usage_bytes": usage[0] if usage and constraint and constraint[1] else None,
+                            "cgroup_limit_bytes": usage[1] if usage and constraint and constraint[1] else None})
+                usage = constraint = None
+        return out
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class OomWatch:
+    """Around one launch: the OOM-kill counters (this cgroup's, the machine's) and the kernel log from its start;
+    result() is None when nothing was killed for memory, else what the kernel recorded."""
+
+    def __init__(self):
+        group = cgroup_memory()
+        self.cgroup_kills = group["oom_kills"] if group else None
+        self.system_kills = system_oom_kills()
+        self.log = KernelLog()
+
+    def result(self) -> dict | None:
+        try:
+            kills = self.log.kills()
+        finally:
+            self.log.close()
+        group = cgroup_memory()
+        after = group["oom_kills"] if group else None
+        rose = after is not None and self.cgroup_kills is not None and after > self.cgroup_kills
+        system = system_oom_kills()
+        if not kills and not rose:
+            return None
+        return {"kills": kills, "cgroup": group and {**group, "oom_kills_before": self.cgroup_kills},
+                "system_oom_kills": [self.system_kills, system], "machine_memory_bytes": meminfo("MemTotal:")}

@@ -216,6 +216,11 @@ class Engine(ABC):
         """save() returns before the files are written; the harness then waits for durability in the background."""
         return False
 
+    def host_buffer_bytes(self, rank_bytes: int) -> int:
+        """Host memory a rank's engine holds beside the training state while it saves or loads `rank_bytes` of
+        checkpoint (its staging and I/O buffers): what preflight.resources adds to each rank's need."""
+        return 0
+
     def check(self) -> None:
         """Raise UsageError (one line) when the engine cannot run for this spec, whatever the node: its keys, the
         layout, the device asked for. Called before anything is created, on the machine the command is typed on."""

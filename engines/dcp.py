@@ -36,6 +36,9 @@ class DCPEngine(Engine):
     def asynchronous(self) -> bool:
         return self.options.async_save
 
+    def host_buffer_bytes(self, rank_bytes: int) -> int:
+        return rank_bytes if self.options.async_save else 0  # async_save stages a copy of the state first
+
     def open(self, ctx: EngineContext) -> CheckpointIO:
         io = DCPCollective if ctx.collective else DCPFiles
         return io(self.options.async_save, ctx.target)

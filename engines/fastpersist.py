@@ -63,6 +63,9 @@ class FastPersistEngine(Engine):
     def asynchronous(self) -> bool:
         return self.decoupled
 
+    def host_buffer_bytes(self, rank_bytes: int) -> int:
+        return (self.options.io_buffer_mib << 20) * (2 if self.options.io_buffer_double else 1)
+
     def node_checks(self) -> list[NodeCheck]:
         """DeepSpeed's async_io op can be loaded or built here (libaio: engines/_async_io.py), on any device; on a CPU
         node also the locked memory its writer's buffers take (a CUDA node's DeepSpeed pins through CUDA)."""

@@ -30,6 +30,10 @@ class TorchSnapshotEngine(Engine):
     def asynchronous(self) -> bool:
         return self.options.async_take
 
+    def host_buffer_bytes(self, rank_bytes: int) -> int:
+        # async_take stages the whole state before it returns; else up to the budget at a time (each rank its own)
+        return rank_bytes if self.options.async_take else min(rank_bytes, self.options.memory_budget_mib << 20)
+
     def open(self, ctx: EngineContext) -> CheckpointIO:
         # Each rank thinks it is alone (third_party shim) and would claim the whole host's memory: budget per rank.
         os.environ[MEMORY_BUDGET_ENV] = str(self.options.memory_budget_mib * 2**20)

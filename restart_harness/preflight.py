@@ -112,22 +112,28 @@ RANKS_PER_CPU = 8  # beyond this a rank gets too little of a core to start, rend
 
 
 def resources(plugins: Plugins) -> None:
-    """The ranks this node starts fit its memory and CPUs (estimated from the plan; the compute node of a submitted
-    run is the scheduler's)."""
+    """The ranks this node starts fit its memory (available now: MemAvailable, or less below this process's cgroup
+    limit) and CPUs, estimated from the plan; the compute node of a submitted run is the scheduler's. A save and a
+    restart hold alike: the process, its training state and the engine's own buffers (Engine.host_buffer_bytes)."""
     spec = plugins.spec
     if plugins.launcher.submits() or spec.dry_run:
         return
     ranks, cpus = spec.ranks_per_node, os.cpu_count() or 1
-    share = 0 if spec.emulate else planned_bytes(plugins, saves=1) // spec.world_size
-    per_rank = RANK_BASE_BYTES + STATE_FACTOR * share
+    rank_bytes = planned_bytes(plugins, saves=1) // spec.world_size
+    share = 0 if spec.emulate else rank_bytes
+    buffers = plugins.engine.host_buffer_bytes(rank_bytes)
+    per_rank = RANK_BASE_BYTES + STATE_FACTOR * share + buffers
     need = ranks * per_rank + (int(spec.emulate_memory_gib * 2**30) if spec.emulate and spec.emulate_memory_gib else 0)
     available = machine.available_memory_bytes()
     layout = f"tp x pp x dp = {spec.tp} x {spec.pp} x {spec.dp}" + (f" over {spec.nodes} nodes" if spec.nodes > 1 else "")
     if available is not None and need > available:
-        raise UsageError(f"{layout}: {ranks} ranks need ~{_gib(need)} on this node (~{_gib(per_rank)} each: the process, "
-                         f"and three times its {_gib(share)} share of the checkpoint) but {_gib(available)} is "
-                         "available; accepted: fewer ranks per node, a smaller model (shrink=), or launcher=slurm|pbs "
-                         "over several nodes")
+        held = [f"three times its {_gib(share)} share of the checkpoint" if share else "",
+                f"engine={spec.engine}'s {_gib(buffers)} of buffers" if buffers else "",
+                f"emulate_memory_gib={spec.emulate_memory_gib:g} for the node" if spec.emulate else ""]
+        raise UsageError(f"{layout}: {ranks} ranks need ~{_gib(need)} on this node (~{_gib(per_rank)} each: the "
+                         f"process{''.join(', ' + h for h in held if h)}) but {_gib(available)} is available; "
+                         "accepted: fewer ranks per node, a smaller model (shrink=), or launcher=slurm|pbs over "
+                         "several nodes")
     if ranks > RANKS_PER_CPU * cpus:
         raise UsageError(f"{layout}: {ranks} ranks on this node's {cpus} CPUs (more than {RANKS_PER_CPU} a CPU); "
                          "accepted: fewer ranks per node, or launcher=slurm|pbs over several nodes")

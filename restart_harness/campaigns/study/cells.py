@@ -329,7 +329,7 @@ def _unplaceable(model: str, request: StudyRequest, least: tuple | None) -> str:
                  and _fits_some(model, g, request)), None)
     hint = f"gpus={more} places it, " if more else ""
     return (f"models={model}: no strategy places {model} on gpus={counts} of gpu_memory_gib={o.gpu_memory_gib:g}: the "
-            f"least model state a GPU would hold is {need / GIB:,.1f} GiB ({label} on {gpus} GPUs: weights, gradients, "
+            f"least model state a GPU would hold is {estimate.size_text(need)} ({label} on {gpus} GPUs: weights, gradients, "
             f"the ZeRO optimizer partition); accepted: more GPUs ({hint}or a larger gpu_memory_gib), "
             "gpu_memory_gib=none, or models= without it")
 

@@ -109,29 +109,39 @@ def launcher(plugins: Plugins) -> None:
 RANK_BASE_BYTES = 400 << 20
 STATE_FACTOR = 3
 RANKS_PER_CPU = 8  # beyond this a rank gets too little of a core to start, rendezvous and train within the timeouts
+MEMORY_REFUSAL = "on this node but"  # in resources()' refusal only: the study tells a cell that does not fit memory
 
 
 def resources(plugins: Plugins) -> None:
     """The ranks this node starts fit its memory (available now: MemAvailable, or less below this process's cgroup
     limit) and CPUs, estimated from the plan; the compute node of a submitted run is the scheduler's. A save and a
-    restart hold alike: the process, its training state and the engine's own buffers (Engine.host_buffer_bytes)."""
+    restart hold alike: the process, its training state (an emulated rank: its largest file's tensors, which it keeps
+    resident after its wave) and the engine's own buffers (Engine.host_buffer_bytes); an emulated node also the
+    staging of the ranks working at once, up to emulate_memory_gib."""
     spec = plugins.spec
     if plugins.launcher.submits() or spec.dry_run:
         return
     ranks, cpus = spec.ranks_per_node, os.cpu_count() or 1
     rank_bytes = planned_bytes(plugins, saves=1) // spec.world_size
-    share = 0 if spec.emulate else rank_bytes
     buffers = plugins.engine.host_buffer_bytes(rank_bytes)
-    per_rank = RANK_BASE_BYTES + STATE_FACTOR * share + buffers
-    need = ranks * per_rank + (int(spec.emulate_memory_gib * 2**30) if spec.emulate and spec.emulate_memory_gib else 0)
+    if spec.emulate:
+        from restart_harness.plan import checkpoint
+
+        state = checkpoint.emulated_file_state_bytes(spec) // checkpoint.EMULATED_STATE_FACTOR
+        staging = min(int((spec.emulate_memory_gib or 0) * 2**30), ranks * state)
+        held = [f"its largest file's {_gib(state)}", f"up to emulate_memory_gib={spec.emulate_memory_gib:g} staging "
+                                                       "for the node" if staging else ""]
+    else:
+        state, staging, held = STATE_FACTOR * rank_bytes, 0, [f"three times its {_gib(rank_bytes)} share of the "
+                                                              "checkpoint"]
+    per_rank = RANK_BASE_BYTES + state + buffers
+    need = ranks * per_rank + staging
     available = machine.available_memory_bytes()
     layout = f"tp x pp x dp = {spec.tp} x {spec.pp} x {spec.dp}" + (f" over {spec.nodes} nodes" if spec.nodes > 1 else "")
     if available is not None and need > available:
-        held = [f"three times its {_gib(share)} share of the checkpoint" if share else "",
-                f"engine={spec.engine}'s {_gib(buffers)} of buffers" if buffers else "",
-                f"emulate_memory_gib={spec.emulate_memory_gib:g} for the node" if spec.emulate else ""]
-        raise UsageError(f"{layout}: {ranks} ranks need ~{_gib(need)} on this node (~{_gib(per_rank)} each: the "
-                         f"process{''.join(', ' + h for h in held if h)}) but {_gib(available)} is available; "
+        held.insert(0, f"engine={spec.engine}'s {_gib(buffers)} of buffers" if buffers else "")
+        raise UsageError(f"{layout}: {ranks} ranks need ~{_gib(need)} {MEMORY_REFUSAL} {_gib(available)} is "
+                         f"available (~{_gib(per_rank)} each: the process{''.join(', ' + h for h in held if h)}); "
                          "accepted: fewer ranks per node, a smaller model (shrink=), or launcher=slurm|pbs over "
                          "several nodes")
     if ranks > RANKS_PER_CPU * cpus:

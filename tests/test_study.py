@@ -208,3 +208,36 @@ def test_each_model_and_engine_gets_a_run_before_any_gets_a_faithful_one(monkeyp
     assert late.mode == "predicted" and late.time_bound and late.why == "no time left for a run"
     cheap = sizing.next_option(rest[0], None, 1000.0, sized)  # after the coverage: more cells, not more fidelity
     assert (cheap.mode, cheap.shrink) == ("shrunk", 64)
+
+
+def test_a_cell_is_sized_to_the_memory_available_when_it_starts(monkeypatch):
+    """Issue 66: 13B dp8 torchsnapshot at K=4 was OOM-killed here (8 emulated ranks at ~3 GiB each: the process, the
+    largest file's tensors, torchsnapshot's staging). Sized again as it starts, against the memory available then:
+    with 20 GiB it shrinks further, saying why not K=4; with 2 GiB it is planned and predicted only, saying why."""
+    import math
+
+    from restart_harness import machine
+    from restart_harness.campaigns.study import campaign
+
+    request = parse_study(["models=13B", "gpus=8", "strategies=tp1-pp1-dp8", "engines=torchsnapshot",
+                           "reference=false"])
+    cells, _ = study_cells.build_cells(request)
+    cell = cells[0]
+    sized = sizing.Sizing(disk=1 << 42, store=sizing.storage(request, cells, measure=False), cpus=2, factor=1.0,
+                          fidelity="auto", run_words=[], local=True)
+
+    def k4_reason(option: study_cells.Option) -> str:
+        return next((r for r in option.reason.split(sizing.REASONS) if r.startswith("shrunk K=4 (emulated)")), "")
+
+    monkeypatch.setattr(machine, "available_memory_bytes", lambda: 200 << 30)
+    roomy = campaign.next_for(cell, [], math.inf, sized)  # a coverage cell: the most faithful option that fits
+    assert roomy.mode == "shrunk" and "ranks need" not in k4_reason(roomy)
+    monkeypatch.setattr(machine, "available_memory_bytes", lambda: 20 << 30)
+    tight = campaign.next_for(cell, [], math.inf, sized)  # the same sizing, at the cell's start
+    assert tight.mode == "shrunk" and tight.shrink >= 8 and tight.shrink > roomy.shrink
+    assert "8 ranks need ~" in k4_reason(tight) and "engine=torchsnapshot's" in k4_reason(tight)
+    assert "but 20.0 GiB is available" in k4_reason(tight)
+    monkeypatch.setattr(machine, "available_memory_bytes", lambda: 2 << 30)
+    none = campaign.next_for(cell, [], math.inf, sized)
+    assert none.mode == "predicted" and none.why == "no option fits the memory available now"
+    assert "but 2.0 GiB is available" in none.reason

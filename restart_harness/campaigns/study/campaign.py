@@ -156,6 +156,9 @@ def project(study: Study) -> None:
 
 
 def next_for(cell: Cell, later: list[Cell] | None, time_left: float, sizing: sizes.Sizing) -> Option:
+    """The cell's option as it starts: sized again against the memory available now (the runs before it, other
+    work), so one that no longer fits is shrunk further, or planned and predicted only, its reason saying so."""
+    sizing.cache = {k: v for k, v in sizing.cache.items() if k[0] != cell.index}
     if sizing.fidelity == "auto" and time_left < sizes.HARNESS_SECONDS * sizing.factor and not cell.runs_here:
         return Option("predicted", time_bound=True, why="no time left for a run",
                       reason="the time limit is spent by the runs before it")

@@ -201,7 +201,9 @@ def choose(cell: Cell, allowance: float, sizing: Sizing, least: bool = False) ->
     if sizing.fidelity == "auto":  # the cheapest that runs: nothing fits when it does not
         low = cheapest(cell, sizing, why)
         if low is None:
-            return Option("predicted", reason=REASONS.join(why) or "nothing to run", why="no option runs here")
+            memory = why and all(preflight.MEMORY_REFUSAL in w for w in why)
+            return Option("predicted", reason=REASONS.join(why) or "nothing to run",
+                          why="no option fits the memory available now" if memory else "no option runs here")
         if low.seconds * sizing.factor > allowance:
             return Option("predicted", time_bound=True, why="no time left for a run",
                           reason=f"no run fits the time it may take ({clock(allowance)}): the quickest, {low.text}, "

@@ -132,8 +132,8 @@ def resources(plugins: Plugins) -> None:
         held = [f"its largest file's {_gib(state)}", f"up to emulate_memory_gib={spec.emulate_memory_gib:g} staging "
                                                        "for the node" if staging else ""]
     else:
-        state, staging, held = STATE_FACTOR * rank_bytes, 0, [f"three times its {_gib(rank_bytes)} share of the "
-                                                              "checkpoint"]
+        state, staging = STATE_FACTOR * rank_bytes, 0
+        held = [f"three times its {_gib(rank_bytes)} share of the checkpoint"]
     per_rank = RANK_BASE_BYTES + state + buffers
     need = ranks * per_rank + staging
     available = machine.available_memory_bytes()

@@ -259,8 +259,8 @@ CASES = {
     "a study model no strategy places": (["study", "models=70B", "gpus=8"], "no strategy places 70B on gpus=8"),
     # issue 66: the target's GPU memory too small for every strategy (the study places by gpu_memory_gib=)
     "a study GPU too small for every strategy": (["study", "models=tiny", "gpus=2", "gpu_memory_gib=0.0001"],
-                                                 "no strategy places tiny on gpus=2 of gpu_memory_gib=0.0001: the "
-                                                 "least model state a GPU would hold is 50.54 MiB"),
+                                                 ("gpu_memory_gib=0.0001: the least model state a GPU would hold "
+                                                  "is 50.54 MiB")),
     "a study time limit below its planned table": (["study", "models=tiny", "gpus=2", "time_limit=0.1"],
                                                    "time_limit=0.1 min: the planned-only table alone takes"),
     "a study layout key": (["study", "tp=2"], "tp=: set by the study"),

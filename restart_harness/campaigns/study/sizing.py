@@ -201,7 +201,7 @@ def choose(cell: Cell, allowance: float, sizing: Sizing, least: bool = False) ->
     if sizing.fidelity == "auto":  # the cheapest that runs: nothing fits when it does not
         low = cheapest(cell, sizing, why)
         if low is None:
-            memory = why and all(preflight.MEMORY_REFUSAL in w for w in why)
+            memory = why and preflight.MEMORY_REFUSAL in why[0]  # the least costly option does not fit memory
             return Option("predicted", reason=REASONS.join(why) or "nothing to run",
                           why="no option fits the memory available now" if memory else "no option runs here")
         if low.seconds * sizing.factor > allowance:

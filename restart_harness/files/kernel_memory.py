@@ -88,11 +88,6 @@ def available_bytes() -> int | None:
     return free
 
 
-def system_oom_kills() -> int | None:
-    """The machine's OOM kills since boot (/proc/vmstat oom_kill)."""
-    return _field(_read(Path("/proc/vmstat")), "oom_kill")
-
-
 # ---- the kernel log ----------------------------------------------------------------------------------------------
 KILLED = re.compile(r"Killed process (\d+) \(([^)]*)\) total-vm:(\d+)kB, anon-rss:(\d+)kB, file-rss:(\d+)kB, "
                     r"shmem-rss:(\d+)kB")
@@ -157,13 +152,12 @@ class KernelLog:
 
 
 class OomWatch:
-    """Around one launch: the OOM-kill counters (this cgroup's, the machine's) and the kernel log from its start;
+    """Around one launch: this cgroup's OOM-kill count and the kernel log from its start;
     result() is None when nothing was killed for memory, else what the kernel recorded."""
 
     def __init__(self):
         group = cgroup_memory()
         self.cgroup_kills = group["oom_kills"] if group else None
-        self.system_kills = system_oom_kills()
         self.log = KernelLog()
 
     def result(self) -> dict | None:
@@ -174,8 +168,7 @@ class OomWatch:
         group = cgroup_memory()
         after = group["oom_kills"] if group else None
         rose = after is not None and self.cgroup_kills is not None and after > self.cgroup_kills
-        system = system_oom_kills()
         if not kills and not rose:
             return None
         return {"kills": kills, "cgroup": group and {**group, "oom_kills_before": self.cgroup_kills},
-                "system_oom_kills": [self.system_kills, system], "machine_memory_bytes": meminfo("MemTotal:")}
+                "machine_memory_bytes": meminfo("MemTotal:")}

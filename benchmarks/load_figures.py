@@ -142,7 +142,7 @@ def main(repeats: int, model: str) -> None:
                     from restart_harness import resolve
 
                     os.environ.update(s3.environment())
-                    resolve.read(run_dir).target.delete()
+                    resolve.read(run_dir).stored.delete()
     finally:
         ceph_s3.stop(server_dir)
     print(f"`benchmarks/load_figures.py {repeats} {model}` (fsdp2 dp=2, medians of {repeats} interleaved repeats)\n")

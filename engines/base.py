@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from restart_harness.errors import UsageError
 from restart_harness.plugins import NodeCheck
 from restart_harness.spec.runspec import RunSpec
-from restart_harness.targets.base import Target
+from restart_harness.targets.base import Store
 
 
 @dataclass
@@ -39,7 +39,7 @@ class EngineContext:
     """What a rank hands its engine when it opens it (after the training stack is built)."""
 
     spec: RunSpec
-    target: Target  # the placed storage target (restart_harness/targets/): streams, DCP writer/reader, paths
+    target: Store  # the placed storage target's rank-side view (restart_harness/targets/): streams, DCP, paths
     # the training stack saves its whole sharded state with one collective call per checkpoint (FSDP2 + DCP),
     # instead of one call per file of the rank's own state (DeepSpeed)
     collective: bool = False

@@ -167,7 +167,7 @@ def port(plugins: Plugins) -> None:
     import socket
 
     spec = plugins.spec
-    if spec.master_port is None or not plugins.launcher.port_here or spec.dry_run:
+    if spec.master_port is None or plugins.launcher.scheduler is not None or spec.dry_run:
         return
     with socket.socket() as s:
         try:
@@ -191,7 +191,8 @@ def run(spec: RunSpec, fixed_layout: str | None = None) -> Plugins:
     tracer(spec)
     attribution(plugins)
     emulation(spec, fixed_layout)
-    plugins.launcher.scheduler_preflight()  # what the scheduler says of the job (Slurm: sbatch --test-only)
+    if plugins.scheduler:  # what the scheduler says of the job (Slurm: sbatch --test-only)
+        plugins.scheduler.preflight()
     calibration(spec)
     directory("results_dir", spec.results_dir)
     need = planned_bytes(plugins) if plugins.engine.saves and not spec.dry_run else None
@@ -320,7 +321,8 @@ def restart(request: RestartRequest) -> dict | None:
     cache()
     launcher(restarts)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
     stage(restarts)
-    restarts.launcher.scheduler_preflight()
+    if restarts.scheduler:
+        restarts.scheduler.preflight()
     port(restarts)
     restarts.engine.check()
     nodes(restarts)
@@ -357,12 +359,12 @@ def committed_checkpoint(run: resolve.Run) -> tuple[str, dict | None]:
     first missing, truncated or torn file. Returns the tag and what the checksum check read (None: none recorded)."""
     target = run.target
     where = target.describe()
-    if gone := target.missing():
+    if gone := run.stored.missing():
         raise UsageError(f"run {run.run_dir.name}: {gone}; nothing to restart from")
-    tag = target.latest()
+    tag = run.stored.latest()
     if tag is None:
         raise UsageError(f"{where}/latest: missing, no checkpoint was committed; nothing to restart from")
-    stored = _sizes(target.listing().get(tag, []))
+    stored = _sizes(run.stored.listing().get(tag, []))
     if not tag or not stored:
         raise UsageError(f"{where}/{tag}: missing, but {where}/latest names it")
     recorded = ev.recorded_files(ev.read_record(run.run_dir, "checkpoint"), tag)
@@ -377,7 +379,7 @@ def committed_checkpoint(run: resolve.Run) -> tuple[str, dict | None]:
             raise UsageError(f"{where}/{tag}/{rel}: {actual} bytes, but the save of {tag} recorded {r['bytes']} "
                              "(truncated or torn)")
     try:
-        return tag, checksum.compare(target.path(tag), recorded)
+        return tag, checksum.compare(target.root / tag, recorded)
     except checksum.Mismatch as exc:
         raise UsageError(str(exc)) from None
 

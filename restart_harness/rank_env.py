@@ -86,3 +86,28 @@ def all_reduce(values: list[float], op: str, group=None, device=None) -> list[fl
     tensor = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN, group=group)
     return tensor.tolist()
+
+
+# the collectives a rank's checkpoint manager needs, on the default process group every stack here joins
+def barrier() -> None:
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+def all_true(flag: bool, device=None) -> bool:
+    """True when flag is True on every rank."""
+    return bool(all_reduce([1.0 if flag else 0.0], "min", device=device)[0])
+
+
+def max_of(value: float, device=None) -> float:
+    """The largest value over the ranks."""
+    return all_reduce([value], "max", device=device)[0]
+
+
+def sync(device) -> None:
+    """Wait for queued device work (a timer that stops while it is queued measures nothing): CUDA only."""
+    if device is not None and device.type == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)

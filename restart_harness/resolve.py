@@ -3,7 +3,8 @@
     launcher=NAME        -> a Launcher         (restart_harness/launchers/)
     stack=NAME, emulate= -> a Stack class      (restart_harness/stacks/; one instance per rank)
     engine=NAME          -> an Engine          (engines/; its options typed)
-    ckpt_dir=LOCATION    -> a Target           (restart_harness/targets/; placed once the run directory exists)
+    ckpt_dir=LOCATION    -> a Target           (restart_harness/targets/; placed once the run directory exists,
+                                               its views Stored for the phases and Store for a rank)
 
 A process resolves its run once and hands it on: the command line a validated spec (Plugins, placed into the Run
 that prepare() records in spec.json); a process that continues the run (a batch job, each rank, a restart-only
@@ -19,11 +20,11 @@ from pathlib import Path
 from engines import registry
 from engines.base import Engine
 from restart_harness import launchers, stacks, targets
-from restart_harness.launchers.base import Launcher
+from restart_harness.launchers.base import Launcher, Scheduler
 from restart_harness.spec import record as records
 from restart_harness.spec.runspec import RunSpec
 from restart_harness.stacks.base import Stack
-from restart_harness.targets.base import NO_OBSERVER, Target
+from restart_harness.targets.base import Store, Stored, Target
 
 
 # ---- the lookups by name: one per kind of plug-in --------------------------------------------------------------
@@ -57,6 +58,22 @@ def target_at(location: str | None, results_dir: str | Path = ".") -> Target:
     return targets.for_location(location, results_dir)
 
 
+@dataclass(frozen=True)
+class Kinds:
+    """The kinds of a spec's plug-ins, each looked up once: what the command line checks keys against (pure: no
+    machine, no instance)."""
+
+    launcher: type[Launcher]
+    stack: type[Stack]
+    engine: type[Engine]
+    target: type[Target]
+
+
+def kinds(spec: RunSpec) -> Kinds:
+    return Kinds(launcher_class(spec.launcher), stack_class(spec), engine_class(spec.engine),
+                 target_class(spec.ckpt_dir))
+
+
 # ---- one spec's plug-ins -----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Plugins:
@@ -68,6 +85,7 @@ class Plugins:
     stack: type[Stack]
     engine: Engine
     target: Target
+    scheduler: Scheduler | None = None  # the launcher's batch scheduler (job script, submission, state), if any
 
     def with_spec(self, spec: RunSpec) -> Plugins:
         """The same plug-ins' target with another spec (a campaign's runs: their results_dir, a cell's keys)."""
@@ -78,8 +96,9 @@ def plugins(spec: RunSpec, target: Target | None = None) -> Plugins:
     """The plug-ins of spec (target: one already placed, kept)."""
     if target is None:
         target = target_at(spec.ckpt_dir, spec.results_dir)
-    return Plugins(spec, launcher_class(spec.launcher)(spec), stack_class(spec), engine_class(spec.engine)(spec),
-                   target)
+    launcher = launcher_class(spec.launcher)
+    return Plugins(spec, launcher(spec), stack_class(spec), engine_class(spec.engine)(spec), target,
+                   launcher.scheduler(spec) if launcher.scheduler else None)
 
 
 # ---- one run, as made --------------------------------------------------------------------------------------------
@@ -89,6 +108,11 @@ class Run(Plugins):
     beside them (host and software facts; the restart record whose own spec this is)."""
 
     made: records.RunRecord | None = None
+    stored: Stored | None = None  # the placed target's phase-side view: listing, deletion, caches, uploads
+
+    def __post_init__(self):
+        if self.stored is None:
+            object.__setattr__(self, "stored", self.target.Stored(self.target))
 
     @property
     def run_dir(self) -> Path:
@@ -107,9 +131,9 @@ class Run(Plugins):
     def checkpoint_root(self) -> Path:
         return self.made.checkpoint_root
 
-    def observed(self, observer) -> Run:
-        """The same run whose target reports its network I/O to `observer` (a rank's anatomy)."""
-        return dataclasses.replace(self, target=self.target.observed(observer))
+    def store(self, observer) -> Store:
+        """The placed target's rank-side view, reporting its network I/O to `observer` (a rank's anatomy)."""
+        return self.stored.store(observer)
 
     def write(self) -> None:
         """spec.json: the record of this run."""
@@ -123,14 +147,14 @@ class Run(Plugins):
 def placed(resolved: Plugins, run_dir: Path, facts: dict, target: Target) -> Run:
     """The run whose directory was just made: preflight's plug-ins, the target placed there (recorded in spec.json)."""
     made = records.RunRecord(run_dir, resolved.spec, target.record(run_dir), facts)
-    return Run(**{**vars(resolved), "target": target}, made=made)
+    return Run(**{**vars(resolved), "target": target, "stored": None}, made=made)
 
 
-def of_record(made: records.RunRecord, observer=NO_OBSERVER, spec: RunSpec | None = None) -> Run:
+def of_record(made: records.RunRecord, spec: RunSpec | None = None) -> Run:
     """The run spec.json describes, with its plug-ins (at `spec` instead: a restart's own, or completed in a job)."""
     made = made if spec is None else dataclasses.replace(made, spec=spec)
     cls = targets.recorded(made.target_record, made.run_dir)
-    target = cls.from_record(made.target_record, made.checkpoint_root, observer)
+    target = cls.from_record(made.target_record, made.checkpoint_root)
     return Run(**vars(plugins(made.spec, target=target)), made=made)
 
 

@@ -22,18 +22,17 @@ import torch
 from engines import registry
 from engines.datastates import DataStatesIO, tensor_bytes
 from restart_harness.command import parse_args
-from restart_harness.targets.filesystem import FileSystemTarget
+from restart_harness.targets.filesystem import FileSystemStore, FileSystemTarget
 from restart_harness.worker.anatomy import Anatomy
 from restart_harness.worker.eventlog import EventLog
 from restart_harness.worker.manager import CheckpointManager
 
 
-class Timeline(FileSystemTarget):
-    """The file-system target, its make_durable and commit_latest stamped as they run (and still done)."""
+class Timeline(FileSystemStore):
+    """The file-system target's store, its make_durable and commit_latest stamped as they run (and still done)."""
 
     def __init__(self, root: Path):
-        super().__init__(str(root))
-        self.root = root
+        super().__init__(FileSystemTarget(None, root))
         self.stamps: dict[str, float] = {}
         self.durable_paths: list[str] = []
 
@@ -77,7 +76,7 @@ class FlushingWriter:
 class OneRank:
     """The part of a training stack (restart_harness/stacks/) the manager drives: one rank saving one file a step."""
 
-    rank, save_untimed = 0, ()
+    rank, device, untimed = 0, None, {"save": (), "load": ()}
 
     def attach(self, recorder):
         self.recorder = recorder
@@ -85,24 +84,23 @@ class OneRank:
     def record_digests(self, tag):
         return None
 
-    def client_state(self, step):
-        return {"harness_step": step}
-
-    def save(self, root, tag, client_state, recorder, untimed):
+    def save(self, root, tag, step, recorder, untimed):
         (Path(root) / tag).mkdir(parents=True, exist_ok=True)
         recorder.save({"w": torch.ones(4)}, str(Path(root) / tag / "mp_rank_00_model_states.pt"))
-
-    def barrier(self):
-        pass
-
-    def all_true(self, flag):
-        return flag
-
-    def save_facts(self):
         return {}
 
 
-def test_an_engine_whose_wait_does_not_fsync_is_made_durable_inside_the_window(tmp_path):
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A process group of this one rank: the manager's collectives (rank_env) are real ones."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'group'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_an_engine_whose_wait_does_not_fsync_is_made_durable_inside_the_window(tmp_path, one_rank_group):
     spec = parse_args(["small", "engine=datastates", "device=cuda"])
     engine = registry.get("datastates")(spec)
     assert engine.durable_on_wait is False and engine.asynchronous()
@@ -148,7 +146,7 @@ class RestoringEngine:
 
 
 def test_datastates_io_counts_its_host_cache_and_the_restore_copies_it_keeps(tmp_path):
-    io = DataStatesIO(RestoringEngine(), FileSystemTarget(str(tmp_path)), 512 << 20)
+    io = DataStatesIO(RestoringEngine(), FileSystemStore(FileSystemTarget(None, tmp_path)), 512 << 20)
     assert io.buffers() == {"host_bytes": 512 << 20, "pinned_bytes": 512 << 20, "restore_kept_bytes": 0}
     for _ in range(2):
         io.load(str(tmp_path / "mp_rank_00_model_states.pt"))
@@ -160,7 +158,7 @@ def test_datastates_io_counts_its_host_cache_and_the_restore_copies_it_keeps(tmp
 
 
 def test_datastates_exit_becomes_an_error_with_its_cause(tmp_path):
-    io = DataStatesIO(RestoringEngine(), FileSystemTarget(str(tmp_path)), 1 << 20)
+    io = DataStatesIO(RestoringEngine(), FileSystemStore(FileSystemTarget(None, tmp_path)), 1 << 20)
     with pytest.raises(RuntimeError, match=r"sys.exit\(-1\): Could not load .*bad, exception: boom"):
         io.load(str(tmp_path / "bad"))
     with pytest.raises(RuntimeError, match=r"sys.exit\(-1\): it logged no error"):

@@ -97,10 +97,10 @@ def _open(spec):
     """The run's engine as an emulated rank opens it (DeepSpeed's TorchCheckpointEngine beneath), on a file system."""
     from engines.base import EngineContext
     from restart_harness.stacks.emulated import EmulatedStack
-    from restart_harness.targets.filesystem import FileSystemTarget
+    from restart_harness.targets.filesystem import FileSystemStore, FileSystemTarget
 
-    native = EmulatedStack.engine_context(None)["native"]
-    return resolve.plugins(spec).engine.open(EngineContext(spec, FileSystemTarget(None), native=native))
+    native = EmulatedStack.Rank.engine_context(None)["native"]
+    return resolve.plugins(spec).engine.open(EngineContext(spec, FileSystemStore(FileSystemTarget(None)), native=native))
 
 
 @pytest.mark.slow

@@ -289,7 +289,7 @@ def test_fastpersist_writes_deepspeeds_replicas_and_restarts_from_them(harness, 
     summary = load_summary(run_dir)
     assert summary["restart"]["verified"] is True
     tag = f"global_step{spec.iters}"
-    folder = Path(resolve.read(run_dir).target.path(tag))
+    folder = Path(resolve.read(run_dir).target.root / tag)
     names = sorted(p.name for p in folder.iterdir())
     by_base: dict[str, list[str]] = collections.defaultdict(list)
     for n in names:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from restart_harness.results import inventory
-from restart_harness.targets.filesystem import FileSystemTarget
+from restart_harness.targets.filesystem import FileSystemStored, FileSystemTarget
 
 
 def test_classify_deepspeed_names():
@@ -30,7 +30,7 @@ def test_build_totals_kinds_and_ranks(tmp_path):
         (tag / rel).write_bytes(b"x" * size)
     writers = {"mp_rank_00_model_states.pt": 0, "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt": 0,
                "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt": 1, "shards.pt": 1}
-    entries = FileSystemTarget(None, root=tmp_path).listing()["global_step2"]  # what the file system stores
+    entries = FileSystemStored(FileSystemTarget(None, root=tmp_path)).listing()["global_step2"]  # what the file system stores
     inv = inventory.build(str(tag), writers, entries)
     assert inv["total_files"] == 6 and inv["total_bytes"] == sum(files.values())
     assert inv["total_entries"] == 5  # shards.pt/ is one DeepSpeed file written as a directory

@@ -128,7 +128,7 @@ def test_ds_config_zero1_adamw_batch():
 def test_launch_script_uses_deepspeed_launcher(tmp_path):
     spec = parse_args(["tiny", "dp=2", "device=cpu"])
     plugins = resolve.plugins(spec)
-    cmd = plugins.launcher.rank_command(29555, worker_args(tmp_path, "checkpoint", "checkpoint"))
+    cmd = plugins.launcher.launch(29555, worker_args(tmp_path, "checkpoint", "checkpoint"))
     text = launch_script(plugins, "checkpoint", cmd)
     assert "deepspeed.launcher.runner" in text and "--num_gpus 2" in text and "--master_port 29555" in text
     assert "export DS_ACCELERATOR=cpu" in text and "export OMP_NUM_THREADS=1" in text
@@ -145,7 +145,7 @@ def test_jit_ops_are_cached_per_python_environment(tmp_path, monkeypatch):
     assert mine.parent == tmp_path / "torch_extensions"
     spec = parse_args(["tiny", "dp=2", "device=cpu"])
     plugins = resolve.plugins(spec)
-    text = launch_script(plugins, "checkpoint", plugins.launcher.rank_command(29555, worker_args(tmp_path, "c", "c")))
+    text = launch_script(plugins, "checkpoint", plugins.launcher.launch(29555, worker_args(tmp_path, "c", "c")))
     assert f"TORCH_EXTENSIONS_DIR={mine}" in text
     monkeypatch.setattr(cache.sys, "prefix", str(tmp_path / "another-venv"))
     assert cache.extensions_dir() != mine and cache.extensions_dir().parent == mine.parent

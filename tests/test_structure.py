@@ -300,6 +300,55 @@ def test_the_wall_clock_rule_finds_a_bound():
     assert wall_clock_bounds("assert 0 < blocking_seconds <= durable_seconds\nassert n < 2\n") == []
 
 
+# Each plug-in is split by audience (as engines/base.py splits an engine): every view is small enough to read whole.
+MAX_VIEW_MEMBERS = 12
+
+
+def members(cls: type) -> set[str]:
+    """A view's public members: methods, properties and class attributes (given a value or only annotated) declared
+    on it or inherited from its bases (instance attributes set in __init__ are its state, not its interface)."""
+    names = (n for klass in cls.__mro__ if klass is not object
+             for n in (*vars(klass), *vars(klass).get("__annotations__", {})))
+    return {n for n in names if not n.startswith("_")}
+
+
+def plug_in_views() -> dict[str, type]:
+    """Every view of every target, stack and launcher: the interfaces (the base classes) and each plug-in's own."""
+    from restart_harness.launchers.base import Launcher, Scheduler
+    from restart_harness.stacks.base import Rank, Stack
+    from restart_harness.targets.base import StorageProbe, Store, Stored, Target
+
+    views: list[type] = [Target, Stored, Store, StorageProbe, Stack, Rank, Launcher, Scheduler]
+    for target in all_targets().values():
+        views += [target, target.Stored, target.Stored.Store]
+    views += StorageProbe.__subclasses__()  # each target's (its module is imported with it)
+    for stack in all_stacks().values():
+        views += [stack, stack.Rank]
+    for launcher in all_launchers().values():
+        views += [launcher, *([launcher.scheduler] if launcher.scheduler else [])]
+    return {f"{v.__module__}.{v.__qualname__}": v for v in views}
+
+
+def oversized(views: dict[str, type]) -> dict[str, int]:
+    return {name: len(members(v)) for name, v in views.items() if len(members(v)) > MAX_VIEW_MEMBERS}
+
+
+def test_every_view_of_a_plug_in_has_at_most_twelve_members():
+    views = plug_in_views()
+    assert len(views) >= 8 + 2 * 4 + 3 * 2 + 6
+    assert oversized(views) == {}
+
+
+def test_the_view_rule_finds_a_view_too_large():
+    from restart_harness.stacks.base import Rank
+
+    class Grown(Rank):  # the rank-side view and one method more
+        def extra(self) -> None:
+            pass
+
+    assert len(members(Rank)) == MAX_VIEW_MEMBERS and oversized({"planted": Grown}) == {"planted": 13}
+
+
 # Code that asks which storage target, training stack or engine it runs with, by its name: the questions only the
 # plug-ins answer (their declared capabilities). "none" and "default" are also words of the keys' values.
 PLUG_INS = "|".join(sorted({*all_stacks(), *all_targets(), "posix", "object", *registry.all_engines()} -

@@ -200,13 +200,13 @@ def _campaign(run, request: EndureRequest, doc: dict, folder: Path) -> list[dict
         if launches:
             record = allocate_record(run.run_dir)
             write_launch(run, "restart", record, port_of(run), ["--train-on"])
-        committed = _step_of(run.target.latest())
+        committed = _step_of(run.stored.latest())
         kind = request.kinds[len(doc["failures"]) % len(request.kinds)]
         failure = ({"kind": kind, "rank": rng.randrange(spec.launched_ranks), "at": failure_at,
                     "committed_step_before": committed} if failure_at < deadline else None)
         info, hit = _launch_once(run, record, failure, deadline, pace)
         save_record(run.run_dir, info)
-        after = _step_of(run.target.latest())
+        after = _step_of(run.stored.latest())
         launches.append({"record": record, "launch": info, "lost_after": after if hit else None,
                          "loads": committed > 0, "verified": _verified(run, record)})
         pace = _pace(request.estimate, run.run_dir, launches)
@@ -313,7 +313,7 @@ def _account(run, doc: dict, launches: list[dict]) -> None:
     doc["restarts"] = {"launched": len(restarts), "verified": sum(1 for x in restarts if x["verified"]),
                        "killed_before_verifying": sum(1 for x in restarts if x["loads"] and not x["verified"]),
                        "fresh": sum(1 for x in restarts if not x["loads"]), "differing": 0}
-    doc["final_tag"] = run.target.latest()
+    doc["final_tag"] = run.stored.latest()
 
 
 def _reference(plugins, run, folder: Path) -> dict:
@@ -323,7 +323,7 @@ def _reference(plugins, run, folder: Path) -> dict:
     from restart_harness.rundir.create import prepare
     from restart_harness.rundir.records import save_record
 
-    tag = run.target.latest()
+    tag = run.stored.latest()
     if tag is None:
         return {"equal": False, "why": "no checkpoint was committed: there is no final state to compare"}
     steps = _step_of(tag)

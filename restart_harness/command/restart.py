@@ -63,7 +63,9 @@ def parse_restart(tokens: list[str], complete: Callable[[RunSpec], RunSpec]) -> 
         overrides["engine_options"] = {**run.spec.engine_options, **engine_overrides}
     spec = dataclasses.replace(run.spec, **overrides, phase="restart", dry_run=False)
     if LAYOUT_KEYS & overrides.keys():
-        spec = restart_layout(spec, run.spec, overrides.keys(), resolve.stack_class(spec).check)
+        kinds = resolve.kinds(spec)
+        spec = restart_layout(spec, run.spec, overrides.keys(),
+                              lambda at: kinds.stack.check(at, kinds.engine, kinds.target))
         if "threads" not in overrides:
             spec = dataclasses.replace(spec, threads=None)  # this node's CPUs over the new ranks per node
     spec = spec if resolve.launcher_class(spec.launcher).submits() else complete(spec)  # threads at a new layout

@@ -95,15 +95,14 @@ def _model(word: str) -> tuple:
 def check(spec: RunSpec) -> None:
     """What the launcher, the training stack, the engine and the storage target say of spec (pure: no machine, no
     network)."""
-    resolve.launcher_class(spec.launcher).check(spec)
-    stack, engine = resolve.stack_class(spec), resolve.engine_class(spec.engine)
+    kinds = resolve.kinds(spec)
+    stack, engine, target = kinds.stack, kinds.engine, kinds.target
+    kinds.launcher.check(spec)
+    stack.check(spec, engine, target)
     if not stack.accepts_engine(engine):
         takers = [n for n, c in registry.all_engines().items() if stack.accepts_engine(c)]
-        raise UsageError(stack.engine_refusal.format(engine=engine.name, stack=spec.stack, takers=", ".join(takers)))
-    stack.check(spec)
-    target = resolve.target_class(spec.ckpt_dir)
-    if spec.ckpt_dir is not None:
-        target.check_location(spec.ckpt_dir)
+        raise UsageError(f"engine={engine.name} does not checkpoint stack={spec.stack}; accepted with "
+                         f"stack={spec.stack}: engine={', '.join(takers)}")
     where = f"ckpt_dir={spec.ckpt_dir}"
     if target.kind not in engine.target_kinds:
         takers = [n for n, c in registry.all_engines().items()
@@ -113,9 +112,6 @@ def check(spec: RunSpec) -> None:
     if spec.checksums == "on" and target.no_checksums:
         raise UsageError(f"checksums=on with {where}: {target.no_checksums}; accepted: checksums=auto|off, or a "
                          "ckpt_dir on a file system")
-    if target.kind not in stack.target_kinds:
-        raise UsageError(f"{where}: {stack.key_text} writes {_WRITES[stack.target_kinds[0]]}, not "
-                         f"{_WRITES[target.kind]}; accepted with this ckpt_dir: {stack.key_text_off}")
 
 
 _WRITES = {"posix": "to a file system", "object": "to object storage"}

@@ -30,8 +30,8 @@ def job_id() -> str | None:
     """The id of the batch job this process runs in, if any."""
     import os
 
-    return next((os.environ[c.job_variable] for c in all_launchers().values()
-                 if c.job_variable and os.environ.get(c.job_variable)), None)
+    return next((os.environ[c.scheduler.job_variable] for c in all_launchers().values()
+                 if c.scheduler and c.scheduler.inside_job()), None)
 
 
 __all__ = ["Launcher", "Raw", "all_launchers", "get", "job_id", "shell_line"]

@@ -9,7 +9,7 @@ import re
 import subprocess
 
 from restart_harness.errors import UsageError
-from restart_harness.launchers.base import Launcher
+from restart_harness.launchers.base import Launcher, require
 
 JOB_VARIABLE = "SLURM_JOB_ID"
 # the rank variables of an srun task (rank_env.py)
@@ -96,19 +96,13 @@ class SpansAllocation(Launcher):
     """A launcher that starts ranks on this node and, inside a Slurm allocation with nodes > 1, on the allocation's
     nodes through srun (DeepSpeed's launcher, torchrun): there srun's programs, per-node steps and verdicts are its."""
 
-    subset = True
-    port_here = True
-
     def preflight(self) -> None:
         spec = self.spec
         if spec.nodes > 1 and not spec.subset and not inside_allocation():
             raise UsageError(f"nodes={spec.nodes} with launcher={spec.launcher}: outside a Slurm allocation it starts "
                              "ranks on this node only; accepted: nodes=1, launcher=slurm|pbs for several nodes, or "
                              "this launcher inside a Slurm allocation (salloc)")
-        super().preflight()
-
-    def needs(self) -> list[str]:
-        return list(PROGRAMS) if self.spec.across_nodes and inside_allocation() else []
+        require(self, list(PROGRAMS) if spec.across_nodes and inside_allocation() else [])
 
     def per_node_command(self, argv: list[str]) -> list[str] | None:
         return per_node(self.spec.nodes, argv) if self.spec.across_nodes else None

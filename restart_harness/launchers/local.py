@@ -11,7 +11,7 @@ import sys
 from restart_harness import SOURCE_ROOT, rank_env
 from restart_harness.errors import UsageError
 from restart_harness.launchers import _slurm
-from restart_harness.launchers.base import WORKER_MODULE, Raw
+from restart_harness.launchers.base import WORKER_MODULE, Raw, exports
 
 
 class DeepSpeedLauncher(_slurm.SpansAllocation):
@@ -25,44 +25,30 @@ class DeepSpeedLauncher(_slurm.SpansAllocation):
         if self.spec.across_nodes and not self.spec.dry_run:
             installed()
 
-    def rank_command(self, port: int, args: list[str]) -> list[str]:
+    def launch(self, port: int, args: list[str]) -> tuple[list[str], list[str]]:
         spec = self.spec
         if spec.across_nodes:
             # DeepSpeed's slurm launcher runs `srun -n <ranks> python -u <script>`, setting no rank variables: the
             # worker takes Slurm's and is given as a script (that launcher has no --module)
-            return [
+            return [*exports({rank_env.VARIABLE: rank_env.encode(_slurm.RANK_VARIABLES)}),
+                    *_slurm.RENDEZVOUS, f"export MASTER_ADDR MASTER_PORT={port}",
+                    # DeepSpeed's host file: the allocation's first nodes, removed when the launch ends (a trap: the
+                    # script does not exec the launcher)
+                    'RH_HOSTFILE="$(mktemp "${TMPDIR:-/tmp}/rh-hostfile.XXXXXX")"',
+                    "trap 'rm -f \"$RH_HOSTFILE\"' EXIT",
+                    (f'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n {spec.nodes} '
+                     f"| sed 's/$/ slots={spec.ranks_per_node}/' > \"$RH_HOSTFILE\"")], [
                 sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", Raw('"$RH_HOSTFILE"'),
                 "--launcher", "slurm", "--no_ssh_check", "--num_nodes", str(spec.nodes),
                 "--master_addr", Raw('"$MASTER_ADDR"'), "--master_port", str(port),
                 str(SOURCE_ROOT / "restart_harness" / "worker" / "__main__.py"), *args,
             ]
-        return [
+        return [], [
             sys.executable, "-m", "deepspeed.launcher.runner",
             "--num_nodes", "1", "--num_gpus", str(spec.ranks_per_node),
             "--master_port", str(port),
             "--no_local_rank", "--module", WORKER_MODULE, *args,
         ]
-
-    def environment(self) -> dict[str, str]:
-        # across nodes the ranks are plain srun tasks: their variables are Slurm's
-        if self.spec.across_nodes:
-            return {rank_env.VARIABLE: rank_env.encode(_slurm.RANK_VARIABLES)}
-        return super().environment()
-
-    def script_lines(self, port: int) -> list[str]:
-        if not self.spec.across_nodes:
-            return []
-        spec = self.spec
-        return [*_slurm.RENDEZVOUS, f"export MASTER_ADDR MASTER_PORT={port}",
-                # DeepSpeed's host file: the allocation's first nodes, removed when the launch ends
-                'RH_HOSTFILE="$(mktemp "${TMPDIR:-/tmp}/rh-hostfile.XXXXXX")"',
-                "trap 'rm -f \"$RH_HOSTFILE\"' EXIT",
-                (f'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n {spec.nodes} '
-                 f"| sed 's/$/ slots={spec.ranks_per_node}/' > \"$RH_HOSTFILE\"")]
-
-    def execs(self) -> bool:
-        return not self.spec.across_nodes  # an exec'd shell runs no trap: the host file would stay
-
 
 
 def installed() -> None:

@@ -9,7 +9,7 @@ import sys
 
 from restart_harness.errors import UsageError
 from restart_harness.launchers import _mpi
-from restart_harness.launchers.base import WORKER_MODULE, Launcher
+from restart_harness.launchers.base import WORKER_MODULE, Launcher, exports, require
 
 # Open MPI refuses root without both, refuses more processes than cores without oversubscription, and binds each
 # process to one core when it starts two or fewer (a rank's threads would share it); MPICH ignores these variables
@@ -25,28 +25,15 @@ class MpiexecLauncher(Launcher):
     name = "mpiexec"
     description = "mpiexec -n N (Open MPI or MPICH) on this node; its rank variables, no scheduler"
     rank_variables = _mpi.RANK_VARIABLES
-    subset = True
-    port_here = True
 
     def preflight(self) -> None:
         spec = self.spec
         if spec.across_nodes:
             raise UsageError(f"nodes={spec.nodes} with launcher=mpiexec: it starts ranks on this node only; accepted: "
                              "nodes=1, or launcher=slurm|pbs for several nodes")
-        super().preflight()
+        require(self, [] if spec.dry_run else ["mpiexec"], "install Open MPI or MPICH (Debian: apt-get install "
+                "openmpi-bin), launcher=local, launcher=torchrun", "the launch scripts")
 
-    def needs(self) -> list[str]:
-        return [] if self.spec.dry_run else ["mpiexec"]
-
-    def accepted_here(self) -> str:
-        return ("install Open MPI or MPICH (Debian: apt-get install openmpi-bin), launcher=local, launcher=torchrun"
-                + self.dry_run_hint("the launch scripts"))
-
-    def environment(self) -> dict[str, str]:
-        return {**super().environment(), **OPEN_MPI_SETTINGS}
-
-    def rank_command(self, port: int, args: list[str]) -> list[str]:
-        return ["mpiexec", "-n", str(self.spec.launched_ranks), sys.executable, "-m", WORKER_MODULE, *args]
-
-    def script_lines(self, port: int) -> list[str]:
-        return ["export MASTER_ADDR=127.0.0.1", f"export MASTER_PORT={port}"]
+    def launch(self, port: int, args: list[str]) -> tuple[list[str], list[str]]:
+        return ([*exports(OPEN_MPI_SETTINGS), "export MASTER_ADDR=127.0.0.1", f"export MASTER_PORT={port}"],
+                ["mpiexec", "-n", str(self.spec.launched_ranks), sys.executable, "-m", WORKER_MODULE, *args])

@@ -11,35 +11,23 @@ from pathlib import Path
 
 from restart_harness.errors import RunFailed
 from restart_harness.launchers import _mpi
-from restart_harness.launchers.base import JOB_COMMENT, WORKER_MODULE, Launcher, Raw, job_body, job_name
+from restart_harness.launchers.base import (
+    JOB_COMMENT,
+    WORKER_MODULE,
+    Launcher,
+    Raw,
+    Scheduler,
+    job_body,
+    job_name,
+    require,
+)
 
 
-class PbsLauncher(Launcher):
-    name = "pbs"
-    description = "a qsub job (PBS Pro); mpiexec over $PBS_NODEFILE starts each phase's ranks"
-    scheduler = "PBS"
+class PbsScheduler(Scheduler):
+    name = "PBS"
     job_variable = "PBS_JOBID"
-    rank_variables = _mpi.RANK_VARIABLES
     script_name = "job.pbs"
-
-    def needs(self) -> list[str]:
-        if self.inside_job():
-            return ["mpiexec"]
-        return [] if self.spec.dry_run else ["qsub"]
-
-    def rank_command(self, port: int, args: list[str]) -> list[str]:
-        spec = self.spec
-        return [
-            "mpiexec", "-n", str(spec.world_size), "--ppn", str(spec.ranks_per_node),
-            "--hostfile", Raw('"$PBS_NODEFILE"'), sys.executable, "-m", WORKER_MODULE, *args,
-        ]
-
-    def script_lines(self, port: int) -> list[str]:
-        return ['MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE")"', f"export MASTER_ADDR MASTER_PORT={port}"]
-
-    def per_node_command(self, argv: list[str]) -> list[str] | None:
-        return ["mpiexec", "-n", str(self.spec.nodes), "--ppn", "1", "--hostfile",
-                os.environ.get("PBS_NODEFILE", ""), *argv]
+    ended_states = frozenset({"F"})  # PBS Pro's finished jobs (qstat -x)
 
     def job_script(self, run_dir: Path, job_args: list[str] | None = None) -> str:
         """#PBS header (select, place, walltime, filesystems, queue, account, output) + the job body."""
@@ -65,8 +53,6 @@ class PbsLauncher(Launcher):
         lines.append(JOB_COMMENT)
         return "\n".join(lines + job_body(spec, run_dir, job_args or [])) + "\n"
 
-    ended_states = frozenset({"F"})  # PBS Pro's finished jobs (qstat -x)
-
     def job_state(self, job_id: str) -> str | None:
         proc = subprocess.run(["qstat", "-x", "-f", job_id], capture_output=True, text=True, check=False, timeout=60)
         for line in proc.stdout.splitlines():
@@ -80,3 +66,24 @@ class PbsLauncher(Launcher):
         if proc.returncode != 0:
             raise RunFailed(f"qsub refused {script}: {(proc.stderr or proc.stdout).strip()}")
         return proc.stdout.strip()
+
+
+class PbsLauncher(Launcher):
+    name = "pbs"
+    description = "a qsub job (PBS Pro); mpiexec over $PBS_NODEFILE starts each phase's ranks"
+    scheduler = PbsScheduler
+    rank_variables = _mpi.RANK_VARIABLES
+
+    def preflight(self) -> None:
+        require(self, ["mpiexec"] if PbsScheduler.inside_job() else [] if self.spec.dry_run else ["qsub"])
+
+    def launch(self, port: int, args: list[str]) -> tuple[list[str], list[str]]:
+        spec = self.spec
+        return ['MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE")"', f"export MASTER_ADDR MASTER_PORT={port}"], [
+            "mpiexec", "-n", str(spec.world_size), "--ppn", str(spec.ranks_per_node),
+            "--hostfile", Raw('"$PBS_NODEFILE"'), sys.executable, "-m", WORKER_MODULE, *args,
+        ]
+
+    def per_node_command(self, argv: list[str]) -> list[str] | None:
+        return ["mpiexec", "-n", str(self.spec.nodes), "--ppn", "1", "--hostfile",
+                os.environ.get("PBS_NODEFILE", ""), *argv]

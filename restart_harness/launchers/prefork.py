@@ -25,8 +25,6 @@ class PreforkLauncher(Launcher):
     name = "prefork"
     description = ("one process imports the stack's libraries, then forks the ranks on this node (the cheapest start; "
                    "the imports are paid once for the node)")
-    subset = True
-    port_here = True
     forks_ranks = True
 
     def preflight(self) -> None:
@@ -34,10 +32,7 @@ class PreforkLauncher(Launcher):
         if spec.across_nodes:
             raise UsageError(f"nodes={spec.nodes} with launcher=prefork: it forks ranks on this node only; accepted: "
                              "nodes=1, or launcher=slurm|pbs for several nodes")
-        super().preflight()
 
-    def rank_command(self, port: int, args: list[str]) -> list[str]:
-        return [sys.executable, "-m", MODULE, str(self.spec.launched_ranks), *args]
-
-    def script_lines(self, port: int) -> list[str]:
-        return ["export MASTER_ADDR=127.0.0.1", f"export MASTER_PORT={port}"]
+    def launch(self, port: int, args: list[str]) -> tuple[list[str], list[str]]:
+        return (["export MASTER_ADDR=127.0.0.1", f"export MASTER_PORT={port}"],
+                [sys.executable, "-m", MODULE, str(self.spec.launched_ranks), *args])

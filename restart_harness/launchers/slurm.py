@@ -11,30 +11,24 @@ from pathlib import Path
 
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.launchers import _slurm
-from restart_harness.launchers.base import JOB_COMMENT, WORKER_MODULE, Launcher, job_body, job_name
+from restart_harness.launchers.base import JOB_COMMENT, WORKER_MODULE, Launcher, Scheduler, job_body, job_name, require
 
 
-class SlurmLauncher(Launcher):
-    name = "slurm"
-    description = "an sbatch job; srun starts each phase's ranks over the job's nodes"
-    scheduler = "Slurm"
+class SlurmScheduler(Scheduler):
+    name = "Slurm"
     job_variable = _slurm.JOB_VARIABLE
-    rank_variables = _slurm.RANK_VARIABLES
     script_name = "job.sbatch"
+    ended_states = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                              "PREEMPTED", "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT"})
 
-    def needs(self) -> list[str]:
-        if self.inside_job():
-            return list(_slurm.PROGRAMS)
-        return [] if self.spec.dry_run else ["sbatch"]
-
-    def scheduler_preflight(self) -> None:
+    def preflight(self) -> None:
         """The partition must have nodes= nodes that can run a job now (sinfo: not down, drained or unresponding),
         and sbatch --test-only must accept the job script (partition, account, time, nodes and tasks) before the
         run directory exists."""
         import shutil
 
         spec = self.spec
-        if not self.submits() or spec.dry_run or shutil.which("sbatch") is None:
+        if self.inside_job() or spec.dry_run or shutil.which("sbatch") is None:
             return
         usable, listed, down = _slurm.nodes(spec.queue)  # first: sbatch --test-only refuses these without naming them
         where = f"partition {spec.queue}" if spec.queue else "default partition"
@@ -65,23 +59,6 @@ class SlurmLauncher(Launcher):
             raise UsageError(f"launcher=slurm: sbatch --test-only refuses the job ({said}); check queue=, account=, "
                              "walltime=, nodes= and ranks_per_node=")
 
-    def rank_command(self, port: int, args: list[str]) -> list[str]:
-        """One srun step over the job's allocation; --kill-on-bad-exit ends every rank when one fails."""
-        spec = self.spec
-        return [
-            "srun", f"--nodes={spec.nodes}", f"--ntasks={spec.world_size}", f"--ntasks-per-node={spec.ranks_per_node}",
-            "--kill-on-bad-exit=1", sys.executable, "-m", WORKER_MODULE, *args,
-        ]
-
-    def script_lines(self, port: int) -> list[str]:
-        return [*_slurm.RENDEZVOUS, f"export MASTER_ADDR MASTER_PORT={port}"]
-
-    def per_node_command(self, argv: list[str]) -> list[str] | None:
-        return _slurm.per_node(self.spec.nodes, argv)
-
-    def task_verdicts(self, log: str) -> dict[int, str]:
-        return _slurm.task_verdicts(log)
-
     def job_script(self, run_dir: Path, job_args: list[str] | None = None) -> str:
         """#SBATCH header (nodes, tasks, time, partition, account, output) + the job body."""
         spec = self.spec
@@ -102,9 +79,6 @@ class SlurmLauncher(Launcher):
         lines.append(JOB_COMMENT)
         return "\n".join(lines + job_body(spec, run_dir, job_args or [])) + "\n"
 
-    ended_states = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-                              "PREEMPTED", "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT"})
-
     def job_state(self, job_id: str) -> str | None:
         proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, check=False,
                               timeout=60)
@@ -117,3 +91,27 @@ class SlurmLauncher(Launcher):
         if proc.returncode != 0:
             raise RunFailed(f"sbatch refused {script}: {(proc.stderr or proc.stdout).strip()}")
         return proc.stdout.strip().split(";")[0]  # "jobid[;cluster]"
+
+
+class SlurmLauncher(Launcher):
+    name = "slurm"
+    description = "an sbatch job; srun starts each phase's ranks over the job's nodes"
+    scheduler = SlurmScheduler
+    rank_variables = _slurm.RANK_VARIABLES
+
+    def preflight(self) -> None:
+        require(self, list(_slurm.PROGRAMS) if SlurmScheduler.inside_job() else [] if self.spec.dry_run else ["sbatch"])
+
+    def launch(self, port: int, args: list[str]) -> tuple[list[str], list[str]]:
+        """One srun step over the job's allocation; --kill-on-bad-exit ends every rank when one fails."""
+        spec = self.spec
+        return [*_slurm.RENDEZVOUS, f"export MASTER_ADDR MASTER_PORT={port}"], [
+            "srun", f"--nodes={spec.nodes}", f"--ntasks={spec.world_size}", f"--ntasks-per-node={spec.ranks_per_node}",
+            "--kill-on-bad-exit=1", sys.executable, "-m", WORKER_MODULE, *args,
+        ]
+
+    def per_node_command(self, argv: list[str]) -> list[str] | None:
+        return _slurm.per_node(self.spec.nodes, argv)
+
+    def task_verdicts(self, log: str) -> dict[int, str]:
+        return _slurm.task_verdicts(log)

@@ -20,10 +20,10 @@ class TorchrunLauncher(_slurm.SpansAllocation):
     rank_variables: ClassVar[dict[str, tuple[str, ...]]] = {"CROSS_RANK": ("GROUP_RANK",),
                                                              "LOCAL_SIZE": ("LOCAL_WORLD_SIZE",)}
 
-    def rank_command(self, port: int, args: list[str]) -> list[str]:
+    def launch(self, port: int, args: list[str]) -> tuple[list[str], list[str]]:
         spec = self.spec
         if not spec.across_nodes:
-            return [
+            return [], [
                 sys.executable, "-m", "torch.distributed.run",
                 "--nnodes", "1", "--nproc-per-node", str(spec.ranks_per_node),
                 "--master-addr", "127.0.0.1", "--master-port", str(port),
@@ -36,8 +36,6 @@ class TorchrunLauncher(_slurm.SpansAllocation):
             '--master-addr "$MASTER_ADDR"',
             *map(shlex.quote, ["--master-port", str(port), "--module", WORKER_MODULE, *args]),
         ])
-        return ["srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1",
-                "--kill-on-bad-exit=1", "bash", "-c", per_node]
-
-    def script_lines(self, port: int) -> list[str]:
-        return [*_slurm.RENDEZVOUS, f"export MASTER_ADDR MASTER_PORT={port}"] if self.spec.across_nodes else []
+        return [*_slurm.RENDEZVOUS, f"export MASTER_ADDR MASTER_PORT={port}"], [
+            "srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+            "bash", "-c", per_node]

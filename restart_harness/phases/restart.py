@@ -74,10 +74,10 @@ def _restart(run: Run, record: str, relayout=None, extra: dict | None = None) ->
     """With env_stage=, the environment's copy is made first (the cache steps then act on it, the launch script runs
     from it) and removed when the restart ends."""
     target, spec = run.target, run.spec
-    tag = target.latest()
+    tag = run.stored.latest()
     if tag is None:
         raise RunFailed(f"no committed checkpoint in {target.describe()} (no 'latest'): nothing to restart from")
-    load_dir = relayout.load_dir if relayout and relayout.load_dir else target.path(tag)
+    load_dir = relayout.load_dir if relayout and relayout.load_dir else target.root / tag
     staged = None
     if spec.env_stage is not None:
         say(f"  [{record}] staging the environment into {spec.env_stage}")
@@ -100,7 +100,7 @@ def _launch(run: Run, record: str, load_dir: Path, staged, extra: dict | None) -
     # env_cache=warm or keep leaves the environment's pages: the checkpoint's are then evicted file by file;
     # env_cache=drop with cache=warm keeps the checkpoint's: the environment's likewise
     per_file = spec.env_cache in ("warm", "keep")
-    state = run.target.prepare_cache(load_dir, spec.cache, per_file=per_file)
+    state = run.stored.prepare_cache(load_dir, spec.cache, per_file=per_file)
     if spec.across_nodes and state.get("method") is not None:  # a node's page cache is its own: every node's
         state = {**state, **cache_on_every_node(run, load_dir, per_file)}
     say(f"  [{record}] page cache: asked {state['requested']}, observed {state['observed']}"
@@ -154,7 +154,7 @@ def abort_incomplete_uploads(run: Run, record: str) -> dict | None:
     """After a checkpoint phase, and before a restart-only re-run: uploads a failed save left unfinished, aborted (or
     why they could not be), said in one line when there were any."""
     target = run.target
-    found = target.abort_incomplete_uploads()
+    found = run.stored.abort_incomplete_uploads()
     if found and found["aborted"]:
         say(f"  [{record}] aborted {len(found['aborted'])} incomplete multipart uploads under {target.describe()} "
             f"left by a failed save ({', '.join(found['aborted'][:3])}{', ...' if len(found['aborted']) > 3 else ''})")

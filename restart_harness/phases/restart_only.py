@@ -28,7 +28,7 @@ def restart_only(request) -> Path:
     spec, run_dir = at.spec, at.run_dir
     prior = observed(run_dir)
     state, reason = ("complete", None) if prior["state"] == "complete" else ("failed", prior.get("reason"))
-    tag = at.target.latest()
+    tag = at.stored.latest()
     layouts = {"saved": request.original.layout, "loaded": spec.layout}
     say(f"run {run_dir.name}: {request.repeats} restart(s) of {spec.model_label} from {tag}, saved at "
         f"{layouts['saved']}, loaded at {spec.layout}; launcher {spec.launcher}, cache={spec.cache}")

@@ -36,7 +36,7 @@ def run(plugins: resolve.Plugins, prefix: str = "") -> Path:
         scripts.show_generated(made.run_dir)
         nodes.show_node_checks(made)
         print("==> nothing was launched <==\nto run it: the same command without dry_run=true"
-              + (f" (it submits {job.name} to {made.launcher.scheduler})" if job else
+              + (f" (it submits {job.name} to {made.scheduler.name})" if job else
                  f"; or by hand, phase by phase: bash {made.run_dir / 'launch-checkpoint.sh'}, then the restart's "
                  "script once the checkpoint is committed (the harness's own run also measures, verifies and "
                  "summarizes)"))
@@ -121,6 +121,6 @@ def discard_checkpoint(run: resolve.Run) -> None:
     """keep=false: delete the checkpoint after the results are written (summary.json already describes it)."""
     from restart_harness.files.atomic import read_json, write_json_atomic
 
-    say(f"  keep=false: deleted {run.target.delete()}")
+    say(f"  keep=false: deleted {run.stored.delete()}")
     status = read_json(run.run_dir / "status.json")
     write_json_atomic(run.run_dir / "status.json", {**status, "checkpoint_deleted": True})

@@ -19,9 +19,9 @@ from restart_harness.rundir.status import observed, set_status
 
 def submit(run: resolve.Run) -> Path:
     """Submit the run's job (job.sbatch, job.pbs); with wait=true follow it until it ends."""
-    spec, launcher = run.spec, run.launcher
+    spec, scheduler = run.spec, run.scheduler
     script = write_job_script(run)
-    job_id = launcher.submit(script)
+    job_id = scheduler.submit(script)
     write_json_atomic(run.run_dir / "job.json", {"scheduler": spec.launcher, "job_id": job_id, "script": script.name,
                                                  "submitted": time.time()})
     set_status(run.run_dir, "submitted", None, scheduler=spec.launcher, job_id=job_id)
@@ -35,11 +35,11 @@ def submit(run: resolve.Run) -> Path:
 def wait_for_job(run: resolve.Run, job_id: str, poll_seconds: float = 2.0) -> None:
     """wait=true: follow a submitted job until it ends (its state, rank 0's progress of each phase); returns once the
     run is complete, else RunFailed with the run's own one-line reason. Ctrl-C stops the waiting, not the job."""
-    run_dir, launcher = run.run_dir, run.launcher
+    run_dir, scheduler = run.run_dir, run.scheduler
     say(f"  waiting for job {job_id} (wait=true; Ctrl-C stops waiting, the job goes on)")
     last, offsets = "", {}
     while True:
-        state = launcher.job_state(job_id)
+        state = scheduler.job_state(job_id)
         if (state or "ended") != last:
             last = state or "ended"
             say(f"  [job {job_id}] {last.lower()}")
@@ -49,7 +49,7 @@ def wait_for_job(run: resolve.Run, job_id: str, poll_seconds: float = 2.0) -> No
             for e in lines:
                 if msg := progress_line(record, e):
                     say(msg)
-        if state is None or state in launcher.ended_states:
+        if state is None or state in scheduler.ended_states:
             break
         time.sleep(poll_seconds)
     status = observed(run_dir)
@@ -64,7 +64,7 @@ def wait_for_job(run: resolve.Run, job_id: str, poll_seconds: float = 2.0) -> No
 def submit_restart_job(run: resolve.Run, repeats: int, tokens: list[str]) -> Path:
     """Restart-only re-runs with a scheduler's launcher from outside an allocation: a batch job of their own (records
     are claimed inside the job, when each restart starts). Writes job-restart-N.<ext> and its .json."""
-    run_dir, spec, launcher = run.run_dir, run.spec, run.launcher
+    run_dir, spec, scheduler = run.run_dir, run.spec, run.scheduler
     for n in range(1, 10000):
         claim = run_dir / f"job-restart-{n}.json"
         try:
@@ -72,8 +72,8 @@ def submit_restart_job(run: resolve.Run, repeats: int, tokens: list[str]) -> Pat
             break
         except FileExistsError:
             continue
-    script = write_job_script(run, ["phase=restart", *tokens], name=launcher.script_name.replace("job.", f"job-restart-{n}."))
-    job_id = launcher.submit(script)
+    script = write_job_script(run, ["phase=restart", *tokens], name=scheduler.script_name.replace("job.", f"job-restart-{n}."))
+    job_id = scheduler.submit(script)
     write_json_atomic(claim, {"scheduler": spec.launcher, "job_id": job_id, "script": script.name,
                               "submitted": time.time(), "phase": "restart", "args": tokens})
     say(f"run {run_dir.name}: submitted {script.name} ({repeats} restart(s)) to {spec.launcher} as job {job_id}")

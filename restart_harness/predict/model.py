@@ -98,7 +98,7 @@ def _stack_device(plugins: Plugins) -> str:
 
 
 def _launcher(plugins: Plugins) -> str:
-    return plugins.launcher.calibration_key
+    return plugins.launcher.name
 
 
 _SAVE = (FIXED, CPU, STORAGE_WRITE, METADATA_WRITE, SERIALIZE, FILES)

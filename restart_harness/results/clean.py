@@ -55,11 +55,11 @@ def candidates(folder: Path, older_than_hours: float | None, larger_than: int | 
             leave(f"finished less than {older_than_hours:g} h ago")
             continue
         try:
-            target = resolve.read(run_dir).target
-            if target.missing():
+            run = resolve.read(run_dir)
+            if run.stored.missing():
                 leave("checkpoint already gone")
                 continue
-            listing = [f for files in target.listing().values() for f in files]
+            listing = [f for files in run.stored.listing().values() for f in files]
         except Exception as exc:  # a run folder from elsewhere, an object store that does not answer: said, skipped
             problems.append(f"{run_dir}: not checked ({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]})")
             continue
@@ -67,13 +67,13 @@ def candidates(folder: Path, older_than_hours: float | None, larger_than: int | 
         if larger_than is not None and nbytes <= larger_than:
             leave(f"checkpoint not larger than {larger_than:,} bytes")
             continue
-        out.append(Candidate(run_dir, status["state"], age, target.describe(), len(listing), nbytes))
+        out.append(Candidate(run_dir, status["state"], age, run.target.describe(), len(listing), nbytes))
     return out, problems, left
 
 
 def delete(candidate: Candidate) -> str:
     """Delete one run's checkpoint through its target; mark its status.json; returns what was deleted."""
-    deleted = resolve.read(candidate.run_dir).target.delete()
+    deleted = resolve.read(candidate.run_dir).stored.delete()
     status_path = candidate.run_dir / "status.json"
     write_json_atomic(status_path, {**read_json(status_path), "checkpoint_deleted": True})
     return deleted

@@ -33,13 +33,13 @@ def _records(run_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in paths]  # in record order: restart-100 after restart-99
 
 
-def _stored(target) -> dict[str, list[tuple[str, int]]]:
+def _stored(run) -> dict[str, list[tuple[str, int]]]:
     """tag -> (path, bytes) of what the target stores now ({} when it cannot be listed now: no inventory rather
     than a wrong one)."""
     try:
-        return target.listing()
+        return run.stored.listing()
     except Exception as exc:  # noqa: BLE001 - a storage's client errors have no common base; say why and go on
-        print(f"[finalize] cannot list {target.describe()}: {exc}; no inventory", flush=True)
+        print(f"[finalize] cannot list {run.target.describe()}: {exc}; no inventory", flush=True)
         return {}
 
 
@@ -55,7 +55,7 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
     run = resolve.read(run_dir)
     target = run.target
     writers = _writers(run_dir)
-    stored = _stored(target)
+    stored = _stored(run)
     committed = {tag: {"files": len(stored[tag]), "bytes": sum(n for _, n in stored[tag])}
                  for tag in writers if stored.get(tag)}
     restarts = [_restart(run, run_dir, info, committed, stored) for info in _records(run_dir)]
@@ -64,7 +64,7 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
         if r["outcome"]["state"] == "verified" and not r["verified"]:  # a first loss that did not continue the run's
             r["outcome"] = {"state": "failed", "reason": "restart did not restore the saved state: "
                                                         + ", ".join(r["differing"][:5] or ["nothing verified"])}
-    tag = (restarts[-1]["saved_tag"] if restarts else None) or target.latest()
+    tag = (restarts[-1]["saved_tag"] if restarts else None) or run.stored.latest()
     inventory = None
     if tag and stored.get(tag):
         inventory = inv.build(f"{target.describe()}/{tag}", writers.get(tag), stored[tag])
@@ -73,7 +73,7 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
     status = _status(state, reason, restarts)
     summary = sm.build(run_dir, run.made.to_json(), status, {"root": str(target.root), "committed": committed},
                        inventory, restarts)
-    _checkpoint_phase(summary, run_dir, target)
+    _checkpoint_phase(summary, run_dir, run.stored)
     efficiency.add(summary, run_dir)
     summary["prediction"] = prediction.compare(prediction.read(run_dir), summary)
     if summary["prediction"] is not None:  # measured on a busy machine, a prediction's error is not the model's
@@ -99,7 +99,7 @@ def _restart(run, run_dir: Path, info: dict, committed: dict, stored: dict) -> d
     r["saved_tag"] = (info.get("conversion") or {}).get("tag") or tag
     r["loaded"] = {"tag": tag, "files": len(stored.get(tag, [])) or None,
                    "bytes": sum(n for _, n in stored.get(tag, [])) or None}
-    r["storage_requests"] = target.requests(run_dir / "logs" / "client" / info["record"])
+    r["storage_requests"] = run.stored.requests(run_dir / "logs" / "client" / info["record"])
     r["incomplete_uploads"] = info.get("incomplete_uploads")
     r["integrity"] = info.get("integrity")  # the committed files' checksums, read back before the launch
     r["rerun"] = rerun(info, run.spec.phase)
@@ -132,12 +132,12 @@ def _status(state: str, reason: str | None, restarts: list[dict]) -> dict:
     return status
 
 
-def _checkpoint_phase(summary: dict, run_dir: Path, target) -> None:
+def _checkpoint_phase(summary: dict, run_dir: Path, stored) -> None:
     """What the checkpoint phase's launch record and the target's client say: requests, uploads, machine load, and
     its start-up attributed as a restart's (the phases up to engine_init)."""
     path = run_dir / "records" / "checkpoint.json"
     launch = json.loads(path.read_text()) if path.is_file() else {}
-    summary["checkpoint"]["storage_requests"] = target.requests(run_dir / "logs" / "client" / "checkpoint")
+    summary["checkpoint"]["storage_requests"] = stored.requests(run_dir / "logs" / "client" / "checkpoint")
     summary["checkpoint"]["incomplete_uploads"] = launch.get("incomplete_uploads")
     summary["checkpoint"]["machine_load"] = launch.get("machine_load")
     summary["checkpoint"]["attribution"] = attribution.of_record(

@@ -61,7 +61,7 @@ def prepare(plugins: Plugins, prefix: str = "") -> Run:
     run_dir = new_run_dir(plugins, prefix)
     set_status(run_dir, "running")
     target = plugins.target.placed(run_dir)
-    facts = machine.facts(target.filesystem_path())
+    facts = machine.facts(target.root.parent)
     run = placed(plugins, run_dir, facts, target)
     facts["io_sources"] = observe.sources_facts(run_dir, run.checkpoint_root)
     run.write()

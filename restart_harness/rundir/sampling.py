@@ -40,11 +40,22 @@ def tool() -> tuple[str | None, str | None]:
     return (found, None) if found else (None, f"py-spy is not installed: {INSTALL}")
 
 
+def unsampled(spec, launcher) -> str | None:
+    """Why a sampler started with the launch cannot see every rank, or None: it follows the launch command's
+    descendants on this node, which the ranks are unless a scheduler or another node starts them."""
+    if launcher.scheduler is not None:
+        return (f"launcher={spec.launcher}: {launcher.scheduler.name} starts the ranks (its own daemons), outside the "
+                "launch command's processes")
+    if spec.across_nodes:
+        return f"nodes={spec.nodes}: the other nodes' ranks are not processes of this node"
+    return None
+
+
 def unavailable(spec, launcher) -> str | None:
     """Why attribution=python|native cannot sample this launch's ranks, or None (also when it is off)."""
     if spec.attribution == "off":
         return None
-    if why := launcher.unsampled():
+    if why := unsampled(spec, launcher):
         return why
     if environment.read().RH_STRACE:
         return f"{strace.ENV}=1 traces the launch with strace, and a process has one tracer"

@@ -12,7 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from restart_harness import SOURCE_ROOT
+from restart_harness import SOURCE_ROOT, rank_env
 from restart_harness.files.atomic import write_text_atomic
 from restart_harness.files.cache_dir import extensions_dir
 from restart_harness.launchers import shell_line
@@ -29,8 +29,9 @@ def rank_environment(plugins: Plugins) -> dict[str, str]:
         "OMP_NUM_THREADS": str(spec.threads or 1),
         "PYTHONUNBUFFERED": "1",
         "TORCH_EXTENSIONS_DIR": str(extensions_dir()),
-        **plugins.launcher.environment(),  # where the ranks find their rank variables (rank_env.py)
     }
+    if plugins.launcher.rank_variables:  # where the ranks find their rank variables (rank_env.py)
+        env[rank_env.VARIABLE] = rank_env.encode(plugins.launcher.rank_variables)
     if spec.device == "cpu":
         env["DS_ACCELERATOR"] = "cpu"
     return env
@@ -40,10 +41,10 @@ def worker_args(run_dir: Path, phase: str, record: str) -> list[str]:
     return ["--run-dir", str(run_dir), "--phase", phase, "--record", record]
 
 
-def launch_script(plugins: Plugins, phase: str, command: list[str], port: int | None = None,
+def launch_script(plugins: Plugins, phase: str, launch: tuple[list[str], list[str]],
                   observed: dict[str, str] | None = None) -> str:
     """A self-contained bash script: re-running it by hand (inside the job, for slurm/pbs) repeats the launch.
-    `command`: the launcher's rank_command; `observed`: the I/O instrumentation's environment (rundir/observe.py);
+    `launch`: the launcher's lines and command (Launcher.launch); `observed`: the I/O instrumentation's environment (rundir/observe.py);
     its LD_PRELOAD keeps any existing one."""
     spec, launcher = plugins.spec, plugins.launcher
     env = rank_environment(plugins)
@@ -62,8 +63,9 @@ def launch_script(plugins: Plugins, phase: str, command: list[str], port: int | 
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
     if preload:
         lines.append(f'export LD_PRELOAD={shlex.quote(preload)}"${{LD_PRELOAD:+ $LD_PRELOAD}}"')
-    lines += launcher.script_lines(port)
-    lines.append(("exec " if launcher.execs() else "") + shell_line(command))
+    before, command = launch
+    lines += before  # a trap among them must run when the command ends: no exec then
+    lines.append(("" if any(line.startswith("trap ") for line in before) else "exec ") + shell_line(command))
     return "\n".join(lines) + "\n"
 
 
@@ -71,22 +73,22 @@ def write_launch(run: Run, phase: str, record: str, port: int, extra: list[str] 
                  staged=None) -> Path:
     """launch-<record>.sh: the ranks of one phase of `run` (its spec: the record's own, for a restart at another
     layout or with another launcher; staged: the environment's copy they run from, env_stage=, envstage.py)."""
-    command = run.launcher.rank_command(port, worker_args(run.run_dir, phase, record) + (extra or []))
+    before, command = run.launcher.launch(port, worker_args(run.run_dir, phase, record) + (extra or []))
     if staged is not None:  # every interpreter the launch starts is the copy's
         command = [staged.python if part == sys.executable else part for part in command]
     path = run.run_dir / f"launch-{record}.sh"
     env = {**observe.environment(run.spec, run.run_dir, record, run.checkpoint_root, staged),
-           **run.target.launch_environment(run.run_dir / "logs" / "client" / record)}
-    write_text_atomic(path, launch_script(run, phase, command, port, env), mode=0o755)
+           **run.stored.launch_environment(run.run_dir / "logs" / "client" / record)}
+    write_text_atomic(path, launch_script(run, phase, (before, command), env), mode=0o755)
     return path
 
 
 def write_job_script(run: Run, job_args: list[str] | None = None, name: str | None = None) -> Path:
     """The batch scheduler's script of the run (a restart-only job's under `name`)."""
-    launcher = run.launcher
+    scheduler = run.scheduler
     (run.run_dir / "logs").mkdir(exist_ok=True)  # the scheduler writes the job's output there
-    path = run.run_dir / (name or launcher.script_name)
-    write_text_atomic(path, launcher.job_script(run.run_dir, job_args), mode=0o755)
+    path = run.run_dir / (name or scheduler.script_name)
+    write_text_atomic(path, scheduler.job_script(run.run_dir, job_args), mode=0o755)
     return path
 
 

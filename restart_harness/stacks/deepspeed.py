@@ -16,7 +16,8 @@ import os
 from pathlib import Path
 
 from restart_harness.errors import UsageError
-from restart_harness.stacks.base import Relayout, Stack, Verification
+from restart_harness.rank_env import sync
+from restart_harness.stacks.base import Rank, Relayout, Stack, Verification, compare, write_digests
 
 LOAD_UNIVERSAL = {"checkpoint": {"load_universal": True}}
 
@@ -64,67 +65,11 @@ def init_distributed(spec):
     return torch.device("cpu")
 
 
-class DeepSpeedStack(Stack):
-    name = "deepspeed"
-    key_text = "stack=deepspeed"
-    description = "DeepSpeed ZeRO (stage 1, 2 or 3) with tensor (Megatron-style) and pipeline (PipelineModule) parallelism"
-    default_engine = "default"
-    reshard = "convert"
-    planned = True
-
-    @classmethod
-    def check(cls, spec) -> None:
-        if spec.replicate is not None:
-            raise UsageError(f"replicate={spec.replicate}: hybrid sharding is stack=fsdp2's; DeepSpeed's ZeRO "
-                             "shards over every data-parallel rank; accepted: stack=fsdp2")
-        if spec.zero > 1 and spec.pp > 1:
-            raise UsageError(f"zero={spec.zero} with pp={spec.pp}: DeepSpeed 0.19.8's pipeline engine takes ZeRO stage "
-                             "1 only (PipelineEngine asserts it); accepted: zero=1 with pp > 1, or pp=1")
-
-    @classmethod
-    def check_relayout(cls, original, spec, engine, target, saves) -> None:
-        change = f"{original.layout} -> {spec.layout}"
-        if target.kind != "posix":
-            raise UsageError(f"restart at another layout ({change}): DeepSpeed's universal-checkpoint converter reads "
-                             f"a file system, and this checkpoint is on storage target {target.name}; accepted: a "
-                             "restart at its own layout (stack=fsdp2 runs reshard from object storage)")
-        if not engine.universal:
-            raise UsageError(f"restart at another layout ({change}): engine={engine.name} writes its own format, "
-                             "which DeepSpeed's universal-checkpoint converter cannot read; accepted: engine=default "
-                             "runs")
-        if not saves or not all(s.get("universal_info") for s in saves):
-            raise UsageError(f"restart at another layout ({change}): the checkpoint was written without the "
-                             "universal-checkpoint information DeepSpeed's converter needs (a run of an older "
-                             "harness); restart it at its own layout")
-
-    @classmethod
-    def relayout(cls, run, original, tag: str, say) -> Relayout:
-        from restart_harness.stacks import _universal as universal
-
-        root = run.checkpoint_root
-        conversion = universal.convert(run.run_dir, root, tag, say)
-        reference = universal.reference(run.run_dir, root, tag, original)
-        converted = universal.universal_tag(tag)
-        return Relayout(load_tag=converted, reference=reference, conversion=conversion, ds_config=LOAD_UNIVERSAL,
-                        load_dir=root / converted)
-
-    # ---- one rank -------------------------------------------------------------------------------------------------
-    # deepspeed.initialize's ZeRO check imports DeepSpeed's Muon optimizer, whose torch.compile decorators import
-    # torch._inductor: about 2 s of a rank's engine_init on this machine's cores (DeepSpeed 0.19.8)
-    later_imports = ("torch._dynamo", "deepspeed.runtime.engine", "deepspeed.runtime.zero.muon.muon_optimizer")
-
-    @classmethod
-    def imports(cls) -> None:
-        import deepspeed
-        import deepspeed.runtime.pipe.topology  # noqa: F401
-        import torch  # noqa: F401
-
-        import restart_harness.model.llama  # noqa: F401
-
+class DeepSpeedRank(Rank):
     def start(self) -> None:
         self.device = init_distributed(self.spec)
 
-    def build(self) -> None:
+    def build(self) -> dict:
         import deepspeed
         from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
@@ -144,7 +89,10 @@ class DeepSpeedStack(Stack):
         config = json.loads(ds_config_path(self.run).read_text())
         self.ds_engine, _, _, _ = deepspeed.initialize(model=self.model, model_parameters=self.params, config=config,
                                                     mpu=None if spec.pp > 1 else grid)
-        self.sync()  # deepspeed.initialize's moves to the device are part of engine_init, not of what follows
+        sync(self.device)  # deepspeed.initialize's moves to the device are part of engine_init, not of what follows
+        return {"dp_rank": grid.get_data_parallel_rank(), "tp_rank": self.tp.rank,
+                "pp_rank": grid.get_pipe_parallel_rank(), "device": str(self.device),
+                "local_parameters": sum(p.numel() for p in self.params)}
 
     def hook(self, anatomy) -> None:
         anatomy.wrap(self.ds_engine, "load_module_state_dict", "copy")
@@ -160,14 +108,10 @@ class DeepSpeedStack(Stack):
     def attach(self, recorder) -> None:
         self.ds_engine.checkpoint_engine = DeepSpeedFiles(recorder)
 
-    def client_state(self, step: int) -> dict:
-        return client_state(self.spec, step)
-
-    def save_facts(self) -> dict:
+    def save(self, root, tag, step, io, untimed) -> dict:
+        self.ds_engine.save_checkpoint(str(root), tag=tag, client_state=client_state(self.spec, step),
+                                       save_latest=False)
         return {"universal_info": True}  # client_state() carried it: ds_to_universal can convert this checkpoint
-
-    def save(self, root, tag, client_state, io, untimed) -> None:
-        self.ds_engine.save_checkpoint(str(root), tag=tag, client_state=client_state, save_latest=False)
 
     def load(self, root, tag, io, untimed) -> dict:
         path, client = self.ds_engine.load_checkpoint(str(root), tag=tag)
@@ -204,7 +148,7 @@ class DeepSpeedStack(Stack):
         from restart_harness.stacks._deepspeed_state import state_digests
 
         digests = state_digests(self.ds_engine)  # the state cannot change during the save: taken just before it
-        self.write_digests(tag, digests)
+        write_digests(self, tag, digests)
         return len(digests)
 
     def verify(self, tag: str, reference: Path | None) -> Verification:
@@ -214,7 +158,7 @@ class DeepSpeedStack(Stack):
 
         start = time.perf_counter()
         if reference is None:
-            return self.compare(tag, state.state_digests(self.ds_engine), self.rank, start)
+            return compare(self, tag, state.state_digests(self.ds_engine), self.rank, start)
         # another layout: every parameter's full fp32 master weights and Adam moments, gathered, against the digests
         # taken from the original checkpoint's files
         restored = state.full_state_digests(self.ds_engine, self.model, self.spec, self.grid)
@@ -224,11 +168,64 @@ class DeepSpeedStack(Stack):
         return Verification(tag, not diff, diff, sum(len(k) for k in restored.values()), time.perf_counter() - start,
                             full_state=True)
 
-    def layout(self) -> dict:
-        return {"dp_rank": self.grid.get_data_parallel_rank(), "tp_rank": self.tp.rank,
-                "pp_rank": self.grid.get_pipe_parallel_rank(), "device": str(self.device),
-                "local_parameters": sum(p.numel() for p in self.params)}
 
+class DeepSpeedStack(Stack):
+    name = "deepspeed"
+    key_text = "stack=deepspeed"
+    description = "DeepSpeed ZeRO (stage 1, 2 or 3) with tensor (Megatron-style) and pipeline (PipelineModule) parallelism"
+    default_engine = "default"
+    planned = True
+    Rank = DeepSpeedRank
+
+    @classmethod
+    def check(cls, spec, engine, target) -> None:
+        if spec.replicate is not None:
+            raise UsageError(f"replicate={spec.replicate}: hybrid sharding is stack=fsdp2's; DeepSpeed's ZeRO "
+                             "shards over every data-parallel rank; accepted: stack=fsdp2")
+        if spec.zero > 1 and spec.pp > 1:
+            raise UsageError(f"zero={spec.zero} with pp={spec.pp}: DeepSpeed 0.19.8's pipeline engine takes ZeRO stage "
+                             "1 only (PipelineEngine asserts it); accepted: zero=1 with pp > 1, or pp=1")
+
+    @classmethod
+    def check_relayout(cls, original, spec, engine, target, saves) -> None:
+        change = f"{original.layout} -> {spec.layout}"
+        if target.kind != "posix":
+            raise UsageError(f"restart at another layout ({change}): DeepSpeed's universal-checkpoint converter reads "
+                             f"a file system, and this checkpoint is on storage target {target.name}; accepted: a "
+                             "restart at its own layout (stack=fsdp2 runs reshard from object storage)")
+        if not engine.universal:
+            raise UsageError(f"restart at another layout ({change}): engine={engine.name} writes its own format, "
+                             "which DeepSpeed's universal-checkpoint converter cannot read; accepted: engine=default "
+                             "runs")
+        if not saves or not all(s.get("universal_info") for s in saves):
+            raise UsageError(f"restart at another layout ({change}): the checkpoint was written without the "
+                             "universal-checkpoint information DeepSpeed's converter needs (a run of an older "
+                             "harness); restart it at its own layout")
+
+    @classmethod
+    def relayout(cls, run, original, tag: str, say) -> Relayout:
+        from restart_harness.stacks import _universal as universal
+
+        root = run.checkpoint_root
+        conversion = universal.convert(run.run_dir, root, tag, say)
+        reference = universal.reference(run.run_dir, root, tag, original)
+        converted = universal.universal_tag(tag)
+        return Relayout(load_tag=converted, reference=reference, conversion=conversion, ds_config=LOAD_UNIVERSAL,
+                        load_dir=root / converted)
+
+    @classmethod
+    def imports(cls, later: bool = False) -> None:
+        import deepspeed
+        import deepspeed.runtime.pipe.topology
+        import torch
+
+        import restart_harness.model.llama  # noqa: F401
+
+        if later:  # deepspeed.initialize's ZeRO check imports DeepSpeed's Muon optimizer, whose torch.compile
+            # decorators import torch._inductor: about 2 s of a rank's engine_init here (DeepSpeed 0.19.8)
+            import deepspeed.runtime.engine
+            import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
+            import torch._dynamo  # noqa: F401
 
 
 class DeepSpeedFiles:

@@ -16,75 +16,32 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import ClassVar
 
 from restart_harness.errors import UsageError
-from restart_harness.stacks.base import Stack, Verification
+from restart_harness.rank_env import barrier
+from restart_harness.stacks.base import Rank, Stack, Verification
 from restart_harness.stacks.deepspeed import DeepSpeedStack, client_state, ds_config_path, init_distributed
+from restart_harness.targets.base import POSIX
 
 
-class EmulatedStack(Stack):
-    name = "emulated"
-    description = "emulate=true: DeepSpeed's files of the planned checkpoint written and read back, no model"
-    default_engine = "default"
-    planned = True
-    trains = False
-    target_kinds = ("posix",)
-    save_untimed = ("generate", "wave")
-    load_untimed = ("verify", "wave")
-    emulates = DeepSpeedStack
-    key_text, key_text_off = "emulate=true", "emulate=false"
-    engine_refusal = ("emulate=true cannot emulate engine={engine}: DeepSpeed builds that engine from its own config "
-                      "inside deepspeed.initialize; accepted with emulate=true: {takers}")
-
-    @classmethod
-    def accepts_engine(cls, engine: type) -> bool:
-        return engine.emulates
-
-    @classmethod
-    def check(cls, spec) -> None:
-        if spec.stack != cls.emulates.name:
-            raise UsageError(f"emulate=true: emulation writes {cls.emulates.name}'s files; accepted with "
-                             f"stack={cls.emulates.name} only")
-        cls.emulates.check(spec)
-        if spec.subset:
-            cls._check_subset(spec)
-
-    @staticmethod
-    def _check_subset(spec) -> None:
-        """subset=true: the first node's ranks must find every file they read among those they write."""
-        from restart_harness.plan import checkpoint
-
-        ranks = range(spec.ranks_per_node)
-        written = {r.path for r in checkpoint.recipes(spec) if r.writer in ranks}
-        for rank in ranks:
-            missing = [name for name in checkpoint.restart_read_sequence(spec)[rank] if name not in written]
-            if missing:
-                raise UsageError(f"subset=true: rank {rank} of {spec.layout} reads {missing[0]} at a restart, which "
-                                 f"a rank outside the first {spec.ranks_per_node} writes; accepted: a layout whose "
-                                 "first node reads only its own files (e.g. more ranks per node)")
-
-    @classmethod
-    def check_relayout(cls, original, spec, engine, target, saves) -> None:
-        raise UsageError(f"restart at another layout ({original.layout} -> {spec.layout}): an emulated checkpoint "
-                         "holds random data, not a trained state; accepted: runs trained with emulate=false")
-
-    # ---- one rank -------------------------------------------------------------------------------------------------
-    later_imports = ()  # no optimizer and no deepspeed.initialize: its ranks import nothing after `imports`
-
-    @classmethod
-    def imports(cls) -> None:
-        DeepSpeedStack.imports()
+class EmulatedRank(Rank):
+    untimed: ClassVar[dict[str, tuple[str, ...]]] = {"save": ("generate", "wave"), "load": ("verify", "wave")}
 
     def start(self) -> None:
         self.device = init_distributed(self.spec)
 
-    def build(self) -> None:
+    def build(self) -> dict:
         from restart_harness.plan import checkpoint
 
         self.recipes = checkpoint.recipes(self.spec)
         self.config = json.loads(ds_config_path(self.run).read_text())
         self.waves, self.wave_start, self.wave_end = 0, None, None
         self._verification: Verification | None = None
+        spec, rank = self.spec, self.rank
+        return {"dp_rank": (rank // spec.tp) % spec.dp, "tp_rank": rank % spec.tp,
+                "pp_rank": rank // (spec.tp * spec.dp), "device": str(self.device), "local_parameters": 0,
+                "emulated": True}
 
     def engine_context(self) -> dict:
         """DeepSpeed's TorchCheckpointEngine with the zip serialization DeepSpeed configures by default."""
@@ -94,12 +51,6 @@ class EmulatedStack(Stack):
         native = TorchCheckpointEngine()
         native.zipfile_serialization = CHECKPOINT_SERIALIZATION_DEFAULT
         return {"native": native}
-
-    def client_state(self, step: int) -> dict:
-        return client_state(self.spec, step)
-
-    def save_facts(self) -> dict:
-        return {"emulated": True, "waves": self.waves, "wave_start": self.wave_start, "wave_end": self.wave_end}
 
     def _in_waves(self, work, untimed) -> None:
         """Run work() in this rank's wave; every rank takes part in every wave's barrier."""
@@ -118,15 +69,15 @@ class EmulatedStack(Stack):
                 with untimed("wave"):
                     dist.barrier()
 
-    def save(self, root, tag, client_state, io, untimed) -> None:
+    def save(self, root, tag, step, io, untimed) -> dict:
         from restart_harness.files.atomic import write_json_atomic
         from restart_harness.model import digest
         from restart_harness.stacks._deepspeed_files import Filler, build_state, tensors_of
 
-        tag_dir = Path(root) / tag
+        tag_dir, carried = Path(root) / tag, client_state(self.spec, step)
         if self.rank == 0:
             tag_dir.mkdir(parents=True, exist_ok=True)
-        self.barrier()
+        barrier()
         with untimed("generate"):  # the random pool: data generation, not the save
             filler = Filler(self.rank, self.spec.seed)
         digests: dict[str, dict[str, str]] = {}
@@ -134,7 +85,7 @@ class EmulatedStack(Stack):
         def work() -> None:
             for recipe in (r for r in self.recipes if r.writer == self.rank):
                 with untimed("generate"):
-                    state = build_state(self.spec, recipe, filler, self.config, client_state)
+                    state = build_state(self.spec, recipe, filler, self.config, carried)
                     digests[recipe.path] = {k: digest.tensor_digest(t) for k, t in tensors_of(state).items()}
                 io.save(state, str(tag_dir / recipe.path))
                 io.flush()  # one file's state in memory at a time, asynchronous engines included
@@ -145,6 +96,7 @@ class EmulatedStack(Stack):
         path.parent.mkdir(parents=True, exist_ok=True)
         with untimed("generate"):
             write_json_atomic(path, {"tag": tag, "rank": self.rank, "files": digests})
+        return {"emulated": True, "waves": self.waves, "wave_start": self.wave_start, "wave_end": self.wave_end}
 
     def load(self, root, tag, io, untimed) -> dict:
         """This rank's restart read set, one file at a time, in DeepSpeed's order (and in the save's memory waves),
@@ -184,9 +136,57 @@ class EmulatedStack(Stack):
     def verify(self, tag: str, reference: Path | None) -> Verification:
         return self._verification
 
-    def layout(self) -> dict:
-        spec, rank = self.spec, self.rank
-        return {"dp_rank": (rank // spec.tp) % spec.dp, "tp_rank": rank % spec.tp,
-                "pp_rank": rank // (spec.tp * spec.dp), "device": str(self.device), "local_parameters": 0,
-                "emulated": True}
 
+class EmulatedStack(Stack):
+    name = "emulated"
+    description = "emulate=true: DeepSpeed's files of the planned checkpoint written and read back, no model"
+    default_engine = "default"
+    planned = True
+    trains = False
+    key_text = "emulate=true"
+    Rank = EmulatedRank
+
+    @classmethod
+    def accepts_engine(cls, engine: type) -> bool:
+        return engine.emulates
+
+    @classmethod
+    def check(cls, spec, engine, target) -> None:
+        if not cls.accepts_engine(engine):
+            from engines import registry  # every engine, listed (no lookup by name)
+
+            takers = ", ".join(n for n, c in registry.all_engines().items() if cls.accepts_engine(c))
+            raise UsageError(f"emulate=true cannot emulate engine={engine.name}: DeepSpeed builds that engine from its "
+                             f"own config inside deepspeed.initialize; accepted with emulate=true: {takers}")
+        if target.kind != POSIX:
+            raise UsageError(f"ckpt_dir={spec.ckpt_dir}: emulate=true writes to a file system, not to object storage; "
+                             "accepted with this ckpt_dir: emulate=false")
+        if spec.stack != DeepSpeedStack.name:
+            raise UsageError(f"emulate=true: emulation writes {DeepSpeedStack.name}'s files; accepted with "
+                             f"stack={DeepSpeedStack.name} only")
+        DeepSpeedStack.check(spec, engine, target)
+        if spec.subset:
+            cls._check_subset(spec)
+
+    @staticmethod
+    def _check_subset(spec) -> None:
+        """subset=true: the first node's ranks must find every file they read among those they write."""
+        from restart_harness.plan import checkpoint
+
+        ranks = range(spec.ranks_per_node)
+        written = {r.path for r in checkpoint.recipes(spec) if r.writer in ranks}
+        for rank in ranks:
+            missing = [name for name in checkpoint.restart_read_sequence(spec)[rank] if name not in written]
+            if missing:
+                raise UsageError(f"subset=true: rank {rank} of {spec.layout} reads {missing[0]} at a restart, which "
+                                 f"a rank outside the first {spec.ranks_per_node} writes; accepted: a layout whose "
+                                 "first node reads only its own files (e.g. more ranks per node)")
+
+    @classmethod
+    def check_relayout(cls, original, spec, engine, target, saves) -> None:
+        raise UsageError(f"restart at another layout ({original.layout} -> {spec.layout}): an emulated checkpoint "
+                         "holds random data, not a trained state; accepted: runs trained with emulate=false")
+
+    @classmethod
+    def imports(cls, later: bool = False) -> None:  # no optimizer, no deepspeed.initialize: nothing imported later
+        DeepSpeedStack.imports()

@@ -3,7 +3,7 @@ layer and at the root, over a 1-D mesh of the data-parallel ranks, or a 2-D one 
 torch's AdamW, checkpointed by one collective save of the whole sharded state per checkpoint (get_state_dict of model
 and optimizer; engine=dcp), restarted through set_state_dict.
 
-Verification holds at any data-parallel size: state_digests() digests every parameter's and optimizer moment's full
+Verification holds at any data-parallel size: _state_digests() digests every parameter's and optimizer moment's full
 tensor (DTensor.full_tensor()), each rank hashing its share of the names, so a restart at another dp compares the
 same names and values as one at the saving dp. DCP reshards while it loads: a restart at another dp needs no
 conversion.
@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from restart_harness.errors import UsageError
-from restart_harness.stacks.base import Stack, Verification
+from restart_harness.rank_env import sync
+from restart_harness.stacks.base import Rank, Stack, Verification, compare, write_digests
 
 # The optimizer of the DeepSpeed runs (rundir/ds_config.py): the same AdamW hyper-parameters and clipping.
 BETAS, EPS, WEIGHT_DECAY, CLIP = (0.9, 0.95), 1e-8, 0.1, 1.0
@@ -27,38 +28,9 @@ def replicas(spec) -> int:
     return spec.replicate or spec.nodes
 
 
-class FSDP2Stack(Stack):
-    name = "fsdp2"
-    key_text = "stack=fsdp2"
-    description = ("torch FSDP2 (fully_shard over the data-parallel ranks; replicate=R: hybrid sharding) with "
-                   "torch AdamW, checkpointed by one collective Distributed Checkpoint save")
-    default_engine = "dcp"
-    reshard = "native"
-    collective = True
-
-    @classmethod
-    def check(cls, spec) -> None:
-        """FSDP2 shards over the data-parallel ranks only; tensor and pipeline parallelism are DeepSpeed's here."""
-        if spec.zero != 1:
-            raise UsageError(f"zero={spec.zero}: ZeRO stages are DeepSpeed's; stack=fsdp2 shards parameters, gradients "
-                             "and optimizer state over the data-parallel ranks by itself; accepted: stack=deepspeed")
-        for name in ("tp", "pp"):
-            if getattr(spec, name) != 1:
-                raise UsageError(f"{name}={getattr(spec, name)}: stack=fsdp2 shards over data-parallel ranks only; "
-                                 f"accepted: {name}=1 (tensor and pipeline parallelism: stack=deepspeed)")
-        if spec.dp % replicas(spec):
-            given = f"replicate={spec.replicate}" if spec.replicate else f"replicate (default nodes={spec.nodes})"
-            raise UsageError(f"{given} does not divide dp={spec.dp}: each replica shards the state over dp / "
-                             "replicate ranks; accepted: replicate dividing dp")
-
-    # ---- one rank -------------------------------------------------------------------------------------------------
-    @classmethod
-    def imports(cls) -> None:
-        import torch
-        import torch.distributed.checkpoint
-        import torch.distributed.fsdp  # noqa: F401
-
-        import restart_harness.model.llama  # noqa: F401
+class FSDP2Rank(Rank):
+    def engine_context(self) -> dict:
+        return {"collective": True}  # one collective save of the whole sharded state per checkpoint
 
     def start(self) -> None:
         """torch.distributed from the launcher's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT): NCCL on
@@ -77,7 +49,7 @@ class FSDP2Stack(Stack):
             dist.init_process_group("gloo")
             self.device = torch.device("cpu")
 
-    def build(self) -> None:
+    def build(self) -> dict:
         """The model, its pipeline layers and then the root fully_shard-ed over all ranks (or, with replicate > 1,
         over each replica's ranks: hybrid sharding on a 2-D mesh), and AdamW over the shards."""
         import torch
@@ -106,7 +78,11 @@ class FSDP2Stack(Stack):
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=BETAS, eps=EPS,
                                            weight_decay=WEIGHT_DECAY)
         self.log.mark("model_built")
-        self.sync()
+        sync(self.device)
+        # the rank's place on the mesh: which replica it is in and which shard it holds (hybrid sharding)
+        at = {f"{name}_rank": mesh.get_local_rank(name) for name in mesh.mesh_dim_names or ()}
+        return {"dp_rank": self.rank, "tp_rank": 0, "pp_rank": 0, "device": str(self.device), "stack": "fsdp2",
+                "local_parameters": sum(p.to_local().numel() for p in model.parameters()), **at}
 
     def hook(self, anatomy) -> None:
         import torch.distributed as dist
@@ -121,11 +97,12 @@ class FSDP2Stack(Stack):
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         return {"model": model_state, "optim": optim_state, "harness_step": torch.tensor(step, dtype=torch.int64)}
 
-    def save(self, root, tag, client_state, io, untimed) -> None:
+    def save(self, root, tag, step, io, untimed) -> dict:
         with self.anatomy.region("serialize"):
-            state = self._state(int(client_state["harness_step"]))
+            state = self._state(step)
         os.makedirs(Path(root) / tag, exist_ok=True)
         io.save(state, str(Path(root) / tag))
+        return {}
 
     def load(self, root, tag, io, untimed) -> dict:
         from torch.distributed.checkpoint.state_dict import set_state_dict
@@ -161,7 +138,7 @@ class FSDP2Stack(Stack):
         dist.all_reduce(total)
         return float(total) / (len(batches) * spec.dp)
 
-    def state_digests(self) -> dict[str, str]:
+    def _state_digests(self) -> dict[str, str]:
         """name -> digest of the full tensor of every parameter and optimizer state, and the optimizer's
         param_groups; the same on every rank, whatever the number of ranks."""
         import torch
@@ -190,18 +167,50 @@ class FSDP2Stack(Stack):
         return out
 
     def record_digests(self, tag: str) -> int:
-        digests = self.state_digests()
-        self.write_digests(tag, digests)
+        digests = self._state_digests()
+        write_digests(self, tag, digests)
         return len(digests)
 
     def verify(self, tag: str, reference: Path | None) -> Verification:
         """The full state against the digests rank 0 recorded at save (every rank recorded the same ones)."""
         start = time.perf_counter()
-        return self.compare(tag, self.state_digests(), 0, start, full_state=True)
+        return compare(self, tag, self._state_digests(), 0, start, full_state=True)
 
-    def layout(self) -> dict:
-        # the rank's place on the mesh: which replica it is in and which shard it holds (hybrid sharding)
-        mesh = {f"{name}_rank": self.mesh.get_local_rank(name) for name in self.mesh.mesh_dim_names or ()}
-        return {"dp_rank": self.rank, "tp_rank": 0, "pp_rank": 0, "device": str(self.device), "stack": self.name,
-                "local_parameters": sum(p.to_local().numel() for p in self.model.parameters()), **mesh}
 
+class FSDP2Stack(Stack):
+    name = "fsdp2"
+    key_text = "stack=fsdp2"
+    description = ("torch FSDP2 (fully_shard over the data-parallel ranks; replicate=R: hybrid sharding) with "
+                   "torch AdamW, checkpointed by one collective Distributed Checkpoint save")
+    default_engine = "dcp"
+    Rank = FSDP2Rank
+
+    @classmethod
+    def check(cls, spec, engine, target) -> None:
+        """FSDP2 shards over the data-parallel ranks only; tensor and pipeline parallelism are DeepSpeed's here."""
+        if spec.zero != 1:
+            raise UsageError(f"zero={spec.zero}: ZeRO stages are DeepSpeed's; stack=fsdp2 shards parameters, gradients "
+                             "and optimizer state over the data-parallel ranks by itself; accepted: stack=deepspeed")
+        for name in ("tp", "pp"):
+            if getattr(spec, name) != 1:
+                raise UsageError(f"{name}={getattr(spec, name)}: stack=fsdp2 shards over data-parallel ranks only; "
+                                 f"accepted: {name}=1 (tensor and pipeline parallelism: stack=deepspeed)")
+        if spec.dp % replicas(spec):
+            given = f"replicate={spec.replicate}" if spec.replicate else f"replicate (default nodes={spec.nodes})"
+            raise UsageError(f"{given} does not divide dp={spec.dp}: each replica shards the state over dp / "
+                             "replicate ranks; accepted: replicate dividing dp")
+
+    @classmethod
+    def check_relayout(cls, original, spec, engine, target, saves) -> None:
+        """DCP reshards while it loads: any data-parallel size, nothing converted."""
+
+    @classmethod
+    def imports(cls, later: bool = False) -> None:
+        import torch
+        import torch.distributed.checkpoint
+        import torch.distributed.fsdp
+
+        import restart_harness.model.llama  # noqa: F401
+
+        if later:
+            import torch._dynamo  # noqa: F401

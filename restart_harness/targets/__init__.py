@@ -18,7 +18,7 @@ def all_targets() -> dict[str, type[Target]]:
 
 
 def select(location: str | None) -> type[Target]:
-    """The target class whose scheme `ckpt_dir=location` uses; UsageError when none claims it."""
+    """The target class whose scheme `ckpt_dir=location` uses; UsageError when none claims it, or when it is malformed."""
     claimed = [cls for cls in all_targets().values() if cls.claims(location)]
     if len(claimed) != 1:
         names = ", ".join(all_targets())
@@ -28,10 +28,7 @@ def select(location: str | None) -> type[Target]:
 
 def for_location(location: str | None, results_dir: str | Path) -> Target:
     """The target of `ckpt_dir=location` before any run (results_dir: where runs go when location is None)."""
-    cls = select(location)
-    if location is not None:
-        cls.check_location(location)
-    return cls.for_location(location, results_dir)
+    return select(location)(location, results_dir=results_dir)
 
 
 def recorded(record: dict, run_dir: Path) -> type[Target]:
@@ -42,3 +39,4 @@ def recorded(record: dict, run_dir: Path) -> type[Target]:
     except KeyError:
         raise UsageError(f"run={run_dir}: its checkpoints are on storage target {name!r}, which this harness "
                          f"does not know (targets: {', '.join(all_targets())})") from None
+

@@ -1,12 +1,13 @@
 """The interface between the harness and a storage target: where a run's checkpoints are kept. One module in
-restart_harness/targets/ per target, holding one subclass of Target; the target is chosen once from `ckpt_dir`
+restart_harness/targets/ per target, holding its three views; the target is chosen once from `ckpt_dir`
 (restart_harness/resolve.py) and everything that depends on the kind of storage is asked of it, never tested elsewhere.
 
-Two lives of a target:
-  before the run exists    for_location(ckpt_dir, results_dir): check_location (pure), preflight (the machine),
-                           baseline probes, where a run would put its checkpoints
-  for one run              placed(run_dir) when the run directory is made, then from_record(spec.json's record, the
-                           local root) in every process that continues the run (ranks, finalize, restarts)
+Three views, by audience (as engines/base.py splits an engine):
+  Target    the kind at a location, before the run exists: claims (pure), preflight (the machine), the baseline
+            probe; placed(run_dir) when the run directory is made, from_record(spec.json's record, the local root) in
+            every process that continues the run
+  Stored    a run's phases: the committed tag, listing, deletion, the page cache, the client's request log, uploads
+  Store     a rank: where to write, streams, DCP writer and reader, durability, sizes, `latest`
 
 Every checkpoint is named by a local path under `root`, the folder DeepSpeed and DCP are handed (they glob it and
 build names under it): on a file system the files themselves, on object storage an index of empty placeholders
@@ -17,7 +18,6 @@ dcp_writer() / dcp_reader(), or, for a POSIX target (kind == POSIX), the paths t
 from __future__ import annotations
 
 import contextlib
-import copy
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,7 +46,8 @@ NO_OBSERVER = NoObserver()
 
 
 class Target(ABC):
-    """Where one run's checkpoints are stored (or would be: root is None before the run exists)."""
+    """A kind of storage at one location, for the command line and preflight; placed (root set), one run's place,
+    recorded in spec.json. Its two other views: Stored (a run's phases) and Store (a rank's checkpoint I/O)."""
 
     name: ClassVar[str]  # recorded in spec.json as checkpoint_target
     kind: ClassVar[str]  # POSIX or OBJECT
@@ -54,28 +55,18 @@ class Target(ABC):
     # checksums= (files/checksum.py): a rank reads its committed files back through their local paths for their
     # sha256; None where it can, else why not (one line's end)
     no_checksums: ClassVar[str | None] = None
+    Stored: ClassVar[type[Stored]]  # the phase-side view of a placed target of this kind
 
-    def __init__(self, location: str | None, root: Path | None = None, observer=NO_OBSERVER):
+    def __init__(self, location: str | None, root: Path | None = None, results_dir: str | Path | None = None):
         self.location = location  # ckpt_dir as given (None: inside the run directory)
         self.root = root  # the run's local checkpoint folder; None before the run exists
-        # the rank's anatomy (worker/anatomy.py): a target whose I/O the counters cannot see (network streams) times
-        # its blocking calls in observer.region("read" | "write") and counts their bytes with observer.add_bytes
-        self.observer = observer
+        self.results_dir = Path(results_dir) if results_dir is not None else None  # where runs go (no ckpt_dir)
 
-    # ---- choosing and checking, before anything exists --------------------------------------------------------
     @classmethod
     @abstractmethod
     def claims(cls, location: str | None) -> bool:
-        """Is `ckpt_dir=location` this target's (its scheme)?"""
-
-    @classmethod
-    def check_location(cls, location: str) -> None:
-        """Raise UsageError when the location is malformed (pure: no network, no file system)."""
-
-    @classmethod
-    def for_location(cls, location: str | None, results_dir: str | Path) -> Target:
-        """This target at `location`, before any run (results_dir: where runs go when location is None)."""
-        return cls(location)
+        """Is `ckpt_dir=location` this target's (its scheme)? UsageError when it is, but malformed (pure: no network,
+        no file system)."""
 
     @abstractmethod
     def preflight(self, key: str, need_bytes: int | None, reach: bool = True) -> None:
@@ -83,7 +74,6 @@ class Target(ABC):
         need_bytes (the planned checkpoints; None: unknown) cannot fit. reach=False: only what needs no network
         (dry_run=true writes scripts, nothing else)."""
 
-    # ---- one run's place ------------------------------------------------------------------------------------------
     @abstractmethod
     def placed(self, run_dir: Path) -> Target:
         """This target for the run whose directory was just made (root set)."""
@@ -95,26 +85,81 @@ class Target(ABC):
 
     @classmethod
     @abstractmethod
-    def from_record(cls, record: dict, root: Path, observer=NO_OBSERVER) -> Target:
+    def from_record(cls, record: dict, root: Path) -> Target:
         """The placed target of a run, from its record (spec.json) and its local root."""
-
-    def observed(self, observer) -> Target:
-        """This target reporting its network I/O to `observer` (a rank's anatomy: worker/anatomy.py)."""
-        other = copy.copy(self)
-        other.observer = observer
-        return other
 
     def describe(self) -> str:
         """Where the checkpoints are, for humans (a path or a URL)."""
         return str(self.root or self.location)
 
-    def filesystem_path(self) -> Path:
-        """The local folder whose file system facts spec.json records (checkpoint_filesystem)."""
-        return self.root.parent
+    @abstractmethod
+    def storage_probe(self) -> StorageProbe:
+        """The probe of the storage this target writes to (files/baseline.py measures, caches and renders it)."""
 
-    # ---- checkpoint data (a placed target) ------------------------------------------------------------------------
-    def path(self, tag: str) -> Path:
-        return self.root / tag
+
+def read_latest(root: Path) -> str | None:
+    """The tag the local `latest` names (every target keeps one under root), or None."""
+    path = root / LATEST
+    return path.read_text().strip() if path.is_file() else None
+
+
+class Stored(ABC):
+    """One run's stored checkpoints as its phases see them (a placed target's): the committed tag, every stored file,
+    deletion, the page cache before a restart, the storage client's request log, unfinished uploads."""
+
+    Store: ClassVar[type[Store]]  # the rank-side view
+
+    def __init__(self, target: Target):
+        self.target, self.root = target, target.root
+
+    def store(self, observer=NO_OBSERVER) -> Store:
+        """The rank-side view, reporting its network I/O to `observer` (a rank's anatomy: worker/anatomy.py)."""
+        return self.Store(self.target, observer)
+
+    def latest(self) -> str | None:
+        """The committed tag, or None when nothing was committed."""
+        return read_latest(self.root)
+
+    def missing(self) -> str | None:
+        """Why the run's checkpoint storage itself is gone (deleted, moved), or None."""
+        return None
+
+    @abstractmethod
+    def listing(self) -> dict[str, list[tuple[str, int]]]:
+        """tag -> (path relative to the tag, bytes) of every stored file or object, for every tag of the run."""
+
+    @abstractmethod
+    def delete(self) -> str:
+        """Delete the run's checkpoints (keep=false); says what was deleted."""
+
+    @abstractmethod
+    def prepare_cache(self, tag_dir: Path, requested: str, per_file: bool = False) -> dict:
+        """Make the page-cache state `requested` (drop | warm) for what a restart will read under tag_dir, and
+        record what was observed (files/pagecache.py's record); `per_file`: evict only those files, never the
+        whole cache (env_cache=warm)."""
+
+    def launch_environment(self, log_dir: Path) -> dict[str, str]:
+        """Variables for the ranks of one launch so that the storage's client logs its requests under log_dir."""
+        return {}
+
+    def requests(self, log_dir: Path) -> dict | None:
+        """The client's requests of one launch, from what launch_environment made it log (None: no such log):
+        restart_harness/schema.py CLIENT_REQUEST_FIELDS."""
+        return None
+
+    def abort_incomplete_uploads(self) -> dict | None:
+        """Uploads a failed save left unfinished under the run's place, aborted: {"aborted": [names], "error": why
+        they could not be listed or aborted, or None}; None where the storage has no such thing."""
+        return None
+
+
+class Store(ABC):
+    """A rank's checkpoint I/O on a placed target: what torch.save, DCP and the checkpoint manager write and read
+    through. `observer`: the rank's anatomy (worker/anatomy.py); a target whose I/O the counters cannot see (network
+    streams) times its blocking calls in observer.region("read" | "write") and counts their bytes."""
+
+    def __init__(self, target: Target, observer=NO_OBSERVER):
+        self.target, self.root, self.observer = target, target.root, observer
 
     @abstractmethod
     def destination(self, path: str | Path, mode: str) -> contextlib.AbstractContextManager:
@@ -150,53 +195,13 @@ class Target(ABC):
         """Atomically make `latest` name tag. The one writer of `latest`: called by rank 0 once every rank's files
         are durable (worker/manager.py)."""
 
-    @abstractmethod
     def latest(self) -> str | None:
         """The committed tag, or None when nothing was committed."""
-
-    def missing(self) -> str | None:
-        """Why the run's checkpoint storage itself is gone (deleted, moved), or None."""
-        return None
-
-    @abstractmethod
-    def listing(self) -> dict[str, list[tuple[str, int]]]:
-        """tag -> (path relative to the tag, bytes) of every stored file or object, for every tag of the run."""
-
-    @abstractmethod
-    def delete(self) -> str:
-        """Delete the run's checkpoints (keep=false); says what was deleted."""
-
-    @abstractmethod
-    def prepare_cache(self, tag_dir: Path, requested: str, per_file: bool = False) -> dict:
-        """Make the page-cache state `requested` (drop | warm) for what a restart will read under tag_dir, and
-        record what was observed (files/pagecache.py's record); `per_file`: evict only those files, never the
-        whole cache (env_cache=warm)."""
+        return read_latest(self.root)
 
     def explain_save_failure(self, exc: BaseException, tag: str) -> BaseException:
         """A save's exception, reworded where the storage knows the real cause (a full disk)."""
         return exc
-
-    # ---- what the storage's client saw (network targets) ---------------------------------------------------------
-    def launch_environment(self, log_dir: Path) -> dict[str, str]:
-        """Variables for the ranks of one launch so that the storage's client logs its requests under log_dir."""
-        return {}
-
-    def requests(self, log_dir: Path) -> dict | None:
-        """The client's requests of one launch, from what launch_environment made it log (None: no such log):
-        restart_harness/schema.py CLIENT_REQUEST_FIELDS."""
-        return None
-
-    def abort_incomplete_uploads(self) -> dict | None:
-        """Uploads a failed save left unfinished under the run's place, aborted: {"aborted": [names], "error": why
-        they could not be listed or aborted, or None}; None where the storage has no such thing."""
-        return None
-
-    # ---- the storage baseline --------------------------------------------------------------------------------------
-    probe_class: ClassVar[type[StorageProbe]]  # the probe of this kind of storage (storage_probe())
-
-    def storage_probe(self) -> StorageProbe:
-        """The probe of the storage this target writes to (files/baseline.py measures, caches and renders it)."""
-        return self.probe_class(self)
 
 
 class StorageProbe(ABC):

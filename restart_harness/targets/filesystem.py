@@ -15,70 +15,14 @@ from restart_harness.files.atomic import files_under, fsync_paths, write_text_at
 from restart_harness.files.exclusive import claim_dir
 from restart_harness.files.fsfacts import free_bytes, nearest_existing, why_not_a_directory
 from restart_harness.targets._fs_probe import FileSystemProbe
-from restart_harness.targets.base import LATEST, NO_OBSERVER, POSIX, Target, as_path
+from restart_harness.targets.base import LATEST, POSIX, Store, Stored, Target, as_path
 
 MIB = 1 << 20
 FULL_DISK_BYTES = 1 << 20
 IN_RUN = "checkpoint"  # the checkpoint folder inside a run directory (no ckpt_dir given)
 
 
-class FileSystemTarget(Target):
-    name = "filesystem"
-    kind = POSIX
-    description = "a file system (local or parallel): files, fsync, atomic rename"
-    probe_class = FileSystemProbe
-
-    def __init__(self, location: str | None, root: Path | None = None, observer=NO_OBSERVER, results_dir=None):
-        super().__init__(location, root, observer)
-        self.results_dir = Path(results_dir) if results_dir is not None else None
-
-    @classmethod
-    def claims(cls, location: str | None) -> bool:
-        return location is None or "://" not in str(location)
-
-    @classmethod
-    def for_location(cls, location, results_dir):
-        return cls(location, results_dir=results_dir)
-
-    def _base(self) -> Path:
-        """Where a run's checkpoint folder would be made: ckpt_dir, or the results folder."""
-        return Path(self.location or self.results_dir or ".").expanduser()
-
-    def preflight(self, key: str, need_bytes: int | None, reach: bool = True) -> None:
-        if self.location:
-            reason = why_not_a_directory(Path(self.location))
-            if reason:
-                raise UsageError(f"{key}={self.location}: {reason}")
-        if need_bytes:
-            where = nearest_existing(self._base())
-            free = free_bytes(where)
-            if need_bytes > free:
-                raise UsageError(f"the checkpoints need {need_bytes / MIB:,.1f} MiB (planned) but the file system "
-                                 f"holding {where} has {free / MIB:,.1f} MiB free; give ckpt_dir= on a larger one, or "
-                                 "fewer saves (iters, save_interval)")
-
-    # ---- one run -------------------------------------------------------------------------------------------------
-    def placed(self, run_dir: Path) -> FileSystemTarget:
-        """The run's checkpoint folder: inside its run directory, or under ckpt_dir claimed by mkdir (a fresh name
-        where another run's folder of that name is there: two runs never share one, files/exclusive.py)."""
-        if not self.location:
-            return FileSystemTarget(None, run_dir / IN_RUN, self.observer)
-        try:
-            root = claim_dir(Path(self.location).expanduser().resolve(), run_dir.name)
-        except OSError as exc:
-            raise RunFailed(f"ckpt_dir={self.location}: cannot claim a checkpoint folder there: {exc}") from None
-        return FileSystemTarget(self.location, root, self.observer)
-
-    def record(self, run_dir: Path) -> dict:
-        inside = self.root.relative_to(run_dir).as_posix() if self.root.is_relative_to(run_dir) else None
-        return {"checkpoint_target": self.name, "checkpoint_run": run_dir.name, "checkpoint_root": str(self.root),
-                "checkpoint_root_in_run": inside, "checkpoint_data_in_run": inside is not None}
-
-    @classmethod
-    def from_record(cls, record: dict, root: Path, observer=NO_OBSERVER) -> FileSystemTarget:
-        return cls(None, root, observer)
-
-    # ---- checkpoint data -----------------------------------------------------------------------------------------
+class FileSystemStore(Store):
     def destination(self, path, mode):
         return as_path(path)
 
@@ -104,9 +48,20 @@ class FileSystemTarget(Target):
     def commit_latest(self, tag: str) -> None:
         write_text_atomic(self.root / LATEST, tag)
 
-    def latest(self) -> str | None:
-        path = self.root / LATEST
-        return path.read_text().strip() if path.is_file() else None
+    def explain_save_failure(self, exc: BaseException, tag: str) -> BaseException:
+        """torch.save reports a full disk as 'unexpected pos ...' from its zip writer: name the real cause."""
+        try:
+            free = shutil.disk_usage(self.root).free
+        except OSError:
+            return exc
+        if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or free < FULL_DISK_BYTES:
+            return OSError(errno.ENOSPC, f"No space left on device while saving {tag}: {free} bytes free on the "
+                                         f"checkpoint filesystem at {self.root} ({type(exc).__name__}: {exc})")
+        return exc
+
+
+class FileSystemStored(Stored):
+    Store = FileSystemStore
 
     def missing(self) -> str | None:
         return None if self.root.is_dir() else f"checkpoint directory {self.root} is missing"
@@ -127,13 +82,53 @@ class FileSystemTarget(Target):
     def prepare_cache(self, tag_dir: Path, requested: str, per_file: bool = False) -> dict:
         return pagecache.prepare(files_under(tag_dir), requested, per_file)
 
-    def explain_save_failure(self, exc: BaseException, tag: str) -> BaseException:
-        """torch.save reports a full disk as 'unexpected pos ...' from its zip writer: name the real cause."""
+
+class FileSystemTarget(Target):
+    name = "filesystem"
+    kind = POSIX
+    description = "a file system (local or parallel): files, fsync, atomic rename"
+    Stored = FileSystemStored
+
+    @classmethod
+    def claims(cls, location: str | None) -> bool:
+        return location is None or "://" not in str(location)
+
+    def _base(self) -> Path:
+        """Where a run's checkpoint folder would be made: ckpt_dir, or the results folder."""
+        return Path(self.location or self.results_dir or ".").expanduser()
+
+    def preflight(self, key: str, need_bytes: int | None, reach: bool = True) -> None:
+        if self.location:
+            reason = why_not_a_directory(Path(self.location))
+            if reason:
+                raise UsageError(f"{key}={self.location}: {reason}")
+        if need_bytes:
+            where = nearest_existing(self._base())
+            free = free_bytes(where)
+            if need_bytes > free:
+                raise UsageError(f"the checkpoints need {need_bytes / MIB:,.1f} MiB (planned) but the file system "
+                                 f"holding {where} has {free / MIB:,.1f} MiB free; give ckpt_dir= on a larger one, or "
+                                 "fewer saves (iters, save_interval)")
+
+    def placed(self, run_dir: Path) -> FileSystemTarget:
+        """The run's checkpoint folder: inside its run directory, or under ckpt_dir claimed by mkdir (a fresh name
+        where another run's folder of that name is there: two runs never share one, files/exclusive.py)."""
+        if not self.location:
+            return FileSystemTarget(None, run_dir / IN_RUN)
         try:
-            free = shutil.disk_usage(self.root).free
-        except OSError:
-            return exc
-        if (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or free < FULL_DISK_BYTES:
-            return OSError(errno.ENOSPC, f"No space left on device while saving {tag}: {free} bytes free on the "
-                                         f"checkpoint filesystem at {self.root} ({type(exc).__name__}: {exc})")
-        return exc
+            root = claim_dir(Path(self.location).expanduser().resolve(), run_dir.name)
+        except OSError as exc:
+            raise RunFailed(f"ckpt_dir={self.location}: cannot claim a checkpoint folder there: {exc}") from None
+        return FileSystemTarget(self.location, root)
+
+    def record(self, run_dir: Path) -> dict:
+        inside = self.root.relative_to(run_dir).as_posix() if self.root.is_relative_to(run_dir) else None
+        return {"checkpoint_target": self.name, "checkpoint_run": run_dir.name, "checkpoint_root": str(self.root),
+                "checkpoint_root_in_run": inside, "checkpoint_data_in_run": inside is not None}
+
+    @classmethod
+    def from_record(cls, record: dict, root: Path) -> FileSystemTarget:
+        return cls(None, root)
+
+    def storage_probe(self) -> FileSystemProbe:
+        return FileSystemProbe(self)

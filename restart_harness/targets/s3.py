@@ -30,7 +30,7 @@ from restart_harness.targets._s3_bucket import (
     listing,
 )
 from restart_harness.targets._s3_requests import CLIENT_LOG_FILTER, client_requests
-from restart_harness.targets.base import LATEST, NO_OBSERVER, OBJECT, PER_RANK_DIRS, StorageProbe, Target
+from restart_harness.targets.base import LATEST, NO_OBSERVER, OBJECT, PER_RANK_DIRS, StorageProbe, Store, Stored, Target
 
 
 class TimedStream:
@@ -132,102 +132,19 @@ class S3Probe(StorageProbe):
                 "read_means": "GET of each whole object"}
 
 
-class S3Target(Target):
-    name = "s3"
-    kind = OBJECT
-    no_checksums = ("checkpoint files are read back for their checksums on a file system only (an object store "
-                    "checks each upload's integrity itself)")
-    description = "an S3 bucket (s3://bucket/prefix) through s3torchconnector: objects, uploads, listings"
-    probe_class = S3Probe
+class S3Store(Store):
+    def __init__(self, target: S3Target, observer=NO_OBSERVER):
+        super().__init__(target, observer)
+        self.url, self.settings = target.url, target.settings
 
-    def __init__(self, location: str | None, root: Path | None = None, observer=NO_OBSERVER,
-                 url: S3Url | None = None, settings: S3Settings | None = None):
-        super().__init__(location, root, observer)
-        self.url = url if url is not None else S3Url.parse(location)
-        try:
-            self.settings = settings or S3Settings.from_environment()
-        except ValueError as exc:
-            raise UsageError(f"ckpt_dir={location or self.url}: {exc}") from None
-        self._client = None
-
-    @classmethod
-    def claims(cls, location) -> bool:
-        return is_s3(location)
-
-    @classmethod
-    def check_location(cls, location: str) -> None:
-        try:
-            S3Url.parse(location)
-        except ValueError as exc:
-            raise UsageError(f"ckpt_dir={location}: {exc}") from None
-
-    def preflight(self, key: str, need_bytes: int | None, reach: bool = True) -> None:
-        """The client is installed, the endpoint answers, the bucket exists, the credentials list and write there (a
-        probe object, deleted again). A bucket has no free-space figure: need_bytes is not checked."""
-        if not reach:
-            return
-        where = f"{key}={self.location or self.url}"
-        try:
-            import s3torchconnector  # noqa: F401
-        except ImportError:
-            raise UsageError(f"{where}: object storage needs s3torchconnector, which this Python lacks: "
-                             "pip install 'restart-harness[s3]'") from None
-        problem = check_writable(self.url, self.settings)
-        if problem:
-            raise UsageError(f"{where}: {problem}")
-
-    # ---- one run -------------------------------------------------------------------------------------------------
-    def placed(self, run_dir: Path) -> S3Target:
-        """The run's prefix: its run folder's name and a digest of that folder's host and path, so that two runs
-        (whose folders were claimed exclusively) never share one (a bucket has no mkdir to claim a prefix with)."""
-        owner = hashlib.sha1(f"{socket.gethostname()}:{run_dir.resolve()}".encode()).hexdigest()[:8]
-        return S3Target(self.location, run_dir / "checkpoint", self.observer,
-                        self.url.child(f"{run_dir.name}-{owner}"), self.settings)
-
-    def record(self, run_dir: Path) -> dict:
-        s = self.settings
-        return {"checkpoint_target": self.name, "checkpoint_run": run_dir.name, "checkpoint_root": str(self.root),
-                "checkpoint_root_in_run": self.root.relative_to(run_dir).as_posix(), "checkpoint_data_in_run": False,
-                "checkpoint_url": str(self.url),
-                "checkpoint_object_store": {"region": s.region, "endpoint_url": s.endpoint_url,
-                                            "path_style": s.path_style, "client": "s3torchconnector",
-                                            "max_attempts": s.max_attempts}}
-
-    @classmethod
-    def from_record(cls, record: dict, root: Path, observer=NO_OBSERVER) -> S3Target:
-        try:
-            settings = S3Settings.from_environment()
-        except ValueError as exc:
-            raise UsageError(f"ckpt_dir={record['checkpoint_url']}: {exc}") from None
-        settings.export()  # s3torchconnector's DCP writer and reader find the endpoint in the environment
-        return cls(None, root, observer, S3Url.parse(record["checkpoint_url"]), settings)
-
-    def describe(self) -> str:
-        return str(self.url)
-
-    def filesystem_path(self) -> Path:
-        return self.root.parent  # the run directory, which holds the index
-
-    # ---- checkpoint data -----------------------------------------------------------------------------------------
-    @property
-    def client(self):
-        if self._client is None:
-            self._client = self.settings.client()
-        return self._client
-
-    def url_of(self, path) -> S3Url:
+    def _url_of(self, path) -> S3Url:
         return self.url.child(Path(path).relative_to(self.root).as_posix())
-
-    def _streams(self):
-        from s3torchconnector import S3Checkpoint
-
-        return S3Checkpoint(self.settings.region, endpoint=self.settings.endpoint_url,
-                            s3client_config=self.settings.client_config())
 
     @contextlib.contextmanager
     def destination(self, path, mode):
-        streams = self._streams()
-        stream = streams.writer(str(self.url_of(path))) if "w" in mode else streams.reader(str(self.url_of(path)))
+        streams = self.target._streams()
+        url = str(self._url_of(path))
+        stream = streams.writer(url) if "w" in mode else streams.reader(url)
         with TimedStream(stream, self.observer, "write" if "w" in mode else "read") as timed:
             yield timed
 
@@ -242,7 +159,7 @@ class S3Target(Target):
         "rb")."""
         from s3torchconnector import dcp
 
-        storage = getattr(dcp, kind)(self.settings.region, str(self.url_of(path)),
+        storage = getattr(dcp, kind)(self.settings.region, str(self._url_of(path)),
                                      s3client_config=self.settings.client_config())
         opened, observer = storage.fs.create_stream, self.observer
 
@@ -266,12 +183,12 @@ class S3Target(Target):
 
     def _objects(self, path) -> list[tuple[str, int]]:
         """(key, bytes) of the object `path` names or, for a folder-like name (DCP), of every object under it."""
-        url = self.url_of(path)
-        under = listing(url, self.settings, self.client)
+        url, client = self._url_of(path), self.target._client()
+        under = listing(url, self.settings, client)
         if under:
             return under
         try:
-            return [("", self.client.head_object(url.bucket, url.prefix).size)]
+            return [("", client.head_object(url.bucket, url.prefix).size)]
         except client_errors():
             return []
 
@@ -285,33 +202,10 @@ class S3Target(Target):
         from restart_harness.files.atomic import write_text_atomic
 
         url = self.url.child(LATEST)
-        stream = self.client.put_object(url.bucket, url.prefix)
+        stream = self.target._client().put_object(url.bucket, url.prefix)
         stream.write(tag.encode())
         stream.close()
         write_text_atomic(self.root / LATEST, tag)  # the local index names it too
-
-    def latest(self) -> str | None:
-        path = self.root / LATEST
-        return path.read_text().strip() if path.is_file() else None
-
-    def listing(self) -> dict[str, list[tuple[str, int]]]:
-        out: dict[str, list[tuple[str, int]]] = {}
-        for key, nbytes in listing(self.url, self.settings, self.client):
-            tag, _, rel = key.partition("/")
-            if rel:
-                out.setdefault(tag, []).append((rel, nbytes))
-        return out
-
-    def delete(self) -> str:
-        import shutil
-
-        count = delete_all(self.url, self.settings)
-        if self.root.is_dir():
-            shutil.rmtree(self.root)
-        return f"{count} objects under {self.url}"
-
-    def prepare_cache(self, tag_dir: Path, requested: str, per_file: bool = False) -> dict:
-        return pagecache.not_applicable(requested, "object storage: the restart reads over the network")
 
     def explain_save_failure(self, exc: BaseException, tag: str) -> BaseException:
         """The client's error after its retries, said as the storage's fault: what the endpoint did, while saving what."""
@@ -320,7 +214,29 @@ class S3Target(Target):
         return RuntimeError(f"object storage at {self.settings.endpoint_url or 'AWS'} failed while saving {tag} to "
                             f"{self.url}: {_explain(str(exc))}")
 
-    # ---- what the client saw ---------------------------------------------------------------------------------------
+
+class S3Stored(Stored):
+    Store = S3Store
+
+    def listing(self) -> dict[str, list[tuple[str, int]]]:
+        out: dict[str, list[tuple[str, int]]] = {}
+        for key, nbytes in listing(self.target.url, self.target.settings, self.target._client()):
+            tag, _, rel = key.partition("/")
+            if rel:
+                out.setdefault(tag, []).append((rel, nbytes))
+        return out
+
+    def delete(self) -> str:
+        import shutil
+
+        count = delete_all(self.target.url, self.target.settings)
+        if self.root.is_dir():
+            shutil.rmtree(self.root)
+        return f"{count} objects under {self.target.url}"
+
+    def prepare_cache(self, tag_dir: Path, requested: str, per_file: bool = False) -> dict:
+        return pagecache.not_applicable(requested, "object storage: the restart reads over the network")
+
     def launch_environment(self, log_dir: Path) -> dict[str, str]:
         """The client's request log, one folder per rank (every request and its outcome: requests() counts them)."""
         return {"S3_TORCH_CONNECTOR_DEBUG_LOGS": CLIENT_LOG_FILTER, "S3_TORCH_CONNECTOR_LOGS_DIR_PATH": str(log_dir),
@@ -339,18 +255,104 @@ class S3Target(Target):
             import botocore.exceptions
         except ImportError:
             return {"aborted": [], "error": "boto3 is not installed (pip install 'restart-harness[s3]'): not checked"}
-        s = self.settings
+        s, url = self.target.settings, self.target.url
         config = botocore.config.Config(s3={"addressing_style": "path" if s.path_style else "auto"},
                                         retries={"max_attempts": 2}, connect_timeout=3, read_timeout=30)
         aborted: list[str] = []
         try:
             client = boto3.Session(profile_name=s.profile).client("s3", region_name=s.region,
                                                                   endpoint_url=s.endpoint_url, config=config)
-            pages = client.get_paginator("list_multipart_uploads").paginate(Bucket=self.url.bucket,
-                                                                            Prefix=self.url.prefix + "/")
+            pages = client.get_paginator("list_multipart_uploads").paginate(Bucket=url.bucket, Prefix=url.prefix + "/")
             for upload in (u for page in pages for u in page.get("Uploads", [])):
-                client.abort_multipart_upload(Bucket=self.url.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
-                aborted.append(upload["Key"][len(self.url.prefix) + 1:])
+                client.abort_multipart_upload(Bucket=url.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                aborted.append(upload["Key"][len(url.prefix) + 1:])
         except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
             return {"aborted": aborted, "error": f"{type(exc).__name__}: {exc}"}
         return {"aborted": aborted, "error": None}
+
+
+class S3Target(Target):
+    name = "s3"
+    kind = OBJECT
+    no_checksums = ("checkpoint files are read back for their checksums on a file system only (an object store "
+                    "checks each upload's integrity itself)")
+    description = "an S3 bucket (s3://bucket/prefix) through s3torchconnector: objects, uploads, listings"
+    Stored = S3Stored
+
+    def __init__(self, location: str | None, root: Path | None = None, results_dir=None,
+                 url: S3Url | None = None, settings: S3Settings | None = None):
+        super().__init__(location, root)
+        self.url = url if url is not None else S3Url.parse(location)
+        try:
+            self.settings = settings or S3Settings.from_environment()
+        except ValueError as exc:
+            raise UsageError(f"ckpt_dir={location or self.url}: {exc}") from None
+        self._s3_client = None
+
+    @classmethod
+    def claims(cls, location) -> bool:
+        if not is_s3(location):
+            return False
+        try:
+            S3Url.parse(location)
+        except ValueError as exc:
+            raise UsageError(f"ckpt_dir={location}: {exc}") from None
+        return True
+
+    def preflight(self, key: str, need_bytes: int | None, reach: bool = True) -> None:
+        """The client is installed, the endpoint answers, the bucket exists, the credentials list and write there (a
+        probe object, deleted again). A bucket has no free-space figure: need_bytes is not checked."""
+        if not reach:
+            return
+        where = f"{key}={self.location or self.url}"
+        try:
+            import s3torchconnector  # noqa: F401
+        except ImportError:
+            raise UsageError(f"{where}: object storage needs s3torchconnector, which this Python lacks: "
+                             "pip install 'restart-harness[s3]'") from None
+        problem = check_writable(self.url, self.settings)
+        if problem:
+            raise UsageError(f"{where}: {problem}")
+
+    def placed(self, run_dir: Path) -> S3Target:
+        """The run's prefix: its run folder's name and a digest of that folder's host and path, so that two runs
+        (whose folders were claimed exclusively) never share one (a bucket has no mkdir to claim a prefix with)."""
+        owner = hashlib.sha1(f"{socket.gethostname()}:{run_dir.resolve()}".encode()).hexdigest()[:8]
+        return S3Target(self.location, run_dir / "checkpoint", None, self.url.child(f"{run_dir.name}-{owner}"),
+                        self.settings)
+
+    def record(self, run_dir: Path) -> dict:
+        s = self.settings
+        return {"checkpoint_target": self.name, "checkpoint_run": run_dir.name, "checkpoint_root": str(self.root),
+                "checkpoint_root_in_run": self.root.relative_to(run_dir).as_posix(), "checkpoint_data_in_run": False,
+                "checkpoint_url": str(self.url),
+                "checkpoint_object_store": {"region": s.region, "endpoint_url": s.endpoint_url,
+                                            "path_style": s.path_style, "client": "s3torchconnector",
+                                            "max_attempts": s.max_attempts}}
+
+    @classmethod
+    def from_record(cls, record: dict, root: Path) -> S3Target:
+        try:
+            settings = S3Settings.from_environment()
+        except ValueError as exc:
+            raise UsageError(f"ckpt_dir={record['checkpoint_url']}: {exc}") from None
+        settings.export()  # s3torchconnector's DCP writer and reader find the endpoint in the environment
+        return cls(None, root, None, S3Url.parse(record["checkpoint_url"]), settings)
+
+    def describe(self) -> str:
+        return str(self.url)
+
+    def storage_probe(self) -> S3Probe:
+        return S3Probe(self)
+
+    def _client(self):
+        """The S3 client of this place (one, made when first asked)."""
+        if self._s3_client is None:
+            self._s3_client = self.settings.client()
+        return self._s3_client
+
+    def _streams(self):
+        from s3torchconnector import S3Checkpoint
+
+        return S3Checkpoint(self.settings.region, endpoint=self.settings.endpoint_url,
+                            s3client_config=self.settings.client_config())

@@ -6,7 +6,6 @@ model, opens a checkpoint or joins a process group."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import sys
@@ -35,9 +34,7 @@ def main(argv: list[str]) -> int:
 
     job = RankJob.parse(worker_args)
     stack = resolve.read(job.run_dir, job.record).stack
-    stack.imports()
-    for module in stack.later_imports:
-        importlib.import_module(module)
+    stack.imports(later=True)
     sys.stdout.flush()
     sys.stderr.flush()
     children: dict[int, int] = {}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from restart_harness import faults, resolve
+from restart_harness.rank_env import barrier
 from restart_harness.schema import Done, Error, Layout, Process, Step, Verify
 from restart_harness.targets.base import PER_RANK_DIRS
 from restart_harness.worker import anchor
@@ -96,26 +97,26 @@ def end_process(code: int):
 
 def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: MemoryProbe) -> None:
     spec, engine = the_run.spec, the_run.engine
-    stack = the_run.stack(the_run, rank, log)
+    stack = the_run.stack.Rank(the_run, rank, log)
     stack.start()
     log.mark("dist_init_done")
     engine.prepare()
-    stack.build()
+    layout = stack.build()
     anatomy = Anatomy(stack.device.type, enabled=spec.anatomy)
-    target = the_run.target.observed(anatomy)
+    target = the_run.store(anatomy)
     anatomy.add_prefix(target.root)
     stack.hook(anatomy)
     manager = None
     if engine.saves:
         from engines.base import EngineContext
 
-        io = engine.open(EngineContext(spec, target, collective=stack.collective, storage=_storage(the_run),
+        io = engine.open(EngineContext(spec, target, storage=_storage(the_run),
                                        **stack.engine_context()))
         manager = CheckpointManager(stack, engine, io, target, anatomy, log, memory)
-    log.emit(Layout.of({**stack.layout(), "threads": _threads()}))
+    log.emit(Layout.of({**layout, "threads": _threads()}))
 
     first, last = 1, spec.iters
-    fresh = job.train_on and the_run.target.latest() is None  # a campaign's job that failed before its first commit
+    fresh = job.train_on and target.latest() is None  # a campaign's job that failed before its first commit
     if job.phase == "restart" and not fresh:
         tag, client_state = manager.load(job.load_tag)
         log.emit(Verify(stack.verify(tag, job.reference).event()))
@@ -125,7 +126,7 @@ def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: Me
         log.mark("engine_initialized")
 
     saving = manager is not None and (job.phase == "checkpoint" or job.train_on)
-    if stack.trains:
+    if the_run.stack.trains:
         for step in range(first, last + 1):
             faults.hit("step", rank, step, where=str(target.root))
             window = memory.open()
@@ -147,10 +148,10 @@ def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: Me
             manager.save(step)
     if manager:
         manager.finish()
-    stack.finish()
+    barrier()  # the phase is over on this rank (after the last save is committed)
     log.mark("finished")
     if spec.trace:
-        dftracer_compat.finish(stack.barrier)
+        dftracer_compat.finish(barrier)
 
 
 def _storage(the_run: resolve.Run) -> dict | None:

@@ -34,6 +34,7 @@ from pathlib import Path
 from restart_harness import faults
 from restart_harness.files import checksum
 from restart_harness.iocount import delta
+from restart_harness.rank_env import all_true, barrier, max_of, sync
 from restart_harness.schema import LOAD_CATEGORIES, SAVE_CATEGORIES, Digest, LoadAnatomy, Loaded, Save
 
 
@@ -45,6 +46,7 @@ class Recorder:
         self.io, self.target, self.anatomy, self.rank = io, target, anatomy, rank  # io: the engine's CheckpointIO
         self.native = io.native  # DeepSpeed's own checkpoint engine, where the chosen engine is that one
         self.saved: list[tuple[str, float]] = []
+        self.facts: dict = {}  # the fields the stack adds to the save record
         self.loaded: list[tuple[str, float]] = []
         self.step: int | None = None  # training step of the save in progress (for fault injection)
         self.committed = threading.Event()  # DeepSpeed committed a decoupled engine's checkpoint
@@ -80,6 +82,7 @@ class _Pending:
         self.wall_start, self.start = time.time(), time.perf_counter()
         self.blocking = self.untimed = 0.0
         self.saved: list[tuple[str, float]] = []
+        self.facts: dict = {}  # the fields the stack adds to the save record
         self.anatomy: dict | None = None  # the save window (worker/anatomy.py); an async save's blocking part only
         self.flush: dict | None = None  # the background part: seconds, and write/fsync busy seconds in it
         self.engine_statistics: dict | None = None
@@ -102,7 +105,7 @@ class CheckpointManager:
         self.recorder = Recorder(io, target, anatomy, stack.rank)
         self.waits_for_deepspeed = engine.committed_by_deepspeed
         self.engine_fsyncs = engine.durable_on_wait
-        self.checksums = engine.checksums(target)
+        self.checksums = engine.checksums(target.target)
         self.asynchronous = engine.asynchronous() or self.waits_for_deepspeed
         self.memory = memory  # worker/memory.py MemoryProbe; None: no memory figures
         self.pending: _Pending | None = None
@@ -139,10 +142,10 @@ class CheckpointManager:
         p.memory = memory
         # the anatomy window shares the save's clock: it starts at p.start and ends where commit_seconds (a
         # synchronous save) or blocking (an asynchronous one) stops
-        with self.anatomy.measure(SAVE_CATEGORIES, excluded=self.stack.save_untimed,
+        with self.anatomy.measure(SAVE_CATEGORIES, excluded=self.stack.untimed["save"],
                                   start=(p.wall_start, p.start)) as window:
             try:
-                self.stack.save(self.target.root, tag, self.stack.client_state(step), rec, self.untimed)
+                p.facts = self.stack.save(self.target.root, tag, step, rec, self.untimed) or {}
             except Exception as exc:
                 raise self.target.explain_save_failure(exc, tag) from exc
             p.untimed = self._untimed
@@ -199,19 +202,19 @@ class CheckpointManager:
         if p.error is not None:
             raise self.target.explain_save_failure(p.error, p.tag) from p.error
         with self.anatomy.region("wait"):
-            if self.stack.save_untimed:
-                slowest = self.stack.max_of(p.durable_at - p.start - p.untimed)
+            if self.stack.untimed["save"]:
+                slowest = max_of(p.durable_at - p.start - p.untimed, self.stack.device)
                 after = time.perf_counter()
             else:
-                self.stack.barrier()
+                barrier()
         if self.stack.rank == 0:
             with self.anatomy.region("fsync"):  # files the stack writes outside the engine (DeepSpeed's scripts)
-                self.target.make_durable([self.target.path(p.tag)])
+                self.target.make_durable([self.target.root / p.tag])
             self.target.commit_latest(p.tag)
         with self.anatomy.region("wait"):
-            self.stack.barrier()
+            barrier()
         p.committed_at = time.perf_counter()
-        p.commit_seconds = (slowest + p.committed_at - after if self.stack.save_untimed
+        p.commit_seconds = (slowest + p.committed_at - after if self.stack.untimed["save"]
                             else p.committed_at - p.start)
 
     def _close_memory(self, p: _Pending) -> None:
@@ -221,7 +224,7 @@ class CheckpointManager:
             self.memory.close(p.memory)
 
     def _emit(self, p: _Pending) -> None:
-        tag_dir = self.target.path(p.tag)
+        tag_dir = self.target.root / p.tag
         files = [{"path": str(Path(path).relative_to(tag_dir)), "bytes": self.target.size(path), "seconds": seconds}
                  for path, seconds in p.saved]
         checksum_seconds = None
@@ -238,7 +241,7 @@ class CheckpointManager:
             durable_seconds=p.durable_at - p.start - p.untimed, commit_seconds=p.commit_seconds,
             files=files, bytes=sum(f["bytes"] for f in files), asynchronous=self.asynchronous,
             in_flight_steps=p.in_flight_steps, anatomy=p.anatomy, flush=p.flush if self.asynchronous else None,
-            engine_statistics=p.engine_statistics, checksum_seconds=checksum_seconds, extra=self.stack.save_facts(),
+            engine_statistics=p.engine_statistics, checksum_seconds=checksum_seconds, extra=p.facts,
             memory=_memory(p), durability=p.durability))
 
     def overlapped(self, step_start: float) -> bool:
@@ -254,7 +257,7 @@ class CheckpointManager:
         if self.pending is None:
             return
         done = self.pending.durable_at is not None or self.pending.error is not None
-        if self.stack.all_true(done):
+        if all_true(done, self.stack.device):
             self._finish_pending()
 
     def finish(self) -> None:
@@ -280,15 +283,15 @@ class CheckpointManager:
         the whole load into engine_init. Loads `tag`, else the one `latest` names (none is an error,
         never a silent no-op); returns it and the client state saved with it."""
         engine_init = self.log.phase_fields()  # memory and I/O of engine_init, read before the load's barrier
-        self.stack.barrier()  # every rank starts the load clock together: one rank's slower start is not load time
+        barrier()  # every rank starts the load clock together: one rank's slower start is not load time
         load_start = time.time()
         self._untimed = 0.0
-        with self.anatomy.measure(LOAD_CATEGORIES, excluded=self.stack.load_untimed) as window:
+        with self.anatomy.measure(LOAD_CATEGORIES, excluded=self.stack.untimed["load"]) as window:
             tag = tag or self.target.latest()
             if tag is None:
-                raise FileNotFoundError(f"no 'latest' in {self.target.describe()}: nothing committed to restart from")
+                raise FileNotFoundError(f"no 'latest' in {self.target.target.describe()}: nothing committed to restart from")
             client_state = self.stack.load(self.target.root, tag, self.recorder, self.untimed)
-            self.stack.sync()
+            sync(self.stack.device)
             breakdown = window.close()
         load_end = time.time()
         self.log.mark("engine_initialized", t=breakdown["start"] if breakdown else load_start,

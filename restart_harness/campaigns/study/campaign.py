@@ -98,7 +98,8 @@ def check(request: StudyRequest) -> Study:
     if o.fidelity != "predicted":  # the cells run as single runs would: their launcher checked as a run's is
         sample.launcher.offers_dry_run = False  # a study takes no dry_run
         sample.launcher.preflight()
-        sample.launcher.scheduler_preflight()
+        if sample.scheduler:
+            sample.scheduler.preflight()
     return study
 
 

@@ -267,7 +267,10 @@ def render(calibration: dict) -> str:
                 continue
             coef = ", ".join(f"{k} {v:.3g}" for k, v in g["coefficients"].items()) or "none (all zero)"
             ratios = span(f"x{g['ratio_range'][0]:.2f}", f"x{g['ratio_range'][1]:.2f}")
-            lines.append(f"{name:<34}{group:<22}{g['runs']:>5}{g['median_abs_rel_error']:>13.1%}{ratios:>16}  {coef}")
+            load = (g.get("conditions") or {}).get("other_cpu_fraction")
+            under = f"; other work {load[0]:.0%}-{load[1]:.0%} of the CPUs" if load else ""
+            lines.append(f"{name:<34}{group:<22}{g['runs']:>5}{g['median_abs_rel_error']:>13.1%}{ratios:>16}  {coef}"
+                         + under)
     for run, why in calibration["skipped"].items():
         lines.append(f"skipped {run}: {why}")
     return "\n".join(lines)

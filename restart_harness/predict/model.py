@@ -183,6 +183,14 @@ def _fitted_for(phase: Phase, plugins: Plugins, groups: dict) -> tuple[dict | No
     return (groups[other], other, group) if other in groups else (None, None, group)
 
 
+def _union(conditions: list[dict | None]) -> dict | None:
+    """The conditions of a sum of phases: each one's range widened to all of theirs (None where one has none)."""
+    if not conditions or any(not c or not c.get("other_cpu_fraction") for c in conditions):
+        return None
+    return {k: [min(c[k][0] for c in conditions), max(c[k][1] for c in conditions)]
+            for k in ("contention", "other_cpu_fraction")}
+
+
 def predict(plugins: Plugins, features: Features, calibration: dict) -> dict:
     """Every phase of the run (each a value and a range, or None with why), and the restart's total. A phase whose
     group the calibration lacks takes its fallback group's rates and says so in the phase itself (`borrowed`)."""
@@ -209,6 +217,7 @@ def predict(plugins: Plugins, features: Features, calibration: dict) -> dict:
     if restart and all(p.get("seconds") is not None for p, _ in restart):
         phases[TOTAL] = {key: round(sum(p[key] for p, _ in restart), 6) for key in ("seconds", "low", "high")}
         phases[TOTAL]["bound"] = max(restart, key=lambda x: x[0]["seconds"])[1]
+        phases[TOTAL]["calibrated_conditions"] = _union([p.get("calibrated_conditions") for p, _ in restart])
         if borrowed := sorted({p["borrowed"].split("'s rates")[0] for p, _ in restart if p.get("borrowed")}):
             phases[TOTAL]["borrowed"] = f"{', '.join(borrowed)}'s rates in part"
     else:

@@ -3,9 +3,8 @@
 
 Method
 - Every engine that runs on this machine (ENGINES: default, torchsnapshot, dcp, fastpersist, lazy; decoupled needs
-  CUDA) is calibrated from its own runs: `tiny` at dp=1 and dp=2, and, for an engine that can be emulated, `1B`
-  shrink=8 dp=2 emulated (the study's shrunk cells are emulated). Each run `iters=2 save_interval=1 after=1` (two
-  saves, the restart loads the last), launcher=prefork, with its storage baseline (cached, at most 24 h old).
+  CUDA) is calibrated from its own runs: `tiny` at dp=1 and dp=2, each `iters=2 save_interval=1 after=1` (two saves,
+  the restart loads the last), launcher=prefork, with its storage baseline (cached, at most 24 h old).
 - Held out, per engine: `tiny tp=2` (another layout: other files per rank).
 - The calibration is fitted (`./submit-job.sh calibrate`) on the calibration set; each held-out run is predicted as
   it predicts itself before launch (forecast.build: its own spec, CPUs and baseline) and compared with what it
@@ -27,10 +26,8 @@ from pathlib import Path
 from benchmarks.common import REPO, measure_then_evaluate, submitted
 
 ENGINES = ("default", "torchsnapshot", "dcp", "fastpersist", "lazy")
-EMULATED = ("default", "torchsnapshot", "dcp", "lazy")  # fastpersist is built inside deepspeed.initialize
 BASE = ["iters=2", "save_interval=1", "after=1", "launcher=prefork", "env_cache=keep"]
-CALIBRATE = [("tiny dp=1", ["tiny"], ENGINES), ("tiny dp=2", ["tiny", "dp=2"], ENGINES),
-             ("emulated 1B/8 dp=2", ["1B", "shrink=8", "dp=2", "emulate=true", "keep=false"], EMULATED)]
+CALIBRATE = [("tiny dp=1", ["tiny"], ENGINES), ("tiny dp=2", ["tiny", "dp=2"], ENGINES)]
 HELD_OUT = [("tiny tp=2", ["tiny", "tp=2"], ENGINES)]
 SHOWN = ("save_blocking_seconds", "save_durable_seconds", "restart_checkpoint_load_seconds",
          "restart_total_with_launch_seconds")

@@ -86,6 +86,7 @@ def cell_row(cell: dict, run: dict | None) -> dict:
             row[f"check_{name}_measured"] = m.get("measured")
             row[f"check_{name}_predicted"] = m.get("predicted")
             row[f"check_{name}_error"] = m.get("rel_error")
+            row[f"check_{name}_not_comparable"] = m.get("not_comparable")
         row["check_files"] = _files_check(cell, run)
         row["check_machine_busy"] = (run["summary"].get("restart", {}).get("machine_load") or {}).get("busy")
     if ref := cell.get("reference"):
@@ -141,6 +142,7 @@ def _seconds(row: dict, name: str, p: dict, m: dict, mode: str | None) -> None:
         _put(row, name, m["measured"], "measured" if mode == "real" else "emulated", m.get("predicted"))
     elif p.get("seconds") is not None:
         _put(row, name, p["seconds"], "predicted")
+        row[f"{name}_borrowed"] = p.get("borrowed")  # another engine's or launcher's rates, which (None: its own)
     else:
         _put(row, name, None, None)
         row[f"{name}_why"] = "absent" if p.get("absent") else p.get("why")

@@ -24,8 +24,9 @@ def _sec(row: dict, name: str) -> str:
     if v is None:
         return "-"
     text = f"{v:.2f}" if v < 100 else f"{v:,.0f}"
-    error = row.get(f"{name}_error")
-    return f"{text} {_tag(row, name)}" + (f" ({error:+.0%} pred)" if error is not None else "")
+    error, borrowed = row.get(f"{name}_error"), row.get(f"{name}_borrowed")
+    return f"{text} {_tag(row, name)}" + (f" ({error:+.0%} pred)" if error is not None else "") + (
+        f" ({borrowed.split(':')[0]})" if borrowed else "")
 
 
 def _total(n: float | None) -> str:
@@ -69,15 +70,17 @@ def checks_table(table: list[dict]) -> Table | None:
     for r in rs:
         cells = [r["id"], r["how"]]
         for name in CHECKED:
-            m, p, e = (r.get(f"check_{name}_{k}") for k in ("measured", "predicted", "error"))
+            m, p, e, n = (r.get(f"check_{name}_{k}") for k in ("measured", "predicted", "error", "not_comparable"))
             cells.append("-" if m is None else f"{m:.2f} / {'-' if p is None else f'{p:.2f}'}"
-                         + ("" if e is None else f" ({e:+.0%})"))
+                         + ("" if e is None else f" ({e:+.0%})") + (f" (not compared: {n})" if n else ""))
         cells += [r["check_files"], "yes" if r.get("check_machine_busy") else "no"]
         out.append(cells)
     return Table("Runs: measured against the prediction made before each started (at the run's own size)",
                  ["cell", "how", "save durable s meas / pred", "checkpoint load s meas / pred",
                   "restart s (with launch) meas / pred", "files against the plan", "machine busy"], out,
-                 note="A shrunk run's seconds are not the real size's: they check the predictor where it was run.")
+                 note="A shrunk run's seconds are not the real size's: they check the predictor where it was run. "
+                      "Not compared: measured under other conditions (machine load, ranks per core) than the "
+                      "calibration's runs.")
 
 
 def reference_table(table: list[dict]) -> Table | None:

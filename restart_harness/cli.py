@@ -220,13 +220,16 @@ def _check_calibrate(tokens: list[str]):
         if why := why_unresolvable(folder):
             raise refused("runs", options.runs, f"{folder}: {why}", "finished run directories, or folders of them")
     preflight.output_file("out", options.out)
-    return options
-
-
-def _calibrate(options) -> int:
     from restart_harness.predict import fit
 
-    calibration = fit.calibrate([Path(p) for p in options.runs.split(",") if p])
+    base = fit.load(options.base, "base") if options.base else None
+    return options, fit.calibrate([Path(p) for p in options.runs.split(",") if p], options.device, base)
+
+
+def _calibrate(checked) -> int:
+    from restart_harness.predict import fit
+
+    options, calibration = checked
     print(fit.render(calibration))
     try:
         print(fit.write(calibration, Path(options.out)))

@@ -58,6 +58,36 @@ def load_now() -> dict:
             "window_seconds": LOAD_WINDOW_SECONDS, "busy": share is not None and share > BUSY_FRACTION}
 
 
+def load_mark() -> dict | None:
+    """The start of a span of this process's work (a launch), for load_since(): the CPUs' ticks so far and the CPU
+    seconds this process and its reaped children used so far."""
+    ticks = _cpu_ticks()
+    return None if ticks is None else {"ticks": ticks, "own_seconds": _own_cpu_seconds(), "time": time.time()}
+
+
+def load_since(mark: dict | None) -> dict | None:
+    """The machine's load over the span since `mark` (a launch, its ranks reaped): the share of all CPUs other work
+    used (every CPU's busy ticks less this process's and its children's CPU time), the share the span's own
+    processes used, ranks per core follow from the spec; the 1-minute load average at its end, for context."""
+    ticks = _cpu_ticks()
+    if mark is None or ticks is None or ticks[1] <= mark["ticks"][1]:
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    total = ticks[1] - mark["ticks"][1]
+    own = (_own_cpu_seconds() - mark["own_seconds"]) * hz
+    other = max(0.0, (ticks[0] - mark["ticks"][0] - own) / total)
+    return {"other_cpu_fraction": round(other, 3), "own_cpu_fraction": round(min(1.0, own / total), 3),
+            "seconds": round(time.time() - mark["time"], 3), "loadavg_1min_end": round(os.getloadavg()[0], 2),
+            "busy": other > BUSY_FRACTION}
+
+
+def _own_cpu_seconds() -> float:
+    import resource
+
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def available_memory_bytes() -> int | None:
     """MemAvailable, or less where this process's memory cgroup leaves less below its limit."""
     return kernel_memory.available_bytes()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 from pathlib import Path
@@ -107,6 +108,9 @@ def test_calibrate_fits_finished_runs_and_predict_uses_the_file(tmp_path):
     (["calibrate", "out=x.json"], "runs="),
     (["calibrate", "runs=/nonexistent", "out=x.json"], "runs=/nonexistent"),
     (["calibrate", "runs=.", "out=x.json", "tp=2"], "tp=2"),
+    # a calibration folder that holds no runs of the named device (these are CPU runs)
+    (["calibrate", f"runs={DATA}", "device=cuda", "out=x.json"], "none of its 3 runs computed on device=cuda"),
+    (["calibrate", f"runs={DATA}", "base=nosuch", "out=x.json"], "base=nosuch"),
 ])
 def test_calibrate_refuses_bad_input_in_one_line(args, named, tmp_path):
     proc = cli(args, tmp_path)
@@ -129,7 +133,7 @@ def test_every_run_carries_its_prediction_beside_what_it_measured(tiny_dp2):
     assert phases["save_durable_seconds"]["measured"] == pytest.approx(statistics.median(durable), abs=1e-6)
     for name, row in phases.items():
         assert row["predicted"] == made["phases"][name]["seconds"], name
-        if row["predicted"] is not None and row["measured"]:
+        if row["predicted"] is not None and row["measured"] and not row.get("not_comparable"):
             assert row["rel_error"] == pytest.approx((row["predicted"] - row["measured"]) / row["measured"],
                                                      abs=1e-3)
             assert row["within_range"] == (row["low"] <= row["measured"] <= row["high"])
@@ -190,3 +194,70 @@ def test_a_prediction_for_another_device_says_so_beside_every_figure(tmp_path):
     assert made["note"][0].startswith("calibrated on another device (cpu: ")
     cpu = json.loads(cli(["predict", "small", "write_gbps=1", "read_gbps=1", "predict=json"], tmp_path).stdout)
     assert cpu["other_device"] is False and cpu["device"]["kind"] == "cpu"
+
+
+def _gpu_cluster_runs(dest: Path) -> Path:
+    """The fixture runs as a GPU cluster's run folders brought here: their spec.json says cuda and the GPUs."""
+    for run_dir in fit.run_dirs([DATA]):
+        copy = dest / run_dir.name
+        shutil.copytree(run_dir, copy)
+        spec = json.loads((copy / "spec.json").read_text())
+        spec["device"] = "cuda"
+        spec["host"].update(gpu_model="NVIDIA H100 80GB HBM3", gpus=8)
+        (copy / "spec.json").write_text(json.dumps(spec))
+    return dest
+
+
+def test_start_up_on_a_device_the_calibration_lacks_is_not_predicted_until_its_runs_are_brought_in(tmp_path):
+    """A CPU calibration predicts no GPU start-up (never this machine's ranks relabelled as GPUs); a GPU cluster's
+    run folders, calibrated with device=cuda (onto the default's groups with base=), then predict it."""
+    startup = [n for n in prediction.RESTART_PHASES if n != "restart_checkpoint_load_seconds"]
+    args = ["predict", "small", "dp=8", "device=cuda", "write_gbps=1", "read_gbps=1", "predict=json"]
+    cpu_only = json.loads(cli(args, tmp_path).stdout)
+    for name in [*startup, prediction.TOTAL]:
+        assert cpu_only["phases"][name]["seconds"] is None and "no run on cuda" in cpu_only["phases"][name]["why"]
+    assert cpu_only["phases"]["save_durable_seconds"]["seconds"] is not None  # the storage's part, other device
+    out = tmp_path / "cluster.json"
+    proc = cli(["calibrate", f"runs={_gpu_cluster_runs(tmp_path / 'from-cluster')}", "device=cuda", "base=default",
+                f"out={out}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    cal = json.loads(out.read_text())
+    assert {d["kind"] for d in cal["devices"]} == {"cpu", "cuda"}
+    engine_init = cal["phases"]["restart_engine_init_seconds"]
+    assert engine_init["deepspeed/cpu"] == fit.load("default")["phases"]["restart_engine_init_seconds"]["deepspeed/cpu"]
+    assert engine_init["deepspeed/cuda"]["runs"] == 3
+    gpu = json.loads(cli([*args, f"calibration={out}"], tmp_path).stdout)
+    for name in [*startup, prediction.TOTAL]:
+        assert gpu["phases"][name]["seconds"] is not None, (name, gpu["phases"][name])
+
+
+def test_an_engine_without_its_own_calibration_says_whose_rates_in_each_figure(tmp_path):
+    out = tmp_path / "default-only.json"
+    assert cli(["calibrate", f"runs={DATA}", f"out={out}"], tmp_path).returncode == 0
+    base = ["predict", "tiny", "engine=lazy", f"calibration={out}", "write_gbps=1", "read_gbps=1"]
+    made = json.loads(cli([*base, "predict=json"], tmp_path).stdout)
+    for name in ("save_durable_seconds", "restart_checkpoint_load_seconds"):
+        assert made["phases"][name]["borrowed"] == ("deepspeed/default's rates: deepspeed/lazy has no run in the "
+                                                   "calibration"), made["phases"][name]
+    assert "deepspeed/default" in made["phases"][prediction.TOTAL]["borrowed"]
+    assert "borrowed" not in made["phases"]["restart_imports_seconds"]  # per stack: lazy's own runs' stack
+    text = cli(base, tmp_path).stdout
+    durable = next(line for line in text.splitlines() if line.startswith("save_durable_seconds"))
+    assert "[BORROWED: deepspeed/default's rates" in durable
+
+
+@pytest.mark.slow
+def test_a_check_is_compared_only_under_its_calibrations_conditions(tiny_dp2):
+    """Every launch records other work's share of the CPUs while it ran; a phase measured under a load its
+    calibration's runs did not have is not compared, and says why."""
+    summary = load_summary(tiny_dp2)
+    during = summary["checkpoint"]["machine_load"]["during"]
+    assert 0.0 <= during["other_cpu_fraction"] <= 1.0 and during["seconds"] > 0
+    made = json.loads((tiny_dp2 / prediction.FILE).read_text())
+    load = prediction.other_work(summary["checkpoint"])
+    for span, compared in (([load, load], True), ([load + 0.5, load + 0.6], False)):
+        made["phases"]["save_durable_seconds"]["calibrated_conditions"] = {"contention": [1, 1],
+                                                                           "other_cpu_fraction": span}
+        row = prediction.compare(made, summary)["phases"]["save_durable_seconds"]
+        assert (row["rel_error"] is not None) is compared, row
+        assert compared or row["not_comparable"].startswith(f"other work used {load:.0%} of the CPUs"), row

@@ -158,9 +158,9 @@ def test_a_file_that_appeared_meanwhile_is_kept(tmp_path, monkeypatch, capsys):
     out = tmp_path / "calibration.json"
     fitted = fit.calibrate
 
-    def another_writes_meanwhile(runs):
+    def another_writes_meanwhile(runs, *args):
         out.write_text("another's")
-        return fitted(runs)
+        return fitted(runs, *args)
     monkeypatch.setattr(fit, "calibrate", another_writes_meanwhile)
     shutil.copytree(REPO / "tests" / "data" / "results" / "one", tmp_path / "runs")
     assert cli.main(["calibrate", f"runs={tmp_path / 'runs'}", f"out={out}"]) == 1

@@ -98,6 +98,11 @@ def test_a_planned_only_study_writes_the_table(tmp_path):
     assert all("DataStates-LLM needs a CUDA GPU" in r["how"] for r in rows if r["engine"] == "datastates")
     _figures_marked(rows)
     assert all(r["files_source"] == "planned" for r in rows)
+    # predicted for the study's GPUs (target_device=cuda): no start-up from this machine's CPU ranks relabelled
+    assert all("the calibration has no run on cuda" in r["restart_total_with_launch_seconds_why"] for r in rows)
+    assert all(r["save_durable_seconds_borrowed"].startswith("deepspeed/default's rates") for r in rows
+               if r["engine"] == "datastates")
+    assert "[study] predicted for: cuda, 8 GPUs (ranks) per node" in proc.stderr
     for name in ("study.md", "study.html", "study-files.csv", "study_files.png", "study_file_sizes_bytes.png"):
         assert (folder / name).is_file(), name
     assert not [p for p in folder.iterdir() if p.is_dir()]  # no run folder

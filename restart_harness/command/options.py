@@ -60,6 +60,10 @@ class CalibrateOptions:
                     group="calibrate")
     out: Path = key(MISSING, "the calibration file to write, e.g. out=configs/calibration/mycluster.json (then "
                              "calibration=mycluster)", group="calibrate")
+    device: str = key("all", "the runs to fit: those that computed on this device (cpu, cuda; a GPU cluster's run "
+                             "folders brought here), or all", group="calibrate", choices=("all", "cpu", "cuda"))
+    base: str | None = key(None, "a calibration (name or path) whose groups are kept: the runs' fits add the groups "
+                                 "it lacks (another engine, launcher or device)", group="calibrate")
 
 
 @dataclass
@@ -136,6 +140,10 @@ class StudyOptions:
                     group="study")
     gpus_per_node: int = key(8, "GPUs (ranks) per node: tensor parallel stays within a node; the files per node",
                              group="study", minimum=1, maximum=1024)
+    target_device: str = key("cuda", "the device the cells' real-size predictions are for: cuda (the study's GPUs) "
+                                     "or cpu; start-up is predicted only by a calibration with runs on it "
+                                     "(calibration=; calibrate device=cuda brings a GPU cluster's in)", group="study",
+                              choices=("cpu", "cuda"))
     strategies: str = key("auto", "auto = pure data, tensor and pipeline parallel and their mixes the model's shape "
                                   "and the GPUs' memory allow (docs/study.md); or a comma list of tpT, ppP, dp and "
                                   "their mixes (tp4-pp2; dp fills the GPU count, or tp4-pp2-dp2 names it)",

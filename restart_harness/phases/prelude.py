@@ -40,7 +40,9 @@ def record_prediction(run: resolve.Run, probe: dict | None) -> str | None:
         return f"no prediction: {made['error']}"
     p = made["phases"]
     shown = (("durable save", "save_durable_seconds"), ("restart with launcher", pr.TOTAL))
-    parts = [f"{label} {p[name]['seconds']:.2f} s" for label, name in shown if p[name].get("seconds") is not None]
+    parts = [f"{label} {p[name]['seconds']:.2f} s" + (f" ({p[name]['borrowed'].split(':')[0]})"
+                                                      if p[name].get("borrowed") else "")
+             for label, name in shown if p[name].get("seconds") is not None]
     whole = forecast.run_wall_seconds(run, made)
     if whole is not None:
         parts.append(f"the whole run about {estimate.duration(whole)}")

@@ -49,7 +49,7 @@ def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None 
     if load["busy"]:
         say(f"  [{record}] machine busy before the launch: {load['cpu_busy_fraction']:.0%} of its {load['cpus']} "
             "CPUs in use by other work; timings and the prediction are suspect")
-    start = time.time()
+    start, mark = time.time(), machine.load_mark()
     oom = OomWatch()  # a rank the kernel kills for memory is named as the cause of a failure (phases/diagnose.py)
     with open(log_path, "wb") as log:
         traced = strace.wrapper(run_dir, record, environment.read().RH_STRACE)
@@ -75,7 +75,7 @@ def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None 
     return {"record": record, "start": start, "wall_seconds": round(time.time() - start, 3),
             "exit_code": sampler.exit_code(proc.returncode) if sampler else proc.returncode, "timed_out": timed_out,
             "log": str(log_path.relative_to(run_dir)),
-            "machine_load": load} | ({"oom": killed} if killed else {})
+            "machine_load": {**load, "during": machine.load_since(mark)}} | ({"oom": killed} if killed else {})
 
 
 def end(proc: subprocess.Popen) -> None:

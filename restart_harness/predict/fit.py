@@ -22,7 +22,7 @@ from restart_harness.errors import UsageError, refused
 from restart_harness.files.exclusive import create_json
 from restart_harness.predict import features as feats
 from restart_harness.predict.model import PHASES, Phase
-from restart_harness.results.prediction import measured
+from restart_harness.results.prediction import SAVE_PHASES, first_restart, measured, other_work
 from restart_harness.rundir.status import find_run_dirs
 from restart_harness.schema import MIB, span
 
@@ -36,16 +36,16 @@ def path_of(name: str) -> Path:
     return Path(name) if name.endswith(".json") or "/" in name else CALIBRATIONS / f"{name}.json"
 
 
-def load(name: str) -> dict:
+def load(name: str, key: str = "calibration") -> dict:
     path = path_of(name)
     try:
         data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         known = ", ".join(sorted(p.stem for p in CALIBRATIONS.glob("*.json")))
-        raise UsageError(f"calibration={name}: not a readable calibration file ({type(exc).__name__}); accepted: "
+        raise UsageError(f"{key}={name}: not a readable calibration file ({type(exc).__name__}); accepted: "
                          f"{known}, or a path to a file ./submit-job.sh calibrate wrote") from None
     if not isinstance(data, dict) or data.get("schema_version") != SCHEMA_VERSION or "phases" not in data:
-        raise UsageError(f"calibration={name}: {path} is not a calibration (schema_version {SCHEMA_VERSION})")
+        raise UsageError(f"{key}={name}: {path} is not a calibration (schema_version {SCHEMA_VERSION})")
     return data
 
 
@@ -114,9 +114,17 @@ def observation(run_dir: Path) -> dict | None:
     read = b.get("read_mib_s") and b["read_mib_s"] * MIB
     cpus = (run.facts.get("host") or {}).get("cpus") or 1
     saves = (summary.get("checkpoint") or {}).get("saves") or []
-    return {"run": str(run_dir), "plugins": run, "features": feats.of(run, cpus, write or None, read or None),
-            "measured": measured(summary), "asynchronous": any(s.get("async") for s in saves),
+    f = feats.of(run, cpus, write or None, read or None)
+    return {"run": str(run_dir), "plugins": run, "features": f, "measured": measured(summary),
+            "asynchronous": any(s.get("async") for s in saves), "conditions": conditions(summary, f.contention),
             "device": recorded_device(run.spec.device, run.facts.get("host") or {})}
+
+
+def conditions(summary: dict, contention: float) -> dict:
+    """What a run's phases were measured under: ranks per core (the model's contention) and the share of the CPUs
+    other work used during its checkpoint launch (the saves) and its restart's (the restart phases)."""
+    return {"contention": contention, "save_other_cpu_fraction": other_work(summary.get("checkpoint")),
+            "restart_other_cpu_fraction": other_work(first_restart(summary))}
 
 
 def recorded_device(device: str, host: dict) -> dict:
@@ -151,7 +159,8 @@ def _fit_phase(phase: Phase, observations: list[dict]) -> dict:
         x = [t.value(o["features"]) for t in phase.terms]
         if any(v is None for v in x):
             continue
-        groups.setdefault(group, []).append((x, y, o["run"], o["asynchronous"]))
+        load = o["conditions"]["save_other_cpu_fraction" if phase.name in SAVE_PHASES else "restart_other_cpu_fraction"]
+        groups.setdefault(group, []).append((x, y, o["run"], o["asynchronous"], (o["features"].contention, load)))
     fitted = {}
     for group, n in sorted(seen.items()):
         if group not in groups and not any(o["measured"].get(phase.name) for o in observations
@@ -179,34 +188,65 @@ def _fit_phase(phase: Phase, observations: list[dict]) -> dict:
             "runs": len(rows),
             "given": [t for t in given_names if t in {term.name for term in phase.terms}],
             "median_abs_rel_error": round(statistics.median(errors), 4),
+            "conditions": _span_of([r[4] for r in rows]),
         }
     return fitted
 
 
-def calibrate(paths: list[Path]) -> dict:
-    """Fit every phase from the finished runs under `paths`; the calibration as plain data."""
+def _span_of(conds: list[tuple[float, float | None]]) -> dict:
+    """The conditions a group's runs were measured under: ranks per core and other work's share of the CPUs, each
+    [least, most] (None where no run recorded it)."""
+    loads = [c[1] for c in conds if c[1] is not None]
+    return {"contention": [min(c[0] for c in conds), max(c[0] for c in conds)],
+            "other_cpu_fraction": [min(loads), max(loads)] if loads else None}
+
+
+def calibrate(paths: list[Path], device: str = "all", base: dict | None = None) -> dict:
+    """Fit every phase from the finished runs under `paths` (with device=cpu|cuda: its runs only, a calibration
+    made on a GPU cluster brought in from its runs' folders); the calibration as plain data. With `base`, a
+    calibration whose groups are kept: these runs' fits add the groups it lacks."""
     dirs = run_dirs(paths)
     if not dirs:
         raise UsageError(f"runs={','.join(map(str, paths))}: no finished run directory (summary.json) there")
     seen = [observation(d) for d in dirs]
     used = [o for o in seen if "skipped" not in o]
+    if device != "all":
+        kinds = sorted({o["device"]["kind"] for o in used})
+        used = [o for o in used if o["device"]["kind"] == device]
+        if not used:
+            raise refused("runs", ",".join(map(str, paths)), f"none of its {len(dirs)} runs computed on device="
+                          f"{device} (they computed on {', '.join(kinds) or 'nothing usable'})",
+                          f"folders of runs made on {device} (their spec.json's device), or device=all")
     if not used:
         raise refused("runs", ",".join(map(str, paths)), f"none of the {len(dirs)} runs can be used "
                       f"({seen[0]['skipped']}, ...)")
     hosts = {(o["features"].cpus_per_node) for o in used}
     devices = {json.dumps(o["device"], sort_keys=True): o["device"] for o in used}
-    return {
+    made = {
         "schema_version": SCHEMA_VERSION,
         "fitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus_per_node": sorted(hosts)},
         # the devices its runs computed on: a prediction for another says so beside every figure (forecast.py)
         "devices": [devices[k] for k in sorted(devices)],
         "definition": "phase_seconds = sum of coefficient x term; ratio_range: the 10th and 90th percentiles of "
-                      "measured / fitted over these runs (min and max under 5 runs); docs/prediction.md",
+                      "measured / fitted over these runs (min and max under 5 runs); conditions: the ranks per core "
+                      "and the share of the CPUs other work used while its runs ran; docs/prediction.md",
         "runs": [o["run"] for o in used],
         "skipped": {o["run"]: o["skipped"] for o in seen if "skipped" in o},
         "phases": {name: _fit_phase(phase, used) for name, phase in PHASES.items()},
     }
+    return made if base is None else _onto(base, made)
+
+
+def _onto(base: dict, made: dict) -> dict:
+    """`made`'s groups added to `base` where it lacks them (base's groups kept as they were fitted)."""
+    out = {**made, "based_on": base.get("fitted_at"), "runs": [*base.get("runs", []), *made["runs"]],
+           "machine": {"cpus_per_node": sorted({*base.get("machine", {}).get("cpus_per_node", []),
+                                                *made["machine"]["cpus_per_node"]})},
+           "devices": base.get("devices") or [{"kind": "cpu", "model": None}]}
+    out["devices"] += [d for d in made["devices"] if d not in out["devices"]]
+    out["phases"] = {name: {**groups, **base["phases"].get(name, {})} for name, groups in made["phases"].items()}
+    return out
 
 
 def write(calibration: dict, out: Path) -> Path:
@@ -227,7 +267,10 @@ def render(calibration: dict) -> str:
                 continue
             coef = ", ".join(f"{k} {v:.3g}" for k, v in g["coefficients"].items()) or "none (all zero)"
             ratios = span(f"x{g['ratio_range'][0]:.2f}", f"x{g['ratio_range'][1]:.2f}")
-            lines.append(f"{name:<34}{group:<22}{g['runs']:>5}{g['median_abs_rel_error']:>13.1%}{ratios:>16}  {coef}")
+            load = (g.get("conditions") or {}).get("other_cpu_fraction")
+            under = f"; other work {load[0]:.0%}-{load[1]:.0%} of the CPUs" if load else ""
+            lines.append(f"{name:<34}{group:<22}{g['runs']:>5}{g['median_abs_rel_error']:>13.1%}{ratios:>16}  {coef}"
+                         + under)
     for run, why in calibration["skipped"].items():
         lines.append(f"skipped {run}: {why}")
     return "\n".join(lines)

@@ -162,7 +162,8 @@ def render(p: dict) -> str:
             continue
         between = span(_seconds(row['low']), _seconds(row['high']))
         mark = (" (extrapolated)" if row.get("extrapolated") else "") + (
-            " [ANOTHER DEVICE's rates]" if row.get("other_device") else "")
+            " [ANOTHER DEVICE's rates]" if row.get("other_device") else "") + (
+            f" [BORROWED: {row['borrowed']}]" if row.get("borrowed") else "")
         lines.append(f"{name:<34}{_seconds(row['seconds']):>10}{between:>22}  {row['bound']}{mark}")
     if c := p.get("crossover"):
         lines += ["", f"{'crossover':<12}{crossover.headline(c)}"]

@@ -157,33 +157,70 @@ def predict_phase(phase: Phase, features: Features, fitted: dict) -> dict:
     resource = phase.fixed if bound == FIXED.name else next((t.resource for t in phase.terms if t.name == bound), None)
     return {"seconds": round(seconds, 6), "low": round(seconds * lo, 6), "high": round(seconds * hi, 6),
             "bound": resource, "terms_seconds": {k: round(v, 6) for k, v in parts.items()},
-            "extrapolated": beyond}
+            "extrapolated": beyond, "calibrated_conditions": fitted.get("conditions")}
+
+
+STARTUP = tuple(p for p in RESTART_PHASES if p != "restart_checkpoint_load_seconds")
+
+
+def device_gap(plugins: Plugins, calibration: dict) -> str | None:
+    """Why the run's start-up is not predicted: the calibration has no run on its kind of device (a CPU calibration's
+    ranks sharing a node's cores say nothing of a GPU node's start-up); None where it has."""
+    kind = "cuda" if plugins.spec.device == "cuda" else "cpu"
+    kinds = sorted({d["kind"] for d in calibration.get("devices") or [{"kind": "cpu"}]})
+    if kind in kinds:
+        return None
+    return (f"the calibration has no run on {kind} (its runs computed on {', '.join(kinds)}): start-up there is not "
+            f"this machine's ranks relabelled; bring one in: ./submit-job.sh calibrate runs=DIR device={kind} out=FILE")
+
+
+def _fitted_for(phase: Phase, plugins: Plugins, groups: dict) -> tuple[dict | None, str | None, str]:
+    """(the group's fit, or another group's where the engine or launcher is not calibrated, which; the group)."""
+    group = phase.group(plugins)
+    if group in groups:
+        return groups[group], None, group
+    other = fallback_group(phase, plugins)
+    return (groups[other], other, group) if other in groups else (None, None, group)
+
+
+def _union(conditions: list[dict | None]) -> dict | None:
+    """The conditions of a sum of phases: each one's range widened to all of theirs (None where one has none)."""
+    if not conditions or any(not c or not c.get("other_cpu_fraction") for c in conditions):
+        return None
+    return {k: [min(c[k][0] for c in conditions), max(c[k][1] for c in conditions)]
+            for k in ("contention", "other_cpu_fraction")}
 
 
 def predict(plugins: Plugins, features: Features, calibration: dict) -> dict:
-    """Every phase of the run (each a value and a range, or None with why), and the restart's total."""
+    """Every phase of the run (each a value and a range, or None with why), and the restart's total. A phase whose
+    group the calibration lacks takes its fallback group's rates and says so in the phase itself (`borrowed`)."""
     phases, notes = {}, []
+    gap = device_gap(plugins, calibration)
     for phase in PHASES.values():
-        groups = calibration["phases"].get(phase.name, {})
-        group = phase.group(plugins)
-        fitted = groups.get(group)
-        if fitted is None and (other := fallback_group(phase, plugins)) in groups:
-            fitted = groups[other]
-            notes.append(f"{phase.name}: {group} is not in the calibration; {other}'s rates")
-        if fitted is None:
+        fitted, other, group = _fitted_for(phase, plugins, calibration["phases"].get(phase.name, {}))
+        if gap and phase.name in STARTUP:
+            phases[phase.name] = {"seconds": None, "why": gap}
+        elif fitted is None:
+            calibrated = ", ".join(sorted(calibration["phases"].get(phase.name, {}))) or "none"
             phases[phase.name] = {"seconds": None, "why": f"{group} is not in the calibration (calibrated: "
-                                                          f"{', '.join(sorted(groups)) or 'none'})"}
-            continue
-        if fitted.get("absent"):
+                                                          f"{calibrated})"}
+        elif fitted.get("absent"):
             phases[phase.name] = {"seconds": None, "absent": True,
                                   "why": f"not a phase of {group}'s runs (none of the calibration's had it)"}
-            continue
-        phases[phase.name] = predict_phase(phase, features, fitted)
-        notes += [f"{phase.name}: extrapolated: {e}" for e in phases[phase.name].get("extrapolated", [])]
+        else:
+            phases[phase.name] = row = predict_phase(phase, features, fitted)
+            if other:
+                row["borrowed"] = f"{other}'s rates: {group} has no run in the calibration"
+                notes.append(f"{phase.name}: {row['borrowed']}")
+            notes += [f"{phase.name}: extrapolated: {e}" for e in row.get("extrapolated", [])]
     restart = [(phases[p], p) for p in RESTART_PHASES if not phases[p].get("absent")]
     if restart and all(p.get("seconds") is not None for p, _ in restart):
         phases[TOTAL] = {key: round(sum(p[key] for p, _ in restart), 6) for key in ("seconds", "low", "high")}
         phases[TOTAL]["bound"] = max(restart, key=lambda x: x[0]["seconds"])[1]
+        phases[TOTAL]["calibrated_conditions"] = _union([p.get("calibrated_conditions") for p, _ in restart])
+        if borrowed := sorted({p["borrowed"].split("'s rates")[0] for p, _ in restart if p.get("borrowed")}):
+            phases[TOTAL]["borrowed"] = f"{', '.join(borrowed)}'s rates in part"
     else:
-        phases[TOTAL] = {"seconds": None, "why": "a restart phase is not predicted"}
+        why = next((p["why"] for p, _ in restart if p.get("seconds") is None), "no restart phase")
+        phases[TOTAL] = {"seconds": None, "why": f"a restart phase is not predicted: {why}"}
     return {"phases": phases, "notes": sorted(set(notes))}

@@ -8,7 +8,9 @@ A phase is a span in seconds:
         the first restart at the run's own layout (restart-01; launch: restart.launch_seconds)
     restart_total_with_launch_seconds
         launch_seconds + total_seconds (the sum of the six phases) of that restart
-rel_error = (predicted - measured) / measured; within_range: low <= measured <= high.
+rel_error = (predicted - measured) / measured; within_range: low <= measured <= high. A phase measured under other
+conditions than its calibration's runs (another machine load, more ranks per core) has no rel_error but
+`not_comparable`, saying why.
 
 The crossover (predict/crossover.py) is carried as predicted, with the run's own side beside it: which restart phase
 was measured the largest (launch included) at the run's checkpoint size, and whether the load being the largest or
@@ -21,6 +23,7 @@ import json
 import statistics
 from pathlib import Path
 
+from restart_harness.machine import BUSY_FRACTION
 from restart_harness.schema import (
     CROSSOVER_LOAD,
     PHASE_NAMES,
@@ -30,6 +33,7 @@ from restart_harness.schema import (
     PREDICTED_TOTAL,
 )
 
+LOAD_TOLERANCE = 0.15  # other work's share of the CPUs a check may differ by from its calibration's runs
 FILE = "prediction.json"  # in the run directory: written before the checkpoint phase launches
 
 SAVE_PHASES, RESTART_PHASES, TOTAL, PHASES = PREDICTED_SAVE, PREDICTED_RESTART, PREDICTED_TOTAL, PREDICTED_PHASES
@@ -66,6 +70,33 @@ def measured(summary: dict) -> dict[str, float | None]:
     return out
 
 
+def other_work(launch: dict | None) -> float | None:
+    """The share of the machine's CPUs other work used during a launch (machine.load_since; runs before 2026-11-28
+    recorded only the 0.2 s before it: that share)."""
+    load = (launch or {}).get("machine_load") or {}
+    during = (load.get("during") or {}).get("other_cpu_fraction")
+    return during if during is not None else load.get("cpu_busy_fraction")
+
+
+def not_comparable(name: str, p: dict, contention: float | None, summary: dict) -> str | None:
+    """Why a measured phase is no check of its prediction: measured under other conditions than the calibration's
+    runs of its group (other work's share of the CPUs beyond theirs by more than LOAD_TOLERANCE; more ranks per core
+    than twice theirs); None where it is a check."""
+    cond = p.get("calibrated_conditions") or {}
+    other = other_work(summary.get("checkpoint") if name in SAVE_PHASES else first_restart(summary))
+    lo, hi = cond.get("other_cpu_fraction") or (0.0, BUSY_FRACTION)
+    taken = "" if cond.get("other_cpu_fraction") else " (its runs recorded no load: taken as a quiet machine's)"
+    if other is None:
+        return "the run recorded no machine load, so its conditions are unknown"
+    if not lo - LOAD_TOLERANCE <= other <= hi + LOAD_TOLERANCE:
+        return (f"other work used {other:.0%} of the CPUs during this launch; the calibration's runs {lo:.0%}-{hi:.0%}"
+                f"{taken}")
+    most = (cond.get("contention") or [None, None])[1]
+    if most and contention and contention > 2 * most:
+        return f"{contention:g} ranks per core, more than twice the calibration's most ({most:g})"
+    return None
+
+
 def read(run_dir: Path) -> dict | None:
     try:
         return json.loads((Path(run_dir) / FILE).read_text())
@@ -80,13 +111,17 @@ def compare(prediction: dict | None, summary: dict) -> dict | None:
     if prediction.get("error"):
         return {"error": prediction["error"], "phases": {}}
     seen = measured(summary)
+    contention = (prediction.get("features") or {}).get("contention")
     phases = {}
     for name, p in (prediction.get("phases") or {}).items():
         m = seen.get(name)
         value = p.get("seconds")
         row = {"predicted": value, "low": p.get("low"), "high": p.get("high"), "bound": p.get("bound"),
                "measured": None if m is None else round(m, 6), "rel_error": None, "within_range": None}
-        if value is not None and m:
+        why = not_comparable(name, p, contention, summary) if value is not None and m else None
+        if why:
+            row["not_comparable"] = why
+        elif value is not None and m:
             row["rel_error"] = round((value - m) / m, 4)
             if p.get("low") is not None and p.get("high") is not None:
                 row["within_range"] = p["low"] <= m <= p["high"]

@@ -335,7 +335,9 @@ def _prediction_rows(checked: PredictionView | None) -> list[tuple[str, str]]:
     for label, name in (("durable save", "save_durable_seconds"), ("restart-01 with launcher", PREDICTED_TOTAL)):
         p = phases.get(name) or {}
         if p.get("predicted") is not None and p.get("measured") is not None:
-            parts.append(f"{label} {p['predicted']:.3f} s, measured {p['measured']:.3f} s ({p['rel_error']:+.0%})")
+            error = f"{p['rel_error']:+.0%}" if p.get("rel_error") is not None else \
+                f"not compared: {p.get('not_comparable')}"
+            parts.append(f"{label} {p['predicted']:.3f} s, measured {p['measured']:.3f} s ({error})")
     if not parts:
         return []
     busy = ("; MEASURED ON A BUSY MACHINE (other work before a launch: machine_load in summary.json), so the errors "

@@ -38,6 +38,7 @@ class Study:
     started: float  # time.time() when the command started
     planning_seconds: float
     load: dict  # machine.load_now() when the study was sized
+    target: dict  # what the cells' real-size predictions are for (target_of)
     folder: Path | None = None  # resume=: the study's folder; else made when it starts
     previous: dict | None = None  # resume=: the study.json it continues
     state: str = "running"
@@ -70,8 +71,9 @@ def check(request: StudyRequest) -> Study:
     local = not sample.launcher.submits()
     cpus = request.predict.cpus_per_node or os.cpu_count() or 1
     store = sizes.storage(request, cells, measure=False)
-    sizes.predict_cells(cells, store, cpus)
     device = study_device(request)
+    target = target_of(request, device)
+    sizes.predict_cells(cells, store, target)
     for cell in cells:
         cell.runs_here = _runs_here(cell, device)
     free = sample.target.storage_probe().free_bytes()
@@ -83,7 +85,7 @@ def check(request: StudyRequest) -> Study:
     run_words = [w for w in request.run_tokens if not w.startswith("device=")] + [f"device={device}"]
     sizing = sizes.Sizing(disk, store, cpus, factor, o.fidelity, run_words, local)
     planning = time.time() - started
-    study = Study(request, cells, notes, sizing, started, planning, load,
+    study = Study(request, cells, notes, sizing, started, planning, load, target,
                   folder=Path(o.resume).expanduser() if o.resume else None, previous=previous)
     if previous:
         study.ratios = list(previous.get("factor", {}).get("ratios") or [])
@@ -101,6 +103,20 @@ def check(request: StudyRequest) -> Study:
         if sample.scheduler:
             sample.scheduler.preflight()
     return study
+
+
+def target_of(request: StudyRequest, here: str) -> dict:
+    """What the cells' real-size predictions are for: the device the user names (target_device=), its GPUs per node,
+    and CPUs per node (cpus_per_node=; else this machine's where the target is its device, else one a rank: ranks
+    of another device are not this machine's ranks sharing its cores)."""
+    device, per_node = request.options.target_device, request.options.gpus_per_node
+    if request.predict.cpus_per_node:
+        cpus, source = request.predict.cpus_per_node, "cpus_per_node="
+    elif device == here:
+        cpus, source = os.cpu_count() or 1, "this machine's"
+    else:
+        cpus, source = per_node, "one a rank: cpus_per_node= not given"
+    return {"device": device, "gpus_per_node": per_node, "cpus_per_node": cpus, "cpus_source": source}
 
 
 def _runs_here(cell: Cell, device: str) -> str | None:
@@ -209,7 +225,7 @@ def record(study: Study) -> dict:
         "options": dataclasses.asdict(request.options), "models": request.models, "gpu_counts": request.gpu_counts,
         "engines": request.engines, "run_keys": request.run_tokens,
         "time_limit_seconds": request.options.time_limit * 60, "planning_seconds": round(study.planning_seconds, 2),
-        "machine": {"host": os.uname().nodename, "load_at_start": study.load},
+        "machine": {"host": os.uname().nodename, "load_at_start": study.load}, "target": study.target,
         "factor": {"prior": prior_factor(study.load), "ratios": study.ratios, "now": factor_now(study)},
         "disk_bytes": study.sizing.disk, "storage": study.sizing.store.get("label"),
         "storage_source": study.sizing.store.get("source"),
@@ -253,8 +269,14 @@ def render_plan(study: Study) -> str:
     lines = [(f"[study] {len(cells)} cells ({models} model{'s' * (models > 1)}, GPU counts "
               f"{','.join(map(str, request.gpu_counts))}{ref},"
               f" engines {','.join(request.engines)}): every cell planned (exact files) and predicted (calibration "
-              f"{cells[0].spec.calibration}, device {study_device(request)})"),
-             f"[study] storage for the predictions: {sizing.store.get('label')} ({sizing.store.get('source')})"]
+              f"{cells[0].spec.calibration})"),
+             f"[study] storage for the predictions: {sizing.store.get('label')} ({sizing.store.get('source')})",
+             (f"[study] predicted for: {study.target['device']}, {study.target['gpus_per_node']} GPUs (ranks) per "
+              f"node, {study.target['cpus_per_node']} CPUs per node ({study.target['cpus_source']})")]
+    gap = next((c.prediction["phases"]["restart_launch_seconds"].get("why") for c in cells
+                if c.prediction["phases"]["restart_launch_seconds"].get("seconds") is None), None)
+    if gap:
+        lines.append(f"[study] start-up not predicted: {gap}")
     lines += [f"[study] not placed: {n}" for n in study.notes]
     if kept:
         lines.append(f"[study] resumed: {len(kept)} cells kept from {study.folder}")

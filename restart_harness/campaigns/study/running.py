@@ -43,7 +43,7 @@ def run(study: Study) -> Path:
     if study.sizing.store.get("assumed"):  # no baseline was cached: measured now, and the cells predicted with it
         study.sizing.store = storage(request, study.cells, measure=True)
         study.sizing.cache.clear()
-        predict_cells(study.cells, study.sizing.store, study.sizing.cpus)
+        predict_cells(study.cells, study.sizing.store, study.target)
         campaign.project(study)
     print(campaign.render_plan(study), file=sys.stderr, flush=True)
     campaign.write(study)

@@ -70,8 +70,9 @@ def storage(request: StudyRequest, cells: list[Cell], measure: bool) -> dict:
     return store
 
 
-def predict_cells(cells: list[Cell], store: dict, cpus: int) -> None:
-    """Each cell's planned files and its predicted phases at real size (for the device it is on). Cells of one
+def predict_cells(cells: list[Cell], store: dict, target: dict) -> None:
+    """Each cell's planned files and its predicted phases at real size, for the target (campaign.target_of: its
+    device, and CPUs per node; a cell whose engine runs only on CUDA, for CUDA). Cells of one
     layout whose engines store DeepSpeed's files alike share one plan and one set of features (the planner's work
     is most of a study's planning: 70B at 16 ranks is ~700 files)."""
     from restart_harness.predict import features as feats
@@ -80,8 +81,10 @@ def predict_cells(cells: list[Cell], store: dict, cpus: int) -> None:
 
     shared: dict[tuple, tuple[dict, object, dict]] = {}
     calibrations: dict[str, dict] = {}
+    cpus = target["cpus_per_node"]
     for cell in cells:
-        plugins = resolve.plugins(cell.spec)
+        spec = dataclasses.replace(cell.spec, device="cuda" if cell.spec.device == "cuda" else target["device"])
+        plugins = resolve.plugins(spec)
         engine = plugins.engine
         key = (cell.model, cell.spec.shape, cell.layout, cell.nodes, cell.per_node, type(engine.files()), engine.saves)
         if key not in shared:
@@ -97,7 +100,7 @@ def predict_cells(cells: list[Cell], store: dict, cpus: int) -> None:
         plan = dict(shared[key][0])
         plan["names"] = ("predicted" if engine.planned_names else "sizes only") if engine.saves else "none"
         cell.plan = plan
-        cell.prediction = {"device": cell.spec.device, "calibration": made["calibration"],
+        cell.prediction = {"device": spec.device, "calibration": made["calibration"],
                            "storage": made["storage"], "phases": made["phases"], "note": made["note"]}
 
 

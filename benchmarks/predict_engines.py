@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""The prediction model per checkpoint engine (issue 66, docs/prediction.md#per-engine-errors-measured-here).
+
+Method
+- Every engine that runs on this machine (ENGINES: default, torchsnapshot, dcp, fastpersist, lazy; decoupled needs
+  CUDA) is calibrated from its own runs: `tiny` at dp=1 and dp=2, each `iters=2 save_interval=1 after=1` (two saves,
+  the restart loads the last), launcher=prefork, with its storage baseline (cached, at most 24 h old).
+- Held out, per engine: `tiny tp=2` (another layout: other files per rank).
+- The calibration is fitted (`./submit-job.sh calibrate`) on the calibration set; each held-out run is predicted as
+  it predicts itself before launch (forecast.build: its own spec, CPUs and baseline) and compared with what it
+  measured (results/prediction.compare: only where the run's conditions are the calibration's; else why not).
+- Reported: per engine, each phase's error (predicted - measured) / measured; and the machine's load during each
+  held-out launch (other work's share of the CPUs).
+
+Usage: <python> -m benchmarks.predict_engines [REPEATS] [out=DIR] [reuse=true]   (default 1 round, /tmp/rh-engines)
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks.common import REPO, measure_then_evaluate, submitted
+
+ENGINES = ("default", "torchsnapshot", "dcp", "fastpersist", "lazy")
+BASE = ["iters=2", "save_interval=1", "after=1", "launcher=prefork", "env_cache=keep"]
+CALIBRATE = [("tiny dp=1", ["tiny"], ENGINES), ("tiny dp=2", ["tiny", "dp=2"], ENGINES)]
+HELD_OUT = [("tiny tp=2", ["tiny", "tp=2"], ENGINES)]
+SHOWN = ("save_blocking_seconds", "save_durable_seconds", "restart_checkpoint_load_seconds",
+         "restart_total_with_launch_seconds")
+
+
+def measure(out: Path, repeats: int) -> None:
+    held: dict[str, list[str]] = {}
+    for r in range(repeats):
+        for folder, cases in (("calibrate", CALIBRATE), ("held-out", HELD_OUT)):
+            for name, tokens, engines in cases:
+                for engine in engines:
+                    print(f"[round {r + 1}] {folder}: {name} engine={engine}", file=sys.stderr, flush=True)
+                    run = submitted([*tokens, f"engine={engine}", *BASE, f"results_dir={out / folder}"], check=False)
+                    if run is not None and folder == "held-out":
+                        held[str(run)] = [name, engine]
+                        (out / "cases.json").write_text(json.dumps(held, indent=1))
+
+
+def _check(run_dir: Path, calibration: dict) -> dict:
+    from restart_harness import resolve
+    from restart_harness.predict import forecast
+    from restart_harness.results import prediction
+
+    run = resolve.read(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    made = forecast.build(run, run.facts["host"]["cpus"], forecast.storage(run, record=summary.get("baseline")),
+                          calibration)
+    return prediction.compare(made, summary)
+
+
+def _cell(row: dict) -> str:
+    if row.get("rel_error") is not None:
+        return f"{row['rel_error']:+.0%}"
+    return "n/c" if row.get("not_comparable") else "-"
+
+
+def evaluate(out: Path) -> None:
+    held = json.loads((out / "cases.json").read_text())
+    cal = out / "calibration.json"
+    if not cal.exists():
+        subprocess.run([str(REPO / "submit-job.sh"), "calibrate", f"runs={out / 'calibrate'}", f"out={cal}"],
+                       check=True, capture_output=True, text=True)
+    calibration = json.loads(cal.read_text())
+    print(f"| engine | held-out run | {' | '.join(p.removesuffix('_seconds') for p in SHOWN)} | other work's CPU share "
+          "(save / restart launch) |")
+    print("|---" * (len(SHOWN) + 3) + "|")
+    errors: dict[str, list[float]] = {}
+    for run_dir, (name, engine) in sorted(held.items(), key=lambda i: (i[1][1], i[1][0])):
+        c = _check(Path(run_dir), calibration)
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+        loads = [((r.get("machine_load") or {}).get("during") or {}).get("other_cpu_fraction")
+                 for r in (summary["checkpoint"], summary["restart"])]
+        print(f"| {engine} | {name} | {' | '.join(_cell(c['phases'].get(p, {})) for p in SHOWN)} | "
+              f"{' / '.join('-' if x is None else f'{x:.0%}' for x in loads)} |")
+        for p in SHOWN:
+            if (e := c["phases"].get(p, {}).get("rel_error")) is not None:
+                errors.setdefault(p, []).append(abs(e))
+        for p, row in c["phases"].items():
+            if row.get("not_comparable") and p in SHOWN:
+                print(f"  {engine} {name} {p}: not compared: {row['not_comparable']}", file=sys.stderr)
+    for p, e in errors.items():
+        print(f"{p}: median absolute error {statistics.median(e):.0%} over {len(e)} held-out runs")
+
+
+if __name__ == "__main__":
+    measure_then_evaluate(measure, evaluate, 1, "/tmp/rh-engines")

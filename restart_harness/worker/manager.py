@@ -48,12 +48,13 @@ class Recorder:
         self.loaded: list[tuple[str, float]] = []
         self.step: int | None = None  # training step of the save in progress (for fault injection)
         self.committed = threading.Event()  # DeepSpeed committed a decoupled engine's checkpoint
+        self.untimed = 0.0  # seconds the stack has marked untimed so far (CheckpointManager.untimed), to leave out
 
     def save(self, state, path: str) -> list[str]:
-        start = time.perf_counter()
+        start, untimed = time.perf_counter(), self.untimed
         with self.anatomy.region("serialize", io=("write", "sync")):
             written = self.io.save(state, path)
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start - (self.untimed - untimed)  # a streamed save generates data within
         self.target.written(written)
         self.saved += [(p, seconds / len(written)) for p in written]
         faults.hit("save", self.rank, self.step)
@@ -117,7 +118,9 @@ class CheckpointManager:
             with self.anatomy.region(category):
                 yield
         finally:
-            self._untimed += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self._untimed += elapsed
+            self.recorder.untimed += elapsed
 
     # ---- saving ---------------------------------------------------------------------------------------------------
     def save(self, step: int) -> None:

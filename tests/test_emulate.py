@@ -182,6 +182,8 @@ BAD = {
                                            "streaming its files needs 0.25 GiB of memory"),
     "no room for the checkpoint": (["70B", "tp=8", "pp=4", "dp=2", "emulate=true", "emulate_memory_gib=64",
                                     "ckpt_dir=/dev/shm/rh-emu"], "MiB free"),
+    "the reference cell, streamed, where the disk lacks room": (["3B", "tp=4", "emulate=true",
+                                                                 "ckpt_dir=/dev/shm/rh-emu"], "MiB (planned) but"),
 }
 
 

@@ -10,14 +10,13 @@ record's CRC-32 (its data descriptor and central directory entry) and the serial
 combines the non-empty records' CRC-32s in write order (c10::hash_combine, as torch's PyTorchStreamWriter does), are
 set to what torch.save computes. The file equals torch.save's of the filled state byte for byte (tests/test_emulate.py).
 
-Load: torch.load(mmap=True) (the whole structure unpickled by torch, storages mapped and not read), then every byte
-of the file read in chunks into one buffer: what a load reads from storage. Verification digests each tensor from
-the file, chunk by chunk (the digests of restart_harness/model/digest.py, computed incrementally).
+Load: torch.load(mmap=True) (the whole structure unpickled by torch, storages mapped and not read), then every
+storage read from the file in chunks into one buffer: what a load reads from storage. Each chunk is digested as it
+arrives (the digests of restart_harness/model/digest.py, computed incrementally), outside the load's time.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pickle
 import struct
@@ -42,7 +41,11 @@ class StreamedTorchEngine(TorchCheckpointEngine):
     for that state (`fill`), and whose load maps the file and reads it through in chunks."""
 
     fill: Fill | None = None
-    streams = False  # loads map the file and read it through (set by the emulated stack where it streams)
+    # set by the emulated stack where it streams: loads map the file and read its data through in chunks, digesting
+    # each tensor (`digests`) inside the manager's untimed("verify")
+    streams = False
+    untimed = None
+    digests: dict[str, str] | None = None
 
     def save(self, state_dict, path):
         if self.fill is None or self.fill.state is not state_dict:
@@ -55,10 +58,7 @@ class StreamedTorchEngine(TorchCheckpointEngine):
         if not self.streams:
             return super().load(path, map_location)
         state = torch.load(path, map_location=map_location, weights_only=False, mmap=True)
-        buffer = bytearray(STREAM_CHUNK_BYTES)
-        with open(path, "rb", buffering=0) as f:
-            while f.readinto(buffer):
-                pass
+        self.digests = read(str(path), state, self.untimed)
         return state
 
 
@@ -232,12 +232,13 @@ def write(path: str, fill: Fill) -> dict[str, str]:
     return {key: running.hexdigest() for per in spans for _, _, key, running in per}
 
 
-def digests(path: str, state) -> dict[str, str]:
-    """The digest of every tensor of `state` (loaded from `path` with mmap=True), from the file read in chunks."""
+def read(path: str, state, untimed) -> dict[str, str]:
+    """Every storage of `state` (loaded from `path` with mmap=True) read from the file in chunks into one buffer (what
+    a load reads), and the digest of each of its tensors, taken chunk by chunk inside untimed("verify")."""
     order, records = storages(state), _records(path)
     spans = _spans(state, order)
     view = np.empty(STREAM_CHUNK_BYTES, dtype=np.uint8)
-    with contextlib.closing(open(path, "rb", buffering=0)) as f:
+    with open(path, "rb", buffering=0) as f:
         for i, storage in enumerate(order):
             record, nbytes = records[f"data/{i}"], storage.nbytes()
             for at in range(0, nbytes, STREAM_CHUNK_BYTES):
@@ -245,5 +246,6 @@ def digests(path: str, state) -> dict[str, str]:
                 got = os.preadv(f.fileno(), [memoryview(view)[:length]], record.data + at)
                 if got != length:
                     raise OSError(f"{path}: data/{i} ends {length - got} bytes early")
-                _feed(spans[i], view[:length], at)
+                with untimed("verify"):
+                    _feed(spans[i], view[:length], at)
     return {key: running.hexdigest() for per in spans for _, _, key, running in per}

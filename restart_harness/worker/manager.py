@@ -54,17 +54,17 @@ class Recorder:
         start, untimed = time.perf_counter(), self.untimed
         with self.anatomy.region("serialize", io=("write", "sync")):
             written = self.io.save(state, path)
-        seconds = time.perf_counter() - start - (self.untimed - untimed)  # a streamed save generates data within
+        seconds = time.perf_counter() - start - (self.untimed - untimed)  # a streamed file's data made, digested
         self.target.written(written)
         self.saved += [(p, seconds / len(written)) for p in written]
         faults.hit("save", self.rank, self.step)
         return written
 
     def load(self, path: str, map_location=None, into=None):
-        start = time.perf_counter()
+        start, untimed = time.perf_counter(), self.untimed
         with self.anatomy.region("deserialize", io=("read",)):
             state = self.io.load(path, map_location=map_location, into=into)
-        self.loaded.append((self.io.read_path(path), time.perf_counter() - start))
+        self.loaded.append((self.io.read_path(path), time.perf_counter() - start - (self.untimed - untimed)))
         return state
 
     def flush(self) -> None:

@@ -122,7 +122,8 @@ class EmulatedStack(Stack):
         return client_state(self.spec, step)
 
     def save_facts(self) -> dict:
-        return {"emulated": True, "waves": self.waves, "wave_start": self.wave_start, "wave_end": self.wave_end}
+        return {"emulated": True, "streamed": self.streamed, "waves": self.waves, "wave_start": self.wave_start,
+                "wave_end": self.wave_end}
 
     def _in_waves(self, work, untimed) -> None:
         """Run work() in this rank's wave; every rank takes part in every wave's barrier."""

@@ -76,22 +76,30 @@ def attribution(plugins: Plugins) -> None:
               f"timings only: {why}", file=sys.stderr, flush=True)
 
 
-def emulation(spec: RunSpec, fixed_layout: str | None = None) -> None:
-    """emulate=true: the largest file's state fits in the memory budget (a rank holds one file at a time); the budget
-    of a submitted run is the compute node's (checked inside the job). `fixed_layout`: who fixes the layout (an
-    MLPerf workload), so that the advice names only what can change."""
+def emulation(plugins: Plugins, fixed_layout: str | None = None) -> None:
+    """emulate=true: the largest file's state fits in the memory budget (a rank holds one file at a time, or streams
+    it); the budget of a submitted run is the compute node's (checked inside the job). `fixed_layout`: who fixes the
+    layout (an MLPerf workload), so that the advice names only what can change."""
     from restart_harness.plan import checkpoint
+    from restart_harness.stacks.emulated import streamable
 
+    spec = plugins.spec
     if not spec.emulate or spec.emulate_memory_gib is None:
         return
-    need = checkpoint.emulated_file_state_bytes(spec)
-    if need > spec.emulate_memory_gib * 2**30:
-        raise UsageError(f"emulate=true: the largest file needs {need / 2**30:,.1f} GiB of memory to build and save "
-                         f"(its tensors, and what the engine stages beside them) but emulate_memory_gib="
-                         f"{spec.emulate_memory_gib:g}; "
-                         + (f"give more memory (emulate_memory_gib=), or a smaller model (shrink=; {fixed_layout} "
-                            "fixes tp, pp and dp)" if fixed_layout else
-                            "give more memory, or a layout with more ranks (tp, pp, dp) so that files are smaller"))
+    able = streamable(type(plugins.engine))
+    need = checkpoint.emulated_file_state_bytes(spec, able)
+    if need <= spec.emulate_memory_gib * 2**30:
+        return
+    if checkpoint.emulation_streams(spec, able):
+        raise UsageError(f"emulate=true: a rank streaming its files needs {need / 2**30:,.2f} GiB of memory (its random "
+                         f"data and one chunk, whatever the file's size) but emulate_memory_gib="
+                         f"{spec.emulate_memory_gib:g}; give emulate_memory_gib= at least {need / 2**30:,.2f}")
+    raise UsageError(f"emulate=true: the largest file needs {need / 2**30:,.1f} GiB of memory to build and save "
+                     f"(its tensors, and what the engine stages beside them) but emulate_memory_gib="
+                     f"{spec.emulate_memory_gib:g}; "
+                     + (f"give more memory (emulate_memory_gib=), or a smaller model (shrink=; {fixed_layout} "
+                        "fixes tp, pp and dp)" if fixed_layout else
+                        "give more memory, or a layout with more ranks (tp, pp, dp) so that files are smaller"))
 
 
 def launcher(plugins: Plugins) -> None:
@@ -126,10 +134,13 @@ def resources(plugins: Plugins) -> None:
     buffers = plugins.engine.host_buffer_bytes(rank_bytes)
     if spec.emulate:
         from restart_harness.plan import checkpoint
+        from restart_harness.stacks.emulated import streamable
 
-        state = checkpoint.emulated_file_state_bytes(spec) // checkpoint.EMULATED_STATE_FACTOR
+        streams = checkpoint.emulation_streams(spec, streamable(type(plugins.engine)))
+        state = (checkpoint.EMULATED_STREAM_BYTES if streams else
+                 checkpoint.emulated_file_state_bytes(spec) // checkpoint.EMULATED_STATE_FACTOR)
         staging = min(int((spec.emulate_memory_gib or 0) * 2**30), ranks * state)
-        held = [f"its largest file's {_gib(state)}", f"up to emulate_memory_gib={spec.emulate_memory_gib:g} staging "
+        held = [f"its streaming {_gib(state)}" if streams else f"its largest file's {_gib(state)}", f"up to emulate_memory_gib={spec.emulate_memory_gib:g} staging "
                                                        "for the node" if staging else ""]
     else:
         state, staging = STATE_FACTOR * rank_bytes, 0
@@ -190,7 +201,7 @@ def run(spec: RunSpec, fixed_layout: str | None = None) -> Plugins:
     nodes(plugins)
     tracer(spec)
     attribution(plugins)
-    emulation(spec, fixed_layout)
+    emulation(plugins, fixed_layout)
     if plugins.scheduler:  # what the scheduler says of the job (Slurm: sbatch --test-only)
         plugins.scheduler.preflight()
     calibration(spec)

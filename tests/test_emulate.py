@@ -96,10 +96,10 @@ def test_emulated_zero_files_are_deepspeeds_to_the_byte(harness, real, tmp_path)
 def _open(spec):
     """The run's engine as an emulated rank opens it (DeepSpeed's TorchCheckpointEngine beneath), on a file system."""
     from engines.base import EngineContext
-    from restart_harness.stacks.emulated import EmulatedStack
+    from restart_harness.stacks.emulated import native_engine
     from restart_harness.targets.filesystem import FileSystemStore, FileSystemTarget
 
-    native = EmulatedStack.Rank.engine_context(None)["native"]
+    native = native_engine()
     return resolve.plugins(spec).engine.open(EngineContext(spec, FileSystemStore(FileSystemTarget(None)), native=native))
 
 
@@ -176,9 +176,14 @@ def test_memory_budget_makes_ranks_work_in_waves(harness):
 BAD = {
     "engine that DeepSpeed builds": (["tiny", "emulate=true", "engine=none"], "cannot emulate engine=none"),
     "no memory": (["tiny", "emulate=true", "emulate_memory_gib=0"], "emulate_memory_gib=0"),
-    "a file larger than the budget": (["3B", "emulate=true", "emulate_memory_gib=1"], "the largest file needs"),
+    "a file larger than the budget": (["3B", "emulate=true", "engine=dcp", "emulate_memory_gib=1"],
+                                      "the largest file needs"),
+    "streaming in less than its buffers": (["3B", "emulate=true", "emulate_memory_gib=0.1"],
+                                           "streaming its files needs 0.25 GiB of memory"),
     "no room for the checkpoint": (["70B", "tp=8", "pp=4", "dp=2", "emulate=true", "emulate_memory_gib=64",
                                     "ckpt_dir=/dev/shm/rh-emu"], "MiB free"),
+    "the reference cell, streamed, where the disk lacks room": (["3B", "tp=4", "emulate=true",
+                                                                 "ckpt_dir=/dev/shm/rh-emu"], "MiB (planned) but"),
 }
 
 
@@ -205,3 +210,103 @@ def test_70B_emulation_on_slurm_is_one_command(tmp_path):
     spec = json.loads((run_dir / "spec.json").read_text())
     assert spec["emulate"] is True and spec["emulate_memory_gib"] is None and spec["shrink"] == 1
     assert spec["derived"]["num_parameters"] > 70e9
+
+
+# ---- streamed files (stacks/_streamed.py): torch's own bytes, in bounded memory ------------------------------------
+def _no_untimed(category):
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("tokens", [["tiny", "dp=2"], ["tiny", "tp=2", "pp=2"], ["tiny", "zero=3", "tp=2", "dp=2"]])
+def test_streamed_files_are_torch_saves_to_the_byte(tokens, tmp_path, monkeypatch):
+    """Every file of a layout, streamed in chunks that split 4 KiB blocks, digest blocks and tensors: the bytes
+    torch.save writes for the same state filled in memory, its digests those of the filled tensors, and read back
+    (torch.load with mmap, the data read in chunks) to the same digests."""
+    from restart_harness.model import digest
+    from restart_harness.plan import checkpoint
+    from restart_harness.rundir.ds_config import build_ds_config
+    from restart_harness.stacks import _streamed
+    from restart_harness.stacks._deepspeed_files import Filler, build_state, tensors_of
+    from restart_harness.stacks.deepspeed import client_state
+    from restart_harness.stacks.emulated import native_engine
+
+    monkeypatch.setattr(_streamed, "STREAM_CHUNK_BYTES", 3 * 4096)
+    spec = parse_args([*tokens, "emulate=true"])
+    config = build_ds_config(resolve.plugins(spec))
+    eager, lazy, native = Filler(0, spec.seed), Filler(0, spec.seed, lazy=True), native_engine()
+    native.streams, native.untimed = True, _no_untimed
+    for recipe in checkpoint.recipes(spec):
+        held, streamed = tmp_path / "held" / recipe.path, tmp_path / "streamed" / recipe.path
+        held.parent.mkdir(parents=True, exist_ok=True)
+        streamed.parent.mkdir(parents=True, exist_ok=True)
+        state = build_state(spec, recipe, eager, config, client_state(spec, 2))
+        torch.save(state, held)
+        expected = {k: digest.tensor_digest(t) for k, t in tensors_of(state).items()}
+        lazy.fills.clear()
+        state = build_state(spec, recipe, lazy, config, client_state(spec, 2))
+        native.fill = _streamed.Fill(state, lazy, dict(lazy.fills), _no_untimed)
+        native.save(state, str(streamed))
+        assert streamed.read_bytes() == held.read_bytes(), recipe.path
+        assert native.fill.digests == expected, recipe.path
+        loaded = native.load(str(streamed), map_location="cpu")
+        assert native.digests == expected, recipe.path
+        assert structure_differences(loaded, torch.load(held, map_location="cpu", weights_only=False)) == []
+
+
+STREAM_CHILD = """
+import resource, sys, contextlib, torch
+from restart_harness.stacks import _streamed
+from restart_harness.stacks._deepspeed_files import Filler
+from restart_harness.stacks.emulated import native_engine
+path, nbytes = sys.argv[1], int(sys.argv[2])
+native, filler = native_engine(), Filler(0, 1, lazy=True)
+native.streams, native.untimed = True, lambda c: contextlib.nullcontext()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+state = {"exp_avg": filler.fill(torch.empty(nbytes // 4, dtype=torch.float32)), "step": torch.tensor(2.0)}
+native.fill = _streamed.Fill(state, filler, dict(filler.fills), lambda c: contextlib.nullcontext())
+native.save(state, path)
+native.load(path, map_location="cpu")
+assert native.digests == native.fill.digests
+print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+@pytest.mark.slow
+def test_streaming_a_file_holds_a_bounded_memory(tmp_path):
+    """A child process streams a file four times the bound a streaming rank is planned at (plan/checkpoint.py), and
+    reads it back and verifies it: its peak resident memory grows by less than that bound."""
+    import subprocess
+    import sys
+
+    from restart_harness.plan.checkpoint import EMULATED_STREAM_BYTES
+
+    nbytes = 4 * EMULATED_STREAM_BYTES
+    proc = subprocess.run([sys.executable, "-c", STREAM_CHILD, str(tmp_path / "big.pt"), str(nbytes)],
+                          capture_output=True, text=True, check=True, timeout=600)
+    before, after = map(int, proc.stdout.split()[-2:])
+    assert (tmp_path / "big.pt").stat().st_size > nbytes
+    assert after - before < EMULATED_STREAM_BYTES, (before, after)
+    assert torch.load(tmp_path / "big.pt", mmap=True, weights_only=False)["step"].item() == 2.0
+
+
+@pytest.mark.slow
+def test_a_streamed_emulation_restarts_and_verifies(tmp_path):
+    """3B tp=4 shrink=8, whose files are large enough to stream: the whole run writes them streamed, restarts and
+    verifies every tensor, and each file is torch's to torch.load (its data as the save's digests said)."""
+    from restart_harness.model import digest
+    from restart_harness.stacks._deepspeed_files import tensors_of
+
+    proc = run_cli(["3B", "tp=4", "shrink=8", "emulate=true", "iters=1", "save_interval=1", "baseline=false"],
+                   tmp_path / "results", timeout=1200)
+    run_dir = run_dir_of(proc)
+    summary = load_summary(run_dir)
+    assert summary["status"]["state"] == "complete" and summary["restart"]["verified"] is True
+    saves = [e for evs in events(run_dir).values() for e in evs if e["event"] == "save"]
+    assert saves and all(e["streamed"] for e in saves)
+    tag_dir = Path(summary["checkpoint"]["dir"])
+    saved = json.loads((run_dir / "digests" / tag_dir.name / "emulated-rank-00000.json").read_text())["files"]
+    name = min(saved)
+    state = torch.load(tag_dir / name, map_location="cpu", weights_only=False)
+    assert {k: digest.tensor_digest(t) for k, t in tensors_of(state).items()} == saved[name]

@@ -157,11 +157,23 @@ def _saved_file(spec: RunSpec, r: FileRecipe) -> SavedFile:
 
 # An emulated rank holds one file's tensors and, at worst, as much again while the engine stages or serializes them.
 EMULATED_STATE_FACTOR = 2
+# A streaming one (stacks/_streamed.py, for an engine that saves with torch.save) holds its random pool (64 MiB) and
+# one chunk buffer whatever the file's size (its peak above the process's own: tests/test_emulate.py); it streams
+# only where that is less than holding the largest file.
+STREAM_CHUNK_BYTES = 64 << 20
+EMULATED_STREAM_BYTES = 256 << 20
 
 
-def emulated_file_state_bytes(spec: RunSpec) -> int:
-    """Memory an emulated rank needs for the largest file of the checkpoint (emulate=true)."""
-    return max((_saved_file(spec, r).tensor_bytes for r in recipes(spec)), default=0) * EMULATED_STATE_FACTOR
+def emulated_file_state_bytes(spec: RunSpec, streamable: bool = False) -> int:
+    """Memory an emulated rank needs for the largest file of the checkpoint (emulate=true); `streamable`: the engine
+    saves with torch.save, so the files can be streamed."""
+    held = max((_saved_file(spec, r).tensor_bytes for r in recipes(spec)), default=0) * EMULATED_STATE_FACTOR
+    return min(held, EMULATED_STREAM_BYTES) if streamable else held
+
+
+def emulation_streams(spec: RunSpec, streamable: bool) -> bool:
+    """Does an emulated rank stream its files (stacks/_streamed.py) rather than hold each in memory?"""
+    return streamable and emulated_file_state_bytes(spec) > EMULATED_STREAM_BYTES
 
 
 def files(spec: RunSpec) -> list[PlannedFile]:

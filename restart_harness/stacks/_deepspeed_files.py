@@ -22,32 +22,42 @@ BLOCK_BYTES = 4096
 
 
 class Filler:
-    """Incompressible, deduplication-proof tensor bytes, cheap to make: a random pool copied at a per-file
-    offset, with each 4 KiB block's first 8 bytes replaced by a counter unique to (rank, file, block)."""
+    """Incompressible, deduplication-proof tensor bytes, cheap to make: a random pool copied at a per-fill
+    offset, with each 4 KiB block's first 8 bytes replaced by a counter unique to (rank, fill, block). A lazy filler
+    (streamed emulation, stacks/_streamed.py) leaves each tensor unfilled and records its fill number by storage
+    (`fills`); pattern() then makes any stretch of its bytes."""
 
-    def __init__(self, rank: int, seed: int):
+    def __init__(self, rank: int, seed: int, lazy: bool = False):
         g = torch.Generator().manual_seed(seed * 7919 + rank)
         self.pool = torch.randint(0, 256, (POOL_BYTES,), dtype=torch.uint8, generator=g)
-        self.rank = rank
+        self.rank, self.lazy = rank, lazy
         self.files = 0
+        self.fills: dict[int, int] = {}  # lazy: storage (_cdata) -> its fill number
 
     def fill(self, t: torch.Tensor) -> torch.Tensor:
-        raw = t.view(-1).view(torch.uint8)
-        n = raw.numel()
-        offset = (self.files * 1_000_003) % POOL_BYTES
-        done = 0
-        while done < n:
-            chunk = min(n - done, POOL_BYTES - offset)
-            raw[done:done + chunk].copy_(self.pool[offset:offset + chunk])
-            done += chunk
-            offset = 0
-        blocks = n // BLOCK_BYTES
-        if blocks:
-            stamps = raw[: blocks * BLOCK_BYTES].view(blocks, BLOCK_BYTES)[:, :8]
-            counter = torch.arange(blocks, dtype=torch.int64) + ((self.rank << 48) | (self.files << 32))
-            stamps.copy_(counter.view(torch.uint8).view(blocks, 8))
+        if self.lazy:
+            self.fills[t.untyped_storage()._cdata] = self.files
+        else:
+            raw = t.view(-1).view(torch.uint8)
+            self.pattern(self.files, raw.numel(), 0, raw)
         self.files += 1
         return t
+
+    def pattern(self, fill: int, nbytes: int, start: int, out: torch.Tensor) -> None:
+        """Bytes [start, start + len(out)) of fill number `fill` of `nbytes` bytes into `out` (start: a multiple of
+        4 KiB)."""
+        assert start % BLOCK_BYTES == 0
+        n, done, offset = out.numel(), 0, (fill * 1_000_003 + start) % POOL_BYTES
+        while done < n:
+            chunk = min(n - done, POOL_BYTES - offset)
+            out[done:done + chunk].copy_(self.pool[offset:offset + chunk])
+            done += chunk
+            offset = 0
+        first, last = start // BLOCK_BYTES, min(nbytes // BLOCK_BYTES, (start + n) // BLOCK_BYTES)
+        if last > first:
+            stamps = out[: (last - first) * BLOCK_BYTES].view(last - first, BLOCK_BYTES)[:, :8]
+            counter = torch.arange(first, last, dtype=torch.int64) + ((self.rank << 48) | (fill << 32))
+            stamps.copy_(counter.view(torch.uint8).view(last - first, 8))
 
 
 # ---- DeepSpeed's state dicts, rebuilt ---------------------------------------------------------------------------
@@ -212,9 +222,9 @@ def tensors_of(state: object, prefix: str = "") -> dict[str, torch.Tensor]:
 
 
 # ---- the waves that bound memory --------------------------------------------------------------------------------
-def waves(spec, recipes: list[checkpoint.FileRecipe]) -> tuple[int, int]:
+def waves(spec, streamable: bool) -> tuple[int, int]:
     """(ranks of a node working at once, number of waves): at most emulate_memory_gib of file state per node."""
-    largest = checkpoint.emulated_file_state_bytes(spec)
+    largest = checkpoint.emulated_file_state_bytes(spec, streamable)
     budget = int(spec.emulate_memory_gib * 2**30)
     at_once = max(1, min(spec.ranks_per_node, budget // max(largest, 1)))
     return at_once, math.ceil(spec.ranks_per_node / at_once)

@@ -5,10 +5,13 @@ training run would save at (spec.save_steps); its restart reads its restart read
 engine's own load, in the order DeepSpeed's load_checkpoint does, and verifies every tensor against the digests
 taken at save.
 
-Memory: a rank builds, saves and frees one file at a time (an asynchronous engine's flush is waited for before the
-next file), and the ranks of a node work in waves so that at most `emulate_memory_gib` of file state is held at once
-on the node (every rank computes the same waves from the plan). Generating the data and waiting for another wave are
-not part of the save's seconds, nor is verification part of the load's.
+Memory: where the engine saves with torch.save (DeepSpeed's own TorchCheckpointEngine, as engine=default uses it), a
+rank streams each file (stacks/_streamed.py: torch's own file, its data written and read back in chunks from one
+buffer), so that it holds a few hundred MiB whatever the file's size. With another engine it builds, saves and frees
+one file at a time (an asynchronous engine's flush is waited for before the next file). Either way the ranks of a
+node work in waves so that at most `emulate_memory_gib` of file state is held at once on the node (every rank
+computes the same waves from the plan). Generating the data and waiting for another wave are not part of the save's
+seconds, nor is verification part of the load's.
 """
 
 from __future__ import annotations
@@ -18,11 +21,30 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
+from engines.base import Engine, NativeIO
 from restart_harness.errors import UsageError
 from restart_harness.rank_env import barrier
 from restart_harness.stacks.base import Rank, Stack, Verification
 from restart_harness.stacks.deepspeed import DeepSpeedStack, client_state, ds_config_path, init_distributed
 from restart_harness.targets.base import POSIX
+
+
+def streamable(engine: type) -> bool:
+    """Can emulation stream this engine's files? Where the engine saves through DeepSpeed's own checkpoint engine as
+    it is (it opens none of its own): an emulated rank's is TorchCheckpointEngine, that is torch.save."""
+    return engine.open is Engine.open
+
+
+def native_engine():
+    """DeepSpeed's TorchCheckpointEngine with the zip serialization DeepSpeed configures by default, able to stream
+    the emulated files (stacks/_streamed.py)."""
+    from deepspeed.runtime.model_checkpointing.constants import CHECKPOINT_SERIALIZATION_DEFAULT
+
+    from restart_harness.stacks._streamed import StreamedTorchEngine
+
+    native = StreamedTorchEngine()
+    native.zipfile_serialization = CHECKPOINT_SERIALIZATION_DEFAULT
+    return native
 
 
 class EmulatedRank(Rank):
@@ -44,13 +66,14 @@ class EmulatedRank(Rank):
                 "emulated": True}
 
     def engine_context(self) -> dict:
-        """DeepSpeed's TorchCheckpointEngine with the zip serialization DeepSpeed configures by default."""
-        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
-        from deepspeed.runtime.model_checkpointing.constants import CHECKPOINT_SERIALIZATION_DEFAULT
+        self.native = native_engine()
+        return {"native": self.native}
 
-        native = TorchCheckpointEngine()
-        native.zipfile_serialization = CHECKPOINT_SERIALIZATION_DEFAULT
-        return {"native": native}
+    def attach(self, recorder) -> None:
+        from restart_harness.plan import checkpoint
+
+        self.streamable = type(recorder.io) is NativeIO and recorder.native is self.native
+        self.streamed = self.native.streams = checkpoint.emulation_streams(self.spec, self.streamable)
 
     def _in_waves(self, work, untimed) -> None:
         """Run work() in this rank's wave; every rank takes part in every wave's barrier."""
@@ -58,7 +81,7 @@ class EmulatedRank(Rank):
 
         from restart_harness.stacks._deepspeed_files import waves
 
-        at_once, self.waves = waves(self.spec, self.recipes)
+        at_once, self.waves = waves(self.spec, self.streamable)
         mine = (self.rank % self.spec.ranks_per_node) // at_once
         for wave in range(self.waves):
             if wave == mine:
@@ -73,22 +96,29 @@ class EmulatedRank(Rank):
         from restart_harness.files.atomic import write_json_atomic
         from restart_harness.model import digest
         from restart_harness.stacks._deepspeed_files import Filler, build_state, tensors_of
+        from restart_harness.stacks._streamed import Fill
 
         tag_dir, carried = Path(root) / tag, client_state(self.spec, step)
         if self.rank == 0:
             tag_dir.mkdir(parents=True, exist_ok=True)
         barrier()
         with untimed("generate"):  # the random pool: data generation, not the save
-            filler = Filler(self.rank, self.spec.seed)
+            filler = Filler(self.rank, self.spec.seed, lazy=self.streamed)
         digests: dict[str, dict[str, str]] = {}
 
         def work() -> None:
             for recipe in (r for r in self.recipes if r.writer == self.rank):
                 with untimed("generate"):
+                    filler.fills.clear()
                     state = build_state(self.spec, recipe, filler, self.config, carried)
-                    digests[recipe.path] = {k: digest.tensor_digest(t) for k, t in tensors_of(state).items()}
+                    if self.streamed:  # the data is made as it is written, and digested then
+                        self.native.fill = Fill(state, filler, dict(filler.fills), untimed)
+                    else:
+                        digests[recipe.path] = {k: digest.tensor_digest(t) for k, t in tensors_of(state).items()}
                 io.save(state, str(tag_dir / recipe.path))
                 io.flush()  # one file's state in memory at a time, asynchronous engines included
+                if self.streamed:
+                    digests[recipe.path], self.native.fill = self.native.fill.digests, None
                 del state
 
         self._in_waves(work, untimed)
@@ -96,7 +126,8 @@ class EmulatedRank(Rank):
         path.parent.mkdir(parents=True, exist_ok=True)
         with untimed("generate"):
             write_json_atomic(path, {"tag": tag, "rank": self.rank, "files": digests})
-        return {"emulated": True, "waves": self.waves, "wave_start": self.wave_start, "wave_end": self.wave_end}
+        return {"emulated": True, "streamed": self.streamed, "waves": self.waves, "wave_start": self.wave_start,
+                "wave_end": self.wave_end}
 
     def load(self, root, tag, io, untimed) -> dict:
         """This rank's restart read set, one file at a time, in DeepSpeed's order (and in the save's memory waves),
@@ -110,6 +141,7 @@ class EmulatedRank(Rank):
         for path in sorted((self.run.run_dir / "digests" / tag).glob("emulated-rank-*.json")):
             saved.update(json.loads(path.read_text())["files"])
         sequence = checkpoint.restart_read_sequence(self.spec)[self.rank]
+        self.native.untimed = untimed  # a streamed load digests each chunk as it arrives, outside the load's time
         differing: list[str] = []
         counts = {"checked": 0, "seconds": 0.0}
 
@@ -118,9 +150,11 @@ class EmulatedRank(Rank):
                 state = io.load(str(tag_dir / name), map_location="cpu")
                 with untimed("verify"):
                     started = time.perf_counter()
-                    for key, t in tensors_of(state).items():
+                    found = (self.native.digests if self.streamed else
+                             {key: digest.tensor_digest(t) for key, t in tensors_of(state).items()})
+                    for key, value in found.items():
                         counts["checked"] += 1
-                        if saved.get(name, {}).get(key) != digest.tensor_digest(t):
+                        if saved.get(name, {}).get(key) != value:
                             differing.append(f"{name}:{key}")
                     counts["seconds"] += time.perf_counter() - started
                 del state

@@ -50,22 +50,23 @@ class Recorder:
         self.loaded: list[tuple[str, float]] = []
         self.step: int | None = None  # training step of the save in progress (for fault injection)
         self.committed = threading.Event()  # DeepSpeed committed a decoupled engine's checkpoint
+        self.untimed = 0.0  # seconds the stack has marked untimed so far (CheckpointManager.untimed), to leave out
 
     def save(self, state, path: str) -> list[str]:
-        start = time.perf_counter()
+        start, untimed = time.perf_counter(), self.untimed
         with self.anatomy.region("serialize", io=("write", "sync")):
             written = self.io.save(state, path)
-        seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start - (self.untimed - untimed)  # a streamed file's data made, digested
         self.target.written(written)
         self.saved += [(p, seconds / len(written)) for p in written]
         faults.hit("save", self.rank, self.step)
         return written
 
     def load(self, path: str, map_location=None, into=None):
-        start = time.perf_counter()
+        start, untimed = time.perf_counter(), self.untimed
         with self.anatomy.region("deserialize", io=("read",)):
             state = self.io.load(path, map_location=map_location, into=into)
-        self.loaded.append((self.io.read_path(path), time.perf_counter() - start))
+        self.loaded.append((self.io.read_path(path), time.perf_counter() - start - (self.untimed - untimed)))
         return state
 
     def flush(self) -> None:
@@ -120,7 +121,9 @@ class CheckpointManager:
             with self.anatomy.region(category):
                 yield
         finally:
-            self._untimed += time.perf_counter() - start
+            elapsed = time.perf_counter() - start
+            self._untimed += elapsed
+            self.recorder.untimed += elapsed
 
     # ---- saving ---------------------------------------------------------------------------------------------------
     def save(self, step: int) -> None:

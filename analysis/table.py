@@ -256,11 +256,3 @@ def _extra(spec: dict, config: dict, varying: list[str], configs: list[dict]) ->
             continue
         parts.append(f"{k.split('.')[-1]}={json.loads(config[k])}")
     return " ".join(parts)
-
-
-def restart_where(rec: dict | None) -> str:
-    """`` for a restart at the layout that wrote its checkpoint; ` at tp2-pp2-dp1 (4 ranks)` for one at another."""
-    layout = (rec or {}).get("layout") or {}
-    if not layout or layout.get("loaded") == layout.get("saved"):
-        return ""
-    return f" at {layout['loaded']} ({rec.get('ranks')} ranks)"

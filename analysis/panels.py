@@ -140,15 +140,11 @@ SOURCE_COLORS = {"environment": "#1f77b4", "extension_cache": "#ff7f0e", "checkp
                  "run_dir": "#9467bd", "system": "#8c564b", "pseudo": "#dddddd", "other": "#bbbbbb"}
 
 
-def _latest_io(g: Group) -> dict | None:
-    return next((io for run in reversed(g.runs) for r in reversed(run.view.restarts) if (io := r.io_by_source())),
-                None)
-
-
 def restart_io(groups: list[Group], phases: list[str]) -> list[Figure]:
     """Each configuration's restart I/O per phase, stacked by source (its latest restart, per rank): metadata
     operations above, MiB read through read calls below (docs/measurements.md#io-by-source)."""
-    shown = [(g, io) for g in groups if (io := _latest_io(g))]
+    shown = [(g, io) for g in groups if (io := next((x for run in reversed(g.runs) for r in reversed(run.view.restarts)
+                                                     if (x := r.io_by_source())), None))]
     return _paged(shown, lambda page, n: _io_page(page, phases, n))
 
 

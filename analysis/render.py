@@ -59,7 +59,7 @@ def configurations(groups: list[Group]) -> Table:
     configurations apart; what they all share is in the note."""
     rows = []
     for g in groups:
-        restarts = [r for r in g.rows if r.get("restart_record")]
+        restarts = g.restarts
         verified = sum(1 for r in restarts if r.get("restart_verified") is True)
         rows.append([g.key, g.label, str(len(g.runs)), str(len(restarts)), fmt(g.run_stat("checkpoint_files"), 0),
                      fmt(g.run_stat("checkpoint_bytes"), 2, MIB), fmt(g.save_stat("blocking_seconds")),
@@ -79,7 +79,7 @@ def configurations(groups: list[Group]) -> Table:
 def phases_table(groups: list[Group], phases: list[str]) -> Table:
     """Median seconds of each restart phase per configuration."""
     cols = ["restart_launch_seconds"] + [f"phase_{p}_seconds" for p in phases] + ["restart_total_seconds"]
-    rows = [[g.label] + [fmt(g.stat(c)) for c in cols] for g in groups if any(r.get("restart_record") for r in g.rows)]
+    rows = [[g.label] + [fmt(g.stat(c)) for c in cols] for g in groups if g.restarts]
     return Table("Restart phases (seconds, slowest rank)", ["configuration", "launch"] + phases + ["total"], rows,
                  "total: slowest rank's process start to first step done, launch not included")
 
@@ -181,7 +181,7 @@ def reshard_table(groups: list[Group]) -> Table | None:
     for g in groups:
         if not g.resharded:
             continue
-        same = [r for r in g.rows if r.get("restart_record")]
+        same = g.restarts
         if same:
             rows.append([g.label, same[-1]["restart_record"], f"{same[-1].get('restart_layout_saved') or '-'} (own)",
                          "-", _v(same[-1].get("phase_checkpoint_load_seconds")),

@@ -53,8 +53,8 @@ PredictionView = _view("PredictionView", "phases machine_busy calibration crosso
                        nested={"crossover": CrossoverView})
 SpecView = _view("SpecView", "model engine precision device seq_len tp pp dp shrink emulate subset derived zero nodes "
                   "cache")
-SaveView = _view("SaveView", "tag step blocking_seconds durable_seconds commit_seconds checksum_seconds is_async "
-                  "throughput_mib_s breakdown training_lost per_node slowest_node memory",
+SaveView = _view("SaveView", "tag step files bytes blocking_seconds durable_seconds commit_seconds checksum_seconds is_async "
+                  "throughput_mib_s breakdown training_lost per_node slowest_node memory per_rank",
                  renamed={"async": "is_async"})
 CheckpointView = _view("CheckpointView", "tag files bytes by_kind bytes_per_rank saves training_lost memory "
                        "engine_staging efficiency storage_requests incomplete_uploads machine_load", nested={"saves": [SaveView], "training_lost": LostView, "memory": SaveMemoryView})
@@ -67,7 +67,7 @@ RestartView = _view(
     "cache environment_cache staging layout loaded load_seconds load_throughput_mib_s load_breakdown "
     "engine_load_statistics attribution io_sources memory per_node slowest_node storage_requests incomplete_uploads "
     "integrity stragglers per_rank launch_start tag wall_seconds conversion first_step_loss loss_continuity "
-    "verify_seconds outcome storage_read_throughput_mib_s max_rss_bytes_per_rank exit_code",
+    "verify_seconds outcome storage_read_throughput_mib_s max_rss_bytes_per_rank exit_code load_bytes",
     # restart_conditions of this restart; whether it ran at the layout that saved the checkpoint
     conditions=lambda r: restart_conditions({"launcher": r.launcher, "cache": r.cache, "staging": r.staging,
                                              "environment_cache": r.environment_cache}),

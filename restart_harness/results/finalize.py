@@ -63,7 +63,7 @@ def finalize(run: resolve.Run | Path, state: str, reason: str | None = None, as_
     stored = _stored(run)
     committed = {tag: {"files": len(stored[tag]), "bytes": sum(n for _, n in stored[tag])}
                  for tag in writers if stored.get(tag)}
-    restarts = [_restart(made, target, info, committed, stored) for info in _records(run_dir)]
+    restarts = [_restart(made, run, info, committed, stored) for info in _records(run_dir)]
     sm.loss_continuity(restarts)
     for r in restarts:
         if r["outcome"]["state"] == "verified" and not r["verified"]:  # a first loss that did not continue the run's
@@ -90,8 +90,9 @@ def finalize(run: resolve.Run | Path, state: str, reason: str | None = None, as_
     return summary
 
 
-def _restart(made: records.RunRecord, target, info: dict, committed: dict, stored: dict) -> dict:
+def _restart(made: records.RunRecord, run, info: dict, committed: dict, stored: dict) -> dict:
     """One restart's summary from its record and its launch record (info), with what it read from the target."""
+    target = run.target
     run_dir = made.run_dir
     record = ev.read_record(run_dir, info["record"])
     tag = next((e["tag"] for evs in record.values() for e in evs if e["event"] == "loaded"), None)

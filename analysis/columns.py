@@ -6,6 +6,17 @@ from __future__ import annotations
 import math
 
 from analysis.load import Run
+from restart_harness.results.views import (
+    BaselineView,
+    CheckpointView,
+    GrowthView,
+    LostView,
+    RestartView,
+    SaveMemoryView,
+    SaveView,
+    SummaryView,
+    TrainingView,
+)
 from restart_harness.schema import (
     CONFIG_DEFAULTS,
     KINDS,
@@ -48,90 +59,87 @@ def restart_records(summary: dict) -> list[dict]:
 
 
 
-def loaded_save(summary: dict, tag: str | None) -> dict:
-    """The save a restart loaded (by tag), else the checkpoint's tag, else the last save; {} if none."""
-    saves = [s for s in get(summary, "checkpoint", "saves", default=[]) if isinstance(s, dict)]
-    for want in (tag, get(summary, "checkpoint", "tag")):
-        for s in saves:
-            if want and s.get("tag") == want:
-                return s
-    return saves[-1] if saves else {}
-
+def loaded_save(s: SummaryView, tag: str | None) -> SaveView:
+    """The save a restart loaded (by tag), else the checkpoint's tag, else the last save; an empty view if none."""
+    saves = s.checkpoint.saves if s.checkpoint else ()
+    for want in (tag, s.checkpoint.tag if s.checkpoint else None):
+        for save in saves:
+            if want and save.tag == want:
+                return save
+    return saves[-1] if saves else SaveView()
 
 
 def run_columns(run: Run) -> dict:
     """Columns that are the same for every restart record of a run."""
-    s, spec = run.summary, run.spec
-    ck = s.get("checkpoint") or {}
+    s, spec, sv = run.view, run.spec, run.view.spec
+    ck = s.checkpoint or CheckpointView()
     row = {
-        "run_id": run.run_id, "state": run.state, "state_reason": get(s, "status", "reason"), "sweep": run.sweep,
-        "schema_version": s.get("schema_version"), "model": spec["model"], "shrink": spec.get("shrink"),
-        "precision": spec.get("precision"),
-        "tp": spec["tp"], "pp": spec["pp"], "dp": spec["dp"], "zero": spec.get("zero", CONFIG_DEFAULTS["zero"]),
-        "nodes": spec.get("nodes"), "world_size": get(spec, "derived", "world_size"),
-        "launched_ranks": get(spec, "derived", "launched_ranks") or get(spec, "derived", "world_size"),
+        "run_id": run.run_id, "state": run.state, "state_reason": get(s.status, "reason"), "sweep": run.sweep,
+        "schema_version": s.schema_version, "model": sv.model, "shrink": sv.shrink, "precision": sv.precision,
+        "tp": sv.tp, "pp": sv.pp, "dp": sv.dp, "zero": spec.get("zero", CONFIG_DEFAULTS["zero"]),
+        "nodes": sv.nodes, "world_size": get(sv.derived, "world_size"),
+        "launched_ranks": get(sv.derived, "launched_ranks") or get(sv.derived, "world_size"),
         "emulate": bool(spec.get("emulate", CONFIG_DEFAULTS["emulate"])),
-        "engine": spec["engine"], "engine_label": engine_label(spec), "device": spec.get("device"),
-        "cache_requested": spec.get("cache"), "num_parameters": get(spec, "derived", "num_parameters"),
-        "checkpoint_tag": ck.get("tag"), "checkpoint_files": num(ck.get("files")),
-        "checkpoint_bytes": num(ck.get("bytes")),
+        "engine": sv.engine, "engine_label": engine_label(spec), "device": sv.device,
+        "cache_requested": sv.cache, "num_parameters": get(sv.derived, "num_parameters"),
+        "checkpoint_tag": ck.tag, "checkpoint_files": num(ck.files), "checkpoint_bytes": num(ck.bytes),
     }
     for kind in KINDS:
-        row[f"{kind}_files"] = num(get(ck, "by_kind", kind, "files"))
-        row[f"{kind}_bytes"] = num(get(ck, "by_kind", kind, "bytes"))
-    row["checkpoint_rank_max_bytes"] = num(get(ck, "bytes_per_rank", "max"))
-    row["checkpoint_rank_min_bytes"] = num(get(ck, "bytes_per_rank", "min"))
-    row["saves_count"] = len(get(ck, "saves", default=[]) or [])
+        row[f"{kind}_files"] = num(get(ck.by_kind, kind, "files"))
+        row[f"{kind}_bytes"] = num(get(ck.by_kind, kind, "bytes"))
+    row["checkpoint_rank_max_bytes"] = num(get(ck.bytes_per_rank, "max"))
+    row["checkpoint_rank_min_bytes"] = num(get(ck.bytes_per_rank, "min"))
+    row["saves_count"] = len(ck.saves or ())
     return {**row, **training_columns(s), **storage_columns(s), **request_columns("save", ck),
-            **prediction_columns(s)}
+            **prediction_columns(run.summary)}
 
 
-def training_columns(summary: dict) -> dict:
+def training_columns(s: SummaryView) -> dict:
     """How training went, and what the saves cost it in time and in host memory."""
-    tr, ck = summary.get("training") or {}, summary.get("checkpoint") or {}
-    losses = [x for x in tr.get("losses") or [] if num(x) is not None]
+    tr, ck = s.training or TrainingView(), s.checkpoint or CheckpointView()
+    lost, memory = ck.training_lost or LostView(), ck.memory or SaveMemoryView()
+    growth = memory.growth or GrowthView()
+    losses = [x for x in tr.losses or [] if num(x) is not None]
     return {
-        "training_steps": num(tr.get("steps")),
-        "step_median_seconds": num(tr.get("step_seconds_median")),
-        "step_in_flight_median_seconds": num(tr.get("step_seconds_median_in_flight")),
+        "training_steps": num(tr.steps),
+        "step_median_seconds": num(tr.step_seconds_median),
+        "step_in_flight_median_seconds": num(tr.step_seconds_median_in_flight),
         # what each save cost training (results/training_cost.py): median over the run's saves, and its baseline
-        "save_training_lost_median_seconds": num(get(ck, "training_lost", "per_save_seconds_median")),
-        "save_training_lost_total_seconds": num(get(ck, "training_lost", "total_seconds")),
-        "step_baseline_seconds": num(get(ck, "training_lost", "baseline_step", "seconds")),
+        "save_training_lost_median_seconds": num(lost.per_save_seconds_median),
+        "save_training_lost_total_seconds": num(lost.total_seconds),
+        "step_baseline_seconds": num(get(lost.baseline_step, "seconds")),
         # what each save cost in host memory per rank (results/save_memory.py), and its growth over the saves
-        "save_memory_cost_median_bytes": num(get(ck, "memory", "cost_bytes_median")),
-        "save_memory_peak_added_max_bytes": num(get(ck, "memory", "peak_added_bytes_max")),
-        "save_memory_held_max_bytes": num(get(ck, "memory", "held_bytes_max")),
-        "save_memory_engine_buffers_max_bytes": num(get(ck, "memory", "engine_buffers_bytes_max")),
-        "save_memory_growth_per_save_bytes": num(get(ck, "memory", "growth", "bytes_per_save")),
-        "save_memory_growing": get(ck, "memory", "growth", "growing"),
+        "save_memory_cost_median_bytes": num(memory.cost_bytes_median),
+        "save_memory_peak_added_max_bytes": num(memory.peak_added_bytes_max),
+        "save_memory_held_max_bytes": num(memory.held_bytes_max),
+        "save_memory_engine_buffers_max_bytes": num(memory.engine_buffers_bytes_max),
+        "save_memory_growth_per_save_bytes": num(growth.bytes_per_save),
+        "save_memory_growing": growth.growing,
         "final_loss": losses[-1] if losses else None,
-        "train_max_rss_bytes": num(tr.get("max_rss_bytes_per_rank")),
+        "train_max_rss_bytes": num(tr.max_rss_bytes_per_rank),
     }
 
 
-def storage_columns(summary: dict) -> dict:
+def storage_columns(s: SummaryView) -> dict:
     """What the storage delivered to the baseline probes, its ceiling (files/baseline.py ceiling()), and the
     checkpoint's efficiencies against both."""
-    s, ck = summary, summary.get("checkpoint") or {}
-    row = {"baseline_write_mib_s": num(get(s, "baseline", "write_mib_s")),
-           "baseline_read_mib_s": num(get(s, "baseline", "read_mib_s")),
-           "baseline_method": get(s, "baseline", "method"),
-           "baseline_probes_count": num(get(s, "baseline", "spread", "repeats"))}
+    base, ck = s.baseline or BaselineView(), s.checkpoint or CheckpointView()
+    row = {"baseline_write_mib_s": num(base.write_mib_s), "baseline_read_mib_s": num(base.read_mib_s),
+           "baseline_method": base.method, "baseline_probes_count": num(get(base.spread, "repeats"))}
     for way in ("write", "read"):  # the spread's slowest and fastest probe
-        spread = get(s, "baseline", "spread", f"{way}_mib_s") or [None]
+        spread = get(base.spread, f"{way}_mib_s") or [None]
         row[f"baseline_{way}_min_mib_s"], row[f"baseline_{way}_max_mib_s"] = num(spread[0]), num(spread[-1])
     return {
         **row,
-        "machine_busy_at_launch": (get(ck, "machine_load", "busy") if get(ck, "machine_load") else None),
-        "efficiency_save_ratio": num(get(ck, "efficiency", "save")),
-        "efficiency_load_ratio": num(get(ck, "efficiency", "load")),
-        "ceiling_write_mib_s": num(get(s, "baseline", "ceiling", "write_mib_s")),
-        "ceiling_read_mib_s": num(get(s, "baseline", "ceiling", "read_mib_s")),
-        "ceiling_write_from": get(s, "baseline", "ceiling", "write_from"),
-        "ceiling_read_from": get(s, "baseline", "ceiling", "read_from"),
-        "efficiency_save_of_ceiling_ratio": num(get(ck, "efficiency", "save_of_ceiling")),
-        "efficiency_load_of_ceiling_ratio": num(get(ck, "efficiency", "load_of_ceiling")),
+        "machine_busy_at_launch": get(ck.machine_load, "busy") if ck.machine_load else None,
+        "efficiency_save_ratio": num(get(ck.efficiency, "save")),
+        "efficiency_load_ratio": num(get(ck.efficiency, "load")),
+        "ceiling_write_mib_s": num(get(base.ceiling, "write_mib_s")),
+        "ceiling_read_mib_s": num(get(base.ceiling, "read_mib_s")),
+        "ceiling_write_from": get(base.ceiling, "write_from"),
+        "ceiling_read_from": get(base.ceiling, "read_from"),
+        "efficiency_save_of_ceiling_ratio": num(get(ck.efficiency, "save_of_ceiling")),
+        "efficiency_load_of_ceiling_ratio": num(get(ck.efficiency, "load_of_ceiling")),
     }
 
 
@@ -151,90 +159,89 @@ def prediction_columns(summary: dict) -> dict:
 REQUEST_COLUMNS = ("requests", "failed_requests", "throttled_requests", "retried_requests", "failed_operations")
 
 
-def request_columns(prefix: str, phase: dict) -> dict:
+def request_columns(prefix: str, phase: CheckpointView | RestartView) -> dict:
     """What an object store's client went through in a phase (summary storage_requests; empty on a file system)."""
-    counts, uploads = phase.get("storage_requests") or {}, phase.get("incomplete_uploads")
-    return {**{f"{prefix}_{name}_count": num(counts.get(name)) for name in REQUEST_COLUMNS},
-            f"{prefix}_incomplete_uploads_aborted_count": len(uploads.get("aborted") or [])
+    counts, uploads = phase.storage_requests, phase.incomplete_uploads
+    return {**{f"{prefix}_{name}_count": num(get(counts, name)) for name in REQUEST_COLUMNS},
+            f"{prefix}_incomplete_uploads_aborted_count": len(get(uploads, "aborted") or [])
             if isinstance(uploads, dict) else None}
 
 
-def node_columns(prefix: str, phase: dict) -> dict:
+def node_columns(prefix: str, phase: SaveView | RestartView) -> dict:
     """How many nodes a save or restart ran on and its slowest node (results/placement.py; empty where the ranks
     recorded no hosts, as before harness 0.4)."""
-    nodes, worst = phase.get("per_node"), phase.get("slowest_node") or {}
-    return {f"{prefix}_nodes_count": len(nodes) if nodes else None, f"{prefix}_slowest_node": worst.get("host"),
-            f"{prefix}_slowest_node_rank": num(worst.get("rank"))}
+    nodes = phase.per_node
+    return {f"{prefix}_nodes_count": len(nodes) if nodes else None, f"{prefix}_slowest_node": get(phase.slowest_node, "host"),
+            f"{prefix}_slowest_node_rank": num(get(phase.slowest_node, "rank"))}
 
 
 def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
     """Columns of one restart record, and of the save it loaded (all empty for a run without a restart)."""
-    rec = rec or {}
-    save = loaded_save(summary, rec.get("tag")) if summary.get("checkpoint") else {}
+    s, r = SummaryView.of(summary), RestartView.of(rec) or RestartView()
+    save = loaded_save(s, r.tag) if summary.get("checkpoint") else SaveView()
     row = {
-        "save_tag": save.get("tag"), "save_step": num(save.get("step")),
-        "save_blocking_seconds": num(save.get("blocking_seconds")),
-        "save_durable_seconds": num(save.get("durable_seconds")),
-        "save_commit_seconds": num(save.get("commit_seconds")),
-        "save_training_lost_seconds": num(get(save, "training_lost", "seconds")),
-        "save_memory_cost_bytes": num(get(save, "memory", "cost_bytes")),
-        "save_checksum_seconds": num(save.get("checksum_seconds")),
-        "throughput_blocking_mib_s": num(get(save, "throughput_mib_s", "blocking")),
-        "throughput_durable_mib_s": num(get(save, "throughput_mib_s", "durable")),
-        "restart_record": rec.get("record"), "restart_tag": rec.get("tag"), "restart_ranks": num(rec.get("ranks")),
-        "restart_total_seconds": num(rec.get("total_seconds")),
-        "restart_launch_seconds": num(rec.get("launch_seconds")), "restart_wall_seconds": num(rec.get("wall_seconds")),
-        "restart_integrity_seconds": num(get(rec, "integrity", "seconds")),
-        "restart_staging_seconds": num(get(rec, "staging", "seconds")),  # env_stage=: copying the environment
-        "restart_staging_bytes": num(get(rec, "staging", "bytes")),
-        "restart_env_cache_observed": get(rec, "environment_cache", "observed"),
+        "save_tag": save.tag, "save_step": num(save.step),
+        "save_blocking_seconds": num(save.blocking_seconds),
+        "save_durable_seconds": num(save.durable_seconds),
+        "save_commit_seconds": num(save.commit_seconds),
+        "save_training_lost_seconds": num(get(save.training_lost, "seconds")),
+        "save_memory_cost_bytes": num(get(save.memory, "cost_bytes")),
+        "save_checksum_seconds": num(save.checksum_seconds),
+        "throughput_blocking_mib_s": num(get(save.throughput_mib_s, "blocking")),
+        "throughput_durable_mib_s": num(get(save.throughput_mib_s, "durable")),
+        "restart_record": r.record, "restart_tag": r.tag, "restart_ranks": num(r.ranks),
+        "restart_total_seconds": num(r.total_seconds),
+        "restart_launch_seconds": num(r.launch_seconds), "restart_wall_seconds": num(r.wall_seconds),
+        "restart_integrity_seconds": num(get(r.integrity, "seconds")),
+        "restart_staging_seconds": num(get(r.staging, "seconds")),  # env_stage=: copying the environment
+        "restart_staging_bytes": num(get(r.staging, "bytes")),
+        "restart_env_cache_observed": get(r.environment_cache, "observed"),
         # how this restart started, where a restart-only re-run changed it (the run's spec says the first one's)
-        **{RESTART_CONDITIONS[k]: v for k, v in restart_conditions(rec).items()},
+        **{RESTART_CONDITIONS[k]: v for k, v in restart_conditions(rec or {}).items()},
         **node_columns("save", save),
-        **node_columns("restart", rec),
+        **node_columns("restart", r),
     }
-    return {**row, **breakdown_columns(rec, save, phases), **outcome_columns(rec), **request_columns("restart", rec),
-            **io_columns(rec.get("io_sources"))}
+    return {**row, **breakdown_columns(r, save, phases), **outcome_columns(r), **request_columns("restart", r),
+            **io_columns(r.io_sources)}
 
 
-def breakdown_columns(rec: dict, save: dict, phases: list[str]) -> dict:
+def breakdown_columns(r: RestartView, save: SaveView, phases: list[str]) -> dict:
     """Where a restart's time went (its phases and its load's categories) and the loaded save's."""
-    row = {f"phase_{p}_seconds": num(get(rec, "phases", p)) for p in phases}
-    lb = rec.get("load_breakdown") or {}
+    row = {f"phase_{p}_seconds": num(get(r.phases, p)) for p in phases}
+    lb = r.load_breakdown if isinstance(r.load_breakdown, dict) else {}
     for c in LOAD_CATEGORIES:
-        row[f"load_{c}_seconds"] = num(lb.get(f"{c}_seconds"))
-    row["load_slowest_rank"] = lb.get("slowest_rank")
-    row["load_read_bytes"] = sum(num(r.get("read_bytes")) or 0 for r in lb.get("per_rank", [])) or None
-    peaks = [num(v.get("peak_rss_bytes_max")) for v in (rec.get("memory") or {}).values() if isinstance(v, dict)]
+        row[f"load_{c}_seconds"] = num(get(lb, f"{c}_seconds"))
+    row["load_slowest_rank"] = get(lb, "slowest_rank")
+    row["load_read_bytes"] = sum(num(get(x, "read_bytes")) or 0 for x in get(lb, "per_rank") or []) or None
+    memory = r.memory if isinstance(r.memory, dict) else {}
+    peaks = [num(get(v, "peak_rss_bytes_max")) for v in memory.values()]
     row["restart_peak_rss_bytes"] = max((p for p in peaks if p is not None), default=None)
-    bd = save.get("breakdown") or {}
     for c in SAVE_CATEGORIES:
-        row[f"save_{c}_seconds"] = num(bd.get(f"{c}_seconds"))
+        row[f"save_{c}_seconds"] = num(get(save.breakdown, f"{c}_seconds"))
     return row
 
 
-def outcome_columns(rec: dict) -> dict:
+def outcome_columns(r: RestartView) -> dict:
     """How a restart ended: its layout and conversion, its loss continuity, whether it verified, its load's speed."""
-    layout, conversion = rec.get("layout") or {}, rec.get("conversion") or {}
+    replicated = get(r.engine_load_statistics, "replicated") or []
     return {
-        "restart_layout_saved": layout.get("saved"), "restart_layout_loaded": layout.get("loaded"),
-        "conversion_seconds": num(conversion.get("seconds")), "conversion_reused": conversion.get("reused"),
-        "conversion_written_bytes": num(conversion.get("bytes_written")),
-        "conversion_read_bytes": num(conversion.get("bytes_read_counted")),
-        "first_step_loss": num(rec.get("first_step_loss")),
-        "first_loss_diff_ratio": num(get(rec, "loss_continuity", "rel_diff")),
-        "restart_verify_seconds": num(rec.get("verify_seconds")),
-        "restart_verified": rec.get("verified"), "restart_outcome": get(rec, "outcome", "state"),
-        "restart_outcome_reason": get(rec, "outcome", "reason"),
-        "restart_verified_tensors": num(rec.get("verified_tensors")),
-        "restart_cache_observed": get(rec, "cache", "observed"),
-        "restart_load_seconds": num(rec.get("load_seconds")),
-        "restart_load_throughput_mib_s": num(rec.get("load_throughput_mib_s")),
-        "restart_storage_read_throughput_mib_s": num(rec.get("storage_read_throughput_mib_s")),
+        "restart_layout_saved": get(r.layout, "saved"), "restart_layout_loaded": get(r.layout, "loaded"),
+        "conversion_seconds": num(get(r.conversion, "seconds")), "conversion_reused": get(r.conversion, "reused"),
+        "conversion_written_bytes": num(get(r.conversion, "bytes_written")),
+        "conversion_read_bytes": num(get(r.conversion, "bytes_read_counted")),
+        "first_step_loss": num(r.first_step_loss),
+        "first_loss_diff_ratio": num(get(r.loss_continuity, "rel_diff")),
+        "restart_verify_seconds": num(r.verify_seconds),
+        "restart_verified": r.verified, "restart_outcome": get(r.outcome, "state"),
+        "restart_outcome_reason": get(r.outcome, "reason"),
+        "restart_verified_tensors": num(r.verified_tensors),
+        "restart_cache_observed": get(r.cache, "observed"),
+        "restart_load_seconds": num(r.load_seconds),
+        "restart_load_throughput_mib_s": num(r.load_throughput_mib_s),
+        "restart_storage_read_throughput_mib_s": num(r.storage_read_throughput_mib_s),
         # engine=lazy: how each replicated file was loaded (broadcast, or read by every replica), decided per restart
-        "restart_replicated_load": "; ".join(f"{r['file']}: {r['way']}" for r in
-                                             (rec.get("engine_load_statistics") or {}).get("replicated") or []) or None,
-        "restart_max_rss_bytes": num(rec.get("max_rss_bytes_per_rank")), "restart_exit_code": rec.get("exit_code"),
+        "restart_replicated_load": "; ".join(f"{x['file']}: {x['way']}" for x in replicated) or None,
+        "restart_max_rss_bytes": num(r.max_rss_bytes_per_rank), "restart_exit_code": r.exit_code,
     }
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 import fnmatch
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from restart_harness import schema
+from restart_harness.results.views import SummaryView
 from restart_harness.rundir.status import find_run_dirs, observed
 
 KNOWN_SCHEMA_VERSIONS = schema.READABLE_VERSIONS
@@ -27,9 +29,14 @@ class Run:
     sweep: str | None = None
     notes: list[str] = field(default_factory=list)
 
+    @cached_property
+    def view(self) -> SummaryView:
+        """The summary as typed records (results/views.py), as the terminal reads it."""
+        return SummaryView.of(self.summary)
+
     @property
     def run_id(self) -> str:
-        return str(self.summary.get("run_id") or self.dir.name)
+        return str(self.view.run_id or self.dir.name)
 
     @property
     def spec(self) -> dict:
@@ -37,7 +44,8 @@ class Run:
 
     @property
     def state(self) -> str:
-        return str((self.summary.get("status") or {}).get("state") or "unknown")
+        status = self.view.status
+        return str((status.get("state") if isinstance(status, dict) else None) or "unknown")
 
 
 @dataclass

@@ -10,7 +10,8 @@ from matplotlib.figure import Figure
 
 from analysis.charts import CATEGORY_COLORS, PHASE_PALETTE
 from analysis.layout import caption
-from analysis.table import Group, common_label, restart_where
+from analysis.table import Group, common_label
+from restart_harness.results.views import CheckpointView, LostView
 from restart_harness.schema import io_metadata_ops
 
 XSMALL_CHAR_IN = 0.06  # width of an x-small character, inches
@@ -39,8 +40,8 @@ MAX_TIMELINES = 6  # configurations on one page of the restart timeline; more ma
 def restart_timelines(groups: list[Group], phases: list[str]) -> list[Figure]:
     """The restart timeline of every configuration, MAX_TIMELINES to a page."""
     shown = [(g, rec) for g in groups if (rec := next((
-        r for run in reversed(g.runs) for r in reversed(run.summary.get("restarts") or [])
-        if isinstance(r, dict) and r.get("per_rank") and all("marks" in x for x in r["per_rank"])), None))]
+        r for run in reversed(g.runs) for r in reversed(run.view.restarts)
+        if r.per_rank and all("marks" in x for x in r.per_rank)), None))]
     return _paged(shown, lambda page, n: _timeline_page(page, phases, n))
 
 
@@ -52,7 +53,7 @@ def restart_timeline(groups: list[Group], phases: list[str]) -> Figure | None:
 def _timeline_page(shown: list, phases: list[str], page: tuple[int, int] = (1, 1)) -> Figure:
     """One restart per configuration (its latest), every rank a row: the launcher, each phase, the verification,
     and inside the checkpoint load what the rank's main thread did (read+deserialize, copy, wait)."""
-    heights = [1.0 + 0.35 * len(rec["per_rank"]) for _, rec in shown]
+    heights = [1.0 + 0.35 * len(rec.per_rank) for _, rec in shown]
     fig = Figure(figsize=(11.0, 1.2 + sum(heights)), layout="constrained")
     axes = fig.subplots(len(shown), 1, squeeze=False, height_ratios=heights)[:, 0]
     marks_order = [("process_start", "imports_done", "imports"), ("imports_done", "dist_init_done", "dist_init"),
@@ -62,10 +63,9 @@ def _timeline_page(shown: list, phases: list[str], page: tuple[int, int] = (1, 1
     colors = {p: PHASE_PALETTE[i % len(PHASE_PALETTE)] for i, p in enumerate(phases)}
     used: dict[str, object] = {}
     for ax, (g, rec) in zip(axes, shown, strict=True):
-        ranks = sorted(rec["per_rank"], key=lambda r: r["rank"])
+        ranks = sorted(rec.per_rank, key=lambda r: r["rank"])
         t0 = min(r["marks"]["process_start"] for r in ranks if "process_start" in r["marks"])
-        launch = rec.get("launch_start")
-        lb = rec.get("load_breakdown") or {}
+        launch, lb = rec.launch_start, rec.load_breakdown or {}
         for y, r in enumerate(ranks):
             m = r["marks"]
             if launch and "process_start" in m:
@@ -86,7 +86,7 @@ def _timeline_page(shown: list, phases: list[str], page: tuple[int, int] = (1, 1
                                          color=CATEGORY_COLORS.get(cat, "black"))
         ax.set_yticks(range(len(ranks)), [f"rank {r['rank']}" for r in ranks], fontsize="small")
         ax.set_ylim(len(ranks) - 0.4, -0.6)
-        ax.set_title(f"{g.full_label}: {rec.get('record')}{restart_where(rec)}", fontsize="medium", loc="left")
+        ax.set_title(f"{g.full_label}: {rec.record}{rec.where()}", fontsize="medium", loc="left")
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel("seconds since the first rank's process start")
     _legend(fig, used)
@@ -98,8 +98,8 @@ def _timeline_page(shown: list, phases: list[str], page: tuple[int, int] = (1, 1
 
 def step_timelines(groups: list[Group]) -> list[Figure]:
     """Every configuration's training steps over its checkpoint phase (its latest run), MAX_TIMELINES to a page."""
-    shown = [(g, run.summary) for g in groups if (run := next(
-        (r for r in reversed(g.runs) if (r.summary.get("training") or {}).get("step_seconds")), None))]
+    shown = [(g, run.view) for g in groups if (run := next(
+        (r for r in reversed(g.runs) if r.view.training and r.view.training.step_seconds), None))]
     return _paged(shown, _step_page)
 
 
@@ -110,20 +110,20 @@ def _step_page(shown: list, page: tuple[int, int]) -> Figure:
     axes = fig.subplots(len(shown), 1, squeeze=False)[:, 0]
     used: dict[str, object] = {}
     for ax, (g, summary) in zip(axes, shown, strict=True):
-        tr, ck = summary["training"], summary.get("checkpoint") or {}
-        steps, seconds, busy = tr["step_numbers"], tr["step_seconds"], tr.get("step_in_flight") or []
+        tr, ck = summary.training, summary.checkpoint or CheckpointView()
+        steps, seconds, busy = tr.step_numbers, tr.step_seconds, tr.step_in_flight or []
         used["step"] = ax.plot(steps, seconds, color="C0", marker="o", markersize=3, linewidth=1)[0]
         flushed = [(x, y) for x, y, b in zip(steps, seconds, busy, strict=False) if b]
         if flushed:
             used["step with a flush in flight"] = ax.scatter(*zip(*flushed, strict=True), color="C1", zorder=3, s=18)
-        for i, save in enumerate(ck.get("saves") or []):
-            line = ax.axvline(save["step"] + 0.5, color="C3", linestyle="--", linewidth=0.8)
+        for i, save in enumerate(ck.saves or ()):
+            line = ax.axvline(save.step + 0.5, color="C3", linestyle="--", linewidth=0.8)
             if i == 0:
                 used["save (after its step)"] = line
-        base = ((ck.get("training_lost") or {}).get("baseline_step") or {}).get("seconds")
-        if base:
+        lost = ck.training_lost or LostView()
+        if base := (lost.baseline_step or {}).get("seconds"):
             used["baseline step (no flush in flight)"] = ax.axhline(base, color="grey", linewidth=0.8)
-        lost = (ck.get("training_lost") or {}).get("per_save_seconds_median")
+        lost = lost.per_save_seconds_median
         ax.set_title(f"{g.full_label}" + (f": training lost per save, median {lost:.3f} s" if lost is not None
                                           else ""), fontsize="medium", loc="left")
         ax.set_ylabel("step (s)")
@@ -140,17 +140,11 @@ SOURCE_COLORS = {"environment": "#1f77b4", "extension_cache": "#ff7f0e", "checkp
                  "run_dir": "#9467bd", "system": "#8c564b", "pseudo": "#dddddd", "other": "#bbbbbb"}
 
 
-def _latest_io(g: Group) -> dict | None:
-    return next((r["io_sources"] for run in reversed(g.runs) for r in reversed(run.summary.get("restarts") or [])
-                 if isinstance(r, dict) and isinstance(r.get("io_sources"), dict) and r["io_sources"].get("ranks")
-                 and r["io_sources"].get("by_source", True)),
-                None)
-
-
 def restart_io(groups: list[Group], phases: list[str]) -> list[Figure]:
     """Each configuration's restart I/O per phase, stacked by source (its latest restart, per rank): metadata
     operations above, MiB read through read calls below (docs/measurements.md#io-by-source)."""
-    shown = [(g, io) for g in groups if (io := _latest_io(g))]
+    shown = [(g, io) for g in groups if (io := next((x for run in reversed(g.runs) for r in reversed(run.view.restarts)
+                                                     if (x := r.io_by_source())), None))]
     return _paged(shown, lambda page, n: _io_page(page, phases, n))
 
 
@@ -204,16 +198,16 @@ def _attributed(groups: list[Group]) -> list[tuple[str, dict]]:
     for g in groups:
         mine = {(r.get("run_dir"), r.get("restart_record")) for r in g.rows}  # re-runs may be other configurations
         for run in g.runs:
-            for rec in run.summary.get("restarts") or []:
-                if not isinstance(rec, dict) or (str(run.dir), rec.get("record")) not in mine:
+            for rec in run.view.restarts:
+                if (str(run.dir), rec.record) not in mine:
                     continue
-                att = rec.get("attribution")
+                att = rec.attribution
                 if att and att.get("sampled") and att.get("phases"):
-                    env = (rec.get("environment_cache") or {}).get("observed")
-                    how = ", ".join(x for x in (f"launcher {rec.get('launcher')}" if rec.get("launcher") else "",
-                                                f"environment {env}" if env else "",
-                                                "staged" if rec.get("staging") else "") if x)
-                    out.append((f"{g.label}: {rec.get('record')}" + (f" ({how})" if how else ""), att))
+                    env = (rec.environment_cache or {}).get("observed")
+                    how = ", ".join(x for x in (f"launcher {rec.launcher}" if rec.launcher else "",
+                                                f"environment {env}" if env else "", "staged" if rec.staging else "")
+                                    if x)
+                    out.append((f"{g.label}: {rec.record}" + (f" ({how})" if how else ""), att))
     return out
 
 

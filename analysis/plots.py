@@ -125,7 +125,7 @@ def throughput(groups: list[Group]) -> Figure | None:
 def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
     """Restart seconds as stacked phases per configuration: launcher, then each phase (medians); the whisker
     spans min-max of the stacked sum over restart records."""
-    gs = [g for g in groups if any(r.get("restart_record") for r in g.rows)]
+    gs = [g for g in groups if g.restarts]
     if not gs:
         return None
     cols = ["restart_launch_seconds"] + [f"phase_{p}_seconds" for p in phases]
@@ -135,7 +135,7 @@ def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
     stacked_bars(ax, ticks(fig, gs), [(name.replace("_", " "), [(g.stat(col) or Stat(0, 0, 0, 0)).median for g in gs],
                                        PHASE_COLORS.get(name, f"C{i - 1}")) for i, (col, name) in enumerate(used)])
     for j, g in enumerate(gs):
-        sums = stat([sum(num(r.get(c)) or 0.0 for c, _ in used) for r in g.rows if r.get("restart_record")])
+        sums = stat([sum(num(r.get(c)) or 0.0 for c, _ in used) for r in g.restarts])
         if sums and sums.n > 1:
             ax.errorbar([j + 0.34], [sums.median], yerr=[[sums.median - sums.min], [sums.max - sums.median]],
                         fmt="o", color="black", markersize=3, capsize=4, elinewidth=1.2)
@@ -236,7 +236,7 @@ def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
     for g in groups:
         if not g.resharded:
             continue
-        same = [r for r in g.rows if r.get("restart_record")]
+        same = g.restarts
         if same:
             bars.append((f"{g.tick}\n{same[-1].get('restart_layout_saved') or 'own layout'}", same[-1]))
         bars += [(f"{g.tick}\n-> {r['restart_layout_loaded']}", r) for r in g.resharded]

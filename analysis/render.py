@@ -17,9 +17,9 @@ from analysis.table import (
     common_label,
     get,
     num,
-    restart_where,
 )
 from restart_harness.results.placement import ranks_text
+from restart_harness.results.views import RestartView, SaveView
 from restart_harness.schema import PREDICTED_TOTAL, io_metadata_ops, span
 
 MIB = 2**20
@@ -59,7 +59,7 @@ def configurations(groups: list[Group]) -> Table:
     configurations apart; what they all share is in the note."""
     rows = []
     for g in groups:
-        restarts = [r for r in g.rows if r.get("restart_record")]
+        restarts = g.restarts
         verified = sum(1 for r in restarts if r.get("restart_verified") is True)
         rows.append([g.key, g.label, str(len(g.runs)), str(len(restarts)), fmt(g.run_stat("checkpoint_files"), 0),
                      fmt(g.run_stat("checkpoint_bytes"), 2, MIB), fmt(g.save_stat("blocking_seconds")),
@@ -79,14 +79,14 @@ def configurations(groups: list[Group]) -> Table:
 def phases_table(groups: list[Group], phases: list[str]) -> Table:
     """Median seconds of each restart phase per configuration."""
     cols = ["restart_launch_seconds"] + [f"phase_{p}_seconds" for p in phases] + ["restart_total_seconds"]
-    rows = [[g.label] + [fmt(g.stat(c)) for c in cols] for g in groups if any(r.get("restart_record") for r in g.rows)]
+    rows = [[g.label] + [fmt(g.stat(c)) for c in cols] for g in groups if g.restarts]
     return Table("Restart phases (seconds, slowest rank)", ["configuration", "launch"] + phases + ["total"], rows,
                  "total: slowest rank's process start to first step done, launch not included")
 
 
-def _latest_restart(g: Group) -> dict | None:
-    return next((r for run in reversed(g.runs) for r in reversed(run.summary.get("restarts") or [])
-                 if isinstance(r, dict)), None)
+def _latest_restart(g: Group) -> RestartView:
+    """The latest restart of the group's latest run that has one (an empty view where none has)."""
+    return next((r for run in reversed(g.runs) for r in reversed(run.view.restarts)), RestartView())
 
 
 def anatomy_table(groups: list[Group]) -> Table | None:
@@ -112,13 +112,12 @@ def stragglers_table(groups: list[Group]) -> Table | None:
     found = []
     for g in groups:
         rec = _latest_restart(g)
-        st = (rec or {}).get("stragglers") or {}
-        if st:
+        if st := rec.stragglers:
             found.append((g, rec, st))
             phases += [p for p in st if p not in phases]
     if not found:
         return None
-    rows = [[g.label, f"{rec.get('record')}{restart_where(rec)}", *(f"rank {st[p]['rank']} +{st[p]['excess_over_median_seconds']:.3f}"
+    rows = [[g.label, f"{rec.record}{rec.where()}", *(f"rank {st[p]['rank']} +{st[p]['excess_over_median_seconds']:.3f}"
                                                  if p in st else "-" for p in phases)] for g, rec, st in found]
     return Table("Slowest rank per restart phase", ["configuration", "restart", *phases], rows,
                  "rank r +x: rank r took longest, x seconds more than the median rank (the latest restart of each "
@@ -130,8 +129,7 @@ def memory_table(groups: list[Group]) -> Table | None:
     phases: list[str] = []
     found = []
     for g in groups:
-        mem = (_latest_restart(g) or {}).get("memory") or {}
-        if mem:
+        if mem := _latest_restart(g).memory:
             found.append((g, mem))
             phases += [p for p in mem if p not in phases]
     if not found:
@@ -148,8 +146,7 @@ def io_table(groups: list[Group]) -> Table | None:
     phases: list[str] = []
     found = []
     for g in groups:
-        io = (_latest_restart(g) or {}).get("io_sources")
-        if isinstance(io, dict) and io.get("ranks") and io.get("by_source", True):
+        if io := _latest_restart(g).io_by_source():
             found.append((g, io))
             phases += [p for p in io["phases"] if p not in phases]
     if not found:
@@ -184,7 +181,7 @@ def reshard_table(groups: list[Group]) -> Table | None:
     for g in groups:
         if not g.resharded:
             continue
-        same = [r for r in g.rows if r.get("restart_record")]
+        same = g.restarts
         if same:
             rows.append([g.label, same[-1]["restart_record"], f"{same[-1].get('restart_layout_saved') or '-'} (own)",
                          "-", _v(same[-1].get("phase_checkpoint_load_seconds")),
@@ -211,16 +208,15 @@ def nodes_table(runs: list[Run]) -> Table | None:
     bytes and its slowest rank's seconds (results/placement.py)."""
     rows = []
     for run in runs:
-        ck = run.summary.get("checkpoint") or {}
-        save = (ck.get("saves") or [{}])[-1]
-        phases = [(f"save {save.get('tag')}", save, "durable_seconds", "bytes")]
-        phases += [(f"{r.get('record')}{restart_where(r)}", r, "total_seconds", "read_bytes")
-                   for r in run.summary.get("restarts") or []]
+        saves = run.view.checkpoint.saves if run.view.checkpoint else ()
+        save = saves[-1] if saves else SaveView()
+        phases = [(f"save {save.tag}", save, "durable_seconds", "bytes")]
+        phases += [(f"{r.record}{r.where()}", r, "total_seconds", "read_bytes") for r in run.view.restarts]
         for name, phase, seconds, nbytes in phases:
-            nodes = phase.get("per_node") or []
+            nodes = phase.per_node or []
             if len(nodes) < 2:
                 continue
-            worst = (phase.get("slowest_node") or {}).get("host")
+            worst = (phase.slowest_node or {}).get("host")
             for n in nodes:
                 rows.append([run.run_id, name, n["host"] + (" (slowest)" if n["host"] == worst else ""),
                              ranks_text(n["ranks"], label=False), _v(n.get(nbytes), 2, MIB), _v(n.get(seconds)),

@@ -14,8 +14,9 @@ from matplotlib.figure import Figure
 from analysis.load import _read_json
 from analysis.render import Table, html_page, markdown
 from analysis.study_figures import figures
-from analysis.study_rows import file_rows, rows, to_csv
+from analysis.study_rows import file_rows, rows
 from analysis.study_tables import tables
+from analysis.table import to_csv
 from restart_harness.files.atomic import write_bytes_atomic
 from restart_harness.schema import STUDY
 
@@ -63,7 +64,8 @@ def write(folder: Path) -> list[Path]:
     study, runs, table, pngs, missing = _made(folder)
     title = f"Study {study['study_id']}: {len(table)} cells"
     ts = tables(study, table)
-    files = {"study.csv": to_csv(table).encode(), "study-files.csv": to_csv(file_rows(study, runs)).encode(),
+    files = {"study.csv": to_csv(table, False).encode(),
+             "study-files.csv": to_csv(file_rows(study, runs), False).encode(),
              "study.md": markdown(title, ts, list(pngs), missing).encode(),
              "study.html": html_page(title, ts, pngs, missing).encode(),
              **{f"{k}.png": v for k, v in pngs.items()}}

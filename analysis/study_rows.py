@@ -5,13 +5,10 @@ planned, predicted), and where a run measured what was predicted before it start
 
 from __future__ import annotations
 
-import csv
-import io
 import statistics
 from collections import Counter
 
 from analysis.charts import byte_unit
-from analysis.table import columns_of
 from restart_harness.schema import PREDICTED_RESTART, PREDICTED_TOTAL
 
 SAVE = ("save_blocking_seconds", "save_durable_seconds")
@@ -188,13 +185,3 @@ def file_rows(study: dict, runs: dict[int, dict]) -> list[dict]:
                         "node": None if rank is None else rank // cell["gpus_per_node"], "kind": kind,
                         "source": source})
     return out
-
-
-def to_csv(table: list[dict]) -> str:
-    """CSV text, every column any row has (booleans as Python writes them, unlike runs.csv)."""
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns_of(table), lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(table)
-    return buf.getvalue()
-

@@ -63,25 +63,22 @@ def save_rows(runs: list[Run]) -> list[dict]:
     """One row per save of every run (every save is one measurement of its configuration)."""
     out = []
     for run in runs:
-        for s in get(run.summary, "checkpoint", "saves", default=[]) or []:
-            if not isinstance(s, dict):
-                continue
+        for s in run.view.checkpoint.saves if run.view.checkpoint else ():
             out.append({
                 "run_id": run.run_id, "model": run.spec["model"], "tp": run.spec["tp"], "pp": run.spec["pp"],
-                "dp": run.spec["dp"], "engine": run.spec["engine"], "tag": s.get("tag"), "step": num(s.get("step")),
-                "files": num(s.get("files")), "bytes": num(s.get("bytes")),
-                "blocking_seconds": num(s.get("blocking_seconds")), "durable_seconds": num(s.get("durable_seconds")),
-                "commit_seconds": num(s.get("commit_seconds")),
-                "checksum_seconds": num(s.get("checksum_seconds")),
-                "training_lost_seconds": num(get(s, "training_lost", "seconds")),
-                "training_lost_within_noise": get(s, "training_lost", "within_noise"),
-                "memory_cost_bytes": num(get(s, "memory", "cost_bytes")),
-                "memory_peak_added_bytes": num(get(s, "memory", "peak_added_bytes")),
-                "memory_held_bytes": num(get(s, "memory", "held_bytes")),
-                "memory_retained_bytes": num(get(s, "memory", "retained_bytes")),
-                "throughput_blocking_mib_s": num(get(s, "throughput_mib_s", "blocking")),
-                "throughput_durable_mib_s": num(get(s, "throughput_mib_s", "durable")),
-                **{f"{c}_seconds": num(get(s, "breakdown", f"{c}_seconds")) for c in SAVE_CATEGORIES},
+                "dp": run.spec["dp"], "engine": run.spec["engine"], "tag": s.tag, "step": num(s.step),
+                "files": num(s.files), "bytes": num(s.bytes),
+                "blocking_seconds": num(s.blocking_seconds), "durable_seconds": num(s.durable_seconds),
+                "commit_seconds": num(s.commit_seconds), "checksum_seconds": num(s.checksum_seconds),
+                "training_lost_seconds": num(get(s.training_lost, "seconds")),
+                "training_lost_within_noise": get(s.training_lost, "within_noise"),
+                "memory_cost_bytes": num(get(s.memory, "cost_bytes")),
+                "memory_peak_added_bytes": num(get(s.memory, "peak_added_bytes")),
+                "memory_held_bytes": num(get(s.memory, "held_bytes")),
+                "memory_retained_bytes": num(get(s.memory, "retained_bytes")),
+                "throughput_blocking_mib_s": num(get(s.throughput_mib_s, "blocking")),
+                "throughput_durable_mib_s": num(get(s.throughput_mib_s, "durable")),
+                **{f"{c}_seconds": num(get(s.breakdown, f"{c}_seconds")) for c in SAVE_CATEGORIES},
                 "run_dir": str(run.dir),
             })
     return out
@@ -95,13 +92,14 @@ def columns_of(table: list[dict]) -> list[str]:
     return cols
 
 
-def to_csv(table: list[dict]) -> str:
-    """CSV text; empty cells for missing values, booleans as true/false."""
+def to_csv(table: list[dict], lower_bools: bool = True) -> str:
+    """CSV text of every column any row has; empty cells for missing values, booleans as true/false (lower_bools,
+    runs.csv) or as Python writes them (study.csv)."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns_of(table), lineterminator="\n")
     writer.writeheader()
     for row in table:
-        writer.writerow({k: ("" if v is None else str(v).lower() if isinstance(v, bool) else v)
+        writer.writerow({k: ("" if v is None else str(v).lower() if lower_bools and isinstance(v, bool) else v)
                          for k, v in row.items()})
     return buf.getvalue()
 
@@ -136,6 +134,11 @@ class Group:
     resharded: list[dict] = field(default_factory=list)  # restart records at another layout than the run's
     saves: list[dict] = field(default_factory=list)
     key: str = ""  # C1, C2, ...: its short name in the report (the configurations table, axes too crowded for labels)
+
+    @property
+    def restarts(self) -> list[dict]:
+        """Its rows of a restart record (a run without a restart has a row of its own)."""
+        return [r for r in self.rows if r.get("restart_record")]
 
     @property
     def label(self) -> str:
@@ -256,11 +259,3 @@ def _extra(spec: dict, config: dict, varying: list[str], configs: list[dict]) ->
             continue
         parts.append(f"{k.split('.')[-1]}={json.loads(config[k])}")
     return " ".join(parts)
-
-
-def restart_where(rec: dict | None) -> str:
-    """`` for a restart at the layout that wrote its checkpoint; ` at tp2-pp2-dp1 (4 ranks)` for one at another."""
-    layout = (rec or {}).get("layout") or {}
-    if not layout or layout.get("loaded") == layout.get("saved"):
-        return ""
-    return f" at {layout['loaded']} ({rec.get('ranks')} ranks)"

@@ -9,7 +9,6 @@ with one ckpt_dir, and two resumes of one study."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -17,8 +16,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+from refusals import REPO, fill, refused, submitted, tree, typed
 
-REPO = Path(__file__).resolve().parent.parent
 RUN = "tiny-tp1-pp1-dp2-default-20261124-114506"
 
 CASES = {
@@ -80,32 +79,18 @@ def made(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def everything(root: Path) -> dict[str, bytes | str]:
-    """Every path under root with its bytes (a link: where it points)."""
-    return {str(p.relative_to(root)): (f"-> {p.readlink()}" if p.is_symlink() else p.read_bytes() if p.is_file()
-                                       else "dir") for p in sorted(root.rglob("*"))}
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_refused_exclusive(name, tmp_path, monkeypatch, capsys):
-    from restart_harness.cli import main
-
     tokens, named = CASES[name]
     made(tmp_path)
     held = holder(tmp_path / "study")
     try:
-        before = everything(tmp_path)
-        monkeypatch.chdir(tmp_path)
-        code = main([t.replace("{tmp}", str(tmp_path)) for t in tokens])
-        err = capsys.readouterr().err
+        before = tree(tmp_path)
+        code, err = typed(tokens, tmp_path, monkeypatch, capsys, results_dir=False)
     finally:
         held.kill()
         held.wait()
-    lines = err.strip().splitlines()
-    assert code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("error: ") and named.replace("{tmp}", str(tmp_path)) in lines[0], err
-    assert "Traceback" not in err
-    assert everything(tmp_path) == before  # nothing created, nothing changed
+    refused(code, err, fill(named, tmp_path), before, tree(tmp_path))
 
 
 def test_two_runs_in_one_second_with_one_ckpt_dir_never_share_a_checkpoint_folder(tmp_path, monkeypatch):
@@ -138,11 +123,11 @@ def test_two_resumes_of_one_study_neither_runs_nor_loses(tmp_path, capsys):
 
     study = a_study(tmp_path / "study")
     held = holder(study)
-    before = everything(tmp_path)
+    before = tree(tmp_path)
     assert main(["study", f"resume={study}"]) == 2
     line = capsys.readouterr().err.strip()
     assert f"pid {held.pid} on " in line and "started " in line, line
-    assert everything(tmp_path) == before
+    assert tree(tmp_path) == before
     held.kill()
     held.wait()
     assert exclusive.hold(study) is None  # freed with its holder
@@ -170,19 +155,12 @@ def test_a_file_that_appeared_meanwhile_is_kept(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("name", list(ENV_CASES))
 def test_refused_environment(name, tmp_path, monkeypatch, capsys):
-    from restart_harness.cli import main
-
     env, tokens, named = ENV_CASES[name]
-    made(tmp_path)
-    before = everything(tmp_path)
+    before = tree(made(tmp_path))
     for key, value in env.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.chdir(tmp_path)
-    code = main([t.replace("{tmp}", str(tmp_path)) for t in tokens])
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], err
-    assert everything(tmp_path) == before
+    code, err = typed(tokens, tmp_path, monkeypatch, capsys, results_dir=False)
+    refused(code, err, named, before, tree(tmp_path))
 
 
 # the launcher script's environment (scripts/env.sh), through ./submit-job.sh: RH_VENV_DIR names another checkout's
@@ -201,11 +179,6 @@ def test_refused_by_the_launcher_script(name, tmp_path):
     env, named = SCRIPT_CASES[name]
     (tmp_path / "env").mkdir()
     (tmp_path / "env" / ".project-root").write_text("/elsewhere/checkout\n")
-    before = everything(tmp_path)
-    base = {k: v for k, v in os.environ.items() if k not in ("RH_PYTHON", "RH_VENV", "RH_VENV_REPOINT")}
-    proc = subprocess.run([str(REPO / "submit-job.sh"), "tiny", "dry_run=true"], cwd=tmp_path, check=False,
-                          capture_output=True, text=True, timeout=120,
-                          env={**base, **{k: v.replace("{tmp}", str(tmp_path)) for k, v in env.items()}})
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and named.replace("{tmp}", str(tmp_path)) in lines[0], proc.stderr
-    assert everything(tmp_path) == before
+    before = tree(tmp_path)
+    code, err = submitted(["tiny", "dry_run=true"], tmp_path, env, drop=("RH_PYTHON", "RH_VENV", "RH_VENV_REPOINT"))
+    refused(code, err, fill(named, tmp_path), before, tree(tmp_path))

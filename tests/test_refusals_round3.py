@@ -9,15 +9,9 @@ campaigns' one exit rule (campaigns/outcome.py) on the states a campaign's parts
 
 from __future__ import annotations
 
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
-from test_bad_input import NO_RESULTS_DIR, REPO, made
+from refusals import RUN, fill, made, refused, submitted, tree, typed
 
-LONG = "a" * 256
-RUN = REPO / "tests" / "data" / "results" / "one" / "tiny-tp1-pp1-dp2-default-20261124-114506"
 NAME_MAX = "components (folder and file names) of at most 255 bytes"
 
 CASES = {
@@ -187,48 +181,21 @@ OUTCOMES = {
 }
 
 
-def fill(text: str, tmp_path: Path) -> str:
-    return text.replace("{tmp}", str(tmp_path)).replace("{long}", LONG).replace("{run}", str(RUN))
-
-
-def tree(*roots: Path) -> dict:
-    """Every path below the roots with its size and modification time: nothing created or changed."""
-    return {str(p): (p.lstat().st_size, p.lstat().st_mtime_ns) for root in roots for p in root.rglob("*")}
-
-
-def held(code: int, err: str, named: str, before: dict, after: dict) -> None:
-    lines = err.strip().splitlines()
-    assert code == 2, err
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
-    assert (lines[0].endswith(named[:-1]) if named.endswith("$") else named in lines[0]), err
-    assert len(lines[0]) < 1500, err
-    assert after == before  # nothing created or changed, here or in the run restarted
-    assert not (REPO / "INJECTED").exists()
-
-
 @pytest.mark.parametrize("name", list(CASES))
 def test_refused(name, tmp_path, monkeypatch, capsys):
-    from restart_harness.cli import main
-
     tokens, named = CASES[name]
     made(tmp_path)
     before = tree(tmp_path, RUN)
-    monkeypatch.chdir(tmp_path)
-    tokens = [fill(t, tmp_path) for t in tokens]
-    typed_as_is = tokens[0] in NO_RESULTS_DIR or any(t.startswith("results_dir=") for t in tokens)
-    code = main(tokens if typed_as_is else [*tokens, f"results_dir={tmp_path / 'results'}"])
-    held(code, capsys.readouterr().err, fill(named, tmp_path), before, tree(tmp_path, RUN))
+    code, err = typed(tokens, tmp_path, monkeypatch, capsys)
+    refused(code, err, fill(named, tmp_path), before, tree(tmp_path, RUN))
 
 
 @pytest.mark.parametrize("name", list(ENV_CASES))
 def test_refused_environment(name, tmp_path):
     env, tokens, named = ENV_CASES[name]
-    made(tmp_path)
-    before = tree(tmp_path)
-    proc = subprocess.run([str(REPO / "submit-job.sh"), *(fill(t, tmp_path) for t in tokens)], cwd=tmp_path,
-                          check=False, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, **{k: fill(v, tmp_path) for k, v in env.items()}})
-    held(proc.returncode, proc.stderr, fill(named, tmp_path), before, tree(tmp_path))
+    before = tree(made(tmp_path))
+    code, err = submitted(tokens, tmp_path, env)
+    refused(code, err, fill(named, tmp_path), before, tree(tmp_path))
 
 
 @pytest.mark.parametrize("name", list(OUTCOMES))

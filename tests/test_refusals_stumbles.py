@@ -5,7 +5,7 @@ what the parser accepts (every yes/no key's spellings, one rule for GB and GiB, 
 from __future__ import annotations
 
 import pytest
-from test_bad_input import NO_RESULTS_DIR, held_to_one_line, made
+from refusals import made, refused, tree, typed
 
 from engines import registry
 from restart_harness.command.help import TOPICS
@@ -75,15 +75,10 @@ CASES = {**_bool_rows(), **SIZE_CASES, **HELP_CASES}
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_refused(name, tmp_path, monkeypatch, capsys):
-    from restart_harness.cli import main
-
     tokens, named = CASES[name]
-    before = {p.name for p in made(tmp_path).iterdir()}
-    monkeypatch.chdir(tmp_path)
-    tokens = [t.replace("{tmp}", str(tmp_path)) for t in tokens]
-    as_is = tokens[0] in (*NO_RESULTS_DIR, "help") or "--help" in tokens or "-h" in tokens
-    code = main(tokens if as_is else [*tokens, f"results_dir={tmp_path / 'results'}"])
-    held_to_one_line(code, capsys.readouterr().err, named, tmp_path, before)
+    before = tree(made(tmp_path))
+    code, err = typed(tokens, tmp_path, monkeypatch, capsys)
+    refused(code, err, named, before, tree(tmp_path))
 
 
 @pytest.mark.parametrize("word", TRUE + FALSE + ("TRUE", "Off", "YES"))

@@ -19,6 +19,7 @@ from restart_harness.campaigns import outcome
 from restart_harness.command.options import MATRIX_STACK_CASES, MatrixOptions
 from restart_harness.errors import UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
+from restart_harness.results.views import CheckpointView, RestartView, SaveView, SummaryView
 
 SHORT = ["iters=4", "save_interval=2", "after=1", "cache=drop"]
 REPO = Path(__file__).resolve().parents[2]
@@ -149,13 +150,13 @@ def calibrate_device(folder: Path, say) -> str | None:
 def _figures(run_dir: Path | None) -> dict:
     if run_dir is None or not (run_dir / "summary.json").is_file():
         return {"verified": None}
-    s = read_json(run_dir / "summary.json")
-    ckpt, restart = s.get("checkpoint") or {}, s.get("restart") or {}
-    save = (ckpt.get("saves") or [{}])[-1]
-    return {"verified": restart.get("verified"), "bytes": ckpt.get("bytes"), "files": ckpt.get("files"),
-            "blocking_seconds": save.get("blocking_seconds"), "durable_seconds": save.get("durable_seconds"),
-            "load_seconds": restart.get("load_seconds"), "load_mib_s": restart.get("load_throughput_mib_s"),
-            "restart_seconds": restart.get("total_seconds"), "phases": restart.get("phases")}
+    s = SummaryView.of(read_json(run_dir / "summary.json"))
+    ckpt, restart = s.checkpoint or CheckpointView(), s.restart or RestartView()
+    save = ckpt.saves[-1] if ckpt.saves else SaveView()
+    return {"verified": restart.verified, "bytes": ckpt.bytes, "files": ckpt.files,
+            "blocking_seconds": save.blocking_seconds, "durable_seconds": save.durable_seconds,
+            "load_seconds": restart.load_seconds, "load_mib_s": restart.load_throughput_mib_s,
+            "restart_seconds": restart.total_seconds, "phases": restart.phases}
 
 
 def render(record: dict) -> str:

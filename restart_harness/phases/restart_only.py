@@ -47,7 +47,7 @@ def restart_only(request) -> Path:
                 facts["conversion"] = relayout.conversion
         launched = restarts(at, request.repeats, relayout, facts, own_spec=True)
     finally:
-        summary = finalize.finalize(run_dir, state=state, reason=reason)
+        summary = finalize.finalize(at, state=state, reason=reason, as_made=request.original)
     failed = [r for r in summary["restarts"] if r["record"] in launched and not r["verified"]]
     if failed:  # each verified on every rank, but a first loss at another layout did not continue the run's
         raise RunFailed(f"{failed[-1]['record']}: restart did not restore the saved state: "

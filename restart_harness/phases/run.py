@@ -91,12 +91,12 @@ def execute(the_run: resolve.Run) -> Path:
         if spec.phase == "all" and the_run.engine.saves:
             integrity = whole_checkpoint(the_run)
             restarts(the_run, 1, facts={"integrity": integrity} if integrity else None)
-        summary = finalize.finalize(run_dir, state="complete")
+        summary = finalize.finalize(the_run, state="complete")
     except RunFailed as exc:
-        finalize.finalize(run_dir, state="failed", reason=str(exc))
+        finalize.finalize(the_run, state="failed", reason=str(exc))
         raise
     except KeyboardInterrupt:
-        finalize.finalize(run_dir, state="failed", reason="interrupted")
+        finalize.finalize(the_run, state="failed", reason="interrupted")
         raise
     if summary["status"]["state"] != "complete":  # a restart that verified on every rank, but not its first loss
         raise RunFailed(summary["status"]["reason"])

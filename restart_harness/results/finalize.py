@@ -3,6 +3,7 @@ function of what is stored, so it can be re-run at any time (and after every res
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -15,6 +16,7 @@ from restart_harness.results import prediction
 from restart_harness.results import summary as sm
 from restart_harness.schema import RESTART_PHASES, count
 from restart_harness.spec import record as records
+from restart_harness.spec.runspec import RunSpec
 from restart_harness.files.atomic import write_json_atomic
 
 
@@ -51,14 +53,17 @@ def rerun(info: dict, phase: str) -> bool:
     return not (info["record"] == "restart-01" and phase == "all")
 
 
-def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
-    run = resolve.read(run_dir)
-    target = run.target
+def finalize(run: resolve.Run | Path, state: str, reason: str | None = None, as_made: RunSpec | None = None) -> dict:
+    """The summary of the run as made: `run` resolved once by the caller (a folder only where none was: it is read),
+    `as_made` the spec spec.json holds where `run` carries a restart-only re-run's own."""
+    run = resolve.read(run) if isinstance(run, Path) else run
+    made = run.made if as_made is None else dataclasses.replace(run.made, spec=as_made)
+    run_dir, target = made.run_dir, run.target
     writers = _writers(run_dir)
     stored = _stored(run)
     committed = {tag: {"files": len(stored[tag]), "bytes": sum(n for _, n in stored[tag])}
                  for tag in writers if stored.get(tag)}
-    restarts = [_restart(run, run_dir, info, committed, stored) for info in _records(run_dir)]
+    restarts = [_restart(made, run, info, committed, stored) for info in _records(run_dir)]
     sm.loss_continuity(restarts)
     for r in restarts:
         if r["outcome"]["state"] == "verified" and not r["verified"]:  # a first loss that did not continue the run's
@@ -71,7 +76,7 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
         inventory["tag"] = tag
         write_json_atomic(run_dir / "inventory.json", inventory)
     status = _status(state, reason, restarts)
-    summary = sm.build(run_dir, run.made.to_json(), status, {"root": str(target.root), "committed": committed},
+    summary = sm.build(run_dir, made.to_json(), status, {"root": str(target.root), "committed": committed},
                        inventory, restarts)
     _checkpoint_phase(summary, run_dir, run.stored)
     efficiency.add(summary, run_dir)
@@ -85,15 +90,18 @@ def finalize(run_dir: Path, state: str, reason: str | None = None) -> dict:
     return summary
 
 
-def _restart(run, run_dir: Path, info: dict, committed: dict, stored: dict) -> dict:
+def _restart(made: records.RunRecord, run, info: dict, committed: dict, stored: dict) -> dict:
     """One restart's summary from its record and its launch record (info), with what it read from the target."""
     target = run.target
+    run_dir = made.run_dir
     record = ev.read_record(run_dir, info["record"])
     tag = next((e["tag"] for evs in record.values() for e in evs if e["event"] == "loaded"), None)
-    # every restart says where it ran and what it read: its own layout (its record's spec), the saved
-    # checkpoint, and what it loaded (the same, or a converted copy of it)
-    own = records.read(run_dir, info["record"]).spec
-    info.setdefault("layout", {"saved": run.spec.layout, "loaded": own.layout})
+    # every restart says where it ran and what it read: its own layout (its record's spec, where it has one), the
+    # saved checkpoint, and what it loaded (the same, or a converted copy of it)
+    if "layout" not in info:
+        own = (records.read(run_dir, info["record"]).spec
+               if records.record_spec_path(run_dir, info["record"]).is_file() else made.spec)
+        info["layout"] = {"saved": made.spec.layout, "loaded": own.layout}
     r = sm.restart(record, info["record"], info, info.get("cache"), committed.get(tag, {}).get("bytes"),
                    str(target.root), run_dir)
     r["saved_tag"] = (info.get("conversion") or {}).get("tag") or tag
@@ -102,10 +110,10 @@ def _restart(run, run_dir: Path, info: dict, committed: dict, stored: dict) -> d
     r["storage_requests"] = run.stored.requests(run_dir / "logs" / "client" / info["record"])
     r["incomplete_uploads"] = info.get("incomplete_uploads")
     r["integrity"] = info.get("integrity")  # the committed files' checksums, read back before the launch
-    r["rerun"] = rerun(info, run.spec.phase)
+    r["rerun"] = rerun(info, made.spec.phase)
     r["outcome"] = info.get("outcome") or ({"state": "verified", "reason": None} if r["verified"] else
                                            {"state": "failed", "reason": "not verified on every rank"})
-    facts = dict(run.facts.get("io_sources") or {})
+    facts = dict(made.facts.get("io_sources") or {})
     if info.get("staging"):  # env_stage=: the ranks' environment and extension cache were the copy's
         for source in ("environment", "extension_cache"):
             facts[source] = {**(facts.get(source) or {}), "filesystem": info["staging"]["filesystem"]}

@@ -5,6 +5,7 @@ ranks. worker/io_marks.py measures them; docs/measurements.md#io-by-source defin
 
 from __future__ import annotations
 
+from restart_harness.results.views import SummaryView
 from restart_harness.schema import IO_KERNEL_FIELDS, IO_SOURCE_FIELDS, IO_SOURCES
 
 
@@ -105,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     if record == "checkpoint":
         io = (summary.get("checkpoint") or {}).get("io_sources")
     else:
-        found = [r for r in summary.get("restarts") or [] if record in (None, r.get("record"))]
-        io = found[-1].get("io_sources") if found else None
+        io = next((r.io_sources for r in reversed(SummaryView.of(summary).restarts) if record in (None, r.record)),
+                  None)
     if not io:
         print(f"error: {args[0]} has no I/O by source for {record or 'its latest restart'} (recorded from 2026-11-26 "
               "with anatomy=true or trace=true)", file=sys.stderr)

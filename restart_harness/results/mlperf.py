@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import statistics
 
+from restart_harness.results.views import SummaryView
 from restart_harness.schema import GIB
 
 
@@ -29,39 +30,33 @@ def _median(values: list[float]) -> float | None:
 
 def run_metrics(summary: dict) -> dict:
     """One harness run (its saves and restarts) as one MLPerf run."""
-    ck = summary.get("checkpoint") or {}
+    s = SummaryView.of(summary)
+    saves = s.checkpoint.saves if s.checkpoint else ()
     writes = []
-    for save in ck.get("saves") or []:
-        seconds = max((r["durable_seconds"] for r in save.get("per_rank") or []), default=None)
-        if seconds:
-            writes.append({"tag": save["tag"], "bytes": save["bytes"], "duration_seconds": round(seconds, 6),
-                           "throughput_gib_s": round(save["bytes"] / GIB / seconds, 6)})
-    reads = []
-    for r in summary.get("restarts") or []:
-        seconds, size = r.get("load_seconds"), r.get("load_bytes")
-        if seconds and size and r.get("verified"):
-            reads.append({"record": r["record"], "tag": r.get("tag"), "bytes": size,
-                          "duration_seconds": round(seconds, 6), "cache": (r.get("cache") or {}).get("observed"),
-                          "throughput_gib_s": round(size / GIB / seconds, 6)})
-    restarts = [r for r in summary.get("restarts") or [] if r.get("verified")]
+    for save in saves:
+        if seconds := max((r["durable_seconds"] for r in save.per_rank or []), default=None):
+            writes.append({"tag": save.tag, "bytes": save.bytes, "duration_seconds": round(seconds, 6),
+                           "throughput_gib_s": round(save.bytes / GIB / seconds, 6)})
+    restarts = [r for r in s.restarts if r.verified]
+    reads = [{"record": r.record, "tag": r.tag, "bytes": r.load_bytes, "duration_seconds": round(r.load_seconds, 6),
+              "cache": (r.cache or {}).get("observed"), "throughput_gib_s": round(r.load_bytes / GIB / r.load_seconds, 6)}
+             for r in restarts if r.load_seconds and r.load_bytes]
+
+    def median(values: list) -> float | None:
+        return _median([v for v in values if v is not None])
     return {
-        "run_id": summary.get("run_id"),
-        "state": (summary.get("status") or {}).get("state"),
-        "writes": writes, "reads": reads,
+        "run_id": s.run_id, "state": (s.status or {}).get("state"), "writes": writes, "reads": reads,
         "save_duration_seconds": _mean([w["duration_seconds"] for w in writes]),
         "save_throughput_gib_s": _mean([w["throughput_gib_s"] for w in writes]),
         "load_duration_seconds": _mean([r["duration_seconds"] for r in reads]),
         "load_throughput_gib_s": _mean([r["throughput_gib_s"] for r in reads]),
         "harness": {
-            "save_blocking_seconds_median": _median([s["blocking_seconds"] for s in ck.get("saves") or []]),
-            "save_durable_seconds_median": _median([s["durable_seconds"] for s in ck.get("saves") or []]),
-            "save_commit_seconds_median": _median([s["commit_seconds"] for s in ck.get("saves") or []
-                                                   if s.get("commit_seconds") is not None]),
-            "restart_total_seconds_median": _median([r["total_seconds"] for r in restarts
-                                                     if r.get("total_seconds") is not None]),
-            "restart_launch_seconds_median": _median([r["launch_seconds"] for r in restarts
-                                                      if r.get("launch_seconds") is not None]),
-            "cache_observed": sorted({(r.get("cache") or {}).get("observed") for r in restarts} - {None}),
+            "save_blocking_seconds_median": _median([x.blocking_seconds for x in saves]),
+            "save_durable_seconds_median": _median([x.durable_seconds for x in saves]),
+            "save_commit_seconds_median": median([x.commit_seconds for x in saves]),
+            "restart_total_seconds_median": median([r.total_seconds for r in restarts]),
+            "restart_launch_seconds_median": median([r.launch_seconds for r in restarts]),
+            "cache_observed": sorted({(r.cache or {}).get("observed") for r in restarts} - {None}),
         },
     }
 

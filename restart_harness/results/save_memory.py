@@ -75,15 +75,10 @@ def growth(per_rank: dict[int, list[dict]]) -> dict:
         return {"saves": n, "bytes_per_save": None, "growing": None,
                 "note": f"a slope needs at least {MIN_SAVES} saves and this phase made {n}: give it more iters "
                         "(e.g. iters = 10 x save_interval)"}
-    best = None
-    for rank, evs in per_rank.items():
-        points = [(i, e["memory"]["rss_before_bytes"]) for i, e in enumerate(sorted(evs, key=lambda e: e["step"]))
-                  if i > 0 and e.get("memory") and e["memory"].get("rss_before_bytes") is not None]
-        if len(points) < MIN_SAVES - 1:
-            continue
-        b, se = slope(points)
-        if best is None or b > best[0]:
-            best = (b, se, rank, points)
+    best = _steepest({rank: [(i, e["memory"]["rss_before_bytes"])
+                             for i, e in enumerate(sorted(evs, key=lambda e: e["step"]))
+                             if i > 0 and e.get("memory") and e["memory"].get("rss_before_bytes") is not None]
+                      for rank, evs in per_rank.items()})
     if best is None:
         return {"saves": n, "bytes_per_save": None, "growing": None, "note": "no rank recorded its memory"}
     b, se, rank, points = best
@@ -99,20 +94,20 @@ def training_growth(record: dict[int, list[dict]]) -> dict | None:
     """The resident set at each step's start, step after step, from the second step on: how training's own memory
     moves (with a save's growth in it where saves were made; engine=none's runs give it without). The steepest rank,
     in bytes per step; None with fewer than MIN_SAVES steps recorded."""
-    best = None
-    for rank, evs in ev.of_kind(record, "step").items():
-        points = [(e["step"], e["rss_bytes"]) for e in sorted(evs, key=lambda e: e["step"])[1:]
-                  if e.get("rss_bytes") is not None]
-        if len(points) < MIN_SAVES - 1:
-            continue
-        b, se = slope(points)
-        if best is None or b > best[0]:
-            best = (b, se, rank, len(points))
+    best = _steepest({rank: [(e["step"], e["rss_bytes"]) for e in sorted(evs, key=lambda e: e["step"])[1:]
+                             if e.get("rss_bytes") is not None] for rank, evs in ev.of_kind(record, "step").items()})
     if best is None:
         return None
-    b, se, rank, n = best
+    b, se, rank, points = best
     return {"bytes_per_step": round(b), "standard_error_bytes": round(se) if se is not None else None, "rank": rank,
-            "steps": n}
+            "steps": len(points)}
+
+
+def _steepest(points_by_rank: dict[int, list[tuple[float, float]]]) -> tuple | None:
+    """(slope, its standard error, rank, points) of the rank whose points rise the steepest, of those with at least
+    MIN_SAVES - 1 points; None where none has."""
+    fits = [(*slope(points), rank, points) for rank, points in points_by_rank.items() if len(points) >= MIN_SAVES - 1]
+    return max(fits, key=lambda f: f[0], default=None)
 
 
 def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict | None:

@@ -20,13 +20,19 @@ class View:
 
     @classmethod
     def of(cls, data: dict | None):
-        if data is None:
+        """The view of one object; None for anything else (a missing or malformed field: the analysis reads
+        summaries it did not write). A list's elements that are not objects are left out."""
+        if not isinstance(data, dict):
             return None
         names = {f.name for f in dataclasses.fields(cls)}
         values = {cls.RENAMED.get(k, k): v for k, v in data.items() if cls.RENAMED.get(k, k) in names}
         for name, view in cls.NESTED.items():
-            values[name] = (tuple(view[0].of(x) for x in values.get(name) or ()) if isinstance(view, list)
-                            else view.of(values.get(name)))
+            if isinstance(view, list):
+                items = values.get(name)
+                values[name] = tuple(view[0].of(x) for x in (items if isinstance(items, list) else ())
+                                     if isinstance(x, dict))
+            else:
+                values[name] = view.of(values.get(name))
         return cls(**values)
 
 
@@ -36,7 +42,8 @@ def _view(name: str, fields: str, nested: dict | None = None, renamed: dict | No
                                       namespace={"NESTED": nested or {}, "RENAMED": renamed or {}, **methods})
 
 
-LostView = _view("LostView", "saves note per_save_seconds_median per_save_noise_seconds within_noise baseline_step")
+LostView = _view("LostView", "saves note per_save_seconds_median per_save_noise_seconds within_noise baseline_step "
+                  "total_seconds")
 GrowthView = _view("GrowthView", "bytes_per_save note growing standard_error_bytes saves rank")
 SaveMemoryView = _view("SaveMemoryView", "saves peak_added_bytes_max peak_added_rank peak_added_tag held_bytes_max "
                        "retained_bytes_max cost_bytes_median step_peak_added_bytes engine_buffers_bytes_max growth",
@@ -44,24 +51,34 @@ SaveMemoryView = _view("SaveMemoryView", "saves peak_added_bytes_max peak_added_
 CrossoverView = _view("CrossoverView", "status crossover_checkpoint_bytes run_largest_phase measured")
 PredictionView = _view("PredictionView", "phases machine_busy calibration crossover",
                        nested={"crossover": CrossoverView})
-SpecView = _view("SpecView", "model engine precision device seq_len tp pp dp shrink emulate subset derived")
-SaveView = _view("SaveView", "tag blocking_seconds durable_seconds commit_seconds checksum_seconds is_async "
-                  "throughput_mib_s breakdown training_lost per_node slowest_node", renamed={"async": "is_async"})
+SpecView = _view("SpecView", "model engine precision device seq_len tp pp dp shrink emulate subset derived zero nodes "
+                  "cache")
+SaveView = _view("SaveView", "tag step files bytes blocking_seconds durable_seconds commit_seconds checksum_seconds is_async "
+                  "throughput_mib_s breakdown training_lost per_node slowest_node memory per_rank",
+                 renamed={"async": "is_async"})
 CheckpointView = _view("CheckpointView", "tag files bytes by_kind bytes_per_rank saves training_lost memory "
-                       "engine_staging efficiency storage_requests incomplete_uploads", nested={"saves": [SaveView], "training_lost": LostView, "memory": SaveMemoryView})
+                       "engine_staging efficiency storage_requests incomplete_uploads machine_load", nested={"saves": [SaveView], "training_lost": LostView, "memory": SaveMemoryView})
 TrainingView = _view("TrainingView", "steps step_seconds_median steps_in_flight step_seconds_median_in_flight "
-                                     "step_seconds_median_no_flush rss_growth")
+                                     "step_seconds_median_no_flush rss_growth step_numbers step_seconds step_in_flight "
+                                     "losses max_rss_bytes_per_rank")
 BaselineView = _view("BaselineView", "method write_mib_s read_mib_s cached age_seconds dir spread ceiling")
 RestartView = _view(
     "RestartView", "record ranks total_seconds launch_seconds phases verified verified_tensors differing launcher "
     "cache environment_cache staging layout loaded load_seconds load_throughput_mib_s load_breakdown "
     "engine_load_statistics attribution io_sources memory per_node slowest_node storage_requests incomplete_uploads "
-    "integrity",
+    "integrity stragglers per_rank launch_start tag wall_seconds conversion first_step_loss loss_continuity "
+    "verify_seconds outcome storage_read_throughput_mib_s max_rss_bytes_per_rank exit_code load_bytes",
     # restart_conditions of this restart; whether it ran at the layout that saved the checkpoint
     conditions=lambda r: restart_conditions({"launcher": r.launcher, "cache": r.cache, "staging": r.staging,
                                              "environment_cache": r.environment_cache}),
-    at_own_layout=lambda r: (r.layout or {}).get("loaded") == (r.layout or {}).get("saved"))
-SummaryView = _view("SummaryView", "run_id status spec checkpoint training restart restarts baseline prediction",
+    at_own_layout=lambda r: (r.layout or {}).get("loaded") == (r.layout or {}).get("saved"),
+    # `` at the layout that wrote its checkpoint; ` at tp2-pp2-dp1 (4 ranks)` at another
+    where=lambda r: "" if r.at_own_layout() else f" at {r.layout['loaded']} ({r.ranks} ranks)",
+    # its I/O by source, where its ranks counted it per source (not anatomy=false's kernel figures alone)
+    io_by_source=lambda r: (r.io_sources if isinstance(r.io_sources, dict) and r.io_sources.get("ranks")
+                            and r.io_sources.get("by_source", True) else None))
+SummaryView = _view("SummaryView", "run_id status spec checkpoint training restart restarts baseline prediction "
+                    "schema_version",
                     nested={"spec": SpecView, "checkpoint": CheckpointView, "training": TrainingView,
                             "restart": RestartView, "restarts": [RestartView], "baseline": BaselineView,
                             "prediction": PredictionView})

@@ -12,7 +12,6 @@ from restart_harness.spec.model_shape import ModelShape
 
 # Pipeline layer kinds, in PipelineModule order: embedding, num_hidden_layers decoder layers, final norm, head.
 EMBEDDING, DECODER, FINAL_NORM, LM_HEAD = "embedding", "decoder", "final_norm", "lm_head"
-SPLITS = ("column", "row", "vocab", "replicated")
 
 
 @dataclass(frozen=True)

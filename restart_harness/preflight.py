@@ -19,6 +19,7 @@ from restart_harness.errors import UsageError, refused
 from restart_harness.files import baseline as baseline_store
 from restart_harness.files import checksum, exclusive
 from restart_harness.files.fsfacts import why_not_a_directory
+from restart_harness.plan.estimate import size_text as _gib
 from restart_harness.resolve import Plugins
 from restart_harness.results import events as ev
 from restart_harness.schema import PREDICTED_TOTAL
@@ -140,8 +141,8 @@ def resources(plugins: Plugins) -> None:
         state = (checkpoint.EMULATED_STREAM_BYTES if streams else
                  checkpoint.emulated_file_state_bytes(spec) // checkpoint.EMULATED_STATE_FACTOR)
         staging = min(int((spec.emulate_memory_gib or 0) * 2**30), ranks * state)
-        held = [f"its streaming {_gib(state)}" if streams else f"its largest file's {_gib(state)}", f"up to emulate_memory_gib={spec.emulate_memory_gib:g} staging "
-                                                       "for the node" if staging else ""]
+        held = [f"its {'streaming buffers' if streams else 'largest file'}' {_gib(state)}".replace("file'", "file's"),
+                f"up to emulate_memory_gib={spec.emulate_memory_gib:g} staging for the node" if staging else ""]
     else:
         state, staging = STATE_FACTOR * rank_bytes, 0
         held = [f"three times its {_gib(rank_bytes)} share of the checkpoint"]
@@ -158,10 +159,6 @@ def resources(plugins: Plugins) -> None:
     if ranks > RANKS_PER_CPU * cpus:
         raise UsageError(f"{layout}: {ranks} ranks on this node's {cpus} CPUs (more than {RANKS_PER_CPU} a CPU); "
                          "accepted: fewer ranks per node, or launcher=slurm|pbs over several nodes")
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
 
 
 def nodes(plugins: Plugins) -> None:
@@ -229,13 +226,6 @@ def cache() -> None:
                        "this user can write")
 
 
-def walltime_seconds(text: str) -> int:
-    """HH:MM:SS or D-HH:MM:SS (walltime=) in seconds."""
-    days, _, clock = text.rpartition("-")
-    hours, minutes, seconds = (int(x) for x in clock.split(":"))
-    return (int(days) if days else 0) * 86400 + hours * 3600 + minutes * 60 + seconds
-
-
 def work(plugins: Plugins) -> None:
     """Each launch fits its time limit by the harness's own prediction (predict/: the arithmetic `./submit-job.sh
     predict` shows): the checkpoint phase (start-up, iters steps, its saves) and a restart (start-up, `after` steps)
@@ -277,7 +267,7 @@ def work(plugins: Plugins) -> None:
                              f"timeout={spec.timeout} s; accepted: fewer {keys}"
                              + (", a smaller micro_batch, grad_accum or seq_len" if step else "")
                              + f", or timeout= above {int(seconds) + 1}")
-    limit = walltime_seconds(spec.walltime)
+    limit = spec.walltime_seconds
     if plugins.launcher.submits() and checkpoint + restart > limit:
         raise UsageError(f"the job would take at least {duration(checkpoint + restart)} (checkpoint and restart "
                          f"phases, predicted with calibration {spec.calibration}), more than walltime={spec.walltime}; "

@@ -176,6 +176,13 @@ class RunSpec:
         return self.micro_batch * self.grad_accum * (self.dp or 1)
 
     @property
+    def walltime_seconds(self) -> int:
+        """walltime= (HH:MM:SS or D-HH:MM:SS) in seconds."""
+        days, _, clock = self.walltime.rpartition("-")
+        hours, minutes, seconds = (int(x) for x in clock.split(":"))
+        return (int(days) if days else 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+    @property
     def layout(self) -> str:
         return f"tp{self.tp}-pp{self.pp}-dp{self.dp}"
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from restart_harness.predict import goodput as g
+from restart_harness.results import goodput as g
 from restart_harness.schema import BADPUT_BUCKETS
 
 
@@ -52,20 +52,31 @@ def test_failure_rate_scales_with_the_gpus():
 def test_a_predictions_phases_give_the_interval_at_its_gpus_and_at_scale():
     phases = {"save_blocking_seconds": {"seconds": 20.0}, "restart_total_with_launch_seconds": {"seconds": 300.0},
               "restart_first_step_seconds": {"seconds": 2.0}}
-    mine, large = (g.from_phases(phases, n) for n in (64, 16_384))
+    mine, large = g.from_phases(phases, {}, 64)
     assert mine["gpus"] == 64 and large["job_mtbf_seconds"] == pytest.approx(54 * 86_400 / 419)
     assert large["best_interval_seconds"] < mine["best_interval_seconds"] and "Llama 3" in large["mtbf_source"]
     assert "16,384 GPUs" in g.line(large) and "expected goodput" in g.line(large)
-    assert g.from_phases({**phases, "save_blocking_seconds": {"seconds": None}}, 64) is None
+    assert g.from_phases({**phases, "save_blocking_seconds": {"seconds": None}}, {}, 64) == []
 
 
-def test_a_runs_summary_gives_the_interval_at_its_ranks_and_at_scale():
-    summary = {"spec": {"derived": {"world_size": 2}}, "restart": {"total_seconds": 12.0},
+def test_a_runs_summary_gives_the_interval_at_its_ranks_and_at_the_scale_asked():
+    summary = {"spec": {"derived": {"world_size": 2}, "at_gpus": 1_024}, "restart": {"total_seconds": 12.0},
                "checkpoint": {"training_lost": {"per_save_seconds_median": 0.05, "baseline_step": {"seconds": 0.06}}}}
     mine, large = g.from_summary(summary)
-    assert (mine["gpus"], large["gpus"]) == (2, 16_384) and mine["save_seconds"] == 0.05
+    assert (mine["gpus"], large["gpus"]) == (2, 1_024) and mine["save_seconds"] == 0.05
+    assert large["job_mtbf_seconds"] == pytest.approx(mine["job_mtbf_seconds"] / 512)
     assert large["best_interval_seconds"] < mine["best_interval_seconds"]
     assert g.from_summary({"spec": {}, "restart": None, "checkpoint": {}}) == []
+
+
+@pytest.mark.parametrize("keys,at_8,at_64,says", [
+    ({"mtbf": 3_600.0}, 3_600.0, 450.0, "mtbf=3600 s at 8 GPUs"),  # the job's, the same rate per GPU elsewhere
+    ({"mtbf_per_node": 86_400.0, "ranks_per_node": 4}, 43_200.0, 5_400.0, "mtbf_per_node=86400 s"),
+    ({"mtbf_per_gpu": 80_000.0}, 10_000.0, 1_250.0, "mtbf_per_gpu=80000 s"),
+])
+def test_each_mtbf_key_scales_the_jobs_failure_rate(keys, at_8, at_64, says):
+    assert g.job_mtbf_at(keys, 8, 8) == (pytest.approx(at_8), says)
+    assert g.job_mtbf_at(keys, 64, 8)[0] == pytest.approx(at_64)
 
 
 @pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan])
@@ -75,15 +86,18 @@ def test_model_refuses_an_mtbf_that_is_not_a_positive_finite_time(value):
 
 
 BAD = [
-    (["duration=60", "mtbf=0"], "mtbf=0: must be a finite time above zero"),
-    (["duration=60", "mtbf=-90s"], "mtbf=-90s: must be a finite time above zero"),
-    (["duration=60", "mtbf=inf"], "mtbf=inf: must be a finite time above zero"),
-    (["duration=60", "mtbf=nan"], "mtbf=nan: must be a finite time above zero"),
-    (["duration=2", "mtbf=60"], "duration=2 (2 s) is too short for one save"),
+    (["duration=60", "mtbf=0"], "mtbf=0: must be a positive number"),
+    (["duration=60", "mtbf=-90s"], "mtbf=-90s: not a time; accepted: seconds, or a number with s, m, h or d"),
+    (["duration=60", "mtbf=inf"], "mtbf=inf: not a time; accepted"),
+    (["duration=60", "mtbf=nan"], "mtbf=nan: not a time; accepted"),
+    (["duration=0s", "mtbf=60"], "duration=0s: must be a positive number"),
+    (["duration=2", "mtbf=60"], "duration=2 s is too short for one save"),
     (["duration=60", "mtbf=30", "save_interval=100000"], "save_interval=100000: 100000 steps take at least"),
     (["duration=60", "mtbf=1s"], "no checkpoint would commit between failures and the job would never make progress"),
     (["duration=60", "mtbf=30", "failures=node"], "failures=node: accepted: a comma list of rank, job, save"),
+    (["duration=60", "mtbf=30", "mtbf_per_gpu=9d"], "mtbf=30 and mtbf_per_gpu=777600: one failure rate"),
     (["mtbf=30"], "endure needs duration="),
+    (["duration=60"], "endure needs mtbf="),
 ]
 
 

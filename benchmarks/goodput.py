@@ -3,10 +3,11 @@
 
 Method
 - Failure campaigns (`./submit-job.sh endure tiny ...`, campaigns/endure.py) with engine=default and engine=lazy,
-  launcher=prefork, at three failure rates (MTBFS_S, seconds), each for `duration` seconds at SAVE_INTERVAL steps,
-  seed 1; then, for default at the middle rate, at three checkpoint intervals around the model's best one (from
-  that campaign's measured costs: a quarter, once and four times it, in steps), so that the measured campaigns
-  bracket the predicted optimum.
+  launcher=prefork, at three failure rates (MTBFS_S, seconds), each for `duration` seconds (the first rate's long
+  enough for FAILURES_AT_FIRST_RATE failures on average: the done-when's campaigns of 10 or more) at SAVE_INTERVAL
+  steps, seed 1; then, for default at the first rate, at three checkpoint intervals around the model's best one
+  (from that campaign's measured costs: a quarter, once and four times it, in steps), so that the measured
+  campaigns bracket the predicted optimum.
 - Each campaign writes endure.json: the measured goodput (productive step time over wall time) and the model's
   (campaigns/endure.py model_terms, from the campaign's own measured costs: a save's training lost, a restart's
   whole time, the median step) at the MTBF given, then with the two terms by which one finite campaign departs from
@@ -26,8 +27,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-MTBFS_S = (8, 16, 32)
+MTBFS_S = (20, 40, 80)
 SAVE_INTERVAL = 10
+FAILURES_AT_FIRST_RATE = 12  # the first rate's campaigns run long enough for this many failures on average
 ENGINES = ("default", "lazy")
 BRACKET = (0.25, 1, 4)
 
@@ -83,14 +85,15 @@ def main(argv: list[str]) -> int:
         report(out)
         return 0
     duration = int(args.get("duration", 90))
-    rows = [campaign(out, e, m, duration, SAVE_INTERVAL) for e in ENGINES for m in MTBFS_S]
+    rows = [campaign(out, e, m, max(duration, FAILURES_AT_FIRST_RATE * m) if m == MTBFS_S[0] else duration,
+                     SAVE_INTERVAL) for e in ENGINES for m in MTBFS_S]
     out.mkdir(parents=True, exist_ok=True)
     (out / "goodput-bench.json").write_text(json.dumps({"rates": rows, "bracket": []}, indent=1))
-    middle = next((r for r in rows if r["mtbf_s"] == MTBFS_S[1] and "folder" in r), None)
+    first = next((r for r in rows if r["mtbf_s"] == MTBFS_S[0] and "folder" in r), None)
     bracket = []
-    if middle:
-        best = json.loads((Path(middle["folder"]) / "endure.json").read_text())["model"]["best_interval_steps"]
-        bracket = [campaign(out, middle["engine"], MTBFS_S[1], duration, max(1, round(best * f))) for f in BRACKET]
+    if first:
+        best = json.loads((Path(first["folder"]) / "endure.json").read_text())["model"]["best_interval_steps"]
+        bracket = [campaign(out, first["engine"], MTBFS_S[0], duration, max(1, round(best * f))) for f in BRACKET]
     (out / "goodput-bench.json").write_text(json.dumps({"rates": rows, "bracket": bracket}, indent=1))
     report(out)
     return 0

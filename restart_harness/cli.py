@@ -137,8 +137,10 @@ def _print_goodput(summary: dict) -> None:
     """The checkpoint interval this run's measured save and restart costs call for (summary.json's `goodput`)."""
     from restart_harness.results import goodput
 
-    for o in summary.get("goodput") or []:
-        print(f"{'goodput':<19}{goodput.line(o)} (failures: {o['mtbf_source']}; docs/goodput.md)")
+    for i, o in enumerate(summary.get("goodput") or []):
+        if not i:
+            print(f"{'goodput':<19}failures at {o['mtbf_source']}, docs/goodput.md")
+        print(f"{'':<19}{goodput.line(o)}")
 
 
 def _run(plugins) -> int:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -115,10 +117,11 @@ def test_a_campaign_with_failures_verifies_every_restart_and_ends_in_the_failure
     results = tmp_path / "results"
     # seed 5 draws failures 0.98, 1.59, 1.83, 1.05 MTBFs apart: a save failure (placed after the first commit), then
     # a rank's, each restart given time to verify; how many fit the budget depends on how fast launches start here
-    proc = run_cli(["endure", "tiny", "duration=100", "mtbf=15", "save_interval=2", "seed=5", "failures=save,rank,job"],
+    proc = run_cli(["endure", "tiny", "duration=60", "mtbf=12", "save_interval=2", "seed=5", "failures=save,rank,job"],
                    results, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads((Path(proc.stdout.strip().splitlines()[-1]) / "endure.json").read_text())
+    folder = Path(proc.stdout.strip().splitlines()[-1])
+    doc = json.loads((folder / "endure.json").read_text())
     assert doc["state"] == "complete" and len(doc["failures"]) >= 2, doc["failures"]
     kinds = {f["kind"] for f in doc["failures"]}
     assert kinds >= {"save", "rank"}, kinds
@@ -135,4 +138,13 @@ def test_a_campaign_with_failures_verifies_every_restart_and_ends_in_the_failure
     assert total == pytest.approx(gp["wall_seconds"], rel=0.02) and gp["sum_error"] < 0.02
     assert 0 < gp["goodput"] < 1 and gp["badput_seconds"]["wasted_progress_seconds"] > 0
     assert doc["final_state"]["equal"], doc["final_state"]
-    assert doc["model"] and 0 < doc["model"]["expected_goodput"] < 1
+    m = doc["model"]
+    assert m and 0 < m["expected_goodput"] < 1 and 0 < m["expected_goodput_realized"] < 1
+    assert m["realized_mtbf_seconds"] == pytest.approx(gp["wall_seconds"] / len(doc["failures"]))
+    # the report: goodput against the checkpoint interval, the campaign's measured point on its curve
+    report = tmp_path / "report"
+    done = subprocess.run([sys.executable, "-m", "analysis", str(folder), f"out_dir={report}"], capture_output=True,
+                          text=True, check=False, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert (report / "goodput_by_checkpoint_interval_seconds.png").stat().st_size > 10_000
+    assert "goodput_by_checkpoint_interval_seconds.png" in (report / "report.md").read_text()

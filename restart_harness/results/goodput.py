@@ -37,9 +37,9 @@ from restart_harness.schema import BADPUT_BUCKETS, GOODPUT_FIELDS
 # on 16,384 H100 GPUs (about one every 3 hours)
 LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
 DEFAULT_MTBF_PER_GPU_SECONDS = LLAMA3_DAYS * 86_400 * LLAMA3_GPUS / LLAMA3_INTERRUPTIONS
-DEFAULT_MTBF_SOURCE = (f"Meta's Llama 3 report (2024, section 3.3.4): {LLAMA3_INTERRUPTIONS} unexpected interruptions "
-                       f"in {LLAMA3_DAYS} days on {LLAMA3_GPUS:,} H100 GPUs, i.e. one every "
-                       f"{DEFAULT_MTBF_PER_GPU_SECONDS / 86_400 / 365.25:.1f} GPU-years")
+DEFAULT_MTBF_SOURCE = (f"Llama 3's published rate ({LLAMA3_INTERRUPTIONS} interruptions in {LLAMA3_DAYS} days on "
+                       f"{LLAMA3_GPUS:,} GPUs: one every {DEFAULT_MTBF_PER_GPU_SECONDS / 86_400 / 365.25:.1f} "
+                       "GPU-years; Meta 2024, section 3.3.4)")
 GOLDEN = (math.sqrt(5) - 1) / 2
 
 

@@ -1,4 +1,4 @@
-"""Goodput under failures: the model and its optimum interval (predict/goodput.py, pure), the failure campaign's bad
+"""Goodput under failures: the model and its optimum interval (results/goodput.py, pure), the failure campaign's bad
 input, and one real campaign on `tiny` (campaigns/endure.py): several failures, one inside a save, every restart
 verified, badput adding up to the wall time, the final state equal to a failure-free run's."""
 
@@ -146,5 +146,6 @@ def test_a_campaign_with_failures_verifies_every_restart_and_ends_in_the_failure
     done = subprocess.run([sys.executable, "-m", "analysis", str(folder), f"out_dir={report}"], capture_output=True,
                           text=True, check=False, timeout=300, cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr
-    assert (report / "goodput_by_checkpoint_interval_seconds.png").stat().st_size > 10_000
+    png = (report / "goodput_by_checkpoint_interval_seconds.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
     assert "goodput_by_checkpoint_interval_seconds.png" in (report / "report.md").read_text()

@@ -172,8 +172,9 @@ def from_summary(summary: dict) -> list[dict]:
 def line(o: dict) -> str:
     """One line of an optimum at its GPU count."""
     gpus, hours = f"{o['gpus']:,} GPU" + ("" if o["gpus"] == 1 else "s"), o["job_mtbf_seconds"] / 3600
+    steps = f"{o['best_interval_steps']:,} step" + ("" if o["best_interval_steps"] == 1 else "s")
     return (f"at {gpus} (job MTBF {f'{hours:,.0f}' if hours >= 100 else f'{hours:.3g}'} h): best checkpoint interval "
-            f"{o['best_interval_seconds']:,.1f} s ({o['best_interval_steps']:,} steps), expected goodput "
+            f"{o['best_interval_seconds']:,.1f} s ({steps}), expected goodput "
             f"{o['goodput_at_best']:.4f}; Young/Daly {o['young_daly_interval_seconds']:,.1f} s")
 
 

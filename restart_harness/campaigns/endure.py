@@ -382,4 +382,6 @@ def render(doc: dict) -> str:
                      f"({m['interval_seconds']:.2f} s); best interval {m['best_interval_seconds']:.2f} s "
                      f"({m['best_interval_steps']} steps), goodput {m['goodput_at_best']:.3f}; Young/Daly "
                      f"{m['young_daly_interval_seconds']:.2f} s")
+        lines.append(f"  model at the realized rate (a failure every {m['realized_mtbf_seconds']:.1f} s) less the first "
+                     f"start-up ({m['first_startup_seconds']:.1f} s): {m['expected_goodput_realized']:.3f}")
     return "\n".join(lines)

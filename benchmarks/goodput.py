@@ -12,7 +12,9 @@ Method
   (campaigns/endure.py model_terms, from the campaign's own measured costs: a save's training lost, a restart's
   whole time, the median step) at the MTBF given, then with the two terms by which one finite campaign departs from
   the model's steady state, each measured: the failures' realized rate (wall time over failures: a draw of a few
-  exponential gaps is not their mean) and the first launch's start-up (paid once, not after a failure).
+  exponential gaps is not their mean) and the first launch's start-up (paid once, not after a failure); and the
+  spread of the model's process over campaigns of the same length (2,000 simulated at the realized rate,
+  results/goodput.py campaign_spread): one campaign's measurement is one draw of it.
 - The machine's load matters (2 shared cores): every launch says when it was busy.
 
 Usage: <python> -m benchmarks.goodput [duration=SECONDS] [out=DIR]    measure, then print the table
@@ -56,24 +58,24 @@ def row(r: dict) -> str:
         return f"| {r['engine']} | {r['mtbf_s']} | failed: {r['error']} |"
     doc = json.loads((Path(r["folder"]) / "endure.json").read_text())
     m, g = model_terms(doc, r["save_interval"]), doc["goodput"]
-    if m is None:
+    if m is None or not m["simulated_goodput"]:
         return f"| {r['engine']} | {r['mtbf_s']} | {r['save_interval']} | no model: nothing committed |"
-    restarts = doc["restarts"]
+    restarts, sim = doc["restarts"], m["simulated_goodput"]
     return (f"| {r['engine']} | {r['mtbf_s']} | {r['save_interval']} ({m['interval_seconds']:.2f} s) | "
             f"{len(doc['failures'])} ({m['realized_mtbf_seconds']:.1f} s) | {restarts['verified']}/"
             f"{restarts['launched']} | {'yes' if doc['final_state']['equal'] else 'NO'} | "
             f"{m['save_seconds']:.3f} / {m['restart_seconds']:.2f} / {m['step_seconds']:.3f} | {g['goodput']:.3f} | "
             f"{m['expected_goodput']:.3f} ({m['expected_goodput'] - g['goodput']:+.3f}) | "
             f"{m['expected_goodput_realized']:.3f} ({m['expected_goodput_realized'] - g['goodput']:+.3f}) | "
-            f"{m['best_interval_steps']} |")
+            f"{sim['mean']:.3f} ({sim['p5']:.3f}-{sim['p95']:.3f}) | {m['best_interval_steps']} |")
 
 
 def report(out: Path) -> None:
     doc = json.loads((out / "goodput-bench.json").read_text())
     print("| engine | MTBF s | interval, steps | failures (realized MTBF) | restarts verified | final = failure-free |"
           " save / restart / step s | measured goodput | model at MTBF (- measured) | model, realized rate and first"
-          " start-up (- measured) | model's best, steps |")
-    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+          " start-up (- measured) | campaigns of this length, simulated: mean (90%) | model's best, steps |")
+    print("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in doc["rates"] + doc["bracket"]:
         print(row(r))
 

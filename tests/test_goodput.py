@@ -81,6 +81,19 @@ def test_each_mtbf_key_scales_the_jobs_failure_rate(keys, at_8, at_64, says):
     assert g.job_mtbf_at(keys, 64, 8)[0] == pytest.approx(at_64)
 
 
+def test_simulated_campaigns_converge_on_the_expectation_and_short_ones_spread():
+    """The finite-campaign simulation (the benchmark's spread) is the model's own process: over a long campaign its
+    goodput is Daly's expectation; without failures it is the intervals' share after the first start-up."""
+    args = {"first": 0.0, "interval": 10.0, "save": 1.0, "restart": 5.0, "mtbf": 60.0}
+    long = g.campaign_spread(200_000.0, **args, runs=20)
+    expected = g.expected_goodput(10.0, 1.0, 5.0, 60.0)
+    assert long["mean"] == pytest.approx(expected, abs=0.01) and long["p95"] - long["p5"] < 0.02
+    short = g.campaign_spread(300.0, **args, runs=400)
+    assert short["p5"] < expected < short["p95"] and short["p95"] - short["p5"] > 0.1
+    quiet = g.campaign_spread(1_000.0, 100.0, 10.0, 1.0, 5.0, 1e12, runs=5)
+    assert quiet["mean"] == pytest.approx(900 / 1_000 * 10 / 11, abs=0.01)
+
+
 @pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan])
 def test_model_refuses_an_mtbf_that_is_not_a_positive_finite_time(value):
     with pytest.raises(ValueError, match="mtbf_seconds"):

@@ -340,7 +340,8 @@ def _reference(plugins, run, folder: Path) -> dict:
 def model_terms(doc: dict, save_interval: int) -> dict | None:
     """The model's goodput at the campaign's measured costs beside the measured one: at the MTBF given, and with the
     two measured terms by which one finite campaign departs from the model's steady state: the failures' realized
-    rate (wall time over failures) and the first launch's start-up (paid once, not after a failure)."""
+    rate (wall time over failures) and the first launch's start-up (paid once, not after a failure); and the spread
+    of campaigns of this length (simulated), of which one measurement is one draw."""
     g, step, saves, launches = doc["goodput"], doc["step_seconds_median"], doc["saves_committed"], doc["launches"]
     if not step or not saves:
         return None
@@ -363,6 +364,9 @@ def model_terms(doc: dict, save_interval: int) -> dict | None:
             "expected_goodput": goodput.expected_goodput(interval, save, restart, doc["mtbf_seconds"]),
             "realized_mtbf_seconds": realized, "first_startup_seconds": first,
             "expected_goodput_realized": at_realized * (1 - first / wall), "measured_goodput": g["goodput"],
+            # campaigns of this length simulated at the realized rate: one measurement is one draw of these
+            "simulated_goodput": goodput.campaign_spread(wall, first, interval, save, restart, realized)
+            if failures else None,
             **{k: best[k] for k in ("best_interval_seconds", "best_interval_steps", "goodput_at_best",
                                     "young_daly_interval_seconds")}}
 
@@ -382,6 +386,8 @@ def render(doc: dict) -> str:
                      f"({m['interval_seconds']:.2f} s); best interval {m['best_interval_seconds']:.2f} s "
                      f"({m['best_interval_steps']} steps), goodput {m['goodput_at_best']:.3f}; Young/Daly "
                      f"{m['young_daly_interval_seconds']:.2f} s")
-        lines.append(f"  model at the realized rate (a failure every {m['realized_mtbf_seconds']:.1f} s) less the first "
-                     f"start-up ({m['first_startup_seconds']:.1f} s): {m['expected_goodput_realized']:.3f}")
+        if sim := m.get("simulated_goodput"):
+            lines.append(f"  model at the realized rate (a failure every {m['realized_mtbf_seconds']:.1f} s) less the "
+                         f"first start-up ({m['first_startup_seconds']:.1f} s): {m['expected_goodput_realized']:.3f}; "
+                         f"campaigns of this length: {sim['mean']:.3f} ({sim['p5']:.3f} to {sim['p95']:.3f}, 90%)")
     return "\n".join(lines)

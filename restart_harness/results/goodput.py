@@ -114,13 +114,6 @@ def optimum(save_seconds: float, restart_seconds: float, step_seconds: float, jo
             "goodput_at_young_daly": goodput(max(first_order, step_seconds))}
 
 
-def curve(save_seconds: float, restart_seconds: float, job_mtbf_seconds: float,
-          intervals_seconds: list[float]) -> list[dict]:
-    """Expected goodput at each of the intervals."""
-    return [{"interval_seconds": t, "goodput": expected_goodput(t, save_seconds, restart_seconds, job_mtbf_seconds)}
-            for t in intervals_seconds]
-
-
 def simulate(wall: float, first: float, interval: float, save: float, restart: float, mtbf: float,
              rng: random.Random) -> float:
     """One finite campaign of the model's process (the goodput it measures): a start-up of `first` seconds, then

@@ -72,9 +72,9 @@ def test_a_runs_summary_gives_the_interval_at_its_ranks_and_at_the_scale_asked()
 
 
 @pytest.mark.parametrize("keys,at_8,at_64,says", [
-    ({"mtbf": 3_600.0}, 3_600.0, 450.0, "mtbf=3600 s at 8 GPUs"),  # the job's, the same rate per GPU elsewhere
-    ({"mtbf_per_node": 86_400.0, "ranks_per_node": 4}, 43_200.0, 5_400.0, "mtbf_per_node=86400 s"),
-    ({"mtbf_per_gpu": 80_000.0}, 10_000.0, 1_250.0, "mtbf_per_gpu=80000 s"),
+    ({"mtbf": 3_600.0}, 3_600.0, 450.0, "mtbf=3,600 s at 8 GPUs"),  # the job's, the same rate per GPU elsewhere
+    ({"mtbf_per_node": 86_400.0, "ranks_per_node": 4}, 43_200.0, 5_400.0, "mtbf_per_node=86,400 s"),
+    ({"mtbf_per_gpu": 80_000.0}, 10_000.0, 1_250.0, "mtbf_per_gpu=80,000 s"),
 ])
 def test_each_mtbf_key_scales_the_jobs_failure_rate(keys, at_8, at_64, says):
     assert g.job_mtbf_at(keys, 8, 8) == (pytest.approx(at_8), says)

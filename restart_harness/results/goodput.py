@@ -157,12 +157,12 @@ def job_mtbf_at(keys: dict, gpus: int, own_gpus: int) -> tuple[float, str]:
     """The job's MTBF at `gpus` GPUs from a run's keys (mtbf=: the job's at its own GPUs, the same rate per GPU
     elsewhere; mtbf_per_node=: nodes of ranks_per_node GPUs; mtbf_per_gpu=; else Llama 3's), and where it came from."""
     if keys.get("mtbf"):
-        return keys["mtbf"] * own_gpus / gpus, f"mtbf={keys['mtbf']:g} s at {own_gpus:,} GPUs"
+        return keys["mtbf"] * own_gpus / gpus, f"mtbf={keys['mtbf']:,.0f} s at {own_gpus:,} GPUs"
     if keys.get("mtbf_per_node"):
         nodes = math.ceil(gpus / (keys.get("ranks_per_node") or 1))
-        return keys["mtbf_per_node"] / nodes, f"mtbf_per_node={keys['mtbf_per_node']:g} s"
+        return keys["mtbf_per_node"] / nodes, f"mtbf_per_node={keys['mtbf_per_node']:,.0f} s"
     if keys.get("mtbf_per_gpu"):
-        return keys["mtbf_per_gpu"] / gpus, f"mtbf_per_gpu={keys['mtbf_per_gpu']:g} s"
+        return keys["mtbf_per_gpu"] / gpus, f"mtbf_per_gpu={keys['mtbf_per_gpu']:,.0f} s"
     return job_mtbf_seconds(DEFAULT_MTBF_PER_GPU_SECONDS, gpus), DEFAULT_MTBF_SOURCE
 
 

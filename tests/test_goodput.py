@@ -130,7 +130,7 @@ def test_a_campaign_with_failures_verifies_every_restart_and_ends_in_the_failure
     results = tmp_path / "results"
     # seed 5 draws failures 0.98, 1.59, 1.83, 1.05 MTBFs apart: a save failure (placed after the first commit), then
     # a rank's, each restart given time to verify; how many fit the budget depends on how fast launches start here
-    proc = run_cli(["endure", "tiny", "duration=60", "mtbf=12", "save_interval=2", "seed=5", "failures=save,rank,job"],
+    proc = run_cli(["endure", "tiny", "duration=50", "mtbf=10", "save_interval=2", "seed=5", "failures=save,rank,job"],
                    results, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     folder = Path(proc.stdout.strip().splitlines()[-1])

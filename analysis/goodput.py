@@ -40,15 +40,18 @@ def _grid(low: float, high: float, n: int = 80) -> list[float]:
     return [low * (high / low) ** (i / (n - 1)) for i in range(n)]
 
 
-def _curve(ax, color: str, label: str, save: float, restart: float, step: float, mtbf: float,
-           xs: list[float]) -> None:
+def _curve(ax, color: str, label: str, costs: tuple[float, float, float], mtbf: float, xs: list[float],
+           share: float = 1.0) -> None:
+    """Expected goodput against the interval at (save, restart, step) costs, times `share`, with its best marked."""
+    save, restart, step = costs
     best = goodput.optimum(save, restart, step, mtbf)
-    ys = [goodput.expected_goodput(x, save, restart, mtbf) for x in xs]
-    ax.plot(xs, ys, color=color, label=label)
-    ax.plot([best["best_interval_seconds"]], [best["goodput_at_best"]], marker="^", color=color, markersize=7)
+    ax.plot(xs, [share * goodput.expected_goodput(x, save, restart, mtbf) for x in xs], color=color, label=label)
+    ax.plot([best["best_interval_seconds"]], [share * best["goodput_at_best"]], marker="^", color=color, markersize=7)
 
 
 def _campaign_panel(ax, found: list[dict]) -> None:
+    """Per engine and MTBF: the model at the campaigns' realized failure rate, less the first start-up's share
+    (docs/goodput.md), their median costs; each campaign's measured goodput at its interval."""
     series: dict[tuple, list[dict]] = {}
     for doc in found:
         series.setdefault((doc["engine"], doc["mtbf_seconds"]), []).append(doc)
@@ -56,16 +59,19 @@ def _campaign_panel(ax, found: list[dict]) -> None:
     xs = _grid(min(every) / 4, max(every) * 4)
     for i, ((engine, mtbf), docs) in enumerate(sorted(series.items())):
         color = COLORS[i % len(COLORS)]
-        med = {k: statistics.median(d["model"][k] for d in docs) for k in ("save_seconds", "restart_seconds")}
+        med = {k: statistics.median(d["model"][k] for d in docs) for k in (
+            "save_seconds", "restart_seconds", "realized_mtbf_seconds")}
         step = statistics.median(d["step_seconds_median"] for d in docs)
-        _curve(ax, color, f"{engine}, MTBF {mtbf:g} s (model)", med["save_seconds"], med["restart_seconds"], step,
-               mtbf, xs)
+        share = statistics.median(1 - d["model"]["first_startup_seconds"] / d["wall_seconds"] for d in docs)
+        realized = med["realized_mtbf_seconds"]
+        _curve(ax, color, f"{engine}, mtbf={mtbf:g} s: model at the realized {realized:.0f} s",
+               (med["save_seconds"], med["restart_seconds"], step), realized, xs, share)
         ax.scatter([d["model"]["interval_seconds"] for d in docs], [d["goodput"]["goodput"] for d in docs],
-                   color=color, edgecolor="black", zorder=3, label=f"{engine}, MTBF {mtbf:g} s (measured)")
+                   color=color, edgecolor="black", zorder=3, label=f"{engine}, mtbf={mtbf:g} s: measured")
     ax.set_xscale("log")
     ax.set_xlabel("checkpoint interval (seconds, log scale)")
     ax.set_ylabel("goodput (productive share of wall time)")
-    title(ax, "Failure campaigns: measured goodput on the model's curve")
+    title(ax, "Failure campaigns: measured goodput beside the model's curve")
     legend(ax, title="engine, failure rate")
 
 
@@ -83,7 +89,7 @@ def _scale_panel(ax, groups: list[Group]) -> bool:
     xs = _grid(min(every) / 20, max(every) * 20)
     for i, (engine, o) in enumerate(sorted(engines.items())):
         _curve(ax, COLORS[i % len(COLORS)], f"{engine} ({o['gpus']:,} GPUs, MTBF {o['job_mtbf_seconds'] / 3600:.3g} h)",
-               o["save_seconds"], o["restart_seconds"], o["step_seconds"], o["job_mtbf_seconds"], xs)
+               (o["save_seconds"], o["restart_seconds"], o["step_seconds"]), o["job_mtbf_seconds"], xs)
         drawn = True
     ax.set_xscale("log")
     ax.set_xlabel("checkpoint interval (seconds, log scale)")
@@ -99,13 +105,13 @@ def figure(found: list[dict], groups: list[Group]) -> Figure | None:
     panels = [p for p, present in (("campaigns", bool(found)), ("scale", has_runs)) if present]
     if not panels:
         return None
-    fig = Figure(figsize=(7.5 * len(panels), 5.5))
-    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    fig = Figure(figsize=(11.0, 1.0 + 5.0 * len(panels)), layout="constrained")
+    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
     for ax, panel in zip(axes, panels):
         if panel == "campaigns":
             _campaign_panel(ax, found)
         else:
             _scale_panel(ax, groups)
-    caption(fig, "curves: expected goodput (Daly's model, docs/goodput.md); triangles: the model's best interval; "
-                 "dots: a failure campaign's measured goodput at its interval")
+    caption(fig, "curves: expected goodput (Daly's model at the campaigns' measured costs, docs/goodput.md); "
+                 "triangles: the model's best interval; dots: a failure campaign's measured goodput at its interval")
     return fit(fig)

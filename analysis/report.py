@@ -21,6 +21,7 @@ from pathlib import Path
 FIGURE_DPI = 110
 
 try:
+    from analysis import goodput as gp
     from analysis import load as ld
     from analysis import plots, render
     from analysis import study as st
@@ -71,12 +72,15 @@ def png_bytes(fig) -> bytes:
     return buf.getvalue()
 
 
-def build(runs: list[ld.Run], skipped: list[ld.Skipped], failures: list[ld.SweepFailure]) -> dict:
-    """Everything the report holds: rows, groups, tables and figures (nothing written yet)."""
+def build(runs: list[ld.Run], skipped: list[ld.Skipped], failures: list[ld.SweepFailure],
+          campaigns: list[dict] | None = None) -> dict:
+    """Everything the report holds: rows, groups, tables and figures (nothing written yet); campaigns: the failure
+    campaigns (endure.json) found, on the goodput figure."""
     rows = tb.rows(runs)
     phases = [p for p in tb.phase_names(runs) if any(r.get(f"phase_{p}_seconds") is not None for r in rows)]
     groups = tb.groups(runs, rows)
     figures = plots.all_figures(groups, phases)
+    figures["goodput_by_checkpoint_interval_seconds"] = gp.figure(campaigns or [], groups)
     tables = [render.configurations(groups), render.phases_table(groups, phases)]
     tables += [t for t in (render.anatomy_table(groups), render.stragglers_table(groups), render.memory_table(groups),
                            render.io_table(groups),
@@ -165,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     failures = ld.sweep_failures([Path(p) for p in args.paths], runs)
     for f in failures:
         print(f"sweep {f.sweep}: combination {f.combination} {f.state}: {f.reason}", file=sys.stderr)
-    built = build(runs, skipped, failures) if runs else {"rows": [], "saves": [], "groups": [], "figures": {},
+    built = build(runs, skipped, failures, gp.campaigns(args.paths)) if runs else {"rows": [], "saves": [], "groups": [], "figures": {},
                                                          "tables": []}
     built = with_studies(built, studies)
     if not runs and not built["tables"]:

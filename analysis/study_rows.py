@@ -9,7 +9,9 @@ import statistics
 from collections import Counter
 
 from analysis.charts import byte_unit
+from restart_harness.results import goodput
 from restart_harness.schema import PREDICTED_RESTART, PREDICTED_TOTAL
+from restart_harness.spec.keys import parse_seconds
 
 SAVE = ("save_blocking_seconds", "save_durable_seconds")
 RESTART = (*PREDICTED_RESTART, PREDICTED_TOTAL)
@@ -95,6 +97,19 @@ def cell_row(cell: dict, run: dict | None) -> dict:
     return row
 
 
+def _goodput(row: dict, cell: dict, mtbf: dict) -> dict:
+    """The best checkpoint interval and its expected goodput at the cell's GPUs (results/goodput.py), from the row's
+    save (blocking), restart (with launch) and first step, measured where the cell ran, at the study's failure rate
+    (its MTBF keys; else Llama 3's)."""
+    job_mtbf, _ = goodput.job_mtbf_at({**mtbf, "ranks_per_node": cell["gpus_per_node"]}, cell["gpus"], cell["gpus"])
+    save, restart, step = (row.get(n) for n in ("save_blocking_seconds", PREDICTED_TOTAL, "restart_first_step_seconds"))
+    if save is None or restart is None or not step:
+        return {"best_interval_seconds": None, "goodput_at_best": None, "job_mtbf_seconds": round(job_mtbf, 1)}
+    o = goodput.optimum(save, restart, step, job_mtbf)
+    return {"best_interval_seconds": round(o["best_interval_seconds"], 1), "goodput_at_best":
+            round(o["goodput_at_best"], 4), "job_mtbf_seconds": round(job_mtbf, 1)}
+
+
 def _how(cell: dict, mode: str | None) -> dict:
     """The cell, and how its figures were got: by a run (its mode), else planned and predicted (and why)."""
     option = cell["option"]
@@ -171,7 +186,9 @@ def _storage(run: dict | None) -> str:
 
 
 def rows(study: dict, runs: dict[int, dict]) -> list[dict]:
-    return [cell_row(c, runs.get(c["index"])) for c in study["cells"]]
+    mtbf = {k: parse_seconds(k, v) for k, v in (t.split("=", 1) for t in study.get("run_keys") or [] if "=" in t)
+            if k in ("mtbf", "mtbf_per_node", "mtbf_per_gpu")}  # the study's failure rate (docs/goodput.md)
+    return [{**(row := cell_row(c, runs.get(c["index"]))), **_goodput(row, c, mtbf)} for c in study["cells"]]
 
 
 def file_rows(study: dict, runs: dict[int, dict]) -> list[dict]:

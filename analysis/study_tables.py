@@ -43,6 +43,12 @@ def _count(n: float) -> str:
     return f"{n:,.0f}"
 
 
+def _interval(row: dict) -> str:
+    if row.get("best_interval_seconds") is None:
+        return "-"
+    return f"{row['best_interval_seconds']:,.0f} ({row['goodput_at_best']:.3f})"
+
+
 def model_table(model: str, table: list[dict]) -> Table:
     rs = [r for r in table if r["model"] == model]
     first = rs[0]
@@ -53,13 +59,16 @@ def model_table(model: str, table: list[dict]) -> Table:
             f"{r['files_per_rank_max']} / {r['files_per_node_max']}",
             r["file_sizes"], f"{_total(r['checkpoint_bytes'])} {_tag(r, 'checkpoint_bytes')}",
             _sec(r, "save_blocking_seconds"), _sec(r, "save_durable_seconds"), _sec(r, LOAD),
-            _sec(r, PREDICTED_TOTAL)] for r in rs]
+            _sec(r, PREDICTED_TOTAL), _interval(r)] for r in rs]
     vocabs = sorted({r["vocab_size"] for r in rs})
     return Table(f"{model}: {_count(first['parameters'])} parameters at tp{first['tp']}, vocabulary "
                  f"{', '.join(f'{v:,}' for v in vocabs)} (by tp), ZeRO-{first['zero']}, {first['precision']}",
                  ["GPUs", "strategy", "engine", "how", "files", "files per rank / node (max)", "file sizes",
-                  "checkpoint", "save blocking s", "save durable s", "checkpoint load s", "restart s (with launch)"],
-                 out, note=LEGEND + ". *: the engine writes its own layout: DeepSpeed's logical files, sized.")
+                  "checkpoint", "save blocking s", "save durable s", "checkpoint load s", "restart s (with launch)",
+                  "best checkpoint interval s (goodput)"],
+                 out, note=LEGEND + ". *: the engine writes its own layout: DeepSpeed's logical files, sized. Best "
+                 "interval: at the cell's GPUs and the study's failure rate (mtbf=, mtbf_per_node=, mtbf_per_gpu=; "
+                 "default Llama 3's), from its save, restart and step (docs/goodput.md).")
 
 
 def checks_table(table: list[dict]) -> Table | None:

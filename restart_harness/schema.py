@@ -18,6 +18,10 @@ ENDURE_SCHEMA_VERSION = 1  # endure.json (campaigns/endure.py): a failure campai
 # a failure campaign's badput, in seconds, named after ml-goodput-measurement's buckets (docs/goodput.md)
 BADPUT_BUCKETS = ("startup_seconds", "training_preparation_seconds", "checkpoint_save_seconds",
                   "checkpoint_restore_seconds", "first_steps_seconds", "wasted_progress_seconds", "other_seconds")
+# summary.json's `goodput` (and predict's): one entry per scale, the run's own GPUs then at_gpus= (results/goodput.py)
+GOODPUT_FIELDS = ("gpus", "mtbf_source", "job_mtbf_seconds", "save_seconds", "restart_seconds", "step_seconds",
+                  "best_interval_seconds", "best_interval_steps", "goodput_at_best", "goodput_at_best_steps",
+                  "young_daly_interval_seconds", "goodput_at_young_daly")
 GIB = 1 << 30  # every *_gib_s figure is 2^30 bytes per second (MLPerf's tool prints these as "GB/second")
 MIB = 1 << 20  # every *_mib_s figure is 2^20 bytes per second
 

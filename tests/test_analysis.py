@@ -399,15 +399,15 @@ def test_nothing_readable_is_exit_2(tmp_path: Path):
 def test_analysis_needs_only_matplotlib(tmp_path):
     """The analysis must run where only matplotlib is installed: of the harness it imports the schema, the status
     reader, the placement helpers (the one formatter of rank lists, over the event reader), the summary's typed views
-    (results/views.py, as the terminal reads it), the atomic and the exclusive
-    file writers and the report command's words (the key declarations and their one parser): standard library only, never the
-    runner, torch, DeepSpeed or YAML."""
+    (results/views.py, as the terminal reads it), the atomic and the exclusive file writers, the report command's
+    words (the key declarations and their one parser) and the goodput model: standard library only, never the runner,
+    torch, DeepSpeed or YAML."""
     code = ("import sys, analysis.report, analysis.load, analysis.table, analysis.plots, analysis.render; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('restart_harness', 'engines', 'torch', "
             "'deepspeed', 'yaml', 'numpy') and m != 'numpy' and not m.startswith('numpy.')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
     assert proc.stdout.strip() == str(sorted([
-        "restart_harness", "restart_harness.results", "restart_harness.results.events",
+        "restart_harness", "restart_harness.results", "restart_harness.results.events", "restart_harness.results.goodput",
         "restart_harness.results.placement", "restart_harness.results.views", "restart_harness.schema", "restart_harness.rundir",
         "restart_harness.rundir.status", "restart_harness.files", "restart_harness.files.atomic", "restart_harness.files.exclusive",
         "restart_harness.command", "restart_harness.command.report", "restart_harness.command.tokens",

@@ -86,3 +86,17 @@ def test_training_continued_from_the_checkpoint(tiny_dp2: Path):
     steps = [json.loads(line) for line in
              (tiny_dp2 / "events" / "restart-01" / "rank-00000.jsonl").read_text().splitlines()]
     assert [e["step"] for e in steps if e["event"] == "step"] == [5, 6]
+
+
+def test_the_summary_gives_the_best_checkpoint_interval_at_the_runs_gpus_and_at_scale(tiny_dp2: Path):
+    """summary.json `goodput` (docs/goodput.md): from the run's own training lost per save, restart and step, at its
+    2 ranks and at at_gpus= (16,384 by default), at Llama 3's published rate."""
+    summary = load_summary(tiny_dp2)
+    mine, large = summary["goodput"]
+    lost = summary["checkpoint"]["training_lost"]
+    assert (mine["gpus"], large["gpus"]) == (2, 16_384) and "Llama 3" in mine["mtbf_source"]
+    assert mine["save_seconds"] == max(0.0, lost["per_save_seconds_median"])
+    assert mine["restart_seconds"] == summary["restart"]["total_seconds"]
+    assert mine["job_mtbf_seconds"] == pytest.approx(large["job_mtbf_seconds"] * 16_384 / 2)
+    assert 0 < large["goodput_at_best"] < mine["goodput_at_best"] < 1
+    assert large["best_interval_seconds"] < mine["best_interval_seconds"]

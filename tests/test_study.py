@@ -88,11 +88,16 @@ def _figures_marked(rows: list[dict]) -> None:
 def test_a_planned_only_study_writes_the_table(tmp_path):
     """fidelity=predicted: nothing launched; the table, its files list and figures written; DataStates' cells say
     why they are not run here."""
-    proc = cli("models=tiny", "gpus=2", "vocab=preset", "reference=false", "fidelity=predicted",
-               f"results_dir={tmp_path}")
+    proc = cli("models=tiny", "gpus=2", "vocab=preset", "reference=false", "fidelity=predicted", "mtbf_per_gpu=1h",
+               "write_gbps=1", "read_gbps=2", f"results_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr
     folder = Path(proc.stdout.strip().splitlines()[-1])
     rows = _rows(folder)
+    # each cell's best checkpoint interval at its GPUs, at the failure rate given (docs/goodput.md)
+    assert all(float(r["job_mtbf_seconds"]) == pytest.approx(3_600 / int(r["gpus"]), rel=1e-3) for r in rows)
+    ran = [r for r in rows if r["best_interval_seconds"]]  # where the save, restart and step are predicted
+    assert {r["engine"] for r in ran} >= {"default", "torchsnapshot"} and all(float(r["best_interval_seconds"]) > 0 and 0 < float(r["goodput_at_best"]) < 1 for r in ran)
+    assert "best checkpoint interval s (goodput)" in (folder / "study.md").read_text()
     assert len(rows) == 3 * 3 and {r["engine"] for r in rows} == {"default", "torchsnapshot", "datastates"}
     assert all(r["how"].startswith("planned + predicted") and not r["run_dir"] for r in rows)
     assert all("DataStates-LLM needs a CUDA GPU" in r["how"] for r in rows if r["engine"] == "datastates")

@@ -5,7 +5,7 @@ inside a save (RH_FAULT kill@save at the first save after the drawn time), in tu
 from its last committed checkpoint as a scheduler would (a restart launch that loads, verifies and trains on,
 saving: worker --train-on), and the restart's time counts. At the end: goodput and badput by category
 (results/goodput.py), the final state against a failure-free run's of the same seed and step count (their digests),
-and the model's goodput at the measured costs (predict/goodput.py) beside the measured one, in endure.json."""
+and the model's goodput at the measured costs (results/goodput.py) beside the measured one, in endure.json."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import dataclasses
 import math
 import os
 import random
-import re
 import signal
 import sys
 import threading
@@ -25,14 +24,11 @@ from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
 from restart_harness.files.exclusive import claim_dir
 from restart_harness.phases.processes import launch
-from restart_harness.predict import goodput as model
 from restart_harness.results import events as ev
 from restart_harness.results import goodput
-from restart_harness.schema import BADPUT_BUCKETS, ENDURE_SCHEMA_VERSION, PREDICTED_TOTAL
+from restart_harness.schema import BADPUT_BUCKETS, ENDURE_SCHEMA_VERSION, PREDICTED_RESTART, PREDICTED_TOTAL
 
 KINDS = ("rank", "job", "save")
-_DURATION = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smh]?)$")
-_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600}
 UNBOUNDED_ITERS = 1_000_000
 RESTART_BUCKETS = ("startup_seconds", "training_preparation_seconds", "checkpoint_restore_seconds",
                    "first_steps_seconds")  # iters where nothing predicts the step time: the budget ends the campaign
@@ -48,16 +44,6 @@ class EndureRequest:
     tokens: list[str]
 
 
-def seconds_of(name: str, text: str) -> float:
-    """'90', '90s', '10m', '2h' -> seconds; anything else (zero, negative, not finite) one line."""
-    match = _DURATION.match(text.strip().lower())
-    value = float(match.group(1)) * _UNIT[match.group(2)] if match else None
-    if value is None or not math.isfinite(value) or value <= 0:
-        raise UsageError(f"{name}={text}: must be a finite time above zero: seconds, or a number with s, m or h "
-                         "(90s, 10m, 2h)")
-    return value
-
-
 def check(tokens: list[str]) -> EndureRequest:
     """Every refusal before anything is created: the run keys, the budget and the failure rate, and (from the
     harness's prediction, its low end) a budget or an MTBF in which no checkpoint could commit."""
@@ -71,7 +57,9 @@ def check(tokens: list[str]) -> EndureRequest:
     extra = [] if "iters" in given else [f"iters={UNBOUNDED_ITERS}"]
     spec, values = parse.parse_run([*tokens, *extra], keys_of(EndureOptions))
     required(keys_of(EndureOptions), values, "endure")
-    duration, mtbf = seconds_of("duration", values["duration"]), seconds_of("mtbf", values["mtbf"])
+    duration, mtbf = values["duration"], spec.mtbf
+    if mtbf is None:
+        raise UsageError("endure needs mtbf=: the job's mean time between failures (a time: 90s, 10m, 2h)")
     kinds = tuple(values.get("failures", EndureOptions.failures).split(","))
     if not kinds or any(k not in KINDS for k in kinds):
         raise UsageError(f"failures={values['failures']}: accepted: a comma list of {', '.join(KINDS)}")
@@ -85,7 +73,7 @@ def check(tokens: list[str]) -> EndureRequest:
                          "and an engine that saves")
     estimate = _estimate(plugins)
     if estimate:
-        refuse_hopeless(spec.save_interval, duration, mtbf, estimate, (values["duration"], values["mtbf"]))
+        refuse_hopeless(spec.save_interval, duration, mtbf, estimate)
         if "iters" not in given:  # the budget's steps, with room: the deadline ends the campaign
             spec = dataclasses.replace(spec, iters=max(spec.save_interval, math.ceil(2 * duration / estimate["step"])))
     spec = dataclasses.replace(spec, timeout=max(spec.timeout, int(duration) + 600))
@@ -94,7 +82,9 @@ def check(tokens: list[str]) -> EndureRequest:
 
 
 def _estimate(plugins) -> dict | None:
-    """The low ends of the predicted start-up (to the first step), step and save, or None where not predicted."""
+    """The low ends of the predicted start-up (to the first step), step and save, or None where not predicted. With
+    no storage figures (the load and the save not predicted) the start-up is its predicted phases' sum, still a low
+    end: what is missing only adds."""
     from restart_harness.predict import forecast
 
     try:
@@ -103,26 +93,27 @@ def _estimate(plugins) -> dict | None:
         return None
     low = {name: (phases.get(key) or {}).get("low") for name, key in
            (("startup", PREDICTED_TOTAL), ("step", "restart_first_step_seconds"), ("save", "save_durable_seconds"))}
+    if low["startup"] is None:
+        low["startup"] = sum((phases.get(k) or {}).get("low") or 0.0 for k in PREDICTED_RESTART) or None
     if low["startup"] is None or not low["step"]:
         return None
     return {**low, "save": low["save"] or 0.0}
 
 
-def refuse_hopeless(save_interval: int, duration: float, mtbf: float, e: dict, typed: tuple[str, str]) -> None:
-    """A save interval, budget or failure rate in which no checkpoint commits (e: predicted low ends, seconds;
-    typed: duration and mtbf as given)."""
+def refuse_hopeless(save_interval: int, duration: float, mtbf: float, e: dict) -> None:
+    """A save interval, budget or failure rate in which no checkpoint commits (e: predicted low ends, seconds)."""
     interval = save_interval * e["step"]
-    first = model.first_commit_seconds(e["startup"], e["step"], save_interval, e["save"])
+    first = goodput.first_commit_seconds(e["startup"], e["step"], save_interval, e["save"])
     how = (f"start-up {e['startup']:.1f} s + {save_interval} steps x {e['step']:.3g} s + a save {e['save']:.2g} s, "
            "the low ends of the harness's prediction")
     if interval > duration:
         raise UsageError(f"save_interval={save_interval}: {save_interval} steps take at least {interval:.1f} s, longer "
-                         f"than duration={typed[0]} ({duration:g} s); accepted: save_interval <= {int(duration / e['step'])}")
+                         f"than duration={duration:g} s; accepted: save_interval <= {int(duration / e['step'])}")
     if first > duration:
-        raise UsageError(f"duration={typed[0]} ({duration:g} s) is too short for one save: the first checkpoint commits at least "
+        raise UsageError(f"duration={duration:g} s is too short for one save: the first checkpoint commits at least "
                          f"{first:.1f} s after the start ({how}); accepted: duration > {math.ceil(first)} s")
     if mtbf < first:
-        raise UsageError(f"mtbf={typed[1]} ({mtbf:g} s): shorter than the {first:.1f} s from a start to its first committed "
+        raise UsageError(f"mtbf={mtbf:g} s: shorter than the {first:.1f} s from a start to its first committed "
                          f"checkpoint ({how}): no checkpoint would commit between failures and the job would never "
                          f"make progress; accepted: mtbf > {math.ceil(first)} s")
 
@@ -289,7 +280,7 @@ def main(request: EndureRequest) -> int:
     set_status(run.run_dir, "complete")
     _account(run, doc, launches)
     doc["final_state"] = _reference(plugins, run, folder)
-    doc["model"] = _model(doc, spec)
+    doc["model"] = model_terms(doc, spec.save_interval)
     doc["state"] = "complete"
     write_json_atomic(folder / "endure.json", doc)
     print(render(doc))
@@ -346,24 +337,38 @@ def _reference(plugins, run, folder: Path) -> dict:
             "why": None if not differing else f"{len(differing)} tensors differ from the failure-free run's"}
 
 
-def _model(doc: dict, spec) -> dict | None:
-    """The model's goodput at the campaign's measured costs and MTBF, beside the measured one."""
-    g, step = doc["goodput"], doc["step_seconds_median"]
-    saves = doc["saves_committed"]
+def model_terms(doc: dict, save_interval: int) -> dict | None:
+    """The model's goodput at the campaign's measured costs beside the measured one: at the MTBF given, and with the
+    two measured terms by which one finite campaign departs from the model's steady state: the failures' realized
+    rate (wall time over failures) and the first launch's start-up (paid once, not after a failure); and the spread
+    of campaigns of this length (simulated), of which one measurement is one draw."""
+    g, step, saves, launches = doc["goodput"], doc["step_seconds_median"], doc["saves_committed"], doc["launches"]
     if not step or not saves:
         return None
     save = g["badput_seconds"]["checkpoint_save_seconds"] / saves
-    # the restart: a launch to the end of its first step, over the launches that got there (not those cut short)
-    whole = [sum(x[k] for k in RESTART_BUCKETS) for x in doc["launches"] if x["productive_seconds"] > 0]
-    if not whole:
+    # a restart: a launch to the end of its first step, over the restarts that got there (not those cut short),
+    # and the harness's time between launches (other), per launch
+    reached = [x for x in launches[1:] if x["productive_seconds"] > 0] or [x for x in launches
+                                                                         if x["productive_seconds"] > 0]
+    if not reached:
         return None
-    restart = sum(whole) / len(whole)
-    interval = spec.save_interval * step
-    best = model.optimum(save, restart, step, doc["mtbf_seconds"])
-    return {"save_seconds": save, "restart_seconds": restart, "interval_seconds": interval,
-            "expected_goodput": model.expected_goodput(interval, save, restart, doc["mtbf_seconds"]),
-            "measured_goodput": g["goodput"], **{k: best[k] for k in
-            ("best_interval_seconds", "best_interval_steps", "goodput_at_best", "young_daly_interval_seconds")}}
+    restart = (sum(sum(x[k] for k in RESTART_BUCKETS) for x in reached) / len(reached)
+               + g["badput_seconds"]["other_seconds"] / len(launches))
+    interval, wall, failures = save_interval * step, doc["wall_seconds"], len(doc["failures"])
+    realized = wall / failures if failures else math.inf
+    first = sum(launches[0][k] for k in RESTART_BUCKETS)
+    at_realized = (goodput.expected_goodput(interval, save, restart, realized) if failures
+                   else interval / (interval + save))
+    best = goodput.optimum(save, restart, step, doc["mtbf_seconds"])
+    return {"save_seconds": save, "restart_seconds": restart, "step_seconds": step, "interval_seconds": interval,
+            "expected_goodput": goodput.expected_goodput(interval, save, restart, doc["mtbf_seconds"]),
+            "realized_mtbf_seconds": realized, "first_startup_seconds": first,
+            "expected_goodput_realized": at_realized * (1 - first / wall), "measured_goodput": g["goodput"],
+            # campaigns of this length simulated at the realized rate: one measurement is one draw of these
+            "simulated_goodput": goodput.campaign_spread(wall, first, interval, save, restart, realized)
+            if failures else None,
+            **{k: best[k] for k in ("best_interval_seconds", "best_interval_steps", "goodput_at_best",
+                                    "young_daly_interval_seconds")}}
 
 
 def render(doc: dict) -> str:
@@ -381,4 +386,8 @@ def render(doc: dict) -> str:
                      f"({m['interval_seconds']:.2f} s); best interval {m['best_interval_seconds']:.2f} s "
                      f"({m['best_interval_steps']} steps), goodput {m['goodput_at_best']:.3f}; Young/Daly "
                      f"{m['young_daly_interval_seconds']:.2f} s")
+        if sim := m.get("simulated_goodput"):
+            lines.append(f"  model at the realized rate (a failure every {m['realized_mtbf_seconds']:.1f} s) less the "
+                         f"first start-up ({m['first_startup_seconds']:.1f} s): {m['expected_goodput_realized']:.3f}; "
+                         f"campaigns of this length: {sim['mean']:.3f} ({sim['p5']:.3f} to {sim['p95']:.3f}, 90%)")
     return "\n".join(lines)

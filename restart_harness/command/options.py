@@ -9,7 +9,7 @@ from dataclasses import MISSING, dataclass
 from restart_harness.files import baseline
 from restart_harness.plan import mlperf
 from restart_harness.schema import CROSSOVER_RANGE_BYTES
-from restart_harness.spec.keys import Path, Size, key
+from restart_harness.spec.keys import Path, Seconds, Size, key
 
 
 @dataclass
@@ -182,10 +182,9 @@ STUDY_FIXED = ("tp", "pp", "dp", "nodes", "ranks_per_node", "shrink", "emulate",
 
 @dataclass
 class EndureOptions:
-    duration: str = key(MISSING, "the failure campaign's wall-clock budget: seconds, or a number with s, m or h "
-                                 "(90s, 10m, 2h)", group="endure", unit="seconds")
-    mtbf: str = key(MISSING, "the job's mean time between failures: failures arrive at exponential times with this "
-                             "mean, drawn from seed= (90s, 10m, 2h)", group="endure", unit="seconds")
+    duration: Seconds = key(MISSING, "the failure campaign's wall-clock budget (failures arrive at mtbf=, a run key: "
+                                     "the job's mean time between failures, drawn from seed=)", group="endure",
+                            unit="seconds", above=0)
     failures: str = key("rank,job,save", "what a failure kills, drawn in turn from this list: rank (one rank "
                                          "SIGKILLed), job (the whole job), save (a rank killed inside a save)",
                         group="endure")

@@ -11,10 +11,11 @@ from restart_harness import machine
 from restart_harness.files import baseline
 from restart_harness.plan import checkpoint
 from restart_harness.plan.estimate import typical_file_bytes
-from restart_harness.predict import crossover, fit, goodput, restart_io
+from restart_harness.predict import crossover, fit, restart_io
 from restart_harness.predict import features as feats
 from restart_harness.predict.model import predict
 from restart_harness.resolve import Plugins
+from restart_harness.results import goodput
 from restart_harness.results.prediction import PHASES
 from restart_harness.schema import MIB, PREDICTED_TOTAL, count, span
 from restart_harness.spec.keys import GB
@@ -90,9 +91,8 @@ def build(plugins: Plugins, cpus_per_node: int, store: dict, calibration: dict |
         "device": device, "other_device": other,
         "storage": store["source"], "features": f.to_json(), "phases": made["phases"], "note": made["notes"],
         "crossover": crossover.compute(plugins, f, calibration, *crossover_range), "ignores": IGNORES,
-        # the checkpoint interval at the default failure rate: at the run's ranks (as GPUs) and at Llama 3's scale
-        "goodput": [g for n in (spec.world_size, goodput.LLAMA3_GPUS)
-                    if (g := goodput.from_phases(made["phases"], n)) is not None],
+        # the best checkpoint interval at the run's failure rate (its MTBF keys): at its ranks (as GPUs), at_gpus=
+        "goodput": goodput.from_phases(made["phases"], vars(spec), spec.world_size),
         "predict_seconds": round(time.perf_counter() - start, 6),
     }
 

@@ -1,21 +1,209 @@
-"""A failure campaign's wall time, split (campaigns/endure.py): productive step time, and badput by category, named
-after ml-goodput-measurement's buckets (schema BADPUT_BUCKETS; docs/goodput.md defines each).
+"""What failures and checkpoints cost a job: the model of its goodput, the checkpoint interval that maximizes it,
+and a failure campaign's measured wall time split by category (no torch).
 
-Each launch (segment) is read from rank 0's events on one clock (wall time): start-up from the launch to
-dist_init_done, training preparation to the engine's set-up (a fresh start) or to the load (a restart), checkpoint
-restore from the load to its verification, then the step loop. In the loop, a step's median time is productive unless
-the step was lost (after the last commit when a failure ended the launch: wasted progress, recomputed by the next
-launch); the first step's excess over the median is first steps; the loop's time outside steps is checkpoint save
-(the training lost to saves: their blocking parts, digests, the commit's wait). A launch cut by a failure puts the
-time from its last event to its end with the phase that was running (wasted progress in the step loop). Other is
-the rest of the wall time: the harness between launches and each launch's teardown."""
+The model. Failures arrive as a Poisson process (exponential times between them) whose rate grows with the job's
+size: a job of G GPUs whose GPUs each fail once every M_gpu seconds fails once every M_gpu / G. A job that trains
+`interval` seconds, then pays `save` seconds of training lost to a checkpoint, and after each failure pays `restart`
+seconds (process start to its first step) and loses the work since its last commit, spends on each committed interval
+on average (Daly 2006, eq. 13, the exact expectation for exponential failures):
+
+    M * exp(restart / M) * (exp((interval + save) / M) - 1)
+
+Goodput is the interval over that time. Young's (1974) and Daly's first-order optimum is sqrt(2 * save * M); the
+optimum here is computed numerically (a bounded golden-section search on log(interval)), so it holds where the
+first-order one does not (a save or restart not small against M). The job's MTBF comes from the run's keys
+(mtbf=, mtbf_per_node=, mtbf_per_gpu=; default Llama 3's published rate) at its own GPUs and at at_gpus=.
+
+The campaign's split (campaigns/endure.py): productive step time, and badput by category, named after
+ml-goodput-measurement's buckets (schema BADPUT_BUCKETS; docs/goodput.md defines each). Each launch (segment) is read
+from rank 0's events on one clock (wall time): start-up from the launch to dist_init_done, training preparation to
+the engine's set-up (a fresh start) or to the load (a restart), checkpoint restore from the load to its verification,
+then the step loop. In the loop, a step's median time is productive unless the step was lost (after the last commit
+when a failure ended the launch: wasted progress, recomputed by the next launch); the first step's excess over the
+median is first steps; the loop's time outside steps is checkpoint save (the training lost to saves: their blocking
+parts, digests, the commit's wait). A launch cut by a failure puts the time from its last event to its end with the
+phase that was running (wasted progress in the step loop). Other is the rest of the wall time: the harness between
+launches and each launch's teardown."""
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 
 from restart_harness.results import events as ev
-from restart_harness.schema import BADPUT_BUCKETS
+from restart_harness.schema import BADPUT_BUCKETS, GOODPUT_FIELDS
+
+# Meta, "The Llama 3 Herd of Models" (2024), section 3.3.4: 419 unexpected interruptions in 54 days of pre-training
+# on 16,384 H100 GPUs (about one every 3 hours)
+LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
+DEFAULT_MTBF_PER_GPU_SECONDS = LLAMA3_DAYS * 86_400 * LLAMA3_GPUS / LLAMA3_INTERRUPTIONS
+DEFAULT_MTBF_SOURCE = (f"Llama 3's published rate ({LLAMA3_INTERRUPTIONS} interruptions in {LLAMA3_DAYS} days on "
+                       f"{LLAMA3_GPUS:,} GPUs: one every {DEFAULT_MTBF_PER_GPU_SECONDS / 86_400 / 365.25:.1f} "
+                       "GPU-years; Meta 2024, section 3.3.4)")
+GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+def check_positive(name: str, value: float) -> None:
+    """ValueError naming the value unless it is a finite number above zero."""
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name}={value}: must be a finite number of seconds above zero")
+
+
+def job_mtbf_seconds(mtbf_per_unit_seconds: float = DEFAULT_MTBF_PER_GPU_SECONDS, units: int = 1) -> float:
+    """The job's mean time between failures: each of its `units` (GPUs or nodes) failing independently."""
+    check_positive("mtbf_seconds", mtbf_per_unit_seconds)
+    if units < 1:
+        raise ValueError(f"units={units}: must be a positive integer (GPUs or nodes)")
+    return mtbf_per_unit_seconds / units
+
+
+def expected_goodput(interval_seconds: float, save_seconds: float, restart_seconds: float,
+                     job_mtbf_seconds: float) -> float:
+    """The share of wall time that is productive training at a checkpoint interval (Daly's exact expectation)."""
+    m = job_mtbf_seconds
+    exponent = restart_seconds / m + (interval_seconds + save_seconds) / m
+    if exponent > 700:  # exp would overflow: no interval completes before a failure
+        return 0.0
+    return interval_seconds / (m * math.exp(restart_seconds / m) * math.expm1((interval_seconds + save_seconds) / m))
+
+
+def young_daly_seconds(save_seconds: float, job_mtbf_seconds: float) -> float:
+    """The first-order optimum interval: sqrt(2 * save * MTBF)."""
+    return math.sqrt(2 * save_seconds * job_mtbf_seconds)
+
+
+def _golden_max(f, low: float, high: float, tolerance: float = 1e-9) -> float:
+    """The argument in [low, high] that maximizes a unimodal f (golden-section search)."""
+    a, b = low, high
+    c, d = b - GOLDEN * (b - a), a + GOLDEN * (b - a)
+    fc, fd = f(c), f(d)
+    while b - a > tolerance * max(1.0, abs(a) + abs(b)):
+        if fc >= fd:
+            b, d, fd = d, c, fc
+            c = b - GOLDEN * (b - a)
+            fc = f(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + GOLDEN * (b - a)
+            fd = f(d)
+    return (a + b) / 2
+
+
+def optimum(save_seconds: float, restart_seconds: float, step_seconds: float, job_mtbf_seconds: float) -> dict:
+    """The interval that maximizes expected goodput, in seconds and in whole steps, the goodput there, and Young's
+    and Daly's first-order interval beside it with its goodput."""
+    check_positive("step_seconds", step_seconds)
+    check_positive("job_mtbf_seconds", job_mtbf_seconds)
+    for name, value in (("save_seconds", save_seconds), ("restart_seconds", restart_seconds)):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name}={value}: must be a finite number of seconds, zero or more")
+
+    def goodput(seconds: float) -> float:
+        return expected_goodput(seconds, save_seconds, restart_seconds, job_mtbf_seconds)
+
+    low, high = step_seconds, max(step_seconds * 2, 50 * job_mtbf_seconds)
+    best = math.exp(_golden_max(lambda x: goodput(math.exp(x)), math.log(low), math.log(high)))
+    steps = max(1, max((math.floor(best / step_seconds), math.ceil(best / step_seconds)),
+                       key=lambda k: goodput(max(1, k) * step_seconds)))
+    first_order = young_daly_seconds(save_seconds, job_mtbf_seconds)
+    return {"job_mtbf_seconds": job_mtbf_seconds, "save_seconds": save_seconds, "restart_seconds": restart_seconds,
+            "step_seconds": step_seconds, "best_interval_seconds": best, "best_interval_steps": steps,
+            "goodput_at_best": goodput(best), "goodput_at_best_steps": goodput(steps * step_seconds),
+            "young_daly_interval_seconds": first_order,
+            "goodput_at_young_daly": goodput(max(first_order, step_seconds))}
+
+
+def simulate(wall: float, first: float, interval: float, save: float, restart: float, mtbf: float,
+             rng: random.Random) -> float:
+    """One finite campaign of the model's process (the goodput it measures): a start-up of `first` seconds, then
+    intervals of training and a save until a failure (exponential times, each drawn from the one before), a restart,
+    and so on until `wall`; work since the last commit is lost at a failure, kept at the end."""
+    clock, productive, setup = 0.0, 0.0, first
+    failure = rng.expovariate(1 / mtbf)
+    while clock < wall:
+        if failure < min(clock + setup, wall):  # failed while starting
+            clock, setup = failure, restart
+            failure = clock + rng.expovariate(1 / mtbf)
+            continue
+        clock += setup
+        while clock < wall:
+            end = clock + interval + save
+            if failure < min(end, wall):
+                clock, setup = failure, restart
+                failure = clock + rng.expovariate(1 / mtbf)
+                break
+            productive += min(interval, max(0.0, wall - clock))
+            clock = end
+    return productive / wall
+
+
+def campaign_spread(wall: float, first: float, interval: float, save: float, restart: float, mtbf: float,
+                    runs: int = 2000, seed: int = 0) -> dict:
+    """The goodput of `runs` simulated campaigns of this length: mean, 5th and 95th percentiles (one campaign's
+    measurement is one draw of these)."""
+    rng = random.Random(seed)
+    values = sorted(simulate(wall, first, interval, save, restart, mtbf, rng) for _ in range(runs))
+    return {"mean": statistics.fmean(values), "p5": values[runs // 20], "p95": values[runs - 1 - runs // 20]}
+
+
+def first_commit_seconds(restart_seconds: float, step_seconds: float, save_interval_steps: int,
+                         save_seconds: float) -> float:
+    """From a failure to the next committed checkpoint at the least: the restart, an interval's steps, one save."""
+    return restart_seconds + save_interval_steps * step_seconds + save_seconds
+
+
+def job_mtbf_at(keys: dict, gpus: int, own_gpus: int) -> tuple[float, str]:
+    """The job's MTBF at `gpus` GPUs from a run's keys (mtbf=: the job's at its own GPUs, the same rate per GPU
+    elsewhere; mtbf_per_node=: nodes of ranks_per_node GPUs; mtbf_per_gpu=; else Llama 3's), and where it came from."""
+    if keys.get("mtbf"):
+        return keys["mtbf"] * own_gpus / gpus, f"mtbf={keys['mtbf']:,.0f} s at {own_gpus:,} GPUs"
+    if keys.get("mtbf_per_node"):
+        nodes = math.ceil(gpus / (keys.get("ranks_per_node") or 1))
+        return keys["mtbf_per_node"] / nodes, f"mtbf_per_node={keys['mtbf_per_node']:,.0f} s"
+    if keys.get("mtbf_per_gpu"):
+        return keys["mtbf_per_gpu"] / gpus, f"mtbf_per_gpu={keys['mtbf_per_gpu']:,.0f} s"
+    return job_mtbf_seconds(DEFAULT_MTBF_PER_GPU_SECONDS, gpus), DEFAULT_MTBF_SOURCE
+
+
+def at_scales(save: float | None, restart: float | None, step: float | None, keys: dict, own_gpus: int) -> list[dict]:
+    """The optimum at the run's own GPUs and at at_gpus= (default Llama 3's 16,384); empty where a cost is unknown."""
+    if save is None or restart is None or not step:
+        return []
+    out = []
+    for gpus in dict.fromkeys((own_gpus, keys.get("at_gpus") or LLAMA3_GPUS)):
+        mtbf, source = job_mtbf_at(keys, gpus, own_gpus)
+        o = {"gpus": gpus, "mtbf_source": source, **optimum(max(save, 0.0), restart, step, mtbf)}
+        out.append({k: o[k] for k in GOODPUT_FIELDS})
+    return out
+
+
+def from_phases(phases: dict, keys: dict, own_gpus: int) -> list[dict]:
+    """The optimum from a prediction's phases (`predict`): a save's blocking seconds as its training lost, start-up
+    to the first step as the restart, the first step as the step."""
+    save, restart, step = ((phases.get(n) or {}).get("seconds") for n in (
+        "save_blocking_seconds", "restart_total_with_launch_seconds", "restart_first_step_seconds"))
+    return at_scales(save, restart, step, keys, own_gpus)
+
+
+def from_summary(summary: dict) -> list[dict]:
+    """The optimum from a run's measurements (summary.json, built or being built): its training lost per save
+    (median), its restart's total (process start to the first step), its step without a save."""
+    lost = (summary.get("checkpoint") or {}).get("training_lost") or {}
+    spec = summary.get("spec") or {}
+    ranks = (spec.get("derived") or {}).get("world_size") or 1
+    return at_scales(lost.get("per_save_seconds_median"), (summary.get("restart") or {}).get("total_seconds"),
+                     (lost.get("baseline_step") or {}).get("seconds"), spec, ranks)
+
+
+def line(o: dict) -> str:
+    """One line of an optimum at its GPU count."""
+    gpus, hours = f"{o['gpus']:,} GPU" + ("" if o["gpus"] == 1 else "s"), o["job_mtbf_seconds"] / 3600
+    steps = f"{o['best_interval_steps']:,} step" + ("" if o["best_interval_steps"] == 1 else "s")
+    return (f"at {gpus} (job MTBF {f'{hours:,.0f}' if hours >= 100 else f'{hours:.3g}'} h): best checkpoint interval "
+            f"{o['best_interval_seconds']:,.1f} s ({steps}), expected goodput "
+            f"{o['goodput_at_best']:.4f}; Young/Daly {o['young_daly_interval_seconds']:,.1f} s")
+
 
 
 def _boundaries(events: list[dict], start: float) -> list[float | None]:

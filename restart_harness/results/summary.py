@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 
 from restart_harness import resolve
-from restart_harness.results import breakdown, io_sources, placement, save_memory, trace, training_cost
+from restart_harness.results import breakdown, goodput, io_sources, placement, save_memory, trace, training_cost
 from restart_harness.results import events as ev
 from restart_harness.schema import (
     MEMORY_PHASES_CHECKPOINT,
@@ -287,7 +287,7 @@ def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict |
         "io_sources": io_sources.by_phase(checkpoint_record, MEMORY_PHASES_EMULATED if spec.get("emulate")
                                           else MEMORY_PHASES_CHECKPOINT, spec.get("io_sources")),
     }
-    return {
+    summary = {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_dir.name,
         "status": status,
@@ -297,3 +297,6 @@ def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict |
         "restart": restarts[-1] if restarts else None,
         "restarts": restarts,
     }
+    # the best checkpoint interval for what the run measured, at its failure rate (its MTBF keys, docs/goodput.md)
+    summary["goodput"] = goodput.from_summary(summary)
+    return summary

@@ -8,7 +8,7 @@ check() is the one way a value (from text, YAML or JSON) is checked. Nothing her
         tp: int = key(1, "tensor-parallel degree", group="layout", minimum=1, restart=True)
 
 Types: int, float (always finite), bool, str, Path (text naming a file or folder), Size (bytes: 4096, 64M, 1G),
-and `X | None` (None written as `none` or `auto`).
+Seconds (a time: 90, 90s, 10m, 2h, 3d), and `X | None` (None written as `none` or `auto`).
 
 Units (UNITS, one rule for every size, bandwidth and memory key, in --help and docs/keys.md): GB is 10^9 bytes and
 GiB 2^30, as GB/s is 10^9 bytes a second; a letter alone is binary (64M = 64 MiB, as dd and truncate read it).
@@ -28,7 +28,7 @@ from restart_harness.files.fsfacts import why_too_long
 
 GROUPS = ("model", "layout", "training", "checkpoint", "observe", "launch", "cluster", "output", "plan", "predict",
           "calibrate", "baseline", "matrix", "report", "restart", "mlperf", "clean", "study", "environment",
-          "endure")
+          "endure", "goodput")
 # Text values never pass through a shell unquoted; this keeps them free of shell and JSON surprises as well.
 _SAFE_TEXT = re.compile(r"^[A-Za-z0-9_.,/:+@%=~-]*$")
 _SAFE_GLOB = re.compile(r"^[A-Za-z0-9_.,/:+@%=~*?\[\]!-]*$")
@@ -41,6 +41,9 @@ UNITS = ("GB = 10^9 bytes, GiB = 2^30 bytes (K, M, T alike); a letter alone is b
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 BOOL_WORDS = f"true, false (also {', '.join(w for pair in zip(TRUE[1:], FALSE[1:]) for w in pair)})"
 SIZE_EXAMPLES = "4096, 64M or 64MiB = 64 x 2^20, 10GB = 10 x 10^9"
+_SECONDS = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd]?)$", re.IGNORECASE)
+_SECONDS_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+SECONDS_EXAMPLES = "seconds, or a number with s, m, h or d: 90, 90s, 10m, 2h, 3d"
 # Every number a user gives is bounded: an integer key without a maximum of its own takes this one, a size this one
 # (what they size is then counted by arithmetic, never by building it: RunSpec.save_count)
 INT_MAX = 2**31 - 1
@@ -62,6 +65,10 @@ def plausible_rate(name: str, value: float, work: float, what: str, scale: float
 
 class Size(int):
     """A byte count; on the command line 4096, 64K or 64KiB (2^10), 64MB (10^6), 10GB (10^9), 1G or 1GiB (2^30)."""
+
+
+class Seconds(float):
+    """A time in seconds; on the command line 90, 90s, 10m, 2h or 3d."""
 
 
 class Path(str):
@@ -102,7 +109,7 @@ class Key:
     @property
     def type_name(self) -> str:
         name = {int: "int", float: "float", bool: "bool", str: "text", Path: "path", Size: "bytes",
-                Glob: "glob"}[self.type]
+                Glob: "glob", Seconds: "time"}[self.type]
         return name + (" | none" if self.optional else "")
 
     def accepted(self) -> str:
@@ -112,6 +119,7 @@ class Key:
         if self.type is bool:
             return BOOL_WORDS
         words = {int: "an integer", float: "a finite number", Size: f"a size in bytes ({SIZE_EXAMPLES})",
+                 Seconds: f"a time ({SECONDS_EXAMPLES})",
                  str: "text of [A-Za-z0-9_.,/:+@%=~-]", Path: "a path of [A-Za-z0-9_.,/:+@%=~-]",
                  Glob: "a pattern of [A-Za-z0-9_.,/:+@%=~-] and * ? [ ] !"}[self.type]
         upper = self.upper
@@ -187,6 +195,14 @@ def parse_size(name: str, text: str) -> int:
     return int(digits) * base ** _POWERS[letter.lower()]
 
 
+def parse_seconds(name: str, text: str) -> float:
+    """Seconds of `90`, `90s`, `10m`, `2h` or `3d`."""
+    match = _SECONDS.match(text)
+    if not match:
+        raise UsageError(f"{name}={text}: not a time; accepted: {SECONDS_EXAMPLES}")
+    return float(match.group(1)) * _SECONDS_UNIT[match.group(2).lower()]
+
+
 def coerce(k: Key, text: str) -> object:
     """Command-line text -> the key's value, checked; raises UsageError naming `name=text` and what is accepted."""
     if text == "":
@@ -205,6 +221,8 @@ def coerce(k: Key, text: str) -> object:
         value = int(text)
     elif k.type is Size:
         value = parse_size(k.name, text)
+    elif k.type is Seconds:
+        value = parse_seconds(k.name, text)
     elif k.type is float:
         try:
             value = float(text)
@@ -238,7 +256,7 @@ def check(k: Key, value: object, text: str | None = None) -> object:
         if isinstance(value, bool) or not isinstance(value, int):
             raise UsageError(f"{shown}: must be an integer")
         value = int(value)
-    elif k.type is float:
+    elif k.type in (float, Seconds):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise UsageError(f"{shown}: must be a number")
         value = float(value)

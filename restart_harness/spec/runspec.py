@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from restart_harness.errors import UsageError
 from restart_harness.schema import ATTRIBUTION_MODES
-from restart_harness.spec.keys import SIZE_MAX, Path, key, keys_of, plausible_rate
+from restart_harness.spec.keys import SIZE_MAX, Path, Seconds, key, keys_of, plausible_rate
 from restart_harness.spec.model_shape import ModelShape
 
 PHASES = ("all", "checkpoint")  # `restart` is a command of its own: ./submit-job.sh restart run=DIR
@@ -163,6 +163,20 @@ class RunSpec:
     filesystems: str | None = key(None, "pbs: -l filesystems= (ALCF, e.g. home:eagle)", config=False, group="cluster")
     env_hook: Path | None = key(None, "bash file sourced by the job script and every launch script (modules, "
                                       "conda)", config=False, group="cluster", sweep=False)
+    # goodput under failures (results/goodput.py, docs/goodput.md): one failure rate, or Llama 3's published one
+    mtbf: Seconds | None = key(None, "the job's mean time between failures at its own GPUs (the same rate per GPU at "
+                                     "at_gpus=); `endure` injects failures at this rate", group="goodput", unit="seconds",
+                               above=0, config=False, restart=True)
+    mtbf_per_node: Seconds | None = key(None, "each node's mean time between failures (a job of N nodes fails every "
+                                              "mtbf_per_node / N)", group="goodput", unit="seconds", above=0,
+                                        config=False, restart=True)
+    mtbf_per_gpu: Seconds | None = key(None, "each GPU's mean time between failures (a job of G GPUs fails every "
+                                             "mtbf_per_gpu / G); with no MTBF key, Meta's Llama 3 report's: 419 "
+                                             "interruptions in 54 days on 16,384 GPUs", group="goodput", unit="seconds",
+                                       above=0, config=False, restart=True)
+    at_gpus: int = key(16_384, "the best checkpoint interval and its goodput are also given at this many GPUs "
+                               "(default Llama 3's 16,384)", group="goodput", minimum=1, maximum=MAX_WORLD,
+                       config=False, restart=True)
     # output
     results_dir: Path = key("results", "where run directories go", config=False, group="output", sweep=False)
 
@@ -240,6 +254,10 @@ class RunSpec:
         if spec.subset and spec.nodes == 1:
             raise UsageError("subset=true with nodes=1: the whole layout runs on this node already; accepted: "
                              "nodes > 1 (this node runs the first node's ranks_per_node ranks)")
+        if len(given := [f"{k}={getattr(spec, k):g}" for k in ("mtbf", "mtbf_per_node", "mtbf_per_gpu")
+                          if getattr(spec, k) is not None]) > 1:
+            raise UsageError(f"{' and '.join(given)}: one failure rate; accepted: one of mtbf=, mtbf_per_node=, "
+                             "mtbf_per_gpu=")
         if spec.save_interval > spec.iters:
             raise UsageError(
                 f"save_interval={spec.save_interval} is larger than iters={spec.iters}: no checkpoint would be "

@@ -85,6 +85,17 @@ def _figures_marked(rows: list[dict]) -> None:
                 assert r.get(f"{name}_why"), (r["id"], name)
 
 
+def test_a_cell_predicted_on_the_calibrations_device_has_its_best_checkpoint_interval(tmp_path):
+    """Where the save, the restart and the step are predicted (target_device=cpu, which the calibration has runs on),
+    each cell has its best checkpoint interval and the goodput there (docs/goodput.md)."""
+    proc = cli("models=tiny", "gpus=2", "vocab=preset", "reference=false", "fidelity=predicted", "mtbf_per_gpu=1h",
+               "target_device=cpu", "write_gbps=1", "read_gbps=2", f"results_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr
+    ran = [r for r in _rows(Path(proc.stdout.strip().splitlines()[-1])) if r["best_interval_seconds"]]
+    assert {r["engine"] for r in ran} >= {"default", "torchsnapshot"}
+    assert all(float(r["best_interval_seconds"]) > 0 and 0 < float(r["goodput_at_best"]) < 1 for r in ran)
+
+
 def test_a_planned_only_study_writes_the_table(tmp_path):
     """fidelity=predicted: nothing launched; the table, its files list and figures written; DataStates' cells say
     why they are not run here."""
@@ -95,8 +106,6 @@ def test_a_planned_only_study_writes_the_table(tmp_path):
     rows = _rows(folder)
     # each cell's best checkpoint interval at its GPUs, at the failure rate given (docs/goodput.md)
     assert all(float(r["job_mtbf_seconds"]) == pytest.approx(3_600 / int(r["gpus"]), rel=1e-3) for r in rows)
-    ran = [r for r in rows if r["best_interval_seconds"]]  # where the save, restart and step are predicted
-    assert {r["engine"] for r in ran} >= {"default", "torchsnapshot"} and all(float(r["best_interval_seconds"]) > 0 and 0 < float(r["goodput_at_best"]) < 1 for r in ran)
     assert "best checkpoint interval s (goodput)" in (folder / "study.md").read_text()
     assert len(rows) == 3 * 3 and {r["engine"] for r in rows} == {"default", "torchsnapshot", "datastates"}
     assert all(r["how"].startswith("planned + predicted") and not r["run_dir"] for r in rows)
@@ -246,8 +255,8 @@ def test_a_cell_is_sized_to_the_memory_available_when_it_starts(monkeypatch):
     tight = campaign.next_for(cell, [], math.inf, sized)  # the same sizing, at the cell's start
     assert tight.mode == "shrunk" and tight.shrink >= 8 and tight.shrink > roomy.shrink
     assert "8 ranks need ~" in k4_reason(tight) and "engine=torchsnapshot's" in k4_reason(tight)
-    assert "but 20.0 GiB is available" in k4_reason(tight)
+    assert "but 20.00 GiB is available" in k4_reason(tight)
     monkeypatch.setattr(machine, "available_memory_bytes", lambda: 2 << 30)
     none = campaign.next_for(cell, [], math.inf, sized)
     assert none.mode == "predicted" and none.why == "no option fits the memory available now"
-    assert "but 2.0 GiB is available" in none.reason
+    assert "but 2.00 GiB is available" in none.reason

@@ -7,7 +7,11 @@ a word). Any single changed byte changes exactly one word by a non-zero amount s
 plain sum: every single-byte corruption is detected. Moving data between blocks (a shifted or swapped shard, a
 wrong partition) changes the weighted sum. Reordering inside one 8 KiB block with equal content is the case it
 misses; a cryptographic hash would catch it at ~25x the cost (BLAKE2b ran at 0.8 GB/s per core here, these sums at
-~19 GB/s), which is why the verification no longer uses one.
+~16-28 GB/s on one core for one tensor or a rank's 84, measured alone on 2026-11-28), which is why the verification
+no longer uses one. In a run the state is digested just before each save (stacks/ state_digests): every tensor's sums
+are queued, then read back once (digests()); the file of digests is made durable by a thread beside training
+(stacks/base.py write_digests). Two ranks sharing two busy cores ran these sums at 3.4 GB/s (issue 67); the
+harness's own seconds are printed beside the saves' (results/terminal.py, benchmarks/compare_engines.py).
 """
 
 from __future__ import annotations

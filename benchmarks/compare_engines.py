@@ -354,7 +354,8 @@ def _ranking(rows: dict[str, dict]) -> None:
         known = [(median(r[key]), n) for n, r in rows.items() if r and median(r[key]) is not None
                  and not n.endswith("none")]
         known.sort(key=lambda x: -x[0] if higher else x[0])
-        print(f"- {label}: " + (" > " if higher else " < ").join(f"{n} {v:,.3g}" for v, n in known))
+        if known:
+            print(f"- {label}: " + (" > " if higher else " < ").join(f"{n} {v:,.3g}" for v, n in known))
 
 
 def _grid_table(ceilings: list[dict]) -> None:

@@ -190,7 +190,7 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
     tool = how[0]
     world = parse_args(base).world_size
     results = Path(tempfile.mkdtemp(prefix="rh-bench-engines-"))
-    collected: dict[str, list[dict]] = {name: [] for name, _ in cases}
+    collected: dict[str, list[dict | None]] = {name: [] for name, _ in cases}
     storage: dict[str, list[dict]] = {t: [] for t in targets}
     loads = []  # the 1-minute load average before and after each repeat
     for r in range(repeats):
@@ -200,15 +200,15 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
                                             tool if target == "fs" else "auto"))
         for name, tokens in cases:
             print(f"repeat {r + 1}/{repeats}: {name}", file=sys.stderr, flush=True)
-            collected[name].append(json.loads((submitted([*tokens, f"results_dir={results}"]) /
-                                               "summary.json").read_text()))
+            run = submitted([*tokens, f"results_dir={results}"], check=False)  # a failed run: said, left out
+            collected[name].append(json.loads((run / "summary.json").read_text()) if run else None)
         loads.append(os.getloadavg()[0])
     shutil.rmtree(results, ignore_errors=True)
     ceilings = {t: [b.get("ceiling") or {"write_mib_s": b["write_mib_s"], "read_mib_s": b["read_mib_s"],
                                          "write_from": "baseline", "read_from": "baseline"} for b in storage[t]]
                 for t in targets}
     _header(base, repeats, world, how, ceilings, loads, collected)
-    steps = {label: [s["training"]["step_seconds_median"] for s in collected.get(label, [])]
+    steps = {label: [s and s["training"]["step_seconds_median"] for s in collected.get(label, [])]
              for label in ("none", "fsdp2 none")}
     rows = {name: _row(collected[name], ceilings["s3" if name.endswith(" s3") else "fs"],
                        steps["fsdp2 none" if name.startswith("fsdp2") else "none"]) for name, _ in cases}
@@ -227,7 +227,7 @@ def _header(base: list[str], repeats: int, world: int, how: tuple[str, str, dict
             loads: list[float], collected: dict[str, list[dict]]) -> None:
     """What was run, what was left out and why, the ceilings and where they came from, how busy the machine was."""
     busy = [b for runs in collected.values() for s in runs
-            if (b := (s["checkpoint"].get("machine_load") or {}).get("cpu_busy_fraction")) is not None]
+            if s and (b := (s["checkpoint"].get("machine_load") or {}).get("cpu_busy_fraction")) is not None]
     print(f"`{' '.join(base)}`, {repeats} repeats, cases interleaved; medians over the repeats (min-max). "
           f"Ceiling per repeat ({world} ranks x {BASELINE_FILE_MIB} MiB) from {how[1]}: "
           + "; ".join(f"{'file system' if t == 'fs' else 'local S3 (RGW)'} " + _ceiling_words(c)
@@ -292,7 +292,7 @@ def _row(summaries: list[dict], ceilings: list[dict], none_steps: list[float | N
     """A case's per-repeat figures: each key a list over the repeats (each run against its own repeat's ceiling and
     engine=none's step)."""
     runs = [_run(s, c, none_steps[i] if i < len(none_steps) else None)
-            for i, (s, c) in enumerate(zip(summaries, ceilings, strict=False))]
+            for i, (s, c) in enumerate(zip(summaries, ceilings, strict=False)) if s]  # None: a run that failed
     return {k: [r[k] for r in runs] for k in runs[0]} if runs else {}
 
 
@@ -382,14 +382,14 @@ def _grid_table(ceilings: list[dict]) -> None:
 def _reads(rows: dict[str, dict], collected: dict[str, list[dict]]) -> None:
     """How each engine that says so read at restart, and each replicated file's load (engine=lazy)."""
     ways = {n: sorted({f"{w['way']}: {w['why']}" for s in collected[n]
-                       if (w := ((s.get("restart") or {}).get("engine_load_statistics") or {}).get("read_io"))})
+                       if s and (w := ((s.get("restart") or {}).get("engine_load_statistics") or {}).get("read_io"))})
             for n in rows}
     print("\nHow the restarts read (restart.engine_load_statistics):\n")
     for name, said in ways.items():
         if said:
             print(f"- {name}: {'; '.join(said)}")
     for name in rows:
-        for s in collected[name]:
+        for s in filter(None, collected[name]):
             for x in ((s.get("restart") or {}).get("engine_load_statistics") or {}).get("replicated") or []:
                 print(f"- {name}: {x['file']} {x['way']} in {x['seconds']:.3f} s ({x['why']})")
 

@@ -1,57 +1,40 @@
 #!/usr/bin/env python3
-"""Checkpoint engines side by side (named compare_engines.py: a script named engines.py would shadow the engines
-package) on the `small` preset: median blocking and durable save seconds, throughput.
+"""Every checkpoint engine that runs here, side by side, against the storage's own limit as fio measures it (named
+compare_engines.py: a script named engines.py would shadow the engines package).
 
 Method
-- Engines: every engine whose plug-in accepts this machine (check() passes: on CPU default, torchsnapshot and
-  its async_take variant, dcp and its async_save variant, lazy, and fastpersist where libaio's headers are; on CUDA
-  also datastates where installed and decoupled), plus engine=none for the step-time baseline.
+- Engines: by default every engine (none, default, torchsnapshot, dcp on the FSDP2 stack with its own `fsdp2 none`,
+  fastpersist, decoupled, datastates, lazy) whose plug-in accepts this machine (its check() passes; those refused are
+  said, with the reason, in the header); `only=LABEL,...` names cases of CASES (variants too). A named case that
+  cannot run here is one line and exit 2, with why and which can.
 - Each case is one `./submit-job.sh small dp=2 engine=... iters=6 save_interval=2 after=1 cache=drop keep=false`
-  (override the layout and counts with extra key=value arguments; keep=false deletes the checkpoint once the run's
-  records are written), run REPEATS times in sequence on an otherwise idle
-  machine, cases interleaved per repeat so drift hits all engines alike.
-- Per run: for each save, the slowest rank's blocking_seconds (inside save_checkpoint) and durable_seconds (until
-  the flush finished and every file is fsync'd), from summary.json; the first save of a run is dropped as warm-up
-  when there are more. Per case: medians over all kept saves of all repeats; throughput_mib_s is checkpoint
-  bytes / median seconds (2^20 bytes per MiB; MLPerf Storage's bytes over the slowest rank).
-- Step seconds: the median training step with and without a flush in flight (rank 0), medians over repeats, to
-  show what overlapping a flush costs the training loop; restart load seconds and load MiB/s (checkpoint bytes read
-  by all ranks / checkpoint_load seconds) are reported too.
-- Training time lost per save (docs/measurements.md#training-lost): each save's window (the end of its step to the
-  next save) less the steps it holds at the run's own baseline step (`lost s (own)`), and the same window less those
-  steps at engine=none's median step of the same repeat (`lost s (vs none)`: the step with no checkpointing at all);
-  medians over the kept saves of all repeats.
-- Memory per save (docs/measurements.md#memory-per-save): each run's summary.checkpoint.memory, medians over
-  repeats; the growth per save needs 5 saves or more (iters >= 10 at save_interval=2), else it is left empty.
-  Beside it, what each restart read from storage (all ranks, the I/O counters' load_breakdown.storage_read.bytes)
-  over the checkpoint's bytes: a byte count, exact in one repeat (engine=lazy's broadcast load against
-  `lazy every replica reads`).
-- Stacks: the `fsdp2 ...` cases train the same model on the same samples with stack=fsdp2 (docs/fsdp2.md); their
-  checkpoint is 12 bytes per parameter (fp32 weights and two moments) against DeepSpeed's 14 (a bf16 model copy
-  besides), so compare them in MiB/s, not in seconds. `only=LABEL,LABEL` runs the named cases alone.
-- Storage: in each repeat, before its engines, `./submit-job.sh baseline` measures the results directory's file
-  system afresh with as many ranks as the run has (write: each rank writes BASELINE_FILE_MIB and fsyncs; read: cold),
-  and its ceiling in the same command, interleaved with the baseline's probes (docs/measurements.md#storage-ceiling:
-  per direction the better of O_DIRECT with engine=lazy's 16 MiB requests, 4 in flight a rank, fsync at the end, and
-  the baseline). Ratios: blocking / default's blocking; durable MiB/s / baseline write MiB/s and / ceiling write
-  MiB/s; load MiB/s / baseline read MiB/s and / ceiling read MiB/s. The ceiling ratios are taken per repeat (each
-  run's durable and load MiB/s over its own repeat's ceiling), then their median and min-max over the repeats.
-- The restart's reads: beside load MiB/s (what the restart waited for), the storage read MiB/s (all ranks' bytes
-  read from storage over the slowest rank's seconds with a read in flight: load_breakdown.storage_read), both over
-  the repeat's read ceiling, and how each engine that says so read (engine_load_statistics.read_io). A load above
-  the ceiling is reads running on between the engine's loads, not a storage faster than its ceiling
-  (docs/measurements.md#two-load-figures).
-- Machine load: the 1-minute load average before and after each repeat, and each run's own record of other work
-  on the CPUs just before its launch (summary.checkpoint.machine_load.cpu_busy_fraction), in the table's header.
-- Targets: `targets=fs,s3` runs every case that can write to object storage (engine default and dcp, both stacks)
-  a second time with ckpt_dir=s3://bench/runs on a local Ceph RADOS Gateway that the script starts (objects in
-  memory, testbeds/ceph_s3.py) and stops; those rows are labelled `... s3` (keep=false matters there too: the
-  store's memory is bounded), and their ratios are to the S3 baseline (`./submit-job.sh baseline
-  dir=s3://bench/probe`: PUT and GET with the engines' own client), measured in each repeat beside the disk's. The
-  restart phases and the load and save anatomy (median seconds of the slowest rank) show where the time goes.
+  (extra key=value arguments override; keep=false deletes the checkpoint once the run's records are written), run
+  REPEATS times; cases interleaved per repeat so the machine's and the disk's drift hit all engines alike.
+- The ceiling, in each repeat before its engines: `./submit-job.sh baseline dir=RESULTS tool=fio` with as many ranks
+  as the run has (BASELINE_FILE_MIB a rank): the baseline (fio psync, write + fsync, cold read), the engine's own
+  shape (O_DIRECT in threads, 16 MiB x 4 a rank, then read buffered) and fio's grid (targets/_fs_probe.py FIO_GRID:
+  O_DIRECT, libaio, request sizes, queue depths and jobs spanning the engines' shapes; write with fsync at the end,
+  cold read), each repeated 3 times interleaved. Per direction the ceiling is the best median of them
+  (files/baseline.py ceiling(); its source is said). Where fio is missing, or cannot do direct I/O on the results'
+  file system (a 1 MiB O_DIRECT write tried first), one line says so and the built-in probe gives the ceiling,
+  marked as such in the header.
+- Per run, from summary.json: each save's blocking and durable seconds (the slowest rank; the first save of a run
+  dropped as warm-up where there are more), the run's medians; durable MiB/s = checkpoint bytes / durable seconds;
+  load MiB/s = the checkpoint's bytes / the restart's load seconds; storage read MiB/s = what all ranks read from
+  storage over the slowest rank's read seconds (docs/measurements.md#two-load-figures); training lost per save =
+  each save's window less its steps at engine=none's median step of the same repeat (fsdp2 cases: `fsdp2 none`'s;
+  docs/measurements.md#training-lost); host memory held while a flush runs (largest rank); the restart's storage
+  reads over the checkpoint's bytes. x ceiling: each run's figure over its own repeat's ceiling. Every cell: the
+  median over the repeats (min-max).
+- An efficiency above 1.0 is printed with what explains it (a load counting bytes shared through shared memory or a
+  broadcast once a rank, reads running on between the engine's loads, a buffered reader's read-ahead), or flagged
+  CEILING NOT MEASURED RIGHT where nothing does.
+- Targets: `targets=fs,s3` runs each case that can write to object storage a second time with
+  ckpt_dir=s3://bench/runs on a local Ceph RADOS Gateway (testbeds/ceph_s3.py); those rows' ceiling is the S3
+  baseline (PUT and GET with the engines' own client).
 
 Usage: <python> -m benchmarks.compare_engines [REPEATS] [MODEL] [only=LABEL,...] [targets=fs,s3] [key=value ...]
-       (default 3 small dp=2, every case that runs here, on the file system; a Markdown table)
+       (default 3 small dp=2, every engine that runs here, on the file system; Markdown tables)
 """
 
 from __future__ import annotations
@@ -59,11 +42,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import median, spread, submitted
+from benchmarks.common import median, submitted
 
 CASES = [
     ("none", ["engine=none"]),
@@ -78,82 +62,106 @@ CASES = [
     ("lazy", ["engine=lazy"]),
     ("lazy buffered", ["engine=lazy", "direct_io=false", "read_io=buffered"]),  # page-cache writes and reads
     ("lazy staged whole", ["engine=lazy", "staging_mib=1048576"]),  # every part staged whole, as before 2026-11-27
+    ("lazy ring", ["engine=lazy", "staging_mib=64"]),  # a ring of 64 MiB a part: on CUDA, the ring's copy path
     ("lazy O_DIRECT reads", ["engine=lazy", "read_io=direct"]),  # reads O_DIRECT whatever the probe found faster
     ("lazy every replica reads", ["engine=lazy", "broadcast_load=false"]),  # without the shared or broadcast load
-    # always the broadcast load (auto: shared memory where the replicas share a node, else the measured choice)
     ("lazy broadcast", ["engine=lazy", "broadcast_load=true"]),
     # the PyTorch-native stack: the same model and data, FSDP2 sharding, one collective DCP save per checkpoint
     ("fsdp2 none", ["stack=fsdp2", "engine=none"]),
     ("fsdp2 dcp", ["stack=fsdp2", "engine=dcp"]),
     ("fsdp2 dcp async_save", ["stack=fsdp2", "engine=dcp", "async_save=true"]),
 ]
+# every engine, one case each (dcp on FSDP2, the stack it is made for, with that stack's own baseline step)
+EVERY_ENGINE = ("none", "default", "torchsnapshot", "fsdp2 none", "fsdp2 dcp", "fastpersist", "decoupled",
+                "datastates", "lazy")
 # keep=false: each run's checkpoint is deleted once its records are written (3 repeats of 4 `small` cases at
 # iters=10 kept 39 GB otherwise, more than this project's disk had free on 2026-11-27)
 BASE = ["dp=2", "iters=6", "save_interval=2", "after=1", "cache=drop", "keep=false"]
 BASELINE_FILE_MIB = 256
+S3_TARGET = "ckpt_dir=s3://bench/runs"
+MIB = 2**20
 
 
-def runnable(tokens: list[str]) -> bool:
+def die(message: str) -> None:
+    """Bad input: one line, exit 2, before anything is created or launched."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def why_not(tokens: list[str]) -> str | None:
+    """None where the case runs here, else the engine's (or the spec's) own reason."""
     from restart_harness import machine, resolve
     from restart_harness.command import parse_args
     from restart_harness.errors import UsageError
 
     try:
-        spec = machine.resolve(parse_args(tokens))
-        resolve.plugins(spec).engine.check()  # the engine's own check: e.g. CUDA-only engines on a CPU machine
-        return True
+        resolve.plugins(machine.resolve(parse_args(tokens))).engine.check()  # e.g. CUDA-only engines on a CPU
+        return None
     except UsageError as exc:
-        print(f"skipped {' '.join(tokens)}: {exc}", file=sys.stderr)
-        return False
+        return str(exc)
 
 
-def run(tokens: list[str], results: Path) -> dict:
-    run_dir = submitted([*tokens, f"results_dir={results}"])
-    return json.loads((run_dir / "summary.json").read_text())
+def choose(only: list[str] | None, base: list[str]) -> tuple[list[tuple[str, list[str]]], dict[str, str]]:
+    """The cases to run and those left out with why; a case named in only= that cannot run here is bad input."""
+    labels = [n for n, _ in CASES]
+    unknown = sorted(set(only or ()) - set(labels))
+    if unknown:
+        die(f"only=: unknown case(s) {', '.join(unknown)}; cases: {', '.join(labels)}")
+    chosen = [(n, base + extra) for n, extra in CASES if n in (only or EVERY_ENGINE)]
+    refused = {n: why for n, tokens in chosen if (why := why_not(tokens))}
+    if only and refused:
+        can = [n for n, extra in CASES if n in EVERY_ENGINE and not why_not(base + extra)]
+        name, why = next(iter(refused.items()))
+        die(f"only=: {name} cannot run here ({why}); engines that can: {', '.join(can)}")
+    return [(n, t) for n, t in chosen if n not in refused], refused
 
 
-def fmt(value: float | None, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def baseline(results: Path | str, ranks: int) -> dict:
-    """A fresh storage baseline of the results directory (or an s3:// URL), its ceiling with it: the record the
-    command cached (its last line: `measured_at ...; cached in PATH.json (whose cache)`)."""
-    said = str(submitted(["baseline", f"dir={results}", f"ranks={ranks}", f"file_bytes={BASELINE_FILE_MIB}MiB"]))
-    return json.loads(Path(said.rsplit("cached in ", 1)[1].rsplit(".json", 1)[0] + ".json").read_text())
+def ceiling_tool(where: Path) -> tuple[str, str]:
+    """(the baseline's tool, how the ceiling was measured): fio where it is installed and can write with O_DIRECT in
+    `where` (a 1 MiB file, removed), else the built-in probe, said in one line."""
+    if shutil.which("fio") is None:
+        print("fio is not installed: the ceiling falls back to the built-in probe (marked so)", file=sys.stderr)
+        return "builtin", "the BUILT-IN PROBE (fio is not installed)"
+    name = f".rh-direct-check-{os.getpid()}"
+    proc = subprocess.run(["fio", "--name=rh-direct-check", f"--directory={where}", f"--filename={name}", "--rw=write",
+                           "--bs=1M", "--size=1M", "--direct=1", "--ioengine=psync"], capture_output=True, text=True,
+                          check=False, timeout=120)
+    (where / name).unlink(missing_ok=True)
+    if proc.returncode != 0:
+        why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        print(f"fio cannot do direct I/O in {where} ({why}): the ceiling falls back to the built-in probe (marked "
+              "so)", file=sys.stderr)
+        return "builtin", f"the BUILT-IN PROBE (fio cannot do direct I/O in {where}: {why})"
+    return "fio", "fio's grid (O_DIRECT, libaio) and the built-in probe"
 
 
 def main() -> None:
     args = sys.argv[1:]
     repeats = int(args.pop(0)) if args and args[0].isdigit() else 3
+    if repeats < 1:
+        die(f"REPEATS {repeats}: accepted: a whole number of repeats, 1 or more")
     model = args.pop(0) if args and "=" not in args[0] else "small"
     only = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("only=")), None)
     targets = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("targets=")), ["fs"])
     args = [a for a in args if not a.startswith(("only=", "targets="))]
     if set(targets) - {"fs", "s3"}:
-        sys.exit(f"targets={','.join(targets)}: accepted fs, s3 (comma list)")
-    unknown = set(only or ()) - {name for name, _ in CASES}
-    if unknown:
-        sys.exit(f"only=: unknown case(s) {', '.join(sorted(unknown))}; cases: {', '.join(n for n, _ in CASES)}")
+        die(f"targets={','.join(targets)}: accepted fs, s3 (comma list)")
     given = {a.split("=", 1)[0] for a in args}
     base = [model, *(b for b in BASE if b.split("=", 1)[0] not in given), *args]
-    chosen = [(name, extra) for name, extra in CASES if only is None or name in only]
-    cases = [(name, base + extra) for name, extra in chosen if "fs" in targets and runnable(base + extra)]
+    cases, refused = choose(only, base)
+    tool, how = ceiling_tool(Path(tempfile.gettempdir()))
+    cases = cases if "fs" in targets else []
     server = None
     if "s3" in targets:
         server = start_object_store()
-        cases += [(f"{name} s3", [*base, *extra, S3_TARGET]) for name, extra in chosen
-                  if runnable([*base, *extra, S3_TARGET])]
+        cases += [(f"{n} s3", [*t, S3_TARGET]) for n, t in choose(only, base)[0] if not why_not([*t, S3_TARGET])]
     try:
-        measure(cases, base, repeats, targets)
+        measure(cases, base, repeats, targets, (tool, how, refused))
     finally:
         if server is not None:
             from testbeds import ceph_s3
 
             ceph_s3.stop(server.root)
-
-
-S3_TARGET = "ckpt_dir=s3://bench/runs"
 
 
 def start_object_store():
@@ -166,60 +174,79 @@ def start_object_store():
     return server
 
 
-def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, targets: list[str]) -> None:
+def baseline(results: Path | str, ranks: int, tool: str) -> dict:
+    """A fresh storage baseline of the results directory (or an s3:// URL), its ceiling with it: the record the
+    command cached (its last line: `measured_at ...; cached in PATH.json (whose cache)`)."""
+    said = str(submitted(["baseline", f"dir={results}", f"ranks={ranks}", f"file_bytes={BASELINE_FILE_MIB}MiB",
+                          f"tool={tool}"]))
+    return json.loads(Path(said.rsplit("cached in ", 1)[1].rsplit(".json", 1)[0] + ".json").read_text())
+
+
+def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, targets: list[str],
+            how: tuple[str, str, dict[str, str]]) -> None:
+    """The repeats, interleaved: each repeat's storage probes, then every case once; then the tables."""
     from restart_harness.command import parse_args
 
+    tool = how[0]
     world = parse_args(base).world_size
     results = Path(tempfile.mkdtemp(prefix="rh-bench-engines-"))
-    collected: dict[str, list[dict]] = {name: [] for name, _ in cases}
+    collected: dict[str, list[dict | None]] = {name: [] for name, _ in cases}
     storage: dict[str, list[dict]] = {t: [] for t in targets}
     loads = []  # the 1-minute load average before and after each repeat
     for r in range(repeats):
         loads.append(os.getloadavg()[0])
         for target in targets:
-            storage[target].append(baseline(results if target == "fs" else "s3://bench/probe", world))
+            storage[target].append(baseline(results if target == "fs" else "s3://bench/probe", world,
+                                            tool if target == "fs" else "auto"))
         for name, tokens in cases:
             print(f"repeat {r + 1}/{repeats}: {name}", file=sys.stderr, flush=True)
-            collected[name].append(run(tokens, results))
+            run = submitted([*tokens, f"results_dir={results}"], check=False)  # a failed run: said, left out
+            collected[name].append(json.loads((run / "summary.json").read_text()) if run else None)
         loads.append(os.getloadavg()[0])
-    speeds = {t: (median([b["write_mib_s"] for b in storage[t]]), median([b["read_mib_s"] for b in storage[t]]))
-              for t in targets}
-    ceilings = {t: [b.get("ceiling") or {} for b in storage[t]] for t in targets}
-    _print_header(base, repeats, world, speeds, ceilings, loads, collected)
-    # engine=none's step per repeat: the step with no checkpointing at all, which each repeat's saves are held to
-    none_steps = [summary["training"]["step_seconds_median"] for summary in collected.get("none", [])]
-    rows = {name: _row(collected[name], ceilings["s3" if name.endswith(" s3") else "fs"], none_steps)
-            for name, _ in cases}
-    _main_table(rows, speeds)
-    _anatomy_table(rows)
-    _memory_table(rows)
-    _reads_table(rows)
-    replicated = [(name, x) for name, _ in cases for s in collected[name]
-                  for x in ((s["restart"] or {}).get("engine_load_statistics") or {}).get("replicated") or []]
-    if replicated:
-        print("\nHow each restart loaded a replicated file (engine=lazy: restart.engine_load_statistics.replicated), "
-              "one line per restart in repeat order:\n")
-        for name, x in replicated:
-            print(f"- {name}: {x['file']} {x['way']} in {x['seconds']:.3f} s ({x['why']})")
     shutil.rmtree(results, ignore_errors=True)
+    ceilings = {t: [b.get("ceiling") or {"write_mib_s": b["write_mib_s"], "read_mib_s": b["read_mib_s"],
+                                         "write_from": "baseline", "read_from": "baseline"} for b in storage[t]]
+                for t in targets}
+    _header(base, repeats, world, how, ceilings, loads, collected)
+    steps = {label: [s and s["training"]["step_seconds_median"] for s in collected.get(label, [])]
+             for label in ("none", "fsdp2 none")}
+    rows = {name: _row(collected[name], ceilings["s3" if name.endswith(" s3") else "fs"],
+                       steps["fsdp2 none" if name.startswith("fsdp2") else "none"]) for name, _ in cases}
+    _main_table(rows)
+    digest, blocking = (median((rows.get("default") or {}).get(k) or []) for k in ("digest", "blocking"))
+    if digest is not None and blocking:  # the harness's own seconds beside the saves' (rank 0, before each save)
+        print(f"\nThe harness's own: its verification digest before each of default's saves, outside every figure "
+              f"above: median {digest:.4f} s a save, {digest / blocking:.1%} of default's median blocking save "
+              f"({blocking:.3f} s).")
+    _ranking(rows)
+    _grid_table(ceilings.get("fs") or [])
+    _reads(rows, collected)
 
 
-def _print_header(base: list[str], repeats: int, world: int, speeds: dict, ceilings: dict, loads: list[float],
-                  collected: dict[str, list[dict]]) -> None:
-    """What was run, the storage's baselines and ceilings, and how busy the machine was."""
-    busy = [((s["checkpoint"].get("machine_load") or {}).get("cpu_busy_fraction")) for runs in collected.values()
-            for s in runs]
-    busy = [b for b in busy if b is not None]
-    print(f"`{' '.join(base)}`, {repeats} repeats; medians over saves (first save of each run dropped) and runs; "
-          f"storage baselines ({world} ranks, {BASELINE_FILE_MIB} MiB each, measured in each repeat): "
-          + "; ".join(f"{'file system' if t == 'fs' else 'local S3 (RGW)'} write {w:.1f} MiB/s, "
-                      f"{'cold ' if t == 'fs' else ''}read {rd:.1f} MiB/s" for t, (w, rd) in speeds.items())
-          + "; ceilings, measured with them: "
-          + "; ".join(f"{'file system' if t == 'fs' else 'local S3 (RGW)'} " + _ceiling_words(ceilings[t])
-                      for t in ceilings)
+def _header(base: list[str], repeats: int, world: int, how: tuple[str, str, dict[str, str]], ceilings: dict,
+            loads: list[float], collected: dict[str, list[dict]]) -> None:
+    """What was run, what was left out and why, the ceilings and where they came from, how busy the machine was."""
+    busy = [b for runs in collected.values() for s in runs
+            if s and (b := (s["checkpoint"].get("machine_load") or {}).get("cpu_busy_fraction")) is not None]
+    print(f"`{' '.join(base)}`, {repeats} repeats, cases interleaved; medians over the repeats (min-max). "
+          f"Ceiling per repeat ({world} ranks x {BASELINE_FILE_MIB} MiB) from {how[1]}: "
+          + "; ".join(f"{'file system' if t == 'fs' else 'local S3 (RGW)'} " + _ceiling_words(c)
+                      for t, c in ceilings.items())
           + f". Machine: 1-minute load average {min(loads):.1f}-{max(loads):.1f} over the repeats"
-          + (f", other work on the CPUs before a launch {median(busy):.0%} (median; "
-             f"{min(busy):.0%}-{max(busy):.0%})" if busy else "") + ".\n")
+          + (f", other work on the CPUs before a launch {median(busy):.0%} (median; {min(busy):.0%}-{max(busy):.0%})"
+             if busy else "") + ".")
+    for name, why in how[2].items():
+        print(f"- not run here: {name} ({why})")
+    print()
+
+
+def _ceiling_words(ceilings: list[dict]) -> str:
+    out = []
+    for way in ("write", "read"):
+        values = [c[f"{way}_mib_s"] for c in ceilings]
+        out.append(f"{way} {median(values):,.0f} MiB/s ({min(values):,.0f}-{max(values):,.0f}; from "
+                   f"{' and '.join(sorted({c[f'{way}_from'] for c in ceilings}))})")
+    return ", ".join(out)
 
 
 def _kept(summary: dict) -> list[dict]:
@@ -227,161 +254,144 @@ def _kept(summary: dict) -> list[dict]:
     return summary["checkpoint"]["saves"][1:] or summary["checkpoint"]["saves"]
 
 
-def _medians(records: list[dict | None], keys: tuple[str, ...], suffix: str = "") -> dict:
-    return {k: median([(r or {}).get(f"{k}{suffix}") for r in records]) for k in keys}
-
-
-def _row(summaries: list[dict], ceilings: list[dict], none_steps: list[float | None]) -> dict:
-    """One case's figures: medians over its kept saves and its repeats' runs."""
-    saves = [s for summary in summaries for s in _kept(summary)]
-    nbytes = median([s["bytes"] for s in saves])
-    training = [summary["training"] for summary in summaries]
-    restarts = [summary["restart"] or {} for summary in summaries]
-    memory = [summary["checkpoint"].get("memory") or {} for summary in summaries]
-    pairs = list(zip(summaries, ceilings, strict=False))  # each repeat's run and its repeat's ceiling
-    lost_own, lost_none = [], []  # training lost per kept save: at the run's own step, and at engine=none's
-    for i, summary in enumerate(summaries):
-        for s in _kept(summary):
-            tl = s.get("training_lost") or {}
-            lost_own.append(tl.get("seconds"))
-            if tl.get("window_seconds") is not None and i < len(none_steps) and none_steps[i] is not None:
-                lost_none.append(tl["window_seconds"] - tl["steps_in_window"] * none_steps[i])
-    return {
-        "lost_own": median(lost_own), "lost_none": median(lost_none),
-        "mib": nbytes / 2**20 if nbytes else None,
-        "blocking": median([s["blocking_seconds"] for s in saves]), "durable": median([s["durable_seconds"] for s in saves]),
-        "no_flush": median([t.get("step_seconds_median_no_flush", t["step_seconds_median"]) for t in training]),
-        "in_flight": median([t.get("step_seconds_median_in_flight") for t in training]),
-        "load": median([r.get("load_seconds") for r in restarts]),
-        "load_mib_s": median([r.get("load_throughput_mib_s") for r in restarts]),
-        "phases": _medians([r.get("phases") for r in restarts], PHASES),
-        "save_anatomy": _medians([s.get("breakdown") for s in saves], SAVE_PARTS, "_seconds"),
-        "load_anatomy": _medians([r.get("load_breakdown") for r in restarts], LOAD_PARTS, "_seconds"),
-        "memory": _medians(memory, MEMORY),
-        "growth": median([(m.get("growth") or {}).get("bytes_per_save") for m in memory]),
-        "step_growth": median([((t.get("rss_growth") or {}).get("bytes_per_step")) for t in training]),
-        "storage_read": median([_storage_read(r).get("bytes") for r in restarts]),
-        "rank_bytes": median([(s["checkpoint"].get("bytes_per_rank") or {}).get("max") for s in summaries]),
-        "storage_read_mib_s": median([_storage_read(r).get("throughput_mib_s") for r in restarts]),
-        "read_ways": sorted({f"{w['way']}: {w['why']}" for r in restarts
-                             for w in [((r.get("engine_load_statistics") or {}).get("read_io"))] if w}),
-        # each repeat's run against its own repeat's ceiling: durable MiB/s (median of its kept saves) and load
-        "of_ceiling": {"write": [_ratio(_durable_mib_s(s), c.get("write_mib_s")) for s, c in pairs],
-                       "read": [_ratio((s["restart"] or {}).get("load_throughput_mib_s"), c.get("read_mib_s"))
-                                for s, c in pairs],
-                       "storage_read": [_ratio(_storage_read(s["restart"]).get("throughput_mib_s"), c.get("read_mib_s"))
-                                        for s, c in pairs]},
-    }
-
-
-PHASES = ("imports", "dist_init", "model_build", "engine_init", "checkpoint_load", "first_step")
-SAVE_PARTS = ("serialize", "write", "fsync", "wait")
-LOAD_PARTS = ("read", "deserialize", "copy", "wait")
-MEMORY = ("peak_added_bytes_max", "held_bytes_max", "cost_bytes_median", "engine_buffers_bytes_max",
-          "step_peak_added_bytes")
-
-
-def _head(*columns: str) -> None:
-    """A Markdown table's header and its separator."""
-    print("| " + " | ".join(columns) + " |")
-    print("|" + "---|" * len(columns))
-
-
-def _main_table(rows: dict[str, dict], speeds: dict) -> None:
-    _head("engine", "checkpoint MiB", "blocking s", "x default", "durable s", "durable MiB/s", "x baseline write",
-          "x ceiling write", "step s (no flush)", "step s (flush in flight)", "restart load s", "load MiB/s",
-          "x baseline read", "x ceiling read", "checkpoint_load s", "lost s (own)", "lost s (vs none)")
-    default_blocking = (rows.get("default") or {}).get("blocking")
-    for name, r in rows.items():
-        write_mib_s, read_mib_s = speeds["s3" if name.endswith(" s3") else "fs"]
-        mib, blocking, durable = r["mib"], r["blocking"], r["durable"]
-        durable_mib_s = mib / durable if mib and durable else None
-        print(f"| {name} | {fmt(mib, 1)} | {fmt(blocking)} "
-              f"| {fmt(blocking / default_blocking if blocking is not None and default_blocking else None, 3)} "
-              f"| {fmt(durable)} | {fmt(durable_mib_s, 1)} "
-              f"| {fmt(durable_mib_s / write_mib_s if durable_mib_s else None, 2)} | {spread(r['of_ceiling']['write'])} "
-              f"| {fmt(r['no_flush'])} | {fmt(r['in_flight'])} | {fmt(r['load'])} | {fmt(r['load_mib_s'], 1)} "
-              f"| {fmt(r['load_mib_s'] / read_mib_s if r['load_mib_s'] else None, 2)} "
-              f"| {spread(r['of_ceiling']['read'])} | {fmt(r['phases']['checkpoint_load'])} "
-              f"| {fmt(r['lost_own'])} | {fmt(r['lost_none'])} |")
-
-
-def _anatomy_table(rows: dict[str, dict]) -> None:
-    print("\nWhere the time goes (medians; slowest rank's anatomy, docs/anatomy.md): restart phases in seconds, then "
-          "one save's and the load's categories.\n")
-    _head("engine", *PHASES, *(f"save: {p}" if i == 0 else p for i, p in enumerate(SAVE_PARTS)),
-          *(f"load: {p}" if i == 0 else p for i, p in enumerate(LOAD_PARTS)))
-    for name, r in rows.items():
-        cells = [*r["phases"].values(), *r["save_anatomy"].values(), *r["load_anatomy"].values()]
-        print(f"| {name} | " + " | ".join(fmt(c) for c in cells) + " |")
-
-
-def _memory_table(rows: dict[str, dict]) -> None:
-    print("\nHost memory a save costs a rank (MiB, medians over repeats; docs/measurements.md#memory-per-save): its peak "
-          "over the RSS it starts with (most demanding save), held while its flush runs, the median save's cost beyond "
-          "a training step's own, the buffers the engine keeps between saves, the RSS growth per save and per step "
-          "(summary.training.rss_growth: engine=none's is training's own); then what "
-          "the restart read from storage, all ranks (MiB, the I/O counters), and that over the checkpoint's bytes; "
-          "last, the held memory and the engine's buffers over the largest rank's checkpoint bytes (what it wrote).\n")
-    _head("engine", "peak", "held", "cost", "engine buffers", "a step's own", "growth per save", "growth per step",
-          "restart storage reads", "x checkpoint", "rank's checkpoint", "held x rank's", "buffers x rank's")
-    for name, r in rows.items():
-        m = r["memory"]
-        cells = [*m.values(), r["growth"], r["step_growth"], r["storage_read"]]
-        ratio = r["storage_read"] / 2**20 / r["mib"] if r["storage_read"] and r["mib"] else None
-        print(f"| {name} | " + " | ".join(fmt(c / 2**20 if c is not None else None, 1) for c in cells)
-              + f" | {fmt(ratio, 2)} | {fmt(r['rank_bytes'] / 2**20 if r['rank_bytes'] else None, 1)} "
-              f"| {fmt(_ratio(m['held_bytes_max'], r['rank_bytes']), 3)} "
-              f"| {fmt(_ratio(m['engine_buffers_bytes_max'], r['rank_bytes']), 3)} |")
-
-
-def _reads_table(rows: dict[str, dict]) -> None:
-    print("\nThe restart's reads against the storage (medians over repeats; docs/measurements.md#two-load-figures): "
-          "load MiB/s is the checkpoint's bytes over the seconds the slowest rank waited inside the engine's loads; "
-          "storage read MiB/s is what all ranks read from storage over the slowest rank's seconds with a read in "
-          "flight, the storage's own pace. A load above the storage read (or above the ceiling) means reads ran on "
-          "while DeepSpeed worked between the engine's loads (a read-ahead), which no load second counts, not a "
-          "storage faster than its ceiling. A storage read above the ceiling is a buffered reader working between "
-          "its calls (torch.load), whose pages the kernel read ahead while no call was in flight "
-          "(benchmarks/read_ahead_overlap.py).\n")
-    _head("engine", "load MiB/s", "x ceiling read", "storage read MiB/s", "x ceiling read", "how it read")
-    for name, r in rows.items():
-        if r["load_mib_s"] is None:
-            continue
-        print(f"| {name} | {fmt(r['load_mib_s'], 1)} | {spread(r['of_ceiling']['read'])} "
-              f"| {fmt(r['storage_read_mib_s'], 1)} | {spread(r['of_ceiling']['storage_read'])} "
-              f"| {'; '.join(r['read_ways']) or '-'} |")
-
-
-def _storage_read(restart: dict | None) -> dict:
-    """A restart's storage read (results/breakdown.py): bytes read by all ranks over the slowest rank's read busy."""
-    return ((restart or {}).get("load_breakdown") or {}).get("storage_read") or {}
-
-
 def _ratio(value: float | None, base: float | None) -> float | None:
     return value / base if value and base else None
 
 
-def _durable_mib_s(summary: dict) -> float | None:
-    """A run's durable MiB/s: checkpoint bytes over the median durable seconds of its kept saves."""
-    saves = _kept(summary)
-    seconds, nbytes = median([s["durable_seconds"] for s in saves]), median([s["bytes"] for s in saves])
-    return nbytes / 2**20 / seconds if seconds and nbytes else None
+def _storage_read(summary: dict) -> dict:
+    """A restart's storage read (results/breakdown.py): bytes read by all ranks over the slowest rank's read busy."""
+    return (((summary.get("restart") or {}).get("load_breakdown") or {}).get("storage_read")) or {}
 
 
-def _ceiling_words(ceilings: list[dict]) -> str:
-    """The repeats' ceilings in words: median write and read, min-max, and where each came from."""
-    if not any(ceilings):
-        return "none (object storage)"
-    out = []
-    for way in ("write", "read"):
-        values = [c[f"{way}_mib_s"] for c in ceilings if c]
-        sources = sorted({c[f"{way}_from"] for c in ceilings if c})
-        out.append(f"{way} {median(values):.1f} MiB/s ({min(values):.0f}-{max(values):.0f}; from "
-                   f"{' and '.join(sources)})")
-    d = next(c["direct"] for c in ceilings if c)
-    return ", ".join(out) + (f" [direct probe: {d['method']}, {'O_DIRECT' if d['o_direct'] else 'buffered'}, "
-                             f"{d['request_bytes'] >> 20} MiB x {d['queue_depth']} a rank]")
+def _run(summary: dict, ceiling: dict, none_step: float | None) -> dict:
+    """One run's figures (medians over its kept saves) and their ratios to its repeat's ceiling."""
+    saves, restart = _kept(summary), summary.get("restart") or {}
+    nbytes = median([s["bytes"] for s in saves])
+    durable = median([s["durable_seconds"] for s in saves])
+    lost = [tl["window_seconds"] - tl["steps_in_window"] * none_step for s in saves
+            if (tl := s.get("training_lost") or {}).get("window_seconds") is not None and none_step is not None]
+    rank = (summary["checkpoint"].get("bytes_per_rank") or {}).get("max")
+    held = (summary["checkpoint"].get("memory") or {}).get("held_bytes_max")
+    f = {"mib": nbytes / MIB if nbytes else None, "blocking": median([s["blocking_seconds"] for s in saves]),
+         "durable": durable, "durable_mib_s": _ratio(nbytes / MIB if nbytes else None, durable),
+         "load_mib_s": restart.get("load_throughput_mib_s"),
+         "storage_read_mib_s": _storage_read(summary).get("throughput_mib_s"), "lost": median(lost),
+         "held_mib": held / MIB if held is not None else None, "held_x_rank": _ratio(held, rank),
+         "reads_x": _ratio(_storage_read(summary).get("bytes"), nbytes),
+         "digest": median([(s.get("training_lost") or {}).get("digest_seconds") for s in saves])}
+    f["x_write"] = _ratio(f["durable_mib_s"], ceiling.get("write_mib_s"))
+    f["x_load"] = _ratio(f["load_mib_s"], ceiling.get("read_mib_s"))
+    f["x_storage_read"] = _ratio(f["storage_read_mib_s"], ceiling.get("read_mib_s"))
+    stats = restart.get("engine_load_statistics") or {}
+    f["shared"] = any(x.get("way") != "read" for x in stats.get("replicated") or [])
+    f["read_io"] = (stats.get("read_io") or {}).get("way")
+    return f
+
+
+def _row(summaries: list[dict], ceilings: list[dict], none_steps: list[float | None]) -> dict:
+    """A case's per-repeat figures: each key a list over the repeats (each run against its own repeat's ceiling and
+    engine=none's step)."""
+    runs = [_run(s, c, none_steps[i] if i < len(none_steps) else None)
+            for i, (s, c) in enumerate(zip(summaries, ceilings, strict=False)) if s]  # None: a run that failed
+    return {k: [r[k] for r in runs] for k in runs[0]} if runs else {}
+
+
+def cell(values: list[float | None], digits: int = 3) -> str:
+    """median (min-max) over the repeats, or - where nothing was measured."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-"
+    m, lo, hi = median(values), min(values), max(values)
+    return f"{m:,.{digits}f}" + (f" ({lo:,.{digits}f}-{hi:,.{digits}f})" if len(values) > 1 else "")
+
+
+def efficiency(values: list[float | None], why: str | None) -> str:
+    """x ceiling over the repeats; above 1.0 never a plain figure: what explains it, or the ceiling flagged."""
+    text = cell(values, 2)
+    known = [v for v in values if v is not None]
+    if not known or max(known) <= 1.0:
+        return text
+    return f"{text} **above 1: {why or 'CEILING NOT MEASURED RIGHT (no cache or overlap explains it)'}**"
+
+
+def _why_above(r: dict, figure: str) -> str | None:
+    """What can lift a figure over the storage's ceiling (docs/measurements.md#two-load-figures)."""
+    if figure == "x_load" and any(r["shared"]):
+        return "a replicated file's bytes counted once a rank that got them through shared memory or a broadcast"
+    if figure == "x_load":
+        return "reads ran on between the engine's loads (read-ahead no load second counts)"
+    if figure == "x_storage_read" and "direct" not in r["read_io"]:
+        return "a buffered reader's read-ahead between its calls (page cache)"
+    return None
+
+
+def _main_table(rows: dict[str, dict]) -> None:
+    columns = ("engine", "checkpoint MiB", "blocking s", "durable s", "durable MiB/s", "x ceiling write",
+               "load MiB/s", "x ceiling read (load)", "storage read MiB/s", "x ceiling read (storage)",
+               "training lost per save s (vs none)", "host memory held MiB", "held x rank's checkpoint",
+               "restart reads x checkpoint")
+    print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    for name, r in rows.items():
+        if not r:
+            continue
+        cells = [cell(r["mib"], 1), cell(r["blocking"]), cell(r["durable"]), cell(r["durable_mib_s"], 0),
+                 efficiency(r["x_write"], _why_above(r, "x_write")), cell(r["load_mib_s"], 0),
+                 efficiency(r["x_load"], _why_above(r, "x_load")), cell(r["storage_read_mib_s"], 0),
+                 efficiency(r["x_storage_read"], _why_above(r, "x_storage_read")), cell(r["lost"]),
+                 cell(r["held_mib"], 1), cell(r["held_x_rank"], 3), cell(r["reads_x"], 2)]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+
+
+RANKED = (("blocking", "blocking s", False), ("durable_mib_s", "durable MiB/s", True),
+          ("load_mib_s", "load MiB/s", True), ("lost", "training lost per save s", False),
+          ("held_mib", "host memory held MiB", False), ("reads_x", "restart reads x checkpoint", False))
+
+
+def _ranking(rows: dict[str, dict]) -> None:
+    """Each figure's engines, best first (medians; engine=none and rows without the figure left out)."""
+    print("\nRanked, best first (medians):\n")
+    for key, label, higher in RANKED:
+        known = [(median(r[key]), n) for n, r in rows.items() if r and median(r[key]) is not None
+                 and not n.endswith("none")]
+        known.sort(key=lambda x: -x[0] if higher else x[0])
+        if known:
+            print(f"- {label}: " + (" > " if higher else " < ").join(f"{n} {v:,.3g}" for v, n in known))
+
+
+def _grid_table(ceilings: list[dict]) -> None:
+    """The ceiling's probes: each fio shape's and the built-in probe's write and cold read (medians of 3 a repeat;
+    here the median over the repeats)."""
+    grids = [(c.get("direct") or {}).get("grid") for c in ceilings]
+    if not any(grids):
+        refused = next(((c.get("direct") or {}).get("grid_refused") for c in ceilings if c.get("direct")), None)
+        print(f"\nNo fio grid{': ' + refused if refused else ''}.")
+        return
+    print("\nThe ceiling's probes (MiB/s, the median over the repeats of each repeat's median of 3; O_DIRECT, fsync "
+          "at the end of the writes, reads cold):\n\n| probe | write MiB/s | read MiB/s |\n|---|---|---|")
+    for i, row in enumerate(next(g for g in grids if g)):
+        shape = [g[i] for g in grids if g]
+        print(f"| fio libaio {row['request_bytes'] // MIB} MiB x {row['queue_depth']} in flight x "
+              f"{row['jobs_per_rank']} job(s) a rank | {cell([s['write_mib_s'] for s in shape], 0)} "
+              f"| {cell([s['read_mib_s'] for s in shape], 0)} |")
+    direct = [c["direct"] for c in ceilings if c.get("direct")]
+    print(f"| built-in threads 16 MiB x 4 a rank | {cell([d['write_mib_s'] for d in direct], 0)} "
+          f"| {cell([d['read_mib_s'] for d in direct], 0)} |")
+    print(f"| the same read buffered | - | {cell([d.get('buffered_read_mib_s') for d in direct], 0)} |")
+
+
+def _reads(rows: dict[str, dict], collected: dict[str, list[dict]]) -> None:
+    """How each engine that says so read at restart, and each replicated file's load (engine=lazy)."""
+    ways = {n: sorted({f"{w['way']}: {w['why']}" for s in collected[n]
+                       if s and (w := ((s.get("restart") or {}).get("engine_load_statistics") or {}).get("read_io"))})
+            for n in rows}
+    print("\nHow the restarts read (restart.engine_load_statistics):\n")
+    for name, said in ways.items():
+        if said:
+            print(f"- {name}: {'; '.join(said)}")
+    for name in rows:
+        for s in filter(None, collected[name]):
+            for x in ((s.get("restart") or {}).get("engine_load_statistics") or {}).get("replicated") or []:
+                print(f"- {name}: {x['file']} {x['way']} in {x['seconds']:.3f} s ({x['why']})")
 
 
 if __name__ == "__main__":

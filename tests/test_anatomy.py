@@ -354,3 +354,13 @@ def test_counter_library_counts_vector_and_positioned_calls(tmp_path):
     totals = _preloaded(lib, code, tmp_path)
     assert totals["write"]["bytes"] == 4096 and totals["write"]["calls"] == 2
     assert totals["read"]["bytes"] == 4096 + 10 and totals["read"]["calls"] == 2
+
+
+def test_a_ranks_digests_read_back_at_once_are_each_tensors_own():
+    """digests() queues every tensor's sums and reads them back once (issue 67): each name still gets its own
+    tensor's digest, whatever its companions, and a value that is no tensor its repr."""
+    state = {"w": torch.randn(3 * digest.BLOCK_WORDS + 5), "m": torch.randn(7, 3).bfloat16(), "step": 12,
+             "z": torch.zeros(0), "b": torch.arange(9, dtype=torch.uint8)}
+    together = digest.digests(state)
+    assert together == {k: digest.digests({k: v})[k] for k, v in reversed(state.items())}
+    assert together["step"] == "12" and len(set(together.values())) == len(state)

@@ -64,10 +64,14 @@ def test_baseline_measures_and_caches(tool, tmp_path, monkeypatch):
     assert (direct["o_direct"], direct["refused"], direct["request_bytes"], direct["queue_depth"]) == (
         True, None, 4 << 20, baseline.CEILING_QUEUE_DEPTH), direct
     assert direct["write"]["bytes"] == direct["read"]["bytes"] == 8 << 20 and direct["spread"]["repeats"] == 3
-    # per direction the best of the probes (a tie to the earlier): for reads, the probe's files read buffered too
-    candidates = {"write": [("direct", direct["write_mib_s"]), ("baseline", record["write_mib_s"])],
-                  "read": [("direct", direct["read_mib_s"]), ("buffered", direct["buffered_read_mib_s"]),
-                           ("baseline", record["read_mib_s"])]}
+    # per direction the best of the probes (a tie to the earlier): with tool=fio first fio's grid (issue 67); for
+    # reads, the probe's files read buffered too
+    grid = direct.get("grid") or []
+    assert len(grid) == (5 if tool == "fio" else 0), direct
+    candidates = {"write": [*(("fio", g["write_mib_s"]) for g in grid), ("direct", direct["write_mib_s"]),
+                            ("baseline", record["write_mib_s"])],
+                  "read": [*(("fio", g["read_mib_s"]) for g in grid), ("direct", direct["read_mib_s"]),
+                           ("buffered", direct["buffered_read_mib_s"]), ("baseline", record["read_mib_s"])]}
     for way, known in candidates.items():
         best = max(known, key=lambda c: c[1])
         assert (ceiling[f"{way}_from"], ceiling[f"{way}_mib_s"]) == best, (way, known, ceiling)
@@ -131,6 +135,45 @@ def test_the_ceiling_probe_reads_the_same_files_buffered_too(tmp_path):
     assert out["tool"] == "builtin" and out["read"]["bytes"] == 2 * (8 << 20)
     assert out["read_buffered"]["bytes"] == 2 * (8 << 20) and out["read_buffered"]["mib_s"] > 0
     assert "buffered" in out["read_buffered_means"] and not list((tmp_path / "ckpt").rglob("rh.*"))
+
+
+def test_fio_measures_the_ceiling_over_its_grid_and_the_best_shape_is_the_ceiling(tmp_path):
+    """Issue 67: with tool=fio the ceiling probe runs fio's grid (O_DIRECT, libaio, each shape's write fsync'd at
+    the end and read back cold) beside the engine's own shape; the ceiling is the best median of them all, and
+    says it came from fio where a grid shape was best."""
+    require_tool("fio", package="fio")
+    from restart_harness.targets import _fs_probe
+
+    probe = FileSystemTarget(str(tmp_path / "ckpt")).storage_probe()
+    out = probe.measure_ceiling(8 << 20, 2, "fio")
+    grid = out["grid"]
+    assert out["grid_refused"] is None and len(grid) == len(_fs_probe.FIO_GRID), out
+    assert [(g["request_bytes"], g["queue_depth"], g["jobs_per_rank"]) for g in grid] == list(_fs_probe.FIO_GRID)
+    assert all(g["write_mib_s"] > 0 and g["read_mib_s"] > 0 and g["read_cache"] == "cold" for g in grid), grid
+    assert out["read_buffered"]["mib_s"] > 0 and not list(tmp_path.rglob("rh.*"))
+    record = {"write_mib_s": 1.0, "read_mib_s": 1.0, "spread": {"repeats": 1, "write_mib_s": [1.0, 1.0],
+                                                                "read_mib_s": [1.0, 1.0]}}
+    c = baseline.ceiling(record, [out, out, out])
+    best = max([(g["write_mib_s"], "fio") for g in grid] + [(out["write"]["mib_s"], "direct")], key=lambda x: x[0])
+    assert (c["write_mib_s"], c["write_from"]) == best and c["direct"]["grid"][0]["write_spread"][0] > 0
+    assert "ceiling_fio" in "\n".join(baseline._ceiling_lines(c))
+
+
+def test_a_fio_that_cannot_do_direct_io_leaves_the_grid_out_and_says_why(tmp_path, monkeypatch):
+    """A file system that refuses O_DIRECT (stood in by a fio that fails every job as fio does there): no grid, the
+    reason recorded, the engine's own probe still measured."""
+    from restart_harness.targets import _fs_probe
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "fio").write_text("#!/bin/sh\necho 'fio: looks like your file system does not support direct=1' >&2\n"
+                              "exit 1\n")
+    (fake / "fio").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    grid, why = _fs_probe.fio_grid(tmp_path, 8 << 20, 2)
+    assert grid is None and "cannot do direct I/O" in why and "does not support direct=1" in why, why
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert _fs_probe.fio_grid(tmp_path, 8 << 20, 2) == (None, "fio is not installed")
 
 
 @pytest.mark.parametrize("args, named", [

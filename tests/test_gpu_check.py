@@ -174,3 +174,38 @@ def test_bad_check_input_is_one_line(tmp_path, args, named):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and named in lines[0] and "accepted" in lines[0], proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_the_gpu_comparison_plan_and_its_tables_packed(tmp_path):
+    """Issue 67: the check runs compare_engines' GPU form: engine=none for the step, default, lazy, lazy's CUDA ring
+    (staging_mib=64) and DataStates-LLM where it was built, interleaved, in the project's folder with its runs under
+    WORK; its tables go into the archive (at most 8 files in OUT still)."""
+    from benchmarks.compare_engines import CASES
+
+    module = gpu_check()
+    plan = module.parts.compare_plan("py", "small", 2, datastates=True)
+    assert plan == ["py", "-m", "benchmarks.compare_engines", "2", "small",
+                    "only=none,default,lazy,lazy ring,datastates"], plan
+    assert "datastates" not in module.parts.compare_plan("py", "small", 1, datastates=False)[-1]
+    assert set(plan[-1].removeprefix("only=").split(",")) <= {name for name, _ in CASES}
+    assert dict(CASES)["lazy ring"] == ["engine=lazy", "staging_mib=64"]
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "project").mkdir(parents=True)
+    out.mkdir()
+    a = argparse.Namespace(out=out, work=work, time_limit=600.0, python="py", model="small", compare_repeats=1)
+    check = module.Check(a)
+    ran = []
+
+    def run(cmd, log, env=None, cwd=None, **_):
+        ran.append((cmd, cwd, env["TMPDIR"]))
+        log.write_text("| engine | training lost per save s (vs none) | host memory held MiB |\n")
+        return 0
+
+    check.run = run
+    check.compare()
+    assert ran == [(module.parts.compare_plan("py", "small", 1, False), work / "project",
+                    str(work / "results/compare"))], ran
+    with tarfile.open(out / "results.tar.gz") as t:
+        table = t.extractfile("results/compare/compare-small.md").read().decode()
+    assert "training lost per save" in table and "host memory held" in table
+    assert not check.failed and "compare ended (exit 0)" in (out / "check.log").read_text()

@@ -380,6 +380,14 @@ def test_reads_go_the_way_the_storage_probe_read_fastest():
     assert read_way(Options(), None) == Decision("direct", "no storage probe with a ceiling to go by: direct_io=true")
     assert read_way(Options(direct_io=False), {"error": "no space"}).way == "buffered"
     assert read_way(Options(read_io="direct"), storage("baseline")) == Decision("direct", "read_io=direct")
+    # a probe of one 16 MiB request a thread (64 MiB a rank, 4 threads) times a request's latency: not chosen by
+    small = storage("fio", direct=310.0, buffered=1266.0)
+    small.update(file_bytes=64 << 20)
+    small["ceiling"]["direct"].update(request_bytes=16 << 20, queue_depth=4)
+    way = read_way(Options(), small)
+    assert way.way == "direct" and "1.0 requests a reader thread" in way.why, way
+    small["file_bytes"] = 256 << 20  # four requests a thread: a stream's pace, chosen by
+    assert read_way(Options(), small).way == "buffered"
 
 
 def test_the_ranks_own_zero_file_is_read_ahead_while_the_model_file_loads(tmp_path):

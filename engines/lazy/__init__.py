@@ -44,7 +44,8 @@ class Options:
                                 "save's engine_statistics", group="checkpoint")
     read_io: str = key("auto", "at restart, read the part files with O_DIRECT (direct), through the page cache "
                                "(buffered), or the way the run's storage probe read faster in this engine's shape "
-                               "(auto: its O_DIRECT and its buffered read; without a probe, direct_io's way)",
+                               "(auto: its O_DIRECT and its buffered read; without a probe, or with one of under 4 requests a "
+                               "reader thread, direct_io's way)",
                        group="checkpoint", choices=("auto", "direct", "buffered"), restart=True)
     broadcast_load: str = key("auto", "at restart, a replicated model file is read once per data-parallel group (each "
                                       "part by one replica) and broadcast to the other replicas (true), read by "

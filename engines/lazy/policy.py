@@ -35,6 +35,9 @@ def replicated_way(file_bytes: int, replicas: int, broadcast_mib_s: float | None
                                "read_mib_s_per_reader": round(r, 1)})
 
 
+HOLD_REQUESTS = 4  # requests a reader thread of the probe must move before its pace is a stream's
+
+
 def read_way(options: Options, storage: dict | None) -> Decision:
     """How the part files are read at restart: read_io's way, or (auto) the faster of the storage probe's O_DIRECT
     and buffered reads in this engine's shape (files/baseline.py); where the probe has no buffered read, the way its
@@ -43,10 +46,16 @@ def read_way(options: Options, storage: dict | None) -> Decision:
         return Decision(options.read_io, f"read_io={options.read_io}")
     ceiling = (storage or {}).get("ceiling") if storage and not storage.get("error") else None
     source = (ceiling or {}).get("read_from")
-    if source not in ("direct", "buffered", "baseline"):
-        way = "direct" if options.direct_io else "buffered"
+    way = "direct" if options.direct_io else "buffered"
+    if source not in ("fio", "direct", "buffered", "baseline"):
         return Decision(way, f"no storage probe with a ceiling to go by: direct_io={str(options.direct_io).lower()}")
     probe = ceiling.get("direct") or {}
+    each = (storage.get("file_bytes") or 0) / max(1, probe.get("request_bytes") or 1) / (probe.get("queue_depth") or 1)
+    if storage.get("file_bytes") and each < HOLD_REQUESTS:
+        # a probe of a request or two a thread times one request's latency, not a stream (issue 67: 310 and 266
+        # MiB/s at `small dp=2` where the engine read 1,322): no measurement to choose by
+        return Decision(way, f"the storage probe's reads ({each:.1f} requests a reader thread, under {HOLD_REQUESTS}) "
+                             f"do not show a stream's pace: direct_io={str(options.direct_io).lower()}")
     direct, buffered = probe.get("read_mib_s"), probe.get("buffered_read_mib_s")
     if direct and buffered and not probe.get("refused"):
         shape = "faster in the probe's cold reads in this engine's shape"

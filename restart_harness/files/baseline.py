@@ -175,11 +175,15 @@ def ceiling(record: dict, direct_probes: list[dict]) -> dict | None:
         direct["buffered_read_mib_s"] = buffered[len(buffered) // 2]
         direct["buffered_read_spread"] = [buffered[0], buffered[-1]]
         direct["buffered_read_means"] = last.get("read_buffered_means")
+    grid = _grid(direct_probes)
+    if grid is not None or last.get("grid_refused"):
+        direct["grid"], direct["grid_refused"] = grid, last.get("grid_refused")
     out: dict = {"spread": {"repeats": spread["repeats"]}}
     for way in ("write", "read"):
-        # (figure, where from, its spread): the better of the baseline's and the ceiling probe's (for reads, also
-        # the probe's buffered read); a tie goes to the earlier
-        candidates = [(direct[f"{way}_mib_s"], "direct", spread[f"{way}_mib_s"])]
+        # (figure, where from, its spread): the best of fio's grid, the ceiling probe's and the baseline's (for
+        # reads, also the probe's buffered read); a tie goes to the earlier
+        candidates = [(g[f"{way}_mib_s"], "fio", g[f"{way}_spread"]) for g in grid or ()]
+        candidates.append((direct[f"{way}_mib_s"], "direct", spread[f"{way}_mib_s"]))
         if way == "read" and buffered:
             candidates.append((direct["buffered_read_mib_s"], "buffered", direct["buffered_read_spread"]))
         candidates.append((record[f"{way}_mib_s"], "baseline", record["spread"][f"{way}_mib_s"]))
@@ -187,6 +191,22 @@ def ceiling(record: dict, direct_probes: list[dict]) -> dict | None:
         best = max(known, key=lambda c: c[0], default=(None, "baseline", record["spread"][f"{way}_mib_s"]))
         out[f"{way}_mib_s"], out[f"{way}_from"], out["spread"][f"{way}_mib_s"] = best
     out["direct"] = direct
+    return out
+
+
+def _grid(direct_probes: list[dict]) -> list[dict] | None:
+    """fio's grid over the probes (targets/_fs_probe.py fio_grid): each shape's median write and read and their
+    min-max; None where no probe ran it."""
+    runs = [p["grid"] for p in direct_probes if p.get("grid")]
+    if not runs:
+        return None
+    out = []
+    for rows in zip(*runs, strict=True):
+        row = {k: rows[0][k] for k in ("request_bytes", "queue_depth", "jobs_per_rank")}
+        for way in ("write", "read"):
+            values = sorted(r[f"{way}_mib_s"] for r in rows)
+            row[f"{way}_mib_s"], row[f"{way}_spread"] = values[len(values) // 2], [values[0], values[-1]]
+        out.append(row)
     return out
 
 
@@ -320,10 +340,13 @@ def _ceiling_lines(c: dict | None) -> list[str]:
            f"{d['request_bytes'] // MIB} MiB requests, {d['queue_depth']} in flight a rank")
     out = []
     for way in ("write", "read"):
-        src = {"direct": "the direct probe", "buffered": "the probe's shape read buffered, faster than O_DIRECT",
+        src = {"fio": "fio's best shape, O_DIRECT", "direct": "the direct probe", "buffered": "the probe's shape read buffered, faster than O_DIRECT",
                "baseline": "the baseline, faster than the direct probe"}[c[f"{way}_from"]]
         lo, hi = c["spread"][f"{way}_mib_s"]
         buffered = f"; buffered {d['buffered_read_mib_s']}" if way == "read" and d.get("buffered_read_mib_s") else ""
         out.append(f"  ceiling_{way}_mib_s  {c[f'{way}_mib_s']}  ({src}; median of {c['spread']['repeats']}, {lo} to {hi};"
                    f" direct probe {d[f'{way}_mib_s']}{buffered})")
-    return [*out, f"  ceiling_method  {how}"]
+    grid = "; ".join(f"{g['request_bytes'] // MIB} MiB x {g['queue_depth']} x {g['jobs_per_rank']} job(s): write "
+                     f"{g['write_mib_s']}, read {g['read_mib_s']}" for g in d.get("grid") or ())
+    fio = [f"  ceiling_fio   {grid or d.get('grid_refused')} (MiB/s; request x in flight a job x jobs a rank)"]
+    return [*out, f"  ceiling_method  {how}", *(fio if "grid_refused" in d else [])]

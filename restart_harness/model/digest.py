@@ -7,7 +7,11 @@ a word). Any single changed byte changes exactly one word by a non-zero amount s
 plain sum: every single-byte corruption is detected. Moving data between blocks (a shifted or swapped shard, a
 wrong partition) changes the weighted sum. Reordering inside one 8 KiB block with equal content is the case it
 misses; a cryptographic hash would catch it at ~25x the cost (BLAKE2b ran at 0.8 GB/s per core here, these sums at
-~19 GB/s), which is why the verification no longer uses one.
+~16-28 GB/s on one core for one tensor or a rank's 84, measured alone on 2026-11-28), which is why the verification
+no longer uses one. In a run the state is digested just before each save (stacks/ state_digests): every tensor's sums
+are queued, then read back once (digests()); the file of digests is made durable by a thread beside training
+(stacks/base.py write_digests). Two ranks sharing two busy cores ran these sums at 3.4 GB/s (issue 67); the
+harness's own seconds are printed beside the saves' (results/terminal.py, benchmarks/compare_engines.py).
 """
 
 from __future__ import annotations
@@ -25,23 +29,47 @@ def _words(t: torch.Tensor) -> tuple[torch.Tensor, bytes]:
     return flat[:whole].view(torch.int64), tail
 
 
-def tensor_digest(t: torch.Tensor) -> str:
+def _sums(t: torch.Tensor) -> tuple[torch.Tensor, bytes]:
+    """(the plain and the block-weighted word sums, both int64 on the tensor's device, not yet read; the trailing
+    bytes)."""
     words, tail = _words(t)
     n = words.numel()
     full = n // BLOCK_WORDS * BLOCK_WORDS
     blocks = words[:full].view(-1, BLOCK_WORDS).sum(dim=1)  # int64 sums wrap modulo 2^64
     rest = words[full:].sum()
     weights = torch.arange(1, blocks.numel() + 1, dtype=torch.int64, device=words.device)
-    plain = blocks.sum() + rest
-    weighted = (blocks * weights).sum() + rest * (blocks.numel() + 1)
-    both = torch.stack([plain, weighted]).cpu().tolist()
-    return f"{t.dtype}:{tuple(t.shape)}:{both[0] & (2**64 - 1):016x}{both[1] & (2**64 - 1):016x}:{tail.hex()}"
+    return torch.stack([blocks.sum() + rest, (blocks * weights).sum() + rest * (blocks.numel() + 1)]), tail
+
+
+def digests(values: dict[str, object]) -> dict[str, str]:
+    """name -> digest of each value (a tensor's as tensor_digest(), anything else its repr): every tensor's sums
+    queued first, then read back once a device (one synchronization for a rank's whole state on a GPU, not one a
+    tensor; issue 67 measured the state's digest at 0.128 s a rank at `small dp=2`)."""
+    pending = {name: (v, *_sums(v)) for name, v in values.items() if isinstance(v, torch.Tensor)}
+    by_device: dict[torch.device, list[str]] = {}
+    for name, (_, sums, _) in pending.items():
+        by_device.setdefault(sums.device, []).append(name)
+    read = {}
+    for names in by_device.values():
+        both = torch.stack([pending[n][1] for n in names]).cpu().tolist()
+        read.update(zip(names, both, strict=True))
+    out = {}
+    for name, value in values.items():
+        if name not in pending:
+            out[name] = repr(value)
+            continue
+        t, _, tail = pending[name]
+        plain, weighted = read[name]
+        out[name] = f"{t.dtype}:{tuple(t.shape)}:{plain & (2**64 - 1):016x}{weighted & (2**64 - 1):016x}:{tail.hex()}"
+    return out
+
+
+def tensor_digest(t: torch.Tensor) -> str:
+    return digests({"": t})[""]
 
 
 def value_digest(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return tensor_digest(value)
-    return repr(value)
+    return digests({"": value})[""]
 
 
 def combined(digests: dict[str, str]) -> str:

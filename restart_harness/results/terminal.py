@@ -242,7 +242,19 @@ def _lost_rows(ck: CheckpointView) -> list[tuple[str, str]]:
                               f"in flight, MAD {_s(base['mad_seconds'])}){noise}"),
             (f"lost {last.tag}", f"{_s(lost['seconds'])} = blocking {_s(lost['blocking_seconds'])} + "
                               f"{lost['overlapped_steps']} overlapped steps {lost['overlapped_extra_seconds']:+.3f} s + "
-                              f"waits and other {lost['other_seconds']:+.3f} s")]
+                              f"waits and other {lost['other_seconds']:+.3f} s"), *_harness_row(ck)]
+
+
+def _harness_row(ck: CheckpointView) -> list[tuple[str, str]]:
+    """The harness's own seconds beside the saves': its verification digest before each save (rank 0), which no
+    figure above counts."""
+    pairs = [((s.training_lost or {}).get("digest_seconds"), s.blocking_seconds) for s in ck.saves]
+    pairs = [(d, b) for d, b in pairs if d and b]
+    if not pairs:
+        return []
+    digest, blocking = sorted(d for d, _ in pairs)[len(pairs) // 2], sorted(b for _, b in pairs)[len(pairs) // 2]
+    return [("harness's own", f"verification digest before each save median {_s(digest)} ({digest / blocking:.1%} of "
+                              f"the median blocking save {_s(blocking)}; rank 0), outside every figure above")]
 
 
 def _memory_rows(ck: CheckpointView, steps: dict | None, records) -> list[tuple[str, str]]:

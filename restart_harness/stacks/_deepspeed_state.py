@@ -39,21 +39,21 @@ def merge_tp(shards: list[torch.Tensor], split: str) -> torch.Tensor:
 def state_digests(engine) -> dict[str, str]:
     """name -> digest for every tensor this rank restores: module weights, ZeRO fp32 master partition,
     optimizer moments and step, and the engine's step counters."""
-    out = {f"module.{name}": digest.tensor_digest(t) for name, t in engine.module.state_dict().items()}
+    out = {f"module.{name}": t for name, t in engine.module.state_dict().items()}
     for name, p in engine.module.named_parameters():  # ZeRO-3: the module holds only this rank's partitions
         if getattr(p, "ds_tensor", None) is not None:
-            out[f"module_partition.{name}"] = digest.tensor_digest(p.ds_tensor)
+            out[f"module_partition.{name}"] = p.ds_tensor
     zero = engine.optimizer
     inner = getattr(zero, "optimizer", zero)
     masters = getattr(zero, "single_partition_of_fp32_groups", None)
     params = masters if masters is not None else [p for g in inner.param_groups for p in g["params"]]
     for i, p in enumerate(params):
-        out[f"optimizer.master.{i}"] = digest.tensor_digest(p)
+        out[f"optimizer.master.{i}"] = p
         for key, value in sorted(inner.state.get(p, {}).items()):
-            out[f"optimizer.state.{i}.{key}"] = digest.value_digest(value)
-    out["engine.global_steps"] = digest.value_digest(engine.global_steps)
-    out["engine.global_samples"] = digest.value_digest(engine.global_samples)
-    return out
+            out[f"optimizer.state.{i}.{key}"] = value
+    out["engine.global_steps"] = engine.global_steps
+    out["engine.global_samples"] = engine.global_samples
+    return digest.digests(out)  # every sum queued, then read once
 
 
 def full_state_digests(engine, module, spec, grid) -> dict[str, dict[str, str]]:

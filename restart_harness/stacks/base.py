@@ -162,12 +162,36 @@ def digest_path(rank: Rank, tag: str, saved_by: int | None = None) -> Path:
 
 
 def write_digests(rank: Rank, tag: str, digests: dict[str, str]) -> None:
+    """The digests' file, written and made durable (two fsyncs) by a thread beside training, not in the seconds
+    training waits; digests_written() waits for it (the manager before it commits the save)."""
+    import threading
+
     from restart_harness.files.atomic import write_json_atomic
     from restart_harness.model import digest
 
+    digests_written(rank)
     path = digest_path(rank, tag)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, {"tag": tag, "rank": rank.rank, "combined": digest.combined(digests), "tensors": digests})
+    record = {"tag": tag, "rank": rank.rank, "combined": digest.combined(digests), "tensors": digests}
+
+    def write() -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(path, record)
+        except OSError as exc:
+            rank._digest_error = exc
+
+    rank._digest_writer = threading.Thread(target=write, name=f"digests-{tag}", daemon=True)
+    rank._digest_writer.start()
+
+
+def digests_written(rank: Rank) -> None:
+    """Wait for the rank's last digests' file (write_digests' thread); its error, if any, raised here."""
+    writer, rank._digest_writer = getattr(rank, "_digest_writer", None), None
+    if writer is not None:
+        writer.join()
+    error, rank._digest_error = getattr(rank, "_digest_error", None), None
+    if error is not None:
+        raise error
 
 
 def compare(rank: Rank, tag: str, restored: dict[str, str], saved_by: int, started: float,

@@ -58,7 +58,7 @@ class FileSystemProbe(StorageProbe):
         block, directory = min(baseline.BLOCK_BYTES, file_bytes), self._probe_dir()
         with _scratch(directory, ranks) as (workdir, files):
             if tool == "fio":
-                write, read, cache, _ = _fio(workdir, files, file_bytes)
+                write, read, cache = _fio(workdir, files, file_bytes)
                 method = fio_version() or "fio"
             else:
                 write, read, cache, _ = _builtin(files, file_bytes, block, 1, direct=False)
@@ -69,33 +69,57 @@ class FileSystemProbe(StorageProbe):
                 "write_means": "sequential write + fsync", "read_means": "sequential read"}
 
     def measure_ceiling(self, file_bytes: int, ranks: int, tool: str) -> dict:
-        """The ceiling's probe (files/baseline.py): each rank one file of file_bytes, written with O_DIRECT in
-        requests of CEILING_REQUEST_BYTES, CEILING_QUEUE_DEPTH in flight, fsync'd; then read back the same way. The
-        built-in probe (threads, each its own reused buffer), or with tool=fio fio's libaio at that iodepth. Where
-        the file system refuses O_DIRECT, the same shape buffered, and `refused` says why. Then, evicted again, read
-        once more in the same shape through the page cache (`read_buffered`; the built-in threads: a disk whose
-        read-ahead beats O_DIRECT reads fastest so)."""
-        # the engine's own shape unless fio is asked for: on this project's disk O_DIRECT reads in threads ran at
-        # 1,523 MiB/s where fio's libaio at the same depth and request size gave 1,098 (medians of 5, interleaved,
-        # 2026-11-27): a ceiling below what an engine reads is no ceiling
-        tool = "fio" if tool == "fio" else "builtin"
+        """The ceiling's probes (files/baseline.py). The engine's own shape, always: each rank one file of
+        file_bytes, written with O_DIRECT by CEILING_QUEUE_DEPTH threads in requests of CEILING_REQUEST_BYTES (each
+        its own reused buffer), fsync'd, read back the same way (where the file system refuses O_DIRECT, buffered,
+        and `refused` says why), then read once more through the page cache (`read_buffered`): the two ways
+        engine=lazy chooses between. With tool=fio, also fio's grid (`grid`: fio_grid()); where fio cannot do
+        direct I/O there, `grid_refused` says why and the grid is left out."""
         request, depth = min(baseline.CEILING_REQUEST_BYTES, file_bytes), baseline.CEILING_QUEUE_DEPTH
         with _scratch(self._probe_dir(), ranks) as (workdir, files):
-            if tool == "fio":
-                shape = ("--ioengine=libaio", f"--iodepth={depth}", f"--bs={request}")
-                write, read, cache, refused = _fio(workdir, files, file_bytes, shape)
-                method = f"{fio_version() or 'fio'} libaio"
-            else:
-                write, read, cache, refused = _builtin(files, file_bytes, request, depth)
-                method = "builtin threads"
+            write, read, cache, refused = _builtin(files, file_bytes, request, depth)
             read_buffered = None
             if refused is None:  # refused: the read above was already buffered
                 read_buffered = _builtin(files, file_bytes, request, depth, write_too=False, direct=False)[1]
+            for f in files:
+                f.unlink()
+            grid, grid_refused = fio_grid(workdir, file_bytes, ranks) if tool == "fio" else (None, None)
         how = f"{'buffered' if refused else 'O_DIRECT'}, {request // MIB} MiB requests x {depth} in flight a rank"
-        return {"write": write, "read": read, "read_cache": cache, "method": method, "tool": tool,
+        return {"write": write, "read": read, "read_cache": cache, "method": "builtin threads", "tool": "builtin",
                 "request_bytes": request, "queue_depth": depth, "o_direct": refused is None, "refused": refused,
                 "write_means": f"{how}, fsync at the end", "read_means": how, "read_buffered": read_buffered,
-                "read_buffered_means": f"buffered, {request // MIB} MiB requests x {depth} threads a rank (built-in)"}
+                "read_buffered_means": f"buffered, {request // MIB} MiB requests x {depth} threads a rank (built-in)",
+                "grid": grid, "grid_refused": grid_refused, "file_bytes": file_bytes}
+
+
+# fio's grid (issue 67): (request bytes, requests in flight a job, jobs a rank), O_DIRECT with libaio, spanning the
+# engines' own shapes: torch.save's 4 MiB-ish writes deep, engine=lazy's 16 MiB x 4 a rank, deeper and wider; the
+# issue's hand-run probes peaked at 16 MiB x 32 (write) and 64 MiB x 8 (read) on this project's disk
+FIO_GRID = ((4 * MIB, 16, 1), (16 * MIB, 4, 1), (16 * MIB, 32, 1), (16 * MIB, 8, 2), (64 * MIB, 8, 1))
+
+
+def fio_grid(workdir: Path, file_bytes: int, ranks: int) -> tuple[list[dict] | None, str | None]:
+    """Each FIO_GRID shape: `ranks` x jobs fio jobs write file_bytes a rank in all (O_DIRECT, libaio, fsync at the
+    end), evicted, read back cold the same way. (the shapes' rows, None) or (None, why fio cannot do direct I/O here:
+    fio missing, or the file system refusing O_DIRECT)."""
+    if shutil.which("fio") is None:
+        return None, "fio is not installed"
+    rows = []
+    for request, depth, jobs in FIO_GRID:
+        size = file_bytes // jobs // 4096 * 4096
+        shape = ("--ioengine=libaio", f"--iodepth={depth}", f"--bs={min(request, size)}", "--direct=1")
+        try:
+            write = _fio_run(workdir, "write", size, ranks * jobs, shape)
+        except OSError as exc:
+            return None, f"fio cannot do direct I/O in {workdir.parent}: {str(exc)[:200]}"
+        files = [workdir / f"rh.{i}" for i in range(ranks * jobs)]
+        cache = _evict(files)
+        read = _fio_run(workdir, "read", size, ranks * jobs, shape)
+        for f in files:
+            f.unlink()
+        rows.append({"request_bytes": request, "queue_depth": depth, "jobs_per_rank": jobs,
+                     "write_mib_s": write["mib_s"], "read_mib_s": read["mib_s"], "read_cache": cache["observed"]})
+    return rows, None
 
 
 @contextlib.contextmanager
@@ -174,23 +198,11 @@ def _fio_run(workdir: Path, rw: str, file_bytes: int, ranks: int, options: tuple
     return {"bytes": total, "seconds": round(slowest, 6), "mib_s": round(total / MIB / slowest, 3) if slowest else None}
 
 
-def _fio(workdir: Path, files: list[Path], file_bytes: int,
-         shape: tuple[str, ...] = ()) -> tuple[dict, dict, dict, str | None]:
-    """The baseline's fio jobs, or with `shape` the ceiling's (later options override the baseline's: libaio, its
-    requests in flight a job) with O_DIRECT, buffered where fio reports that the file system refuses it."""
-    direct, refused = ("--direct=1",) if shape else (), None
-    try:
-        write = _fio_run(workdir, "write", file_bytes, len(files), (*shape, *direct))
-    except OSError as exc:
-        if not shape or ("Invalid argument" not in str(exc) and "direct" not in str(exc)):
-            raise
-        for f in workdir.iterdir():
-            f.unlink()
-        direct, refused = ("--direct=0",), f"O_DIRECT refused: {exc}"
-        write = _fio_run(workdir, "write", file_bytes, len(files), (*shape, *direct))
+def _fio(workdir: Path, files: list[Path], file_bytes: int) -> tuple[dict, dict, dict]:
+    """The baseline's fio jobs: write + fsync, evict, read (fio also invalidates the cache)."""
+    write = _fio_run(workdir, "write", file_bytes, len(files))
     cache = _evict(files)
-    read = _fio_run(workdir, "read", file_bytes, len(files), (*shape, *direct))  # fio also invalidates the cache
-    return write, read, cache, refused
+    return write, _fio_run(workdir, "read", file_bytes, len(files)), cache
 
 
 # ---- the built-in probe ------------------------------------------------------------------------------------------

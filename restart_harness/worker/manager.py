@@ -36,6 +36,7 @@ from restart_harness.files import checksum
 from restart_harness.iocount import delta
 from restart_harness.rank_env import all_true, barrier, max_of, sync
 from restart_harness.schema import LOAD_CATEGORIES, SAVE_CATEGORIES, Digest, LoadAnatomy, Loaded, Save
+from restart_harness.stacks.base import digests_written
 
 
 class Recorder:
@@ -204,6 +205,7 @@ class CheckpointManager:
             p.thread.join()
         if p.error is not None:
             raise self.target.explain_save_failure(p.error, p.tag) from p.error
+        digests_written(self.stack)  # on disk before the save is committed: a restart verifies against them
         with self.anatomy.region("wait"):
             if self.stack.untimed["save"]:
                 slowest = max_of(p.durable_at - p.start - p.untimed, self.stack.device)

@@ -11,10 +11,11 @@ in one offline command"); run it on a machine with network, carry the folder (at
     --python      the node's Python version, the wheels' (default 3.12: the H200 image of 2026-11-26)
     --platform    the node's wheel platforms (default manylinux 2.17 to 2.28 and linux, x86_64)
 
-OUT_DIR gets: gpu-check.py (the command), wheels/ (scripts/bundle/gpu-check.txt's packages for that Python, DeepSpeed
-as its source distribution), debs/ (Debian 12's libaio and liburing packages: the async_io op's and DataStates-LLM's
-system libraries, carried as files), datastates-llm.tar.gz, project.tar.gz (git archive of HEAD), gpu-check.json
-(what is carried, by role) and MANIFEST.sha256. Bad input: one line, exit 2, OUT_DIR not made.
+OUT_DIR gets: gpu-check.py (the command) and gpu-check-parts.py (its parts), wheels/ (scripts/bundle/gpu-check.txt's
+packages for that Python, DeepSpeed as its source distribution), debs/ (Debian 12's libaio and liburing packages: the
+async_io op's and DataStates-LLM's system libraries, carried as files), datastates-llm.tar.gz, project.tar.gz (git
+archive of HEAD), gpu-check.json (what is carried, by role) and MANIFEST.sha256.
+Bad input: one line, exit 2, OUT_DIR not made.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ def main(argv: list[str]) -> int:
                         "HEAD"], check=True)
         commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
                                 check=True).stdout.strip()
-        shutil.copy2(ROOT / "scripts/bundle/gpu-check.py", work / "gpu-check.py")
+        for script in ("gpu-check.py", "gpu-check-parts.py"):  # the command and the parts it loads beside it
+            shutil.copy2(ROOT / "scripts/bundle" / script, work / script)
         carried = {role: [] for role, _, _ in reqs}
         for role, name, version in reqs:
             carried[role].append({"name": name, "version": version,

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
-import io
-import itertools
+import importlib.util
 import json
 import os
 import shlex
@@ -34,9 +32,17 @@ OUT_FILES_MAX = 8  # what a device call brings back
 START = time.monotonic()
 
 
-def fail(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+def _parts():
+    """gpu-check-parts.py, beside this file in the folder (and in scripts/bundle/), loaded by its path."""
+    spec = importlib.util.spec_from_file_location("gpu_check_parts", HERE / "gpu-check-parts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+parts = _parts()
+fail, older, whole, extract_deb = parts.fail, parts.older, parts.whole, parts.extract_deb
+without_checkpoints, session_members = parts.without_checkpoints, parts.session_members
 
 
 class Check:
@@ -45,7 +51,7 @@ class Check:
         self.deadline = START + a.time_limit - min(RESERVE_SECONDS, a.time_limit / 4)
         self.log = open(self.out / "check.log", "a", buffering=1)  # noqa: SIM115 - open for the whole check
         self.env, self.py = dict(os.environ), a.python
-        self.cut = self.failed = False
+        self.cut = self.failed = self.datastates_built = False
         self.reported: set[str] = set()
 
     # ---- plumbing --------------------------------------------------------------------------------------------------
@@ -57,14 +63,15 @@ class Check:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def run(self, cmd: list[str], log: Path, env: dict | None = None, each=None, echo: bool = True) -> int | None:
+    def run(self, cmd: list[str], log: Path, env: dict | None = None, each=None, echo: bool = True,
+            cwd: Path | None = None) -> int | None:
         """cmd in a session of its own, its output appended to log (after the command line where `echo`), each()
         every 2 s while it runs, stopped at the deadline (None: it was)."""
         with open(log, "a") as f:
             if echo:
                 f.write(f"$ {shlex.join(cmd)}\n")
                 f.flush()
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env or self.env,
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env or self.env, cwd=cwd,
                                     start_new_session=True)
             while True:
                 try:
@@ -230,6 +237,7 @@ class Check:
         start = time.monotonic()
         code = self.run(["bash", str(self.work / "project/scripts/bundle/build-datastates.sh"), str(src), self.py,
                          *uring], self.out / "install.log")
+        self.datastates_built = code == 0
         self.say(f"DataStates-LLM {'built' if code == 0 else 'NOT built'} in {time.monotonic() - start:.0f} s "
                  f"(exit {code}; OUT/install.log)")
 
@@ -246,6 +254,23 @@ class Check:
         self.failed |= bool(bad) or code is None or not records
         self.say(f"matrix {ended(code)}: {sum(1 for c in cases if c.get('verified'))} verified, "
                  f"{sum(1 for c in cases if c['refused'])} refused, not verified: {', '.join(bad) or 'none'}")
+
+    def compare(self) -> None:
+        """The engines side by side in this benchmark's GPU form (gpu-check-parts.py compare_plan): its tables in
+        WORK/results/compare/compare-MODEL.md, packed into the archive."""
+        want = 300.0
+        if self.left() < want:
+            self.say(f"compare skipped: {self.left():.0f} s left, it needs about {want:.0f} s")
+            return
+        folder = self.work / "results" / "compare"
+        folder.mkdir(parents=True, exist_ok=True)
+        cmd = parts.compare_plan(self.py, self.a.model, self.a.compare_repeats, self.datastates_built)
+        self.say(f"compare: {shlex.join(cmd[2:])} ({self.left():.0f} s left)")
+        code = self.run(cmd, folder / f"compare-{self.a.model}.md", env={**self.env, "TMPDIR": str(folder)},
+                        cwd=self.work / "project")
+        self.pack()
+        self.failed |= code not in (0, None)
+        self.say(f"compare {ended(code)} (its tables: results/compare/compare-{self.a.model}.md in the archive)")
 
     def attribution(self) -> None:
         """One sampled run per engine of --attribution-engines: each restart phase's causes on this node."""
@@ -322,86 +347,6 @@ def ended(code: int | None) -> str:
     return "stopped at the time limit" if code is None else f"ended (exit {code})"
 
 
-def older(have: str | None, carried: str) -> bool:
-    """Is an installed version missing or older than the carried one (numeric parts compared)?"""
-    if have is None:
-        return True
-
-    def parts(v: str) -> tuple[int, ...]:  # the leading parts that start with a digit, their digits
-        fields = v.replace("+", ".").split(".")
-        digits = ("".join(c for c in x if c.isdigit()) if x[:1].isdigit() else "" for x in fields)
-        return tuple(int(d) for d in itertools.takewhile(bool, digits))
-
-    return parts(have) < parts(carried)
-
-
-def without_checkpoints(info: tarfile.TarInfo, base: Path) -> tarfile.TarInfo | None:
-    """Everything but a run's checkpoints: its checkpoint/ folder (beside its spec.json) is left out, whole (its
-    events/checkpoint/ records stay); and the sampler's raw traces (profiles/<record>/samples.json, megabytes each:
-    summary.json and the flame graphs beside them carry what they say)."""
-    path = base / info.name
-    raw_trace = path.name == "samples.json" and path.parent.parent.name == "profiles"
-    return None if raw_trace or path.name == "checkpoint" and (path.parent / "spec.json").is_file() else info
-
-
-def session_members(sid: int, live: bool = False) -> list[int]:
-    """The processes of session sid (zombies left out where `live`)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rpartition(")")[2].split()
-            except OSError:
-                continue
-            if len(fields) > 3 and int(fields[3]) == sid and not (live and fields[0] == "Z"):
-                out.append(int(entry.name))
-    return out
-
-
-def extract_deb(deb: Path, dest: Path) -> None:
-    """A Debian package's files under dest, without dpkg (an ar archive holding data.tar.*)."""
-    data = deb.read_bytes()
-    assert data[:8] == b"!<arch>\n", deb
-    at = 8
-    while at < len(data):
-        name, size = data[at:at + 16].decode().strip().rstrip("/"), int(data[at + 48:at + 58].decode().strip())
-        body = data[at + 60:at + 60 + size]
-        if name.startswith("data.tar"):
-            with tarfile.open(fileobj=io.BytesIO(body)) as t:
-                t.extractall(dest, filter=_within)
-            return
-        at += 60 + size + (size % 2)
-
-
-def _within(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    """tarfile's "data" filter, a member it refuses (a link to an absolute path, such as a unit file's) left out."""
-    try:
-        return tarfile.data_filter(member, dest)
-    except tarfile.FilterError:
-        return None
-
-
-def whole(folder: Path) -> dict:
-    """The folder's files against MANIFEST.sha256; gpu-check.json. One line and exit 2 at the first problem."""
-    accepted = "accepted: a folder made by scripts/bundle/gpu-check-folder.py, carried whole"
-    manifest = folder / "MANIFEST.sha256"
-    if not manifest.is_file() or not (folder / "gpu-check.json").is_file():
-        fail(f"{folder}: no MANIFEST.sha256 or gpu-check.json; {accepted}")
-    info = json.loads((folder / "gpu-check.json").read_text())
-    what = {p["file"]: f"{p['name']} {p['version']}" for ps in info["packages"].values() for p in ps}
-    listed = [line.partition("  ") for line in manifest.read_text().splitlines()]
-    for digest, _, rel in listed:
-        label = f"{rel} ({what[rel]})" if rel in what else rel
-        if not (folder / rel).is_file():
-            fail(f"{folder}: {label} is missing; {accepted}")
-        if hashlib.sha256((folder / rel).read_bytes()).hexdigest() != digest:
-            fail(f"{folder}: {label} differs from MANIFEST.sha256; {accepted}")
-    for rel, label in what.items():
-        if rel not in {line[2] for line in listed}:
-            fail(f"{folder}: {rel} ({label}) is not in MANIFEST.sha256; {accepted}")
-    return info
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=os.environ.get("OUT"))
@@ -413,12 +358,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--matrix-args", default="", help="more matrix keys, e.g. 'layouts=tp1-pp1-dp1'")
     p.add_argument("--big", default="3B", help="the model of the real-size run, or none")
     p.add_argument("--big-engines", default="default,lazy")
+    p.add_argument("--compare-repeats", type=int, default=1, help="repeats of the engine comparison (0: none)")
     p.add_argument("--attribution-engines", default="default,lazy", help="engines of the sampled run, or none")
     a = p.parse_args(argv)
     if a.out is None:
         fail("no --out and no $OUT; accepted: --out DIR, the folder the results go to")
     if not 30 <= a.time_limit <= 86400:
         fail(f"--time-limit {a.time_limit:g}; accepted: 30 to 86400 seconds")
+    if a.compare_repeats < 0:
+        fail(f"--compare-repeats {a.compare_repeats}; accepted: 0 (no comparison) or more")
     info = whole(HERE)
     for flag, folder, gets in (("--out", a.out, f" (it gets at most {OUT_FILES_MAX} files)"), ("--work", a.work, "")):
         if folder.exists() and any(folder.iterdir()):
@@ -433,6 +381,8 @@ def main(argv: list[str]) -> int:
     big = check.big_fits() if a.big != "none" and not check.failed else None
     if not check.failed and check.left() > 0:
         check.matrix()
+    if not check.failed and check.left() > 0 and a.compare_repeats:
+        check.compare()
     if not check.failed and check.left() > 0 and a.attribution_engines != "none":
         check.attribution()
     if big and check.left() > 0 and not check.cut:

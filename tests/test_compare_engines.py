@@ -1,0 +1,68 @@
+"""benchmarks/compare_engines.py's input and its ceiling (issue 67): bad input is one line and exit 2 with nothing
+created; a fio that cannot do direct I/O is said and the built-in probe takes over; an efficiency above 1.0 is never a
+plain figure."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from benchmarks import compare_engines
+
+
+def bench(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "benchmarks.compare_engines", *args], cwd=REPO, check=False,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp)})
+
+
+@pytest.mark.parametrize("args, named", [
+    (["0", "tiny"], "REPEATS 0"),
+    (["1", "tiny", "only=default,decoupled"], "decoupled cannot run here"),
+    (["1", "tiny", "only=default,nosuch"], "unknown case(s) nosuch"),
+    (["1", "tiny", "targets=fs,nfs"], "targets=fs,nfs"),
+])
+def test_bad_input_is_one_line_exit_2_and_nothing_created(args, named, tmp_path):
+    proc = bench(args, tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert named in lines[0], lines
+    if "decoupled" in named:  # why, and which engines can
+        assert "device=cpu" in lines[0] and "engines that can: none, default" in lines[0] and "lazy" in lines[0]
+    assert list(tmp_path.iterdir()) == [] and proc.stdout == ""
+
+
+def test_a_fio_without_direct_io_is_said_and_the_builtin_probe_takes_over(tmp_path, monkeypatch, capsys):
+    """fio installed but refusing O_DIRECT on the target (stood in by a fio that fails as fio does there): one line
+    says so, the ceiling comes from the built-in probe and says that; with no fio at all, the same, said so."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "fio").write_text("#!/bin/sh\necho 'fio: looks like your file system does not support direct=1' >&2\n"
+                              "exit 1\n")
+    (fake / "fio").chmod(0o755)
+    where = tmp_path / "disk"
+    where.mkdir()
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    tool, how = compare_engines.ceiling_tool(where)
+    said = capsys.readouterr().err.strip().splitlines()
+    assert tool == "builtin" and "BUILT-IN PROBE" in how and "does not support direct=1" in how
+    assert len(said) == 1 and said[0].startswith(f"fio cannot do direct I/O in {where}"), said
+    assert list(where.iterdir()) == []
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    assert compare_engines.ceiling_tool(where) == ("builtin", "the BUILT-IN PROBE (fio is not installed)")
+
+
+def test_an_efficiency_above_one_says_why_or_flags_the_ceiling():
+    assert compare_engines.efficiency([0.8, 0.9, 0.95], None) == "0.90 (0.80-0.95)"
+    shared = compare_engines.efficiency([0.9, 1.2, 1.1], "shared memory")
+    assert shared.startswith("1.10 (0.90-1.20)") and "above 1: shared memory" in shared
+    assert "CEILING NOT MEASURED RIGHT" in compare_engines.efficiency([1.05], None)
+    row = {"shared": [False], "read_io": ["direct"]}
+    assert compare_engines._why_above(row, "x_write") is None  # nothing lifts a durable write over the disk
+    assert compare_engines._why_above(row, "x_storage_read") is None  # nor an O_DIRECT reader's storage read
+    assert "read-ahead" in compare_engines._why_above({"shared": [False], "read_io": [None]}, "x_storage_read")
+    assert "shared memory" in compare_engines._why_above({"shared": [True], "read_io": ["direct"]}, "x_load")

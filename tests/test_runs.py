@@ -56,7 +56,7 @@ def test_every_case_holds(harness, name):
         assert first.stderr.strip().splitlines()[-1] == f"error: {status['reason']}"
 
     # saves: every rank's figures ordered, and only a save durable on every rank is ever committed
-    target = run.target
+    target = run.stored
     stored = target.listing()
     committed_tags = []
     for tag, per_rank in _saves(run_dir).items():

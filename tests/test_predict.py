@@ -104,6 +104,18 @@ def test_calibrate_fits_finished_runs_and_predict_uses_the_file(tmp_path):
             load_summary(run_dir)["restart"]["launch_seconds"] + load_summary(run_dir)["restart"]["total_seconds"])
 
 
+def test_a_half_written_summary_among_the_runs_is_skipped_not_a_traceback(tmp_path):
+    """A run folder whose summary.json is torn (a run killed while writing it, a foreign file) is skipped with why;
+    with no run of the named device left, the refusal is the usual one line."""
+    torn = tmp_path / "runs" / "torn"
+    torn.mkdir(parents=True)
+    (torn / "summary.json").write_text('{"status": {"state": "comp')
+    (torn / "spec.json").write_text("")
+    proc = cli(["calibrate", f"runs={tmp_path / 'runs'}", "device=cuda", "out=x.json"], tmp_path)
+    assert proc.returncode == 2 and "none of its 1 runs" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "x.json").exists(), proc.stderr
+
+
 @pytest.mark.parametrize("args, named", [
     (["calibrate", "out=x.json"], "runs="),
     (["calibrate", "runs=/nonexistent", "out=x.json"], "runs=/nonexistent"),

@@ -100,7 +100,12 @@ def run_dirs(paths: list[Path]) -> list[Path]:
 
 def observation(run_dir: Path) -> dict | None:
     """One finished run as the fit sees it: its spec, features and measured phases (None: not usable, and why)."""
-    summary = json.loads((run_dir / "summary.json").read_text())
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError) as exc:  # a half-written or foreign summary.json: that run is skipped, with why
+        return {"run": str(run_dir), "skipped": f"summary.json unreadable ({exc})"}
+    if not isinstance(summary, dict):
+        return {"run": str(run_dir), "skipped": "summary.json is not an object"}
     if (summary.get("status") or {}).get("state") != "complete":
         return {"run": str(run_dir), "skipped": f"state {(summary.get('status') or {}).get('state')}"}
     try:

@@ -9,7 +9,7 @@ Method
   (from that campaign's measured costs: a quarter, once and four times it, in steps), so that the measured
   campaigns bracket the predicted optimum.
 - Each campaign writes endure.json: the measured goodput (productive step time over wall time) and the model's
-  (campaigns/endure.py model_terms, from the campaign's own measured costs: a save's training lost, a restart's
+  (results/goodput.py campaign_model, from the campaign's own measured costs: a save's training lost, a restart's
   whole time, the median step) at the MTBF given, then with the two terms by which one finite campaign departs from
   the model's steady state, each measured: the failures' realized rate (wall time over failures: a draw of a few
   exponential gaps is not their mean) and the first launch's start-up (paid once, not after a failure); and the
@@ -52,12 +52,12 @@ def campaign(out: Path, engine: str, mtbf: int, duration: int, save_interval: in
 
 def row(r: dict) -> str:
     """One campaign's line of the table: measured and modelled goodput, and the terms between them."""
-    from restart_harness.campaigns.endure import model_terms
+    from restart_harness.results.goodput import campaign_model
 
     if "folder" not in r:
         return f"| {r['engine']} | {r['mtbf_s']} | failed: {r['error']} |"
     doc = json.loads((Path(r["folder"]) / "endure.json").read_text())
-    m, g = model_terms(doc, r["save_interval"]), doc["goodput"]
+    m, g = campaign_model(doc, r["save_interval"]), doc["goodput"]
     if m is None or not m["simulated_goodput"]:
         return f"| {r['engine']} | {r['mtbf_s']} | {r['save_interval']} | no model: nothing committed |"
     restarts, sim = doc["restarts"], m["simulated_goodput"]

@@ -94,6 +94,27 @@ def test_simulated_campaigns_converge_on_the_expectation_and_short_ones_spread()
     assert quiet["mean"] == pytest.approx(900 / 1_000 * 10 / 11, abs=0.01)
 
 
+def test_a_campaign_with_slowed_launches_is_no_check_of_the_model_and_says_which():
+    """The model takes one step time: a launch stepping over SLOWED times the campaign's median (other work on the
+    machine) makes the comparison not a check, naming the launch, its step, the CPU share and its wall time."""
+    buckets = dict.fromkeys(BADPUT_BUCKETS, 0.0) | {"startup_seconds": 3.0}
+
+    def launch(record, step, other, wall=10.0):
+        return {"record": record, "wall_seconds": wall, "step_seconds_median": step, "other_cpu_fraction": other,
+                "productive_seconds": 5.0, **buckets}
+
+    doc = {"goodput": g.totals([dict(buckets, productive_seconds=5.0)] * 3, 30.0), "step_seconds_median": 0.05,
+           "saves_committed": 6, "wall_seconds": 30.0, "mtbf_seconds": 10.0, "failures": [{}, {}],
+           "launches": [launch("checkpoint", 0.05, 0.0), launch("restart-01", 0.06, 0.1), launch("restart-02", 0.05, 0.0)]}
+    assert g.campaign_model(doc, 5)["not_comparable"] is None
+    doc["launches"][1] = launch("restart-01", 1.25, 0.83, wall=12.5)
+    why = g.campaign_model(doc, 5)["not_comparable"]
+    assert why.startswith("1 of 3 launches (restart-01) stepped at a median of 1.25 to 1.25 s") and "83%" in why
+    assert "12.5 s of its wall time" in why, why
+    steady = g.campaign_model(doc, 5)["steady"]  # the check on the two launches at the campaign's pace
+    assert steady["launches"] == 2 and steady["wall_seconds"] == 20.0 and steady["measured_goodput"] == 0.5
+
+
 @pytest.mark.parametrize("value", [0.0, -1.0, math.inf, math.nan])
 def test_model_refuses_an_mtbf_that_is_not_a_positive_finite_time(value):
     with pytest.raises(ValueError, match="mtbf_seconds"):

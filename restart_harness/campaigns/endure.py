@@ -4,8 +4,8 @@ from seed=, each recorded); a failure kills one rank (SIGKILL), the whole job (i
 inside a save (RH_FAULT kill@save at the first save after the drawn time), in turn. After each, the run restarts
 from its last committed checkpoint as a scheduler would (a restart launch that loads, verifies and trains on,
 saving: worker --train-on), and the restart's time counts. At the end: goodput and badput by category
-(results/goodput.py), the final state against a failure-free run's of the same seed and step count (their digests),
-and the model's goodput at the measured costs (results/goodput.py) beside the measured one, in endure.json."""
+and the model's goodput at the campaign's measured costs beside it (results/goodput.py), and the final state against
+a failure-free run's of the same seed and step count (their digests), in endure.json."""
 
 from __future__ import annotations
 
@@ -26,12 +26,11 @@ from restart_harness.files.exclusive import claim_dir
 from restart_harness.phases.processes import launch
 from restart_harness.results import events as ev
 from restart_harness.results import goodput
+from restart_harness.results.prediction import other_work
 from restart_harness.schema import BADPUT_BUCKETS, ENDURE_SCHEMA_VERSION, PREDICTED_RESTART, PREDICTED_TOTAL
 
 KINDS = ("rank", "job", "save")
-UNBOUNDED_ITERS = 1_000_000
-RESTART_BUCKETS = ("startup_seconds", "training_preparation_seconds", "checkpoint_restore_seconds",
-                   "first_steps_seconds")  # iters where nothing predicts the step time: the budget ends the campaign
+UNBOUNDED_ITERS = 1_000_000  # iters where nothing predicts the step time: the budget ends the campaign
 
 
 @dataclasses.dataclass
@@ -280,7 +279,7 @@ def main(request: EndureRequest) -> int:
     set_status(run.run_dir, "complete")
     _account(run, doc, launches)
     doc["final_state"] = _reference(plugins, run, folder)
-    doc["model"] = model_terms(doc, spec.save_interval)
+    doc["model"] = goodput.campaign_model(doc, spec.save_interval)
     doc["state"] = "complete"
     write_json_atomic(folder / "endure.json", doc)
     print(render(doc))
@@ -294,7 +293,9 @@ def _account(run, doc: dict, launches: list[dict]) -> None:
     median = goodput.step_median(run.run_dir, records)
     segments = [goodput.segment(run.run_dir, x["record"], x["launch"], x["lost_after"], median) for x in launches]
     doc["launches"] = [{"record": x["record"], "wall_seconds": x["launch"]["wall_seconds"],
-                        "exit_code": x["launch"]["exit_code"], "loads": x["loads"], "verified": x["verified"], **s}
+                        "exit_code": x["launch"]["exit_code"], "loads": x["loads"], "verified": x["verified"],
+                        "step_seconds_median": goodput.step_median(run.run_dir, [x["record"]]),
+                        "other_cpu_fraction": other_work(x["launch"]), **s}
                        for x, s in zip(launches, segments)]
     doc["step_seconds_median"] = median
     doc["saves_committed"] = sum(len([e for e in ev.read_record(run.run_dir, r).get(0, []) if e["event"] == "save"])
@@ -337,40 +338,6 @@ def _reference(plugins, run, folder: Path) -> dict:
             "why": None if not differing else f"{len(differing)} tensors differ from the failure-free run's"}
 
 
-def model_terms(doc: dict, save_interval: int) -> dict | None:
-    """The model's goodput at the campaign's measured costs beside the measured one: at the MTBF given, and with the
-    two measured terms by which one finite campaign departs from the model's steady state: the failures' realized
-    rate (wall time over failures) and the first launch's start-up (paid once, not after a failure); and the spread
-    of campaigns of this length (simulated), of which one measurement is one draw."""
-    g, step, saves, launches = doc["goodput"], doc["step_seconds_median"], doc["saves_committed"], doc["launches"]
-    if not step or not saves:
-        return None
-    save = g["badput_seconds"]["checkpoint_save_seconds"] / saves
-    # a restart: a launch to the end of its first step, over the restarts that got there (not those cut short),
-    # and the harness's time between launches (other), per launch
-    reached = [x for x in launches[1:] if x["productive_seconds"] > 0] or [x for x in launches
-                                                                         if x["productive_seconds"] > 0]
-    if not reached:
-        return None
-    restart = (sum(sum(x[k] for k in RESTART_BUCKETS) for x in reached) / len(reached)
-               + g["badput_seconds"]["other_seconds"] / len(launches))
-    interval, wall, failures = save_interval * step, doc["wall_seconds"], len(doc["failures"])
-    realized = wall / failures if failures else math.inf
-    first = sum(launches[0][k] for k in RESTART_BUCKETS)
-    at_realized = (goodput.expected_goodput(interval, save, restart, realized) if failures
-                   else interval / (interval + save))
-    best = goodput.optimum(save, restart, step, doc["mtbf_seconds"])
-    return {"save_seconds": save, "restart_seconds": restart, "step_seconds": step, "interval_seconds": interval,
-            "expected_goodput": goodput.expected_goodput(interval, save, restart, doc["mtbf_seconds"]),
-            "realized_mtbf_seconds": realized, "first_startup_seconds": first,
-            "expected_goodput_realized": at_realized * (1 - first / wall), "measured_goodput": g["goodput"],
-            # campaigns of this length simulated at the realized rate: one measurement is one draw of these
-            "simulated_goodput": goodput.campaign_spread(wall, first, interval, save, restart, realized)
-            if failures else None,
-            **{k: best[k] for k in ("best_interval_seconds", "best_interval_steps", "goodput_at_best",
-                                    "young_daly_interval_seconds")}}
-
-
 def render(doc: dict) -> str:
     g = doc["goodput"]
     lines = [(f"goodput {g['goodput']:.3f} over {g['wall_seconds']:.1f} s ({len(doc['failures'])} failures, "
@@ -390,4 +357,9 @@ def render(doc: dict) -> str:
             lines.append(f"  model at the realized rate (a failure every {m['realized_mtbf_seconds']:.1f} s) less the "
                          f"first start-up ({m['first_startup_seconds']:.1f} s): {m['expected_goodput_realized']:.3f}; "
                          f"campaigns of this length: {sim['mean']:.3f} ({sim['p5']:.3f} to {sim['p95']:.3f}, 90%)")
+        if m.get("not_comparable"):
+            st = m["steady"]
+            lines.append(f"  not a check of the model: {m['not_comparable']}" + (
+                f"; the other {st['launches']} launches ({st['wall_seconds']:.1f} s, {st['failures']} failures): "
+                f"goodput {st['measured_goodput']:.3f}, model {st['expected_goodput']:.3f}" if st else ""))
     return "\n".join(lines)

@@ -42,6 +42,9 @@ DEFAULT_MTBF_SOURCE = (f"Llama 3's published rate ({LLAMA3_INTERRUPTIONS} interr
                        f"{LLAMA3_GPUS:,} GPUs: one every {DEFAULT_MTBF_PER_GPU_SECONDS / 86_400 / 365.25:.1f} "
                        "GPU-years; Meta 2024, section 3.3.4)")
 GOLDEN = (math.sqrt(5) - 1) / 2
+RESTART_BUCKETS = ("startup_seconds", "training_preparation_seconds", "checkpoint_restore_seconds",
+                   "first_steps_seconds")
+SLOWED = 3  # a launch whose median step is over this many times the campaign's is outside the model's one step time
 
 
 def check_positive(name: str, value: float) -> None:
@@ -268,3 +271,68 @@ def totals(segments: list[dict], wall_seconds: float) -> dict:
             "launches_measured_seconds": measured,
             # the launches' measured seconds beyond the wall time (overlap), as a share of it: 0 where they fit
             "sum_error": max(0.0, measured - wall_seconds) / wall_seconds if wall_seconds else None}
+
+
+def campaign_model(doc: dict, save_interval: int) -> dict | None:
+    """The model's goodput at the campaign's measured costs beside the measured one: at the MTBF given, and with the
+    two measured terms by which one finite campaign departs from the model's steady state: the failures' realized
+    rate (wall time over failures) and the first launch's start-up (paid once, not after a failure); and the spread
+    of campaigns of this length (simulated), of which one measurement is one draw; `not_comparable` (_slowed) where
+    launches stepped far slower than the rest, outside the model's one step time."""
+    g, step, saves, launches = doc["goodput"], doc["step_seconds_median"], doc["saves_committed"], doc["launches"]
+    if not step or not saves:
+        return None
+    save = g["badput_seconds"]["checkpoint_save_seconds"] / saves
+    # a restart: a launch to the end of its first step, over the restarts that got there (not those cut short),
+    # and the harness's time between launches (other), per launch
+    reached = [x for x in launches[1:] if x["productive_seconds"] > 0] or [x for x in launches
+                                                                         if x["productive_seconds"] > 0]
+    if not reached:
+        return None
+    restart = (sum(sum(x[k] for k in RESTART_BUCKETS) for x in reached) / len(reached)
+               + g["badput_seconds"]["other_seconds"] / len(launches))
+    interval, wall, failures = save_interval * step, doc["wall_seconds"], len(doc["failures"])
+    realized = wall / failures if failures else math.inf
+    first = sum(launches[0][k] for k in RESTART_BUCKETS)
+    at_realized = (expected_goodput(interval, save, restart, realized) if failures
+                   else interval / (interval + save))
+    best = optimum(save, restart, step, doc["mtbf_seconds"])
+    return {"save_seconds": save, "restart_seconds": restart, "step_seconds": step, "interval_seconds": interval,
+            "expected_goodput": expected_goodput(interval, save, restart, doc["mtbf_seconds"]),
+            "realized_mtbf_seconds": realized, "first_startup_seconds": first,
+            "expected_goodput_realized": at_realized * (1 - first / wall), "measured_goodput": g["goodput"],
+            # campaigns of this length simulated at the realized rate: one measurement is one draw of these
+            "simulated_goodput": campaign_spread(wall, first, interval, save, restart, realized)
+            if failures else None,
+            **{k: best[k] for k in ("best_interval_seconds", "best_interval_steps", "goodput_at_best",
+                                    "young_daly_interval_seconds")},
+            "not_comparable": _slowed(launches, step),
+            "steady": _steady(doc, interval, save, restart, first)}
+
+
+def _steady(doc: dict, interval: float, save: float, restart: float, first: float) -> dict | None:
+    """The check on the launches that stepped at the campaign's pace (None where none was slowed): their goodput
+    over their own wall time beside the model's at their failures' realized rate, the campaign's costs."""
+    step, fired = doc["step_seconds_median"], {f.get("record") for f in doc["failures"]}
+    steady = [x for x in doc["launches"] if (x.get("step_seconds_median") or 0) <= SLOWED * step]
+    if len(steady) == len(doc["launches"]) or not steady:
+        return None
+    wall = sum(x["wall_seconds"] for x in steady)
+    failures = sum(1 for x in steady if x["record"] in fired)
+    model = expected_goodput(interval, save, restart, wall / failures) if failures else interval / (interval + save)
+    return {"launches": len(steady), "wall_seconds": wall, "failures": failures,
+            "measured_goodput": sum(x["productive_seconds"] for x in steady) / wall,
+            "expected_goodput": model * (1 - (first if steady[0]["record"] == "checkpoint" else 0.0) / wall)}
+
+
+def _slowed(launches: list[dict], step: float) -> str | None:
+    """Why the campaign is no check of the model (which takes one step time): launches stepping over SLOWED times
+    the campaign's median step, as other work on the machine makes them; None where none did."""
+    slow = [x for x in launches if (x.get("step_seconds_median") or 0) > SLOWED * step]
+    others = [x["other_cpu_fraction"] for x in slow if x.get("other_cpu_fraction") is not None]
+    medians = [x["step_seconds_median"] for x in slow]
+    return (f"{len(slow)} of {len(launches)} launches ({', '.join(x['record'] for x in slow)}) stepped at a median of "
+            f"{min(medians):.3g} to {max(medians):.3g} s against the campaign's {step:.3g} s"
+            + (f", other work using {min(others):.0%} to {max(others):.0%} of the CPUs" if others else "")
+            + f", {sum(x['wall_seconds'] for x in slow):.1f} s of its wall time: the model takes one step time"
+            ) if slow else None

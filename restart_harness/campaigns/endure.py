@@ -17,12 +17,11 @@ import signal
 import sys
 import threading
 import time
-from datetime import datetime
 from pathlib import Path
 
+from restart_harness.campaigns.sweep import new_dir
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
-from restart_harness.files.exclusive import claim_dir
 from restart_harness.phases.processes import launch
 from restart_harness.results import events as ev
 from restart_harness.results import goodput
@@ -257,10 +256,7 @@ def main(request: EndureRequest) -> int:
     from restart_harness.rundir.status import set_status
 
     spec = request.plugins.spec
-    try:
-        folder = claim_dir(Path(spec.results_dir), f"endure-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
-    except FileExistsError as exc:
-        raise RunFailed(str(exc)) from None
+    folder = new_dir(spec.results_dir, "endure")
     plugins = request.plugins.with_spec(dataclasses.replace(spec, results_dir=str(folder)))
     run = prepare(plugins, prefix="campaign-")
     doc = {"schema_version": ENDURE_SCHEMA_VERSION, "command": ["endure", *request.tokens],

@@ -21,7 +21,7 @@ from restart_harness.schema import SWEEP_SCHEMA_VERSION, count
 
 
 def new_dir(results_dir: str, kind: str) -> Path:
-    """A new campaign folder, `<results_dir>/<kind>-<time>` (sweep, study), claimed by this process."""
+    """A new campaign folder, `<results_dir>/<kind>-<time>` (sweep, study, endure), claimed by this process."""
     try:
         return claim_dir(Path(results_dir), f"{kind}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
     except FileExistsError as exc:

@@ -168,8 +168,8 @@ class StudyOptions:
                                   "and a run still going at the end is stopped (resume= continues)", group="study",
                             unit="min", above=0, maximum=40320)
     disk: Size | None = key(None, "checkpoint bytes a cell may write (each cell's checkpoint is deleted once its "
-                                  "records are written, unless keep=true); default half the free space where the "
-                                  "checkpoints go", group="study", unit="bytes", minimum=1)
+                                  "records are written, unless keep=true); default the free space where the "
+                                  "checkpoints go less 10 GiB, or half of it where that is more", group="study", unit="bytes", minimum=1)
     saves: int = key(1, "checkpoints each run writes", group="study", minimum=1, maximum=100)
     resume: Path | None = key(None, "continue the study in this folder: its cells not yet finished, with its own "
                                     "keys (time_limit= may be given anew)", group="study")

@@ -26,6 +26,7 @@ from restart_harness.schema import STUDY, STUDY_SCHEMA_VERSION
 # What a study spends outside its runs, measured here (2 cores): planning ~0.1 s a cell; writing the table and its
 # figures (matplotlib imported, five PNGs) 10-20 s.
 REPORT_SECONDS = 30.0
+KEEP_FREE_BYTES = 10 * 2**30  # disk='s default: the free space but this much, or half of it where that is more
 
 
 # ---- the study: checked, sized, run ------------------------------------------------------------------------------
@@ -77,7 +78,7 @@ def check(request: StudyRequest) -> Study:
     for cell in cells:
         cell.runs_here = _runs_here(cell, device)
     free = sample.target.storage_probe().free_bytes()
-    disk = o.disk or max(1, (free or 0) // 2)
+    disk = o.disk or max(1, (free or 0) // 2, (free or 0) - KEEP_FREE_BYTES)
     load = machine.load_now()
     factor = prior_factor(load)
     if previous and previous.get("factor", {}).get("ratios"):

@@ -39,6 +39,7 @@ Usage: <python> -m benchmarks.compare_engines [REPEATS] [MODEL] [only=LABEL,...]
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -47,7 +48,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import median, submitted
+from benchmarks.common import median, object_store, scratch, spread, submitted, summary, words
 
 CASES = [
     ("none", ["engine=none"]),
@@ -136,14 +137,12 @@ def ceiling_tool(where: Path) -> tuple[str, str]:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    repeats = int(args.pop(0)) if args and args[0].isdigit() else 3
+    repeats, named, args = words(3, "only", "targets")
     if repeats < 1:
         die(f"REPEATS {repeats}: accepted: a whole number of repeats, 1 or more")
     model = args.pop(0) if args and "=" not in args[0] else "small"
-    only = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("only=")), None)
-    targets = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("targets=")), ["fs"])
-    args = [a for a in args if not a.startswith(("only=", "targets="))]
+    only = named["only"].split(",") if "only" in named else None
+    targets = named.get("targets", "fs").split(",")
     if set(targets) - {"fs", "s3"}:
         die(f"targets={','.join(targets)}: accepted fs, s3 (comma list)")
     given = {a.split("=", 1)[0] for a in args}
@@ -151,27 +150,10 @@ def main() -> None:
     cases, refused = choose(only, base)
     tool, how = ceiling_tool(Path(tempfile.gettempdir()))
     cases = cases if "fs" in targets else []
-    server = None
-    if "s3" in targets:
-        server = start_object_store()
-        cases += [(f"{n} s3", [*t, S3_TARGET]) for n, t in choose(only, base)[0] if not why_not([*t, S3_TARGET])]
-    try:
+    with object_store("rh-bench-s3", 6144) if "s3" in targets else contextlib.nullcontext():
+        if "s3" in targets:
+            cases += [(f"{n} s3", [*t, S3_TARGET]) for n, t in choose(only, base)[0] if not why_not([*t, S3_TARGET])]
         measure(cases, base, repeats, targets, (tool, how, refused))
-    finally:
-        if server is not None:
-            from testbeds import ceph_s3
-
-            ceph_s3.stop(server.root)
-
-
-def start_object_store():
-    """A local RADOS Gateway for the s3 rows; its AWS_* settings go to every run through the environment."""
-    from testbeds import ceph_s3
-
-    server = ceph_s3.start(Path(f"/tmp/rh-bench-s3-{os.getpid()}"), memory_mib=6144)
-    server.create_bucket("bench")
-    os.environ.update(server.environment())
-    return server
 
 
 def baseline(results: Path | str, ranks: int, tool: str) -> dict:
@@ -189,21 +171,20 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
 
     tool = how[0]
     world = parse_args(base).world_size
-    results = Path(tempfile.mkdtemp(prefix="rh-bench-engines-"))
     collected: dict[str, list[dict | None]] = {name: [] for name, _ in cases}
     storage: dict[str, list[dict]] = {t: [] for t in targets}
     loads = []  # the 1-minute load average before and after each repeat
-    for r in range(repeats):
-        loads.append(os.getloadavg()[0])
-        for target in targets:
-            storage[target].append(baseline(results if target == "fs" else "s3://bench/probe", world,
-                                            tool if target == "fs" else "auto"))
-        for name, tokens in cases:
-            print(f"repeat {r + 1}/{repeats}: {name}", file=sys.stderr, flush=True)
-            run = submitted([*tokens, f"results_dir={results}"], check=False)  # a failed run: said, left out
-            collected[name].append(json.loads((run / "summary.json").read_text()) if run else None)
-        loads.append(os.getloadavg()[0])
-    shutil.rmtree(results, ignore_errors=True)
+    with scratch("rh-bench-engines-") as results:
+        for r in range(repeats):
+            loads.append(os.getloadavg()[0])
+            for target in targets:
+                storage[target].append(baseline(results if target == "fs" else "s3://bench/probe", world,
+                                                tool if target == "fs" else "auto"))
+            for name, tokens in cases:
+                print(f"repeat {r + 1}/{repeats}: {name}", file=sys.stderr, flush=True)
+                run = submitted([*tokens, f"results_dir={results}"], check=False)  # a failed run: said, left out
+                collected[name].append(summary(run) if run else None)
+            loads.append(os.getloadavg()[0])
     ceilings = {t: [b.get("ceiling") or {"write_mib_s": b["write_mib_s"], "read_mib_s": b["read_mib_s"],
                                          "write_from": "baseline", "read_from": "baseline"} for b in storage[t]]
                 for t in targets}
@@ -241,12 +222,9 @@ def _header(base: list[str], repeats: int, world: int, how: tuple[str, str, dict
 
 
 def _ceiling_words(ceilings: list[dict]) -> str:
-    out = []
-    for way in ("write", "read"):
-        values = [c[f"{way}_mib_s"] for c in ceilings]
-        out.append(f"{way} {median(values):,.0f} MiB/s ({min(values):,.0f}-{max(values):,.0f}; from "
-                   f"{' and '.join(sorted({c[f'{way}_from'] for c in ceilings}))})")
-    return ", ".join(out)
+    return ", ".join(f"{way} {median(v):,.0f} MiB/s ({min(v):,.0f}-{max(v):,.0f}; from "
+                     f"{' and '.join(sorted({c[f'{way}_from'] for c in ceilings}))})"
+                     for way in ("write", "read") for v in [[c[f"{way}_mib_s"] for c in ceilings]])
 
 
 def _kept(summary: dict) -> list[dict]:
@@ -298,11 +276,8 @@ def _row(summaries: list[dict], ceilings: list[dict], none_steps: list[float | N
 
 def cell(values: list[float | None], digits: int = 3) -> str:
     """median (min-max) over the repeats, or - where nothing was measured."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    m, lo, hi = median(values), min(values), max(values)
-    return f"{m:,.{digits}f}" + (f" ({lo:,.{digits}f}-{hi:,.{digits}f})" if len(values) > 1 else "")
+    known = [v for v in values if v is not None]
+    return spread(known, f",.{digits}f") if len(known) > 1 else f"{known[0]:,.{digits}f}" if known else "-"
 
 
 def efficiency(values: list[float | None], why: str | None) -> str:
@@ -325,21 +300,20 @@ def _why_above(r: dict, figure: str) -> str | None:
     return None
 
 
+COLUMNS = (("checkpoint MiB", "mib", 1), ("blocking s", "blocking", 3), ("durable s", "durable", 3),
+           ("durable MiB/s", "durable_mib_s", 0), ("x ceiling write", "x_write", 2), ("load MiB/s", "load_mib_s", 0),
+           ("x ceiling read (load)", "x_load", 2), ("storage read MiB/s", "storage_read_mib_s", 0),
+           ("x ceiling read (storage)", "x_storage_read", 2), ("training lost per save s (vs none)", "lost", 3),
+           ("host memory held MiB", "held_mib", 1), ("held x rank's checkpoint", "held_x_rank", 3),
+           ("restart reads x checkpoint", "reads_x", 2))
+
+
 def _main_table(rows: dict[str, dict]) -> None:
-    columns = ("engine", "checkpoint MiB", "blocking s", "durable s", "durable MiB/s", "x ceiling write",
-               "load MiB/s", "x ceiling read (load)", "storage read MiB/s", "x ceiling read (storage)",
-               "training lost per save s (vs none)", "host memory held MiB", "held x rank's checkpoint",
-               "restart reads x checkpoint")
-    print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    print("| engine | " + " | ".join(c for c, _, _ in COLUMNS) + " |\n|" + "---|" * (len(COLUMNS) + 1))
     for name, r in rows.items():
-        if not r:
-            continue
-        cells = [cell(r["mib"], 1), cell(r["blocking"]), cell(r["durable"]), cell(r["durable_mib_s"], 0),
-                 efficiency(r["x_write"], _why_above(r, "x_write")), cell(r["load_mib_s"], 0),
-                 efficiency(r["x_load"], _why_above(r, "x_load")), cell(r["storage_read_mib_s"], 0),
-                 efficiency(r["x_storage_read"], _why_above(r, "x_storage_read")), cell(r["lost"]),
-                 cell(r["held_mib"], 1), cell(r["held_x_rank"], 3), cell(r["reads_x"], 2)]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        if r:
+            print(f"| {name} | " + " | ".join(efficiency(r[k], _why_above(r, k)) if k.startswith("x_") else cell(r[k], d)
+                                              for _, k, d in COLUMNS) + " |")
 
 
 RANKED = (("blocking", "blocking s", False), ("durable_mib_s", "durable MiB/s", True),

@@ -355,17 +355,14 @@ def _grid_table(ceilings: list[dict]) -> None:
 
 def _reads(rows: dict[str, dict], collected: dict[str, list[dict]]) -> None:
     """How each engine that says so read at restart, and each replicated file's load (engine=lazy)."""
-    ways = {n: sorted({f"{w['way']}: {w['why']}" for s in collected[n]
-                       if s and (w := ((s.get("restart") or {}).get("engine_load_statistics") or {}).get("read_io"))})
-            for n in rows}
+    stats = {n: [(s.get("restart") or {}).get("engine_load_statistics") or {} for s in collected[n] if s] for n in rows}
     print("\nHow the restarts read (restart.engine_load_statistics):\n")
-    for name, said in ways.items():
-        if said:
+    for name, st in stats.items():
+        if said := sorted({f"{w['way']}: {w['why']}" for x in st if (w := x.get("read_io"))}):
             print(f"- {name}: {'; '.join(said)}")
-    for name in rows:
-        for s in filter(None, collected[name]):
-            for x in ((s.get("restart") or {}).get("engine_load_statistics") or {}).get("replicated") or []:
-                print(f"- {name}: {x['file']} {x['way']} in {x['seconds']:.3f} s ({x['why']})")
+    for name, st in stats.items():
+        for x in (r for stat in st for r in stat.get("replicated") or []):
+            print(f"- {name}: {x['file']} {x['way']} in {x['seconds']:.3f} s ({x['why']})")
 
 
 if __name__ == "__main__":

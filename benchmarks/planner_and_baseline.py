@@ -14,6 +14,7 @@ table for the README). Uses the interpreter in RH_PYTHON through submit-job.sh, 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -23,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.common import REPO
 
 
 def _run(args: list[str], env: dict) -> tuple[float, str]:
@@ -48,20 +49,16 @@ def main() -> None:
         print(f"| plan_seconds | {statistics.median(inner):.4f} | {min(inner):.4f} | {max(inner):.4f} |\n")
         print("| tool | file_bytes | ranks | write MiB/s (median) | read MiB/s (median) | read cache observed |")
         print("|---|---|---|---|---|---|")
-        for tool in ("fio", "builtin"):
-            for size in ("16M", "256M"):
-                for ranks in (1, 2):
-                    writes, reads, observed = [], [], set()
-                    for _ in range(repeats):
-                        _run(["baseline", f"dir={target}", f"tool={tool}", f"file_bytes={size}", f"ranks={ranks}"], env)
-                        record = json.loads(next(Path(cache).rglob(f"*x{ranks}.json")).read_text())
-                        writes.append(record["write_mib_s"])
-                        reads.append(record["read_mib_s"])
-                        observed.add(record["read_cache"]["observed"])
-                        for p in Path(cache).rglob("*.json"):
-                            p.unlink()
-                    print(f"| {tool} | {size} | {ranks} | {statistics.median(writes):,.0f} | "
-                          f"{statistics.median(reads):,.0f} | {', '.join(sorted(observed))} |")
+        for tool, size, ranks in itertools.product(("fio", "builtin"), ("16M", "256M"), (1, 2)):
+            records = []
+            for _ in range(repeats):
+                _run(["baseline", f"dir={target}", f"tool={tool}", f"file_bytes={size}", f"ranks={ranks}"], env)
+                records.append(json.loads(next(Path(cache).rglob(f"*x{ranks}.json")).read_text()))
+                for p in Path(cache).rglob("*.json"):
+                    p.unlink()
+            print(f"| {tool} | {size} | {ranks} | {statistics.median(r['write_mib_s'] for r in records):,.0f} | "
+                  f"{statistics.median(r['read_mib_s'] for r in records):,.0f} | "
+                  f"{', '.join(sorted({r['read_cache']['observed'] for r in records}))} |")
 
 
 if __name__ == "__main__":

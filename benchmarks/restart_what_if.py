@@ -37,16 +37,16 @@ Usage: <python> -m benchmarks.restart_what_if [ROUNDS] [MODEL key=value ...]   (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import shutil
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 from benchmarks.attribution_overhead import PHASES, figures  # each phase of a restart record, and `total`
-from benchmarks.common import median_table, restarted, rotated, spread, submitted, summary, words
+from benchmarks.common import median_table, restarted, rotated, scratch, spread, submitted, summary, words
 
 STAGE = "/dev/shm/rh-what-if-stage"
 
@@ -80,11 +80,9 @@ def measure(model: list[str], rounds: int) -> Path:
     plan = arms()
     for n in range(rounds):
         for name, keys, how in rotated(plan, n):
-            cache = tempfile.mkdtemp(prefix="rh-what-if-cache-") if how.get("fresh_cache") else None
-            restarted(run_dir, ["attribution=python", "cache=warm", *keys], python=how.get("python", sys.executable),
-                      env=cache and {"RH_CACHE_DIR": cache})
-            if cache:
-                shutil.rmtree(cache, ignore_errors=True)
+            with scratch("rh-what-if-cache-") if how.get("fresh_cache") else contextlib.nullcontext() as cache:
+                restarted(run_dir, ["attribution=python", "cache=warm", *keys],
+                          python=how.get("python", sys.executable), env=cache and {"RH_CACHE_DIR": str(cache)})
             order.append(name)
             print(f"round {n + 1}/{rounds}: {name}", file=sys.stderr, flush=True)
     record = results / "what-if.json"

@@ -48,16 +48,14 @@ def plain(checkpoint: str, out: str) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
-    if checkpoint.startswith("s3://"):
+
+    def reader():
+        if not checkpoint.startswith("s3://"):
+            return FileSystemReader(checkpoint)
         from s3torchconnector import S3ClientConfig
         from s3torchconnector.dcp import S3StorageReader
 
-        def reader():
-            return S3StorageReader(os.environ["AWS_REGION"], checkpoint,
-                                   s3client_config=S3ClientConfig(force_path_style=True))
-    else:
-        def reader():
-            return FileSystemReader(checkpoint)
+        return S3StorageReader(os.environ["AWS_REGION"], checkpoint, s3client_config=S3ClientConfig(force_path_style=True))
 
     template = {}
     for key, meta in reader().read_metadata().state_dict_metadata.items():

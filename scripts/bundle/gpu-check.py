@@ -377,12 +377,10 @@ def main(argv: list[str]) -> int:
     check.node()
     check.install(info)
     big = check.big_fits() if a.big != "none" and not check.failed else None
-    if not check.failed and check.left() > 0:
-        check.matrix()
-    if not check.failed and check.left() > 0 and a.compare_repeats:
-        check.compare()
-    if not check.failed and check.left() > 0 and a.attribution_engines != "none":
-        check.attribution()
+    for step, wanted in ((check.matrix, True), (check.compare, a.compare_repeats),
+                         (check.attribution, a.attribution_engines != "none")):
+        if wanted and not check.failed and check.left() > 0:
+            step()
     if big and check.left() > 0 and not check.cut:
         check.big(*big)
     elif big:

@@ -2,36 +2,7 @@
 """Every checkpoint engine that runs here, side by side, against the storage's own limit as fio measures it (named
 compare_engines.py: a script named engines.py would shadow the engines package).
 
-Method
-- Engines: by default every engine (none, default, torchsnapshot, dcp on the FSDP2 stack with its own `fsdp2 none`,
-  fastpersist, decoupled, datastates, lazy) whose plug-in accepts this machine (its check() passes; those refused are
-  said, with the reason, in the header); `only=LABEL,...` names cases of CASES (variants too). A named case that
-  cannot run here is one line and exit 2, with why and which can.
-- Each case is one `./submit-job.sh small dp=2 engine=... iters=6 save_interval=2 after=1 cache=drop keep=false`
-  (extra key=value arguments override; keep=false deletes the checkpoint once the run's records are written), run
-  REPEATS times; cases interleaved per repeat so the machine's and the disk's drift hit all engines alike.
-- The ceiling, in each repeat before its engines: `./submit-job.sh baseline dir=RESULTS tool=fio` with as many ranks
-  as the run has (BASELINE_FILE_MIB a rank): the baseline (fio psync, write + fsync, cold read), the engine's own
-  shape (O_DIRECT in threads, 16 MiB x 4 a rank, then read buffered) and fio's grid (targets/_fs_probe.py FIO_GRID:
-  O_DIRECT, libaio, request sizes, queue depths and jobs spanning the engines' shapes; write with fsync at the end,
-  cold read), each repeated 3 times interleaved. Per direction the ceiling is the best median of them
-  (files/baseline.py ceiling(); its source is said). Where fio is missing, or cannot do direct I/O on the results'
-  file system (a 1 MiB O_DIRECT write tried first), one line says so and the built-in probe gives the ceiling,
-  marked as such in the header.
-- Per run, from summary.json: each save's blocking and durable seconds (the slowest rank; the first save of a run
-  dropped as warm-up where there are more), the run's medians; durable MiB/s = checkpoint bytes / durable seconds;
-  load MiB/s = the checkpoint's bytes / the restart's load seconds; storage read MiB/s = what all ranks read from
-  storage over the slowest rank's read seconds (docs/measurements.md#two-load-figures); training lost per save =
-  each save's window less its steps at engine=none's median step of the same repeat (fsdp2 cases: `fsdp2 none`'s;
-  docs/measurements.md#training-lost); host memory held while a flush runs (largest rank); the restart's storage
-  reads over the checkpoint's bytes. x ceiling: each run's figure over its own repeat's ceiling. Every cell: the
-  median over the repeats (min-max).
-- An efficiency above 1.0 is printed with what explains it (a load counting bytes shared through shared memory or a
-  broadcast once a rank, reads running on between the engine's loads, a buffered reader's read-ahead), or flagged
-  CEILING NOT MEASURED RIGHT where nothing does.
-- Targets: `targets=fs,s3` runs each case that can write to object storage a second time with
-  ckpt_dir=s3://bench/runs on a local Ceph RADOS Gateway (testbeds/ceph_s3.py); those rows' ceiling is the S3
-  baseline (PUT and GET with the engines' own client).
+Method: docs/benchmark-methods.md#compare_engines
 
 Usage: <python> -m benchmarks.compare_engines [REPEATS] [MODEL] [only=LABEL,...] [targets=fs,s3] [key=value ...]
        (default 3 small dp=2, every engine that runs here, on the file system; Markdown tables)
@@ -75,8 +46,7 @@ CASES = [
 # every engine, one case each (dcp on FSDP2, the stack it is made for, with that stack's own baseline step)
 EVERY_ENGINE = ("none", "default", "torchsnapshot", "fsdp2 none", "fsdp2 dcp", "fastpersist", "decoupled",
                 "datastates", "lazy")
-# keep=false: each run's checkpoint is deleted once its records are written (3 repeats of 4 `small` cases at
-# iters=10 kept 39 GB otherwise, more than this project's disk had free on 2026-11-27)
+# keep=false: each run's checkpoint is deleted once its records are written (the repeats' would fill the disk)
 BASE = ["dp=2", "iters=6", "save_interval=2", "after=1", "cache=drop", "keep=false"]
 BASELINE_FILE_MIB = 256
 S3_TARGET = "ckpt_dir=s3://bench/runs"

@@ -1,37 +1,7 @@
 #!/usr/bin/env python3
 """The crossover checked against runs (issue 55 item 3; docs/prediction.md#the-crossover).
 
-The crossover is the checkpoint size from which the predicted checkpoint load is the largest restart phase (the
-launcher's seconds included), along the family of a run: the run with its model's size changed. This benchmark runs
-members of two families at sizes on both sides of their predicted crossover and compares.
-
-Method
-- Families (FAMILIES): `real`: DeepSpeed, default engine, one rank, seq_len=16 micro_batch=1 grad_accum=1 (every
-  member has the same tokens per step, as the family assumes), at `tiny`, `small` and `1B shrink=2` (3.4 MB, 0.79
-  GB, 5.2 GB of checkpoint); `emulated`: emulate=true (real file sizes, no model), default engine, one rank, at
-  `1B shrink=8`, `1B shrink=4`, `3B shrink=4` and `70B shrink=16` (0.31 to 3.6 GiB: an emulated rank builds a
-  file's state twice in memory, and the largest file of a one-rank 4.9 GiB checkpoint needed 8.4 GiB where the
-  shared machine left 7). Every run `iters=2 save_interval=2 after=1 cache=drop keep=false` (one save; the restart
-  reads it cold; the checkpoint deleted once summarized: one on disk at a time, at most 5.3 GB).
-- REPEATS rounds (default 1), each running every case once, the two families interleaved, so that the machine's
-  drift (other sessions share its 2 cores) hits both alike.
-- Each run predicts itself before launch (prediction.json: the default calibration, the run's own storage baseline)
-  and its summary sets each phase beside what it measured, with the crossover and the run's side of it
-  (results/prediction.py). Per run: checkpoint bytes, the predicted and measured checkpoint_load seconds and their
-  error (predicted - measured) / measured, the largest restart phase predicted and measured at the run's size, and
-  whether they agree on the side (is the load the largest or not). The machine's 1-minute load average at the
-  checkpoint phase's launch and at the restart's is beside each run.
-- Per family: the predicted crossover (from the prediction of each run; the median over the family's runs, and
-  their range), and a crossover estimated from the measurements alone: each restart phase's measured seconds (the
-  median over repeats per case) fitted, by least squares over the family's sizes, as a + b x checkpoint bytes (for
-  the load: its fixed part and its measured bandwidth 1/b; for the start-up phases: their fixed part and any growth
-  with the model), then the smallest size in 1 MiB - 1 PiB at which the load's line is above every other line (the
-  same definition as the prediction's, on measured lines). Error of the crossover: (predicted - estimated) /
-  estimated.
-- Leave one out, per family: the lines fitted on the other sizes only (at least two) give a crossover, the load's
-  seconds at the held-out size and whether the load is the largest there; set beside what that size measured. This
-  checks the crossover's reasoning (fixed start-up, load growing with bytes) on measured inputs, whatever the
-  machine's speed at the time; the first table checks the calibration's own figures, which a busy machine slows.
+Method: docs/benchmark-methods.md#crossover
 
 Usage: <python> -m benchmarks.crossover [REPEATS] [out=DIR] [reuse=true]
        (default 1 round into /tmp/rh-crossover-bench; reuse=true: no runs, evaluate those already there)

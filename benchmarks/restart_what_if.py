@@ -2,33 +2,7 @@
 """What would cut a restart (issue 55 item 2): one checkpoint restarted with one change at a time, every phase's
 saving against the same restart unchanged, and where each phase's seconds went (attribution=python).
 
-Method
-- One `phase=checkpoint` run of MODEL (default `tiny dp=2`), DeepSpeed's launcher (`launcher=local`).
-- ROUNDS rounds (default 3). Each round restarts that checkpoint once per arm, as restart-only re-runs
-  (`./submit-job.sh restart run=...`), every one `attribution=python cache=warm` (the checkpoint's pages are in the
-  page cache in every arm: the checkpoint's storage is not what varies here). The arms, in an order rotated every
-  round so that no arm always follows another:
-  - `baseline`: DeepSpeed's launcher, nothing evicted (`cache=warm` leaves the environment's pages too), the
-    extension cache warm (DeepSpeed's CPU op built by an earlier run and loaded by torch's JIT loader);
-  - `prefork`: `launcher=prefork` (one process imports the stack, then forks the ranks);
-  - `prebuilt ops`: the same restart from a second Python environment whose DeepSpeed was installed with the op
-    compiled in (`DS_BUILD_SHM_COMM=1 pip install deepspeed==0.19.8`; given as PREBUILT_PYTHON=path, skipped without);
-  - `extension cache cold`: a fresh, empty RH_CACHE_DIR, so the restart's ranks JIT-build the op first (what the first
-    restart on a new machine, or after a reinstall, pays);
-  - `environment cold`: `env_cache=drop` (the environment's files evicted from the page cache before the launch: the
-    shared file system's first read after a job starts);
-  - `environment staged`: `env_cache=drop env_stage=/dev/shm/...` (the same cold environment copied to node-local
-    memory before the launch; the copy's seconds are reported beside the restart, not inside it). torch keys a JIT
-    build on its sources' paths, which the copy changes: unless the op was compiled in at install, the staged
-    restart builds it again (envstage.py);
-  - `environment staged, ops prebuilt`: both (with PREBUILT_PYTHON).
-- Each phase (the launcher's seconds before any rank starts, the six restart phases on their slowest rank, and
-  `total`: launcher + process start -> first step) per arm: the median over rounds, and the saving against the
-  baseline: the median over rounds of (baseline - arm) in that round, so drift between rounds cancels; with its range.
-- The largest cause of each phase that changed most (from the restart's attribution, docs/attribution.md), so the
-  saving is explained, not only measured. The machine's load before each launch is printed.
-- All restarts are records of one run: `./submit-job.sh report <run>` draws them side by side
-  (restart_causes_seconds.png), each labelled by what its launch differed in.
+Method: docs/benchmark-methods.md#restart_what_if
 
 Usage: <python> -m benchmarks.restart_what_if [ROUNDS] [MODEL key=value ...]   (prints Markdown tables)
        <python> -m benchmarks.restart_what_if reuse=/tmp/rh-what-if-.../what-if.json   (the tables again, no runs)

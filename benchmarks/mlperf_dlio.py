@@ -112,10 +112,6 @@ def main() -> None:
         for n in range(args.repeats):
             print(f"repeat {n + 1}/{args.repeats}", file=sys.stderr, flush=True)
             reps.append(repeat(args.dlio_python, args.shrink, args.checkpoints, results))
-
-    def med(tool: str, phase: str, name: str) -> float:
-        return statistics.median(r[tool][phase][name] for r in reps)
-
     last = reps[-1]
     print(f"llama3-8b shrink={args.shrink}, 8 ranks, ZeRO-3; {args.checkpoints} writes and {args.checkpoints} "
           f"cold reads per repeat, {args.repeats} repeats interleaved; medians; GiB = 2^30 bytes\n")
@@ -124,7 +120,7 @@ def main() -> None:
     print(f"| checkpoint size (GiB) | {a:.6f} | {b:.6f} | {b / a:.3f} |")
     for phase in ("save", "load"):
         for name, unit in (("duration_seconds", "s"), ("throughput_gib_s", "GiB/s")):
-            a, b = med("dlio", phase, name), med("harness", phase, name)
+            a, b = (statistics.median(r[tool][phase][name] for r in reps) for tool in ("dlio", "harness"))
             print(f"| {phase} {name.split('_')[0]} ({unit}), MLPerf's metric | {a:.4f} | {b:.4f} | {b / a:.2f} |")
     print(f"\npage cache before the reads: DLIO {', '.join(r['dlio']['cache'] for r in reps)}; harness "
           f"{', '.join(r['harness']['cache'] for r in reps)}\n")

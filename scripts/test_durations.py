@@ -27,8 +27,7 @@ def render(data: dict, top: int = 15) -> str:
     lines = [f"commit {data['commit']}, {data['cpus']} CPUs, pytest {' '.join(data['args']) or '(all)'}",
              (f"{len(tests)} tests ({counts}); {total:,.0f} s in all: set-up steps "
               f"{sum(setup_steps.values()):,.0f} s, pytest {data['pytest_wall_seconds']:,.0f} s"), ""]
-    machine = data.get("machine_cpu_seconds")
-    if machine:  # the host's speed varies: two runs' minutes compare only where their steal is alike
+    if machine := data.get("machine_cpu_seconds"):  # the host's speed varies: two runs' minutes compare only where their steal is alike
         lines[-1:-1] = [(f"machine during pytest: busy {machine['busy']:,.0f} CPU-s, idle {machine['idle']:,.0f}, "
                          f"iowait {machine['iowait']:,.0f}, steal {machine['steal']:,.0f} (a busy host steals more)")]
     if setup_steps or data.get("shared_setups_seconds"):
@@ -46,15 +45,13 @@ def render(data: dict, top: int = 15) -> str:
     for name, values in sorted(modules.items(), key=lambda kv: -sum(kv[1])):
         lines.append(f"| {name} | {len(values)} | {sum(values):,.1f} | {sum(values) / busy:.0%} | {cpu[name]:,.0f} |")
     lines += workers(data)
-    cases = data.get("cases", {})
-    if cases:
+    if cases := data.get("cases", {}):
         played = sum(c["seconds"] for c in cases.values())
         lines += ["", (f"Run-table cases (conftest.RUNS): {len(cases)} played, {played:,.0f} s (inside the tests "
                        "above: a case is paid by the first test that asks for it)"), "",
                   "| case | invocations | seconds |", "|---|---:|---:|"]
         lines += [f"| {n} | {c['invocations']} | {c['seconds']:,.1f} |" for n, c in list(cases.items())[:top]]
-    waits = data.get("case_waits_seconds") or {}
-    if waits:  # a test of one worker waiting while the other played its case: an idle worker (tests/conftest.py)
+    if waits := data.get("case_waits_seconds") or {}:  # a test of one worker waiting while the other played its case: an idle worker (tests/conftest.py)
         each = ", ".join(f"{n} {s:,.1f}" for n, s in list(waits.items())[:top])
         lines += ["", f"Waits for a case the other worker was playing: {sum(waits.values()):,.1f} s ({each})"]
     lines += ["", f"Slowest {top} tests (setup + call + teardown):", "", "| test | seconds |", "|---|---:|"]

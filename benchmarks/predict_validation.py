@@ -1,23 +1,7 @@
 #!/usr/bin/env python3
 """The prediction model checked on runs it was not fitted to (issue 26, docs/prediction.md).
 
-Method
-- Calibration set (CALIBRATE below): small runs of this machine: `tiny` at 1, 2 (dp and tp) and 4 ranks, `small` at dp=2
-  and tp=2 pp=2, and emulated `1B` (shrink 8 and 4, dp=2), each `iters=6 save_interval=2 after=1` (three saves;
-  the restart loads the last), cache=drop, with the storage baseline of the run (cached, at most 24 h old).
-- Held-out set (HELD_OUT): runs that were not used, each changing one thing: a larger model (emulated `3B` shrink
-  4: 2.5x the largest calibrated checkpoint), more ranks (`tiny tp=2 pp=2 dp=2`: 8 ranks on 2 cores, twice the
-  calibrated 4), another engine (`small dp=2 engine=dcp`: its save and load fall back to the default engine's
-  rates, as for any engine not in the calibration) and another target (`small dp=2` on a local Ceph RADOS Gateway,
-  its bandwidth from the run's S3 baseline).
-- REPEATS rounds (default 2), each running every case once, interleaved, so that the disk's drift hits all alike.
-- The calibration is fitted (`./submit-job.sh calibrate`) on the calibration set's runs only; each held-out run is
-  then predicted with it exactly as a run predicts itself before launch (forecast.build with the run's own spec,
-  CPUs and storage baseline) and compared with what it measured (results/prediction.py: the median of the run's
-  saves, the first restart's phases). Errors are (predicted - measured) / measured.
-- Reported: each held-out run's error per phase, the median absolute error per phase over held-out runs, and for
-  the durable save and the restart total the median absolute error over all held-out runs (goal: <= 15%).
-  Finally a calibration fitted on every run (both sets) is written: the one shipped as configs/calibration/default.json.
+Method: docs/benchmark-methods.md#predict_validation
 
 Usage: <python> -m benchmarks.predict_validation [REPEATS] [out=DIR] [reuse=true]
        (default 2 rounds into /tmp/rh-predict-bench; reuse=true: no runs, fit and predict the runs already there)

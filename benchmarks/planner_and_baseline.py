@@ -39,11 +39,8 @@ def main() -> None:
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "RH_CACHE_DIR": cache}  # a private cache: every probe measures
-        walls, inner = [], []
-        for _ in range(repeats):
-            wall, out = _run(["70B", "tp=8", "pp=4", "dp=2", "plan=json", "bandwidth_gbps=5"], env)
-            walls.append(wall)
-            inner.append(json.loads(out)["plan_seconds"])
+        planned = [_run(["70B", "tp=8", "pp=4", "dp=2", "plan=json", "bandwidth_gbps=5"], env) for _ in range(repeats)]
+        walls, inner = [w for w, _ in planned], [json.loads(out)["plan_seconds"] for _, out in planned]
         print("| planner, 70B tp=8 pp=4 dp=2 (760 files) | median s | min s | max s |\n|---|---|---|---|")
         print(f"| whole command | {statistics.median(walls):.3f} | {min(walls):.3f} | {max(walls):.3f} |")
         print(f"| plan_seconds | {statistics.median(inner):.4f} | {min(inner):.4f} | {max(inner):.4f} |\n")

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.common import measure_then_evaluate, submitted, summary
-from benchmarks.predict_validation import calibrate, predicted_vs_measured
+from benchmarks.predict_validation import calibrate, pct, predicted_vs_measured
 
 ENGINES = ("default", "torchsnapshot", "dcp", "fastpersist", "lazy")
 BASE = ["iters=2", "save_interval=1", "after=1", "launcher=prefork", "env_cache=keep"]
@@ -47,9 +47,7 @@ def measure(out: Path, repeats: int) -> None:
 
 
 def _cell(row: dict) -> str:
-    if row.get("rel_error") is not None:
-        return f"{row['rel_error']:+.0%}"
-    return "n/c" if row.get("not_comparable") else "-"
+    return "n/c" if row.get("rel_error") is None and row.get("not_comparable") else pct(row.get("rel_error"))
 
 
 def evaluate(out: Path) -> None:

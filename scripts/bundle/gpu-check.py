@@ -230,10 +230,9 @@ class Check:
             return
         with tarfile.open(HERE / "datastates-llm.tar.gz") as t:
             t.extractall(self.work, filter="data")
-        uring = []
-        if subprocess.run(["cc", "-E", "-x", "c", "-"], input="#include <liburing.h>\n", capture_output=True,
-                          text=True, check=False).returncode != 0:
-            uring = ["--liburing", str(self.work / "sys" / "usr")]
+        has_uring = subprocess.run(["cc", "-E", "-x", "c", "-"], input="#include <liburing.h>\n", capture_output=True,
+                                   text=True, check=False).returncode == 0
+        uring = [] if has_uring else ["--liburing", str(self.work / "sys" / "usr")]
         start = time.monotonic()
         code = self.run(["bash", str(self.work / "project/scripts/bundle/build-datastates.sh"), str(src), self.py,
                          *uring], self.out / "install.log")

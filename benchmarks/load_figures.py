@@ -4,9 +4,8 @@ local S3 gateway (issue 29).
 
 Method
 - Checkpoint: `./submit-job.sh MODEL dp=2 stack=fsdp2 iters=2 save_interval=2 after=1 baseline=false` (default
-  MODEL small: a 363 MiB checkpoint), once per target and repeat: on the results folder's file system, and with
-  ckpt_dir=s3://bench/runs on a single-node Ceph RADOS Gateway this script starts (objects in memory,
-  testbeds/ceph_s3.py) and stops.
+  MODEL small), once per target and repeat: on the results folder's file system, and with ckpt_dir=s3://bench/runs on
+  a single-node Ceph RADOS Gateway this script starts (objects in memory, testbeds/ceph_s3.py) and stops.
 - The harness's figures, from that run's restart (restart-01, in fresh processes, page cache dropped):
   `load_throughput_mib_s`: checkpoint bytes over the slowest rank's seconds inside the engine's load (what the
   restart waited for: DCP's planning collectives, reads, deserialization, copies into the shards);

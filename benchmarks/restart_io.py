@@ -13,8 +13,7 @@ Method
   bytes read through calls outside the checkpoint (machine-independent counts: they must not change between the two
   caches), what the storage delivered (the kernel's read_bytes, mapped libraries included) and major faults; the
   environment step's observed state. Medians over the repeats (min-max for the seconds).
-- The counts are exact and the same on any machine with this software; the seconds and the storage's bytes are this
-  machine's (its virtual disk is served by a host cache below the guest: "cold" reads here come at 1-2 GB/s).
+- The counts are exact and the same on any machine with this software; the seconds and the storage's bytes are not.
 
 Usage: <python> -m benchmarks.restart_io [REPEATS] [launcher=L,L] [key=value ...]   (a Markdown table)
 """

@@ -20,62 +20,50 @@ Usage: .venv/bin/python -m benchmarks.anatomy [REPEATS] [key=value ...]   (print
 from __future__ import annotations
 
 import json
-import shutil
-import sys
-import tempfile
-from pathlib import Path
 
-from benchmarks.common import median, submitted
+from benchmarks.common import median, scratch, submitted, summary, words
 from restart_harness.schema import LOAD_CATEGORIES
 
 BASE = ["small", "dp=2", "iters=6", "save_interval=2", "after=1", "cache=drop"]
 CASES = [("anatomy=false", ["anatomy=false"]), ("anatomy=true", ["anatomy=true"]),
          ("trace=true", ["anatomy=true", "trace=true"])]
+KEYS = ("blocking", "durable", "load", "step")
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    repeats = int(args.pop(0)) if args and args[0].isdigit() else 3
+    repeats, _, args = words(3)
     base = BASE + args
-    results = Path(tempfile.mkdtemp(prefix="rh-bench-anatomy-"))
-    runs: dict[str, list[Path]] = {name: [] for name, _ in CASES}
-    for _ in range(repeats):
-        for name, extra in CASES:
-            runs[name].append(submitted([*base, *extra, f"results_dir={results}"]))
-    figures: dict[str, dict[str, float | None]] = {}
+    figures: dict[str, dict[str, list]] = {name: {k: [] for k in KEYS} for name, _ in CASES}
     digests: list[float] = []
     worst = 0.0
-    for name, dirs in runs.items():
-        blocking, durable, load, step = [], [], [], []
-        for d in dirs:
-            s = json.loads((d / "summary.json").read_text())
-            saves = s["checkpoint"]["saves"][1:] or s["checkpoint"]["saves"]
-            blocking += [x["blocking_seconds"] for x in saves]
-            durable += [x["durable_seconds"] for x in saves]
-            load.append(s["restart"]["phases"].get("checkpoint_load"))
-            step.append(s["training"]["step_seconds_median"])
-            lb = s["restart"].get("load_breakdown")
-            for r in (lb or {}).get("per_rank", []):
-                total = sum(r[f"{c}_seconds"] or 0.0 for c in LOAD_CATEGORIES)
-                worst = max(worst, abs(total - r["measured_seconds"]) / r["measured_seconds"])
-            for path in (d / "events" / "checkpoint").glob("rank-*.jsonl"):
-                digests += [e["seconds"] for e in map(json.loads, path.read_text().splitlines())
-                            if e["event"] == "digest"]
-        figures[name] = {"blocking": median(blocking), "durable": median(durable), "load": median(load),
-                         "step": median(step)}
-    ref = figures["anatomy=false"]
+    with scratch("rh-bench-anatomy-") as results:
+        for _ in range(repeats):
+            for name, extra in CASES:
+                d = submitted([*base, *extra, f"results_dir={results}"])
+                s, f = summary(d), figures[name]
+                saves = s["checkpoint"]["saves"][1:] or s["checkpoint"]["saves"]
+                f["blocking"] += [x["blocking_seconds"] for x in saves]
+                f["durable"] += [x["durable_seconds"] for x in saves]
+                f["load"].append(s["restart"]["phases"].get("checkpoint_load"))
+                f["step"].append(s["training"]["step_seconds_median"])
+                for r in (s["restart"].get("load_breakdown") or {}).get("per_rank", []):
+                    total = sum(r[f"{c}_seconds"] or 0.0 for c in LOAD_CATEGORIES)
+                    worst = max(worst, abs(total - r["measured_seconds"]) / r["measured_seconds"])
+                for path in (d / "events" / "checkpoint").glob("rank-*.jsonl"):
+                    digests += [e["seconds"] for e in map(json.loads, path.read_text().splitlines())
+                                if e["event"] == "digest"]
+    medians = {name: {k: median(v) for k, v in f.items()} for name, f in figures.items()}
+    ref = medians["anatomy=false"]
     print(f"`{' '.join(base)}`, {repeats} repeats per case, interleaved; medians (ratio to anatomy=false)\n")
     print("| case | save blocking s | save durable s | restart checkpoint_load s | training step s |")
     print("|---|---|---|---|---|")
-    for name, f in figures.items():
-        cells = [f"{f[k]:.3f} ({f[k] / ref[k]:.2f}x)" if f[k] and ref[k] else "-"
-                 for k in ("blocking", "durable", "load", "step")]
+    for name, f in medians.items():
+        cells = [f"{f[k]:.3f} ({f[k] / ref[k]:.2f}x)" if f[k] and ref[k] else "-" for k in KEYS]
         print(f"| {name} | " + " | ".join(cells) + " |")
     d = median(digests)
     print(f"\nverification digest: median {d:.4f} s per rank and save = {d / ref['blocking']:.1%} of the default "
           f"engine's median blocking save ({ref['blocking']:.3f} s), over {len(digests)} digests")
     print(f"breakdown vs measured checkpoint_load: largest difference {worst:.2%} over every rank of every restart")
-    shutil.rmtree(results, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -17,48 +17,36 @@ Usage: .venv/bin/python -m benchmarks.attribution_overhead [ROUNDS] [MODEL key=v
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, median_table, spread
+from benchmarks.common import median_table, restarted, rotated, spread, submitted, words
 
 MODES = ("off", "python", "native")
 PHASES = ("launcher", "imports", "dist_init", "model_build", "engine_init", "checkpoint_load", "first_step", "total")
 
 
-def cli(args: list[str]) -> Path:
-    proc = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), *args], check=True, capture_output=True,
-                          text=True, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    return Path(proc.stdout.strip().splitlines()[-1])
-
-
 def figures(restart: dict) -> dict[str, float]:
-    out = {"launcher": restart["launch_seconds"], **restart["phases"]}
-    out["total"] = restart["launch_seconds"] + restart["total_seconds"]
-    return out
+    return {"launcher": restart["launch_seconds"], **restart["phases"],
+            "total": restart["launch_seconds"] + restart["total_seconds"]}
 
 
 def main() -> None:
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    model = sys.argv[2:] or ["tiny", "dp=2"]
+    rounds, _, model = words(5)
+    model = model or ["tiny", "dp=2"]
     results = Path(tempfile.mkdtemp(prefix="rh-attribution-"))
-    run_dir = cli([*model, "launcher=local", "phase=checkpoint", f"results_dir={results}"])
-    order: list[str] = []
-    for n in range(rounds):
-        modes = MODES[n % len(MODES):] + MODES[:n % len(MODES)]
-        for mode in modes:
-            cli(["restart", f"run={run_dir}", f"attribution={mode}", "cache=warm", "env_cache=warm"])
-            order.append(mode)
-            print(f"round {n + 1}/{rounds}: {mode}", file=sys.stderr, flush=True)
-    restarts = json.loads((run_dir / "summary.json").read_text())["restarts"]
+    run_dir = submitted([*model, "launcher=local", "phase=checkpoint", f"results_dir={results}"],
+                        python=sys.executable)
     by_round: list[dict[str, dict[str, float]]] = [{} for _ in range(rounds)]
-    for i, (mode, r) in enumerate(zip(order, restarts, strict=True)):
-        by_round[i // len(MODES)][mode] = figures(r)
+    restarts = []
+    for n in range(rounds):
+        for mode in rotated(MODES, n):
+            restarts.append(restarted(run_dir, [f"attribution={mode}", "cache=warm", "env_cache=warm"],
+                                      python=sys.executable))
+            by_round[n][mode] = figures(restarts[-1])
+            print(f"round {n + 1}/{rounds}: {mode}", file=sys.stderr, flush=True)
     print(f"{' '.join(model)}, launcher=local; {rounds} rounds; machine load before each launch: "
           + ", ".join(f"{r['machine_load']['cpu_busy_fraction']:.0%}" for r in restarts if r.get("machine_load")))
     print()
@@ -70,7 +58,7 @@ def main() -> None:
 
     start = time.perf_counter()
     finalize.finalize(run_dir, state="complete")
-    print(f"\nfinalize of the run ({len(restarts)} restarts, {sum(1 for m in order if m != 'off')} sampled): "
+    print(f"\nfinalize of the run ({len(restarts)} restarts, {rounds * (len(MODES) - 1)} sampled): "
           f"{time.perf_counter() - start:.1f} s; samples.json of one sampled restart: "
           f"{(run_dir / 'profiles' / restarts[1]['record'] / 'samples.json').stat().st_size / 2**20:.1f} MiB"
           if len(restarts) > 1 and (run_dir / 'profiles' / restarts[1]['record']).exists() else "")

@@ -1,21 +1,38 @@
-"""What the benchmarks share: a run through `./submit-job.sh`, medians of what the repeats measured, a table of
-them, and the command line of those that measure into a folder and then evaluate it."""
+"""What the benchmarks share: their command line, a run through `./submit-job.sh` and restart-only re-runs of it, the
+rounds' order, and medians, spreads and tables of what the repeats measured."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def submitted(tokens: list[str], check: bool = True) -> Path | None:
-    """`./submit-job.sh TOKENS`: the run's folder (the last line it prints). A failed run ends the benchmark with its
-    error (check) or is said on stderr and is None: the rounds go on, and the tables leave it out."""
-    proc = subprocess.run([str(REPO / "submit-job.sh"), *tokens], capture_output=True, text=True, check=False)
+def words(default: int, *names: str, argv: list[str] | None = None) -> tuple[int, dict[str, str], list[str]]:
+    """`[N] [NAME=value ...] [word ...]`: N (a leading whole number, else default), the NAME=value words of names,
+    and the other words in order."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    n = int(args.pop(0)) if args and args[0].isdigit() else default
+    named = {k: v for k, eq, v in (a.partition("=") for a in args) if eq and k in names}
+    return n, named, [a for a in args if a.partition("=")[0] not in named]
+
+
+def submitted(tokens: list[str], check: bool = True, python: str | None = None, env: dict | None = None) -> Path | None:
+    """`./submit-job.sh TOKENS` (or config-n-run.py with python, the environment updated with env): the run's folder
+    (the last line it prints). A failed run ends the benchmark with its error (check) or is said on stderr and is
+    None: the rounds go on, and the tables leave it out."""
+    cmd = [python, str(REPO / "config-n-run.py")] if python else [str(REPO / "submit-job.sh")]
+    proc = subprocess.run([*cmd, *tokens], capture_output=True, text=True, check=False,
+                          env={**os.environ, **env} if env else None)
     if proc.returncode != 0:
         if check:
             sys.exit(f"{' '.join(tokens)} failed: {proc.stderr.strip()[-600:]}")
@@ -24,18 +41,58 @@ def submitted(tokens: list[str], check: bool = True) -> Path | None:
     return Path(proc.stdout.strip().splitlines()[-1])
 
 
+def summary(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def restarted(run: Path, keys: list[str], **how) -> dict:
+    """One restart-only re-run of run (`restart run=RUN KEYS`; how: submitted's python= and env=): its record."""
+    submitted(["restart", f"run={run}", *keys], **how)
+    return summary(run)["restart"]
+
+
+def rotated(items: list, n: int) -> list:
+    """Round n's order of items: rotated every round, so that none always follows another."""
+    return items[n % len(items):] + items[:n % len(items)]
+
+
+@contextlib.contextmanager
+def scratch(prefix: str) -> Iterator[Path]:
+    """A new temporary folder, removed with what is in it at the end."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def object_store(name: str, memory_mib: int) -> Iterator:
+    """A local RADOS Gateway (testbeds/ceph_s3.py, in /tmp/NAME-PID) with the bucket `bench`; its AWS_* settings go to
+    every run through the environment. Stopped at the end."""
+    from testbeds import ceph_s3
+
+    server = ceph_s3.start(Path(f"/tmp/{name}-{os.getpid()}"), memory_mib=memory_mib)
+    try:
+        server.create_bucket("bench")
+        os.environ.update(server.environment())
+        yield server
+    finally:
+        ceph_s3.stop(server.root)
+
+
 def median(values: list[float | None]) -> float | None:
     """The median of the values measured (None: not measured)."""
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
 
 
-def spread(values: list[float | None]) -> str:
-    """median (min-max) of the repeats' values."""
+def spread(values: list[float | None], form: str = ".2f", to: str = "-") -> str:
+    """median (min-max) of the repeats' values, each in form."""
     values = [v for v in values if v is not None]
     if not values:
         return "-"
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+    return f"{statistics.median(values):{form}} ({min(values):{form}}{to}{max(values):{form}})"
 
 
 def median_table(first: str, columns: tuple[str, ...], rows: dict[str, list[dict[str, float]]]) -> None:
@@ -50,9 +107,8 @@ def measure_then_evaluate(measure: Callable[[Path, int], None], evaluate: Callab
                           out: str) -> None:
     """`python -m benchmarks.X [REPEATS] [out=DIR] [reuse=true]`: measure REPEATS rounds into DIR (reuse=true: the
     runs already there), then evaluate them."""
-    args = sys.argv[1:]
-    repeats = int(args.pop(0)) if args and args[0].isdigit() else repeats
-    folder = Path(next((a.split("=", 1)[1] for a in args if a.startswith("out=")), out))
-    if "reuse=true" not in args:
+    repeats, named, _ = words(repeats, "out", "reuse")
+    folder = Path(named.get("out", out))
+    if named.get("reuse") != "true":
         measure(folder, repeats)
     evaluate(folder)

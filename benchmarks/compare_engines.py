@@ -2,36 +2,7 @@
 """Every checkpoint engine that runs here, side by side, against the storage's own limit as fio measures it (named
 compare_engines.py: a script named engines.py would shadow the engines package).
 
-Method
-- Engines: by default every engine (none, default, torchsnapshot, dcp on the FSDP2 stack with its own `fsdp2 none`,
-  fastpersist, decoupled, datastates, lazy) whose plug-in accepts this machine (its check() passes; those refused are
-  said, with the reason, in the header); `only=LABEL,...` names cases of CASES (variants too). A named case that
-  cannot run here is one line and exit 2, with why and which can.
-- Each case is one `./submit-job.sh small dp=2 engine=... iters=6 save_interval=2 after=1 cache=drop keep=false`
-  (extra key=value arguments override; keep=false deletes the checkpoint once the run's records are written), run
-  REPEATS times; cases interleaved per repeat so the machine's and the disk's drift hit all engines alike.
-- The ceiling, in each repeat before its engines: `./submit-job.sh baseline dir=RESULTS tool=fio` with as many ranks
-  as the run has (BASELINE_FILE_MIB a rank): the baseline (fio psync, write + fsync, cold read), the engine's own
-  shape (O_DIRECT in threads, 16 MiB x 4 a rank, then read buffered) and fio's grid (targets/_fs_probe.py FIO_GRID:
-  O_DIRECT, libaio, request sizes, queue depths and jobs spanning the engines' shapes; write with fsync at the end,
-  cold read), each repeated 3 times interleaved. Per direction the ceiling is the best median of them
-  (files/baseline.py ceiling(); its source is said). Where fio is missing, or cannot do direct I/O on the results'
-  file system (a 1 MiB O_DIRECT write tried first), one line says so and the built-in probe gives the ceiling,
-  marked as such in the header.
-- Per run, from summary.json: each save's blocking and durable seconds (the slowest rank; the first save of a run
-  dropped as warm-up where there are more), the run's medians; durable MiB/s = checkpoint bytes / durable seconds;
-  load MiB/s = the checkpoint's bytes / the restart's load seconds; storage read MiB/s = what all ranks read from
-  storage over the slowest rank's read seconds (docs/measurements.md#two-load-figures); training lost per save =
-  each save's window less its steps at engine=none's median step of the same repeat (fsdp2 cases: `fsdp2 none`'s;
-  docs/measurements.md#training-lost); host memory held while a flush runs (largest rank); the restart's storage
-  reads over the checkpoint's bytes. x ceiling: each run's figure over its own repeat's ceiling. Every cell: the
-  median over the repeats (min-max).
-- An efficiency above 1.0 is printed with what explains it (a load counting bytes shared through shared memory or a
-  broadcast once a rank, reads running on between the engine's loads, a buffered reader's read-ahead), or flagged
-  CEILING NOT MEASURED RIGHT where nothing does.
-- Targets: `targets=fs,s3` runs each case that can write to object storage a second time with
-  ckpt_dir=s3://bench/runs on a local Ceph RADOS Gateway (testbeds/ceph_s3.py); those rows' ceiling is the S3
-  baseline (PUT and GET with the engines' own client).
+Method: docs/benchmark-methods.md#compare_engines
 
 Usage: <python> -m benchmarks.compare_engines [REPEATS] [MODEL] [only=LABEL,...] [targets=fs,s3] [key=value ...]
        (default 3 small dp=2, every engine that runs here, on the file system; Markdown tables)
@@ -39,6 +10,7 @@ Usage: <python> -m benchmarks.compare_engines [REPEATS] [MODEL] [only=LABEL,...]
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -47,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import median, submitted
+from benchmarks.common import median, object_store, scratch, spread, submitted, summary, words
 
 CASES = [
     ("none", ["engine=none"]),
@@ -74,8 +46,7 @@ CASES = [
 # every engine, one case each (dcp on FSDP2, the stack it is made for, with that stack's own baseline step)
 EVERY_ENGINE = ("none", "default", "torchsnapshot", "fsdp2 none", "fsdp2 dcp", "fastpersist", "decoupled",
                 "datastates", "lazy")
-# keep=false: each run's checkpoint is deleted once its records are written (3 repeats of 4 `small` cases at
-# iters=10 kept 39 GB otherwise, more than this project's disk had free on 2026-11-27)
+# keep=false: each run's checkpoint is deleted once its records are written (the repeats' would fill the disk)
 BASE = ["dp=2", "iters=6", "save_interval=2", "after=1", "cache=drop", "keep=false"]
 BASELINE_FILE_MIB = 256
 S3_TARGET = "ckpt_dir=s3://bench/runs"
@@ -136,14 +107,12 @@ def ceiling_tool(where: Path) -> tuple[str, str]:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    repeats = int(args.pop(0)) if args and args[0].isdigit() else 3
+    repeats, named, args = words(3, "only", "targets")
     if repeats < 1:
         die(f"REPEATS {repeats}: accepted: a whole number of repeats, 1 or more")
     model = args.pop(0) if args and "=" not in args[0] else "small"
-    only = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("only=")), None)
-    targets = next((a.split("=", 1)[1].split(",") for a in args if a.startswith("targets=")), ["fs"])
-    args = [a for a in args if not a.startswith(("only=", "targets="))]
+    only = named["only"].split(",") if "only" in named else None
+    targets = named.get("targets", "fs").split(",")
     if set(targets) - {"fs", "s3"}:
         die(f"targets={','.join(targets)}: accepted fs, s3 (comma list)")
     given = {a.split("=", 1)[0] for a in args}
@@ -151,27 +120,10 @@ def main() -> None:
     cases, refused = choose(only, base)
     tool, how = ceiling_tool(Path(tempfile.gettempdir()))
     cases = cases if "fs" in targets else []
-    server = None
-    if "s3" in targets:
-        server = start_object_store()
-        cases += [(f"{n} s3", [*t, S3_TARGET]) for n, t in choose(only, base)[0] if not why_not([*t, S3_TARGET])]
-    try:
+    with object_store("rh-bench-s3", 6144) if "s3" in targets else contextlib.nullcontext():
+        if "s3" in targets:
+            cases += [(f"{n} s3", [*t, S3_TARGET]) for n, t in choose(only, base)[0] if not why_not([*t, S3_TARGET])]
         measure(cases, base, repeats, targets, (tool, how, refused))
-    finally:
-        if server is not None:
-            from testbeds import ceph_s3
-
-            ceph_s3.stop(server.root)
-
-
-def start_object_store():
-    """A local RADOS Gateway for the s3 rows; its AWS_* settings go to every run through the environment."""
-    from testbeds import ceph_s3
-
-    server = ceph_s3.start(Path(f"/tmp/rh-bench-s3-{os.getpid()}"), memory_mib=6144)
-    server.create_bucket("bench")
-    os.environ.update(server.environment())
-    return server
 
 
 def baseline(results: Path | str, ranks: int, tool: str) -> dict:
@@ -189,21 +141,20 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
 
     tool = how[0]
     world = parse_args(base).world_size
-    results = Path(tempfile.mkdtemp(prefix="rh-bench-engines-"))
     collected: dict[str, list[dict | None]] = {name: [] for name, _ in cases}
     storage: dict[str, list[dict]] = {t: [] for t in targets}
     loads = []  # the 1-minute load average before and after each repeat
-    for r in range(repeats):
-        loads.append(os.getloadavg()[0])
-        for target in targets:
-            storage[target].append(baseline(results if target == "fs" else "s3://bench/probe", world,
-                                            tool if target == "fs" else "auto"))
-        for name, tokens in cases:
-            print(f"repeat {r + 1}/{repeats}: {name}", file=sys.stderr, flush=True)
-            run = submitted([*tokens, f"results_dir={results}"], check=False)  # a failed run: said, left out
-            collected[name].append(json.loads((run / "summary.json").read_text()) if run else None)
-        loads.append(os.getloadavg()[0])
-    shutil.rmtree(results, ignore_errors=True)
+    with scratch("rh-bench-engines-") as results:
+        for r in range(repeats):
+            loads.append(os.getloadavg()[0])
+            for target in targets:
+                storage[target].append(baseline(results if target == "fs" else "s3://bench/probe", world,
+                                                tool if target == "fs" else "auto"))
+            for name, tokens in cases:
+                print(f"repeat {r + 1}/{repeats}: {name}", file=sys.stderr, flush=True)
+                run = submitted([*tokens, f"results_dir={results}"], check=False)  # a failed run: said, left out
+                collected[name].append(summary(run) if run else None)
+            loads.append(os.getloadavg()[0])
     ceilings = {t: [b.get("ceiling") or {"write_mib_s": b["write_mib_s"], "read_mib_s": b["read_mib_s"],
                                          "write_from": "baseline", "read_from": "baseline"} for b in storage[t]]
                 for t in targets}
@@ -241,12 +192,9 @@ def _header(base: list[str], repeats: int, world: int, how: tuple[str, str, dict
 
 
 def _ceiling_words(ceilings: list[dict]) -> str:
-    out = []
-    for way in ("write", "read"):
-        values = [c[f"{way}_mib_s"] for c in ceilings]
-        out.append(f"{way} {median(values):,.0f} MiB/s ({min(values):,.0f}-{max(values):,.0f}; from "
-                   f"{' and '.join(sorted({c[f'{way}_from'] for c in ceilings}))})")
-    return ", ".join(out)
+    return ", ".join(f"{way} {median(v):,.0f} MiB/s ({min(v):,.0f}-{max(v):,.0f}; from "
+                     f"{' and '.join(sorted({c[f'{way}_from'] for c in ceilings}))})"
+                     for way in ("write", "read") for v in [[c[f"{way}_mib_s"] for c in ceilings]])
 
 
 def _kept(summary: dict) -> list[dict]:
@@ -298,11 +246,8 @@ def _row(summaries: list[dict], ceilings: list[dict], none_steps: list[float | N
 
 def cell(values: list[float | None], digits: int = 3) -> str:
     """median (min-max) over the repeats, or - where nothing was measured."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    m, lo, hi = median(values), min(values), max(values)
-    return f"{m:,.{digits}f}" + (f" ({lo:,.{digits}f}-{hi:,.{digits}f})" if len(values) > 1 else "")
+    known = [v for v in values if v is not None]
+    return spread(known, f",.{digits}f") if len(known) > 1 else f"{known[0]:,.{digits}f}" if known else "-"
 
 
 def efficiency(values: list[float | None], why: str | None) -> str:
@@ -325,21 +270,20 @@ def _why_above(r: dict, figure: str) -> str | None:
     return None
 
 
+COLUMNS = (("checkpoint MiB", "mib", 1), ("blocking s", "blocking", 3), ("durable s", "durable", 3),
+           ("durable MiB/s", "durable_mib_s", 0), ("x ceiling write", "x_write", 2), ("load MiB/s", "load_mib_s", 0),
+           ("x ceiling read (load)", "x_load", 2), ("storage read MiB/s", "storage_read_mib_s", 0),
+           ("x ceiling read (storage)", "x_storage_read", 2), ("training lost per save s (vs none)", "lost", 3),
+           ("host memory held MiB", "held_mib", 1), ("held x rank's checkpoint", "held_x_rank", 3),
+           ("restart reads x checkpoint", "reads_x", 2))
+
+
 def _main_table(rows: dict[str, dict]) -> None:
-    columns = ("engine", "checkpoint MiB", "blocking s", "durable s", "durable MiB/s", "x ceiling write",
-               "load MiB/s", "x ceiling read (load)", "storage read MiB/s", "x ceiling read (storage)",
-               "training lost per save s (vs none)", "host memory held MiB", "held x rank's checkpoint",
-               "restart reads x checkpoint")
-    print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    print("| engine | " + " | ".join(c for c, _, _ in COLUMNS) + " |\n|" + "---|" * (len(COLUMNS) + 1))
     for name, r in rows.items():
-        if not r:
-            continue
-        cells = [cell(r["mib"], 1), cell(r["blocking"]), cell(r["durable"]), cell(r["durable_mib_s"], 0),
-                 efficiency(r["x_write"], _why_above(r, "x_write")), cell(r["load_mib_s"], 0),
-                 efficiency(r["x_load"], _why_above(r, "x_load")), cell(r["storage_read_mib_s"], 0),
-                 efficiency(r["x_storage_read"], _why_above(r, "x_storage_read")), cell(r["lost"]),
-                 cell(r["held_mib"], 1), cell(r["held_x_rank"], 3), cell(r["reads_x"], 2)]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+        if r:
+            print(f"| {name} | " + " | ".join(efficiency(r[k], _why_above(r, k)) if k.startswith("x_") else cell(r[k], d)
+                                              for _, k, d in COLUMNS) + " |")
 
 
 RANKED = (("blocking", "blocking s", False), ("durable_mib_s", "durable MiB/s", True),
@@ -381,17 +325,14 @@ def _grid_table(ceilings: list[dict]) -> None:
 
 def _reads(rows: dict[str, dict], collected: dict[str, list[dict]]) -> None:
     """How each engine that says so read at restart, and each replicated file's load (engine=lazy)."""
-    ways = {n: sorted({f"{w['way']}: {w['why']}" for s in collected[n]
-                       if s and (w := ((s.get("restart") or {}).get("engine_load_statistics") or {}).get("read_io"))})
-            for n in rows}
+    stats = {n: [(s.get("restart") or {}).get("engine_load_statistics") or {} for s in collected[n] if s] for n in rows}
     print("\nHow the restarts read (restart.engine_load_statistics):\n")
-    for name, said in ways.items():
-        if said:
+    for name, st in stats.items():
+        if said := sorted({f"{w['way']}: {w['why']}" for x in st if (w := x.get("read_io"))}):
             print(f"- {name}: {'; '.join(said)}")
-    for name in rows:
-        for s in filter(None, collected[name]):
-            for x in ((s.get("restart") or {}).get("engine_load_statistics") or {}).get("replicated") or []:
-                print(f"- {name}: {x['file']} {x['way']} in {x['seconds']:.3f} s ({x['why']})")
+    for name, st in stats.items():
+        for x in (r for stat in st for r in stat.get("replicated") or []):
+            print(f"- {name}: {x['file']} {x['way']} in {x['seconds']:.3f} s ({x['why']})")
 
 
 if __name__ == "__main__":

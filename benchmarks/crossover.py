@@ -1,37 +1,7 @@
 #!/usr/bin/env python3
 """The crossover checked against runs (issue 55 item 3; docs/prediction.md#the-crossover).
 
-The crossover is the checkpoint size from which the predicted checkpoint load is the largest restart phase (the
-launcher's seconds included), along the family of a run: the run with its model's size changed. This benchmark runs
-members of two families at sizes on both sides of their predicted crossover and compares.
-
-Method
-- Families (FAMILIES): `real`: DeepSpeed, default engine, one rank, seq_len=16 micro_batch=1 grad_accum=1 (every
-  member has the same tokens per step, as the family assumes), at `tiny`, `small` and `1B shrink=2` (3.4 MB, 0.79
-  GB, 5.2 GB of checkpoint); `emulated`: emulate=true (real file sizes, no model), default engine, one rank, at
-  `1B shrink=8`, `1B shrink=4`, `3B shrink=4` and `70B shrink=16` (0.31 to 3.6 GiB: an emulated rank builds a
-  file's state twice in memory, and the largest file of a one-rank 4.9 GiB checkpoint needed 8.4 GiB where the
-  shared machine left 7). Every run `iters=2 save_interval=2 after=1 cache=drop keep=false` (one save; the restart
-  reads it cold; the checkpoint deleted once summarized: one on disk at a time, at most 5.3 GB).
-- REPEATS rounds (default 1), each running every case once, the two families interleaved, so that the machine's
-  drift (other sessions share its 2 cores) hits both alike.
-- Each run predicts itself before launch (prediction.json: the default calibration, the run's own storage baseline)
-  and its summary sets each phase beside what it measured, with the crossover and the run's side of it
-  (results/prediction.py). Per run: checkpoint bytes, the predicted and measured checkpoint_load seconds and their
-  error (predicted - measured) / measured, the largest restart phase predicted and measured at the run's size, and
-  whether they agree on the side (is the load the largest or not). The machine's 1-minute load average at the
-  checkpoint phase's launch and at the restart's is beside each run.
-- Per family: the predicted crossover (from the prediction of each run; the median over the family's runs, and
-  their range), and a crossover estimated from the measurements alone: each restart phase's measured seconds (the
-  median over repeats per case) fitted, by least squares over the family's sizes, as a + b x checkpoint bytes (for
-  the load: its fixed part and its measured bandwidth 1/b; for the start-up phases: their fixed part and any growth
-  with the model), then the smallest size in 1 MiB - 1 PiB at which the load's line is above every other line (the
-  same definition as the prediction's, on measured lines). Error of the crossover: (predicted - estimated) /
-  estimated.
-- Leave one out, per family: the lines fitted on the other sizes only (at least two) give a crossover, the load's
-  seconds at the held-out size and whether the load is the largest there; set beside what that size measured. This
-  checks the crossover's reasoning (fixed start-up, load growing with bytes) on measured inputs, whatever the
-  machine's speed at the time; the first table checks the calibration's own figures, which a busy machine slows.
+Method: docs/benchmark-methods.md#crossover
 
 Usage: <python> -m benchmarks.crossover [REPEATS] [out=DIR] [reuse=true]
        (default 1 round into /tmp/rh-crossover-bench; reuse=true: no runs, evaluate those already there)
@@ -45,7 +15,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.common import measure_then_evaluate, submitted
+from benchmarks.common import measure_then_evaluate, submitted, summary
 
 GIB, MIB = 1 << 30, 1 << 20
 LOAD = "restart_checkpoint_load_seconds"
@@ -74,26 +44,30 @@ def measure(out: Path, repeats: int) -> None:
 
 
 def observed(run_dir: Path) -> dict:
-    summary = json.loads((run_dir / "summary.json").read_text())
-    p = summary["prediction"]
-    c = p["crossover"]
+    s = summary(run_dir)
+    p = s["prediction"]
     phases = {k: v for k, v in p["phases"].items() if k.startswith("restart_") and "total" not in k
               and v.get("predicted") is not None}
-    restart = next(r for r in summary["restarts"] if r["record"] == "restart-01")
-    return {"bytes": summary["checkpoint"]["bytes"], "predicted": {k: v["predicted"] for k, v in phases.items()},
-            "measured": {k: v["measured"] for k, v in phases.items()}, "crossover": c,
-            "load_avg": ((summary["checkpoint"].get("machine_load") or {}).get("loadavg_1min"),
+    restart = next(r for r in s["restarts"] if r["record"] == "restart-01")
+    return {"bytes": s["checkpoint"]["bytes"], "predicted": {k: v["predicted"] for k, v in phases.items()},
+            "measured": {k: v["measured"] for k, v in phases.items()}, "crossover": p["crossover"],
+            "load_avg": ((s["checkpoint"].get("machine_load") or {}).get("loadavg_1min"),
                          (restart.get("machine_load") or {}).get("loadavg_1min")),
-            "read_mib_s": (summary.get("baseline") or {}).get("read_mib_s"), "run": run_dir.name}
+            "read_mib_s": (s.get("baseline") or {}).get("read_mib_s"), "run": run_dir.name}
 
 
 def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least-squares a + b x (a line through one point where there is one size)."""
     if len(set(xs)) < 2:
         return statistics.mean(ys), 0.0
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-    return my - b * mx, b
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return intercept, slope
+
+
+def fitted(by_case: dict[str, tuple[float, dict[str, float]]]) -> dict[str, tuple[float, float]]:
+    """Each phase's line a + b x checkpoint bytes, fitted on the cases' medians (_medians)."""
+    sizes = [size for size, _ in by_case.values()]
+    return {p: line_fit(sizes, [m[p] for _, m in by_case.values()]) for p in next(iter(by_case.values()))[1]}
 
 
 def first_above(lines: dict[str, tuple[float, float]], low: float, high: float) -> tuple[float | None, str | None]:
@@ -122,6 +96,10 @@ def gib(b: float | None) -> str:
     return "-" if b is None else f"{b / GIB:,.3f}"
 
 
+def largest(seconds: dict[str, float]) -> str:
+    return max(seconds, key=seconds.get)
+
+
 def evaluate(out: Path) -> None:
     cases = json.loads((out / "cases.json").read_text())
     runs = [(fam, name, observed(Path(d))) for d, (fam, name) in cases.items() if (Path(d) / "summary.json").exists()]
@@ -130,57 +108,47 @@ def evaluate(out: Path) -> None:
     print("|---|---|---:|---:|---:|---:|---|---|---|---|---|")
     for fam, name, o in sorted(runs, key=lambda x: (list(FAMILIES).index(x[0]), x[2]["bytes"], x[2]["run"])):
         pl, ml = o["predicted"][LOAD], o["measured"][LOAD]
-        largest_p = max(o["predicted"], key=o["predicted"].get)
-        largest_m = max(o["measured"], key=o["measured"].get)
-        agrees = (largest_p == LOAD) == (largest_m == LOAD)
+        largest_p, largest_m = largest(o["predicted"]), largest(o["measured"])
         print(f"| {fam} | {name} | {gib(o['bytes'])} | {pl:.3f} | {ml:.3f} | {(pl - ml) / ml:+.0%} | "
-              f"{short(largest_p)} | {short(largest_m)} | {'yes' if agrees else 'NO'} | "
+              f"{short(largest_p)} | {short(largest_m)} | "
+              f"{'yes' if (largest_p == LOAD) == (largest_m == LOAD) else 'NO'} | "
               f"{o['load_avg'][0]}, {o['load_avg'][1]} | {o['run']} |")
-    print()
-    print("| family | runs | predicted crossover GiB (median; range over runs) | overtaking (predicted) | "
+    by_fam = {fam: _medians([(name, o) for f, name, o in runs if f == fam]) for fam in FAMILIES}
+    print("\n| family | runs | predicted crossover GiB (median; range over runs) | overtaking (predicted) | "
           "estimated from measurements GiB | overtaking (measured) | crossover error | measured load bandwidth "
           "MiB/s (baseline read MiB/s) | sides agreeing |")
     print("|---|---:|---|---|---:|---|---:|---|---:|")
-    for fam in FAMILIES:
+    for fam, by_case in by_fam.items():
         mine = [o for f, _, o in runs if f == fam]
         if not mine:
             continue
-        predicted = [o["crossover"]["crossover_checkpoint_bytes"] for o in mine]
-        crossing = [b for b in predicted if b]
+        crossing = [b for o in mine if (b := o["crossover"]["crossover_checkpoint_bytes"])]
         overtakes = {short(o["crossover"].get("overtakes")) for o in mine if o["crossover"].get("overtakes")}
-        by_case = _medians([(name, o) for f, name, o in runs if f == fam])
-        lines = {p: line_fit([v[0] for v in by_case.values()], [v[1][p] for v in by_case.values()])
-                 for p in mine[0]["measured"]}
+        lines = fitted(by_case)
         estimate, passed = first_above(lines, *RANGE)
         median = statistics.median(crossing) if crossing else None
         error = f"{(median - estimate) / estimate:+.0%}" if median and estimate else "-"
-        slope = lines[LOAD][1]
-        bandwidth = f"{1 / slope / MIB:,.0f}" if slope > 0 else "-"
+        bandwidth = f"{1 / lines[LOAD][1] / MIB:,.0f}" if lines[LOAD][1] > 0 else "-"
         reads = sorted({round(o["read_mib_s"]) for o in mine if o["read_mib_s"]})
-        agree = sum((max(o["predicted"], key=o["predicted"].get) == LOAD) ==
-                    (max(o["measured"], key=o["measured"].get) == LOAD) for o in mine)
+        agree = sum((largest(o["predicted"]) == LOAD) == (largest(o["measured"]) == LOAD) for o in mine)
         spread = f" ({gib(min(crossing))} - {gib(max(crossing))})" if len(crossing) > 1 else ""
         print(f"| {fam} | {len(mine)} | {gib(median)}{spread} | {', '.join(sorted(overtakes)) or '-'} | "
               f"{gib(estimate)} | {short(passed)} | {error} | {bandwidth} ({', '.join(map(str, reads))}) | "
               f"{agree}/{len(mine)} |")
-    print()
-    print("| family | case held out | checkpoint GiB | crossover from the other sizes' lines GiB | load predicted s | "
+    print("\n| family | case held out | checkpoint GiB | crossover from the other sizes' lines GiB | load predicted s | "
           "load measured s | load error | load largest predicted | measured | side agrees |")
     print("|---|---|---:|---:|---:|---:|---:|---|---|---|")
-    for fam in FAMILIES:
-        by_case = _medians([(name, o) for f, name, o in runs if f == fam])
+    for fam, by_case in by_fam.items():
         for held, (size, measured) in by_case.items():
             others = {n: v for n, v in by_case.items() if n != held}
             if len(others) < 2:
                 continue
-            lines = {p: line_fit([v[0] for v in others.values()], [v[1][p] for v in others.values()])
-                     for p in measured}
+            lines = fitted(others)
             at = {p: a + b * size for p, (a, b) in lines.items()}
-            estimate, _ = first_above(lines, *RANGE)
-            said, seen = max(at, key=at.get) == LOAD, max(measured, key=measured.get) == LOAD
-            print(f"| {fam} | {held} | {gib(size)} | {gib(estimate)} | {at[LOAD]:.3f} | {measured[LOAD]:.3f} | "
-                  f"{(at[LOAD] - measured[LOAD]) / measured[LOAD]:+.0%} | {'yes' if said else 'no'} | "
-                  f"{'yes' if seen else 'no'} | {'yes' if said == seen else 'NO'} |")
+            said, seen = largest(at) == LOAD, largest(measured) == LOAD
+            print(f"| {fam} | {held} | {gib(size)} | {gib(first_above(lines, *RANGE)[0])} | {at[LOAD]:.3f} | "
+                  f"{measured[LOAD]:.3f} | {(at[LOAD] - measured[LOAD]) / measured[LOAD]:+.0%} | "
+                  f"{'yes' if said else 'no'} | {'yes' if seen else 'no'} | {'yes' if said == seen else 'NO'} |")
     print(f"\nmachine: {os.cpu_count()} CPUs; load average now {os.getloadavg()[0]:.1f}")
 
 

@@ -17,13 +17,11 @@ Usage: .venv/bin/python -m benchmarks.emulation [compare [REPEATS]] | large MODE
 from __future__ import annotations
 
 import json
-import shutil
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
-from benchmarks.common import submitted
+from benchmarks.common import scratch, submitted, summary
 
 MIB = 1 << 20
 CASES = {"tiny dp=2": ["tiny", "dp=2"], "tiny tp=2 pp=2": ["tiny", "tp=2", "pp=2"],
@@ -31,24 +29,18 @@ CASES = {"tiny dp=2": ["tiny", "dp=2"], "tiny tp=2 pp=2": ["tiny", "tp=2", "pp=2
 COMMON = ["iters=2", "save_interval=2", "after=1", "cache=drop"]
 
 
-def run(tokens: list[str], results: Path) -> tuple[Path, dict]:
-    run_dir = submitted([*tokens, f"results_dir={results}"])
-    return run_dir, json.loads((run_dir / "summary.json").read_text())
-
-
 def inventory(run_dir: Path) -> dict[str, dict]:
     return {f["path"]: f for f in json.loads((run_dir / "inventory.json").read_text())["files"]}
 
 
-def compare(repeats: int) -> None:
-    results = Path(tempfile.mkdtemp(prefix="rh-bench-emulation-"))
+def compare(repeats: int, results: Path) -> None:
     rows = []
     for name, tokens in CASES.items():
-        real_load, emu_load, real_mib, emu_mib = [], [], [], []
+        figures: dict[str, list[float]] = {"rl": [], "el": [], "rm": [], "em": []}
         worst_bytes, worst_pct, same_names = 0, 0.0, True
         for _ in range(repeats):
-            real_dir, real = run(tokens + COMMON, results)
-            emu_dir, emu = run(tokens + COMMON + ["emulate=true"], results)
+            real_dir = submitted([*tokens, *COMMON, f"results_dir={results}"])
+            emu_dir = submitted([*tokens, *COMMON, "emulate=true", f"results_dir={results}"])
             a, b = inventory(real_dir), inventory(emu_dir)
             same_names &= sorted(a) == sorted(b) and all((a[p]["kind"], a[p]["rank"]) == (b[p]["kind"], b[p]["rank"])
                                                          for p in a if p in b)
@@ -56,12 +48,11 @@ def compare(repeats: int) -> None:
                 diff = abs(a[p]["bytes"] - b[p]["bytes"])
                 worst_bytes = max(worst_bytes, diff)
                 worst_pct = max(worst_pct, 100 * diff / a[p]["bytes"])
-            real_load.append(real["restart"]["phases"]["checkpoint_load"])
-            emu_load.append(emu["restart"]["phases"]["checkpoint_load"])
-            real_mib.append(real["restart"]["load_throughput_mib_s"])
-            emu_mib.append(emu["restart"]["load_throughput_mib_s"])
-        m = {k: statistics.median(v) for k, v in (("rl", real_load), ("el", emu_load), ("rm", real_mib),
-                                                   ("em", emu_mib))}
+            for kind, run_dir in (("r", real_dir), ("e", emu_dir)):
+                restart = summary(run_dir)["restart"]
+                figures[f"{kind}l"].append(restart["phases"]["checkpoint_load"])
+                figures[f"{kind}m"].append(restart["load_throughput_mib_s"])
+        m = {k: statistics.median(v) for k, v in figures.items()}
         rows.append(f"| {name} | {'yes' if same_names else 'NO'} | {worst_bytes} ({worst_pct:.3f}%) | {m['rl']:.3f} | "
                     f"{m['el']:.3f} | {m['rm']:,.0f} | {m['em']:,.0f} | {m['em'] / m['rm']:.2f} |")
     print(f"{repeats} repeats per case, real and emulated interleaved; medians; default engine, "
@@ -70,41 +61,39 @@ def compare(repeats: int) -> None:
           "emulated checkpoint_load s | real load MiB/s | emulated load MiB/s | emulated / real |")
     print("|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
-    shutil.rmtree(results, ignore_errors=True)
 
 
-def large(tokens: list[str]) -> None:
-    results = Path(tempfile.mkdtemp(prefix="rh-bench-emulation-large-"))
-    try:
-        run_dir, s = run([*tokens, "emulate=true", "cache=drop", "iters=1", "save_interval=1"], results)
-        ck, rs = s["checkpoint"], s["restart"]
-        save = ck["saves"][-1]
-        waves = next(e["waves"] for line in (run_dir / "events" / "checkpoint" / "rank-00000.jsonl").read_text()
-                     .splitlines() for e in [json.loads(line)] if e["event"] == "save")
-        read = sum(r["read_bytes"] for r in rs["load_breakdown"]["per_rank"])
-        load = rs["phases"]["checkpoint_load"]
-        peak = max(v["peak_rss_bytes_max"] for v in rs["memory"].values())
-        print(f"`{' '.join(tokens)} emulate=true cache=drop`: {ck['files']} files, {ck['bytes'] / 2**30:.2f} GiB, "
-              f"{s['spec']['derived']['world_size']} ranks in {waves} wave(s) of emulate_memory_gib="
-              f"{s['spec']['emulate_memory_gib']}")
-        t = save["throughput_mib_s"]
-        print(f"save: per rank in its wave: blocking {save['blocking_seconds']:.1f} s ({t['blocking']:,.0f} MiB/s), "
-              f"durable {save['durable_seconds']:.1f} s ({t['durable']:,.0f} MiB/s); whole checkpoint, all waves: "
-              f"committed after {save['commit_seconds']:.1f} s ({t['commit']:,.0f} MiB/s)")
-        print(f"restart ({rs['cache']['observed']}): checkpoint_load {load:.1f} s, {read / 2**30:.2f} GiB read "
-              f"({read / MIB / load:,.0f} MiB/s over the phase), engine load calls {rs['load_seconds']:.1f} s "
-              f"({rs['load_throughput_mib_s']:,.0f} MiB/s); verified {rs['verified']} "
-              f"({rs['verified_tensors']} tensors); peak RSS {peak / 2**30:.2f} GiB per rank")
-    finally:
-        shutil.rmtree(results, ignore_errors=True)
+def large(tokens: list[str], results: Path) -> None:
+    run_dir = submitted([*tokens, "emulate=true", "cache=drop", "iters=1", "save_interval=1", f"results_dir={results}"])
+    s = summary(run_dir)
+    ck, rs = s["checkpoint"], s["restart"]
+    save = ck["saves"][-1]
+    waves = next(e["waves"] for line in (run_dir / "events" / "checkpoint" / "rank-00000.jsonl").read_text()
+                 .splitlines() for e in [json.loads(line)] if e["event"] == "save")
+    read = sum(r["read_bytes"] for r in rs["load_breakdown"]["per_rank"])
+    load = rs["phases"]["checkpoint_load"]
+    peak = max(v["peak_rss_bytes_max"] for v in rs["memory"].values())
+    print(f"`{' '.join(tokens)} emulate=true cache=drop`: {ck['files']} files, {ck['bytes'] / 2**30:.2f} GiB, "
+          f"{s['spec']['derived']['world_size']} ranks in {waves} wave(s) of emulate_memory_gib="
+          f"{s['spec']['emulate_memory_gib']}")
+    t = save["throughput_mib_s"]
+    print(f"save: per rank in its wave: blocking {save['blocking_seconds']:.1f} s ({t['blocking']:,.0f} MiB/s), "
+          f"durable {save['durable_seconds']:.1f} s ({t['durable']:,.0f} MiB/s); whole checkpoint, all waves: "
+          f"committed after {save['commit_seconds']:.1f} s ({t['commit']:,.0f} MiB/s)")
+    print(f"restart ({rs['cache']['observed']}): checkpoint_load {load:.1f} s, {read / 2**30:.2f} GiB read "
+          f"({read / MIB / load:,.0f} MiB/s over the phase), engine load calls {rs['load_seconds']:.1f} s "
+          f"({rs['load_throughput_mib_s']:,.0f} MiB/s); verified {rs['verified']} "
+          f"({rs['verified_tensors']} tensors); peak RSS {peak / 2**30:.2f} GiB per rank")
 
 
 def main() -> None:
     args = sys.argv[1:]
-    if args and args[0] == "large":
-        large(args[1:])
-    else:
-        compare(int(args[1]) if len(args) > 1 else 3)
+    large_ = bool(args) and args[0] == "large"
+    with scratch("rh-bench-emulation-large-" if large_ else "rh-bench-emulation-") as results:
+        if large_:
+            large(args[1:], results)
+        else:
+            compare(int(args[1]) if len(args) > 1 else 3, results)
 
 
 if __name__ == "__main__":

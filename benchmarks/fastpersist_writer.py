@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.common import REPO
 from restart_harness.files.cache_dir import extensions_dir
 
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))  # the harness's built ops
@@ -43,13 +43,9 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))  # the harn
 def payloads(size_mib: int) -> dict:
     import torch
 
-    d = 1024
-    layer = {}
-    i = 0
-    total = 0
+    d, layer, i, total = 1024, {}, 0, 0
     while total < size_mib * 2**20:
-        shapes = [(d, d)] * 4 + [(d, 4 * d)] * 3 + [(d,)] * 2
-        for j, shape in enumerate(shapes):
+        for j, shape in enumerate([(d, d)] * 4 + [(d, 4 * d)] * 3 + [(d,)] * 2):
             for dtype, kind in ((torch.bfloat16, "weight"), (torch.float32, "exp_avg")):
                 t = torch.randn(shape, dtype=dtype)
                 layer[f"layers.{i}.{j}.{kind}"] = t
@@ -78,11 +74,8 @@ def torch_save(obj, path: Path) -> None:
     import torch
 
     torch.save(obj, path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
 
 
 def fastpersist_save(factory, obj, path: Path) -> None:
@@ -117,9 +110,9 @@ def main(repeats: int = 5, size_mib: int = 512) -> None:
     for r in range(repeats):
         for name, obj in data.items():
             path = folder / f"{name}.pt"
-            figures.setdefault(("dd", name), []).append(timed(path, dd, path, size_mib))
-            figures.setdefault(("torch.save", name), []).append(timed(path, torch_save, obj, path))
-            figures.setdefault(("fastpersist", name), []).append(timed(path, fastpersist_save, factory, obj, path))
+            for way, fn, args in (("dd", dd, (path, size_mib)), ("torch.save", torch_save, (obj, path)),
+                                  ("fastpersist", fastpersist_save, (factory, obj, path))):
+                figures.setdefault((way, name), []).append(timed(path, fn, *args))
         print(f"repeat {r + 1}/{repeats} done", file=sys.stderr)
     folder.rmdir()
     med = {k: statistics.median(v) for k, v in figures.items()}

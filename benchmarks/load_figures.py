@@ -4,9 +4,8 @@ local S3 gateway (issue 29).
 
 Method
 - Checkpoint: `./submit-job.sh MODEL dp=2 stack=fsdp2 iters=2 save_interval=2 after=1 baseline=false` (default
-  MODEL small: a 363 MiB checkpoint), once per target and repeat: on the results folder's file system, and with
-  ckpt_dir=s3://bench/runs on a single-node Ceph RADOS Gateway this script starts (objects in memory,
-  testbeds/ceph_s3.py) and stops.
+  MODEL small), once per target and repeat: on the results folder's file system, and with ckpt_dir=s3://bench/runs on
+  a single-node Ceph RADOS Gateway this script starts (objects in memory, testbeds/ceph_s3.py) and stops.
 - The harness's figures, from that run's restart (restart-01, in fresh processes, page cache dropped):
   `load_throughput_mib_s`: checkpoint bytes over the slowest rank's seconds inside the engine's load (what the
   restart waited for: DCP's planning collectives, reads, deserialization, copies into the shards);
@@ -27,14 +26,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 # ---- the plain load, one torchrun rank ------------------------------------------------------------------------------
@@ -50,16 +47,14 @@ def plain(checkpoint: str, out: str) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
-    if checkpoint.startswith("s3://"):
+
+    def reader():
+        if not checkpoint.startswith("s3://"):
+            return FileSystemReader(checkpoint)
         from s3torchconnector import S3ClientConfig
         from s3torchconnector.dcp import S3StorageReader
 
-        def reader():
-            return S3StorageReader(os.environ["AWS_REGION"], checkpoint,
-                                   s3client_config=S3ClientConfig(force_path_style=True))
-    else:
-        def reader():
-            return FileSystemReader(checkpoint)
+        return S3StorageReader(os.environ["AWS_REGION"], checkpoint, s3client_config=S3ClientConfig(force_path_style=True))
 
     template = {}
     for key, meta in reader().read_metadata().state_dict_metadata.items():
@@ -91,72 +86,61 @@ def _drop_caches() -> None:
         pass  # not root: the harness's restart reports what it observed; the plain load may be warm
 
 
-def _run(args: list[str], results: Path, env: dict) -> Path:
-    proc = subprocess.run([sys.executable, str(REPO / "config-n-run.py"), *args, f"results_dir={results}"],
-                          capture_output=True, text=True, env=env, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(args)} failed:\n{proc.stderr[-3000:]}")
-    return Path(proc.stdout.strip().splitlines()[-1])
-
-
-def _plain(checkpoint: str, env: dict, scratch: Path) -> float:
-    out = scratch / f"plain-{time.time_ns()}"
+def _plain(checkpoint: str, folder: Path) -> float:
+    out = folder / f"plain-{time.time_ns()}"
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29611",
-                    __file__, "plain", checkpoint, str(out)], check=True, env={**env, "OMP_NUM_THREADS": "1"},
+                    __file__, "plain", checkpoint, str(out)], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
                    capture_output=True, text=True)
     return max(json.loads(Path(f"{out}.{r}").read_text())["seconds"] for r in range(2))
 
 
-def main(repeats: int, model: str) -> None:
-    from testbeds import ceph_s3
+def _measure(target: str, model: str, folder: Path) -> dict:
+    """One run on target, then the plain load of its checkpoint (on S3: the checkpoint deleted after)."""
+    from benchmarks.common import submitted, summary  # lazily: torchrun runs this file as a script (plain)
 
-    scratch = Path(tempfile.mkdtemp(prefix="rh-load-figures-"))
-    server_dir = Path(f"/tmp/rh-bench-s3-{os.getpid()}")
-    s3 = ceph_s3.start(server_dir, memory_mib=4096)
-    s3.create_bucket("bench")
-    env = {**os.environ, **s3.environment(), "PYTHONUNBUFFERED": "1"}
-    base = [model, "dp=2", "stack=fsdp2", "iters=2", "save_interval=2", "after=1", "baseline=false"]
+    run_dir = submitted([model, "dp=2", "stack=fsdp2", "iters=2", "save_interval=2", "after=1", "baseline=false",
+                         *(["ckpt_dir=s3://bench/runs"] if target == "s3" else []),
+                         f"results_dir={folder / 'results'}"], python=sys.executable)
+    s = summary(run_dir)
+    spec = json.loads((run_dir / "spec.json").read_text())
+    where = f"{spec['checkpoint_url' if target == 's3' else 'checkpoint_root']}/{s['checkpoint']['tag']}"
+    _drop_caches()
+    seconds = _plain(where, folder)
+    rs = s["restart"]
+    if target == "s3":
+        shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)
+        from restart_harness import resolve
+
+        resolve.read(run_dir).stored.delete()
+    return {"bytes": s["checkpoint"]["bytes"], "plain_mib_s": s["checkpoint"]["bytes"] / 2**20 / seconds,
+            "waited_mib_s": rs["load_throughput_mib_s"], "storage_read_mib_s": rs["storage_read_throughput_mib_s"],
+            "load": rs["load_breakdown"]}
+
+
+def main(repeats: int, model: str) -> None:
+    from benchmarks.common import object_store, scratch
+
     rows: dict[str, list[dict]] = {"fs": [], "s3": []}
-    try:
+    with object_store("rh-bench-s3", 4096), scratch("rh-load-figures-") as folder:
         for n in range(repeats):
             for target in ("fs", "s3"):
-                extra = ["ckpt_dir=s3://bench/runs"] if target == "s3" else []
-                run_dir = _run([*base, *extra], scratch / "results", env)
-                summary = json.loads((run_dir / "summary.json").read_text())
-                spec = json.loads((run_dir / "spec.json").read_text())
-                tag = summary["checkpoint"]["tag"]
-                where = f"{spec['checkpoint_url']}/{tag}" if target == "s3" else f"{spec['checkpoint_root']}/{tag}"
-                _drop_caches()
-                seconds = _plain(where, env, scratch)
-                nbytes = summary["checkpoint"]["bytes"]
-                rs = summary["restart"]
-                rows[target].append({"bytes": nbytes, "plain_mib_s": nbytes / 2**20 / seconds,
-                                     "waited_mib_s": rs["load_throughput_mib_s"],
-                                     "storage_read_mib_s": rs["storage_read_throughput_mib_s"],
-                                     "load": rs["load_breakdown"]})
-                print(f"[{n + 1}/{repeats} {target}] plain {rows[target][-1]['plain_mib_s']:.1f} MiB/s, harness "
-                      f"waited {rs['load_throughput_mib_s']:.1f}, storage read {rs['storage_read_throughput_mib_s']:.1f}",
+                r = _measure(target, model, folder)
+                rows[target].append(r)
+                print(f"[{n + 1}/{repeats} {target}] plain {r['plain_mib_s']:.1f} MiB/s, harness "
+                      f"waited {r['waited_mib_s']:.1f}, storage read {r['storage_read_mib_s']:.1f}",
                       file=sys.stderr, flush=True)
-                if target == "s3":
-                    subprocess.run(["rm", "-rf", str(run_dir / "checkpoint")], check=False)
-                    from restart_harness import resolve
-
-                    os.environ.update(s3.environment())
-                    resolve.read(run_dir).stored.delete()
-    finally:
-        ceph_s3.stop(server_dir)
     print(f"`benchmarks/load_figures.py {repeats} {model}` (fsdp2 dp=2, medians of {repeats} interleaved repeats)\n")
     print("| target | checkpoint MiB | plain dcp.load MiB/s | harness waited MiB/s (x plain) | harness storage read "
           "MiB/s (x plain) | load anatomy of the slowest rank: read / deserialize / copy / wait / other s |")
     print("|---|---|---|---|---|---|")
     for target, rs in rows.items():
-        def med(key, rs=rs):
-            return statistics.median(r[key] for r in rs)
+        med = {k: statistics.median(r[k] for r in rs) for k in ("bytes", "plain_mib_s", "waited_mib_s",
+                                                                 "storage_read_mib_s")}
         cats = " / ".join(f"{statistics.median(r['load'][c + '_seconds'] for r in rs):.2f}"
                           for c in ("read", "deserialize", "copy", "wait", "other"))
-        print(f"| {target} | {med('bytes') / 2**20:,.0f} | {med('plain_mib_s'):.1f} | {med('waited_mib_s'):.1f} "
-              f"({med('waited_mib_s') / med('plain_mib_s'):.2f}) | {med('storage_read_mib_s'):.1f} "
-              f"({med('storage_read_mib_s') / med('plain_mib_s'):.2f}) | {cats} |")
+        print(f"| {target} | {med['bytes'] / 2**20:,.0f} | {med['plain_mib_s']:.1f} | {med['waited_mib_s']:.1f} "
+              f"({med['waited_mib_s'] / med['plain_mib_s']:.2f}) | {med['storage_read_mib_s']:.1f} "
+              f"({med['storage_read_mib_s'] / med['plain_mib_s']:.2f}) | {cats} |")
 
 
 if __name__ == "__main__":

@@ -33,8 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
+from benchmarks.common import REPO, scratch
 from restart_harness.files import pagecache
 
 GIB = 1 << 30
@@ -108,28 +107,20 @@ def main() -> None:
     parser.add_argument("--shrink", type=int, default=64)
     parser.add_argument("--checkpoints", type=int, default=3)
     args = parser.parse_args()
-    results = Path(tempfile.mkdtemp(prefix="rh-bench-mlperf-dlio-"))
-    try:
-        reps = []
+    reps = []
+    with scratch("rh-bench-mlperf-dlio-") as results:
         for n in range(args.repeats):
             print(f"repeat {n + 1}/{args.repeats}", file=sys.stderr, flush=True)
             reps.append(repeat(args.dlio_python, args.shrink, args.checkpoints, results))
-    finally:
-        shutil.rmtree(results, ignore_errors=True)
-
-    def med(tool: str, phase: str, name: str) -> float:
-        return statistics.median(r[tool][phase][name] for r in reps)
-
     last = reps[-1]
     print(f"llama3-8b shrink={args.shrink}, 8 ranks, ZeRO-3; {args.checkpoints} writes and {args.checkpoints} "
           f"cold reads per repeat, {args.repeats} repeats interleaved; medians; GiB = 2^30 bytes\n")
     print("| figure | DLIO | harness | harness / DLIO |\n|---|---|---|---|")
-    for tool_key, label in (("size_gib", "checkpoint size (GiB)"),):
-        a, b = last["dlio"][tool_key], last["harness"][tool_key]
-        print(f"| {label} | {a:.6f} | {b:.6f} | {b / a:.3f} |")
+    a, b = last["dlio"]["size_gib"], last["harness"]["size_gib"]
+    print(f"| checkpoint size (GiB) | {a:.6f} | {b:.6f} | {b / a:.3f} |")
     for phase in ("save", "load"):
         for name, unit in (("duration_seconds", "s"), ("throughput_gib_s", "GiB/s")):
-            a, b = med("dlio", phase, name), med("harness", phase, name)
+            a, b = (statistics.median(r[tool][phase][name] for r in reps) for tool in ("dlio", "harness"))
             print(f"| {phase} {name.split('_')[0]} ({unit}), MLPerf's metric | {a:.4f} | {b:.4f} | {b / a:.2f} |")
     print(f"\npage cache before the reads: DLIO {', '.join(r['dlio']['cache'] for r in reps)}; harness "
           f"{', '.join(r['harness']['cache'] for r in reps)}\n")

@@ -14,6 +14,7 @@ table for the README). Uses the interpreter in RH_PYTHON through submit-job.sh, 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import statistics
@@ -23,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.common import REPO
 
 
 def _run(args: list[str], env: dict) -> tuple[float, str]:
@@ -38,30 +39,23 @@ def main() -> None:
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "RH_CACHE_DIR": cache}  # a private cache: every probe measures
-        walls, inner = [], []
-        for _ in range(repeats):
-            wall, out = _run(["70B", "tp=8", "pp=4", "dp=2", "plan=json", "bandwidth_gbps=5"], env)
-            walls.append(wall)
-            inner.append(json.loads(out)["plan_seconds"])
+        planned = [_run(["70B", "tp=8", "pp=4", "dp=2", "plan=json", "bandwidth_gbps=5"], env) for _ in range(repeats)]
+        walls, inner = [w for w, _ in planned], [json.loads(out)["plan_seconds"] for _, out in planned]
         print("| planner, 70B tp=8 pp=4 dp=2 (760 files) | median s | min s | max s |\n|---|---|---|---|")
         print(f"| whole command | {statistics.median(walls):.3f} | {min(walls):.3f} | {max(walls):.3f} |")
         print(f"| plan_seconds | {statistics.median(inner):.4f} | {min(inner):.4f} | {max(inner):.4f} |\n")
         print("| tool | file_bytes | ranks | write MiB/s (median) | read MiB/s (median) | read cache observed |")
         print("|---|---|---|---|---|---|")
-        for tool in ("fio", "builtin"):
-            for size in ("16M", "256M"):
-                for ranks in (1, 2):
-                    writes, reads, observed = [], [], set()
-                    for _ in range(repeats):
-                        _run(["baseline", f"dir={target}", f"tool={tool}", f"file_bytes={size}", f"ranks={ranks}"], env)
-                        record = json.loads(next(Path(cache).rglob(f"*x{ranks}.json")).read_text())
-                        writes.append(record["write_mib_s"])
-                        reads.append(record["read_mib_s"])
-                        observed.add(record["read_cache"]["observed"])
-                        for p in Path(cache).rglob("*.json"):
-                            p.unlink()
-                    print(f"| {tool} | {size} | {ranks} | {statistics.median(writes):,.0f} | "
-                          f"{statistics.median(reads):,.0f} | {', '.join(sorted(observed))} |")
+        for tool, size, ranks in itertools.product(("fio", "builtin"), ("16M", "256M"), (1, 2)):
+            records = []
+            for _ in range(repeats):
+                _run(["baseline", f"dir={target}", f"tool={tool}", f"file_bytes={size}", f"ranks={ranks}"], env)
+                records.append(json.loads(next(Path(cache).rglob(f"*x{ranks}.json")).read_text()))
+                for p in Path(cache).rglob("*.json"):
+                    p.unlink()
+            print(f"| {tool} | {size} | {ranks} | {statistics.median(r['write_mib_s'] for r in records):,.0f} | "
+                  f"{statistics.median(r['read_mib_s'] for r in records):,.0f} | "
+                  f"{', '.join(sorted({r['read_cache']['observed'] for r in records}))} |")
 
 
 if __name__ == "__main__":

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import REPO, measure_then_evaluate, submitted
+from benchmarks.common import measure_then_evaluate, submitted, summary
+from benchmarks.predict_validation import calibrate, pct, predicted_vs_measured
 
 ENGINES = ("default", "torchsnapshot", "dcp", "fastpersist", "lazy")
 BASE = ["iters=2", "save_interval=1", "after=1", "launcher=prefork", "env_cache=keep"]
@@ -46,47 +46,32 @@ def measure(out: Path, repeats: int) -> None:
                         (out / "cases.json").write_text(json.dumps(held, indent=1))
 
 
-def _check(run_dir: Path, calibration: dict) -> dict:
-    from restart_harness import resolve
-    from restart_harness.predict import forecast
-    from restart_harness.results import prediction
-
-    run = resolve.read(run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    made = forecast.build(run, run.facts["host"]["cpus"], forecast.storage(run, record=summary.get("baseline")),
-                          calibration)
-    return prediction.compare(made, summary)
-
-
 def _cell(row: dict) -> str:
-    if row.get("rel_error") is not None:
-        return f"{row['rel_error']:+.0%}"
-    return "n/c" if row.get("not_comparable") else "-"
+    return "n/c" if row.get("rel_error") is None and row.get("not_comparable") else pct(row.get("rel_error"))
 
 
 def evaluate(out: Path) -> None:
     held = json.loads((out / "cases.json").read_text())
     cal = out / "calibration.json"
     if not cal.exists():
-        subprocess.run([str(REPO / "submit-job.sh"), "calibrate", f"runs={out / 'calibrate'}", f"out={cal}"],
-                       check=True, capture_output=True, text=True)
+        calibrate(out / "calibrate", cal)
     calibration = json.loads(cal.read_text())
     print(f"| engine | held-out run | {' | '.join(p.removesuffix('_seconds') for p in SHOWN)} | other work's CPU share "
           "(save / restart launch) |")
     print("|---" * (len(SHOWN) + 3) + "|")
     errors: dict[str, list[float]] = {}
     for run_dir, (name, engine) in sorted(held.items(), key=lambda i: (i[1][1], i[1][0])):
-        c = _check(Path(run_dir), calibration)
-        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+        c = predicted_vs_measured(Path(run_dir), calibration)
+        s = summary(Path(run_dir))
         loads = [((r.get("machine_load") or {}).get("during") or {}).get("other_cpu_fraction")
-                 for r in (summary["checkpoint"], summary["restart"])]
+                 for r in (s["checkpoint"], s["restart"])]
         print(f"| {engine} | {name} | {' | '.join(_cell(c['phases'].get(p, {})) for p in SHOWN)} | "
               f"{' / '.join('-' if x is None else f'{x:.0%}' for x in loads)} |")
         for p in SHOWN:
-            if (e := c["phases"].get(p, {}).get("rel_error")) is not None:
-                errors.setdefault(p, []).append(abs(e))
-        for p, row in c["phases"].items():
-            if row.get("not_comparable") and p in SHOWN:
+            row = c["phases"].get(p, {})
+            if row.get("rel_error") is not None:
+                errors.setdefault(p, []).append(abs(row["rel_error"]))
+            if row.get("not_comparable"):
                 print(f"  {engine} {name} {p}: not compared: {row['not_comparable']}", file=sys.stderr)
     for p, e in errors.items():
         print(f"{p}: median absolute error {statistics.median(e):.0%} over {len(e)} held-out runs")

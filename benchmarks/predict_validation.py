@@ -1,23 +1,7 @@
 #!/usr/bin/env python3
 """The prediction model checked on runs it was not fitted to (issue 26, docs/prediction.md).
 
-Method
-- Calibration set (CALIBRATE below): small runs of this machine: `tiny` at 1, 2 (dp and tp) and 4 ranks, `small` at dp=2
-  and tp=2 pp=2, and emulated `1B` (shrink 8 and 4, dp=2), each `iters=6 save_interval=2 after=1` (three saves;
-  the restart loads the last), cache=drop, with the storage baseline of the run (cached, at most 24 h old).
-- Held-out set (HELD_OUT): runs that were not used, each changing one thing: a larger model (emulated `3B` shrink
-  4: 2.5x the largest calibrated checkpoint), more ranks (`tiny tp=2 pp=2 dp=2`: 8 ranks on 2 cores, twice the
-  calibrated 4), another engine (`small dp=2 engine=dcp`: its save and load fall back to the default engine's
-  rates, as for any engine not in the calibration) and another target (`small dp=2` on a local Ceph RADOS Gateway,
-  its bandwidth from the run's S3 baseline).
-- REPEATS rounds (default 2), each running every case once, interleaved, so that the disk's drift hits all alike.
-- The calibration is fitted (`./submit-job.sh calibrate`) on the calibration set's runs only; each held-out run is
-  then predicted with it exactly as a run predicts itself before launch (forecast.build with the run's own spec,
-  CPUs and storage baseline) and compared with what it measured (results/prediction.py: the median of the run's
-  saves, the first restart's phases). Errors are (predicted - measured) / measured.
-- Reported: each held-out run's error per phase, the median absolute error per phase over held-out runs, and for
-  the durable save and the restart total the median absolute error over all held-out runs (goal: <= 15%).
-  Finally a calibration fitted on every run (both sets) is written: the one shipped as configs/calibration/default.json.
+Method: docs/benchmark-methods.md#predict_validation
 
 Usage: <python> -m benchmarks.predict_validation [REPEATS] [out=DIR] [reuse=true]
        (default 2 rounds into /tmp/rh-predict-bench; reuse=true: no runs, fit and predict the runs already there)
@@ -26,13 +10,11 @@ Usage: <python> -m benchmarks.predict_validation [REPEATS] [out=DIR] [reuse=true
 from __future__ import annotations
 
 import json
-import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import REPO, measure_then_evaluate, submitted
+from benchmarks.common import REPO, measure_then_evaluate, median, object_store, submitted, summary
 
 BASE = ["iters=6", "save_interval=2", "after=1", "cache=drop"]
 CALIBRATE = [
@@ -66,11 +48,10 @@ def predicted_vs_measured(run_dir: Path, calibration: dict) -> dict:
     from restart_harness.predict import forecast
     from restart_harness.results import prediction
 
-    run = resolve.read(run_dir)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    store = forecast.storage(run, record=summary.get("baseline"))
-    made = forecast.build(run, run.facts["host"]["cpus"], store, calibration)
-    return prediction.compare(made, summary)
+    run, measured = resolve.read(run_dir), summary(run_dir)
+    made = forecast.build(run, run.facts["host"]["cpus"], forecast.storage(run, record=measured.get("baseline")),
+                          calibration)
+    return prediction.compare(made, measured)
 
 
 def pct(x: float | None) -> str:
@@ -83,13 +64,8 @@ def main() -> None:
 
 def measure(out: Path, repeats: int) -> None:
     """Every case REPEATS times, interleaved; out/cases.json names each held-out run's case."""
-    from testbeds import ceph_s3
-
-    server = ceph_s3.start(Path(f"/tmp/rh-predict-s3-{os.getpid()}"), memory_mib=6144)
-    server.create_bucket("bench")
-    os.environ.update(server.environment())
     held: dict[str, str] = {}
-    try:
+    with object_store("rh-predict-s3", 6144):
         for r in range(repeats):
             for name, tokens in CALIBRATE:
                 print(f"[round {r + 1}] calibration: {name}", file=sys.stderr, flush=True)
@@ -98,8 +74,6 @@ def measure(out: Path, repeats: int) -> None:
                 print(f"[round {r + 1}] held out: {name}", file=sys.stderr, flush=True)
                 held[str(submitted([*tokens, *BASE, f"results_dir={out / 'held-out'}"]))] = name
                 (out / "cases.json").write_text(json.dumps(held, indent=1))
-    finally:
-        ceph_s3.stop(server.root)
 
 
 def evaluate(out: Path) -> None:
@@ -120,11 +94,8 @@ def evaluate(out: Path) -> None:
         inside = [r["within_range"] for r in c["phases"].values() if r["within_range"] is not None]
         print(f"| {name} | {' | '.join(pct(c['phases'].get(p, {}).get('rel_error')) for p in PHASES)} | "
               f"{sum(inside)}/{len(inside)} |")
-    medians = {}
-    for p in PHASES:
-        errors = [abs(c["phases"][p]["rel_error"]) for _, c in rows if c["phases"].get(p, {}).get("rel_error")
-                  is not None]
-        medians[p] = statistics.median(errors) if errors else None
+    medians = {p: median([abs(e) for _, c in rows if (e := c["phases"].get(p, {}).get("rel_error")) is not None])
+               for p in PHASES}
     print(f"| **median abs. error** | {' | '.join('-' if m is None else f'{m:.0%}' for m in medians.values())} | |")
     for p in FOCUS:
         print(f"{p}: median absolute error over {len(rows)} held-out runs {medians[p]:.1%} (goal <= 15%)")

@@ -29,25 +29,18 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.common import REPO, spread, words
+
 CALL_BYTES = 4 << 20
 WORK_SECONDS = 0.004
 MIB = 1 << 20
 
 
-def _cold(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def read_once(path: Path, work_seconds: float) -> tuple[float, float]:
     """(MiB/s over the seconds inside read() calls, wall seconds) of one cold read of the whole file."""
-    _cold(path)
     fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)  # the file's pages dropped first: the read starts cold
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     inside, total, start = 0.0, 0, time.perf_counter()
     try:
         while True:
@@ -65,22 +58,20 @@ def read_once(path: Path, work_seconds: float) -> tuple[float, float]:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    repeats = int(args.pop(0)) if args and args[0].isdigit() else 3
-    opts = dict(a.split("=", 1) for a in args)
+    repeats, opts, _ = words(3, "dir", "size_mib")
     folder = Path(opts.get("dir", REPO / "results"))
     folder.mkdir(parents=True, exist_ok=True)
     size = int(opts.get("size_mib", 512)) * MIB
     fd, name = tempfile.mkstemp(prefix="rh-read-ahead-", dir=folder)
     path = Path(name)
+    ways = {"back to back": 0.0, f"{WORK_SECONDS * 1000:.0f} ms of work between calls": WORK_SECONDS}
+    seen: dict[str, list[tuple[float, float]]] = {w: [] for w in ways}
     try:
         with os.fdopen(fd, "wb") as f:
             for _ in range(size // MIB):
                 f.write(os.urandom(MIB))
             f.flush()
             os.fsync(f.fileno())
-        ways = {"back to back": 0.0, f"{WORK_SECONDS * 1000:.0f} ms of work between calls": WORK_SECONDS}
-        seen: dict[str, list[tuple[float, float]]] = {w: [] for w in ways}
         for r in range(repeats):
             for way, work in ways.items():
                 seen[way].append(read_once(path, work))
@@ -92,9 +83,7 @@ def main() -> None:
     print("| reads | MiB/s over the seconds inside read() | wall s |")
     print("|---|---|---|")
     for way, rows in seen.items():
-        rates, walls = [r[0] for r in rows], [r[1] for r in rows]
-        print(f"| {way} | {statistics.median(rates):,.0f} ({min(rates):,.0f}-{max(rates):,.0f}) "
-              f"| {statistics.median(walls):.3f} |")
+        print(f"| {way} | {spread([r[0] for r in rows], ',.0f')} | {statistics.median(r[1] for r in rows):.3f} |")
 
 
 if __name__ == "__main__":

@@ -13,25 +13,18 @@ Method
   bytes read through calls outside the checkpoint (machine-independent counts: they must not change between the two
   caches), what the storage delivered (the kernel's read_bytes, mapped libraries included) and major faults; the
   environment step's observed state. Medians over the repeats (min-max for the seconds).
-- The counts are exact and the same on any machine with this software; the seconds and the storage's bytes are this
-  machine's (its virtual disk is served by a host cache below the guest: "cold" reads here come at 1-2 GB/s).
+- The counts are exact and the same on any machine with this software; the seconds and the storage's bytes are not.
 
 Usage: <python> -m benchmarks.restart_io [REPEATS] [launcher=L,L] [key=value ...]   (a Markdown table)
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 import statistics
-import sys
-import tempfile
-from pathlib import Path
 
-from benchmarks.common import submitted
+from benchmarks.common import restarted, scratch, spread, submitted, words
 
 MIB = 2**20
-
 
 
 def figures(restart: dict) -> dict:
@@ -52,34 +45,20 @@ def figures(restart: dict) -> dict:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    repeats = int(args.pop(0)) if args and args[0].isdigit() else 3
-    launchers = ["deepspeed", "mpiexec"]
-    for a in list(args):
-        if a.startswith("launcher="):
-            launchers = a.split("=", 1)[1].split(",")
-            args.remove(a)
-    results = Path(tempfile.mkdtemp(prefix="rh-restart-io-"))
+    repeats, named, args = words(3, "launcher")
     rows = []
-    try:
-        for launcher in launchers:
+    with scratch("rh-restart-io-") as results:
+        for launcher in named.get("launcher", "deepspeed,mpiexec").split(","):
             run = submitted(["tiny", "dp=2", f"launcher={launcher}", "phase=checkpoint", "baseline=false",
-                          f"results_dir={results}", *args])
+                             f"results_dir={results}", *args])
             got: dict[str, list[dict]] = {"drop": [], "warm": []}
             for _ in range(repeats):
                 for env_cache, runs in got.items():
-                    submitted(["restart", f"run={run}", f"env_cache={env_cache}", "cache=drop"])
-                    runs.append(figures(json.loads((run / "summary.json").read_text())["restart"]))
-            for env_cache, runs in got.items():
-                rows.append((launcher, env_cache, runs))
-    finally:
-        shutil.rmtree(results, ignore_errors=True)
+                    runs.append(figures(restarted(run, [f"env_cache={env_cache}", "cache=drop"])))
+            rows += [(launcher, env_cache, runs) for env_cache, runs in got.items()]
 
     def med(runs, key):
         return statistics.median(r[key] for r in runs)
-
-    def spread(runs, key):
-        return f"{med(runs, key):.2f} ({min(r[key] for r in runs):.2f}-{max(r[key] for r in runs):.2f})"
 
     print(f"| launcher | env_cache (observed) | imports s | engine_init s | start -> first step s | metadata ops / rank "
           f"| MiB read / rank | storage delivered MiB / rank (imports) | major faults / rank |  ({repeats} restarts each, "
@@ -87,9 +66,10 @@ def main() -> None:
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for launcher, env_cache, runs in rows:
         observed = ", ".join(sorted({str(r["observed"]) for r in runs}))
-        print(f"| {launcher} | {env_cache} ({observed}) | {spread(runs, 'imports_s')} | {spread(runs, 'engine_init_s')} "
-              f"| {spread(runs, 'total_s')} | {med(runs, 'ops'):,.0f} | {med(runs, 'read_mib'):.1f} "
-              f"| {med(runs, 'delivered_mib'):.1f} ({med(runs, 'imports_delivered_mib'):.1f}) | {med(runs, 'faults'):.0f} |")
+        seconds = " | ".join(spread([r[k] for r in runs]) for k in ("imports_s", "engine_init_s", "total_s"))
+        print(f"| {launcher} | {env_cache} ({observed}) | {seconds} | {med(runs, 'ops'):,.0f} "
+              f"| {med(runs, 'read_mib'):.1f} | {med(runs, 'delivered_mib'):.1f} ({med(runs, 'imports_delivered_mib'):.1f}) "
+              f"| {med(runs, 'faults'):.0f} |")
 
 
 if __name__ == "__main__":

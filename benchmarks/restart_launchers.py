@@ -17,37 +17,30 @@ Usage: .venv/bin/python -m benchmarks.restart_launchers [REPEATS] [MODEL key=val
 
 from __future__ import annotations
 
-import json
-import shutil
-import sys
-import tempfile
 from collections import Counter
-from pathlib import Path
 
-from benchmarks.common import spread, submitted
+from benchmarks.common import scratch, spread, submitted, summary, words
 
 
 def main() -> None:
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    model = sys.argv[2:] or ["tiny", "dp=2"]
-    results = Path(tempfile.mkdtemp(prefix="rh-bench-"))
+    repeats, _, model = words(5)
+    model = model or ["tiny", "dp=2"]
     print(f"{' '.join(model)}; {repeats} restarts per case; median (min-max) seconds")
     print("| launcher | cache | observed | launch_seconds | total_seconds | checkpoint_load | wall_seconds |")
     print("|---|---|---|---|---|---|---|")
-    for launcher in ("local", "torchrun"):
-        run_dir = submitted([*model, f"launcher={launcher}", "phase=checkpoint", f"results_dir={results}"])
-        seen = 0
-        for cache in ("drop", "warm"):
-            submitted(["phase=restart", f"run={run_dir}", f"cache={cache}", f"repeats={repeats}"])
-            restarts = json.loads((run_dir / "summary.json").read_text())["restarts"][seen:]
-            seen += len(restarts)
-            observed = Counter(r["cache"]["observed"] for r in restarts)
-            print(f"| {launcher} | {cache} | {', '.join(f'{k} x{v}' for k, v in observed.items())} "
-                  f"| {spread([r['launch_seconds'] for r in restarts])} "
-                  f"| {spread([r['total_seconds'] for r in restarts])} "
-                  f"| {spread([r['phases']['checkpoint_load'] for r in restarts])} "
-                  f"| {spread([r['wall_seconds'] for r in restarts])} |")
-    shutil.rmtree(results, ignore_errors=True)
+    with scratch("rh-bench-") as results:
+        for launcher in ("local", "torchrun"):
+            run_dir = submitted([*model, f"launcher={launcher}", "phase=checkpoint", f"results_dir={results}"])
+            seen = 0
+            for cache in ("drop", "warm"):
+                submitted(["phase=restart", f"run={run_dir}", f"cache={cache}", f"repeats={repeats}"])
+                restarts = summary(run_dir)["restarts"][seen:]
+                seen += len(restarts)
+                observed = Counter(r["cache"]["observed"] for r in restarts)
+                print(f"| {launcher} | {cache} | {', '.join(f'{k} x{v}' for k, v in observed.items())} | "
+                      + " | ".join(spread([r[k] if k in r else r["phases"][k] for r in restarts])
+                                   for k in ("launch_seconds", "total_seconds", "checkpoint_load", "wall_seconds"))
+                      + " |")
 
 
 if __name__ == "__main__":

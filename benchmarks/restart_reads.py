@@ -18,14 +18,12 @@ Usage: <python> -m benchmarks.restart_reads [ROUNDS] [RUN=DIR | MODEL key=value 
 
 from __future__ import annotations
 
-import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.common import restarted, rotated, spread, submitted, summary, words
+
 WAYS = {
     "O_DIRECT, broadcast": ["read_io=direct", "broadcast_load=true"],
     "O_DIRECT, shared": ["read_io=direct", "broadcast_load=auto"],
@@ -33,36 +31,26 @@ WAYS = {
 }
 
 
-def cli(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "config-n-run.py"), *args], check=True, capture_output=True,
-                          text=True, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
 def main(argv: list[str]) -> int:
-    rounds = int(argv.pop(0)) if argv and argv[0].isdigit() else 5
-    run = next((Path(a.split("=", 1)[1]) for a in argv if a.startswith("RUN=")), None)
-    ways = dict(WAYS)
-    for a in argv:
-        if a.startswith("ways="):
-            ways = {w.split(":", 1)[0]: w.split(":", 1)[1].split("+") for w in a[len("ways="):].split(",")}
-    rest = [a for a in argv if not a.startswith(("RUN=", "ways="))]
+    rounds, named, rest = words(5, "RUN", "ways", argv=argv)
+    ways = {w.split(":", 1)[0]: w.split(":", 1)[1].split("+") for w in named["ways"].split(",")} \
+        if "ways" in named else dict(WAYS)
+    run = Path(named["RUN"]) if "RUN" in named else None
     if run is None:
         tokens = rest or ["small", "dp=2", "iters=4", "save_interval=2", "precision=fp32"]
-        run = Path(cli([*tokens, "engine=lazy", "phase=checkpoint"]).stdout.strip().splitlines()[-1])
+        run = submitted([*tokens, "engine=lazy", "phase=checkpoint"], python=sys.executable)
         print(f"checkpoint run: {run}", file=sys.stderr)
     labels = list(ways)
     seen: dict[str, list[dict]] = {w: [] for w in labels}
     for r in range(rounds):
-        order = labels[r % len(labels):] + labels[:r % len(labels)]
-        for label in order:
+        for label in rotated(labels, r):
             print(f"round {r + 1}/{rounds}: {label}", file=sys.stderr)
-            cli(["restart", f"run={run}", "cache=drop", *ways[label]])
-            latest = json.loads((run / "summary.json").read_text())["restarts"][-1]
+            latest = restarted(run, ["cache=drop", *ways[label]], python=sys.executable)
             sr = (latest.get("load_breakdown") or {}).get("storage_read") or {}
-            seen[label].append({"round": r, "load": latest["load_seconds"], "read_mib_s": sr.get("throughput_mib_s"),
+            seen[label].append({"load": latest["load_seconds"], "read_mib_s": sr.get("throughput_mib_s"),
                                 "verified": latest["verified"]})
     fastest = [min(labels, key=lambda w: seen[w][r]["load"]) for r in range(rounds)]
-    mib = json.loads((run / "summary.json").read_text())["checkpoint"]["bytes"] / 2**20
+    mib = summary(run)["checkpoint"]["bytes"] / 2**20
     print(f"`{run.name}`: {mib:,.1f} MiB a checkpoint, {rounds} rounds, each way once a round (rotated), "
           "`cache=drop`; medians over the rounds (min-max)\n")
     print("| way | keys | load s | load MiB/s | storage read MiB/s | fastest in | verified |")
@@ -70,8 +58,7 @@ def main(argv: list[str]) -> int:
     for w in labels:
         loads = [s["load"] for s in seen[w]]
         reads = [s["read_mib_s"] for s in seen[w] if s["read_mib_s"]]
-        load = statistics.median(loads)
-        print(f"| {w} | {' '.join(ways[w])} | {load:.3f} ({min(loads):.3f}-{max(loads):.3f}) | {mib / load:,.0f} "
+        print(f"| {w} | {' '.join(ways[w])} | {spread(loads, '.3f')} | {mib / statistics.median(loads):,.0f} "
               f"| {statistics.median(reads):,.0f} | {fastest.count(w)} of {rounds} "
               f"| {all(s['verified'] for s in seen[w])} |")
     return 0

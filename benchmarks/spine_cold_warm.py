@@ -15,15 +15,12 @@ Usage: .venv/bin/python -m benchmarks.spine_cold_warm [REPEATS]   (prints a Mark
 
 from __future__ import annotations
 
-import json
 import shutil
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import submitted
+from benchmarks.common import scratch, submitted, summary, words
 from restart_harness.files.cache_dir import extensions_dir
 
 CACHE = extensions_dir()
@@ -35,38 +32,34 @@ def timed(args: list[str], results: Path) -> tuple[float, Path]:
     return time.perf_counter() - start, run_dir
 
 
+def cold(results: Path) -> float:
+    """One run with the extension cache moved aside (put back after)."""
+    aside = CACHE.with_name(CACHE.name + ".aside")
+    if CACHE.exists():
+        shutil.rmtree(aside, ignore_errors=True)
+        CACHE.rename(aside)
+    try:
+        return timed(["tiny"], results)[0]
+    finally:
+        if aside.exists():
+            shutil.rmtree(CACHE, ignore_errors=True)
+            aside.rename(CACHE)
+
+
 def main() -> None:
-    repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-    results = Path(tempfile.mkdtemp(prefix="rh-bench-"))
-    rows = []
-    cold = []
-    for _ in range(repeats):
-        aside = CACHE.with_name(CACHE.name + ".aside")
-        if CACHE.exists():
-            shutil.rmtree(aside, ignore_errors=True)
-            CACHE.rename(aside)
-        try:
-            cold.append(timed(["tiny"], results)[0])
-        finally:
-            if aside.exists():
-                shutil.rmtree(CACHE, ignore_errors=True)
-                aside.rename(CACHE)
-    rows.append(("`./submit-job.sh tiny`, cold (JIT op build)", cold, None))
-    warm = [timed(["tiny"], results)[0] for _ in range(repeats)]
-    rows.append(("`./submit-job.sh tiny`, warm", warm, None))
-    eight, rss = [], []
-    for _ in range(repeats):
-        seconds, run_dir = timed(["tiny", "tp=2", "pp=2", "dp=2"], results)
-        summary = json.loads((run_dir / "summary.json").read_text())
-        eight.append(seconds)
-        rss.append(max(summary["training"]["max_rss_bytes_per_rank"], summary["restart"]["max_rss_bytes_per_rank"]))
-    rows.append(("`./submit-job.sh tiny tp=2 pp=2 dp=2` (8 ranks), warm", eight, max(rss)))
+    repeats, _, _ = words(3)
+    with scratch("rh-bench-") as results:
+        rows = [("`./submit-job.sh tiny`, cold (JIT op build)", [cold(results) for _ in range(repeats)], None),
+                ("`./submit-job.sh tiny`, warm", [timed(["tiny"], results)[0] for _ in range(repeats)], None)]
+        eight = [timed(["tiny", "tp=2", "pp=2", "dp=2"], results) for _ in range(repeats)]
+        rss = [max(s["training"]["max_rss_bytes_per_rank"], s["restart"]["max_rss_bytes_per_rank"])
+               for s in (summary(d) for _, d in eight)]
+        rows.append(("`./submit-job.sh tiny tp=2 pp=2 dp=2` (8 ranks), warm", [t for t, _ in eight], max(rss)))
     print(f"| case ({repeats} runs) | median s | min s | max s | peak RSS per rank |")
     print("|---|---|---|---|---|")
     for name, values, peak in rows:
         mem = f"{peak / 2**20:.0f} MiB" if peak else "-"
         print(f"| {name} | {statistics.median(values):.1f} | {min(values):.1f} | {max(values):.1f} | {mem} |")
-    shutil.rmtree(results, ignore_errors=True)
 
 
 if __name__ == "__main__":

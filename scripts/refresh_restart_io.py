@@ -14,7 +14,6 @@ Usage: <python> scripts/refresh_restart_io.py   (the harness's Python; writes co
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,9 +30,8 @@ CASES = (["tiny", "dp=2"], ["tiny", "dp=2", "stack=fsdp2"])
 
 
 def main() -> int:
-    results = Path(tempfile.mkdtemp(prefix="rh-restart-io-table-"))
     runs = []
-    try:
+    with tempfile.TemporaryDirectory(prefix="rh-restart-io-table-", ignore_cleanup_errors=True) as results:
         for case in CASES:
             args = [*case, "launcher=mpiexec", "baseline=false", f"results_dir={results}"]
             proc = subprocess.run([str(REPO / "submit-job.sh"), *args], capture_output=True, text=True, check=False)
@@ -42,8 +40,6 @@ def main() -> int:
                 return 1
             runs.append(Path(proc.stdout.strip().splitlines()[-1]))
         stacks = restart_io.table(runs)
-    finally:
-        shutil.rmtree(results, ignore_errors=True)
     versions = {p: metadata.version(p) for p in ("torch", "deepspeed")}
     write_json_atomic(restart_io.TABLE, {
         "about": "per rank and start-up phase: metadata operations (opens, failed opens, stat-family calls, "

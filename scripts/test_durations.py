@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 
@@ -23,15 +23,11 @@ def render(data: dict, top: int = 15) -> str:
     tests = data["tests"]
     setup_steps = data.get("setup_steps_seconds", {})
     total = data["pytest_wall_seconds"] + sum(setup_steps.values())
-    outcomes: dict[str, int] = defaultdict(int)
-    for t in tests:
-        outcomes[t["outcome"]] += 1
-    counts = ", ".join(f"{n} {o}" for o, n in sorted(outcomes.items()))
+    counts = ", ".join(f"{n} {o}" for o, n in sorted(Counter(t["outcome"] for t in tests).items()))
     lines = [f"commit {data['commit']}, {data['cpus']} CPUs, pytest {' '.join(data['args']) or '(all)'}",
              (f"{len(tests)} tests ({counts}); {total:,.0f} s in all: set-up steps "
               f"{sum(setup_steps.values()):,.0f} s, pytest {data['pytest_wall_seconds']:,.0f} s"), ""]
-    machine = data.get("machine_cpu_seconds")
-    if machine:  # the host's speed varies: two runs' minutes compare only where their steal is alike
+    if machine := data.get("machine_cpu_seconds"):  # the host's speed varies: two runs' minutes compare only where their steal is alike
         lines[-1:-1] = [(f"machine during pytest: busy {machine['busy']:,.0f} CPU-s, idle {machine['idle']:,.0f}, "
                          f"iowait {machine['iowait']:,.0f}, steal {machine['steal']:,.0f} (a busy host steals more)")]
     if setup_steps or data.get("shared_setups_seconds"):
@@ -40,25 +36,22 @@ def render(data: dict, top: int = 15) -> str:
         lines += [f"| {k} (inside pytest) | {v:,.1f} |" for k, v in data.get("shared_setups_seconds", {}).items()]
         lines.append("")
     modules: dict[str, list[float]] = defaultdict(list)
-    for t in tests:
-        modules[t["id"].split("::")[0]].append(seconds(t))
     cpu: dict[str, float] = defaultdict(float)
     for t in tests:
+        modules[t["id"].split("::")[0]].append(seconds(t))
         cpu[t["id"].split("::")[0]] += t.get("cpu_seconds", 0.0)
     lines += ["| test module | tests | seconds | share | CPU seconds |", "|---|---:|---:|---:|---:|"]
     busy = sum(sum(v) for v in modules.values()) or 1.0
     for name, values in sorted(modules.items(), key=lambda kv: -sum(kv[1])):
         lines.append(f"| {name} | {len(values)} | {sum(values):,.1f} | {sum(values) / busy:.0%} | {cpu[name]:,.0f} |")
     lines += workers(data)
-    cases = data.get("cases", {})
-    if cases:
+    if cases := data.get("cases", {}):
         played = sum(c["seconds"] for c in cases.values())
         lines += ["", (f"Run-table cases (conftest.RUNS): {len(cases)} played, {played:,.0f} s (inside the tests "
                        "above: a case is paid by the first test that asks for it)"), "",
                   "| case | invocations | seconds |", "|---|---:|---:|"]
         lines += [f"| {n} | {c['invocations']} | {c['seconds']:,.1f} |" for n, c in list(cases.items())[:top]]
-    waits = data.get("case_waits_seconds") or {}
-    if waits:  # a test of one worker waiting while the other played its case: an idle worker (tests/conftest.py)
+    if waits := data.get("case_waits_seconds") or {}:  # a test of one worker waiting while the other played its case: an idle worker (tests/conftest.py)
         each = ", ".join(f"{n} {s:,.1f}" for n, s in list(waits.items())[:top])
         lines += ["", f"Waits for a case the other worker was playing: {sum(waits.values()):,.1f} s ({each})"]
     lines += ["", f"Slowest {top} tests (setup + call + teardown):", "", "| test | seconds |", "|---|---:|"]
@@ -88,11 +81,9 @@ def workers(data: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    top = 15
+    top = int(argv[argv.index("--top") + 1]) if "--top" in argv else 15
     if "--top" in argv:
-        i = argv.index("--top")
-        top = int(argv[i + 1])
-        argv = argv[:i] + argv[i + 2:]
+        argv = argv[:argv.index("--top")] + argv[argv.index("--top") + 2:]
     path = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent / "test-logs" / "durations.json"
     if not path.is_file():
         print(f"error: {path}: no such file (./run-tests.sh writes test-logs/durations.json)", file=sys.stderr)

@@ -44,13 +44,8 @@ def fail(message: str) -> None:
 
 def requirements(path: Path) -> list[tuple[str, str, str]]:
     """(role, name, version) of scripts/bundle/gpu-check.txt, in order."""
-    out = []
-    for line in path.read_text().splitlines():
-        if line.strip() and not line.startswith("#"):
-            role, spec = line.split()
-            name, version = spec.split("==")
-            out.append((role, name, version))
-    return out
+    return [(role, *spec.split("==")) for role, spec in (line.split() for line in path.read_text().splitlines()
+                                                          if line.strip() and not line.startswith("#"))]
 
 
 def normal(name: str) -> str:

@@ -230,10 +230,9 @@ class Check:
             return
         with tarfile.open(HERE / "datastates-llm.tar.gz") as t:
             t.extractall(self.work, filter="data")
-        uring = []
-        if subprocess.run(["cc", "-E", "-x", "c", "-"], input="#include <liburing.h>\n", capture_output=True,
-                          text=True, check=False).returncode != 0:
-            uring = ["--liburing", str(self.work / "sys" / "usr")]
+        has_uring = subprocess.run(["cc", "-E", "-x", "c", "-"], input="#include <liburing.h>\n", capture_output=True,
+                                   text=True, check=False).returncode == 0
+        uring = [] if has_uring else ["--liburing", str(self.work / "sys" / "usr")]
         start = time.monotonic()
         code = self.run(["bash", str(self.work / "project/scripts/bundle/build-datastates.sh"), str(src), self.py,
                          *uring], self.out / "install.log")
@@ -242,8 +241,7 @@ class Check:
                  f"(exit {code}; OUT/install.log)")
 
     def matrix(self) -> None:
-        folder = self.work / "results" / "matrix"
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = self.folder("matrix", 0)
         tokens = ["matrix", f"model={self.a.model}", f"engines={self.a.engines}", f"results_dir={folder}",
                   *shlex.split(self.a.matrix_args)]
         self.say(f"matrix: {shlex.join(tokens)} ({self.left():.0f} s left)")
@@ -255,39 +253,38 @@ class Check:
         self.say(f"matrix {ended(code)}: {sum(1 for c in cases if c.get('verified'))} verified, "
                  f"{sum(1 for c in cases if c['refused'])} refused, not verified: {', '.join(bad) or 'none'}")
 
+    def folder(self, name: str, want: float) -> Path | None:
+        """WORK/results/NAME for a step that needs about `want` seconds; None where less is left (said)."""
+        if self.left() < want:
+            self.say(f"{name} skipped: {self.left():.0f} s left, it needs about {want:.0f} s")
+            return None
+        (self.work / "results" / name).mkdir(parents=True, exist_ok=True)
+        return self.work / "results" / name
+
+    def ended(self, name: str, code: int | None, where: str) -> None:
+        self.pack()
+        self.failed |= code not in (0, None)
+        self.say(f"{name} {ended(code)} ({where})")
+
     def compare(self) -> None:
         """The engines side by side in this benchmark's GPU form (gpu-check-parts.py compare_plan): its tables in
         WORK/results/compare/compare-MODEL.md, packed into the archive."""
-        want = 300.0
-        if self.left() < want:
-            self.say(f"compare skipped: {self.left():.0f} s left, it needs about {want:.0f} s")
-            return
-        folder = self.work / "results" / "compare"
-        folder.mkdir(parents=True, exist_ok=True)
-        cmd = parts.compare_plan(self.py, self.a.model, self.a.compare_repeats, self.datastates_built)
-        self.say(f"compare: {shlex.join(cmd[2:])} ({self.left():.0f} s left)")
-        code = self.run(cmd, folder / f"compare-{self.a.model}.md", env={**self.env, "TMPDIR": str(folder)},
-                        cwd=self.work / "project")
-        self.pack()
-        self.failed |= code not in (0, None)
-        self.say(f"compare {ended(code)} (its tables: results/compare/compare-{self.a.model}.md in the archive)")
+        if folder := self.folder("compare", 300.0):
+            cmd = parts.compare_plan(self.py, self.a.model, self.a.compare_repeats, self.datastates_built)
+            self.say(f"compare: {shlex.join(cmd[2:])} ({self.left():.0f} s left)")
+            code = self.run(cmd, folder / f"compare-{self.a.model}.md", env={**self.env, "TMPDIR": str(folder)},
+                            cwd=self.work / "project")
+            self.ended("compare", code, f"its tables: results/compare/compare-{self.a.model}.md in the archive")
 
     def attribution(self) -> None:
         """One sampled run per engine of --attribution-engines: each restart phase's causes on this node."""
-        want = 150.0
-        if self.left() < want:
-            self.say(f"attribution skipped: {self.left():.0f} s left, it needs about {want:.0f} s")
-            return
-        folder = self.work / "results" / "attribution"
-        folder.mkdir(parents=True, exist_ok=True)
-        tokens = [self.a.model, f"engine={self.a.attribution_engines}", "attribution=python", "keep=false",
-                  f"results_dir={folder}"]
-        self.say(f"attribution: {shlex.join(tokens)} ({self.left():.0f} s left)")
-        code = self.submit(tokens, f"attribution-{self.a.model}.log", folder)
-        self.pack()
-        self.failed |= code not in (0, None)
-        self.say(f"attribution {ended(code)} (OUT/attribution-{self.a.model}.log: its terminal's \"where the restart "
-                 "went\")")
+        if folder := self.folder("attribution", 150.0):
+            tokens = [self.a.model, f"engine={self.a.attribution_engines}", "attribution=python", "keep=false",
+                      f"results_dir={folder}"]
+            self.say(f"attribution: {shlex.join(tokens)} ({self.left():.0f} s left)")
+            code = self.submit(tokens, f"attribution-{self.a.model}.log", folder)
+            self.ended("attribution", code, f"OUT/attribution-{self.a.model}.log: its terminal's \"where the restart "
+                       "went\"")
 
     def report_cases(self, record: Path) -> None:
         for c in json.loads(record.read_text())["cases"]:
@@ -379,12 +376,10 @@ def main(argv: list[str]) -> int:
     check.node()
     check.install(info)
     big = check.big_fits() if a.big != "none" and not check.failed else None
-    if not check.failed and check.left() > 0:
-        check.matrix()
-    if not check.failed and check.left() > 0 and a.compare_repeats:
-        check.compare()
-    if not check.failed and check.left() > 0 and a.attribution_engines != "none":
-        check.attribution()
+    for step, wanted in ((check.matrix, True), (check.compare, a.compare_repeats),
+                         (check.attribution, a.attribution_engines != "none")):
+        if wanted and not check.failed and check.left() > 0:
+            step()
     if big and check.left() > 0 and not check.cut:
         check.big(*big)
     elif big:

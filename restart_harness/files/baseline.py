@@ -1,28 +1,8 @@
-"""Storage baseline: what the checkpoint storage does for plain sequential I/O, so a save or a load can be read as a
-fraction of it.
-
-One measurement: `ranks` writers each write one file (object) of `file_bytes` in 4 MiB blocks and make it durable
-(write), the files are evicted from the page cache where there is one (the record says whether the read was really
-cold), then `ranks` readers read them back (read). Throughput is total bytes / the slowest writer's (reader's)
-seconds, in MiB/s: the MLPerf Storage definition the summary's checkpoint throughput uses too. How a storage is
-probed is its target's StorageProbe (restart_harness/targets/: fio or a built-in probe on a file system, PUT and GET
-with the engines' own client on object storage); this module times, caches and renders.
-
-The ceiling: the same files written and read again the way the storage does best, where the target has such a way
-(a file system: O_DIRECT, CEILING_REQUEST_BYTES requests, CEILING_QUEUE_DEPTH of them in flight a rank, fsync at
-the end; a shape an engine's own writers and readers can take; then read once more in that shape through the page
-cache). Interleaved with the baseline's probes; per direction the ceiling is the best of the medians (a storage
-whose buffered path is faster has that as its limit), and the record says which (`write_from`: direct or
-baseline; `read_from`: direct, buffered or baseline) with that probe's spread. Every efficiency is shown against
-both the baseline and the ceiling.
-
-Results are cached per storage (the probe's key: host and file system, or endpoint and bucket), file size and rank
-count under the user cache directory (files/cache_dir.py: <cache>/baseline/), written atomically with the time and
-method. Each checkout keeps its own (<cache>/baseline/checkout-<hash of its folder>/): a prediction here never uses
-a baseline another checkout measured in its own folder; RH_BASELINE_CACHE=shared shares one among every checkout of
-this user, and every record and line that uses it says so. This module imports nothing above files/: a probe is
-passed in.
-"""
+"""Storage baseline: what the checkpoint storage does for plain sequential I/O (`ranks` writers each write and make
+durable one file of `file_bytes`, evicted, read back), and its ceiling (the same files the way the storage does best),
+so a save or a load can be read as a fraction of either. A target's StorageProbe probes; this module times, caches
+(per storage, size and rank count, per checkout unless RH_BASELINE_CACHE=shared) and renders. docs/measurements.md
+(storage baseline and ceiling) and docs/planner.md (the cache). Imports nothing above files/: a probe is passed in."""
 
 from __future__ import annotations
 

@@ -1,18 +1,7 @@
-"""Digests of a rank's model and optimizer state, computed where the state lives (on the GPU for CUDA runs: only
-two integers per tensor come back to the host).
-
-A tensor's bytes are read as 64-bit words in blocks of BLOCK_WORDS; the digest is (dtype, shape, the sum of all words
-mod 2^64, the sum of each block's word sum times its block number mod 2^64, and the trailing bytes that do not fill
-a word). Any single changed byte changes exactly one word by a non-zero amount smaller than 2^64, so it changes the
-plain sum: every single-byte corruption is detected. Moving data between blocks (a shifted or swapped shard, a
-wrong partition) changes the weighted sum. Reordering inside one 8 KiB block with equal content is the case it
-misses; a cryptographic hash would catch it at ~25x the cost (BLAKE2b ran at 0.8 GB/s per core here, these sums at
-~16-28 GB/s on one core for one tensor or a rank's 84, measured alone on 2026-11-28), which is why the verification
-no longer uses one. In a run the state is digested just before each save (stacks/ state_digests): every tensor's sums
-are queued, then read back once (digests()); the file of digests is made durable by a thread beside training
-(stacks/base.py write_digests). Two ranks sharing two busy cores ran these sums at 3.4 GB/s (issue 67); the
-harness's own seconds are printed beside the saves' (results/terminal.py, benchmarks/compare_engines.py).
-"""
+"""Digests of a rank's model and optimizer state, computed where the state lives (on the GPU for CUDA runs: only two
+integers per tensor come back to the host): the dtype, shape, the plain and the block-weighted sums of the tensor's
+64-bit words (mod 2^64) and its trailing bytes. What they catch, what they miss and what they cost:
+docs/anatomy.md and docs/measurements.md."""
 
 from __future__ import annotations
 

@@ -1,19 +1,7 @@
-"""Emulated torch.save files written and read back in bounded memory (helpers of stacks/emulated.py, for an engine
-that saves with DeepSpeed's TorchCheckpointEngine as it is, i.e. torch.save: engine=default).
-
-Save: the state dict is built as for the in-memory emulation, its tensors left unfilled (torch.empty: address space
-the kernel backs only where touched). torch.save writes the file under torch.serialization.skip_data(): torch's own
-zip records (data.pkl, .format_version, .storage_alignment, byteorder, data/N, version, .data/serialization_id),
-names and 64-byte alignment, each storage's bytes left empty. Each storage is then written in place, chunk by chunk,
-from one buffer the emulation's Filler fills with the bytes the in-memory emulation puts in that tensor; then each
-record's CRC-32 (its data descriptor and central directory entry) and the serialization id, whose second half
-combines the non-empty records' CRC-32s in write order (c10::hash_combine, as torch's PyTorchStreamWriter does), are
-set to what torch.save computes. The file equals torch.save's of the filled state byte for byte (tests/test_emulate.py).
-
-Load: torch.load(mmap=True) (the whole structure unpickled by torch, storages mapped and not read), then every
-storage read from the file in chunks into one buffer: what a load reads from storage. Each chunk is digested as it
-arrives (the digests of restart_harness/model/digest.py, computed incrementally), outside the load's time.
-"""
+"""Emulated torch.save files written and read back in bounded memory (helpers of stacks/emulated.py, for engine=default):
+torch.save writes the file under skip_data(), each storage is then filled in place chunk by chunk and the CRC-32s and
+serialization id set to torch's (byte for byte torch.save's file: tests/test_emulate.py); a load maps the file and
+reads its data in chunks, digesting each. docs/emulation.md."""
 
 from __future__ import annotations
 

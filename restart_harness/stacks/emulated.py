@@ -1,18 +1,8 @@
-"""emulate=true: DeepSpeed's checkpoint of the planned model and layout, without a model and without training. A rank
-writes, through the chosen engine's own save, exactly the files of a checkpoint (names, writing ranks, tensor
-names, shapes, dtypes and storages, DeepSpeed's non-tensor objects: stacks/_deepspeed_files.py), once for each step a
-training run would save at (spec.save_steps); its restart reads its restart read set of the latest through the
-engine's own load, in the order DeepSpeed's load_checkpoint does, and verifies every tensor against the digests
-taken at save.
-
-Memory: where the engine saves with torch.save (DeepSpeed's own TorchCheckpointEngine, as engine=default uses it), a
-rank streams each file (stacks/_streamed.py: torch's own file, its data written and read back in chunks from one
-buffer), so that it holds a few hundred MiB whatever the file's size. With another engine it builds, saves and frees
-one file at a time (an asynchronous engine's flush is waited for before the next file). Either way the ranks of a
-node work in waves so that at most `emulate_memory_gib` of file state is held at once on the node (every rank
-computes the same waves from the plan). Generating the data and waiting for another wave are not part of the save's
-seconds, nor is verification part of the load's.
-"""
+"""emulate=true: DeepSpeed's checkpoint of the planned model and layout, without a model and without training: a rank
+writes, through the chosen engine's own save, exactly the files of the checkpoint (stacks/_deepspeed_files.py) at each
+step a training run would save at, and its restart reads its read set back in DeepSpeed's order and verifies every
+tensor. Memory is bounded by streaming torch.save's files (stacks/_streamed.py) and by waves of ranks
+(emulate_memory_gib); generating data, waiting for a wave and verifying are not timed. docs/emulation.md."""
 
 from __future__ import annotations
 

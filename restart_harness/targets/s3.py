@@ -1,14 +1,6 @@
 """ckpt_dir=s3://bucket/prefix: object storage as a checkpoint target, read and written with s3torchconnector (the
-`s3` extra), configured the way AWS tools are (targets/_s3_bucket.py).
-
-A run's objects are `<prefix>/<run name>-<owner>/<tag>/<DeepSpeed's or DCP's file name>`, and `.../latest` once a
-checkpoint is committed (owner: a digest of the run folder's host and path, so that no two runs share a prefix). The
-run directory keeps a local index of the same names (`checkpoint/`): DeepSpeed finds its files by globbing a file
-system, so each object has an empty placeholder there, beside DeepSpeed's recovery script and `latest`. Sizes, file
-counts and the inventory come from the bucket listing, never from the placeholders. An object is durable when its
-upload completes (the writer's close); `latest` is one PUT, which is atomic. No page cache is involved in a restart's
-reads, and the baseline probe PUTs and GETs objects with the same client the engines use.
-"""
+`s3` extra), configured the way AWS tools are (targets/_s3_bucket.py). Object names, the local index of placeholders,
+durability and the baseline probe: docs/s3.md."""
 
 from __future__ import annotations
 

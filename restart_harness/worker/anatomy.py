@@ -1,23 +1,6 @@
 """Where a load's (or a save's) wall time goes, on one rank: every second of the window is attributed to exactly one
-category, by what this rank's main thread was doing.
-
-    read         inside the engine's load of a file, while a read of a checkpoint file was in flight (any thread)
-    deserialize  inside the engine's load of a file, no read in flight: unpickling, building tensors
-    serialize    inside the engine's save of a file, no write or fsync in flight: pickling, staging copies
-    write        inside the engine's save, while a write was in flight
-    fsync        a sync of checkpoint files in flight (the engine's own, or the harness's fsync for durability)
-    copy         copying loaded state into the engine: module.load_state_dict, the ZeRO optimizer's
-                 load_state_dict (into its flat partitions; host->device on CUDA)
-    wait         inside a barrier or collective (DeepSpeed's comm, the harness's commit barrier): waiting for
-                 other ranks and exchanging data with them
-    other        the rest of the window: DeepSpeed's own code between those calls (file-name globbing,
-                 state-dict assembly, logging, copying its recovery scripts)
-
-Regions nest: a region's own time excludes the regions inside it, so the categories partition the window. "In
-flight" comes from the I/O counters preloaded into the rank (restart_harness/iocount): the wall time during which at
-least one read (write, sync) call on a checkpoint file was running on any thread. Without those counters (no C
-compiler) read and write cannot be told apart from deserialize and serialize, and are reported as null.
-"""
+category (read, deserialize, serialize, write, fsync, copy, wait, other), by what this rank's main thread was doing;
+regions nest, and "in flight" comes from the preloaded I/O counters (restart_harness/iocount). docs/anatomy.md."""
 
 from __future__ import annotations
 

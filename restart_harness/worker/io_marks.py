@@ -1,17 +1,6 @@
 """A rank's I/O by source, phase by phase: at each mark, what the phase it ends opened, stat-ed, listed, read and
-wrote in each source (the Python environment, the extension cache, the checkpoint, ...), what the dynamic loader
-mapped, and what the kernel says the storage delivered. docs/measurements.md#io-by-source defines every figure.
-
-- The call counters are rhio.c's (preloaded with anatomy=true or trace=true): calls made through libc by any code in
-  the process (Python's imports, DeepSpeed's op loader, the engines).
-- The dynamic loader opens and maps shared libraries with its own system calls, which no preloaded library sees:
-  the files newly mapped (/proc/self/maps) are counted as `mapped_files` and their mapped extent as `mapped_bytes`.
-- The kernel's per-process counters (/proc/self/io, getrusage) cover everything, mapped pages included: the bytes
-  the storage delivered (`storage_read_bytes`: page-cache misses; 0 on a warm cache) and major page faults.
-
-The first phase (imports) starts at the process's exec: every counter starts at zero there. Reading /proc/self/maps
-and /proc/self/io is this probe's own I/O: two opens and their reads a mark, in `pseudo`.
-"""
+wrote in each source (rhio.c's counters), what the dynamic loader mapped (/proc/self/maps), and what the kernel says
+the storage delivered (/proc/self/io). docs/measurements.md#io-by-source defines every figure."""
 
 from __future__ import annotations
 

@@ -1,28 +1,7 @@
 """One rank's checkpoint manager: the only code that saves, waits for durability, commits `latest` and loads. The
-training stack decides what is in a checkpoint and how its files are named (DeepSpeed's save_checkpoint, FSDP2's
-one collective save, the emulated files); every file goes through the manager's Recorder to the engine's
-CheckpointIO (engines/), and the storage target (targets/) makes it durable and commits it.
-
-Per save and rank (docs/measurements.md):
-  blocking_seconds  inside the stack's save (what training waits for)
-  durable_seconds   from the same start until every file this rank wrote is durable: the engine's flush is done
-                    (CheckpointIO.wait, or DeepSpeed's own commit for its decoupled writer) and the target has made
-                    the files durable (fsync of the file data, then of the folders naming them). Where the engine's
-                    own wait does not fsync (Engine.durable_on_wait False: DataStates' io_uring writes, torch.save),
-                    that fsync is what makes them durable; the save's `durability` records both parts' seconds
-  commit_seconds    from the same start until `latest` names the tag: after a barrier (every rank durable) rank 0
-                    has the target commit it atomically. DeepSpeed's own `latest` write (before its last barrier,
-                    never fsync'd) is disabled with save_latest=False, so `latest` never names a torn checkpoint.
-Time the stack marks untimed (an emulated rank generating its data or waiting for another wave) is not part of a
-save's blocking and durable seconds. For such a stack the barrier would also wait for the other ranks' untimed
-time, so its commit_seconds is the slowest rank's durable_seconds (one MAX all-reduce, the barrier) plus the commit
-after it.
-
-A synchronous save is an asynchronous one waited for at once. An asynchronous engine returns before its files are
-written: a waiter thread waits for the flush, makes the files durable and stamps durable_seconds; training goes on,
-and `latest` is committed only once every rank is durable - checked at each step boundary (one MIN all-reduce of a
-done flag), and waited for before the next save and at the end of the phase.
-"""
+stack decides what a checkpoint holds; every file goes through the Recorder to the engine's CheckpointIO (engines/),
+and the storage target (targets/) makes it durable and commits it. What blocking_seconds, durable_seconds and
+commit_seconds mean, and the asynchronous protocol: docs/measurements.md."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""One rank's memory, read where the worker needs it: the high-water mark of each phase (between two marks), of each
-training step and of each save (from its start to its commit), all from the same counters.
-
-Host: the process's resident set (VmRSS) and its high-water mark (VmHWM) from /proc/self/status; reading a window's
-peak resets VmHWM to the current RSS (`5` to /proc/self/clear_refs, Linux >= 4.0). Windows nest (a save's window
-holds the steps its flush overlaps, a phase's holds both): every reset first folds the high-water mark so far into
-every open window, so no window loses a peak to another's reset. Device (CUDA only): torch's allocated bytes and
-its peak, reset the same way (torch.cuda.reset_peak_memory_stats).
-
-Only the rank's main thread opens, reads and closes windows (a save's waiter thread never does), so no lock is taken.
-Where /proc does not allow it every figure is None (docs/measurements.md#memory-per-save)."""
+"""One rank's memory: the high-water mark of each phase, training step and save, from VmRSS and VmHWM (reset through
+/proc/self/clear_refs; nested windows fold every peak before a reset) and, on CUDA, torch's allocated bytes. Only the
+main thread uses it. docs/measurements.md#memory-per-save."""
 
 from __future__ import annotations
 

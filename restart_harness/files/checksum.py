@@ -8,6 +8,8 @@ import hashlib
 import time
 from pathlib import Path
 
+from restart_harness.files.atomic import files_under
+
 ALGORITHM = "sha256"
 _CHUNK = 8 << 20
 
@@ -21,7 +23,7 @@ def of(path: str | Path) -> str:
     path = Path(path)
     digest = hashlib.sha256()
     if path.is_dir():
-        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        for f in files_under(path):
             digest.update(str(f.relative_to(path)).encode() + b"\0")
             _feed(digest, f)
     else:

@@ -1,12 +1,6 @@
-"""Per-process counters of the I/O done on the checkpoint's files (rhio.c, loaded with LD_PRELOAD into each rank):
-calls, bytes, request sizes, seconds inside the calls and the wall time during which any such call was in flight;
-and, for every path the process touches, opens, metadata calls, listings, reads and writes by source (the Python
-environment, the extension cache, the checkpoint, ...: RH_IO_SOURCES, set by restart_harness/rundir/observe.py).
-
-The library is compiled once per machine into the user cache directory (`cc`, a few hundred milliseconds) by the
-harness before it launches ranks; a machine without a C compiler runs without it, and the anatomy then reports no
-read/write split (documented in docs/anatomy.md). Python reads the counters of its own process through ctypes.
-"""
+"""Per-process counters of the I/O done on the checkpoint's files and, by source, on every path (rhio.c, loaded with
+LD_PRELOAD into each rank, compiled once per machine into the user cache directory; without a C compiler the anatomy
+reports no read/write split: docs/anatomy.md). Python reads its own process's counters through ctypes."""
 
 from __future__ import annotations
 
@@ -28,7 +22,6 @@ HIST_BUCKETS = 24  # bucket b: requests of [2^(b+9), 2^(b+10)) bytes; 0 is < 1 K
 PATH_MAX = 4096
 ENV_PREFIXES = "RH_IO_PREFIXES"
 ENV_SHARED = "RH_IO_SHARED"
-ENV_FOPEN_VIA_OPEN = "RH_IO_FOPEN_VIA_OPEN"
 ENV_SOURCES = "RH_IO_SOURCES"
 # rhio.c's per-source counters, in its RH_S_* order (docs/measurements.md#io-by-source defines each)
 SOURCE_COUNTERS = ("opens", "open_failures", "metadata_calls", "metadata_failures", "listings", "reads", "read_bytes",

@@ -66,10 +66,7 @@ def nodes(partition: str | None) -> tuple[int, int, list[str]]:
     if not partition:
         partition = next((p[:-1] for p in sinfo("-o", "%P").split() if p.endswith("*")), None)
     lines = sinfo("-N", "-o", "%N|%t|%E", *(["-p", partition] if partition else [])).splitlines()
-    states = {}
-    for line in lines:
-        node, state, why = (line.split("|") + ["", ""])[:3]
-        states[node] = (state, why)
+    states = {node: (state, why) for node, state, why in ((line.split("|") + ["", ""])[:3] for line in lines)}
     bad = [f"{n} {st}" + (f" ({why})" if why and why != "none" else "")
            for n, (st, why) in sorted(states.items()) if st not in _USABLE]
     return len(states) - len(bad), len(states), bad

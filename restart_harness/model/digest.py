@@ -10,18 +10,13 @@ import torch
 BLOCK_WORDS = 1024  # 8 KiB blocks
 
 
-def _words(t: torch.Tensor) -> tuple[torch.Tensor, bytes]:
-    """(the tensor's bytes as int64 words, the trailing bytes that do not fill a word)."""
+def _sums(t: torch.Tensor) -> tuple[torch.Tensor, bytes]:
+    """(the plain and the block-weighted sums of the tensor's bytes as int64 words, both on the tensor's device, not
+    yet read; the trailing bytes that do not fill a word)."""
     flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
     whole = flat.numel() // 8 * 8
     tail = flat[whole:].cpu().numpy().tobytes() if whole < flat.numel() else b""
-    return flat[:whole].view(torch.int64), tail
-
-
-def _sums(t: torch.Tensor) -> tuple[torch.Tensor, bytes]:
-    """(the plain and the block-weighted word sums, both int64 on the tensor's device, not yet read; the trailing
-    bytes)."""
-    words, tail = _words(t)
+    words = flat[:whole].view(torch.int64)
     n = words.numel()
     full = n // BLOCK_WORDS * BLOCK_WORDS
     blocks = words[:full].view(-1, BLOCK_WORDS).sum(dim=1)  # int64 sums wrap modulo 2^64
@@ -55,10 +50,6 @@ def digests(values: dict[str, object]) -> dict[str, str]:
 
 def tensor_digest(t: torch.Tensor) -> str:
     return digests({"": t})[""]
-
-
-def value_digest(value) -> str:
-    return digests({"": value})[""]
 
 
 def combined(digests: dict[str, str]) -> str:

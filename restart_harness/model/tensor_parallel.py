@@ -92,24 +92,19 @@ class ColumnParallelLinear(nn.Module):
 
     def __init__(self, param: Param, tp: TPGroup):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(param.shape))  # (out_features / tp, in_features)
+        self.tp = tp
+        self.weight = nn.Parameter(torch.empty(param.shape))  # (out_features / tp, in_features); row: (out, in / tp)
         _init(self.weight, param.fan_in)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(ColumnParallelLinear):
     """y = sum over TP ranks of x_local W_local^T, W split by input columns."""
 
-    def __init__(self, param: Param, tp: TPGroup):
-        super().__init__()
-        self.tp = tp
-        self.weight = nn.Parameter(torch.empty(param.shape))  # (out_features, in_features / tp)
-        _init(self.weight, param.fan_in)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return reduce_from_tp(F.linear(x, self.weight), self.tp)
+        return reduce_from_tp(super().forward(x), self.tp)
 
 
 class VocabParallelEmbedding(nn.Module):

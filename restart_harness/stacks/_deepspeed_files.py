@@ -164,13 +164,8 @@ def _optimizer_state(spec, recipe, filler: Filler, ds_config: dict, step: int) -
     version, LossScaler, ZeroStageEnum, fragment_address = _ds_objects()
     part = rules.zero1_partition_numel(recipe.numel, spec.dp)
     d = recipe.dp_rank
-    padding = max(0, (d + 1) * part - recipe.numel) if (d + 1) * part > recipe.numel else 0
-    padding = min(padding, part)
-
-    def partition() -> torch.Tensor:
-        return filler.fill(torch.empty(part, dtype=torch.float32))
-
-    master, exp_avg, exp_avg_sq = partition(), partition(), partition()
+    padding = min(max(0, (d + 1) * part - recipe.numel), part)
+    master, exp_avg, exp_avg_sq = (filler.fill(torch.empty(part, dtype=torch.float32)) for _ in range(3))
     mappings, offset = collections.OrderedDict(), 0
     lo, hi = d * part, (d + 1) * part
     for name, shape in recipe.params:
@@ -211,13 +206,10 @@ def tensors_of(state: object, prefix: str = "") -> dict[str, torch.Tensor]:
     """key path -> tensor, for every tensor in a (nested) state dict."""
     if isinstance(state, torch.Tensor):
         return {prefix: state}
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else ()
     out: dict[str, torch.Tensor] = {}
-    if isinstance(state, dict):
-        for k, v in state.items():
-            out.update(tensors_of(v, f"{prefix}/{k}" if prefix else str(k)))
-    elif isinstance(state, (list, tuple)):
-        for i, v in enumerate(state):
-            out.update(tensors_of(v, f"{prefix}/{i}" if prefix else str(i)))
+    for k, v in items:
+        out.update(tensors_of(v, f"{prefix}/{k}" if prefix else str(k)))
     return out
 
 

@@ -184,29 +184,43 @@ def _hash_combine(seed: int, value: int) -> int:
     return (seed ^ ((value + 0x9E3779B9 + ((seed << 6) & M64) + (seed >> 2)) & M64)) & M64
 
 
+def _chunks(path: str, state):
+    """(record name, storage, its record, offset, length) of every chunk of every storage of `state` in the file at
+    `path`, in file order, and the running digests (per storage) that the chunks feed."""
+    order, records = storages(state), _records(path)
+    spans = _spans(state, order)
+
+    def chunks():
+        for i, storage in enumerate(order):
+            record, nbytes = records[f"data/{i}"], storage.nbytes()
+            for at in range(0, nbytes, STREAM_CHUNK_BYTES):
+                yield i, storage, record, at, min(STREAM_CHUNK_BYTES, nbytes - at)
+
+    return records, spans, chunks()
+
+
+def _digests(spans) -> dict[str, str]:
+    return {key: running.hexdigest() for per in spans for _, _, key, running in per}
+
+
 def write(path: str, fill: Fill) -> dict[str, str]:
     """Fill the storages of the skeleton torch.save left at `path` and make its CRCs and serialization id torch's;
     the digest of every tensor of the state."""
-    order, records = storages(fill.state), _records(path)
-    spans = _spans(fill.state, order)
+    records, spans, chunks = _chunks(path, fill.state)
     buffer = torch.empty(STREAM_CHUNK_BYTES, dtype=torch.uint8)
     view = buffer.numpy()
     crcs = {}
     with open(path, "r+b") as f:
         fd = f.fileno()
-        for i, storage in enumerate(order):
-            record, nbytes, crc = records[f"data/{i}"], storage.nbytes(), 0
-            for at in range(0, nbytes, STREAM_CHUNK_BYTES):
-                length = min(STREAM_CHUNK_BYTES, nbytes - at)
-                with fill.untimed("generate"):
-                    if storage._cdata in fill.fills:
-                        fill.filler.pattern(fill.fills[storage._cdata], nbytes, at, buffer[:length])
-                    else:  # a tensor with a value of its own (Adam's step): its bytes
-                        buffer[:length].copy_(torch.empty(0, dtype=torch.uint8).set_(storage)[at:at + length])
-                    _feed(spans[i], view[:length], at)
-                crc = zlib.crc32(view[:length], crc)
-                os.pwrite(fd, view[:length], record.data + at)
-            crcs[f"data/{i}"] = crc
+        for i, storage, record, at, length in chunks:
+            with fill.untimed("generate"):
+                if storage._cdata in fill.fills:
+                    fill.filler.pattern(fill.fills[storage._cdata], storage.nbytes(), at, buffer[:length])
+                else:  # a tensor with a value of its own (Adam's step): its bytes
+                    buffer[:length].copy_(torch.empty(0, dtype=torch.uint8).set_(storage)[at:at + length])
+                _feed(spans[i], view[:length], at)
+            crcs[f"data/{i}"] = zlib.crc32(view[:length], crcs.get(f"data/{i}", 0))
+            os.pwrite(fd, view[:length], record.data + at)
         for name, crc in crcs.items():
             _set_crc(fd, records[name], crc)
         combined = 0
@@ -217,23 +231,19 @@ def write(path: str, fill: Fill) -> dict[str, str]:
         value = os.pread(fd, sid.nbytes, sid.data)[:20] + f"{combined:020d}".encode()
         os.pwrite(fd, value, sid.data)
         _set_crc(fd, sid, zlib.crc32(value))
-    return {key: running.hexdigest() for per in spans for _, _, key, running in per}
+    return _digests(spans)
 
 
 def read(path: str, state, untimed) -> dict[str, str]:
     """Every storage of `state` (loaded from `path` with mmap=True) read from the file in chunks into one buffer (what
     a load reads), and the digest of each of its tensors, taken chunk by chunk inside untimed("verify")."""
-    order, records = storages(state), _records(path)
-    spans = _spans(state, order)
+    _, spans, chunks = _chunks(path, state)
     view = np.empty(STREAM_CHUNK_BYTES, dtype=np.uint8)
     with open(path, "rb", buffering=0) as f:
-        for i, storage in enumerate(order):
-            record, nbytes = records[f"data/{i}"], storage.nbytes()
-            for at in range(0, nbytes, STREAM_CHUNK_BYTES):
-                length = min(STREAM_CHUNK_BYTES, nbytes - at)
-                got = os.preadv(f.fileno(), [memoryview(view)[:length]], record.data + at)
-                if got != length:
-                    raise OSError(f"{path}: data/{i} ends {length - got} bytes early")
-                with untimed("verify"):
-                    _feed(spans[i], view[:length], at)
-    return {key: running.hexdigest() for per in spans for _, _, key, running in per}
+        for i, _, record, at, length in chunks:
+            got = os.preadv(f.fileno(), [memoryview(view)[:length]], record.data + at)
+            if got != length:
+                raise OSError(f"{path}: data/{i} ends {length - got} bytes early")
+            with untimed("verify"):
+                _feed(spans[i], view[:length], at)
+    return _digests(spans)

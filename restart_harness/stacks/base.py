@@ -1,13 +1,6 @@
-"""The interface between the harness and a training stack: what trains the model and holds the state a checkpoint
-saves (DeepSpeed, FSDP2, the emulated stack that writes DeepSpeed's files without training). One module in
-restart_harness/stacks/ per stack, holding its two halves, by audience:
-
-  Stack   the kind, for the command line (no torch): its capabilities, its default engine, which keys, engines and
-          targets it takes (check), how a restart at another layout works (check_relayout, relayout), its imports
-  Rank    one rank of a phase (Stack.Rank), driven by the one rank loop (restart_harness/worker/main.py) and its
-          checkpoint manager (worker/manager.py): start, build, then train steps, saves and loads through the
-          manager's recorder, verification. The collectives the manager needs are rank_env's.
-"""
+"""The interface between the harness and a training stack (DeepSpeed, FSDP2, the emulated stack): Stack, the kind for
+the command line (no torch), and Rank (Stack.Rank), one rank of a phase driven by the rank loop
+(restart_harness/worker/main.py) and its checkpoint manager (worker/manager.py). docs/architecture.md."""
 
 from __future__ import annotations
 

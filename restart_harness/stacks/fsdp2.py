@@ -206,11 +206,9 @@ class FSDP2Stack(Stack):
 
     @classmethod
     def imports(cls, later: bool = False) -> None:
-        import torch
         import torch.distributed.checkpoint
-        import torch.distributed.fsdp
+        import torch.distributed.fsdp  # noqa: F401
 
         import restart_harness.model.llama  # noqa: F401
 
-        if later:
-            import torch._dynamo  # noqa: F401
+        super().imports(later)

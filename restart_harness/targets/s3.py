@@ -53,15 +53,6 @@ class TimedStream:
         self._observer.add_bytes(self._category, n or 0)
         return n
 
-    def seek(self, *args):  # the reader fetches up to a forward target (and may ask the object's size)
-        return self._timed("seek", *args)
-
-    def flush(self):
-        return self._timed("flush")
-
-    def close(self):
-        return self._timed("close")
-
     def __enter__(self):
         self._stream.__enter__()
         return self
@@ -70,7 +61,9 @@ class TimedStream:
         with self._observer.region(self._category):
             return self._stream.__exit__(*exc)
 
-    def __getattr__(self, name):  # seek, tell, readable, ...
+    def __getattr__(self, name):  # seek (the reader fetches up to a forward target), flush, close: timed; tell, ...
+        if name in ("seek", "flush", "close"):
+            return lambda *args: self._timed(name, *args)
         return getattr(self._stream, name)
 
 
@@ -78,8 +71,6 @@ class S3Probe(StorageProbe):
     """The storage baseline of a bucket: PUT and GET through s3torchconnector's streams."""
 
     def key(self) -> str:
-        import hashlib
-
         ident = f"{socket.gethostname()}|{self.target.settings.endpoint_url}|{self.target.settings.region}|{self.target.url.bucket}"
         return f"s3-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
 
@@ -275,10 +266,7 @@ class S3Target(Target):
                  url: S3Url | None = None, settings: S3Settings | None = None):
         super().__init__(location, root)
         self.url = url if url is not None else S3Url.parse(location)
-        try:
-            self.settings = settings or S3Settings.from_environment()
-        except ValueError as exc:
-            raise UsageError(f"ckpt_dir={location or self.url}: {exc}") from None
+        self.settings = settings or _settings(location or self.url)
         self._s3_client = None
 
     @classmethod
@@ -324,10 +312,7 @@ class S3Target(Target):
 
     @classmethod
     def from_record(cls, record: dict, root: Path) -> S3Target:
-        try:
-            settings = S3Settings.from_environment()
-        except ValueError as exc:
-            raise UsageError(f"ckpt_dir={record['checkpoint_url']}: {exc}") from None
+        settings = _settings(record["checkpoint_url"])
         settings.export()  # s3torchconnector's DCP writer and reader find the endpoint in the environment
         return cls(None, root, None, S3Url.parse(record["checkpoint_url"]), settings)
 
@@ -348,3 +333,11 @@ class S3Target(Target):
 
         return S3Checkpoint(self.settings.region, endpoint=self.settings.endpoint_url,
                             s3client_config=self.settings.client_config())
+
+
+def _settings(where) -> S3Settings:
+    """The AWS settings of this environment; UsageError naming ckpt_dir=`where` when they are malformed."""
+    try:
+        return S3Settings.from_environment()
+    except ValueError as exc:
+        raise UsageError(f"ckpt_dir={where}: {exc}") from None

@@ -83,9 +83,7 @@ class Window:
         out["other"] = round(max(0.0, total - attributed), 6)
         io_known = self.io_start is not None
         if not io_known:  # no counters: the I/O categories cannot be separated from (de)serialization
-            for c in ("read", "write", "fsync"):
-                if c in out:
-                    out[c] = None
+            out.update({c: None for c in ("read", "write", "fsync") if c in out})
         io = iocount.delta(self.counters.totals(), self.io_start)
         files = iocount.file_delta(self.counters.files(), self.files_start) if io_known else {}
         return {

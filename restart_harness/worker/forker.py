@@ -6,6 +6,7 @@ model, opens a checkpoint or joins a process group."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -58,10 +59,8 @@ def main(argv: list[str]) -> int:
 
     def end_all(signum=None, frame=None):
         for pid in children:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         if signum is not None:
             os._exit(128 + signum)
 

@@ -13,17 +13,22 @@ _KERNEL_FILE = {"read_bytes": "storage_read_bytes", "write_bytes": "storage_writ
                 "syscr": "read_syscalls"}
 
 
-def _kernel() -> dict[str, int]:
+def _kernel(pid: str = "self") -> dict[str, int]:
+    """The kernel's figures of this process, or of the forking process (`pid`: a forked rank's own start at zero)."""
     out: dict[str, int] = {}
     try:
-        with open("/proc/self/io") as f:
+        with open(f"/proc/{pid}/io") as f:
             for line in f:
                 key, _, value = line.partition(":")
                 if key in _KERNEL_FILE:
                     out[_KERNEL_FILE[key]] = int(value)
-    except OSError:  # a kernel without task I/O accounting: those figures are absent, not zero
+        if pid != "self":
+            with open(f"/proc/{pid}/stat") as f:
+                out["major_faults"] = int(f.read().rsplit(")", 1)[1].split()[9])  # field 12, majflt
+    except (OSError, IndexError, ValueError):  # a kernel without task I/O accounting: absent figures, not zero
         pass
-    out["major_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    if pid == "self":
+        out["major_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
     return out
 
 
@@ -40,23 +45,6 @@ def _mapped() -> dict[str, int]:
                 path = parts[5].rstrip("\n").removesuffix(" (deleted)")
                 out[path] = out.get(path, 0) + end - start
     except OSError:
-        pass
-    return out
-
-
-def _parent_kernel() -> dict[str, int]:
-    """The forking process's kernel figures, read from /proc/<parent>/ (a forked rank's own start at zero)."""
-    parent = os.getppid()
-    out: dict[str, int] = {}
-    try:
-        with open(f"/proc/{parent}/io") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in _KERNEL_FILE:
-                    out[_KERNEL_FILE[key]] = int(value)
-        with open(f"/proc/{parent}/stat") as f:
-            out["major_faults"] = int(f.read().rsplit(")", 1)[1].split()[9])  # field 12, majflt
-    except (OSError, IndexError, ValueError):
         pass
     return out
 
@@ -81,27 +69,24 @@ class IOProbe:
             self._sources = (self.counters.sources() if self.by_source else None) or {}
             self._mapped = _mapped() if self.by_source else {}
             if owns:
-                self._carried = {"sources": self._sources, "mapped": self._mapped, "kernel": _parent_kernel()}
+                self._carried = {"sources": self._sources, "mapped": self._mapped, "kernel": _kernel(str(os.getppid()))}
 
     def phase(self) -> dict:
         kernel, sources = _kernel(), self.counters.sources() if self.by_source else None
         out: dict = {"kernel": {k: v - self._kernel.get(k, 0) for k, v in kernel.items()}}
         self._kernel = kernel
-        carried, self._carried = self._carried, None
-        if carried:  # the forking process's own I/O from its exec, read from /proc/<parent>/ when the probe started
-            for k, v in carried["kernel"].items():
-                out["kernel"][k] = out["kernel"].get(k, 0) + v
+        # the forking process's own I/O from its exec, read from /proc/<parent>/ when the probe started (first phase)
+        carried, self._carried = self._carried or {"sources": {}, "mapped": {}, "kernel": {}}, None
+        for k, v in carried["kernel"].items():
+            out["kernel"][k] = out["kernel"].get(k, 0) + v
         if sources is not None:
             per: dict[str, dict[str, int]] = {}
             for name, counts in sources.items():
-                before = self._sources.get(name, {})
-                per[name] = {k: v - before.get(k, 0) for k, v in counts.items()}
-                for k, v in ((carried or {}).get("sources") or {}).get(name, {}).items():
-                    per[name][k] += v
+                before, extra = self._sources.get(name, {}), carried["sources"].get(name, {})
+                per[name] = {k: v - before.get(k, 0) + extra.get(k, 0) for k, v in counts.items()}
             self._sources = sources
             mapped = _mapped()
-            new = {path: size for path, size in mapped.items() if path not in self._mapped}
-            new.update({path: size for path, size in ((carried or {}).get("mapped") or {}).items()})
+            new = {path: size for path, size in mapped.items() if path not in self._mapped} | carried["mapped"]
             for path, size in new.items():
                 entry = per.setdefault(self.table.source_of(path), dict.fromkeys(iocount.SOURCE_COUNTERS, 0))
                 entry["mapped_files"] = entry.get("mapped_files", 0) + 1

@@ -16,6 +16,7 @@ from restart_harness.iocount import delta
 from restart_harness.rank_env import all_true, barrier, max_of, sync
 from restart_harness.schema import LOAD_CATEGORIES, SAVE_CATEGORIES, Digest, LoadAnatomy, Loaded, Save
 from restart_harness.stacks.base import digests_written
+from restart_harness.worker.memory import added
 
 
 class Recorder:
@@ -26,7 +27,6 @@ class Recorder:
         self.io, self.target, self.anatomy, self.rank = io, target, anatomy, rank  # io: the engine's CheckpointIO
         self.native = io.native  # DeepSpeed's own checkpoint engine, where the chosen engine is that one
         self.saved: list[tuple[str, float]] = []
-        self.facts: dict = {}  # the fields the stack adds to the save record
         self.loaded: list[tuple[str, float]] = []
         self.step: int | None = None  # training step of the save in progress (for fault injection)
         self.committed = threading.Event()  # DeepSpeed committed a decoupled engine's checkpoint
@@ -58,8 +58,9 @@ class Recorder:
 class _Pending:
     """One save on this rank between its start and its commit; the waiter stamps durable_at (perf_counter)."""
 
-    def __init__(self, tag: str, step: int):
+    def __init__(self, tag: str, step: int, memory):
         self.tag, self.step = tag, step
+        self.memory = memory  # worker/memory.py Window from the save's start to its commit
         self.wall_start, self.start = time.time(), time.perf_counter()
         self.blocking = self.untimed = 0.0
         self.saved: list[tuple[str, float]] = []
@@ -75,7 +76,6 @@ class _Pending:
         self.error: BaseException | None = None
         self.in_flight_steps = 0
         self.thread: threading.Thread | None = None
-        self.memory = None  # worker/memory.py Window from the save's start to its commit
         self.returned: tuple = (None, None)  # (host RSS, device bytes) when the stack's save returned
         self.buffers: dict | None = None  # the engine's own buffers then (CheckpointIO.buffers)
 
@@ -90,7 +90,6 @@ class CheckpointManager:
         self.asynchronous = engine.asynchronous() or self.waits_for_deepspeed
         self.memory = memory  # worker/memory.py MemoryProbe; None: no memory figures
         self.pending: _Pending | None = None
-        self._untimed = 0.0
         stack.attach(self.recorder)
 
     @contextlib.contextmanager
@@ -101,9 +100,7 @@ class CheckpointManager:
             with self.anatomy.region(category):
                 yield
         finally:
-            elapsed = time.perf_counter() - start
-            self._untimed += elapsed
-            self.recorder.untimed += elapsed
+            self.recorder.untimed += time.perf_counter() - start
 
     # ---- saving ---------------------------------------------------------------------------------------------------
     def save(self, step: int) -> None:
@@ -118,11 +115,8 @@ class CheckpointManager:
         rec = self.recorder
         rec.saved.clear()
         rec.committed.clear()
-        rec.step = step
-        self._untimed = 0.0
-        memory = self.memory.open() if self.memory else None
-        p = _Pending(tag, step)
-        p.memory = memory
+        rec.step, untimed = step, rec.untimed
+        p = _Pending(tag, step, self.memory.open() if self.memory else None)
         # the anatomy window shares the save's clock: it starts at p.start and ends where commit_seconds (a
         # synchronous save) or blocking (an asynchronous one) stops
         with self.anatomy.measure(SAVE_CATEGORIES, excluded=self.stack.untimed["save"],
@@ -131,7 +125,7 @@ class CheckpointManager:
                 p.facts = self.stack.save(self.target.root, tag, step, rec, self.untimed) or {}
             except Exception as exc:
                 raise self.target.explain_save_failure(exc, tag) from exc
-            p.untimed = self._untimed
+            p.untimed = rec.untimed - untimed
             returned = time.perf_counter()
             p.blocking = returned - p.start - p.untimed
             p.saved = list(rec.saved)
@@ -269,7 +263,6 @@ class CheckpointManager:
         engine_init = self.log.phase_fields()  # memory and I/O of engine_init, read before the load's barrier
         barrier()  # every rank starts the load clock together: one rank's slower start is not load time
         load_start = time.time()
-        self._untimed = 0.0
         with self.anatomy.measure(LOAD_CATEGORIES, excluded=self.stack.untimed["load"]) as window:
             tag = tag or self.target.latest()
             if tag is None:
@@ -295,16 +288,11 @@ def _memory(p: _Pending) -> dict | None:
     w = p.memory
     if w is None or w.start_rss is None:
         return None
-
-    def added(x):
-        return x - w.start_rss if x is not None else None
-
-    out = {"rss_before_bytes": w.start_rss, "peak_added_bytes": added(w.peak_rss), "held_bytes": added(p.returned[0]),
-           "retained_bytes": added(w.end_rss), "engine_buffers": p.buffers}
+    out = {"rss_before_bytes": w.start_rss, "peak_added_bytes": added(w.peak_rss, w.start_rss),
+           "held_bytes": added(p.returned[0], w.start_rss), "retained_bytes": added(w.end_rss, w.start_rss),
+           "engine_buffers": p.buffers}
     if w.start_device is not None:
-        def dev(x):
-            return x - w.start_device if x is not None else None
-
-        out["device"] = {"allocated_before_bytes": w.start_device, "peak_added_bytes": dev(w.peak_device),
-                         "held_bytes": dev(p.returned[1]), "retained_bytes": dev(w.end_device)}
+        out["device"] = {"allocated_before_bytes": w.start_device, "peak_added_bytes": added(w.peak_device, w.start_device),
+                         "held_bytes": added(p.returned[1], w.start_device),
+                         "retained_bytes": added(w.end_device, w.start_device)}
     return out

@@ -4,7 +4,12 @@ main thread uses it. docs/measurements.md#memory-per-save."""
 
 from __future__ import annotations
 
-__all__ = ["MemoryProbe", "Window"]
+__all__ = ["MemoryProbe", "Window", "added"]
+
+
+def added(now: int | None, before: int | None) -> int | None:
+    """Bytes added since `before` (None where either is unknown)."""
+    return now - before if now is not None and before is not None else None
 
 
 class Window:

@@ -5,9 +5,14 @@ reading back page residency with mincore(2); the same for the Python environment
 from __future__ import annotations
 
 import ctypes
+import json
 import mmap
 import os
+import socket
+import sys
 from pathlib import Path
+
+from restart_harness.files.atomic import files_under
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -166,12 +171,6 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m restart_harness.files.pagecache drop|warm DIR [--per-file]`: the cache step on this node, its
     record as one JSON line with the node's host name (a multi-node job runs it on every node: phases/nodes.py);
     --per-file evicts DIR's files alone, never drop_caches (env_cache=warm or keep)."""
-    import json
-    import socket
-    import sys
-
-    from restart_harness.files.atomic import files_under
-
     args = argv if argv is not None else sys.argv[1:]
     requested, where = args[:2]
     record = prepare(files_under(Path(where)), requested, per_file="--per-file" in args[2:])

@@ -9,6 +9,7 @@ import hashlib
 import os
 import platform
 import shutil
+import struct
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -219,8 +220,6 @@ def file_delta(after: dict[str, dict], before: dict[str, dict]) -> dict[str, dic
 
 def read_shared(path: Path) -> dict | None:
     """The totals a process tree added to an RH_IO_SHARED file: per class calls, bytes, seconds; opens."""
-    import struct
-
     try:
         raw = Path(path).read_bytes()
     except OSError:

@@ -4,6 +4,7 @@ Before submission sinfo says whether the partition has the nodes and sbatch --te
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,8 +26,6 @@ class SlurmScheduler(Scheduler):
         """The partition must have nodes= nodes that can run a job now (sinfo: not down, drained or unresponding),
         and sbatch --test-only must accept the job script (partition, account, time, nodes and tasks) before the
         run directory exists."""
-        import shutil
-
         spec = self.spec
         if self.inside_job() or spec.dry_run or shutil.which("sbatch") is None:
             return

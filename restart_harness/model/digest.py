@@ -5,6 +5,8 @@ docs/anatomy.md and docs/measurements.md."""
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 BLOCK_WORDS = 1024  # 8 KiB blocks
@@ -53,8 +55,6 @@ def tensor_digest(t: torch.Tensor) -> str:
 
 
 def combined(digests: dict[str, str]) -> str:
-    import hashlib
-
     h = hashlib.blake2b(digest_size=16)
     for name in sorted(digests):
         h.update(f"{name}={digests[name]};".encode())

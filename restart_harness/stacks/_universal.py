@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,8 +32,6 @@ def convert(run_dir: Path, ckpt_root: Path, tag: str, say=print) -> dict:
     if (out / MARKER).is_file():
         return {**read_json(out / MARKER), "reused": True}
     if out.exists():  # an interrupted conversion: start over
-        import shutil
-
         shutil.rmtree(out)
     workers = max(1, min(4, os.cpu_count() or 1))
     cmd = [sys.executable, "-m", CONVERTER, "--input_folder", str(ckpt_root / tag), "--output_folder", str(out),

@@ -5,6 +5,7 @@ the command line (no torch), and Rank (Stack.Rank), one rank of a phase driven b
 from __future__ import annotations
 
 import json
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from restart_harness.errors import UsageError
+from restart_harness.files.atomic import write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -157,9 +159,6 @@ def digest_path(rank: Rank, tag: str, saved_by: int | None = None) -> Path:
 def write_digests(rank: Rank, tag: str, digests: dict[str, str]) -> None:
     """The digests' file, written and made durable (two fsyncs) by a thread beside training, not in the seconds
     training waits; digests_written() waits for it (the manager before it commits the save)."""
-    import threading
-
-    from restart_harness.files.atomic import write_json_atomic
     from restart_harness.model import digest
 
     digests_written(rank)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from restart_harness.errors import UsageError
@@ -154,8 +155,6 @@ class DeepSpeedRank(Rank):
         return len(digests)
 
     def verify(self, tag: str, reference: Path | None) -> Verification:
-        import time
-
         from restart_harness.stacks import _deepspeed_state as state
 
         start = time.perf_counter()

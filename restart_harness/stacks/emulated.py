@@ -13,6 +13,8 @@ from typing import ClassVar
 
 from engines.base import Engine, NativeIO
 from restart_harness.errors import UsageError
+from restart_harness.files.atomic import write_json_atomic
+from restart_harness.plan import checkpoint
 from restart_harness.rank_env import barrier
 from restart_harness.stacks.base import Rank, Stack, Verification
 from restart_harness.stacks.deepspeed import DeepSpeedStack, client_state, ds_config_path, init_distributed
@@ -44,8 +46,6 @@ class EmulatedRank(Rank):
         self.device = init_distributed(self.spec)
 
     def build(self) -> dict:
-        from restart_harness.plan import checkpoint
-
         self.recipes = checkpoint.recipes(self.spec)
         self.config = json.loads(ds_config_path(self.run).read_text())
         self.waves, self.wave_start, self.wave_end = 0, None, None
@@ -60,8 +60,6 @@ class EmulatedRank(Rank):
         return {"native": self.native}
 
     def attach(self, recorder) -> None:
-        from restart_harness.plan import checkpoint
-
         self.streamable = type(recorder.io) is NativeIO and recorder.native is self.native
         self.streamed = self.native.streams = checkpoint.emulation_streams(self.spec, self.streamable)
 
@@ -83,7 +81,6 @@ class EmulatedRank(Rank):
                     dist.barrier()
 
     def save(self, root, tag, step, io, untimed) -> dict:
-        from restart_harness.files.atomic import write_json_atomic
         from restart_harness.model import digest
         from restart_harness.stacks._deepspeed_files import Filler, build_state, tensors_of
         from restart_harness.stacks._streamed import Fill
@@ -123,7 +120,6 @@ class EmulatedRank(Rank):
         """This rank's restart read set, one file at a time, in DeepSpeed's order (and in the save's memory waves),
         each tensor verified against the digest its writer recorded."""
         from restart_harness.model import digest
-        from restart_harness.plan import checkpoint
         from restart_harness.stacks._deepspeed_files import tensors_of
 
         tag_dir = Path(root) / tag
@@ -195,8 +191,6 @@ class EmulatedStack(Stack):
     @staticmethod
     def _check_subset(spec) -> None:
         """subset=true: the first node's ranks must find every file they read among those they write."""
-        from restart_harness.plan import checkpoint
-
         ranks = range(spec.ranks_per_node)
         written = {r.path for r in checkpoint.recipes(spec) if r.writer in ranks}
         for rank in ranks:

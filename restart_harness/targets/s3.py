@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
+import shutil
 import socket
 from pathlib import Path
 
 from restart_harness.errors import UsageError
 from restart_harness.files import baseline, pagecache
+from restart_harness.files.atomic import write_text_atomic
 from restart_harness.targets._s3_bucket import (
     S3Settings,
     S3Url,
@@ -80,8 +83,6 @@ class S3Probe(StorageProbe):
     def measure(self, file_bytes: int, ranks: int, tool: str) -> dict:
         """`ranks` threads each PUT one object of file_bytes (a multipart upload, complete - durable - when the write
         returns), then GET it back whole; the objects are deleted afterwards."""
-        import os
-
         streams = self.target._streams()
         scratch = self.target.url.child(baseline.scratch_name())
         keys = [str(scratch.child(f"rh.{i}")) for i in range(ranks)]
@@ -182,8 +183,6 @@ class S3Store(Store):
         return bool(self._objects(path))
 
     def commit_latest(self, tag: str) -> None:
-        from restart_harness.files.atomic import write_text_atomic
-
         url = self.url.child(LATEST)
         stream = self.target._client().put_object(url.bucket, url.prefix)
         stream.write(tag.encode())
@@ -210,8 +209,6 @@ class S3Stored(Stored):
         return out
 
     def delete(self) -> str:
-        import shutil
-
         count = delete_all(self.target.url, self.target.settings)
         if self.root.is_dir():
             shutil.rmtree(self.root)

@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 
 
 def _exit_code(status: int) -> int:
@@ -48,8 +49,6 @@ def main(argv: list[str]) -> int:
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:  # noqa: BLE001 - a forked child never returns into the loop; its log has the error
-                import traceback
-
                 traceback.print_exc()
             finally:
                 from restart_harness.worker.main import end_process

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import resource
 import socket
@@ -158,8 +159,6 @@ def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: Me
 
 def _storage(the_run: resolve.Run) -> dict | None:
     """The run's storage probe (baseline.json, written before the checkpoint phase), or None without one."""
-    import json
-
     path = the_run.run_dir / "baseline.json"
     try:
         record = json.loads(path.read_text())

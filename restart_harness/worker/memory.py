@@ -4,6 +4,8 @@ main thread uses it. docs/measurements.md#memory-per-save."""
 
 from __future__ import annotations
 
+import sys
+
 __all__ = ["MemoryProbe", "Window", "added"]
 
 
@@ -38,8 +40,6 @@ class MemoryProbe:
     # ---- reading ---------------------------------------------------------------------------------------------------
     def _device(self):
         if self._cuda is None:
-            import sys
-
             torch = sys.modules.get("torch")  # only once the stack imported it
             if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
                 self._cuda = torch.cuda

@@ -56,13 +56,10 @@ def cgroup_memory() -> dict | None:
     if found is None:
         return None
     folder, version = found
-    if version == 2:
-        limit, usage, peak = (_number(folder / n) for n in ("memory.max", "memory.current", "memory.peak"))
-        kills = _field(_read(folder / "memory.events"), "oom_kill")
-    else:
-        limit, usage, peak = (_number(folder / n) for n in
-                              ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.max_usage_in_bytes"))
-        kills = _field(_read(folder / "memory.oom_control"), "oom_kill")
+    names = (("memory.max", "memory.current", "memory.peak", "memory.events") if version == 2 else
+             ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.max_usage_in_bytes", "memory.oom_control"))
+    limit, usage, peak = (_number(folder / n) for n in names[:3])
+    kills = _field(_read(folder / names[3]), "oom_kill")
     total = meminfo("MemTotal:")
     if limit is not None and total is not None and limit >= total:
         limit = None  # v1 writes "no limit" as a huge number

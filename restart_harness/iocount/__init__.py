@@ -204,14 +204,13 @@ def delta(after: dict | None, before: dict | None) -> dict | None:
 
 def file_delta(after: dict[str, dict], before: dict[str, dict]) -> dict[str, dict]:
     """files() difference, keeping only files with I/O in between."""
+    def minus(now, then):  # a count, or a histogram of request sizes
+        return [a - b for a, b in zip(now, then, strict=True)] if isinstance(now, list) else now - then
+
     out = {}
     for path, rec in after.items():
         prev = before.get(path)
-        d = {}
-        for c in CLASSES:
-            d[c] = {k: (rec[c][k] - prev[c][k] if prev else rec[c][k]) if k != "sizes"
-                    else [a - b for a, b in zip(rec[c][k], prev[c][k] if prev else [0] * HIST_BUCKETS, strict=True)]
-                    for k in rec[c]}
+        d = {c: {k: minus(v, prev[c][k]) if prev else v for k, v in rec[c].items()} for c in CLASSES}
         d["opens"] = rec["opens"] - (prev["opens"] if prev else 0)
         if d["opens"] or any(d[c]["calls"] for c in CLASSES):
             out[path] = d
@@ -226,8 +225,6 @@ def read_shared(path: Path) -> dict | None:
         return None
     if len(raw) < 10 * 8:
         return None
-    values = struct.unpack("<10Q", raw[:80])
-    calls, nbytes, ns = values[0:3], values[3:6], values[6:9]
-    out = {c: {"calls": calls[i], "bytes": nbytes[i], "seconds": ns[i] / 1e9} for i, c in enumerate(CLASSES)}
-    out["opens"] = values[9]
-    return out
+    values = struct.unpack("<10Q", raw[:80])  # calls, bytes, ns per class; opens
+    out = {c: {"calls": values[i], "bytes": values[3 + i], "seconds": values[6 + i] / 1e9} for i, c in enumerate(CLASSES)}
+    return {**out, "opens": values[9]}

@@ -39,15 +39,13 @@ def digests(values: dict[str, object]) -> dict[str, str]:
     for names in by_device.values():
         both = torch.stack([pending[n][1] for n in names]).cpu().tolist()
         read.update(zip(names, both, strict=True))
-    out = {}
-    for name, value in values.items():
+    def text(name: str, value) -> str:
         if name not in pending:
-            out[name] = repr(value)
-            continue
-        t, _, tail = pending[name]
-        plain, weighted = read[name]
-        out[name] = f"{t.dtype}:{tuple(t.shape)}:{plain & (2**64 - 1):016x}{weighted & (2**64 - 1):016x}:{tail.hex()}"
-    return out
+            return repr(value)
+        (t, _, tail), (plain, weighted) = pending[name], read[name]
+        return f"{t.dtype}:{tuple(t.shape)}:{plain & (2**64 - 1):016x}{weighted & (2**64 - 1):016x}:{tail.hex()}"
+
+    return {name: text(name, value) for name, value in values.items()}
 
 
 def tensor_digest(t: torch.Tensor) -> str:

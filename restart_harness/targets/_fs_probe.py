@@ -57,9 +57,11 @@ class FileSystemProbe(StorageProbe):
             tool = "fio" if shutil.which("fio") else "builtin"
         block, directory = min(baseline.BLOCK_BYTES, file_bytes), self._probe_dir()
         with _scratch(directory, ranks) as (workdir, files):
-            if tool == "fio":
-                write, read, cache = _fio(workdir, files, file_bytes)
-                method = fio_version() or "fio"
+            if tool == "fio":  # write + fsync, evict, read (fio also invalidates the cache)
+                write, cache = _fio_run(workdir, "write", file_bytes, ranks), _evict(files)
+                read = _fio_run(workdir, "read", file_bytes, ranks)
+                version = subprocess.run(["fio", "--version"], check=False, capture_output=True, text=True, timeout=30)
+                method = version.stdout.strip() or "fio"
             else:
                 write, read, cache, _ = _builtin(files, file_bytes, block, 1, direct=False)
                 method = "builtin"
@@ -154,11 +156,6 @@ def metadata_probe(folder: Path, ranks: int, files: int = METADATA_FILES) -> dic
     return out
 
 
-def fio_version() -> str:
-    proc = subprocess.run(["fio", "--version"], check=False, capture_output=True, text=True, timeout=30)
-    return proc.stdout.strip()
-
-
 def _evict(files: list[Path]) -> dict:
     """Drop these files' pages (clean after fsync) and report what mincore then sees."""
     total = sum(f.stat().st_size for f in files)
@@ -193,16 +190,8 @@ def _fio_run(workdir: Path, rw: str, file_bytes: int, ranks: int, options: tuple
     if proc.returncode != 0:
         raise OSError(f"fio {rw} exited {proc.returncode}: {' '.join(proc.stderr.strip().splitlines()[-3:])}")
     jobs = json.loads(proc.stdout[proc.stdout.index("{"):])["jobs"]
-    total = sum(j[rw]["io_bytes"] for j in jobs)
-    slowest = max(j["job_runtime"] for j in jobs) / 1000.0  # ms; includes end_fsync for writes
-    return {"bytes": total, "seconds": round(slowest, 6), "mib_s": round(total / MIB / slowest, 3) if slowest else None}
-
-
-def _fio(workdir: Path, files: list[Path], file_bytes: int) -> tuple[dict, dict, dict]:
-    """The baseline's fio jobs: write + fsync, evict, read (fio also invalidates the cache)."""
-    write = _fio_run(workdir, "write", file_bytes, len(files))
-    cache = _evict(files)
-    return write, _fio_run(workdir, "read", file_bytes, len(files)), cache
+    # the slowest job's runtime (ms; with end_fsync for writes)
+    return baseline.phase(sum(j[rw]["io_bytes"] for j in jobs), [max(j["job_runtime"] for j in jobs) / 1000.0])
 
 
 # ---- the built-in probe ------------------------------------------------------------------------------------------

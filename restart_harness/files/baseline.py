@@ -71,10 +71,8 @@ def cached(probe, file_bytes: int | None = None, ranks: int | None = None) -> di
     """The cached baseline of the probe's storage: the exact size and rank count if given and present, else the
     most recent measurement there (its file_bytes and ranks say what it was measured at)."""
     folder = cache_root() / probe.key()
-    if file_bytes is not None and ranks is not None:
-        exact = folder / f"{file_bytes}x{ranks}.json"
-        if exact.is_file():
-            return _read(exact)
+    if file_bytes is not None and ranks is not None and (exact := folder / f"{file_bytes}x{ranks}.json").is_file():
+        return _read(exact)
     if not folder.is_dir():
         return None
     entries = [e for e in (_read(p) for p in folder.glob("*.json")) if e]
@@ -289,7 +287,7 @@ def _spread(record: dict, key: str) -> str:
 
 
 def render(record: dict, cached_at: Path) -> str:
-    cache, fs = record["read_cache"], record["filesystem"]
+    cache, fs, m = record["read_cache"], record["filesystem"], record.get("metadata")
     where = fs.get("where") or f"{fs['type']} on {fs['device']}, mounted at {fs['mount']}"
     return "\n".join([
         f"storage baseline of {record['dir']} ({where})",
@@ -299,16 +297,12 @@ def render(record: dict, cached_at: Path) -> str:
          f"{record['write']['seconds']} s; {_spread(record, 'write_mib_s')})"),
         (f"  read_mib_s    {record['read_mib_s']}  ({record['read_means']}; {_spread(record, 'read_mib_s')}; page cache "
          f"before the read: {cache['observed']}" + (f", {cache['error']}" if cache.get("error") else "") + ")"),
-        *([f"  metadata      {_metadata_line(record['metadata'])}"] if record.get("metadata") else []),
+        *([(f"  metadata      create {m['create_per_s']:,.0f}, stat {m['stat_per_s']:,.0f}, open "
+            f"{m['open_per_s']:,.0f}, remove {m['remove_per_s']:,.0f} operations/s ({m['ranks']} ranks x "
+            f"{m['files_per_rank']} files, mdtest's shape; median of the probes)")] if m else []),
         *_ceiling_lines(record.get("ceiling")),
         f"  measured_at   {record['measured_at']}; cached in {cached_at} ({scope_words(record)})",
     ])
-
-
-def _metadata_line(m: dict) -> str:
-    return (f"create {m['create_per_s']:,.0f}, stat {m['stat_per_s']:,.0f}, open {m['open_per_s']:,.0f}, remove "
-            f"{m['remove_per_s']:,.0f} operations/s ({m['ranks']} ranks x {m['files_per_rank']} files, mdtest's shape; "
-            "median of the probes)")
 
 
 def _ceiling_lines(c: dict | None) -> list[str]:

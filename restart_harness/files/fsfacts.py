@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -17,14 +18,12 @@ def filesystem(path: Path) -> dict:
     """Mount point, type and device of the file system holding path (longest /proc/mounts prefix)."""
     path = Path(path).resolve()
     best = {"mount": "/", "type": None, "device": None}
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/mounts").read_text().splitlines():
             device, mount, fstype = line.split()[:3]
             inside = str(path) == mount or str(path).startswith(mount.rstrip("/") + "/")
             if inside and len(mount) >= len(best["mount"]):
                 best = {"mount": mount, "type": fstype, "device": device}
-    except OSError:
-        pass
     return best
 
 

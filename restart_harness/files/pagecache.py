@@ -4,6 +4,7 @@ reading back page residency with mincore(2); the same for the Python environment
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import mmap
@@ -49,7 +50,8 @@ def resident_total(files: list[Path]) -> int:
     return sum(resident_bytes(f) for f in files)
 
 
-def not_applicable(requested: str, why: str, observed: str | None = "not applicable", method: str | None = None) -> dict:
+def not_applicable(requested: str, why: str, observed: str | None = "not applicable", method: str | None = None
+                   ) -> dict:
     """The cache step's record where nothing was observed: no local page cache holds the checkpoint (object storage),
     or the step left the pages as they were."""
     return {"requested": requested, "method": method, "error": None, "bytes": None, "resident_bytes_before": None,
@@ -117,21 +119,6 @@ def _files(prefixes: list[str]) -> list[Path]:
     return out
 
 
-def _is_library(path: Path) -> bool:
-    return path.name.endswith(".so") or ".so." in path.name
-
-
-def _read_all(files: list[Path]) -> None:
-    buf = bytearray(4 << 20)
-    for path in files:
-        try:
-            with open(path, "rb", buffering=0) as f:
-                while f.readinto(buf):
-                    pass
-        except OSError:
-            continue
-
-
 ENVIRONMENT_MARGIN = 0.01
 
 
@@ -151,14 +138,18 @@ def environment(prefixes: list[str], requested: str, checkpoint: dict, per_file:
             else "the environment's pages were left as they were"), None,
             "drop_caches (the checkpoint's cache step)" if evicted else None)
     files = _files(prefixes)
-    libraries = [f for f in files if _is_library(f)]
+    libraries = [f for f in files if f.name.endswith(".so") or ".so." in f.name]
     total = sum(f.stat().st_size for f in libraries)
     record = {"requested": requested, "method": None, "error": None, "files": len(files), "libraries": len(libraries),
               "bytes": total, "resident_bytes_before": resident_total(libraries)}
     if requested == "drop":
         _evict(files, record, per_file)
     else:
-        _read_all(files)
+        buf = bytearray(4 << 20)
+        for path in files:
+            with contextlib.suppress(OSError), open(path, "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
         record["method"] = "read"
     after = resident_total(libraries)
     record["resident_bytes_after"] = after

@@ -101,15 +101,11 @@ def bucket_label(b: int) -> str:
     return f"{size(1 << (b + 9))}-{size(1 << (b + 10))}"
 
 
-def library_path() -> Path:
-    """Where this machine's build of rhio.c lives (named by the source's hash: an edit rebuilds it)."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    return cache_dir("iocount") / f"librhio-{platform.machine()}-{digest}.so"
-
-
 def build() -> Path | None:
     """The compiled library (compiling it first if needed), or None where no C compiler is available."""
-    target = library_path()
+    # this machine's build, named by the source's hash: an edit rebuilds it
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    target = cache_dir("iocount") / f"librhio-{platform.machine()}-{digest}.so"
     if target.is_file():
         return target
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -226,5 +222,6 @@ def read_shared(path: Path) -> dict | None:
     if len(raw) < 10 * 8:
         return None
     values = struct.unpack("<10Q", raw[:80])  # calls, bytes, ns per class; opens
-    out = {c: {"calls": values[i], "bytes": values[3 + i], "seconds": values[6 + i] / 1e9} for i, c in enumerate(CLASSES)}
+    out = {c: {"calls": values[i], "bytes": values[3 + i], "seconds": values[6 + i] / 1e9}
+           for i, c in enumerate(CLASSES)}
     return {**out, "opens": values[9]}

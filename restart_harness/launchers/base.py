@@ -122,18 +122,14 @@ class Launcher(ABC):
         return {}
 
 
-def dry_run_hint(launcher: Launcher, what: str) -> str:
-    """The dry run a refusal may suggest, where the command takes one (offers_dry_run)."""
-    return f", or dry_run=true to only write {what}" if launcher.offers_dry_run else ""
-
-
 def require(launcher: Launcher, programs: list[str], accepted: str = "launcher=local, launcher=torchrun",
             what: str = "the job script") -> None:
     """UsageError when one of the programs this launch runs on this machine is not on PATH."""
     for program in programs:
         if shutil.which(program) is None:
             raise UsageError(f"launcher={launcher.spec.launcher} needs {program}, which is not installed here (not on "
-                             f"PATH); accepted here: {accepted}{dry_run_hint(launcher, what)}")
+                             f"PATH); accepted here: {accepted}"
+                             + (f", or dry_run=true to only write {what}" if launcher.offers_dry_run else ""))
 
 
 def exports(variables: dict[str, str]) -> list[str]:
@@ -158,4 +154,5 @@ def job_script(spec, run_dir: Path, job_args: list[str] | None, directives: list
              "set -euo pipefail", f"cd {shlex.quote(str(SOURCE_ROOT))}"]
     if spec.env_hook:  # the harness's own Python may need the modules too (shared libraries); ranks source it again
         lines.append(f"source {shlex.quote(spec.env_hook)}  # env_hook: modules, conda, ...")
-    return "\n".join([*lines, "exec " + shell_line([sys.executable, "-m", JOB_MODULE, str(run_dir), *(job_args or [])])]) + "\n"
+    lines.append("exec " + shell_line([sys.executable, "-m", JOB_MODULE, str(run_dir), *(job_args or [])]))
+    return "\n".join(lines) + "\n"

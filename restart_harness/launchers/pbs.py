@@ -25,7 +25,8 @@ class PbsScheduler(Scheduler):
         spec = self.spec
         gpus = f":ngpus={spec.ranks_per_node}" if spec.device == "cuda" else ""
         return job_script(spec, run_dir, job_args, [
-            ("#PBS -N ", job_name(run_dir, 15)), ("#PBS -l select=", f"{spec.nodes}:mpiprocs={spec.ranks_per_node}{gpus}"),
+            ("#PBS -N ", job_name(run_dir, 15)),
+            ("#PBS -l select=", f"{spec.nodes}:mpiprocs={spec.ranks_per_node}{gpus}"),
             ("#PBS -l place=", "scatter"), ("#PBS -l walltime=", spec.walltime), ("#PBS -j ", "oe"),
             ("#PBS -o ", f"{run_dir}/logs/job.log"), ("#PBS -l filesystems=", spec.filesystems),
             ("#PBS -q ", spec.queue), ("#PBS -A ", spec.account)])

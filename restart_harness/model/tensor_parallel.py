@@ -76,11 +76,6 @@ def gather_last_dim(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     return x if tp.size == 1 else _GatherLastDim.apply(x, tp)
 
 
-def _init(weight: torch.Tensor, fan_in: int) -> None:
-    nn.init.normal_(weight, mean=0.0, std=1.0 / math.sqrt(fan_in))
-    _mark_sharded(weight)
-
-
 def _mark_sharded(weight: torch.Tensor) -> None:
     # DeepSpeed's gradient norm counts a parameter on every TP rank only when it is marked model-parallel;
     # unmarked (replicated) parameters are counted on TP rank 0 alone.
@@ -94,7 +89,8 @@ class ColumnParallelLinear(nn.Module):
         super().__init__()
         self.tp = tp
         self.weight = nn.Parameter(torch.empty(param.shape))  # (out_features / tp, in_features); row: (out, in / tp)
-        _init(self.weight, param.fan_in)
+        nn.init.normal_(self.weight, mean=0.0, std=1.0 / math.sqrt(param.fan_in))
+        _mark_sharded(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)

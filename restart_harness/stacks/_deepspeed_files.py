@@ -124,11 +124,6 @@ def _model_state(spec, recipe, filler: Filler, ds_config: dict, client_state: di
     return state
 
 
-def _layer_state(spec, recipe, filler: Filler) -> collections.OrderedDict:
-    dtype = DTYPES[spec.precision]
-    return collections.OrderedDict((name, filler.fill(torch.empty(shape, dtype=dtype))) for name, shape in recipe.params)
-
-
 def _zero3_optimizer_state(spec, recipe, filler: Filler, ds_config: dict, step: int) -> dict:
     """DeepSpeedZeroOptimizer_Stage3.state_dict: per sub-group of the rank's partitions, Adam's state and the flat
     fp32 master partition."""
@@ -196,7 +191,8 @@ def _optimizer_state(spec, recipe, filler: Filler, ds_config: dict, step: int) -
 def build_state(spec, recipe: checkpoint.FileRecipe, filler: Filler, ds_config: dict, client_state: dict) -> object:
     """The state dict DeepSpeed would hand its checkpoint engine for this file."""
     if recipe.kind == "layer_states":
-        return _layer_state(spec, recipe, filler)
+        return collections.OrderedDict((name, filler.fill(torch.empty(shape, dtype=DTYPES[spec.precision])))
+                                       for name, shape in recipe.params)
     if recipe.kind == "model_states":
         return _model_state(spec, recipe, filler, ds_config, client_state)
     return _optimizer_state(spec, recipe, filler, ds_config, client_state["harness_step"])

@@ -1,4 +1,4 @@
-"""Emulated torch.save files written and read back in bounded memory (helpers of stacks/emulated.py, for engine=default):
+"""Emulated torch.save files written and read back in bounded memory (helpers of stacks/emulated.py, engine=default):
 torch.save writes the file under skip_data(), each storage is then filled in place chunk by chunk and the CRC-32s and
 serialization id set to torch's (byte for byte torch.save's file: tests/test_emulate.py); a load maps the file and
 reads its data in chunks, digesting each. docs/emulation.md."""
@@ -18,6 +18,7 @@ from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchChe
 
 from restart_harness.model.digest import BLOCK_WORDS
 from restart_harness.plan.checkpoint import STREAM_CHUNK_BYTES
+from restart_harness.stacks._deepspeed_files import tensors_of
 
 M64 = 2**64 - 1
 DIGEST_BLOCK = 8 * BLOCK_WORDS
@@ -123,19 +124,6 @@ class Running:
         return f"{self.head}:{plain:016x}{weighted:016x}:{self.carry[whole:].hex()}"
 
 
-def _spans(state, order: list) -> list[list[tuple[int, int, str, Running]]]:
-    """Per storage of `order`: (first byte, end byte, key, running digest) of every tensor of the state in it."""
-    from restart_harness.stacks._deepspeed_files import tensors_of
-
-    index = {s._cdata: i for i, s in enumerate(order)}
-    spans: list[list] = [[] for _ in order]
-    for key, t in tensors_of(state).items():
-        assert t.is_contiguous(), key  # DeepSpeed's state holds whole tensors and contiguous views
-        start = t.storage_offset() * t.element_size()
-        spans[index[t.untyped_storage()._cdata]].append((start, start + t.nbytes, key, Running(t)))
-    return spans
-
-
 def _feed(spans, chunk: np.ndarray, at: int) -> None:
     for start, end, _, running in spans:
         lo, hi = max(start, at), min(end, at + len(chunk))
@@ -180,15 +168,16 @@ def _set_crc(fd: int, record: _Record, crc: int) -> None:
         os.pwrite(fd, packed, record.local + 14)
 
 
-def _hash_combine(seed: int, value: int) -> int:
-    return (seed ^ ((value + 0x9E3779B9 + ((seed << 6) & M64) + (seed >> 2)) & M64)) & M64
-
-
 def _chunks(path: str, state):
-    """(record name, storage, its record, offset, length) of every chunk of every storage of `state` in the file at
-    `path`, in file order, and the running digests (per storage) that the chunks feed."""
+    """The file's records; per storage of `state`, (first byte, end byte, key, running digest) of every tensor in it;
+    and (storage index, storage, its record, offset, length) of every chunk of the file's data, in file order."""
     order, records = storages(state), _records(path)
-    spans = _spans(state, order)
+    index = {s._cdata: i for i, s in enumerate(order)}
+    spans: list[list[tuple[int, int, str, Running]]] = [[] for _ in order]
+    for key, t in tensors_of(state).items():
+        assert t.is_contiguous(), key  # DeepSpeed's state holds whole tensors and contiguous views
+        start = t.storage_offset() * t.element_size()
+        spans[index[t.untyped_storage()._cdata]].append((start, start + t.nbytes, key, Running(t)))
 
     def chunks():
         for i, storage in enumerate(order):
@@ -226,7 +215,8 @@ def write(path: str, fill: Fill) -> dict[str, str]:
         combined = 0
         for name, record in records.items():
             if name != SERIALIZATION_ID and record.nbytes:  # torch's writer combines non-empty records only
-                combined = _hash_combine(combined, crcs.get(name, record.crc))
+                value = crcs.get(name, record.crc)  # c10::hash_combine
+                combined = (combined ^ ((value + 0x9E3779B9 + ((combined << 6) & M64) + (combined >> 2)) & M64)) & M64
         sid = records[SERIALIZATION_ID]
         value = os.pread(fd, sid.nbytes, sid.data)[:20] + f"{combined:020d}".encode()
         os.pwrite(fd, value, sid.data)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from restart_harness.errors import UsageError
-from restart_harness.rank_env import sync
+from restart_harness.rank_env import cuda_device, sync
 from restart_harness.stacks.base import Rank, Relayout, Stack, Verification, compare, write_digests
 
 LOAD_UNIVERSAL = {"checkpoint": {"load_universal": True}}
@@ -54,7 +54,6 @@ def init_distributed(spec):
     import torch
     import torch.distributed as dist
 
-    from restart_harness.rank_env import cuda_device
     from third_party.deepspeed_shm_unlink import unlink_own_buffer
 
     if spec.device == "cuda":

@@ -138,10 +138,9 @@ class EmulatedRank(Rank):
                     started = time.perf_counter()
                     found = (self.native.digests if self.streamed else
                              {key: digest.tensor_digest(t) for key, t in tensors_of(state).items()})
-                    for key, value in found.items():
-                        counts["checked"] += 1
-                        if saved.get(name, {}).get(key) != value:
-                            differing.append(f"{name}:{key}")
+                    counts["checked"] += len(found)
+                    mine = saved.get(name, {})
+                    differing.extend(f"{name}:{key}" for key, value in found.items() if mine.get(key) != value)
                     counts["seconds"] += time.perf_counter() - started
                 del state
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from restart_harness.errors import UsageError
-from restart_harness.rank_env import sync
+from restart_harness.rank_env import cuda_device, sync
 from restart_harness.stacks.base import Rank, Stack, Verification, compare, write_digests
 
 # The optimizer of the DeepSpeed runs (rundir/ds_config.py): the same AdamW hyper-parameters and clipping.
@@ -39,8 +39,6 @@ class FSDP2Rank(Rank):
         import torch.distributed as dist
 
         if self.spec.device == "cuda":
-            from restart_harness.rank_env import cuda_device
-
             index = cuda_device()
             torch.cuda.set_device(index)
             dist.init_process_group("nccl", device_id=torch.device("cuda", index))

@@ -195,16 +195,6 @@ def _fio_run(workdir: Path, rw: str, file_bytes: int, ranks: int, options: tuple
 
 
 # ---- the built-in probe ------------------------------------------------------------------------------------------
-def _open_direct(path: Path, flags: int) -> tuple[int, str | None]:
-    """path opened with O_DIRECT, or without it where the file system answers EINVAL (and why)."""
-    try:
-        return os.open(path, flags | os.O_DIRECT, 0o644), None
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:
-            raise
-        return os.open(path, flags, 0o644), f"O_DIRECT refused: {exc.strerror} (EINVAL)"
-
-
 @contextlib.contextmanager
 def _aligned_buffer(request: int):
     """A reused buffer of `request` bytes starting on a 2 MiB page where the kernel gives them, as an engine's large
@@ -253,9 +243,13 @@ def _builtin(files: list[Path], file_bytes: int, request: int, depth: int,
 
     def run(i: int, write: bool) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC if write else os.O_RDONLY
-        fd, why = _open_direct(files[i], flags) if direct else (os.open(files[i], flags, 0o644), None)
-        if why:
-            refusals.append(why)
+        try:  # O_DIRECT, or without it where the file system answers EINVAL (and why)
+            fd = os.open(files[i], flags | (os.O_DIRECT if direct else 0), 0o644)
+        except OSError as exc:
+            if not direct or exc.errno != errno.EINVAL:
+                raise
+            fd = os.open(files[i], flags, 0o644)
+            refusals.append(f"O_DIRECT refused: {exc.strerror} (EINVAL)")
         try:
             offsets = range(0, padded, request)
             with ThreadPoolExecutor(max_workers=depth) as pool:

@@ -17,12 +17,6 @@ _REQUEST = re.compile(r'(\w+)\{id=(\d+)[^}]*\}: \S+ S3 request (finished|failed|
 _OPERATION_FAILED = re.compile(r'(\w+)\{id=(\d+)[^}]*\}: .*meta request failed')
 
 
-def _failure_reason(status: str | None, crt_message: str | None) -> str:
-    if status:
-        return f"HTTP {status}" + (" SlowDown" if crt_message and "SLOW_DOWN" in crt_message else "")
-    return (crt_message or "unknown").split(",")[0].split(": ")[-1]  # the CRT's symbol: AWS_IO_SOCKET_CLOSED
-
-
 def client_requests(log_dir: Path) -> dict | None:
     """The requests s3torchconnector's client logged under log_dir (one folder per rank), or None: no log."""
     files = sorted(Path(log_dir).glob("*/s3torchconnectorclient.log*")) if Path(log_dir).is_dir() else []
@@ -44,7 +38,9 @@ def client_requests(log_dir: Path) -> dict | None:
                         counts["canceled_requests"] += 1
                     elif outcome == "failed":
                         counts["failed_requests"] += 1
-                        reason = _failure_reason(status, crt_message)
+                        # HTTP 503 SlowDown, or the CRT's symbol (AWS_IO_SOCKET_CLOSED) where no status came back
+                        reason = (f"HTTP {status}" + (" SlowDown" if "SLOW_DOWN" in (crt_message or "") else "")
+                                  if status else (crt_message or "unknown").split(",")[0].split(": ")[-1])
                         failures[reason] = failures.get(reason, 0) + 1
                         if status in ("503", "429") or "SLOW_DOWN" in (crt_message or ""):
                             counts["throttled_requests"] += 1

@@ -37,24 +37,22 @@ class TimedStream:
     def __init__(self, stream, observer, category: str):
         self._stream, self._observer, self._category = stream, observer, category
 
-    def _timed(self, name: str, *args):
+    def _timed(self, name: str, *args, nbytes=None):
+        """The stream's call inside the region; nbytes(its result): the bytes it moved, counted."""
         with self._observer.region(self._category):
-            return getattr(self._stream, name)(*args)
+            result = getattr(self._stream, name)(*args)
+        if nbytes is not None:
+            self._observer.add_bytes(self._category, nbytes(result))
+        return result
 
     def write(self, data):
-        written = self._timed("write", data)
-        self._observer.add_bytes(self._category, written if isinstance(written, int) else len(data))
-        return written
+        return self._timed("write", data, nbytes=lambda written: written if isinstance(written, int) else len(data))
 
     def read(self, *args):
-        data = self._timed("read", *args)
-        self._observer.add_bytes(self._category, len(data))
-        return data
+        return self._timed("read", *args, nbytes=len)
 
     def readinto(self, buffer):
-        n = self._timed("readinto", buffer)
-        self._observer.add_bytes(self._category, n or 0)
-        return n
+        return self._timed("readinto", buffer, nbytes=lambda n: n or 0)
 
     def __enter__(self):
         self._stream.__enter__()

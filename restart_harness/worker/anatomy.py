@@ -28,7 +28,8 @@ class Window:
                  excluded: tuple[str, ...] = (), start: tuple[float, float] | None = None):
         # excluded: regions that are not part of what is measured (an emulated save's data generation, waiting
         # for another wave of ranks, verification between loads): taken out of the window altogether
-        self.counters, self.categories, self.sync, self.excluded = counters, categories, sync, excluded
+        self.counters, self.categories, self.excluded = counters, categories, excluded
+        self.sync = sync or (lambda: None)  # CUDA: torch.cuda.synchronize
         self.seconds: dict[str, float] = defaultdict(float)
         self.stream_bytes: dict[str, int] = defaultdict(int)  # bytes through a target's network streams
         self.intervals: list[tuple[str, float, float]] = []
@@ -47,15 +48,13 @@ class Window:
     def region(self, category: str, io: tuple[str, ...] = ()):
         """Time a region; `io` classes in flight during its own time are attributed to those categories instead
         (read for a load; write and sync->fsync for a save)."""
-        if self.sync is not None:
-            self.sync()  # device work queued before the region belongs to what came before
+        self.sync()  # device work queued before the region belongs to what came before
         frame = [category, time.perf_counter(), 0.0, self._busy() if io else {}]
         self._stack.append(frame)
         try:
             yield
         finally:
-            if self.sync is not None:
-                self.sync()
+            self.sync()
             end = time.perf_counter()
             self._stack.pop()
             elapsed = end - frame[1]

@@ -14,11 +14,6 @@ import time
 import traceback
 
 
-def _exit_code(status: int) -> int:
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell says it
-
-
 def _rank(rank: int, ranks: int, start: float, argv: list[str]) -> int:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_SIZE=str(ranks),
                       CROSS_RANK="0", CROSS_SIZE="1")
@@ -67,10 +62,10 @@ def main(argv: list[str]) -> int:
     worst = 0
     while children:
         pid, status = os.wait()
-        if pid not in children:
+        if children.pop(pid, None) is None:
             continue
-        children.pop(pid)
-        code = _exit_code(status)
+        code = os.waitstatus_to_exitcode(status)
+        code = 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell says it
         if code and not worst:  # the first rank to fail ends the others
             worst = code
             end_all()

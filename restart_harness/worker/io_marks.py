@@ -4,6 +4,7 @@ the storage delivered (/proc/self/io). docs/measurements.md#io-by-source defines
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 
@@ -16,7 +17,8 @@ _KERNEL_FILE = {"read_bytes": "storage_read_bytes", "write_bytes": "storage_writ
 def _kernel(pid: str = "self") -> dict[str, int]:
     """The kernel's figures of this process, or of the forking process (`pid`: a forked rank's own start at zero)."""
     out: dict[str, int] = {}
-    try:
+    # a kernel without task I/O accounting: absent figures, not zero
+    with contextlib.suppress(OSError, IndexError, ValueError):
         with open(f"/proc/{pid}/io") as f:
             for line in f:
                 key, _, value = line.partition(":")
@@ -25,8 +27,6 @@ def _kernel(pid: str = "self") -> dict[str, int]:
         if pid != "self":
             with open(f"/proc/{pid}/stat") as f:
                 out["major_faults"] = int(f.read().rsplit(")", 1)[1].split()[9])  # field 12, majflt
-    except (OSError, IndexError, ValueError):  # a kernel without task I/O accounting: absent figures, not zero
-        pass
     if pid == "self":
         out["major_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
     return out
@@ -35,17 +35,14 @@ def _kernel(pid: str = "self") -> dict[str, int]:
 def _mapped() -> dict[str, int]:
     """File-backed mappings of this process: path -> bytes mapped."""
     out: dict[str, int] = {}
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                parts = line.split(maxsplit=5)
-                if len(parts) < 6 or parts[4] == "0" or not parts[5].startswith("/"):
-                    continue
-                start, end = (int(x, 16) for x in parts[0].split("-"))
-                path = parts[5].rstrip("\n").removesuffix(" (deleted)")
-                out[path] = out.get(path, 0) + end - start
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) < 6 or parts[4] == "0" or not parts[5].startswith("/"):
+                continue
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            path = parts[5].rstrip("\n").removesuffix(" (deleted)")
+            out[path] = out.get(path, 0) + end - start
     return out
 
 

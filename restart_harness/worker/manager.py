@@ -292,7 +292,8 @@ def _memory(p: _Pending) -> dict | None:
            "held_bytes": added(p.returned[0], w.start_rss), "retained_bytes": added(w.end_rss, w.start_rss),
            "engine_buffers": p.buffers}
     if w.start_device is not None:
-        out["device"] = {"allocated_before_bytes": w.start_device, "peak_added_bytes": added(w.peak_device, w.start_device),
+        out["device"] = {"allocated_before_bytes": w.start_device,
+                         "peak_added_bytes": added(w.peak_device, w.start_device),
                          "held_bytes": added(p.returned[1], w.start_device),
                          "retained_bytes": added(w.end_device, w.start_device)}
     return out

@@ -227,9 +227,7 @@ def auto_size(typical_file_bytes: int, ranks: int, free_bytes: int) -> tuple[int
     budget = min(AUTO_MAX_TOTAL_BYTES, int(free_bytes * AUTO_MAX_FREE_FRACTION))
     file_bytes = min(max(typical_file_bytes, AUTO_MIN_FILE_BYTES), budget // ranks)
     file_bytes -= file_bytes % 4096
-    if file_bytes < AUTO_MIN_FILE_BYTES:
-        return None
-    return file_bytes, ranks
+    return (file_bytes, ranks) if file_bytes >= AUTO_MIN_FILE_BYTES else None
 
 
 def age_seconds(record: dict) -> float | None:

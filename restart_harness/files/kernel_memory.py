@@ -62,10 +62,8 @@ def cgroup_memory() -> dict | None:
 
 def meminfo(field: str) -> int | None:
     """A /proc/meminfo figure in bytes ("MemAvailable:")."""
-    for line in (_read(Path("/proc/meminfo")) or "").splitlines():
-        if line.startswith(field):
-            return int(line.split()[1]) * 1024
-    return None
+    lines = (_read(Path("/proc/meminfo")) or "").splitlines()
+    return next((int(line.split()[1]) * 1024 for line in lines if line.startswith(field)), None)
 
 
 def available_bytes() -> int | None:

@@ -79,13 +79,10 @@ class DeepSpeedRank(Rank):
         from restart_harness.model.tensor_parallel import TPGroup
 
         spec = self.spec
-        self.grid = PipelineParallelGrid(topology=PipeModelDataParallelTopology(spec.pp, spec.tp, spec.dp))
-        grid = self.grid
+        self.grid = grid = PipelineParallelGrid(topology=PipeModelDataParallelTopology(spec.pp, spec.tp, spec.dp))
         self.tp = TPGroup(grid.get_slice_parallel_group(), grid.get_slice_parallel_rank(), spec.tp)
-        if spec.pp > 1:
-            self.model = pipeline_module(spec.shape, self.tp, spec.seed, grid._topo)
-        else:
-            self.model = LlamaForCausalLM(spec.shape, self.tp, spec.seed)
+        self.model = (pipeline_module(spec.shape, self.tp, spec.seed, grid._topo) if spec.pp > 1
+                      else LlamaForCausalLM(spec.shape, self.tp, spec.seed))
         self.log.mark("model_built")
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         config = json.loads(ds_config_path(self.run).read_text())

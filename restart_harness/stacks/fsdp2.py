@@ -59,10 +59,9 @@ class FSDP2Rank(Rank):
         from restart_harness.model.tensor_parallel import TPGroup
 
         spec, world, n = self.spec, dist.get_world_size(), replicas(self.spec)
-        if n > 1:  # HSDP: shard within each replica group, replicate (all-reduce gradients) across them
-            mesh = init_device_mesh(self.device.type, (n, world // n), mesh_dim_names=("replicate", "shard"))
-        else:
-            mesh = init_device_mesh(self.device.type, (world,), mesh_dim_names=("dp",))
+        # HSDP (n > 1): shard within each replica group, replicate (all-reduce gradients) across them
+        mesh_shape, names = ((n, world // n), ("replicate", "shard")) if n > 1 else ((world,), ("dp",))
+        mesh = init_device_mesh(self.device.type, mesh_shape, mesh_dim_names=names)
         model = LlamaForCausalLM(spec.shape, TPGroup(), spec.seed).to(self.device)
         # fp32 parameters (the master weights, what the checkpoint holds); bf16 compute with fp32 gradient
         # reduction, as DeepSpeed's bf16 + ZeRO-1 runs
@@ -71,8 +70,7 @@ class FSDP2Rank(Rank):
         for child in model.children():
             fully_shard(child, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
-        self.model = model
-        self.mesh = mesh
+        self.model, self.mesh = model, mesh
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=BETAS, eps=EPS,
                                            weight_decay=WEIGHT_DECAY)
         self.log.mark("model_built")

@@ -23,10 +23,8 @@ class Window:
         self.end_rss = self.end_device = None
 
     def fold(self, hwm: int | None, device_peak: int | None) -> None:
-        if hwm is not None:
-            self.peak_rss = hwm if self.peak_rss is None else max(self.peak_rss, hwm)
-        if device_peak is not None:
-            self.peak_device = device_peak if self.peak_device is None else max(self.peak_device, device_peak)
+        self.peak_rss = max((v for v in (self.peak_rss, hwm) if v is not None), default=None)
+        self.peak_device = max((v for v in (self.peak_device, device_peak) if v is not None), default=None)
 
 
 class MemoryProbe:

@@ -9,8 +9,9 @@ import tempfile
 from pathlib import Path
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def fsync_dir(path: Path, flags: int = os.O_RDONLY | os.O_DIRECTORY) -> None:
+    """fsync a directory (with flags=os.O_RDONLY: a file)."""
+    fd = os.open(path, flags)
     try:
         os.fsync(fd)
     finally:
@@ -19,15 +20,9 @@ def fsync_dir(path: Path) -> None:
 
 def fsync_paths(paths: list[Path]) -> None:
     """fsync each file's data, then each directory that names one (so the names are durable too)."""
-    dirs = set()
     for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        dirs.add(Path(path).parent)
-    for d in sorted(dirs):
+        fsync_dir(path, os.O_RDONLY)
+    for d in sorted({Path(path).parent for path in paths}):
         fsync_dir(d)
 
 

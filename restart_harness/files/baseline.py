@@ -1,28 +1,8 @@
-"""Storage baseline: what the checkpoint storage does for plain sequential I/O, so a save or a load can be read as a
-fraction of it.
-
-One measurement: `ranks` writers each write one file (object) of `file_bytes` in 4 MiB blocks and make it durable
-(write), the files are evicted from the page cache where there is one (the record says whether the read was really
-cold), then `ranks` readers read them back (read). Throughput is total bytes / the slowest writer's (reader's)
-seconds, in MiB/s: the MLPerf Storage definition the summary's checkpoint throughput uses too. How a storage is
-probed is its target's StorageProbe (restart_harness/targets/: fio or a built-in probe on a file system, PUT and GET
-with the engines' own client on object storage); this module times, caches and renders.
-
-The ceiling: the same files written and read again the way the storage does best, where the target has such a way
-(a file system: O_DIRECT, CEILING_REQUEST_BYTES requests, CEILING_QUEUE_DEPTH of them in flight a rank, fsync at
-the end; a shape an engine's own writers and readers can take; then read once more in that shape through the page
-cache). Interleaved with the baseline's probes; per direction the ceiling is the best of the medians (a storage
-whose buffered path is faster has that as its limit), and the record says which (`write_from`: direct or
-baseline; `read_from`: direct, buffered or baseline) with that probe's spread. Every efficiency is shown against
-both the baseline and the ceiling.
-
-Results are cached per storage (the probe's key: host and file system, or endpoint and bucket), file size and rank
-count under the user cache directory (files/cache_dir.py: <cache>/baseline/), written atomically with the time and
-method. Each checkout keeps its own (<cache>/baseline/checkout-<hash of its folder>/): a prediction here never uses
-a baseline another checkout measured in its own folder; RH_BASELINE_CACHE=shared shares one among every checkout of
-this user, and every record and line that uses it says so. This module imports nothing above files/: a probe is
-passed in.
-"""
+"""Storage baseline: what the checkpoint storage does for plain sequential I/O (`ranks` writers each write and make
+durable one file of `file_bytes`, evicted, read back), and its ceiling (the same files the way the storage does best),
+so a save or a load can be read as a fraction of either. A target's StorageProbe probes; this module times, caches
+(per storage, size and rank count, per checkout unless RH_BASELINE_CACHE=shared) and renders. docs/measurements.md
+(storage baseline and ceiling) and docs/planner.md (the cache). Imports nothing above files/: a probe is passed in."""
 
 from __future__ import annotations
 
@@ -91,10 +71,8 @@ def cached(probe, file_bytes: int | None = None, ranks: int | None = None) -> di
     """The cached baseline of the probe's storage: the exact size and rank count if given and present, else the
     most recent measurement there (its file_bytes and ranks say what it was measured at)."""
     folder = cache_root() / probe.key()
-    if file_bytes is not None and ranks is not None:
-        exact = folder / f"{file_bytes}x{ranks}.json"
-        if exact.is_file():
-            return _read(exact)
+    if file_bytes is not None and ranks is not None and (exact := folder / f"{file_bytes}x{ranks}.json").is_file():
+        return _read(exact)
     if not folder.is_dir():
         return None
     entries = [e for e in (_read(p) for p in folder.glob("*.json")) if e]
@@ -249,9 +227,7 @@ def auto_size(typical_file_bytes: int, ranks: int, free_bytes: int) -> tuple[int
     budget = min(AUTO_MAX_TOTAL_BYTES, int(free_bytes * AUTO_MAX_FREE_FRACTION))
     file_bytes = min(max(typical_file_bytes, AUTO_MIN_FILE_BYTES), budget // ranks)
     file_bytes -= file_bytes % 4096
-    if file_bytes < AUTO_MIN_FILE_BYTES:
-        return None
-    return file_bytes, ranks
+    return (file_bytes, ranks) if file_bytes >= AUTO_MIN_FILE_BYTES else None
 
 
 def age_seconds(record: dict) -> float | None:
@@ -309,7 +285,7 @@ def _spread(record: dict, key: str) -> str:
 
 
 def render(record: dict, cached_at: Path) -> str:
-    cache, fs = record["read_cache"], record["filesystem"]
+    cache, fs, m = record["read_cache"], record["filesystem"], record.get("metadata")
     where = fs.get("where") or f"{fs['type']} on {fs['device']}, mounted at {fs['mount']}"
     return "\n".join([
         f"storage baseline of {record['dir']} ({where})",
@@ -319,16 +295,12 @@ def render(record: dict, cached_at: Path) -> str:
          f"{record['write']['seconds']} s; {_spread(record, 'write_mib_s')})"),
         (f"  read_mib_s    {record['read_mib_s']}  ({record['read_means']}; {_spread(record, 'read_mib_s')}; page cache "
          f"before the read: {cache['observed']}" + (f", {cache['error']}" if cache.get("error") else "") + ")"),
-        *([f"  metadata      {_metadata_line(record['metadata'])}"] if record.get("metadata") else []),
+        *([(f"  metadata      create {m['create_per_s']:,.0f}, stat {m['stat_per_s']:,.0f}, open "
+            f"{m['open_per_s']:,.0f}, remove {m['remove_per_s']:,.0f} operations/s ({m['ranks']} ranks x "
+            f"{m['files_per_rank']} files, mdtest's shape; median of the probes)")] if m else []),
         *_ceiling_lines(record.get("ceiling")),
         f"  measured_at   {record['measured_at']}; cached in {cached_at} ({scope_words(record)})",
     ])
-
-
-def _metadata_line(m: dict) -> str:
-    return (f"create {m['create_per_s']:,.0f}, stat {m['stat_per_s']:,.0f}, open {m['open_per_s']:,.0f}, remove "
-            f"{m['remove_per_s']:,.0f} operations/s ({m['ranks']} ranks x {m['files_per_rank']} files, mdtest's shape; "
-            "median of the probes)")
 
 
 def _ceiling_lines(c: dict | None) -> list[str]:

@@ -1,20 +1,14 @@
-"""Content checksums of checkpoint files (key checksums=, docs/measurements.md#checksums).
-
-A file's size says it was not cut short; only its content says that every region of it was written. An engine that
-writes a file's regions from background threads after save() returned (DataStates-LLM) can leave a file of the right
-size with a region never written, and its reader takes the zeros as tensor data. With checksums, the rank that wrote
-a file takes the sha256 of its content once the save is committed (outside every timed figure: worker/manager.py) and
-records it with the file's bytes in its save event; before a restart loads the committed checkpoint, each recorded
-file is read again and compared (preflight.committed_checkpoint before a restart-only re-run, phases/restart.py
-before the restart of phase=all). A folder of shards (one entry in the save's files) has one checksum over every
-file under it: each file's path relative to the folder, then its content, in path order.
-"""
+"""Content checksums of checkpoint files (key checksums=, docs/measurements.md#checksums): the writing rank's sha256 of
+each committed file, compared before a restart loads it. A folder of shards has one checksum over every file under
+it: each file's path relative to the folder, then its content, in path order."""
 
 from __future__ import annotations
 
 import hashlib
 import time
 from pathlib import Path
+
+from restart_harness.files.atomic import files_under
 
 ALGORITHM = "sha256"
 _CHUNK = 8 << 20
@@ -29,7 +23,7 @@ def of(path: str | Path) -> str:
     path = Path(path)
     digest = hashlib.sha256()
     if path.is_dir():
-        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        for f in files_under(path):
             digest.update(str(f.relative_to(path)).encode() + b"\0")
             _feed(digest, f)
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -17,14 +18,12 @@ def filesystem(path: Path) -> dict:
     """Mount point, type and device of the file system holding path (longest /proc/mounts prefix)."""
     path = Path(path).resolve()
     best = {"mount": "/", "type": None, "device": None}
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/mounts").read_text().splitlines():
             device, mount, fstype = line.split()[:3]
             inside = str(path) == mount or str(path).startswith(mount.rstrip("/") + "/")
             if inside and len(mount) >= len(best["mount"]):
                 best = {"mount": mount, "type": fstype, "device": device}
-    except OSError:
-        pass
     return best
 
 
@@ -88,11 +87,9 @@ def why_not_a_directory(path: Path) -> str | None:
     # the path as it will be used: `..` and symlinks resolved (a run's folders are made under Path.resolve()), so
     # relative/ckpt/../../../../proc/x is checked as /proc/x, not as a folder under relative/
     path = Path(os.path.realpath(Path(path).expanduser()))
-    for p in [path, *path.parents]:
-        if p.exists() and not p.is_dir():
-            return f"{p} exists and is not a directory"
-        if p.exists():
-            break
+    existing = next(p for p in [path, *path.parents] if p.exists())  # "/" at the latest
+    if not existing.is_dir():
+        return f"{existing} exists and is not a directory"
     base = nearest_existing(path)
     fs = filesystem(base)
     if fs["type"] in PSEUDO_FILESYSTEMS:

@@ -36,14 +36,6 @@ def _cgroup() -> tuple[Path, int] | None:
     return None
 
 
-def _field(text: str | None, name: str) -> int | None:
-    for line in (text or "").splitlines():
-        key, _, value = line.partition(" ")
-        if key == name and value.strip().isdigit():
-            return int(value)
-    return None
-
-
 def _number(path: Path) -> int | None:
     text = (_read(path) or "").strip()
     return int(text) if text.isdigit() else None
@@ -56,13 +48,11 @@ def cgroup_memory() -> dict | None:
     if found is None:
         return None
     folder, version = found
-    if version == 2:
-        limit, usage, peak = (_number(folder / n) for n in ("memory.max", "memory.current", "memory.peak"))
-        kills = _field(_read(folder / "memory.events"), "oom_kill")
-    else:
-        limit, usage, peak = (_number(folder / n) for n in
-                              ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.max_usage_in_bytes"))
-        kills = _field(_read(folder / "memory.oom_control"), "oom_kill")
+    names = (("memory.max", "memory.current", "memory.peak", "memory.events") if version == 2 else
+             ("memory.limit_in_bytes", "memory.usage_in_bytes", "memory.max_usage_in_bytes", "memory.oom_control"))
+    limit, usage, peak = (_number(folder / n) for n in names[:3])
+    fields = (line.partition(" ") for line in (_read(folder / names[3]) or "").splitlines())
+    kills = next((int(value) for key, _, value in fields if key == "oom_kill" and value.strip().isdigit()), None)
     total = meminfo("MemTotal:")
     if limit is not None and total is not None and limit >= total:
         limit = None  # v1 writes "no limit" as a huge number
@@ -72,10 +62,8 @@ def cgroup_memory() -> dict | None:
 
 def meminfo(field: str) -> int | None:
     """A /proc/meminfo figure in bytes ("MemAvailable:")."""
-    for line in (_read(Path("/proc/meminfo")) or "").splitlines():
-        if line.startswith(field):
-            return int(line.split()[1]) * 1024
-    return None
+    lines = (_read(Path("/proc/meminfo")) or "").splitlines()
+    return next((int(line.split()[1]) * 1024 for line in lines if line.startswith(field)), None)
 
 
 def available_bytes() -> int | None:

@@ -4,10 +4,16 @@ reading back page residency with mincore(2); the same for the Python environment
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import json
 import mmap
 import os
+import socket
+import sys
 from pathlib import Path
+
+from restart_harness.files.atomic import files_under
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
@@ -44,26 +50,12 @@ def resident_total(files: list[Path]) -> int:
     return sum(resident_bytes(f) for f in files)
 
 
-def _drop_caches() -> None:
-    os.sync()
-    with open("/proc/sys/vm/drop_caches", "w") as f:
-        f.write("3\n")
-
-
-def _fadvise_dontneed(files: list[Path]) -> None:
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fdatasync(fd)  # dirty pages cannot be dropped
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
-def not_applicable(requested: str, why: str) -> dict:
-    """The cache step's record where no local page cache holds the checkpoint (object storage)."""
-    return {"requested": requested, "method": None, "error": None, "bytes": None, "resident_bytes_before": None,
-            "resident_bytes_after": None, "observed": "not applicable", "why": why}
+def not_applicable(requested: str, why: str, observed: str | None = "not applicable", method: str | None = None
+                   ) -> dict:
+    """The cache step's record where nothing was observed: no local page cache holds the checkpoint (object storage),
+    or the step left the pages as they were."""
+    return {"requested": requested, "method": method, "error": None, "bytes": None, "resident_bytes_before": None,
+            "resident_bytes_after": None, "observed": observed, "why": why}
 
 
 def _evict(files: list[Path], record: dict, per_file: bool) -> None:
@@ -72,24 +64,29 @@ def _evict(files: list[Path], record: dict, per_file: bool) -> None:
     record."""
     if not per_file:
         try:
-            _drop_caches()
+            os.sync()
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
             record["method"] = "drop_caches"
             return
         except OSError as exc:
             record["error"] = f"drop_caches: {exc.strerror or exc}"
     try:
-        _fadvise_dontneed(files)
+        for path in files:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)  # dirty pages cannot be dropped
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
         record["method"] = "posix_fadvise_dontneed"
     except OSError as exc2:
         record["error"] = "; ".join(filter(None, (record["error"], f"posix_fadvise: {exc2.strerror or exc2}")))
 
 
-def _observed(after: int, total: int) -> str:
-    if after == 0:
-        return "cold"
-    if after >= total:
-        return "warm"
-    return f"partial ({after / total:.1%} resident)"
+def _observed(after: int, total: int, margin: float = 0.0) -> str:
+    """cold, warm or partial; within `margin` (a share of the bytes) of either end is cold or warm."""
+    share = after / total if total else 0.0
+    return "cold" if share <= margin else "warm" if share >= 1 - margin else f"partial ({share:.1%} resident)"
 
 
 def prepare(files: list[Path], requested: str, per_file: bool = False) -> dict:
@@ -122,21 +119,6 @@ def _files(prefixes: list[str]) -> list[Path]:
     return out
 
 
-def _is_library(path: Path) -> bool:
-    return path.name.endswith(".so") or ".so." in path.name
-
-
-def _read_all(files: list[Path]) -> None:
-    buf = bytearray(4 << 20)
-    for path in files:
-        try:
-            with open(path, "rb", buffering=0) as f:
-                while f.readinto(buf):
-                    pass
-        except OSError:
-            continue
-
-
 ENVIRONMENT_MARGIN = 0.01
 
 
@@ -147,34 +129,32 @@ def environment(prefixes: list[str], requested: str, checkpoint: dict, per_file:
     checkpoint's step did to them. Observed on their shared libraries (most of their bytes: torch's among them),
     with mincore; `checkpoint`: that step's record."""
     if requested == "keep":
-        return {"requested": "keep", "method": None, "error": None, "bytes": None, "resident_bytes_before": None,
-                "resident_bytes_after": None, "observed": None,
-                "why": "env_cache=keep: not observed; the environment's pages were left as they were (the "
-                       "checkpoint's were evicted file by file)"}
+        return not_applicable("keep", "env_cache=keep: not observed; the environment's pages were left as they were "
+                              "(the checkpoint's were evicted file by file)", None)
     if requested == "auto":
         evicted = checkpoint.get("method") == "drop_caches"
-        return {"requested": "auto", "method": "drop_caches (the checkpoint's cache step)" if evicted else None,
-                "error": None, "bytes": None, "resident_bytes_before": None, "resident_bytes_after": None,
-                "observed": None, "why": "env_cache=auto: not observed; " + (
-                    "cache=drop's drop_caches evicted every clean page, the environment's too" if evicted
-                    else "the environment's pages were left as they were")}
+        return not_applicable("auto", "env_cache=auto: not observed; " + (
+            "cache=drop's drop_caches evicted every clean page, the environment's too" if evicted
+            else "the environment's pages were left as they were"), None,
+            "drop_caches (the checkpoint's cache step)" if evicted else None)
     files = _files(prefixes)
-    libraries = [f for f in files if _is_library(f)]
+    libraries = [f for f in files if f.name.endswith(".so") or ".so." in f.name]
     total = sum(f.stat().st_size for f in libraries)
     record = {"requested": requested, "method": None, "error": None, "files": len(files), "libraries": len(libraries),
               "bytes": total, "resident_bytes_before": resident_total(libraries)}
     if requested == "drop":
         _evict(files, record, per_file)
     else:
-        _read_all(files)
+        buf = bytearray(4 << 20)
+        for path in files:
+            with contextlib.suppress(OSError), open(path, "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
         record["method"] = "read"
     after = resident_total(libraries)
     record["resident_bytes_after"] = after
-    # other processes of the machine keep resident what they map, and a page or two of a file may come and go: within
-    # ENVIRONMENT_MARGIN of either end is cold or warm (the bytes are recorded)
-    share = after / total if total else 0.0
-    record["observed"] = ("cold" if share <= ENVIRONMENT_MARGIN else "warm" if share >= 1 - ENVIRONMENT_MARGIN
-                          else f"partial ({share:.1%} resident)")
+    # other processes of the machine keep resident what they map, and a page or two of a file may come and go
+    record["observed"] = _observed(after, total, ENVIRONMENT_MARGIN)
     return record
 
 
@@ -182,12 +162,6 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m restart_harness.files.pagecache drop|warm DIR [--per-file]`: the cache step on this node, its
     record as one JSON line with the node's host name (a multi-node job runs it on every node: phases/nodes.py);
     --per-file evicts DIR's files alone, never drop_caches (env_cache=warm or keep)."""
-    import json
-    import socket
-    import sys
-
-    from restart_harness.files.atomic import files_under
-
     args = argv if argv is not None else sys.argv[1:]
     requested, where = args[:2]
     record = prepare(files_under(Path(where)), requested, per_file="--per-file" in args[2:])

@@ -1,12 +1,6 @@
-"""Per-process counters of the I/O done on the checkpoint's files (rhio.c, loaded with LD_PRELOAD into each rank):
-calls, bytes, request sizes, seconds inside the calls and the wall time during which any such call was in flight;
-and, for every path the process touches, opens, metadata calls, listings, reads and writes by source (the Python
-environment, the extension cache, the checkpoint, ...: RH_IO_SOURCES, set by restart_harness/rundir/observe.py).
-
-The library is compiled once per machine into the user cache directory (`cc`, a few hundred milliseconds) by the
-harness before it launches ranks; a machine without a C compiler runs without it, and the anatomy then reports no
-read/write split (documented in docs/anatomy.md). Python reads the counters of its own process through ctypes.
-"""
+"""Per-process counters of the I/O done on the checkpoint's files and, by source, on every path (rhio.c, loaded with
+LD_PRELOAD into each rank, compiled once per machine into the user cache directory; without a C compiler the anatomy
+reports no read/write split: docs/anatomy.md). Python reads its own process's counters through ctypes."""
 
 from __future__ import annotations
 
@@ -15,6 +9,7 @@ import hashlib
 import os
 import platform
 import shutil
+import struct
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -28,7 +23,6 @@ HIST_BUCKETS = 24  # bucket b: requests of [2^(b+9), 2^(b+10)) bytes; 0 is < 1 K
 PATH_MAX = 4096
 ENV_PREFIXES = "RH_IO_PREFIXES"
 ENV_SHARED = "RH_IO_SHARED"
-ENV_FOPEN_VIA_OPEN = "RH_IO_FOPEN_VIA_OPEN"
 ENV_SOURCES = "RH_IO_SOURCES"
 # rhio.c's per-source counters, in its RH_S_* order (docs/measurements.md#io-by-source defines each)
 SOURCE_COUNTERS = ("opens", "open_failures", "metadata_calls", "metadata_failures", "listings", "reads", "read_bytes",
@@ -107,15 +101,11 @@ def bucket_label(b: int) -> str:
     return f"{size(1 << (b + 9))}-{size(1 << (b + 10))}"
 
 
-def library_path() -> Path:
-    """Where this machine's build of rhio.c lives (named by the source's hash: an edit rebuilds it)."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    return cache_dir("iocount") / f"librhio-{platform.machine()}-{digest}.so"
-
-
 def build() -> Path | None:
     """The compiled library (compiling it first if needed), or None where no C compiler is available."""
-    target = library_path()
+    # this machine's build, named by the source's hash: an edit rebuilds it
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    target = cache_dir("iocount") / f"librhio-{platform.machine()}-{digest}.so"
     if target.is_file():
         return target
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -210,14 +200,13 @@ def delta(after: dict | None, before: dict | None) -> dict | None:
 
 def file_delta(after: dict[str, dict], before: dict[str, dict]) -> dict[str, dict]:
     """files() difference, keeping only files with I/O in between."""
+    def minus(now, then):  # a count, or a histogram of request sizes
+        return [a - b for a, b in zip(now, then, strict=True)] if isinstance(now, list) else now - then
+
     out = {}
     for path, rec in after.items():
         prev = before.get(path)
-        d = {}
-        for c in CLASSES:
-            d[c] = {k: (rec[c][k] - prev[c][k] if prev else rec[c][k]) if k != "sizes"
-                    else [a - b for a, b in zip(rec[c][k], prev[c][k] if prev else [0] * HIST_BUCKETS, strict=True)]
-                    for k in rec[c]}
+        d = {c: {k: minus(v, prev[c][k]) if prev else v for k, v in rec[c].items()} for c in CLASSES}
         d["opens"] = rec["opens"] - (prev["opens"] if prev else 0)
         if d["opens"] or any(d[c]["calls"] for c in CLASSES):
             out[path] = d
@@ -226,16 +215,13 @@ def file_delta(after: dict[str, dict], before: dict[str, dict]) -> dict[str, dic
 
 def read_shared(path: Path) -> dict | None:
     """The totals a process tree added to an RH_IO_SHARED file: per class calls, bytes, seconds; opens."""
-    import struct
-
     try:
         raw = Path(path).read_bytes()
     except OSError:
         return None
     if len(raw) < 10 * 8:
         return None
-    values = struct.unpack("<10Q", raw[:80])
-    calls, nbytes, ns = values[0:3], values[3:6], values[6:9]
-    out = {c: {"calls": calls[i], "bytes": nbytes[i], "seconds": ns[i] / 1e9} for i, c in enumerate(CLASSES)}
-    out["opens"] = values[9]
-    return out
+    values = struct.unpack("<10Q", raw[:80])  # calls, bytes, ns per class; opens
+    out = {c: {"calls": values[i], "bytes": values[3 + i], "seconds": values[6 + i] / 1e9}
+           for i, c in enumerate(CLASSES)}
+    return {**out, "opens": values[9]}

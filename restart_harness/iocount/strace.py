@@ -1,18 +1,6 @@
-"""The independent check of the I/O-by-source counters: the kernel's own view of a launch's system calls, taken with
-strace, against what each rank's counters recorded (restart_harness/worker/io_marks.py).
-
-RH_STRACE=1 in the harness's environment runs a launch under `strace -f -ff` (Debian's strace), one trace file per
-process in <run dir>/strace/<record>/; `python -m restart_harness.iocount.strace RUN_DIR [RECORD]` then sets each
-rank's counts beside its counters. Only file-name and metadata system calls are traced (seccomp-bpf stops the process
-for those alone), so the ranks run close to their normal speed.
-
-What the two may differ by, and why (docs/measurements.md#io-by-source states the tolerance):
-- the dynamic loader's own opens and stats of shared libraries, and its failed look-ups along a library's search
-  path: system calls that no preloaded library sees. The counters count the libraries it mapped (`mapped_files`);
-- glibc's calls to itself (opendir's open is counted as a listing; NSS and locale files), and what a process does
-  after its last mark (a rank exits without the interpreter's teardown: worker/main.py end_process).
-The counters can never see more calls than the kernel: strace's count is an upper bound of theirs.
-"""
+"""The independent check of the I/O-by-source counters: RH_STRACE=1 runs a launch under `strace -f -ff` (file-name and
+metadata calls only), and `python -m restart_harness.iocount.strace RUN_DIR [RECORD]` sets each rank's counts beside
+its counters (strace's count is an upper bound of theirs; why they differ: docs/measurements.md#io-by-source)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ torch."""
 
 from __future__ import annotations
 
+import os
 from functools import cache
 
 from restart_harness.errors import UsageError
@@ -28,8 +29,6 @@ def get(name: str) -> type[Launcher]:
 
 def job_id() -> str | None:
     """The id of the batch job this process runs in, if any."""
-    import os
-
     return next((os.environ[c.scheduler.job_variable] for c in all_launchers().values()
                  if c.scheduler and c.scheduler.inside_job()), None)
 

@@ -66,10 +66,7 @@ def nodes(partition: str | None) -> tuple[int, int, list[str]]:
     if not partition:
         partition = next((p[:-1] for p in sinfo("-o", "%P").split() if p.endswith("*")), None)
     lines = sinfo("-N", "-o", "%N|%t|%E", *(["-p", partition] if partition else [])).splitlines()
-    states = {}
-    for line in lines:
-        node, state, why = (line.split("|") + ["", ""])[:3]
-        states[node] = (state, why)
+    states = {node: (state, why) for node, state, why in ((line.split("|") + ["", ""])[:3] for line in lines)}
     bad = [f"{n} {st}" + (f" ({why})" if why and why != "none" else "")
            for n, (st, why) in sorted(states.items()) if st not in _USABLE]
     return len(states) - len(bad), len(states), bad
@@ -80,16 +77,13 @@ def gpus_per_node(partition: str | None) -> dict[str, int]:
     nothing. "gpu:a100:4(S:0-1),gpu:h100:2" counts 6."""
     args = ["sinfo", "-h", "-N", "-o", "%N|%G", *(["-p", partition] if partition else [])]
     proc = subprocess.run(args, capture_output=True, text=True, check=False, timeout=60)
-    out = {}
-    for line in proc.stdout.splitlines() if proc.returncode == 0 else []:
-        node, _, gres = line.partition("|")
-        count = 0
-        for entry in re.split(r",(?![^(]*\))", gres):
-            fields = entry.split("(")[0].split(":")
-            if fields[0] == "gpu" and fields[-1].isdigit():
-                count += int(fields[-1])
-        out[node] = count
-    return out
+
+    def gpus(gres: str) -> int:
+        fields = [entry.split("(")[0].split(":") for entry in re.split(r",(?![^(]*\))", gres)]
+        return sum(int(f[-1]) for f in fields if f[0] == "gpu" and f[-1].isdigit())
+
+    lines = proc.stdout.splitlines() if proc.returncode == 0 else []
+    return {node: gpus(gres) for node, _, gres in (line.partition("|") for line in lines)}
 
 
 class SpansAllocation(Launcher):

@@ -1,16 +1,7 @@
-"""The interface between the harness and a launcher: what starts the ranks of a phase. One module in
-restart_harness/launchers/ per launcher, holding one subclass of Launcher (and, for a batch scheduler's, its
-Scheduler); the launcher is chosen once by `launcher=` (restart_harness/resolve.py) and everything that depends on it
-is asked of it, never tested elsewhere.
-
-Two views, as submitit pairs an executor with a job environment:
-  Launcher    check (pure), preflight (its tools here), submits (a batch job, or ranks started here); the launch
-              script (launch: the lines and the command); inside the launch rank_variables (how a rank finds its
-              rank, local rank, world size and node: the launch script exports them, rank_env.py fills DeepSpeed's
-              names from them), per_node_command (work once per node: the page-cache step), task_verdicts (how it
-              says a rank's task ended: a lost node)
-  Scheduler   a batch scheduler's job script, submission and job state, and its verdict on a job before submission
-"""
+"""The interface between the harness and a launcher: what starts the ranks of a phase, chosen once by `launcher=`
+(restart_harness/resolve.py). Two views, as submitit pairs an executor with a job environment: Launcher (the launch
+script and inside the launch) and, for a batch scheduler's, Scheduler (its job). Each member:
+docs/architecture.md (launchers)."""
 
 from __future__ import annotations
 
@@ -131,18 +122,14 @@ class Launcher(ABC):
         return {}
 
 
-def dry_run_hint(launcher: Launcher, what: str) -> str:
-    """The dry run a refusal may suggest, where the command takes one (offers_dry_run)."""
-    return f", or dry_run=true to only write {what}" if launcher.offers_dry_run else ""
-
-
 def require(launcher: Launcher, programs: list[str], accepted: str = "launcher=local, launcher=torchrun",
             what: str = "the job script") -> None:
     """UsageError when one of the programs this launch runs on this machine is not on PATH."""
     for program in programs:
         if shutil.which(program) is None:
             raise UsageError(f"launcher={launcher.spec.launcher} needs {program}, which is not installed here (not on "
-                             f"PATH); accepted here: {accepted}{dry_run_hint(launcher, what)}")
+                             f"PATH); accepted here: {accepted}"
+                             + (f", or dry_run=true to only write {what}" if launcher.offers_dry_run else ""))
 
 
 def exports(variables: dict[str, str]) -> list[str]:
@@ -156,14 +143,16 @@ def job_name(run_dir: Path, limit: int) -> str:
     return name[:limit]
 
 
-def job_body(spec, run_dir: Path, job_args: list[str]) -> list[str]:
-    """A batch job's commands: `python -m restart_harness.phases.job RUN_DIR` does inside the allocation what a run
-    here does (checkpoint launch, page cache, restart launch, finalize). The Python that submitted the job runs it
-    (clusters share the file system); env_hook= is sourced by the job script and by every launch script."""
-    lines = ["set -euo pipefail", f"cd {shlex.quote(str(SOURCE_ROOT))}"]
+def job_script(spec, run_dir: Path, job_args: list[str] | None, directives: list[tuple[str, object]]) -> str:
+    """A batch job's script: the scheduler's directive lines (`#SBATCH --nodes=2`: (prefix, value) pairs, those whose
+    value is None or empty left out), then `python -m restart_harness.phases.job RUN_DIR`, which does inside the
+    allocation what a run here does (checkpoint launch, page cache, restart launch, finalize). The Python that
+    submitted the job runs it (clusters share the file system); env_hook= is sourced by the job script and by every
+    launch script."""
+    lines = ["#!/usr/bin/env bash", *(f"{prefix}{value}" for prefix, value in directives if value),
+             "# restart-harness job, generated: checkpoint launch, page cache, restart launch, finalize",
+             "set -euo pipefail", f"cd {shlex.quote(str(SOURCE_ROOT))}"]
     if spec.env_hook:  # the harness's own Python may need the modules too (shared libraries); ranks source it again
         lines.append(f"source {shlex.quote(spec.env_hook)}  # env_hook: modules, conda, ...")
-    return lines + ["exec " + shell_line([sys.executable, "-m", JOB_MODULE, str(run_dir), *job_args])]
-
-
-JOB_COMMENT = "# restart-harness job, generated: checkpoint launch, page cache, restart launch, finalize"
+    lines.append("exec " + shell_line([sys.executable, "-m", JOB_MODULE, str(run_dir), *(job_args or [])]))
+    return "\n".join(lines) + "\n"

@@ -22,8 +22,16 @@ class DeepSpeedLauncher(_slurm.SpansAllocation):
 
     def preflight(self) -> None:
         super().preflight()
-        if self.spec.across_nodes and not self.spec.dry_run:
-            installed()
+        if not self.spec.across_nodes or self.spec.dry_run:
+            return
+        # DeepSpeed's multi-node slurm launch starts the worker as a script (it has no --module), which imports the
+        # harness from wherever this Python finds it: it must be installed there, not only found from the checkout
+        proc = subprocess.run([sys.executable, "-c", "import restart_harness"], cwd="/", capture_output=True,
+                              check=False, timeout=60)
+        if proc.returncode != 0:
+            raise UsageError(f"launcher=local with several nodes: DeepSpeed's slurm launcher starts the ranks as a "
+                             f"script, which needs the harness installed in {sys.executable} (pip install -e "
+                             f"{SOURCE_ROOT}); accepted: install it, or launcher=torchrun or launcher=slurm")
 
     def launch(self, port: int, args: list[str]) -> tuple[list[str], list[str]]:
         spec = self.spec
@@ -50,13 +58,3 @@ class DeepSpeedLauncher(_slurm.SpansAllocation):
             "--no_local_rank", "--module", WORKER_MODULE, *args,
         ]
 
-
-def installed() -> None:
-    """DeepSpeed's multi-node slurm launch starts the worker as a script (it has no --module), which imports the
-    harness from wherever this Python finds it: it must be installed there, not only found from the checkout."""
-    proc = subprocess.run([sys.executable, "-c", "import restart_harness"], cwd="/", capture_output=True, check=False,
-                          timeout=60)
-    if proc.returncode != 0:
-        raise UsageError(f"launcher=local with several nodes: DeepSpeed's slurm launcher starts the ranks as a script, "
-                         f"which needs the harness installed in {sys.executable} (pip install -e {SOURCE_ROOT}); "
-                         "accepted: install it, or launcher=torchrun or launcher=slurm")

@@ -11,16 +11,7 @@ from pathlib import Path
 
 from restart_harness.errors import RunFailed
 from restart_harness.launchers import _mpi
-from restart_harness.launchers.base import (
-    JOB_COMMENT,
-    WORKER_MODULE,
-    Launcher,
-    Raw,
-    Scheduler,
-    job_body,
-    job_name,
-    require,
-)
+from restart_harness.launchers.base import WORKER_MODULE, Launcher, Raw, Scheduler, job_name, job_script, require
 
 
 class PbsScheduler(Scheduler):
@@ -32,26 +23,13 @@ class PbsScheduler(Scheduler):
     def job_script(self, run_dir: Path, job_args: list[str] | None = None) -> str:
         """#PBS header (select, place, walltime, filesystems, queue, account, output) + the job body."""
         spec = self.spec
-        select = f"{spec.nodes}:mpiprocs={spec.ranks_per_node}"
-        if spec.device == "cuda":
-            select += f":ngpus={spec.ranks_per_node}"
-        lines = [
-            "#!/usr/bin/env bash",
-            f"#PBS -N {job_name(run_dir, 15)}",
-            f"#PBS -l select={select}",
-            "#PBS -l place=scatter",
-            f"#PBS -l walltime={spec.walltime}",
-            "#PBS -j oe",
-            f"#PBS -o {run_dir}/logs/job.log",
-        ]
-        if spec.filesystems:
-            lines.append(f"#PBS -l filesystems={spec.filesystems}")
-        if spec.queue:
-            lines.append(f"#PBS -q {spec.queue}")
-        if spec.account:
-            lines.append(f"#PBS -A {spec.account}")
-        lines.append(JOB_COMMENT)
-        return "\n".join(lines + job_body(spec, run_dir, job_args or [])) + "\n"
+        gpus = f":ngpus={spec.ranks_per_node}" if spec.device == "cuda" else ""
+        return job_script(spec, run_dir, job_args, [
+            ("#PBS -N ", job_name(run_dir, 15)),
+            ("#PBS -l select=", f"{spec.nodes}:mpiprocs={spec.ranks_per_node}{gpus}"),
+            ("#PBS -l place=", "scatter"), ("#PBS -l walltime=", spec.walltime), ("#PBS -j ", "oe"),
+            ("#PBS -o ", f"{run_dir}/logs/job.log"), ("#PBS -l filesystems=", spec.filesystems),
+            ("#PBS -q ", spec.queue), ("#PBS -A ", spec.account)])
 
     def job_state(self, job_id: str) -> str | None:
         proc = subprocess.run(["qstat", "-x", "-f", job_id], capture_output=True, text=True, check=False, timeout=60)

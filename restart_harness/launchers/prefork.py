@@ -1,15 +1,6 @@
-"""launcher=prefork: one Python process imports the training stack's libraries, then forks the ranks on this node.
-
-A rank's process start is the forking process's start: its `imports` phase is that one process's imports, paid once
-for the node instead of once per rank on shared cores. It is the cheapest way to start ranks here (per rank, a fork
-instead of an interpreter importing torch and DeepSpeed: measured in docs/testing.md), and the shape of a
-restart whose ranks are started from a process that had its libraries loaded before it forked (a zygote or a warm
-standby), beside the launchers that start every rank from nothing. The forked ranks are fresh processes in what
-matters to a restart: the forking process never builds a model or touches a checkpoint, and a phase's launch starts
-a new one.
-
-Like DeepSpeed's launcher it sets RANK, LOCAL_RANK, WORLD_SIZE, CROSS_RANK, CROSS_SIZE and LOCAL_SIZE itself. A rank
-that ends with an error ends the others (as srun --kill-on-bad-exit does), and the launch exits with its code."""
+"""launcher=prefork: one Python process imports the training stack's libraries, then forks the ranks on this node
+(worker/forker.py), so a node pays its imports once. Like DeepSpeed's launcher it sets RANK, LOCAL_RANK,
+WORLD_SIZE, CROSS_RANK, CROSS_SIZE and LOCAL_SIZE itself; a rank that fails ends the others. docs/architecture.md."""
 
 from __future__ import annotations
 

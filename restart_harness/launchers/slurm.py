@@ -4,6 +4,7 @@ Before submission sinfo says whether the partition has the nodes and sbatch --te
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.launchers import _slurm
-from restart_harness.launchers.base import JOB_COMMENT, WORKER_MODULE, Launcher, Scheduler, job_body, job_name, require
+from restart_harness.launchers.base import WORKER_MODULE, Launcher, Scheduler, job_name, job_script, require
 
 
 class SlurmScheduler(Scheduler):
@@ -25,8 +26,6 @@ class SlurmScheduler(Scheduler):
         """The partition must have nodes= nodes that can run a job now (sinfo: not down, drained or unresponding),
         and sbatch --test-only must accept the job script (partition, account, time, nodes and tasks) before the
         run directory exists."""
-        import shutil
-
         spec = self.spec
         if self.inside_job() or spec.dry_run or shutil.which("sbatch") is None:
             return
@@ -62,22 +61,12 @@ class SlurmScheduler(Scheduler):
     def job_script(self, run_dir: Path, job_args: list[str] | None = None) -> str:
         """#SBATCH header (nodes, tasks, time, partition, account, output) + the job body."""
         spec = self.spec
-        lines = [
-            "#!/usr/bin/env bash",
-            f"#SBATCH --job-name={job_name(run_dir, 64)}",
-            f"#SBATCH --nodes={spec.nodes}",
-            f"#SBATCH --ntasks-per-node={spec.ranks_per_node}",
-            f"#SBATCH --time={spec.walltime}",
-            f"#SBATCH --output={run_dir}/logs/job-%j.log",
-        ]
-        if spec.device == "cuda":
-            lines.append(f"#SBATCH --gpus-per-node={spec.ranks_per_node}")
-        if spec.queue:
-            lines.append(f"#SBATCH --partition={spec.queue}")
-        if spec.account:
-            lines.append(f"#SBATCH --account={spec.account}")
-        lines.append(JOB_COMMENT)
-        return "\n".join(lines + job_body(spec, run_dir, job_args or [])) + "\n"
+        return job_script(spec, run_dir, job_args, [
+            ("#SBATCH --job-name=", job_name(run_dir, 64)), ("#SBATCH --nodes=", spec.nodes),
+            ("#SBATCH --ntasks-per-node=", spec.ranks_per_node), ("#SBATCH --time=", spec.walltime),
+            ("#SBATCH --output=", f"{run_dir}/logs/job-%j.log"),
+            ("#SBATCH --gpus-per-node=", spec.ranks_per_node if spec.device == "cuda" else None),
+            ("#SBATCH --partition=", spec.queue), ("#SBATCH --account=", spec.account)])
 
     def job_state(self, job_id: str) -> str | None:
         proc = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, check=False,

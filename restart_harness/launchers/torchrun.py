@@ -5,12 +5,11 @@ the allocation's first host as a static rendezvous (node i runs ranks i*R .. i*R
 
 from __future__ import annotations
 
-import shlex
 import sys
 from typing import ClassVar
 
 from restart_harness.launchers import _slurm
-from restart_harness.launchers.base import WORKER_MODULE
+from restart_harness.launchers.base import WORKER_MODULE, Raw, shell_line
 
 
 class TorchrunLauncher(_slurm.SpansAllocation):
@@ -29,13 +28,10 @@ class TorchrunLauncher(_slurm.SpansAllocation):
                 "--master-addr", "127.0.0.1", "--master-port", str(port),
                 "--module", WORKER_MODULE, *args,
             ]
-        per_node = " ".join([
-            "exec", *map(shlex.quote, [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(spec.nodes)]),
-            '--node-rank "$SLURM_NODEID"',
-            *map(shlex.quote, ["--nproc-per-node", str(spec.ranks_per_node)]),
-            '--master-addr "$MASTER_ADDR"',
-            *map(shlex.quote, ["--master-port", str(port), "--module", WORKER_MODULE, *args]),
-        ])
+        per_node = shell_line(["exec", sys.executable, "-m", "torch.distributed.run", "--nnodes", str(spec.nodes),
+                               Raw('--node-rank "$SLURM_NODEID"'), "--nproc-per-node", str(spec.ranks_per_node),
+                               Raw('--master-addr "$MASTER_ADDR"'), "--master-port", str(port),
+                               "--module", WORKER_MODULE, *args])
         return [*_slurm.RENDEZVOUS, f"export MASTER_ADDR MASTER_PORT={port}"], [
             "srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
             "bash", "-c", per_node]

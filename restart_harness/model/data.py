@@ -15,10 +15,7 @@ def sample(seed: int, step: int, index: int, seq_len: int, vocab: int) -> torch.
 
 def step_batches(spec, step: int, dp_rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """(inputs, labels) of each gradient-accumulation micro-batch of one optimizer step, for one DP rank."""
-    out = []
-    for m in range(spec.grad_accum):
-        first = (m * spec.dp + dp_rank) * spec.micro_batch
-        tokens = torch.stack([sample(spec.seed, step, first + j, spec.seq_len, spec.shape.vocab_size)
-                              for j in range(spec.micro_batch)])
-        out.append((tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()))
-    return out
+    batches = [torch.stack([sample(spec.seed, step, (m * spec.dp + dp_rank) * spec.micro_batch + j, spec.seq_len,
+                                   spec.shape.vocab_size) for j in range(spec.micro_batch)])
+               for m in range(spec.grad_accum)]
+    return [(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()) for tokens in batches]

@@ -1,38 +1,24 @@
-"""Digests of a rank's model and optimizer state, computed where the state lives (on the GPU for CUDA runs: only
-two integers per tensor come back to the host).
-
-A tensor's bytes are read as 64-bit words in blocks of BLOCK_WORDS; the digest is (dtype, shape, the sum of all words
-mod 2^64, the sum of each block's word sum times its block number mod 2^64, and the trailing bytes that do not fill
-a word). Any single changed byte changes exactly one word by a non-zero amount smaller than 2^64, so it changes the
-plain sum: every single-byte corruption is detected. Moving data between blocks (a shifted or swapped shard, a
-wrong partition) changes the weighted sum. Reordering inside one 8 KiB block with equal content is the case it
-misses; a cryptographic hash would catch it at ~25x the cost (BLAKE2b ran at 0.8 GB/s per core here, these sums at
-~16-28 GB/s on one core for one tensor or a rank's 84, measured alone on 2026-11-28), which is why the verification
-no longer uses one. In a run the state is digested just before each save (stacks/ state_digests): every tensor's sums
-are queued, then read back once (digests()); the file of digests is made durable by a thread beside training
-(stacks/base.py write_digests). Two ranks sharing two busy cores ran these sums at 3.4 GB/s (issue 67); the
-harness's own seconds are printed beside the saves' (results/terminal.py, benchmarks/compare_engines.py).
-"""
+"""Digests of a rank's model and optimizer state, computed where the state lives (on the GPU for CUDA runs: only two
+integers per tensor come back to the host): the dtype, shape, the plain and the block-weighted sums of the tensor's
+64-bit words (mod 2^64) and its trailing bytes. What they catch, what they miss and what they cost:
+docs/anatomy.md and docs/measurements.md."""
 
 from __future__ import annotations
+
+import hashlib
 
 import torch
 
 BLOCK_WORDS = 1024  # 8 KiB blocks
 
 
-def _words(t: torch.Tensor) -> tuple[torch.Tensor, bytes]:
-    """(the tensor's bytes as int64 words, the trailing bytes that do not fill a word)."""
+def _sums(t: torch.Tensor) -> tuple[torch.Tensor, bytes]:
+    """(the plain and the block-weighted sums of the tensor's bytes as int64 words, both on the tensor's device, not
+    yet read; the trailing bytes that do not fill a word)."""
     flat = t.detach().contiguous().reshape(-1).view(torch.uint8)
     whole = flat.numel() // 8 * 8
     tail = flat[whole:].cpu().numpy().tobytes() if whole < flat.numel() else b""
-    return flat[:whole].view(torch.int64), tail
-
-
-def _sums(t: torch.Tensor) -> tuple[torch.Tensor, bytes]:
-    """(the plain and the block-weighted word sums, both int64 on the tensor's device, not yet read; the trailing
-    bytes)."""
-    words, tail = _words(t)
+    words = flat[:whole].view(torch.int64)
     n = words.numel()
     full = n // BLOCK_WORDS * BLOCK_WORDS
     blocks = words[:full].view(-1, BLOCK_WORDS).sum(dim=1)  # int64 sums wrap modulo 2^64
@@ -53,28 +39,20 @@ def digests(values: dict[str, object]) -> dict[str, str]:
     for names in by_device.values():
         both = torch.stack([pending[n][1] for n in names]).cpu().tolist()
         read.update(zip(names, both, strict=True))
-    out = {}
-    for name, value in values.items():
+    def text(name: str, value) -> str:
         if name not in pending:
-            out[name] = repr(value)
-            continue
-        t, _, tail = pending[name]
-        plain, weighted = read[name]
-        out[name] = f"{t.dtype}:{tuple(t.shape)}:{plain & (2**64 - 1):016x}{weighted & (2**64 - 1):016x}:{tail.hex()}"
-    return out
+            return repr(value)
+        (t, _, tail), (plain, weighted) = pending[name], read[name]
+        return f"{t.dtype}:{tuple(t.shape)}:{plain & (2**64 - 1):016x}{weighted & (2**64 - 1):016x}:{tail.hex()}"
+
+    return {name: text(name, value) for name, value in values.items()}
 
 
 def tensor_digest(t: torch.Tensor) -> str:
     return digests({"": t})[""]
 
 
-def value_digest(value) -> str:
-    return digests({"": value})[""]
-
-
 def combined(digests: dict[str, str]) -> str:
-    import hashlib
-
     h = hashlib.blake2b(digest_size=16)
     for name in sorted(digests):
         h.update(f"{name}={digests[name]};".encode())

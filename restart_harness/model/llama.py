@@ -152,15 +152,10 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
 
 
-def _build_layer(kind: str, index: int, shape: ModelShape, tp: TPGroup, seed: int) -> nn.Module:
-    """Pipeline layer `index` (embedding, decoder layers, final norm, head)."""
-    if kind == table.EMBEDDING:
-        return Embedding(shape, tp, seed)
-    if kind == table.DECODER:
-        return DecoderLayer(shape, tp, index, seed)
-    if kind == table.FINAL_NORM:
-        return FinalNorm(shape)
-    return LMHead(shape, tp, seed)
+def _layer(kind: str, index: int, shape: ModelShape, tp: TPGroup, seed: int) -> tuple[type[nn.Module], tuple]:
+    """Pipeline layer `index` (embedding, decoder layers, final norm, head): its class and arguments."""
+    return {table.EMBEDDING: (Embedding, (shape, tp, seed)), table.DECODER: (DecoderLayer, (shape, tp, index, seed)),
+            table.FINAL_NORM: (FinalNorm, (shape,)), table.LM_HEAD: (LMHead, (shape, tp, seed))}[kind]
 
 
 class LlamaForCausalLM(nn.Module):
@@ -173,7 +168,8 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.kinds = table.pipeline_layers(shape)
         for i, kind in enumerate(self.kinds):
-            self.add_module(str(i), _build_layer(kind, i, shape, tp, seed))
+            cls, args = _layer(kind, i, shape, tp, seed)
+            self.add_module(str(i), cls(*args))
 
     def forward(self, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         x = ids
@@ -186,13 +182,8 @@ def pipeline_module(shape: ModelShape, tp: TPGroup, seed: int, topology):
     """pp>1: DeepSpeed PipelineModule of LayerSpecs, partitioned by decoder layer like Megatron-DeepSpeed."""
     from deepspeed.pipe import LayerSpec, PipelineModule
 
-    specs = {
-        table.EMBEDDING: lambda i: LayerSpec(Embedding, shape, tp, seed),
-        table.DECODER: lambda i: LayerSpec(DecoderLayer, shape, tp, i, seed),
-        table.FINAL_NORM: lambda i: LayerSpec(FinalNorm, shape),
-        table.LM_HEAD: lambda i: LayerSpec(LMHead, shape, tp, seed),
-    }
     # Pipeline layer i is the file layer_{i:02d}-model_TT-model_states.pt: the planner reads the same list.
-    layers = [specs[kind](i) for i, kind in enumerate(table.pipeline_layers(shape))]
+    layers = [LayerSpec(cls, *args) for cls, args in (_layer(kind, i, shape, tp, seed)
+                                                       for i, kind in enumerate(table.pipeline_layers(shape)))]
     return PipelineModule(layers=layers, loss_fn=lm_loss, topology=topology,
                           partition_method="type:DecoderLayer", activation_checkpoint_interval=0)

@@ -76,11 +76,6 @@ def gather_last_dim(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     return x if tp.size == 1 else _GatherLastDim.apply(x, tp)
 
 
-def _init(weight: torch.Tensor, fan_in: int) -> None:
-    nn.init.normal_(weight, mean=0.0, std=1.0 / math.sqrt(fan_in))
-    _mark_sharded(weight)
-
-
 def _mark_sharded(weight: torch.Tensor) -> None:
     # DeepSpeed's gradient norm counts a parameter on every TP rank only when it is marked model-parallel;
     # unmarked (replicated) parameters are counted on TP rank 0 alone.
@@ -92,24 +87,20 @@ class ColumnParallelLinear(nn.Module):
 
     def __init__(self, param: Param, tp: TPGroup):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(param.shape))  # (out_features / tp, in_features)
-        _init(self.weight, param.fan_in)
+        self.tp = tp
+        self.weight = nn.Parameter(torch.empty(param.shape))  # (out_features / tp, in_features); row: (out, in / tp)
+        nn.init.normal_(self.weight, mean=0.0, std=1.0 / math.sqrt(param.fan_in))
+        _mark_sharded(self.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(ColumnParallelLinear):
     """y = sum over TP ranks of x_local W_local^T, W split by input columns."""
 
-    def __init__(self, param: Param, tp: TPGroup):
-        super().__init__()
-        self.tp = tp
-        self.weight = nn.Parameter(torch.empty(param.shape))  # (out_features, in_features / tp)
-        _init(self.weight, param.fan_in)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return reduce_from_tp(F.linear(x, self.weight), self.tp)
+        return reduce_from_tp(super().forward(x), self.tp)
 
 
 class VocabParallelEmbedding(nn.Module):

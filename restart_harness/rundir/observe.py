@@ -23,12 +23,7 @@ ANCESTORS = ("environment",)  # sources that also take the folders above their p
 
 def _spellings(paths) -> list[str]:
     """Each path as given and resolved (a symlinked folder is opened under either name), without repeats."""
-    out: list[str] = []
-    for p in paths:
-        for q in (os.path.abspath(p), os.path.realpath(p)):
-            if q not in out:
-                out.append(q)
-    return out
+    return list(dict.fromkeys(q for p in paths for q in (os.path.abspath(p), os.path.realpath(p))))
 
 
 def source_prefixes(run_dir: Path, ckpt_root: Path | None, staged=None) -> dict[str, list[str]]:
@@ -78,12 +73,12 @@ def environment_files_prefixes(run_dir: Path, ckpt_root: Path | None, staged=Non
 
 def sources_facts(run_dir: Path, ckpt_root: Path | None) -> dict:
     """spec.json's io_sources: each source's prefixes and the file system of its first (mount, type)."""
-    out = {}
-    for name, prefixes in source_prefixes(run_dir, ckpt_root).items():
+    def facts(name: str, prefixes: list[str]) -> dict | None:
         fs = filesystem(Path(prefixes[0])) if prefixes and name not in ("system", "pseudo") else None
-        out[name] = {"prefixes": prefixes,
-                     "filesystem": {k: fs.get(k) for k in ("mount", "type")} if fs else None}
-    return out
+        return {k: fs.get(k) for k in ("mount", "type")} if fs else None
+
+    return {name: {"prefixes": prefixes, "filesystem": facts(name, prefixes)}
+            for name, prefixes in source_prefixes(run_dir, ckpt_root).items()}
 
 
 def environment(spec: RunSpec, run_dir: Path, record: str, ckpt_root: Path, staged=None) -> dict[str, str]:

@@ -30,9 +30,8 @@ def tool() -> tuple[str | None, str | None]:
     """(py-spy's path, None) or (None, why there is none)."""
     given = os.environ.get(TOOL_ENV)
     if given:
-        if not (os.path.isfile(given) and os.access(given, os.X_OK)):
-            return None, f"{TOOL_ENV}={given} is not an executable file"
-        return given, None
+        executable = os.path.isfile(given) and os.access(given, os.X_OK)
+        return (given, None) if executable else (None, f"{TOOL_ENV}={given} is not an executable file")
     beside = Path(sys.executable).parent / "py-spy"
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside), None

@@ -124,11 +124,6 @@ def _model_state(spec, recipe, filler: Filler, ds_config: dict, client_state: di
     return state
 
 
-def _layer_state(spec, recipe, filler: Filler) -> collections.OrderedDict:
-    dtype = DTYPES[spec.precision]
-    return collections.OrderedDict((name, filler.fill(torch.empty(shape, dtype=dtype))) for name, shape in recipe.params)
-
-
 def _zero3_optimizer_state(spec, recipe, filler: Filler, ds_config: dict, step: int) -> dict:
     """DeepSpeedZeroOptimizer_Stage3.state_dict: per sub-group of the rank's partitions, Adam's state and the flat
     fp32 master partition."""
@@ -164,13 +159,8 @@ def _optimizer_state(spec, recipe, filler: Filler, ds_config: dict, step: int) -
     version, LossScaler, ZeroStageEnum, fragment_address = _ds_objects()
     part = rules.zero1_partition_numel(recipe.numel, spec.dp)
     d = recipe.dp_rank
-    padding = max(0, (d + 1) * part - recipe.numel) if (d + 1) * part > recipe.numel else 0
-    padding = min(padding, part)
-
-    def partition() -> torch.Tensor:
-        return filler.fill(torch.empty(part, dtype=torch.float32))
-
-    master, exp_avg, exp_avg_sq = partition(), partition(), partition()
+    padding = min(max(0, (d + 1) * part - recipe.numel), part)
+    master, exp_avg, exp_avg_sq = (filler.fill(torch.empty(part, dtype=torch.float32)) for _ in range(3))
     mappings, offset = collections.OrderedDict(), 0
     lo, hi = d * part, (d + 1) * part
     for name, shape in recipe.params:
@@ -201,7 +191,8 @@ def _optimizer_state(spec, recipe, filler: Filler, ds_config: dict, step: int) -
 def build_state(spec, recipe: checkpoint.FileRecipe, filler: Filler, ds_config: dict, client_state: dict) -> object:
     """The state dict DeepSpeed would hand its checkpoint engine for this file."""
     if recipe.kind == "layer_states":
-        return _layer_state(spec, recipe, filler)
+        return collections.OrderedDict((name, filler.fill(torch.empty(shape, dtype=DTYPES[spec.precision])))
+                                       for name, shape in recipe.params)
     if recipe.kind == "model_states":
         return _model_state(spec, recipe, filler, ds_config, client_state)
     return _optimizer_state(spec, recipe, filler, ds_config, client_state["harness_step"])
@@ -211,13 +202,10 @@ def tensors_of(state: object, prefix: str = "") -> dict[str, torch.Tensor]:
     """key path -> tensor, for every tensor in a (nested) state dict."""
     if isinstance(state, torch.Tensor):
         return {prefix: state}
+    items = state.items() if isinstance(state, dict) else enumerate(state) if isinstance(state, (list, tuple)) else ()
     out: dict[str, torch.Tensor] = {}
-    if isinstance(state, dict):
-        for k, v in state.items():
-            out.update(tensors_of(v, f"{prefix}/{k}" if prefix else str(k)))
-    elif isinstance(state, (list, tuple)):
-        for i, v in enumerate(state):
-            out.update(tensors_of(v, f"{prefix}/{i}" if prefix else str(i)))
+    for k, v in items:
+        out.update(tensors_of(v, f"{prefix}/{k}" if prefix else str(k)))
     return out
 
 

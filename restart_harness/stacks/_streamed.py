@@ -1,19 +1,7 @@
-"""Emulated torch.save files written and read back in bounded memory (helpers of stacks/emulated.py, for an engine
-that saves with DeepSpeed's TorchCheckpointEngine as it is, i.e. torch.save: engine=default).
-
-Save: the state dict is built as for the in-memory emulation, its tensors left unfilled (torch.empty: address space
-the kernel backs only where touched). torch.save writes the file under torch.serialization.skip_data(): torch's own
-zip records (data.pkl, .format_version, .storage_alignment, byteorder, data/N, version, .data/serialization_id),
-names and 64-byte alignment, each storage's bytes left empty. Each storage is then written in place, chunk by chunk,
-from one buffer the emulation's Filler fills with the bytes the in-memory emulation puts in that tensor; then each
-record's CRC-32 (its data descriptor and central directory entry) and the serialization id, whose second half
-combines the non-empty records' CRC-32s in write order (c10::hash_combine, as torch's PyTorchStreamWriter does), are
-set to what torch.save computes. The file equals torch.save's of the filled state byte for byte (tests/test_emulate.py).
-
-Load: torch.load(mmap=True) (the whole structure unpickled by torch, storages mapped and not read), then every
-storage read from the file in chunks into one buffer: what a load reads from storage. Each chunk is digested as it
-arrives (the digests of restart_harness/model/digest.py, computed incrementally), outside the load's time.
-"""
+"""Emulated torch.save files written and read back in bounded memory (helpers of stacks/emulated.py, engine=default):
+torch.save writes the file under skip_data(), each storage is then filled in place chunk by chunk and the CRC-32s and
+serialization id set to torch's (byte for byte torch.save's file: tests/test_emulate.py); a load maps the file and
+reads its data in chunks, digesting each. docs/emulation.md."""
 
 from __future__ import annotations
 
@@ -30,6 +18,7 @@ from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchChe
 
 from restart_harness.model.digest import BLOCK_WORDS
 from restart_harness.plan.checkpoint import STREAM_CHUNK_BYTES
+from restart_harness.stacks._deepspeed_files import tensors_of
 
 M64 = 2**64 - 1
 DIGEST_BLOCK = 8 * BLOCK_WORDS
@@ -135,19 +124,6 @@ class Running:
         return f"{self.head}:{plain:016x}{weighted:016x}:{self.carry[whole:].hex()}"
 
 
-def _spans(state, order: list) -> list[list[tuple[int, int, str, Running]]]:
-    """Per storage of `order`: (first byte, end byte, key, running digest) of every tensor of the state in it."""
-    from restart_harness.stacks._deepspeed_files import tensors_of
-
-    index = {s._cdata: i for i, s in enumerate(order)}
-    spans: list[list] = [[] for _ in order]
-    for key, t in tensors_of(state).items():
-        assert t.is_contiguous(), key  # DeepSpeed's state holds whole tensors and contiguous views
-        start = t.storage_offset() * t.element_size()
-        spans[index[t.untyped_storage()._cdata]].append((start, start + t.nbytes, key, Running(t)))
-    return spans
-
-
 def _feed(spans, chunk: np.ndarray, at: int) -> None:
     for start, end, _, running in spans:
         lo, hi = max(start, at), min(end, at + len(chunk))
@@ -192,60 +168,72 @@ def _set_crc(fd: int, record: _Record, crc: int) -> None:
         os.pwrite(fd, packed, record.local + 14)
 
 
-def _hash_combine(seed: int, value: int) -> int:
-    return (seed ^ ((value + 0x9E3779B9 + ((seed << 6) & M64) + (seed >> 2)) & M64)) & M64
+def _chunks(path: str, state):
+    """The file's records; per storage of `state`, (first byte, end byte, key, running digest) of every tensor in it;
+    and (storage index, storage, its record, offset, length) of every chunk of the file's data, in file order."""
+    order, records = storages(state), _records(path)
+    index = {s._cdata: i for i, s in enumerate(order)}
+    spans: list[list[tuple[int, int, str, Running]]] = [[] for _ in order]
+    for key, t in tensors_of(state).items():
+        assert t.is_contiguous(), key  # DeepSpeed's state holds whole tensors and contiguous views
+        start = t.storage_offset() * t.element_size()
+        spans[index[t.untyped_storage()._cdata]].append((start, start + t.nbytes, key, Running(t)))
+
+    def chunks():
+        for i, storage in enumerate(order):
+            record, nbytes = records[f"data/{i}"], storage.nbytes()
+            for at in range(0, nbytes, STREAM_CHUNK_BYTES):
+                yield i, storage, record, at, min(STREAM_CHUNK_BYTES, nbytes - at)
+
+    return records, spans, chunks()
+
+
+def _digests(spans) -> dict[str, str]:
+    return {key: running.hexdigest() for per in spans for _, _, key, running in per}
 
 
 def write(path: str, fill: Fill) -> dict[str, str]:
     """Fill the storages of the skeleton torch.save left at `path` and make its CRCs and serialization id torch's;
     the digest of every tensor of the state."""
-    order, records = storages(fill.state), _records(path)
-    spans = _spans(fill.state, order)
+    records, spans, chunks = _chunks(path, fill.state)
     buffer = torch.empty(STREAM_CHUNK_BYTES, dtype=torch.uint8)
     view = buffer.numpy()
     crcs = {}
     with open(path, "r+b") as f:
         fd = f.fileno()
-        for i, storage in enumerate(order):
-            record, nbytes, crc = records[f"data/{i}"], storage.nbytes(), 0
-            for at in range(0, nbytes, STREAM_CHUNK_BYTES):
-                length = min(STREAM_CHUNK_BYTES, nbytes - at)
-                with fill.untimed("generate"):
-                    if storage._cdata in fill.fills:
-                        fill.filler.pattern(fill.fills[storage._cdata], nbytes, at, buffer[:length])
-                    else:  # a tensor with a value of its own (Adam's step): its bytes
-                        buffer[:length].copy_(torch.empty(0, dtype=torch.uint8).set_(storage)[at:at + length])
-                    _feed(spans[i], view[:length], at)
-                crc = zlib.crc32(view[:length], crc)
-                os.pwrite(fd, view[:length], record.data + at)
-            crcs[f"data/{i}"] = crc
+        for i, storage, record, at, length in chunks:
+            with fill.untimed("generate"):
+                if storage._cdata in fill.fills:
+                    fill.filler.pattern(fill.fills[storage._cdata], storage.nbytes(), at, buffer[:length])
+                else:  # a tensor with a value of its own (Adam's step): its bytes
+                    buffer[:length].copy_(torch.empty(0, dtype=torch.uint8).set_(storage)[at:at + length])
+                _feed(spans[i], view[:length], at)
+            crcs[f"data/{i}"] = zlib.crc32(view[:length], crcs.get(f"data/{i}", 0))
+            os.pwrite(fd, view[:length], record.data + at)
         for name, crc in crcs.items():
             _set_crc(fd, records[name], crc)
         combined = 0
         for name, record in records.items():
             if name != SERIALIZATION_ID and record.nbytes:  # torch's writer combines non-empty records only
-                combined = _hash_combine(combined, crcs.get(name, record.crc))
+                value = crcs.get(name, record.crc)  # c10::hash_combine
+                combined = (combined ^ ((value + 0x9E3779B9 + ((combined << 6) & M64) + (combined >> 2)) & M64)) & M64
         sid = records[SERIALIZATION_ID]
         value = os.pread(fd, sid.nbytes, sid.data)[:20] + f"{combined:020d}".encode()
         os.pwrite(fd, value, sid.data)
         _set_crc(fd, sid, zlib.crc32(value))
-    return {key: running.hexdigest() for per in spans for _, _, key, running in per}
+    return _digests(spans)
 
 
 def read(path: str, state, untimed) -> dict[str, str]:
     """Every storage of `state` (loaded from `path` with mmap=True) read from the file in chunks into one buffer (what
     a load reads), and the digest of each of its tensors, taken chunk by chunk inside untimed("verify")."""
-    order, records = storages(state), _records(path)
-    spans = _spans(state, order)
+    _, spans, chunks = _chunks(path, state)
     view = np.empty(STREAM_CHUNK_BYTES, dtype=np.uint8)
     with open(path, "rb", buffering=0) as f:
-        for i, storage in enumerate(order):
-            record, nbytes = records[f"data/{i}"], storage.nbytes()
-            for at in range(0, nbytes, STREAM_CHUNK_BYTES):
-                length = min(STREAM_CHUNK_BYTES, nbytes - at)
-                got = os.preadv(f.fileno(), [memoryview(view)[:length]], record.data + at)
-                if got != length:
-                    raise OSError(f"{path}: data/{i} ends {length - got} bytes early")
-                with untimed("verify"):
-                    _feed(spans[i], view[:length], at)
-    return {key: running.hexdigest() for per in spans for _, _, key, running in per}
+        for i, _, record, at, length in chunks:
+            got = os.preadv(f.fileno(), [memoryview(view)[:length]], record.data + at)
+            if got != length:
+                raise OSError(f"{path}: data/{i} ends {length - got} bytes early")
+            with untimed("verify"):
+                _feed(spans[i], view[:length], at)
+    return _digests(spans)

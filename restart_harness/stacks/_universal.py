@@ -1,22 +1,12 @@
-"""A restart of a DeepSpeed checkpoint at another layout, DeepSpeed's way (helpers of stacks/deepspeed.py): convert
-the committed checkpoint with DeepSpeed's own ds_to_universal (a timed, recorded phase), then restart with
-`checkpoint.load_universal` at the new layout, and verify the full state against a reference taken from the original
-files by code of our own.
-
-convert()    runs `python -m deepspeed.checkpoint.ds_to_universal --input_folder ROOT/TAG --output_folder
-             ROOT/TAG_universal` once per tag (a later reshard of the same run reuses it and says so), with the I/O
-             counter library preloaded into it and every worker process it forks (one shared record of their reads
-             and writes); records seconds, bytes read and written, files written: records/convert-<tag>.json.
-reference()  from the original checkpoint's ZeRO files: every parameter's full fp32 master weights and Adam moments
-             (each TP shard from the data-parallel partitions: ZeRO-1/2 one flat group split in dp parts, ZeRO-3 each
-             parameter padded and split in dp parts; the shards put back together by each parameter's split),
-             digested: digests/<tag>/full-state.json. Independent of the converter it checks.
-"""
+"""A restart of a DeepSpeed checkpoint at another layout, DeepSpeed's way (helpers of stacks/deepspeed.py): convert()
+runs ds_to_universal once per tag (records/convert-<tag>.json), reference() digests every parameter's full state from
+the original files by code of our own (digests/<tag>/full-state.json). docs/reshard.md."""
 
 from __future__ import annotations
 
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,8 +32,6 @@ def convert(run_dir: Path, ckpt_root: Path, tag: str, say=print) -> dict:
     if (out / MARKER).is_file():
         return {**read_json(out / MARKER), "reused": True}
     if out.exists():  # an interrupted conversion: start over
-        import shutil
-
         shutil.rmtree(out)
     workers = max(1, min(4, os.cpu_count() or 1))
     cmd = [sys.executable, "-m", CONVERTER, "--input_folder", str(ckpt_root / tag), "--output_folder", str(out),

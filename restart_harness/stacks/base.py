@@ -1,17 +1,11 @@
-"""The interface between the harness and a training stack: what trains the model and holds the state a checkpoint
-saves (DeepSpeed, FSDP2, the emulated stack that writes DeepSpeed's files without training). One module in
-restart_harness/stacks/ per stack, holding its two halves, by audience:
-
-  Stack   the kind, for the command line (no torch): its capabilities, its default engine, which keys, engines and
-          targets it takes (check), how a restart at another layout works (check_relayout, relayout), its imports
-  Rank    one rank of a phase (Stack.Rank), driven by the one rank loop (restart_harness/worker/main.py) and its
-          checkpoint manager (worker/manager.py): start, build, then train steps, saves and loads through the
-          manager's recorder, verification. The collectives the manager needs are rank_env's.
-"""
+"""The interface between the harness and a training stack (DeepSpeed, FSDP2, the emulated stack): Stack, the kind for
+the command line (no torch), and Rank (Stack.Rank), one rank of a phase driven by the rank loop
+(restart_harness/worker/main.py) and its checkpoint manager (worker/manager.py). docs/architecture.md."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -19,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from restart_harness.errors import UsageError
+from restart_harness.files.atomic import write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -164,9 +159,6 @@ def digest_path(rank: Rank, tag: str, saved_by: int | None = None) -> Path:
 def write_digests(rank: Rank, tag: str, digests: dict[str, str]) -> None:
     """The digests' file, written and made durable (two fsyncs) by a thread beside training, not in the seconds
     training waits; digests_written() waits for it (the manager before it commits the save)."""
-    import threading
-
-    from restart_harness.files.atomic import write_json_atomic
     from restart_harness.model import digest
 
     digests_written(rank)

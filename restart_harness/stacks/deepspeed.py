@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from restart_harness.errors import UsageError
-from restart_harness.rank_env import sync
+from restart_harness.rank_env import cuda_device, sync
 from restart_harness.stacks.base import Rank, Relayout, Stack, Verification, compare, write_digests
 
 LOAD_UNIVERSAL = {"checkpoint": {"load_universal": True}}
+# DeepSpeedFiles' lifecycle calls that go to DeepSpeed's own engine where there is one: what they return without
+NATIVE_ONLY = {"create": None, "is_decoupled": False, "set_commit_info": None, "get_commit_info": None, "cleanup": None}
 
 
 def client_state(spec, step: int) -> dict:
@@ -51,7 +54,6 @@ def init_distributed(spec):
     import torch
     import torch.distributed as dist
 
-    from restart_harness.rank_env import cuda_device
     from third_party.deepspeed_shm_unlink import unlink_own_buffer
 
     if spec.device == "cuda":
@@ -77,13 +79,10 @@ class DeepSpeedRank(Rank):
         from restart_harness.model.tensor_parallel import TPGroup
 
         spec = self.spec
-        self.grid = PipelineParallelGrid(topology=PipeModelDataParallelTopology(spec.pp, spec.tp, spec.dp))
-        grid = self.grid
+        self.grid = grid = PipelineParallelGrid(topology=PipeModelDataParallelTopology(spec.pp, spec.tp, spec.dp))
         self.tp = TPGroup(grid.get_slice_parallel_group(), grid.get_slice_parallel_rank(), spec.tp)
-        if spec.pp > 1:
-            self.model = pipeline_module(spec.shape, self.tp, spec.seed, grid._topo)
-        else:
-            self.model = LlamaForCausalLM(spec.shape, self.tp, spec.seed)
+        self.model = (pipeline_module(spec.shape, self.tp, spec.seed, grid._topo) if spec.pp > 1
+                      else LlamaForCausalLM(spec.shape, self.tp, spec.seed))
         self.log.mark("model_built")
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         config = json.loads(ds_config_path(self.run).read_text())
@@ -152,8 +151,6 @@ class DeepSpeedRank(Rank):
         return len(digests)
 
     def verify(self, tag: str, reference: Path | None) -> Verification:
-        import time
-
         from restart_harness.stacks import _deepspeed_state as state
 
         start = time.perf_counter()
@@ -217,15 +214,14 @@ class DeepSpeedStack(Stack):
     def imports(cls, later: bool = False) -> None:
         import deepspeed
         import deepspeed.runtime.pipe.topology
-        import torch
 
         import restart_harness.model.llama  # noqa: F401
 
+        super().imports(later)
         if later:  # deepspeed.initialize's ZeRO check imports DeepSpeed's Muon optimizer, whose torch.compile
             # decorators import torch._inductor: about 2 s of a rank's engine_init here (DeepSpeed 0.19.8)
             import deepspeed.runtime.engine
             import deepspeed.runtime.zero.muon.muon_optimizer  # noqa: F401
-            import torch._dynamo  # noqa: F401
 
 
 class DeepSpeedFiles:
@@ -238,9 +234,6 @@ class DeepSpeedFiles:
         self.recorder, self.native = recorder, recorder.native
         self.name = f"Harness({getattr(self.native, 'name', None) or type(recorder.io).__name__})"
         self.committed = recorder.committed  # set when DeepSpeed commits a decoupled engine's checkpoint
-
-    def create(self, info):
-        return self.native.create(info) if self.native is not None else None
 
     def save(self, state_dict, path: str):
         return self.recorder.save(state_dict, path)
@@ -259,20 +252,11 @@ class DeepSpeedFiles:
     def is_data_parallel_writer(self, dp_rank):
         return self.recorder.io.is_data_parallel_writer(dp_rank)
 
-    def is_decoupled(self):
-        return self.native.is_decoupled() if self.native is not None else False
-
-    def set_commit_info(self, info):
-        if self.native is not None:
-            self.native.set_commit_info(info)
-
-    def get_commit_info(self):
-        return self.native.get_commit_info() if self.native is not None else None
-
-    def cleanup(self):
-        if self.native is not None:
-            self.native.cleanup()
-
     def preserves_storage_sharing(self):
         return self.recorder.io.preserves_storage_sharing()
 
+    def __getattr__(self, name):
+        """create, is_decoupled, set_commit_info, get_commit_info, cleanup: the native engine's, else no-ops."""
+        if name not in NATIVE_ONLY:
+            raise AttributeError(name)
+        return getattr(self.native, name) if self.native is not None else lambda *args: NATIVE_ONLY[name]

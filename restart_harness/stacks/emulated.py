@@ -1,18 +1,8 @@
-"""emulate=true: DeepSpeed's checkpoint of the planned model and layout, without a model and without training. A rank
-writes, through the chosen engine's own save, exactly the files of a checkpoint (names, writing ranks, tensor
-names, shapes, dtypes and storages, DeepSpeed's non-tensor objects: stacks/_deepspeed_files.py), once for each step a
-training run would save at (spec.save_steps); its restart reads its restart read set of the latest through the
-engine's own load, in the order DeepSpeed's load_checkpoint does, and verifies every tensor against the digests
-taken at save.
-
-Memory: where the engine saves with torch.save (DeepSpeed's own TorchCheckpointEngine, as engine=default uses it), a
-rank streams each file (stacks/_streamed.py: torch's own file, its data written and read back in chunks from one
-buffer), so that it holds a few hundred MiB whatever the file's size. With another engine it builds, saves and frees
-one file at a time (an asynchronous engine's flush is waited for before the next file). Either way the ranks of a
-node work in waves so that at most `emulate_memory_gib` of file state is held at once on the node (every rank
-computes the same waves from the plan). Generating the data and waiting for another wave are not part of the save's
-seconds, nor is verification part of the load's.
-"""
+"""emulate=true: DeepSpeed's checkpoint of the planned model and layout, without a model and without training: a rank
+writes, through the chosen engine's own save, exactly the files of the checkpoint (stacks/_deepspeed_files.py) at each
+step a training run would save at, and its restart reads its read set back in DeepSpeed's order and verifies every
+tensor. Memory is bounded by streaming torch.save's files (stacks/_streamed.py) and by waves of ranks
+(emulate_memory_gib); generating data, waiting for a wave and verifying are not timed. docs/emulation.md."""
 
 from __future__ import annotations
 
@@ -23,6 +13,8 @@ from typing import ClassVar
 
 from engines.base import Engine, NativeIO
 from restart_harness.errors import UsageError
+from restart_harness.files.atomic import write_json_atomic
+from restart_harness.plan import checkpoint
 from restart_harness.rank_env import barrier
 from restart_harness.stacks.base import Rank, Stack, Verification
 from restart_harness.stacks.deepspeed import DeepSpeedStack, client_state, ds_config_path, init_distributed
@@ -54,8 +46,6 @@ class EmulatedRank(Rank):
         self.device = init_distributed(self.spec)
 
     def build(self) -> dict:
-        from restart_harness.plan import checkpoint
-
         self.recipes = checkpoint.recipes(self.spec)
         self.config = json.loads(ds_config_path(self.run).read_text())
         self.waves, self.wave_start, self.wave_end = 0, None, None
@@ -70,8 +60,6 @@ class EmulatedRank(Rank):
         return {"native": self.native}
 
     def attach(self, recorder) -> None:
-        from restart_harness.plan import checkpoint
-
         self.streamable = type(recorder.io) is NativeIO and recorder.native is self.native
         self.streamed = self.native.streams = checkpoint.emulation_streams(self.spec, self.streamable)
 
@@ -93,7 +81,6 @@ class EmulatedRank(Rank):
                     dist.barrier()
 
     def save(self, root, tag, step, io, untimed) -> dict:
-        from restart_harness.files.atomic import write_json_atomic
         from restart_harness.model import digest
         from restart_harness.stacks._deepspeed_files import Filler, build_state, tensors_of
         from restart_harness.stacks._streamed import Fill
@@ -133,7 +120,6 @@ class EmulatedRank(Rank):
         """This rank's restart read set, one file at a time, in DeepSpeed's order (and in the save's memory waves),
         each tensor verified against the digest its writer recorded."""
         from restart_harness.model import digest
-        from restart_harness.plan import checkpoint
         from restart_harness.stacks._deepspeed_files import tensors_of
 
         tag_dir = Path(root) / tag
@@ -152,10 +138,9 @@ class EmulatedRank(Rank):
                     started = time.perf_counter()
                     found = (self.native.digests if self.streamed else
                              {key: digest.tensor_digest(t) for key, t in tensors_of(state).items()})
-                    for key, value in found.items():
-                        counts["checked"] += 1
-                        if saved.get(name, {}).get(key) != value:
-                            differing.append(f"{name}:{key}")
+                    counts["checked"] += len(found)
+                    mine = saved.get(name, {})
+                    differing.extend(f"{name}:{key}" for key, value in found.items() if mine.get(key) != value)
                     counts["seconds"] += time.perf_counter() - started
                 del state
 
@@ -205,8 +190,6 @@ class EmulatedStack(Stack):
     @staticmethod
     def _check_subset(spec) -> None:
         """subset=true: the first node's ranks must find every file they read among those they write."""
-        from restart_harness.plan import checkpoint
-
         ranks = range(spec.ranks_per_node)
         written = {r.path for r in checkpoint.recipes(spec) if r.writer in ranks}
         for rank in ranks:

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from restart_harness.errors import UsageError
-from restart_harness.rank_env import sync
+from restart_harness.rank_env import cuda_device, sync
 from restart_harness.stacks.base import Rank, Stack, Verification, compare, write_digests
 
 # The optimizer of the DeepSpeed runs (rundir/ds_config.py): the same AdamW hyper-parameters and clipping.
@@ -39,8 +39,6 @@ class FSDP2Rank(Rank):
         import torch.distributed as dist
 
         if self.spec.device == "cuda":
-            from restart_harness.rank_env import cuda_device
-
             index = cuda_device()
             torch.cuda.set_device(index)
             dist.init_process_group("nccl", device_id=torch.device("cuda", index))
@@ -61,10 +59,9 @@ class FSDP2Rank(Rank):
         from restart_harness.model.tensor_parallel import TPGroup
 
         spec, world, n = self.spec, dist.get_world_size(), replicas(self.spec)
-        if n > 1:  # HSDP: shard within each replica group, replicate (all-reduce gradients) across them
-            mesh = init_device_mesh(self.device.type, (n, world // n), mesh_dim_names=("replicate", "shard"))
-        else:
-            mesh = init_device_mesh(self.device.type, (world,), mesh_dim_names=("dp",))
+        # HSDP (n > 1): shard within each replica group, replicate (all-reduce gradients) across them
+        mesh_shape, names = ((n, world // n), ("replicate", "shard")) if n > 1 else ((world,), ("dp",))
+        mesh = init_device_mesh(self.device.type, mesh_shape, mesh_dim_names=names)
         model = LlamaForCausalLM(spec.shape, TPGroup(), spec.seed).to(self.device)
         # fp32 parameters (the master weights, what the checkpoint holds); bf16 compute with fp32 gradient
         # reduction, as DeepSpeed's bf16 + ZeRO-1 runs
@@ -73,8 +70,7 @@ class FSDP2Rank(Rank):
         for child in model.children():
             fully_shard(child, mesh=mesh, mp_policy=mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
-        self.model = model
-        self.mesh = mesh
+        self.model, self.mesh = model, mesh
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=BETAS, eps=EPS,
                                            weight_decay=WEIGHT_DECAY)
         self.log.mark("model_built")
@@ -206,11 +202,9 @@ class FSDP2Stack(Stack):
 
     @classmethod
     def imports(cls, later: bool = False) -> None:
-        import torch
         import torch.distributed.checkpoint
-        import torch.distributed.fsdp
+        import torch.distributed.fsdp  # noqa: F401
 
         import restart_harness.model.llama  # noqa: F401
 
-        if later:
-            import torch._dynamo  # noqa: F401
+        super().imports(later)

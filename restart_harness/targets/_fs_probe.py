@@ -57,9 +57,11 @@ class FileSystemProbe(StorageProbe):
             tool = "fio" if shutil.which("fio") else "builtin"
         block, directory = min(baseline.BLOCK_BYTES, file_bytes), self._probe_dir()
         with _scratch(directory, ranks) as (workdir, files):
-            if tool == "fio":
-                write, read, cache = _fio(workdir, files, file_bytes)
-                method = fio_version() or "fio"
+            if tool == "fio":  # write + fsync, evict, read (fio also invalidates the cache)
+                write, cache = _fio_run(workdir, "write", file_bytes, ranks), _evict(files)
+                read = _fio_run(workdir, "read", file_bytes, ranks)
+                version = subprocess.run(["fio", "--version"], check=False, capture_output=True, text=True, timeout=30)
+                method = version.stdout.strip() or "fio"
             else:
                 write, read, cache, _ = _builtin(files, file_bytes, block, 1, direct=False)
                 method = "builtin"
@@ -154,11 +156,6 @@ def metadata_probe(folder: Path, ranks: int, files: int = METADATA_FILES) -> dic
     return out
 
 
-def fio_version() -> str:
-    proc = subprocess.run(["fio", "--version"], check=False, capture_output=True, text=True, timeout=30)
-    return proc.stdout.strip()
-
-
 def _evict(files: list[Path]) -> dict:
     """Drop these files' pages (clean after fsync) and report what mincore then sees."""
     total = sum(f.stat().st_size for f in files)
@@ -193,29 +190,11 @@ def _fio_run(workdir: Path, rw: str, file_bytes: int, ranks: int, options: tuple
     if proc.returncode != 0:
         raise OSError(f"fio {rw} exited {proc.returncode}: {' '.join(proc.stderr.strip().splitlines()[-3:])}")
     jobs = json.loads(proc.stdout[proc.stdout.index("{"):])["jobs"]
-    total = sum(j[rw]["io_bytes"] for j in jobs)
-    slowest = max(j["job_runtime"] for j in jobs) / 1000.0  # ms; includes end_fsync for writes
-    return {"bytes": total, "seconds": round(slowest, 6), "mib_s": round(total / MIB / slowest, 3) if slowest else None}
-
-
-def _fio(workdir: Path, files: list[Path], file_bytes: int) -> tuple[dict, dict, dict]:
-    """The baseline's fio jobs: write + fsync, evict, read (fio also invalidates the cache)."""
-    write = _fio_run(workdir, "write", file_bytes, len(files))
-    cache = _evict(files)
-    return write, _fio_run(workdir, "read", file_bytes, len(files)), cache
+    # the slowest job's runtime (ms; with end_fsync for writes)
+    return baseline.phase(sum(j[rw]["io_bytes"] for j in jobs), [max(j["job_runtime"] for j in jobs) / 1000.0])
 
 
 # ---- the built-in probe ------------------------------------------------------------------------------------------
-def _open_direct(path: Path, flags: int) -> tuple[int, str | None]:
-    """path opened with O_DIRECT, or without it where the file system answers EINVAL (and why)."""
-    try:
-        return os.open(path, flags | os.O_DIRECT, 0o644), None
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:
-            raise
-        return os.open(path, flags, 0o644), f"O_DIRECT refused: {exc.strerror} (EINVAL)"
-
-
 @contextlib.contextmanager
 def _aligned_buffer(request: int):
     """A reused buffer of `request` bytes starting on a 2 MiB page where the kernel gives them, as an engine's large
@@ -264,9 +243,13 @@ def _builtin(files: list[Path], file_bytes: int, request: int, depth: int,
 
     def run(i: int, write: bool) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC if write else os.O_RDONLY
-        fd, why = _open_direct(files[i], flags) if direct else (os.open(files[i], flags, 0o644), None)
-        if why:
-            refusals.append(why)
+        try:  # O_DIRECT, or without it where the file system answers EINVAL (and why)
+            fd = os.open(files[i], flags | (os.O_DIRECT if direct else 0), 0o644)
+        except OSError as exc:
+            if not direct or exc.errno != errno.EINVAL:
+                raise
+            fd = os.open(files[i], flags, 0o644)
+            refusals.append(f"O_DIRECT refused: {exc.strerror} (EINVAL)")
         try:
             offsets = range(0, padded, request)
             with ThreadPoolExecutor(max_workers=depth) as pool:

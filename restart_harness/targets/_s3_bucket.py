@@ -162,10 +162,8 @@ def listing(url: S3Url, settings: S3Settings, client=None) -> list[tuple[str, in
     """(key relative to url, bytes) of every object under url, sorted by key."""
     client = client or settings.client()
     prefix = url.prefix + "/" if url.prefix else ""
-    out = []
-    for page in client.list_objects(url.bucket, prefix):
-        out += [(o.key[len(prefix):], o.size) for o in page.object_info]
-    return sorted(out)
+    return sorted((o.key[len(prefix):], o.size) for page in client.list_objects(url.bucket, prefix)
+                  for o in page.object_info)
 
 
 def delete_all(url: S3Url, settings: S3Settings) -> int:

@@ -9,6 +9,7 @@ operation whose error reaches the caller is one `meta request failed` line."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
 
 CLIENT_LOG_FILTER = "mountpoint_s3_client=debug,warn"
@@ -17,20 +18,12 @@ _REQUEST = re.compile(r'(\w+)\{id=(\d+)[^}]*\}: \S+ S3 request (finished|failed|
 _OPERATION_FAILED = re.compile(r'(\w+)\{id=(\d+)[^}]*\}: .*meta request failed')
 
 
-def _failure_reason(status: str | None, crt_message: str | None) -> str:
-    if status:
-        return f"HTTP {status}" + (" SlowDown" if crt_message and "SLOW_DOWN" in crt_message else "")
-    return (crt_message or "unknown").split(",")[0].split(": ")[-1]  # the CRT's symbol: AWS_IO_SOCKET_CLOSED
-
-
 def client_requests(log_dir: Path) -> dict | None:
     """The requests s3torchconnector's client logged under log_dir (one folder per rank), or None: no log."""
     files = sorted(Path(log_dir).glob("*/s3torchconnectorclient.log*")) if Path(log_dir).is_dir() else []
     if not files:
         return None
-    by_type: dict[str, int] = {}
-    failures: dict[str, int] = {}
-    failed_in: dict[tuple, int] = {}  # operation -> its failed requests
+    by_type, failures, failed_in = Counter(), Counter(), Counter()  # failed_in: operation -> its failed requests
     failed_ops: set[tuple] = set()
     counts = {"requests": 0, "failed_requests": 0, "throttled_requests": 0, "canceled_requests": 0}
     for path in files:
@@ -39,17 +32,19 @@ def client_requests(log_dir: Path) -> dict | None:
                 if m := _REQUEST.search(line):
                     span, ident, outcome, kind, _, _, crt_message, status = m.groups()
                     counts["requests"] += 1
-                    by_type[kind] = by_type.get(kind, 0) + 1
+                    by_type[kind] += 1
                     if outcome == "canceled":
                         counts["canceled_requests"] += 1
                     elif outcome == "failed":
                         counts["failed_requests"] += 1
-                        reason = _failure_reason(status, crt_message)
-                        failures[reason] = failures.get(reason, 0) + 1
+                        # HTTP 503 SlowDown, or the CRT's symbol (AWS_IO_SOCKET_CLOSED) where no status came back
+                        reason = (f"HTTP {status}" + (" SlowDown" if "SLOW_DOWN" in (crt_message or "") else "")
+                                  if status else (crt_message or "unknown").split(",")[0].split(": ")[-1])
+                        failures[reason] += 1
                         if status in ("503", "429") or "SLOW_DOWN" in (crt_message or ""):
                             counts["throttled_requests"] += 1
                         op = (path.parent.name, span, ident)
-                        failed_in[op] = failed_in.get(op, 0) + 1
+                        failed_in[op] += 1
                 elif m := _OPERATION_FAILED.search(line):
                     failed_ops.add((path.parent.name, *m.groups()))
     return {**counts,

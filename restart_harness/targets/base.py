@@ -1,19 +1,7 @@
-"""The interface between the harness and a storage target: where a run's checkpoints are kept. One module in
-restart_harness/targets/ per target, holding its three views; the target is chosen once from `ckpt_dir`
-(restart_harness/resolve.py) and everything that depends on the kind of storage is asked of it, never tested elsewhere.
-
-Three views, by audience (as engines/base.py splits an engine):
-  Target    the kind at a location, before the run exists: claims (pure), preflight (the machine), the baseline
-            probe; placed(run_dir) when the run directory is made, from_record(spec.json's record, the local root) in
-            every process that continues the run
-  Stored    a run's phases: the committed tag, listing, deletion, the page cache, the client's request log, uploads
-  Store     a rank: where to write, streams, DCP writer and reader, durability, sizes, `latest`
-
-Every checkpoint is named by a local path under `root`, the folder DeepSpeed and DCP are handed (they glob it and
-build names under it): on a file system the files themselves, on object storage an index of empty placeholders
-whose names map to objects. Engines write through destination() (torch.save / torch.load accept what it yields),
-dcp_writer() / dcp_reader(), or, for a POSIX target (kind == POSIX), the paths themselves.
-"""
+"""The interface between the harness and a storage target: where a run's checkpoints are kept, chosen once from
+`ckpt_dir` (restart_harness/resolve.py). Three views by audience: Target (the kind at a location, before the run
+exists, and placed for a run), Stored (a run's phases) and Store (a rank's checkpoint I/O), every checkpoint named by
+a local path under `root`. Each member: docs/architecture.md (storage targets)."""
 
 from __future__ import annotations
 

@@ -67,12 +67,8 @@ class FileSystemStored(Stored):
         return None if self.root.is_dir() else f"checkpoint directory {self.root} is missing"
 
     def listing(self) -> dict[str, list[tuple[str, int]]]:
-        if not self.root.is_dir():
-            return {}
-        out = {}
-        for tag_dir in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            out[tag_dir.name] = [(f.relative_to(tag_dir).as_posix(), f.stat().st_size) for f in files_under(tag_dir)]
-        return out
+        tags = sorted(p for p in self.root.iterdir() if p.is_dir()) if self.root.is_dir() else []
+        return {d.name: [(f.relative_to(d).as_posix(), f.stat().st_size) for f in files_under(d)] for d in tags}
 
     def delete(self) -> str:
         if self.root.is_dir():
@@ -98,10 +94,8 @@ class FileSystemTarget(Target):
         return Path(self.location or self.results_dir or ".").expanduser()
 
     def preflight(self, key: str, need_bytes: int | None, reach: bool = True) -> None:
-        if self.location:
-            reason = why_not_a_directory(Path(self.location))
-            if reason:
-                raise UsageError(f"{key}={self.location}: {reason}")
+        if self.location and (reason := why_not_a_directory(Path(self.location))):
+            raise UsageError(f"{key}={self.location}: {reason}")
         if need_bytes:
             where = nearest_existing(self._base())
             free = free_bytes(where)

@@ -1,24 +1,19 @@
 """ckpt_dir=s3://bucket/prefix: object storage as a checkpoint target, read and written with s3torchconnector (the
-`s3` extra), configured the way AWS tools are (targets/_s3_bucket.py).
-
-A run's objects are `<prefix>/<run name>-<owner>/<tag>/<DeepSpeed's or DCP's file name>`, and `.../latest` once a
-checkpoint is committed (owner: a digest of the run folder's host and path, so that no two runs share a prefix). The
-run directory keeps a local index of the same names (`checkpoint/`): DeepSpeed finds its files by globbing a file
-system, so each object has an empty placeholder there, beside DeepSpeed's recovery script and `latest`. Sizes, file
-counts and the inventory come from the bucket listing, never from the placeholders. An object is durable when its
-upload completes (the writer's close); `latest` is one PUT, which is atomic. No page cache is involved in a restart's
-reads, and the baseline probe PUTs and GETs objects with the same client the engines use.
-"""
+`s3` extra), configured the way AWS tools are (targets/_s3_bucket.py). Object names, the local index of placeholders,
+durability and the baseline probe: docs/s3.md."""
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
+import shutil
 import socket
 from pathlib import Path
 
 from restart_harness.errors import UsageError
 from restart_harness.files import baseline, pagecache
+from restart_harness.files.atomic import write_text_atomic
 from restart_harness.targets._s3_bucket import (
     S3Settings,
     S3Url,
@@ -42,33 +37,22 @@ class TimedStream:
     def __init__(self, stream, observer, category: str):
         self._stream, self._observer, self._category = stream, observer, category
 
-    def _timed(self, name: str, *args):
+    def _timed(self, name: str, *args, nbytes=None):
+        """The stream's call inside the region; nbytes(its result): the bytes it moved, counted."""
         with self._observer.region(self._category):
-            return getattr(self._stream, name)(*args)
+            result = getattr(self._stream, name)(*args)
+        if nbytes is not None:
+            self._observer.add_bytes(self._category, nbytes(result))
+        return result
 
     def write(self, data):
-        written = self._timed("write", data)
-        self._observer.add_bytes(self._category, written if isinstance(written, int) else len(data))
-        return written
+        return self._timed("write", data, nbytes=lambda written: written if isinstance(written, int) else len(data))
 
     def read(self, *args):
-        data = self._timed("read", *args)
-        self._observer.add_bytes(self._category, len(data))
-        return data
+        return self._timed("read", *args, nbytes=len)
 
     def readinto(self, buffer):
-        n = self._timed("readinto", buffer)
-        self._observer.add_bytes(self._category, n or 0)
-        return n
-
-    def seek(self, *args):  # the reader fetches up to a forward target (and may ask the object's size)
-        return self._timed("seek", *args)
-
-    def flush(self):
-        return self._timed("flush")
-
-    def close(self):
-        return self._timed("close")
+        return self._timed("readinto", buffer, nbytes=lambda n: n or 0)
 
     def __enter__(self):
         self._stream.__enter__()
@@ -78,7 +62,9 @@ class TimedStream:
         with self._observer.region(self._category):
             return self._stream.__exit__(*exc)
 
-    def __getattr__(self, name):  # seek, tell, readable, ...
+    def __getattr__(self, name):  # seek (the reader fetches up to a forward target), flush, close: timed; tell, ...
+        if name in ("seek", "flush", "close"):
+            return lambda *args: self._timed(name, *args)
         return getattr(self._stream, name)
 
 
@@ -86,8 +72,6 @@ class S3Probe(StorageProbe):
     """The storage baseline of a bucket: PUT and GET through s3torchconnector's streams."""
 
     def key(self) -> str:
-        import hashlib
-
         ident = f"{socket.gethostname()}|{self.target.settings.endpoint_url}|{self.target.settings.region}|{self.target.url.bucket}"
         return f"s3-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
 
@@ -97,8 +81,6 @@ class S3Probe(StorageProbe):
     def measure(self, file_bytes: int, ranks: int, tool: str) -> dict:
         """`ranks` threads each PUT one object of file_bytes (a multipart upload, complete - durable - when the write
         returns), then GET it back whole; the objects are deleted afterwards."""
-        import os
-
         streams = self.target._streams()
         scratch = self.target.url.child(baseline.scratch_name())
         keys = [str(scratch.child(f"rh.{i}")) for i in range(ranks)]
@@ -199,8 +181,6 @@ class S3Store(Store):
         return bool(self._objects(path))
 
     def commit_latest(self, tag: str) -> None:
-        from restart_harness.files.atomic import write_text_atomic
-
         url = self.url.child(LATEST)
         stream = self.target._client().put_object(url.bucket, url.prefix)
         stream.write(tag.encode())
@@ -227,8 +207,6 @@ class S3Stored(Stored):
         return out
 
     def delete(self) -> str:
-        import shutil
-
         count = delete_all(self.target.url, self.target.settings)
         if self.root.is_dir():
             shutil.rmtree(self.root)
@@ -283,10 +261,7 @@ class S3Target(Target):
                  url: S3Url | None = None, settings: S3Settings | None = None):
         super().__init__(location, root)
         self.url = url if url is not None else S3Url.parse(location)
-        try:
-            self.settings = settings or S3Settings.from_environment()
-        except ValueError as exc:
-            raise UsageError(f"ckpt_dir={location or self.url}: {exc}") from None
+        self.settings = settings or _settings(location or self.url)
         self._s3_client = None
 
     @classmethod
@@ -332,10 +307,7 @@ class S3Target(Target):
 
     @classmethod
     def from_record(cls, record: dict, root: Path) -> S3Target:
-        try:
-            settings = S3Settings.from_environment()
-        except ValueError as exc:
-            raise UsageError(f"ckpt_dir={record['checkpoint_url']}: {exc}") from None
+        settings = _settings(record["checkpoint_url"])
         settings.export()  # s3torchconnector's DCP writer and reader find the endpoint in the environment
         return cls(None, root, None, S3Url.parse(record["checkpoint_url"]), settings)
 
@@ -356,3 +328,11 @@ class S3Target(Target):
 
         return S3Checkpoint(self.settings.region, endpoint=self.settings.endpoint_url,
                             s3client_config=self.settings.client_config())
+
+
+def _settings(where) -> S3Settings:
+    """The AWS settings of this environment; UsageError naming ckpt_dir=`where` when they are malformed."""
+    try:
+        return S3Settings.from_environment()
+    except ValueError as exc:
+        raise UsageError(f"ckpt_dir={where}: {exc}") from None

@@ -1,23 +1,6 @@
 """Where a load's (or a save's) wall time goes, on one rank: every second of the window is attributed to exactly one
-category, by what this rank's main thread was doing.
-
-    read         inside the engine's load of a file, while a read of a checkpoint file was in flight (any thread)
-    deserialize  inside the engine's load of a file, no read in flight: unpickling, building tensors
-    serialize    inside the engine's save of a file, no write or fsync in flight: pickling, staging copies
-    write        inside the engine's save, while a write was in flight
-    fsync        a sync of checkpoint files in flight (the engine's own, or the harness's fsync for durability)
-    copy         copying loaded state into the engine: module.load_state_dict, the ZeRO optimizer's
-                 load_state_dict (into its flat partitions; host->device on CUDA)
-    wait         inside a barrier or collective (DeepSpeed's comm, the harness's commit barrier): waiting for
-                 other ranks and exchanging data with them
-    other        the rest of the window: DeepSpeed's own code between those calls (file-name globbing,
-                 state-dict assembly, logging, copying its recovery scripts)
-
-Regions nest: a region's own time excludes the regions inside it, so the categories partition the window. "In
-flight" comes from the I/O counters preloaded into the rank (restart_harness/iocount): the wall time during which at
-least one read (write, sync) call on a checkpoint file was running on any thread. Without those counters (no C
-compiler) read and write cannot be told apart from deserialize and serialize, and are reported as null.
-"""
+category (read, deserialize, serialize, write, fsync, copy, wait, other), by what this rank's main thread was doing;
+regions nest, and "in flight" comes from the preloaded I/O counters (restart_harness/iocount). docs/anatomy.md."""
 
 from __future__ import annotations
 
@@ -45,7 +28,8 @@ class Window:
                  excluded: tuple[str, ...] = (), start: tuple[float, float] | None = None):
         # excluded: regions that are not part of what is measured (an emulated save's data generation, waiting
         # for another wave of ranks, verification between loads): taken out of the window altogether
-        self.counters, self.categories, self.sync, self.excluded = counters, categories, sync, excluded
+        self.counters, self.categories, self.excluded = counters, categories, excluded
+        self.sync = sync or (lambda: None)  # CUDA: torch.cuda.synchronize
         self.seconds: dict[str, float] = defaultdict(float)
         self.stream_bytes: dict[str, int] = defaultdict(int)  # bytes through a target's network streams
         self.intervals: list[tuple[str, float, float]] = []
@@ -64,15 +48,13 @@ class Window:
     def region(self, category: str, io: tuple[str, ...] = ()):
         """Time a region; `io` classes in flight during its own time are attributed to those categories instead
         (read for a load; write and sync->fsync for a save)."""
-        if self.sync is not None:
-            self.sync()  # device work queued before the region belongs to what came before
+        self.sync()  # device work queued before the region belongs to what came before
         frame = [category, time.perf_counter(), 0.0, self._busy() if io else {}]
         self._stack.append(frame)
         try:
             yield
         finally:
-            if self.sync is not None:
-                self.sync()
+            self.sync()
             end = time.perf_counter()
             self._stack.pop()
             elapsed = end - frame[1]
@@ -100,9 +82,7 @@ class Window:
         out["other"] = round(max(0.0, total - attributed), 6)
         io_known = self.io_start is not None
         if not io_known:  # no counters: the I/O categories cannot be separated from (de)serialization
-            for c in ("read", "write", "fsync"):
-                if c in out:
-                    out[c] = None
+            out.update({c: None for c in ("read", "write", "fsync") if c in out})
         io = iocount.delta(self.counters.totals(), self.io_start)
         files = iocount.file_delta(self.counters.files(), self.files_start) if io_known else {}
         return {

@@ -6,15 +6,12 @@ model, opens a checkpoint or joins a process group."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import time
-
-
-def _exit_code(status: int) -> int:
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell says it
+import traceback
 
 
 def _rank(rank: int, ranks: int, start: float, argv: list[str]) -> int:
@@ -47,8 +44,6 @@ def main(argv: list[str]) -> int:
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:  # noqa: BLE001 - a forked child never returns into the loop; its log has the error
-                import traceback
-
                 traceback.print_exc()
             finally:
                 from restart_harness.worker.main import end_process
@@ -58,10 +53,8 @@ def main(argv: list[str]) -> int:
 
     def end_all(signum=None, frame=None):
         for pid in children:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         if signum is not None:
             os._exit(128 + signum)
 
@@ -69,10 +62,10 @@ def main(argv: list[str]) -> int:
     worst = 0
     while children:
         pid, status = os.wait()
-        if pid not in children:
+        if children.pop(pid, None) is None:
             continue
-        children.pop(pid)
-        code = _exit_code(status)
+        code = os.waitstatus_to_exitcode(status)
+        code = 128 - code if code < 0 else code  # killed by signal N: 128 + N, as a shell says it
         if code and not worst:  # the first rank to fail ends the others
             worst = code
             end_all()

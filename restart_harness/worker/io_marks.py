@@ -1,20 +1,10 @@
 """A rank's I/O by source, phase by phase: at each mark, what the phase it ends opened, stat-ed, listed, read and
-wrote in each source (the Python environment, the extension cache, the checkpoint, ...), what the dynamic loader
-mapped, and what the kernel says the storage delivered. docs/measurements.md#io-by-source defines every figure.
-
-- The call counters are rhio.c's (preloaded with anatomy=true or trace=true): calls made through libc by any code in
-  the process (Python's imports, DeepSpeed's op loader, the engines).
-- The dynamic loader opens and maps shared libraries with its own system calls, which no preloaded library sees:
-  the files newly mapped (/proc/self/maps) are counted as `mapped_files` and their mapped extent as `mapped_bytes`.
-- The kernel's per-process counters (/proc/self/io, getrusage) cover everything, mapped pages included: the bytes
-  the storage delivered (`storage_read_bytes`: page-cache misses; 0 on a warm cache) and major page faults.
-
-The first phase (imports) starts at the process's exec: every counter starts at zero there. Reading /proc/self/maps
-and /proc/self/io is this probe's own I/O: two opens and their reads a mark, in `pseudo`.
-"""
+wrote in each source (rhio.c's counters), what the dynamic loader mapped (/proc/self/maps), and what the kernel says
+the storage delivered (/proc/self/io). docs/measurements.md#io-by-source defines every figure."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 
@@ -24,51 +14,35 @@ _KERNEL_FILE = {"read_bytes": "storage_read_bytes", "write_bytes": "storage_writ
                 "syscr": "read_syscalls"}
 
 
-def _kernel() -> dict[str, int]:
+def _kernel(pid: str = "self") -> dict[str, int]:
+    """The kernel's figures of this process, or of the forking process (`pid`: a forked rank's own start at zero)."""
     out: dict[str, int] = {}
-    try:
-        with open("/proc/self/io") as f:
+    # a kernel without task I/O accounting: absent figures, not zero
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        with open(f"/proc/{pid}/io") as f:
             for line in f:
                 key, _, value = line.partition(":")
                 if key in _KERNEL_FILE:
                     out[_KERNEL_FILE[key]] = int(value)
-    except OSError:  # a kernel without task I/O accounting: those figures are absent, not zero
-        pass
-    out["major_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+        if pid != "self":
+            with open(f"/proc/{pid}/stat") as f:
+                out["major_faults"] = int(f.read().rsplit(")", 1)[1].split()[9])  # field 12, majflt
+    if pid == "self":
+        out["major_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
     return out
 
 
 def _mapped() -> dict[str, int]:
     """File-backed mappings of this process: path -> bytes mapped."""
     out: dict[str, int] = {}
-    try:
-        with open("/proc/self/maps") as f:
-            for line in f:
-                parts = line.split(maxsplit=5)
-                if len(parts) < 6 or parts[4] == "0" or not parts[5].startswith("/"):
-                    continue
-                start, end = (int(x, 16) for x in parts[0].split("-"))
-                path = parts[5].rstrip("\n").removesuffix(" (deleted)")
-                out[path] = out.get(path, 0) + end - start
-    except OSError:
-        pass
-    return out
-
-
-def _parent_kernel() -> dict[str, int]:
-    """The forking process's kernel figures, read from /proc/<parent>/ (a forked rank's own start at zero)."""
-    parent = os.getppid()
-    out: dict[str, int] = {}
-    try:
-        with open(f"/proc/{parent}/io") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key in _KERNEL_FILE:
-                    out[_KERNEL_FILE[key]] = int(value)
-        with open(f"/proc/{parent}/stat") as f:
-            out["major_faults"] = int(f.read().rsplit(")", 1)[1].split()[9])  # field 12, majflt
-    except (OSError, IndexError, ValueError):
-        pass
+    with contextlib.suppress(OSError), open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            if len(parts) < 6 or parts[4] == "0" or not parts[5].startswith("/"):
+                continue
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            path = parts[5].rstrip("\n").removesuffix(" (deleted)")
+            out[path] = out.get(path, 0) + end - start
     return out
 
 
@@ -92,27 +66,24 @@ class IOProbe:
             self._sources = (self.counters.sources() if self.by_source else None) or {}
             self._mapped = _mapped() if self.by_source else {}
             if owns:
-                self._carried = {"sources": self._sources, "mapped": self._mapped, "kernel": _parent_kernel()}
+                self._carried = {"sources": self._sources, "mapped": self._mapped, "kernel": _kernel(str(os.getppid()))}
 
     def phase(self) -> dict:
         kernel, sources = _kernel(), self.counters.sources() if self.by_source else None
         out: dict = {"kernel": {k: v - self._kernel.get(k, 0) for k, v in kernel.items()}}
         self._kernel = kernel
-        carried, self._carried = self._carried, None
-        if carried:  # the forking process's own I/O from its exec, read from /proc/<parent>/ when the probe started
-            for k, v in carried["kernel"].items():
-                out["kernel"][k] = out["kernel"].get(k, 0) + v
+        # the forking process's own I/O from its exec, read from /proc/<parent>/ when the probe started (first phase)
+        carried, self._carried = self._carried or {"sources": {}, "mapped": {}, "kernel": {}}, None
+        for k, v in carried["kernel"].items():
+            out["kernel"][k] = out["kernel"].get(k, 0) + v
         if sources is not None:
             per: dict[str, dict[str, int]] = {}
             for name, counts in sources.items():
-                before = self._sources.get(name, {})
-                per[name] = {k: v - before.get(k, 0) for k, v in counts.items()}
-                for k, v in ((carried or {}).get("sources") or {}).get(name, {}).items():
-                    per[name][k] += v
+                before, extra = self._sources.get(name, {}), carried["sources"].get(name, {})
+                per[name] = {k: v - before.get(k, 0) + extra.get(k, 0) for k, v in counts.items()}
             self._sources = sources
             mapped = _mapped()
-            new = {path: size for path, size in mapped.items() if path not in self._mapped}
-            new.update({path: size for path, size in ((carried or {}).get("mapped") or {}).items()})
+            new = {path: size for path, size in mapped.items() if path not in self._mapped} | carried["mapped"]
             for path, size in new.items():
                 entry = per.setdefault(self.table.source_of(path), dict.fromkeys(iocount.SOURCE_COUNTERS, 0))
                 entry["mapped_files"] = entry.get("mapped_files", 0) + 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import os
 import resource
 import socket
@@ -26,7 +27,7 @@ from restart_harness.worker.anatomy import Anatomy
 from restart_harness.worker.eventlog import EventLog
 from restart_harness.worker.io_marks import IOProbe
 from restart_harness.worker.manager import CheckpointManager
-from restart_harness.worker.memory import MemoryProbe
+from restart_harness.worker.memory import MemoryProbe, added
 from third_party import dftracer_compat
 
 
@@ -113,7 +114,9 @@ def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: Me
         io = engine.open(EngineContext(spec, target, storage=_storage(the_run),
                                        **stack.engine_context()))
         manager = CheckpointManager(stack, engine, io, target, anatomy, log, memory)
-    log.emit(Layout.of({**layout, "threads": _threads()}))
+    import torch  # its intra-op threads: OMP_NUM_THREADS from the launch script (the spec's `threads`)
+
+    log.emit(Layout.of({**layout, "threads": torch.get_num_threads()}))
 
     first, last = 1, spec.iters
     fresh = job.train_on and target.latest() is None  # a campaign's job that failed before its first commit
@@ -135,7 +138,7 @@ def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: Me
             seconds = time.perf_counter() - start
             memory.close(window)
             log.emit(Step(step, loss, seconds, last, manager.overlapped(start) if manager else False,
-                          _added(window.peak_rss, window.start_rss), window.start_rss))
+                          added(window.peak_rss, window.start_rss), window.start_rss))
             if step == first and job.phase == "restart":
                 log.mark("first_step_done")
             if manager:
@@ -156,22 +159,9 @@ def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: Me
 
 def _storage(the_run: resolve.Run) -> dict | None:
     """The run's storage probe (baseline.json, written before the checkpoint phase), or None without one."""
-    import json
-
     path = the_run.run_dir / "baseline.json"
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     return None if not isinstance(record, dict) or record.get("error") else record
-
-
-def _threads() -> int:
-    """torch's intra-op threads in this rank (OMP_NUM_THREADS from the launch script: the spec's `threads`)."""
-    import torch
-
-    return torch.get_num_threads()
-
-
-def _added(now: int | None, before: int | None) -> int | None:
-    return now - before if now is not None and before is not None else None

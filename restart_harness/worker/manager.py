@@ -1,28 +1,7 @@
 """One rank's checkpoint manager: the only code that saves, waits for durability, commits `latest` and loads. The
-training stack decides what is in a checkpoint and how its files are named (DeepSpeed's save_checkpoint, FSDP2's
-one collective save, the emulated files); every file goes through the manager's Recorder to the engine's
-CheckpointIO (engines/), and the storage target (targets/) makes it durable and commits it.
-
-Per save and rank (docs/measurements.md):
-  blocking_seconds  inside the stack's save (what training waits for)
-  durable_seconds   from the same start until every file this rank wrote is durable: the engine's flush is done
-                    (CheckpointIO.wait, or DeepSpeed's own commit for its decoupled writer) and the target has made
-                    the files durable (fsync of the file data, then of the folders naming them). Where the engine's
-                    own wait does not fsync (Engine.durable_on_wait False: DataStates' io_uring writes, torch.save),
-                    that fsync is what makes them durable; the save's `durability` records both parts' seconds
-  commit_seconds    from the same start until `latest` names the tag: after a barrier (every rank durable) rank 0
-                    has the target commit it atomically. DeepSpeed's own `latest` write (before its last barrier,
-                    never fsync'd) is disabled with save_latest=False, so `latest` never names a torn checkpoint.
-Time the stack marks untimed (an emulated rank generating its data or waiting for another wave) is not part of a
-save's blocking and durable seconds. For such a stack the barrier would also wait for the other ranks' untimed
-time, so its commit_seconds is the slowest rank's durable_seconds (one MAX all-reduce, the barrier) plus the commit
-after it.
-
-A synchronous save is an asynchronous one waited for at once. An asynchronous engine returns before its files are
-written: a waiter thread waits for the flush, makes the files durable and stamps durable_seconds; training goes on,
-and `latest` is committed only once every rank is durable - checked at each step boundary (one MIN all-reduce of a
-done flag), and waited for before the next save and at the end of the phase.
-"""
+stack decides what a checkpoint holds; every file goes through the Recorder to the engine's CheckpointIO (engines/),
+and the storage target (targets/) makes it durable and commits it. What blocking_seconds, durable_seconds and
+commit_seconds mean, and the asynchronous protocol: docs/measurements.md."""
 
 from __future__ import annotations
 
@@ -37,6 +16,7 @@ from restart_harness.iocount import delta
 from restart_harness.rank_env import all_true, barrier, max_of, sync
 from restart_harness.schema import LOAD_CATEGORIES, SAVE_CATEGORIES, Digest, LoadAnatomy, Loaded, Save
 from restart_harness.stacks.base import digests_written
+from restart_harness.worker.memory import added
 
 
 class Recorder:
@@ -47,7 +27,6 @@ class Recorder:
         self.io, self.target, self.anatomy, self.rank = io, target, anatomy, rank  # io: the engine's CheckpointIO
         self.native = io.native  # DeepSpeed's own checkpoint engine, where the chosen engine is that one
         self.saved: list[tuple[str, float]] = []
-        self.facts: dict = {}  # the fields the stack adds to the save record
         self.loaded: list[tuple[str, float]] = []
         self.step: int | None = None  # training step of the save in progress (for fault injection)
         self.committed = threading.Event()  # DeepSpeed committed a decoupled engine's checkpoint
@@ -79,8 +58,9 @@ class Recorder:
 class _Pending:
     """One save on this rank between its start and its commit; the waiter stamps durable_at (perf_counter)."""
 
-    def __init__(self, tag: str, step: int):
+    def __init__(self, tag: str, step: int, memory):
         self.tag, self.step = tag, step
+        self.memory = memory  # worker/memory.py Window from the save's start to its commit
         self.wall_start, self.start = time.time(), time.perf_counter()
         self.blocking = self.untimed = 0.0
         self.saved: list[tuple[str, float]] = []
@@ -96,7 +76,6 @@ class _Pending:
         self.error: BaseException | None = None
         self.in_flight_steps = 0
         self.thread: threading.Thread | None = None
-        self.memory = None  # worker/memory.py Window from the save's start to its commit
         self.returned: tuple = (None, None)  # (host RSS, device bytes) when the stack's save returned
         self.buffers: dict | None = None  # the engine's own buffers then (CheckpointIO.buffers)
 
@@ -111,7 +90,6 @@ class CheckpointManager:
         self.asynchronous = engine.asynchronous() or self.waits_for_deepspeed
         self.memory = memory  # worker/memory.py MemoryProbe; None: no memory figures
         self.pending: _Pending | None = None
-        self._untimed = 0.0
         stack.attach(self.recorder)
 
     @contextlib.contextmanager
@@ -122,9 +100,7 @@ class CheckpointManager:
             with self.anatomy.region(category):
                 yield
         finally:
-            elapsed = time.perf_counter() - start
-            self._untimed += elapsed
-            self.recorder.untimed += elapsed
+            self.recorder.untimed += time.perf_counter() - start
 
     # ---- saving ---------------------------------------------------------------------------------------------------
     def save(self, step: int) -> None:
@@ -139,11 +115,8 @@ class CheckpointManager:
         rec = self.recorder
         rec.saved.clear()
         rec.committed.clear()
-        rec.step = step
-        self._untimed = 0.0
-        memory = self.memory.open() if self.memory else None
-        p = _Pending(tag, step)
-        p.memory = memory
+        rec.step, untimed = step, rec.untimed
+        p = _Pending(tag, step, self.memory.open() if self.memory else None)
         # the anatomy window shares the save's clock: it starts at p.start and ends where commit_seconds (a
         # synchronous save) or blocking (an asynchronous one) stops
         with self.anatomy.measure(SAVE_CATEGORIES, excluded=self.stack.untimed["save"],
@@ -152,7 +125,7 @@ class CheckpointManager:
                 p.facts = self.stack.save(self.target.root, tag, step, rec, self.untimed) or {}
             except Exception as exc:
                 raise self.target.explain_save_failure(exc, tag) from exc
-            p.untimed = self._untimed
+            p.untimed = rec.untimed - untimed
             returned = time.perf_counter()
             p.blocking = returned - p.start - p.untimed
             p.saved = list(rec.saved)
@@ -290,7 +263,6 @@ class CheckpointManager:
         engine_init = self.log.phase_fields()  # memory and I/O of engine_init, read before the load's barrier
         barrier()  # every rank starts the load clock together: one rank's slower start is not load time
         load_start = time.time()
-        self._untimed = 0.0
         with self.anatomy.measure(LOAD_CATEGORIES, excluded=self.stack.untimed["load"]) as window:
             tag = tag or self.target.latest()
             if tag is None:
@@ -316,16 +288,12 @@ def _memory(p: _Pending) -> dict | None:
     w = p.memory
     if w is None or w.start_rss is None:
         return None
-
-    def added(x):
-        return x - w.start_rss if x is not None else None
-
-    out = {"rss_before_bytes": w.start_rss, "peak_added_bytes": added(w.peak_rss), "held_bytes": added(p.returned[0]),
-           "retained_bytes": added(w.end_rss), "engine_buffers": p.buffers}
+    out = {"rss_before_bytes": w.start_rss, "peak_added_bytes": added(w.peak_rss, w.start_rss),
+           "held_bytes": added(p.returned[0], w.start_rss), "retained_bytes": added(w.end_rss, w.start_rss),
+           "engine_buffers": p.buffers}
     if w.start_device is not None:
-        def dev(x):
-            return x - w.start_device if x is not None else None
-
-        out["device"] = {"allocated_before_bytes": w.start_device, "peak_added_bytes": dev(w.peak_device),
-                         "held_bytes": dev(p.returned[1]), "retained_bytes": dev(w.end_device)}
+        out["device"] = {"allocated_before_bytes": w.start_device,
+                         "peak_added_bytes": added(w.peak_device, w.start_device),
+                         "held_bytes": added(p.returned[1], w.start_device),
+                         "retained_bytes": added(w.end_device, w.start_device)}
     return out

@@ -1,18 +1,17 @@
-"""One rank's memory, read where the worker needs it: the high-water mark of each phase (between two marks), of each
-training step and of each save (from its start to its commit), all from the same counters.
-
-Host: the process's resident set (VmRSS) and its high-water mark (VmHWM) from /proc/self/status; reading a window's
-peak resets VmHWM to the current RSS (`5` to /proc/self/clear_refs, Linux >= 4.0). Windows nest (a save's window
-holds the steps its flush overlaps, a phase's holds both): every reset first folds the high-water mark so far into
-every open window, so no window loses a peak to another's reset. Device (CUDA only): torch's allocated bytes and
-its peak, reset the same way (torch.cuda.reset_peak_memory_stats).
-
-Only the rank's main thread opens, reads and closes windows (a save's waiter thread never does), so no lock is taken.
-Where /proc does not allow it every figure is None (docs/measurements.md#memory-per-save)."""
+"""One rank's memory: the high-water mark of each phase, training step and save, from VmRSS and VmHWM (reset through
+/proc/self/clear_refs; nested windows fold every peak before a reset) and, on CUDA, torch's allocated bytes. Only the
+main thread uses it. docs/measurements.md#memory-per-save."""
 
 from __future__ import annotations
 
-__all__ = ["MemoryProbe", "Window"]
+import sys
+
+__all__ = ["MemoryProbe", "Window", "added"]
+
+
+def added(now: int | None, before: int | None) -> int | None:
+    """Bytes added since `before` (None where either is unknown)."""
+    return now - before if now is not None and before is not None else None
 
 
 class Window:
@@ -24,10 +23,8 @@ class Window:
         self.end_rss = self.end_device = None
 
     def fold(self, hwm: int | None, device_peak: int | None) -> None:
-        if hwm is not None:
-            self.peak_rss = hwm if self.peak_rss is None else max(self.peak_rss, hwm)
-        if device_peak is not None:
-            self.peak_device = device_peak if self.peak_device is None else max(self.peak_device, device_peak)
+        self.peak_rss = max((v for v in (self.peak_rss, hwm) if v is not None), default=None)
+        self.peak_device = max((v for v in (self.peak_device, device_peak) if v is not None), default=None)
 
 
 class MemoryProbe:
@@ -41,8 +38,6 @@ class MemoryProbe:
     # ---- reading ---------------------------------------------------------------------------------------------------
     def _device(self):
         if self._cuda is None:
-            import sys
-
             torch = sys.modules.get("torch")  # only once the stack imported it
             if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
                 self._cuda = torch.cuda

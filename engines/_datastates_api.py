@@ -1,18 +1,8 @@
-"""Does a DataStates-LLM tree provide what DeepSpeed 0.19.8's DataStatesCheckpointEngine calls? Read from the Python
-sources without importing them (importing builds on CUDA's libraries; the sources are what gather.sh carries and what
-a node has installed), so the same check runs on the machine that gathers the bundle (scripts/bundle/
-check-datastates.py) and on the node before any rank starts (engines/datastates.py's node check).
-
-DeepSpeed 0.19.8 does `from datastates import CheckpointEngine`, builds CheckpointEngine(config, rank) and calls
-save(state_dict, path), wait(persist=True) and load(path, map_location) with map_location=`lambda storage, loc:
-storage` (its model-state load). What a tree must have:
-  - a package folder `datastates` whose __init__.py binds the name CheckpointEngine;
-  - the engine class that name stands for (the class of the harness's engine_type in the package's ENGINE_REGISTRY,
-    where it dispatches by type, as sources since ebc6762 do), with its in-package base classes: save, wait taking
-    `persist`, and a load that calls a callable map_location (28d53c4 and later; ebc6762's load hands it to
-    Tensor.to, a TypeError that DataStates turns into sys.exit).
-The repository's 2024 sources (package datastates.llm, class Checkpointing, wait() without persist) have none of it.
-Standard library only (the bundle's script runs it with any Python)."""
+"""Does a DataStates-LLM tree provide what DeepSpeed 0.19.8's DataStatesCheckpointEngine calls
+(`from datastates import CheckpointEngine`, then save, wait(persist=True) and a load that calls a callable
+map_location)? Read from the Python sources without importing them (that needs CUDA's libraries), with the standard
+library only: by scripts/bundle/check-datastates.py when the bundle is gathered and by engine=datastates' node check
+(docs/clusters.md#offline-install, docs/engines.md#enginedatastates-what-the-harness-does-that-deepspeed-does-not)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""engine=datastates: DeepSpeed's own DataStatesCheckpointEngine (DataStates-LLM, "lazy asynchronous
-checkpointing"), switched on by the `datastates_ckpt` block in ds_config.json. DeepSpeed creates the engine; it is
-decoupled: save() returns once the copy is queued and DataStates flushes in the background. Its wait(persist=True)
-waits for io_uring's completions but does not fsync (DataStates 1b84990 fsyncs only when it shuts down): the harness
-fsyncs every file inside the save's window before it stamps durable_seconds (worker/manager.py), commits its
-checkpoints (DeepSpeed 0.19.8 does not) and takes their checksums (checksums=auto), so a torn file fails the restart
-before it loads. DataStates-LLM is not on PyPI and its constructor needs CUDA: refused before launch elsewhere
-(docs/engines.md)."""
+"""engine=datastates: DeepSpeed's own DataStatesCheckpointEngine (DataStates-LLM), switched on by the
+`datastates_ckpt` block in ds_config.json; CUDA only. What the harness does that DeepSpeed does not (fsync, commit,
+checksums): docs/engines.md#enginedatastates-what-the-harness-does-that-deepspeed-does-not."""
 
 from __future__ import annotations
 
@@ -63,11 +58,8 @@ class DataStatesEngine(Engine):
                              f"launcher=slurm|pbs from a login node); {INSTALL}")
 
     def node_checks(self) -> list[NodeCheck]:
-        def installed() -> str | None:
-            return installed_shortfall()
-
         return [NodeCheck("engine=datastates", "Python module 'datastates' (DataStates-LLM) importable, built, with "
-                                               "the API DeepSpeed 0.19.8 calls", installed)]
+                                               "the API DeepSpeed 0.19.8 calls", installed_shortfall)]
 
     def host_cache_bytes(self) -> int:
         """The pinned host cache each rank asks DataStates for: host_cache_size, or (auto) the largest rank's save
@@ -114,25 +106,17 @@ def tensor_bytes(state) -> int:
     """The bytes of every distinct storage under the tensors of a (nested) state (a view keeps its whole buffer)."""
     import torch
 
-    seen: set[int] = set()
-    total = 0
+    storages: dict[int, int] = {}  # data_ptr -> nbytes
 
     def walk(x) -> None:
-        nonlocal total
         if isinstance(x, torch.Tensor):
-            storage = x.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
+            storages[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        elif isinstance(x, (dict, list, tuple)):
+            for v in x.values() if isinstance(x, dict) else x:
                 walk(v)
 
     walk(state)
-    return total
+    return sum(storages.values())
 
 
 class DataStatesIO(NativeIO):

@@ -1,15 +1,6 @@
-"""engine=fastpersist: DeepSpeed's FastPersist writer (`checkpoint.writer` type `fast`, decoupled=false): torch
-serialization into DeepSpeed's FastFileWriter, which writes through DeepNVMe's async_io op (libaio, O_DIRECT) from
-page-locked double buffers and fsyncs each file. DeepSpeed builds the engine from ds_config.json inside
-deepspeed.initialize; the harness saves and loads through it. On a CPU node it runs DeepSpeed's real code with the
-work-arounds of third_party/deepspeed_fastpersist_cpu.py (locked buffers from DeepSpeed's native pinned memory, the
-generic UtilsBuilder, the `X.pt-R.N` files found again at load); the async_io op needs libaio's headers to build.
-
-With ZeRO stage < 3 DeepSpeed names every file `X.pt-R.N` (writer R of N data-parallel writers) and, with
-data_parallel=replica, every data-parallel rank writes its own whole copy of the files DeepSpeed has one replica
-write (model states): N copies, all recorded. data_parallel=socket or machine gives every rank that is not its
-socket's or machine's writer the name of writer 0 of 1 (DataParallelWriterFactory.create_config's fallback for
-ZeRO >= 1): two ranks would write one file at once, so they are refused unless each rank is alone on its node."""
+"""engine=fastpersist: DeepSpeed's FastPersist writer (`checkpoint.writer` type `fast`, decoupled=false), built by
+DeepSpeed from ds_config.json; on a CPU node with the work-arounds of third_party/deepspeed_fastpersist_cpu.py. Its
+files (`X.pt-R.N`), its data_parallel units and what is refused: docs/engines.md#enginefastpersist-on-a-cpu-node."""
 
 from __future__ import annotations
 

@@ -43,7 +43,6 @@ def aligned_empty(size: int, pinned: bool = False, zeroed: bool = False) -> torc
     return buf
 
 
-
 def _huge_pages(buf: torch.Tensor) -> None:
     """Ask for transparent huge pages (MADV_HUGEPAGE) over the whole 2 MiB pages of buf, none past its end, before
     anything touches it: a fresh buffer's first touch then faults 2 MiB pages, not 4 KiB ones (docs/benchmarks.md:

@@ -44,10 +44,9 @@ class Loader:
                              reader=self.replicated.read if shared else self.read)
         return torch.load(path, map_location=map_location, weights_only=False)
 
-    def read(self, path: Path, first: list[int] | None = None, direct: bool | None = None):
-        """The file's parts read here (the parts in `first` queued first; direct: O_DIRECT or buffered, None the
-        restart's read way), the rank's own ZeRO file queued behind them; or, where it was read ahead, what is left
-        of that."""
+    def read(self, path: Path, first: list[int] | None = None):
+        """The file's parts read here (the parts in `first` queued first), the rank's own ZeRO file queued behind
+        them; or, where it was read ahead, what is left of that."""
         ahead = self.prefetch.pop(str(path), None)
         if ahead is not None:  # read ahead while an earlier file was loaded: wait for what is left of it
             header, buffers, reads = ahead
@@ -59,8 +58,7 @@ class Loader:
             check_parts(path, header)
             buffers = [aligned_empty(p["bytes"]) for p in header["parts"]]
             first = first or []
-            reads = self.submit(path, header, buffers, [*first, *(k for k in range(len(buffers)) if k not in first)],
-                                direct)
+            reads = self.submit(path, header, buffers, [*first, *(k for k in range(len(buffers)) if k not in first)])
             self.read_ahead(path)
             for r in reads:
                 r.wait()
@@ -68,9 +66,8 @@ class Loader:
         self.stats.read_bytes += sum(b.numel() for b in buffers) + len(remainder)
         return header, remainder, buffers
 
-    def submit(self, path: Path, header: dict, buffers: list, parts, direct: bool | None = None) -> list:
-        direct = self.read_direct if direct is None else direct
-        reads = [Reads(path / header["parts"][k]["file"], buffers[k], self.pool, direct) for k in parts]
+    def submit(self, path: Path, header: dict, buffers: list, parts) -> list:
+        reads = [Reads(path / header["parts"][k]["file"], buffers[k], self.pool, self.read_direct) for k in parts]
         self.submitted += reads
         return reads
 

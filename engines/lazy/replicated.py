@@ -50,11 +50,9 @@ class ReplicatedReads:
         if shm and shm.get("file"):
             out, why_not = self._shared_read(path, header, remainder, shm["file"], mine)
             decision, shm = (SHARED, shm) if out is not None else (None, {"why_not": why_not})
-        if out is not None:
-            pass
-        elif choice == "false":
+        if out is None and choice == "false":
             decision, out = Decision("read", "broadcast_load=false"), self.loader.read(path, first=mine)
-        else:
+        elif out is None:
             buffers = [aligned_empty(p["bytes"]) for p in header["parts"]]
             reader_mib_s = self._read_share(path, header, buffers, mine)
             if choice == "true":
@@ -102,11 +100,7 @@ class ReplicatedReads:
         self.loader.read_ahead(path)
         for r in reads:
             r.wait()
-        self.stats.read_bytes += sum(b.numel() for b in buffers)
-        if self.dp_rank == 0:
-            self.stats.read_bytes += len(remainder)
-        else:
-            self.stats.broadcast_bytes += len(remainder)
+        self.stats.broadcast_bytes += self._count(buffers, remainder, range(len(buffers)))  # the remainder
 
     def on_node(self) -> bool:
         """Is every replica of the data-parallel group on this node? Asked of the group once per restart."""
@@ -149,10 +143,7 @@ class ReplicatedReads:
         whole = torch.frombuffer(mapped, dtype=torch.uint8)  # keeps the mapping alive as long as a view of it
         buffers = [whole[o:o + p["bytes"]] for o, p in zip(offsets, header["parts"], strict=True)]
         self._read_share(path, header, buffers, mine, then_ahead=True)
-        read = sum(buffers[k].numel() for k in mine) + (len(remainder) if self.dp_rank == 0 else 0)
-        self.stats.read_bytes += read
-        shared = sum(b.numel() for b in buffers) + len(remainder) - read
-        self.stats.shared_bytes = (self.stats.shared_bytes or 0) + shared
+        self.stats.shared_bytes = (self.stats.shared_bytes or 0) + self._count(buffers, remainder, mine)
         return (header, remainder, buffers), None
 
     def _read_share(self, path: Path, header: dict, buffers: list, mine: list[int],
@@ -246,14 +237,14 @@ class ReplicatedReads:
         group, size = self.dp_group, self.dp_size
         for k, buf in enumerate(buffers):
             self._group_broadcast(buf, dist.get_global_rank(group, k % size))
-        read = sum(buffers[k].numel() for k in mine) + (len(remainder) if self.dp_rank == 0 else 0)
-        self.stats.read_bytes += read
-        self.stats.broadcast_bytes += sum(b.numel() for b in buffers) + len(remainder) - read
+        self.stats.broadcast_bytes += self._count(buffers, remainder, mine)
         self.stats.broadcast_loads += 1
 
-
-SHM_DIR = Path("/dev/shm")  # POSIX shared memory's file system on Linux
-SHM_HEADROOM = 0.5  # the shared way takes at most this fraction of the shared memory's free bytes
+    def _count(self, buffers: list, remainder: bytes, read: list[int] | range) -> int:
+        """The parts in `read` (and replica 0's remainder) counted as read here; returns the bytes of the rest."""
+        here = sum(buffers[k].numel() for k in read) + (len(remainder) if self.dp_rank == 0 else 0)
+        self.stats.read_bytes += here
+        return sum(b.numel() for b in buffers) + len(remainder) - here
 
 
 def shm_layout(header: dict) -> tuple[list[int], int]:
@@ -289,4 +280,3 @@ def shm_create(nbytes: int) -> dict:
         return {"why_not": f"{path}: {exc.strerror or exc}"}
     os.close(fd)
     return {"file": str(path)}
-

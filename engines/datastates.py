@@ -13,6 +13,7 @@ from engines.base import CheckpointIO, Engine, EngineContext, NativeIO
 from restart_harness.errors import UsageError
 from restart_harness.plugins import NodeCheck
 from restart_harness.spec.keys import GIB, key
+from third_party.datastates_exit import explained
 
 INSTALL = ("build DataStates-LLM at the commit of scripts/bundle/datastates-llm.pin (not on PyPI; CMake, nanobind, "
            "the CUDA toolkit, liburing): scripts/bundle/install.sh does on a CUDA node, or "
@@ -132,14 +133,10 @@ class DataStatesIO(NativeIO):
         self.restored_bytes = 0
 
     def save(self, state, path):
-        from third_party.datastates_exit import explained
-
         with explained():
             return super().save(state, path)
 
     def load(self, path, map_location=None, into=None):
-        from third_party.datastates_exit import explained
-
         with explained():
             state = super().load(path, map_location=map_location)
         self.restored_bytes += tensor_bytes(state)
@@ -149,8 +146,6 @@ class DataStatesIO(NativeIO):
         """Until DataStates' own wait(persist=True) returns: every queued copy and io_uring write completed (not
         fsync'd: the harness does that next). DeepSpeed 0.19.8's DataStatesCheckpointEngine does not override
         get_commit_info(), so engine.step() never commits it (only cleanup at exit does): the harness waits here."""
-        from third_party.datastates_exit import explained
-
         with explained():
             self.native.ckpt_engine.wait(persist=True)
 

@@ -7,11 +7,6 @@ from engines.base import CheckpointIO, EngineContext
 from engines.fastpersist import FastPersistEngine, WriterIO
 from restart_harness.errors import UsageError
 
-# Measured on CPU (bf16, ZeRO-1, 2026-11-23) with engine=fastpersist's work-arounds in place in the rank.
-CPU_LIMITATION = ("DeepSpeed 0.19.8's DecoupledCheckpointEngine writes from a writer process it starts with spawn, "
-                  "which has none of the CPU work-arounds engine=fastpersist runs with in the rank (its pinned "
-                  "buffer, its UtilsBuilder; third_party/deepspeed_fastpersist_cpu.py)")
-
 
 class DecoupledEngine(FastPersistEngine):
     name = "decoupled"
@@ -21,7 +16,10 @@ class DecoupledEngine(FastPersistEngine):
 
     def check(self) -> None:
         if self.spec.device != "cuda":
-            raise UsageError(f"engine=decoupled cannot run on device={self.spec.device}: {CPU_LIMITATION}; use "
+            raise UsageError(f"engine=decoupled cannot run on device={self.spec.device}: DeepSpeed 0.19.8's "
+                             "DecoupledCheckpointEngine writes from a writer process it starts with spawn, which has "
+                             "none of the CPU work-arounds engine=fastpersist runs with in the rank (its pinned buffer, "
+                             "its UtilsBuilder; third_party/deepspeed_fastpersist_cpu.py); use "
                              "engine=fastpersist (the same writer, synchronous), engine=lazy, engine=torchsnapshot "
                              "async_take=true or engine=dcp async_save=true on CPU")
 

@@ -121,9 +121,8 @@ class WriterIO(NativeIO):
 
     def __init__(self, native, target):
         super().__init__(native, target)
-        self._made: list[str] = []
         self._stats: dict[str, float] = {}  # the writers' own counters, summed since the last statistics()
-        self._writers: list = []
+        self._writers: list = []  # those of the save in progress
         factory = getattr(native, "_writer", None)  # DeepSpeed's CheckpointWriterFactory; None without a writer
         if factory is not None:
             from deepspeed.io import fast_file_writer
@@ -134,22 +133,19 @@ class WriterIO(NativeIO):
             create = factory.create_writer
 
             def created(file_path, optimize_dp_state):
-                writer = create(file_path, optimize_dp_state)
-                self._made.append(writer._file_path)
-                self._writers.append(writer)
-                return writer
+                self._writers.append(create(file_path, optimize_dp_state))
+                return self._writers[-1]
 
             factory.create_writer = created
 
     def save(self, state, path):
-        self._made.clear()
         self._writers = []
         self.native.save(state, path)  # FastCheckpointEngine writes to a path of its own naming
         for writer in self._writers:  # released: its counters are final
             for k, v in writer._stats.items():
                 if isinstance(v, (int, float)):
                     self._stats[k] = self._stats.get(k, 0) + v
-        return list(self._made)
+        return [writer._file_path for writer in self._writers]
 
     def statistics(self) -> dict | None:
         """DeepNVMe's FastFileWriter counters (its libaio writes, buffer fills, unaligned tail), summed over the files

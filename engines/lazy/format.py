@@ -30,10 +30,6 @@ def is_lazy(path: str | Path) -> bool:
     return (Path(path) / HEADER).is_file()
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 class _Pickler(pickle.Pickler):
     def __init__(self, f, tensors: list):
         super().__init__(f, protocol=5)
@@ -86,7 +82,7 @@ def plan(tensors: list[torch.Tensor], shares: int) -> tuple[dict, list[tuple[int
     ends[part] = offset
     header = {
         "format": FORMAT, "version": VERSION, "alignment": ALIGNMENT,
-        "tensors": [{"dtype": dtype_name(t.dtype), "shape": list(t.shape), "part": p, "offset": o,
+        "tensors": [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "part": p, "offset": o,
                      "nbytes": n} for t, (p, o, n) in zip(tensors, placements, strict=True)],
         "parts": [{"file": part_name(k), "bytes": ends[k], "writer_dp_rank": k} for k in range(shares)],
         "remainder": REMAINDER,
@@ -149,7 +145,7 @@ def to_torch_save(src: str | Path, dst: str | Path) -> list[Path]:
     written = []
     for entry in sorted(src.rglob("*")):
         rel = entry.relative_to(src)
-        if any(is_lazy(p) for p in [src / q for q in _parents(rel)]):
+        if any(is_lazy(src / q) for q in rel.parents[:-1]):
             continue  # inside a lazy directory: converted with it
         out = dst / rel
         if entry.is_dir() and is_lazy(entry):
@@ -161,10 +157,6 @@ def to_torch_save(src: str | Path, dst: str | Path) -> list[Path]:
             shutil.copy2(entry, out)
             written.append(out)
     return written
-
-
-def _parents(rel: Path) -> list[Path]:
-    return [p for p in rel.parents if str(p) != "."]
 
 
 def main(argv: list[str]) -> int:

@@ -81,30 +81,21 @@ class Loader:
         except (AttributeError, TypeError, ValueError):
             return None
 
-    def _ahead_bytes(self, path: Path) -> tuple[Path | None, dict | None]:
-        """The file read_ahead would read ahead while `path` loads, and its header (None: nothing to read ahead)."""
-        tag_dir = path.parent
-        if tag_dir in self.prefetch_tags:
-            return None, None
-        own = self._own_zero_file(tag_dir)
-        if own is None or own == path or not is_lazy(own):
-            return None, None
-        try:
-            header = read_header(own)
-            check_parts(own, header)
-        except (OSError, ValueError):
-            return None, None  # its own load will say what is wrong with it
-        return own, header
-
     def read_ahead(self, path: Path) -> None:
         """Once per tag, once the first file's own requests are queued (and a broadcast of it done): this rank's own
         ZeRO file, queued behind them, so the storage stays busy while DeepSpeed deserializes the first file and
         copies it into the model."""
-        own, header = self._ahead_bytes(path)
-        self.prefetch_tags.add(path.parent)
-        if own is None:
+        if path.parent in self.prefetch_tags:
             return
+        self.prefetch_tags.add(path.parent)
+        own = self._own_zero_file(path.parent)
+        if own is None or own == path or not is_lazy(own):
+            return
+        try:
+            header = read_header(own)
+            check_parts(own, header)
+        except (OSError, ValueError):
+            return  # its own load will say what is wrong with it
         buffers = [aligned_empty(p["bytes"]) for p in header["parts"]]
         self.prefetch[str(own)] = (header, buffers, self.submit(own, header, buffers, range(len(buffers))))
         self.stats.prefetched_bytes += sum(b.numel() for b in buffers)
-

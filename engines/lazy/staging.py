@@ -31,13 +31,13 @@ class Part:
         self.gaps = gaps(copies, aligned(size), chunk) if self.ring else {}
         self.busy = False
 
+    def at(self, pos: int) -> int:
+        """Where the part's byte `pos` is staged in the buffer (a ring: in the slot of its request)."""
+        return pos // self.chunk % self.slots * self.chunk + pos % self.chunk if self.ring else pos
+
     def staged(self, pos: int, n: int):
         """The buffer's n bytes staging the part's bytes from `pos` (within one request when it is a ring)."""
-        if not self.ring:
-            return self.buffer[pos:pos + n]
-        c = pos // self.chunk
-        at = c % self.slots * self.chunk + pos - c * self.chunk
-        return self.buffer[at:at + n]
+        return self.buffer[self.at(pos):self.at(pos) + n]
 
 
 def gaps(copies: list[tuple[int, int, int]], length: int, chunk: int) -> dict[int, list[tuple[int, int]]]:
@@ -83,10 +83,7 @@ class Flush:
 
     def data(self, off: int, end: int) -> memoryview:
         """The staged bytes of the request [off, end)."""
-        if not self.part.ring:
-            return self.view[off:end]
-        at = off // self.chunk % self.part.slots * self.chunk
-        return self.view[at:at + end - off]
+        return self.view[self.part.at(off):self.part.at(off) + end - off]
 
     def claim_upto(self, c: int) -> bool:
         """A ring: take the slots of every request up to c (the last request at most), each once the request staged

@@ -5,7 +5,9 @@ share, or read by every replica, as broadcast_load and the measured bandwidths s
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +36,6 @@ class ReplicatedReads:
         self.dp_rank, self.dp_size, self.dp_group = data_parallel
         self.read_mib_s_per_reader = read_mib_s_per_reader  # the run's storage probe's, or None
         self.broadcast_mib_s: float | None = None  # measured once per restart
-        self._on_node: bool | None = None  # every data-parallel replica on this node (asked once)
 
     def read(self, path: Path):
         """A replicated file, by broadcast_load's way: every replica reads it all (false), the broadcast (true), or
@@ -42,7 +43,7 @@ class ReplicatedReads:
         group takes the way replicated_way() gives on the bandwidths measured. A replica that cannot read fails every
         replica with its reason."""
         choice = self.options.broadcast_load
-        on_node = choice == "auto" and self.on_node()
+        on_node = choice == "auto" and self.on_node
         header, remainder, shm = self._small_files(path, on_node)
         start = time.perf_counter()
         mine = [k for k in range(len(header["parts"])) if k % self.dp_size == self.dp_rank]
@@ -92,9 +93,14 @@ class ReplicatedReads:
         """Once this replica's share is read: the other shares broadcast, or read here, the rank's own ZeRO file
         queued before the broadcast (the storage is not idle while it runs: docs/benchmarks.md) or behind the
         reads."""
-        if way == "broadcast":
+        if way == "broadcast":  # part k from replica k % dp, through DeepSpeed's comm (the anatomy counts it as wait)
+            import deepspeed.comm as dist
+
             self.loader.read_ahead(path)
-            self._broadcast_parts(header, remainder, buffers, mine)
+            for k, buf in enumerate(buffers):
+                self._group_broadcast(buf, dist.get_global_rank(self.dp_group, k % self.dp_size))
+            self.stats.broadcast_bytes += self._count(buffers, remainder, mine)
+            self.stats.broadcast_loads += 1
             return
         reads = self.loader.submit(path, header, buffers, [k for k in range(len(buffers)) if k not in mine])
         self.loader.read_ahead(path)
@@ -102,17 +108,16 @@ class ReplicatedReads:
             r.wait()
         self.stats.broadcast_bytes += self._count(buffers, remainder, range(len(buffers)))  # the remainder
 
+    @functools.cached_property
     def on_node(self) -> bool:
         """Is every replica of the data-parallel group on this node? Asked of the group once per restart."""
-        if self._on_node is None:
-            import socket
+        import socket
 
-            import deepspeed.comm as dist
+        import deepspeed.comm as dist
 
-            hosts: list = [None] * self.dp_size
-            dist.all_gather_object(hosts, socket.gethostname(), group=self.dp_group)
-            self._on_node = len(set(hosts)) == 1
-        return self._on_node
+        hosts: list = [None] * self.dp_size
+        dist.all_gather_object(hosts, socket.gethostname(), group=self.dp_group)
+        return len(set(hosts)) == 1
 
     def _shared_read(self, path: Path, header: dict, remainder: bytes, shm: str, mine: list[int]):
         """The shared way: every replica maps the file replica 0 made in shared memory, replica 0 unlinks it once
@@ -228,18 +233,6 @@ class ReplicatedReads:
             if not mine:
                 buf[a:a + n].copy_(staging[:n])
 
-    def _broadcast_parts(self, header: dict, remainder: bytes, buffers: list, mine: list[int]) -> None:
-        """The broadcast way, once every replica has read its share (part k by replica k % dp): every part reaches
-        the other replicas by broadcast (gloo here, NCCL's through the device on GPUs), through DeepSpeed's comm
-        (the anatomy counts its collectives as wait)."""
-        import deepspeed.comm as dist
-
-        group, size = self.dp_group, self.dp_size
-        for k, buf in enumerate(buffers):
-            self._group_broadcast(buf, dist.get_global_rank(group, k % size))
-        self.stats.broadcast_bytes += self._count(buffers, remainder, mine)
-        self.stats.broadcast_loads += 1
-
     def _count(self, buffers: list, remainder: bytes, read: list[int] | range) -> int:
         """The parts in `read` (and replica 0's remainder) counted as read here; returns the bytes of the rest."""
         here = sum(buffers[k].numel() for k in read) + (len(remainder) if self.dp_rank == 0 else 0)
@@ -260,8 +253,6 @@ def shm_layout(header: dict) -> tuple[list[int], int]:
 def shm_create(nbytes: int) -> dict:
     """A file of nbytes in shared memory for the group to map ({"file": path}), or why not ({"why_not": ...}):
     no /dev/shm, or too little of it free (a container's is often 64 MiB)."""
-    import secrets
-
     try:
         stat = os.statvfs(SHM_DIR)
     except OSError as exc:
@@ -270,13 +261,12 @@ def shm_create(nbytes: int) -> dict:
     if nbytes > free * SHM_HEADROOM:
         return {"why_not": f"{SHM_DIR} has {free / MIB:,.0f} MiB free, the file needs {nbytes / MIB:,.0f} MiB (at most "
                            f"{SHM_HEADROOM:.0%} of it is taken)"}
-    path = SHM_DIR / f"rh-lazy-{os.getpid()}-{secrets.token_hex(4)}"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    fd, path = tempfile.mkstemp(prefix=f"rh-lazy-{os.getpid()}-", dir=SHM_DIR)
     try:
         os.ftruncate(fd, nbytes)
     except OSError as exc:
         os.close(fd)
-        path.unlink(missing_ok=True)
+        os.unlink(path)
         return {"why_not": f"{path}: {exc.strerror or exc}"}
     os.close(fd)
-    return {"file": str(path)}
+    return {"file": path}

@@ -16,7 +16,7 @@ from engines.lazy.buffers import aligned
 from engines.lazy.format import HEADER, REMAINDER, part_name, plan, split
 from engines.lazy.policy import Staging
 from engines.lazy.staging import Flush, Part
-from engines.lazy.stats import SaveStats, Staged
+from engines.lazy.stats import STAGING_RECORDS, SaveStats
 from engines.lazy.writers import Writers
 
 
@@ -92,7 +92,8 @@ class Saver:
             part = Part(d / part_name(k), size, pinned, copies, chunk, slots)
             self.plans[signature] = part
             self.stats.buffers_allocated += 1
-            self.stats.staged(Staged(d.name, size, part.nbytes, why))
+            if len(self.stats.staging) < STAGING_RECORDS:
+                self.stats.staging.append({"file": d.name, "part_bytes": size, "buffer_bytes": part.nbytes, "why": why})
         part.path = d / part_name(k)
         part.busy = True
         return part

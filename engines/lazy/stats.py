@@ -28,16 +28,6 @@ class Decision:
 
 
 @dataclass
-class Staged:
-    """How one part's host buffer was sized (policy.Staging)."""
-
-    file: str
-    part_bytes: int
-    buffer_bytes: int
-    why: str
-
-
-@dataclass
 class SaveStats:
     """A rank's saves since statistics() was last asked (seconds; the fallback), and its buffers (counted over the
     run, as kept for later saves)."""
@@ -48,17 +38,13 @@ class SaveStats:
     staging_wait_seconds: float = 0.0  # the copy's waits for a ring's slots
     buffers_reused: int = 0
     buffers_allocated: int = 0
-    staging: list[Staged] = field(default_factory=list)
+    staging: list[dict] = field(default_factory=list)  # how a part's buffer was sized (policy.Staging), the first
     direct_io_fallback: str | None = None  # why the file system refused O_DIRECT
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, name: str, seconds: float) -> None:
         with self.lock:
             setattr(self, name, getattr(self, name) + seconds)
-
-    def staged(self, record: Staged) -> None:
-        if len(self.staging) < STAGING_RECORDS:
-            self.staging.append(record)
 
     def take(self, parts: list) -> dict:
         """The record of the saves since the last call (then reset), with staging_bytes: the parts kept for later
@@ -67,7 +53,7 @@ class SaveStats:
             out = {**{k: round(getattr(self, k), 6) for k in SECONDS}, "buffers_reused": self.buffers_reused,
                    "buffers_allocated": self.buffers_allocated}
             if self.staging:
-                out["staging"] = [vars(s).copy() for s in self.staging]
+                out["staging"] = list(self.staging)
             if self.direct_io_fallback:
                 out["direct_io_fallback"] = self.direct_io_fallback
             for k in SECONDS:

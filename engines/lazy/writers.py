@@ -110,11 +110,7 @@ class Writers:
 
 
 def write_small(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view, pos = memoryview(data), 0
-        while pos < len(view):
-            pos += os.write(fd, view[pos:])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())

@@ -105,14 +105,13 @@ def check_parts(path: Path, header: dict) -> None:
             raise OSError(f"{f}: {f.stat().st_size} bytes, {part['bytes']} expected (a torn checkpoint?)")
 
 
-def read(path: Path, threads: int = 4, direct: bool = False) -> tuple[dict, bytes, list[torch.Tensor]]:
+def read(path: Path, threads: int = 4) -> tuple[dict, bytes, list[torch.Tensor]]:
     """The directory's header, its pickled remainder and every part in a buffer of its own, read here."""
     header = read_header(path)
     check_parts(path, header)
     buffers = [aligned_empty(part["bytes"]) for part in header["parts"]]
     with ThreadPoolExecutor(threads) as pool:  # every part's requests queued at once: `threads` in flight
-        reads = [Reads(path / part["file"], buf, pool, direct) for part, buf in zip(header["parts"], buffers,
-                                                                                    strict=True)]
+        reads = [Reads(path / part["file"], buf, pool) for part, buf in zip(header["parts"], buffers, strict=True)]
         for r in reads:
             r.wait()
     return header, (path / header["remainder"]).read_bytes(), buffers
@@ -147,14 +146,13 @@ def to_torch_save(src: str | Path, dst: str | Path) -> list[Path]:
         rel = entry.relative_to(src)
         if any(is_lazy(src / q) for q in rel.parents[:-1]):
             continue  # inside a lazy directory: converted with it
-        out = dst / rel
-        if entry.is_dir() and is_lazy(entry):
+        out, lazy = dst / rel, entry.is_dir() and is_lazy(entry)
+        if lazy or entry.is_file():
             out.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(load(entry), out)
-            written.append(out)
-        elif entry.is_file():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(entry, out)
+            if lazy:
+                torch.save(load(entry), out)
+            else:
+                shutil.copy2(entry, out)
             written.append(out)
     return written
 

@@ -23,7 +23,7 @@ class Loader:
     def __init__(self, options: Options, storage: dict | None, ds_engine, data_parallel: tuple):
         self.options, self.ds_engine = options, ds_engine  # ds_engine: DeepSpeed's, to name the own ZeRO file
         self.pool = ThreadPoolExecutor(options.readers, thread_name_prefix="lazy-read")
-        self.stats = LoadStats(read_way(options, storage))
+        self.stats = LoadStats(read_io=read_way(options, storage))
         self.read_direct = self.stats.read_io.way == "direct"
         self.submitted: list = []  # every file read (reads.Reads): its requests and those populated ahead
         self.last_read: dict = {}  # the buffers of the last file loaded: a second load of it reads nothing
@@ -58,17 +58,22 @@ class Loader:
             check_parts(path, header)
             buffers = [aligned_empty(p["bytes"]) for p in header["parts"]]
             first = first or []
-            reads = self.submit(path, header, buffers, [*first, *(k for k in range(len(buffers)) if k not in first)])
-            self.read_ahead(path)
-            for r in reads:
-                r.wait()
+            self.submit(path, header, buffers, [*first, *(k for k in range(len(buffers)) if k not in first)],
+                        ahead=True, wait=True)
         remainder = (path / header["remainder"]).read_bytes()
         self.stats.read_bytes += sum(b.numel() for b in buffers) + len(remainder)
         return header, remainder, buffers
 
-    def submit(self, path: Path, header: dict, buffers: list, parts) -> list:
+    def submit(self, path: Path, header: dict, buffers: list, parts, ahead: bool = False, wait: bool = False) -> list:
+        """The parts' reads queued (reads.Reads); ahead: the rank's own ZeRO file queued behind them (read_ahead);
+        wait: until they are done."""
         reads = [Reads(path / header["parts"][k]["file"], buffers[k], self.pool, self.read_direct) for k in parts]
         self.submitted += reads
+        if ahead:
+            self.read_ahead(path)
+        if wait:
+            for r in reads:
+                r.wait()
         return reads
 
     def _own_zero_file(self, tag_dir: Path) -> Path | None:

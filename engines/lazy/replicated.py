@@ -102,10 +102,8 @@ class ReplicatedReads:
             self.stats.broadcast_bytes += self._count(buffers, remainder, mine)
             self.stats.broadcast_loads += 1
             return
-        reads = self.loader.submit(path, header, buffers, [k for k in range(len(buffers)) if k not in mine])
-        self.loader.read_ahead(path)
-        for r in reads:
-            r.wait()
+        self.loader.submit(path, header, buffers, [k for k in range(len(buffers)) if k not in mine], ahead=True,
+                           wait=True)
         self.stats.broadcast_bytes += self._count(buffers, remainder, range(len(buffers)))  # the remainder
 
     @functools.cached_property
@@ -160,11 +158,7 @@ class ReplicatedReads:
         started = time.perf_counter()
         failed = None
         try:
-            reads = self.loader.submit(path, header, buffers, mine)
-            if then_ahead:
-                self.loader.read_ahead(path)
-            for r in reads:
-                r.wait()
+            self.loader.submit(path, header, buffers, mine, ahead=then_ahead, wait=True)
         except OSError as exc:
             failed = exc
         seconds = time.perf_counter() - started

@@ -4,7 +4,6 @@ copy has passed it."""
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from concurrent.futures import Future
@@ -99,7 +98,8 @@ class Flush:
                 with self.freed:
                     if self.written[slot] < before:
                         start = time.perf_counter()
-                        self.freed.wait_for(functools.partial(self._free, slot, before))
+                        self.freed.wait_for(lambda slot=slot, before=before: self.written[slot] >= before
+                                            or self.error is not None)
                         self.waited += time.perf_counter() - start
             if self.error is not None:
                 return False
@@ -109,9 +109,6 @@ class Flush:
             part.holds[slot] = k
             self.claimed = k
         return self.error is None
-
-    def _free(self, slot: int, before: int) -> bool:
-        return self.written[slot] >= before or self.error is not None
 
     def release(self, off: int) -> None:
         """Request at `off` written (or given up): its slot may take the next request."""

@@ -69,25 +69,19 @@ class SaveStats:
 class LoadStats:
     """What a rank's restart loads did (summed over ranks in the summary)."""
 
-    read_io: Decision
     read_bytes: int = 0  # read from storage by this rank
     broadcast_bytes: int = 0  # received from another replica
     broadcast_loads: int = 0
     prefetched_bytes: int = 0  # the rank's own ZeRO file read ahead
+    read_io: Decision | None = None  # the restart's read way (policy.read_way)
     shared_bytes: int | None = None  # built on another replica's reads into shared memory
     replicated: list[dict] = field(default_factory=list)  # how each replicated file was loaded
 
     def as_dict(self, reads: list) -> dict:
         """read_requests and populated_requests: the requests read, and those whose fresh pages a thread faulted in
         ahead of them (reads.Reads)."""
-        out = {"read_bytes": self.read_bytes, "broadcast_bytes": self.broadcast_bytes,
-               "broadcast_loads": self.broadcast_loads, "prefetched_bytes": self.prefetched_bytes,
-               "read_io": self.read_io.as_dict()}
-        if self.shared_bytes is not None:
-            out["shared_bytes"] = self.shared_bytes
-        if self.replicated:
-            out["replicated"] = self.replicated
-        return {**out, "read_requests": sum(r.requests for r in reads),
+        out = {k: v for k, v in vars(self).items() if v is not None and v != []}  # in the order declared
+        return {**out, "read_io": self.read_io.as_dict(), "read_requests": sum(r.requests for r in reads),
                 "populated_requests": sum(r.populated for r in reads)}
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from engines.lazy.staging import Flush
@@ -22,10 +22,6 @@ class Writers:
 
     def hand_out(self, flush: Flush, off: int) -> None:
         self.pool.submit(self.write_request, flush, off)
-
-    def small(self, path: Path, data: bytes) -> Future:
-        """A small file (the header, the remainder) written and fsync'd by the pool too."""
-        return self.pool.submit(write_small, path, data)
 
     def write_request(self, flush: Flush, off: int) -> None:
         """One write request of the part (handed out once the copy has passed its end); the last one to finish
@@ -110,6 +106,7 @@ class Writers:
 
 
 def write_small(path: Path, data: bytes) -> None:
+    """A small file (the header, the remainder) written and fsync'd (by the writers' pool too)."""
     with open(path, "wb") as f:
         f.write(data)
         f.flush()

@@ -69,12 +69,6 @@ def _arguments(f: ast.FunctionDef) -> list[str]:
     return [a.arg for a in f.args.args + f.args.kwonlyargs]
 
 
-def _calls_map_location(f: ast.FunctionDef) -> bool:
-    """Does the function call map_location(...) (the callable form torch.load's map_location also takes)?"""
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "map_location"
-               for n in ast.walk(f))
-
-
 def check(src: Path, engine_type: str = "state_engine") -> Path:
     """The package (the folder `datastates`) DeepSpeed would use from the tree at `src`, or ValueError with one line
     (without the tree's path) saying what is missing and what is accepted."""
@@ -109,7 +103,8 @@ def check(src: Path, engine_type: str = "state_engine") -> Path:
     if "persist" not in _arguments(methods["wait"]):
         raise ValueError(f"{rel} binds CheckpointEngine, but {name}.wait takes no `persist` (it would not say when "
                          f"a checkpoint is on storage); DeepSpeed needs {NEED}")
-    if "map_location" not in _arguments(methods["load"]) or not _calls_map_location(methods["load"]):
+    calls = {n.func.id for n in ast.walk(methods["load"]) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    if "map_location" not in _arguments(methods["load"]) or "map_location" not in calls:  # called: a callable
         raise ValueError(f"{rel}: {name}.load does not accept a callable map_location (DeepSpeed 0.19.8 passes "
                          "`lambda storage, loc: storage`; sources before 28d53c4, such as ebc6762, hand it to "
                          f"Tensor.to and exit); DeepSpeed needs {NEED}")

@@ -40,8 +40,7 @@ class DCPEngine(Engine):
         return rank_bytes if self.options.async_save else 0  # async_save stages a copy of the state first
 
     def open(self, ctx: EngineContext) -> CheckpointIO:
-        io = DCPCollective if ctx.collective else DCPFiles
-        return io(self.options.async_save, ctx.target)
+        return (DCPCollective if ctx.collective else DCPFiles)(self.options.async_save, ctx.target)
 
 
 class _DCPIO(CheckpointIO):

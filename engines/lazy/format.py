@@ -80,14 +80,11 @@ def plan(tensors: list[torch.Tensor], shares: int) -> tuple[dict, list[tuple[int
         offset = aligned(offset + n)
         done += n
     ends[part] = offset
-    header = {
-        "format": FORMAT, "version": VERSION, "alignment": ALIGNMENT,
-        "tensors": [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "part": p, "offset": o,
-                     "nbytes": n} for t, (p, o, n) in zip(tensors, placements, strict=True)],
-        "parts": [{"file": part_name(k), "bytes": ends[k], "writer_dp_rank": k} for k in range(shares)],
-        "remainder": REMAINDER,
-    }
-    return header, placements
+    return {"format": FORMAT, "version": VERSION, "alignment": ALIGNMENT,
+            "tensors": [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "part": p, "offset": o,
+                         "nbytes": n} for t, (p, o, n) in zip(tensors, placements, strict=True)],
+            "parts": [{"file": part_name(k), "bytes": ends[k], "writer_dp_rank": k} for k in range(shares)],
+            "remainder": REMAINDER}, placements
 
 
 def read_header(path: Path) -> dict:

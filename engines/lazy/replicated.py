@@ -128,13 +128,10 @@ class ReplicatedReads:
         offsets, total = shm_layout(header)
         mapped, why = None, None
         try:
-            fd = os.open(shm, os.O_RDWR)
-            try:
-                if os.fstat(fd).st_size != total:
-                    raise OSError(f"{shm}: {os.fstat(fd).st_size} bytes, {total} expected")
-                mapped = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            finally:
-                os.close(fd)
+            with open(shm, "r+b") as f:
+                if os.fstat(f.fileno()).st_size != total:
+                    raise OSError(f"{shm}: {os.fstat(f.fileno()).st_size} bytes, {total} expected")
+                mapped = mmap.mmap(f.fileno(), total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as exc:
             why = f"replica {self.dp_rank} could not map {shm}: {exc.strerror or exc}"
         everyone = all_reduce([0.0 if mapped is None else 1.0], "min", self.dp_group)[0]
@@ -259,8 +256,8 @@ def shm_create(nbytes: int) -> dict:
     try:
         os.ftruncate(fd, nbytes)
     except OSError as exc:
-        os.close(fd)
         os.unlink(path)
         return {"why_not": f"{path}: {exc.strerror or exc}"}
-    os.close(fd)
+    finally:
+        os.close(fd)
     return {"file": path}

@@ -67,12 +67,11 @@ class Flush:
         self.chunk, self.submit = chunk, submit
         self.handed = 0  # requests handed to the writers so far, in offset order
         self.lock = threading.Lock()
-        self.error: BaseException | None = None
         self.left = len(self.offsets)
         self.fds: list[int] = []  # every descriptor opened (closed at the end, never while a request may use one)
-        self.fd: int | None = None
-        self.fallback: str | None = None
-        self.started: float | None = None
+        # the first error; the open descriptor; why O_DIRECT was refused; when the first write began
+        self.error: BaseException | None = None
+        self.fd = self.fallback = self.started = None
         self.done: Future = Future()
         # a ring: the requests the copy has taken slots for, and per slot the last request written from it
         self.claimed = -1 if part.ring else len(self.offsets) - 1

@@ -17,8 +17,7 @@ from restart_harness import faults
 
 class Writers:
     def __init__(self, threads: int, stats: SaveStats):
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="lazy-write")
-        self.stats = stats
+        self.pool, self.stats = ThreadPoolExecutor(threads, thread_name_prefix="lazy-write"), stats
 
     def hand_out(self, flush: Flush, off: int) -> None:
         self.pool.submit(self.write_request, flush, off)

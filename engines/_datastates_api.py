@@ -65,10 +65,6 @@ def _methods(classes: dict[str, ast.ClassDef], name: str) -> dict[str, ast.Funct
     return out
 
 
-def _arguments(f: ast.FunctionDef) -> list[str]:
-    return [a.arg for a in f.args.args + f.args.kwonlyargs]
-
-
 def check(src: Path, engine_type: str = "state_engine") -> Path:
     """The package (the folder `datastates`) DeepSpeed would use from the tree at `src`, or ValueError with one line
     (without the tree's path) saying what is missing and what is accepted."""
@@ -100,11 +96,12 @@ def check(src: Path, engine_type: str = "state_engine") -> Path:
     if missing:
         raise ValueError(f"{rel} binds CheckpointEngine, but its engine class {name} has no {', '.join(missing)}; "
                          f"DeepSpeed needs {NEED}")
-    if "persist" not in _arguments(methods["wait"]):
+    arguments = {m: [a.arg for a in f.args.args + f.args.kwonlyargs] for m, f in methods.items()}
+    if "persist" not in arguments["wait"]:
         raise ValueError(f"{rel} binds CheckpointEngine, but {name}.wait takes no `persist` (it would not say when "
                          f"a checkpoint is on storage); DeepSpeed needs {NEED}")
     calls = {n.func.id for n in ast.walk(methods["load"]) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-    if "map_location" not in _arguments(methods["load"]) or "map_location" not in calls:  # called: a callable
+    if "map_location" not in arguments["load"] or "map_location" not in calls:  # called: a callable
         raise ValueError(f"{rel}: {name}.load does not accept a callable map_location (DeepSpeed 0.19.8 passes "
                          "`lambda storage, loc: storage`; sources before 28d53c4, such as ebc6762, hand it to "
                          f"Tensor.to and exit); DeepSpeed needs {NEED}")

@@ -40,8 +40,8 @@ class Loader:
 
         if is_lazy(path):
             shared = self.dp_size > 1 and self.dp_group is not None and REPLICATED.search(path)
-            return load_file(path, threads=self.options.readers, map_location=map_location, reuse=self.last_read,
-                             reader=self.replicated.read if shared else self.read)
+            reader = self.replicated.read if shared else self.read
+            return load_file(path, map_location=map_location, reuse=self.last_read, reader=reader)
         return torch.load(path, map_location=map_location, weights_only=False)
 
     def read(self, path: Path, first: list[int] | None = None):

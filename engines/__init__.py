@@ -1,2 +1,2 @@
-"""Checkpoint engine plug-ins: one module each holding one subclass of engines.base.Engine (and its CheckpointIO),
-discovered by engines/registry.py; helpers are modules whose names start with an underscore."""
+"""Checkpoint engine plug-ins: subclasses of engines.base.Engine (and their CheckpointIO) in the modules of this
+package, discovered by engines/registry.py; helpers are modules whose names start with an underscore."""

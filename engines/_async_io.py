@@ -1,16 +1,6 @@
-"""Can DeepSpeed's async_io op (DeepNVMe's libaio I/O: engine=fastpersist and engine=decoupled) be loaded on this
-node? Asked before any rank starts (the engines' node checks), because where it cannot, DeepSpeed 0.19.8 fails late
-and vaguely: fastpersist inside deepspeed.initialize, decoupled inside the writer process DeepSpeed spawns, which the
-rank only saw as "Checkpoint process died unexpectedly" (one H200 without libaio, 2026-11-26).
-
-DeepSpeed loads the op prebuilt (`installed_ops`, DS_BUILD_AIO=1 at install) or JIT-builds it with the C++ compiler;
-either way the op links libaio (its shared library at run time). Checked as the build and the load would meet it,
-under this process's environment, so a node's carried libaio files count where CPATH, LIBRARY_PATH, CFLAGS, LDFLAGS
-and LD_LIBRARY_PATH point at them:
-  - the runtime library libaio.so.1 loads (dlopen);
-  - prebuilt, or: the C compiler finds <libaio.h> and links a call of io_submit with -laio (what DeepSpeed's own
-    AsyncIOBuilder.is_compatible links before a JIT build).
-No torch or DeepSpeed import (the prebuilt flag is read from DeepSpeed's installed version file)."""
+"""Can DeepSpeed's async_io op (libaio: engine=fastpersist and engine=decoupled) be loaded or built on this node?
+Asked before any rank starts, under this process's environment; no torch or DeepSpeed import. What it checks and
+why: docs/engines.md#the-engines (the paragraph on `engines/_async_io.py`)."""
 
 from __future__ import annotations
 

@@ -1,35 +1,18 @@
-"""Does a DataStates-LLM tree provide what DeepSpeed 0.19.8's DataStatesCheckpointEngine calls? Read from the Python
-sources without importing them (importing builds on CUDA's libraries; the sources are what gather.sh carries and what
-a node has installed), so the same check runs on the machine that gathers the bundle (scripts/bundle/
-check-datastates.py) and on the node before any rank starts (engines/datastates.py's node check).
-
-DeepSpeed 0.19.8 does `from datastates import CheckpointEngine`, builds CheckpointEngine(config, rank) and calls
-save(state_dict, path), wait(persist=True) and load(path, map_location) with map_location=`lambda storage, loc:
-storage` (its model-state load). What a tree must have:
-  - a package folder `datastates` whose __init__.py binds the name CheckpointEngine;
-  - the engine class that name stands for (the class of the harness's engine_type in the package's ENGINE_REGISTRY,
-    where it dispatches by type, as sources since ebc6762 do), with its in-package base classes: save, wait taking
-    `persist`, and a load that calls a callable map_location (28d53c4 and later; ebc6762's load hands it to
-    Tensor.to, a TypeError that DataStates turns into sys.exit).
-The repository's 2024 sources (package datastates.llm, class Checkpointing, wait() without persist) have none of it.
-Standard library only (the bundle's script runs it with any Python)."""
+"""Does a DataStates-LLM tree provide what DeepSpeed 0.19.8's DataStatesCheckpointEngine calls
+(`from datastates import CheckpointEngine`, then save, wait(persist=True) and a load that calls a callable
+map_location)? Read from the Python sources without importing them (that needs CUDA's libraries), with the standard
+library only: by scripts/bundle/check-datastates.py when the bundle is gathered and by engine=datastates' node check
+(docs/clusters.md#offline-install, docs/engines.md#enginedatastates-what-the-harness-does-that-deepspeed-does-not)."""
 
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 from pathlib import Path
 
 SKIP = {".git", "build", "tests", "test"}
 NEED = ("`from datastates import CheckpointEngine` with save, wait(persist=True) and a load that accepts a callable "
         "map_location, as DeepSpeed 0.19.8 calls them (DataStates-LLM 28d53c4 or later; the bundle's pin: "
         "scripts/bundle/datastates-llm.pin)")
-
-
-@dataclass(frozen=True)
-class Found:
-    package: Path  # the folder `datastates`
-    engine_class: str  # the class CheckpointEngine stands for, for the engine_type asked
 
 
 def packages(src: Path) -> list[Path]:
@@ -46,28 +29,23 @@ def _parse(path: Path) -> ast.Module | None:
         return None
 
 
-def _binds(tree: ast.Module, name: str) -> str | None:
-    """How a module binds `name`: the class it defines, the name it imports under it, or None."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ClassDef) and node.name == name:
-            return name
-        if isinstance(node, ast.ImportFrom):
-            for alias in node.names:
-                if (alias.asname or alias.name) == name:
-                    return alias.name
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            return name
-    return None
+def _assigns(node: ast.AST, name: str) -> bool:
+    return isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+
+
+def _binds(tree: ast.Module, name: str) -> bool:
+    """Does the module bind `name`: define the class, import a name under it, or assign it?"""
+    return any((isinstance(node, ast.ClassDef) and node.name == name) or _assigns(node, name)
+               or (isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == name for a in node.names))
+               for node in ast.walk(tree))
 
 
 def _registry(trees: list[ast.Module]) -> dict[str, str] | None:
     """The package's ENGINE_REGISTRY = {"type": Class, ...}, by class name, or None where it has none."""
-    for tree in trees:
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
-                    and any(isinstance(t, ast.Name) and t.id == "ENGINE_REGISTRY" for t in node.targets)):
-                return {k.value: v.id for k, v in zip(node.value.keys, node.value.values, strict=True)
-                        if isinstance(k, ast.Constant) and isinstance(v, ast.Name)}
+    for node in (node for tree in trees for node in ast.walk(tree)):
+        if _assigns(node, "ENGINE_REGISTRY") and isinstance(node.value, ast.Dict):
+            return {k.value: v.id for k, v in zip(node.value.keys, node.value.values, strict=True)
+                    if isinstance(k, ast.Constant) and isinstance(v, ast.Name)}
     return None
 
 
@@ -87,19 +65,9 @@ def _methods(classes: dict[str, ast.ClassDef], name: str) -> dict[str, ast.Funct
     return out
 
 
-def _arguments(f: ast.FunctionDef) -> list[str]:
-    return [a.arg for a in f.args.args + f.args.kwonlyargs]
-
-
-def _calls_map_location(f: ast.FunctionDef) -> bool:
-    """Does the function call map_location(...) (the callable form torch.load's map_location also takes)?"""
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "map_location"
-               for n in ast.walk(f))
-
-
-def check(src: Path, engine_type: str = "state_engine") -> Found:
-    """The package and engine class DeepSpeed would use from the tree at `src`, or ValueError with one line (without
-    the tree's path) saying what is missing and what is accepted."""
+def check(src: Path, engine_type: str = "state_engine") -> Path:
+    """The package (the folder `datastates`) DeepSpeed would use from the tree at `src`, or ValueError with one line
+    (without the tree's path) saying what is missing and what is accepted."""
     candidates = packages(src)
     bound = [p for p in candidates if (t := _parse(p / "__init__.py")) is not None and _binds(t, "CheckpointEngine")]
     if not bound:
@@ -107,17 +75,13 @@ def check(src: Path, engine_type: str = "state_engine") -> Found:
         raise ValueError(f"no package `datastates` whose __init__.py binds CheckpointEngine (packages named "
                          f"datastates: {where}); DeepSpeed needs {NEED}")
     package = bound[0]
-    trees, classes, aliases = [], {}, {}
-    for path in sorted(package.rglob("*.py")):
-        tree = _parse(path)
-        if tree is None:
-            continue
-        trees.append(tree)
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef):
-                classes.setdefault(node.name, node)
-            elif isinstance(node, ast.ImportFrom):
-                aliases.update({a.asname: a.name for a in node.names if a.asname})
+    trees = [tree for path in sorted(package.rglob("*.py")) if (tree := _parse(path)) is not None]
+    classes, aliases = {}, {}
+    for node in (node for tree in trees for node in ast.walk(tree)):
+        if isinstance(node, ast.ClassDef):
+            classes.setdefault(node.name, node)
+        elif isinstance(node, ast.ImportFrom):
+            aliases.update({a.asname: a.name for a in node.names if a.asname})
     registry = _registry(trees)
     rel = package.relative_to(src) if package != src else Path(package.name)
     if registry is not None:
@@ -132,11 +96,13 @@ def check(src: Path, engine_type: str = "state_engine") -> Found:
     if missing:
         raise ValueError(f"{rel} binds CheckpointEngine, but its engine class {name} has no {', '.join(missing)}; "
                          f"DeepSpeed needs {NEED}")
-    if "persist" not in _arguments(methods["wait"]):
+    arguments = {m: [a.arg for a in f.args.args + f.args.kwonlyargs] for m, f in methods.items()}
+    if "persist" not in arguments["wait"]:
         raise ValueError(f"{rel} binds CheckpointEngine, but {name}.wait takes no `persist` (it would not say when "
                          f"a checkpoint is on storage); DeepSpeed needs {NEED}")
-    if "map_location" not in _arguments(methods["load"]) or not _calls_map_location(methods["load"]):
+    calls = {n.func.id for n in ast.walk(methods["load"]) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    if "map_location" not in arguments["load"] or "map_location" not in calls:  # called: a callable
         raise ValueError(f"{rel}: {name}.load does not accept a callable map_location (DeepSpeed 0.19.8 passes "
                          "`lambda storage, loc: storage`; sources before 28d53c4, such as ebc6762, hand it to "
                          f"Tensor.to and exit); DeepSpeed needs {NEED}")
-    return Found(package, name)
+    return package

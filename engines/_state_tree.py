@@ -24,42 +24,37 @@ class TensorSlot:
     key: str
 
 
+def _walk(obj: object, leaf) -> object:
+    """obj rebuilt with leaf(x) for every x in it that is not a Mapping or a plain list or tuple (type(obj)(...)
+    keeps OrderedDict and friends; insertion order is kept either way)."""
+    if isinstance(obj, Mapping):
+        return type(obj)((k, _walk(v, leaf)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
+        return type(obj)(_walk(v, leaf) for v in obj)
+    return leaf(obj)
+
+
 def split(state: object) -> tuple[dict[str, Any], bytes]:
     """(flat tensors 't0', 't1', ..., pickled skeleton) of a nested state dict."""
     import torch
 
     tensors: dict[str, torch.Tensor] = {}
 
-    def walk(obj: object) -> object:
+    def slot(obj: object) -> object:
         if isinstance(obj, torch.Tensor):
             key = f"t{len(tensors)}"
             tensors[key] = obj.detach()  # writers read the data; autograd history is not state
             return TensorSlot(key)
-        if isinstance(obj, Mapping):
-            # type(obj)(...) keeps OrderedDict and friends; insertion order is kept either way.
-            return type(obj)((k, walk(v)) for k, v in obj.items())
-        if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
-            return type(obj)(walk(v) for v in obj)
         return obj  # any other object is pickled whole (no tensors hide in DeepSpeed's)
 
-    skeleton = walk(state)
+    skeleton = _walk(state, slot)
     return tensors, pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def merge(tensors: Mapping[str, Any], skeleton: bytes) -> object:
     """The state dict split() took apart, with the restored tensors in their slots."""
-
-    def walk(obj: object) -> object:
-        if isinstance(obj, TensorSlot):
-            return tensors[obj.key]
-        if isinstance(obj, Mapping):
-            return type(obj)((k, walk(v)) for k, v in obj.items())
-        if isinstance(obj, (list, tuple)) and type(obj) in (list, tuple):
-            return type(obj)(walk(v) for v in obj)
-        return obj
-
     # The skeleton is the harness's own file, written by split() above, never downloaded data.
-    return walk(pickle.loads(skeleton))
+    return _walk(pickle.loads(skeleton), lambda obj: tensors[obj.key] if isinstance(obj, TensorSlot) else obj)
 
 
 def relocate(tensors: dict[str, Any], map_location: object) -> dict[str, Any]:

@@ -1,21 +1,7 @@
-"""The interface between the harness and a checkpoint engine. Every engine is one module in engines/ holding one
-subclass of Engine and, at module level, what the other parts of the harness need of it:
-
-    the command line    Engine: what it is, its options (typed), its capabilities, check(), node_checks()
-    the planner         FileLayout (Engine.files()): how it stores DeepSpeed's files and what a restart reads of them
-    a running rank      Engine.ds_config(), prepare(), open(ctx) -> the CheckpointIO its ranks save and load through
-
-Everything the harness asks has an explicit default here, so a plug-in states only where it differs.
-
-Options are a dataclass of declared keys (restart_harness/spec/keys.py): they appear in --help, are parsed by the one
-coercion path, and reach the engine typed (self.options). Engine modules import no torch at module level: the
-command line imports every engine to validate and to print --help; a CheckpointIO imports what it needs when a rank
-calls it.
-
-A rank's checkpoint manager (restart_harness/worker/manager.py) is the only caller of a CheckpointIO: DeepSpeed's
-save_checkpoint / load_checkpoint (and FSDP2's one collective save) call save() and load() per file through it, so
-file names and the split of state over files stay the training stack's.
-"""
+"""The interface between the harness and a checkpoint engine: Engine (the plug-in: options, capabilities, checks),
+FileLayout (what the planner needs), CheckpointIO (a rank's saves and loads) and EngineRecords (what the results make
+of its statistics). Every member, its default and what the harness does with it:
+docs/engines.md#the-interface-and-adding-an-engine."""
 
 from __future__ import annotations
 
@@ -169,38 +155,23 @@ class EngineRecords:
 class Engine(ABC):
     """One checkpoint engine, constructed for one RunSpec (restart_harness/resolve.py); self.options typed."""
 
+    # each member's meaning and what the harness does with it: docs/engines.md#the-interface-and-adding-an-engine
     name: ClassVar[str]
     description: ClassVar[str]
     Options: ClassVar[type] = NoOptions  # dataclass of key() fields
     saves: ClassVar[bool] = True  # False: the training-step baseline, writes no checkpoint
-    # True: the files are DeepSpeed's torch.save files, whose names the planner predicts exactly. False: the engine
-    # writes its own layout (e.g. a folder of shards per DeepSpeed file) and the plan gives sizes only.
-    planned_names: ClassVar[bool] = False
-    # A restart at another layout can convert this engine's checkpoint with DeepSpeed's universal-checkpoint
-    # converter (it reads torch.save files).
-    universal: ClassVar[bool] = False
-    # emulate=true can write this engine's files without DeepSpeed building the engine (engines DeepSpeed creates
-    # from its own config inside deepspeed.initialize cannot be emulated).
-    emulates: ClassVar[bool] = True
+    planned_names: ClassVar[bool] = False  # True: DeepSpeed's torch.save files, named exactly by the planner
+    universal: ClassVar[bool] = False  # DeepSpeed's universal-checkpoint converter reads its files
+    emulates: ClassVar[bool] = True  # emulate=true can write its files without DeepSpeed building the engine
     stacks: ClassVar[tuple[str, ...]] = ("deepspeed",)  # the training stacks (restart_harness/stacks/) it checkpoints
-    # the kinds of storage target it writes to (targets/base.py): POSIX paths, or also objects through the target's
-    # streams and DCP storage layer
-    target_kinds: ClassVar[tuple[str, ...]] = ("posix",)
-    # DeepSpeed's decoupled writer: DeepSpeed commits a save in the next engine.step(); the save is durable then
-    committed_by_deepspeed: ClassVar[bool] = False
-    # checksums=auto takes content checksums of this engine's files (files/checksum.py): its files are written
-    # region by region in the background, so a file of the right size can still be torn, and its reader would not say
-    checksums_by_default: ClassVar[bool] = False
-    # where RH_FAULT kills a rank inside this engine's save (restart_harness/faults.py): the recorder's `save` after
-    # its first file, or `flush` for an engine that writes its files in a background flush of its own
-    fault_point: ClassVar[str] = "save"
+    target_kinds: ClassVar[tuple[str, ...]] = ("posix",)  # the kinds of storage target it writes to (targets/base.py)
+    committed_by_deepspeed: ClassVar[bool] = False  # DeepSpeed's decoupled writer commits a save in the next step
+    checksums_by_default: ClassVar[bool] = False  # checksums=auto takes content checksums of its files
+    fault_point: ClassVar[str] = "save"  # where RH_FAULT kills a rank inside its save (restart_harness/faults.py)
     file_layout: ClassVar[type[FileLayout]] = FileLayout  # what the planner asks (files())
     records: ClassVar[type[EngineRecords]] = EngineRecords  # what the results make of its own statistics
-    # True: once its save (synchronous) or its wait() (asynchronous) returns, the engine has fsync'd its files itself.
-    # False: they may sit in the page cache or the device's write cache then (torch.save, torchsnapshot, DataStates'
-    # io_uring writes): the harness's fsync of every file and folder (the target's make_durable), inside the save's
-    # measured window, is what makes them durable. The manager runs that fsync for every engine before it stamps
-    # durable_seconds (a second fsync of a clean file costs little), and records which made the files durable.
+    # True: once its save (synchronous) or wait() (asynchronous) returns, the engine has fsync'd its files itself;
+    # the harness fsyncs every engine's files inside the save's window either way, and records which did
     durable_on_wait: ClassVar[bool] = False
 
     def __init__(self, spec: RunSpec):

@@ -1,11 +1,6 @@
-"""engine=datastates: DeepSpeed's own DataStatesCheckpointEngine (DataStates-LLM, "lazy asynchronous
-checkpointing"), switched on by the `datastates_ckpt` block in ds_config.json. DeepSpeed creates the engine; it is
-decoupled: save() returns once the copy is queued and DataStates flushes in the background. Its wait(persist=True)
-waits for io_uring's completions but does not fsync (DataStates 1b84990 fsyncs only when it shuts down): the harness
-fsyncs every file inside the save's window before it stamps durable_seconds (worker/manager.py), commits its
-checkpoints (DeepSpeed 0.19.8 does not) and takes their checksums (checksums=auto), so a torn file fails the restart
-before it loads. DataStates-LLM is not on PyPI and its constructor needs CUDA: refused before launch elsewhere
-(docs/engines.md)."""
+"""engine=datastates: DeepSpeed's own DataStatesCheckpointEngine (DataStates-LLM), switched on by the
+`datastates_ckpt` block in ds_config.json; CUDA only. What the harness does that DeepSpeed does not (fsync, commit,
+checksums): docs/engines.md#enginedatastates-what-the-harness-does-that-deepspeed-does-not."""
 
 from __future__ import annotations
 
@@ -18,6 +13,7 @@ from engines.base import CheckpointIO, Engine, EngineContext, NativeIO
 from restart_harness.errors import UsageError
 from restart_harness.plugins import NodeCheck
 from restart_harness.spec.keys import GIB, key
+from third_party.datastates_exit import explained
 
 INSTALL = ("build DataStates-LLM at the commit of scripts/bundle/datastates-llm.pin (not on PyPI; CMake, nanobind, "
            "the CUDA toolkit, liburing): scripts/bundle/install.sh does on a CUDA node, or "
@@ -63,11 +59,8 @@ class DataStatesEngine(Engine):
                              f"launcher=slurm|pbs from a login node); {INSTALL}")
 
     def node_checks(self) -> list[NodeCheck]:
-        def installed() -> str | None:
-            return installed_shortfall()
-
         return [NodeCheck("engine=datastates", "Python module 'datastates' (DataStates-LLM) importable, built, with "
-                                               "the API DeepSpeed 0.19.8 calls", installed)]
+                                               "the API DeepSpeed 0.19.8 calls", installed_shortfall)]
 
     def host_cache_bytes(self) -> int:
         """The pinned host cache each rank asks DataStates for: host_cache_size, or (auto) the largest rank's save
@@ -114,25 +107,17 @@ def tensor_bytes(state) -> int:
     """The bytes of every distinct storage under the tensors of a (nested) state (a view keeps its whole buffer)."""
     import torch
 
-    seen: set[int] = set()
-    total = 0
+    storages: dict[int, int] = {}  # data_ptr -> nbytes
 
     def walk(x) -> None:
-        nonlocal total
         if isinstance(x, torch.Tensor):
-            storage = x.untyped_storage()
-            if storage.data_ptr() not in seen:
-                seen.add(storage.data_ptr())
-                total += storage.nbytes()
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
+            storages[x.untyped_storage().data_ptr()] = x.untyped_storage().nbytes()
+        elif isinstance(x, (dict, list, tuple)):
+            for v in x.values() if isinstance(x, dict) else x:
                 walk(v)
 
     walk(state)
-    return total
+    return sum(storages.values())
 
 
 class DataStatesIO(NativeIO):
@@ -148,14 +133,10 @@ class DataStatesIO(NativeIO):
         self.restored_bytes = 0
 
     def save(self, state, path):
-        from third_party.datastates_exit import explained
-
         with explained():
             return super().save(state, path)
 
     def load(self, path, map_location=None, into=None):
-        from third_party.datastates_exit import explained
-
         with explained():
             state = super().load(path, map_location=map_location)
         self.restored_bytes += tensor_bytes(state)
@@ -165,8 +146,6 @@ class DataStatesIO(NativeIO):
         """Until DataStates' own wait(persist=True) returns: every queued copy and io_uring write completed (not
         fsync'd: the harness does that next). DeepSpeed 0.19.8's DataStatesCheckpointEngine does not override
         get_commit_info(), so engine.step() never commits it (only cleanup at exit does): the harness waits here."""
-        from third_party.datastates_exit import explained
-
         with explained():
             self.native.ckpt_engine.wait(persist=True)
 

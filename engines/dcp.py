@@ -40,15 +40,23 @@ class DCPEngine(Engine):
         return rank_bytes if self.options.async_save else 0  # async_save stages a copy of the state first
 
     def open(self, ctx: EngineContext) -> CheckpointIO:
-        io = DCPCollective if ctx.collective else DCPFiles
-        return io(self.options.async_save, ctx.target)
+        return (DCPCollective if ctx.collective else DCPFiles)(self.options.async_save, ctx.target)
 
 
-class _Pending:
-    """Futures of async saves not yet waited for."""
+class _DCPIO(CheckpointIO):
+    """dcp.save, or dcp.async_save (its futures waited for by wait()), through the target's storage writer."""
 
-    def __init__(self):
-        self.futures: list = []
+    def __init__(self, asynchronous: bool, target):
+        self.asynchronous, self.target, self.futures = asynchronous, target, []
+
+    def _save(self, state, path: str, **how) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        writer = self.target.dcp_writer(path)
+        if self.asynchronous:
+            self.futures.append(dcp.async_save(state, storage_writer=writer, **how))
+        else:
+            dcp.save(state, storage_writer=writer, **how)
 
     def wait(self) -> None:
         futures, self.futures = self.futures, []
@@ -56,27 +64,14 @@ class _Pending:
             future.result()
 
 
-class DCPFiles(CheckpointIO):
+class DCPFiles(_DCPIO):
     """dcp.save / dcp.async_save of {tensors flat, skeleton} per file (engines/_state_tree.py); load rebuilds the
     tensors from the checkpoint's own .metadata."""
 
-    def __init__(self, asynchronous: bool, target):
-        self.asynchronous, self.target, self.pending = asynchronous, target, _Pending()
-
     def save(self, state, path):
-        import torch.distributed.checkpoint as dcp
-
         tensors, skeleton = state_tree.split(state)
-        flat = {**tensors, state_tree.SKELETON_KEY: skeleton}
-        writer = self.target.dcp_writer(path)
-        if self.asynchronous:
-            self.pending.futures.append(dcp.async_save(flat, no_dist=True, storage_writer=writer))
-        else:
-            dcp.save(flat, no_dist=True, storage_writer=writer)
+        self._save({**tensors, state_tree.SKELETON_KEY: skeleton}, path, no_dist=True)
         return [path]
-
-    def wait(self) -> None:
-        self.pending.wait()
 
     def load(self, path, map_location=None, into=None):
         import torch
@@ -96,7 +91,7 @@ class DCPFiles(CheckpointIO):
         return False  # DCP writes each view's own elements; no defensive clone needed
 
 
-class DCPCollective(CheckpointIO):
+class DCPCollective(_DCPIO):
     """Collective dcp.save / dcp.async_save / dcp.load of a sharded state dict at a folder, on DCP's own gloo group:
     an async save plans and gathers in its background thread while training's collectives run on the default
     group, and two threads on one gloo group deadlock."""
@@ -104,25 +99,17 @@ class DCPCollective(CheckpointIO):
     def __init__(self, asynchronous: bool, target):
         import torch.distributed as dist
 
-        self.asynchronous, self.target, self.pending = asynchronous, target, _Pending()
+        super().__init__(asynchronous, target)
         self.group = dist.new_group(backend="gloo")  # a collective: every rank opens its engine
 
     def save(self, state, path):
         """This rank's files: DCP's writer (one file per rank) names them __<rank>_0.distcp, and rank 0 (the
         coordinator) writes .metadata once every rank's plan is in."""
         import torch.distributed as dist
-        import torch.distributed.checkpoint as dcp
 
-        writer = self.target.dcp_writer(path)
-        if self.asynchronous:
-            self.pending.futures.append(dcp.async_save(state, process_group=self.group, storage_writer=writer))
-        else:
-            dcp.save(state, process_group=self.group, storage_writer=writer)
+        self._save(state, path, process_group=self.group)
         rank = dist.get_rank()
         return [f"{path}/__{rank}_0.distcp"] + ([f"{path}/.metadata"] if rank == 0 else [])
-
-    def wait(self) -> None:
-        self.pending.wait()
 
     def load(self, path, map_location=None, into=None):
         import torch.distributed.checkpoint as dcp

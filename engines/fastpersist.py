@@ -1,15 +1,8 @@
-"""engine=fastpersist: DeepSpeed's FastPersist writer (`checkpoint.writer` type `fast`, decoupled=false): torch
-serialization into DeepSpeed's FastFileWriter, which writes through DeepNVMe's async_io op (libaio, O_DIRECT) from
-page-locked double buffers and fsyncs each file. DeepSpeed builds the engine from ds_config.json inside
-deepspeed.initialize; the harness saves and loads through it. On a CPU node it runs DeepSpeed's real code with the
-work-arounds of third_party/deepspeed_fastpersist_cpu.py (locked buffers from DeepSpeed's native pinned memory, the
-generic UtilsBuilder, the `X.pt-R.N` files found again at load); the async_io op needs libaio's headers to build.
-
-With ZeRO stage < 3 DeepSpeed names every file `X.pt-R.N` (writer R of N data-parallel writers) and, with
-data_parallel=replica, every data-parallel rank writes its own whole copy of the files DeepSpeed has one replica
-write (model states): N copies, all recorded. data_parallel=socket or machine gives every rank that is not its
-socket's or machine's writer the name of writer 0 of 1 (DataParallelWriterFactory.create_config's fallback for
-ZeRO >= 1): two ranks would write one file at once, so they are refused unless each rank is alone on its node."""
+"""engine=fastpersist: DeepSpeed's FastPersist writer (`checkpoint.writer` type `fast`, decoupled=false), built by
+DeepSpeed from ds_config.json; on a CPU node with the work-arounds of third_party/deepspeed_fastpersist_cpu.py. Its
+files (`X.pt-R.N`), its data_parallel units and what is refused: docs/engines.md#enginefastpersist-on-a-cpu-node.
+And engine=decoupled: the same writer in a decoupled process per node (decoupled=true), which DeepSpeed commits in
+the next engine.step(); CUDA only in DeepSpeed 0.19.8."""
 
 from __future__ import annotations
 
@@ -100,15 +93,10 @@ class FastPersistEngine(Engine):
         """DeepSpeed's checkpoint.writer block, from the options."""
         o = self.options
         return {"checkpoint": {"writer": {
-            "type": "fast",
-            "decoupled": self.decoupled,
-            "io_buffer_size": o.io_buffer_mib * 2**20,
-            "io_buffer_double": o.io_buffer_double,
-            "io_multiplier": o.io_multiplier,
+            "type": "fast", "decoupled": self.decoupled, "io_buffer_size": o.io_buffer_mib * 2**20,
+            "io_buffer_double": o.io_buffer_double, "io_multiplier": o.io_multiplier,
             # Without a data_parallel unit DeepSpeed 0.19.8 crashes at initialize on pure data parallel.
-            "data_parallel": o.data_parallel,
-            "show_statistics": o.show_statistics,
-        }}}
+            "data_parallel": o.data_parallel, "show_statistics": o.show_statistics}}}
 
     def prepare(self) -> None:
         from third_party import deepspeed_arch_list
@@ -130,9 +118,8 @@ class WriterIO(NativeIO):
 
     def __init__(self, native, target):
         super().__init__(native, target)
-        self._made: list[str] = []
         self._stats: dict[str, float] = {}  # the writers' own counters, summed since the last statistics()
-        self._writers: list = []
+        self._writers: list = []  # those of the save in progress
         factory = getattr(native, "_writer", None)  # DeepSpeed's CheckpointWriterFactory; None without a writer
         if factory is not None:
             from deepspeed.io import fast_file_writer
@@ -143,22 +130,19 @@ class WriterIO(NativeIO):
             create = factory.create_writer
 
             def created(file_path, optimize_dp_state):
-                writer = create(file_path, optimize_dp_state)
-                self._made.append(writer._file_path)
-                self._writers.append(writer)
-                return writer
+                self._writers.append(create(file_path, optimize_dp_state))
+                return self._writers[-1]
 
             factory.create_writer = created
 
     def save(self, state, path):
-        self._made.clear()
         self._writers = []
         self.native.save(state, path)  # FastCheckpointEngine writes to a path of its own naming
         for writer in self._writers:  # released: its counters are final
             for k, v in writer._stats.items():
                 if isinstance(v, (int, float)):
                     self._stats[k] = self._stats.get(k, 0) + v
-        return list(self._made)
+        return [writer._file_path for writer in self._writers]
 
     def statistics(self) -> dict | None:
         """DeepNVMe's FastFileWriter counters (its libaio writes, buffer fills, unaligned tail), summed over the files
@@ -175,3 +159,52 @@ class WriterIO(NativeIO):
         from third_party.deepspeed_writer_load import load
 
         return load(self.read_path(path), map_location)
+
+
+class DecoupledEngine(FastPersistEngine):
+    name = "decoupled"
+    description = "DeepSpeed FastPersist writer in a decoupled process, committed at the next step (CUDA only)"
+    decoupled = True
+    committed_by_deepspeed = True
+
+    def check(self) -> None:
+        if self.spec.device != "cuda":
+            raise UsageError(f"engine=decoupled cannot run on device={self.spec.device}: DeepSpeed 0.19.8's "
+                             "DecoupledCheckpointEngine writes from a writer process it starts with spawn, which has "
+                             "none of the CPU work-arounds engine=fastpersist runs with in the rank (its pinned buffer, "
+                             "its UtilsBuilder; third_party/deepspeed_fastpersist_cpu.py); use "
+                             "engine=fastpersist (the same writer, synchronous), engine=lazy, engine=torchsnapshot "
+                             "async_take=true or engine=dcp async_save=true on CPU")
+
+    def prepare(self) -> None:
+        from third_party import deepspeed_decoupled_cause
+
+        super().prepare()
+        deepspeed_decoupled_cause.install()  # a dead writer process's error reaches the rank's
+
+    def open(self, ctx: EngineContext) -> CheckpointIO:
+        return DecoupledIO(ctx.native, ctx.target, self.options.io_multiplier)
+
+
+class DecoupledIO(WriterIO):
+    """DeepSpeed's DecoupledCheckpointEngine: its writer process makes the file, named as the FastPersist writer
+    names it (`X.pt-R.N` with ZeRO < 3); a rank without a writer process writes nothing."""
+
+    def __init__(self, native, target, io_multiplier: int):
+        super().__init__(native, target)
+        self.io_multiplier = io_multiplier
+
+    def save(self, state, path):
+        from third_party.deepspeed_decoupled_cause import died
+        from third_party.deepspeed_decoupled_grad import detached
+        from third_party.deepspeed_fastpersist_cpu import replica_name
+
+        if why := died(self.native):  # DeepSpeed's save would return as if written (its writer is gone)
+            raise RuntimeError(why)
+        self.native.save(detached(state), path)
+        config = self.native.dp_writer_config
+        if config is None:
+            return []
+        if not self.native.optimize_dp_state:
+            return [path]
+        return [replica_name(path, config.rank, config.world_size * self.io_multiplier)]

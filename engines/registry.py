@@ -1,5 +1,5 @@
-"""Engine name -> Engine class, discovered from the modules of this package (one engine per module; helpers are
-named with a leading underscore and not imported here). Importing an engine module imports no torch, so this runs
+"""Engine name -> Engine class, discovered from the modules of this package (helpers are named with a leading
+underscore and not imported here). Importing an engine module imports no torch, so this runs
 before any launch in a fraction of a second."""
 
 from __future__ import annotations

@@ -44,8 +44,7 @@ class TorchSnapshotIO(CheckpointIO):
     """One snapshot per file: tensors flat, the rest as one pickled skeleton (engines/_state_tree.py)."""
 
     def __init__(self, async_take: bool):
-        self.async_take = async_take
-        self.pending: list = []
+        self.async_take, self.pending = async_take, []
 
     def save(self, state, path):
         from torchsnapshot import Snapshot, StateDict

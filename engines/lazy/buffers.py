@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import weakref
 
 import torch
 
@@ -33,41 +34,25 @@ def aligned_empty(size: int, pinned: bool = False, zeroed: bool = False) -> torc
     raw = torch.empty(aligned(size) + (HUGE_PAGE if huge else ALIGNMENT), dtype=torch.uint8)
     shift = -raw.data_ptr() % (HUGE_PAGE if huge else ALIGNMENT)
     buf = raw[shift:shift + size]
-    if huge:
-        _huge_pages(buf)
+    if huge:  # transparent huge pages over buf's whole 2 MiB pages before anything touches it: its first touch
+        # faults 2 MiB pages, not 4 KiB ones (docs/benchmarks.md); where they are off, or madvise fails, nothing changes
+        libc().madvise(ctypes.c_void_p(buf.data_ptr()), ctypes.c_size_t(size - size % HUGE_PAGE), MADV_HUGEPAGE)
     if zeroed:
         raw[shift:shift + aligned(size)].zero_()  # the buffer and its padding: its pages, and no others, touched
-    if pinned:
-        _register(raw, buf.data_ptr(), aligned(size))
+    if pinned:  # the buffer and its padding page-locked for CUDA, unregistered when raw is collected
+        cudart = torch.cuda.cudart()
+        err = cudart.cudaHostRegister(buf.data_ptr(), aligned(size), 0)
+        if int(getattr(err, "value", err)) != 0:
+            raise RuntimeError(f"cudaHostRegister of {aligned(size)} bytes failed: CUDA error "
+                               f"{int(getattr(err, 'value', err))}")
+        weakref.finalize(raw, cudart.cudaHostUnregister, buf.data_ptr())
         buf._rh_registered = raw  # the registration lasts as long as the buffer handed out
     return buf
-
-
-
-def _huge_pages(buf: torch.Tensor) -> None:
-    """Ask for transparent huge pages (MADV_HUGEPAGE) over the whole 2 MiB pages of buf, none past its end, before
-    anything touches it: a fresh buffer's first touch then faults 2 MiB pages, not 4 KiB ones (docs/benchmarks.md:
-    several times faster). Where huge pages are off (`never`) or madvise fails, nothing changes."""
-    start, end = buf.data_ptr(), buf.data_ptr() + buf.numel() - buf.numel() % HUGE_PAGE
-    if end > start:
-        libc().madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_HUGEPAGE)
 
 
 @functools.cache
 def libc():
     return ctypes.CDLL(None, use_errno=True)
-
-
-def _register(raw: torch.Tensor, ptr: int, n: int) -> None:
-    """Page-lock n bytes at ptr (a buffer of raw's, its padding included, nothing else of raw) for CUDA;
-    unregistered when raw is collected."""
-    import weakref
-
-    cudart = torch.cuda.cudart()
-    err = cudart.cudaHostRegister(ptr, n, 0)
-    if int(getattr(err, "value", err)) != 0:
-        raise RuntimeError(f"cudaHostRegister of {n} bytes failed: CUDA error {int(getattr(err, 'value', err))}")
-    weakref.finalize(raw, cudart.cudaHostUnregister, ptr)
 
 
 def padded_view(buf: torch.Tensor) -> memoryview:

@@ -13,8 +13,13 @@ class LazyIO(CheckpointIO):
     def __init__(self, options: Options, ds_engine, storage: dict | None = None):
         """ds_engine: DeepSpeed's engine (None: the format alone, as in tests: no step to wait in); storage: the
         run's storage probe (files/baseline.py), which the policies go by."""
+        import torch.distributed as dist
+
         self.options, self.ds_engine = options, ds_engine
-        data_parallel = _data_parallel(ds_engine)
+        # this rank's data-parallel index, the group's size, the group (DeepSpeed's optimizer's; None alone)
+        group = getattr(getattr(ds_engine, "optimizer", None), "dp_process_group", None)
+        alone = group is None or not dist.is_initialized()
+        data_parallel = (0, 1, group) if alone else (dist.get_rank(group=group), dist.get_world_size(group=group), group)
         self.dp_rank, self.dp_size, self.dp_group = data_parallel
         self.saver = Saver(options, storage, ds_engine, self.dp_rank, self.dp_size)
         self.loader = Loader(options, storage, ds_engine, data_parallel)
@@ -54,12 +59,3 @@ class LazyIO(CheckpointIO):
     def is_data_parallel_writer(self, dp_rank):
         return dp_rank == 0 or (self.options.balance and self.dp_size > 1)
 
-
-def _data_parallel(ds_engine) -> tuple:
-    """(this rank's data-parallel index, the group's size, the group: DeepSpeed's optimizer's; None alone)."""
-    import torch.distributed as dist
-
-    group = getattr(getattr(ds_engine, "optimizer", None), "dp_process_group", None)
-    if group is None or not dist.is_initialized():
-        return 0, 1, group
-    return dist.get_rank(group=group), dist.get_world_size(group=group), group

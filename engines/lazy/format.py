@@ -1,29 +1,5 @@
-"""The on-disk format of engine=lazy, its reader and its converter to DeepSpeed's own torch.save layout. Needs only
-torch (and whatever the state's non-tensor objects need to unpickle, as torch.load of DeepSpeed's own file does).
-
-Every file DeepSpeed asks the engine to write (`.../global_step8/mp_rank_00_model_states.pt`, a ZeRO optimizer
-file, a pipeline layer file) becomes a directory of that name:
-
-    header.json      {"format": "restart-harness-lazy", "version": 1, "alignment": 4096,
-                      "tensors": [{"dtype": "bfloat16", "shape": [4096, 4096], "part": 0, "offset": 0,
-                                   "nbytes": 33554432}, ...],          # in the order the remainder refers to them
-                      "parts": [{"file": "part-0.bin", "bytes": 33554432, "writer_dp_rank": 0}, ...],
-                      "remainder": "remainder.pkl"}
-    remainder.pkl    the state dict pickled (protocol 5) with every tensor replaced by a persistent id ("t", i):
-                     i indexes header["tensors"]; everything that is not tensor data (ints, strings, the ds_config,
-                     DeepSpeed's slice mappings) is here
-    part-<k>.bin     raw tensor bytes, C-contiguous, native byte order; each tensor starts at a multiple of
-                     `alignment`; nothing else (no per-tensor headers, no pickling)
-
-A file replicated over data-parallel ranks (the model weights of a pp=1 run) is split into parts written by
-different replicas (part k by data-parallel rank k); the header and the remainder are written by replica 0.
-A directory is complete when every part has its `bytes`; the harness commits `latest` only after every rank's files
-are durable.
-
-    python -m engines.lazy.format to-torch-save CKPT/global_step8 OUT/global_step8
-writes the same checkpoint as DeepSpeed's default engine would have (one torch.save file per directory, other files
-copied), so DeepSpeed's zero_to_fp32.py, ds_to_universal and a default-engine restart can read it.
-"""
+"""The on-disk format of engine=lazy (docs/engines.md#the-format-of-enginelazy), its reader and its converter to
+DeepSpeed's own torch.save layout (`python -m engines.lazy.format to-torch-save SRC_TAG DST_TAG`). Needs only torch."""
 
 from __future__ import annotations
 
@@ -37,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from engines._state_tree import relocate
 from engines.lazy.buffers import ALIGNMENT, aligned, aligned_empty
 from engines.lazy.reads import Reads
 
@@ -51,11 +28,6 @@ def part_name(k: int) -> str:
 
 def is_lazy(path: str | Path) -> bool:
     return (Path(path) / HEADER).is_file()
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
 
 
 class _Pickler(pickle.Pickler):
@@ -92,8 +64,6 @@ def split(state: object) -> tuple[list[torch.Tensor], bytes]:
     return tensors, buf.getvalue()
 
 
-
-
 def plan(tensors: list[torch.Tensor], shares: int) -> tuple[dict, list[tuple[int, int, int]]]:
     """The header, and (part, offset, nbytes) of each tensor: tensors in order, cut into `shares` parts of about
     equal bytes, each tensor at an aligned offset of its part (part k of a file split over replicas is written by
@@ -110,14 +80,11 @@ def plan(tensors: list[torch.Tensor], shares: int) -> tuple[dict, list[tuple[int
         offset = aligned(offset + n)
         done += n
     ends[part] = offset
-    header = {
-        "format": FORMAT, "version": VERSION, "alignment": ALIGNMENT,
-        "tensors": [{"dtype": dtype_name(t.dtype), "shape": list(t.shape), "part": p, "offset": o,
-                     "nbytes": n} for t, (p, o, n) in zip(tensors, placements, strict=True)],
-        "parts": [{"file": part_name(k), "bytes": ends[k], "writer_dp_rank": k} for k in range(shares)],
-        "remainder": REMAINDER,
-    }
-    return header, placements
+    return {"format": FORMAT, "version": VERSION, "alignment": ALIGNMENT,
+            "tensors": [{"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "part": p, "offset": o,
+                         "nbytes": n} for t, (p, o, n) in zip(tensors, placements, strict=True)],
+            "parts": [{"file": part_name(k), "bytes": ends[k], "writer_dp_rank": k} for k in range(shares)],
+            "remainder": REMAINDER}, placements
 
 
 def read_header(path: Path) -> dict:
@@ -135,14 +102,13 @@ def check_parts(path: Path, header: dict) -> None:
             raise OSError(f"{f}: {f.stat().st_size} bytes, {part['bytes']} expected (a torn checkpoint?)")
 
 
-def read(path: Path, threads: int = 4, direct: bool = False) -> tuple[dict, bytes, list[torch.Tensor]]:
+def read(path: Path, threads: int = 4) -> tuple[dict, bytes, list[torch.Tensor]]:
     """The directory's header, its pickled remainder and every part in a buffer of its own, read here."""
     header = read_header(path)
     check_parts(path, header)
     buffers = [aligned_empty(part["bytes"]) for part in header["parts"]]
     with ThreadPoolExecutor(threads) as pool:  # every part's requests queued at once: `threads` in flight
-        reads = [Reads(path / part["file"], buf, pool, direct) for part, buf in zip(header["parts"], buffers,
-                                                                                    strict=True)]
+        reads = [Reads(path / part["file"], buf, pool) for part, buf in zip(header["parts"], buffers, strict=True)]
         for r in reads:
             r.wait()
     return header, (path / header["remainder"]).read_bytes(), buffers
@@ -165,21 +131,8 @@ def load(path: str | Path, threads: int = 4, map_location=None, reuse: dict | No
     for t in header["tensors"]:
         flat = buffers[t["part"]][t["offset"]:t["offset"] + t["nbytes"]]
         tensors.append(flat.view(getattr(torch, t["dtype"])).view(t["shape"]))
-    return _Unpickler(io.BytesIO(remainder), _relocate(tensors, map_location)).load()
-
-
-def _relocate(tensors: list[torch.Tensor], map_location) -> list[torch.Tensor]:
-    """torch.load's map_location for tensors read onto the CPU (a device, its name, or DeepSpeed's callable)."""
-    if map_location is None or isinstance(map_location, dict):
-        return tensors
-    if callable(map_location):
-        out = []
-        for t in tensors:
-            storage = map_location(t.untyped_storage(), "cpu")
-            out.append(torch.empty(0, dtype=t.dtype, device=storage.device).set_(
-                storage, t.storage_offset(), t.size(), t.stride()))
-        return out
-    return [t.to(map_location) for t in tensors]
+    tensors = list(relocate(dict(enumerate(tensors)), map_location).values())
+    return _Unpickler(io.BytesIO(remainder), tensors).load()
 
 
 def to_torch_save(src: str | Path, dst: str | Path) -> list[Path]:
@@ -188,22 +141,17 @@ def to_torch_save(src: str | Path, dst: str | Path) -> list[Path]:
     written = []
     for entry in sorted(src.rglob("*")):
         rel = entry.relative_to(src)
-        if any(is_lazy(p) for p in [src / q for q in _parents(rel)]):
+        if any(is_lazy(src / q) for q in rel.parents[:-1]):
             continue  # inside a lazy directory: converted with it
-        out = dst / rel
-        if entry.is_dir() and is_lazy(entry):
+        out, lazy = dst / rel, entry.is_dir() and is_lazy(entry)
+        if lazy or entry.is_file():
             out.parent.mkdir(parents=True, exist_ok=True)
-            torch.save(load(entry), out)
-            written.append(out)
-        elif entry.is_file():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(entry, out)
+            if lazy:
+                torch.save(load(entry), out)
+            else:
+                shutil.copy2(entry, out)
             written.append(out)
     return written
-
-
-def _parents(rel: Path) -> list[Path]:
-    return [p for p in rel.parents if str(p) != "."]
 
 
 def main(argv: list[str]) -> int:

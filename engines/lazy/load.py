@@ -23,7 +23,7 @@ class Loader:
     def __init__(self, options: Options, storage: dict | None, ds_engine, data_parallel: tuple):
         self.options, self.ds_engine = options, ds_engine  # ds_engine: DeepSpeed's, to name the own ZeRO file
         self.pool = ThreadPoolExecutor(options.readers, thread_name_prefix="lazy-read")
-        self.stats = LoadStats(read_way(options, storage))
+        self.stats = LoadStats(read_io=read_way(options, storage))
         self.read_direct = self.stats.read_io.way == "direct"
         self.submitted: list = []  # every file read (reads.Reads): its requests and those populated ahead
         self.last_read: dict = {}  # the buffers of the last file loaded: a second load of it reads nothing
@@ -40,14 +40,13 @@ class Loader:
 
         if is_lazy(path):
             shared = self.dp_size > 1 and self.dp_group is not None and REPLICATED.search(path)
-            return load_file(path, threads=self.options.readers, map_location=map_location, reuse=self.last_read,
-                             reader=self.replicated.read if shared else self.read)
+            reader = self.replicated.read if shared else self.read
+            return load_file(path, map_location=map_location, reuse=self.last_read, reader=reader)
         return torch.load(path, map_location=map_location, weights_only=False)
 
-    def read(self, path: Path, first: list[int] | None = None, direct: bool | None = None):
-        """The file's parts read here (the parts in `first` queued first; direct: O_DIRECT or buffered, None the
-        restart's read way), the rank's own ZeRO file queued behind them; or, where it was read ahead, what is left
-        of that."""
+    def read(self, path: Path, first: list[int] | None = None):
+        """The file's parts read here (the parts in `first` queued first), the rank's own ZeRO file queued behind
+        them; or, where it was read ahead, what is left of that."""
         ahead = self.prefetch.pop(str(path), None)
         if ahead is not None:  # read ahead while an earlier file was loaded: wait for what is left of it
             header, buffers, reads = ahead
@@ -59,19 +58,22 @@ class Loader:
             check_parts(path, header)
             buffers = [aligned_empty(p["bytes"]) for p in header["parts"]]
             first = first or []
-            reads = self.submit(path, header, buffers, [*first, *(k for k in range(len(buffers)) if k not in first)],
-                                direct)
-            self.read_ahead(path)
-            for r in reads:
-                r.wait()
+            self.submit(path, header, buffers, [*first, *(k for k in range(len(buffers)) if k not in first)],
+                        ahead=True, wait=True)
         remainder = (path / header["remainder"]).read_bytes()
         self.stats.read_bytes += sum(b.numel() for b in buffers) + len(remainder)
         return header, remainder, buffers
 
-    def submit(self, path: Path, header: dict, buffers: list, parts, direct: bool | None = None) -> list:
-        direct = self.read_direct if direct is None else direct
-        reads = [Reads(path / header["parts"][k]["file"], buffers[k], self.pool, direct) for k in parts]
+    def submit(self, path: Path, header: dict, buffers: list, parts, ahead: bool = False, wait: bool = False) -> list:
+        """The parts' reads queued (reads.Reads); ahead: the rank's own ZeRO file queued behind them (read_ahead);
+        wait: until they are done."""
+        reads = [Reads(path / header["parts"][k]["file"], buffers[k], self.pool, self.read_direct) for k in parts]
         self.submitted += reads
+        if ahead:
+            self.read_ahead(path)
+        if wait:
+            for r in reads:
+                r.wait()
         return reads
 
     def _own_zero_file(self, tag_dir: Path) -> Path | None:
@@ -84,30 +86,21 @@ class Loader:
         except (AttributeError, TypeError, ValueError):
             return None
 
-    def _ahead_bytes(self, path: Path) -> tuple[Path | None, dict | None]:
-        """The file read_ahead would read ahead while `path` loads, and its header (None: nothing to read ahead)."""
-        tag_dir = path.parent
-        if tag_dir in self.prefetch_tags:
-            return None, None
-        own = self._own_zero_file(tag_dir)
-        if own is None or own == path or not is_lazy(own):
-            return None, None
-        try:
-            header = read_header(own)
-            check_parts(own, header)
-        except (OSError, ValueError):
-            return None, None  # its own load will say what is wrong with it
-        return own, header
-
     def read_ahead(self, path: Path) -> None:
         """Once per tag, once the first file's own requests are queued (and a broadcast of it done): this rank's own
         ZeRO file, queued behind them, so the storage stays busy while DeepSpeed deserializes the first file and
         copies it into the model."""
-        own, header = self._ahead_bytes(path)
-        self.prefetch_tags.add(path.parent)
-        if own is None:
+        if path.parent in self.prefetch_tags:
             return
+        self.prefetch_tags.add(path.parent)
+        own = self._own_zero_file(path.parent)
+        if own is None or own == path or not is_lazy(own):
+            return
+        try:
+            header = read_header(own)
+            check_parts(own, header)
+        except (OSError, ValueError):
+            return  # its own load will say what is wrong with it
         buffers = [aligned_empty(p["bytes"]) for p in header["parts"]]
         self.prefetch[str(own)] = (header, buffers, self.submit(own, header, buffers, range(len(buffers))))
         self.stats.prefetched_bytes += sum(b.numel() for b in buffers)
-

@@ -24,8 +24,7 @@ def replicated_way(file_bytes: int, replicas: int, broadcast_mib_s: float | None
                                      "shares too small to time): the broadcast, which reads the fewest bytes")
     f, d = file_bytes / MIB, replicas
     r, b = read_mib_s_per_reader, broadcast_mib_s
-    read_s = f * (d - 1) / d / r
-    broadcast_s = f / b
+    read_s, broadcast_s = f * (d - 1) / d / r, f / b
     way = "broadcast" if broadcast_s < read_s else "read"
     why = (f"{'broadcast' if way == 'broadcast' else 'every replica reads'}: {min(read_s, broadcast_s):.3f} s "
            f"against {max(read_s, broadcast_s):.3f} s for the other replicas' shares (broadcast {b:,.0f} MiB/s over "

@@ -5,7 +5,9 @@ share, or read by every replica, as broadcast_load and the measured bandwidths s
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -34,7 +36,6 @@ class ReplicatedReads:
         self.dp_rank, self.dp_size, self.dp_group = data_parallel
         self.read_mib_s_per_reader = read_mib_s_per_reader  # the run's storage probe's, or None
         self.broadcast_mib_s: float | None = None  # measured once per restart
-        self._on_node: bool | None = None  # every data-parallel replica on this node (asked once)
 
     def read(self, path: Path):
         """A replicated file, by broadcast_load's way: every replica reads it all (false), the broadcast (true), or
@@ -42,7 +43,7 @@ class ReplicatedReads:
         group takes the way replicated_way() gives on the bandwidths measured. A replica that cannot read fails every
         replica with its reason."""
         choice = self.options.broadcast_load
-        on_node = choice == "auto" and self.on_node()
+        on_node = choice == "auto" and self.on_node
         header, remainder, shm = self._small_files(path, on_node)
         start = time.perf_counter()
         mine = [k for k in range(len(header["parts"])) if k % self.dp_size == self.dp_rank]
@@ -50,11 +51,9 @@ class ReplicatedReads:
         if shm and shm.get("file"):
             out, why_not = self._shared_read(path, header, remainder, shm["file"], mine)
             decision, shm = (SHARED, shm) if out is not None else (None, {"why_not": why_not})
-        if out is not None:
-            pass
-        elif choice == "false":
+        if out is None and choice == "false":
             decision, out = Decision("read", "broadcast_load=false"), self.loader.read(path, first=mine)
-        else:
+        elif out is None:
             buffers = [aligned_empty(p["bytes"]) for p in header["parts"]]
             reader_mib_s = self._read_share(path, header, buffers, mine)
             if choice == "true":
@@ -94,31 +93,29 @@ class ReplicatedReads:
         """Once this replica's share is read: the other shares broadcast, or read here, the rank's own ZeRO file
         queued before the broadcast (the storage is not idle while it runs: docs/benchmarks.md) or behind the
         reads."""
-        if way == "broadcast":
-            self.loader.read_ahead(path)
-            self._broadcast_parts(header, remainder, buffers, mine)
-            return
-        reads = self.loader.submit(path, header, buffers, [k for k in range(len(buffers)) if k not in mine])
-        self.loader.read_ahead(path)
-        for r in reads:
-            r.wait()
-        self.stats.read_bytes += sum(b.numel() for b in buffers)
-        if self.dp_rank == 0:
-            self.stats.read_bytes += len(remainder)
-        else:
-            self.stats.broadcast_bytes += len(remainder)
-
-    def on_node(self) -> bool:
-        """Is every replica of the data-parallel group on this node? Asked of the group once per restart."""
-        if self._on_node is None:
-            import socket
-
+        if way == "broadcast":  # part k from replica k % dp, through DeepSpeed's comm (the anatomy counts it as wait)
             import deepspeed.comm as dist
 
-            hosts: list = [None] * self.dp_size
-            dist.all_gather_object(hosts, socket.gethostname(), group=self.dp_group)
-            self._on_node = len(set(hosts)) == 1
-        return self._on_node
+            self.loader.read_ahead(path)
+            for k, buf in enumerate(buffers):
+                self._group_broadcast(buf, dist.get_global_rank(self.dp_group, k % self.dp_size))
+            self.stats.broadcast_bytes += self._count(buffers, remainder, mine)
+            self.stats.broadcast_loads += 1
+            return
+        self.loader.submit(path, header, buffers, [k for k in range(len(buffers)) if k not in mine], ahead=True,
+                           wait=True)
+        self.stats.broadcast_bytes += self._count(buffers, remainder, range(len(buffers)))  # the remainder
+
+    @functools.cached_property
+    def on_node(self) -> bool:
+        """Is every replica of the data-parallel group on this node? Asked of the group once per restart."""
+        import socket
+
+        import deepspeed.comm as dist
+
+        hosts: list = [None] * self.dp_size
+        dist.all_gather_object(hosts, socket.gethostname(), group=self.dp_group)
+        return len(set(hosts)) == 1
 
     def _shared_read(self, path: Path, header: dict, remainder: bytes, shm: str, mine: list[int]):
         """The shared way: every replica maps the file replica 0 made in shared memory, replica 0 unlinks it once
@@ -131,13 +128,10 @@ class ReplicatedReads:
         offsets, total = shm_layout(header)
         mapped, why = None, None
         try:
-            fd = os.open(shm, os.O_RDWR)
-            try:
-                if os.fstat(fd).st_size != total:
-                    raise OSError(f"{shm}: {os.fstat(fd).st_size} bytes, {total} expected")
-                mapped = mmap.mmap(fd, total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-            finally:
-                os.close(fd)
+            with open(shm, "r+b") as f:
+                if os.fstat(f.fileno()).st_size != total:
+                    raise OSError(f"{shm}: {os.fstat(f.fileno()).st_size} bytes, {total} expected")
+                mapped = mmap.mmap(f.fileno(), total, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as exc:
             why = f"replica {self.dp_rank} could not map {shm}: {exc.strerror or exc}"
         everyone = all_reduce([0.0 if mapped is None else 1.0], "min", self.dp_group)[0]
@@ -149,10 +143,7 @@ class ReplicatedReads:
         whole = torch.frombuffer(mapped, dtype=torch.uint8)  # keeps the mapping alive as long as a view of it
         buffers = [whole[o:o + p["bytes"]] for o, p in zip(offsets, header["parts"], strict=True)]
         self._read_share(path, header, buffers, mine, then_ahead=True)
-        read = sum(buffers[k].numel() for k in mine) + (len(remainder) if self.dp_rank == 0 else 0)
-        self.stats.read_bytes += read
-        shared = sum(b.numel() for b in buffers) + len(remainder) - read
-        self.stats.shared_bytes = (self.stats.shared_bytes or 0) + shared
+        self.stats.shared_bytes = (self.stats.shared_bytes or 0) + self._count(buffers, remainder, mine)
         return (header, remainder, buffers), None
 
     def _read_share(self, path: Path, header: dict, buffers: list, mine: list[int],
@@ -164,11 +155,7 @@ class ReplicatedReads:
         started = time.perf_counter()
         failed = None
         try:
-            reads = self.loader.submit(path, header, buffers, mine)
-            if then_ahead:
-                self.loader.read_ahead(path)
-            for r in reads:
-                r.wait()
+            self.loader.submit(path, header, buffers, mine, ahead=then_ahead, wait=True)
         except OSError as exc:
             failed = exc
         seconds = time.perf_counter() - started
@@ -237,23 +224,11 @@ class ReplicatedReads:
             if not mine:
                 buf[a:a + n].copy_(staging[:n])
 
-    def _broadcast_parts(self, header: dict, remainder: bytes, buffers: list, mine: list[int]) -> None:
-        """The broadcast way, once every replica has read its share (part k by replica k % dp): every part reaches
-        the other replicas by broadcast (gloo here, NCCL's through the device on GPUs), through DeepSpeed's comm
-        (the anatomy counts its collectives as wait)."""
-        import deepspeed.comm as dist
-
-        group, size = self.dp_group, self.dp_size
-        for k, buf in enumerate(buffers):
-            self._group_broadcast(buf, dist.get_global_rank(group, k % size))
-        read = sum(buffers[k].numel() for k in mine) + (len(remainder) if self.dp_rank == 0 else 0)
-        self.stats.read_bytes += read
-        self.stats.broadcast_bytes += sum(b.numel() for b in buffers) + len(remainder) - read
-        self.stats.broadcast_loads += 1
-
-
-SHM_DIR = Path("/dev/shm")  # POSIX shared memory's file system on Linux
-SHM_HEADROOM = 0.5  # the shared way takes at most this fraction of the shared memory's free bytes
+    def _count(self, buffers: list, remainder: bytes, read: list[int] | range) -> int:
+        """The parts in `read` (and replica 0's remainder) counted as read here; returns the bytes of the rest."""
+        here = sum(buffers[k].numel() for k in read) + (len(remainder) if self.dp_rank == 0 else 0)
+        self.stats.read_bytes += here
+        return sum(b.numel() for b in buffers) + len(remainder) - here
 
 
 def shm_layout(header: dict) -> tuple[list[int], int]:
@@ -269,8 +244,6 @@ def shm_layout(header: dict) -> tuple[list[int], int]:
 def shm_create(nbytes: int) -> dict:
     """A file of nbytes in shared memory for the group to map ({"file": path}), or why not ({"why_not": ...}):
     no /dev/shm, or too little of it free (a container's is often 64 MiB)."""
-    import secrets
-
     try:
         stat = os.statvfs(SHM_DIR)
     except OSError as exc:
@@ -279,14 +252,12 @@ def shm_create(nbytes: int) -> dict:
     if nbytes > free * SHM_HEADROOM:
         return {"why_not": f"{SHM_DIR} has {free / MIB:,.0f} MiB free, the file needs {nbytes / MIB:,.0f} MiB (at most "
                            f"{SHM_HEADROOM:.0%} of it is taken)"}
-    path = SHM_DIR / f"rh-lazy-{os.getpid()}-{secrets.token_hex(4)}"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    fd, path = tempfile.mkstemp(prefix=f"rh-lazy-{os.getpid()}-", dir=SHM_DIR)
     try:
         os.ftruncate(fd, nbytes)
     except OSError as exc:
-        os.close(fd)
-        path.unlink(missing_ok=True)
+        os.unlink(path)
         return {"why_not": f"{path}: {exc.strerror or exc}"}
-    os.close(fd)
-    return {"file": str(path)}
-
+    finally:
+        os.close(fd)
+    return {"file": path}

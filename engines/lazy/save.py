@@ -16,8 +16,8 @@ from engines.lazy.buffers import aligned
 from engines.lazy.format import HEADER, REMAINDER, part_name, plan, split
 from engines.lazy.policy import Staging
 from engines.lazy.staging import Flush, Part
-from engines.lazy.stats import SaveStats, Staged
-from engines.lazy.writers import Writers
+from engines.lazy.stats import STAGING_RECORDS, SaveStats
+from engines.lazy.writers import Writers, write_small
 
 
 class Saver:
@@ -51,7 +51,7 @@ class Saver:
         if mine == 0:  # the header and the remainder: small, written and fsync'd by the pool too
             small = [(d / REMAINDER, remainder), (d / HEADER, json.dumps(header).encode())]
             with self.lock:
-                self.writes += [self.writers.small(p, data) for p, data in small]
+                self.writes += [self.writers.pool.submit(write_small, p, data) for p, data in small]
             written += [str(p) for p, _ in small]
         part = self._part(d, mine, header["parts"][mine]["bytes"], tensors, placements)
         written.append(str(part.path))
@@ -92,7 +92,8 @@ class Saver:
             part = Part(d / part_name(k), size, pinned, copies, chunk, slots)
             self.plans[signature] = part
             self.stats.buffers_allocated += 1
-            self.stats.staged(Staged(d.name, size, part.nbytes, why))
+            if len(self.stats.staging) < STAGING_RECORDS:
+                self.stats.staging.append({"file": d.name, "part_bytes": size, "buffer_bytes": part.nbytes, "why": why})
         part.path = d / part_name(k)
         part.busy = True
         return part
@@ -108,7 +109,9 @@ class Saver:
         start = time.perf_counter()
         part, chunk = flush.part, flush.chunk
         try:
-            with self._on_side_stream(after):
+            if after is not None:  # the side stream, made by save() on the rank's device, which entering it makes current
+                self.side_stream.wait_event(after)
+            with torch.cuda.stream(self.side_stream) if after is not None else contextlib.nullcontext():
                 copies = part.copies
                 for j, (i, off, n) in enumerate(copies):
                     t = tensors[i]
@@ -120,7 +123,7 @@ class Saver:
                         part.staged(off, n).view(t.dtype).view(t.shape).copy_(t)
                         flush.ready(nxt)
                         continue
-                    src = (t if t.is_contiguous() else t.contiguous()).reshape(-1).view(torch.uint8)
+                    src = t.contiguous().reshape(-1).view(torch.uint8)
                     pos = off
                     while pos < off + n:
                         end = min((pos // chunk + 1) * chunk, off + n)
@@ -142,16 +145,6 @@ class Saver:
         finally:
             self.stats.add("copy_seconds", time.perf_counter() - start - flush.waited)  # copying, not waiting for slots
             self.stats.add("staging_wait_seconds", flush.waited)
-
-    def _on_side_stream(self, after):
-        """The side stream (made by save() on the rank's device; entering it also makes that device current in the
-        copy thread), behind the event `after` (None: no CUDA copies: nothing)."""
-        if after is None:
-            return contextlib.nullcontext()
-        import torch
-
-        self.side_stream.wait_event(after)
-        return torch.cuda.stream(self.side_stream)
 
     def _copy_on_side_stream(self, part: Part, tensors, chunk: int) -> list:
         """The device->host copies queued on a side stream, after the work the current stream has queued so far; an

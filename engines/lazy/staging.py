@@ -4,7 +4,6 @@ copy has passed it."""
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from concurrent.futures import Future
@@ -31,13 +30,13 @@ class Part:
         self.gaps = gaps(copies, aligned(size), chunk) if self.ring else {}
         self.busy = False
 
+    def at(self, pos: int) -> int:
+        """Where the part's byte `pos` is staged in the buffer (a ring: in the slot of its request)."""
+        return pos // self.chunk % self.slots * self.chunk + pos % self.chunk if self.ring else pos
+
     def staged(self, pos: int, n: int):
         """The buffer's n bytes staging the part's bytes from `pos` (within one request when it is a ring)."""
-        if not self.ring:
-            return self.buffer[pos:pos + n]
-        c = pos // self.chunk
-        at = c % self.slots * self.chunk + pos - c * self.chunk
-        return self.buffer[at:at + n]
+        return self.buffer[self.at(pos):self.at(pos) + n]
 
 
 def gaps(copies: list[tuple[int, int, int]], length: int, chunk: int) -> dict[int, list[tuple[int, int]]]:
@@ -68,12 +67,11 @@ class Flush:
         self.chunk, self.submit = chunk, submit
         self.handed = 0  # requests handed to the writers so far, in offset order
         self.lock = threading.Lock()
-        self.error: BaseException | None = None
         self.left = len(self.offsets)
         self.fds: list[int] = []  # every descriptor opened (closed at the end, never while a request may use one)
-        self.fd: int | None = None
-        self.fallback: str | None = None
-        self.started: float | None = None
+        # the first error; the open descriptor; why O_DIRECT was refused; when the first write began
+        self.error: BaseException | None = None
+        self.fd = self.fallback = self.started = None
         self.done: Future = Future()
         # a ring: the requests the copy has taken slots for, and per slot the last request written from it
         self.claimed = -1 if part.ring else len(self.offsets) - 1
@@ -83,10 +81,7 @@ class Flush:
 
     def data(self, off: int, end: int) -> memoryview:
         """The staged bytes of the request [off, end)."""
-        if not self.part.ring:
-            return self.view[off:end]
-        at = off // self.chunk % self.part.slots * self.chunk
-        return self.view[at:at + end - off]
+        return self.view[self.part.at(off):self.part.at(off) + end - off]
 
     def claim_upto(self, c: int) -> bool:
         """A ring: take the slots of every request up to c (the last request at most), each once the request staged
@@ -102,7 +97,8 @@ class Flush:
                 with self.freed:
                     if self.written[slot] < before:
                         start = time.perf_counter()
-                        self.freed.wait_for(functools.partial(self._free, slot, before))
+                        self.freed.wait_for(lambda slot=slot, before=before: self.written[slot] >= before
+                                            or self.error is not None)
                         self.waited += time.perf_counter() - start
             if self.error is not None:
                 return False
@@ -112,9 +108,6 @@ class Flush:
             part.holds[slot] = k
             self.claimed = k
         return self.error is None
-
-    def _free(self, slot: int, before: int) -> bool:
-        return self.written[slot] >= before or self.error is not None
 
     def release(self, off: int) -> None:
         """Request at `off` written (or given up): its slot may take the next request."""

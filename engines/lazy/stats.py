@@ -28,16 +28,6 @@ class Decision:
 
 
 @dataclass
-class Staged:
-    """How one part's host buffer was sized (policy.Staging)."""
-
-    file: str
-    part_bytes: int
-    buffer_bytes: int
-    why: str
-
-
-@dataclass
 class SaveStats:
     """A rank's saves since statistics() was last asked (seconds; the fallback), and its buffers (counted over the
     run, as kept for later saves)."""
@@ -48,17 +38,13 @@ class SaveStats:
     staging_wait_seconds: float = 0.0  # the copy's waits for a ring's slots
     buffers_reused: int = 0
     buffers_allocated: int = 0
-    staging: list[Staged] = field(default_factory=list)
+    staging: list[dict] = field(default_factory=list)  # how a part's buffer was sized (policy.Staging), the first
     direct_io_fallback: str | None = None  # why the file system refused O_DIRECT
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, name: str, seconds: float) -> None:
         with self.lock:
             setattr(self, name, getattr(self, name) + seconds)
-
-    def staged(self, record: Staged) -> None:
-        if len(self.staging) < STAGING_RECORDS:
-            self.staging.append(record)
 
     def take(self, parts: list) -> dict:
         """The record of the saves since the last call (then reset), with staging_bytes: the parts kept for later
@@ -67,7 +53,7 @@ class SaveStats:
             out = {**{k: round(getattr(self, k), 6) for k in SECONDS}, "buffers_reused": self.buffers_reused,
                    "buffers_allocated": self.buffers_allocated}
             if self.staging:
-                out["staging"] = [vars(s).copy() for s in self.staging]
+                out["staging"] = list(self.staging)
             if self.direct_io_fallback:
                 out["direct_io_fallback"] = self.direct_io_fallback
             for k in SECONDS:
@@ -83,25 +69,19 @@ class SaveStats:
 class LoadStats:
     """What a rank's restart loads did (summed over ranks in the summary)."""
 
-    read_io: Decision
     read_bytes: int = 0  # read from storage by this rank
     broadcast_bytes: int = 0  # received from another replica
     broadcast_loads: int = 0
     prefetched_bytes: int = 0  # the rank's own ZeRO file read ahead
+    read_io: Decision | None = None  # the restart's read way (policy.read_way)
     shared_bytes: int | None = None  # built on another replica's reads into shared memory
     replicated: list[dict] = field(default_factory=list)  # how each replicated file was loaded
 
     def as_dict(self, reads: list) -> dict:
         """read_requests and populated_requests: the requests read, and those whose fresh pages a thread faulted in
         ahead of them (reads.Reads)."""
-        out = {"read_bytes": self.read_bytes, "broadcast_bytes": self.broadcast_bytes,
-               "broadcast_loads": self.broadcast_loads, "prefetched_bytes": self.prefetched_bytes,
-               "read_io": self.read_io.as_dict()}
-        if self.shared_bytes is not None:
-            out["shared_bytes"] = self.shared_bytes
-        if self.replicated:
-            out["replicated"] = self.replicated
-        return {**out, "read_requests": sum(r.requests for r in reads),
+        out = {k: v for k, v in vars(self).items() if v is not None and v != []}  # in the order declared
+        return {**out, "read_io": self.read_io.as_dict(), "read_requests": sum(r.requests for r in reads),
                 "populated_requests": sum(r.populated for r in reads)}
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from engines.lazy.staging import Flush
@@ -17,15 +17,10 @@ from restart_harness import faults
 
 class Writers:
     def __init__(self, threads: int, stats: SaveStats):
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="lazy-write")
-        self.stats = stats
+        self.pool, self.stats = ThreadPoolExecutor(threads, thread_name_prefix="lazy-write"), stats
 
     def hand_out(self, flush: Flush, off: int) -> None:
         self.pool.submit(self.write_request, flush, off)
-
-    def small(self, path: Path, data: bytes) -> Future:
-        """A small file (the header, the remainder) written and fsync'd by the pool too."""
-        return self.pool.submit(write_small, path, data)
 
     def write_request(self, flush: Flush, off: int) -> None:
         """One write request of the part (handed out once the copy has passed its end); the last one to finish
@@ -110,11 +105,8 @@ class Writers:
 
 
 def write_small(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view, pos = memoryview(data), 0
-        while pos < len(view):
-            pos += os.write(fd, view[pos:])
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """A small file (the header, the remainder) written and fsync'd (by the writers' pool too)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())

@@ -21,7 +21,6 @@ def _api():
     """engines/_datastates_api.py, loaded by its path: this script runs with any Python, the project not installed."""
     spec = importlib.util.spec_from_file_location("_datastates_api", ROOT / "engines" / "_datastates_api.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
 
@@ -36,7 +35,7 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"{src}: {exc}", file=sys.stderr)
         return 2
-    print(found.package.relative_to(src))
+    print(found.relative_to(src))
     return 0
 
 

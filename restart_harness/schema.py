@@ -117,13 +117,6 @@ def io_metadata_ops(counts: dict) -> int:
 LOAD_CATEGORIES = ("read", "deserialize", "copy", "wait", "other")
 SAVE_CATEGORIES = ("serialize", "write", "fsync", "wait", "other")
 
-# `storage_requests` of a phase (object storage: the requests its client sent, from the client's own log; None on a
-# file system). A request is one HTTP attempt; an operation (an upload, a GET of an object, a listing) is one call
-# of the client, which retries failed requests. retried_requests: failed requests of operations that still
-# succeeded; failed_operations: those whose error reached the harness.
-STORAGE_REQUEST_FIELDS = ("requests", "failed_requests", "throttled_requests", "retried_requests",
-                          "canceled_requests", "failed_operations", "by_type", "failures", "ranks", "source")
-
 # The spec fields that make two runs repeats of one configuration (seed, paths, ports and timeouts do not) are
 # declared with the keys (spec/runspec.py configuration_fields) and recorded in spec.json (derived.configuration_fields);
 # these are the fields of runs whose spec.json predates that record. Where else a configuration can differ: another
@@ -299,14 +292,6 @@ class Step(Event):
 
 
 @dataclass(frozen=True)
-class Digest(Event):
-    kind = "digest"
-    tag: str
-    seconds: float
-    tensors: int
-
-
-@dataclass(frozen=True)
 class Save(Event):
     """One rank's save, once committed (docs/measurements.md defines each figure)."""
 
@@ -346,26 +331,13 @@ class Loaded(Event):
     engine_statistics: dict | None = None  # the engine's own account of the load (CheckpointIO.load_statistics)
 
 
-@dataclass(frozen=True)
-class LoadAnatomy(Event):
-    kind = "load_anatomy"
-    extra: dict  # the anatomy window's record (worker/anatomy.py Window.close)
+def _event(name: str, kind: str, **fields: type) -> type:
+    """An event of a few required fields (name=type), in the fields' order."""
+    return dataclasses.make_dataclass(name, list(fields.items()), bases=(Event,), frozen=True, namespace={"kind": kind})
 
 
-@dataclass(frozen=True)
-class Verify(Event):
-    kind = "verify"
-    extra: dict  # stacks/base.py Verification.event()
-
-
-@dataclass(frozen=True)
-class Done(Event):
-    kind = "done"
-    max_rss_bytes: int
-
-
-@dataclass(frozen=True)
-class Error(Event):
-    kind = "error"
-    message: str
-    traceback: str
+Digest = _event("Digest", "digest", tag=str, seconds=float, tensors=int)
+LoadAnatomy = _event("LoadAnatomy", "load_anatomy", extra=dict)  # the anatomy window's record (worker/anatomy.py)
+Verify = _event("Verify", "verify", extra=dict)  # stacks/base.py Verification.event()
+Done = _event("Done", "done", max_rss_bytes=int)
+Error = _event("Error", "error", message=str, traceback=str)

@@ -1,22 +1,7 @@
 """Where each phase's seconds went (attribution=): the sampler's trace of a launch (results/samples.py) cut at the
 ranks' marks, every sample named by its cause (results/causes.py), into summary.json's `attribution` of the record
-and one flame graph per rank and phase (speedscope's JSON; https://www.speedscope.app opens it).
-
-Method (docs/attribution.md):
-- Clocks: each sampled rank pauses right after a few marks inside a function the sampler sees by name (worker/
-  anchor.py). The pause's wall-clock start and end against the first and last sample that shows it give the offset
-  of the sampler's clock to the ranks' (each estimate within about one sampling interval). The ranks of a launch share
-  the node's clock and the one sampler's, so the offset is the median of every estimate; their spread is recorded.
-  Where no sample fell inside a pause, the sampler's clock is taken to start with the launch (it is started by it).
-- A phase of a rank is the wall-clock window between its two marks (restart_harness/schema.py RESTART_PHASES), moved
-  onto the sampler's clock; the rank's main thread's samples inside it are named and summed per cause (a sample
-  taken before the window began counts in it at most CARRIED_INTERVALS sampling intervals on). The
-  verification digest, timed apart and outside every phase, is taken out as the phase's figure takes it out.
-- The launcher's phase is the window from the launch's start to the last rank's process start; at each moment the
-  launcher process that is not merely waiting on a child is the one on the critical path, and its sample counts.
-- The named causes, the unnamed samples and the time the sampler did not see (before it found a new process, a
-  sample it could not read) add up to the phase's measured seconds; `sampled_seconds` is what the samples covered.
-"""
+and one flame graph per rank and phase (speedscope's JSON). The method (clocks, phases, the launcher's phase, how the
+causes add up): docs/attribution.md#what-it-does."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""What a sampled stack was doing, named the way a user acts on it: an import of package P, a JIT build or load of
-op O, a process group's creation, a wait in a collective, the CUDA context, an optimizer's construction, ...
-
-A stack is the frames of one sample, outermost first (results/samples.py). The rules below are tried in order and the
-first that matches names the sample; one that none matches is the remainder, still shown by its innermost frames.
-The order is what makes a name actionable: a JIT op build runs inside an import (the op is what to prebuild), an
-import inside an engine's set-up (the package is what to import earlier, or not at all). docs/attribution.md lists
-the kinds with what to do about each.
-"""
+"""What a sampled stack was doing, named the way a user acts on it (an import of package P, a JIT build of op O, a
+collective's wait, ...): rules tried in order, the first that matches names the sample; one that none matches is the
+remainder. The order, the kinds and what to do about each: docs/attribution.md#the-causes."""
 
 from __future__ import annotations
 

@@ -1,16 +1,5 @@
-"""MLPerf Storage v2.0's checkpoint metrics (Submission_guidelines.md 2.2.3) from harness runs' summaries.
-
-For each checkpoint written or read, MLPerf's tool times every rank and reports per rank the duration and a
-throughput of the whole checkpoint's size over that rank's duration; the metric for duration is the maximum over
-ranks, the metric for throughput the minimum over ranks (the same checkpoint size over the slowest rank's seconds).
-A run's figure is the mean over its checkpoints; the final figure the mean over runs. Here:
-
-- write duration of a checkpoint = max over ranks of the save's `durable_seconds` (from the save call until every
-  file of the rank is written and fsync'd; the emulation's data generation is not in it);
-- read duration = max over ranks of the seconds inside the engine's load calls (restart `load_seconds`), each read
-  a restart in fresh processes after the checkpoint's pages were dropped from the page cache;
-- throughput = checkpoint bytes / duration, in GiB/s (MLPerf's tool divides by 2^30 and prints "GB/second").
-"""
+"""MLPerf Storage v2.0's checkpoint metrics (Submission_guidelines.md 2.2.3) from harness runs' summaries: how each is
+read from the harness's figures, docs/mlperf.md."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Which rank ran on which node, and the per-node view of a save and of a restart (docs/results.md).
-
-A node is a host name as its ranks saw it (each rank's `process` event: socket.gethostname() and the launcher's
-node index). Per node: the ranks it ran, what they wrote or loaded, the slowest of them, and for a save how many of
-its ranks were writing at once (the storage's concurrent writers from that node: the most write windows that
-overlap at one instant; a rank's window is its save's start to its data durable, or, for an emulated rank that
-writes in waves, its wave: wave_start to wave_end). Records of harness versions that did not
-record hosts give no placement (None), never a guessed one.
-"""
+"""Which rank ran on which node (each rank's `process` event: its host name and the launcher's node index), and the
+per-node view of a save and of a restart (docs/results.md). Records that name no hosts give no placement (None),
+never a guessed one."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""dftracer traces (trace=true) -> per phase I/O summaries in summary.json. The raw traces stay in
-traces/<record>/ (one compressed JSON-lines file per process, dftracer's format: Chrome trace events with `ts` and
-`dur` in microseconds since the epoch). Each event is given to the rank whose process wrote it (the rank's `process`
-event names its pid) and to the phase of that rank whose window holds the event's start.
-
-Per phase: operations by name, bytes read and written (the calls' return values), request sizes (power-of-two
-buckets, as the anatomy's), seconds inside I/O calls (summed over calls), distinct files opened, metadata operations
-(opens, closes, seeks, stats and other calls that move no data)."""
+"""dftracer traces (trace=true) -> per phase I/O summaries in summary.json (docs/anatomy.md): each event given to the
+rank whose process wrote it and to that rank's phase whose window holds the event's start; the raw traces stay in
+traces/<record>/."""
 
 from __future__ import annotations
 

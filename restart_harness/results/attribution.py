@@ -5,6 +5,7 @@ causes add up): docs/attribution.md#what-it-does."""
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from collections import defaultdict
@@ -88,7 +89,7 @@ def of_record(run_dir: Path, record: str, events: dict[int, list[dict]], phases,
 def _with_parent(trace: samples.Trace, thread: samples.Thread):
     """A rank's spans, preceded by its parent process's before the rank's first sample: a rank forked from a process
     that imported for it (launcher=prefork) counts from that process's start, and its imports are the parent's."""
-    chain = [int(p) for f in thread.spans[0][2] for p in _pids(trace.frames[f].name)] if thread.spans else []
+    chain = _chain(trace, thread)
     parent = trace.of_pid(chain[-2]) if len(chain) >= 2 and chain[-1] == thread.pid else None
     if parent is None:
         return thread.spans
@@ -164,11 +165,9 @@ def _phase(trace: samples.Trace, spans, seconds: float, flame: Path | None, run_
     via: dict[causes.Cause, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     parts: dict[causes.Cause, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     kept = []
-    memo: dict[tuple, causes.Cause] = {}
+    name = functools.cache(lambda stack: causes.classify([trace.frames[f] for f in stack], launcher))
     for s, e, stack in spans:
-        cause = memo.get(stack)
-        if cause is None:
-            cause = memo[stack] = causes.classify([trace.frames[f] for f in stack], launcher)
+        cause = name(stack)
         if cause.kind == causes.EXCLUDED:
             continue
         named[cause] += e - s
@@ -218,18 +217,11 @@ def _launcher_phase(trace, ranks, events, launch, offset: float, folder: Path, r
     for thread in trace.threads.values():
         if thread.pid in rank_pids or not thread.spans or trace.of_pid(thread.pid) is not thread:
             continue
-        chain = {int(p) for f in thread.spans[0][2] for p in _pids(trace.frames[f].name)}
-        if chain & rank_pids:
+        if set(_chain(trace, thread)) & rank_pids:
             continue
         threads.append(thread)
     threads.sort(key=lambda t: -t.first)  # the latest started first
-    memo: dict[tuple, causes.Cause] = {}
-
-    def cause(stack):
-        if stack not in memo:
-            memo[stack] = causes.classify([trace.frames[f] for f in stack], launcher=True)
-        return memo[stack]
-
+    cause = functools.cache(lambda stack: causes.classify([trace.frames[f] for f in stack], launcher=True))
     clipped = [_clip(t.spans, lo, hi) for t in threads]
     edges = sorted({x for spans in clipped for s, e, _ in spans for x in (s, e)})
     chosen = []
@@ -254,11 +246,11 @@ def _launcher_phase(trace, ranks, events, launch, offset: float, folder: Path, r
                                    {causes.BEFORE_SAMPLING: lead} if lead else None)}
 
 
-def _pids(name: str) -> list[str]:
-    if name.startswith("process "):
-        pid = name[len("process "):].split(":", 1)[0]
-        return [pid] if pid.isdigit() else []
-    return []
+def _chain(trace: samples.Trace, thread: samples.Thread) -> list[int]:
+    """The pids py-spy names above a thread's first sample (its `process PID: command` frames), outermost first."""
+    names = [trace.frames[f].name for f in thread.spans[0][2]] if thread.spans else []
+    return [int(p) for p in (n[len("process "):].split(":", 1)[0] for n in names if n.startswith("process "))
+            if p.isdigit()]
 
 
 def speedscope(trace: samples.Trace, spans, name: str) -> dict:

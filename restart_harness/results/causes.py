@@ -302,12 +302,9 @@ def _harness(frames):
 def _config(frames):
     if any(_in(f, "deepspeed/runtime/config") for f in frames):
         return Cause("other", "DeepSpeed's configuration (parsed, checked, printed)")
-    if any(_in(f, "deepspeed/runtime/engine.py") and _short(f.name).startswith(("_configure", "_do_sanity"))
-           for f in frames):
-        return Cause("other", "DeepSpeed engine set-up (" + next(
-            _short(f.name) for f in frames if _in(f, "deepspeed/runtime/engine.py")
-            and _short(f.name).startswith(("_configure", "_do_sanity"))) + ")")
-    return None
+    setup = next((_short(f.name) for f in frames if _in(f, "deepspeed/runtime/engine.py")
+                  and _short(f.name).startswith(("_configure", "_do_sanity"))), None)
+    return Cause("other", f"DeepSpeed engine set-up ({setup})") if setup else None
 
 
 _RULES = (_anchor, _verification, _op, _native, _import, _prefork, _cuda, _process_group, _collective, _checkpoint, _optimizer,

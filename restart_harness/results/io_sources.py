@@ -51,11 +51,8 @@ def by_phase(record: dict[int, list[dict]], phases: tuple, facts: dict | None) -
             out[name] = {"sources": _ordered(sources), "kernel": {k: kernel[k] for k in IO_KERNEL_FIELDS if k in kernel}}
     if not out:
         return None
-    filesystems = {}
-    for source, fact in (facts or {}).items():
-        fs = fact.get("filesystem") if isinstance(fact, dict) else None
-        if fs:
-            filesystems[source] = f"{fs.get('type')} on {fs.get('mount')}"
+    filesystems = {source: f"{fs.get('type')} on {fs.get('mount')}" for source, fact in (facts or {}).items()
+                   if isinstance(fact, dict) and (fs := fact.get("filesystem"))}
     return {
         "ranks": len(ranks),
         # false without the preloaded counters (anatomy=false, trace=false): the kernel's figures only

@@ -13,7 +13,9 @@ def _mean(values: list[float]) -> float | None:
     return round(statistics.fmean(values), 6) if values else None
 
 
-def _median(values: list[float]) -> float | None:
+def _median(values: list) -> float | None:
+    """The median of the values that are there (None: not measured)."""
+    values = [v for v in values if v is not None]
     return round(statistics.median(values), 6) if values else None
 
 
@@ -30,9 +32,6 @@ def run_metrics(summary: dict) -> dict:
     reads = [{"record": r.record, "tag": r.tag, "bytes": r.load_bytes, "duration_seconds": round(r.load_seconds, 6),
               "cache": (r.cache or {}).get("observed"), "throughput_gib_s": round(r.load_bytes / GIB / r.load_seconds, 6)}
              for r in restarts if r.load_seconds and r.load_bytes]
-
-    def median(values: list) -> float | None:
-        return _median([v for v in values if v is not None])
     return {
         "run_id": s.run_id, "state": (s.status or {}).get("state"), "writes": writes, "reads": reads,
         "save_duration_seconds": _mean([w["duration_seconds"] for w in writes]),
@@ -42,9 +41,9 @@ def run_metrics(summary: dict) -> dict:
         "harness": {
             "save_blocking_seconds_median": _median([x.blocking_seconds for x in saves]),
             "save_durable_seconds_median": _median([x.durable_seconds for x in saves]),
-            "save_commit_seconds_median": median([x.commit_seconds for x in saves]),
-            "restart_total_seconds_median": median([r.total_seconds for r in restarts]),
-            "restart_launch_seconds_median": median([r.launch_seconds for r in restarts]),
+            "save_commit_seconds_median": _median([x.commit_seconds for x in saves]),
+            "restart_total_seconds_median": _median([r.total_seconds for r in restarts]),
+            "restart_launch_seconds_median": _median([r.launch_seconds for r in restarts]),
             "cache_observed": sorted({(r.cache or {}).get("observed") for r in restarts} - {None}),
         },
     }

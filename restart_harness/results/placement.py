@@ -7,23 +7,15 @@ from __future__ import annotations
 from restart_harness.results import events as ev
 
 
+def _processes(record: dict[int, list[dict]]) -> dict[int, dict]:
+    """rank -> its `process` event, for the ranks that recorded a host."""
+    procs = {rank: next((e for e in evs if e["event"] == "process"), None) for rank, evs in record.items()}
+    return {rank: proc for rank, proc in procs.items() if proc and proc.get("host")}
+
+
 def hosts(record: dict[int, list[dict]]) -> dict[int, str]:
     """rank -> host, for the ranks that recorded one."""
-    out = {}
-    for rank, evs in record.items():
-        proc = next((e for e in evs if e["event"] == "process"), None)
-        if proc and proc.get("host"):
-            out[rank] = proc["host"]
-    return out
-
-
-def _node_index(record: dict[int, list[dict]]) -> dict[str, int | None]:
-    out: dict[str, int | None] = {}
-    for evs in record.values():
-        proc = next((e for e in evs if e["event"] == "process"), None)
-        if proc and proc.get("host"):
-            out.setdefault(proc["host"], proc.get("node"))
-    return out
+    return {rank: proc["host"] for rank, proc in _processes(record).items()}
 
 
 def placement(record: dict[int, list[dict]]) -> list[dict] | None:
@@ -32,7 +24,9 @@ def placement(record: dict[int, list[dict]]) -> list[dict] | None:
     where = hosts(record)
     if not where or len(where) != len(record):
         return None
-    index = _node_index(record)
+    index: dict[str, int | None] = {}
+    for proc in _processes(record).values():
+        index.setdefault(proc["host"], proc.get("node"))
     by_host: dict[str, list[int]] = {}
     for rank in sorted(where):
         by_host.setdefault(where[rank], []).append(rank)
@@ -109,7 +103,6 @@ def slowest(per_node: list[dict], key: str) -> dict | None:
         return None
     worst = max(timed, key=lambda n: n[key])
     return {"host": worst["host"], "rank": worst["slowest_rank"], "seconds": worst[key]}
-
 
 
 COLLATERAL = "Terminated"  # srun's word for a task it ended because another one failed (--kill-on-bad-exit)

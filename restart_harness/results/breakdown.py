@@ -32,10 +32,6 @@ def _io_summary(io: dict | None, classes: tuple[str, ...], stream: dict | None =
     return out
 
 
-def _histogram(counts: list[int]) -> dict[str, int]:
-    return {iocount.bucket_label(b): n for b, n in enumerate(counts) if n}
-
-
 def _files(per_rank: dict[int, dict], cls: str, root: str | None) -> list[dict]:
     """Per file and rank: bytes, calls, seconds inside the calls, request sizes (for one I/O class); paths relative
     to the checkpoint root."""
@@ -49,7 +45,8 @@ def _files(per_rank: dict[int, dict], cls: str, root: str | None) -> list[dict]:
             if prefix and path.startswith(prefix):
                 path = path[len(prefix):]
             out.append({"path": path, "rank": rank, f"{cls}_bytes": part["bytes"], f"{cls}_calls": part["calls"],
-                        f"{cls}_seconds": _round(part["seconds"]), "request_sizes": _histogram(part["sizes"])})
+                        f"{cls}_seconds": _round(part["seconds"]),
+                        "request_sizes": {iocount.bucket_label(b): n for b, n in enumerate(part["sizes"]) if n}})
     return out
 
 

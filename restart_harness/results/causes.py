@@ -89,10 +89,6 @@ def _in(frame, fragment: str) -> bool:
     return fragment in frame.file
 
 
-def _is_importlib(frame) -> bool:
-    return frame.file.startswith("<frozen importlib")
-
-
 def classify(frames, launcher: bool = False) -> Cause:
     """The cause of one sample (frames outermost first, py-spy's process frames included); `launcher`: a sample of
     a launcher's process, not a rank's."""
@@ -162,7 +158,7 @@ def _native(frames):
 
 
 def _import(frames):
-    first = next((i for i, f in enumerate(frames) if _is_importlib(f)), None)
+    first = next((i for i, f in enumerate(frames) if f.file.startswith("<frozen importlib")), None)
     if first is None:
         return None
     bodies = [f for f in frames[first:] if f.name == "<module>"]

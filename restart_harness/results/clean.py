@@ -27,11 +27,6 @@ class Candidate:
     bytes: int
 
 
-def _age_hours(status: dict) -> float | None:
-    when = status.get("time")
-    return (time.time() - when) / 3600 if isinstance(when, (int, float)) else None
-
-
 def candidates(folder: Path, older_than_hours: float | None, larger_than: int | None,
                prefix: str | None) -> tuple[list[Candidate], list[str], dict[str, int]]:
     """The finished runs below folder whose checkpoint is still there and passes the filters; one line for each run
@@ -50,7 +45,8 @@ def candidates(folder: Path, older_than_hours: float | None, larger_than: int | 
             leave("already cleaned" if status.get("checkpoint_deleted") else
                   "dry runs" if status["state"] == "dry_run" else f"{status['state']}")
             continue
-        age = _age_hours(status)
+        when = status.get("time")
+        age = (time.time() - when) / 3600 if isinstance(when, (int, float)) else None
         if older_than_hours is not None and (age is None or age < older_than_hours):
             leave(f"finished less than {older_than_hours:g} h ago")
             continue

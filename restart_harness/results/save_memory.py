@@ -14,10 +14,6 @@ GROWTH_FLOOR_BYTES = 1 << 20  # per save
 FIGURES = ("peak_added_bytes", "held_bytes", "retained_bytes")
 
 
-def _top(values: list[tuple[int, int]]) -> tuple[int | None, int | None]:
-    return max(values) if values else (None, None)
-
-
 def step_peak_added(steps: list[dict]) -> int | None:
     """The training's own transient host memory: the median of its steps' peak-over-start with no flush in flight,
     the first step (warm-up) left out."""
@@ -101,7 +97,8 @@ def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict | Non
             continue
         entry: dict = {}
         for f in FIGURES:
-            value, rank = _top([(e["memory"][f], r) for r, e in ranks if e["memory"].get(f) is not None])
+            value, rank = max(((e["memory"][f], r) for r, e in ranks if e["memory"].get(f) is not None),
+                              default=(None, None))
             entry[f] = value
             if f == "peak_added_bytes":
                 entry["rank"] = rank

@@ -120,16 +120,13 @@ def kind_of(tp: int, pp: int, dp: int) -> str:
     return " x ".join(parts) if parts else "one GPU"
 
 
-def _powers(limit: int) -> list[int]:
-    return [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
-
-
 def auto_layouts(shape, gpus: int, per_node: int, vocab: str) -> tuple[list[Layout], list[Layout]]:
     """(the named ones, the others) for this many GPUs, before the GPUs' memory is considered. Named: pure data,
     tensor and pipeline parallel, tensor x pipeline, and all three, in that order; tensor parallel within a node (a
     power of two dividing heads, kv heads, FFN, vocabulary), pipeline stages of equal layers, data parallel filling
     the rest. The others: every other such layout, data parallel 1 first."""
-    tps = [t for t in _powers(min(gpus, per_node)) if gpus % t == 0 and tp_refusal(shape, t, vocab) is None]
+    tps = [t for t in (1 << i for i in range(min(gpus, per_node).bit_length()))
+           if gpus % t == 0 and tp_refusal(shape, t, vocab) is None]
     pps = [p for p in range(1, gpus + 1) if gpus % p == 0 and pp_refusal(shape, p) is None]
     T, P = max(tps), max(pps)
     wanted = [(1, 1), (T, 1), (1, P)]
@@ -291,8 +288,10 @@ def build_cells(request: StudyRequest) -> tuple[list[Cell], list[str]]:
                         least = (need, layout.label, gpus)
                     continue
                 kept.append(layout)
-            if request.strategies is None and ref is None:
-                kept = _auto_pick([lay for lay in kept if lay in named], [lay for lay in kept if lay not in named])
+            if request.strategies is None and ref is None:  # the placeable named ones, made up to MIN_STRATEGIES
+                others = [lay for lay in kept if lay not in named]
+                kept = [lay for lay in kept if lay in named]
+                kept += others[:max(0, MIN_STRATEGIES - len(kept))]
             if not kept:
                 if layouts:
                     notes.append(f"{model} on {gpus} GPUs: no strategy's model state fits a GPU of "
@@ -311,11 +310,6 @@ def build_cells(request: StudyRequest) -> tuple[list[Cell], list[str]]:
         if not placed_any:
             raise UsageError(_unplaceable(model, request, least))
     return cells, notes
-
-
-def _auto_pick(named: list[Layout], others: list[Layout]) -> list[Layout]:
-    """The placeable named layouts, made up to MIN_STRATEGIES from the other placeable ones."""
-    return named + others[:max(0, MIN_STRATEGIES - len(named))]
 
 
 def _unplaceable(model: str, request: StudyRequest, least: tuple | None) -> str:

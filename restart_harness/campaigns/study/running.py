@@ -7,6 +7,7 @@ import dataclasses
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from restart_harness import resolve
@@ -171,11 +172,8 @@ def _discard(study: Study, cell: Cell) -> None:
 def main(study: Study) -> int:
     folder = run(study)
     recorded = read_json(folder / STUDY)
-    counts: dict[str, int] = {}
-    for c in recorded["cells"]:
-        mode = c["option"]["mode"] if c["state"] == "complete" else ("predicted" if c["state"] == "planned"
-                                                                     else c["state"])
-        counts[mode] = counts.get(mode, 0) + 1
+    counts = Counter(c["option"]["mode"] if c["state"] == "complete" else "predicted" if c["state"] == "planned"
+                     else c["state"] for c in recorded["cells"])
     print(f"study {recorded['study_id']}: {recorded['state']}; {len(recorded['cells'])} cells: "
           + ", ".join(f"{n} {m}" for m, n in counts.items()))
     for c in recorded["cells"]:

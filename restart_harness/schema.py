@@ -186,13 +186,10 @@ def target_name(spec: dict) -> str:
     return "s3" if str(spec.get("ckpt_dir") or "").startswith("s3://") else DEFAULT_TARGET
 
 
-def _unless(value: str, default: str) -> list[str]:
-    return [] if value == default else [value]
-
-
 def stack_engine(spec: dict) -> list[str]:
     """The training stack where it is not DeepSpeed, then the engine: ["default"], ["fsdp2", "dcp"]."""
-    return [*_unless(str(spec.get("stack") or DEFAULT_STACK), DEFAULT_STACK), str(spec["engine"])]
+    stack = str(spec.get("stack") or DEFAULT_STACK)
+    return [*([stack] if stack != DEFAULT_STACK else []), str(spec["engine"])]
 
 
 def engine_label(spec: dict) -> str:
@@ -206,7 +203,8 @@ def engine_label(spec: dict) -> str:
     else:
         changed = [k if v else f"no_{k}" for k, v in options.items()
                    if isinstance(v, bool) and v != defaults.get(k, False)]
-    return " ".join([*stack_engine(spec), *changed, *_unless(target_name(spec), DEFAULT_TARGET)])
+    target = target_name(spec)
+    return " ".join([*stack_engine(spec), *changed, *([target] if target != DEFAULT_TARGET else [])])
 
 
 # ---- the per-rank event records (events/<record>/rank-N.jsonl) ------------------------------------------------------
@@ -226,39 +224,23 @@ RENAMED = {"asynchronous": "async"}  # a Python keyword in the file
 OMIT_IF_NONE = ("flush",)  # written only where there is one (an asynchronous save's background part)
 
 
-@dataclass(frozen=True)
-class Process(Event):
-    """Where the rank runs: its process, the host (the node's hostname) and the launcher's node index (CROSS_RANK:
-    SLURM_NODEID, PALS_NODEID, torchrun's GROUP_RANK; 0 under DeepSpeed's single-node launcher). Records written
-    before harness 0.4 carry the pid only."""
-
-    kind = "process"
-    pid: int
-    host: str = ""
-    node: int | None = None
-    thread: int | None = None  # the main thread's identifier (pthread_t): its samples in a sampler's trace
+def _event(name: str, kind: str, /, **fields) -> type:
+    """An event of these fields, in their order: name=type (required) or name=(type, default or dataclasses.field)."""
+    return dataclasses.make_dataclass(name, [(k, *v) if isinstance(v, tuple) else (k, v) for k, v in fields.items()],
+                                      bases=(Event,), frozen=True, namespace={"kind": kind})
 
 
-@dataclass(frozen=True)
-class Anchor(Event):
-    """attribution: a short pause of the rank inside a function named ANCHOR_PREFIX + mark, right after that mark,
-    from wall time `start` to `end`: the sampler's trace shows it, which puts the sampler's clock on the ranks' one
-    (results/attribution.py)."""
-
-    kind = "anchor"
-    mark: str
-    start: float
-    end: float
-
-
-@dataclass(frozen=True)
-class Mark(Event):
-    """A milestone (schema RESTART_PHASES' marks, `finished`), with the memory high-water marks of the phase it
-    ends (peak_rss_bytes, peak_device_bytes)."""
-
-    kind = "mark"
-    name: str
-    extra: dict = field(default_factory=dict)
+# Where the rank runs: its process, the host (the node's hostname), the launcher's node index (CROSS_RANK:
+# SLURM_NODEID, PALS_NODEID, torchrun's GROUP_RANK; 0 under DeepSpeed's single-node launcher) and the main thread's
+# identifier (pthread_t: its samples in a sampler's trace). Records written before harness 0.4 carry the pid only.
+Process = _event("Process", "process", pid=int, host=(str, ""), node=(int | None, None), thread=(int | None, None))
+# attribution: a short pause of the rank inside a function named ANCHOR_PREFIX + mark, right after that mark, from
+# wall time `start` to `end`: the sampler's trace shows it, which puts the sampler's clock on the ranks' one
+# (results/attribution.py).
+Anchor = _event("Anchor", "anchor", mark=str, start=float, end=float)
+# A milestone (schema RESTART_PHASES' marks, `finished`), with the memory high-water marks of the phase it ends
+# (peak_rss_bytes, peak_device_bytes).
+Mark = _event("Mark", "mark", name=str, extra=(dict, field(default_factory=dict)))
 
 
 @dataclass(frozen=True)
@@ -329,11 +311,6 @@ class Loaded(Event):
     outer_start: float
     outer_end: float
     engine_statistics: dict | None = None  # the engine's own account of the load (CheckpointIO.load_statistics)
-
-
-def _event(name: str, kind: str, **fields: type) -> type:
-    """An event of a few required fields (name=type), in the fields' order."""
-    return dataclasses.make_dataclass(name, list(fields.items()), bases=(Event,), frozen=True, namespace={"kind": kind})
 
 
 Digest = _event("Digest", "digest", tag=str, seconds=float, tensors=int)

@@ -38,6 +38,7 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str |
     for tag, per_rank in by_tag.items():
         whole = committed.get(tag, {})
         nbytes = whole.get("bytes", sum(r["bytes"] for r in per_rank))
+        nodes = placement.save_per_node(per_rank, where, order) if order else None  # null: the ranks named no hosts
         blocking, durable, commit = (max(r[k] for r in per_rank) for k in ("blocking_seconds", "durable_seconds",
                                                                            "commit_seconds"))
         out.append({
@@ -66,17 +67,10 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str |
                 for r in per_rank
             ],
             "breakdown": breakdown.save(per_rank, root),
-            **_save_nodes(per_rank, where, order),
+            "per_node": nodes,
+            "slowest_node": placement.slowest(nodes, "durable_seconds") if order else None,
         })
     return out
-
-
-def _save_nodes(per_rank: list[dict], where: dict[int, str], order: list[dict] | None) -> dict:
-    """per_node and slowest_node of one save (results/placement.py); null where the ranks recorded no hosts."""
-    if not order:
-        return {"per_node": None, "slowest_node": None}
-    nodes = placement.save_per_node(per_rank, where, order)
-    return {"per_node": nodes, "slowest_node": placement.slowest(nodes, "durable_seconds")}
 
 
 def _load_figures(record, load_bytes, load_s, phases, launch) -> dict:
@@ -241,15 +235,12 @@ def _engine_load_statistics(record: dict[int, list[dict]]) -> dict | None:
              if e["event"] == "loaded" and e.get("engine_statistics")]
     if not stats:
         return None
-    names = list(dict.fromkeys(k for s in stats for k in s))
-
-    def merged(k: str):
+    out = {}
+    for k in dict.fromkeys(k for s in stats for k in s):
         values = [s[k] for s in stats if k in s]
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            return sum(values)
-        return values[0]
-
-    return {k: merged(k) for k in names}
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        out[k] = sum(values) if numbers else values[0]
+    return out
 
 
 def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict | None,

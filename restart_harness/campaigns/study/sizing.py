@@ -93,13 +93,12 @@ def predict_cells(cells: list[Cell], store: dict, target: dict) -> None:
                          store.get("metadata_ops_per_s"), store.get("env_metadata_ops_per_s"))
             shared[key] = (plan_record(plugins), f, made)
         else:
-            plan, f, first = shared[key]
+            _, f, first = shared[key]
             calibration = calibrations.setdefault(cell.spec.calibration, fit.load(cell.spec.calibration))
             made = {**first, **prediction_model.predict(plugins, f, calibration)}
             made["note"] = sorted(set(made.pop("notes")) | {n for n in first["note"] if n.startswith("start-up")})
-        plan = dict(shared[key][0])
-        plan["names"] = ("predicted" if engine.planned_names else "sizes only") if engine.saves else "none"
-        cell.plan = plan
+        cell.plan = {**shared[key][0], "names": ("predicted" if engine.planned_names else "sizes only")
+                     if engine.saves else "none"}
         cell.prediction = {"device": spec.device, "calibration": made["calibration"],
                            "storage": made["storage"], "phases": made["phases"], "note": made["note"]}
 

@@ -186,10 +186,13 @@ def target_name(spec: dict) -> str:
     return "s3" if str(spec.get("ckpt_dir") or "").startswith("s3://") else DEFAULT_TARGET
 
 
+def _unless(value: str, default: str) -> list[str]:
+    return [] if value == default else [value]
+
+
 def stack_engine(spec: dict) -> list[str]:
     """The training stack where it is not DeepSpeed, then the engine: ["default"], ["fsdp2", "dcp"]."""
-    stack = str(spec.get("stack") or DEFAULT_STACK)
-    return [*([stack] if stack != DEFAULT_STACK else []), str(spec["engine"])]
+    return [*_unless(str(spec.get("stack") or DEFAULT_STACK), DEFAULT_STACK), str(spec["engine"])]
 
 
 def engine_label(spec: dict) -> str:
@@ -203,8 +206,7 @@ def engine_label(spec: dict) -> str:
     else:
         changed = [k if v else f"no_{k}" for k, v in options.items()
                    if isinstance(v, bool) and v != defaults.get(k, False)]
-    target = target_name(spec)
-    return " ".join([*stack_engine(spec), *changed, *([target] if target != DEFAULT_TARGET else [])])
+    return " ".join([*stack_engine(spec), *changed, *_unless(target_name(spec), DEFAULT_TARGET)])
 
 
 # ---- the per-rank event records (events/<record>/rank-N.jsonl) ------------------------------------------------------

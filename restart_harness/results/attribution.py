@@ -56,7 +56,6 @@ def of_record(run_dir: Path, record: str, events: dict[int, list[dict]], phases,
     else:  # no sample fell inside a pause (a sampler lagging far behind): its clock starts with the launch
         clock = {"source": "launch start", "estimates": 0, "spread_seconds": None}
         shared = launch["start"]
-    offset = dict.fromkeys(ranks, shared)
     rate = asked.get("rate_hz") or ATTRIBUTION_RATE_HZ
     folder = trace_path.parent
     per_rank: dict[int, dict] = {}
@@ -68,7 +67,7 @@ def of_record(run_dir: Path, record: str, events: dict[int, list[dict]], phases,
             if a not in marks or b not in marks:
                 continue
             seconds = marks[b] - marks[a] - (verify if name == "first_step" else 0.0)
-            window = (marks[a] - offset[rank], marks[b] - offset[rank])
+            window = (marks[a] - shared, marks[b] - shared)
             spans = _clip(_with_parent(trace, thread), *window, carry=CARRIED_INTERVALS / rate)
             per_rank[rank][name] = _phase(trace, spans, seconds, folder / f"rank-{rank:05d}" / f"{name}.speedscope.json",
                                           run_dir)

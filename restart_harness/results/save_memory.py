@@ -1,5 +1,6 @@
-"""What each save costs in host memory, and whether memory grows save after save: the ranks' records (worker/memory.py,
-worker/manager.py) folded into summary.json. Every figure, and the growth's fit: docs/measurements.md#memory-per-save."""
+"""What each save costs in host memory, and whether memory grows save after save: the ranks' records
+(worker/memory.py, worker/manager.py) folded into summary.json. Every figure and the growth's fit:
+docs/measurements.md#memory-per-save."""
 
 from __future__ import annotations
 

@@ -61,11 +61,7 @@ def _partial_gzip(path: Path) -> bytes:
 
 
 def _bucket(n: int) -> int:
-    b, s = 0, n >> 10
-    while s and b < iocount.HIST_BUCKETS - 1:
-        s >>= 1
-        b += 1
-    return b
+    return min((n >> 10).bit_length(), iocount.HIST_BUCKETS - 1)  # iocount's buckets: < 1 KiB, then powers of two
 
 
 def _empty() -> dict:

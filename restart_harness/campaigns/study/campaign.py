@@ -77,8 +77,7 @@ def check(request: StudyRequest) -> Study:
     sizes.predict_cells(cells, store, target)
     for cell in cells:
         cell.runs_here = _runs_here(cell, device)
-    free = sample.target.storage_probe().free_bytes()
-    disk = o.disk or max(1, (free or 0) // 2)
+    disk = o.disk or max(1, (sample.target.storage_probe().free_bytes() or 0) // 2)
     load = machine.load_now()
     ratios = list(((previous or {}).get("factor") or {}).get("ratios") or [])
     factor = round(statistics.median(ratios), 2) if ratios else prior_factor(load)

@@ -293,11 +293,9 @@ def build_cells(request: StudyRequest) -> tuple[list[Cell], list[str]]:
                 kept = [lay for lay in kept if lay in named]
                 kept += others[:max(0, MIN_STRATEGIES - len(kept))]
             if not kept:
-                if layouts:
-                    notes.append(f"{model} on {gpus} GPUs: no strategy's model state fits a GPU of "
-                                 f"{o.gpu_memory_gib:g} GiB (gpu_memory_gib=)")
-                else:
-                    notes.append(f"{model} on {gpus} GPUs: none of strategies={o.strategies} makes {gpus} GPUs")
+                notes.append(f"{model} on {gpus} GPUs: " + (
+                    f"no strategy's model state fits a GPU of {o.gpu_memory_gib:g} GiB (gpu_memory_gib=)" if layouts
+                    else f"none of strategies={o.strategies} makes {gpus} GPUs"))
                 continue
             placed_any = True
             for layout in kept:
@@ -335,12 +333,9 @@ def _fits_some(model: str, gpus: int, request: StudyRequest) -> bool:
         nodes, per_node = placement(gpus, o.gpus_per_node)
     except UsageError:
         return False
-    named, others = auto_layouts(shape, gpus, per_node, o.vocab)
-    for layout in [*named, *others]:
-        spec = _spec(model, layout, nodes, per_node, "default", shape, o, [], "cpu")
-        if state_bytes_per_gpu(spec) <= o.gpu_memory_gib * GIB:
-            return True
-    return False
+    return any(state_bytes_per_gpu(_spec(model, layout, nodes, per_node, "default", shape, o, [], "cpu"))
+               <= o.gpu_memory_gib * GIB
+               for layouts in auto_layouts(shape, gpus, per_node, o.vocab) for layout in layouts)
 
 
 def _engine_device(engine, device, *cell) -> str:

@@ -265,9 +265,7 @@ def _model(frames):
             return Cause("model", "the model to its device, parameters broadcast from rank 0")
         if _in(f, "deepspeed/runtime/pipe/module.py") and name in ("__init__", "_build"):
             return Cause("model", "model construction (pipeline stages)")
-        if "/model/" in f.file and _HARNESS.search(f.file) and name == "__init__":
-            return Cause("model", "model construction (layers, parameter initialization)")
-        if _in(f, "torch/nn/init.py"):
+        if _in(f, "torch/nn/init.py") or ("/model/" in f.file and _HARNESS.search(f.file) and name == "__init__"):
             return Cause("model", "model construction (layers, parameter initialization)")
     return None
 

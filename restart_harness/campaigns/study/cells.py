@@ -137,8 +137,7 @@ def auto_layouts(shape, gpus: int, per_node: int, vocab: str) -> tuple[list[Layo
     every = [(t, p) for t in sorted(tps, reverse=True) for p in sorted(pps)
              if gpus % (t * p) == 0]  # the rest, dp=1 first below
     every.sort(key=lambda tp_pp: (gpus // (tp_pp[0] * tp_pp[1]), -tp_pp[0]))
-    named: list[Layout] = []
-    others: list[Layout] = []
+    named, others = [], []
     for i, (t, p) in enumerate([*wanted, *every]):
         layout = Layout(t, p, gpus // (t * p), kind_of(t, p, gpus // (t * p)))
         if layout not in named and layout not in others:
@@ -151,9 +150,7 @@ def user_layouts(shape, model: str, gpus: int, strategies: list[Strategy], vocab
     a strategy whose degrees do not make this GPU count is left out of it."""
     out = []
     for s in strategies:
-        if why := tp_refusal(shape, s.tp, vocab):
-            raise UsageError(f"strategies={s.text}: for {model}: {why}")
-        if why := pp_refusal(shape, s.pp):
+        if why := tp_refusal(shape, s.tp, vocab) or pp_refusal(shape, s.pp):
             raise UsageError(f"strategies={s.text}: for {model}: {why}")
         dp = s.dp if s.dp is not None else gpus // (s.tp * s.pp)
         if s.tp * s.pp * dp != gpus or dp < 1:

@@ -23,8 +23,11 @@ def _records(folder: Path):
     for path in sorted(folder.glob("*.pfw*")):
         try:
             raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-        except (OSError, EOFError, zlib.error):
-            raw = _partial_gzip(path)
+        except (OSError, EOFError, zlib.error):  # a writer killed before it finished: what can be decompressed
+            try:
+                raw = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(path.read_bytes())
+            except zlib.error:
+                raw = b""
         for line in raw.decode(errors="replace").splitlines():
             line = line.strip().rstrip(",")
             if not line.startswith("{"):
@@ -49,15 +52,6 @@ def read_events(folder: Path) -> list[dict]:
     for e in out:
         e["file"] = names.get(e["args"]["fhash"])
     return out
-
-
-def _partial_gzip(path: Path) -> bytes:
-    """What can be decompressed of a gzip file whose writer was killed before it finished."""
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        return d.decompress(path.read_bytes())
-    except zlib.error:
-        return b""
 
 
 def _bucket(n: int) -> int:

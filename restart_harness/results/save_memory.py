@@ -18,9 +18,7 @@ FIGURES = ("peak_added_bytes", "held_bytes", "retained_bytes")
 def step_peak_added(steps: list[dict]) -> int | None:
     """The training's own transient host memory: the median of its steps' peak-over-start with no flush in flight,
     the first step (warm-up) left out."""
-    if not steps:
-        return None
-    first = min(s["step"] for s in steps)
+    first = min((s["step"] for s in steps), default=None)
     clean = [s["rss_peak_added_bytes"] for s in steps
              if not s.get("in_flight") and s["step"] != first and s.get("rss_peak_added_bytes") is not None]
     return int(statistics.median(clean)) if clean else None

@@ -124,8 +124,8 @@ def with_load_anatomy(att: dict | None, load_breakdown: dict | None) -> None:
     phase["remainder"] = {"unsampled_seconds": 0.0, "unnamed": [], "outside_the_anatomy_seconds":
                           phase["remainder_seconds"]}
     phase["method"] = "anatomy"
-    mine = [f for f in load_breakdown.get("files") or [] if f["rank"] == phase["rank"] and f.get("read_seconds")]
-    mine.sort(key=lambda f: -f["read_seconds"])
+    mine = sorted((f for f in load_breakdown.get("files") or []
+                   if f["rank"] == phase["rank"] and f.get("read_seconds")), key=lambda f: -f["read_seconds"])
     phase["reads"] = [{"file": f["path"], "read_seconds": f["read_seconds"], "read_bytes": f["read_bytes"]}
                       for f in mine[:REMAINDER_SHOWN]]
 

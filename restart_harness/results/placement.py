@@ -117,11 +117,8 @@ def lost(record: dict[int, list[dict]], ranks: int, verdicts: dict[int, str] | N
     verdicts = verdicts or {}
     where = hosts(record)
 
-    def ended(r: int) -> bool:
-        return any(e["event"] in ("error", "done") or (e["event"] == "mark" and e.get("name") == "finished")
-                   for e in record.get(r, []))
-
-    silent = [r for r in range(ranks) if not ended(r)]
+    silent = [r for r in range(ranks) if not any(e["event"] in ("error", "done") or (
+        e["event"] == "mark" and e.get("name") == "finished") for e in record.get(r, []))]
     if not silent:
         return None
     groups: dict[tuple[int, str, str], list[int]] = {}

@@ -177,11 +177,9 @@ def main(study: Study) -> int:
     print(f"study {recorded['study_id']}: {recorded['state']}; {len(recorded['cells'])} cells: "
           + ", ".join(f"{n} {m}" for m, n in counts.items()))
     for c in recorded["cells"]:
-        ref = c.get("reference")
-        if ref:
+        if ref := c.get("reference"):
             plan = c["plan"]
-            names = sorted(f[0] for f in plan["files"])
-            same = names == sorted(ref["files"])
+            same = sorted(f[0] for f in plan["files"]) == sorted(ref["files"])
             gb = plan["total_bytes"] / 1e9
             print(f"reference {c['id']}: planner {gb:.2f} GB in {plan['total_files']} files; the reference study's log "
                   f"{ref['checkpoint_gb']:.2f} GB in {len(ref['files'])} files"

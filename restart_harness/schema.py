@@ -117,13 +117,6 @@ def io_metadata_ops(counts: dict) -> int:
 LOAD_CATEGORIES = ("read", "deserialize", "copy", "wait", "other")
 SAVE_CATEGORIES = ("serialize", "write", "fsync", "wait", "other")
 
-# `storage_requests` of a phase (object storage: the requests its client sent, from the client's own log; None on a
-# file system). A request is one HTTP attempt; an operation (an upload, a GET of an object, a listing) is one call
-# of the client, which retries failed requests. retried_requests: failed requests of operations that still
-# succeeded; failed_operations: those whose error reached the harness.
-STORAGE_REQUEST_FIELDS = ("requests", "failed_requests", "throttled_requests", "retried_requests",
-                          "canceled_requests", "failed_operations", "by_type", "failures", "ranks", "source")
-
 # The spec fields that make two runs repeats of one configuration (seed, paths, ports and timeouts do not) are
 # declared with the keys (spec/runspec.py configuration_fields) and recorded in spec.json (derived.configuration_fields);
 # these are the fields of runs whose spec.json predates that record. Where else a configuration can differ: another
@@ -233,39 +226,23 @@ RENAMED = {"asynchronous": "async"}  # a Python keyword in the file
 OMIT_IF_NONE = ("flush",)  # written only where there is one (an asynchronous save's background part)
 
 
-@dataclass(frozen=True)
-class Process(Event):
-    """Where the rank runs: its process, the host (the node's hostname) and the launcher's node index (CROSS_RANK:
-    SLURM_NODEID, PALS_NODEID, torchrun's GROUP_RANK; 0 under DeepSpeed's single-node launcher). Records written
-    before harness 0.4 carry the pid only."""
-
-    kind = "process"
-    pid: int
-    host: str = ""
-    node: int | None = None
-    thread: int | None = None  # the main thread's identifier (pthread_t): its samples in a sampler's trace
+def _event(name: str, kind: str, /, **fields) -> type:
+    """An event of these fields, in their order: name=type (required) or name=(type, default or dataclasses.field)."""
+    return dataclasses.make_dataclass(name, [(k, *v) if isinstance(v, tuple) else (k, v) for k, v in fields.items()],
+                                      bases=(Event,), frozen=True, namespace={"kind": kind})
 
 
-@dataclass(frozen=True)
-class Anchor(Event):
-    """attribution: a short pause of the rank inside a function named ANCHOR_PREFIX + mark, right after that mark,
-    from wall time `start` to `end`: the sampler's trace shows it, which puts the sampler's clock on the ranks' one
-    (results/attribution.py)."""
-
-    kind = "anchor"
-    mark: str
-    start: float
-    end: float
-
-
-@dataclass(frozen=True)
-class Mark(Event):
-    """A milestone (schema RESTART_PHASES' marks, `finished`), with the memory high-water marks of the phase it
-    ends (peak_rss_bytes, peak_device_bytes)."""
-
-    kind = "mark"
-    name: str
-    extra: dict = field(default_factory=dict)
+# Where the rank runs: its process, the host (the node's hostname), the launcher's node index (CROSS_RANK:
+# SLURM_NODEID, PALS_NODEID, torchrun's GROUP_RANK; 0 under DeepSpeed's single-node launcher) and the main thread's
+# identifier (pthread_t: its samples in a sampler's trace). Records written before harness 0.4 carry the pid only.
+Process = _event("Process", "process", pid=int, host=(str, ""), node=(int | None, None), thread=(int | None, None))
+# attribution: a short pause of the rank inside a function named ANCHOR_PREFIX + mark, right after that mark, from
+# wall time `start` to `end`: the sampler's trace shows it, which puts the sampler's clock on the ranks' one
+# (results/attribution.py).
+Anchor = _event("Anchor", "anchor", mark=str, start=float, end=float)
+# A milestone (schema RESTART_PHASES' marks, `finished`), with the memory high-water marks of the phase it ends
+# (peak_rss_bytes, peak_device_bytes).
+Mark = _event("Mark", "mark", name=str, extra=(dict, field(default_factory=dict)))
 
 
 @dataclass(frozen=True)
@@ -296,14 +273,6 @@ class Step(Event):
     # host memory, against which a save's memory is read (docs/measurements.md#memory-per-save)
     rss_peak_added_bytes: int | None = None
     rss_bytes: int | None = None  # the resident set when the step began
-
-
-@dataclass(frozen=True)
-class Digest(Event):
-    kind = "digest"
-    tag: str
-    seconds: float
-    tensors: int
 
 
 @dataclass(frozen=True)
@@ -346,26 +315,8 @@ class Loaded(Event):
     engine_statistics: dict | None = None  # the engine's own account of the load (CheckpointIO.load_statistics)
 
 
-@dataclass(frozen=True)
-class LoadAnatomy(Event):
-    kind = "load_anatomy"
-    extra: dict  # the anatomy window's record (worker/anatomy.py Window.close)
-
-
-@dataclass(frozen=True)
-class Verify(Event):
-    kind = "verify"
-    extra: dict  # stacks/base.py Verification.event()
-
-
-@dataclass(frozen=True)
-class Done(Event):
-    kind = "done"
-    max_rss_bytes: int
-
-
-@dataclass(frozen=True)
-class Error(Event):
-    kind = "error"
-    message: str
-    traceback: str
+Digest = _event("Digest", "digest", tag=str, seconds=float, tensors=int)
+LoadAnatomy = _event("LoadAnatomy", "load_anatomy", extra=dict)  # the anatomy window's record (worker/anatomy.py)
+Verify = _event("Verify", "verify", extra=dict)  # stacks/base.py Verification.event()
+Done = _event("Done", "done", max_rss_bytes=int)
+Error = _event("Error", "error", message=str, traceback=str)

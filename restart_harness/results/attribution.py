@@ -1,25 +1,11 @@
 """Where each phase's seconds went (attribution=): the sampler's trace of a launch (results/samples.py) cut at the
 ranks' marks, every sample named by its cause (results/causes.py), into summary.json's `attribution` of the record
-and one flame graph per rank and phase (speedscope's JSON; https://www.speedscope.app opens it).
-
-Method (docs/attribution.md):
-- Clocks: each sampled rank pauses right after a few marks inside a function the sampler sees by name (worker/
-  anchor.py). The pause's wall-clock start and end against the first and last sample that shows it give the offset
-  of the sampler's clock to the ranks' (each estimate within about one sampling interval). The ranks of a launch share
-  the node's clock and the one sampler's, so the offset is the median of every estimate; their spread is recorded.
-  Where no sample fell inside a pause, the sampler's clock is taken to start with the launch (it is started by it).
-- A phase of a rank is the wall-clock window between its two marks (restart_harness/schema.py RESTART_PHASES), moved
-  onto the sampler's clock; the rank's main thread's samples inside it are named and summed per cause (a sample
-  taken before the window began counts in it at most CARRIED_INTERVALS sampling intervals on). The
-  verification digest, timed apart and outside every phase, is taken out as the phase's figure takes it out.
-- The launcher's phase is the window from the launch's start to the last rank's process start; at each moment the
-  launcher process that is not merely waiting on a child is the one on the critical path, and its sample counts.
-- The named causes, the unnamed samples and the time the sampler did not see (before it found a new process, a
-  sample it could not read) add up to the phase's measured seconds; `sampled_seconds` is what the samples covered.
-"""
+and one flame graph per rank and phase (speedscope's JSON). The method (clocks, phases, the launcher's phase, how the
+causes add up): docs/attribution.md#what-it-does."""
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 from collections import defaultdict
@@ -70,7 +56,6 @@ def of_record(run_dir: Path, record: str, events: dict[int, list[dict]], phases,
     else:  # no sample fell inside a pause (a sampler lagging far behind): its clock starts with the launch
         clock = {"source": "launch start", "estimates": 0, "spread_seconds": None}
         shared = launch["start"]
-    offset = dict.fromkeys(ranks, shared)
     rate = asked.get("rate_hz") or ATTRIBUTION_RATE_HZ
     folder = trace_path.parent
     per_rank: dict[int, dict] = {}
@@ -82,7 +67,7 @@ def of_record(run_dir: Path, record: str, events: dict[int, list[dict]], phases,
             if a not in marks or b not in marks:
                 continue
             seconds = marks[b] - marks[a] - (verify if name == "first_step" else 0.0)
-            window = (marks[a] - offset[rank], marks[b] - offset[rank])
+            window = (marks[a] - shared, marks[b] - shared)
             spans = _clip(_with_parent(trace, thread), *window, carry=CARRIED_INTERVALS / rate)
             per_rank[rank][name] = _phase(trace, spans, seconds, folder / f"rank-{rank:05d}" / f"{name}.speedscope.json",
                                           run_dir)
@@ -103,7 +88,7 @@ def of_record(run_dir: Path, record: str, events: dict[int, list[dict]], phases,
 def _with_parent(trace: samples.Trace, thread: samples.Thread):
     """A rank's spans, preceded by its parent process's before the rank's first sample: a rank forked from a process
     that imported for it (launcher=prefork) counts from that process's start, and its imports are the parent's."""
-    chain = [int(p) for f in thread.spans[0][2] for p in _pids(trace.frames[f].name)] if thread.spans else []
+    chain = _chain(trace, thread)
     parent = trace.of_pid(chain[-2]) if len(chain) >= 2 and chain[-1] == thread.pid else None
     if parent is None:
         return thread.spans
@@ -139,8 +124,8 @@ def with_load_anatomy(att: dict | None, load_breakdown: dict | None) -> None:
     phase["remainder"] = {"unsampled_seconds": 0.0, "unnamed": [], "outside_the_anatomy_seconds":
                           phase["remainder_seconds"]}
     phase["method"] = "anatomy"
-    mine = [f for f in load_breakdown.get("files") or [] if f["rank"] == phase["rank"] and f.get("read_seconds")]
-    mine.sort(key=lambda f: -f["read_seconds"])
+    mine = sorted((f for f in load_breakdown.get("files") or []
+                   if f["rank"] == phase["rank"] and f.get("read_seconds")), key=lambda f: -f["read_seconds"])
     phase["reads"] = [{"file": f["path"], "read_seconds": f["read_seconds"], "read_bytes": f["read_bytes"]}
                       for f in mine[:REMAINDER_SHOWN]]
 
@@ -179,11 +164,9 @@ def _phase(trace: samples.Trace, spans, seconds: float, flame: Path | None, run_
     via: dict[causes.Cause, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     parts: dict[causes.Cause, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     kept = []
-    memo: dict[tuple, causes.Cause] = {}
+    name = functools.cache(lambda stack: causes.classify([trace.frames[f] for f in stack], launcher))
     for s, e, stack in spans:
-        cause = memo.get(stack)
-        if cause is None:
-            cause = memo[stack] = causes.classify([trace.frames[f] for f in stack], launcher)
+        cause = name(stack)
         if cause.kind == causes.EXCLUDED:
             continue
         named[cause] += e - s
@@ -233,18 +216,11 @@ def _launcher_phase(trace, ranks, events, launch, offset: float, folder: Path, r
     for thread in trace.threads.values():
         if thread.pid in rank_pids or not thread.spans or trace.of_pid(thread.pid) is not thread:
             continue
-        chain = {int(p) for f in thread.spans[0][2] for p in _pids(trace.frames[f].name)}
-        if chain & rank_pids:
+        if set(_chain(trace, thread)) & rank_pids:
             continue
         threads.append(thread)
     threads.sort(key=lambda t: -t.first)  # the latest started first
-    memo: dict[tuple, causes.Cause] = {}
-
-    def cause(stack):
-        if stack not in memo:
-            memo[stack] = causes.classify([trace.frames[f] for f in stack], launcher=True)
-        return memo[stack]
-
+    cause = functools.cache(lambda stack: causes.classify([trace.frames[f] for f in stack], launcher=True))
     clipped = [_clip(t.spans, lo, hi) for t in threads]
     edges = sorted({x for spans in clipped for s, e, _ in spans for x in (s, e)})
     chosen = []
@@ -269,11 +245,11 @@ def _launcher_phase(trace, ranks, events, launch, offset: float, folder: Path, r
                                    {causes.BEFORE_SAMPLING: lead} if lead else None)}
 
 
-def _pids(name: str) -> list[str]:
-    if name.startswith("process "):
-        pid = name[len("process "):].split(":", 1)[0]
-        return [pid] if pid.isdigit() else []
-    return []
+def _chain(trace: samples.Trace, thread: samples.Thread) -> list[int]:
+    """The pids py-spy names above a thread's first sample (its `process PID: command` frames), outermost first."""
+    names = [trace.frames[f].name for f in thread.spans[0][2]] if thread.spans else []
+    return [int(p) for p in (n[len("process "):].split(":", 1)[0] for n in names if n.startswith("process "))
+            if p.isdigit()]
 
 
 def speedscope(trace: samples.Trace, spans, name: str) -> dict:

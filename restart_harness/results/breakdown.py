@@ -32,10 +32,6 @@ def _io_summary(io: dict | None, classes: tuple[str, ...], stream: dict | None =
     return out
 
 
-def _histogram(counts: list[int]) -> dict[str, int]:
-    return {iocount.bucket_label(b): n for b, n in enumerate(counts) if n}
-
-
 def _files(per_rank: dict[int, dict], cls: str, root: str | None) -> list[dict]:
     """Per file and rank: bytes, calls, seconds inside the calls, request sizes (for one I/O class); paths relative
     to the checkpoint root."""
@@ -49,7 +45,8 @@ def _files(per_rank: dict[int, dict], cls: str, root: str | None) -> list[dict]:
             if prefix and path.startswith(prefix):
                 path = path[len(prefix):]
             out.append({"path": path, "rank": rank, f"{cls}_bytes": part["bytes"], f"{cls}_calls": part["calls"],
-                        f"{cls}_seconds": _round(part["seconds"]), "request_sizes": _histogram(part["sizes"])})
+                        f"{cls}_seconds": _round(part["seconds"]),
+                        "request_sizes": {iocount.bucket_label(b): n for b, n in enumerate(part["sizes"]) if n}})
     return out
 
 
@@ -92,14 +89,9 @@ def load(record: dict[int, list[dict]], checkpoint_load: dict[int, float], root:
 
 
 def storage_read(ranks: list[dict]) -> dict | None:
-    """The storage side of a load: every byte the ranks read (files, or objects over the network) over the slowest
-    rank's wall time with a read in flight on any of its threads (the I/O counters' read busy seconds; without
-    them, its `read` category), inside a window every rank opened after one barrier (worker/manager.py).
-    Deserialization, copies, waiting for other ranks and the library's own work are left out: this is what storage
-    benchmarks call read throughput (MLPerf Storage: total bytes / the slowest rank). Not the `read` category alone:
-    that is the main thread's time in a load with a read in flight, so reads ahead of a load, or beside a
-    collective, would fall outside it and the throughput be overstated (a read-ahead behind a broadcast showed
-    7,694 MiB/s of a disk that reads 1,300; 2026-11-27)."""
+    """The storage side of a load: every byte the ranks read over the slowest rank's wall time with a read in flight
+    on any of its threads (its `read` category where no busy time was counted): docs/measurements.md (the storage
+    side)."""
     def seconds_of(r: dict) -> float | None:
         return r.get("read_busy_seconds") or r.get("read_seconds")
 
@@ -156,7 +148,7 @@ def stragglers(per_rank_phases: list[dict], names: tuple[str, ...]) -> dict:
     out = {}
     for name in names:
         values = [(r["phases"][name], r["rank"]) for r in per_rank_phases if name in r["phases"]]
-        if len(values) < 1:
+        if not values:
             continue
         top, rank = max(values)
         median = statistics.median(v for v, _ in values)

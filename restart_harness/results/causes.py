@@ -1,12 +1,6 @@
-"""What a sampled stack was doing, named the way a user acts on it: an import of package P, a JIT build or load of
-op O, a process group's creation, a wait in a collective, the CUDA context, an optimizer's construction, ...
-
-A stack is the frames of one sample, outermost first (results/samples.py). The rules below are tried in order and the
-first that matches names the sample; one that none matches is the remainder, still shown by its innermost frames.
-The order is what makes a name actionable: a JIT op build runs inside an import (the op is what to prebuild), an
-import inside an engine's set-up (the package is what to import earlier, or not at all). docs/attribution.md lists
-the kinds with what to do about each.
-"""
+"""What a sampled stack was doing, named the way a user acts on it (an import of package P, a JIT build of op O, a
+collective's wait, ...): rules tried in order, the first that matches names the sample; one that none matches is the
+remainder. The order, the kinds and what to do about each: docs/attribution.md#the-causes."""
 
 from __future__ import annotations
 
@@ -95,10 +89,6 @@ def _in(frame, fragment: str) -> bool:
     return fragment in frame.file
 
 
-def _is_importlib(frame) -> bool:
-    return frame.file.startswith("<frozen importlib")
-
-
 def classify(frames, launcher: bool = False) -> Cause:
     """The cause of one sample (frames outermost first, py-spy's process frames included); `launcher`: a sample of
     a launcher's process, not a rank's."""
@@ -168,7 +158,7 @@ def _native(frames):
 
 
 def _import(frames):
-    first = next((i for i, f in enumerate(frames) if _is_importlib(f)), None)
+    first = next((i for i, f in enumerate(frames) if f.file.startswith("<frozen importlib")), None)
     if first is None:
         return None
     bodies = [f for f in frames[first:] if f.name == "<module>"]
@@ -275,9 +265,7 @@ def _model(frames):
             return Cause("model", "the model to its device, parameters broadcast from rank 0")
         if _in(f, "deepspeed/runtime/pipe/module.py") and name in ("__init__", "_build"):
             return Cause("model", "model construction (pipeline stages)")
-        if "/model/" in f.file and _HARNESS.search(f.file) and name == "__init__":
-            return Cause("model", "model construction (layers, parameter initialization)")
-        if _in(f, "torch/nn/init.py"):
+        if _in(f, "torch/nn/init.py") or ("/model/" in f.file and _HARNESS.search(f.file) and name == "__init__"):
             return Cause("model", "model construction (layers, parameter initialization)")
     return None
 
@@ -308,12 +296,9 @@ def _harness(frames):
 def _config(frames):
     if any(_in(f, "deepspeed/runtime/config") for f in frames):
         return Cause("other", "DeepSpeed's configuration (parsed, checked, printed)")
-    if any(_in(f, "deepspeed/runtime/engine.py") and _short(f.name).startswith(("_configure", "_do_sanity"))
-           for f in frames):
-        return Cause("other", "DeepSpeed engine set-up (" + next(
-            _short(f.name) for f in frames if _in(f, "deepspeed/runtime/engine.py")
-            and _short(f.name).startswith(("_configure", "_do_sanity"))) + ")")
-    return None
+    setup = next((_short(f.name) for f in frames if _in(f, "deepspeed/runtime/engine.py")
+                  and _short(f.name).startswith(("_configure", "_do_sanity"))), None)
+    return Cause("other", f"DeepSpeed engine set-up ({setup})") if setup else None
 
 
 _RULES = (_anchor, _verification, _op, _native, _import, _prefork, _cuda, _process_group, _collective, _checkpoint, _optimizer,

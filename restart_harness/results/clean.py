@@ -7,6 +7,7 @@ as keep=false does, so a restart-only re-run of it is refused in one line."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,37 +28,29 @@ class Candidate:
     bytes: int
 
 
-def _age_hours(status: dict) -> float | None:
-    when = status.get("time")
-    return (time.time() - when) / 3600 if isinstance(when, (int, float)) else None
-
-
 def candidates(folder: Path, older_than_hours: float | None, larger_than: int | None,
                prefix: str | None) -> tuple[list[Candidate], list[str], dict[str, int]]:
     """The finished runs below folder whose checkpoint is still there and passes the filters; one line for each run
     that could not be checked; and how many runs were left alone, by why."""
-    out, problems, left = [], [], {}
-
-    def leave(why: str) -> None:
-        left[why] = left.get(why, 0) + 1
-
+    out, problems, left = [], [], Counter()
     for run_dir in find_run_dirs(folder):
         if prefix and not run_dir.name.startswith(prefix):
-            leave(f"not starting with {prefix}")
+            left[f"not starting with {prefix}"] += 1
             continue
         status = observed(run_dir)
         if status["state"] not in FINISHED or status.get("checkpoint_deleted"):
-            leave("already cleaned" if status.get("checkpoint_deleted") else
-                  "dry runs" if status["state"] == "dry_run" else f"{status['state']}")
+            left["already cleaned" if status.get("checkpoint_deleted") else
+                  "dry runs" if status["state"] == "dry_run" else f"{status['state']}"] += 1
             continue
-        age = _age_hours(status)
+        when = status.get("time")
+        age = (time.time() - when) / 3600 if isinstance(when, (int, float)) else None
         if older_than_hours is not None and (age is None or age < older_than_hours):
-            leave(f"finished less than {older_than_hours:g} h ago")
+            left[f"finished less than {older_than_hours:g} h ago"] += 1
             continue
         try:
             run = resolve.read(run_dir)
             if run.stored.missing():
-                leave("checkpoint already gone")
+                left["checkpoint already gone"] += 1
                 continue
             listing = [f for files in run.stored.listing().values() for f in files]
         except Exception as exc:  # a run folder from elsewhere, an object store that does not answer: said, skipped
@@ -65,7 +58,7 @@ def candidates(folder: Path, older_than_hours: float | None, larger_than: int | 
             continue
         nbytes = sum(n for _, n in listing)
         if larger_than is not None and nbytes <= larger_than:
-            leave(f"checkpoint not larger than {larger_than:,} bytes")
+            left[f"checkpoint not larger than {larger_than:,} bytes"] += 1
             continue
         out.append(Candidate(run_dir, status["state"], age, run.target.describe(), len(listing), nbytes))
     return out, problems, left

@@ -56,7 +56,6 @@ def verification(events: dict[int, list[dict]], ranks: int) -> tuple[list[str], 
             failed.append(f"rank {rank}: no verification recorded")
             continue
         tensors += verify["tensors"]
-        failed += [f"rank {rank}: {name}" for name in verify["differing"]] if not verify["ok"] else []
-        if not verify["ok"] and not verify["differing"]:
-            failed.append(f"rank {rank}: nothing verified")
+        if not verify["ok"]:
+            failed += [f"rank {rank}: {name}" for name in verify["differing"] or ["nothing verified"]]
     return failed, tensors

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from restart_harness import resolve
-from restart_harness.results import attribution, efficiency, io_sources
+from restart_harness.results import attribution, io_sources
 from restart_harness.results import events as ev
 from restart_harness.results import inventory as inv
 from restart_harness.results import prediction
@@ -17,7 +17,7 @@ from restart_harness.results import summary as sm
 from restart_harness.schema import RESTART_PHASES, count
 from restart_harness.spec import record as records
 from restart_harness.spec.runspec import RunSpec
-from restart_harness.files.atomic import write_json_atomic
+from restart_harness.files.atomic import read_json, write_json_atomic
 
 
 def _writers(run_dir: Path) -> dict[str, dict[str, int]]:
@@ -67,8 +67,7 @@ def finalize(run: resolve.Run | Path, state: str, reason: str | None = None, as_
     sm.loss_continuity(restarts)
     for r in restarts:
         if r["outcome"]["state"] == "verified" and not r["verified"]:  # a first loss that did not continue the run's
-            r["outcome"] = {"state": "failed", "reason": "restart did not restore the saved state: "
-                                                        + ", ".join(r["differing"][:5] or ["nothing verified"])}
+            r["outcome"] = {"state": "failed", "reason": _not_restored(r)}
     tag = (restarts[-1]["saved_tag"] if restarts else None) or run.stored.latest()
     inventory = None
     if tag and stored.get(tag):
@@ -79,7 +78,7 @@ def finalize(run: resolve.Run | Path, state: str, reason: str | None = None, as_
     summary = sm.build(run_dir, made.to_json(), status, {"root": str(target.root), "committed": committed},
                        inventory, restarts)
     _checkpoint_phase(summary, run_dir, run.stored)
-    efficiency.add(summary, run_dir)
+    _efficiency(summary, run_dir)
     summary["prediction"] = prediction.compare(prediction.read(run_dir), summary)
     if summary["prediction"] is not None:  # measured on a busy machine, a prediction's error is not the model's
         busy = [r for r in [summary["checkpoint"], *(summary["restarts"][:1])] if (r.get("machine_load") or {})
@@ -129,8 +128,7 @@ def _status(state: str, reason: str | None, restarts: list[dict]) -> dict:
     unverified = [r for r in restarts if not r["verified"] and not r["rerun"]]
     if state == "complete" and unverified:
         r = unverified[-1]
-        state, reason = "failed", f"{r['record']}: restart did not restore the saved state: " + \
-            ", ".join(r["differing"][:5] or ["nothing verified"])
+        state, reason = "failed", f"{r['record']}: {_not_restored(r)}"
     status = {"state": state, "reason": reason, "time": time.time()}
     if failed := [r for r in restarts if r["rerun"] and r["outcome"]["state"] == "failed"]:
         status["reruns_failed"] = [{"record": r["record"], **r["outcome"]} for r in failed]
@@ -138,6 +136,33 @@ def _status(state: str, reason: str | None, restarts: list[dict]) -> dict:
         status["reason"] = "; ".join([*([reason] if reason else []), f"{count(len(failed), 'restart-only re-run')} "
                                       f"did not verify, the last {last['record']}: {last['outcome']['reason']}"])
     return status
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    return round(value / base, 4) if value and base else None
+
+
+def _efficiency(summary: dict, run_dir: Path) -> None:
+    """summary['baseline'] from run_dir/baseline.json (null when baseline=false; files/baseline.py) and
+    checkpoint.efficiency: the save's durable and the load's throughput over the baseline's (`save`, `load`) and over
+    the ceiling's (`save_of_ceiling`, `load_of_ceiling`; null where the storage has none, or the record predates it)."""
+    path = run_dir / "baseline.json"
+    base = read_json(path) if path.is_file() else None
+    summary["baseline"] = base
+    ckpt = summary.get("checkpoint") or {}
+    durable = (ckpt.get("throughput_mib_s") or {}).get("durable")
+    load = (summary.get("restart") or {}).get("load_throughput_mib_s")
+    ceiling = (base or {}).get("ceiling") or {}
+    ckpt["efficiency"] = {
+        "save": _ratio(durable, (base or {}).get("write_mib_s")),
+        "load": _ratio(load, (base or {}).get("read_mib_s")),
+        "save_of_ceiling": _ratio(durable, ceiling.get("write_mib_s")),
+        "load_of_ceiling": _ratio(load, ceiling.get("read_mib_s")),
+    }
+
+
+def _not_restored(r: dict) -> str:
+    return "restart did not restore the saved state: " + ", ".join(r["differing"][:5] or ["nothing verified"])
 
 
 def _checkpoint_phase(summary: dict, run_dir: Path, stored) -> None:

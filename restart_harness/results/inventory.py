@@ -11,18 +11,14 @@ def build(where: str, writers: dict[str, int] | None, entries: list[tuple[str, i
     """The inventory of one tag stored at `where` (a folder or a URL): entries are (path relative to the tag, bytes)
     of every stored file or object; writers maps a DeepSpeed path to the rank whose engine save wrote it."""
     writers = writers or {}
-    files = []
-    for rel, nbytes in sorted(entries):
-        top = rel.split("/", 1)[0]
-        files.append({"path": rel, "bytes": nbytes, "kind": classify(rel), "rank": writers.get(rel, writers.get(top))})
+    files = [{"path": rel, "bytes": nbytes, "kind": classify(rel),
+              "rank": writers.get(rel, writers.get(rel.split("/")[0]))} for rel, nbytes in sorted(entries)]
     by_kind = {k: {"files": 0, "bytes": 0} for k in KINDS}
     by_rank: dict = defaultdict(lambda: {"files": 0, "bytes": 0})
     for f in files:
-        by_kind[f["kind"]]["files"] += 1
-        by_kind[f["kind"]]["bytes"] += f["bytes"]
-        key = "unknown" if f["rank"] is None else str(f["rank"])
-        by_rank[key]["files"] += 1
-        by_rank[key]["bytes"] += f["bytes"]
+        for tally in (by_kind[f["kind"]], by_rank["unknown" if f["rank"] is None else str(f["rank"])]):
+            tally["files"] += 1
+            tally["bytes"] += f["bytes"]
     return {
         "dir": where,
         "files": files,

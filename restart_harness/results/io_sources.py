@@ -21,6 +21,12 @@ def _ordered(per_source: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]
             if any(per_source[n].values())}
 
 
+def _shaped(acc: dict) -> dict:
+    """A phase's (or the total's) sums: the sources in their order, the kernel's fields in theirs."""
+    return {"sources": _ordered(acc["sources"]), "kernel": {k: acc["kernel"][k] for k in IO_KERNEL_FIELDS
+                                                            if k in acc["kernel"]}}
+
+
 def by_phase(record: dict[int, list[dict]], phases: tuple, facts: dict | None) -> dict | None:
     """Per phase (name, start mark, end mark): the I/O each source saw, summed over the ranks that recorded it, and
     `total` over the phases given; each source's file system from spec.json's io_sources. None when no mark of the
@@ -31,38 +37,29 @@ def by_phase(record: dict[int, list[dict]], phases: tuple, facts: dict | None) -
     ranks: set[int] = set()
     by_source = False
     for name, start_mark, end_mark in phases:
-        sources: dict[str, dict[str, int]] = {}
-        kernel: dict[str, int] = {}
-        seen = False
+        phase: dict = {"sources": {}, "kernel": {}}
         for rank, evs in sorted(record.items()):
             marks = {e["name"]: e for e in evs if e["event"] == "mark"}
             if start_mark not in marks or end_mark not in marks or "io" not in marks[end_mark]:
                 continue
             io = marks[end_mark]["io"]
-            seen = True
+            out[name] = phase
             ranks.add(rank)
             by_source = by_source or "sources" in io
-            for source, counts in (io.get("sources") or {}).items():
-                _add(sources.setdefault(source, {}), counts)
-                _add(total["sources"].setdefault(source, {}), counts)
-            _add(kernel, io.get("kernel") or {})
-            _add(total["kernel"], io.get("kernel") or {})
-        if seen:
-            out[name] = {"sources": _ordered(sources), "kernel": {k: kernel[k] for k in IO_KERNEL_FIELDS if k in kernel}}
+            for acc in (phase, total):
+                for source, counts in (io.get("sources") or {}).items():
+                    _add(acc["sources"].setdefault(source, {}), counts)
+                _add(acc["kernel"], io.get("kernel") or {})
     if not out:
         return None
-    filesystems = {}
-    for source, fact in (facts or {}).items():
-        fs = fact.get("filesystem") if isinstance(fact, dict) else None
-        if fs:
-            filesystems[source] = f"{fs.get('type')} on {fs.get('mount')}"
+    filesystems = {source: f"{fs.get('type')} on {fs.get('mount')}" for source, fact in (facts or {}).items()
+                   if isinstance(fact, dict) and (fs := fact.get("filesystem"))}
     return {
         "ranks": len(ranks),
         # false without the preloaded counters (anatomy=false, trace=false): the kernel's figures only
         "by_source": by_source,
-        "phases": out,
-        "total": {"sources": _ordered(total["sources"]),
-                  "kernel": {k: total["kernel"][k] for k in IO_KERNEL_FIELDS if k in total["kernel"]}},
+        "phases": {name: _shaped(phase) for name, phase in out.items()},
+        "total": _shaped(total),
         "filesystems": filesystems,
     }
 

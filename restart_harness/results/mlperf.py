@@ -1,16 +1,5 @@
-"""MLPerf Storage v2.0's checkpoint metrics (Submission_guidelines.md 2.2.3) from harness runs' summaries.
-
-For each checkpoint written or read, MLPerf's tool times every rank and reports per rank the duration and a
-throughput of the whole checkpoint's size over that rank's duration; the metric for duration is the maximum over
-ranks, the metric for throughput the minimum over ranks (the same checkpoint size over the slowest rank's seconds).
-A run's figure is the mean over its checkpoints; the final figure the mean over runs. Here:
-
-- write duration of a checkpoint = max over ranks of the save's `durable_seconds` (from the save call until every
-  file of the rank is written and fsync'd; the emulation's data generation is not in it);
-- read duration = max over ranks of the seconds inside the engine's load calls (restart `load_seconds`), each read
-  a restart in fresh processes after the checkpoint's pages were dropped from the page cache;
-- throughput = checkpoint bytes / duration, in GiB/s (MLPerf's tool divides by 2^30 and prints "GB/second").
-"""
+"""MLPerf Storage v2.0's checkpoint metrics (Submission_guidelines.md 2.2.3) from harness runs' summaries: how each is
+read from the harness's figures, docs/mlperf.md."""
 
 from __future__ import annotations
 
@@ -24,7 +13,9 @@ def _mean(values: list[float]) -> float | None:
     return round(statistics.fmean(values), 6) if values else None
 
 
-def _median(values: list[float]) -> float | None:
+def _median(values: list) -> float | None:
+    """The median of the values that are there (None: not measured)."""
+    values = [v for v in values if v is not None]
     return round(statistics.median(values), 6) if values else None
 
 
@@ -41,9 +32,6 @@ def run_metrics(summary: dict) -> dict:
     reads = [{"record": r.record, "tag": r.tag, "bytes": r.load_bytes, "duration_seconds": round(r.load_seconds, 6),
               "cache": (r.cache or {}).get("observed"), "throughput_gib_s": round(r.load_bytes / GIB / r.load_seconds, 6)}
              for r in restarts if r.load_seconds and r.load_bytes]
-
-    def median(values: list) -> float | None:
-        return _median([v for v in values if v is not None])
     return {
         "run_id": s.run_id, "state": (s.status or {}).get("state"), "writes": writes, "reads": reads,
         "save_duration_seconds": _mean([w["duration_seconds"] for w in writes]),
@@ -53,9 +41,9 @@ def run_metrics(summary: dict) -> dict:
         "harness": {
             "save_blocking_seconds_median": _median([x.blocking_seconds for x in saves]),
             "save_durable_seconds_median": _median([x.durable_seconds for x in saves]),
-            "save_commit_seconds_median": median([x.commit_seconds for x in saves]),
-            "restart_total_seconds_median": median([r.total_seconds for r in restarts]),
-            "restart_launch_seconds_median": median([r.launch_seconds for r in restarts]),
+            "save_commit_seconds_median": _median([x.commit_seconds for x in saves]),
+            "restart_total_seconds_median": _median([r.total_seconds for r in restarts]),
+            "restart_launch_seconds_median": _median([r.launch_seconds for r in restarts]),
             "cache_observed": sorted({(r.cache or {}).get("observed") for r in restarts} - {None}),
         },
     }

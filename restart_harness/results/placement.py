@@ -1,35 +1,21 @@
-"""Which rank ran on which node, and the per-node view of a save and of a restart (docs/results.md).
-
-A node is a host name as its ranks saw it (each rank's `process` event: socket.gethostname() and the launcher's
-node index). Per node: the ranks it ran, what they wrote or loaded, the slowest of them, and for a save how many of
-its ranks were writing at once (the storage's concurrent writers from that node: the most write windows that
-overlap at one instant; a rank's window is its save's start to its data durable, or, for an emulated rank that
-writes in waves, its wave: wave_start to wave_end). Records of harness versions that did not
-record hosts give no placement (None), never a guessed one.
-"""
+"""Which rank ran on which node (each rank's `process` event: its host name and the launcher's node index), and the
+per-node view of a save and of a restart (docs/results.md). Records that name no hosts give no placement (None),
+never a guessed one."""
 
 from __future__ import annotations
 
 from restart_harness.results import events as ev
 
 
+def _processes(record: dict[int, list[dict]]) -> dict[int, dict]:
+    """rank -> its `process` event, for the ranks that recorded a host."""
+    procs = {rank: next((e for e in evs if e["event"] == "process"), None) for rank, evs in record.items()}
+    return {rank: proc for rank, proc in procs.items() if proc and proc.get("host")}
+
+
 def hosts(record: dict[int, list[dict]]) -> dict[int, str]:
     """rank -> host, for the ranks that recorded one."""
-    out = {}
-    for rank, evs in record.items():
-        proc = next((e for e in evs if e["event"] == "process"), None)
-        if proc and proc.get("host"):
-            out[rank] = proc["host"]
-    return out
-
-
-def _node_index(record: dict[int, list[dict]]) -> dict[str, int | None]:
-    out: dict[str, int | None] = {}
-    for evs in record.values():
-        proc = next((e for e in evs if e["event"] == "process"), None)
-        if proc and proc.get("host"):
-            out.setdefault(proc["host"], proc.get("node"))
-    return out
+    return {rank: proc["host"] for rank, proc in _processes(record).items()}
 
 
 def placement(record: dict[int, list[dict]]) -> list[dict] | None:
@@ -38,7 +24,9 @@ def placement(record: dict[int, list[dict]]) -> list[dict] | None:
     where = hosts(record)
     if not where or len(where) != len(record):
         return None
-    index = _node_index(record)
+    index: dict[str, int | None] = {}
+    for proc in _processes(record).values():
+        index.setdefault(proc["host"], proc.get("node"))
     by_host: dict[str, list[int]] = {}
     for rank in sorted(where):
         by_host.setdefault(where[rank], []).append(rank)
@@ -117,7 +105,6 @@ def slowest(per_node: list[dict], key: str) -> dict | None:
     return {"host": worst["host"], "rank": worst["slowest_rank"], "seconds": worst[key]}
 
 
-
 COLLATERAL = "Terminated"  # srun's word for a task it ended because another one failed (--kill-on-bad-exit)
 
 
@@ -130,11 +117,8 @@ def lost(record: dict[int, list[dict]], ranks: int, verdicts: dict[int, str] | N
     verdicts = verdicts or {}
     where = hosts(record)
 
-    def ended(r: int) -> bool:
-        return any(e["event"] in ("error", "done") or (e["event"] == "mark" and e.get("name") == "finished")
-                   for e in record.get(r, []))
-
-    silent = [r for r in range(ranks) if not ended(r)]
+    silent = [r for r in range(ranks) if not any(e["event"] in ("error", "done") or (
+        e["event"] == "mark" and e.get("name") == "finished") for e in record.get(r, []))]
     if not silent:
         return None
     groups: dict[tuple[int, str, str], list[int]] = {}

@@ -1,21 +1,6 @@
-"""Predicted beside measured: the phases the prediction model (restart_harness/predict/, docs/prediction.md) names,
-how each is read from a run's summary, and the comparison every run's summary carries (`prediction`).
-
-A phase is a span in seconds:
-    save_blocking_seconds, save_durable_seconds, save_commit_seconds
-        the median over the run's saves of each save's figure (summary.checkpoint.saves[])
-    restart_<phase>_seconds for launch, imports, dist_init, model_build, engine_init, checkpoint_load, first_step
-        the first restart at the run's own layout (restart-01; launch: restart.launch_seconds)
-    restart_total_with_launch_seconds
-        launch_seconds + total_seconds (the sum of the six phases) of that restart
-rel_error = (predicted - measured) / measured; within_range: low <= measured <= high. A phase measured under other
-conditions than its calibration's runs (another machine load, more ranks per core) has no rel_error but
-`not_comparable`, saying why.
-
-The crossover (predict/crossover.py) is carried as predicted, with the run's own side beside it: which restart phase
-was measured the largest (launch included) at the run's checkpoint size, and whether the load being the largest or
-not is what the prediction said (`side_agrees`).
-"""
+"""Predicted beside measured: the phases the prediction model (restart_harness/predict/) names, how each is read from
+a run's summary, and the comparison every run's summary carries (`prediction`, with the crossover's side):
+docs/prediction.md defines each."""
 
 from __future__ import annotations
 

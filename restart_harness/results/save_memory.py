@@ -41,16 +41,10 @@ GROWTH_FLOOR_BYTES = 1 << 20  # per save
 FIGURES = ("peak_added_bytes", "held_bytes", "retained_bytes")
 
 
-def _top(values: list[tuple[int, int]]) -> tuple[int | None, int | None]:
-    return max(values) if values else (None, None)
-
-
 def step_peak_added(steps: list[dict]) -> int | None:
     """The training's own transient host memory: the median of its steps' peak-over-start with no flush in flight,
     the first step (warm-up) left out."""
-    if not steps:
-        return None
-    first = min(s["step"] for s in steps)
+    first = min((s["step"] for s in steps), default=None)
     clean = [s["rss_peak_added_bytes"] for s in steps
              if not s.get("in_flight") and s["step"] != first and s.get("rss_peak_added_bytes") is not None]
     return int(statistics.median(clean)) if clean else None
@@ -121,25 +115,21 @@ def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict | Non
         for e in evs:
             if e.get("memory"):
                 by_tag.setdefault(e["tag"], []).append((rank, e))
-    costs, tops = [], {f: [] for f in FIGURES}
     for save in save_list:
         ranks = by_tag.get(save["tag"])
         if not ranks:
             continue
         entry: dict = {}
         for f in FIGURES:
-            value, rank = _top([(e["memory"][f], r) for r, e in ranks if e["memory"].get(f) is not None])
+            value, rank = max(((e["memory"][f], r) for r, e in ranks if e["memory"].get(f) is not None),
+                              default=(None, None))
             entry[f] = value
             if f == "peak_added_bytes":
                 entry["rank"] = rank
-            if value is not None:
-                tops[f].append(value)
         overlapped = save.get("in_flight_steps", 0) > 0
         peak = entry["peak_added_bytes"]
         entry["cost_bytes"] = (None if peak is None else peak - step_added if overlapped and step_added is not None
                                else peak)
-        if entry["cost_bytes"] is not None:
-            costs.append(entry["cost_bytes"])
         buffers = [e["memory"]["engine_buffers"] for _, e in ranks if e["memory"].get("engine_buffers")]
         entry["engine_buffers"] = ({k: max(b[k] for b in buffers) for k in buffers[0]} if buffers else None)
         devices = [e["memory"]["device"] for _, e in ranks if e["memory"].get("device")]
@@ -148,14 +138,14 @@ def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict | Non
         save["memory"] = entry
     top = max(((s["memory"]["peak_added_bytes"], s["memory"]["rank"], s["tag"]) for s in save_list
                if (s.get("memory") or {}).get("peak_added_bytes") is not None), default=(None, None, None))
+    made = [s["memory"] for s in save_list if s.get("memory")]
+    costs = [m["cost_bytes"] for m in made if m["cost_bytes"] is not None]
     return {
         "saves": len(costs),
         "peak_added_rank": top[1],
         "peak_added_tag": top[2],
         "step_peak_added_bytes": step_added,
-        "peak_added_bytes_max": max(tops["peak_added_bytes"], default=None),
-        "held_bytes_max": max(tops["held_bytes"], default=None),
-        "retained_bytes_max": max(tops["retained_bytes"], default=None),
+        **{f"{f}_max": max((m[f] for m in made if m[f] is not None), default=None) for f in FIGURES},
         "cost_bytes_median": int(statistics.median(costs)) if costs else None,
         "engine_buffers_bytes_max": max(((s.get("memory") or {}).get("engine_buffers") or {}).get("host_bytes", 0)
                                         for s in save_list) or None,

@@ -19,8 +19,8 @@ from restart_harness.schema import (
 )
 
 
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 6)
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 6) if values else None
 
 
 def mib_s(nbytes: int, seconds: float) -> float | None:
@@ -38,8 +38,9 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str |
     for tag, per_rank in by_tag.items():
         whole = committed.get(tag, {})
         nbytes = whole.get("bytes", sum(r["bytes"] for r in per_rank))
-        blocking = max(r["blocking_seconds"] for r in per_rank)
-        durable = max(r["durable_seconds"] for r in per_rank)
+        nodes = placement.save_per_node(per_rank, where, order) if order else None  # null: the ranks named no hosts
+        blocking, durable, commit = (max(r[k] for r in per_rank) for k in ("blocking_seconds", "durable_seconds",
+                                                                           "commit_seconds"))
         out.append({
             "tag": tag,
             "step": per_rank[0]["step"],
@@ -47,7 +48,7 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str |
             "bytes": nbytes,
             "blocking_seconds": round(blocking, 6),
             "durable_seconds": round(durable, 6),
-            "commit_seconds": round(max(r["commit_seconds"] for r in per_rank), 6),
+            "commit_seconds": round(commit, 6),
             "async": any(r.get("async", False) for r in per_rank),
             "in_flight_steps": max(r.get("in_flight_steps", 0) for r in per_rank),
             # checksums=: the slowest rank's read-back for its files' sha256, after the commit (None: not taken)
@@ -59,27 +60,20 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str |
             "make_durable_seconds": max((r["durability"]["make_durable_seconds"] for r in per_rank
                                          if r.get("durability")), default=None),
             "throughput_mib_s": {"blocking": mib_s(nbytes, blocking), "durable": mib_s(nbytes, durable),
-                                 "commit": mib_s(nbytes, max(r["commit_seconds"] for r in per_rank))},
+                                 "commit": mib_s(nbytes, commit)},
             "per_rank": [
                 {"rank": r["rank"], "blocking_seconds": round(r["blocking_seconds"], 6),
                  "durable_seconds": round(r["durable_seconds"], 6), "files": len(r["files"]), "bytes": r["bytes"]}
                 for r in per_rank
             ],
             "breakdown": breakdown.save(per_rank, root),
-            **_save_nodes(per_rank, where, order),
+            "per_node": nodes,
+            "slowest_node": placement.slowest(nodes, "durable_seconds") if order else None,
         })
     return out
 
 
-def _save_nodes(per_rank: list[dict], where: dict[int, str], order: list[dict] | None) -> dict:
-    """per_node and slowest_node of one save (results/placement.py); null where the ranks recorded no hosts."""
-    if not order:
-        return {"per_node": None, "slowest_node": None}
-    nodes = placement.save_per_node(per_rank, where, order)
-    return {"per_node": nodes, "slowest_node": placement.slowest(nodes, "durable_seconds")}
-
-
-def _load_figures(record, name, load_bytes, load_s, phases, launch) -> dict:
+def _load_figures(record, load_bytes, load_s, phases, launch) -> dict:
     """load_seconds and load_throughput_mib_s. A restart of the checkpoint itself: the checkpoint's bytes over the
     slowest rank's seconds inside the engine's load calls. A restart that reads a converted copy (DeepSpeed's
     universal checkpoint, read outside the engine: DeepSpeed torch.loads it in the optimizer): bytes read (the I/O
@@ -88,14 +82,14 @@ def _load_figures(record, name, load_bytes, load_s, phases, launch) -> dict:
         read = sum(e["io"]["read"]["bytes"] for evs in record.values() for e in evs
                    if e["event"] == "load_anatomy" and e.get("io"))
         seconds = phases.get("checkpoint_load")
-        return {"load_seconds": seconds, "load_bytes": read or None,
-                "load_throughput_mib_s": mib_s(read, seconds) if read and seconds else None,
-                "load_basis": "universal: bytes read by all ranks / checkpoint_load seconds",
-                "layout": launch.get("layout"), "conversion": launch.get("conversion")}
-    return {"load_seconds": round(max(load_s), 6) if load_s else None, "load_bytes": load_bytes,
-            "load_throughput_mib_s": mib_s(load_bytes, max(load_s)) if load_bytes and load_s else None,
-            "load_basis": "checkpoint bytes / slowest rank's seconds in engine.load",
-            "layout": launch.get("layout"), "conversion": launch.get("conversion")}
+        figures = {"load_seconds": seconds, "load_bytes": read or None,
+                   "load_throughput_mib_s": mib_s(read, seconds) if read and seconds else None,
+                   "load_basis": "universal: bytes read by all ranks / checkpoint_load seconds"}
+    else:
+        figures = {"load_seconds": round(max(load_s), 6) if load_s else None, "load_bytes": load_bytes,
+                   "load_throughput_mib_s": mib_s(load_bytes, max(load_s)) if load_bytes and load_s else None,
+                   "load_basis": "checkpoint bytes / slowest rank's seconds in engine.load"}
+    return {**figures, "layout": launch.get("layout"), "conversion": launch.get("conversion")}
 
 
 # The first loss after a restart at another layout may differ from the original layout's by the order of
@@ -140,7 +134,7 @@ def training(record: dict[int, list[dict]], emulated: bool = False) -> dict:
         "max_rss_bytes_per_rank": max(rss) if rss else None,
         "memory": breakdown.memory(record, MEMORY_PHASES_EMULATED if emulated else MEMORY_PHASES_CHECKPOINT),
         "steps": len(steps),
-        "step_seconds_median": round(statistics.median(seconds), 6) if seconds else None,
+        "step_seconds_median": _median(seconds),
         "losses": [round(s["loss"], 6) for s in steps],
         "rss_growth": save_memory.training_growth(record),  # results/save_memory.py: the resident set step by step
         # rank 0's steps in order, for the step timeline (analysis: step_timeline_seconds.png)
@@ -153,13 +147,10 @@ def training(record: dict[int, list[dict]], emulated: bool = False) -> dict:
 
 def _overlap(steps: list[dict]) -> dict:
     """Median step seconds with and without an async flush in flight (rank 0's steps): the overlap cost."""
-    def median(values: list[float]) -> float | None:
-        return round(statistics.median(values), 6) if values else None
-
     busy = [s["seconds"] for s in steps if s.get("in_flight")]
     idle = [s["seconds"] for s in steps if not s.get("in_flight")]
-    return {"steps_in_flight": len(busy), "step_seconds_median_in_flight": median(busy),
-            "step_seconds_median_no_flush": median(idle)}
+    return {"steps_in_flight": len(busy), "step_seconds_median_in_flight": _median(busy),
+            "step_seconds_median_no_flush": _median(idle)}
 
 
 def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict | None,
@@ -195,7 +186,7 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         "cache": cache,
         "environment_cache": launch.get("environment_cache"),  # env_cache= (files/pagecache.py environment())
         "staging": launch.get("staging"),  # env_stage=: the environment's copy (envstage.py), before the launch
-        **_load_figures(record, name, load_bytes, load_s, phases, launch),
+        **_load_figures(record, load_bytes, load_s, phases, launch),
         "exit_code": launch.get("exit_code"),
         "machine_load": launch.get("machine_load"),
         "errors": ev.errors(record),
@@ -210,7 +201,7 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         "per_node": nodes,
         "slowest_node": placement.slowest(nodes, "total_seconds") if nodes else None,
         "trace": trace.summarize(run_dir / "traces" / name, record, list(MEMORY_PHASES_RESTART)) if run_dir else None,
-        "per_rank": [{"rank": r["rank"], "marks": r["marks"], "verify_seconds": _round(r["verify"]["seconds"])
+        "per_rank": [{"rank": r["rank"], "marks": r["marks"], "verify_seconds": round(r["verify"]["seconds"], 6)
                       if r["verify"] else None, "phases": {k: round(v, 6) for k, v in r["phases"].items()}}
                      for r in per_rank],
         "launch_start": launch.get("start"),
@@ -244,15 +235,12 @@ def _engine_load_statistics(record: dict[int, list[dict]]) -> dict | None:
              if e["event"] == "loaded" and e.get("engine_statistics")]
     if not stats:
         return None
-    names = list(dict.fromkeys(k for s in stats for k in s))
-
-    def merged(k: str):
+    out = {}
+    for k in dict.fromkeys(k for s in stats for k in s):
         values = [s[k] for s in stats if k in s]
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-            return sum(values)
-        return values[0]
-
-    return {k: merged(k) for k in names}
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        out[k] = sum(values) if numbers else values[0]
+    return out
 
 
 def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict | None,

@@ -194,14 +194,13 @@ def _baseline_rows(base: BaselineView | None, eff: dict) -> list[tuple[str, str]
 
 def _ceiling_from(c: dict, way: str) -> str:
     """Where a direction's ceiling came from: the direct probe (its shape), or the baseline where that was faster."""
-    d = c["direct"]
+    d, source = c["direct"], c[f"{way}_from"]
     shape = f"{d['request_bytes'] >> 20} MiB x {d['queue_depth']} a rank"
-    if c[f"{way}_from"] == "baseline":
+    if source == "baseline":
         return f"the baseline: the direct probe gave {d[f'{way}_mib_s']:,.0f}"
-    if c[f"{way}_from"] == "buffered":
+    if source == "buffered":
         return f"buffered, {shape}: O_DIRECT gave {d[f'{way}_mib_s']:,.0f}"
-    io = "O_DIRECT" if d.get("o_direct") else "buffered"
-    return f"{io}, {shape}"
+    return f"{'O_DIRECT' if d.get('o_direct') else 'buffered'}, {shape}"
 
 
 # the words of this summary a newcomer would stop at, each said once at its end where the summary used it
@@ -318,25 +317,21 @@ def _restart_rows(restarts: tuple[RestartView, ...]) -> list[tuple[str, str]]:
     restarts that started otherwise are never pooled into one figure."""
     if len(restarts) < 2:
         return []
-    rows = []
+    rows, own = [], {}
     for r in restarts:
-        took = (f"{_s(r.total_seconds)} + {_s(r.launch_seconds)} launcher"
-                if r.total_seconds is not None and r.launch_seconds is not None else "-")
+        timed = r.total_seconds is not None and r.launch_seconds is not None
+        took = f"{_s(r.total_seconds)} + {_s(r.launch_seconds)} launcher" if timed else "-"
         verdict = "verified" if r.verified else "NOT verified" if r.verified is False else "failed"
         rows.append((f"  {r.record}", f"{(r.layout or {}).get('loaded') or '-'} ({_restart_conditions(r)}), cache "
                                       f"{(r.cache or {}).get('observed', '-')}: {took}, {verdict}"))
-    own: dict[str, list[float]] = {}
-    for r in restarts:
-        if r.verified and r.total_seconds is not None and r.launch_seconds is not None and r.at_own_layout():
+        if r.verified and timed and r.at_own_layout():
             own.setdefault(_restart_conditions(r), []).append(r.total_seconds + r.launch_seconds)
+    head = f"{len(restarts)} of this checkpoint"
     if own:
         medians = " | ".join(f"{_s(statistics.median(v))} over {len(v)} ({c})" for c, v in own.items())
         apart = "; not pooled: their launcher or cache settings differ" if len(own) > 1 else ""
-        rows.insert(0, ("restarts", f"{len(restarts)} of this checkpoint; at its own layout, verified, median with "
-                                    f"launcher: {medians}{apart}"))
-    else:
-        rows.insert(0, ("restarts", f"{len(restarts)} of this checkpoint"))
-    return rows
+        head += f"; at its own layout, verified, median with launcher: {medians}{apart}"
+    return [("restarts", head), *rows]
 
 
 def _prediction_rows(checked: PredictionView | None) -> list[tuple[str, str]]:

@@ -1,11 +1,6 @@
-"""dftracer traces (trace=true) -> per phase I/O summaries in summary.json. The raw traces stay in
-traces/<record>/ (one compressed JSON-lines file per process, dftracer's format: Chrome trace events with `ts` and
-`dur` in microseconds since the epoch). Each event is given to the rank whose process wrote it (the rank's `process`
-event names its pid) and to the phase of that rank whose window holds the event's start.
-
-Per phase: operations by name, bytes read and written (the calls' return values), request sizes (power-of-two
-buckets, as the anatomy's), seconds inside I/O calls (summed over calls), distinct files opened, metadata operations
-(opens, closes, seeks, stats and other calls that move no data)."""
+"""dftracer traces (trace=true) -> per phase I/O summaries in summary.json (docs/anatomy.md): each event given to the
+rank whose process wrote it and to that rank's phase whose window holds the event's start; the raw traces stay in
+traces/<record>/."""
 
 from __future__ import annotations
 
@@ -28,8 +23,11 @@ def _records(folder: Path):
     for path in sorted(folder.glob("*.pfw*")):
         try:
             raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-        except (OSError, EOFError, zlib.error):
-            raw = _partial_gzip(path)
+        except (OSError, EOFError, zlib.error):  # a writer killed before it finished: what can be decompressed
+            try:
+                raw = zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(path.read_bytes())
+            except zlib.error:
+                raw = b""
         for line in raw.decode(errors="replace").splitlines():
             line = line.strip().rstrip(",")
             if not line.startswith("{"):
@@ -56,21 +54,8 @@ def read_events(folder: Path) -> list[dict]:
     return out
 
 
-def _partial_gzip(path: Path) -> bytes:
-    """What can be decompressed of a gzip file whose writer was killed before it finished."""
-    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    try:
-        return d.decompress(path.read_bytes())
-    except zlib.error:
-        return b""
-
-
 def _bucket(n: int) -> int:
-    b, s = 0, n >> 10
-    while s and b < iocount.HIST_BUCKETS - 1:
-        s >>= 1
-        b += 1
-    return b
+    return min((n >> 10).bit_length(), iocount.HIST_BUCKETS - 1)  # iocount's buckets: < 1 KiB, then powers of two
 
 
 def _empty() -> dict:
@@ -136,10 +121,8 @@ def summarize(folder: Path, record: dict[int, list[dict]], phases: list[tuple[st
         "tool": "dftracer",
         "events": len(events),
         "raw": str(folder),
-        "phases": {name: _render(acc) for name, acc in sorted(by_phase.items(),
-                                                                 key=lambda kv: (kv[0] not in order,
-                                                                                 order.index(kv[0]) if kv[0] in order
-                                                                                 else 0, kv[0]))},
+        "phases": {name: _render(acc) for name, acc in sorted(
+            by_phase.items(), key=lambda kv: (kv[0] not in order, order.index(kv[0]) if kv[0] in order else 0, kv[0]))},
         "outside_phases": _render(unplaced),
         "per_rank": {str(rank): _render(acc) for rank, acc in sorted(by_rank.items())},
     }

@@ -40,9 +40,7 @@ def _r(x: float) -> float:
 def baseline(steps: list[dict]) -> dict:
     """The step time without checkpointing: median and spread of the steps with no flush in flight, the first left
     out; `seconds` None when there is none."""
-    if not steps:
-        return {"seconds": None, "steps": 0, "mad_seconds": None}
-    first = min(s["step"] for s in steps)
+    first = min((s["step"] for s in steps), default=None)
     clean = [s["seconds"] for s in steps if not s.get("in_flight") and s["step"] != first]
     if not clean:
         return {"seconds": None, "steps": 0, "mad_seconds": None}

@@ -1,4 +1,7 @@
-"""Typed views of summary.json for its readers (the terminal: results/terminal.py), built in one place (View.of)."""
+"""Typed views of summary.json for its readers (the terminal: results/terminal.py): each reads one of the summary's
+objects by its field names, in one place (View.of), and is read by attribute. A field an older summary lacks is None
+(a list of views, empty); a key a view does not name is left out. Details the views do not name stay the summary's
+own dicts (a restart's layout, a save's breakdown: docs/results.md)."""
 
 from __future__ import annotations
 
@@ -9,10 +12,6 @@ from typing import ClassVar
 from restart_harness.schema import restart_conditions
 
 
-# Typed views of summary.json for its readers (the terminal: results/terminal.py): each reads one of the summary's
-# objects by its field names, in one place (View.of), and is read by attribute. A field an older summary lacks is None
-# (a list of views, empty); a key a view does not name is left out. Details the views do not name stay the summary's
-# own dicts (a restart's layout, a save's breakdown: docs/results.md).
 @dataclass(frozen=True)
 class View:
     NESTED: ClassVar[dict] = {}  # field -> the view of its object, or [view] for a list of them

@@ -8,6 +8,7 @@ import math
 import os
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,19 +78,16 @@ def check(request: StudyRequest) -> Study:
     sizes.predict_cells(cells, store, target)
     for cell in cells:
         cell.runs_here = _runs_here(cell, device)
-    free = sample.target.storage_probe().free_bytes()
-    disk = o.disk or max(1, (free or 0) // 2, (free or 0) - KEEP_FREE_BYTES)
+    free = sample.target.storage_probe().free_bytes() or 0
+    disk = o.disk or max(1, free // 2, free - KEEP_FREE_BYTES)
     load = machine.load_now()
-    factor = prior_factor(load)
-    if previous and previous.get("factor", {}).get("ratios"):
-        factor = round(statistics.median(previous["factor"]["ratios"]), 2)
+    ratios = list(((previous or {}).get("factor") or {}).get("ratios") or [])
+    factor = round(statistics.median(ratios), 2) if ratios else prior_factor(load)
     run_words = [w for w in request.run_tokens if not w.startswith("device=")] + [f"device={device}"]
     sizing = sizes.Sizing(disk, store, cpus, factor, o.fidelity, run_words, local)
     planning = time.time() - started
     study = Study(request, cells, notes, sizing, started, planning, load, target,
-                  folder=Path(o.resume).expanduser() if o.resume else None, previous=previous)
-    if previous:
-        study.ratios = list(previous.get("factor", {}).get("ratios") or [])
+                  folder=Path(o.resume).expanduser() if o.resume else None, previous=previous, ratios=ratios)
     least = planning + REPORT_SECONDS
     if o.time_limit * 60 < least:
         raise UsageError(f"time_limit={o.time_limit:g} min: the planned-only table alone takes ~{sizes.clock(least)} "
@@ -209,10 +207,8 @@ def _check_named(study: Study) -> None:
                          "fidelity=auto, or fewer models, strategies or engines")
 
 
-
 def factor_now(study: Study) -> float:
     return round(statistics.median(study.ratios), 2) if study.ratios else study.sizing.factor
-
 
 
 # ---- records -----------------------------------------------------------------------------------------------------
@@ -292,13 +288,8 @@ def render_plan(study: Study) -> str:
         not_more = f"  (not more: {last})" if c.option.reason else ""
         lines.append(f"  {cell_text(c):<46} {c.option.text:<24} ~{sizes.clock(c.option.seconds * sizing.factor):>8} "
                      f"{size_text(c.option.bytes):>10}" + not_more)
-    reasons: dict[str, int] = {}
-    for c in cells:
-        if c.option.mode == "predicted" and c.state == "planned":
-            why = c.option.why or sizes.shorten(c.option.reason, 90)
-            reasons[why] = reasons.get(why, 0) + 1
+    reasons = Counter(c.option.why or sizes.shorten(c.option.reason, 90) for c in cells
+                      if c.option.mode == "predicted" and c.state == "planned")
     for why, n in reasons.items():
         lines.append(f"[study] planned and predicted only: {n} cells: {why}")
     return "\n".join(lines)
-
-

@@ -120,16 +120,13 @@ def kind_of(tp: int, pp: int, dp: int) -> str:
     return " x ".join(parts) if parts else "one GPU"
 
 
-def _powers(limit: int) -> list[int]:
-    return [1 << i for i in range(limit.bit_length()) if 1 << i <= limit]
-
-
 def auto_layouts(shape, gpus: int, per_node: int, vocab: str) -> tuple[list[Layout], list[Layout]]:
     """(the named ones, the others) for this many GPUs, before the GPUs' memory is considered. Named: pure data,
     tensor and pipeline parallel, tensor x pipeline, and all three, in that order; tensor parallel within a node (a
     power of two dividing heads, kv heads, FFN, vocabulary), pipeline stages of equal layers, data parallel filling
     the rest. The others: every other such layout, data parallel 1 first."""
-    tps = [t for t in _powers(min(gpus, per_node)) if gpus % t == 0 and tp_refusal(shape, t, vocab) is None]
+    tps = [t for t in (1 << i for i in range(min(gpus, per_node).bit_length()))
+           if gpus % t == 0 and tp_refusal(shape, t, vocab) is None]
     pps = [p for p in range(1, gpus + 1) if gpus % p == 0 and pp_refusal(shape, p) is None]
     T, P = max(tps), max(pps)
     wanted = [(1, 1), (T, 1), (1, P)]
@@ -140,8 +137,7 @@ def auto_layouts(shape, gpus: int, per_node: int, vocab: str) -> tuple[list[Layo
     every = [(t, p) for t in sorted(tps, reverse=True) for p in sorted(pps)
              if gpus % (t * p) == 0]  # the rest, dp=1 first below
     every.sort(key=lambda tp_pp: (gpus // (tp_pp[0] * tp_pp[1]), -tp_pp[0]))
-    named: list[Layout] = []
-    others: list[Layout] = []
+    named, others = [], []
     for i, (t, p) in enumerate([*wanted, *every]):
         layout = Layout(t, p, gpus // (t * p), kind_of(t, p, gpus // (t * p)))
         if layout not in named and layout not in others:
@@ -154,9 +150,7 @@ def user_layouts(shape, model: str, gpus: int, strategies: list[Strategy], vocab
     a strategy whose degrees do not make this GPU count is left out of it."""
     out = []
     for s in strategies:
-        if why := tp_refusal(shape, s.tp, vocab):
-            raise UsageError(f"strategies={s.text}: for {model}: {why}")
-        if why := pp_refusal(shape, s.pp):
+        if why := tp_refusal(shape, s.tp, vocab) or pp_refusal(shape, s.pp):
             raise UsageError(f"strategies={s.text}: for {model}: {why}")
         dp = s.dp if s.dp is not None else gpus // (s.tp * s.pp)
         if s.tp * s.pp * dp != gpus or dp < 1:
@@ -291,14 +285,14 @@ def build_cells(request: StudyRequest) -> tuple[list[Cell], list[str]]:
                         least = (need, layout.label, gpus)
                     continue
                 kept.append(layout)
-            if request.strategies is None and ref is None:
-                kept = _auto_pick([lay for lay in kept if lay in named], [lay for lay in kept if lay not in named])
+            if request.strategies is None and ref is None:  # the placeable named ones, made up to MIN_STRATEGIES
+                others = [lay for lay in kept if lay not in named]
+                kept = [lay for lay in kept if lay in named]
+                kept += others[:max(0, MIN_STRATEGIES - len(kept))]
             if not kept:
-                if layouts:
-                    notes.append(f"{model} on {gpus} GPUs: no strategy's model state fits a GPU of "
-                                 f"{o.gpu_memory_gib:g} GiB (gpu_memory_gib=)")
-                else:
-                    notes.append(f"{model} on {gpus} GPUs: none of strategies={o.strategies} makes {gpus} GPUs")
+                notes.append(f"{model} on {gpus} GPUs: " + (
+                    f"no strategy's model state fits a GPU of {o.gpu_memory_gib:g} GiB (gpu_memory_gib=)" if layouts
+                    else f"none of strategies={o.strategies} makes {gpus} GPUs"))
                 continue
             placed_any = True
             for layout in kept:
@@ -311,11 +305,6 @@ def build_cells(request: StudyRequest) -> tuple[list[Cell], list[str]]:
         if not placed_any:
             raise UsageError(_unplaceable(model, request, least))
     return cells, notes
-
-
-def _auto_pick(named: list[Layout], others: list[Layout]) -> list[Layout]:
-    """The placeable named layouts, made up to MIN_STRATEGIES from the other placeable ones."""
-    return named + others[:max(0, MIN_STRATEGIES - len(named))]
 
 
 def _unplaceable(model: str, request: StudyRequest, least: tuple | None) -> str:
@@ -341,12 +330,9 @@ def _fits_some(model: str, gpus: int, request: StudyRequest) -> bool:
         nodes, per_node = placement(gpus, o.gpus_per_node)
     except UsageError:
         return False
-    named, others = auto_layouts(shape, gpus, per_node, o.vocab)
-    for layout in [*named, *others]:
-        spec = _spec(model, layout, nodes, per_node, "default", shape, o, [], "cpu")
-        if state_bytes_per_gpu(spec) <= o.gpu_memory_gib * GIB:
-            return True
-    return False
+    return any(state_bytes_per_gpu(_spec(model, layout, nodes, per_node, "default", shape, o, [], "cpu"))
+               <= o.gpu_memory_gib * GIB
+               for layouts in auto_layouts(shape, gpus, per_node, o.vocab) for layout in layouts)
 
 
 def _engine_device(engine, device, *cell) -> str:

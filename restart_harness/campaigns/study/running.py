@@ -7,6 +7,7 @@ import dataclasses
 import signal
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 from restart_harness import resolve
@@ -171,19 +172,14 @@ def _discard(study: Study, cell: Cell) -> None:
 def main(study: Study) -> int:
     folder = run(study)
     recorded = read_json(folder / STUDY)
-    counts: dict[str, int] = {}
-    for c in recorded["cells"]:
-        mode = c["option"]["mode"] if c["state"] == "complete" else ("predicted" if c["state"] == "planned"
-                                                                     else c["state"])
-        counts[mode] = counts.get(mode, 0) + 1
+    counts = Counter(c["option"]["mode"] if c["state"] == "complete" else "predicted" if c["state"] == "planned"
+                     else c["state"] for c in recorded["cells"])
     print(f"study {recorded['study_id']}: {recorded['state']}; {len(recorded['cells'])} cells: "
           + ", ".join(f"{n} {m}" for m, n in counts.items()))
     for c in recorded["cells"]:
-        ref = c.get("reference")
-        if ref:
+        if ref := c.get("reference"):
             plan = c["plan"]
-            names = sorted(f[0] for f in plan["files"])
-            same = names == sorted(ref["files"])
+            same = sorted(f[0] for f in plan["files"]) == sorted(ref["files"])
             gb = plan["total_bytes"] / 1e9
             print(f"reference {c['id']}: planner {gb:.2f} GB in {plan['total_files']} files; the reference study's log "
                   f"{ref['checkpoint_gb']:.2f} GB in {len(ref['files'])} files"

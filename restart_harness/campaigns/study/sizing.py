@@ -93,13 +93,12 @@ def predict_cells(cells: list[Cell], store: dict, target: dict) -> None:
                          store.get("metadata_ops_per_s"), store.get("env_metadata_ops_per_s"))
             shared[key] = (plan_record(plugins), f, made)
         else:
-            plan, f, first = shared[key]
+            _, f, first = shared[key]
             calibration = calibrations.setdefault(cell.spec.calibration, fit.load(cell.spec.calibration))
             made = {**first, **prediction_model.predict(plugins, f, calibration)}
             made["note"] = sorted(set(made.pop("notes")) | {n for n in first["note"] if n.startswith("start-up")})
-        plan = dict(shared[key][0])
-        plan["names"] = ("predicted" if engine.planned_names else "sizes only") if engine.saves else "none"
-        cell.plan = plan
+        cell.plan = {**shared[key][0], "names": ("predicted" if engine.planned_names else "sizes only")
+                     if engine.saves else "none"}
         cell.prediction = {"device": spec.device, "calibration": made["calibration"],
                            "storage": made["storage"], "phases": made["phases"], "note": made["note"]}
 
@@ -163,10 +162,9 @@ def evaluate(cell: Cell, mode: str, shrink: int, emulate: bool, sizing: Sizing) 
     if key in sizing.cache:
         return sizing.cache[key]
     words = [w for w in cell.tokens if not w.startswith(("nodes=", "ranks_per_node="))]
-    if sizing.local and cell.nodes > 1:  # a launcher that starts ranks here: every rank on this node
-        words += ["nodes=1", f"ranks_per_node={cell.gpus}"]
-    else:
-        words += [f"nodes={cell.nodes}", f"ranks_per_node={cell.per_node}"]
+    # a launcher that starts ranks here: every rank on this node
+    nodes, per_node = (1, cell.gpus) if sizing.local and cell.nodes > 1 else (cell.nodes, cell.per_node)
+    words += [f"nodes={nodes}", f"ranks_per_node={per_node}"]
     words += [f"emulate={'true' if emulate else 'false'}", f"shrink={shrink}"]
     if emulate and sizing.local and not any(w.startswith("emulate_memory_gib=") for w in words):
         # runs one after another, unattended, on a machine others may share: less of its memory than a lone run's 60%
@@ -232,11 +230,8 @@ def choose(cell: Cell, allowance: float, sizing: Sizing, least: bool = False) ->
 def cheapest(cell: Cell, sizing: Sizing, why: list[str] | None = None) -> Option | None:
     """The least costly option of the cell that runs here, fits the disk and has a predicted time (None: none)."""
     why = [] if why is None else why
-    for candidate in reversed(_ladder(cell, "auto")):
-        o = evaluate(cell, *candidate, sizing)
-        if _fits(o, sizing, why):
-            return o
-    return None
+    options = (evaluate(cell, *candidate, sizing) for candidate in reversed(_ladder(cell, "auto")))
+    return next((o for o in options if _fits(o, sizing, why)), None)
 
 
 def _fits(o: Option, sizing: Sizing, why: list[str]) -> bool:

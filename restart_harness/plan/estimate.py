@@ -1,12 +1,6 @@
 """`./submit-job.sh plan MODEL ... [plan=json] [bandwidth_gbps=X]`: the checkpoint a run would write, and what
-saving and restarting it would cost at a given storage bandwidth. Launches nothing, writes nothing.
-
-Estimate (docs/planner.md): the storage's bandwidth is an aggregate shared by all ranks, so
-    save_seconds            = total_bytes / write bandwidth
-    restart_read_seconds    = restart_read_bytes / read bandwidth
-where restart_read_bytes counts what each rank reads from storage of the files its load_checkpoint loads (plan/checkpoint.py
-restart_reads; all of each by default, less where the engine says so: engine=lazy's broadcast load, FileLayout.restart_read_bytes).
-"""
+saving and restarting it would cost at a given storage bandwidth (docs/planner.md: the storage's bandwidth is an
+aggregate shared by all ranks). Launches nothing, writes nothing."""
 
 from __future__ import annotations
 

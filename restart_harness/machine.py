@@ -151,15 +151,21 @@ def _node_defaults(spec, dry_run: bool) -> dict:
     return changes
 
 
-def cpu_model() -> str | None:
-    """This machine's CPU model as the kernel names it (/proc/cpuinfo `model name`), or None."""
+def _cpuinfo(field: str) -> str | None:
+    """The value of the first CPU's `field` in /proc/cpuinfo, or None where it cannot be read."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return " ".join(line.split(":", 1)[1].split())
+            if line.startswith(field):
+                return line.split(":", 1)[1]
     except OSError:
         pass
     return None
+
+
+def cpu_model() -> str | None:
+    """This machine's CPU model as the kernel names it (/proc/cpuinfo `model name`), or None."""
+    model = _cpuinfo("model name")
+    return None if model is None else " ".join(model.split())
 
 
 def gpu_model() -> str | None:
@@ -185,13 +191,7 @@ def device_facts(device: str) -> dict:
 
 def cpu_flags() -> set[str]:
     """The instruction-set flags of this machine's first CPU (/proc/cpuinfo); empty where it cannot be read."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set((_cpuinfo("flags") or "").split())
 
 
 def bf16_matmul_is_slow() -> bool:
@@ -212,23 +212,11 @@ def _version(package: str) -> str | None:
 def facts(checkpoint_path: Path) -> dict:
     """spec.json's versions, host and checkpoint_filesystem (of the folder holding the run's checkpoint folder)."""
     return {
-        "versions": {
-            "python": platform.python_version(),
-            "torch": _version("torch"),
-            "deepspeed": _version("deepspeed"),
-            "restart_harness": restart_harness.__version__,
-        },
-        "host": {
-            "hostname": socket.gethostname(),
-            "kernel": platform.release(),
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-            "memory_bytes": kernel_memory.meminfo("MemTotal:"),
-            "cpu_avx512": "avx512f" in cpu_flags(),
-            "cpu_model": cpu_model(),
-            "gpu_model": gpu_model(),
-            "gpus": nvidia_devices(),
-            "user_is_root": os.geteuid() == 0,
-        },
+        "versions": {"python": platform.python_version(), "torch": _version("torch"),
+                     "deepspeed": _version("deepspeed"), "restart_harness": restart_harness.__version__},
+        "host": {"hostname": socket.gethostname(), "kernel": platform.release(), "machine": platform.machine(),
+                 "cpus": os.cpu_count(), "memory_bytes": kernel_memory.meminfo("MemTotal:"),
+                 "cpu_avx512": "avx512f" in cpu_flags(), "cpu_model": cpu_model(), "gpu_model": gpu_model(),
+                 "gpus": nvidia_devices(), "user_is_root": os.geteuid() == 0},
         "checkpoint_filesystem": filesystem(checkpoint_path),
     }

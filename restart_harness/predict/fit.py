@@ -28,7 +28,6 @@ from restart_harness.schema import MIB, span
 
 SCHEMA_VERSION = 1
 CALIBRATIONS = Path(__file__).resolve().parents[2] / "configs" / "calibration"
-DEFAULT = "default"
 
 
 def path_of(name: str) -> Path:

@@ -352,7 +352,8 @@ def _check_model_split(spec: RunSpec) -> None:
               ("intermediate_size", s.intermediate_size), ("vocab_size", s.vocab_size)]
     for name, value in checks:
         if value % tp:
-            hint = " (key/value heads are split across TP ranks, not replicated)" if name == "num_key_value_heads" else ""
+            hint = (" (key/value heads are split across TP ranks, not replicated)" if name == "num_key_value_heads"
+                    else "")
             raise UsageError(f"tp={tp} does not divide {name}={value}{hint}; accepted: tp dividing "
                              + ", ".join(f"{n}={v}" for n, v in checks))
     if spec.pp > s.num_hidden_layers:

@@ -299,37 +299,25 @@ def _check_mlperf(tokens: list[str]):
         request.spec = machine.resolve(request.spec)
         request.plugins = preflight.run(request.spec, fixed_layout=f"the workload {request.workload.name}")
         mlperf.check(request)
-    return request
-
-
-def _mlperf(request) -> int:
-    from restart_harness.campaigns import mlperf
-
-    return mlperf.main(request)
+    return mlperf, request
 
 
 def _check_study(tokens: list[str]):
     from restart_harness.campaigns import study
 
-    return study.check(parse.parse_study(tokens))
-
-
-def _study(checked) -> int:
-    from restart_harness.campaigns import study
-
-    return study.main(checked)
+    return study, study.check(parse.parse_study(tokens))
 
 
 def _check_endure(tokens: list[str]):
     from restart_harness.campaigns import endure
 
-    return endure.check(tokens)
+    return endure, endure.check(tokens)
 
 
-def _endure(request) -> int:
-    from restart_harness.campaigns import endure
-
-    return endure.main(request)
+def _campaign(checked) -> int:
+    """mlperf, study, endure: the campaign's module runs what its check returned."""
+    campaign, request = checked
+    return campaign.main(request)
 
 
 COMMANDS: dict[str, Command] = {
@@ -343,7 +331,7 @@ COMMANDS: dict[str, Command] = {
     "clean": Command(_check_clean, _clean),
     "report": Command(lambda tokens: tokens, _report),  # analysis/report.py refuses its own mistakes (exit 2)
     "matrix": Command(_check_matrix, _matrix, launches=True),
-    "mlperf": Command(_check_mlperf, _mlperf, launches=True),
-    "study": Command(_check_study, _study, launches=True),
-    "endure": Command(_check_endure, _endure, launches=True),
+    "mlperf": Command(_check_mlperf, _campaign, launches=True),
+    "study": Command(_check_study, _campaign, launches=True),
+    "endure": Command(_check_endure, _campaign, launches=True),
 }

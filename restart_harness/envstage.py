@@ -102,7 +102,7 @@ def stage(folder: str | Path, name: str) -> Staged:
             subprocess.run([cp, "-a", str(env), str(dest / "env")], check=True, capture_output=True, text=True)
         else:
             shutil.copytree(env, dest / "env", symlinks=True)
-        (dest / "torch_extensions").mkdir()  # JIT-built ops are built here again (the module's docstring says why)
+        (dest / "torch_extensions").mkdir()  # JIT-built ops are built here again (docs/restart-io.md says why)
         os.sync()  # the copy is on the storage, as a staged environment would be before a job starts
     except subprocess.CalledProcessError as exc:
         shutil.rmtree(dest, ignore_errors=True)

@@ -10,7 +10,7 @@ import os
 import signal
 import time
 
-# action -> the points it is injected at (the table above); the selectors a fault takes
+# action -> the points it is injected at (docs/faults.md); the selectors a fault takes
 FAULTS = {"kill": ("save", "flush"), "hang": ("step",), "enospc": ("save",), "fill": ("step",), "leak": ("save",),
           "tear": ("commit",)}
 SELECTORS = ("rank", "step", "node", "mib")
@@ -102,13 +102,7 @@ def _tear(path: str) -> None:
 def _fill(path: str) -> None:
     block = b"\xff" * (1 << 20)
     with open(path, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(block)
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-        for size in (1 << 16, 1 << 12, 1):  # the last partial blocks too: nothing may be left
+        for size in (1 << 20, 1 << 16, 1 << 12, 1):  # whole blocks, then the last partial ones: nothing may be left
             try:
                 while True:
                     f.write(block[:size])

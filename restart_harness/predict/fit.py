@@ -176,11 +176,8 @@ def _fit_phase(phase: Phase, observations: list[dict]) -> dict:
         free = [i for i in range(len(phase.terms)) if i not in given_at]
         given = [sum(x[i] for i in given_at) for x, *_ in rows]
         coef_free = nonnegative_fit([[x[i] for i in free] for x, *_ in rows], [r[1] for r in rows], given)
-        coef = [0.0] * len(phase.terms)
-        for i, c in zip(free, coef_free):
-            coef[i] = c
-        for i in given_at:
-            coef[i] = 1.0
+        by_free = dict(zip(free, coef_free))
+        coef = [1.0 if i in given_at else by_free[i] for i in range(len(phase.terms))]
         ratios = [y / max(sum(c * v for c, v in zip(coef, x)), 1e-12) for x, y, *_ in rows]
         errors = [abs(1 / r - 1) for r in ratios]
         fitted[group] = {
@@ -189,8 +186,7 @@ def _fit_phase(phase: Phase, observations: list[dict]) -> dict:
                                  for i, t in enumerate(phase.terms)
                                  if coef[i] > 0 and t.name != "fixed" and i not in given_at},
             "ratio_range": [round(_quantile(ratios, 0.1), 4), round(_quantile(ratios, 0.9), 4)],
-            "runs": len(rows),
-            "given": [t for t in given_names if t in {term.name for term in phase.terms}],
+            "runs": len(rows), "given": [t for t in given_names if t in {term.name for term in phase.terms}],
             "median_abs_rel_error": round(statistics.median(errors), 4),
             "conditions": _span_of([r[4] for r in rows]),
         }
@@ -227,16 +223,14 @@ def calibrate(paths: list[Path], device: str = "all", base: dict | None = None) 
     hosts = {(o["features"].cpus_per_node) for o in used}
     devices = {json.dumps(o["device"], sort_keys=True): o["device"] for o in used}
     made = {
-        "schema_version": SCHEMA_VERSION,
-        "fitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "schema_version": SCHEMA_VERSION, "fitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus_per_node": sorted(hosts)},
         # the devices its runs computed on: a prediction for another says so beside every figure (forecast.py)
         "devices": [devices[k] for k in sorted(devices)],
         "definition": "phase_seconds = sum of coefficient x term; ratio_range: the 10th and 90th percentiles of "
                       "measured / fitted over these runs (min and max under 5 runs); conditions: the ranks per core "
                       "and the share of the CPUs other work used while its runs ran; docs/prediction.md",
-        "runs": [o["run"] for o in used],
-        "skipped": {o["run"]: o["skipped"] for o in seen if "skipped" in o},
+        "runs": [o["run"] for o in used], "skipped": {o["run"]: o["skipped"] for o in seen if "skipped" in o},
         "phases": {name: _fit_phase(phase, used) for name, phase in PHASES.items()},
     }
     return made if base is None else _onto(base, made)

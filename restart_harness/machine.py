@@ -1,6 +1,6 @@
 """This machine, and where this process runs on it: facts recorded in spec.json (software versions, host, the
-checkpoint's file system; no torch import: package metadata), and the one step that completes a RunSpec against it (resolve): what `auto` means here, before anything is checked or
-created."""
+checkpoint's file system; no torch import: package metadata), and the one step that completes a RunSpec against it
+(resolve): what `auto` means here, before anything is checked or created."""
 
 from __future__ import annotations
 
@@ -93,11 +93,6 @@ def available_memory_bytes() -> int | None:
     return kernel_memory.available_bytes()
 
 
-def default_emulate_memory_gib() -> float:
-    """60% of the memory this node has available now."""
-    return round(EMULATE_MEMORY_FRACTION * (available_memory_bytes() or 8 << 30) / 2**30, 3)
-
-
 def paths(options):
     """A spec's (or a command's options') every declared path as this machine will use it, resolved once: `~` and
     `~user` expanded; UsageError naming the key and the value where it cannot be used (no such user, a loop of
@@ -136,18 +131,16 @@ def complete_in_job(spec):
     return dataclasses.replace(spec, **changes) if changes else spec
 
 
-def threads_per_rank(ranks_per_node: int) -> int:
-    """This node's CPUs shared by its ranks, at least one each."""
-    return max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-               // max(1, ranks_per_node))
-
-
 def _node_defaults(spec, dry_run: bool) -> dict:
+    """threads: this node's CPUs shared by its ranks, at least one each; emulate_memory_gib: 60% of the memory this
+    node has available now."""
     changes: dict = {}
     if spec.threads is None:
-        changes["threads"] = threads_per_rank(spec.ranks_per_node)
+        changes["threads"] = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
+                                     os.cpu_count() or 1) // max(1, spec.ranks_per_node))
     if spec.emulate and spec.emulate_memory_gib is None and not dry_run:
-        changes["emulate_memory_gib"] = default_emulate_memory_gib()
+        free = available_memory_bytes() or 8 << 30
+        changes["emulate_memory_gib"] = round(EMULATE_MEMORY_FRACTION * free / 2**30, 3)
     return changes
 
 

@@ -48,13 +48,6 @@ def load(name: str, key: str = "calibration") -> dict:
     return data
 
 
-def _solve_for(rows: list[list[float]], y: list[float]) -> list[float] | None:
-    """Least squares (numpy's); None where the columns are linearly dependent."""
-    a = np.asarray(rows, dtype=float)
-    solution, _, rank, _ = np.linalg.lstsq(a, np.asarray(y, dtype=float), rcond=None)
-    return None if rank < a.shape[1] else solution.tolist()
-
-
 def nonnegative_fit(x: list[list[float]], y: list[float], given: list[float] | None = None) -> list[float]:
     """Coefficients >= 0 minimising the sum of squared relative errors ((x.c + given - y) / y)^2 (y > 0), where
     `given` is the part of each y that is not fitted (the storage's own time; zero if None)."""
@@ -70,12 +63,12 @@ def nonnegative_fit(x: list[list[float]], y: list[float], given: list[float] | N
         for subset in itertools.combinations(range(k), size):
             if len(y) < size:
                 continue
-            sub = [[row[i] for i in subset] for row in unit]
-            sol = _solve_for(sub, target)
-            if sol is None or min(sol) < 0:
+            sub = np.asarray([[row[i] for i in subset] for row in unit], dtype=float)
+            sol, _, rank, _ = np.linalg.lstsq(sub, np.asarray(target, dtype=float), rcond=None)
+            if rank < size or min(sol) < 0:  # linearly dependent columns, or a negative coefficient
                 continue
             coef = [0.0] * k
-            for i, c in zip(subset, sol):
+            for i, c in zip(subset, sol.tolist()):
                 coef[i] = c / norms[i]
             err = sum((sum(c * v for c, v in zip(coef, row)) - t) ** 2 for row, t in zip(scaled, target))
             if err < best_err - 1e-12:

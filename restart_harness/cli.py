@@ -14,7 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from restart_harness import machine, preflight, resolve
+from restart_harness.command import parse
+from restart_harness.command.help import TOPICS, command_usage, usage
 from restart_harness.errors import UsageError, exit_code, refused
+from restart_harness.spec import environment
 
 HELP = ("-h", "--help")
 
@@ -22,8 +26,6 @@ HELP = ("-h", "--help")
 def _help_wanted(argv: list[str]) -> str | None:
     """`--help` / `help`: all; `CMD --help` / `help CMD`: that command's; `MODEL --help`: a run's (a sweep's with a
     comma list); any other word with a help word: refused, naming it and the commands."""
-    from restart_harness.command.help import TOPICS
-
     if argv and argv[0] in HELP or argv == ["help"]:
         return "all"
     if argv and argv[0] == "help":
@@ -34,8 +36,6 @@ def _help_wanted(argv: list[str]) -> str | None:
         return None
     if argv[0] in TOPICS:
         return argv[0]
-    from restart_harness.command import parse
-
     words = [a for a in argv if a not in HELP]
     try:
         if "=" not in argv[0]:  # `key=value --help`: a run's keys
@@ -60,13 +60,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
-    from restart_harness.command import parse
-    from restart_harness.spec import environment
-
     try:
         if wanted := _help_wanted(argv):
-            from restart_harness.command.help import command_usage, usage
-
             print(usage() if wanted == "all" else command_usage(wanted))
             return 0
         environment.read()  # RH_FAULT, RH_STRACE, ...: a bad value is refused here, for every command
@@ -93,16 +88,10 @@ class Command:
 
 # ---- run, sweep, restart -----------------------------------------------------------------------------------------
 def _check_run(tokens: list[str]):
-    from restart_harness import machine, preflight
-    from restart_harness.command import parse
-
     return preflight.run(machine.resolve(parse.parse_run(tokens)[0]))
 
 
 def _check_sweep(tokens: list[str]):
-    from restart_harness import machine, preflight
-    from restart_harness.command import parse
-
     request = parse.parse_sweep(tokens)
     request.combos = [dataclasses.replace(c, spec=machine.resolve(c.spec)) for c in request.combos]
     for combo in request.combos:
@@ -114,9 +103,6 @@ def _check_sweep(tokens: list[str]):
 
 
 def _check_restart(tokens: list[str]):
-    from restart_harness import machine, preflight
-    from restart_harness.command import parse
-
     request = parse.parse_restart(tokens, machine.complete_in_job)
     return dataclasses.replace(request, integrity=preflight.restart(request))
 
@@ -168,9 +154,6 @@ def _sweep(request) -> int:
 
 # ---- commands that launch nothing, and the campaigns -----------------------------------------------------------------
 def _check_plan(tokens: list[str]):
-    from restart_harness import resolve
-    from restart_harness.command import parse
-
     request = parse.parse_plan(tokens)
     return request, resolve.plugins(request.spec)
 
@@ -188,9 +171,6 @@ def _plan(checked) -> int:
 
 
 def _check_predict(tokens: list[str]):
-    from restart_harness import machine, resolve
-    from restart_harness.command import parse
-
     request = parse.parse_predict(tokens)
     spec = request.spec
     if spec.device == "auto":  # as a run resolves it, without the run's checks of this node's resources
@@ -213,11 +193,9 @@ def _predict(checked) -> int:
 
 
 def _check_calibrate(tokens: list[str]):
-    from restart_harness import machine, preflight
-    from restart_harness.command import parse
     from restart_harness.files.fsfacts import why_unresolvable
 
-    options = machine.paths(parse.parse_calibrate(tokens))
+    options = machine.paths(parse.parse_options("calibrate", tokens))
     for folder in options.runs.split(","):
         if why := why_unresolvable(folder):
             raise refused("runs", options.runs, f"{folder}: {why}", "finished run directories, or folders of them")
@@ -243,16 +221,12 @@ def _calibrate(checked) -> int:
 
 
 def _check_baseline(tokens: list[str]):
-    from restart_harness import machine, preflight
-    from restart_harness.command import parse
-
-    options = machine.paths(parse.parse_baseline(tokens))
+    options = machine.paths(parse.parse_options("baseline", tokens))
     preflight.baseline(options)
     return options
 
 
 def _baseline(options) -> int:
-    from restart_harness import resolve
     from restart_harness.files import baseline
 
     ranks = options.ranks or min(os.cpu_count() or 1, baseline.AUTO_MAX_RANKS)
@@ -267,10 +241,7 @@ def _baseline(options) -> int:
 
 
 def _check_clean(tokens: list[str]):
-    from restart_harness import machine
-    from restart_harness.command import parse
-
-    options = machine.paths(parse.parse_clean(tokens))
+    options = machine.paths(parse.parse_options("clean", tokens))
     if not Path(options.folder).expanduser().is_dir():
         raise UsageError(f"folder={options.folder}: no such directory; accepted: a folder of runs (results)")
     return options
@@ -304,9 +275,7 @@ def _report(tokens: list[str]) -> int:
 
 
 def _check_matrix(tokens: list[str]):
-    from restart_harness import machine, preflight
     from restart_harness.campaigns import matrix
-    from restart_harness.command import parse
 
     options = machine.paths(parse.parse_matrix(tokens))
     preflight.directory("results_dir", options.results_dir)
@@ -323,47 +292,32 @@ def _matrix(options) -> int:
 
 
 def _check_mlperf(tokens: list[str]):
-    from restart_harness import machine, preflight
     from restart_harness.campaigns import mlperf
-    from restart_harness.command import parse
 
     request = parse.parse_mlperf(tokens)
     if request.spec is not None:
         request.spec = machine.resolve(request.spec)
         request.plugins = preflight.run(request.spec, fixed_layout=f"the workload {request.workload.name}")
         mlperf.check(request)
-    return request
-
-
-def _mlperf(request) -> int:
-    from restart_harness.campaigns import mlperf
-
-    return mlperf.main(request)
+    return mlperf, request
 
 
 def _check_study(tokens: list[str]):
     from restart_harness.campaigns import study
-    from restart_harness.command import parse
 
-    return study.check(parse.parse_study(tokens))
-
-
-def _study(checked) -> int:
-    from restart_harness.campaigns import study
-
-    return study.main(checked)
+    return study, study.check(parse.parse_study(tokens))
 
 
 def _check_endure(tokens: list[str]):
     from restart_harness.campaigns import endure
 
-    return endure.check(tokens)
+    return endure, endure.check(tokens)
 
 
-def _endure(request) -> int:
-    from restart_harness.campaigns import endure
-
-    return endure.main(request)
+def _campaign(checked) -> int:
+    """mlperf, study, endure: the campaign's module runs what its check returned."""
+    campaign, request = checked
+    return campaign.main(request)
 
 
 COMMANDS: dict[str, Command] = {
@@ -377,7 +331,7 @@ COMMANDS: dict[str, Command] = {
     "clean": Command(_check_clean, _clean),
     "report": Command(lambda tokens: tokens, _report),  # analysis/report.py refuses its own mistakes (exit 2)
     "matrix": Command(_check_matrix, _matrix, launches=True),
-    "mlperf": Command(_check_mlperf, _mlperf, launches=True),
-    "study": Command(_check_study, _study, launches=True),
-    "endure": Command(_check_endure, _endure, launches=True),
+    "mlperf": Command(_check_mlperf, _campaign, launches=True),
+    "study": Command(_check_study, _campaign, launches=True),
+    "endure": Command(_check_endure, _campaign, launches=True),
 }

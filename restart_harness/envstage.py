@@ -1,19 +1,8 @@
-"""env_stage=FOLDER: the restart's ranks run from a copy of the Python environment made in FOLDER (node-local
-storage, /dev/shm) just before they start, as HPC centres stage an environment against the import storm of
-thousands of ranks on one shared file system. The copy's time is the restart's `staging` (its own figure beside the
-phases); the ranks then import torch and DeepSpeed from the copy.
-
-What is copied: the virtual environment (sys.prefix; its interpreter stays a link to the base interpreter, whose
-standard library is not copied). The harness's own code is read from its checkout. The extension cache is not
-copied: torch's JIT builds are keyed on their sources' paths, which the copy changes, so DeepSpeed would rebuild its
-JIT-built ops from the copy's sources whatever was copied (measured: the shared-memory op, 45 s on 2 cores, in
-dist_init); the ranks build them into an empty folder of the copy, removed with it, so the user's cache is left as
-it was. Ops built when DeepSpeed was installed (DS_BUILD_OPS=1) are part of the environment and are staged with it.
-
+"""env_stage=FOLDER: the restart's ranks run from a copy of the Python environment (sys.prefix) made in FOLDER just
+before they start; what is copied, what it costs and why JIT-built ops are rebuilt in the copy: docs/restart-io.md.
 The copy is removed when the restart ends, whatever its outcome; a watchdog removes it if the harness is killed
 while the ranks run, and a copy left by a harness killed while copying is removed by the next staging into the same
-folder (its folder name carries the dead harness's process id).
-"""
+folder (its folder name carries the dead harness's process id)."""
 
 from __future__ import annotations
 
@@ -113,7 +102,7 @@ def stage(folder: str | Path, name: str) -> Staged:
             subprocess.run([cp, "-a", str(env), str(dest / "env")], check=True, capture_output=True, text=True)
         else:
             shutil.copytree(env, dest / "env", symlinks=True)
-        (dest / "torch_extensions").mkdir()  # JIT-built ops are built here again (the module's docstring says why)
+        (dest / "torch_extensions").mkdir()  # JIT-built ops are built here again (docs/restart-io.md says why)
         os.sync()  # the copy is on the storage, as a staged environment would be before a job starts
     except subprocess.CalledProcessError as exc:
         shutil.rmtree(dest, ignore_errors=True)

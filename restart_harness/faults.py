@@ -1,21 +1,7 @@
 """Deterministic fault injection for the reliability tests: RH_FAULT="<action>@<point>:rank=R:step=S:node=N"
-(each selector optional; node=N: every rank of the launcher's node N, CROSS_RANK, as a node that is lost).
-
-    kill@save   SIGKILL this rank inside the checkpoint engine's save, after its first file is written
-    kill@flush  SIGKILL this rank in the middle of a background flush (engine=lazy: after the first write request
-                of a part file of the save after step S, before the rest and before its fsync)
-    hang@step   sleep forever before training step S (exercises the launch timeout)
-    enospc@save raise OSError(ENOSPC) from the engine's save (a full disk without a small filesystem)
-    fill@step   before step S, fill the checkpoint's file system with a filler file until it is full (as another
-                job would), so the next save meets a real ENOSPC
-    leak@save   at each save (its first file), keep mib=M MiB (default 4) allocated and written, never freed: an engine
-                leaking a staging buffer per save (results/save_memory.py's growth check)
-    tear@commit once the save after step S is committed and its checksums taken (checksums=), zero 4 KiB in the
-                middle of this rank's largest file of it, keeping its size: a region a background writer never
-                wrote, or that was overwritten after the commit
-
-Unset in normal runs; the harness never sets it itself.
-"""
+(each selector optional; node=N: every rank of the launcher's node N, CROSS_RANK, as a node that is lost). The
+actions and points (kill@save, kill@flush, hang@step, enospc@save, fill@step, leak@save, tear@commit) and what each
+does: docs/faults.md. Unset in normal runs; the harness never sets it itself."""
 
 from __future__ import annotations
 
@@ -24,7 +10,7 @@ import os
 import signal
 import time
 
-# action -> the points it is injected at (the table above); the selectors a fault takes
+# action -> the points it is injected at (docs/faults.md); the selectors a fault takes
 FAULTS = {"kill": ("save", "flush"), "hang": ("step",), "enospc": ("save",), "fill": ("step",), "leak": ("save",),
           "tear": ("commit",)}
 SELECTORS = ("rank", "step", "node", "mib")
@@ -116,13 +102,7 @@ def _tear(path: str) -> None:
 def _fill(path: str) -> None:
     block = b"\xff" * (1 << 20)
     with open(path, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(block)
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-        for size in (1 << 16, 1 << 12, 1):  # the last partial blocks too: nothing may be left
+        for size in (1 << 20, 1 << 16, 1 << 12, 1):  # whole blocks, then the last partial ones: nothing may be left
             try:
                 while True:
                     f.write(block[:size])

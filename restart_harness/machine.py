@@ -1,6 +1,6 @@
 """This machine, and where this process runs on it: facts recorded in spec.json (software versions, host, the
-checkpoint's file system; no torch import: package metadata), and the one step that completes a RunSpec against it (resolve): what `auto` means here, before anything is checked or
-created."""
+checkpoint's file system; no torch import: package metadata), and the one step that completes a RunSpec against it
+(resolve): what `auto` means here, before anything is checked or created."""
 
 from __future__ import annotations
 
@@ -93,11 +93,6 @@ def available_memory_bytes() -> int | None:
     return kernel_memory.available_bytes()
 
 
-def default_emulate_memory_gib() -> float:
-    """60% of the memory this node has available now."""
-    return round(EMULATE_MEMORY_FRACTION * (available_memory_bytes() or 8 << 30) / 2**30, 3)
-
-
 def paths(options):
     """A spec's (or a command's options') every declared path as this machine will use it, resolved once: `~` and
     `~user` expanded; UsageError naming the key and the value where it cannot be used (no such user, a loop of
@@ -136,30 +131,34 @@ def complete_in_job(spec):
     return dataclasses.replace(spec, **changes) if changes else spec
 
 
-def threads_per_rank(ranks_per_node: int) -> int:
-    """This node's CPUs shared by its ranks, at least one each."""
-    return max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-               // max(1, ranks_per_node))
-
-
 def _node_defaults(spec, dry_run: bool) -> dict:
+    """threads: this node's CPUs shared by its ranks, at least one each; emulate_memory_gib: 60% of the memory this
+    node has available now."""
     changes: dict = {}
     if spec.threads is None:
-        changes["threads"] = threads_per_rank(spec.ranks_per_node)
+        changes["threads"] = max(1, (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
+                                     os.cpu_count() or 1) // max(1, spec.ranks_per_node))
     if spec.emulate and spec.emulate_memory_gib is None and not dry_run:
-        changes["emulate_memory_gib"] = default_emulate_memory_gib()
+        free = available_memory_bytes() or 8 << 30
+        changes["emulate_memory_gib"] = round(EMULATE_MEMORY_FRACTION * free / 2**30, 3)
     return changes
+
+
+def _cpuinfo(field: str) -> str | None:
+    """The value of the first CPU's `field` in /proc/cpuinfo, or None where it cannot be read."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(field):
+                return line.split(":", 1)[1]
+    except OSError:
+        pass
+    return None
 
 
 def cpu_model() -> str | None:
     """This machine's CPU model as the kernel names it (/proc/cpuinfo `model name`), or None."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return " ".join(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return None
+    model = _cpuinfo("model name")
+    return None if model is None else " ".join(model.split())
 
 
 def gpu_model() -> str | None:
@@ -185,13 +184,7 @@ def device_facts(device: str) -> dict:
 
 def cpu_flags() -> set[str]:
     """The instruction-set flags of this machine's first CPU (/proc/cpuinfo); empty where it cannot be read."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set((_cpuinfo("flags") or "").split())
 
 
 def bf16_matmul_is_slow() -> bool:
@@ -212,23 +205,11 @@ def _version(package: str) -> str | None:
 def facts(checkpoint_path: Path) -> dict:
     """spec.json's versions, host and checkpoint_filesystem (of the folder holding the run's checkpoint folder)."""
     return {
-        "versions": {
-            "python": platform.python_version(),
-            "torch": _version("torch"),
-            "deepspeed": _version("deepspeed"),
-            "restart_harness": restart_harness.__version__,
-        },
-        "host": {
-            "hostname": socket.gethostname(),
-            "kernel": platform.release(),
-            "machine": platform.machine(),
-            "cpus": os.cpu_count(),
-            "memory_bytes": kernel_memory.meminfo("MemTotal:"),
-            "cpu_avx512": "avx512f" in cpu_flags(),
-            "cpu_model": cpu_model(),
-            "gpu_model": gpu_model(),
-            "gpus": nvidia_devices(),
-            "user_is_root": os.geteuid() == 0,
-        },
+        "versions": {"python": platform.python_version(), "torch": _version("torch"),
+                     "deepspeed": _version("deepspeed"), "restart_harness": restart_harness.__version__},
+        "host": {"hostname": socket.gethostname(), "kernel": platform.release(), "machine": platform.machine(),
+                 "cpus": os.cpu_count(), "memory_bytes": kernel_memory.meminfo("MemTotal:"),
+                 "cpu_avx512": "avx512f" in cpu_flags(), "cpu_model": cpu_model(), "gpu_model": gpu_model(),
+                 "gpus": nvidia_devices(), "user_is_root": os.geteuid() == 0},
         "checkpoint_filesystem": filesystem(checkpoint_path),
     }

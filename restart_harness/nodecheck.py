@@ -1,11 +1,7 @@
 """The checks that depend on the node that runs the ranks: an engine's Python module or op, CUDA and the GPU count,
-locked memory. Checks of keys, of the layout and of the storage do not depend on it and stay in preflight.py.
-
-Where the ranks start on this machine, preflight runs these checks here, before anything is created. A run that is
-submitted (launcher=slurm|pbs from a login node), or only written (dry_run=true), may be prepared on a machine that
-cannot run it: its checks run in the job, once on every node, before the checkpoint phase starts
-(`python -m restart_harness.nodecheck RUN_DIR`, started by the launcher's per-node command); a node that
-fails one ends the run with one line naming the node and the reason."""
+locked memory. Run by preflight where the ranks start on this machine; a submitted or dry run's, once on every node
+inside the job before the checkpoint phase (`python -m restart_harness.nodecheck RUN_DIR`, by the launcher's per-node
+command; docs/clusters.md), a failing node ending the run with one line naming it and the reason."""
 
 from __future__ import annotations
 
@@ -29,11 +25,6 @@ def checks(plugins: Plugins) -> list[NodeCheck]:
                                             "visible to the job", lambda: cuda_shortfall(spec.ranks_per_node),
                              instead="device=cpu or device=auto"))
     return out + plugins.engine.node_checks()
-
-
-def failures(plugins: Plugins) -> list[tuple[str, str]]:
-    """(check name, reason) of every check this node fails."""
-    return [(c.name, why) for c in checks(plugins) if (why := c.run())]
 
 
 def here(plugins: Plugins) -> None:
@@ -76,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     """On one node: its host name and the checks it fails, as one JSON line (every node's line reaches the job)."""
     run = resolve.read(Path((argv if argv is not None else sys.argv[1:])[0]))
     print(json.dumps({"host": socket.gethostname(), "checks": [c.name for c in checks(run)],
-                      "failed": failures(run), "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}),
-          flush=True)
+                      "failed": [(c.name, why) for c in checks(run) if (why := c.run())],
+                      "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}), flush=True)
     return 0
 
 

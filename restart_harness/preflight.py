@@ -190,14 +190,7 @@ def run(spec: RunSpec, fixed_layout: str | None = None) -> Plugins:
     (`fixed_layout`: who fixes its layout, if not the user); its plug-ins, resolved once (resolve.py), to run it
     with."""
     plugins = resolve.plugins(spec)
-    cache()
-    plugins.engine.check()
-    launcher(plugins)
-    stage(plugins)
-    port(plugins)
-    nodes(plugins)
-    tracer(spec)
-    attribution(plugins)
+    here(plugins)
     emulation(plugins, fixed_layout)
     if plugins.scheduler:  # what the scheduler says of the job (Slurm: sbatch --test-only)
         plugins.scheduler.preflight()
@@ -210,6 +203,19 @@ def run(spec: RunSpec, fixed_layout: str | None = None) -> Plugins:
         work(plugins)  # last: what cannot fit the node or its disk is said first
         extension_locks()
     return plugins
+
+
+def here(plugins) -> None:
+    """What a run and a restart-only re-run check alike: the cache folder, the engine, the launcher, the staging,
+    the port, the nodes, the tracer and the sampler."""
+    cache()
+    plugins.engine.check()
+    launcher(plugins)
+    stage(plugins)
+    port(plugins)
+    nodes(plugins)
+    tracer(plugins.spec)
+    attribution(plugins)
 
 
 def cache() -> None:
@@ -319,16 +325,9 @@ def restart(request: RestartRequest) -> dict | None:
     if status["state"] not in ("complete", "failed"):
         raise UsageError(f"run={run_dir}: not a finished run ({status['state']}: {status.get('reason')}); accepted: "
                          "a run whose checkpoint phase ended (complete or failed)")
-    cache()
-    launcher(restarts)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
-    stage(restarts)
+    here(restarts)  # slurm/pbs outside an allocation: the restarts become a batch job of their own
     if restarts.scheduler:
         restarts.scheduler.preflight()
-    port(restarts)
-    restarts.engine.check()
-    nodes(restarts)
-    tracer(spec)
-    attribution(restarts)
     extension_locks()
     if elsewhere := restarts.made.checkpoint_elsewhere():
         raise UsageError(f"run={run_dir}: {elsewhere}")

@@ -1,15 +1,9 @@
-"""Inside a rank: the rank variables torch.distributed and DeepSpeed read, filled from whatever the launcher set, and
-the CUDA device the rank takes. Standard library only, imported before anything else in a rank.
-
-DeepSpeed's launcher sets RANK, WORLD_SIZE, LOCAL_RANK and also CROSS_RANK, CROSS_SIZE, LOCAL_SIZE, which
-DeepSpeed's newer checkpoint writers read. torchrun sets only the first three (plus GROUP_RANK and
-LOCAL_WORLD_SIZE); srun and mpiexec set none of them, only their own. Each launcher declares where its ranks find
-them (restart_harness/launchers/, its rank_variables), and its launch script exports that declaration (VARIABLE:
-`RANK=SLURM_PROCID;LOCAL_SIZE=SLURM_NTASKS_PER_NODE,SLURM_TASKS_PER_NODE;...`), so a rank reads it without asking
-which launcher started it. Values already present are never overwritten.
-
-all_reduce: the one min / max collective the stacks and the engines share (imported on call: torch).
-"""
+"""Inside a rank: the rank variables torch.distributed and DeepSpeed read (RANK, WORLD_SIZE, LOCAL_RANK, CROSS_RANK,
+CROSS_SIZE, LOCAL_SIZE), filled from whatever the launcher set, and the CUDA device the rank takes. Standard library
+only, imported before anything else in a rank. Each launcher declares where its ranks find them (its
+rank_variables; docs/clusters.md), and its launch script exports that declaration (VARIABLE:
+`RANK=SLURM_PROCID;LOCAL_SIZE=SLURM_NTASKS_PER_NODE,SLURM_TASKS_PER_NODE;...`). Values already present are never
+overwritten. all_reduce: the one min / max collective the stacks and the engines share (imported on call: torch)."""
 
 from __future__ import annotations
 

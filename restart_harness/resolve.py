@@ -1,15 +1,7 @@
-"""Resolving a run: the one place where the names a RunSpec holds become the plug-ins that run it.
-
-    launcher=NAME        -> a Launcher         (restart_harness/launchers/)
-    stack=NAME, emulate= -> a Stack class      (restart_harness/stacks/; one instance per rank)
-    engine=NAME          -> an Engine          (engines/; its options typed)
-    ckpt_dir=LOCATION    -> a Target           (restart_harness/targets/; placed once the run directory exists,
-                                               its views Stored for the phases and Store for a rank)
-
-A process resolves its run once and hands it on: the command line a validated spec (Plugins, placed into the Run
-that prepare() records in spec.json); a process that continues the run (a batch job, each rank, a restart-only
-re-run at its own spec) spec.json's record (read, of_record: a Run). Nothing else asks a registry for a plug-in by
-its name (tests/test_structure.py counts the lookups)."""
+"""Resolving a run: the one place where the names a RunSpec holds (launcher=, stack= and emulate=, engine=,
+ckpt_dir=) become the plug-ins that run it; a process resolves its run once and hands it on
+(docs/architecture.md#one-resolved-run). Nothing else asks a registry for a plug-in by its name (tests/test_structure.py
+counts the lookups)."""
 
 from __future__ import annotations
 

@@ -77,34 +77,30 @@ def _plugin_sections() -> list[str]:
     return lines
 
 
+# the options of each command other than a run: (its options, whether it takes a run's keys too, the words after
+# the command in its usage)
+_COMMAND_KEYS = {"plan": (PlanOptions, True, ""), "predict": (PredictOptions, True, ""),
+                 "calibrate": (CalibrateOptions, False, ""), "baseline": (BaselineOptions, False, ""),
+                 "matrix": (MatrixOptions, False, ""), "report": (ReportOptions, False, " RUN_OR_SWEEP_DIR..."),
+                 "restart": (RestartOptions, False, ""), "mlperf": (MlperfOptions, False, " WORKLOAD"),
+                 "clean": (CleanOptions, False, ""), "study": (StudyOptions, False, ""),
+                 "endure": (EndureOptions, True, " MODEL")}
+
+
 def usage() -> str:
+    tails = {"restart": f"  and of the run keys above: {', '.join(restart_keys())}",
+             "mlperf": f"  and the run keys above except {', '.join(MLPERF_FIXED)} and the model's shape (the "
+                       "workload's)",
+             "study": f"  and the predict keys but predict=, and the run keys above except {', '.join(STUDY_FIXED)} "
+                      "and the model's shape (each cell's)",
+             "endure": "  and the run keys above except phase= and keep="}
     lines = [USAGE.format(presets=", ".join(preset_names())), f"units: {UNITS}", "", *_run_sections()]
-    lines += _section("plan keys (with `plan`)", list(keys_of(PlanOptions).values()))
-    lines += _section("predict keys (with `predict`)", list(keys_of(PredictOptions).values()))
-    lines += _section("calibrate keys (with `calibrate`)", list(keys_of(CalibrateOptions).values()))
-    lines += _section("baseline keys (with `baseline`)", list(keys_of(BaselineOptions).values()))
-    lines += _section("matrix keys (with `matrix`)", list(keys_of(MatrixOptions).values()))
-    lines += _section("report keys (with `report RUN_OR_SWEEP_DIR...`)", list(keys_of(ReportOptions).values()))
-    lines += [*_section("restart keys (with `restart`)", list(keys_of(RestartOptions).values()))[:-1],
-              f"  and of the run keys above: {', '.join(restart_keys())}", ""]
-    lines += _section("clean keys (with `clean`)", list(keys_of(CleanOptions).values()))
-    lines += [*_section("mlperf keys (with `mlperf WORKLOAD`)", list(keys_of(MlperfOptions).values()))[:-1],
-              f"  and the run keys above except {', '.join(MLPERF_FIXED)} and the model's shape (the workload's)", ""]
-    lines += [*_section("study keys (with `study`)", list(keys_of(StudyOptions).values()))[:-1],
-              (f"  and the predict keys but predict=, and the run keys above except {', '.join(STUDY_FIXED)} and the "
-              "model's shape (each cell's)"), ""]
-    lines += [*_section("endure keys (with `endure MODEL`)", list(keys_of(EndureOptions).values()))[:-1],
-              "  and the run keys above except phase= and keep=", ""]
+    for name in ("plan", "predict", "calibrate", "baseline", "matrix", "report", "restart", "clean", "mlperf",
+                 "study", "endure"):
+        options, _, words = _COMMAND_KEYS[name]
+        section = _section(f"{name} keys (with `{name}{words}`)", list(keys_of(options).values()))
+        lines += [*section[:-1], tails[name], ""] if name in tails else section
     return "\n".join(lines + _plugin_sections())
-
-
-# the options of each command other than a run; those marked with a run's keys take them too
-_COMMAND_KEYS = {"plan": (PlanOptions, True), "predict": (PredictOptions, True), "calibrate": (CalibrateOptions, False),
-                 "baseline": (BaselineOptions, False), "matrix": (MatrixOptions, False),
-                 "report": (ReportOptions, False),
-                 "restart": (RestartOptions, False), "mlperf": (MlperfOptions, False),
-                 "clean": (CleanOptions, False), "study": (StudyOptions, False),
-                 "endure": (EndureOptions, True)}
 
 
 TOPICS = ("run", "sweep", *_COMMAND_KEYS)  # what `CMD --help` and `help CMD` explain
@@ -130,7 +126,7 @@ def command_usage(name: str) -> str:
             "the run keys: ./submit-job.sh run --help", ""])
     if name == "run":
         return "\n".join(lines + _run_sections() + _plugin_sections()) + "\n"
-    options, with_run_keys = _COMMAND_KEYS[name]
+    options, with_run_keys, _ = _COMMAND_KEYS[name]
     lines += _section(f"{name} keys", list(keys_of(options).values()))
     if name == "restart":
         lines += [f"and of the run keys (./submit-job.sh run --help): {', '.join(restart_keys())}"]
@@ -170,18 +166,8 @@ def markdown() -> str:
         keys = [k for k in run.values() if k.group == group] + (list(shape_keys().values()) if group == "model" else [])
         if keys:
             lines += [f"## {group}", "", *table(keys)]
-    for title, options in (("plan (`./submit-job.sh plan ...`)", PlanOptions),
-                           ("predict (`./submit-job.sh predict ...`)", PredictOptions),
-                           ("calibrate (`./submit-job.sh calibrate ...`)", CalibrateOptions),
-                           ("baseline (`./submit-job.sh baseline ...`)", BaselineOptions),
-                           ("matrix (`./submit-job.sh matrix ...`)", MatrixOptions),
-                           ("report (`./submit-job.sh report RUN_OR_SWEEP_DIR... ...`)", ReportOptions),
-                           ("restart (`./submit-job.sh restart ...`)", RestartOptions),
-                           ("mlperf (`./submit-job.sh mlperf WORKLOAD ...`)", MlperfOptions),
-                           ("clean (`./submit-job.sh clean ...`)", CleanOptions),
-                           ("study (`./submit-job.sh study ...`)", StudyOptions),
-                           ("endure (`./submit-job.sh endure MODEL ...`)", EndureOptions)):
-        lines += [f"## {title}", "", *table(list(keys_of(options).values()))]
+    for name, (options, _, words) in _COMMAND_KEYS.items():
+        lines += [f"## {name} (`./submit-job.sh {name}{words} ...`)", "", *table(list(keys_of(options).values()))]
     lines += ["## launchers", "", "| launcher= | what starts the ranks |", "|---|---|"]
     lines += [f"| `{name}`" + "".join(f" (or `{a}`)" for a in cls.aliases) + f" | {cls.description} |"
               for name, cls in launchers.all_launchers().items()]

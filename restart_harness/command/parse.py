@@ -1,17 +1,7 @@
-"""The command line -> one validated request (command/requests.py). Pure: reads only the files the command names
-(model presets, an earlier run's spec.json), never checks or changes the machine (that is restart_harness/preflight.py).
-The training stack, the engine and the storage target each check the keys they own (command/run.py check()).
-
-    ./submit-job.sh [run] MODEL key=value ...        one run; comma lists or repeats>1 a sweep (command/run.py)
-    ./submit-job.sh plan|predict MODEL key=value ... the checkpoint a run would write, its times (command/plan.py)
-    ./submit-job.sh restart run=RUN_DIR key=value    restart-only re-runs of an earlier run (command/restart.py)
-    ./submit-job.sh study key=value ...              the study's cells (command/study.py)
-    ./submit-job.sh baseline|calibrate|clean|matrix|mlperf key=value ...    here
-
-Older spellings still work: `phase=restart run=DIR` is `restart run=DIR`; `MODEL ... plan=true|json` is `plan`.
-Every key=value goes through keys.coerce() with its declaration; a key given twice, a malformed token, an unknown
-key or a bad value is one UsageError line.
-"""
+"""The command line -> one validated request (command/requests.py): which command the words name (the older
+spellings `phase=restart run=DIR` and `MODEL ... plan=true|json` too), and the parsers of the commands that have no
+module of their own. Pure: reads only the files the command names, never checks or changes the machine
+(restart_harness/preflight.py)."""
 
 from __future__ import annotations
 
@@ -64,17 +54,10 @@ def split_command(argv: list[str]) -> tuple[str, list[str]]:
     return "run", argv
 
 
-
-def parse_calibrate(tokens: list[str]) -> CalibrateOptions:
-    return options_of(CalibrateOptions, tokens, "calibrate")
-
-
-def parse_clean(tokens: list[str]) -> CleanOptions:
-    return options_of(CleanOptions, tokens, "clean")
-
-
-def parse_baseline(tokens: list[str]) -> BaselineOptions:
-    return options_of(BaselineOptions, tokens, "baseline")
+def parse_options(command: str, tokens: list[str]):
+    """calibrate, clean, baseline: the command's own keys only."""
+    cls = {"calibrate": CalibrateOptions, "clean": CleanOptions, "baseline": BaselineOptions}[command]
+    return options_of(cls, tokens, command)
 
 
 def parse_matrix(tokens: list[str]) -> MatrixOptions:
@@ -92,7 +75,6 @@ def parse_matrix(tokens: list[str]) -> MatrixOptions:
                 raise UsageError(f"engines={options.engines}: unknown engine {name!r}; accepted: "
                                  f"{', '.join([*registry.names(), *MATRIX_STACK_CASES])}, or all")
     return options
-
 
 
 def parse_mlperf(tokens: list[str]) -> MlperfRequest:
@@ -129,5 +111,3 @@ def parse_mlperf(tokens: list[str]) -> MlperfRequest:
                               "cache=drop", f"iters={checkpoints}", "save_interval=1",
                               *(f"{k}={v}" for k, v in pairs.items())], keys_of(MlperfOptions))
     return MlperfRequest(workload, MlperfOptions(**values), spec, rest)
-
-

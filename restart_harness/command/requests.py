@@ -18,13 +18,10 @@ class PlanRequest:
     target: RunSpec | None = None  # plan a restart at this layout too (to_tp, to_pp, to_dp)
 
 
-
-
 @dataclass
 class PredictRequest:
     spec: RunSpec
     options: PredictOptions
-
 
 
 @dataclass(frozen=True)
@@ -74,7 +71,6 @@ class SweepRequest:
     combos: list[Combination]
 
 
-
 @dataclass
 class MlperfRequest:
     """An MLPerf Storage checkpoint workload as harness runs: the workload, its options, and the run spec every one
@@ -85,7 +81,6 @@ class MlperfRequest:
     spec: RunSpec | None
     tokens: list[str]
     plugins: resolve.Plugins | None = None  # once preflight has checked the workload's runs
-
 
 
 @dataclass(frozen=True)
@@ -110,4 +105,3 @@ class StudyRequest:
     engines: list[str]
     strategies: list[Strategy] | None  # None: auto
     tokens: list[str]  # the command's words, recorded in study.json (resume= runs them again)
-

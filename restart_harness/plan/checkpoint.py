@@ -58,22 +58,17 @@ def stage_layers(spec: RunSpec) -> list[list[int]]:
     return [list(range(parts[s], parts[s + 1])) for s in range(spec.pp)]
 
 
-def _module_prefix(kind: str, index: int, pp: int) -> str:
-    """How the engine's module names a pipeline layer's parameters: '<index>.' at every pp (PipelineModule's
-    naming; the pp=1 model names its layers the same way, model/llama.py)."""
-    return f"{index}."
-
-
 def shards(spec: RunSpec) -> list[RankShard]:
+    """Each (stage, TP rank)'s layers and parameter names: '<index>.<name>' at every pp (PipelineModule's naming; the
+    pp=1 model names its layers the same way, model/llama.py)."""
     kinds = table.pipeline_layers(spec.shape)
     out = []
     for stage, layers in enumerate(stage_layers(spec)):
         for t in range(spec.tp):
             shard = RankShard(stage, t, layers)
             for i in layers:
-                prefix = _module_prefix(kinds[i], i, spec.pp)
                 for p in table.layer_params(spec.shape, spec.tp, kinds[i]):
-                    shard.names.append(prefix + p.name)
+                    shard.names.append(f"{i}.{p.name}")
                     shard.numel += p.numel
             out.append(shard)
     return out
@@ -112,7 +107,7 @@ def recipes(spec: RunSpec) -> list[FileRecipe]:
         named = []
         for i in shard.layers:
             layer = tuple((p.name, p.shape) for p in table.layer_params(spec.shape, tp, kinds[i]))
-            named += [(_module_prefix(kinds[i], i, spec.pp) + n, shp) for n, shp in layer]
+            named += [(f"{i}.{n}", shp) for n, shp in layer]
             if pipe:
                 out.append(FileRecipe(f"layer_{i:02d}-model_{t:02d}-model_states.pt", "layer_states", writer, s, t,
                                       None, i, layer, pipe))

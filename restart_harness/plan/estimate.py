@@ -1,12 +1,6 @@
 """`./submit-job.sh plan MODEL ... [plan=json] [bandwidth_gbps=X]`: the checkpoint a run would write, and what
-saving and restarting it would cost at a given storage bandwidth. Launches nothing, writes nothing.
-
-Estimate (docs/planner.md): the storage's bandwidth is an aggregate shared by all ranks, so
-    save_seconds            = total_bytes / write bandwidth
-    restart_read_seconds    = restart_read_bytes / read bandwidth
-where restart_read_bytes counts what each rank reads from storage of the files its load_checkpoint loads (plan/checkpoint.py
-restart_reads; all of each by default, less where the engine says so: engine=lazy's broadcast load, FileLayout.restart_read_bytes).
-"""
+saving and restarting it would cost at a given storage bandwidth (docs/planner.md: the storage's bandwidth is an
+aggregate shared by all ranks). Launches nothing, writes nothing."""
 
 from __future__ import annotations
 
@@ -56,11 +50,8 @@ def _estimate(plugins, files: list, total: int, read_total: int, bandwidth_gbps:
         source = (f"cached baseline of {found['dir']} ({found['method']}, {found['ranks']} ranks x "
                   f"{found['file_bytes']} bytes, measured {found['measured_at']})")
     return {
-        "source": source,
-        "write_gb_s": round(write, 6),
-        "read_gb_s": round(read, 6),
-        "save_seconds": round(total / (write * GB), 6),
-        "restart_read_seconds": round(read_total / (read * GB), 6),
+        "source": source, "write_gb_s": round(write, 6), "read_gb_s": round(read, 6),
+        "save_seconds": round(total / (write * GB), 6), "restart_read_seconds": round(read_total / (read * GB), 6),
         "definition": "save_seconds = total_bytes / write bandwidth; restart_read_seconds = restart_read_bytes / "
                       "read bandwidth; the bandwidth is an aggregate shared by all ranks",
         "ignores": ESTIMATE_IGNORES,
@@ -80,10 +71,9 @@ def build(plugins, bandwidth_gbps: float | None = None, target: RunSpec | None =
     by_rank = {r: {"files": 0, "bytes": 0} for r in range(spec.world_size)}
     by_kind = {k: {"files": 0, "bytes": 0} for k in KINDS}
     for f in files:
-        by_rank[f.rank]["files"] += 1
-        by_rank[f.rank]["bytes"] += f.bytes
-        by_kind[f.kind]["files"] += 1
-        by_kind[f.kind]["bytes"] += f.bytes
+        for row in (by_rank[f.rank], by_kind[f.kind]):
+            row["files"] += 1
+            row["bytes"] += f.bytes
     read_per_rank = checkpoint.stored_read_bytes(spec, engine.files(), reads, size_of)
     total = sum(f.bytes for f in files)
     read_total = sum(read_per_rank.values())
@@ -96,23 +86,15 @@ def build(plugins, bandwidth_gbps: float | None = None, target: RunSpec | None =
         "none": f"engine {spec.engine} writes no checkpoint",
     }[names]
     plan = {
-        "model": spec.model_label,
-        "num_parameters": spec.shape.num_parameters(),
+        "model": spec.model_label, "num_parameters": spec.shape.num_parameters(),
         "layout": {"tp": spec.tp, "pp": spec.pp, "dp": spec.dp, "zero": spec.zero, "world_size": spec.world_size},
-        "precision": spec.precision,
-        "engine": spec.engine,
-        "names": names,
-        "note": note,
+        "precision": spec.precision, "engine": spec.engine, "names": names, "note": note,
         "files": [{"path": f.path, "bytes": f.bytes, "rank": f.rank, "kind": f.kind, "tensor_bytes": f.tensor_bytes}
                   for f in files],
-        "total_files": len(files),
-        "total_bytes": total,
-        "tensor_bytes": sum(f.tensor_bytes for f in files),
-        "typical_file_bytes": typical_file_bytes(files),
-        "by_kind": by_kind,
+        "total_files": len(files), "total_bytes": total, "tensor_bytes": sum(f.tensor_bytes for f in files),
+        "typical_file_bytes": typical_file_bytes(files), "by_kind": by_kind,
         "bytes_per_rank": _stats([v["bytes"] for v in by_rank.values()]) if files else None,
-        "by_rank": {str(r): v for r, v in by_rank.items()},
-        "restart_read_bytes": read_total,
+        "by_rank": {str(r): v for r, v in by_rank.items()}, "restart_read_bytes": read_total,
         "restart_read_bytes_per_rank": _stats(list(read_per_rank.values())),
         "restart_reads": {str(r): paths for r, paths in reads.items()},
     }
@@ -147,10 +129,9 @@ def render(plan: dict, files: bool = False) -> str:
     lines = [(f"plan: {plan['model']} ({plan['num_parameters']:,} parameters), tp={lay['tp']} pp={lay['pp']} "
              f"dp={lay['dp']} zero={lay.get('zero', 1)} ({lay['world_size']} ranks), {plan['precision']}, "
              f"engine {plan['engine']}"),
-             f"names: {plan['names']}: {plan['note']}", ""]
-    lines.append(f"total_files        {plan['total_files']}")
-    lines.append(f"total_bytes        {plan['total_bytes']:,} ({size_text(plan['total_bytes'])}; tensors "
-                 f"{plan['tensor_bytes']:,})")
+             f"names: {plan['names']}: {plan['note']}", "", f"total_files        {plan['total_files']}",
+             (f"total_bytes        {plan['total_bytes']:,} ({size_text(plan['total_bytes'])}; tensors "
+              f"{plan['tensor_bytes']:,})")]
     for kind, v in plan["by_kind"].items():
         if v["files"]:
             lines.append(f"  {kind:<17}{v['files']} files, {v['bytes']:,} bytes")

@@ -4,6 +4,7 @@ function on many inputs, so a DeepSpeed upgrade that changes a rule fails there 
 
 from __future__ import annotations
 
+import itertools
 import math
 
 # DeepSpeedZeroOptimizer.nccl_start_alignment_factor: "4-byte alignment/sizeof(fp16) = 2".
@@ -25,15 +26,9 @@ def partition_balanced(weights: list[int], num_parts: int) -> list[int]:
     n, m = len(weights), num_parts
     if n <= m:
         return [min(p, n) for p in range(m + 1)]  # partition_uniform's trivial case
-    prefix = [0] * (n + 1)
-    for i, w in enumerate(weights):
-        prefix[i + 1] = prefix[i] + w
-    try:
-        import numpy
-    except ImportError:
-        position = _positions_python(prefix, n, m)
-    else:
-        position = _positions_numpy(numpy, prefix, n, m)
+    import numpy  # a base dependency (pyproject.toml); imported here, where a split is planned
+
+    position = _positions_numpy(numpy, [0, *itertools.accumulate(weights)], n, m)
     parts = [n]
     for j in reversed(range(1, m + 1)):
         parts.append(position[parts[-1]][j])
@@ -41,34 +36,10 @@ def partition_balanced(weights: list[int], num_parts: int) -> list[int]:
     return [int(p) for p in parts]
 
 
-# In DeepSpeed's loop a split point k < j - 1 leaves fewer than j - 1 layers for j - 1 parts: its cost is infinite, and
-# the first finite candidate (k = j - 1, whose entry is always set) replaces it. Starting at k = j - 1 is the same.
-def _positions_python(prefix: list[int], n: int, m: int) -> list[list[int]]:
-    inf = math.inf
-    dp_max = [[inf] * (m + 1) for _ in range(n + 1)]
-    dp_min = [[inf] * (m + 1) for _ in range(n + 1)]
-    dp_cost = [[inf] * (m + 1) for _ in range(n + 1)]
-    position = [[0] * (m + 1) for _ in range(n + 1)]
-    dp_max[0][0] = 0
-    dp_cost[0][0] = 0
-    for i in range(1, n + 1):
-        for j in range(1, min(i, m) + 1):
-            for k in range(j - 1, i):
-                part = prefix[i] - prefix[k]
-                max_sum = max(dp_max[k][j - 1], part)
-                min_sum = min(dp_min[k][j - 1], part)
-                cost = max_sum - min_sum
-                if dp_cost[i][j] >= cost:
-                    dp_cost[i][j] = cost
-                    dp_max[i][j] = max_sum
-                    dp_min[i][j] = min_sum
-                    position[i][j] = k
-    return position
-
-
 def _positions_numpy(np, prefix: list[int], n: int, m: int) -> list[list[int]]:
-    """The same programme, one row i at a time: every (split point k, part count j) of the row at once; the chosen k
-    of a column is the last one of least cost (DeepSpeed's `>=` keeps the later of equal costs)."""
+    """DeepSpeed's programme, one row i at a time: every (split point k, part count j) of the row at once; the chosen
+    k of a column is the last one of least cost (DeepSpeed's `>=` keeps the later of equal costs). In DeepSpeed's loop
+    a split point k < j - 1 leaves fewer than j - 1 layers for j - 1 parts: its cost is infinite, as here."""
     inf = np.inf
     dp_max = np.full((n + 1, m + 1), inf)
     dp_min = np.full((n + 1, m + 1), inf)

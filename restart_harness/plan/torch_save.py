@@ -1,15 +1,5 @@
-"""Bytes of a torch.save file, predicted without writing it.
-
-torch.save (torch 2.x) writes a zip archive: one stored (uncompressed) entry per tensor storage, holding exactly the
-storage's bytes, plus a pickle (`data.pkl`) of everything else and five small metadata entries. The storages are
-exact; the rest is an estimate, calibrated on files the harness wrote (README, "Planner": measured residuals):
-
-- zip: per entry a local header and a central-directory record (30 + 46 bytes, the entry name twice) plus the
-  padding torch adds so that every entry's data starts on a 64-byte boundary (on average ~62 bytes here), and the
-  end-of-central-directory record;
-- pickle: a base that depends on what DeepSpeed puts beside the tensors (ds_config, client state, counters) plus,
-  per named tensor or parameter, its name and a fixed cost.
-"""
+"""Bytes of a torch.save file, predicted without writing it: the tensor storages exactly, the zip structure and the
+pickle estimated, calibrated on files the harness wrote (docs/planner.md: the model and its measured residuals)."""
 
 from __future__ import annotations
 

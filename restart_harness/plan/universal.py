@@ -1,16 +1,8 @@
 """The universal checkpoint DeepSpeed's ds_to_universal makes of a checkpoint, and what each rank reads of it when a
-restart loads it at another layout (DeepSpeed 0.19.8). No torch.
-
-Files, under <tag>_universal/: for every parameter, at its full (unsplit) shape, zero/<name>/fp32.pt, exp_avg.pt and
-exp_avg_sq.pt (fp32) and step.pt (Adam's step; not from ZeRO-3); zero/optimizer_state.pt (the optimizer's scalars
-and param groups); and a copy of every model-states file of the original checkpoint.
-
-Reads at the new layout: each rank torch.loads the model-state files its state-dict loader opens (mp_rank_00, to
-check, then the one mapped to its rank: for pp=1 and one original TP rank the same file again), zero/optimizer_state.pt,
-and for every parameter its ZeRO-1 partition holds a fragment of, all four files of that parameter in full
-(DeepSpeed's load_hp_checkpoint_state reads every file of the folder and slices its fragment out). ZeRO-3: the
-first model file of the rank's TP rank, optimizer_state.pt, and all three files of every parameter.
-"""
+restart loads it at another layout (DeepSpeed 0.19.8; the files and the reads: docs/reshard.md#planned). No torch.
+Each rank torch.loads the model-state files its state-dict loader opens (mp_rank_00, to check, then the one mapped
+to its rank), zero/optimizer_state.pt, and all the files of every parameter its partition holds a fragment of
+(DeepSpeed's load_hp_checkpoint_state reads every file of the folder and slices its fragment out)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,6 @@
-"""The crossover (docs/prediction.md#the-crossover): the checkpoint size at which the checkpoint load becomes the
-largest phase of a restart, from the prediction model's own phases.
-
-The family of runs: the run asked about, with only its model's size changed. Its layout, ranks, nodes, engine,
-launcher, storage and tokens per step stay, and so do its files; its parameters per rank and every byte figure of its
-checkpoint (written, read, per rank) scale together by s = B / B_run, where B is the checkpoint's bytes (all ranks'
-files, as the summary's checkpoint.bytes counts them). Each restart phase at B is the model's prediction for that
-member (model.predict on the scaled features), so a phase that grows with the model (model build, engine set-up, the
-first step) grows here too.
-
-    crossover_checkpoint_bytes = the smallest B in [min, max] at which the predicted restart_checkpoint_load_seconds
-                                 is larger than every other predicted restart phase, restart_launch_seconds included
-
-found on a log grid of the range, then by bisection to a relative 1e-9. Where there is none in the range it is None
-and `status` says why: `already_largest` (the load is the largest at the smallest size), `never_largest`,
-`not_predicted` (a phase is not: no bandwidth, a group the calibration lacks) or `no_checkpoint`."""
+"""The crossover (docs/prediction.md#the-crossover: the family of runs, the definition, the statuses): the checkpoint
+size at which the checkpoint load becomes the largest phase of a restart, from the prediction model's own phases,
+found on a log grid of the range, then by bisection to a relative 1e-9."""
 
 from __future__ import annotations
 

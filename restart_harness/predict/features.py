@@ -60,6 +60,7 @@ def of(plugins: Plugins, cpus_per_node: int, write_bytes_per_s: float | None,
     else:
         reads = {}
     read_bytes = checkpoint.stored_read_bytes(spec, layout, reads, size_of)
+    startup, _ = restart_io.lookup(spec.stack, spec.engine, plugins.stack.default_engine)  # None: not measured
     return Features(
         world_size=launched, nodes=max(1, -(-launched // per_node)), ranks_per_node=per_node,
         cpus_per_node=cpus_per_node, contention=max(1.0, per_node / max(1, cpus_per_node)),
@@ -73,10 +74,4 @@ def of(plugins: Plugins, cpus_per_node: int, write_bytes_per_s: float | None,
         cold_reads=spec.cache == "drop" or plugins.target.kind != POSIX,
         write_bytes_per_s=write_bytes_per_s, read_bytes_per_s=read_bytes_per_s,
         metadata_ops_per_s=metadata_ops_per_s, env_metadata_ops_per_s=env_metadata_ops_per_s,
-        startup_metadata_ops_per_rank=_startup(plugins))
-
-
-def _startup(plugins: Plugins) -> dict | None:
-    spec = plugins.spec
-    phases, _ = restart_io.lookup(spec.stack, spec.engine, plugins.stack.default_engine)
-    return {p: v["metadata_ops"] for p, v in phases.items()} if phases else None
+        startup_metadata_ops_per_rank={p: v["metadata_ops"] for p, v in startup.items()} if startup else None)

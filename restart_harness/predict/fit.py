@@ -28,7 +28,6 @@ from restart_harness.schema import MIB, span
 
 SCHEMA_VERSION = 1
 CALIBRATIONS = Path(__file__).resolve().parents[2] / "configs" / "calibration"
-DEFAULT = "default"
 
 
 def path_of(name: str) -> Path:
@@ -49,13 +48,6 @@ def load(name: str, key: str = "calibration") -> dict:
     return data
 
 
-def _solve_for(rows: list[list[float]], y: list[float]) -> list[float] | None:
-    """Least squares (numpy's); None where the columns are linearly dependent."""
-    a = np.asarray(rows, dtype=float)
-    solution, _, rank, _ = np.linalg.lstsq(a, np.asarray(y, dtype=float), rcond=None)
-    return None if rank < a.shape[1] else solution.tolist()
-
-
 def nonnegative_fit(x: list[list[float]], y: list[float], given: list[float] | None = None) -> list[float]:
     """Coefficients >= 0 minimising the sum of squared relative errors ((x.c + given - y) / y)^2 (y > 0), where
     `given` is the part of each y that is not fitted (the storage's own time; zero if None)."""
@@ -71,12 +63,12 @@ def nonnegative_fit(x: list[list[float]], y: list[float], given: list[float] | N
         for subset in itertools.combinations(range(k), size):
             if len(y) < size:
                 continue
-            sub = [[row[i] for i in subset] for row in unit]
-            sol = _solve_for(sub, target)
-            if sol is None or min(sol) < 0:
+            sub = np.asarray([[row[i] for i in subset] for row in unit], dtype=float)
+            sol, _, rank, _ = np.linalg.lstsq(sub, np.asarray(target, dtype=float), rcond=None)
+            if rank < size or min(sol) < 0:  # linearly dependent columns, or a negative coefficient
                 continue
             coef = [0.0] * k
-            for i, c in zip(subset, sol):
+            for i, c in zip(subset, sol.tolist()):
                 coef[i] = c / norms[i]
             err = sum((sum(c * v for c, v in zip(coef, row)) - t) ** 2 for row, t in zip(scaled, target))
             if err < best_err - 1e-12:
@@ -177,11 +169,8 @@ def _fit_phase(phase: Phase, observations: list[dict]) -> dict:
         free = [i for i in range(len(phase.terms)) if i not in given_at]
         given = [sum(x[i] for i in given_at) for x, *_ in rows]
         coef_free = nonnegative_fit([[x[i] for i in free] for x, *_ in rows], [r[1] for r in rows], given)
-        coef = [0.0] * len(phase.terms)
-        for i, c in zip(free, coef_free):
-            coef[i] = c
-        for i in given_at:
-            coef[i] = 1.0
+        by_free = dict(zip(free, coef_free))
+        coef = [1.0 if i in given_at else by_free[i] for i in range(len(phase.terms))]
         ratios = [y / max(sum(c * v for c, v in zip(coef, x)), 1e-12) for x, y, *_ in rows]
         errors = [abs(1 / r - 1) for r in ratios]
         fitted[group] = {
@@ -190,8 +179,7 @@ def _fit_phase(phase: Phase, observations: list[dict]) -> dict:
                                  for i, t in enumerate(phase.terms)
                                  if coef[i] > 0 and t.name != "fixed" and i not in given_at},
             "ratio_range": [round(_quantile(ratios, 0.1), 4), round(_quantile(ratios, 0.9), 4)],
-            "runs": len(rows),
-            "given": [t for t in given_names if t in {term.name for term in phase.terms}],
+            "runs": len(rows), "given": [t for t in given_names if t in {term.name for term in phase.terms}],
             "median_abs_rel_error": round(statistics.median(errors), 4),
             "conditions": _span_of([r[4] for r in rows]),
         }
@@ -228,16 +216,14 @@ def calibrate(paths: list[Path], device: str = "all", base: dict | None = None) 
     hosts = {(o["features"].cpus_per_node) for o in used}
     devices = {json.dumps(o["device"], sort_keys=True): o["device"] for o in used}
     made = {
-        "schema_version": SCHEMA_VERSION,
-        "fitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "schema_version": SCHEMA_VERSION, "fitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": {"cpus_per_node": sorted(hosts)},
         # the devices its runs computed on: a prediction for another says so beside every figure (forecast.py)
         "devices": [devices[k] for k in sorted(devices)],
         "definition": "phase_seconds = sum of coefficient x term; ratio_range: the 10th and 90th percentiles of "
                       "measured / fitted over these runs (min and max under 5 runs); conditions: the ranks per core "
                       "and the share of the CPUs other work used while its runs ran; docs/prediction.md",
-        "runs": [o["run"] for o in used],
-        "skipped": {o["run"]: o["skipped"] for o in seen if "skipped" in o},
+        "runs": [o["run"] for o in used], "skipped": {o["run"]: o["skipped"] for o in seen if "skipped" in o},
         "phases": {name: _fit_phase(phase, used) for name, phase in PHASES.items()},
     }
     return made if base is None else _onto(base, made)

@@ -1,12 +1,6 @@
 """What a restart's ranks do to the file systems besides reading the checkpoint, per rank and start-up phase, as
-measured (docs/restart-io.md): the table the predictor scales to many ranks (configs/restart_io.json).
-
-The counts of a rank's opens, stats and listings at start-up are exact and the same on every machine with the same
-software (Python, torch, DeepSpeed versions): they are what Python's imports and DeepSpeed's set-up ask of the file
-system, not how fast it answers. One table entry per training stack and engine; `scripts/refresh_restart_io.py`
-measures them (restarts started by mpiexec, so every rank imports for itself) and writes the table with the versions
-it was measured with; `python -m restart_harness.predict.restart_io RUN_DIR...` prints what finished runs give.
-"""
+measured (docs/restart-io.md, which says how the table is measured): the table the predictor scales to many ranks
+(configs/restart_io.json); `python -m restart_harness.predict.restart_io RUN_DIR...` prints what finished runs give."""
 
 from __future__ import annotations
 

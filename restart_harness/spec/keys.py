@@ -152,14 +152,6 @@ def key(default: object, help: str, *, group: str, unit: str | None = None, choi
     return dataclasses.field(default=default, metadata=meta)
 
 
-def _split_type(hint: object) -> tuple[type, bool]:
-    args = typing.get_args(hint)
-    if args and type(None) in args:
-        (inner,) = [a for a in args if a is not type(None)]
-        return inner, True
-    return hint, False  # type: ignore[return-value]
-
-
 @cache
 def keys_of(cls: type) -> dict[str, Key]:
     """name -> Key for the fields of cls declared with key(), in declaration order."""
@@ -169,7 +161,9 @@ def keys_of(cls: type) -> dict[str, Key]:
         meta = f.metadata.get("key")
         if meta is None:
             continue
-        kind, optional = _split_type(hints[f.name])
+        args = typing.get_args(hints[f.name])  # `X | None`: X, and None is a value
+        optional = type(None) in args
+        kind = next(a for a in args if a is not type(None)) if optional else hints[f.name]
         out[f.name] = Key(name=f.name, type=kind, optional=optional, default=f.default, **meta)
     return out
 

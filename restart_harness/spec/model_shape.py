@@ -58,17 +58,11 @@ class ModelShape:
             return self
         d = self.dim_per_head // k
         if d < 2 or d % 2:
-            raise UsageError(
-                f"shrink={k}: head dimension {self.dim_per_head}/{k} = {d} must be an even number >= 2 "
-                f"(rotary embeddings); accepted: shrink dividing {self.dim_per_head} to an even result"
-            )
-        return dataclasses.replace(
-            self,
-            hidden_size=d * self.num_attention_heads,
-            head_dim=None,
-            intermediate_size=max(1, self.intermediate_size // k),
-            vocab_size=max(1, self.vocab_size // k),
-        )
+            raise UsageError(f"shrink={k}: head dimension {self.dim_per_head}/{k} = {d} must be an even number >= 2 "
+                             f"(rotary embeddings); accepted: shrink dividing {self.dim_per_head} to an even result")
+        return dataclasses.replace(self, hidden_size=d * self.num_attention_heads, head_dim=None,
+                                   intermediate_size=max(1, self.intermediate_size // k),
+                                   vocab_size=max(1, self.vocab_size // k))
 
 
 def shape_keys():
@@ -136,10 +130,8 @@ def _load_model(name: str) -> tuple[ModelShape, str]:
         if not path.is_file():
             raise UsageError(f"model {name!r}: no such preset file")
         return from_mapping(_read_yaml(path), str(path)), str(path.resolve())
-    raise UsageError(
-        f"unknown model {name!r}; accepted: {', '.join(preset_names())}, "
-        "a path to an HF config.json, or a .yaml preset file"
-    )
+    raise UsageError(f"unknown model {name!r}; accepted: {', '.join(preset_names())}, a path to an HF config.json, "
+                     "or a .yaml preset file")
 
 
 def _from_hf_config(path: Path) -> ModelShape:

@@ -1,12 +1,7 @@
-"""RunRecord: one run as it was made, frozen: the RunSpec (what was asked, completed against the machine), the run
-directory, where its checkpoints are (the storage target's record), and the facts of the host and software. Written
-once as spec.json when the run directory is created (restart_harness/rundir/) and read back by read() - the one reader
-of spec.json - wherever a run is continued (restart_harness/resolve.py turns it into the run's plug-ins): inside a
-batch job, by every rank, by finalize, by a restart-only re-run.
-
-A restart at another layout runs with its own spec (records/spec-<record>.json: the same run at the new layout);
-read(run_dir, record) returns it for that record.
-"""
+"""RunRecord: one run as it was made, frozen: the RunSpec (completed against the machine), the run directory, where
+its checkpoints are (the storage target's record), and the host and software facts. Written once as spec.json when the
+run directory is created and read back by read(), the one reader of spec.json, wherever a run is continued; a restart
+at another layout has its own (records/spec-<record>.json), which read(run_dir, record) returns."""
 
 from __future__ import annotations
 

@@ -218,13 +218,9 @@ class RunSpec:
         data = dataclasses.asdict(self)
         data["shape"] = dataclasses.asdict(self.shape)
         data["derived"] = {
-            "configuration_fields": configuration_fields(),
-            "world_size": self.world_size,
-            "launched_ranks": self.launched_ranks,
-            "global_batch": self.global_batch,
-            "num_parameters": self.shape.num_parameters(),
-            "pipeline_module": self.pp > 1,
-            "shrunk": self.shrink > 1,
+            "configuration_fields": configuration_fields(), "world_size": self.world_size,
+            "launched_ranks": self.launched_ranks, "global_batch": self.global_batch,
+            "num_parameters": self.shape.num_parameters(), "pipeline_module": self.pp > 1, "shrunk": self.shrink > 1,
         }
         return data
 
@@ -259,10 +255,8 @@ class RunSpec:
             raise UsageError(f"{' and '.join(given)}: one failure rate; accepted: one of mtbf=, mtbf_per_node=, "
                              "mtbf_per_gpu=")
         if spec.save_interval > spec.iters:
-            raise UsageError(
-                f"save_interval={spec.save_interval} is larger than iters={spec.iters}: no checkpoint would be "
-                "written; accepted: 1 <= save_interval <= iters"
-            )
+            raise UsageError(f"save_interval={spec.save_interval} is larger than iters={spec.iters}: no checkpoint "
+                             "would be written; accepted: 1 <= save_interval <= iters")
         return dataclasses.replace(spec, seq_len=seq_len)
 
     def with_layout(self, **layout) -> RunSpec:
@@ -295,10 +289,8 @@ def _ranks(spec: RunSpec) -> tuple[int, int]:
         else:
             ranks = spec.nodes * spec.ranks_per_node
             if ranks % per_replica:
-                raise UsageError(
-                    f"nodes x ranks_per_node = {spec.nodes} x {spec.ranks_per_node} = {ranks} ranks is not "
-                    f"a multiple of tp x pp = {spec.tp} x {spec.pp} = {per_replica}"
-                )
+                raise UsageError(f"nodes x ranks_per_node = {spec.nodes} x {spec.ranks_per_node} = {ranks} ranks is "
+                                 f"not a multiple of tp x pp = {spec.tp} x {spec.pp} = {per_replica}")
             dp = ranks // per_replica
     world = per_replica * dp
     if world > MAX_WORLD:
@@ -307,17 +299,13 @@ def _ranks(spec: RunSpec) -> tuple[int, int]:
     ranks_per_node = spec.ranks_per_node
     if ranks_per_node is None:
         if world % spec.nodes:
-            raise UsageError(
-                f"world size tp x pp x dp = {spec.tp} x {spec.pp} x {dp} = {world} does not split over "
-                f"nodes={spec.nodes}"
-            )
+            raise UsageError(f"world size tp x pp x dp = {spec.tp} x {spec.pp} x {dp} = {world} does not split over "
+                             f"nodes={spec.nodes}")
         ranks_per_node = world // spec.nodes
     if spec.nodes * ranks_per_node != world:
-        raise UsageError(
-            f"dp={dp} does not match the ranks: tp x pp x dp = {spec.tp} x {spec.pp} x {dp} = "
-            f"{world}, but nodes x ranks_per_node = {spec.nodes} x {ranks_per_node} = "
-            f"{spec.nodes * ranks_per_node}"
-        )
+        raise UsageError(f"dp={dp} does not match the ranks: tp x pp x dp = {spec.tp} x {spec.pp} x {dp} = {world}, "
+                         f"but nodes x ranks_per_node = {spec.nodes} x {ranks_per_node} = "
+                         f"{spec.nodes * ranks_per_node}")
     return dp, ranks_per_node
 
 
@@ -350,34 +338,23 @@ def _check_model_size(s: ModelShape) -> None:
 def _check_model_split(spec: RunSpec) -> None:
     s, tp = spec.shape, spec.tp
     if s.hidden_size % s.num_attention_heads and s.head_dim is None:
-        raise UsageError(
-            f"hidden_size={s.hidden_size} is not divisible by num_attention_heads={s.num_attention_heads}"
-        )
+        raise UsageError(f"hidden_size={s.hidden_size} is not divisible by num_attention_heads={s.num_attention_heads}")
     if s.num_attention_heads % s.num_key_value_heads:
-        raise UsageError(
-            f"num_attention_heads={s.num_attention_heads} is not a multiple of "
-            f"num_key_value_heads={s.num_key_value_heads}"
-        )
+        raise UsageError(f"num_attention_heads={s.num_attention_heads} is not a multiple of "
+                         f"num_key_value_heads={s.num_key_value_heads}")
     if s.dim_per_head % 2:
         raise UsageError(f"head dimension {s.dim_per_head} must be even (rotary embeddings)")
-    checks = [
-        ("num_attention_heads", s.num_attention_heads),
-        ("num_key_value_heads", s.num_key_value_heads),
-        ("intermediate_size", s.intermediate_size),
-        ("vocab_size", s.vocab_size),
-    ]
+    checks = [("num_attention_heads", s.num_attention_heads), ("num_key_value_heads", s.num_key_value_heads),
+              ("intermediate_size", s.intermediate_size), ("vocab_size", s.vocab_size)]
     for name, value in checks:
         if value % tp:
-            hint = ""
-            if name == "num_key_value_heads":
-                hint = " (key/value heads are split across TP ranks, not replicated)"
+            hint = (" (key/value heads are split across TP ranks, not replicated)" if name == "num_key_value_heads"
+                    else "")
             raise UsageError(f"tp={tp} does not divide {name}={value}{hint}; accepted: tp dividing "
                              + ", ".join(f"{n}={v}" for n, v in checks))
     if spec.pp > s.num_hidden_layers:
-        raise UsageError(
-            f"pp={spec.pp} is larger than the {s.num_hidden_layers} transformer layers "
-            f"(each pipeline stage needs at least one); accepted: pp from 1 to {s.num_hidden_layers}"
-        )
+        raise UsageError(f"pp={spec.pp} is larger than the {s.num_hidden_layers} transformer layers (each pipeline "
+                         f"stage needs at least one); accepted: pp from 1 to {s.num_hidden_layers}")
 
 
 def run_keys() -> dict:

@@ -5,12 +5,14 @@ cut off."""
 
 from __future__ import annotations
 
+import io
 import textwrap
 
 from matplotlib.figure import Figure
 
 from analysis.table import common_label
 
+FIGURE_DPI = 110
 LEGEND = {"fontsize": "small", "loc": "upper left", "bbox_to_anchor": (1.0, 1.0)}  # outside: never on a bar
 LEGEND_CHARS = 40  # a legend entry wraps here: the legend beside the axes takes at most about 2.7 in
 TICK_CHARS = 36  # a tick label on the y axis wraps here
@@ -96,3 +98,14 @@ def fit(fig: Figure) -> Figure:
     now += added * LINE_IN
     fig.set_size_inches(width, max(now, height))
     return fig
+
+
+def png_bytes(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=FIGURE_DPI)
+    return buf.getvalue()
+
+
+def pngs(figures: dict[str, Figure | None]) -> tuple[dict[str, bytes], list[str]]:
+    """Each figure's PNG bytes by name, and the names without data (None)."""
+    return {k: png_bytes(v) for k, v in figures.items() if v is not None}, [k for k, v in figures.items() if v is None]

@@ -6,13 +6,11 @@ torch)."""
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
-from matplotlib.figure import Figure
-
+from analysis.layout import pngs
 from analysis.load import _read_json
-from analysis.render import Table, html_page, markdown
+from analysis.render import Table, documents
 from analysis.study_figures import figures
 from analysis.study_rows import file_rows, rows
 from analysis.study_tables import tables
@@ -37,38 +35,21 @@ def load(folder: Path) -> tuple[dict, dict[int, dict]]:
     return study, runs
 
 
-def _png(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    return buf.getvalue()
-
-
-def _made(folder: Path) -> tuple[dict, dict, list[dict], dict[str, bytes], list[str]]:
-    """study.json, its cells' runs, the table's rows, the figures (PNG bytes) and the figures without data."""
-    study, runs = load(folder)
-    table = rows(study, runs)
-    made = figures(table, study)
-    return study, runs, table, {k: _png(v) for k, v in made.items() if v is not None}, \
-        [k for k, v in made.items() if v is None]
-
-
 def section(folder: Path) -> tuple[list[Table], dict[str, bytes], list[str]]:
     """The study's tables and figures (PNG bytes), and the figures without data: what a report adds."""
-    study, _, table, pngs, missing = _made(folder)
-    return tables(study, table), pngs, missing
+    study, runs = load(folder)
+    table = rows(study, runs)
+    return tables(study, table), *pngs(figures(table, study))
 
 
 def write(folder: Path) -> list[Path]:
     """study.csv, study-files.csv, study.md, study.html and the figures, into the study's folder."""
-    folder = Path(folder)
-    study, runs, table, pngs, missing = _made(folder)
-    title = f"Study {study['study_id']}: {len(table)} cells"
-    ts = tables(study, table)
+    study, runs = load(folder)
+    table = rows(study, runs)
     files = {"study.csv": to_csv(table, False).encode(),
              "study-files.csv": to_csv(file_rows(study, runs), False).encode(),
-             "study.md": markdown(title, ts, list(pngs), missing).encode(),
-             "study.html": html_page(title, ts, pngs, missing).encode(),
-             **{f"{k}.png": v for k, v in pngs.items()}}
+             **documents("study", f"Study {study['study_id']}: {len(table)} cells", tables(study, table),
+                         *pngs(figures(table, study)))}
     for name, data in files.items():
-        write_bytes_atomic(folder / name, data)
-    return [folder / name for name in files]
+        write_bytes_atomic(Path(folder) / name, data)
+    return [Path(folder) / name for name in files]

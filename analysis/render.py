@@ -166,7 +166,7 @@ def reshard_table(groups: list[Group]) -> Table | None:
     """Restarts at another layout beside their run's same-layout restarts: conversion, phases, continuity."""
     rows = []
     for g in groups:
-        for own, r in [(True, r) for r in g.restarts[-1:] if g.resharded] + [(False, r) for r in g.resharded]:
+        for own, r in g.reshards:
             rows.append([g.label, r["restart_record"], f"{r.get('restart_layout_saved') or '-'} (own)" if own else
                          f"{r['restart_layout_saved']} -> {r['restart_layout_loaded']}", "-" if own else
                          _v(r.get("conversion_seconds")) + (" (reused)" if r.get("conversion_reused") else ""),

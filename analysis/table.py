@@ -121,6 +121,11 @@ class Group:
         """Its rows of a restart record (a run without a restart has a row of its own)."""
         return [r for r in self.rows if r.get("restart_record")]
 
+    @property
+    def reshards(self) -> list[tuple[bool, dict]]:
+        """Where it restarted at another layout: (True, its latest same-layout restart), then (False, each of those)."""
+        return [(True, r) for r in self.restarts[-1:] if self.resharded] + [(False, r) for r in self.resharded]
+
     def _parts(self, common: frozenset) -> list[str]:
         return [x for x in (*(getattr(self, n) for n in ("model", "layout", "engine") if n not in common), self.extra)
                 if x]

@@ -1,7 +1,5 @@
-"""The crossover in the report (docs/prediction.md#the-crossover): each restart phase as the prediction model puts
-it along a run's family (the run with its model's size changed), against the checkpoint's size, the checkpoint size
-from which the load is the largest phase marked, and the runs' measured phases as points at their own sizes. Read
-from summary.json's prediction.crossover, which a run writes; nothing here imports the harness's model."""
+"""The crossover in the report (docs/prediction.md#the-crossover), read from summary.json's prediction.crossover:
+each restart phase predicted along a run's family against the checkpoint's size, and the runs' measured phases."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""What keeps a figure's words inside it: axes as wide as their slots need, legends of bounded width beside the axes,
-titles and captions wrapped, configuration keys where labels would overlap, a figure as tall as its legend. Without them a long configuration label made constrained layout give up (its
-warning on the terminal, the axes collapsed), a title ran under the figure's legend and a legend's last entries were
-cut off."""
+"""What keeps a figure's words inside it: axes as wide as their slots need, legends beside the axes, titles and
+captions wrapped, configuration keys where labels would overlap, a figure as tall as its legend."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
 #!/usr/bin/env python3
-"""./analysis/report.py RUN_OR_SWEEP_DIR... [out_dir=REPORT_DIR] [include=failed,dry] [match=GLOB]   (also: python -m
-analysis ..., ./submit-job.sh report ...; -o REPORT_DIR is out_dir=)
-
-Finds every finished run (a directory holding spec.json whose run completed) at or below the paths given, and writes
-a report folder (default ./reports/report-<time>/):
-runs.csv (one row per run and restart record), saves.csv (one row per save), report.md, one PNG per figure and
-report.html (everything embedded); a study folder (study.json, ./submit-job.sh study) adds its table and figures first
-(analysis/study.py). Unreadable inputs are named on stderr, one line each, and skipped. The last
-line printed is the report folder. Exit 0 if at least one run or study was read, 2 if none (nothing is written
-then)."""
+"""./analysis/report.py RUN_OR_SWEEP_DIR... [out_dir=REPORT_DIR] [include=failed,dry] [match=GLOB] (also python -m
+analysis, ./submit-job.sh report): a report folder of the runs and studies found (docs/analysis.md)."""
 
 from __future__ import annotations
 

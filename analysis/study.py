@@ -1,8 +1,5 @@
-"""A study's table (`./submit-job.sh study`, restart_harness/campaigns/study/): study.json and the run folders of
-its cells -> study.csv (one row per cell: model x GPU count x strategy x engine; study_rows.py), study-files.csv
-(every file of every cell), study.md and study.html (the report section; study_tables.py) and the figures
-(study_figures.py), written into the study's folder. Reads result files only (standard library and matplotlib: no
-torch)."""
+"""A study's table (`./submit-job.sh study`, docs/study.md) from study.json and its cells' runs: study.csv
+(study_rows.py), study-files.csv, study.md and study.html (study_tables.py) and the figures (study_figures.py)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,6 @@ from matplotlib.figure import Figure
 from analysis.table import Group, get, num
 from restart_harness.schema import CROSSOVER_LOAD, GIB, PHASE_NAMES, engine_label, layout_label
 
-PHASES = ("restart_launch_seconds", *(f"restart_{p}_seconds" for p in PHASE_NAMES))
 COLORS = {"restart_launch_seconds": "#bbbbbb", **{f"restart_{p}_seconds": f"C{i}" for i, p in enumerate(PHASE_NAMES)}}
 PER_PAGE = 3
 CAPTION = ("lines: each restart phase predicted before launch along the family of the run named in the title (its "

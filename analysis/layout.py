@@ -26,6 +26,12 @@ def wrap(text: str, chars: int) -> str:
     return "\n".join(textwrap.fill(line, chars) for line in text.splitlines())
 
 
+def paged(items: list, per_page: int, draw) -> list[Figure]:
+    """draw(page, (n, pages)) for each page of per_page items."""
+    pages = [items[i:i + per_page] for i in range(0, len(items), per_page)]
+    return [draw(page, (n, len(pages))) for n, page in enumerate(pages, 1)]
+
+
 def bar_figure(n_categories: int, height: float = 4.2) -> tuple[Figure, object]:
     """A figure and its axes for n categories of bars: wide enough for multi-line tick labels, but capped so a big
     sweep still fits a screen (smaller ticks then)."""

@@ -9,19 +9,13 @@ import textwrap
 from matplotlib.figure import Figure
 
 from analysis.charts import CATEGORY_COLORS, PHASE_PALETTE
-from analysis.layout import caption
+from analysis.layout import caption, paged
 from analysis.table import Group, common_label
 from restart_harness.results.views import CheckpointView, LostView
 from restart_harness.schema import RESTART_PHASES, io_metadata_ops
 
 XSMALL_CHAR_IN = 0.06  # width of an x-small character, inches
 BESIDE_IN = 3.6  # of a page's width, what its y labels and legend take
-
-
-def _paged(shown: list, draw) -> list[Figure]:
-    """draw(page, (n, pages)) for each page of the shown configurations."""
-    pages = [shown[i:i + MAX_TIMELINES] for i in range(0, len(shown), MAX_TIMELINES)]
-    return [draw(page, (n, len(pages))) for n, page in enumerate(pages, 1)]
 
 
 def _of(page: tuple[int, int]) -> str:
@@ -42,7 +36,7 @@ def restart_timelines(groups: list[Group], phases: list[str]) -> list[Figure]:
     shown = [(g, rec) for g in groups if (rec := next((
         r for run in reversed(g.runs) for r in reversed(run.view.restarts)
         if r.per_rank and all("marks" in x for x in r.per_rank)), None))]
-    return _paged(shown, lambda page, n: _timeline_page(page, phases, n))
+    return paged(shown, MAX_TIMELINES, lambda page, n: _timeline_page(page, phases, n))
 
 
 def restart_timeline(groups: list[Group], phases: list[str]) -> Figure | None:
@@ -95,7 +89,7 @@ def step_timelines(groups: list[Group]) -> list[Figure]:
     """Every configuration's training steps over its checkpoint phase (its latest run), MAX_TIMELINES to a page."""
     shown = [(g, run.view) for g in groups if (run := next(
         (r for r in reversed(g.runs) if r.view.training and r.view.training.step_seconds), None))]
-    return _paged(shown, _step_page)
+    return paged(shown, MAX_TIMELINES, _step_page)
 
 
 def _step_page(shown: list, page: tuple[int, int]) -> Figure:
@@ -140,7 +134,7 @@ def restart_io(groups: list[Group], phases: list[str]) -> list[Figure]:
     operations above, MiB read through read calls below (docs/measurements.md#io-by-source)."""
     shown = [(g, io) for g in groups if (io := next((x for run in reversed(g.runs) for r in reversed(run.view.restarts)
                                                      if (x := r.io_by_source())), None))]
-    return _paged(shown, lambda page, n: _io_page(page, phases, n))
+    return paged(shown, MAX_TIMELINES, lambda page, n: _io_page(page, phases, n))
 
 
 def _io_page(shown: list, phases: list[str], page: tuple[int, int]) -> Figure:
@@ -209,7 +203,7 @@ def _attributed(groups: list[Group]) -> list[tuple[str, dict]]:
 def restart_causes(groups: list[Group]) -> list[Figure]:
     """Where each restart phase's seconds went (attribution=): per sampled restart, a bar per phase split by the kind
     of its causes, the largest named on its bar; one x scale across the page, so restarts compare."""
-    return _paged(_attributed(groups), _causes_page)
+    return paged(_attributed(groups), MAX_TIMELINES, _causes_page)
 
 
 def _causes_page(shown: list, page: tuple[int, int]) -> Figure:

@@ -33,7 +33,6 @@ RESTART_CONDITIONS = {"launcher": "restart_launcher", "cache": "restart_cache_re
                       "env_cache": "restart_env_cache_requested", "staged": "restart_staged"}
 
 
-
 def get(d: object, *keys: str, default: object = None) -> object:
     """d[k1][k2]... or default when any level is missing or not an object."""
     for k in keys:
@@ -56,7 +55,6 @@ def restart_records(summary: dict) -> list[dict]:
     if not records and isinstance(summary.get("restart"), dict):
         records = [summary["restart"]]
     return records
-
 
 
 def loaded_save(s: SummaryView, tag: str | None) -> SaveView:
@@ -84,11 +82,8 @@ def run_columns(run: Run) -> dict:
         "cache_requested": sv.cache, "num_parameters": get(sv.derived, "num_parameters"),
         "checkpoint_tag": ck.tag, "checkpoint_files": num(ck.files), "checkpoint_bytes": num(ck.bytes),
     }
-    for kind in KINDS:
-        row[f"{kind}_files"] = num(get(ck.by_kind, kind, "files"))
-        row[f"{kind}_bytes"] = num(get(ck.by_kind, kind, "bytes"))
-    row["checkpoint_rank_max_bytes"] = num(get(ck.bytes_per_rank, "max"))
-    row["checkpoint_rank_min_bytes"] = num(get(ck.bytes_per_rank, "min"))
+    row.update({f"{kind}_{n}": num(get(ck.by_kind, kind, n)) for kind in KINDS for n in ("files", "bytes")})
+    row.update({f"checkpoint_rank_{m}_bytes": num(get(ck.bytes_per_rank, m)) for m in ("max", "min")})
     row["saves_count"] = len(ck.saves or ())
     return {**row, **training_columns(s), **storage_columns(s), **request_columns("save", ck),
             **prediction_columns(run.summary)}
@@ -132,14 +127,10 @@ def storage_columns(s: SummaryView) -> dict:
     return {
         **row,
         "machine_busy_at_launch": get(ck.machine_load, "busy") if ck.machine_load else None,
-        "efficiency_save_ratio": num(get(ck.efficiency, "save")),
-        "efficiency_load_ratio": num(get(ck.efficiency, "load")),
-        "ceiling_write_mib_s": num(get(base.ceiling, "write_mib_s")),
-        "ceiling_read_mib_s": num(get(base.ceiling, "read_mib_s")),
-        "ceiling_write_from": get(base.ceiling, "write_from"),
-        "ceiling_read_from": get(base.ceiling, "read_from"),
-        "efficiency_save_of_ceiling_ratio": num(get(ck.efficiency, "save_of_ceiling")),
-        "efficiency_load_of_ceiling_ratio": num(get(ck.efficiency, "load_of_ceiling")),
+        **{f"efficiency_{d}_ratio": num(get(ck.efficiency, d)) for d in ("save", "load")},
+        **{f"ceiling_{way}_mib_s": num(get(base.ceiling, f"{way}_mib_s")) for way in ("write", "read")},
+        **{f"ceiling_{way}_from": get(base.ceiling, f"{way}_from") for way in ("write", "read")},
+        **{f"efficiency_{d}_of_ceiling_ratio": num(get(ck.efficiency, f"{d}_of_ceiling")) for d in ("save", "load")},
     }
 
 
@@ -181,14 +172,11 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
     save = loaded_save(s, r.tag) if summary.get("checkpoint") else SaveView()
     row = {
         "save_tag": save.tag, "save_step": num(save.step),
-        "save_blocking_seconds": num(save.blocking_seconds),
-        "save_durable_seconds": num(save.durable_seconds),
-        "save_commit_seconds": num(save.commit_seconds),
+        **{f"save_{k}": num(getattr(save, k)) for k in ("blocking_seconds", "durable_seconds", "commit_seconds")},
         "save_training_lost_seconds": num(get(save.training_lost, "seconds")),
         "save_memory_cost_bytes": num(get(save.memory, "cost_bytes")),
         "save_checksum_seconds": num(save.checksum_seconds),
-        "throughput_blocking_mib_s": num(get(save.throughput_mib_s, "blocking")),
-        "throughput_durable_mib_s": num(get(save.throughput_mib_s, "durable")),
+        **{f"throughput_{k}_mib_s": num(get(save.throughput_mib_s, k)) for k in ("blocking", "durable")},
         "restart_record": r.record, "restart_tag": r.tag, "restart_ranks": num(r.ranks),
         "restart_total_seconds": num(r.total_seconds),
         "restart_launch_seconds": num(r.launch_seconds), "restart_wall_seconds": num(r.wall_seconds),
@@ -207,18 +195,15 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
 
 def breakdown_columns(r: RestartView, save: SaveView, phases: list[str]) -> dict:
     """Where a restart's time went (its phases and its load's categories) and the loaded save's."""
-    row = {f"phase_{p}_seconds": num(get(r.phases, p)) for p in phases}
     lb = r.load_breakdown if isinstance(r.load_breakdown, dict) else {}
-    for c in LOAD_CATEGORIES:
-        row[f"load_{c}_seconds"] = num(get(lb, f"{c}_seconds"))
+    row = {**{f"phase_{p}_seconds": num(get(r.phases, p)) for p in phases},
+           **{f"load_{c}_seconds": num(get(lb, f"{c}_seconds")) for c in LOAD_CATEGORIES}}
     row["load_slowest_rank"] = get(lb, "slowest_rank")
     row["load_read_bytes"] = sum(num(get(x, "read_bytes")) or 0 for x in get(lb, "per_rank") or []) or None
     memory = r.memory if isinstance(r.memory, dict) else {}
     peaks = [num(get(v, "peak_rss_bytes_max")) for v in memory.values()]
     row["restart_peak_rss_bytes"] = max((p for p in peaks if p is not None), default=None)
-    for c in SAVE_CATEGORIES:
-        row[f"save_{c}_seconds"] = num(get(save.breakdown, f"{c}_seconds"))
-    return row
+    return {**row, **{f"save_{c}_seconds": num(get(save.breakdown, f"{c}_seconds")) for c in SAVE_CATEGORIES}}
 
 
 def outcome_columns(r: RestartView) -> dict:

@@ -1,7 +1,5 @@
-"""The crossover in the report (docs/prediction.md#the-crossover): each restart phase as the prediction model puts
-it along a run's family (the run with its model's size changed), against the checkpoint's size, the checkpoint size
-from which the load is the largest phase marked, and the runs' measured phases as points at their own sizes. Read
-from summary.json's prediction.crossover, which a run writes; nothing here imports the harness's model."""
+"""The crossover in the report (docs/prediction.md#the-crossover), read from summary.json's prediction.crossover:
+each restart phase predicted along a run's family against the checkpoint's size, and the runs' measured phases."""
 
 from __future__ import annotations
 
@@ -9,10 +7,10 @@ import textwrap
 
 from matplotlib.figure import Figure
 
+from analysis.layout import paged, wrap
 from analysis.table import Group, get, num
 from restart_harness.schema import CROSSOVER_LOAD, GIB, PHASE_NAMES, engine_label, layout_label
 
-PHASES = ("restart_launch_seconds", *(f"restart_{p}_seconds" for p in PHASE_NAMES))
 COLORS = {"restart_launch_seconds": "#bbbbbb", **{f"restart_{p}_seconds": f"C{i}" for i, p in enumerate(PHASE_NAMES)}}
 PER_PAGE = 3
 CAPTION = ("lines: each restart phase predicted before launch along the family of the run named in the title (its "
@@ -87,22 +85,21 @@ def _panel(ax, name: str, runs: list) -> None:
     where = (f"crossover {cross / GIB:,.2f} GiB, overtaking {_short(c['overtakes'])}" if cross else
              f"no crossover in range: {c['status'].replace('_', ' ')}")
     title = f"{name}: {where}\n(curves: {shown.summary.get('run_id') or shown.dir.name})"
-    ax.set_title("\n".join(textwrap.fill(line, 95) for line in title.splitlines()), loc="left", fontsize="medium")
+    ax.set_title(wrap(title, 95), loc="left", fontsize="medium")
     ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
 
 
 def figures(groups: list[Group]) -> list[Figure]:
     """crossover_seconds: a panel per family, PER_PAGE panels a page; [] where no run carries a crossover."""
-    found = families(groups)
-    pages = []
-    for start in range(0, len(found), PER_PAGE):
-        page = found[start:start + PER_PAGE]
-        fig = Figure(figsize=(10.5, 1.2 + 4.2 * len(page)), layout="constrained")
-        for i, (name, runs) in enumerate(page):
-            _panel(fig.add_subplot(len(page), 1, i + 1), name, runs)
-        fig.supxlabel(textwrap.fill(CAPTION, 150), fontsize="x-small", color="0.4")
-        pages.append(fig)
-    return pages
+    return paged(families(groups), PER_PAGE, lambda page, _: _page(page))
+
+
+def _page(page: list) -> Figure:
+    fig = Figure(figsize=(10.5, 1.2 + 4.2 * len(page)), layout="constrained")
+    for i, (name, runs) in enumerate(page):
+        _panel(fig.add_subplot(len(page), 1, i + 1), name, runs)
+    fig.supxlabel(textwrap.fill(CAPTION, 150), fontsize="x-small", color="0.4")
+    return fig
 
 
 def rows(groups: list[Group]) -> list[list[str]]:

@@ -68,50 +68,43 @@ def _campaign_panel(ax, found: list[dict]) -> None:
                (med["save_seconds"], med["restart_seconds"], step), realized, xs, share)
         ax.scatter([d["model"]["interval_seconds"] for d in docs], [d["goodput"]["goodput"] for d in docs],
                    color=color, edgecolor="black", zorder=3, label=f"{engine}, mtbf={mtbf:g} s: measured")
-    ax.set_xscale("log")
-    ax.set_xlabel("checkpoint interval (seconds, log scale)")
-    ax.set_ylabel("goodput (productive share of wall time)")
-    title(ax, "Failure campaigns: measured goodput beside the model's curve")
-    legend(ax, title="engine, failure rate")
+    _axes(ax, "goodput (productive share of wall time)", "Failure campaigns: measured goodput beside the model's curve",
+          "engine, failure rate")
 
 
-def _scale_panel(ax, groups: list[Group]) -> bool:
+def _scale_panel(ax, groups: list[Group]) -> None:
     """Each engine's curve at at_gpus= from its first run that measured a save, a restart and a step."""
-    drawn, engines = False, {}
+    engines: dict[str, dict] = {}
     for g in groups:
         for run in g.runs:
-            entries = (run.summary or {}).get("goodput") or []
-            if entries and g.engine not in engines:
-                engines[g.engine] = entries[-1]
-    if not engines:
-        return False
+            if entries := (run.summary or {}).get("goodput") or []:
+                engines.setdefault(g.engine, entries[-1])
     every = [o["best_interval_seconds"] for o in engines.values()]
     xs = _grid(min(every) / 20, max(every) * 20)
     for i, (engine, o) in enumerate(sorted(engines.items())):
         _curve(ax, COLORS[i % len(COLORS)], f"{engine} ({o['gpus']:,} GPUs, MTBF {o['job_mtbf_seconds'] / 3600:.3g} h)",
                (o["save_seconds"], o["restart_seconds"], o["step_seconds"]), o["job_mtbf_seconds"], xs)
-        drawn = True
+    _axes(ax, "expected goodput", "At scale, from the runs' measured save, restart and step", "engine (scale, job MTBF)")
+
+
+def _axes(ax, ylabel: str, heading: str, legend_title: str) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("checkpoint interval (seconds, log scale)")
-    ax.set_ylabel("expected goodput")
-    title(ax, "At scale, from the runs' measured save, restart and step")
-    legend(ax, title="engine (scale, job MTBF)")
-    return drawn
+    ax.set_ylabel(ylabel)
+    title(ax, heading)
+    legend(ax, title=legend_title)
 
 
 def figure(found: list[dict], groups: list[Group]) -> Figure | None:
     """Goodput against the checkpoint interval; None where neither a campaign nor a run has the figures."""
     has_runs = any((r.summary or {}).get("goodput") for g in groups for r in g.runs)
-    panels = [p for p, present in (("campaigns", bool(found)), ("scale", has_runs)) if present]
+    panels = [draw for draw, present in ((lambda ax: _campaign_panel(ax, found), found),
+                                         (lambda ax: _scale_panel(ax, groups), has_runs)) if present]
     if not panels:
         return None
     fig = Figure(figsize=(11.0, 1.0 + 5.0 * len(panels)), layout="constrained")
-    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
-    for ax, panel in zip(axes, panels):
-        if panel == "campaigns":
-            _campaign_panel(ax, found)
-        else:
-            _scale_panel(ax, groups)
+    for ax, draw in zip(fig.subplots(len(panels), 1, squeeze=False)[:, 0], panels):
+        draw(ax)
     caption(fig, "curves: expected goodput (Daly's model at the campaigns' measured costs, docs/goodput.md); "
                  "triangles: the model's best interval; dots: a failure campaign's measured goodput at its interval")
     return fit(fig)

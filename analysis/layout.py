@@ -1,16 +1,16 @@
-"""What keeps a figure's words inside it: axes as wide as their slots need, legends of bounded width beside the axes,
-titles and captions wrapped, configuration keys where labels would overlap, a figure as tall as its legend. Without them a long configuration label made constrained layout give up (its
-warning on the terminal, the axes collapsed), a title ran under the figure's legend and a legend's last entries were
-cut off."""
+"""What keeps a figure's words inside it: axes as wide as their slots need, legends beside the axes, titles and
+captions wrapped, configuration keys where labels would overlap, a figure as tall as its legend."""
 
 from __future__ import annotations
 
+import io
 import textwrap
 
 from matplotlib.figure import Figure
 
 from analysis.table import common_label
 
+FIGURE_DPI = 110
 LEGEND = {"fontsize": "small", "loc": "upper left", "bbox_to_anchor": (1.0, 1.0)}  # outside: never on a bar
 LEGEND_CHARS = 40  # a legend entry wraps here: the legend beside the axes takes at most about 2.7 in
 TICK_CHARS = 36  # a tick label on the y axis wraps here
@@ -24,6 +24,12 @@ CHAR_IN = 0.075  # width of a tick label's character at the default size, inches
 def wrap(text: str, chars: int) -> str:
     """text on lines of at most chars characters (its own line breaks kept)."""
     return "\n".join(textwrap.fill(line, chars) for line in text.splitlines())
+
+
+def paged(items: list, per_page: int, draw) -> list[Figure]:
+    """draw(page, (n, pages)) for each page of per_page items."""
+    pages = [items[i:i + per_page] for i in range(0, len(items), per_page)]
+    return [draw(page, (n, len(pages))) for n, page in enumerate(pages, 1)]
 
 
 def bar_figure(n_categories: int, height: float = 4.2) -> tuple[Figure, object]:
@@ -96,3 +102,14 @@ def fit(fig: Figure) -> Figure:
     now += added * LINE_IN
     fig.set_size_inches(width, max(now, height))
     return fig
+
+
+def png_bytes(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=FIGURE_DPI)
+    return buf.getvalue()
+
+
+def pngs(figures: dict[str, Figure | None]) -> tuple[dict[str, bytes], list[str]]:
+    """Each figure's PNG bytes by name, and the names without data (None)."""
+    return {k: png_bytes(v) for k, v in figures.items() if v is not None}, [k for k, v in figures.items() if v is None]

@@ -9,19 +9,13 @@ import textwrap
 from matplotlib.figure import Figure
 
 from analysis.charts import CATEGORY_COLORS, PHASE_PALETTE
-from analysis.layout import caption
+from analysis.layout import caption, paged
 from analysis.table import Group, common_label
 from restart_harness.results.views import CheckpointView, LostView
-from restart_harness.schema import io_metadata_ops
+from restart_harness.schema import RESTART_PHASES, io_metadata_ops
 
 XSMALL_CHAR_IN = 0.06  # width of an x-small character, inches
 BESIDE_IN = 3.6  # of a page's width, what its y labels and legend take
-
-
-def _paged(shown: list, draw) -> list[Figure]:
-    """draw(page, (n, pages)) for each page of the shown configurations."""
-    pages = [shown[i:i + MAX_TIMELINES] for i in range(0, len(shown), MAX_TIMELINES)]
-    return [draw(page, (n, len(pages))) for n, page in enumerate(pages, 1)]
 
 
 def _of(page: tuple[int, int]) -> str:
@@ -42,7 +36,7 @@ def restart_timelines(groups: list[Group], phases: list[str]) -> list[Figure]:
     shown = [(g, rec) for g in groups if (rec := next((
         r for run in reversed(g.runs) for r in reversed(run.view.restarts)
         if r.per_rank and all("marks" in x for x in r.per_rank)), None))]
-    return _paged(shown, lambda page, n: _timeline_page(page, phases, n))
+    return paged(shown, MAX_TIMELINES, lambda page, n: _timeline_page(page, phases, n))
 
 
 def restart_timeline(groups: list[Group], phases: list[str]) -> Figure | None:
@@ -56,10 +50,6 @@ def _timeline_page(shown: list, phases: list[str], page: tuple[int, int] = (1, 1
     heights = [1.0 + 0.35 * len(rec.per_rank) for _, rec in shown]
     fig = Figure(figsize=(11.0, 1.2 + sum(heights)), layout="constrained")
     axes = fig.subplots(len(shown), 1, squeeze=False, height_ratios=heights)[:, 0]
-    marks_order = [("process_start", "imports_done", "imports"), ("imports_done", "dist_init_done", "dist_init"),
-                   ("dist_init_done", "model_built", "model_build"), ("model_built", "engine_initialized", "engine_init"),
-                   ("engine_initialized", "checkpoint_loaded", "checkpoint_load"),
-                   ("checkpoint_loaded", "first_step_done", "first_step")]
     colors = {p: PHASE_PALETTE[i % len(PHASE_PALETTE)] for i, p in enumerate(phases)}
     used: dict[str, object] = {}
     for ax, (g, rec) in zip(axes, shown, strict=True):
@@ -71,19 +61,18 @@ def _timeline_page(shown: list, phases: list[str], page: tuple[int, int] = (1, 1
             if launch and "process_start" in m:
                 used["launcher"] = ax.barh(y, m["process_start"] - launch, left=launch - t0, height=0.5,
                                            color=CATEGORY_COLORS["launcher"])
-            for a, b, name in marks_order:
+            for name, a, b in RESTART_PHASES:
                 if a in m and b in m:
                     used[name] = ax.barh(y, m[b] - m[a], left=m[a] - t0, height=0.5, color=colors.get(name, "C9"))
             if r.get("verify_seconds") and "checkpoint_loaded" in m:
                 used["verify"] = ax.barh(y, r["verify_seconds"], left=m["checkpoint_loaded"] - t0, height=0.5,
                                          color=CATEGORY_COLORS["verify"], hatch="//")
-            start = (lb.get("starts") or {}).get(str(r["rank"]), (lb.get("starts") or {}).get(r["rank"]))
-            for cat, a, b in (lb.get("intervals") or {}).get(str(r["rank"]), []) or \
-                    (lb.get("intervals") or {}).get(r["rank"], []):
-                if start is not None:
-                    name = "load: engine.load (read + deserialize)" if cat == "deserialize" else f"load: {cat}"
-                    used[name] = ax.barh(y + 0.38, b - a, left=start + a - t0, height=0.22,
-                                         color=CATEGORY_COLORS.get(cat, "black"))
+            starts, spans = lb.get("starts") or {}, lb.get("intervals") or {}  # keys: str in JSON, int in memory
+            start = starts.get(str(r["rank"]), starts.get(r["rank"]))
+            for cat, a, b in (spans.get(str(r["rank"])) or spans.get(r["rank"]) or []) if start is not None else ():
+                name = "load: engine.load (read + deserialize)" if cat == "deserialize" else f"load: {cat}"
+                used[name] = ax.barh(y + 0.38, b - a, left=start + a - t0, height=0.22,
+                                     color=CATEGORY_COLORS.get(cat, "black"))
         ax.set_yticks(range(len(ranks)), [f"rank {r['rank']}" for r in ranks], fontsize="small")
         ax.set_ylim(len(ranks) - 0.4, -0.6)
         ax.set_title(f"{g.full_label}: {rec.record}{rec.where()}", fontsize="medium", loc="left")
@@ -100,7 +89,7 @@ def step_timelines(groups: list[Group]) -> list[Figure]:
     """Every configuration's training steps over its checkpoint phase (its latest run), MAX_TIMELINES to a page."""
     shown = [(g, run.view) for g in groups if (run := next(
         (r for r in reversed(g.runs) if r.view.training and r.view.training.step_seconds), None))]
-    return _paged(shown, _step_page)
+    return paged(shown, MAX_TIMELINES, _step_page)
 
 
 def _step_page(shown: list, page: tuple[int, int]) -> Figure:
@@ -145,7 +134,7 @@ def restart_io(groups: list[Group], phases: list[str]) -> list[Figure]:
     operations above, MiB read through read calls below (docs/measurements.md#io-by-source)."""
     shown = [(g, io) for g in groups if (io := next((x for run in reversed(g.runs) for r in reversed(run.view.restarts)
                                                      if (x := r.io_by_source())), None))]
-    return _paged(shown, lambda page, n: _io_page(page, phases, n))
+    return paged(shown, MAX_TIMELINES, lambda page, n: _io_page(page, phases, n))
 
 
 def _io_page(shown: list, phases: list[str], page: tuple[int, int]) -> Figure:
@@ -214,7 +203,7 @@ def _attributed(groups: list[Group]) -> list[tuple[str, dict]]:
 def restart_causes(groups: list[Group]) -> list[Figure]:
     """Where each restart phase's seconds went (attribution=): per sampled restart, a bar per phase split by the kind
     of its causes, the largest named on its bar; one x scale across the page, so restarts compare."""
-    return _paged(_attributed(groups), _causes_page)
+    return paged(_attributed(groups), MAX_TIMELINES, _causes_page)
 
 
 def _causes_page(shown: list, page: tuple[int, int]) -> Figure:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from itertools import product
 
 from matplotlib.figure import Figure
 
@@ -105,13 +106,11 @@ def throughput(groups: list[Group]) -> Figure | None:
         "restart, storage read": [g.stat("restart_storage_read_throughput_mib_s") for g in gs],
     }
     grouped_bars(ax, ticks(fig, gs), {k: v for k, v in series.items() if any(v)})
-    for column, style, colour, name in (("baseline_write_mib_s", "--", "black", "storage baseline, write"),
-                                        ("baseline_read_mib_s", ":", "black", "storage baseline, read"),
-                                        ("ceiling_write_mib_s", "--", "firebrick", "storage ceiling, write"),
-                                        ("ceiling_read_mib_s", ":", "firebrick", "storage ceiling, read")):
-        for k, (j, s) in enumerate((j, s) for j, g in enumerate(gs) if (s := g.run_stat(column))):
+    for (kind, colour), (way, style) in product((("baseline", "black"), ("ceiling", "firebrick")),
+                                                (("write", "--"), ("read", ":"))):
+        for k, (j, s) in enumerate((j, s) for j, g in enumerate(gs) if (s := g.run_stat(f"{kind}_{way}_mib_s"))):
             ax.hlines(s.median, j - 0.45, j + 0.45, colors=colour, linestyles=style, linewidth=1.6,
-                      label=None if k else name)  # one legend entry
+                      label=None if k else f"storage {kind}, {way}")  # one legend entry
     ax.set_ylabel("throughput (MiB/s)")
     title(ax, "Checkpoint throughput per engine\n(bytes / slowest rank's seconds)")
     legend(ax)
@@ -232,14 +231,8 @@ def save_breakdown(groups: list[Group]) -> Figure | None:
 
 def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
     """Each restart at another layout beside its run's same-layout restart: conversion, then the restart's phases."""
-    bars: list[tuple[str, dict]] = []
-    for g in groups:
-        if not g.resharded:
-            continue
-        same = g.restarts
-        if same:
-            bars.append((f"{g.tick}\n{same[-1].get('restart_layout_saved') or 'own layout'}", same[-1]))
-        bars += [(f"{g.tick}\n-> {r['restart_layout_loaded']}", r) for r in g.resharded]
+    bars = [(f"{g.tick}\n" + (r.get("restart_layout_saved") or "own layout" if own else
+                              f"-> {r['restart_layout_loaded']}"), r) for g in groups for own, r in g.reshards]
     if not bars:
         return None
     fig, ax = bar_figure(len(bars), height=4.8)

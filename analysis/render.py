@@ -84,9 +84,12 @@ def phases_table(groups: list[Group], phases: list[str]) -> Table:
                  "total: slowest rank's process start to first step done, launch not included")
 
 
-def _latest_restart(g: Group) -> RestartView:
-    """The latest restart of the group's latest run that has one (an empty view where none has)."""
-    return next((r for run in reversed(g.runs) for r in reversed(run.view.restarts)), RestartView())
+def _latest(groups: list[Group], of, phases_of=lambda x: x) -> tuple[list[tuple], list[str]]:
+    """(group, its latest restart, of(that restart)) where that gives something, and the phases those name in
+    first-seen order; the latest restart: of the group's latest run that has one."""
+    found = [(g, rec, x) for g in groups if (x := of(rec := next(
+        (r for run in reversed(g.runs) for r in reversed(run.view.restarts)), RestartView())))]
+    return found, list(dict.fromkeys(p for *_, x in found for p in phases_of(x)))
 
 
 def anatomy_table(groups: list[Group]) -> Table | None:
@@ -108,13 +111,7 @@ def anatomy_table(groups: list[Group]) -> Table | None:
 
 def stragglers_table(groups: list[Group]) -> Table | None:
     """Per configuration (its latest restart) and phase: the slowest rank and its excess over the median rank."""
-    phases: list[str] = []
-    found = []
-    for g in groups:
-        rec = _latest_restart(g)
-        if st := rec.stragglers:
-            found.append((g, rec, st))
-            phases += [p for p in st if p not in phases]
+    found, phases = _latest(groups, lambda r: r.stragglers)
     if not found:
         return None
     rows = [[g.label, f"{rec.record}{rec.where()}", *(f"rank {st[p]['rank']} +{st[p]['excess_over_median_seconds']:.3f}"
@@ -126,16 +123,11 @@ def stragglers_table(groups: list[Group]) -> Table | None:
 
 def memory_table(groups: list[Group]) -> Table | None:
     """Host memory high-water mark per restart phase (largest over ranks), the latest restart of each."""
-    phases: list[str] = []
-    found = []
-    for g in groups:
-        if mem := _latest_restart(g).memory:
-            found.append((g, mem))
-            phases += [p for p in mem if p not in phases]
+    found, phases = _latest(groups, lambda r: r.memory)
     if not found:
         return None
     rows = [[g.label, *(f"{mem[p]['peak_rss_bytes_max'] / MIB:,.0f}" if p in mem else "-" for p in phases)]
-            for g, mem in found]
+            for g, _, mem in found]
     return Table("Restart memory per phase (MiB, peak RSS of the largest rank)", ["configuration", *phases], rows,
                  "each rank's resident-memory high-water mark within the phase (VmHWM, reset at each phase)")
 
@@ -143,12 +135,7 @@ def memory_table(groups: list[Group]) -> Table | None:
 def io_table(groups: list[Group]) -> Table | None:
     """The restart's I/O besides the checkpoint, per phase and rank (the latest restart of each configuration):
     metadata operations and MiB read, and the share of the imports' operations in the Python environment."""
-    phases: list[str] = []
-    found = []
-    for g in groups:
-        if io := _latest_restart(g).io_by_source():
-            found.append((g, io))
-            phases += [p for p in io["phases"] if p not in phases]
+    found, phases = _latest(groups, RestartView.io_by_source, lambda io: io["phases"])
     if not found:
         return None
 
@@ -167,7 +154,7 @@ def io_table(groups: list[Group]) -> Table | None:
 
     rows = [[g.label, *(cell(io, p) for p in phases), environment_share(io),
              f"{(io['total'].get('kernel') or {}).get('storage_read_bytes', 0) / io['ranks'] / MIB:,.1f}"]
-            for g, io in found]
+            for g, _, io in found]
     return Table("Restart I/O besides the checkpoint (per rank: metadata operations / MiB read)",
                  ["configuration", *phases, "imports in environment", "storage delivered MiB"], rows,
                  "metadata operations: opens (failed ones too), stat-family calls and listings outside the checkpoint's "
@@ -179,19 +166,12 @@ def reshard_table(groups: list[Group]) -> Table | None:
     """Restarts at another layout beside their run's same-layout restarts: conversion, phases, continuity."""
     rows = []
     for g in groups:
-        if not g.resharded:
-            continue
-        same = g.restarts
-        if same:
-            rows.append([g.label, same[-1]["restart_record"], f"{same[-1].get('restart_layout_saved') or '-'} (own)",
-                         "-", _v(same[-1].get("phase_checkpoint_load_seconds")),
-                         _v(same[-1].get("restart_total_seconds")), _v(same[-1].get("first_step_loss"), 6), "-",
-                         _v(same[-1].get("restart_verified"))])
-        for r in g.resharded:
-            conv = _v(r.get("conversion_seconds")) + (" (reused)" if r.get("conversion_reused") else "")
-            rows.append([g.label, r["restart_record"], f"{r['restart_layout_saved']} -> {r['restart_layout_loaded']}",
-                         conv, _v(r.get("phase_checkpoint_load_seconds")), _v(r.get("restart_total_seconds")),
-                         _v(r.get("first_step_loss"), 6), _v(r.get("first_loss_diff_ratio"), 6),
+        for own, r in g.reshards:
+            rows.append([g.label, r["restart_record"], f"{r.get('restart_layout_saved') or '-'} (own)" if own else
+                         f"{r['restart_layout_saved']} -> {r['restart_layout_loaded']}", "-" if own else
+                         _v(r.get("conversion_seconds")) + (" (reused)" if r.get("conversion_reused") else ""),
+                         *(_v(r.get(c)) for c in ("phase_checkpoint_load_seconds", "restart_total_seconds")),
+                         _v(r.get("first_step_loss"), 6), "-" if own else _v(r.get("first_loss_diff_ratio"), 6),
                          _v(r.get("restart_verified"))])
     if not rows:
         return None
@@ -377,3 +357,9 @@ def html_page(title: str, tables: list[Table], pngs: dict[str, bytes], missing: 
         parts.append(f"<p class='note'>No data in these runs for: {e(', '.join(missing))}.</p>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def documents(name: str, title: str, tables: list[Table], pngs: dict[str, bytes], missing: list[str]) -> dict:
+    """name.md and name.html of the tables and figures, then each figure's PNG: file name -> bytes."""
+    return {f"{name}.md": markdown(title, tables, list(pngs), missing).encode(),
+            f"{name}.html": html_page(title, tables, pngs, missing).encode(), **{f"{k}.png": v for k, v in pngs.items()}}

@@ -32,14 +32,8 @@ KNOWN_PHASES = PHASE_NAMES
 
 def phase_names(runs: list[Run]) -> list[str]:
     """Known phases first, then any others found, in first-seen order."""
-    seen = [p for p in KNOWN_PHASES]
-    for run in runs:
-        for rec in restart_records(run.summary):
-            for name in get(rec, "phases", default={}) or {}:
-                if name not in seen:
-                    seen.append(name)
-    return seen
-
+    return list(dict.fromkeys([*KNOWN_PHASES, *(name for run in runs for rec in restart_records(run.summary)
+                                                for name in get(rec, "phases", default={}) or {})]))
 
 
 def rows(runs: list[Run]) -> list[dict]:
@@ -61,35 +55,22 @@ def rows(runs: list[Run]) -> list[dict]:
 
 def save_rows(runs: list[Run]) -> list[dict]:
     """One row per save of every run (every save is one measurement of its configuration)."""
-    out = []
-    for run in runs:
-        for s in run.view.checkpoint.saves if run.view.checkpoint else ():
-            out.append({
-                "run_id": run.run_id, "model": run.spec["model"], "tp": run.spec["tp"], "pp": run.spec["pp"],
-                "dp": run.spec["dp"], "engine": run.spec["engine"], "tag": s.tag, "step": num(s.step),
-                "files": num(s.files), "bytes": num(s.bytes),
-                "blocking_seconds": num(s.blocking_seconds), "durable_seconds": num(s.durable_seconds),
-                "commit_seconds": num(s.commit_seconds), "checksum_seconds": num(s.checksum_seconds),
-                "training_lost_seconds": num(get(s.training_lost, "seconds")),
-                "training_lost_within_noise": get(s.training_lost, "within_noise"),
-                "memory_cost_bytes": num(get(s.memory, "cost_bytes")),
-                "memory_peak_added_bytes": num(get(s.memory, "peak_added_bytes")),
-                "memory_held_bytes": num(get(s.memory, "held_bytes")),
-                "memory_retained_bytes": num(get(s.memory, "retained_bytes")),
-                "throughput_blocking_mib_s": num(get(s.throughput_mib_s, "blocking")),
-                "throughput_durable_mib_s": num(get(s.throughput_mib_s, "durable")),
-                **{f"{c}_seconds": num(get(s.breakdown, f"{c}_seconds")) for c in SAVE_CATEGORIES},
-                "run_dir": str(run.dir),
-            })
-    return out
+    return [{
+        "run_id": run.run_id, **{k: run.spec[k] for k in ("model", "tp", "pp", "dp", "engine")}, "tag": s.tag,
+        **{k: num(getattr(s, k)) for k in ("step", "files", "bytes", "blocking_seconds", "durable_seconds",
+                                           "commit_seconds", "checksum_seconds")},
+        "training_lost_seconds": num(get(s.training_lost, "seconds")),
+        "training_lost_within_noise": get(s.training_lost, "within_noise"),
+        **{f"memory_{k}": num(get(s.memory, k)) for k in ("cost_bytes", "peak_added_bytes", "held_bytes",
+                                                          "retained_bytes")},
+        **{f"throughput_{k}_mib_s": num(get(s.throughput_mib_s, k)) for k in ("blocking", "durable")},
+        **{f"{c}_seconds": num(get(s.breakdown, f"{c}_seconds")) for c in SAVE_CATEGORIES}, "run_dir": str(run.dir),
+    } for run in runs for s in (run.view.checkpoint.saves if run.view.checkpoint else ())]
 
 
 def columns_of(table: list[dict]) -> list[str]:
     """Column names in first-seen order over all rows."""
-    cols: list[str] = []
-    for row in table:
-        cols.extend(k for k in row if k not in cols)
-    return cols
+    return list(dict.fromkeys(k for row in table for k in row))
 
 
 def to_csv(table: list[dict], lower_bools: bool = True) -> str:
@@ -141,22 +122,27 @@ class Group:
         return [r for r in self.rows if r.get("restart_record")]
 
     @property
+    def reshards(self) -> list[tuple[bool, dict]]:
+        """Where it restarted at another layout: (True, its latest same-layout restart), then (False, each of those)."""
+        return [(True, r) for r in self.restarts[-1:] if self.resharded] + [(False, r) for r in self.resharded]
+
+    def _parts(self, common: frozenset) -> list[str]:
+        return [x for x in (*(getattr(self, n) for n in ("model", "layout", "engine") if n not in common), self.extra)
+                if x]
+
+    @property
     def label(self) -> str:
         """What tells this configuration apart from the others it is shown with (set by groups())."""
-        parts = [x for name, x in (("model", self.model), ("layout", self.layout), ("engine", self.engine))
-                 if name not in self.common]
-        return " ".join(x for x in (*parts, self.extra) if x) or self.full_label
+        return " ".join(self._parts(self.common)) or self.full_label
 
     @property
     def full_label(self) -> str:
-        return " ".join(x for x in (self.model, self.layout, self.engine, self.extra) if x)
+        return " ".join(self._parts(frozenset()))
 
     @property
     def tick(self) -> str:
         """label on several lines, for an axis."""
-        parts = [x for name, x in (("model", self.model), ("layout", self.layout), ("engine", self.engine))
-                 if name not in self.common]
-        return "\n".join(textwrap.fill(x, 22) for x in (*parts, self.extra) if x) or self.full_label
+        return "\n".join(textwrap.fill(x, 22) for x in self._parts(self.common)) or self.full_label
 
     def stat(self, column: str) -> Stat | None:
         """Over restart records; a restart's own figures only from those that verified (a failed or interrupted

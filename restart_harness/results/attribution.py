@@ -6,6 +6,7 @@ causes add up): docs/attribution.md#what-it-does."""
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import statistics
 from collections import defaultdict
@@ -225,7 +226,7 @@ def _launcher_phase(trace, ranks, events, launch, offset: float, folder: Path, r
     edges = sorted({x for spans in clipped for s, e, _ in spans for x in (s, e)})
     chosen = []
     cursor = [0] * len(clipped)
-    for a, b in zip(edges, edges[1:]):
+    for a, b in itertools.pairwise(edges):
         best = None
         for i, spans in enumerate(clipped):
             while cursor[i] < len(spans) and spans[cursor[i]][1] <= a:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import statistics
 
 from restart_harness import iocount
-from restart_harness.results import events as ev
 from restart_harness.schema import LOAD_CATEGORIES, SAVE_CATEGORIES
 
 

@@ -234,9 +234,9 @@ def _checkpoint(frames):
 
 def _optimizer(frames):
     for f in frames:
-        if _in(f, "deepspeed/runtime/zero/") or _in(f, "deepspeed/runtime/bf16_optimizer.py"):
-            if _short(f.name) == "__init__" or "partition" in f.name:
-                return Cause("optimizer", f"ZeRO optimizer set-up ({relative(f.file).rsplit('/', 1)[-1]})")
+        if ((_in(f, "deepspeed/runtime/zero/") or _in(f, "deepspeed/runtime/bf16_optimizer.py"))
+                and (_short(f.name) == "__init__" or "partition" in f.name)):
+            return Cause("optimizer", f"ZeRO optimizer set-up ({relative(f.file).rsplit('/', 1)[-1]})")
         if _in(f, "deepspeed/runtime/engine.py") and "_configure" in f.name and "optimizer" in f.name:
             return Cause("optimizer", "optimizer construction (DeepSpeed's _configure_optimizer)")
         if (_in(f, "torch/optim/") or _in(f, "deepspeed/ops/adam/")) and _short(f.name) == "__init__":

@@ -13,8 +13,8 @@ def attribution_rows(att: dict | None, record: str) -> list[tuple[str, str]]:
         return []
     if not att.get("sampled"):
         return [(title, f"not sampled (attribution={att['mode']}): {att['reason']}; phase timings only")]
-    rows = [(title, f"each phase's causes on its slowest rank, s ({att['tool']}, {att['rate_hz']} Hz samples; "
-                    f"flame graphs in profiles/{record}/)")]
+    rows = [(title, (f"each phase's causes on its slowest rank, s ({att['tool']}, {att['rate_hz']} Hz samples; "
+                    f"flame graphs in profiles/{record}/)"))]
     for phase, p in att["phases"].items():
         if not p["seconds"]:
             continue

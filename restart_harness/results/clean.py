@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from restart_harness import resolve
-from restart_harness.rundir.status import find_run_dirs, observed
 from restart_harness.files.atomic import read_json, write_json_atomic
+from restart_harness.rundir.status import find_run_dirs, observed
 
 FINISHED = ("complete", "failed")
 
@@ -53,7 +53,7 @@ def candidates(folder: Path, older_than_hours: float | None, larger_than: int | 
                 left["checkpoint already gone"] += 1
                 continue
             listing = [f for files in run.stored.listing().values() for f in files]
-        except Exception as exc:  # a run folder from elsewhere, an object store that does not answer: said, skipped
+        except Exception as exc:  # noqa: BLE001 - a run folder from elsewhere, an object store that does not answer: said, skipped
             problems.append(f"{run_dir}: not checked ({exc.__class__.__name__}: {str(exc).splitlines()[0][:200]})")
             continue
         nbytes = sum(n for _, n in listing)

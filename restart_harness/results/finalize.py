@@ -9,15 +9,14 @@ import time
 from pathlib import Path
 
 from restart_harness import resolve
-from restart_harness.results import attribution, io_sources
+from restart_harness.files.atomic import read_json, write_json_atomic
+from restart_harness.results import attribution, io_sources, prediction
 from restart_harness.results import events as ev
 from restart_harness.results import inventory as inv
-from restart_harness.results import prediction
 from restart_harness.results import summary as sm
 from restart_harness.schema import RESTART_PHASES, count
 from restart_harness.spec import record as records
 from restart_harness.spec.runspec import RunSpec
-from restart_harness.files.atomic import read_json, write_json_atomic
 
 
 def _writers(run_dir: Path) -> dict[str, dict[str, int]]:
@@ -133,8 +132,8 @@ def _status(state: str, reason: str | None, restarts: list[dict]) -> dict:
     if failed := [r for r in restarts if r["rerun"] and r["outcome"]["state"] == "failed"]:
         status["reruns_failed"] = [{"record": r["record"], **r["outcome"]} for r in failed]
         last = failed[-1]
-        status["reason"] = "; ".join([*([reason] if reason else []), f"{count(len(failed), 'restart-only re-run')} "
-                                      f"did not verify, the last {last['record']}: {last['outcome']['reason']}"])
+        status["reason"] = "; ".join([*([reason] if reason else []), (f"{count(len(failed), 'restart-only re-run')} "
+                                      f"did not verify, the last {last['record']}: {last['outcome']['reason']}")])
     return status
 
 

@@ -67,8 +67,8 @@ def by_phase(record: dict[int, list[dict]], phases: tuple, facts: dict | None) -
 def table(io: dict) -> str:
     """A restart's (or phase's) io_sources as text, per rank: phase by phase, each source's operations and bytes."""
     n = io["ranks"] or 1
-    lines = [f"{'phase':<16}{'source':<16}{'opens':>9}{'failed':>8}{'metadata':>10}{'listings':>9}{'MiB read':>10}"
-             f"{'mapped':>8}{'MiB mapped':>11}   (per rank, {io['ranks']} ranks)"]
+    lines = [(f"{'phase':<16}{'source':<16}{'opens':>9}{'failed':>8}{'metadata':>10}{'listings':>9}{'MiB read':>10}"
+             f"{'mapped':>8}{'MiB mapped':>11}   (per rank, {io['ranks']} ranks)")]
     for phase, figures in [*io["phases"].items(), ("total", io["total"])]:
         for source, c in figures["sources"].items():
             lines.append(f"{phase:<16}{source:<16}{c.get('opens', 0) / n:>9,.0f}{c.get('open_failures', 0) / n:>8,.0f}"

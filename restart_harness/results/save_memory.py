@@ -1,32 +1,7 @@
-"""What each save costs in host memory, and whether memory grows save after save (docs/measurements.md, "Memory per
-save"). The ranks record it (worker/memory.py, worker/manager.py); this folds their records into summary.json.
-
-Per save, over ranks (the largest rank's figure, and that rank):
-  peak_added_bytes  the highest resident set from the save's start to its commit less the one it started with: the
-                    blocking part, the flush and, for an asynchronous engine, every training step it overlapped
-  held_bytes        the resident set when the stack's save returned, less the start: what training runs beside
-                    while the flush goes on (an engine's staging buffers, its queued copies)
-  retained_bytes    the same at the save's commit: what the save leaves behind until the next one
-  cost_bytes        peak_added_bytes less the training's own transient memory where the save's window held training
-                    steps (the median, over the phase's steps with no flush in flight, the first left out, of a step's
-                    peak less its start: `step_peak_added_bytes`); a save whose window holds no step costs its
-                    peak_added_bytes
-  engine_buffers    the engine's own count of the host (and pinned) bytes it holds (CheckpointIO.buffers), if it keeps any;
-                    engine=datastates: its pinned host cache, and restore_kept_bytes, the host copies its loads keep
-                    (DataStates-LLM 1b84990 never frees its restore buffers), both in host_bytes
-  device            the same figures of torch's allocated device memory, on CUDA
-
-Per run: the largest of each figure over saves, its rank and save, and the median cost. The headline is
-peak_added_bytes_max: the host memory a rank must have free beyond what training holds, at the most demanding save
-(an engine's first save usually: it allocates the buffers later saves reuse; those are in engine_buffers, not in a
-later save's figures, which are against that save's own start).
-
-Growth over saves: per rank, the resident set at each save's start against the save's number, fitted by least
-squares from the second save on (the first save allocates what later ones reuse); the rank with the steepest slope
-is reported. `growing` is true when the slope is at least GROWTH_FLOOR_BYTES per save and GROWTH_T standard errors
-from zero: a smaller slope is reported and not flagged (a tiny run's resident set drifts by 0.2-0.4 MiB per save with
-every engine: Python's and torch's allocators, the harness's own records). Fewer than MIN_SAVES saves: no slope, a
-note saying so."""
+"""What each save costs in host memory (peak_added, held, retained, cost, engine_buffers; device on CUDA), and whether
+the resident set grows save after save (a least-squares slope from the second save). The ranks record it
+(worker/memory.py, worker/manager.py); this folds their records into summary.json. Every figure is defined in
+docs/measurements.md, "Memory per save"."""
 
 from __future__ import annotations
 

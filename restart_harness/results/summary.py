@@ -122,8 +122,8 @@ def loss_continuity(restarts: list[dict]) -> None:
                                 "abs_diff": diff, "rel_diff": rel, "tolerance_rel": LOSS_CONTINUITY_REL, "ok": ok}
         if not ok:
             r["verified"] = False
-            r["differing"] = [*r["differing"], f"first loss {r['first_step_loss']} vs {ref['first_step_loss']} at "
-                                               f"{layout['saved']} ({ref['record']}): relative {rel:.2e}"]
+            r["differing"] = [*r["differing"], (f"first loss {r['first_step_loss']} vs {ref['first_step_loss']} at "
+                                               f"{layout['saved']} ({ref['record']}): relative {rel:.2e}")]
 
 
 def training(record: dict[int, list[dict]], emulated: bool = False) -> dict:

@@ -7,8 +7,19 @@ import statistics
 from restart_harness import resolve
 from restart_harness.results import placement, save_memory
 from restart_harness.results.causes_rows import attribution_rows, io_rows
-from restart_harness.results.views import (BaselineView, CheckpointView, CrossoverView, GrowthView, LostView,
-                                           PredictionView, RestartView, SaveView, SpecView, SummaryView, TrainingView)
+from restart_harness.results.views import (
+    BaselineView,
+    CheckpointView,
+    CrossoverView,
+    GrowthView,
+    LostView,
+    PredictionView,
+    RestartView,
+    SaveView,
+    SpecView,
+    SummaryView,
+    TrainingView,
+)
 from restart_harness.schema import GIB, LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES, count, span
 
 
@@ -31,9 +42,9 @@ def _storage_rows(name: str, req: dict | None, uploads: dict | None) -> list[tup
     rows = []
     if req and req["failed_requests"]:
         why = ", ".join(f"{n} {reason}" for reason, n in req["failures"].items())
-        rows.append((name, f"{req['requests']} requests, {req['failed_requests']} failed ({why}): "
+        rows.append((name, (f"{req['requests']} requests, {req['failed_requests']} failed ({why}): "
                            f"{req['throttled_requests']} throttled, {req['retried_requests']} retried by the client "
-                           f"in operations that succeeded, {req['failed_operations']} operations failed"))
+                           f"in operations that succeeded, {req['failed_operations']} operations failed")))
     if uploads and (uploads["aborted"] or uploads["error"]):
         rows.append(("uploads", f"{len(uploads['aborted'])} incomplete multipart uploads aborted"
                                 + (f"; not all could be: {uploads['error']}" if uploads["error"] else "")))
@@ -82,8 +93,8 @@ def _training_rows(tr: TrainingView) -> list[tuple[str, str]]:
     if tr.step_seconds_median is not None:
         rows.append(("train step", f"median {_s(tr.step_seconds_median)} over {tr.steps} steps"))
     if tr.steps_in_flight:
-        rows.append(("overlap", f"median step {_s(tr.step_seconds_median_in_flight)} with a flush in flight "
-                                f"({tr.steps_in_flight} steps), {_s(tr.step_seconds_median_no_flush)} without"))
+        rows.append(("overlap", (f"median step {_s(tr.step_seconds_median_in_flight)} with a flush in flight "
+                                f"({tr.steps_in_flight} steps), {_s(tr.step_seconds_median_no_flush)} without")))
     return rows
 
 
@@ -92,14 +103,14 @@ def _checkpoint_rows(ck: CheckpointView, steps: dict | None, records) -> list[tu
     kinds = ", ".join(f"{k} {v['files']}" for k, v in ck.by_kind.items() if v["files"])
     rows = [("checkpoint", f"{ck.tag}: {ck.files} files, {ck.bytes / MIB:,.2f} MiB ({kinds})")]
     if b := ck.bytes_per_rank:
-        rows.append(("per rank", f"max {b['max'] / MIB:,.2f} / min {b['min'] / MIB:,.2f} / "
-                                 f"mean {b['mean'] / MIB:,.2f} MiB written"))
+        rows.append(("per rank", (f"max {b['max'] / MIB:,.2f} / min {b['min'] / MIB:,.2f} / "
+                                 f"mean {b['mean'] / MIB:,.2f} MiB written")))
     rows += [_save_row(save) for save in ck.saves]
     rows += [*_lost_rows(ck), *_memory_rows(ck, steps, records)]
     last = ck.saves[-1] if ck.saves else SaveView()
     if last.breakdown:
-        rows.append(("save anatomy", f"{_anatomy(last.breakdown, SAVE_CATEGORIES)}  (s, {last.tag}, "
-                                     f"slowest rank {last.breakdown['slowest_rank']})"))
+        rows.append(("save anatomy", (f"{_anatomy(last.breakdown, SAVE_CATEGORIES)}  (s, {last.tag}, "
+                                     f"slowest rank {last.breakdown['slowest_rank']})")))
     return rows + _node_rows("save by node", last.per_node, last.slowest_node, "durable_seconds", "bytes", "written")
 
 
@@ -125,8 +136,8 @@ def _relaunch_rows(rs: RestartView, spec: SpecView, restarts: tuple) -> list[tup
     layout, loaded = rs.layout or {}, rs.loaded or {}
     if layout and not rs.at_own_layout():
         read = (f": {loaded['files']} files, {loaded['bytes'] / MIB:,.2f} MiB" if loaded.get("files") else "")
-        rows.append(("restarted at", f"{layout['loaded']} ({rs.ranks} ranks), from {layout['saved']}; it loaded "
-                                     f"{loaded.get('tag')}{read}"))
+        rows.append(("restarted at", (f"{layout['loaded']} ({rs.ranks} ranks), from {layout['saved']}; it loaded "
+                                     f"{loaded.get('tag')}{read}")))
     until = "checkpoint loaded" if spec.emulate else "first step done"
     latest = f" (latest of {len(restarts)})" if len(restarts) > 1 else ""
     env, staged = (rs.environment_cache or {}).get("observed"), rs.staging
@@ -179,16 +190,16 @@ def _baseline_rows(base: BaselineView | None, eff: dict) -> list[tuple[str, str]
     sp = base.spread
     spread = (f"; over {sp['repeats']} probes write {span(*sp['write_mib_s'], ',.0f')}, read "
               f"{span(*sp['read_mib_s'], ',.0f')}" if sp else "; one probe, no spread")
-    rows = [("storage", f"baseline write {base.write_mib_s:,.1f} / read {base.read_mib_s:,.1f} MiB/s "
+    rows = [("storage", (f"baseline write {base.write_mib_s:,.1f} / read {base.read_mib_s:,.1f} MiB/s "
                         f"({base.method}{_when(base)}{spread}); efficiency save "
-                        f"{pct.get('save', '-')}, load {pct.get('load', '-')}")]
+                        f"{pct.get('save', '-')}, load {pct.get('load', '-')}"))]
     if c := base.ceiling:
         csp = c["spread"]
-        rows.append(("ceiling", f"write {c['write_mib_s']:,.1f} ({_ceiling_from(c, 'write')}, "
+        rows.append(("ceiling", (f"write {c['write_mib_s']:,.1f} ({_ceiling_from(c, 'write')}, "
                                 f"{span(*csp['write_mib_s'], ',.0f')}) / read "
                                 f"{c['read_mib_s']:,.1f} MiB/s ({_ceiling_from(c, 'read')}, "
                                 f"{span(*csp['read_mib_s'], ',.0f')}); efficiency save "
-                                f"{pct.get('save_of_ceiling', '-')}, load {pct.get('load_of_ceiling', '-')}"))
+                                f"{pct.get('save_of_ceiling', '-')}, load {pct.get('load_of_ceiling', '-')}")))
     return rows
 
 
@@ -206,15 +217,15 @@ def _ceiling_from(c: dict, way: str) -> str:
 # the words of this summary a newcomer would stop at, each said once at its end where the summary used it
 # (docs/measurements.md defines every figure)
 TERMS = (
-    ("blocking", "the time training waited for a save; durable: until every file of it survives a crash (fsync, or "
-                 "an upload complete)"),
+    ("blocking", ("the time training waited for a save; durable: until every file of it survives a crash (fsync, or "
+                 "an upload complete)")),
     ("MAD", "median absolute deviation: how much the steps vary around their median step"),
     ("training lost", "wall time the saves cost training beyond its own steps (blocking, slowed steps, waits)"),
     ("storage delivered", "bytes the kernel read from the storage device for the ranks, not from the page cache"),
     ("major faults", "pages of mapped files (libraries) read from storage when first touched"),
     ("efficiency", "a save's durable throughput (a load's) over the storage baseline's write (read) throughput"),
-    ("ceiling", "the storage's best throughput in its probes: the baseline's, or a probe's at the ceiling's "
-                "request size and queue depth (O_DIRECT, or for reads also buffered) where that was faster"),
+    ("ceiling", ("the storage's best throughput in its probes: the baseline's, or a probe's at the ceiling's "
+                "request size and queue depth (O_DIRECT, or for reads also buffered) where that was faster")),
     ("remainder", "a phase's seconds no cause names: samples of unnamed work, and time the sampler did not see"),
 )
 
@@ -236,12 +247,12 @@ def _lost_rows(ck: CheckpointView) -> list[tuple[str, str]]:
     lost = last.training_lost
     noise = (f"; WITHIN NOISE (steps vary by +-{run.per_save_noise_seconds:.3f} s over a save's window): no "
              "measurable cost" if run.within_noise else "")
-    return [("training lost", f"per save median {_s(run.per_save_seconds_median)} over {count(run.saves, 'save')} "
+    return [("training lost", (f"per save median {_s(run.per_save_seconds_median)} over {count(run.saves, 'save')} "
                               f"against a {_s(base['seconds'])} step (median of {base['steps']} steps without a save "
-                              f"in flight, MAD {_s(base['mad_seconds'])}){noise}"),
-            (f"lost {last.tag}", f"{_s(lost['seconds'])} = blocking {_s(lost['blocking_seconds'])} + "
+                              f"in flight, MAD {_s(base['mad_seconds'])}){noise}")),
+            (f"lost {last.tag}", (f"{_s(lost['seconds'])} = blocking {_s(lost['blocking_seconds'])} + "
                               f"{lost['overlapped_steps']} overlapped steps {lost['overlapped_extra_seconds']:+.3f} s + "
-                              f"waits and other {lost['other_seconds']:+.3f} s"), *_harness_row(ck)]
+                              f"waits and other {lost['other_seconds']:+.3f} s")), *_harness_row(ck)]
 
 
 def _harness_row(ck: CheckpointView) -> list[tuple[str, str]]:
@@ -252,8 +263,8 @@ def _harness_row(ck: CheckpointView) -> list[tuple[str, str]]:
     if not pairs:
         return []
     digest, blocking = sorted(d for d, _ in pairs)[len(pairs) // 2], sorted(b for _, b in pairs)[len(pairs) // 2]
-    return [("harness's own", f"verification digest before each save median {_s(digest)} ({digest / blocking:.1%} of "
-                              f"the median blocking save {_s(blocking)}; rank 0), outside every figure above")]
+    return [("harness's own", (f"verification digest before each save median {_s(digest)} ({digest / blocking:.1%} of "
+                              f"the median blocking save {_s(blocking)}; rank 0), outside every figure above"))]
 
 
 def _memory_rows(ck: CheckpointView, steps: dict | None, records) -> list[tuple[str, str]]:
@@ -271,8 +282,8 @@ def _memory_rows(ck: CheckpointView, steps: dict | None, records) -> list[tuple[
                             f"{mib(m.held_bytes_max)}, retained at the commit {mib(m.retained_bytes_max)}"
                             + (f"; the engine keeps {buffers / MIB:,.1f} MiB of buffers between saves" if buffers
                                else "")),
-            ("  beyond steps", f"median {mib(m.cost_bytes_median)} a save over {m.saves} saves, less a "
-                               f"training step's own {mib(m.step_peak_added_bytes)} where its flush overlapped steps")]
+            ("  beyond steps", (f"median {mib(m.cost_bytes_median)} a save over {m.saves} saves, less a "
+                               f"training step's own {mib(m.step_peak_added_bytes)} where its flush overlapped steps"))]
     if ck.engine_staging:  # how the engine sized its host buffers (its own rows)
         rows += records.memory_rows(ck.engine_staging)
     g = m.growth or GrowthView()
@@ -322,8 +333,8 @@ def _restart_rows(restarts: tuple[RestartView, ...]) -> list[tuple[str, str]]:
         timed = r.total_seconds is not None and r.launch_seconds is not None
         took = f"{_s(r.total_seconds)} + {_s(r.launch_seconds)} launcher" if timed else "-"
         verdict = "verified" if r.verified else "NOT verified" if r.verified is False else "failed"
-        rows.append((f"  {r.record}", f"{(r.layout or {}).get('loaded') or '-'} ({_restart_conditions(r)}), cache "
-                                      f"{(r.cache or {}).get('observed', '-')}: {took}, {verdict}"))
+        rows.append((f"  {r.record}", (f"{(r.layout or {}).get('loaded') or '-'} ({_restart_conditions(r)}), cache "
+                                      f"{(r.cache or {}).get('observed', '-')}: {took}, {verdict}")))
         if r.verified and timed and r.at_own_layout():
             own.setdefault(_restart_conditions(r), []).append(r.total_seconds + r.launch_seconds)
     head = f"{len(restarts)} of this checkpoint"

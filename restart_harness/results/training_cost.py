@@ -1,22 +1,6 @@
-"""What each save costs training: the wall time training lost to it, against the run's own steps with no save in
-flight (docs/measurements.md, "Training time lost per save").
-
-A save at step k costs training the wall time from its start (after step k) to the start of the next save (or, for the
-last save, to the end of the last step, or of its own blocking part if later), less the time the steps in that window
-would have taken without checkpointing: their count times the baseline step. The baseline is the median of the
-phase's steps that had no flush in flight, its first step (warm-up) left out. The window holds the save's blocking
-part, every step its background work overlapped, the wait for its flush before the next save and the commit's
-per-step polls, so an asynchronous engine is charged for what its flush slows down, not only for its blocking
-return. The windows do not overlap: the wait for a save's flush before the next save is in its own window only (until
-2026-11-27 each window began at the end of its step, so that wait was counted in two), and the harness's verification
-digest taken just before each save (`digest_seconds`) is in none: it is the harness's, not the engine's.
-
-A save's figure is within the noise when it is smaller than what the window's steps vary by themselves: 2 standard
-deviations of the sum of their deviations from the baseline, 3 x MAD x sqrt(steps in the window) (a MAD is about 0.67
-of a standard deviation). Such a figure, negative ones included, says the save cost nothing measurable here.
-
-Rank 0's timeline: the ranks step in lockstep (every step ends in collectives), so rank 0's window includes waiting
-for the slowest rank. The blocking part is the slowest rank's (the next step cannot start before it returns)."""
+"""What each save costs training: the wall time from its start to the next save's, less its steps at the baseline
+step (the median step with no flush in flight), with its noise (3 x MAD x sqrt(steps)). Defined in full in
+docs/measurements.md, "Training time lost per save"."""
 
 from __future__ import annotations
 

@@ -97,11 +97,17 @@ def report(out: Path) -> None:
 
 def main(argv: list[str]) -> int:
     args = dict(a.split("=", 1) for a in argv if "=" in a)
+    bad = [a for a in argv if a != "report" and a.split("=", 1)[0] not in ("duration", "out")]
+    duration = args.get("duration", "90")
+    if bad or not duration.isdigit() or int(duration) < 1:
+        print(f"error: {' '.join(bad) or f'duration={duration}'}: accepted: [report] [duration=SECONDS, a whole "
+              "number above 0] [out=DIR]", file=sys.stderr)
+        return 2
     out = Path(args.get("out", "/tmp/rh-goodput-bench")).resolve()
     if "report" in argv:
         report(out)
         return 0
-    duration = int(args.get("duration", 90))
+    duration = int(duration)
     rows = [campaign(out, e, m, max(duration, FAILURES_AT_FIRST_RATE * m) if m == MTBFS_S[0] else duration,
                      SAVE_INTERVAL) for e in ENGINES for m in MTBFS_S]
     out.mkdir(parents=True, exist_ok=True)

@@ -62,7 +62,8 @@ def test_a_range_of_negative_figures_reads_as_one():
 @pytest.mark.slow
 def test_a_lazy_restarts_first_step_is_training_not_the_engine(harness):
     """The real run the stored stack came from: its first step's optimizer step is training, and of the load no more
-    than what its last sample may carry into the phase (CARRIED_INTERVALS) is counted there."""
+    than what its last sample may carry into the phase (CARRIED_INTERVALS) is counted there, give or take the one
+    interval within which the anchors put the sampler's clock on the ranks' (attribution._offsets)."""
     from restart_harness.results.attribution import CARRIED_INTERVALS
 
     run_dir, _, _ = harness.played("lazy-dp2")
@@ -70,7 +71,7 @@ def test_a_lazy_restarts_first_step_is_training_not_the_engine(harness):
     first = att["phases"]["first_step"]
     assert not [c for c in first["causes"] if "take_model_step" in c["cause"]], first["causes"]
     loading = sum(c["seconds"] for c in first["causes"] if c["kind"] == "checkpoint")
-    assert loading <= CARRIED_INTERVALS / att["rate_hz"] + 1e-6, first["causes"]
+    assert loading <= (CARRIED_INTERVALS + 1) / att["rate_hz"], first["causes"]
     assert any(c["kind"] == "training" for c in first["causes"]), first["causes"]
 
 

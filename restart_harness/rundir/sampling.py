@@ -98,8 +98,8 @@ def version(path: str) -> str:
 
 
 class Sampler:
-    """The wrapper of one launch: py-spy follows `sh`, which runs the launch and keeps its exit code (py-spy's own is
-    0 whatever its command's)."""
+    """The wrapper of one launch: py-spy follows keep_exit.py, which runs the launch and keeps its exit code (py-spy's
+    own is 0 whatever its command's)."""
 
     def __init__(self, run_dir: Path, record: str, native: bool):
         self.folder = run_dir / "profiles" / record
@@ -116,7 +116,7 @@ class Sampler:
         return [self.path, "record", "--subprocesses", "--idle", "--rate", str(ATTRIBUTION_RATE_HZ),
                 *(["--native"] if self.native else ["--nonblocking"]), "--format", "chrometrace",
                 "--output", str(self.trace),
-                "--", "sh", "-c", '"$@"; echo $? > "$RH_LAUNCH_EXIT_FILE"', "sh", *launch]
+                "--", sys.executable, "-I", "-S", str(Path(__file__).with_name("keep_exit.py")), *launch]
 
     def environment(self) -> dict[str, str]:
         return {"RH_LAUNCH_EXIT_FILE": str(self.exit_file), ATTRIBUTION_RATE_ENV: str(ATTRIBUTION_RATE_HZ)}

@@ -5,6 +5,8 @@ Method
 - Every engine that runs on this machine (ENGINES: default, torchsnapshot, dcp, fastpersist, lazy; decoupled needs
   CUDA) is calibrated from its own runs: `tiny` at dp=1 and dp=2, each `iters=2 save_interval=1 after=1` (two saves,
   the restart loads the last), launcher=prefork, with its storage baseline (cached, at most 24 h old).
+- The study's engines (default, torchsnapshot) also from emulated runs run as the study runs its cells (STUDY_LIKE),
+  at other sizes and layouts than its cells: 4, 8 and 16 ranks, checkpoints of 0.1 to 21 GB.
 - Held out, per engine: `tiny tp=2` (another layout: other files per rank).
 - The calibration is fitted (`./submit-job.sh calibrate`) on the calibration set; each held-out run is predicted as
   it predicts itself before launch (forecast.build: its own spec, CPUs and baseline) and compared with what it
@@ -27,8 +29,13 @@ from benchmarks.predict_validation import calibrate, pct, predicted_vs_measured
 
 ENGINES = ("default", "torchsnapshot", "dcp", "fastpersist", "lazy")
 BASE = ["iters=2", "save_interval=1", "after=1", "launcher=prefork", "env_cache=keep"]
-CALIBRATE = [("tiny dp=1", ["tiny"], ENGINES), ("tiny dp=2", ["tiny", "dp=2"], ENGINES)]
-HELD_OUT = [("tiny tp=2", ["tiny", "tp=2"], ENGINES)]
+STUDY_LIKE = ["emulate=true", "keep=false", "launcher=local", "iters=1", "save_interval=1", "after=1"]  # campaigns/study
+STUDY_ENGINES = ("default", "torchsnapshot")
+CALIBRATE = [("tiny dp=1", ["tiny", *BASE], ENGINES), ("tiny dp=2", ["tiny", "dp=2", *BASE], ENGINES),
+             *((f"emulated {words}", [*words.split(), *STUDY_LIKE], STUDY_ENGINES) for words in (
+                 "1B shrink=1 tp=4", "7B shrink=4 dp=8", "7B shrink=32 tp=2 pp=4", "13B shrink=32 pp=4 dp=2",
+                 "70B shrink=32 tp=4 pp=4", "70B shrink=16 pp=16"))]
+HELD_OUT = [("tiny tp=2", ["tiny", "tp=2", *BASE], ENGINES)]
 SHOWN = ("save_blocking_seconds", "save_durable_seconds", "restart_checkpoint_load_seconds",
          "restart_total_with_launch_seconds")
 
@@ -40,7 +47,7 @@ def measure(out: Path, repeats: int) -> None:
             for name, tokens, engines in cases:
                 for engine in engines:
                     print(f"[round {r + 1}] {folder}: {name} engine={engine}", file=sys.stderr, flush=True)
-                    run = submitted([*tokens, f"engine={engine}", *BASE, f"results_dir={out / folder}"], check=False)
+                    run = submitted([*tokens, f"engine={engine}", f"results_dir={out / folder}"], check=False)
                     if run is not None and folder == "held-out":
                         held[str(run)] = [name, engine]
                         (out / "cases.json").write_text(json.dumps(held, indent=1))

@@ -87,6 +87,10 @@ def test_automatic_probe_is_bounded_and_cached(tmp_path, monkeypatch):
     assert baseline.auto_size(300 << 30, 64, 1 << 40) == (16 << 20, 8)
     assert baseline.auto_size(50_000, 2, 1 << 40) == (16 << 20, 2)
     assert baseline.auto_size(50_000, 2, 5 << 20) is None  # a nearly full file system is not probed
+    # a large checkpoint's probe writes a sixteenth of it, at most 2 GiB and 10% of the free space: 3B tp4's 43.8 GB
+    assert baseline.auto_size(10_957_494_574, 4, 1 << 40, 43_829_978_296) == (512 << 20, 4)
+    assert baseline.auto_size(10_957_494_574, 4, 1 << 40, 4 << 30) == (64 << 20, 4)
+    assert baseline.auto_size(10_957_494_574, 4, 4 << 30, 43_829_978_296) == (107_372_544, 4)  # 10% of 4 GiB / 4
     first = baseline.for_run(FileSystemTarget(str(tmp_path / "ckpt")).storage_probe(), 50_000, 2)
     again = baseline.for_run(FileSystemTarget(str(tmp_path / "ckpt")).storage_probe(), 50_000, 2)
     assert first["cached"] is False and again["cached"] is True

@@ -22,9 +22,13 @@ from restart_harness.files.cache_dir import cache_dir
 MIB = 1 << 20
 BLOCK_BYTES = 4 * MIB
 TOOLS = ("auto", "fio", "builtin")
-# The automatic probe before a run: bounded so it costs about a second, never minutes.
+# The automatic probe before a run: bounded so it costs about a second, never minutes; a large checkpoint's probe
+# writes a sixteenth of it, up to 2 GiB: a 128 MiB write and fsync measured this disk at 666 to 2,246 MiB/s (median
+# 723) where the 43.8 GB save it was to predict ran at 1,520 (docs/planner.md)
 AUTO_MIN_FILE_BYTES = 16 * MIB  # fio reports whole milliseconds: smaller files would round to noise
 AUTO_MAX_TOTAL_BYTES = 128 * MIB
+AUTO_CHECKPOINT_SHARE = 16  # a large checkpoint's probe writes at most 1/16 of it
+AUTO_LARGE_TOTAL_BYTES = 2 << 30
 AUTO_MAX_RANKS = 8
 AUTO_MAX_FREE_FRACTION = 0.1
 DEFAULT_FILE_BYTES = 64 * MIB
@@ -220,11 +224,13 @@ def measure(probe, file_bytes: int, ranks: int, tool: str = "auto", repeats: int
     return record
 
 
-def auto_size(typical_file_bytes: int, ranks: int, free_bytes: int) -> tuple[int, int] | None:
+def auto_size(typical_file_bytes: int, ranks: int, free_bytes: int, checkpoint_bytes: int = 0) -> tuple[int, int] | None:
     """(file_bytes, ranks) for the automatic probe: the checkpoint's typical file and rank count, bounded so the
-    probe stays around a second; None when the file system has too little free space to probe at all."""
+    probe stays around a second, or a sixteenth of a large checkpoint; None when the file system has too little free
+    space to probe at all."""
     ranks = max(1, min(ranks, AUTO_MAX_RANKS))
-    budget = min(AUTO_MAX_TOTAL_BYTES, int(free_bytes * AUTO_MAX_FREE_FRACTION))
+    total = max(AUTO_MAX_TOTAL_BYTES, min(checkpoint_bytes // AUTO_CHECKPOINT_SHARE, AUTO_LARGE_TOTAL_BYTES))
+    budget = min(total, int(free_bytes * AUTO_MAX_FREE_FRACTION))
     file_bytes = min(max(typical_file_bytes, AUTO_MIN_FILE_BYTES), budget // ranks)
     file_bytes -= file_bytes % 4096
     return (file_bytes, ranks) if file_bytes >= AUTO_MIN_FILE_BYTES else None
@@ -236,6 +242,18 @@ def age_seconds(record: dict) -> float | None:
         return max(0.0, (datetime.now(timezone.utc) - datetime.fromisoformat(record["measured_at"])).total_seconds())
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def bandwidths_mib_s(record: dict | None) -> tuple[float | None, float | None, str]:
+    """(write, read) the prediction's storage terms take from a baseline record, MiB/s, and which they are: the
+    ceiling's where it was measured, else the baseline's. The storage's own time is a lower bound the fit adds to
+    (docs/prediction.md), so it must be the storage's best: a 512 MiB x 4 write and fsync measured 733 to 761 MiB/s
+    here where the direct probe gave 1,496 to 1,559 and a 43.8 GB save ran at 1,520 (2026-11-28)."""
+    record = record or {}
+    best = record.get("ceiling") or {}
+    if best.get("write_mib_s") and best.get("read_mib_s"):
+        return best["write_mib_s"], best["read_mib_s"], "ceiling"
+    return record.get("write_mib_s"), record.get("read_mib_s"), "baseline"
 
 
 def summary_record(record: dict | None, cached_flag: bool) -> dict | None:
@@ -254,7 +272,8 @@ def summary_record(record: dict | None, cached_flag: bool) -> dict | None:
     return out
 
 
-def for_run(probe, typical_file_bytes: int, ranks: int, max_age_seconds: float | None = None) -> dict:
+def for_run(probe, typical_file_bytes: int, ranks: int, max_age_seconds: float | None = None,
+            checkpoint_bytes: int = 0) -> dict:
     """The baseline a run records: the cached one for this storage, size and rank count when it is at most
     max_age_seconds old, else a bounded measurement now. Never fails the run: a probe that cannot run is recorded
     with its error."""
@@ -262,7 +281,8 @@ def for_run(probe, typical_file_bytes: int, ranks: int, max_age_seconds: float |
         free = probe.free_bytes()
     except OSError as exc:
         return {"error": f"{type(exc).__name__}: {exc}", "dir": probe.describe(), "cached": False}
-    size = auto_size(typical_file_bytes, ranks, AUTO_MAX_TOTAL_BYTES / AUTO_MAX_FREE_FRACTION if free is None else free)
+    size = auto_size(typical_file_bytes, ranks, AUTO_LARGE_TOTAL_BYTES / AUTO_MAX_FREE_FRACTION if free is None else free,
+                     checkpoint_bytes)
     if size is None:
         return {"error": "too little free space for a probe", "dir": probe.describe(), "cached": False}
     file_bytes, ranks = size

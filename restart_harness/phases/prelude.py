@@ -15,8 +15,9 @@ def record_baseline(run: resolve.Run) -> dict | None:
     spec = run.spec
     if not spec.baseline or not run.engine.saves:
         return None
-    record = baseline.for_run(run.target.storage_probe(), estimate.typical_file_bytes(checkpoint.files(spec)), spec.launched_ranks,
-                              spec.baseline_max_age_hours * 3600)
+    files = checkpoint.files(spec)
+    record = baseline.for_run(run.target.storage_probe(), estimate.typical_file_bytes(files), spec.launched_ranks,
+                              spec.baseline_max_age_hours * 3600, sum(f.bytes for f in files))
     write_json_atomic(run.run_dir / "baseline.json", record)
     return record
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from restart_harness import resolve
 from restart_harness.errors import UsageError, refused
+from restart_harness.files import baseline
 from restart_harness.files.exclusive import create_json
 from restart_harness.predict import features as feats
 from restart_harness.predict.model import PHASES, Phase
@@ -106,9 +107,8 @@ def observation(run_dir: Path) -> dict | None:
         return {"run": str(run_dir), "skipped": str(exc)}
     if not run.stack.planned:
         return {"run": str(run_dir), "skipped": f"stack={run.spec.stack}: the planner does not plan its files"}
-    b = summary.get("baseline") or {}
-    write = b.get("write_mib_s") and b["write_mib_s"] * MIB
-    read = b.get("read_mib_s") and b["read_mib_s"] * MIB
+    write, read, _ = baseline.bandwidths_mib_s(summary.get("baseline"))
+    write, read = write and write * MIB, read and read * MIB
     cpus = (run.facts.get("host") or {}).get("cpus") or 1
     saves = (summary.get("checkpoint") or {}).get("saves") or []
     f = feats.of(run, cpus, write or None, read or None)

@@ -50,9 +50,10 @@ def _bandwidth(plugins: Plugins, write_gbps: float | None, read_gbps: float | No
         spec = plugins.spec
         files = checkpoint.files(spec)
         record = baseline.cached(plugins.target.storage_probe(), typical_file_bytes(files), spec.launched_ranks)
-    if record and record.get("write_mib_s") and record.get("read_mib_s"):
-        return {"write_bytes_per_s": record["write_mib_s"] * MIB, "read_bytes_per_s": record["read_mib_s"] * MIB,
-                "source": (f"baseline of {record.get('dir')} ({record.get('method')}, {record.get('ranks')} ranks x "
+    write, read, which = baseline.bandwidths_mib_s(record)
+    if write and read:
+        return {"write_bytes_per_s": write * MIB, "read_bytes_per_s": read * MIB,
+                "source": (f"{which} of {record.get('dir')} ({record.get('method')}, {record.get('ranks')} ranks x "
                            f"{record.get('file_bytes')} bytes, measured {record.get('measured_at')}; "
                            f"{baseline.scope_words(record)})")}
     return {"write_bytes_per_s": None, "read_bytes_per_s": None,

@@ -52,6 +52,8 @@ READ_FILES = Term("read_files", "storage metadata and requests", "s per file the
                   lambda f: f.read_files_max_rank)
 SPAWN = Term("spawn", "launcher: processes started per node", "s per rank on a node", lambda f: f.ranks_per_node)
 CPU = Term("cpu", "host CPU: ranks sharing cores", "s x contention", lambda f: f.contention)
+RANKS_SHARING = Term("ranks_sharing", "host CPU: every rank's collectives on shared cores", "s per rank x contention",
+                     lambda f: f.world_size * f.contention)
 WORLD = Term("world", "network: rendezvous of every rank", "s per rank", lambda f: f.world_size)
 PARAMETERS = Term("parameters", "allocating and initialising the rank's model and optimizer",
                   "s per parameter of a rank x contention", lambda f: f.parameters_per_rank * f.contention)
@@ -101,7 +103,7 @@ def _launcher(plugins: Plugins) -> str:
     return plugins.launcher.name
 
 
-_SAVE = (FIXED, CPU, STORAGE_WRITE, METADATA_WRITE, SERIALIZE, FILES)
+_SAVE = (FIXED, CPU, STORAGE_WRITE, METADATA_WRITE, SERIALIZE, FILES, RANKS_SHARING)
 _SAVE_FIXED = "fixed per save: barriers, collectives, the engine's bookkeeping"
 PHASES: dict[str, Phase] = {p.name: p for p in (
     # an asynchronous save's blocking part writes nothing; a synchronous one writes everything before it returns
@@ -118,7 +120,8 @@ PHASES: dict[str, Phase] = {p.name: p for p in (
           "building the model", given=("environment_metadata",)),
     Phase("restart_engine_init_seconds", (FIXED, CPU, PARAMETERS, _storm("engine_init")), _stack_device,
           "the engine's set-up", given=("environment_metadata",)),
-    Phase("restart_checkpoint_load_seconds", (FIXED, CPU, STORAGE_READ, METADATA_READ, DESERIALIZE, READ_FILES),
+    Phase("restart_checkpoint_load_seconds", (FIXED, CPU, STORAGE_READ, METADATA_READ, DESERIALIZE, READ_FILES,
+                                              RANKS_SHARING),
           _engine, "fixed per load: finding the tag, collectives, the engine's bookkeeping",
           given=("storage_read", "metadata_read")),
     Phase("restart_first_step_seconds", (FIXED, COMPUTE), _stack_device, "a step's fixed part"),

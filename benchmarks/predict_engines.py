@@ -29,7 +29,9 @@ from benchmarks.predict_validation import calibrate, pct, predicted_vs_measured
 
 ENGINES = ("default", "torchsnapshot", "dcp", "fastpersist", "lazy")
 BASE = ["iters=2", "save_interval=1", "after=1", "launcher=prefork", "env_cache=keep"]
-STUDY_LIKE = ["emulate=true", "keep=false", "launcher=local", "iters=1", "save_interval=1", "after=1"]  # campaigns/study
+# as campaigns/study runs its cells (its emulate_memory_gib: a quarter of the memory available, about 5 GiB here)
+STUDY_LIKE = ["emulate=true", "keep=false", "launcher=local", "iters=1", "save_interval=1", "after=1",
+              "emulate_memory_gib=5"]
 STUDY_ENGINES = ("default", "torchsnapshot")
 CALIBRATE = [("tiny dp=1", ["tiny", *BASE], ENGINES), ("tiny dp=2", ["tiny", "dp=2", *BASE], ENGINES),
              *((f"emulated {words}", [*words.split(), *STUDY_LIKE], STUDY_ENGINES) for words in (

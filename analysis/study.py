@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from pathlib import Path
 
@@ -90,6 +91,9 @@ def checks_table(table: list[dict]) -> Table | None:
                          + ("" if e is None else f" ({e:+.0%})") + (f" (not compared: {n})" if n else ""))
         cells += [r["check_files"], "yes" if r.get("check_machine_busy") else "no"]
         out.append(cells)
+    errors = [[abs(e) for r in rs if (e := r.get(f"check_{name}_error")) is not None] for name in CHECKED]
+    out.append(["median absolute error", f"{len(rs)} runs",
+                *(f"{statistics.median(e):.0%} over {len(e)}" if e else "-" for e in errors), "", ""])
     return Table("Runs: measured against the prediction made before each started (at the run's own size)",
                  ["cell", "how", "save durable s meas / pred", "checkpoint load s meas / pred",
                   "restart s (with launch) meas / pred", "files against the plan", "machine busy"], out,

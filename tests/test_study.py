@@ -11,6 +11,7 @@ import csv
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -182,6 +183,13 @@ def test_a_reduced_study_runs_is_interrupted_and_resumes(tmp_path):
         if r["engine"] == "datastates":
             assert r["how"].startswith("planned + predicted: engine=datastates cannot run on device=cpu")
             assert r["save_durable_seconds_source"] == "predicted" and r["device"] == "cuda"
+    # the check's table ends with each figure's median absolute error over the runs compared (none where the machine's
+    # load was not the calibration's)
+    errors = [abs(float(r["check_save_durable_seconds_error"])) for r in rows.values()
+              if r.get("check_save_durable_seconds_error")]
+    medians = next(line for line in (folder / "study.md").read_text().splitlines()
+                   if line.startswith("| median absolute error"))
+    assert medians.split("|")[3].strip() == (f"{statistics.median(errors):.0%} over {len(errors)}" if errors else "-")
     # the interrupted attempt's checkpoint went too, its records stay
     interrupted = Path(again["attempts"][0])
     assert (interrupted / "status.json").is_file() and not any(interrupted.rglob("*.pt"))
@@ -260,3 +268,17 @@ def test_a_cell_is_sized_to_the_memory_available_when_it_starts(monkeypatch):
     none = campaign.next_for(cell, [], math.inf, sized)
     assert none.mode == "predicted" and none.why == "no option fits the memory available now"
     assert "but 2.00 GiB is available" in none.reason
+
+
+def test_the_checks_table_states_each_figures_median_absolute_error():
+    """The check the study runs on itself ends with one line: per figure, the median of the runs' absolute errors and
+    how many runs were compared (a run not compared is left out, not counted as exact)."""
+    from analysis.study import checks_table
+    from analysis.study_rows import CHECKED
+
+    errors = [(-0.4, 0.1, None), (0.2, None, None), (0.3, -0.25, None)]
+    table = [{"id": f"cell{i}", "how": "shrunk", "check_mode": "shrunk", "check_files": "equal",
+              **{f"check_{name}_{k}": v for name, e in zip(CHECKED, row)
+                 for k, v in (("measured", 1.0), ("predicted", None if e is None else 1.0 + e), ("error", e))}}
+             for i, row in enumerate(errors)]
+    assert checks_table(table).rows[-1] == ["median absolute error", "3 runs", "30% over 3", "18% over 2", "-", "", ""]

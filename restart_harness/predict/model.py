@@ -52,8 +52,8 @@ READ_FILES = Term("read_files", "storage metadata and requests", "s per file the
                   lambda f: f.read_files_max_rank)
 SPAWN = Term("spawn", "launcher: processes started per node", "s per rank on a node", lambda f: f.ranks_per_node)
 CPU = Term("cpu", "host CPU: ranks sharing cores", "s x contention", lambda f: f.contention)
-RANKS_SHARING = Term("ranks_sharing", "host CPU: every rank's collectives on shared cores", "s per rank x contention",
-                     lambda f: f.world_size * f.contention)
+RANKS_SHARING = Term("ranks_sharing", "host CPU: every rank's collectives on shared cores", "s per rank x contention^2",
+                     lambda f: f.world_size * f.contention ** 2)
 WORLD = Term("world", "network: rendezvous of every rank", "s per rank", lambda f: f.world_size)
 PARAMETERS = Term("parameters", "allocating and initialising the rank's model and optimizer",
                   "s per parameter of a rank x contention", lambda f: f.parameters_per_rank * f.contention)

@@ -313,6 +313,9 @@ class Loaded(Event):
     outer_start: float
     outer_end: float
     engine_statistics: dict | None = None  # the engine's own account of the load (CheckpointIO.load_statistics)
+    # seconds inside the load that are not part of it (Rank.untimed: an emulated load's verification, and its
+    # waiting for the other waves of ranks): the checkpoint_load phase leaves them out
+    untimed_seconds: float = 0.0
 
 
 Digest = _event("Digest", "digest", tag=str, seconds=float, tensors=int)

@@ -175,8 +175,8 @@ RUNS: dict[str, Case] = {
     "dcp-async-killed-mid-save": Case("tiny dp=2 engine=dcp async_save=true iters=4 save_interval=2 after=1",
                                       fault="kill@save:rank=1:step=4", expect=1),
     # emulation whose memory budget makes the ranks of the node write one at a time
-    "emulated-waves-dp4": Case("tiny dp=4 emulate=true emulate_memory_gib=0.0015 baseline=false phase=checkpoint "
-                               "iters=2 save_interval=2"),
+    "emulated-waves-dp4": Case("tiny dp=4 emulate=true emulate_memory_gib=0.0015 baseline=false iters=2 "
+                               "save_interval=2"),
     # checkpoints as objects in a bucket of the local S3 server (tests/test_s3.py)
     "s3-default-dp2": Case(f"tiny dp=2 ckpt_dir=s3://ckpt/runs {SHORT}", needs="s3"),
     "s3-fsdp2-async-dp2": Case(f"tiny dp=2 stack=fsdp2 async_save=true ckpt_dir=s3://ckpt/runs {SHORT}", needs="s3",

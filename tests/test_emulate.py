@@ -173,6 +173,24 @@ def test_memory_budget_makes_ranks_work_in_waves(harness):
     assert json.loads((run_dir / "spec.json").read_text())["emulate_memory_gib"] == 0.0015
 
 
+@pytest.mark.slow
+def test_a_load_in_waves_leaves_out_the_other_waves(harness):
+    """The restart loads in the save's waves too: each rank's checkpoint_load is its own wave's load, as its save is
+    its own wave's save, so its waiting for the other ranks' waves (and its verification) is left out, and the
+    anatomy's window, which excludes the same regions, accounts for the same seconds."""
+    run_dir = harness.run("emulated-waves-dp4")
+    record = events(run_dir, "restart-01")
+    restart = load_summary(run_dir)["restarts"][0]
+    for rank in restart["per_rank"]:
+        evs = record[rank["rank"]]
+        (loaded,) = [e for e in evs if e["event"] == "loaded"]
+        (window,) = [e for e in evs if e["event"] == "load_anatomy"]
+        span = rank["marks"]["checkpoint_loaded"] - rank["marks"]["engine_initialized"]
+        assert loaded["untimed_seconds"] > 0  # every rank waits at each of the 4 waves' barriers
+        assert rank["phases"]["checkpoint_load"] == pytest.approx(span - loaded["untimed_seconds"], abs=1e-5)
+        assert rank["phases"]["checkpoint_load"] == pytest.approx(window["window_seconds"], abs=0.02)
+
+
 BAD = {
     "engine that DeepSpeed builds": (["tiny", "emulate=true", "engine=none"], "cannot emulate engine=none"),
     "no memory": (["tiny", "emulate=true", "emulate_memory_gib=0"], "emulate_memory_gib=0"),

@@ -209,18 +209,19 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
 
 
 def _rank_restart(rank: int, evs: list[dict]) -> dict:
-    """One rank's restart: its phases and total (less its verification digest), what it loaded, its peak RSS."""
+    """One rank's restart: its phases and total (less its verification digest, and the load's untimed seconds),
+    what it loaded, its peak RSS."""
     m = ev.marks(evs)
     verify = next((e for e in evs if e["event"] == "verify"), None)
-    verify_s = verify["seconds"] if verify else 0.0
-    phases = {phase: m[b] - m[a] - (verify_s if phase == "first_step" else 0.0)
-              for phase, a, b in RESTART_PHASES if a in m and b in m}
+    loaded = next((e for e in evs if e["event"] == "loaded"), None)
+    left_out = {"first_step": verify["seconds"] if verify else 0.0,
+                "checkpoint_load": (loaded or {}).get("untimed_seconds") or 0.0}
+    phases = {phase: m[b] - m[a] - left_out.get(phase, 0.0) for phase, a, b in RESTART_PHASES if a in m and b in m}
     # an emulated restart trains no step: its total ends when the checkpoint is loaded (a rank that finished
     # without a first step); a rank stopped before its end point has no total
     end = "first_step_done" if "first_step_done" in m else "checkpoint_loaded" if "finished" in m else None
-    total = (m[end] - m["process_start"] - (verify_s if end == "first_step_done" else 0.0)
-             if end in m and "process_start" in m else None)
-    loaded = next((e for e in evs if e["event"] == "loaded"), None)
+    total = (m[end] - m["process_start"] - left_out["checkpoint_load"] -
+             (left_out["first_step"] if end == "first_step_done" else 0.0) if end in m and "process_start" in m else None)
     done = next((e for e in evs if e["event"] == "done"), {})
     return {"rank": rank, "phases": phases, "marks": m, "max_rss_bytes": done.get("max_rss_bytes"),
             "total_seconds": total, "verify": verify,

@@ -262,7 +262,7 @@ class CheckpointManager:
         never a silent no-op); returns it and the client state saved with it."""
         engine_init = self.log.phase_fields()  # memory and I/O of engine_init, read before the load's barrier
         barrier()  # every rank starts the load clock together: one rank's slower start is not load time
-        load_start = time.time()
+        load_start, untimed = time.time(), self.recorder.untimed
         with self.anatomy.measure(LOAD_CATEGORIES, excluded=self.stack.untimed["load"]) as window:
             tag = tag or self.target.latest()
             if tag is None:
@@ -275,7 +275,7 @@ class CheckpointManager:
                       fields=engine_init)
         self.log.mark("checkpoint_loaded", t=breakdown["end"] if breakdown else None)
         self.log.emit(Loaded(tag, [{"path": p, "seconds": s} for p, s in self.recorder.loaded], load_start, load_end,
-                             self.recorder.io.load_statistics()))
+                             self.recorder.io.load_statistics(), round(self.recorder.untimed - untimed, 6)))
         if breakdown:
             self.log.emit(LoadAnatomy(breakdown))
         return tag, client_state

@@ -273,3 +273,20 @@ def test_a_check_is_compared_only_under_its_calibrations_conditions(tiny_dp2):
         row = prediction.compare(made, summary)["phases"]["save_durable_seconds"]
         assert (row["rel_error"] is not None) is compared, row
         assert compared or row["not_comparable"].startswith(f"other work used {load:.0%} of the CPUs"), row
+
+
+def test_an_emulation_in_waves_is_predicted_one_wave_at_a_time(tmp_path):
+    """tiny dp=4 with a budget for one rank's file state works one rank at a time (tests/test_emulate.py): a rank's
+    save and load are its own wave's, so the storage and the cores are shared by the ranks of a wave, not the node's."""
+    base = ["predict", "tiny", "dp=4", "emulate=true", "write_gbps=1", "read_gbps=1", "predict=json"]
+    whole = json.loads(cli(base, tmp_path).stdout)
+    waves = json.loads(cli([*base, "emulate_memory_gib=0.0015"], tmp_path).stdout)
+    f, g = waves["features"], whole["features"]
+    assert (g["io_ranks_per_node"], f["io_ranks_per_node"]) == (4, 1)
+    assert g["save_bytes_at_once"] == g["save_bytes"] and g["read_bytes_at_once"] == g["read_bytes"]
+    assert f["save_bytes_at_once"] == f["save_bytes_max_rank"] < f["save_bytes"]
+    assert f["read_bytes_at_once"] == f["read_bytes_max_rank"] < f["read_bytes"]
+    for phase, term, at_once in (("save_durable_seconds", "storage_write", "save_bytes_at_once"),
+                                 ("restart_checkpoint_load_seconds", "storage_read", "read_bytes_at_once")):
+        assert waves["phases"][phase]["terms_seconds"][term] == pytest.approx(f[at_once] / 1e9, abs=1e-6)
+        assert waves["phases"][phase]["seconds"] < whole["phases"][phase]["seconds"]

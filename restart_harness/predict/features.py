@@ -18,13 +18,17 @@ class Features:
     ranks_per_node: int
     cpus_per_node: int
     contention: float  # max(1, ranks_per_node / cpus_per_node): how many ranks share a core
+    # the ranks of a node that save (and load) at once: all of them, or an emulated node's wave (emulate_memory_gib)
+    io_ranks_per_node: int
     parameters_per_rank: float  # the model's parameters / (tp x pp)
     tokens_per_rank_step: int  # micro_batch x grad_accum x seq_len
     save_bytes: int  # one checkpoint, all launched ranks
     save_bytes_max_rank: int
     save_files_max_rank: int
     save_files: int  # files (objects) one checkpoint creates, all launched ranks
+    save_bytes_at_once: int  # the most that the ranks saving at once write (save_bytes unless emulated in waves)
     read_bytes: int  # a restart's reads from storage, all ranks (planner: plan/checkpoint.py stored_read_bytes)
+    read_bytes_at_once: int
     read_bytes_max_rank: int
     read_files_max_rank: int
     read_files: int  # file opens (object GETs) of a restart, summed over ranks
@@ -37,8 +41,39 @@ class Features:
     # each start-up phase's metadata operations per rank (configs/restart_io.json; None: not measured for the stack)
     startup_metadata_ops_per_rank: dict | None = None
 
+    @property
+    def io_contention(self) -> float:
+        """How many of the ranks saving or loading at once share a core."""
+        return max(1.0, self.io_ranks_per_node / max(1, self.cpus_per_node))
+
+    @property
+    def io_world_size(self) -> int:
+        """The ranks that save or load at once, all nodes."""
+        return self.io_ranks_per_node * self.nodes
+
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def at_once(plugins: Plugins, per_node: int) -> int:
+    """The ranks of a node that save and load at once: an emulated node works in waves of its ranks, so that at
+    most emulate_memory_gib of file state is held (stacks/_deepspeed_files.py waves); a wave's waiting for the others
+    is not part of a rank's save or load."""
+    if not plugins.spec.emulate or not plugins.spec.emulate_memory_gib:
+        return per_node
+    from restart_harness.stacks._deepspeed_files import waves
+    from restart_harness.stacks.emulated import streamable
+
+    return min(per_node, waves(plugins.spec, streamable(type(plugins.engine)))[0])
+
+
+def _busiest_wave(by_rank: dict[int, int], per_node: int, io_per_node: int) -> int:
+    """The bytes of the wave whose ranks (all nodes) move the most."""
+    waves: dict[int, int] = {}
+    for rank, n in by_rank.items():
+        wave = (rank % per_node) // io_per_node
+        waves[wave] = waves.get(wave, 0) + n
+    return max(waves.values(), default=0)
 
 
 def of(plugins: Plugins, cpus_per_node: int, write_bytes_per_s: float | None,
@@ -60,15 +95,18 @@ def of(plugins: Plugins, cpus_per_node: int, write_bytes_per_s: float | None,
     else:
         reads = {}
     read_bytes = checkpoint.stored_read_bytes(spec, layout, reads, size_of)
+    io_per_node = at_once(plugins, per_node)
     startup, _ = restart_io.lookup(spec.stack, spec.engine, plugins.stack.default_engine)  # None: not measured
     return Features(
         world_size=launched, nodes=max(1, -(-launched // per_node)), ranks_per_node=per_node,
         cpus_per_node=cpus_per_node, contention=max(1.0, per_node / max(1, cpus_per_node)),
+        io_ranks_per_node=io_per_node,
         parameters_per_rank=spec.shape.num_parameters() / (spec.tp * spec.pp),
         tokens_per_rank_step=spec.micro_batch * spec.grad_accum * (spec.seq_len or 0),
         save_bytes=sum(save_bytes.values()), save_bytes_max_rank=max(save_bytes.values(), default=0),
         save_files_max_rank=max(save_files.values(), default=0), save_files=sum(save_files.values()),
-        read_bytes=sum(read_bytes.values()), read_bytes_max_rank=max(read_bytes.values(), default=0),
+        save_bytes_at_once=_busiest_wave(save_bytes, per_node, io_per_node),
+        read_bytes=sum(read_bytes.values()), read_bytes_at_once=_busiest_wave(read_bytes, per_node, io_per_node), read_bytes_max_rank=max(read_bytes.values(), default=0),
         read_files_max_rank=max((len(p) for p in reads.values()), default=0),
         read_files=sum(len(p) for p in reads.values()),
         cold_reads=spec.cache == "drop" or plugins.target.kind != POSIX,

@@ -33,13 +33,13 @@ def _per(n: float | None, d: float | None) -> float | None:
 
 FIXED = Term("fixed", "fixed costs (the phase says which)", "s", lambda f: 1.0)
 STORAGE_WRITE = Term("storage_write", "storage bandwidth", "x (bytes / aggregate write bandwidth)",
-                     lambda f: _per(f.save_bytes, f.write_bytes_per_s))
+                     lambda f: _per(f.save_bytes_at_once, f.write_bytes_per_s))
 SERIALIZE = Term("serialize", "host CPU: serialization and copies", "s per byte of the busiest rank x contention",
-                 lambda f: f.save_bytes_max_rank * f.contention)
+                 lambda f: f.save_bytes_max_rank * f.io_contention)
 FILES = Term("files", "storage metadata and requests", "s per file of the busiest rank",
              lambda f: f.save_files_max_rank)
 STORAGE_READ = Term("storage_read", "storage bandwidth", "x (bytes / aggregate read bandwidth)",
-                    lambda f: _per(f.read_bytes, f.read_bytes_per_s) if f.cold_reads else 0.0)
+                    lambda f: _per(f.read_bytes_at_once, f.read_bytes_per_s) if f.cold_reads else 0.0)
 METADATA_WRITE = Term("metadata_write", "storage metadata rate (creates or PUT requests per second)",
                       "x (files / the storage's stated operations per second)",
                       lambda f: _per(f.save_files, f.metadata_ops_per_s) or 0.0)
@@ -47,13 +47,15 @@ METADATA_READ = Term("metadata_read", "storage metadata rate (opens or GET reque
                      "x (file opens / the storage's stated operations per second)",
                      lambda f: _per(f.read_files, f.metadata_ops_per_s) or 0.0)
 DESERIALIZE = Term("deserialize", "host CPU: deserialization and copies",
-                   "s per byte the busiest rank reads x contention", lambda f: f.read_bytes_max_rank * f.contention)
+                   "s per byte the busiest rank reads x contention", lambda f: f.read_bytes_max_rank * f.io_contention)
 READ_FILES = Term("read_files", "storage metadata and requests", "s per file the busiest rank reads",
                   lambda f: f.read_files_max_rank)
 SPAWN = Term("spawn", "launcher: processes started per node", "s per rank on a node", lambda f: f.ranks_per_node)
 CPU = Term("cpu", "host CPU: ranks sharing cores", "s x contention", lambda f: f.contention)
+# a save's or a load's share of the cores: that of the ranks saving or loading at once (an emulated wave's)
+IO_CPU = Term("cpu", CPU.resource, CPU.unit, lambda f: f.io_contention)
 RANKS_SHARING = Term("ranks_sharing", "host CPU: every rank's collectives on shared cores", "s per rank x contention^2",
-                     lambda f: f.world_size * f.contention ** 2)
+                     lambda f: f.io_world_size * f.io_contention ** 2)
 WORLD = Term("world", "network: rendezvous of every rank", "s per rank", lambda f: f.world_size)
 PARAMETERS = Term("parameters", "allocating and initialising the rank's model and optimizer",
                   "s per parameter of a rank x contention", lambda f: f.parameters_per_rank * f.contention)
@@ -103,7 +105,7 @@ def _launcher(plugins: Plugins) -> str:
     return plugins.launcher.name
 
 
-_SAVE = (FIXED, CPU, STORAGE_WRITE, METADATA_WRITE, SERIALIZE, FILES, RANKS_SHARING)
+_SAVE = (FIXED, IO_CPU, STORAGE_WRITE, METADATA_WRITE, SERIALIZE, FILES, RANKS_SHARING)
 _SAVE_FIXED = "fixed per save: barriers, collectives, the engine's bookkeeping"
 PHASES: dict[str, Phase] = {p.name: p for p in (
     # an asynchronous save's blocking part writes nothing; a synchronous one writes everything before it returns
@@ -120,7 +122,7 @@ PHASES: dict[str, Phase] = {p.name: p for p in (
           "building the model", given=("environment_metadata",)),
     Phase("restart_engine_init_seconds", (FIXED, CPU, PARAMETERS, _storm("engine_init")), _stack_device,
           "the engine's set-up", given=("environment_metadata",)),
-    Phase("restart_checkpoint_load_seconds", (FIXED, CPU, STORAGE_READ, METADATA_READ, DESERIALIZE, READ_FILES,
+    Phase("restart_checkpoint_load_seconds", (FIXED, IO_CPU, STORAGE_READ, METADATA_READ, DESERIALIZE, READ_FILES,
                                               RANKS_SHARING),
           _engine, "fixed per load: finding the tag, collectives, the engine's bookkeeping",
           given=("storage_read", "metadata_read")),

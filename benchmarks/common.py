@@ -95,12 +95,18 @@ def spread(values: list[float | None], form: str = ".2f", to: str = "-") -> str:
     return f"{statistics.median(values):{form}} ({min(values):{form}}{to}{max(values):{form}})"
 
 
+def table(head: list[str], rows, align: str = "") -> None:
+    """A Markdown table: the head's cells, then each row's; align: a column's `l` or `r` (default: every one `l`)."""
+    print("| " + " | ".join(head) + " |")
+    print("|" + "".join("---:|" if a == "r" else "---|" for a in align or "l" * len(head)))
+    for row in rows:
+        print("| " + " | ".join(map(str, row)) + " |")
+
+
 def median_table(first: str, columns: tuple[str, ...], rows: dict[str, list[dict[str, float]]]) -> None:
     """A markdown table: per row label, each column's median over the rounds' figures."""
-    print(f"| {first} | " + " | ".join(columns) + " |")
-    print("|---|" + "---:|" * len(columns))
-    for label, rounds in rows.items():
-        print(f"| {label} | " + " | ".join(f"{statistics.median(r[c] for r in rounds):.2f}" for c in columns) + " |")
+    table([first, *columns], ([label, *(f"{statistics.median(r[c] for r in rounds):.2f}" for c in columns)]
+                              for label, rounds in rows.items()), "l" + "r" * len(columns))
 
 
 def measure_then_evaluate(measure: Callable[[Path, int], None], evaluate: Callable[[Path], None], repeats: int,

@@ -2,22 +2,7 @@
 """The harness's two restart-load figures beside an independent timing of the same checkpoint's load, on disk and on a
 local S3 gateway (issue 29).
 
-Method
-- Checkpoint: `./submit-job.sh MODEL dp=2 stack=fsdp2 iters=2 save_interval=2 after=1 baseline=false` (default
-  MODEL small), once per target and repeat: on the results folder's file system, and with ckpt_dir=s3://bench/runs on
-  a single-node Ceph RADOS Gateway this script starts (objects in memory, testbeds/ceph_s3.py) and stops.
-- The harness's figures, from that run's restart (restart-01, in fresh processes, page cache dropped):
-  `load_throughput_mib_s`: checkpoint bytes over the slowest rank's seconds inside the engine's load (what the
-  restart waited for: DCP's planning collectives, reads, deserialization, copies into the shards);
-  `storage_read_throughput_mib_s`: every byte read over the slowest rank's seconds with a read in flight, the ranks
-  aligned by a barrier first (docs/measurements.md).
-- The independent timing: right after each run, with the page cache dropped again, `torchrun --nproc-per-node 2` of
-  the script below this docstring's module (mode `plain`): each rank builds a template of its shards from the
-  checkpoint's own .metadata (DTensors, Shard(0) over the 2 ranks: FSDP2's layout), barrier, times `dcp.load`
-  (DCP's file system reader, or s3torchconnector's S3StorageReader with the same client settings), barrier. Its
-  figure: checkpoint bytes over the slowest rank's seconds - what s3torchbenchmarking and the scoping script report.
-- Targets and repeats interleaved: fs, s3, fs, s3, ...; medians over REPEATS; ratios of the harness's figures to the
-  plain load's, per target. The runs use keep=false on S3 (the gateway's memory is bounded).
+Method: docs/benchmark-methods.md#load_figures
 
 Usage: <python> -m benchmarks.load_figures [REPEATS] [MODEL]   (default 3 small; prints a Markdown table)
 """

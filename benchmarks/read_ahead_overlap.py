@@ -3,19 +3,7 @@
 pace for a reader that does other work between buffered reads, as torch.load does while it unpickles
 (docs/measurements.md#two-load-figures).
 
-Method
-- One file of SIZE_MIB (default 512) of random bytes in DIR (default results/, on the disk the checkpoints use),
-  written and fsync'd once, then read whole REPEATS times (default 3) in each of two ways, interleaved:
-  `back to back` (one 4 MiB read() call after another) and `work between` (4 ms of sleep after each call, standing
-  in for deserialization).
-- Before every read the file's pages are dropped from the page cache (fsync, then posix_fadvise DONTNEED on the
-  whole file, which needs no root), so every read starts cold and the kernel's read-ahead starts afresh.
-- Per read: the bytes over the seconds spent inside read() calls (what the harness's storage read measures on a
-  file system: the I/O counters' bytes over their read busy seconds) and the wall time. Per way: medians and
-  min-max over the repeats. Back to back, the first is the storage's own pace; with work between calls, the kernel
-  reads ahead while no call is in flight and the calls find the pages cached, so the same bytes over the same
-  storage come out faster by about the share of the time spent between calls.
-- The file is removed at the end.
+Method: docs/benchmark-methods.md#read_ahead_overlap
 
 Usage: <python> -m benchmarks.read_ahead_overlap [REPEATS] [dir=DIR] [size_mib=N]   (prints a Markdown table)
 """
@@ -29,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, spread, words
+from benchmarks.common import REPO, spread, table, words
 
 CALL_BYTES = 4 << 20
 WORK_SECONDS = 0.004
@@ -80,10 +68,9 @@ def main() -> None:
         path.unlink(missing_ok=True)
     print(f"{size // MIB} MiB file in {folder}, cold each time, {CALL_BYTES // MIB} MiB read() calls, {repeats} "
           f"repeats interleaved; medians (min-max)\n")
-    print("| reads | MiB/s over the seconds inside read() | wall s |")
-    print("|---|---|---|")
-    for way, rows in seen.items():
-        print(f"| {way} | {spread([r[0] for r in rows], ',.0f')} | {statistics.median(r[1] for r in rows):.3f} |")
+    table(["reads", "MiB/s over the seconds inside read()", "wall s"],
+          ([way, spread([r[0] for r in rows], ",.0f"), f"{statistics.median(r[1] for r in rows):.3f}"]
+           for way, rows in seen.items()))
 
 
 if __name__ == "__main__":

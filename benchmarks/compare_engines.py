@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import median, object_store, scratch, spread, submitted, summary, words
+from benchmarks.common import median, object_store, scratch, spread, submitted, summary, table, words
 
 CASES = [
     ("none", ["engine=none"]),
@@ -197,23 +197,15 @@ def _ceiling_words(ceilings: list[dict]) -> str:
                      for way in ("write", "read") for v in [[c[f"{way}_mib_s"] for c in ceilings]])
 
 
-def _kept(summary: dict) -> list[dict]:
-    """A run's saves less the first (warm-up) where there are more."""
-    return summary["checkpoint"]["saves"][1:] or summary["checkpoint"]["saves"]
-
-
 def _ratio(value: float | None, base: float | None) -> float | None:
     return value / base if value and base else None
 
 
-def _storage_read(summary: dict) -> dict:
-    """A restart's storage read (results/breakdown.py): bytes read by all ranks over the slowest rank's read busy."""
-    return (((summary.get("restart") or {}).get("load_breakdown") or {}).get("storage_read")) or {}
-
-
 def _run(summary: dict, ceiling: dict, none_step: float | None) -> dict:
-    """One run's figures (medians over its kept saves) and their ratios to its repeat's ceiling."""
-    saves, restart = _kept(summary), summary.get("restart") or {}
+    """One run's figures (medians over its saves but the first, a warm-up, where there are more) and their ratios to
+    its repeat's ceiling; the storage read (results/breakdown.py): all ranks' bytes over the slowest rank's read busy."""
+    saves, restart = summary["checkpoint"]["saves"][1:] or summary["checkpoint"]["saves"], summary.get("restart") or {}
+    storage_read = (restart.get("load_breakdown") or {}).get("storage_read") or {}
     nbytes = median([s["bytes"] for s in saves])
     durable = median([s["durable_seconds"] for s in saves])
     lost = [tl["window_seconds"] - tl["steps_in_window"] * none_step for s in saves
@@ -223,9 +215,9 @@ def _run(summary: dict, ceiling: dict, none_step: float | None) -> dict:
     f = {"mib": nbytes / MIB if nbytes else None, "blocking": median([s["blocking_seconds"] for s in saves]),
          "durable": durable, "durable_mib_s": _ratio(nbytes / MIB if nbytes else None, durable),
          "load_mib_s": restart.get("load_throughput_mib_s"),
-         "storage_read_mib_s": _storage_read(summary).get("throughput_mib_s"), "lost": median(lost),
+         "storage_read_mib_s": storage_read.get("throughput_mib_s"), "lost": median(lost),
          "held_mib": held / MIB if held is not None else None, "held_x_rank": _ratio(held, rank),
-         "reads_x": _ratio(_storage_read(summary).get("bytes"), nbytes),
+         "reads_x": _ratio(storage_read.get("bytes"), nbytes),
          "digest": median([(s.get("training_lost") or {}).get("digest_seconds") for s in saves])}
     f["x_write"] = _ratio(f["durable_mib_s"], ceiling.get("write_mib_s"))
     f["x_load"] = _ratio(f["load_mib_s"], ceiling.get("read_mib_s"))
@@ -279,11 +271,9 @@ COLUMNS = (("checkpoint MiB", "mib", 1), ("blocking s", "blocking", 3), ("durabl
 
 
 def _main_table(rows: dict[str, dict]) -> None:
-    print("| engine | " + " | ".join(c for c, _, _ in COLUMNS) + " |\n|" + "---|" * (len(COLUMNS) + 1))
-    for name, r in rows.items():
-        if r:
-            print(f"| {name} | " + " | ".join(efficiency(r[k], _why_above(r, k)) if k.startswith("x_") else cell(r[k], d)
-                                              for _, k, d in COLUMNS) + " |")
+    table(["engine", *(c for c, _, _ in COLUMNS)], ([name, *(efficiency(r[k], _why_above(r, k)) if k.startswith("x_")
+                                                             else cell(r[k], d) for _, k, d in COLUMNS)]
+                                                   for name, r in rows.items() if r))
 
 
 RANKED = (("blocking", "blocking s", False), ("durable_mib_s", "durable MiB/s", True),

@@ -163,7 +163,9 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
              for label in ("none", "fsdp2 none")}
     rows = {name: _row(collected[name], ceilings["s3" if name.endswith(" s3") else "fs"],
                        steps["fsdp2 none" if name.startswith("fsdp2") else "none"]) for name, _ in cases}
-    _main_table(rows)
+    table(["engine", *(c for c, _, _ in COLUMNS)], ([name, *(efficiency(r[k], _why_above(r, k)) if k.startswith("x_")
+                                                             else cell(r[k], d) for _, k, d in COLUMNS)]
+                                                   for name, r in rows.items() if r))
     digest, blocking = (median((rows.get("default") or {}).get(k) or []) for k in ("digest", "blocking"))
     if digest is not None and blocking:  # the harness's own seconds beside the saves' (rank 0, before each save)
         print(f"\nThe harness's own: its verification digest before each of default's saves, outside every figure "
@@ -181,20 +183,16 @@ def _header(base: list[str], repeats: int, world: int, how: tuple[str, str, dict
             if s and (b := (s["checkpoint"].get("machine_load") or {}).get("cpu_busy_fraction")) is not None]
     print(f"`{' '.join(base)}`, {repeats} repeats, cases interleaved; medians over the repeats (min-max). "
           f"Ceiling per repeat ({world} ranks x {BASELINE_FILE_MIB} MiB) from {how[1]}: "
-          + "; ".join(f"{'file system' if t == 'fs' else 'local S3 (RGW)'} " + _ceiling_words(c)
-                      for t, c in ceilings.items())
+          + "; ".join(f"{'file system' if t == 'fs' else 'local S3 (RGW)'} " + ", ".join(
+              f"{way} {median(v):,.0f} MiB/s ({min(v):,.0f}-{max(v):,.0f}; from "
+              f"{' and '.join(sorted({x[f'{way}_from'] for x in c}))})"
+              for way in ("write", "read") for v in [[x[f"{way}_mib_s"] for x in c]]) for t, c in ceilings.items())
           + f". Machine: 1-minute load average {min(loads):.1f}-{max(loads):.1f} over the repeats"
           + (f", other work on the CPUs before a launch {median(busy):.0%} (median; {min(busy):.0%}-{max(busy):.0%})"
              if busy else "") + ".")
     for name, why in how[2].items():
         print(f"- not run here: {name} ({why})")
     print()
-
-
-def _ceiling_words(ceilings: list[dict]) -> str:
-    return ", ".join(f"{way} {median(v):,.0f} MiB/s ({min(v):,.0f}-{max(v):,.0f}; from "
-                     f"{' and '.join(sorted({c[f'{way}_from'] for c in ceilings}))})"
-                     for way in ("write", "read") for v in [[c[f"{way}_mib_s"] for c in ceilings]])
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:
@@ -268,12 +266,6 @@ COLUMNS = (("checkpoint MiB", "mib", 1), ("blocking s", "blocking", 3), ("durabl
            ("x ceiling read (storage)", "x_storage_read", 2), ("training lost per save s (vs none)", "lost", 3),
            ("host memory held MiB", "held_mib", 1), ("held x rank's checkpoint", "held_x_rank", 3),
            ("restart reads x checkpoint", "reads_x", 2))
-
-
-def _main_table(rows: dict[str, dict]) -> None:
-    table(["engine", *(c for c, _, _ in COLUMNS)], ([name, *(efficiency(r[k], _why_above(r, k)) if k.startswith("x_")
-                                                             else cell(r[k], d) for _, k, d in COLUMNS)]
-                                                   for name, r in rows.items() if r))
 
 
 RANKED = (("blocking", "blocking s", False), ("durable_mib_s", "durable MiB/s", True),

@@ -56,18 +56,15 @@ def observed(run_dir: Path) -> dict:
             "read_mib_s": (s.get("baseline") or {}).get("read_mib_s"), "run": run_dir.name}
 
 
-def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares a + b x (a line through one point where there is one size)."""
-    if len(set(xs)) < 2:
-        return statistics.mean(ys), 0.0
-    slope, intercept = statistics.linear_regression(xs, ys)
-    return intercept, slope
-
-
 def fitted(by_case: dict[str, tuple[float, dict[str, float]]]) -> dict[str, tuple[float, float]]:
-    """Each phase's line a + b x checkpoint bytes, fitted on the cases' medians (_medians)."""
+    """Each phase's line a + b x checkpoint bytes, least-squares on the cases' medians (_medians; a line through one
+    point where there is one size)."""
     sizes = [size for size, _ in by_case.values()]
-    return {p: line_fit(sizes, [m[p] for _, m in by_case.values()]) for p in next(iter(by_case.values()))[1]}
+    lines = {}
+    for p in next(iter(by_case.values()))[1]:
+        ys = [m[p] for _, m in by_case.values()]
+        lines[p] = (statistics.mean(ys), 0.0) if len(set(sizes)) < 2 else statistics.linear_regression(sizes, ys)[::-1]
+    return lines
 
 
 def first_above(lines: dict[str, tuple[float, float]], low: float, high: float) -> tuple[float | None, str | None]:

@@ -9,6 +9,7 @@ Usage: <python> -m benchmarks.load_figures [REPEATS] [MODEL]   (default 3 small;
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -63,22 +64,6 @@ def plain(checkpoint: str, out: str) -> None:
 
 
 # ---- the benchmark ------------------------------------------------------------------------------------------------------
-def _drop_caches() -> None:
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        pass  # not root: the harness's restart reports what it observed; the plain load may be warm
-
-
-def _plain(checkpoint: str, folder: Path) -> float:
-    out = folder / f"plain-{time.time_ns()}"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29611",
-                    __file__, "plain", checkpoint, str(out)], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                   capture_output=True, text=True)
-    return max(json.loads(Path(f"{out}.{r}").read_text())["seconds"] for r in range(2))
-
-
 def _measure(target: str, model: str, folder: Path) -> dict:
     """One run on target, then the plain load of its checkpoint (on S3: the checkpoint deleted after)."""
     from benchmarks.common import submitted, summary  # lazily: torchrun runs this file as a script (plain)
@@ -89,8 +74,14 @@ def _measure(target: str, model: str, folder: Path) -> dict:
     s = summary(run_dir)
     spec = json.loads((run_dir / "spec.json").read_text())
     where = f"{spec['checkpoint_url' if target == 's3' else 'checkpoint_root']}/{s['checkpoint']['tag']}"
-    _drop_caches()
-    seconds = _plain(where, folder)
+    os.sync()
+    with contextlib.suppress(OSError):  # not root: the restart says what it observed; the plain load may be warm
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    out = folder / f"plain-{time.time_ns()}"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29611",
+                    __file__, "plain", where, str(out)], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                   capture_output=True, text=True)
+    seconds = max(json.loads(Path(f"{out}.{r}").read_text())["seconds"] for r in range(2))
     rs = s["restart"]
     if target == "s3":
         shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)

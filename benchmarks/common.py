@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -56,14 +55,9 @@ def rotated(items: list, n: int) -> list:
     return items[n % len(items):] + items[:n % len(items)]
 
 
-@contextlib.contextmanager
-def scratch(prefix: str) -> Iterator[Path]:
-    """A new temporary folder, removed with what is in it at the end."""
-    folder = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def scratch(prefix: str) -> tempfile.TemporaryDirectory:
+    """A new temporary folder (its path as text), removed with what is in it at the end."""
+    return tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True)
 
 
 @contextlib.contextmanager

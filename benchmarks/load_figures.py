@@ -100,7 +100,7 @@ def main(repeats: int, model: str) -> None:
     with object_store("rh-bench-s3", 4096), scratch("rh-load-figures-") as folder:
         for n in range(repeats):
             for target in ("fs", "s3"):
-                r = _measure(target, model, folder)
+                r = _measure(target, model, Path(folder))
                 rows[target].append(r)
                 print(f"[{n + 1}/{repeats} {target}] plain {r['plain_mib_s']:.1f} MiB/s, harness "
                       f"waited {r['waited_mib_s']:.1f}, storage read {r['storage_read_mib_s']:.1f}",

@@ -61,11 +61,6 @@ class LocalS3:
                      aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key).create_bucket(Bucket=name)
 
 
-def missing_tools() -> list[str]:
-    return [t for t in ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "monmaptool", "ceph")
-            if shutil.which(t) is None]
-
-
 def _config(root: Path, fsid: str, mon_port: int, gateway_port: int, memory_mib: int) -> str:
     return f"""[global]
 fsid = {fsid}
@@ -126,7 +121,8 @@ def _wait_http(url: str, deadline: float, what: str, root: Path) -> None:
 
 def start(root: Path, memory_mib: int = 2048, timeout: float = 120) -> LocalS3:
     """Start the cluster, the gateway and the proxy in `root` (created; must not hold a running server)."""
-    if missing := missing_tools():
+    tools = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "monmaptool", "ceph")
+    if missing := [t for t in tools if shutil.which(t) is None]:
         raise LocalS3Error(f"missing {', '.join(missing)}: apt-get install {' '.join(PACKAGES)}")
     root = Path(root).resolve()
     if (root / "server.json").exists():

@@ -32,17 +32,11 @@ OUT_FILES_MAX = 8  # what a device call brings back
 START = time.monotonic()
 
 
-def _parts():
-    """gpu-check-parts.py, beside this file in the folder (and in scripts/bundle/), loaded by its path."""
-    spec = importlib.util.spec_from_file_location("gpu_check_parts", HERE / "gpu-check-parts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-parts = _parts()
-fail, older, whole, extract_deb = parts.fail, parts.older, parts.whole, parts.extract_deb
-without_checkpoints, session_members = parts.without_checkpoints, parts.session_members
+# gpu-check-parts.py, beside this file in the folder (and in scripts/bundle/), loaded by its path
+_spec = importlib.util.spec_from_file_location("gpu_check_parts", HERE / "gpu-check-parts.py")
+parts = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(parts)
+extract_deb = parts.extract_deb
 
 
 class Check:
@@ -110,10 +104,10 @@ class Check:
             os.killpg(proc.pid, signal.SIGTERM)
         # the shell of submit-job.sh ends at once on SIGTERM: wait for the harness under it to record its end
         deadline = time.monotonic() + STOP_GRACE_SECONDS
-        while session_members(proc.pid, live=True) and time.monotonic() < deadline:
+        while parts.session_members(proc.pid, live=True) and time.monotonic() < deadline:
             proc.poll()
             time.sleep(0.2)
-        for pid in session_members(proc.pid):
+        for pid in parts.session_members(proc.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
@@ -127,7 +121,7 @@ class Check:
         for attempt in range(3):  # a file the stopped run was still replacing can vanish under tar: pack again
             try:
                 with tarfile.open(tmp, "w:gz") as t:
-                    t.add(results, arcname="results", filter=lambda i: without_checkpoints(i, results.parent))
+                    t.add(results, arcname="results", filter=lambda i: parts.without_checkpoints(i, results.parent))
                 return os.replace(tmp, self.out / "results.tar.gz")
             except OSError as exc:
                 tmp.unlink(missing_ok=True)
@@ -164,13 +158,13 @@ class Check:
         roles = ["run", "analysis"] + (["cuda"] if cuda else [])
         wanted = [p for r in roles for p in manifest["packages"].get(r, [])]
         have = self.installed(self.py, [p["name"] for p in wanted] + ["restart-harness"])
-        need = [p for p in wanted if older(have.get(p["name"]), p["version"])]
+        need = [p for p in wanted if parts.older(have.get(p["name"]), p["version"])]
         self.say("the node's Python has " + (", ".join(f"{n} {v}" for n, v in have.items() if v) or "none of them")
                  + "; to install: " + (", ".join(f"{p['name']} {p['version']}" for p in need) or "nothing"))
         if need or not have.get("restart-harness"):
             self.py = self.environment()
             build = [p for p in manifest["packages"].get("build", [])
-                     if older(self.installed(self.py, [p["name"]]).get(p["name"]), p["version"])]
+                     if parts.older(self.installed(self.py, [p["name"]]).get(p["name"]), p["version"])]
             wheels = [str(HERE / p["file"]) for p in build + need if p["file"].endswith(".whl")]
             sdists = [str(HERE / p["file"]) for p in need if not p["file"].endswith(".whl")]
             pip = [self.py, "-m", "pip", "install", "--no-index", "--no-deps", "--no-build-isolation",
@@ -359,15 +353,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--attribution-engines", default="default,lazy", help="engines of the sampled run, or none")
     a = p.parse_args(argv)
     if a.out is None:
-        fail("no --out and no $OUT; accepted: --out DIR, the folder the results go to")
+        parts.fail("no --out and no $OUT; accepted: --out DIR, the folder the results go to")
     if not 30 <= a.time_limit <= 86400:
-        fail(f"--time-limit {a.time_limit:g}; accepted: 30 to 86400 seconds")
+        parts.fail(f"--time-limit {a.time_limit:g}; accepted: 30 to 86400 seconds")
     if a.compare_repeats < 0:
-        fail(f"--compare-repeats {a.compare_repeats}; accepted: 0 (no comparison) or more")
-    info = whole(HERE)
+        parts.fail(f"--compare-repeats {a.compare_repeats}; accepted: 0 (no comparison) or more")
+    info = parts.whole(HERE)
     for flag, folder, gets in (("--out", a.out, f" (it gets at most {OUT_FILES_MAX} files)"), ("--work", a.work, "")):
         if folder.exists() and any(folder.iterdir()):
-            fail(f"{flag} {folder} is not empty; accepted: a new or empty folder{gets}")
+            parts.fail(f"{flag} {folder} is not empty; accepted: a new or empty folder{gets}")
     for folder in (a.out, a.work):
         folder.mkdir(parents=True, exist_ok=True)
     check = Check(a)

@@ -50,6 +50,19 @@ def restarted(run: Path, keys: list[str], **how) -> dict:
     return summary(run)["restart"]
 
 
+def recorded(out: Path, repeats: int, plan: list[tuple[str, str, list[str], object]], check: bool = True,
+             cases: dict | None = None) -> None:
+    """REPEATS rounds of plan's runs in order, each (folder, what, tokens, case) said on stderr and run into
+    out/FOLDER; out/cases.json names each run's case where it has one (cases: those named before)."""
+    cases = {} if cases is None else cases
+    for r in range(repeats):
+        for folder, what, tokens, case in plan:
+            print(f"[round {r + 1}] {what}", file=sys.stderr, flush=True)
+            if (run := submitted([*tokens, f"results_dir={out / folder}"], check=check)) and case is not None:
+                cases[str(run)] = case
+                (out / "cases.json").write_text(json.dumps(cases, indent=1))
+
+
 def rotated(items: list, n: int) -> list:
     """Round n's order of items: rotated every round, so that none always follows another."""
     return items[n % len(items):] + items[:n % len(items)]

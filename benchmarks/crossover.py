@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 
-from benchmarks.common import measure_then_evaluate, submitted, summary
+from benchmarks.common import measure_then_evaluate, recorded, summary
 
 GIB, MIB = 1 << 30, 1 << 20
 LOAD = "restart_checkpoint_load_seconds"
@@ -31,16 +30,10 @@ FAMILIES = {
 
 def measure(out: Path, repeats: int) -> None:
     """Every case REPEATS times, the families interleaved; out/cases.json names each run's family and case."""
-    cases_file = out / "cases.json"
-    cases = json.loads(cases_file.read_text()) if cases_file.exists() else {}
-    longest = max(len(v) for v in FAMILIES.values())
-    order = [(fam, FAMILIES[fam][i]) for i in range(longest) for fam in FAMILIES if i < len(FAMILIES[fam])]
-    for r in range(repeats):
-        for fam, (name, tokens) in order:
-            print(f"[round {r + 1}] {fam}: {name}", file=sys.stderr, flush=True)
-            if (made := submitted([*tokens, *COMMON, f"results_dir={out / fam}"], check=False)) is not None:
-                cases[str(made)] = [fam, name]
-                cases_file.write_text(json.dumps(cases, indent=1))
+    file, longest = out / "cases.json", max(len(v) for v in FAMILIES.values())
+    recorded(out, repeats, [(fam, f"{fam}: {name}", [*tokens, *COMMON], [fam, name]) for i in range(longest)
+                            for fam in FAMILIES if i < len(FAMILIES[fam]) for name, tokens in [FAMILIES[fam][i]]],
+             check=False, cases=json.loads(file.read_text()) if file.exists() else {})
 
 
 def observed(run_dir: Path) -> dict:
@@ -159,9 +152,5 @@ def _medians(cases: list[tuple[str, dict]]) -> dict[str, tuple[float, dict[str, 
             for name, v in grouped.items()}
 
 
-def main() -> None:
-    measure_then_evaluate(measure, evaluate, 1, "/tmp/rh-crossover-bench")
-
-
 if __name__ == "__main__":
-    main()
+    measure_then_evaluate(measure, evaluate, 1, "/tmp/rh-crossover-bench")

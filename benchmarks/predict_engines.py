@@ -13,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.common import measure_then_evaluate, submitted, summary
+from benchmarks.common import measure_then_evaluate, recorded, summary
 from benchmarks.predict_validation import calibrate, pct, predicted_vs_measured
 
 ENGINES = ("default", "torchsnapshot", "dcp", "fastpersist", "lazy")
@@ -32,16 +32,10 @@ SHOWN = ("save_blocking_seconds", "save_durable_seconds", "restart_checkpoint_lo
 
 
 def measure(out: Path, repeats: int) -> None:
-    held: dict[str, list[str]] = {}
-    for r in range(repeats):
-        for folder, cases in (("calibrate", CALIBRATE), ("held-out", HELD_OUT)):
-            for name, tokens, engines in cases:
-                for engine in engines:
-                    print(f"[round {r + 1}] {folder}: {name} engine={engine}", file=sys.stderr, flush=True)
-                    run = submitted([*tokens, f"engine={engine}", f"results_dir={out / folder}"], check=False)
-                    if run is not None and folder == "held-out":
-                        held[str(run)] = [name, engine]
-                        (out / "cases.json").write_text(json.dumps(held, indent=1))
+    recorded(out, repeats, [(folder, f"{folder}: {name} engine={e}", [*tokens, f"engine={e}"],
+                             [name, e] if folder == "held-out" else None)
+                            for folder, cases in (("calibrate", CALIBRATE), ("held-out", HELD_OUT))
+                            for name, tokens, engines in cases for e in engines], check=False)
 
 
 def _cell(row: dict) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+MIB, GIB = 1 << 20, 1 << 30
 
 
 def words(default: int, *names: str, argv: list[str] | None = None) -> tuple[int, dict[str, str], list[str]]:

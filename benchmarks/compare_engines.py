@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import median, object_store, scratch, spread, submitted, summary, table, words
+from benchmarks.common import MIB, median, object_store, scratch, spread, submitted, summary, table, words
 
 CASES = [
     ("none", ["engine=none"]),
@@ -50,7 +50,6 @@ EVERY_ENGINE = ("none", "default", "torchsnapshot", "fsdp2 none", "fsdp2 dcp", "
 BASE = ["dp=2", "iters=6", "save_interval=2", "after=1", "cache=drop", "keep=false"]
 BASELINE_FILE_MIB = 256
 S3_TARGET = "ckpt_dir=s3://bench/runs"
-MIB = 2**20
 
 
 def die(message: str) -> None:
@@ -201,7 +200,7 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 
 def _run(summary: dict, ceiling: dict, none_step: float | None) -> dict:
     """One run's figures (medians over its saves but the first, a warm-up, where there are more) and their ratios to
-    its repeat's ceiling; the storage read (results/breakdown.py): all ranks' bytes over the slowest rank's read busy."""
+    its repeat's ceiling; storage read (results/breakdown.py): all ranks' bytes over the slowest rank's read busy."""
     saves, restart = summary["checkpoint"]["saves"][1:] or summary["checkpoint"]["saves"], summary.get("restart") or {}
     storage_read = (restart.get("load_breakdown") or {}).get("storage_read") or {}
     nbytes = median([s["bytes"] for s in saves])

@@ -14,9 +14,8 @@ import os
 import statistics
 from pathlib import Path
 
-from benchmarks.common import measure_then_evaluate, recorded, summary
+from benchmarks.common import GIB, MIB, measure_then_evaluate, recorded, summary
 
-GIB, MIB = 1 << 30, 1 << 20
 LOAD = "restart_checkpoint_load_seconds"
 RANGE = (1 << 20, 1 << 50)
 COMMON = ["iters=2", "save_interval=2", "after=1", "cache=drop", "keep=false"]

@@ -19,10 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import REPO, scratch
+from benchmarks.common import GIB, REPO, scratch
 from restart_harness.files import pagecache
 
-GIB = 1 << 30
 SHAPE = {"hidden_size": 4096, "ffn_hidden_size": 14336, "vocab_size": 128256}
 
 

@@ -17,11 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, spread, table, words
+from benchmarks.common import MIB, REPO, spread, table, words
 
 CALL_BYTES = 4 << 20
 WORK_SECONDS = 0.004
-MIB = 1 << 20
 
 
 def read_once(path: Path, work_seconds: float) -> tuple[float, float]:

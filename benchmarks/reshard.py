@@ -13,9 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import median, restarted, submitted, words
+from benchmarks.common import MIB, median, restarted, submitted, words
 
-MIB = 1 << 20
 COMMON = ["iters=2", "save_interval=2", "after=1", "cache=drop"]
 # source layout -> target layouts: every change of issue 15 (dp 2->1, 1->2, 2->4; tp 1->2, 2->1; pp 1->2, 2->1; one
 # combined change)

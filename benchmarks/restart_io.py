@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.common import restarted, scratch, spread, submitted, words
-
-MIB = 2**20
+from benchmarks.common import MIB, restarted, scratch, spread, submitted, words
 
 
 def figures(restart: dict) -> dict:

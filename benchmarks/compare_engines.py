@@ -125,20 +125,11 @@ def main() -> None:
         measure(cases, base, repeats, targets, (tool, how, refused))
 
 
-def baseline(results: Path | str, ranks: int, tool: str) -> dict:
-    """A fresh storage baseline of the results directory (or an s3:// URL), its ceiling with it: the record the
-    command cached (its last line: `measured_at ...; cached in PATH.json (whose cache)`)."""
-    said = str(submitted(["baseline", f"dir={results}", f"ranks={ranks}", f"file_bytes={BASELINE_FILE_MIB}MiB",
-                          f"tool={tool}"]))
-    return json.loads(Path(said.rsplit("cached in ", 1)[1].rsplit(".json", 1)[0] + ".json").read_text())
-
-
 def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, targets: list[str],
             how: tuple[str, str, dict[str, str]]) -> None:
     """The repeats, interleaved: each repeat's storage probes, then every case once; then the tables."""
     from restart_harness.command import parse_args
 
-    tool = how[0]
     world = parse_args(base).world_size
     collected: dict[str, list[dict | None]] = {name: [] for name, _ in cases}
     storage: dict[str, list[dict]] = {t: [] for t in targets}
@@ -146,9 +137,13 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
     with scratch("rh-bench-engines-") as results:
         for r in range(repeats):
             loads.append(os.getloadavg()[0])
-            for target in targets:
-                storage[target].append(baseline(results if target == "fs" else "s3://bench/probe", world,
-                                                tool if target == "fs" else "auto"))
+            for target in targets:  # a fresh baseline of the results folder (or S3), its ceiling with it: the
+                # record the command cached (its last line: `measured_at ...; cached in PATH.json (whose cache)`)
+                said = str(submitted(["baseline", f"dir={results if target == 'fs' else 's3://bench/probe'}",
+                                      f"ranks={world}", f"file_bytes={BASELINE_FILE_MIB}MiB",
+                                      f"tool={how[0] if target == 'fs' else 'auto'}"]))
+                storage[target].append(json.loads(Path(said.rsplit("cached in ", 1)[1].rsplit(".json", 1)[0]
+                                                       + ".json").read_text()))
             for name, tokens in cases:
                 print(f"repeat {r + 1}/{repeats}: {name}", file=sys.stderr, flush=True)
                 run = submitted([*tokens, f"results_dir={results}"], check=False)  # a failed run: said, left out

@@ -36,7 +36,7 @@ START = time.monotonic()
 _spec = importlib.util.spec_from_file_location("gpu_check_parts", HERE / "gpu-check-parts.py")
 parts = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(parts)
-extract_deb = parts.extract_deb
+older, extract_deb = parts.older, parts.extract_deb
 
 
 class Check:
@@ -158,13 +158,13 @@ class Check:
         roles = ["run", "analysis"] + (["cuda"] if cuda else [])
         wanted = [p for r in roles for p in manifest["packages"].get(r, [])]
         have = self.installed(self.py, [p["name"] for p in wanted] + ["restart-harness"])
-        need = [p for p in wanted if parts.older(have.get(p["name"]), p["version"])]
+        need = [p for p in wanted if older(have.get(p["name"]), p["version"])]
         self.say("the node's Python has " + (", ".join(f"{n} {v}" for n, v in have.items() if v) or "none of them")
                  + "; to install: " + (", ".join(f"{p['name']} {p['version']}" for p in need) or "nothing"))
         if need or not have.get("restart-harness"):
             self.py = self.environment()
             build = [p for p in manifest["packages"].get("build", [])
-                     if parts.older(self.installed(self.py, [p["name"]]).get(p["name"]), p["version"])]
+                     if older(self.installed(self.py, [p["name"]]).get(p["name"]), p["version"])]
             wheels = [str(HERE / p["file"]) for p in build + need if p["file"].endswith(".whl")]
             sdists = [str(HERE / p["file"]) for p in need if not p["file"].endswith(".whl")]
             pip = [self.py, "-m", "pip", "install", "--no-index", "--no-deps", "--no-build-isolation",

@@ -2,7 +2,17 @@
 """What observing costs, and what verification costs: the same run with anatomy=false, anatomy=true (the default)
 and trace=true, interleaved, with the breakdown's agreement with the measured load.
 
-Method: docs/benchmark-methods.md#anatomy
+Method
+- Cases: `./submit-job.sh small dp=2 iters=6 save_interval=2 after=1 cache=drop` (override with key=value
+  arguments) with anatomy=false, anatomy=true and anatomy=true trace=true; REPEATS runs of each, the three
+  interleaved per repeat so that drift of the virtual disk hits all alike.
+- Per run, from summary.json: every save's blocking and durable seconds (slowest rank; the first save of a run is
+  dropped as warm-up), the restart's checkpoint_load seconds, the median training step (rank 0).
+- Overhead: each case's median over runs divided by anatomy=false's median (1.00 = no cost).
+- Verification cost: each rank's digest seconds just before each save (events `digest`), median over all of them,
+  divided by the median blocking seconds of the anatomy=false saves (the default engine's save).
+- Agreement: for every rank of every restart with anatomy on, |sum of categories - checkpoint_load| / checkpoint_load;
+  the largest is reported.
 
 Usage: .venv/bin/python -m benchmarks.anatomy [REPEATS] [key=value ...]   (prints Markdown tables)
 """

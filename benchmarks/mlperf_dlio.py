@@ -2,7 +2,21 @@
 """MLPerf Storage's 8B checkpoint workload, scaled down, written and read by DLIO (MLPerf's tool) and by the
 harness (DeepSpeed 0.19.8's own files, emulated), side by side on the same storage.
 
-Method: docs/benchmark-methods.md#mlperf_dlio
+Method
+- Workload: MLPerf Storage v2.0's llama3-8b (TPxPPxDP 1x1x8, ZeRO-3, 8 ranks), every dimension that shrink=K divides
+  divided by K in both tools: hidden 4096/K, FFN 14336/K, vocabulary 128256/K; 32 layers, 32 heads, 8 KV heads kept
+  (DLIO's `llama_8b_zero3` workload with `++workload.model.transformer.*` overrides; the harness's `mlperf llama3-8b
+  shrink=K`). Both count the same parameters (1,964,608 at K=64).
+- Each repeat, interleaved: DLIO writes C checkpoints (`num_checkpoints_read=0`, `time_between_checkpoints=0`: the
+  harness writes back to back too; fsync on, DLIO's default for the workload), the checkpoint files are evicted from
+  the page cache (drop_caches, checked with mincore), DLIO reads C checkpoints (`num_checkpoints_write=0`); then
+  `./submit-job.sh mlperf llama3-8b shrink=K runs=1 checkpoints=C reads=C` (each read a cold restart).
+- MLPerf's figures for both, as its rules define them: per checkpoint the maximum over ranks of the rank's duration
+  (DLIO: its per-rank `N_per_epoch_stats.json`; the harness: mlperf.json), throughput = checkpoint size / that
+  duration; means over the checkpoints; medians over repeats. DLIO's own size (its log's "Total checkpoint size",
+  GiB) is used for its throughput, the harness's bytes written for its own; the files are listed for both.
+- DLIO runs with MPI (`mpirun -np 8 --oversubscribe`), one OpenMP thread per rank, from the Python given with
+  --dlio-python (an environment with dlio_benchmark installed: docs/benchmarks.md says how).
 
 Usage: .venv/bin/python -m benchmarks.mlperf_dlio --dlio-python PATH [--repeats 3] [--shrink 64] [--checkpoints 3]
 """

@@ -3,7 +3,19 @@
 pace for a reader that does other work between buffered reads, as torch.load does while it unpickles
 (docs/measurements.md#two-load-figures).
 
-Method: docs/benchmark-methods.md#read_ahead_overlap
+Method
+- One file of SIZE_MIB (default 512) of random bytes in DIR (default results/, on the disk the checkpoints use),
+  written and fsync'd once, then read whole REPEATS times (default 3) in each of two ways, interleaved:
+  `back to back` (one 4 MiB read() call after another) and `work between` (4 ms of sleep after each call, standing
+  in for deserialization).
+- Before every read the file's pages are dropped from the page cache (fsync, then posix_fadvise DONTNEED on the
+  whole file, which needs no root), so every read starts cold and the kernel's read-ahead starts afresh.
+- Per read: the bytes over the seconds spent inside read() calls (what the harness's storage read measures on a
+  file system: the I/O counters' bytes over their read busy seconds) and the wall time. Per way: medians and
+  min-max over the repeats. Back to back, the first is the storage's own pace; with work between calls, the kernel
+  reads ahead while no call is in flight and the calls find the pages cached, so the same bytes over the same
+  storage come out faster by about the share of the time spent between calls.
+- The file is removed at the end.
 
 Usage: <python> -m benchmarks.read_ahead_overlap [REPEATS] [dir=DIR] [size_mib=N]   (prints a Markdown table)
 """

@@ -154,7 +154,9 @@ class Check:
         (self.work / "project").mkdir(parents=True)
         with tarfile.open(HERE / "project.tar.gz") as t:
             t.extractall(self.work / "project", filter="data")
-        cuda = self.cuda()
+        torch_cuda = subprocess.run([self.py, "-c", "import torch; print(bool(torch.version.cuda))"],
+                                    capture_output=True, text=True, check=False).stdout.strip()
+        cuda = torch_cuda == "True" and shutil.which("nvcc") is not None
         roles = ["run", "analysis"] + (["cuda"] if cuda else [])
         wanted = [p for r in roles for p in manifest["packages"].get(r, [])]
         have = self.installed(self.py, [p["name"] for p in wanted] + ["restart-harness"])
@@ -191,11 +193,6 @@ class Check:
         subprocess.run([self.py, "-m", "venv", "--system-site-packages", str(venv)], check=True)
         self.say(f"venv {venv} over the image's packages")
         return str(venv / "bin" / "python")
-
-    def cuda(self) -> bool:
-        proc = subprocess.run([self.py, "-c", "import torch; print(bool(torch.version.cuda))"], capture_output=True,
-                              text=True, check=False)
-        return proc.stdout.strip() == "True" and shutil.which("nvcc") is not None
 
     def system_libraries(self) -> None:
         """libaio (DeepSpeed's async_io op) and liburing (DataStates-LLM): Debian's files, where the node lacks them."""

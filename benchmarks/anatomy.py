@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 
-from benchmarks.common import median, scratch, submitted, summary, words
+from benchmarks.common import median, scratch, submitted, summary, table, words
 from restart_harness.schema import LOAD_CATEGORIES
 
 BASE = ["small", "dp=2", "iters=6", "save_interval=2", "after=1", "cache=drop"]
@@ -55,11 +55,9 @@ def main() -> None:
     medians = {name: {k: median(v) for k, v in f.items()} for name, f in figures.items()}
     ref = medians["anatomy=false"]
     print(f"`{' '.join(base)}`, {repeats} repeats per case, interleaved; medians (ratio to anatomy=false)\n")
-    print("| case | save blocking s | save durable s | restart checkpoint_load s | training step s |")
-    print("|---|---|---|---|---|")
-    for name, f in medians.items():
-        cells = [f"{f[k]:.3f} ({f[k] / ref[k]:.2f}x)" if f[k] and ref[k] else "-" for k in KEYS]
-        print(f"| {name} | " + " | ".join(cells) + " |")
+    table(["case", "save blocking s", "save durable s", "restart checkpoint_load s", "training step s"],
+          ([name, *(f"{f[k]:.3f} ({f[k] / ref[k]:.2f}x)" if f[k] and ref[k] else "-" for k in KEYS)]
+           for name, f in medians.items()))
     d = median(digests)
     print(f"\nverification digest: median {d:.4f} s per rank and save = {d / ref['blocking']:.1%} of the default "
           f"engine's median blocking save ({ref['blocking']:.3f} s), over {len(digests)} digests")

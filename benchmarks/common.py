@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+MIB, GIB = 1 << 20, 1 << 30
 
 
 def words(default: int, *names: str, argv: list[str] | None = None) -> tuple[int, dict[str, str], list[str]]:
@@ -51,19 +51,27 @@ def restarted(run: Path, keys: list[str], **how) -> dict:
     return summary(run)["restart"]
 
 
+def recorded(out: Path, repeats: int, plan: list[tuple[str, str, list[str], object]], check: bool = True,
+             cases: dict | None = None) -> None:
+    """REPEATS rounds of plan's runs in order, each (folder, what, tokens, case) said on stderr and run into
+    out/FOLDER; out/cases.json names each run's case where it has one (cases: those named before)."""
+    cases = {} if cases is None else cases
+    for r in range(repeats):
+        for folder, what, tokens, case in plan:
+            print(f"[round {r + 1}] {what}", file=sys.stderr, flush=True)
+            if (run := submitted([*tokens, f"results_dir={out / folder}"], check=check)) and case is not None:
+                cases[str(run)] = case
+                (out / "cases.json").write_text(json.dumps(cases, indent=1))
+
+
 def rotated(items: list, n: int) -> list:
     """Round n's order of items: rotated every round, so that none always follows another."""
     return items[n % len(items):] + items[:n % len(items)]
 
 
-@contextlib.contextmanager
-def scratch(prefix: str) -> Iterator[Path]:
-    """A new temporary folder, removed with what is in it at the end."""
-    folder = Path(tempfile.mkdtemp(prefix=prefix))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+def scratch(prefix: str) -> tempfile.TemporaryDirectory:
+    """A new temporary folder (its path as text), removed with what is in it at the end."""
+    return tempfile.TemporaryDirectory(prefix=prefix, ignore_cleanup_errors=True)
 
 
 @contextlib.contextmanager
@@ -95,12 +103,18 @@ def spread(values: list[float | None], form: str = ".2f", to: str = "-") -> str:
     return f"{statistics.median(values):{form}} ({min(values):{form}}{to}{max(values):{form}})"
 
 
+def table(head: list[str], rows, align: str = "") -> None:
+    """A Markdown table: the head's cells, then each row's; align: a column's `l` or `r` (default: every one `l`)."""
+    print("| " + " | ".join(head) + " |")
+    print("|" + "".join("---:|" if a == "r" else "---|" for a in align or "l" * len(head)))
+    for row in rows:
+        print("| " + " | ".join(map(str, row)) + " |")
+
+
 def median_table(first: str, columns: tuple[str, ...], rows: dict[str, list[dict[str, float]]]) -> None:
     """A markdown table: per row label, each column's median over the rounds' figures."""
-    print(f"| {first} | " + " | ".join(columns) + " |")
-    print("|---|" + "---:|" * len(columns))
-    for label, rounds in rows.items():
-        print(f"| {label} | " + " | ".join(f"{statistics.median(r[c] for r in rounds):.2f}" for c in columns) + " |")
+    table([first, *columns], ([label, *(f"{statistics.median(r[c] for r in rounds):.2f}" for c in columns)]
+                              for label, rounds in rows.items()), "l" + "r" * len(columns))
 
 
 def measure_then_evaluate(measure: Callable[[Path, int], None], evaluate: Callable[[Path], None], repeats: int,

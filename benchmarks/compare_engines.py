@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import median, object_store, scratch, spread, submitted, summary, words
+from benchmarks.common import MIB, median, object_store, scratch, spread, submitted, summary, table, words
 
 CASES = [
     ("none", ["engine=none"]),
@@ -50,7 +50,6 @@ EVERY_ENGINE = ("none", "default", "torchsnapshot", "fsdp2 none", "fsdp2 dcp", "
 BASE = ["dp=2", "iters=6", "save_interval=2", "after=1", "cache=drop", "keep=false"]
 BASELINE_FILE_MIB = 256
 S3_TARGET = "ckpt_dir=s3://bench/runs"
-MIB = 2**20
 
 
 def die(message: str) -> None:
@@ -126,20 +125,11 @@ def main() -> None:
         measure(cases, base, repeats, targets, (tool, how, refused))
 
 
-def baseline(results: Path | str, ranks: int, tool: str) -> dict:
-    """A fresh storage baseline of the results directory (or an s3:// URL), its ceiling with it: the record the
-    command cached (its last line: `measured_at ...; cached in PATH.json (whose cache)`)."""
-    said = str(submitted(["baseline", f"dir={results}", f"ranks={ranks}", f"file_bytes={BASELINE_FILE_MIB}MiB",
-                          f"tool={tool}"]))
-    return json.loads(Path(said.rsplit("cached in ", 1)[1].rsplit(".json", 1)[0] + ".json").read_text())
-
-
 def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, targets: list[str],
             how: tuple[str, str, dict[str, str]]) -> None:
     """The repeats, interleaved: each repeat's storage probes, then every case once; then the tables."""
     from restart_harness.command import parse_args
 
-    tool = how[0]
     world = parse_args(base).world_size
     collected: dict[str, list[dict | None]] = {name: [] for name, _ in cases}
     storage: dict[str, list[dict]] = {t: [] for t in targets}
@@ -147,9 +137,13 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
     with scratch("rh-bench-engines-") as results:
         for r in range(repeats):
             loads.append(os.getloadavg()[0])
-            for target in targets:
-                storage[target].append(baseline(results if target == "fs" else "s3://bench/probe", world,
-                                                tool if target == "fs" else "auto"))
+            for target in targets:  # a fresh baseline of the results folder (or S3), its ceiling with it: the
+                # record the command cached (its last line: `measured_at ...; cached in PATH.json (whose cache)`)
+                said = str(submitted(["baseline", f"dir={results if target == 'fs' else 's3://bench/probe'}",
+                                      f"ranks={world}", f"file_bytes={BASELINE_FILE_MIB}MiB",
+                                      f"tool={how[0] if target == 'fs' else 'auto'}"]))
+                storage[target].append(json.loads(Path(said.rsplit("cached in ", 1)[1].rsplit(".json", 1)[0]
+                                                       + ".json").read_text()))
             for name, tokens in cases:
                 print(f"repeat {r + 1}/{repeats}: {name}", file=sys.stderr, flush=True)
                 run = submitted([*tokens, f"results_dir={results}"], check=False)  # a failed run: said, left out
@@ -163,7 +157,9 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
              for label in ("none", "fsdp2 none")}
     rows = {name: _row(collected[name], ceilings["s3" if name.endswith(" s3") else "fs"],
                        steps["fsdp2 none" if name.startswith("fsdp2") else "none"]) for name, _ in cases}
-    _main_table(rows)
+    table(["engine", *(c for c, _, _ in COLUMNS)], ([name, *(efficiency(r[k], _why_above(r, k)) if k.startswith("x_")
+                                                             else cell(r[k], d) for _, k, d in COLUMNS)]
+                                                   for name, r in rows.items() if r))
     digest, blocking = (median((rows.get("default") or {}).get(k) or []) for k in ("digest", "blocking"))
     if digest is not None and blocking:  # the harness's own seconds beside the saves' (rank 0, before each save)
         print(f"\nThe harness's own: its verification digest before each of default's saves, outside every figure "
@@ -181,8 +177,10 @@ def _header(base: list[str], repeats: int, world: int, how: tuple[str, str, dict
             if s and (b := (s["checkpoint"].get("machine_load") or {}).get("cpu_busy_fraction")) is not None]
     print(f"`{' '.join(base)}`, {repeats} repeats, cases interleaved; medians over the repeats (min-max). "
           f"Ceiling per repeat ({world} ranks x {BASELINE_FILE_MIB} MiB) from {how[1]}: "
-          + "; ".join(f"{'file system' if t == 'fs' else 'local S3 (RGW)'} " + _ceiling_words(c)
-                      for t, c in ceilings.items())
+          + "; ".join(f"{'file system' if t == 'fs' else 'local S3 (RGW)'} " + ", ".join(
+              f"{way} {median(v):,.0f} MiB/s ({min(v):,.0f}-{max(v):,.0f}; from "
+              f"{' and '.join(sorted({x[f'{way}_from'] for x in c}))})"
+              for way in ("write", "read") for v in [[x[f"{way}_mib_s"] for x in c]]) for t, c in ceilings.items())
           + f". Machine: 1-minute load average {min(loads):.1f}-{max(loads):.1f} over the repeats"
           + (f", other work on the CPUs before a launch {median(busy):.0%} (median; {min(busy):.0%}-{max(busy):.0%})"
              if busy else "") + ".")
@@ -191,29 +189,15 @@ def _header(base: list[str], repeats: int, world: int, how: tuple[str, str, dict
     print()
 
 
-def _ceiling_words(ceilings: list[dict]) -> str:
-    return ", ".join(f"{way} {median(v):,.0f} MiB/s ({min(v):,.0f}-{max(v):,.0f}; from "
-                     f"{' and '.join(sorted({c[f'{way}_from'] for c in ceilings}))})"
-                     for way in ("write", "read") for v in [[c[f"{way}_mib_s"] for c in ceilings]])
-
-
-def _kept(summary: dict) -> list[dict]:
-    """A run's saves less the first (warm-up) where there are more."""
-    return summary["checkpoint"]["saves"][1:] or summary["checkpoint"]["saves"]
-
-
 def _ratio(value: float | None, base: float | None) -> float | None:
     return value / base if value and base else None
 
 
-def _storage_read(summary: dict) -> dict:
-    """A restart's storage read (results/breakdown.py): bytes read by all ranks over the slowest rank's read busy."""
-    return (((summary.get("restart") or {}).get("load_breakdown") or {}).get("storage_read")) or {}
-
-
 def _run(summary: dict, ceiling: dict, none_step: float | None) -> dict:
-    """One run's figures (medians over its kept saves) and their ratios to its repeat's ceiling."""
-    saves, restart = _kept(summary), summary.get("restart") or {}
+    """One run's figures (medians over its saves but the first, a warm-up, where there are more) and their ratios to
+    its repeat's ceiling; storage read (results/breakdown.py): all ranks' bytes over the slowest rank's read busy."""
+    saves, restart = summary["checkpoint"]["saves"][1:] or summary["checkpoint"]["saves"], summary.get("restart") or {}
+    storage_read = (restart.get("load_breakdown") or {}).get("storage_read") or {}
     nbytes = median([s["bytes"] for s in saves])
     durable = median([s["durable_seconds"] for s in saves])
     lost = [tl["window_seconds"] - tl["steps_in_window"] * none_step for s in saves
@@ -223,9 +207,9 @@ def _run(summary: dict, ceiling: dict, none_step: float | None) -> dict:
     f = {"mib": nbytes / MIB if nbytes else None, "blocking": median([s["blocking_seconds"] for s in saves]),
          "durable": durable, "durable_mib_s": _ratio(nbytes / MIB if nbytes else None, durable),
          "load_mib_s": restart.get("load_throughput_mib_s"),
-         "storage_read_mib_s": _storage_read(summary).get("throughput_mib_s"), "lost": median(lost),
+         "storage_read_mib_s": storage_read.get("throughput_mib_s"), "lost": median(lost),
          "held_mib": held / MIB if held is not None else None, "held_x_rank": _ratio(held, rank),
-         "reads_x": _ratio(_storage_read(summary).get("bytes"), nbytes),
+         "reads_x": _ratio(storage_read.get("bytes"), nbytes),
          "digest": median([(s.get("training_lost") or {}).get("digest_seconds") for s in saves])}
     f["x_write"] = _ratio(f["durable_mib_s"], ceiling.get("write_mib_s"))
     f["x_load"] = _ratio(f["load_mib_s"], ceiling.get("read_mib_s"))
@@ -276,14 +260,6 @@ COLUMNS = (("checkpoint MiB", "mib", 1), ("blocking s", "blocking", 3), ("durabl
            ("x ceiling read (storage)", "x_storage_read", 2), ("training lost per save s (vs none)", "lost", 3),
            ("host memory held MiB", "held_mib", 1), ("held x rank's checkpoint", "held_x_rank", 3),
            ("restart reads x checkpoint", "reads_x", 2))
-
-
-def _main_table(rows: dict[str, dict]) -> None:
-    print("| engine | " + " | ".join(c for c, _, _ in COLUMNS) + " |\n|" + "---|" * (len(COLUMNS) + 1))
-    for name, r in rows.items():
-        if r:
-            print(f"| {name} | " + " | ".join(efficiency(r[k], _why_above(r, k)) if k.startswith("x_") else cell(r[k], d)
-                                              for _, k, d in COLUMNS) + " |")
 
 
 RANKED = (("blocking", "blocking s", False), ("durable_mib_s", "durable MiB/s", True),

@@ -12,12 +12,10 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import sys
 from pathlib import Path
 
-from benchmarks.common import measure_then_evaluate, submitted, summary
+from benchmarks.common import GIB, MIB, measure_then_evaluate, recorded, summary
 
-GIB, MIB = 1 << 30, 1 << 20
 LOAD = "restart_checkpoint_load_seconds"
 RANGE = (1 << 20, 1 << 50)
 COMMON = ["iters=2", "save_interval=2", "after=1", "cache=drop", "keep=false"]
@@ -31,16 +29,10 @@ FAMILIES = {
 
 def measure(out: Path, repeats: int) -> None:
     """Every case REPEATS times, the families interleaved; out/cases.json names each run's family and case."""
-    cases_file = out / "cases.json"
-    cases = json.loads(cases_file.read_text()) if cases_file.exists() else {}
-    longest = max(len(v) for v in FAMILIES.values())
-    order = [(fam, FAMILIES[fam][i]) for i in range(longest) for fam in FAMILIES if i < len(FAMILIES[fam])]
-    for r in range(repeats):
-        for fam, (name, tokens) in order:
-            print(f"[round {r + 1}] {fam}: {name}", file=sys.stderr, flush=True)
-            if (made := submitted([*tokens, *COMMON, f"results_dir={out / fam}"], check=False)) is not None:
-                cases[str(made)] = [fam, name]
-                cases_file.write_text(json.dumps(cases, indent=1))
+    file, longest = out / "cases.json", max(len(v) for v in FAMILIES.values())
+    recorded(out, repeats, [(fam, f"{fam}: {name}", [*tokens, *COMMON], [fam, name]) for i in range(longest)
+                            for fam in FAMILIES if i < len(FAMILIES[fam]) for name, tokens in [FAMILIES[fam][i]]],
+             check=False, cases=json.loads(file.read_text()) if file.exists() else {})
 
 
 def observed(run_dir: Path) -> dict:
@@ -56,18 +48,15 @@ def observed(run_dir: Path) -> dict:
             "read_mib_s": (s.get("baseline") or {}).get("read_mib_s"), "run": run_dir.name}
 
 
-def line_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares a + b x (a line through one point where there is one size)."""
-    if len(set(xs)) < 2:
-        return statistics.mean(ys), 0.0
-    slope, intercept = statistics.linear_regression(xs, ys)
-    return intercept, slope
-
-
 def fitted(by_case: dict[str, tuple[float, dict[str, float]]]) -> dict[str, tuple[float, float]]:
-    """Each phase's line a + b x checkpoint bytes, fitted on the cases' medians (_medians)."""
+    """Each phase's line a + b x checkpoint bytes, least-squares on the cases' medians (_medians; a line through one
+    point where there is one size)."""
     sizes = [size for size, _ in by_case.values()]
-    return {p: line_fit(sizes, [m[p] for _, m in by_case.values()]) for p in next(iter(by_case.values()))[1]}
+    lines = {}
+    for p in next(iter(by_case.values()))[1]:
+        ys = [m[p] for _, m in by_case.values()]
+        lines[p] = (statistics.mean(ys), 0.0) if len(set(sizes)) < 2 else statistics.linear_regression(sizes, ys)[::-1]
+    return lines
 
 
 def first_above(lines: dict[str, tuple[float, float]], low: float, high: float) -> tuple[float | None, str | None]:
@@ -162,9 +151,5 @@ def _medians(cases: list[tuple[str, dict]]) -> dict[str, tuple[float, dict[str, 
             for name, v in grouped.items()}
 
 
-def main() -> None:
-    measure_then_evaluate(measure, evaluate, 1, "/tmp/rh-crossover-bench")
-
-
 if __name__ == "__main__":
-    main()
+    measure_then_evaluate(measure, evaluate, 1, "/tmp/rh-crossover-bench")

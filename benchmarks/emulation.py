@@ -21,9 +21,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.common import scratch, submitted, summary
+from benchmarks.common import MIB, scratch, submitted, summary
 
-MIB = 1 << 20
 CASES = {"tiny dp=2": ["tiny", "dp=2"], "tiny tp=2 pp=2": ["tiny", "tp=2", "pp=2"],
          "small dp=2": ["small", "dp=2"], "small tp=2 pp=2": ["small", "tp=2", "pp=2"]}
 COMMON = ["iters=2", "save_interval=2", "after=1", "cache=drop"]

@@ -2,22 +2,7 @@
 """torch.save against DeepSpeed's FastPersist writer on this machine's disk, with dd's direct I/O as the device's
 figure in the same run: the shape of the FastPersist paper's micro-benchmark (issue 27).
 
-Method
-- Payloads (in memory, made once): `tensor`, one uint8 tensor of SIZE_MIB; `state_dict`, a model-like state dict of
-  the same total bytes (per layer: four d x d attention matrices, three d x 4d MLP matrices, two norms, in bf16,
-  plus fp32 copies of the same shapes as optimizer-style state), d=1024.
-- `torch.save`: torch.save(obj, path) with the stock serializer (buffered writes through the page cache), then the
-  file fsync'd.
-- `fastpersist`: what DeepSpeed 0.19.8's FastCheckpointEngine.save does: torch.save into the FastFileWriter of a
-  CheckpointWriterFactory built from DeepSpeed's own config parsing (checkpoint.writer type fast, io_buffer_size
-  64 MiB, double buffer, DeepSpeed's default aio settings: 1 MiB blocks, queue depth 8, one thread), which writes
-  with libaio and O_DIRECT from a page-locked buffer and fsyncs the file when it is released; the CPU work-arounds
-  of third_party/deepspeed_fastpersist_cpu.py are applied first.
-- `dd`: dd if=/dev/zero bs=1M count=SIZE_MIB oflag=direct conv=fsync: the device with direct I/O, no
-  serialization.
-- Each figure: bytes written (the file's size) over the seconds from the call to the end of its fsync. The file is
-  deleted between repeats. Order interleaved within each repeat (dd, torch.save, fastpersist per payload); medians
-  over REPEATS; ratios of medians. torch's intra-op threads are printed (OMP_NUM_THREADS).
+Method: docs/benchmark-methods.md#fastpersist_writer
 
 Usage: <python> -m benchmarks.fastpersist_writer [REPEATS] [SIZE_MIB]   (default 5 512; prints a Markdown table)
 RH_BENCH_DIR: the folder the files go to (default: a temporary folder under the repository).
@@ -34,7 +19,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-from benchmarks.common import REPO
+from benchmarks.common import REPO, table
 from restart_harness.files.cache_dir import extensions_dir
 
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))  # the harness's built ops
@@ -118,12 +103,10 @@ def main(repeats: int = 5, size_mib: int = 512) -> None:
     med = {k: statistics.median(v) for k, v in figures.items()}
     print(f"{size_mib} MiB payloads, {repeats} interleaved repeats, torch threads {torch.get_num_threads()}, "
           f"files in {folder.parent}\n")
-    print("| payload | dd direct GB/s | torch.save GB/s | fastpersist GB/s | fastpersist / torch.save | "
-          "fastpersist / dd | torch.save / dd |")
-    print("|---|---|---|---|---|---|---|")
-    for name in data:
-        d, t, f = med[("dd", name)], med[("torch.save", name)], med[("fastpersist", name)]
-        print(f"| {name} | {d:.3f} | {t:.3f} | {f:.3f} | {f / t:.2f} | {f / d:.2f} | {t / d:.2f} |")
+    table(["payload", "dd direct GB/s", "torch.save GB/s", "fastpersist GB/s", "fastpersist / torch.save",
+           "fastpersist / dd", "torch.save / dd"],
+          ([name, f"{d:.3f}", f"{t:.3f}", f"{f:.3f}", f"{f / t:.2f}", f"{f / d:.2f}", f"{t / d:.2f}"] for name in data
+           for d, t, f in [(med[("dd", name)], med[("torch.save", name)], med[("fastpersist", name)])]))
 
 
 if __name__ == "__main__":

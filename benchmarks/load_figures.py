@@ -2,28 +2,14 @@
 """The harness's two restart-load figures beside an independent timing of the same checkpoint's load, on disk and on a
 local S3 gateway (issue 29).
 
-Method
-- Checkpoint: `./submit-job.sh MODEL dp=2 stack=fsdp2 iters=2 save_interval=2 after=1 baseline=false` (default
-  MODEL small), once per target and repeat: on the results folder's file system, and with ckpt_dir=s3://bench/runs on
-  a single-node Ceph RADOS Gateway this script starts (objects in memory, testbeds/ceph_s3.py) and stops.
-- The harness's figures, from that run's restart (restart-01, in fresh processes, page cache dropped):
-  `load_throughput_mib_s`: checkpoint bytes over the slowest rank's seconds inside the engine's load (what the
-  restart waited for: DCP's planning collectives, reads, deserialization, copies into the shards);
-  `storage_read_throughput_mib_s`: every byte read over the slowest rank's seconds with a read in flight, the ranks
-  aligned by a barrier first (docs/measurements.md).
-- The independent timing: right after each run, with the page cache dropped again, `torchrun --nproc-per-node 2` of
-  the script below this docstring's module (mode `plain`): each rank builds a template of its shards from the
-  checkpoint's own .metadata (DTensors, Shard(0) over the 2 ranks: FSDP2's layout), barrier, times `dcp.load`
-  (DCP's file system reader, or s3torchconnector's S3StorageReader with the same client settings), barrier. Its
-  figure: checkpoint bytes over the slowest rank's seconds - what s3torchbenchmarking and the scoping script report.
-- Targets and repeats interleaved: fs, s3, fs, s3, ...; medians over REPEATS; ratios of the harness's figures to the
-  plain load's, per target. The runs use keep=false on S3 (the gateway's memory is bounded).
+Method: docs/benchmark-methods.md#load_figures
 
 Usage: <python> -m benchmarks.load_figures [REPEATS] [MODEL]   (default 3 small; prints a Markdown table)
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -78,22 +64,6 @@ def plain(checkpoint: str, out: str) -> None:
 
 
 # ---- the benchmark ------------------------------------------------------------------------------------------------------
-def _drop_caches() -> None:
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError:
-        pass  # not root: the harness's restart reports what it observed; the plain load may be warm
-
-
-def _plain(checkpoint: str, folder: Path) -> float:
-    out = folder / f"plain-{time.time_ns()}"
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29611",
-                    __file__, "plain", checkpoint, str(out)], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                   capture_output=True, text=True)
-    return max(json.loads(Path(f"{out}.{r}").read_text())["seconds"] for r in range(2))
-
-
 def _measure(target: str, model: str, folder: Path) -> dict:
     """One run on target, then the plain load of its checkpoint (on S3: the checkpoint deleted after)."""
     from benchmarks.common import submitted, summary  # lazily: torchrun runs this file as a script (plain)
@@ -104,8 +74,14 @@ def _measure(target: str, model: str, folder: Path) -> dict:
     s = summary(run_dir)
     spec = json.loads((run_dir / "spec.json").read_text())
     where = f"{spec['checkpoint_url' if target == 's3' else 'checkpoint_root']}/{s['checkpoint']['tag']}"
-    _drop_caches()
-    seconds = _plain(where, folder)
+    os.sync()
+    with contextlib.suppress(OSError):  # not root: the restart says what it observed; the plain load may be warm
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    out = folder / f"plain-{time.time_ns()}"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29611",
+                    __file__, "plain", where, str(out)], check=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                   capture_output=True, text=True)
+    seconds = max(json.loads(Path(f"{out}.{r}").read_text())["seconds"] for r in range(2))
     rs = s["restart"]
     if target == "s3":
         shutil.rmtree(run_dir / "checkpoint", ignore_errors=True)
@@ -124,7 +100,7 @@ def main(repeats: int, model: str) -> None:
     with object_store("rh-bench-s3", 4096), scratch("rh-load-figures-") as folder:
         for n in range(repeats):
             for target in ("fs", "s3"):
-                r = _measure(target, model, folder)
+                r = _measure(target, model, Path(folder))
                 rows[target].append(r)
                 print(f"[{n + 1}/{repeats} {target}] plain {r['plain_mib_s']:.1f} MiB/s, harness "
                       f"waited {r['waited_mib_s']:.1f}, storage read {r['storage_read_mib_s']:.1f}",

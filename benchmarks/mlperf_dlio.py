@@ -33,10 +33,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import REPO, scratch
+from benchmarks.common import GIB, REPO, scratch
 from restart_harness.files import pagecache
 
-GIB = 1 << 30
 SHAPE = {"hidden_size": 4096, "ffn_hidden_size": 14336, "vocab_size": 128256}
 
 
@@ -68,16 +67,13 @@ def dlio_figures(out: Path, kind: str, size_gib: float) -> dict:
             "throughput_gib_s": statistics.fmean(size_gib / s for s in slowest), "checkpoints": len(slowest)}
 
 
-def files_of(folder: Path) -> dict[str, int]:
-    return {str(p.relative_to(folder)): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
 def repeat(python: str, shrink: int, checkpoints: int, results: Path) -> dict:
     work = Path(tempfile.mkdtemp(prefix="rh-dlio-", dir=results))
     log = dlio(python, work, shrink, checkpoints, 0, work / "out-write")
     size_gib = float(re.search(r"Total checkpoint size: ([0-9.]+) GB", log).group(1))
-    files = files_of(work / "ckpt")
-    cache = pagecache.prepare([work / "ckpt" / f for f in files], "drop")
+    ckpt = work / "ckpt"
+    files = {str(p.relative_to(ckpt)): p.stat().st_size for p in sorted(ckpt.rglob("*")) if p.is_file()}
+    cache = pagecache.prepare([ckpt / f for f in files], "drop")
     dlio(python, work, shrink, 0, checkpoints, work / "out-read")
     d = {"save": dlio_figures(work / "out-write", "save", size_gib),
          "load": dlio_figures(work / "out-read", "load", size_gib),

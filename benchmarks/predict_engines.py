@@ -1,18 +1,7 @@
 #!/usr/bin/env python3
 """The prediction model per checkpoint engine (issue 66, docs/prediction.md#per-engine-errors-measured-here).
 
-Method
-- Every engine that runs on this machine (ENGINES: default, torchsnapshot, dcp, fastpersist, lazy; decoupled needs
-  CUDA) is calibrated from its own runs: `tiny` at dp=1 and dp=2, each `iters=2 save_interval=1 after=1` (two saves,
-  the restart loads the last), launcher=prefork, with its storage baseline (cached, at most 24 h old).
-- The study's engines (default, torchsnapshot) also from emulated runs run as the study runs its cells (STUDY_LIKE),
-  at other sizes and layouts than its cells: 4, 8 and 16 ranks, checkpoints of 0.1 to 21 GB.
-- Held out, per engine: `tiny tp=2` (another layout: other files per rank).
-- The calibration is fitted (`./submit-job.sh calibrate`) on the calibration set; each held-out run is predicted as
-  it predicts itself before launch (forecast.build: its own spec, CPUs and baseline) and compared with what it
-  measured (results/prediction.compare: only where the run's conditions are the calibration's; else why not).
-- Reported: per engine, each phase's error (predicted - measured) / measured; and the machine's load during each
-  held-out launch (other work's share of the CPUs).
+Method: docs/benchmark-methods.md#predict_engines
 
 Usage: <python> -m benchmarks.predict_engines [REPEATS] [out=DIR] [reuse=true]   (default 1 round, /tmp/rh-engines)
 """
@@ -24,7 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.common import measure_then_evaluate, submitted, summary
+from benchmarks.common import measure_then_evaluate, recorded, summary
 from benchmarks.predict_validation import calibrate, pct, predicted_vs_measured
 
 ENGINES = ("default", "torchsnapshot", "dcp", "fastpersist", "lazy")
@@ -43,16 +32,10 @@ SHOWN = ("save_blocking_seconds", "save_durable_seconds", "restart_checkpoint_lo
 
 
 def measure(out: Path, repeats: int) -> None:
-    held: dict[str, list[str]] = {}
-    for r in range(repeats):
-        for folder, cases in (("calibrate", CALIBRATE), ("held-out", HELD_OUT)):
-            for name, tokens, engines in cases:
-                for engine in engines:
-                    print(f"[round {r + 1}] {folder}: {name} engine={engine}", file=sys.stderr, flush=True)
-                    run = submitted([*tokens, f"engine={engine}", f"results_dir={out / folder}"], check=False)
-                    if run is not None and folder == "held-out":
-                        held[str(run)] = [name, engine]
-                        (out / "cases.json").write_text(json.dumps(held, indent=1))
+    recorded(out, repeats, [(folder, f"{folder}: {name} engine={e}", [*tokens, f"engine={e}"],
+                             [name, e] if folder == "held-out" else None)
+                            for folder, cases in (("calibrate", CALIBRATE), ("held-out", HELD_OUT))
+                            for name, tokens, engines in cases for e in engines], check=False)
 
 
 def _cell(row: dict) -> str:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-from benchmarks.common import REPO, measure_then_evaluate, median, object_store, submitted, summary
+from benchmarks.common import REPO, measure_then_evaluate, median, object_store, recorded, summary
 
 BASE = ["iters=6", "save_interval=2", "after=1", "cache=drop"]
 CALIBRATE = [
@@ -58,22 +57,11 @@ def pct(x: float | None) -> str:
     return "-" if x is None else f"{x:+.0%}"
 
 
-def main() -> None:
-    measure_then_evaluate(measure, evaluate, 2, "/tmp/rh-predict-bench")
-
-
 def measure(out: Path, repeats: int) -> None:
     """Every case REPEATS times, interleaved; out/cases.json names each held-out run's case."""
-    held: dict[str, str] = {}
     with object_store("rh-predict-s3", 6144):
-        for r in range(repeats):
-            for name, tokens in CALIBRATE:
-                print(f"[round {r + 1}] calibration: {name}", file=sys.stderr, flush=True)
-                submitted([*tokens, *BASE, f"results_dir={out / 'calibrate'}"])
-            for name, tokens in HELD_OUT:
-                print(f"[round {r + 1}] held out: {name}", file=sys.stderr, flush=True)
-                held[str(submitted([*tokens, *BASE, f"results_dir={out / 'held-out'}"]))] = name
-                (out / "cases.json").write_text(json.dumps(held, indent=1))
+        recorded(out, repeats, [*(("calibrate", f"calibration: {n}", [*t, *BASE], None) for n, t in CALIBRATE),
+                                *(("held-out", f"held out: {n}", [*t, *BASE], n) for n, t in HELD_OUT)])
 
 
 def evaluate(out: Path) -> None:
@@ -104,4 +92,4 @@ def evaluate(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    measure_then_evaluate(measure, evaluate, 2, "/tmp/rh-predict-bench")

@@ -29,11 +29,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, spread, words
+from benchmarks.common import MIB, REPO, spread, table, words
 
 CALL_BYTES = 4 << 20
 WORK_SECONDS = 0.004
-MIB = 1 << 20
 
 
 def read_once(path: Path, work_seconds: float) -> tuple[float, float]:
@@ -80,10 +79,9 @@ def main() -> None:
         path.unlink(missing_ok=True)
     print(f"{size // MIB} MiB file in {folder}, cold each time, {CALL_BYTES // MIB} MiB read() calls, {repeats} "
           f"repeats interleaved; medians (min-max)\n")
-    print("| reads | MiB/s over the seconds inside read() | wall s |")
-    print("|---|---|---|")
-    for way, rows in seen.items():
-        print(f"| {way} | {spread([r[0] for r in rows], ',.0f')} | {statistics.median(r[1] for r in rows):.3f} |")
+    table(["reads", "MiB/s over the seconds inside read()", "wall s"],
+          ([way, spread([r[0] for r in rows], ",.0f"), f"{statistics.median(r[1] for r in rows):.3f}"]
+           for way, rows in seen.items()))
 
 
 if __name__ == "__main__":

@@ -1,17 +1,7 @@
 #!/usr/bin/env python3
 """Restart at another layout against a restart at the layout that wrote the checkpoint.
 
-Method: for each source layout of MODEL (default `small`), one run (iters=2 save_interval=2 after=1 cache=drop:
-it checkpoints at step 2 and restarts once at its own layout). Then REPEATS rounds; in each round, interleaved, one
-restart at the source layout and one at each target layout, all cold (cache=drop), all from the same checkpoint. The
-first restart at another layout converts the checkpoint with DeepSpeed's ds_to_universal; later ones reuse it.
-
-Reported per (source -> target): the conversion (seconds, files and bytes written, bytes read as counted by the
-preloaded I/O counters), and medians over rounds of the restart's checkpoint_load seconds, engine_init seconds and
-restart total seconds (slowest rank, process start to first step done), each with its ratio to the same-layout
-restart's median of the same round set; the first loss's relative difference to the same-layout restart; verified
-(full-state equality and loss continuity) in every round. On a 2-core machine a 4-rank layout oversubscribes the cores:
-compare ratios between targets of equal rank count.
+Method: docs/benchmark-methods.md#reshard
 
 Usage: .venv/bin/python -m benchmarks.reshard [REPEATS] [MODEL]     (default 2 small)
 """
@@ -23,9 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import median, restarted, submitted, words
+from benchmarks.common import MIB, median, restarted, submitted, words
 
-MIB = 1 << 20
 COMMON = ["iters=2", "save_interval=2", "after=1", "cache=drop"]
 # source layout -> target layouts: every change of issue 15 (dp 2->1, 1->2, 2->4; tp 1->2, 2->1; pp 1->2, 2->1; one
 # combined change)

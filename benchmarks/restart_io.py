@@ -2,18 +2,7 @@
 """A restart's I/O besides the checkpoint, and what a cold Python environment costs it: per launcher, the same
 checkpoint restarted with the environment's page cache dropped (env_cache=drop) and kept (env_cache=warm).
 
-Method
-- Per launcher (default: deepspeed, whose runner imports torch before it starts the ranks, and mpiexec, a C program
-  that starts the interpreters directly), one `./submit-job.sh tiny dp=2 launcher=L phase=checkpoint` run, then
-  REPEATS restart-only re-runs of it per env_cache value, interleaved (drop, warm, drop, warm, ...) so that the
-  disk's drift hits both alike. Every restart drops the checkpoint's pages (cache=drop); env_cache=warm evicts them
-  file by file and reads the environment's files back first.
-- Per restart, from summary.json: the imports and engine_init seconds (slowest rank), process start -> first step
-  done, and per rank (sums over the ranks / ranks, docs/measurements.md#io-by-source) the metadata operations and
-  bytes read through calls outside the checkpoint (machine-independent counts: they must not change between the two
-  caches), what the storage delivered (the kernel's read_bytes, mapped libraries included) and major faults; the
-  environment step's observed state. Medians over the repeats (min-max for the seconds).
-- The counts are exact and the same on any machine with this software; the seconds and the storage's bytes are not.
+Method: docs/benchmark-methods.md#restart_io
 
 Usage: <python> -m benchmarks.restart_io [REPEATS] [launcher=L,L] [key=value ...]   (a Markdown table)
 """
@@ -22,9 +11,7 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.common import restarted, scratch, spread, submitted, words
-
-MIB = 2**20
+from benchmarks.common import MIB, restarted, scratch, spread, submitted, words
 
 
 def figures(restart: dict) -> dict:

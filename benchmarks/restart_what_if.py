@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.attribution_overhead import PHASES, figures  # each phase of a restart record, and `total`
-from benchmarks.common import median_table, restarted, rotated, scratch, spread, submitted, summary, words
+from benchmarks.common import median_table, restarted, rotated, scratch, spread, submitted, summary, table, words
 
 STAGE = "/dev/shm/rh-what-if-stage"
 
@@ -80,19 +80,16 @@ def evaluate(record: Path) -> None:
     median_table("arm", PHASES, {name: [figures(b[name]) for b in by_round] for name in names})
     print("\nSaving against the baseline, s: median over rounds of (baseline - arm) in the round (min to max); "
           "negative: the change costs time\n")
-    print("| arm | " + " | ".join(PHASES) + " |")
-    print("|---|" + "---:|" * len(PHASES))
     saved = {name: {p: [figures(b["baseline"])[p] - figures(b[name])[p] for b in by_round] for p in PHASES}
              for name in names[1:]}
-    for name, d in saved.items():
-        print(f"| {name} | " + " | ".join(spread(d[p], "+.2f", " to ") for p in PHASES) + " |")
+    table(["arm", *PHASES], ([name, *(spread(d[p], "+.2f", " to ") for p in PHASES)] for name, d in saved.items()),
+          "l" + "r" * len(PHASES))
     print("\nWhere the phase that changed most went (the last round's restart, its largest cause; baseline beside)\n")
-    print("| arm | phase | arm: largest cause | baseline: largest cause |")
-    print("|---|---|---|---|")
-    for name, d in saved.items():
-        phase = max((p for p in PHASES if p != "total"), key=lambda p: abs(statistics.median(d[p])))
-        print(f"| {name} | {phase} ({statistics.median(d[phase]):+.2f} s) | {largest(by_round[-1][name], phase)} | "
-              f"{largest(by_round[-1]['baseline'], phase)} |")
+    changed = {name: max((p for p in PHASES if p != "total"), key=lambda p: abs(statistics.median(d[p])))
+               for name, d in saved.items()}
+    table(["arm", "phase", "arm: largest cause", "baseline: largest cause"],
+          ([name, f"{p} ({statistics.median(saved[name][p]):+.2f} s)", largest(by_round[-1][name], p),
+            largest(by_round[-1]["baseline"], p)] for name, p in changed.items()))
     staged = [r["staging"]["seconds"] for b in by_round for r in [b.get("environment staged")] if r and r.get("staging")]
     if staged:
         print(f"\nstaging the environment into {STAGE}, before the launch: {statistics.median(staged):.2f} s median")

@@ -20,7 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.common import scratch, submitted, summary, words
+from benchmarks.common import scratch, submitted, summary, table, words
 from restart_harness.files.cache_dir import extensions_dir
 
 CACHE = extensions_dir()
@@ -55,11 +55,9 @@ def main() -> None:
         rss = [max(s["training"]["max_rss_bytes_per_rank"], s["restart"]["max_rss_bytes_per_rank"])
                for s in (summary(d) for _, d in eight)]
         rows.append(("`./submit-job.sh tiny tp=2 pp=2 dp=2` (8 ranks), warm", [t for t, _ in eight], max(rss)))
-    print(f"| case ({repeats} runs) | median s | min s | max s | peak RSS per rank |")
-    print("|---|---|---|---|---|")
-    for name, values, peak in rows:
-        mem = f"{peak / 2**20:.0f} MiB" if peak else "-"
-        print(f"| {name} | {statistics.median(values):.1f} | {min(values):.1f} | {max(values):.1f} | {mem} |")
+    table([f"case ({repeats} runs)", "median s", "min s", "max s", "peak RSS per rank"],
+          ([name, *(f"{f(v):.1f}" for f in (statistics.median, min, max)), f"{peak / 2**20:.0f} MiB" if peak else "-"]
+           for name, v, peak in rows))
 
 
 if __name__ == "__main__":

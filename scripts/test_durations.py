@@ -81,9 +81,8 @@ def workers(data: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    top = int(argv[argv.index("--top") + 1]) if "--top" in argv else 15
-    if "--top" in argv:
-        argv = argv[:argv.index("--top")] + argv[argv.index("--top") + 2:]
+    top = int(argv.pop(argv.index("--top") + 1)) if "--top" in argv else 15
+    argv = [a for a in argv if a != "--top"]
     path = Path(argv[0]) if argv else Path(__file__).resolve().parent.parent / "test-logs" / "durations.json"
     if not path.is_file():
         print(f"error: {path}: no such file (./run-tests.sh writes test-logs/durations.json)", file=sys.stderr)

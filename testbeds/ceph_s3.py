@@ -13,11 +13,11 @@ data, logs, pid files) in one folder; about 12-30 s from nothing to serving.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +25,8 @@ import urllib.request
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from testbeds import free_port, terminate
 
 PACKAGES = ("radosgw", "ceph-mon", "ceph-osd", "ceph-common")
 ACCESS_KEY = "restartharness"
@@ -57,17 +59,6 @@ class LocalS3:
 
         boto3.client("s3", endpoint_url=self.endpoint_url, region_name=self.region,
                      aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key).create_bucket(Bucket=name)
-
-
-def missing_tools() -> list[str]:
-    return [t for t in ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "monmaptool", "ceph")
-            if shutil.which(t) is None]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _config(root: Path, fsid: str, mon_port: int, gateway_port: int, memory_mib: int) -> str:
@@ -130,7 +121,8 @@ def _wait_http(url: str, deadline: float, what: str, root: Path) -> None:
 
 def start(root: Path, memory_mib: int = 2048, timeout: float = 120) -> LocalS3:
     """Start the cluster, the gateway and the proxy in `root` (created; must not hold a running server)."""
-    if missing := missing_tools():
+    tools = ("ceph-mon", "ceph-osd", "radosgw", "radosgw-admin", "monmaptool", "ceph")
+    if missing := [t for t in tools if shutil.which(t) is None]:
         raise LocalS3Error(f"missing {', '.join(missing)}: apt-get install {' '.join(PACKAGES)}")
     root = Path(root).resolve()
     if (root / "server.json").exists():
@@ -139,7 +131,7 @@ def start(root: Path, memory_mib: int = 2048, timeout: float = 120) -> LocalS3:
         (root / sub).mkdir(parents=True, exist_ok=True)
     deadline = time.time() + timeout
     fsid, osd_uuid = str(uuid.uuid4()), str(uuid.uuid4())
-    mon_port, gateway_port, proxy_port = _free_port(), _free_port(), _free_port()
+    mon_port, gateway_port, proxy_port = free_port(), free_port(), free_port()
     (root / "ceph.conf").write_text(_config(root, fsid, mon_port, gateway_port, memory_mib))
     try:
         _run(root, "monmaptool", "--create", "--addv", "a", f"[v2:127.0.0.1:{mon_port}]", "--fsid", fsid,
@@ -172,12 +164,7 @@ def start(root: Path, memory_mib: int = 2048, timeout: float = 120) -> LocalS3:
 
 def kill_gateway(root: Path) -> None:
     """SIGKILL the RADOS Gateway of the server in `root`, as a crash would; the cluster (and its objects) stays."""
-    root = Path(root).resolve()
-    pid = int((root / "run" / "client.rgw.a.pid").read_text().strip())
-    os.kill(pid, signal.SIGKILL)
-    deadline = time.time() + 30
-    while _alive(pid) and time.time() < deadline:
-        time.sleep(0.05)
+    terminate([int((Path(root).resolve() / "run" / "client.rgw.a.pid").read_text().strip())], 30, signal.SIGKILL)
 
 
 def start_gateway(root: Path, timeout: float = 60) -> None:
@@ -198,31 +185,10 @@ def stop(root: Path, timeout: float = 30) -> None:
     root = Path(root).resolve()
     pids = []
     for name in DAEMONS:
-        pid_file = root / "run" / f"{name}.pid"
-        try:
-            pid = int(pid_file.read_text().strip())
-            os.kill(pid, signal.SIGTERM)
-            pids.append(pid)
-        except (FileNotFoundError, ValueError, ProcessLookupError):
-            continue
-    deadline = time.time() + timeout
-    for pid in pids:
-        while time.time() < deadline and _alive(pid):
-            time.sleep(0.1)
-        if _alive(pid):
-            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            pids.append(int((root / "run" / f"{name}.pid").read_text().strip()))
+    terminate(pids, timeout)
     shutil.rmtree(root, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie of ours (the proxy) is gone for our purpose
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
 
 
 def main(argv=None) -> int:

@@ -28,6 +28,7 @@ ROOT/cluster.json as it is created, so `down` removes all of it, also after an `
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import json
 import os
@@ -42,6 +43,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from testbeds import free_port, terminate
 from testbeds.slurm_files import gres_conf, hosts, slurm_conf
 
 DEFAULT_ROOT = Path(os.environ.get("RH_CLUSTER_DIR", "/tmp/restart-harness-cluster"))
@@ -69,12 +71,6 @@ def _run(*cmd: str, env: dict | None = None, check: bool = True) -> subprocess.C
     if check and proc.returncode != 0:
         raise ClusterError(f"{' '.join(cmd)}: {(proc.stderr or proc.stdout).strip()}")
     return proc
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("0.0.0.0", 0))
-        return s.getsockname()[1]
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
@@ -149,7 +145,8 @@ class Cluster:
         """SIGKILL every process of node, slurmd included, as a node that loses power; returns their pids."""
         pids = self.pids(node)
         for pid in pids:
-            _signal(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         return pids
 
     def states(self) -> dict[str, str]:
@@ -163,14 +160,6 @@ def _pid(path: Path) -> int | None:
         return int(path.read_text().strip())
     except (OSError, ValueError):
         return None
-
-
-def _signal(pid: int, sig: int) -> bool:
-    try:
-        os.kill(pid, sig)
-        return True
-    except ProcessLookupError:
-        return False
 
 
 def _tail(path: Path, chars: int = 1500) -> str:
@@ -248,7 +237,7 @@ def _start_slurm(c: Cluster, timeout: float) -> None:
             for i in range(c.gpus):  # Slurm takes only a character device; /dev/null's numbers: inert
                 os.mknod(c.root / "dev" / node / f"nvidia{i}", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
         (c.root / "gres.conf").write_text(gres_conf(c))  # slurm.conf's folder: where Slurm looks for it
-    c.conf.write_text(slurm_conf(c, _free_port(), _free_port()))
+    c.conf.write_text(slurm_conf(c, free_port("0.0.0.0"), free_port("0.0.0.0")))
     env = c.env()
     proc = _run("slurmctld", "-f", str(c.conf), env=env, check=False)
     c.created["pids"]["slurmctld"] = _pid(c.root / "run" / "slurmctld.pid")
@@ -293,28 +282,12 @@ def down(root: Path) -> None:
     for node in c.nodes:  # a node's processes (slurmd, steps, ranks) end with it
         if c.netns(node) in c.created["netns"]:
             c.kill_node(node)
-    pids = [p for p in c.created["pids"].values() if p]
-    for pid in pids:
-        _signal(pid, signal.SIGTERM)
-    deadline = time.time() + 10
-    while time.time() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.2)
-    for pid in pids:
-        if _alive(pid):
-            _signal(pid, signal.SIGKILL)
+    terminate([p for p in c.created["pids"].values() if p], 10)
     for ns in c.created["netns"]:
         _run("ip", "netns", "del", ns, check=False)
     for link in reversed(c.created["links"]):  # veth ends went with their namespaces; the bridge last
         _run("ip", "link", "del", link, check=False)
     shutil.rmtree(c.root, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def leftovers(ident: str) -> list[str]:

@@ -14,6 +14,7 @@ import pytest
 from conftest import REPO, require_tool
 from durations import timed_setup
 
+import testbeds
 from testbeds import slurm_cluster as cluster_bed
 from testbeds.slurm_cluster import Cluster
 
@@ -35,7 +36,7 @@ def slurm_cluster(root: Path, nodes: int, gpus: int = 0):
         pids = [p for p in cluster.created["pids"].values() if p]
         cluster_bed.down(root)
         left = cluster_bed.leftovers(cluster.ident)
-        alive = [p for p in pids if cluster_bed._alive(p)]
+        alive = [p for p in pids if testbeds.alive(p)]
         assert not left and not alive and not root.exists(), (left, alive)
 
 

@@ -17,21 +17,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _api():
-    """engines/_datastates_api.py, loaded by its path: this script runs with any Python, the project not installed."""
-    spec = importlib.util.spec_from_file_location("_datastates_api", ROOT / "engines" / "_datastates_api.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def main(argv: list[str]) -> int:
     if len(argv) not in (1, 2) or not Path(argv[0]).is_dir():
         print("usage: scripts/bundle/check-datastates.py SRC_DIR [ENGINE_TYPE]", file=sys.stderr)
         return 2
     src = Path(argv[0])
+    # engines/_datastates_api.py, loaded by its path: this script runs with any Python, the project not installed
+    spec = importlib.util.spec_from_file_location("_datastates_api", ROOT / "engines" / "_datastates_api.py")
+    api = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(api)
     try:
-        found = _api().check(src, *argv[1:])
+        found = api.check(src, *argv[1:])
     except ValueError as exc:
         print(f"{src}: {exc}", file=sys.stderr)
         return 2

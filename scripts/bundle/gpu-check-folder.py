@@ -48,15 +48,11 @@ def requirements(path: Path) -> list[tuple[str, str, str]]:
                                                           if line.strip() and not line.startswith("#"))]
 
 
-def normal(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
 def file_of(folder: Path, name: str, version: str) -> Path | None:
     """The wheel or source distribution of name==version in folder (names normalized as wheels write them)."""
     for f in sorted(folder.iterdir()):
         m = re.match(r"(.+?)-(\d[^-]*?)(?:-|\.tar\.gz$)", f.name)
-        if m and normal(m.group(1)) == normal(name) and m.group(2) == version:
+        if m and len({re.sub(r"[-_.]+", "_", n).lower() for n in (m.group(1), name)}) == 1 and m.group(2) == version:
             return f
     return None
 

@@ -32,17 +32,11 @@ OUT_FILES_MAX = 8  # what a device call brings back
 START = time.monotonic()
 
 
-def _parts():
-    """gpu-check-parts.py, beside this file in the folder (and in scripts/bundle/), loaded by its path."""
-    spec = importlib.util.spec_from_file_location("gpu_check_parts", HERE / "gpu-check-parts.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-parts = _parts()
-fail, older, whole, extract_deb = parts.fail, parts.older, parts.whole, parts.extract_deb
-without_checkpoints, session_members = parts.without_checkpoints, parts.session_members
+# gpu-check-parts.py, beside this file in the folder (and in scripts/bundle/), loaded by its path
+_spec = importlib.util.spec_from_file_location("gpu_check_parts", HERE / "gpu-check-parts.py")
+parts = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(parts)
+older, extract_deb = parts.older, parts.extract_deb
 
 
 class Check:
@@ -110,10 +104,10 @@ class Check:
             os.killpg(proc.pid, signal.SIGTERM)
         # the shell of submit-job.sh ends at once on SIGTERM: wait for the harness under it to record its end
         deadline = time.monotonic() + STOP_GRACE_SECONDS
-        while session_members(proc.pid, live=True) and time.monotonic() < deadline:
+        while parts.session_members(proc.pid, live=True) and time.monotonic() < deadline:
             proc.poll()
             time.sleep(0.2)
-        for pid in session_members(proc.pid):
+        for pid in parts.session_members(proc.pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait()
@@ -127,7 +121,7 @@ class Check:
         for attempt in range(3):  # a file the stopped run was still replacing can vanish under tar: pack again
             try:
                 with tarfile.open(tmp, "w:gz") as t:
-                    t.add(results, arcname="results", filter=lambda i: without_checkpoints(i, results.parent))
+                    t.add(results, arcname="results", filter=lambda i: parts.without_checkpoints(i, results.parent))
                 return os.replace(tmp, self.out / "results.tar.gz")
             except OSError as exc:
                 tmp.unlink(missing_ok=True)
@@ -160,7 +154,9 @@ class Check:
         (self.work / "project").mkdir(parents=True)
         with tarfile.open(HERE / "project.tar.gz") as t:
             t.extractall(self.work / "project", filter="data")
-        cuda = self.cuda()
+        torch_cuda = subprocess.run([self.py, "-c", "import torch; print(bool(torch.version.cuda))"],
+                                    capture_output=True, text=True, check=False).stdout.strip()
+        cuda = torch_cuda == "True" and shutil.which("nvcc") is not None
         roles = ["run", "analysis"] + (["cuda"] if cuda else [])
         wanted = [p for r in roles for p in manifest["packages"].get(r, [])]
         have = self.installed(self.py, [p["name"] for p in wanted] + ["restart-harness"])
@@ -197,11 +193,6 @@ class Check:
         subprocess.run([self.py, "-m", "venv", "--system-site-packages", str(venv)], check=True)
         self.say(f"venv {venv} over the image's packages")
         return str(venv / "bin" / "python")
-
-    def cuda(self) -> bool:
-        proc = subprocess.run([self.py, "-c", "import torch; print(bool(torch.version.cuda))"], capture_output=True,
-                              text=True, check=False)
-        return proc.stdout.strip() == "True" and shutil.which("nvcc") is not None
 
     def system_libraries(self) -> None:
         """libaio (DeepSpeed's async_io op) and liburing (DataStates-LLM): Debian's files, where the node lacks them."""
@@ -359,15 +350,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--attribution-engines", default="default,lazy", help="engines of the sampled run, or none")
     a = p.parse_args(argv)
     if a.out is None:
-        fail("no --out and no $OUT; accepted: --out DIR, the folder the results go to")
+        parts.fail("no --out and no $OUT; accepted: --out DIR, the folder the results go to")
     if not 30 <= a.time_limit <= 86400:
-        fail(f"--time-limit {a.time_limit:g}; accepted: 30 to 86400 seconds")
+        parts.fail(f"--time-limit {a.time_limit:g}; accepted: 30 to 86400 seconds")
     if a.compare_repeats < 0:
-        fail(f"--compare-repeats {a.compare_repeats}; accepted: 0 (no comparison) or more")
-    info = whole(HERE)
+        parts.fail(f"--compare-repeats {a.compare_repeats}; accepted: 0 (no comparison) or more")
+    info = parts.whole(HERE)
     for flag, folder, gets in (("--out", a.out, f" (it gets at most {OUT_FILES_MAX} files)"), ("--work", a.work, "")):
         if folder.exists() and any(folder.iterdir()):
-            fail(f"{flag} {folder} is not empty; accepted: a new or empty folder{gets}")
+            parts.fail(f"{flag} {folder} is not empty; accepted: a new or empty folder{gets}")
     for folder in (a.out, a.work):
         folder.mkdir(parents=True, exist_ok=True)
     check = Check(a)

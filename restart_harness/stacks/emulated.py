@@ -184,13 +184,9 @@ class EmulatedStack(Stack):
             raise UsageError(f"emulate=true: emulation writes {DeepSpeedStack.name}'s files; accepted with "
                              f"stack={DeepSpeedStack.name} only")
         DeepSpeedStack.check(spec, engine, target)
-        if spec.subset:
-            cls._check_subset(spec)
-
-    @staticmethod
-    def _check_subset(spec) -> None:
-        """subset=true: the first node's ranks must find every file they read among those they write."""
-        ranks = range(spec.ranks_per_node)
+        if not spec.subset:
+            return
+        ranks = range(spec.ranks_per_node)  # the first node's ranks must find every file they read among their own
         written = {r.path for r in checkpoint.recipes(spec) if r.writer in ranks}
         for rank in ranks:
             missing = [name for name in checkpoint.restart_read_sequence(spec)[rank] if name not in written]

@@ -163,9 +163,7 @@ class FSDP2Rank(Rank):
         return out
 
     def record_digests(self, tag: str) -> int:
-        digests = self._state_digests()
-        write_digests(self, tag, digests)
-        return len(digests)
+        return write_digests(self, tag, self._state_digests())
 
     def verify(self, tag: str, reference: Path | None) -> Verification:
         """The full state against the digests rank 0 recorded at save (every rank recorded the same ones)."""

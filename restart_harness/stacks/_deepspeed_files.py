@@ -1,10 +1,7 @@
 """DeepSpeed 0.19.8's checkpoint files rebuilt without a model (helpers of stacks/emulated.py): each file's state dict
-as DeepSpeed assembles it (engine._save_checkpoint, _save_zero_checkpoint, PipelineModule.save_state_dict,
-DeepSpeedZeroOptimizer.state_dict for ZeRO-1 and 2, DeepSpeedZeroOptimizer_Stage3.state_dict
-for ZeRO-3, with torch's AdamW) from the planner's recipe (plan/checkpoint.py);
-tests/test_emulate.py compares them with a real run's files key by key. Tensor bytes are random and unique per 4 KiB
-block (neither compressible nor deduplicable): a random pool copied at a per-file offset, each 4 KiB block stamped
-with a counter of (rank, file, block). waves(): how many ranks of a node hold file state at once."""
+as DeepSpeed assembles it (engine._save_checkpoint, _save_zero_checkpoint, PipelineModule.save_state_dict, the ZeRO
+optimizers' state_dict, with torch's AdamW) from the planner's recipe (plan/checkpoint.py), its tensors' bytes from a
+Filler; waves(): how many ranks of a node hold file state at once. docs/emulation.md."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ reads its data in chunks, digesting each. docs/emulation.md."""
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import struct
@@ -63,11 +64,6 @@ class Fill:
     digests: dict[str, str] | None = None
 
 
-class _Null:
-    def write(self, data) -> int:
-        return len(data)
-
-
 def storages(state) -> list:
     """The storages torch.save writes for `state`, in its order (data/0, data/1, ...): the order its pickler meets
     them (torch.serialization._save's persistent_id keys them so, one key per storage)."""
@@ -84,7 +80,7 @@ def storages(state) -> list:
                 order.append(storage)
             return index[storage._cdata]
 
-    Keys(_Null(), protocol=torch.serialization.DEFAULT_PROTOCOL).dump(state)
+    Keys(io.BytesIO(), protocol=torch.serialization.DEFAULT_PROTOCOL).dump(state)
     return order
 
 

@@ -282,8 +282,7 @@ class S3Target(Target):
         except ImportError:
             raise UsageError(f"{where}: object storage needs s3torchconnector, which this Python lacks: "
                              "pip install 'restart-harness[s3]'") from None
-        problem = check_writable(self.url, self.settings)
-        if problem:
+        if problem := check_writable(self.url, self.settings):
             raise UsageError(f"{where}: {problem}")
 
     def placed(self, run_dir: Path) -> S3Target:

@@ -109,16 +109,12 @@ def _model_state(spec, recipe, filler: Filler, ds_config: dict, client_state: di
     shapes = collections.OrderedDict((name.encode().decode(), torch.Size(shape)) for name, shape in recipe.params)
     step = client_state["harness_step"]
     frozen = collections.OrderedDict() if spec.zero > 1 else None  # recorded from stage 2 on; no frozen parameters here
-    state = {"module": module, "buffer_names": [], "optimizer": None, "param_shapes": [shapes],
-             "frozen_param_shapes": frozen, "shared_params": {}, "frozen_param_fragments": copy.copy(frozen),
-             "lr_scheduler": None,
-             "data_sampler": None, "random_ltd": None, "skipped_steps": 0, "global_steps": step,
-             "global_samples": step * spec.global_batch, "dp_world_size": spec.dp,
-             "mp_world_size": spec.tp * spec.pp,
-             CHECKPOINT_PARALLEL_DIMS: {CHECKPOINT_PP_DEGREE: spec.pp, CHECKPOINT_TP_DEGREE: spec.tp},
-             "ds_config": ds_config, "ds_version": version}
-    state.update(client_state)
-    return state
+    return {"module": module, "buffer_names": [], "optimizer": None, "param_shapes": [shapes],
+            "frozen_param_shapes": frozen, "shared_params": {}, "frozen_param_fragments": copy.copy(frozen),
+            "lr_scheduler": None, "data_sampler": None, "random_ltd": None, "skipped_steps": 0, "global_steps": step,
+            "global_samples": step * spec.global_batch, "dp_world_size": spec.dp, "mp_world_size": spec.tp * spec.pp,
+            CHECKPOINT_PARALLEL_DIMS: {CHECKPOINT_PP_DEGREE: spec.pp, CHECKPOINT_TP_DEGREE: spec.tp},
+            "ds_config": ds_config, "ds_version": version, **client_state}
 
 
 def _zero3_optimizer_state(spec, recipe, filler: Filler, ds_config: dict, step: int) -> dict:

@@ -151,10 +151,8 @@ class FSDP2Rank(Rank):
                 mine[name] = digest.tensor_digest(full) if isinstance(full, torch.Tensor) else repr(full)
         shares: list = [None] * world
         dist.all_gather_object(shares, mine)
-        out = {name: d for share in shares for name, d in share.items()}
         groups = [{k: v for k, v in g.items() if k != "params"} for g in optim_state["param_groups"]]
-        out["optim.param_groups"] = repr(groups)
-        return out
+        return {**{name: d for share in shares for name, d in share.items()}, "optim.param_groups": repr(groups)}
 
     def record_digests(self, tag: str) -> int:
         return write_digests(self, tag, self._state_digests())

@@ -33,11 +33,8 @@ class PbsScheduler(Scheduler):
 
     def job_state(self, job_id: str) -> str | None:
         proc = subprocess.run(["qstat", "-x", "-f", job_id], capture_output=True, text=True, check=False, timeout=60)
-        for line in proc.stdout.splitlines():
-            key, _, value = line.strip().partition(" = ")
-            if key == "job_state":
-                return value.strip()
-        return None
+        fields = (line.strip().partition(" = ") for line in proc.stdout.splitlines())
+        return next((value.strip() for key, _, value in fields if key == "job_state"), None)
 
 
 class PbsLauncher(Launcher):

@@ -1,7 +1,5 @@
-"""Emulated torch.save files written and read back in bounded memory (helpers of stacks/emulated.py, engine=default):
-torch.save writes the file under skip_data(), each storage is then filled in place chunk by chunk and the CRC-32s and
-serialization id set to torch's (byte for byte torch.save's file: tests/test_emulate.py); a load maps the file and
-reads its data in chunks, digesting each. docs/emulation.md."""
+"""Emulated torch.save files written and read back in bounded memory, byte for byte torch.save's (helpers of
+stacks/emulated.py, engine=default; how: docs/emulation.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The storage baseline's probe of a file system (targets/filesystem.py's probe_class; files/baseline.py times, caches
+"""The storage baseline's probe of a file system (FileSystemTarget.storage_probe(); files/baseline.py times, caches
 and renders it): the baseline (fio's psync or the built-in probe: sequential write, fsync, evict, sequential read),
 the ceiling (O_DIRECT: fio's libaio or the built-in threads, an engine's own shape) and the metadata rates (mdtest's
 shape), each in a scratch folder beside the run's checkpoint folder, each read after its files are evicted."""

@@ -1,7 +1,6 @@
 """Launchers: what starts a run's ranks (DeepSpeed's launcher, torchrun, mpiexec, a Slurm or PBS job), one module
-each holding one subclass of launchers.base.Launcher, discovered here. The launcher is chosen once by `launcher=` (restart_harness/resolve.py);
-nothing outside this package asks which one it is (tests/test_structure.py). Importing a launcher module imports no
-torch."""
+each holding one subclass of launchers.base.Launcher, discovered here, chosen once by `launcher=` (resolve.py);
+nothing outside this package asks which one it is. Importing a launcher module imports no torch."""
 
 from __future__ import annotations
 

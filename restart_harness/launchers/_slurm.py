@@ -55,17 +55,17 @@ def task_verdicts(log: str) -> dict[int, str]:
 _USABLE = {"idle", "mix", "alloc", "comp", "resv", "plnd", "mix-", "idle~", "idle#", "alloc#"}
 
 
+def _sinfo(*args: str) -> str:
+    proc = subprocess.run(["sinfo", "-h", *args], capture_output=True, text=True, check=False, timeout=60)
+    return proc.stdout if proc.returncode == 0 else ""
+
+
 def nodes(partition: str | None) -> tuple[int, int, list[str]]:
     """(nodes that can run a job, nodes listed, "node4 down* (Not responding)" for the others) of a partition
     (default: Slurm's default partition), from sinfo; (0, 0, []) when sinfo gives nothing."""
-
-    def sinfo(*args: str) -> str:
-        proc = subprocess.run(["sinfo", "-h", *args], capture_output=True, text=True, check=False, timeout=60)
-        return proc.stdout if proc.returncode == 0 else ""
-
     if not partition:
-        partition = next((p[:-1] for p in sinfo("-o", "%P").split() if p.endswith("*")), None)
-    lines = sinfo("-N", "-o", "%N|%t|%E", *(["-p", partition] if partition else [])).splitlines()
+        partition = next((p[:-1] for p in _sinfo("-o", "%P").split() if p.endswith("*")), None)
+    lines = _sinfo("-N", "-o", "%N|%t|%E", *(["-p", partition] if partition else [])).splitlines()
     states = {node: (state, why) for node, state, why in ((line.split("|") + ["", ""])[:3] for line in lines)}
     bad = [f"{n} {st}" + (f" ({why})" if why and why != "none" else "")
            for n, (st, why) in sorted(states.items()) if st not in _USABLE]
@@ -75,14 +75,12 @@ def nodes(partition: str | None) -> tuple[int, int, list[str]]:
 def gpus_per_node(partition: str | None) -> dict[str, int]:
     """node -> the GPUs Slurm has for it (generic resources `gpu`, any type), from sinfo; {} when sinfo says
     nothing. "gpu:a100:4(S:0-1),gpu:h100:2" counts 6."""
-    args = ["sinfo", "-h", "-N", "-o", "%N|%G", *(["-p", partition] if partition else [])]
-    proc = subprocess.run(args, capture_output=True, text=True, check=False, timeout=60)
 
     def gpus(gres: str) -> int:
         fields = [entry.split("(")[0].split(":") for entry in re.split(r",(?![^(]*\))", gres)]
         return sum(int(f[-1]) for f in fields if f[0] == "gpu" and f[-1].isdigit())
 
-    lines = proc.stdout.splitlines() if proc.returncode == 0 else []
+    lines = _sinfo("-N", "-o", "%N|%G", *(["-p", partition] if partition else [])).splitlines()
     return {node: gpus(gres) for node, _, gres in (line.partition("|") for line in lines)}
 
 

@@ -9,13 +9,14 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
 
 from restart_harness import SOURCE_ROOT
-from restart_harness.errors import UsageError
+from restart_harness.errors import RunFailed, UsageError
 
 WORKER_MODULE = "restart_harness.worker"
 JOB_MODULE = "restart_harness.phases.job"
@@ -36,6 +37,7 @@ class Scheduler(ABC):
     name: ClassVar[str]  # how the harness names the scheduler ("Slurm")
     job_variable: ClassVar[str]  # set inside one of its jobs (SLURM_JOB_ID): the ranks start directly
     script_name: ClassVar[str]  # job.sbatch, job.pbs
+    submit_argv: ClassVar[tuple[str, ...]]  # submits the script named after it, printing the job id
     # the scheduler's words for a job that has ended (it may keep listing it for a while)
     ended_states: ClassVar[frozenset[str]] = frozenset()
 
@@ -54,9 +56,13 @@ class Scheduler(ABC):
     def job_script(self, run_dir: Path, job_args: list[str] | None = None) -> str:
         """The batch script's text."""
 
-    @abstractmethod
     def submit(self, script: Path) -> str:
         """Submit the batch script; returns the job id (RunFailed when the scheduler refuses it)."""
+        proc = subprocess.run([*self.submit_argv, str(script)], check=False, capture_output=True, text=True,
+                              cwd=script.parent)
+        if proc.returncode != 0:
+            raise RunFailed(f"{self.submit_argv[0]} refused {script}: {(proc.stderr or proc.stdout).strip()}")
+        return proc.stdout.strip().split(";")[0]  # sbatch --parsable: "jobid[;cluster]"
 
     @abstractmethod
     def job_state(self, job_id: str) -> str | None:

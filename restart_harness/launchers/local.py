@@ -51,10 +51,7 @@ class DeepSpeedLauncher(_slurm.SpansAllocation):
                 "--master_addr", Raw('"$MASTER_ADDR"'), "--master_port", str(port),
                 str(SOURCE_ROOT / "restart_harness" / "worker" / "__main__.py"), *args,
             ]
-        return [], [
-            sys.executable, "-m", "deepspeed.launcher.runner",
-            "--num_nodes", "1", "--num_gpus", str(spec.ranks_per_node),
-            "--master_port", str(port),
-            "--no_local_rank", "--module", WORKER_MODULE, *args,
-        ]
+        return [], [sys.executable, "-m", "deepspeed.launcher.runner", "--num_nodes", "1", "--num_gpus",
+                    str(spec.ranks_per_node), "--master_port", str(port), "--no_local_rank", "--module", WORKER_MODULE,
+                    *args]
 

@@ -8,8 +8,18 @@ from __future__ import annotations
 import sys
 
 from restart_harness.errors import UsageError
-from restart_harness.launchers import _mpi
 from restart_harness.launchers.base import WORKER_MODULE, Launcher, exports, require
+
+# mpiexec's rank variables by implementation (launcher=pbs's too): Cray PALS (ALCF Polaris), MPICH's Hydra, Open MPI
+RANK_VARIABLES = {
+    "RANK": ("PALS_RANKID", "PMI_RANK", "OMPI_COMM_WORLD_RANK"),
+    "WORLD_SIZE": ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"),
+    "LOCAL_RANK": ("PALS_LOCAL_RANKID", "PMI_LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    "LOCAL_SIZE": ("PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    # Open MPI has no node index (its OMPI_COMM_WORLD_NODE_RANK is the rank within the node): rank_env.py
+    # derives it as RANK // LOCAL_SIZE, true of mpiexec's default placement (by slot: a node's ranks are consecutive)
+    "CROSS_RANK": ("PALS_NODEID",),
+}
 
 # Open MPI refuses root without both, refuses more processes than cores without oversubscription, and binds each
 # process to one core when it starts two or fewer (a rank's threads would share it); MPICH ignores these variables
@@ -24,7 +34,7 @@ OPEN_MPI_SETTINGS = {
 class MpiexecLauncher(Launcher):
     name = "mpiexec"
     description = "mpiexec -n N (Open MPI or MPICH) on this node; its rank variables, no scheduler"
-    rank_variables = _mpi.RANK_VARIABLES
+    rank_variables = RANK_VARIABLES
 
     def preflight(self) -> None:
         spec = self.spec

@@ -9,15 +9,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from restart_harness.errors import RunFailed
-from restart_harness.launchers import _mpi
 from restart_harness.launchers.base import WORKER_MODULE, Launcher, Raw, Scheduler, job_name, job_script, require
+from restart_harness.launchers.mpiexec import RANK_VARIABLES
 
 
 class PbsScheduler(Scheduler):
     name = "PBS"
     job_variable = "PBS_JOBID"
     script_name = "job.pbs"
+    submit_argv = ("qsub",)
     ended_states = frozenset({"F"})  # PBS Pro's finished jobs (qstat -x)
 
     def job_script(self, run_dir: Path, job_args: list[str] | None = None) -> str:
@@ -33,24 +33,15 @@ class PbsScheduler(Scheduler):
 
     def job_state(self, job_id: str) -> str | None:
         proc = subprocess.run(["qstat", "-x", "-f", job_id], capture_output=True, text=True, check=False, timeout=60)
-        for line in proc.stdout.splitlines():
-            key, _, value = line.strip().partition(" = ")
-            if key == "job_state":
-                return value.strip()
-        return None
-
-    def submit(self, script: Path) -> str:
-        proc = subprocess.run(["qsub", str(script)], check=False, capture_output=True, text=True, cwd=script.parent)
-        if proc.returncode != 0:
-            raise RunFailed(f"qsub refused {script}: {(proc.stderr or proc.stdout).strip()}")
-        return proc.stdout.strip()
+        fields = (line.strip().partition(" = ") for line in proc.stdout.splitlines())
+        return next((value.strip() for key, _, value in fields if key == "job_state"), None)
 
 
 class PbsLauncher(Launcher):
     name = "pbs"
     description = "a qsub job (PBS Pro); mpiexec over $PBS_NODEFILE starts each phase's ranks"
     scheduler = PbsScheduler
-    rank_variables = _mpi.RANK_VARIABLES
+    rank_variables = RANK_VARIABLES
 
     def preflight(self) -> None:
         require(self, ["mpiexec"] if PbsScheduler.inside_job() else [] if self.spec.dry_run else ["qsub"])

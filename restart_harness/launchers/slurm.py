@@ -10,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from restart_harness.errors import RunFailed, UsageError
+from restart_harness.errors import UsageError
 from restart_harness.launchers import _slurm
 from restart_harness.launchers.base import WORKER_MODULE, Launcher, Scheduler, job_name, job_script, require
 
@@ -19,6 +19,7 @@ class SlurmScheduler(Scheduler):
     name = "Slurm"
     job_variable = _slurm.JOB_VARIABLE
     script_name = "job.sbatch"
+    submit_argv = ("sbatch", "--parsable")
     ended_states = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
                               "PREEMPTED", "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT"})
 
@@ -73,13 +74,6 @@ class SlurmScheduler(Scheduler):
                               timeout=60)
         state = proc.stdout.strip().split()
         return state[0] if proc.returncode == 0 and state else None
-
-    def submit(self, script: Path) -> str:
-        proc = subprocess.run(["sbatch", "--parsable", str(script)], check=False, capture_output=True, text=True,
-                              cwd=script.parent)
-        if proc.returncode != 0:
-            raise RunFailed(f"sbatch refused {script}: {(proc.stderr or proc.stdout).strip()}")
-        return proc.stdout.strip().split(";")[0]  # "jobid[;cluster]"
 
 
 class SlurmLauncher(Launcher):

@@ -20,18 +20,12 @@ class TorchrunLauncher(_slurm.SpansAllocation):
                                                              "LOCAL_SIZE": ("LOCAL_WORLD_SIZE",)}
 
     def launch(self, port: int, args: list[str]) -> tuple[list[str], list[str]]:
-        spec = self.spec
-        if not spec.across_nodes:
-            return [], [
-                sys.executable, "-m", "torch.distributed.run",
-                "--nnodes", "1", "--nproc-per-node", str(spec.ranks_per_node),
-                "--master-addr", "127.0.0.1", "--master-port", str(port),
-                "--module", WORKER_MODULE, *args,
-            ]
-        per_node = shell_line(["exec", sys.executable, "-m", "torch.distributed.run", "--nnodes", str(spec.nodes),
-                               Raw('--node-rank "$SLURM_NODEID"'), "--nproc-per-node", str(spec.ranks_per_node),
-                               Raw('--master-addr "$MASTER_ADDR"'), "--master-port", str(port),
-                               "--module", WORKER_MODULE, *args])
-        return [*_slurm.RENDEZVOUS, f"export MASTER_ADDR MASTER_PORT={port}"], [
-            "srun", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-            "bash", "-c", per_node]
+        spec, many = self.spec, self.spec.across_nodes
+        run = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(spec.nodes) if many else "1",
+               *([Raw('--node-rank "$SLURM_NODEID"')] if many else []), "--nproc-per-node", str(spec.ranks_per_node),
+               "--master-addr", Raw('"$MASTER_ADDR"') if many else "127.0.0.1", "--master-port", str(port),
+               "--module", WORKER_MODULE, *args]
+        if not many:
+            return [], run
+        return [*_slurm.RENDEZVOUS, f"export MASTER_ADDR MASTER_PORT={port}"], _slurm.per_node(
+            spec.nodes, ["--kill-on-bad-exit=1", "bash", "-c", shell_line(["exec", *run])])

@@ -1,10 +1,7 @@
 """DeepSpeed 0.19.8's checkpoint files rebuilt without a model (helpers of stacks/emulated.py): each file's state dict
-as DeepSpeed assembles it (engine._save_checkpoint, _save_zero_checkpoint, PipelineModule.save_state_dict,
-DeepSpeedZeroOptimizer.state_dict for ZeRO-1 and 2, DeepSpeedZeroOptimizer_Stage3.state_dict
-for ZeRO-3, with torch's AdamW) from the planner's recipe (plan/checkpoint.py);
-tests/test_emulate.py compares them with a real run's files key by key. Tensor bytes are random and unique per 4 KiB
-block (neither compressible nor deduplicable): a random pool copied at a per-file offset, each 4 KiB block stamped
-with a counter of (rank, file, block). waves(): how many ranks of a node hold file state at once."""
+as DeepSpeed assembles it (engine._save_checkpoint, _save_zero_checkpoint, PipelineModule.save_state_dict, the ZeRO
+optimizers' state_dict, with torch's AdamW) from the planner's recipe (plan/checkpoint.py), its tensors' bytes from a
+Filler; waves(): how many ranks of a node hold file state at once. docs/emulation.md."""
 
 from __future__ import annotations
 
@@ -112,16 +109,12 @@ def _model_state(spec, recipe, filler: Filler, ds_config: dict, client_state: di
     shapes = collections.OrderedDict((name.encode().decode(), torch.Size(shape)) for name, shape in recipe.params)
     step = client_state["harness_step"]
     frozen = collections.OrderedDict() if spec.zero > 1 else None  # recorded from stage 2 on; no frozen parameters here
-    state = {"module": module, "buffer_names": [], "optimizer": None, "param_shapes": [shapes],
-             "frozen_param_shapes": frozen, "shared_params": {}, "frozen_param_fragments": copy.copy(frozen),
-             "lr_scheduler": None,
-             "data_sampler": None, "random_ltd": None, "skipped_steps": 0, "global_steps": step,
-             "global_samples": step * spec.global_batch, "dp_world_size": spec.dp,
-             "mp_world_size": spec.tp * spec.pp,
-             CHECKPOINT_PARALLEL_DIMS: {CHECKPOINT_PP_DEGREE: spec.pp, CHECKPOINT_TP_DEGREE: spec.tp},
-             "ds_config": ds_config, "ds_version": version}
-    state.update(client_state)
-    return state
+    return {"module": module, "buffer_names": [], "optimizer": None, "param_shapes": [shapes],
+            "frozen_param_shapes": frozen, "shared_params": {}, "frozen_param_fragments": copy.copy(frozen),
+            "lr_scheduler": None, "data_sampler": None, "random_ltd": None, "skipped_steps": 0, "global_steps": step,
+            "global_samples": step * spec.global_batch, "dp_world_size": spec.dp, "mp_world_size": spec.tp * spec.pp,
+            CHECKPOINT_PARALLEL_DIMS: {CHECKPOINT_PP_DEGREE: spec.pp, CHECKPOINT_TP_DEGREE: spec.tp},
+            "ds_config": ds_config, "ds_version": version, **client_state}
 
 
 def _zero3_optimizer_state(spec, recipe, filler: Filler, ds_config: dict, step: int) -> dict:

@@ -1,10 +1,9 @@
-"""Emulated torch.save files written and read back in bounded memory (helpers of stacks/emulated.py, engine=default):
-torch.save writes the file under skip_data(), each storage is then filled in place chunk by chunk and the CRC-32s and
-serialization id set to torch's (byte for byte torch.save's file: tests/test_emulate.py); a load maps the file and
-reads its data in chunks, digesting each. docs/emulation.md."""
+"""Emulated torch.save files written and read back in bounded memory, byte for byte torch.save's (helpers of
+stacks/emulated.py, engine=default; how: docs/emulation.md)."""
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import struct
@@ -63,11 +62,6 @@ class Fill:
     digests: dict[str, str] | None = None
 
 
-class _Null:
-    def write(self, data) -> int:
-        return len(data)
-
-
 def storages(state) -> list:
     """The storages torch.save writes for `state`, in its order (data/0, data/1, ...): the order its pickler meets
     them (torch.serialization._save's persistent_id keys them so, one key per storage)."""
@@ -84,7 +78,7 @@ def storages(state) -> list:
                 order.append(storage)
             return index[storage._cdata]
 
-    Keys(_Null(), protocol=torch.serialization.DEFAULT_PROTOCOL).dump(state)
+    Keys(io.BytesIO(), protocol=torch.serialization.DEFAULT_PROTOCOL).dump(state)
     return order
 
 

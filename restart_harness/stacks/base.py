@@ -151,18 +151,17 @@ class Rank(ABC):
 
 
 # ---- shared by the stacks: digests on disk -----------------------------------------------------------------------
-def digest_path(rank: Rank, tag: str, saved_by: int | None = None) -> Path:
-    saved_by = rank.rank if saved_by is None else saved_by
+def digest_path(rank: Rank, tag: str, saved_by: int) -> Path:
     return rank.run.run_dir / "digests" / tag / f"rank-{saved_by:05d}.json"
 
 
-def write_digests(rank: Rank, tag: str, digests: dict[str, str]) -> None:
-    """The digests' file, written and made durable (two fsyncs) by a thread beside training, not in the seconds
-    training waits; digests_written() waits for it (the manager before it commits the save)."""
+def write_digests(rank: Rank, tag: str, digests: dict[str, str]) -> int:
+    """The digests' file (returns how many), written and made durable (two fsyncs) by a thread beside training, not
+    in the seconds training waits; digests_written() waits for it (the manager before it commits the save)."""
     from restart_harness.model import digest
 
     digests_written(rank)
-    path = digest_path(rank, tag)
+    path = digest_path(rank, tag, rank.rank)
     record = {"tag": tag, "rank": rank.rank, "combined": digest.combined(digests), "tensors": digests}
 
     def write() -> None:
@@ -174,6 +173,7 @@ def write_digests(rank: Rank, tag: str, digests: dict[str, str]) -> None:
 
     rank._digest_writer = threading.Thread(target=write, name=f"digests-{tag}", daemon=True)
     rank._digest_writer.start()
+    return len(digests)
 
 
 def digests_written(rank: Rank) -> None:

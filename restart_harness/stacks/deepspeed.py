@@ -2,12 +2,9 @@
 (Megatron-style, through an mpu) and pipeline parallelism (PipelineModule), checkpointed by DeepSpeed's own
 save_checkpoint / load_checkpoint. DeepSpeed calls its checkpoint engine per file; the harness installs one in its
 place (DeepSpeedFiles) that hands each file to the rank's checkpoint manager, which times it and writes it through
-the chosen engine (engines/).
-
-A restart at another layout converts the checkpoint with DeepSpeed's universal-checkpoint converter and loads it
-with `checkpoint.load_universal` (stacks/_universal.py); it is verified against the full state of the original
-files (stacks/_deepspeed_state.py).
-"""
+the chosen engine (engines/). A restart at another layout converts the checkpoint with DeepSpeed's universal-checkpoint
+converter, loads it with `checkpoint.load_universal` and verifies it against the full state of the original files
+(stacks/_deepspeed_state.py)."""
 
 from __future__ import annotations
 
@@ -146,9 +143,7 @@ class DeepSpeedRank(Rank):
     def record_digests(self, tag: str) -> int:
         from restart_harness.stacks._deepspeed_state import state_digests
 
-        digests = state_digests(self.ds_engine)  # the state cannot change during the save: taken just before it
-        write_digests(self, tag, digests)
-        return len(digests)
+        return write_digests(self, tag, state_digests(self.ds_engine))  # just before the save: the state cannot change
 
     def verify(self, tag: str, reference: Path | None) -> Verification:
         from restart_harness.stacks import _deepspeed_state as state
@@ -201,12 +196,12 @@ class DeepSpeedStack(Stack):
 
     @classmethod
     def relayout(cls, run, original, tag: str, say) -> Relayout:
-        from restart_harness.stacks import _universal as universal
+        from restart_harness.stacks import _deepspeed_state as state
 
         root = run.checkpoint_root
-        conversion = universal.convert(run.run_dir, root, tag, say)
-        reference = universal.reference(run.run_dir, root, tag, original)
-        converted = universal.universal_tag(tag)
+        conversion = state.convert(run.run_dir, root, tag, say)
+        reference = state.reference(run.run_dir, root, tag, original)
+        converted = state.universal_tag(tag)
         return Relayout(load_tag=converted, reference=reference, conversion=conversion, ds_config=LOAD_UNIVERSAL,
                         load_dir=root / converted)
 

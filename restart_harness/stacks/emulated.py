@@ -1,8 +1,6 @@
-"""emulate=true: DeepSpeed's checkpoint of the planned model and layout, without a model and without training: a rank
-writes, through the chosen engine's own save, exactly the files of the checkpoint (stacks/_deepspeed_files.py) at each
-step a training run would save at, and its restart reads its read set back in DeepSpeed's order and verifies every
-tensor. Memory is bounded by streaming torch.save's files (stacks/_streamed.py) and by waves of ranks
-(emulate_memory_gib); generating data, waiting for a wave and verifying are not timed. docs/emulation.md."""
+"""emulate=true: DeepSpeed's checkpoint of the planned model and layout without a model and without training, written
+through the chosen engine's own save (stacks/_deepspeed_files.py, stacks/_streamed.py) and read back in DeepSpeed's
+order, every tensor verified; generating data, waiting for a wave and verifying are not timed. docs/emulation.md."""
 
 from __future__ import annotations
 
@@ -184,13 +182,9 @@ class EmulatedStack(Stack):
             raise UsageError(f"emulate=true: emulation writes {DeepSpeedStack.name}'s files; accepted with "
                              f"stack={DeepSpeedStack.name} only")
         DeepSpeedStack.check(spec, engine, target)
-        if spec.subset:
-            cls._check_subset(spec)
-
-    @staticmethod
-    def _check_subset(spec) -> None:
-        """subset=true: the first node's ranks must find every file they read among those they write."""
-        ranks = range(spec.ranks_per_node)
+        if not spec.subset:
+            return
+        ranks = range(spec.ranks_per_node)  # the first node's ranks must find every file they read among their own
         written = {r.path for r in checkpoint.recipes(spec) if r.writer in ranks}
         for rank in ranks:
             missing = [name for name in checkpoint.restart_read_sequence(spec)[rank] if name not in written]

@@ -1,13 +1,8 @@
 """stack=fsdp2: the same LLaMA model and data as the DeepSpeed runs, sharded with FSDP2 (fully_shard per pipeline
 layer and at the root, over a 1-D mesh of the data-parallel ranks, or a 2-D one for hybrid sharding), trained with
 torch's AdamW, checkpointed by one collective save of the whole sharded state per checkpoint (get_state_dict of model
-and optimizer; engine=dcp), restarted through set_state_dict.
-
-Verification holds at any data-parallel size: _state_digests() digests every parameter's and optimizer moment's full
-tensor (DTensor.full_tensor()), each rank hashing its share of the names, so a restart at another dp compares the
-same names and values as one at the saving dp. DCP reshards while it loads: a restart at another dp needs no
-conversion.
-"""
+and optimizer; engine=dcp), restarted through set_state_dict; verified on full tensors at any data-parallel size
+(docs/fsdp2.md)."""
 
 from __future__ import annotations
 
@@ -39,10 +34,9 @@ class FSDP2Rank(Rank):
         import torch.distributed as dist
 
         if self.spec.device == "cuda":
-            index = cuda_device()
-            torch.cuda.set_device(index)
-            dist.init_process_group("nccl", device_id=torch.device("cuda", index))
-            self.device = torch.device("cuda", index)
+            self.device = torch.device("cuda", cuda_device())
+            torch.cuda.set_device(self.device)
+            dist.init_process_group("nccl", device_id=self.device)
         else:
             dist.init_process_group("gloo")
             self.device = torch.device("cpu")
@@ -157,15 +151,11 @@ class FSDP2Rank(Rank):
                 mine[name] = digest.tensor_digest(full) if isinstance(full, torch.Tensor) else repr(full)
         shares: list = [None] * world
         dist.all_gather_object(shares, mine)
-        out = {name: d for share in shares for name, d in share.items()}
         groups = [{k: v for k, v in g.items() if k != "params"} for g in optim_state["param_groups"]]
-        out["optim.param_groups"] = repr(groups)
-        return out
+        return {**{name: d for share in shares for name, d in share.items()}, "optim.param_groups": repr(groups)}
 
     def record_digests(self, tag: str) -> int:
-        digests = self._state_digests()
-        write_digests(self, tag, digests)
-        return len(digests)
+        return write_digests(self, tag, self._state_digests())
 
     def verify(self, tag: str, reference: Path | None) -> Verification:
         """The full state against the digests rank 0 recorded at save (every rank recorded the same ones)."""

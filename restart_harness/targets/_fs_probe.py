@@ -1,4 +1,4 @@
-"""The storage baseline's probe of a file system (targets/filesystem.py's probe_class; files/baseline.py times, caches
+"""The storage baseline's probe of a file system (FileSystemTarget.storage_probe(); files/baseline.py times, caches
 and renders it): the baseline (fio's psync or the built-in probe: sequential write, fsync, evict, sequential read),
 the ceiling (O_DIRECT: fio's libaio or the built-in threads, an engine's own shape) and the metadata rates (mdtest's
 shape), each in a scratch folder beside the run's checkpoint folder, each read after its files are evicted."""
@@ -95,8 +95,7 @@ class FileSystemProbe(StorageProbe):
 
 
 # fio's grid (issue 67): (request bytes, requests in flight a job, jobs a rank), O_DIRECT with libaio, spanning the
-# engines' own shapes: torch.save's 4 MiB-ish writes deep, engine=lazy's 16 MiB x 4 a rank, deeper and wider; the
-# issue's hand-run probes peaked at 16 MiB x 32 (write) and 64 MiB x 8 (read) on this project's disk
+# engines' own shapes: torch.save's 4 MiB-ish writes deep, engine=lazy's 16 MiB x 4 a rank, deeper and wider
 FIO_GRID = ((4 * MIB, 16, 1), (16 * MIB, 4, 1), (16 * MIB, 32, 1), (16 * MIB, 8, 2), (64 * MIB, 8, 1))
 
 
@@ -178,9 +177,8 @@ def _evict(files: list[Path]) -> dict:
 
 # ---- fio ---------------------------------------------------------------------------------------------------------
 def _fio_run(workdir: Path, rw: str, file_bytes: int, ranks: int, options: tuple[str, ...] = ()) -> dict:
-    """fio's psync engine (or `options`' engine and shape), one job per rank; fallocate=none, because torch.save does
-    not preallocate and fio's default posix_fallocate made writes ~9x slower on ext4 here (unwritten extents converted
-    at fsync)."""
+    """fio's psync engine (or `options`' engine and shape), one job per rank; fallocate=none, as torch.save
+    (docs/planner.md)."""
     cmd = ["fio", "--name=rh-baseline", f"--directory={workdir}", f"--rw={rw}",
            f"--bs={min(baseline.BLOCK_BYTES, file_bytes)}", f"--size={file_bytes}", f"--numjobs={ranks}",
            "--ioengine=psync", "--fallocate=none", "--filename_format=rh.$jobnum", "--output-format=json", *options]

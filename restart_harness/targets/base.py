@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -66,10 +65,12 @@ class Target(ABC):
     def placed(self, run_dir: Path) -> Target:
         """This target for the run whose directory was just made (root set)."""
 
-    @abstractmethod
     def record(self, run_dir: Path) -> dict:
         """What spec.json records of the placed target: checkpoint_target, checkpoint_root (and
-        checkpoint_root_in_run when root is inside the run directory), and the target's own fields."""
+        checkpoint_root_in_run when root is inside the run directory); a target adds its own fields."""
+        inside = self.root.relative_to(run_dir).as_posix() if self.root.is_relative_to(run_dir) else None
+        return {"checkpoint_target": self.name, "checkpoint_run": run_dir.name, "checkpoint_root": str(self.root),
+                "checkpoint_root_in_run": inside, "checkpoint_data_in_run": inside is not None}
 
     @classmethod
     @abstractmethod
@@ -83,12 +84,6 @@ class Target(ABC):
     @abstractmethod
     def storage_probe(self) -> StorageProbe:
         """The probe of the storage this target writes to (files/baseline.py measures, caches and renders it)."""
-
-
-def read_latest(root: Path) -> str | None:
-    """The tag the local `latest` names (every target keeps one under root), or None."""
-    path = root / LATEST
-    return path.read_text().strip() if path.is_file() else None
 
 
 class Stored(ABC):
@@ -105,8 +100,10 @@ class Stored(ABC):
         return self.Store(self.target, observer)
 
     def latest(self) -> str | None:
-        """The committed tag, or None when nothing was committed."""
-        return read_latest(self.root)
+        """The committed tag (the local `latest`: every target keeps one under root), or None when nothing was
+        committed."""
+        path = self.root / LATEST
+        return path.read_text().strip() if path.is_file() else None
 
     def missing(self) -> str | None:
         """Why the run's checkpoint storage itself is gone (deleted, moved), or None."""
@@ -183,9 +180,7 @@ class Store(ABC):
         """Atomically make `latest` name tag. The one writer of `latest`: called by rank 0 once every rank's files
         are durable (worker/manager.py)."""
 
-    def latest(self) -> str | None:
-        """The committed tag, or None when nothing was committed."""
-        return read_latest(self.root)
+    latest = Stored.latest
 
     def explain_save_failure(self, exc: BaseException, tag: str) -> BaseException:
         """A save's exception, reworded where the storage knows the real cause (a full disk)."""
@@ -210,9 +205,9 @@ class StorageProbe(ABC):
     def key(self) -> str:
         """One cache folder per storage (host and file system, or endpoint and bucket)."""
 
-    @abstractmethod
     def free_bytes(self) -> int | None:
         """Free space for a probe (None: the storage has no such figure)."""
+        return None
 
     @abstractmethod
     def measure(self, file_bytes: int, ranks: int, tool: str) -> dict:
@@ -225,9 +220,3 @@ class StorageProbe(ABC):
         where it has no way other than the baseline's; returns write, read, read_cache, method, request_bytes,
         queue_depth, o_direct, refused (why O_DIRECT was not used, or None), write_means, read_means."""
         return None
-
-
-@contextlib.contextmanager
-def as_path(path: str | Path) -> Iterator[str]:
-    """destination() of a file-system target: the path itself."""
-    yield str(path)

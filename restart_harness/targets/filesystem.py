@@ -5,6 +5,7 @@ probe is fio or a built-in one (targets/_fs_probe.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import shutil
 from pathlib import Path
@@ -15,7 +16,7 @@ from restart_harness.files.atomic import files_under, fsync_paths, write_text_at
 from restart_harness.files.exclusive import claim_dir
 from restart_harness.files.fsfacts import free_bytes, nearest_existing, why_not_a_directory
 from restart_harness.targets._fs_probe import FileSystemProbe
-from restart_harness.targets.base import LATEST, POSIX, Store, Stored, Target, as_path
+from restart_harness.targets.base import LATEST, POSIX, Store, Stored, Target
 
 MIB = 1 << 20
 FULL_DISK_BYTES = 1 << 20
@@ -24,7 +25,7 @@ IN_RUN = "checkpoint"  # the checkpoint folder inside a run directory (no ckpt_d
 
 class FileSystemStore(Store):
     def destination(self, path, mode):
-        return as_path(path)
+        return contextlib.nullcontext(str(path))  # the path itself
 
     def dcp_writer(self, path):
         from torch.distributed.checkpoint import FileSystemWriter
@@ -114,11 +115,6 @@ class FileSystemTarget(Target):
         except OSError as exc:
             raise RunFailed(f"ckpt_dir={self.location}: cannot claim a checkpoint folder there: {exc}") from None
         return FileSystemTarget(self.location, root)
-
-    def record(self, run_dir: Path) -> dict:
-        inside = self.root.relative_to(run_dir).as_posix() if self.root.is_relative_to(run_dir) else None
-        return {"checkpoint_target": self.name, "checkpoint_run": run_dir.name, "checkpoint_root": str(self.root),
-                "checkpoint_root_in_run": inside, "checkpoint_data_in_run": inside is not None}
 
     @classmethod
     def from_record(cls, record: dict, root: Path) -> FileSystemTarget:

@@ -5,6 +5,7 @@ durability and the baseline probe: docs/s3.md."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import shutil
@@ -15,16 +16,17 @@ from restart_harness.errors import UsageError
 from restart_harness.files import baseline, pagecache
 from restart_harness.files.atomic import write_text_atomic
 from restart_harness.targets._s3_bucket import (
+    CLIENT_LOG_FILTER,
     S3Settings,
     S3Url,
     _explain,
     check_writable,
     client_errors,
+    client_requests,
     delete_all,
     is_s3,
     listing,
 )
-from restart_harness.targets._s3_requests import CLIENT_LOG_FILTER, client_requests
 from restart_harness.targets.base import LATEST, NO_OBSERVER, OBJECT, PER_RANK_DIRS, StorageProbe, Store, Stored, Target
 
 
@@ -74,9 +76,6 @@ class S3Probe(StorageProbe):
     def key(self) -> str:
         ident = f"{socket.gethostname()}|{self.target.settings.endpoint_url}|{self.target.settings.region}|{self.target.url.bucket}"
         return f"s3-{hashlib.sha1(ident.encode()).hexdigest()[:12]}"
-
-    def free_bytes(self) -> None:
-        return None  # a bucket has no free-space figure
 
     def measure(self, file_bytes: int, ranks: int, tool: str) -> dict:
         """`ranks` threads each PUT one object of file_bytes (a multipart upload, complete - durable - when the write
@@ -155,8 +154,7 @@ class S3Store(Store):
 
     def written(self, paths) -> None:
         """Empty placeholders under root, so that DeepSpeed's globbing loader finds the objects of those names."""
-        for path in paths:
-            local = Path(path)
+        for local in map(Path, paths):
             local.parent.mkdir(parents=True, exist_ok=True)
             local.touch()
 
@@ -165,7 +163,7 @@ class S3Store(Store):
 
     def _objects(self, path) -> list[tuple[str, int]]:
         """(key, bytes) of the object `path` names or, for a folder-like name (DCP), of every object under it."""
-        url, client = self._url_of(path), self.target._client()
+        url, client = self._url_of(path), self.target._client
         under = listing(url, self.settings, client)
         if under:
             return under
@@ -182,7 +180,7 @@ class S3Store(Store):
 
     def commit_latest(self, tag: str) -> None:
         url = self.url.child(LATEST)
-        stream = self.target._client().put_object(url.bucket, url.prefix)
+        stream = self.target._client.put_object(url.bucket, url.prefix)
         stream.write(tag.encode())
         stream.close()
         write_text_atomic(self.root / LATEST, tag)  # the local index names it too
@@ -200,7 +198,7 @@ class S3Stored(Stored):
 
     def listing(self) -> dict[str, list[tuple[str, int]]]:
         out: dict[str, list[tuple[str, int]]] = {}
-        for key, nbytes in listing(self.target.url, self.target.settings, self.target._client()):
+        for key, nbytes in listing(self.target.url, self.target.settings, self.target._client):
             tag, _, rel = key.partition("/")
             if rel:
                 out.setdefault(tag, []).append((rel, nbytes))
@@ -262,7 +260,6 @@ class S3Target(Target):
         super().__init__(location, root)
         self.url = url if url is not None else S3Url.parse(location)
         self.settings = settings or _settings(location or self.url)
-        self._s3_client = None
 
     @classmethod
     def claims(cls, location) -> bool:
@@ -285,8 +282,7 @@ class S3Target(Target):
         except ImportError:
             raise UsageError(f"{where}: object storage needs s3torchconnector, which this Python lacks: "
                              "pip install 'restart-harness[s3]'") from None
-        problem = check_writable(self.url, self.settings)
-        if problem:
+        if problem := check_writable(self.url, self.settings):
             raise UsageError(f"{where}: {problem}")
 
     def placed(self, run_dir: Path) -> S3Target:
@@ -298,9 +294,7 @@ class S3Target(Target):
 
     def record(self, run_dir: Path) -> dict:
         s = self.settings
-        return {"checkpoint_target": self.name, "checkpoint_run": run_dir.name, "checkpoint_root": str(self.root),
-                "checkpoint_root_in_run": self.root.relative_to(run_dir).as_posix(), "checkpoint_data_in_run": False,
-                "checkpoint_url": str(self.url),
+        return {**super().record(run_dir), "checkpoint_data_in_run": False, "checkpoint_url": str(self.url),
                 "checkpoint_object_store": {"region": s.region, "endpoint_url": s.endpoint_url,
                                             "path_style": s.path_style, "client": "s3torchconnector",
                                             "max_attempts": s.max_attempts}}
@@ -317,11 +311,10 @@ class S3Target(Target):
     def storage_probe(self) -> S3Probe:
         return S3Probe(self)
 
+    @functools.cached_property
     def _client(self):
         """The S3 client of this place (one, made when first asked)."""
-        if self._s3_client is None:
-            self._s3_client = self.settings.client()
-        return self._s3_client
+        return self.settings.client()
 
     def _streams(self):
         from s3torchconnector import S3Checkpoint

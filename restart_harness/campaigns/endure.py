@@ -1,11 +1,7 @@
 """`./submit-job.sh endure MODEL [run keys] duration=10m mtbf=90s [failures=rank,job,save]`: a failure campaign on
-real processes. One run trains for a wall-clock budget while failures arrive at exponential times (mean mtbf, drawn
-from seed=, each recorded); a failure kills one rank (SIGKILL), the whole job (its launch's session), or a rank
-inside a save (RH_FAULT kill@save at the first save after the drawn time), in turn. After each, the run restarts
-from its last committed checkpoint as a scheduler would (a restart launch that loads, verifies and trains on,
-saving: worker --train-on), and the restart's time counts. At the end: goodput and badput by category
-and the model's goodput at the campaign's measured costs beside it (results/goodput.py), and the final state against
-a failure-free run's of the same seed and step count (their digests), in endure.json."""
+real processes, failures at exponential times killing a rank, the job or a save, each followed by a restart from the
+last committed checkpoint; goodput and badput, the model's beside them, and the final state against a failure-free
+run's, in endure.json (docs/goodput.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +10,6 @@ import math
 import os
 import random
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -22,6 +17,7 @@ from pathlib import Path
 from restart_harness.campaigns.sweep import new_dir
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
+from restart_harness.phases import say
 from restart_harness.phases.processes import launch
 from restart_harness.results import events as ev
 from restart_harness.results import goodput
@@ -244,10 +240,6 @@ def _pace(estimate: dict | None, run_dir: Path | None = None, launches: list[dic
             pace["startup"] = steps[0]["t"] - steps[0]["seconds"] - x["launch"]["start"]
             break
     return pace
-
-
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
 
 
 def main(request: EndureRequest) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
@@ -16,6 +15,7 @@ from restart_harness.command.requests import SweepRequest
 from restart_harness.errors import RunFailed
 from restart_harness.files.atomic import write_json_atomic
 from restart_harness.files.exclusive import claim_dir
+from restart_harness.phases import say
 from restart_harness.plan.estimate import duration, size_text
 from restart_harness.schema import SWEEP_SCHEMA_VERSION, count
 
@@ -32,6 +32,16 @@ def made_run_dir(folder: Path, index: int) -> str | None:
     """The run folder the campaign's run `index` made (NNN-<run>), where the run ended before saying it."""
     made = sorted(folder.glob(f"{index:03d}-*"))
     return str(made[-1]) if made else None
+
+
+def clock(seconds: float) -> str:
+    """plan/estimate.py's duration, without a ".0": "2 min", "10.5 h"."""
+    return duration(seconds).replace(".0 ", " ")
+
+
+def fixed(value: float | None, digits: int = 3) -> str:
+    """A table's figure to `digits` decimals; "-" where there is none."""
+    return "-" if value is None else f"{value:.{digits}f}"
 
 
 def _bar(done: int, total: int, width: int = 20) -> str:
@@ -53,10 +63,6 @@ def estimate(plugins) -> tuple[float | None, int]:
         return forecast.run_wall_seconds(plugins, made), nbytes
     except Exception:  # noqa: BLE001 - an estimate must never stop a sweep
         return None, nbytes
-
-
-def _clock(seconds: float) -> str:
-    return duration(seconds).replace(".0 ", " ")
 
 
 def run(request: SweepRequest) -> Path:
@@ -100,11 +106,11 @@ def _announce(sweep: dict, combos: list, by_index: list) -> list[float | None]:
     predicted = [guesses[id(c)][0] for c in by_index]
     nbytes = sum(guesses[id(c)][1] for c in by_index)
     known = [p for p in predicted if p is not None]
-    said = (f"about {_clock(sum(known))}" + (f" for the {count(len(known), 'run')} predicted" if len(known) < total else "")
+    said = (f"about {clock(sum(known))}" + (f" for the {count(len(known), 'run')} predicted" if len(known) < total else "")
             + f" (calibration {combos[0].spec.calibration})") if known else "no time estimate (nothing predicted)"
     dry = (f"{count(total, 'dry run')}, nothing launched; run for real they would take" if combos[0].spec.dry_run
            else f"{count(total, 'run')}:")
-    print(f"[sweep] {dry} {said}; {size_text(nbytes)} of checkpoints kept", file=sys.stderr, flush=True)
+    say(f"[sweep] {dry} {said}; {size_text(nbytes)} of checkpoints kept")
     sweep["estimate"] = {"wall_seconds": round(sum(known), 1) if known else None, "runs_predicted": len(known),
                          "checkpoint_bytes": nbytes}
     return predicted
@@ -118,8 +124,7 @@ def _run_entry(sweep_dir: Path, sweep: dict, entry: dict, combo, times) -> None:
     total, index = len(sweep["runs"]), entry["index"]
     label = " ".join(f"{k}={v}" for k, v in entry["combination"].items()) or "(one combination)"
     rep = f", repeat {entry['repeat']}/{entry['repeats']}" if entry["repeats"] > 1 else ""
-    print(f"[sweep {index}/{total} {_bar(index - 1, total)}] {label}{rep}" + times(index - 1), file=sys.stderr,
-          flush=True)
+    say(f"[sweep {index}/{total} {_bar(index - 1, total)}] {label}{rep}" + times(index - 1))
     entry["state"] = "running"
     write_json_atomic(sweep_dir / "sweep.json", sweep)
     plugins = combo.plugins.with_spec(dataclasses.replace(combo.spec, results_dir=str(sweep_dir)))
@@ -132,8 +137,8 @@ def _run_entry(sweep_dir: Path, sweep: dict, entry: dict, combo, times) -> None:
         entry["state"], entry["reason"] = "failed", f"{type(exc).__name__}: {exc}"
     entry["run_dir"] = entry["run_dir"] or made_run_dir(sweep_dir, index)
     write_json_atomic(sweep_dir / "sweep.json", sweep)
-    print(f"[sweep {index}/{total} {_bar(index, total)}] {entry['state']}"
-          + (f": {entry['reason']}" if entry["reason"] else "") + times(index), file=sys.stderr, flush=True)
+    say(f"[sweep {index}/{total} {_bar(index, total)}] {entry['state']}"
+        + (f": {entry['reason']}" if entry["reason"] else "") + times(index))
 
 
 def _times(started: float, done: int, predicted: list[float | None]) -> str:
@@ -146,8 +151,8 @@ def _times(started: float, done: int, predicted: list[float | None]) -> str:
     elif all(p is not None for p in predicted):
         remaining = sum(predicted)
     else:
-        return f"; elapsed {_clock(elapsed)}"
-    return f"; elapsed {_clock(elapsed)}, ~{_clock(remaining)} left" if left else f"; elapsed {_clock(elapsed)}"
+        return f"; elapsed {clock(elapsed)}"
+    return f"; elapsed {clock(elapsed)}, ~{clock(remaining)} left" if left else f"; elapsed {clock(elapsed)}"
 
 
 def render(sweep: dict) -> str:

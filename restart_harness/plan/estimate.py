@@ -20,9 +20,7 @@ ESTIMATE_IGNORES = ("per-rank and per-client limits (one rank may not reach the 
 
 
 def _stats(values: list[int]) -> dict | None:
-    if not values:
-        return None
-    return {"max": max(values), "min": min(values), "mean": round(statistics.mean(values), 1)}
+    return {"max": max(values), "min": min(values), "mean": round(statistics.mean(values), 1)} if values else None
 
 
 def typical_file_bytes(files: list[checkpoint.PlannedFile]) -> int:

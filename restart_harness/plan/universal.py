@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 
 from restart_harness.plan import checkpoint, rules
-from restart_harness.plan.torch_save import SavedFile
 from restart_harness.spec import parameters as table
 from restart_harness.spec.runspec import RunSpec
 
@@ -23,7 +22,8 @@ ZERO3_OPTIMIZER_STATE_LESS_BYTES = 800  # the ds_config and version the rank's o
 
 
 def _file_bytes(stem: str, storage: int) -> int:
-    return storage + PARAM_PICKLE_BYTES + SavedFile(stem, (storage,), "layer_states").zip_bytes() + ZIP_PADDING_BYTES
+    saved = checkpoint.SavedFile(stem, (storage,), "layer_states")
+    return storage + PARAM_PICKLE_BYTES + saved.zip_bytes() + ZIP_PADDING_BYTES
 
 
 def full_params(spec: RunSpec) -> list[tuple[str, tuple[int, ...]]]:

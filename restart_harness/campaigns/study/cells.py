@@ -34,11 +34,8 @@ class Reference:
 
 
 REFERENCES = (
-    Reference("3B", 4, 1, 1, 43.83, (
-        "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "bf16_zero_pp_rank_0_mp_rank_01_optim_states.pt",
-        "bf16_zero_pp_rank_0_mp_rank_02_optim_states.pt", "bf16_zero_pp_rank_0_mp_rank_03_optim_states.pt",
-        "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt", "mp_rank_02_model_states.pt",
-        "mp_rank_03_model_states.pt"),
+    Reference("3B", 4, 1, 1, 43.83, (*(f"bf16_zero_pp_rank_0_mp_rank_{i:02d}_optim_states.pt" for i in range(4)),
+                                     *(f"mp_rank_{i:02d}_model_states.pt" for i in range(4))),
         "github.com/mauryaavinash95/llm-restart-perf run_scripts/3B-output/CKPTAPPR0-TP4-ITER-37/"
         "log-3B-tp4-pp1-dp1-gbs16-mbs-16-ckpt0-iter37.log (2025-10-01, 4 A100s of one Polaris node): 'Checkpoint "
         "Save GB: 43.83' (Megatron-DeepSpeed's 14 bytes x 4 x 782,674,944 parameters) and the 8 files its ranks "
@@ -96,10 +93,9 @@ def state_bytes_per_gpu(spec) -> int:
     elem = checkpoint.ELEMENT_BYTES[spec.precision]
     most = 0
     for shard in checkpoint.shards(spec):
-        n = shard.numel
-        weights = elem * (rules.zero1_partition_numel(n, spec.dp) if spec.zero == 3 else n)
-        grads = elem * (rules.zero1_partition_numel(n, spec.dp) if spec.zero >= 2 else n)
-        most = max(most, weights + grads + 4 * checkpoint.OPTIMIZER_STATES * rules.zero1_partition_numel(n, spec.dp))
+        n, part = shard.numel, rules.zero1_partition_numel(shard.numel, spec.dp)
+        weights, grads = elem * (part if spec.zero == 3 else n), elem * (part if spec.zero >= 2 else n)
+        most = max(most, weights + grads + 4 * checkpoint.OPTIMIZER_STATES * part)
     return most
 
 

@@ -90,7 +90,7 @@ def _run_cells(study: Study) -> None:
     for cell in study.cells:  # submitted earlier (resume=): what their jobs did
         if cell.state == "submitted" and cell.run_dir:
             cell.state = _observed(cell)
-    coverage, rest = priority([c for c in study.to_run()])
+    coverage, rest = priority(study.to_run())
     order = [*coverage, *rest]
     total = sum(1 for c in order if c.state == "pending")
     done = 0
@@ -103,10 +103,9 @@ def _run_cells(study: Study) -> None:
             campaign.write(study)
             continue
         done += 1
-        elapsed = time.time() - study.started
-        left = max(0.0, study.deadline - time.time())
         say(f"[study {done}/{max(total, done)}] {campaign.cell_text(cell)}: {option.text}, "
-            f"~{clock(option.seconds * study.sizing.factor)}; elapsed {clock(elapsed)}, {clock(left)} left")
+            f"~{clock(option.seconds * study.sizing.factor)}; elapsed {clock(time.time() - study.started)}, "
+            f"{clock(max(0.0, study.deadline - time.time()))} left")
         _run_cell(study, cell, option)
         say(f"[study {done}] {cell.state}" + (f": {cell.reason}" if cell.reason else "")
             + f" in {clock(cell.wall_seconds)}")

@@ -5,6 +5,7 @@ each may take (docs/study.md#sized-before-it-starts)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 from dataclasses import dataclass, field
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from restart_harness import machine, preflight, resolve
 from restart_harness.campaigns.study.cells import Cell, Option, plan_record
+from restart_harness.campaigns.sweep import clock
 from restart_harness.command.parse import StudyRequest, parse_run
 from restart_harness.errors import UsageError
 from restart_harness.files.fsfacts import filesystem, nearest_existing
@@ -44,9 +46,8 @@ def storage(request: StudyRequest, cells: list[Cell], measure: bool) -> dict:
     plugins = resolve.plugins(cells[0].spec)
     extra = {"metadata_ops_s": p.metadata_ops_s, "env_metadata_ops_s": p.env_metadata_ops_s}
     if p.write_gbps is not None:
-        store = forecast.storage(plugins, p.write_gbps, p.read_gbps, **extra)
-        store["label"] = f"stated: write {p.write_gbps:g} GB/s, read {p.read_gbps:g} GB/s (aggregate)"
-        return store
+        return {**forecast.storage(plugins, p.write_gbps, p.read_gbps, **extra),
+                "label": f"stated: write {p.write_gbps:g} GB/s, read {p.read_gbps:g} GB/s (aggregate)"}
     probe = plugins.target.storage_probe()
     spec = cells[0].spec
     record = baseline.cached(probe)
@@ -62,12 +63,11 @@ def storage(request: StudyRequest, cells: list[Cell], measure: bool) -> dict:
         return {"write_bytes_per_s": assumed, "read_bytes_per_s": assumed, "assumed": True,
                 "source": f"assumed {ASSUMED_BANDWIDTH_MIB_S:g} MiB/s for sizing (no baseline of {probe.describe()} "
                           "yet; measured before the first run)", "label": f"assumed {ASSUMED_BANDWIDTH_MIB_S:g} MiB/s"}
-    store = forecast.storage(plugins, record=record, **extra)
     fs = filesystem(nearest_existing(Path(estimate.checkpoint_dir(spec))))
-    store["label"] = (f"{fs['type'] or '?'} at {fs['mount']}: baseline write {record['write_mib_s']:,.0f} / read "
+    return {**forecast.storage(plugins, record=record, **extra),
+            "label": (f"{fs['type'] or '?'} at {fs['mount']}: baseline write {record['write_mib_s']:,.0f} / read "
                       f"{record['read_mib_s']:,.0f} MiB/s ({record.get('method')}, "
-                      f"{str(record.get('measured_at'))[:16]})")
-    return store
+                      f"{str(record.get('measured_at'))[:16]})")}
 
 
 def predict_cells(cells: list[Cell], store: dict, target: dict) -> None:
@@ -144,13 +144,8 @@ class Sizing:
 def _ladder(cell: Cell, fidelity: str) -> list[tuple[str, int, bool]]:
     """(mode, shrink, emulate) candidates, most faithful first, within what fidelity= allows."""
     emulates = resolve.engine_class(cell.engine).emulates
-    out = [("real", 1, False)]
-    if emulates:
-        out.append(("emulated", 1, True))
-    out += [("shrunk", k, emulates) for k in SHRINKS]
-    if fidelity != "auto":
-        out = [c for c in out if c[0] == fidelity]
-    return out
+    out = [("real", 1, False), *[("emulated", 1, True)] * emulates, *[("shrunk", k, emulates) for k in SHRINKS]]
+    return [c for c in out if fidelity in ("auto", c[0])]
 
 
 def evaluate(cell: Cell, mode: str, shrink: int, emulate: bool, sizing: Sizing) -> Option:
@@ -173,8 +168,7 @@ def evaluate(cell: Cell, mode: str, shrink: int, emulate: bool, sizing: Sizing) 
     option = Option(mode, shrink, emulate)
     try:
         spec = machine.resolve(parse_run(words)[0])
-        plugins = preflight.run(spec)
-        option.plugins = plugins
+        option.plugins = plugins = preflight.run(spec)
         option.bytes = preflight.planned_bytes(plugins)
         option.seconds = run_seconds(forecast.build(plugins, sizing.cpus, sizing.store), spec, sizing.cpus,
                                      forks=plugins.launcher.forks_ranks)
@@ -251,10 +245,6 @@ def shorten(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def clock(seconds: float) -> str:
-    return estimate.duration(seconds).replace(".0 ", " ")
-
-
 def priority(cells: list[Cell]) -> tuple[list[Cell], list[Cell]]:
     """(coverage, the rest) of the cells whose engine runs here: the reference layouts, then the first cell (fewest
     GPUs) of each model and engine not yet covered; then the others, model and engine in turn."""
@@ -268,11 +258,7 @@ def priority(cells: list[Cell]) -> tuple[list[Cell], list[Cell]]:
         if pair not in covered:
             coverage.append(group.pop(0))
             covered.add(pair)
-    rest = []
-    while any(by_pair.values()):
-        for group in by_pair.values():
-            if group:
-                rest.append(group.pop(0))
+    rest = [c for turn in itertools.zip_longest(*by_pair.values()) for c in turn if c is not None]
     return coverage, rest
 
 

@@ -5,6 +5,7 @@ run's, in endure.json (docs/goodput.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -123,11 +124,9 @@ def _kill_rank(run_dir: Path, record: str, rank: int, fired: list) -> None:
         pid = next((e["pid"] for e in ev.read_record(run_dir, record).get(rank, []) if e["event"] == "process"),
                    None) if path.is_file() else None
         if pid:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 fired.append(time.time())
-            except ProcessLookupError:
-                pass
             return
         time.sleep(0.05)
 

@@ -69,16 +69,14 @@ def run(request: SweepRequest) -> Path:
     """Run every combination x repeat in order into one sweep folder; returns it. Never stops on a failure."""
     combos = request.combos
     sweep_dir = new_dir(combos[0].spec.results_dir, "sweep")
-    runs = []
-    for combo in combos:
-        for rep in range(1, combo.spec.repeats + 1):
-            runs.append({"index": len(runs) + 1, "combination": combo.values, "repeat": rep,
-                         "repeats": combo.spec.repeats, "command": combo.tokens, "run_dir": None,
-                         "state": "pending", "reason": None})
+    repeats = [(combo, rep) for combo in combos for rep in range(1, combo.spec.repeats + 1)]
+    runs = [{"index": i, "combination": combo.values, "repeat": rep, "repeats": combo.spec.repeats,
+             "command": combo.tokens, "run_dir": None, "state": "pending", "reason": None}
+            for i, (combo, rep) in enumerate(repeats, 1)]
     sweep = {"schema_version": SWEEP_SCHEMA_VERSION, "sweep_id": sweep_dir.name, "command": request.tokens,
              "lists": request.lists, "state": "running", "started": time.time(), "finished": None, "runs": runs}
     write_json_atomic(sweep_dir / "sweep.json", sweep)
-    by_index = [combo for combo in combos for _ in range(combo.spec.repeats)]
+    by_index = [combo for combo, _ in repeats]
     predicted = _announce(sweep, combos, by_index)
     started = time.time()
     try:
@@ -146,13 +144,10 @@ def _times(started: float, done: int, predicted: list[float | None]) -> str:
     else from the prediction."""
     elapsed = time.time() - started
     left = len(predicted) - done
-    if done:
-        remaining = elapsed / done * left
-    elif all(p is not None for p in predicted):
-        remaining = sum(predicted)
-    else:
-        return f"; elapsed {clock(elapsed)}"
-    return f"; elapsed {clock(elapsed)}, ~{clock(remaining)} left" if left else f"; elapsed {clock(elapsed)}"
+    said = f"; elapsed {clock(elapsed)}"
+    if not left or (not done and None in predicted):
+        return said
+    return f"{said}, ~{clock(elapsed / done * left if done else sum(predicted))} left"
 
 
 def render(sweep: dict) -> str:

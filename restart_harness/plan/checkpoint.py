@@ -265,12 +265,7 @@ def _rank_at(spec: RunSpec, r: FileRecipe):
 
 def restart_read_sequence(spec: RunSpec) -> dict[int, list[str]]:
     """global rank -> the files its load_checkpoint reads in full, in order and with repeats (DeepSpeed 0.19.8,
-    default engine): one engine.load() each.
-
-    DeepSpeed's state-dict loader first torch.loads the first file of the sorted list of candidates (mp_rank_00,
-    or a layer's model_00 file) to check the saved model-parallel size, then the rank's own file (for pp=1 at TP rank
-    0 the same file, read twice); ZeRO-1 and 2 (not elastic) read only the rank's own optimizer file. ZeRO-3: the same,
-    with the model files of the rank's own data-parallel index."""
+    default engine): one engine.load() each (docs/planner.md, restart reads)."""
     prefix = "bf16_" if spec.precision == "bf16" else ""
     out = {}
     for shard in shards(spec):

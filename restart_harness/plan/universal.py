@@ -1,8 +1,5 @@
 """The universal checkpoint DeepSpeed's ds_to_universal makes of a checkpoint, and what each rank reads of it when a
-restart loads it at another layout (DeepSpeed 0.19.8; the files and the reads: docs/reshard.md#planned). No torch.
-Each rank torch.loads the model-state files its state-dict loader opens (mp_rank_00, to check, then the one mapped
-to its rank), zero/optimizer_state.pt, and all the files of every parameter its partition holds a fragment of
-(DeepSpeed's load_hp_checkpoint_state reads every file of the folder and slices its fragment out)."""
+restart loads it at another layout (DeepSpeed 0.19.8; the files and the reads: docs/reshard.md#planned). No torch."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@ and memory allow, the reference layout, and each cell's real-size spec (docs/stu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -335,11 +336,9 @@ def _engine_device(engine, device, *cell) -> str:
     """The device an engine's cells are predicted for: the study's, or CUDA for an engine that runs only there
     (DataStates-LLM), whose cells on a CPU machine are then predicted for the device it runs on."""
     for dev in dict.fromkeys((device, "cuda")):
-        try:
+        with contextlib.suppress(UsageError):
             resolve.plugins(_spec(*cell[:4], engine, *cell[4:], dev)).engine.check()
             return dev
-        except UsageError:
-            continue
     return device
 
 

@@ -46,7 +46,7 @@ def run(study: Study) -> Path:
         study.sizing.cache.clear()
         predict_cells(study.cells, study.sizing.store, study.target)
         campaign.project(study)
-    print(campaign.render_plan(study), file=sys.stderr, flush=True)
+    say(campaign.render_plan(study))
     campaign.write(study)
     previous = signal.signal(signal.SIGALRM, _alarm)
     interrupted = None

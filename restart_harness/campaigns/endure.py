@@ -15,15 +15,25 @@ import threading
 import time
 from pathlib import Path
 
+from restart_harness import machine, preflight, resolve
 from restart_harness.campaigns.sweep import new_dir
+from restart_harness.command import parse
+from restart_harness.command.options import EndureOptions
+from restart_harness.command.tokens import required
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
 from restart_harness.phases import say
 from restart_harness.phases.processes import launch
+from restart_harness.predict import forecast
 from restart_harness.results import events as ev
-from restart_harness.results import goodput
+from restart_harness.results import finalize, goodput
 from restart_harness.results.prediction import other_work
+from restart_harness.rundir.create import port_of, prepare
+from restart_harness.rundir.records import allocate_record, save_record
+from restart_harness.rundir.scripts import write_launch
+from restart_harness.rundir.status import set_status
 from restart_harness.schema import BADPUT_BUCKETS, ENDURE_SCHEMA_VERSION, PREDICTED_RESTART, PREDICTED_TOTAL
+from restart_harness.spec.keys import keys_of
 
 KINDS = ("rank", "job", "save")
 UNBOUNDED_ITERS = 1_000_000  # iters where nothing predicts the step time: the budget ends the campaign
@@ -42,12 +52,6 @@ class EndureRequest:
 def check(tokens: list[str]) -> EndureRequest:
     """Every refusal before anything is created: the run keys, the budget and the failure rate, and (from the
     harness's prediction, its low end) a budget or an MTBF in which no checkpoint could commit."""
-    from restart_harness import machine, preflight, resolve
-    from restart_harness.command import parse
-    from restart_harness.command.options import EndureOptions
-    from restart_harness.command.tokens import required
-    from restart_harness.spec.keys import keys_of
-
     given = {t.split("=", 1)[0] for t in tokens if "=" in t}
     extra = [] if "iters" in given else [f"iters={UNBOUNDED_ITERS}"]
     spec, values = parse.parse_run([*tokens, *extra], keys_of(EndureOptions))
@@ -80,8 +84,6 @@ def _estimate(plugins) -> dict | None:
     """The low ends of the predicted start-up (to the first step), step and save, or None where not predicted. With
     no storage figures (the load and the save not predicted) the start-up is its predicted phases' sum, still a low
     end: what is missing only adds."""
-    from restart_harness.predict import forecast
-
     try:
         phases = forecast.build(plugins, os.cpu_count() or 1, forecast.storage(plugins)).get("phases") or {}
     except Exception:  # noqa: BLE001 - a prediction that cannot be made refuses nothing
@@ -172,10 +174,6 @@ def _launch_once(run, record: str, failure: dict | None, deadline: float, pace: 
 
 def _campaign(run, request: EndureRequest, doc: dict, folder: Path) -> list[dict]:
     """Launches until the budget is spent; each failure recorded in doc; the launches' records returned."""
-    from restart_harness.rundir.create import port_of
-    from restart_harness.rundir.records import allocate_record, save_record
-    from restart_harness.rundir.scripts import write_launch
-
     spec, rng = run.spec, random.Random(run.spec.seed)
     start = doc["started"] = time.time()
     deadline, pace = start + request.duration_seconds, _pace(request.estimate)
@@ -243,9 +241,6 @@ def _pace(estimate: dict | None, run_dir: Path | None = None, launches: list[dic
 
 def main(request: EndureRequest) -> int:
     """The campaign into a new folder (endure.json, the campaign's run, the failure-free reference run)."""
-    from restart_harness.rundir.create import prepare
-    from restart_harness.rundir.status import set_status
-
     spec = request.plugins.spec
     folder = new_dir(spec.results_dir, "endure")
     plugins = request.plugins.with_spec(dataclasses.replace(spec, results_dir=str(folder)))
@@ -298,10 +293,6 @@ def _account(run, doc: dict, launches: list[dict]) -> None:
 def _reference(plugins, run, folder: Path) -> dict:
     """A failure-free run of the same keys to the campaign's last committed step, saving once there; every rank's
     state digests of that step compared."""
-    from restart_harness.results import finalize
-    from restart_harness.rundir.create import prepare
-    from restart_harness.rundir.records import save_record
-
     tag = run.stored.latest()
     if tag is None:
         return {"equal": False, "why": "no checkpoint was committed: there is no final state to compare"}

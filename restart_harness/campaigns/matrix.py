@@ -7,14 +7,18 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
-from restart_harness import machine
+from restart_harness import machine, preflight
 from restart_harness.campaigns import outcome
 from restart_harness.campaigns.sweep import fixed
 from restart_harness.command.options import MATRIX_STACK_CASES, MatrixOptions
+from restart_harness.command.parse import parse_run
 from restart_harness.errors import UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
+from restart_harness.files.exclusive import claim_dir
+from restart_harness.predict import fit
 from restart_harness.results.views import CheckpointView, RestartView, SaveView, SummaryView
 
 SHORT = ["iters=4", "save_interval=2", "after=1", "cache=drop"]
@@ -47,9 +51,6 @@ def engines(options: MatrixOptions) -> list[str]:
 
 def cases(options: MatrixOptions, folder: Path) -> tuple[str, list[dict]]:
     """(device, every case with its tokens, and `refused` with the reason where it cannot run on this node)."""
-    from restart_harness import preflight
-    from restart_harness.command.parse import parse_run
-
     device, gpus = device_of(options)
     model = options.model or ("1B" if device == "cuda" else "tiny")
     out = []
@@ -72,10 +73,6 @@ def cases(options: MatrixOptions, folder: Path) -> tuple[str, list[dict]]:
 def run(options: MatrixOptions, say=print) -> Path:
     """Run every case that can run here, one after another, into a new folder results_dir/matrix-<time>/: the runs
     (runs/), matrix.json (every case: tokens, refusal or exit code, figures) and the report (report/)."""
-    from datetime import datetime
-
-    from restart_harness.files.exclusive import claim_dir
-
     name = f"matrix-{datetime.now():%Y%m%d-%H%M%S}"
     device, todo = cases(options, Path(options.results_dir).expanduser().resolve() / name)
     runnable = [c for c in todo if not c["refused"]]
@@ -127,8 +124,6 @@ def run(options: MatrixOptions, say=print) -> Path:
 def calibrate_device(folder: Path, say) -> str | None:
     """A calibration of this device from the matrix's runs (folder/calibration.json): the prediction of a run on it
     then uses this device's rates (calibration=PATH) instead of another device's."""
-    from restart_harness.predict import fit
-
     try:
         path = fit.write(fit.calibrate([folder / "runs"]), folder / "calibration.json")
     except UsageError as exc:

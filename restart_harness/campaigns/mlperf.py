@@ -11,20 +11,23 @@ from pathlib import Path
 from restart_harness import machine, resolve
 from restart_harness.campaigns import outcome
 from restart_harness.campaigns.sweep import fixed, new_dir
+from restart_harness.command import parse
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
 from restart_harness.phases import say
+from restart_harness.phases.restart_only import restart_only
+from restart_harness.phases.run import discard_checkpoint
+from restart_harness.phases.run import run as run_one
+from restart_harness.plan import checkpoint
 from restart_harness.plan import mlperf as workloads
 from restart_harness.results import mlperf as metrics
 from restart_harness.schema import GIB, MLPERF, MLPERF_SCHEMA_VERSION
+from restart_harness.spec.model_shape import load_model
 
 
 def sizes() -> list[dict]:
     """Each workload: its layout, stated size, 14 bytes per parameter of the preset's shape, and DeepSpeed's exact
     checkpoint (the planner's files for the workload's layout)."""
-    from restart_harness.command import parse
-    from restart_harness.plan import checkpoint
-
     rows = []
     for w in workloads.WORKLOADS.values():
         spec = parse.parse_run([w.preset, *w.layout_tokens])[0]
@@ -74,12 +77,6 @@ def check(request) -> None:
 
 def run(request) -> Path:
     """Every run, then its reads; mlperf.json rewritten after each. Returns the folder."""
-    from restart_harness.command.parse import RestartRequest
-    from restart_harness.phases.restart_only import restart_only
-    from restart_harness.phases.run import discard_checkpoint
-    from restart_harness.phases.run import run as run_one
-    from restart_harness.spec.model_shape import load_model
-
     spec, options, w = request.spec, request.options, request.workload
     folder = new_dir(spec.results_dir, f"mlperf-{w.name}")
     record = {
@@ -109,7 +106,7 @@ def run(request) -> Path:
             write_json_atomic(folder / MLPERF, record)
             if options.reads > 1:
                 restarts = machine.complete_in_job(dataclasses.replace(one, phase="restart", repeats=options.reads - 1))
-                restart_only(RestartRequest(resolve.read(run_dir, spec=restarts), one, []))
+                restart_only(parse.RestartRequest(resolve.read(run_dir, spec=restarts), one, []))
             if not spec.keep:
                 discard_checkpoint(resolve.read(run_dir))
             record["per_run"].append(metrics.run_metrics(read_json(run_dir / "summary.json")))

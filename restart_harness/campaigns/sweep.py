@@ -11,12 +11,16 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from restart_harness import preflight
 from restart_harness.command.requests import SweepRequest
 from restart_harness.errors import RunFailed
 from restart_harness.files.atomic import write_json_atomic
 from restart_harness.files.exclusive import claim_dir
 from restart_harness.phases import say
+from restart_harness.phases.run import run as run_one
 from restart_harness.plan.estimate import duration, size_text
+from restart_harness.predict import forecast
+from restart_harness.rundir.status import observed
 from restart_harness.schema import SWEEP_SCHEMA_VERSION, count
 
 
@@ -52,9 +56,6 @@ def _bar(done: int, total: int, width: int = 20) -> str:
 def estimate(plugins) -> tuple[float | None, int]:
     """(predicted wall seconds of one run, or None; the bytes of every checkpoint it keeps), from the calibration in
     force and the planner; before anything starts. A prediction that fails is no estimate, never an error."""
-    from restart_harness import preflight
-    from restart_harness.predict import forecast
-
     if not plugins.stack.planned:
         return None, 0
     nbytes = preflight.planned_bytes(plugins)
@@ -116,9 +117,6 @@ def _announce(sweep: dict, combos: list, by_index: list) -> list[float | None]:
 
 def _run_entry(sweep_dir: Path, sweep: dict, entry: dict, combo, times) -> None:
     """One run of the sweep into its folder, its state and reason recorded; `times(done)` the progress's clock."""
-    from restart_harness.phases.run import run as run_one
-    from restart_harness.rundir.status import observed
-
     total, index = len(sweep["runs"]), entry["index"]
     label = " ".join(f"{k}={v}" for k, v in entry["combination"].items()) or "(one combination)"
     rep = f", repeat {entry['repeat']}/{entry['repeats']}" if entry["repeats"] > 1 else ""

@@ -21,6 +21,9 @@ from restart_harness.errors import RunFailed
 from restart_harness.files.atomic import read_json
 from restart_harness.files.exclusive import hold
 from restart_harness.phases import say
+from restart_harness.phases.run import discard_checkpoint
+from restart_harness.phases.run import run as run_one
+from restart_harness.rundir.status import observed
 from restart_harness.schema import STUDY
 
 
@@ -114,8 +117,6 @@ def _run_cells(study: Study) -> None:
 
 def _run_cell(study: Study, cell: Cell, option: Option) -> None:
     """The cell's run as `option` into the study's folder: its state, reason, wall seconds and attempts recorded."""
-    from restart_harness.phases.run import run as run_one
-
     cell.option, cell.state, cell.reason = option, "running", None
     campaign.write(study)
     spec = dataclasses.replace(option.plugins.spec, results_dir=str(study.folder))
@@ -144,8 +145,6 @@ def _run_cell(study: Study, cell: Cell, option: Option) -> None:
 
 
 def _observed(cell: Cell) -> str:
-    from restart_harness.rundir.status import observed
-
     state = observed(Path(cell.run_dir))["state"]
     return {"dry_run": "complete"}.get(state, state)
 
@@ -158,8 +157,6 @@ def _made_run_dir(study: Study, cell: Cell) -> None:
 
 def _discard(study: Study, cell: Cell) -> None:
     """A failed or interrupted cell's checkpoint goes too (keep=false): its records say what it was."""
-    from restart_harness.phases.run import discard_checkpoint
-
     if cell.run_dir is None or "keep=true" in study.request.run_tokens:
         return
     try:

@@ -16,10 +16,14 @@ from restart_harness.campaigns.study.cells import Cell, Option, plan_record
 from restart_harness.campaigns.sweep import clock
 from restart_harness.command.parse import StudyRequest, parse_run
 from restart_harness.errors import UsageError
+from restart_harness.files import baseline
 from restart_harness.files.fsfacts import filesystem, nearest_existing
 from restart_harness.phases import say
 from restart_harness.plan import estimate
 from restart_harness.plan.estimate import size_text
+from restart_harness.predict import features as feats
+from restart_harness.predict import fit, forecast
+from restart_harness.predict import model as prediction_model
 from restart_harness.schema import GIB
 
 SHRINKS = (2, 4, 8, 16, 32, 64)  # 64: the largest that keeps every preset's head dimension even and tp dividing FFN
@@ -39,9 +43,6 @@ def storage(request: StudyRequest, cells: list[Cell], measure: bool) -> dict:
     """The storage every prediction assumes (forecast.storage): bandwidths stated (write_gbps=, read_gbps=), else the
     baseline of where the checkpoints go: cached, or measured now (measure=True), or, for sizing before anything is
     created, an assumed one that says so."""
-    from restart_harness.files import baseline
-    from restart_harness.predict import forecast
-
     p = request.predict
     plugins = resolve.plugins(cells[0].spec)
     extra = {"metadata_ops_s": p.metadata_ops_s, "env_metadata_ops_s": p.env_metadata_ops_s}
@@ -75,10 +76,6 @@ def predict_cells(cells: list[Cell], store: dict, target: dict) -> None:
     device, and CPUs per node; a cell whose engine runs only on CUDA, for CUDA). Cells of one
     layout whose engines store DeepSpeed's files alike share one plan and one set of features (the planner's work
     is most of a study's planning: 70B at 16 ranks is ~700 files)."""
-    from restart_harness.predict import features as feats
-    from restart_harness.predict import fit, forecast
-    from restart_harness.predict import model as prediction_model
-
     shared: dict[tuple, tuple[dict, object, dict]] = {}
     calibrations: dict[str, dict] = {}
     cpus = target["cpus_per_node"]
@@ -151,8 +148,6 @@ def _ladder(cell: Cell, fidelity: str) -> list[tuple[str, int, bool]]:
 def evaluate(cell: Cell, mode: str, shrink: int, emulate: bool, sizing: Sizing) -> Option:
     """One candidate: its spec checked as a run's (preflight: the engine, the launcher, memory, the disk), its
     checkpoint bytes and estimated seconds; the reason where it cannot run here."""
-    from restart_harness.predict import forecast
-
     key = (cell.index, mode, shrink)
     if key in sizing.cache:
         return sizing.cache[key]

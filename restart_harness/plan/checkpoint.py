@@ -214,22 +214,17 @@ def emulation_streams(spec: RunSpec, streamable: bool) -> bool:
 
 def files(spec: RunSpec) -> list[PlannedFile]:
     """Every file DeepSpeed's TorchCheckpointEngine writes into the tag directory, sorted by path."""
-    planned = []
-    for r in recipes(spec):
-        saved = _saved_file(spec, r)
-        planned.append(PlannedFile(r.path, saved.bytes(), r.kind, r.writer, saved.tensor_bytes))
-    return sorted(planned, key=lambda f: f.path)
+    saved = [(r, _saved_file(spec, r)) for r in recipes(spec)]
+    return sorted((PlannedFile(r.path, s.bytes(), r.kind, r.writer, s.tensor_bytes) for r, s in saved),
+                  key=lambda f: f.path)
 
 
 def stored_files(spec: RunSpec, layout: StoredFiles) -> list[PlannedFile]:
     """files() as the run's engine stores them (layout: the engine's StoredFiles, Engine.files(): its names,
     replicas and writing ranks), sorted."""
-    planned = []
-    for r in recipes(spec):
-        saved = _saved_file(spec, r)
-        for path, rank in layout.stored(r, _rank_at(spec, r)):
-            planned.append(PlannedFile(path, saved.bytes(), r.kind, rank, saved.tensor_bytes))
-    return sorted(planned, key=lambda f: f.path)
+    saved = [(r, _saved_file(spec, r)) for r in recipes(spec)]
+    return sorted((PlannedFile(path, s.bytes(), r.kind, rank, s.tensor_bytes)
+                   for r, s in saved for path, rank in layout.stored(r, _rank_at(spec, r))), key=lambda f: f.path)
 
 
 def rank_saves(spec: RunSpec, layout: StoredFiles) -> dict[int, tuple[int, int]]:

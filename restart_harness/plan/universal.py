@@ -25,10 +25,8 @@ def _file_bytes(stem: str, storage: int) -> int:
 
 def full_params(spec: RunSpec) -> list[tuple[str, tuple[int, ...]]]:
     """(name, full shape) of every parameter, in pipeline-layer order (names as every layout names them)."""
-    out = []
-    for i, kind in enumerate(table.pipeline_layers(spec.shape)):
-        out += [(f"{i}.{p.name}", p.shape) for p in table.layer_params(spec.shape, 1, kind)]
-    return out
+    return [(f"{i}.{p.name}", p.shape) for i, kind in enumerate(table.pipeline_layers(spec.shape))
+            for p in table.layer_params(spec.shape, 1, kind)]
 
 
 def files(spec: RunSpec) -> list[checkpoint.PlannedFile]:
@@ -37,9 +35,8 @@ def files(spec: RunSpec) -> list[checkpoint.PlannedFile]:
     out = []
     for name, shape in full_params(spec):
         storage = 4 * math.prod(shape)
-        for stem in STATES:
-            out.append(checkpoint.PlannedFile(f"zero/{name}/{stem}.pt", _file_bytes(stem, storage), "universal", -1,
-                                              storage))
+        out += [checkpoint.PlannedFile(f"zero/{name}/{stem}.pt", _file_bytes(stem, storage), "universal", -1, storage)
+                for stem in STATES]
         if spec.zero < 3:  # ZeRO-3's conversion keeps Adam's step in optimizer_state.pt only
             out.append(checkpoint.PlannedFile(f"zero/{name}/step.pt", _file_bytes("step", 4), "universal", -1, 4))
     if spec.zero < 3:

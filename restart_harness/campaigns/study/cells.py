@@ -118,10 +118,9 @@ def kind_of(tp: int, pp: int, dp: int) -> str:
 
 
 def auto_layouts(shape, gpus: int, per_node: int, vocab: str) -> tuple[list[Layout], list[Layout]]:
-    """(the named ones, the others) for this many GPUs, before the GPUs' memory is considered. Named: pure data,
-    tensor and pipeline parallel, tensor x pipeline, and all three, in that order; tensor parallel within a node (a
-    power of two dividing heads, kv heads, FFN, vocabulary), pipeline stages of equal layers, data parallel filling
-    the rest. The others: every other such layout, data parallel 1 first."""
+    """(the named ones, the others) for this many GPUs, before the GPUs' memory is considered (docs/study.md#the-cells):
+    named, pure data, tensor and pipeline parallel, tensor x pipeline, and all three; the others, data parallel 1
+    first."""
     tps = [t for t in (1 << i for i in range(min(gpus, per_node).bit_length()))
            if gpus % t == 0 and tp_refusal(shape, t, vocab) is None]
     pps = [p for p in range(1, gpus + 1) if gpus % p == 0 and pp_refusal(shape, p) is None]

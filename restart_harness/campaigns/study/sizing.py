@@ -258,10 +258,9 @@ def priority(cells: list[Cell]) -> tuple[list[Cell], list[Cell]]:
 
 
 def next_option(cell: Cell, later: list[Cell] | None, time_left: float, sizing: Sizing) -> Option:
-    """A cell's option now. A coverage cell (later: the coverage cells after it) may take its cheapest option plus an
-    equal share of the time the coverage cells' cheapest runs leave (the time for those after it that fit kept for
-    them): each model and engine gets a run before any gets a faithful one. After the coverage (later None), the
-    cheapest that fits what is left. A named fidelity takes that, whatever the time."""
+    """A cell's option now (docs/study.md#sized-before-it-starts): a coverage cell (later: the coverage cells after
+    it) its cheapest option plus an equal share of the time their cheapest runs leave; after the coverage (later
+    None), the cheapest that fits what is left; a named fidelity, that one, whatever the time."""
     if sizing.fidelity != "auto":
         return choose(cell, math.inf, sizing)
     if later is None:

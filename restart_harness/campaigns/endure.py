@@ -1,32 +1,39 @@
 """`./submit-job.sh endure MODEL [run keys] duration=10m mtbf=90s [failures=rank,job,save]`: a failure campaign on
-real processes. One run trains for a wall-clock budget while failures arrive at exponential times (mean mtbf, drawn
-from seed=, each recorded); a failure kills one rank (SIGKILL), the whole job (its launch's session), or a rank
-inside a save (RH_FAULT kill@save at the first save after the drawn time), in turn. After each, the run restarts
-from its last committed checkpoint as a scheduler would (a restart launch that loads, verifies and trains on,
-saving: worker --train-on), and the restart's time counts. At the end: goodput and badput by category
-and the model's goodput at the campaign's measured costs beside it (results/goodput.py), and the final state against
-a failure-free run's of the same seed and step count (their digests), in endure.json."""
+real processes, failures at exponential times killing a rank, the job or a save, each followed by a restart from the
+last committed checkpoint; goodput and badput, the model's beside them, and the final state against a failure-free
+run's, in endure.json (docs/goodput.md)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import random
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
 
+from restart_harness import machine, preflight, resolve
 from restart_harness.campaigns.sweep import new_dir
+from restart_harness.command import parse
+from restart_harness.command.options import EndureOptions
+from restart_harness.command.tokens import required
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
+from restart_harness.phases import say
 from restart_harness.phases.processes import launch
+from restart_harness.predict import forecast
 from restart_harness.results import events as ev
-from restart_harness.results import goodput
+from restart_harness.results import finalize, goodput
 from restart_harness.results.prediction import other_work
+from restart_harness.rundir.create import port_of, prepare
+from restart_harness.rundir.records import allocate_record, save_record
+from restart_harness.rundir.scripts import write_launch
+from restart_harness.rundir.status import set_status
 from restart_harness.schema import BADPUT_BUCKETS, ENDURE_SCHEMA_VERSION, PREDICTED_RESTART, PREDICTED_TOTAL
+from restart_harness.spec.keys import keys_of
 
 KINDS = ("rank", "job", "save")
 UNBOUNDED_ITERS = 1_000_000  # iters where nothing predicts the step time: the budget ends the campaign
@@ -45,12 +52,6 @@ class EndureRequest:
 def check(tokens: list[str]) -> EndureRequest:
     """Every refusal before anything is created: the run keys, the budget and the failure rate, and (from the
     harness's prediction, its low end) a budget or an MTBF in which no checkpoint could commit."""
-    from restart_harness import machine, preflight, resolve
-    from restart_harness.command import parse
-    from restart_harness.command.options import EndureOptions
-    from restart_harness.command.tokens import required
-    from restart_harness.spec.keys import keys_of
-
     given = {t.split("=", 1)[0] for t in tokens if "=" in t}
     extra = [] if "iters" in given else [f"iters={UNBOUNDED_ITERS}"]
     spec, values = parse.parse_run([*tokens, *extra], keys_of(EndureOptions))
@@ -83,8 +84,6 @@ def _estimate(plugins) -> dict | None:
     """The low ends of the predicted start-up (to the first step), step and save, or None where not predicted. With
     no storage figures (the load and the save not predicted) the start-up is its predicted phases' sum, still a low
     end: what is missing only adds."""
-    from restart_harness.predict import forecast
-
     try:
         phases = forecast.build(plugins, os.cpu_count() or 1, forecast.storage(plugins)).get("phases") or {}
     except Exception:  # noqa: BLE001 - a prediction that cannot be made refuses nothing
@@ -127,11 +126,9 @@ def _kill_rank(run_dir: Path, record: str, rank: int, fired: list) -> None:
         pid = next((e["pid"] for e in ev.read_record(run_dir, record).get(rank, []) if e["event"] == "process"),
                    None) if path.is_file() else None
         if pid:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
                 fired.append(time.time())
-            except ProcessLookupError:
-                pass
             return
         time.sleep(0.05)
 
@@ -177,10 +174,6 @@ def _launch_once(run, record: str, failure: dict | None, deadline: float, pace: 
 
 def _campaign(run, request: EndureRequest, doc: dict, folder: Path) -> list[dict]:
     """Launches until the budget is spent; each failure recorded in doc; the launches' records returned."""
-    from restart_harness.rundir.create import port_of
-    from restart_harness.rundir.records import allocate_record, save_record
-    from restart_harness.rundir.scripts import write_launch
-
     spec, rng = run.spec, random.Random(run.spec.seed)
     start = doc["started"] = time.time()
     deadline, pace = start + request.duration_seconds, _pace(request.estimate)
@@ -246,15 +239,8 @@ def _pace(estimate: dict | None, run_dir: Path | None = None, launches: list[dic
     return pace
 
 
-def say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
 def main(request: EndureRequest) -> int:
     """The campaign into a new folder (endure.json, the campaign's run, the failure-free reference run)."""
-    from restart_harness.rundir.create import prepare
-    from restart_harness.rundir.status import set_status
-
     spec = request.plugins.spec
     folder = new_dir(spec.results_dir, "endure")
     plugins = request.plugins.with_spec(dataclasses.replace(spec, results_dir=str(folder)))
@@ -307,10 +293,6 @@ def _account(run, doc: dict, launches: list[dict]) -> None:
 def _reference(plugins, run, folder: Path) -> dict:
     """A failure-free run of the same keys to the campaign's last committed step, saving once there; every rank's
     state digests of that step compared."""
-    from restart_harness.results import finalize
-    from restart_harness.rundir.create import prepare
-    from restart_harness.rundir.records import save_record
-
     tag = run.stored.latest()
     if tag is None:
         return {"equal": False, "why": "no checkpoint was committed: there is no final state to compare"}

@@ -1,24 +1,24 @@
-"""`matrix`: the check to run on a GPU node before trusting it with real runs. Every engine (and stack=fsdp2 with DCP,
-case `fsdp2-dcp`) at a few layouts that fit the node, each checkpointed, restarted cold in fresh processes and verified, then one table and the report. What
-cannot run on the node is listed with the reason (the same one-line refusal a run would get), not skipped silently.
-
-On CUDA the model is 1B by default (real NCCL, bf16 on the devices, device-side digests); on a CPU machine it is the
-CPU subset: tiny at dp=2 and tp=2 pp=2. Each case is a separate run of the ordinary command (its own run directory
-under results_dir), so a failure in one does not stop the others.
-"""
+"""`matrix`: the check to run on a GPU node before trusting it with real runs: every engine (and the `fsdp2-dcp`
+case) at the layouts that fit the node, each an ordinary run (checkpointed, restarted cold, verified), what cannot run
+listed with its one-line reason; then one table and the report (docs/clusters.md#the-check-matrix)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
-from restart_harness import machine
+from restart_harness import machine, preflight
 from restart_harness.campaigns import outcome
+from restart_harness.campaigns.sweep import fixed
 from restart_harness.command.options import MATRIX_STACK_CASES, MatrixOptions
+from restart_harness.command.parse import parse_run
 from restart_harness.errors import UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
+from restart_harness.files.exclusive import claim_dir
+from restart_harness.predict import fit
 from restart_harness.results.views import CheckpointView, RestartView, SaveView, SummaryView
 
 SHORT = ["iters=4", "save_interval=2", "after=1", "cache=drop"]
@@ -38,13 +38,7 @@ def layouts(options: MatrixOptions, device: str, gpus: int) -> list[tuple[int, i
         return [tuple(int(x[2:]) for x in layout.split("-")) for layout in options.layouts.split(",")]
     if device == "cpu":
         return [(1, 1, 2), (2, 2, 1)]
-    out = [(1, 1, gpus)]
-    if gpus >= 2:
-        out.append((2, 1, gpus // 2))
-        out.append((1, 2, gpus // 2))
-    if gpus >= 4:
-        out.append((2, 2, gpus // 4))
-    return out
+    return [(tp, pp, gpus // (tp * pp)) for tp, pp in ((1, 1), (2, 1), (1, 2), (2, 2)) if tp * pp <= gpus]
 
 
 def engines(options: MatrixOptions) -> list[str]:
@@ -57,9 +51,6 @@ def engines(options: MatrixOptions) -> list[str]:
 
 def cases(options: MatrixOptions, folder: Path) -> tuple[str, list[dict]]:
     """(device, every case with its tokens, and `refused` with the reason where it cannot run on this node)."""
-    from restart_harness import preflight
-    from restart_harness.command.parse import parse_run
-
     device, gpus = device_of(options)
     model = options.model or ("1B" if device == "cuda" else "tiny")
     out = []
@@ -82,15 +73,12 @@ def cases(options: MatrixOptions, folder: Path) -> tuple[str, list[dict]]:
 def run(options: MatrixOptions, say=print) -> Path:
     """Run every case that can run here, one after another, into a new folder results_dir/matrix-<time>/: the runs
     (runs/), matrix.json (every case: tokens, refusal or exit code, figures) and the report (report/)."""
-    from datetime import datetime
-
-    from restart_harness.files.exclusive import claim_dir
-
     name = f"matrix-{datetime.now():%Y%m%d-%H%M%S}"
     device, todo = cases(options, Path(options.results_dir).expanduser().resolve() / name)
     runnable = [c for c in todo if not c["refused"]]
     if todo:  # nothing made yet: a matrix none of whose cases can run is refused, as one run would be
-        outcome.something_runs(f"matrix {_asked(options)}", len(todo), len(runnable), todo[0]["refused"],
+        outcome.something_runs(f"matrix layouts={options.layouts} engines={options.engines}", len(todo),
+                               len(runnable), todo[0]["refused"],
                                "layouts and engines this node can run (layouts=auto, engines=all)", "cases")
     folder = claim_dir(Path(options.results_dir), name)
     for case in todo:  # the folder as made (a second matrix in the same second gets name-2)
@@ -136,8 +124,6 @@ def run(options: MatrixOptions, say=print) -> Path:
 def calibrate_device(folder: Path, say) -> str | None:
     """A calibration of this device from the matrix's runs (folder/calibration.json): the prediction of a run on it
     then uses this device's rates (calibration=PATH) instead of another device's."""
-    from restart_harness.predict import fit
-
     try:
         path = fit.write(fit.calibrate([folder / "runs"]), folder / "calibration.json")
     except UsageError as exc:
@@ -160,9 +146,6 @@ def _figures(run_dir: Path | None) -> dict:
 
 
 def render(record: dict) -> str:
-    def f(v, d=3):
-        return "-" if v is None else f"{v:.{d}f}"
-
     lines = [f"matrix on {record['device']}",
              (f"{'case':<34} {'result':<10} {'blocking s':>10} {'durable s':>10} {'load s':>8} {'load MiB/s':>10} "
              f"{'restart s':>9}")]
@@ -171,9 +154,9 @@ def render(record: dict) -> str:
             lines.append(f"{c['name']:<34} refused    {c['refused']}")
             continue
         result = _result(c)
-        lines.append(f"{c['name']:<34} {result:<10} {f(c.get('blocking_seconds')):>10} "
-                     f"{f(c.get('durable_seconds')):>10} {f(c.get('load_seconds')):>8} "
-                     f"{f(c.get('load_mib_s'), 1):>10} {f(c.get('restart_seconds'), 2):>9}"
+        lines.append(f"{c['name']:<34} {result:<10} {fixed(c.get('blocking_seconds')):>10} "
+                     f"{fixed(c.get('durable_seconds')):>10} {fixed(c.get('load_seconds')):>8} "
+                     f"{fixed(c.get('load_mib_s'), 1):>10} {fixed(c.get('restart_seconds'), 2):>9}"
                      + (f"  {c['error']}" if c.get("error") else ""))
     return "\n".join(lines)
 
@@ -187,7 +170,3 @@ def exit_code(folder: Path) -> int:
     node cannot run is listed with its reason: planned, not failed)."""
     return outcome.exit_code("planned" if c["refused"] else "complete" if c.get("verified") else "failed"
                              for c in read_json(folder / "matrix.json")["cases"])
-
-
-def _asked(options: MatrixOptions) -> str:
-    return f"layouts={options.layouts} engines={options.engines}"

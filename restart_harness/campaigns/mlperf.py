@@ -1,38 +1,33 @@
 """`./submit-job.sh mlperf WORKLOAD [runs=N] [checkpoints=N] [reads=N] [shrink=K] [run keys]`: an MLPerf Storage
-v2.0 checkpoint workload through the harness, with MLPerf's metrics beside the harness's own.
-
-Each MLPerf run is one harness run of the workload's preset, DeepSpeed layout and ZeRO stage with emulate=true
-(DeepSpeed 0.19.8's own files, exact, from the planner; no GPU needed): `checkpoints` checkpoints written one after
-another (every file fsync'd, then `latest` committed), then `reads` reads of the latest checkpoint, each a restart
-in fresh processes after its pages were dropped from the page cache (MLPerf clears the cache before its reads)
-and verified tensor by tensor. The runs go into one folder, `<results_dir>/mlperf-<workload>-<time>/`, with
-`mlperf.json` (results/mlperf.py defines each figure). A scaled-down workload (shrink=K) says so in every output.
-"""
+v2.0 checkpoint workload through the harness (emulate=true: DeepSpeed's own files), MLPerf's metrics beside the
+harness's own, into `<results_dir>/mlperf-<workload>-<time>/mlperf.json` (docs/mlperf.md)."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from datetime import datetime
 from pathlib import Path
 
 from restart_harness import machine, resolve
 from restart_harness.campaigns import outcome
+from restart_harness.campaigns.sweep import fixed, new_dir
+from restart_harness.command import parse
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
-from restart_harness.files.exclusive import claim_dir
 from restart_harness.phases import say
+from restart_harness.phases.restart_only import restart_only
+from restart_harness.phases.run import discard_checkpoint
+from restart_harness.phases.run import run as run_one
+from restart_harness.plan import checkpoint
 from restart_harness.plan import mlperf as workloads
 from restart_harness.results import mlperf as metrics
 from restart_harness.schema import GIB, MLPERF, MLPERF_SCHEMA_VERSION
+from restart_harness.spec.model_shape import load_model
 
 
 def sizes() -> list[dict]:
     """Each workload: its layout, stated size, 14 bytes per parameter of the preset's shape, and DeepSpeed's exact
     checkpoint (the planner's files for the workload's layout)."""
-    from restart_harness.command import parse
-    from restart_harness.plan import checkpoint
-
     rows = []
     for w in workloads.WORKLOADS.values():
         spec = parse.parse_run([w.preset, *w.layout_tokens])[0]
@@ -80,41 +75,28 @@ def check(request) -> None:
                          "launcher=local|torchrun")
 
 
-def describe(request) -> dict:
-    from restart_harness.spec.model_shape import load_model
-
-    w, spec = request.workload, request.spec
-    return {
-        "workload": w.name, "preset": w.preset, "ranks": w.ranks, "tp": w.tp, "pp": w.pp, "dp": w.dp, "zero": w.zero,
-        "stated_checkpoint": w.stated,
-        "scaled_down": spec.shrink > 1, "shrink": spec.shrink,
-        "subset": spec.subset, "launched_ranks": spec.launched_ranks,
-        "parameters": spec.shape.num_parameters(), "workload_parameters": load_model(w.preset)[0].num_parameters(),
-        "runs": request.options.runs, "checkpoints": request.options.checkpoints, "reads": request.options.reads,
-        "emulated": True, "engine": spec.engine, "fsync": "every file, before the checkpoint counts as written",
-        "cache": "dropped before every read (each read a restart in fresh processes)",
-        "rules": RULES,
-    }
-
-
 def run(request) -> Path:
     """Every run, then its reads; mlperf.json rewritten after each. Returns the folder."""
-    from restart_harness.command.parse import RestartRequest
-    from restart_harness.phases.restart_only import restart_only
-    from restart_harness.phases.run import discard_checkpoint
-    from restart_harness.phases.run import run as run_one
-
     spec, options, w = request.spec, request.options, request.workload
-    folder = claim_dir(Path(spec.results_dir), f"mlperf-{w.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}")
-    record = {"schema_version": MLPERF_SCHEMA_VERSION, "command": ["mlperf", w.name, *request.tokens],
-              "state": "running", "started": time.time(), "finished": None, **describe(request),
-              "run_dirs": [], "per_run": [], "overall": None}
+    folder = new_dir(spec.results_dir, f"mlperf-{w.name}")
+    record = {
+        "schema_version": MLPERF_SCHEMA_VERSION, "command": ["mlperf", w.name, *request.tokens],
+        "state": "running", "started": time.time(), "finished": None,
+        "workload": w.name, "preset": w.preset, "ranks": w.ranks, "tp": w.tp, "pp": w.pp, "dp": w.dp, "zero": w.zero,
+        "stated_checkpoint": w.stated, "scaled_down": spec.shrink > 1, "shrink": spec.shrink, "subset": spec.subset,
+        "launched_ranks": spec.launched_ranks, "parameters": spec.shape.num_parameters(),
+        "workload_parameters": load_model(w.preset)[0].num_parameters(), "runs": options.runs,
+        "checkpoints": options.checkpoints, "reads": options.reads, "emulated": True, "engine": spec.engine,
+        "fsync": "every file, before the checkpoint counts as written",
+        "cache": "dropped before every read (each read a restart in fresh processes)",
+        "rules": RULES, "run_dirs": [], "per_run": [], "overall": None,
+    }
     write_json_atomic(folder / MLPERF, record)
     scaled = f", SCALED DOWN shrink={spec.shrink}" if spec.shrink > 1 else ""
     subset = f" (subset: the first {spec.launched_ranks} here)" if spec.subset else ""
     say(f"mlperf {w.name}{scaled}: {options.runs} run(s) x ({options.checkpoints} checkpoint writes, "
-               f"{options.reads} cold reads), {w.ranks} ranks{subset} TPxPPxDP {w.tp}x{w.pp}x{w.dp} "
-               f"ZeRO-{w.zero}, emulated; into {folder}")
+        f"{options.reads} cold reads), {w.ranks} ranks{subset} TPxPPxDP {w.tp}x{w.pp}x{w.dp} "
+        f"ZeRO-{w.zero}, emulated; into {folder}")
     try:
         for n in range(1, options.runs + 1):
             say(f"[mlperf run {n}/{options.runs}]")
@@ -124,7 +106,7 @@ def run(request) -> Path:
             write_json_atomic(folder / MLPERF, record)
             if options.reads > 1:
                 restarts = machine.complete_in_job(dataclasses.replace(one, phase="restart", repeats=options.reads - 1))
-                restart_only(RestartRequest(resolve.read(run_dir, spec=restarts), one, []))
+                restart_only(parse.RestartRequest(resolve.read(run_dir, spec=restarts), one, []))
             if not spec.keep:
                 discard_checkpoint(resolve.read(run_dir))
             record["per_run"].append(metrics.run_metrics(read_json(run_dir / "summary.json")))
@@ -140,10 +122,6 @@ def run(request) -> Path:
     return folder
 
 
-def _f(value, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
 def render(record: dict) -> str:
     """MLPerf's four figures (mean over runs, with min-max), then the harness's own per run."""
     o = record["overall"] or {}
@@ -157,28 +135,26 @@ def render(record: dict) -> str:
     if record.get("subset"):
         lines.append(f"  SUBSET (MLPerf's subset mode): ranks 0-{record['launched_ranks'] - 1} of {record['ranks']} "
                      "ran on this host, writing and reading their own files of the checkpoint only")
-    lines += [
-             (f"  {o.get('runs', 0)} run(s) of {record['checkpoints']} writes and {record['reads']} cold reads; "
-             f"state {record['state']}"),
-             "",
-             f"{'MLPerf metric (mean over runs)':<34} {'mean':>10} {'min':>10} {'max':>10}"]
+    lines += [(f"  {o.get('runs', 0)} run(s) of {record['checkpoints']} writes and {record['reads']} cold reads; "
+               f"state {record['state']}"), "",
+              f"{'MLPerf metric (mean over runs)':<34} {'mean':>10} {'min':>10} {'max':>10}"]
     for name, label in (("save_duration_seconds", "checkpoint save duration (s)"),
                         ("save_throughput_gib_s", "checkpoint save throughput (GiB/s)"),
                         ("load_duration_seconds", "checkpoint load duration (s)"),
                         ("load_throughput_gib_s", "checkpoint load throughput (GiB/s)")):
-        lines.append(f"{label:<34} {_f(o.get(name)):>10} {_f(o.get(name + '_min')):>10} "
-                     f"{_f(o.get(name + '_max')):>10}")
+        lines.append(f"{label:<34} {fixed(o.get(name)):>10} {fixed(o.get(name + '_min')):>10} "
+                     f"{fixed(o.get(name + '_max')):>10}")
     lines += ["", "per run (harness figures: medians over the run's saves and restarts)",
               (f"{'run':<4} {'checkpoint':>12} {'save s':>8} {'GiB/s':>8} {'load s':>8} {'GiB/s':>8} "
               f"{'blocking':>9} {'durable':>8} {'commit':>8} {'restart':>8}  cache")]
     for i, r in enumerate(record["per_run"], 1):
         h = r["harness"]
         size = r["writes"][-1]["bytes"] / GIB if r["writes"] else None
-        lines.append(f"{i:<4} {_f(size, 4):>8} GiB {_f(r['save_duration_seconds']):>8} "
-                     f"{_f(r['save_throughput_gib_s']):>8} {_f(r['load_duration_seconds']):>8} "
-                     f"{_f(r['load_throughput_gib_s']):>8} {_f(h['save_blocking_seconds_median']):>9} "
-                     f"{_f(h['save_durable_seconds_median']):>8} {_f(h['save_commit_seconds_median']):>8} "
-                     f"{_f(h['restart_total_seconds_median']):>8}  {','.join(h['cache_observed']) or '-'}")
+        lines.append(f"{i:<4} {fixed(size, 4):>8} GiB {fixed(r['save_duration_seconds']):>8} "
+                     f"{fixed(r['save_throughput_gib_s']):>8} {fixed(r['load_duration_seconds']):>8} "
+                     f"{fixed(r['load_throughput_gib_s']):>8} {fixed(h['save_blocking_seconds_median']):>9} "
+                     f"{fixed(h['save_durable_seconds_median']):>8} {fixed(h['save_commit_seconds_median']):>8} "
+                     f"{fixed(h['restart_total_seconds_median']):>8}  {','.join(h['cache_observed']) or '-'}")
     lines += ["", (f"definitions: {record['rules']}; save = until every file is fsync'd (durable), load = inside "
                   "the engine's load calls; harness restart = process start to checkpoint loaded (docs/mlperf.md)")]
     return "\n".join(lines)

@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
+from restart_harness import preflight
 from restart_harness.command.requests import SweepRequest
 from restart_harness.errors import RunFailed
 from restart_harness.files.atomic import write_json_atomic
 from restart_harness.files.exclusive import claim_dir
+from restart_harness.phases import say
+from restart_harness.phases.run import run as run_one
 from restart_harness.plan.estimate import duration, size_text
+from restart_harness.predict import forecast
+from restart_harness.rundir.status import observed
 from restart_harness.schema import SWEEP_SCHEMA_VERSION, count
 
 
@@ -34,6 +38,16 @@ def made_run_dir(folder: Path, index: int) -> str | None:
     return str(made[-1]) if made else None
 
 
+def clock(seconds: float) -> str:
+    """plan/estimate.py's duration, without a ".0": "2 min", "10.5 h"."""
+    return duration(seconds).replace(".0 ", " ")
+
+
+def fixed(value: float | None, digits: int = 3) -> str:
+    """A table's figure to `digits` decimals; "-" where there is none."""
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
 def _bar(done: int, total: int, width: int = 20) -> str:
     filled = round(width * done / total)
     return "#" * filled + "." * (width - filled)
@@ -42,9 +56,6 @@ def _bar(done: int, total: int, width: int = 20) -> str:
 def estimate(plugins) -> tuple[float | None, int]:
     """(predicted wall seconds of one run, or None; the bytes of every checkpoint it keeps), from the calibration in
     force and the planner; before anything starts. A prediction that fails is no estimate, never an error."""
-    from restart_harness import preflight
-    from restart_harness.predict import forecast
-
     if not plugins.stack.planned:
         return None, 0
     nbytes = preflight.planned_bytes(plugins)
@@ -55,24 +66,18 @@ def estimate(plugins) -> tuple[float | None, int]:
         return None, nbytes
 
 
-def _clock(seconds: float) -> str:
-    return duration(seconds).replace(".0 ", " ")
-
-
 def run(request: SweepRequest) -> Path:
     """Run every combination x repeat in order into one sweep folder; returns it. Never stops on a failure."""
     combos = request.combos
     sweep_dir = new_dir(combos[0].spec.results_dir, "sweep")
-    runs = []
-    for combo in combos:
-        for rep in range(1, combo.spec.repeats + 1):
-            runs.append({"index": len(runs) + 1, "combination": combo.values, "repeat": rep,
-                         "repeats": combo.spec.repeats, "command": combo.tokens, "run_dir": None,
-                         "state": "pending", "reason": None})
+    repeats = [(combo, rep) for combo in combos for rep in range(1, combo.spec.repeats + 1)]
+    runs = [{"index": i, "combination": combo.values, "repeat": rep, "repeats": combo.spec.repeats,
+             "command": combo.tokens, "run_dir": None, "state": "pending", "reason": None}
+            for i, (combo, rep) in enumerate(repeats, 1)]
     sweep = {"schema_version": SWEEP_SCHEMA_VERSION, "sweep_id": sweep_dir.name, "command": request.tokens,
              "lists": request.lists, "state": "running", "started": time.time(), "finished": None, "runs": runs}
     write_json_atomic(sweep_dir / "sweep.json", sweep)
-    by_index = [combo for combo in combos for _ in range(combo.spec.repeats)]
+    by_index = [combo for combo, _ in repeats]
     predicted = _announce(sweep, combos, by_index)
     started = time.time()
     try:
@@ -100,11 +105,11 @@ def _announce(sweep: dict, combos: list, by_index: list) -> list[float | None]:
     predicted = [guesses[id(c)][0] for c in by_index]
     nbytes = sum(guesses[id(c)][1] for c in by_index)
     known = [p for p in predicted if p is not None]
-    said = (f"about {_clock(sum(known))}" + (f" for the {count(len(known), 'run')} predicted" if len(known) < total else "")
+    said = (f"about {clock(sum(known))}" + (f" for the {count(len(known), 'run')} predicted" if len(known) < total else "")
             + f" (calibration {combos[0].spec.calibration})") if known else "no time estimate (nothing predicted)"
     dry = (f"{count(total, 'dry run')}, nothing launched; run for real they would take" if combos[0].spec.dry_run
            else f"{count(total, 'run')}:")
-    print(f"[sweep] {dry} {said}; {size_text(nbytes)} of checkpoints kept", file=sys.stderr, flush=True)
+    say(f"[sweep] {dry} {said}; {size_text(nbytes)} of checkpoints kept")
     sweep["estimate"] = {"wall_seconds": round(sum(known), 1) if known else None, "runs_predicted": len(known),
                          "checkpoint_bytes": nbytes}
     return predicted
@@ -112,14 +117,10 @@ def _announce(sweep: dict, combos: list, by_index: list) -> list[float | None]:
 
 def _run_entry(sweep_dir: Path, sweep: dict, entry: dict, combo, times) -> None:
     """One run of the sweep into its folder, its state and reason recorded; `times(done)` the progress's clock."""
-    from restart_harness.phases.run import run as run_one
-    from restart_harness.rundir.status import observed
-
     total, index = len(sweep["runs"]), entry["index"]
     label = " ".join(f"{k}={v}" for k, v in entry["combination"].items()) or "(one combination)"
     rep = f", repeat {entry['repeat']}/{entry['repeats']}" if entry["repeats"] > 1 else ""
-    print(f"[sweep {index}/{total} {_bar(index - 1, total)}] {label}{rep}" + times(index - 1), file=sys.stderr,
-          flush=True)
+    say(f"[sweep {index}/{total} {_bar(index - 1, total)}] {label}{rep}" + times(index - 1))
     entry["state"] = "running"
     write_json_atomic(sweep_dir / "sweep.json", sweep)
     plugins = combo.plugins.with_spec(dataclasses.replace(combo.spec, results_dir=str(sweep_dir)))
@@ -132,8 +133,8 @@ def _run_entry(sweep_dir: Path, sweep: dict, entry: dict, combo, times) -> None:
         entry["state"], entry["reason"] = "failed", f"{type(exc).__name__}: {exc}"
     entry["run_dir"] = entry["run_dir"] or made_run_dir(sweep_dir, index)
     write_json_atomic(sweep_dir / "sweep.json", sweep)
-    print(f"[sweep {index}/{total} {_bar(index, total)}] {entry['state']}"
-          + (f": {entry['reason']}" if entry["reason"] else "") + times(index), file=sys.stderr, flush=True)
+    say(f"[sweep {index}/{total} {_bar(index, total)}] {entry['state']}"
+        + (f": {entry['reason']}" if entry["reason"] else "") + times(index))
 
 
 def _times(started: float, done: int, predicted: list[float | None]) -> str:
@@ -141,13 +142,10 @@ def _times(started: float, done: int, predicted: list[float | None]) -> str:
     else from the prediction."""
     elapsed = time.time() - started
     left = len(predicted) - done
-    if done:
-        remaining = elapsed / done * left
-    elif all(p is not None for p in predicted):
-        remaining = sum(predicted)
-    else:
-        return f"; elapsed {_clock(elapsed)}"
-    return f"; elapsed {_clock(elapsed)}, ~{_clock(remaining)} left" if left else f"; elapsed {_clock(elapsed)}"
+    said = f"; elapsed {clock(elapsed)}"
+    if not left or (not done and None in predicted):
+        return said
+    return f"{said}, ~{clock(elapsed / done * left if done else sum(predicted))} left"
 
 
 def render(sweep: dict) -> str:

@@ -1,6 +1,7 @@
 """RunSpec -> every file of one checkpoint (path, bytes, writing rank, kind) and what each rank reads back at a
 restart, from the parameter table the worker builds its model from (restart_harness/spec/parameters.py) and
-DeepSpeed's placement rules (restart_harness/plan/rules.py). No torch, no DeepSpeed import."""
+DeepSpeed's placement rules (restart_harness/plan/rules.py); each file's bytes: its storages exactly, torch.save's
+pickle and zip estimated (docs/planner.md). No torch, no DeepSpeed import."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from restart_harness.plan import rules
-from restart_harness.plan.torch_save import SavedFile
 from restart_harness.spec import parameters as table
 from restart_harness.spec.runspec import RunSpec
 
@@ -21,6 +21,47 @@ class StoredFiles(Protocol):
     def stored(self, recipe, rank_of) -> list[tuple[str, int]]: ...
 
     def restart_read_bytes(self, path: str, nbytes: int, dp_rank: int) -> int: ...
+
+
+# Names of the entries torch.save writes besides the storages (data/0, data/1, ...), under "<file stem>/".
+_META_ENTRIES = ("data.pkl", ".format_version", ".storage_alignment", "byteorder", "version", ".data/serialization_id")
+_ENTRY_FIXED_BYTES = 30 + 46 + 62  # local header + central directory record + mean alignment padding
+_END_RECORD_BYTES = 22
+
+# Pickle bytes: base per file kind, and per name (added to the name's length). Calibrated on tiny runs
+# (tests/test_planner.py checks the whole estimate against real files of three layouts); ZeRO-3's model files (a
+# placeholder, its own empty storage and its shape per parameter) on tiny and llama3-8B shrink=64, 4 and 32 layers
+# (tests/test_mlperf.py checks the latter's files).
+PICKLE_BASE = {"layer_states": 100, "model_states_pipe": 800, "model_states": 6700, "optimizer_states": 1450,
+               "model_states_zero3": 1020, "optimizer_states_zero3": 1500}
+PICKLE_PER_NAME = {"layer_states": 62, "model_states_pipe": 30, "model_states": 40, "optimizer_states": 40,
+                   "model_states_zero3": 186, "optimizer_states_zero3": 0}
+
+
+@dataclass(frozen=True)
+class SavedFile:
+    """What goes into one torch.save call: storage sizes (exact) and the names the pickle will hold."""
+
+    stem: str  # file name without ".pt": torch uses it as the archive's top folder
+    storage_bytes: tuple[int, ...]
+    pickle_kind: str  # key of PICKLE_BASE
+    names: tuple[str, ...] = ()
+
+    @property
+    def tensor_bytes(self) -> int:
+        return sum(self.storage_bytes)
+
+    def zip_bytes(self) -> int:
+        entries = list(_META_ENTRIES) + [f"data/{i}" for i in range(len(self.storage_bytes))]
+        return _END_RECORD_BYTES + sum(_ENTRY_FIXED_BYTES + 2 * len(f"{self.stem}/{e}") for e in entries)
+
+    def pickle_bytes(self) -> int:
+        per = PICKLE_PER_NAME[self.pickle_kind]
+        return PICKLE_BASE[self.pickle_kind] + sum(len(n) + per for n in self.names)
+
+    def bytes(self) -> int:
+        """Predicted file size: exact storages + estimated pickle and zip structure."""
+        return self.tensor_bytes + self.pickle_bytes() + self.zip_bytes()
 
 
 ELEMENT_BYTES = {"bf16": 2, "fp32": 4}
@@ -173,22 +214,17 @@ def emulation_streams(spec: RunSpec, streamable: bool) -> bool:
 
 def files(spec: RunSpec) -> list[PlannedFile]:
     """Every file DeepSpeed's TorchCheckpointEngine writes into the tag directory, sorted by path."""
-    planned = []
-    for r in recipes(spec):
-        saved = _saved_file(spec, r)
-        planned.append(PlannedFile(r.path, saved.bytes(), r.kind, r.writer, saved.tensor_bytes))
-    return sorted(planned, key=lambda f: f.path)
+    saved = [(r, _saved_file(spec, r)) for r in recipes(spec)]
+    return sorted((PlannedFile(r.path, s.bytes(), r.kind, r.writer, s.tensor_bytes) for r, s in saved),
+                  key=lambda f: f.path)
 
 
 def stored_files(spec: RunSpec, layout: StoredFiles) -> list[PlannedFile]:
     """files() as the run's engine stores them (layout: the engine's StoredFiles, Engine.files(): its names,
     replicas and writing ranks), sorted."""
-    planned = []
-    for r in recipes(spec):
-        saved = _saved_file(spec, r)
-        for path, rank in layout.stored(r, _rank_at(spec, r)):
-            planned.append(PlannedFile(path, saved.bytes(), r.kind, rank, saved.tensor_bytes))
-    return sorted(planned, key=lambda f: f.path)
+    saved = [(r, _saved_file(spec, r)) for r in recipes(spec)]
+    return sorted((PlannedFile(path, s.bytes(), r.kind, rank, s.tensor_bytes)
+                   for r, s in saved for path, rank in layout.stored(r, _rank_at(spec, r))), key=lambda f: f.path)
 
 
 def rank_saves(spec: RunSpec, layout: StoredFiles) -> dict[int, tuple[int, int]]:
@@ -224,12 +260,7 @@ def _rank_at(spec: RunSpec, r: FileRecipe):
 
 def restart_read_sequence(spec: RunSpec) -> dict[int, list[str]]:
     """global rank -> the files its load_checkpoint reads in full, in order and with repeats (DeepSpeed 0.19.8,
-    default engine): one engine.load() each.
-
-    DeepSpeed's state-dict loader first torch.loads the first file of the sorted list of candidates (mp_rank_00,
-    or a layer's model_00 file) to check the saved model-parallel size, then the rank's own file (for pp=1 at TP rank
-    0 the same file, read twice); ZeRO-1 and 2 (not elastic) read only the rank's own optimizer file. ZeRO-3: the same,
-    with the model files of the rank's own data-parallel index."""
+    default engine): one engine.load() each (docs/planner.md, restart reads)."""
     prefix = "bf16_" if spec.precision == "bf16" else ""
     out = {}
     for shard in shards(spec):

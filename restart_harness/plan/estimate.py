@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from restart_harness.files import baseline
-from restart_harness.plan import checkpoint
+from restart_harness.plan import checkpoint, universal
 from restart_harness.schema import KINDS, MIB
 from restart_harness.spec.keys import GB
 from restart_harness.spec.runspec import RunSpec
@@ -20,9 +20,7 @@ ESTIMATE_IGNORES = ("per-rank and per-client limits (one rank may not reach the 
 
 
 def _stats(values: list[int]) -> dict | None:
-    if not values:
-        return None
-    return {"max": max(values), "min": min(values), "mean": round(statistics.mean(values), 1)}
+    return {"max": max(values), "min": min(values), "mean": round(statistics.mean(values), 1)} if values else None
 
 
 def typical_file_bytes(files: list[checkpoint.PlannedFile]) -> int:
@@ -100,8 +98,6 @@ def build(plugins, bandwidth_gbps: float | None = None, target: RunSpec | None =
     }
     plan["estimate"] = _estimate(plugins, files, total, read_total, bandwidth_gbps) if files else None
     if target is not None:
-        from restart_harness.plan import universal
-
         plan["reshard"] = universal.plan(spec, target)
     plan["plan_seconds"] = round(time.perf_counter() - start, 6)
     return plan

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from restart_harness.errors import UsageError
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -47,8 +49,6 @@ WHY = {
 
 
 def get(name: str) -> Workload:
-    from restart_harness.errors import UsageError
-
     found = WORKLOADS.get(name.lower())
     if found is None:
         raise UsageError(f"mlperf {name}: not an MLPerf Storage v2.0 checkpoint workload; accepted: "

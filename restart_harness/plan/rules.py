@@ -63,12 +63,9 @@ def _positions_numpy(np, prefix: list[int], n: int, m: int) -> list[list[int]]:
 
 
 def zero1_partition_numel(numel: int, dp: int) -> int:
-    """Elements of one data-parallel rank's ZeRO-1 partition of a flat parameter group of `numel` elements.
-
-    DeepSpeedZeroOptimizer (stage_1_and_2.py) pads the flat group to a multiple of
-    nccl_start_alignment_factor x dp (parameter_alignment off, the default) and splits it into dp equal parts.
-    The state dict trims the padding with a slice, but torch.save writes a slice's whole storage, so every rank's
-    file holds the full partition."""
+    """Elements of one data-parallel rank's ZeRO-1 partition of a flat parameter group of `numel` elements:
+    DeepSpeedZeroOptimizer (stage_1_and_2.py) pads the flat group to a multiple of nccl_start_alignment_factor x dp
+    (parameter_alignment off, the default) and splits it into dp equal parts (docs/planner.md, placement)."""
     alignment = NCCL_START_ALIGNMENT_FACTOR * dp
     return math.ceil(numel / alignment) * alignment // dp
 

@@ -1,15 +1,11 @@
 """The universal checkpoint DeepSpeed's ds_to_universal makes of a checkpoint, and what each rank reads of it when a
-restart loads it at another layout (DeepSpeed 0.19.8; the files and the reads: docs/reshard.md#planned). No torch.
-Each rank torch.loads the model-state files its state-dict loader opens (mp_rank_00, to check, then the one mapped
-to its rank), zero/optimizer_state.pt, and all the files of every parameter its partition holds a fragment of
-(DeepSpeed's load_hp_checkpoint_state reads every file of the folder and slices its fragment out)."""
+restart loads it at another layout (DeepSpeed 0.19.8; the files and the reads: docs/reshard.md#planned). No torch."""
 
 from __future__ import annotations
 
 import math
 
 from restart_harness.plan import checkpoint, rules
-from restart_harness.plan.torch_save import SavedFile
 from restart_harness.spec import parameters as table
 from restart_harness.spec.runspec import RunSpec
 
@@ -23,15 +19,14 @@ ZERO3_OPTIMIZER_STATE_LESS_BYTES = 800  # the ds_config and version the rank's o
 
 
 def _file_bytes(stem: str, storage: int) -> int:
-    return storage + PARAM_PICKLE_BYTES + SavedFile(stem, (storage,), "layer_states").zip_bytes() + ZIP_PADDING_BYTES
+    saved = checkpoint.SavedFile(stem, (storage,), "layer_states")
+    return storage + PARAM_PICKLE_BYTES + saved.zip_bytes() + ZIP_PADDING_BYTES
 
 
 def full_params(spec: RunSpec) -> list[tuple[str, tuple[int, ...]]]:
     """(name, full shape) of every parameter, in pipeline-layer order (names as every layout names them)."""
-    out = []
-    for i, kind in enumerate(table.pipeline_layers(spec.shape)):
-        out += [(f"{i}.{p.name}", p.shape) for p in table.layer_params(spec.shape, 1, kind)]
-    return out
+    return [(f"{i}.{p.name}", p.shape) for i, kind in enumerate(table.pipeline_layers(spec.shape))
+            for p in table.layer_params(spec.shape, 1, kind)]
 
 
 def files(spec: RunSpec) -> list[checkpoint.PlannedFile]:
@@ -40,9 +35,8 @@ def files(spec: RunSpec) -> list[checkpoint.PlannedFile]:
     out = []
     for name, shape in full_params(spec):
         storage = 4 * math.prod(shape)
-        for stem in STATES:
-            out.append(checkpoint.PlannedFile(f"zero/{name}/{stem}.pt", _file_bytes(stem, storage), "universal", -1,
-                                              storage))
+        out += [checkpoint.PlannedFile(f"zero/{name}/{stem}.pt", _file_bytes(stem, storage), "universal", -1, storage)
+                for stem in STATES]
         if spec.zero < 3:  # ZeRO-3's conversion keeps Adam's step in optimizer_state.pt only
             out.append(checkpoint.PlannedFile(f"zero/{name}/step.pt", _file_bytes("step", 4), "universal", -1, 4))
     if spec.zero < 3:

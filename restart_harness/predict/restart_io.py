@@ -33,10 +33,6 @@ def per_rank(restart: dict) -> dict[str, dict[str, float]] | None:
     return out
 
 
-def key_of(spec: dict) -> str:
-    return f"{spec.get('stack') or 'deepspeed'}/{spec['engine']}"
-
-
 def table(run_dirs: list[Path]) -> dict[str, dict]:
     """Per stack/engine: each start-up phase's figures per rank, the median over the runs' restarts whose ranks were
     not forked (launcher=prefork imports once for a node), with the runs it came from."""
@@ -44,12 +40,13 @@ def table(run_dirs: list[Path]) -> dict[str, dict]:
     for run_dir in run_dirs:
         summary = json.loads((Path(run_dir) / "summary.json").read_text())
         spec = summary["spec"]
+        key = f"{spec.get('stack') or 'deepspeed'}/{spec['engine']}"
         if resolve.read(run_dir).launcher.forks_ranks:  # its node imported once for every rank
             continue
         for restart in summary.get("restarts") or []:
             figures = per_rank(restart)
             if figures:
-                found.setdefault(key_of(spec), []).append((figures, f"{Path(run_dir).name} {restart['record']}"))
+                found.setdefault(key, []).append((figures, f"{Path(run_dir).name} {restart['record']}"))
     out = {}
     for key, rows in sorted(found.items()):
         out[key] = {"phases": {p: {k: statistics.median(r[p][k] for r, _ in rows) for k in rows[0][0][p]}

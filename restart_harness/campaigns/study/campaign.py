@@ -213,7 +213,7 @@ def factor_now(study: Study) -> float:
 
 # ---- records -----------------------------------------------------------------------------------------------------
 def record(study: Study) -> dict:
-    request = study.request
+    request, store = study.request, study.sizing.store
     return {
         "schema_version": STUDY_SCHEMA_VERSION, "study_id": study.folder.name if study.folder else None,
         "command": ["study", *request.tokens] if not request.options.resume else
@@ -224,10 +224,9 @@ def record(study: Study) -> dict:
         "time_limit_seconds": request.options.time_limit * 60, "planning_seconds": round(study.planning_seconds, 2),
         "machine": {"host": os.uname().nodename, "load_at_start": study.load}, "target": study.target,
         "factor": {"prior": prior_factor(study.load), "ratios": study.ratios, "now": factor_now(study)},
-        "disk_bytes": study.sizing.disk, "storage": study.sizing.store.get("label"),
-        "storage_source": study.sizing.store.get("source"),
-        "storage_write_bytes_per_s": study.sizing.store.get("write_bytes_per_s"),
-        "storage_read_bytes_per_s": study.sizing.store.get("read_bytes_per_s"),
+        "disk_bytes": study.sizing.disk, "storage": store.get("label"), "storage_source": store.get("source"),
+        "storage_write_bytes_per_s": store.get("write_bytes_per_s"),
+        "storage_read_bytes_per_s": store.get("read_bytes_per_s"),
         "not_placed": study.notes, "cells": [c.to_json() for c in study.cells],
     }
 
@@ -256,8 +255,7 @@ def cell_text(cell: Cell) -> str:
 
 def render_plan(study: Study) -> str:
     """What the study will do, cell by cell for its runs and by reason for the rest; the time and bytes expected."""
-    request, sizing = study.request, study.sizing
-    cells = study.cells
+    request, sizing, cells = study.request, study.sizing, study.cells
     runs = [c for c in cells if c.option.mode != "predicted" and c.state in ("pending", "running")]
     kept = [c for c in cells if c.state in ("complete", "failed", "submitted")]
     expected = sum(c.option.seconds * sizing.factor for c in runs)

@@ -3,6 +3,7 @@ and memory allow, the reference layout, and each cell's real-size spec (docs/stu
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -34,11 +35,8 @@ class Reference:
 
 
 REFERENCES = (
-    Reference("3B", 4, 1, 1, 43.83, (
-        "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt", "bf16_zero_pp_rank_0_mp_rank_01_optim_states.pt",
-        "bf16_zero_pp_rank_0_mp_rank_02_optim_states.pt", "bf16_zero_pp_rank_0_mp_rank_03_optim_states.pt",
-        "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt", "mp_rank_02_model_states.pt",
-        "mp_rank_03_model_states.pt"),
+    Reference("3B", 4, 1, 1, 43.83, (*(f"bf16_zero_pp_rank_0_mp_rank_{i:02d}_optim_states.pt" for i in range(4)),
+                                     *(f"mp_rank_{i:02d}_model_states.pt" for i in range(4))),
         "github.com/mauryaavinash95/llm-restart-perf run_scripts/3B-output/CKPTAPPR0-TP4-ITER-37/"
         "log-3B-tp4-pp1-dp1-gbs16-mbs-16-ckpt0-iter37.log (2025-10-01, 4 A100s of one Polaris node): 'Checkpoint "
         "Save GB: 43.83' (Megatron-DeepSpeed's 14 bytes x 4 x 782,674,944 parameters) and the 8 files its ranks "
@@ -96,10 +94,9 @@ def state_bytes_per_gpu(spec) -> int:
     elem = checkpoint.ELEMENT_BYTES[spec.precision]
     most = 0
     for shard in checkpoint.shards(spec):
-        n = shard.numel
-        weights = elem * (rules.zero1_partition_numel(n, spec.dp) if spec.zero == 3 else n)
-        grads = elem * (rules.zero1_partition_numel(n, spec.dp) if spec.zero >= 2 else n)
-        most = max(most, weights + grads + 4 * checkpoint.OPTIMIZER_STATES * rules.zero1_partition_numel(n, spec.dp))
+        n, part = shard.numel, rules.zero1_partition_numel(shard.numel, spec.dp)
+        weights, grads = elem * (part if spec.zero == 3 else n), elem * (part if spec.zero >= 2 else n)
+        most = max(most, weights + grads + 4 * checkpoint.OPTIMIZER_STATES * part)
     return most
 
 
@@ -121,10 +118,9 @@ def kind_of(tp: int, pp: int, dp: int) -> str:
 
 
 def auto_layouts(shape, gpus: int, per_node: int, vocab: str) -> tuple[list[Layout], list[Layout]]:
-    """(the named ones, the others) for this many GPUs, before the GPUs' memory is considered. Named: pure data,
-    tensor and pipeline parallel, tensor x pipeline, and all three, in that order; tensor parallel within a node (a
-    power of two dividing heads, kv heads, FFN, vocabulary), pipeline stages of equal layers, data parallel filling
-    the rest. The others: every other such layout, data parallel 1 first."""
+    """(the named ones, the others) for this many GPUs, before the GPUs' memory is considered (docs/study.md#the-cells):
+    named, pure data, tensor and pipeline parallel, tensor x pipeline, and all three; the others, data parallel 1
+    first."""
     tps = [t for t in (1 << i for i in range(min(gpus, per_node).bit_length()))
            if gpus % t == 0 and tp_refusal(shape, t, vocab) is None]
     pps = [p for p in range(1, gpus + 1) if gpus % p == 0 and pp_refusal(shape, p) is None]
@@ -339,11 +335,9 @@ def _engine_device(engine, device, *cell) -> str:
     """The device an engine's cells are predicted for: the study's, or CUDA for an engine that runs only there
     (DataStates-LLM), whose cells on a CPU machine are then predicted for the device it runs on."""
     for dev in dict.fromkeys((device, "cuda")):
-        try:
+        with contextlib.suppress(UsageError):
             resolve.plugins(_spec(*cell[:4], engine, *cell[4:], dev)).engine.check()
             return dev
-        except UsageError:
-            continue
     return device
 
 

@@ -21,6 +21,9 @@ from restart_harness.errors import RunFailed
 from restart_harness.files.atomic import read_json
 from restart_harness.files.exclusive import hold
 from restart_harness.phases import say
+from restart_harness.phases.run import discard_checkpoint
+from restart_harness.phases.run import run as run_one
+from restart_harness.rundir.status import observed
 from restart_harness.schema import STUDY
 
 
@@ -46,7 +49,7 @@ def run(study: Study) -> Path:
         study.sizing.cache.clear()
         predict_cells(study.cells, study.sizing.store, study.target)
         campaign.project(study)
-    print(campaign.render_plan(study), file=sys.stderr, flush=True)
+    say(campaign.render_plan(study))
     campaign.write(study)
     previous = signal.signal(signal.SIGALRM, _alarm)
     interrupted = None
@@ -90,7 +93,7 @@ def _run_cells(study: Study) -> None:
     for cell in study.cells:  # submitted earlier (resume=): what their jobs did
         if cell.state == "submitted" and cell.run_dir:
             cell.state = _observed(cell)
-    coverage, rest = priority([c for c in study.to_run()])
+    coverage, rest = priority(study.to_run())
     order = [*coverage, *rest]
     total = sum(1 for c in order if c.state == "pending")
     done = 0
@@ -103,10 +106,9 @@ def _run_cells(study: Study) -> None:
             campaign.write(study)
             continue
         done += 1
-        elapsed = time.time() - study.started
-        left = max(0.0, study.deadline - time.time())
         say(f"[study {done}/{max(total, done)}] {campaign.cell_text(cell)}: {option.text}, "
-            f"~{clock(option.seconds * study.sizing.factor)}; elapsed {clock(elapsed)}, {clock(left)} left")
+            f"~{clock(option.seconds * study.sizing.factor)}; elapsed {clock(time.time() - study.started)}, "
+            f"{clock(max(0.0, study.deadline - time.time()))} left")
         _run_cell(study, cell, option)
         say(f"[study {done}] {cell.state}" + (f": {cell.reason}" if cell.reason else "")
             + f" in {clock(cell.wall_seconds)}")
@@ -115,8 +117,6 @@ def _run_cells(study: Study) -> None:
 
 def _run_cell(study: Study, cell: Cell, option: Option) -> None:
     """The cell's run as `option` into the study's folder: its state, reason, wall seconds and attempts recorded."""
-    from restart_harness.phases.run import run as run_one
-
     cell.option, cell.state, cell.reason = option, "running", None
     campaign.write(study)
     spec = dataclasses.replace(option.plugins.spec, results_dir=str(study.folder))
@@ -145,8 +145,6 @@ def _run_cell(study: Study, cell: Cell, option: Option) -> None:
 
 
 def _observed(cell: Cell) -> str:
-    from restart_harness.rundir.status import observed
-
     state = observed(Path(cell.run_dir))["state"]
     return {"dry_run": "complete"}.get(state, state)
 
@@ -159,8 +157,6 @@ def _made_run_dir(study: Study, cell: Cell) -> None:
 
 def _discard(study: Study, cell: Cell) -> None:
     """A failed or interrupted cell's checkpoint goes too (keep=false): its records say what it was."""
-    from restart_harness.phases.run import discard_checkpoint
-
     if cell.run_dir is None or "keep=true" in study.request.run_tokens:
         return
     try:

@@ -5,6 +5,7 @@ each may take (docs/study.md#sized-before-it-starts)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 from dataclasses import dataclass, field
@@ -12,12 +13,17 @@ from pathlib import Path
 
 from restart_harness import machine, preflight, resolve
 from restart_harness.campaigns.study.cells import Cell, Option, plan_record
+from restart_harness.campaigns.sweep import clock
 from restart_harness.command.parse import StudyRequest, parse_run
 from restart_harness.errors import UsageError
+from restart_harness.files import baseline
 from restart_harness.files.fsfacts import filesystem, nearest_existing
 from restart_harness.phases import say
 from restart_harness.plan import estimate
 from restart_harness.plan.estimate import size_text
+from restart_harness.predict import features as feats
+from restart_harness.predict import fit, forecast
+from restart_harness.predict import model as prediction_model
 from restart_harness.schema import GIB
 
 SHRINKS = (2, 4, 8, 16, 32, 64)  # 64: the largest that keeps every preset's head dimension even and tp dividing FFN
@@ -37,16 +43,12 @@ def storage(request: StudyRequest, cells: list[Cell], measure: bool) -> dict:
     """The storage every prediction assumes (forecast.storage): bandwidths stated (write_gbps=, read_gbps=), else the
     baseline of where the checkpoints go: cached, or measured now (measure=True), or, for sizing before anything is
     created, an assumed one that says so."""
-    from restart_harness.files import baseline
-    from restart_harness.predict import forecast
-
     p = request.predict
     plugins = resolve.plugins(cells[0].spec)
     extra = {"metadata_ops_s": p.metadata_ops_s, "env_metadata_ops_s": p.env_metadata_ops_s}
     if p.write_gbps is not None:
-        store = forecast.storage(plugins, p.write_gbps, p.read_gbps, **extra)
-        store["label"] = f"stated: write {p.write_gbps:g} GB/s, read {p.read_gbps:g} GB/s (aggregate)"
-        return store
+        return {**forecast.storage(plugins, p.write_gbps, p.read_gbps, **extra),
+                "label": f"stated: write {p.write_gbps:g} GB/s, read {p.read_gbps:g} GB/s (aggregate)"}
     probe = plugins.target.storage_probe()
     spec = cells[0].spec
     record = baseline.cached(probe)
@@ -62,12 +64,11 @@ def storage(request: StudyRequest, cells: list[Cell], measure: bool) -> dict:
         return {"write_bytes_per_s": assumed, "read_bytes_per_s": assumed, "assumed": True,
                 "source": f"assumed {ASSUMED_BANDWIDTH_MIB_S:g} MiB/s for sizing (no baseline of {probe.describe()} "
                           "yet; measured before the first run)", "label": f"assumed {ASSUMED_BANDWIDTH_MIB_S:g} MiB/s"}
-    store = forecast.storage(plugins, record=record, **extra)
     fs = filesystem(nearest_existing(Path(estimate.checkpoint_dir(spec))))
-    store["label"] = (f"{fs['type'] or '?'} at {fs['mount']}: baseline write {record['write_mib_s']:,.0f} / read "
+    return {**forecast.storage(plugins, record=record, **extra),
+            "label": (f"{fs['type'] or '?'} at {fs['mount']}: baseline write {record['write_mib_s']:,.0f} / read "
                       f"{record['read_mib_s']:,.0f} MiB/s ({record.get('method')}, "
-                      f"{str(record.get('measured_at'))[:16]})")
-    return store
+                      f"{str(record.get('measured_at'))[:16]})")}
 
 
 def predict_cells(cells: list[Cell], store: dict, target: dict) -> None:
@@ -75,10 +76,6 @@ def predict_cells(cells: list[Cell], store: dict, target: dict) -> None:
     device, and CPUs per node; a cell whose engine runs only on CUDA, for CUDA). Cells of one
     layout whose engines store DeepSpeed's files alike share one plan and one set of features (the planner's work
     is most of a study's planning: 70B at 16 ranks is ~700 files)."""
-    from restart_harness.predict import features as feats
-    from restart_harness.predict import fit, forecast
-    from restart_harness.predict import model as prediction_model
-
     shared: dict[tuple, tuple[dict, object, dict]] = {}
     calibrations: dict[str, dict] = {}
     cpus = target["cpus_per_node"]
@@ -144,20 +141,13 @@ class Sizing:
 def _ladder(cell: Cell, fidelity: str) -> list[tuple[str, int, bool]]:
     """(mode, shrink, emulate) candidates, most faithful first, within what fidelity= allows."""
     emulates = resolve.engine_class(cell.engine).emulates
-    out = [("real", 1, False)]
-    if emulates:
-        out.append(("emulated", 1, True))
-    out += [("shrunk", k, emulates) for k in SHRINKS]
-    if fidelity != "auto":
-        out = [c for c in out if c[0] == fidelity]
-    return out
+    out = [("real", 1, False), *[("emulated", 1, True)] * emulates, *[("shrunk", k, emulates) for k in SHRINKS]]
+    return [c for c in out if fidelity in ("auto", c[0])]
 
 
 def evaluate(cell: Cell, mode: str, shrink: int, emulate: bool, sizing: Sizing) -> Option:
     """One candidate: its spec checked as a run's (preflight: the engine, the launcher, memory, the disk), its
     checkpoint bytes and estimated seconds; the reason where it cannot run here."""
-    from restart_harness.predict import forecast
-
     key = (cell.index, mode, shrink)
     if key in sizing.cache:
         return sizing.cache[key]
@@ -173,8 +163,7 @@ def evaluate(cell: Cell, mode: str, shrink: int, emulate: bool, sizing: Sizing) 
     option = Option(mode, shrink, emulate)
     try:
         spec = machine.resolve(parse_run(words)[0])
-        plugins = preflight.run(spec)
-        option.plugins = plugins
+        option.plugins = plugins = preflight.run(spec)
         option.bytes = preflight.planned_bytes(plugins)
         option.seconds = run_seconds(forecast.build(plugins, sizing.cpus, sizing.store), spec, sizing.cpus,
                                      forks=plugins.launcher.forks_ranks)
@@ -251,10 +240,6 @@ def shorten(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def clock(seconds: float) -> str:
-    return estimate.duration(seconds).replace(".0 ", " ")
-
-
 def priority(cells: list[Cell]) -> tuple[list[Cell], list[Cell]]:
     """(coverage, the rest) of the cells whose engine runs here: the reference layouts, then the first cell (fewest
     GPUs) of each model and engine not yet covered; then the others, model and engine in turn."""
@@ -268,19 +253,14 @@ def priority(cells: list[Cell]) -> tuple[list[Cell], list[Cell]]:
         if pair not in covered:
             coverage.append(group.pop(0))
             covered.add(pair)
-    rest = []
-    while any(by_pair.values()):
-        for group in by_pair.values():
-            if group:
-                rest.append(group.pop(0))
+    rest = [c for turn in itertools.zip_longest(*by_pair.values()) for c in turn if c is not None]
     return coverage, rest
 
 
 def next_option(cell: Cell, later: list[Cell] | None, time_left: float, sizing: Sizing) -> Option:
-    """A cell's option now. A coverage cell (later: the coverage cells after it) may take its cheapest option plus an
-    equal share of the time the coverage cells' cheapest runs leave (the time for those after it that fit kept for
-    them): each model and engine gets a run before any gets a faithful one. After the coverage (later None), the
-    cheapest that fits what is left. A named fidelity takes that, whatever the time."""
+    """A cell's option now (docs/study.md#sized-before-it-starts): a coverage cell (later: the coverage cells after
+    it) its cheapest option plus an equal share of the time their cheapest runs leave; after the coverage (later
+    None), the cheapest that fits what is left; a named fidelity, that one, whatever the time."""
     if sizing.fidelity != "auto":
         return choose(cell, math.inf, sizing)
     if later is None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 from pathlib import Path
 
 from restart_harness import CONFIGS, resolve
@@ -70,16 +69,3 @@ def lookup(stack: str, engine: str, default_engine: str, path: Path = TABLE) -> 
             return entries[key]["phases"], key
     return None, None
 
-
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if not args:
-        print("usage: python -m restart_harness.predict.restart_io RUN_DIR...  (finished runs with a restart)",
-              file=sys.stderr)
-        return 2
-    print(json.dumps(table([Path(a) for a in args]), indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
 """What a restart's ranks do to the file systems besides reading the checkpoint, per rank and start-up phase, as
 measured (docs/restart-io.md, which says how the table is measured): the table the predictor scales to many ranks
-(configs/restart_io.json); `python -m restart_harness.predict.restart_io RUN_DIR...` prints what finished runs give."""
+(configs/restart_io.json, written by scripts/refresh_restart_io.py)."""
 
 from __future__ import annotations
 

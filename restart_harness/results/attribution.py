@@ -275,3 +275,36 @@ def speedscope(trace: samples.Trace, spans, name: str) -> dict:
             "name": name, "activeProfileIndex": 0, "shared": {"frames": frames},
             "profiles": [{"type": "sampled", "name": name, "unit": "seconds", "startValue": 0,
                           "endValue": _round(total), "samples": stacks, "weights": weights}]}
+
+
+def attribution_rows(att: dict | None, record: str) -> list[tuple[str, str]]:
+    """"where the restart went": each phase's largest causes (results/attribution.py), its slowest rank's."""
+    title = "where the restart went"
+    if not att:
+        return []
+    if not att.get("sampled"):
+        return [(title, f"not sampled (attribution={att['mode']}): {att['reason']}; phase timings only")]
+    rows = [(title, (f"each phase's causes on its slowest rank, s ({att['tool']}, {att['rate_hz']} Hz samples; "
+                    f"flame graphs in profiles/{record}/)"))]
+    for phase, p in att["phases"].items():
+        if not p["seconds"]:
+            continue
+        shown = [c for c in p["causes"] if c["seconds"] >= 0.05 * p["seconds"]][:3] or p["causes"][:1]
+        rest = sum(c["seconds"] for c in p["causes"]) - sum(c["seconds"] for c in shown)
+        parts = [f"{c['cause']} {c['seconds']:.2f}" + (_detail(c) if i == 0 else "") for i, c in enumerate(shown)]
+        if rest >= 0.005:
+            parts.append(f"{len(p['causes']) - len(shown)} more {rest:.2f}")
+        parts.append(f"remainder {p['remainder_seconds']:.2f}")
+        if p.get("reads"):
+            f = p["reads"][0]
+            parts.append(f"longest read {f['file']} {f['read_seconds']:.3f} s ({f['read_bytes'] / 2**20:,.2f} MiB)")
+        rows.append((f"  {phase}", f"{p['seconds']:.2f}: " + ", ".join(parts)))
+    return rows
+
+
+def _detail(cause: dict) -> str:
+    """An import's largest packages and who imported it."""
+    said = [f"{k} {v:.2f}" for k, v in list((cause.get("parts") or {}).items())[:2]]
+    if cause.get("via"):
+        said.append(f"by {cause['via']}")
+    return f" ({'; '.join(said)})" if said else ""

@@ -1,29 +1,6 @@
-"""What failures and checkpoints cost a job: the model of its goodput, the checkpoint interval that maximizes it,
-and a failure campaign's measured wall time split by category (no torch).
-
-The model. Failures arrive as a Poisson process (exponential times between them) whose rate grows with the job's
-size: a job of G GPUs whose GPUs each fail once every M_gpu seconds fails once every M_gpu / G. A job that trains
-`interval` seconds, then pays `save` seconds of training lost to a checkpoint, and after each failure pays `restart`
-seconds (process start to its first step) and loses the work since its last commit, spends on each committed interval
-on average (Daly 2006, eq. 13, the exact expectation for exponential failures):
-
-    M * exp(restart / M) * (exp((interval + save) / M) - 1)
-
-Goodput is the interval over that time. Young's (1974) and Daly's first-order optimum is sqrt(2 * save * M); the
-optimum here is computed numerically (a bounded golden-section search on log(interval)), so it holds where the
-first-order one does not (a save or restart not small against M). The job's MTBF comes from the run's keys
-(mtbf=, mtbf_per_node=, mtbf_per_gpu=; default Llama 3's published rate) at its own GPUs and at at_gpus=.
-
-The campaign's split (campaigns/endure.py): productive step time, and badput by category, named after
-ml-goodput-measurement's buckets (schema BADPUT_BUCKETS; docs/goodput.md defines each). Each launch (segment) is read
-from rank 0's events on one clock (wall time): start-up from the launch to dist_init_done, training preparation to
-the engine's set-up (a fresh start) or to the load (a restart), checkpoint restore from the load to its verification,
-then the step loop. In the loop, a step's median time is productive unless the step was lost (after the last commit
-when a failure ended the launch: wasted progress, recomputed by the next launch); the first step's excess over the
-median is first steps; the loop's time outside steps is checkpoint save (the training lost to saves: their blocking
-parts, digests, the commit's wait). A launch cut by a failure puts the time from its last event to its end with the
-phase that was running (wasted progress in the step loop). Other is the rest of the wall time: the harness between
-launches and each launch's teardown."""
+"""What failures and checkpoints cost a job: the model of its goodput (Daly 2006's exact expectation), the checkpoint
+interval that maximizes it, and a failure campaign's measured wall time split by badput category (no torch). The
+model, its inputs and each category: docs/goodput.md."""
 
 from __future__ import annotations
 
@@ -122,22 +99,17 @@ def simulate(wall: float, first: float, interval: float, save: float, restart: f
     """One finite campaign of the model's process (the goodput it measures): a start-up of `first` seconds, then
     intervals of training and a save until a failure (exponential times, each drawn from the one before), a restart,
     and so on until `wall`; work since the last commit is lost at a failure, kept at the end."""
-    clock, productive, setup = 0.0, 0.0, first
+    clock, productive, setup = 0.0, 0.0, first  # setup: the start-up still to pay, None once training
     failure = rng.expovariate(1 / mtbf)
     while clock < wall:
-        if failure < min(clock + setup, wall):  # failed while starting
+        end = clock + interval + save if setup is None else clock + setup
+        if failure < min(end, wall):  # failed while starting or training: restart, the interval's work lost
             clock, setup = failure, restart
             failure = clock + rng.expovariate(1 / mtbf)
             continue
-        clock += setup
-        while clock < wall:
-            end = clock + interval + save
-            if failure < min(end, wall):
-                clock, setup = failure, restart
-                failure = clock + rng.expovariate(1 / mtbf)
-                break
+        if setup is None:
             productive += min(interval, max(0.0, wall - clock))
-            clock = end
+        clock, setup = end, None
     return productive / wall
 
 
@@ -208,8 +180,7 @@ def line(o: dict) -> str:
             f"{o['goodput_at_best']:.4f}; Young/Daly {o['young_daly_interval_seconds']:,.1f} s")
 
 
-
-def _boundaries(events: list[dict], start: float) -> list[float | None]:
+def _boundaries(events: list[dict]) -> list[float | None]:
     """The ends of start-up, training preparation and checkpoint restore on rank 0's clock (None: not reached)."""
     marks = ev.marks(events)
     dist = marks.get("dist_init_done")
@@ -226,7 +197,7 @@ def segment(run_dir, record: str, launch: dict, lost_after: int | None, step_med
     events = sorted(ev.read_record(run_dir, record).get(0, []), key=lambda e: e["t"])
     start, end = launch["start"], launch["start"] + launch["wall_seconds"]
     out = dict.fromkeys(BADPUT_BUCKETS, 0.0) | {"productive_seconds": 0.0}
-    edges, names = _boundaries(events, start), BADPUT_BUCKETS[:2] + ("checkpoint_restore_seconds",)
+    edges, names = _boundaries(events), BADPUT_BUCKETS[:2] + ("checkpoint_restore_seconds",)
     at = start
     for name, edge in zip(names, edges):
         if edge is None:  # the launch ended in this phase

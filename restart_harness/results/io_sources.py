@@ -6,7 +6,7 @@ ranks. worker/io_marks.py measures them; docs/measurements.md#io-by-source defin
 from __future__ import annotations
 
 from restart_harness.results.views import SummaryView
-from restart_harness.schema import IO_KERNEL_FIELDS, IO_SOURCE_FIELDS, IO_SOURCES
+from restart_harness.schema import IO_KERNEL_FIELDS, IO_SOURCE_FIELDS, IO_SOURCES, MIB, io_metadata_ops
 
 
 def _add(into: dict[str, int], counts: dict) -> None:
@@ -81,6 +81,34 @@ def table(io: dict) -> str:
                          f"MiB, {k.get('major_faults', 0) / n:,.0f} major faults, read calls "
                          f"{k.get('read_chars', 0) / n / 2**20:,.2f} MiB")
     return "\n".join(lines)
+
+
+def io_rows(io: dict | None) -> list[tuple[str, str]]:
+    """The restart's I/O besides the checkpoint's, per rank (results/io_sources.py), and where imports' comes from."""
+    if not io or not io.get("ranks"):
+        return []
+    n, total, kernel = io["ranks"], io["total"]["sources"], io["total"].get("kernel") or {}
+    delivered = (f"storage delivered {kernel['storage_read_bytes'] / n / MIB:,.1f} MiB, "
+                 f"{kernel.get('major_faults', 0) / n:,.0f} major faults" if "storage_read_bytes" in kernel else "")
+    if not io.get("by_source", True):
+        return [("restart I/O", f"per rank {delivered or 'not measured'}; by source not counted (anatomy=false)")]
+    rest = [c for name, c in total.items() if name != "checkpoint"]
+    libraries = [c for name, c in total.items() if name not in ("checkpoint", "pseudo")]  # not /dev/shm segments
+    ops = sum(io_metadata_ops(c) for c in rest) / n
+    read = sum(c.get("read_bytes", 0) for c in rest) / n
+    mapped = sum(c.get("mapped_bytes", 0) for c in libraries) / n
+    ckpt = total.get("checkpoint", {})
+    text = (f"per rank {ops:,.0f} metadata ops ({sum(c.get('opens', 0) for c in rest) / n:,.0f} opens), "
+            f"{read / MIB:,.1f} MiB read and {mapped / MIB:,.0f} MiB of libraries mapped besides the checkpoint's "
+            f"{io_metadata_ops(ckpt) / n:,.0f} ops and {ckpt.get('read_bytes', 0) / n / MIB:,.2f} MiB")
+    imports = (io["phases"].get("imports") or {}).get("sources") or {}
+    if imports:
+        ops_by = {name: io_metadata_ops(c) for name, c in imports.items()}
+        top = max(ops_by, key=ops_by.get)
+        fs = io.get("filesystems", {}).get(top)
+        text += (f"; imports {sum(ops_by.values()) / n:,.0f} ops, {ops_by[top] / max(1, sum(ops_by.values())):.0%} "
+                 f"in {top}" + (f" ({fs})" if fs else ""))
+    return [("restart I/O", text + (f"; {delivered}" if delivered else ""))]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import statistics
 
 from restart_harness import resolve
-from restart_harness.results import placement, save_memory
-from restart_harness.results.causes_rows import attribution_rows, io_rows
+from restart_harness.results import attribution, io_sources, placement, save_memory
 from restart_harness.results.views import (
     BaselineView,
     CheckpointView,
@@ -148,7 +147,7 @@ def _relaunch_rows(rs: RestartView, spec: SpecView, restarts: tuple) -> list[tup
                             + f"); cache {(rs.cache or {}).get('observed', '-')}"
                             + (f", environment {env}" if env else "")))
     rows.append(("phases", "  ".join(f"{k} {v:.2f}" for k, v in rs.phases.items())))
-    return rows + attribution_rows(rs.attribution, rs.record) + io_rows(rs.io_sources)
+    return rows + attribution.attribution_rows(rs.attribution, rs.record) + io_sources.io_rows(rs.io_sources)
 
 
 def _load_rows(rs: RestartView, records) -> list[tuple[str, str]]:

@@ -22,10 +22,8 @@ def _io_summary(io: dict | None, classes: tuple[str, ...], stream: dict | None =
     (object storage, which the counters cannot see)."""
     out = {}
     for cls in classes:
-        part = (io or {}).get(cls) or {}
-        over_network = (stream or {}).get(cls)
-        counted = part.get("bytes")
-        out[f"{cls}_bytes"] = counted if not over_network else (counted or 0) + over_network
+        part, over_network = (io or {}).get(cls) or {}, (stream or {}).get(cls)
+        out[f"{cls}_bytes"] = (part.get("bytes") or 0) + over_network if over_network else part.get("bytes")
         out[f"{cls}_calls"] = part.get("calls")
         out[f"{cls}_busy_seconds"] = _round(part.get("busy_seconds"))
     return out
@@ -63,14 +61,9 @@ def _breakdown(per_rank: dict[int, dict], categories: tuple[str, ...], io_classe
         ranks.append(row)
     slowest = max(ranks, key=lambda r: r["window_seconds"])
     sums = [sum(r[f"{c}_seconds"] or 0.0 for c in categories) for r in ranks]
-    return {
-        "slowest_rank": slowest["rank"],
-        **{f"{c}_seconds": slowest[f"{c}_seconds"] for c in categories},
-        "window_seconds": slowest["window_seconds"],
-        "method": next(iter(per_rank.values())).get("method"),
-        "sum_of_categories_seconds": _round(sums[ranks.index(slowest)]),
-        "per_rank": ranks,
-    }
+    return {"slowest_rank": slowest["rank"], **{f"{c}_seconds": slowest[f"{c}_seconds"] for c in categories},
+            "window_seconds": slowest["window_seconds"], "method": next(iter(per_rank.values())).get("method"),
+            "sum_of_categories_seconds": _round(sums[ranks.index(slowest)]), "per_rank": ranks}
 
 
 def load(record: dict[int, list[dict]], checkpoint_load: dict[int, float], root: str | None = None) -> dict | None:

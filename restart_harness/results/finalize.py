@@ -80,9 +80,8 @@ def finalize(run: resolve.Run | Path, state: str, reason: str | None = None, as_
     _efficiency(summary, run_dir)
     summary["prediction"] = prediction.compare(prediction.read(run_dir), summary)
     if summary["prediction"] is not None:  # measured on a busy machine, a prediction's error is not the model's
-        busy = [r for r in [summary["checkpoint"], *(summary["restarts"][:1])] if (r.get("machine_load") or {})
-                .get("busy")]
-        summary["prediction"]["machine_busy"] = bool(busy)
+        summary["prediction"]["machine_busy"] = any((r.get("machine_load") or {}).get("busy")
+                                                    for r in [summary["checkpoint"], *summary["restarts"][:1]])
     write_json_atomic(run_dir / "summary.json", summary)
     write_json_atomic(run_dir / "status.json", status)
     return summary
@@ -137,27 +136,18 @@ def _status(state: str, reason: str | None, restarts: list[dict]) -> dict:
     return status
 
 
-def _ratio(value: float | None, base: float | None) -> float | None:
-    return round(value / base, 4) if value and base else None
-
-
 def _efficiency(summary: dict, run_dir: Path) -> None:
     """summary['baseline'] from run_dir/baseline.json (null when baseline=false; files/baseline.py) and
     checkpoint.efficiency: the save's durable and the load's throughput over the baseline's (`save`, `load`) and over
     the ceiling's (`save_of_ceiling`, `load_of_ceiling`; null where the storage has none, or the record predates it)."""
     path = run_dir / "baseline.json"
-    base = read_json(path) if path.is_file() else None
-    summary["baseline"] = base
+    base = summary["baseline"] = read_json(path) if path.is_file() else None
     ckpt = summary.get("checkpoint") or {}
-    durable = (ckpt.get("throughput_mib_s") or {}).get("durable")
-    load = (summary.get("restart") or {}).get("load_throughput_mib_s")
-    ceiling = (base or {}).get("ceiling") or {}
-    ckpt["efficiency"] = {
-        "save": _ratio(durable, (base or {}).get("write_mib_s")),
-        "load": _ratio(load, (base or {}).get("read_mib_s")),
-        "save_of_ceiling": _ratio(durable, ceiling.get("write_mib_s")),
-        "load_of_ceiling": _ratio(load, ceiling.get("read_mib_s")),
-    }
+    got = {"save": (ckpt.get("throughput_mib_s") or {}).get("durable"),
+           "load": (summary.get("restart") or {}).get("load_throughput_mib_s")}
+    ckpt["efficiency"] = {f"{way}{of}": round(got[way] / ref[key], 4) if got[way] and ref.get(key) else None
+                          for of, ref in (("", base or {}), ("_of_ceiling", (base or {}).get("ceiling") or {}))
+                          for way, key in (("save", "write_mib_s"), ("load", "read_mib_s"))}
 
 
 def _not_restored(r: dict) -> str:
@@ -169,8 +159,8 @@ def _checkpoint_phase(summary: dict, run_dir: Path, stored) -> None:
     its start-up attributed as a restart's (the phases up to engine_init)."""
     path = run_dir / "records" / "checkpoint.json"
     launch = json.loads(path.read_text()) if path.is_file() else {}
-    summary["checkpoint"]["storage_requests"] = stored.requests(run_dir / "logs" / "client" / "checkpoint")
-    summary["checkpoint"]["incomplete_uploads"] = launch.get("incomplete_uploads")
-    summary["checkpoint"]["machine_load"] = launch.get("machine_load")
+    summary["checkpoint"].update(storage_requests=stored.requests(run_dir / "logs" / "client" / "checkpoint"),
+                                 incomplete_uploads=launch.get("incomplete_uploads"),
+                                 machine_load=launch.get("machine_load"))
     summary["checkpoint"]["attribution"] = attribution.of_record(
         run_dir, "checkpoint", ev.read_record(run_dir, "checkpoint"), RESTART_PHASES[:4], launch)

@@ -48,11 +48,6 @@ def expected_goodput(interval_seconds: float, save_seconds: float, restart_secon
     return interval_seconds / (m * math.exp(restart_seconds / m) * math.expm1((interval_seconds + save_seconds) / m))
 
 
-def young_daly_seconds(save_seconds: float, job_mtbf_seconds: float) -> float:
-    """The first-order optimum interval: sqrt(2 * save * MTBF)."""
-    return math.sqrt(2 * save_seconds * job_mtbf_seconds)
-
-
 def _golden_max(f, low: float, high: float, tolerance: float = 1e-9) -> float:
     """The argument in [low, high] that maximizes a unimodal f (golden-section search)."""
     a, b = low, high
@@ -86,7 +81,7 @@ def optimum(save_seconds: float, restart_seconds: float, step_seconds: float, jo
     best = math.exp(_golden_max(lambda x: goodput(math.exp(x)), math.log(low), math.log(high)))
     steps = max(1, max((math.floor(best / step_seconds), math.ceil(best / step_seconds)),
                        key=lambda k: goodput(max(1, k) * step_seconds)))
-    first_order = young_daly_seconds(save_seconds, job_mtbf_seconds)
+    first_order = math.sqrt(2 * save_seconds * job_mtbf_seconds)  # Young's and Daly's first-order optimum
     return {"job_mtbf_seconds": job_mtbf_seconds, "save_seconds": save_seconds, "restart_seconds": restart_seconds,
             "step_seconds": step_seconds, "best_interval_seconds": best, "best_interval_steps": steps,
             "goodput_at_best": goodput(best), "goodput_at_best_steps": goodput(steps * step_seconds),

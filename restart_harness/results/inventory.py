@@ -20,9 +20,7 @@ def build(where: str, writers: dict[str, int] | None, entries: list[tuple[str, i
             tally["files"] += 1
             tally["bytes"] += f["bytes"]
     return {
-        "dir": where,
-        "files": files,
-        "total_files": len(files),
+        "dir": where, "files": files, "total_files": len(files),
         # DeepSpeed files: one per engine.save() path, whether a file or a directory of shards (torchsnapshot, dcp)
         "total_entries": len({f["path"].split("/", 1)[0] for f in files}),
         "total_bytes": sum(f["bytes"] for f in files),

@@ -54,14 +54,9 @@ def by_phase(record: dict[int, list[dict]], phases: tuple, facts: dict | None) -
         return None
     filesystems = {source: f"{fs.get('type')} on {fs.get('mount')}" for source, fact in (facts or {}).items()
                    if isinstance(fact, dict) and (fs := fact.get("filesystem"))}
-    return {
-        "ranks": len(ranks),
-        # false without the preloaded counters (anatomy=false, trace=false): the kernel's figures only
-        "by_source": by_source,
-        "phases": {name: _shaped(phase) for name, phase in out.items()},
-        "total": _shaped(total),
-        "filesystems": filesystems,
-    }
+    return {"ranks": len(ranks), "by_source": by_source,
+            "phases": {name: _shaped(phase) for name, phase in out.items()}, "total": _shaped(total),
+            "filesystems": filesystems}
 
 
 def table(io: dict) -> str:

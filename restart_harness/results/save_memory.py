@@ -16,15 +16,6 @@ GROWTH_FLOOR_BYTES = 1 << 20  # per save
 FIGURES = ("peak_added_bytes", "held_bytes", "retained_bytes")
 
 
-def step_peak_added(steps: list[dict]) -> int | None:
-    """The training's own transient host memory: the median of its steps' peak-over-start with no flush in flight,
-    the first step (warm-up) left out."""
-    first = min((s["step"] for s in steps), default=None)
-    clean = [s["rss_peak_added_bytes"] for s in steps
-             if not s.get("in_flight") and s["step"] != first and s.get("rss_peak_added_bytes") is not None]
-    return int(statistics.median(clean)) if clean else None
-
-
 def slope(points: list[tuple[float, float]]) -> tuple[float, float | None]:
     """Least-squares slope of y on x and its standard error (None with fewer than 3 points)."""
     n = len(points)
@@ -84,7 +75,13 @@ def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict | Non
     saves = ev.of_kind(record, "save")
     if not any(e.get("memory") for evs in saves.values() for e in evs):
         return None
-    step_added = step_peak_added(sorted(ev.of_kind(record, "step").get(0, []), key=lambda s: s["step"]))
+    # the training's own transient host memory: the median of its steps' peak over start with no flush in flight,
+    # the first step (warm-up) left out
+    steps = ev.of_kind(record, "step").get(0, [])
+    first = min((s["step"] for s in steps), default=None)
+    clean = [s["rss_peak_added_bytes"] for s in steps
+             if not s.get("in_flight") and s["step"] != first and s.get("rss_peak_added_bytes") is not None]
+    step_added = int(statistics.median(clean)) if clean else None
     by_tag: dict[str, list[tuple[int, dict]]] = {}
     for rank, evs in saves.items():
         for e in evs:
@@ -116,10 +113,7 @@ def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict | Non
     made = [s["memory"] for s in save_list if s.get("memory")]
     costs = [m["cost_bytes"] for m in made if m["cost_bytes"] is not None]
     return {
-        "saves": len(costs),
-        "peak_added_rank": top[1],
-        "peak_added_tag": top[2],
-        "step_peak_added_bytes": step_added,
+        "saves": len(costs), "peak_added_rank": top[1], "peak_added_tag": top[2], "step_peak_added_bytes": step_added,
         **{f"{f}_max": max((m[f] for m in made if m[f] is not None), default=None) for f in FIGURES},
         "cost_bytes_median": int(statistics.median(costs)) if costs else None,
         "engine_buffers_bytes_max": max(((s.get("memory") or {}).get("engine_buffers") or {}).get("host_bytes", 0)

@@ -118,9 +118,7 @@ def summarize(folder: Path, record: dict[int, list[dict]], phases: list[tuple[st
             _add(by_rank[rank], e)
     order = [n for n, _, _ in phases]
     return {
-        "tool": "dftracer",
-        "events": len(events),
-        "raw": str(folder),
+        "tool": "dftracer", "events": len(events), "raw": str(folder),
         "phases": {name: _render(acc) for name, acc in sorted(
             by_phase.items(), key=lambda kv: (kv[0] not in order, order.index(kv[0]) if kv[0] in order else 0, kv[0]))},
         "outside_phases": _render(unplaced),

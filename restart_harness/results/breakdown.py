@@ -1,9 +1,5 @@
-"""The anatomy of loads and saves, and memory per phase, from the ranks' events into summary.json.
-
-A breakdown names its slowest rank (the one whose window took longest) and gives that rank's seconds per category,
-so the categories add up to the figure they split (restart.phases.checkpoint_load, a save's commit seconds); every
-rank's own breakdown is kept beside it. Definitions: restart_harness/worker/anatomy.py and docs/anatomy.md.
-"""
+"""The anatomy of loads and saves (the slowest rank's seconds per category, every rank's beside it), and memory per
+phase, from the ranks' events into summary.json. Definitions: restart_harness/worker/anatomy.py and docs/anatomy.md."""
 
 from __future__ import annotations
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections import defaultdict
 from pathlib import Path
 
 from restart_harness import resolve
 from restart_harness.files.atomic import read_json, write_json_atomic
 from restart_harness.results import attribution, io_sources, prediction
 from restart_harness.results import events as ev
-from restart_harness.results import inventory as inv
 from restart_harness.results import summary as sm
-from restart_harness.schema import RESTART_PHASES, count
+from restart_harness.schema import KINDS, RESTART_PHASES, classify, count
 from restart_harness.spec import record as records
 from restart_harness.spec.runspec import RunSpec
 
@@ -44,6 +44,28 @@ def _stored(run) -> dict[str, list[tuple[str, int]]]:
         return {}
 
 
+def build_inventory(where: str, writers: dict[str, int] | None, entries: list[tuple[str, int]]) -> dict:
+    """The inventory of one tag stored at `where` (a folder or a URL): entries are (path relative to the tag, bytes)
+    of every stored file or object; writers maps a DeepSpeed path to the rank whose engine save wrote it."""
+    writers = writers or {}
+    files = [{"path": rel, "bytes": nbytes, "kind": classify(rel),
+              "rank": writers.get(rel, writers.get(rel.split("/")[0]))} for rel, nbytes in sorted(entries)]
+    by_kind = {k: {"files": 0, "bytes": 0} for k in KINDS}
+    by_rank: dict = defaultdict(lambda: {"files": 0, "bytes": 0})
+    for f in files:
+        for tally in (by_kind[f["kind"]], by_rank["unknown" if f["rank"] is None else str(f["rank"])]):
+            tally["files"] += 1
+            tally["bytes"] += f["bytes"]
+    return {
+        "dir": where, "files": files, "total_files": len(files),
+        # DeepSpeed files: one per engine.save() path, whether a file or a directory of shards (torchsnapshot, dcp)
+        "total_entries": len({f["path"].split("/", 1)[0] for f in files}),
+        "total_bytes": sum(f["bytes"] for f in files),
+        "by_kind": by_kind,
+        "by_rank": dict(sorted(by_rank.items(), key=lambda kv: (kv[0] == "unknown", int(kv[0]) if kv[0].isdigit() else 0))),
+    }
+
+
 def rerun(info: dict, phase: str) -> bool:
     """A restart-only re-run's record, not the run's own restart (records before the harness said so: the run's own
     is restart-01 of a phase=all run)."""
@@ -70,7 +92,7 @@ def finalize(run: resolve.Run | Path, state: str, reason: str | None = None, as_
     tag = (restarts[-1]["saved_tag"] if restarts else None) or run.stored.latest()
     inventory = None
     if tag and stored.get(tag):
-        inventory = inv.build(f"{target.describe()}/{tag}", writers.get(tag), stored[tag])
+        inventory = build_inventory(f"{target.describe()}/{tag}", writers.get(tag), stored[tag])
         inventory["tag"] = tag
         write_json_atomic(run_dir / "inventory.json", inventory)
     status = _status(state, reason, restarts)

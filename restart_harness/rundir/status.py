@@ -1,8 +1,5 @@
-"""status.json, written and read: `running` is only true while the harness process that wrote it is alive.
-
-A harness killed outright (SIGKILL, a node lost) cannot write `failed`; its run directory keeps `running` with the
-pid and host that wrote it, and everything learned so far. Readers (a later restart, the report) call observed(),
-which reports such a run as `failed` with the reason "harness ended". find_run_dirs is the one finder of run
+"""status.json, written and read: `running` is only true while the harness process that wrote it is alive (a harness
+killed outright leaves it: readers call observed(), docs/results.md). find_run_dirs is the one finder of run
 directories. analysis/ reads it (no torch, no plug-ins)."""
 
 from __future__ import annotations

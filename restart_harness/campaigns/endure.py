@@ -178,8 +178,8 @@ def _launch_once(run, record: str, failure: dict | None, deadline: float, pace: 
 def _campaign(run, request: EndureRequest, doc: dict, folder: Path) -> list[dict]:
     """Launches until the budget is spent; each failure recorded in doc; the launches' records returned."""
     from restart_harness.rundir.create import port_of
-    from restart_harness.rundir.records import allocate_record, save_record
     from restart_harness.rundir.scripts import write_launch
+    from restart_harness.rundir.status import allocate_record, save_record
 
     spec, rng = run.spec, random.Random(run.spec.seed)
     start = doc["started"] = time.time()
@@ -309,7 +309,7 @@ def _reference(plugins, run, folder: Path) -> dict:
     state digests of that step compared."""
     from restart_harness.results import finalize
     from restart_harness.rundir.create import prepare
-    from restart_harness.rundir.records import save_record
+    from restart_harness.rundir.status import save_record
 
     tag = run.stored.latest()
     if tag is None:

@@ -110,15 +110,13 @@ def _innermost_named(frames) -> str:
 
 
 def _anchor(frames):
-    if any(f.name.startswith(ANCHOR_PREFIX) for f in frames):
-        return Cause("harness", "the sampler's clock anchors (attribution=)")
-    return None
+    hit = any(f.name.startswith(ANCHOR_PREFIX) for f in frames)
+    return Cause("harness", "the sampler's clock anchors (attribution=)") if hit else None
 
 
 def _verification(frames):
-    if any(_short(f.name) == "verify" and "/stacks/" in f.file for f in frames):
-        return Cause(EXCLUDED, "the harness's verification digest (timed apart)")
-    return None
+    hit = any(_short(f.name) == "verify" and "/stacks/" in f.file for f in frames)
+    return Cause(EXCLUDED, "the harness's verification digest (timed apart)") if hit else None
 
 
 def _op(frames):
@@ -282,15 +280,13 @@ def _launcher(frames):
 def _prefork(frames):
     """launcher=prefork's forking process, seen from a rank's phase that began in it (its imports)."""
     inner = next((f for f in reversed(frames) if f.file and not f.file.startswith("<")), None)
-    if inner is not None and inner.file.endswith("/worker/forker.py"):
-        return Cause("launcher", "prefork: forking the ranks")
-    return None
+    hit = inner is not None and inner.file.endswith("/worker/forker.py")
+    return Cause("launcher", "prefork: forking the ranks") if hit else None
 
 
 def _harness(frames):
-    if any(re.search(r"/worker/(eventlog|memory|io_marks|anatomy)\.py", f.file) for f in frames):
-        return Cause("harness", "the harness's event log and probes")
-    return None
+    hit = any(re.search(r"/worker/(eventlog|memory|io_marks|anatomy)\.py", f.file) for f in frames)
+    return Cause("harness", "the harness's event log and probes") if hit else None
 
 
 def _config(frames):

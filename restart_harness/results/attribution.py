@@ -57,25 +57,17 @@ def of_record(run_dir: Path, record: str, events: dict[int, list[dict]], phases,
     else:  # no sample fell inside a pause (a sampler lagging far behind): its clock starts with the launch
         clock = {"source": "launch start", "estimates": 0, "spread_seconds": None}
         shared = launch["start"]
-    rate = asked.get("rate_hz") or ATTRIBUTION_RATE_HZ
-    folder = trace_path.parent
+    carry, folder = CARRIED_INTERVALS / (asked.get("rate_hz") or ATTRIBUTION_RATE_HZ), trace_path.parent
     per_rank: dict[int, dict] = {}
     for rank, (thread, evs) in ranks.items():
-        marks = ev.marks(evs)
+        marks, spans = ev.marks(evs), _with_parent(trace, thread)
         verify = next((e["seconds"] for e in evs if e["event"] == "verify"), 0.0)
-        per_rank[rank] = {}
-        for name, a, b in phases:
-            if a not in marks or b not in marks:
-                continue
-            seconds = marks[b] - marks[a] - (verify if name == "first_step" else 0.0)
-            window = (marks[a] - shared, marks[b] - shared)
-            spans = _clip(_with_parent(trace, thread), *window, carry=CARRIED_INTERVALS / rate)
-            per_rank[rank][name] = _phase(trace, spans, seconds, folder / f"rank-{rank:05d}" / f"{name}.speedscope.json",
-                                          run_dir)
-    out_phases = {}
+        per_rank[rank] = {name: _phase(trace, _clip(spans, marks[a] - shared, marks[b] - shared, carry),
+                                       marks[b] - marks[a] - (verify if name == "first_step" else 0.0),
+                                       folder / f"rank-{rank:05d}" / f"{name}.speedscope.json", run_dir)
+                          for name, a, b in phases if a in marks and b in marks}
     launcher = _launcher_phase(trace, ranks, events, launch, shared, folder, run_dir)
-    if launcher is not None:
-        out_phases[LAUNCHER] = launcher
+    out_phases = {LAUNCHER: launcher} if launcher is not None else {}
     for name, _, _ in phases:
         have = {rank: p[name] for rank, p in per_rank.items() if name in p}
         if have:

@@ -69,9 +69,7 @@ def module_of(file: str) -> str:
         path = "stdlib/" + path[m.end():]
     elif path.startswith("<frozen "):
         path = "stdlib/" + path[len("<frozen "):].rstrip(">")
-    path = re.sub(r"\.py$", "", path)
-    path = re.sub(r"/__init__$", "", path)
-    return path.replace("/", ".")
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
 def package_of(file: str) -> str:

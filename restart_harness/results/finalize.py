@@ -80,8 +80,7 @@ def finalize(run: resolve.Run | Path, state: str, reason: str | None = None, as_
     run = resolve.read(run) if isinstance(run, Path) else run
     made = run.made if as_made is None else dataclasses.replace(run.made, spec=as_made)
     run_dir, target = made.run_dir, run.target
-    writers = _writers(run_dir)
-    stored = _stored(run)
+    writers, stored = _writers(run_dir), _stored(run)
     committed = {tag: {"files": len(stored[tag]), "bytes": sum(n for _, n in stored[tag])}
                  for tag in writers if stored.get(tag)}
     restarts = [_restart(made, run, info, committed, stored) for info in _records(run_dir)]
@@ -111,7 +110,6 @@ def finalize(run: resolve.Run | Path, state: str, reason: str | None = None, as_
 
 def _restart(made: records.RunRecord, run, info: dict, committed: dict, stored: dict) -> dict:
     """One restart's summary from its record and its launch record (info), with what it read from the target."""
-    target = run.target
     run_dir = made.run_dir
     record = ev.read_record(run_dir, info["record"])
     tag = next((e["tag"] for evs in record.values() for e in evs if e["event"] == "loaded"), None)
@@ -122,7 +120,7 @@ def _restart(made: records.RunRecord, run, info: dict, committed: dict, stored: 
                if records.record_spec_path(run_dir, info["record"]).is_file() else made.spec)
         info["layout"] = {"saved": made.spec.layout, "loaded": own.layout}
     r = sm.restart(record, info["record"], info, info.get("cache"), committed.get(tag, {}).get("bytes"),
-                   str(target.root), run_dir)
+                   str(run.target.root), run_dir)
     r["saved_tag"] = (info.get("conversion") or {}).get("tag") or tag
     r["loaded"] = {"tag": tag, "files": len(stored.get(tag, [])) or None,
                    "bytes": sum(n for _, n in stored.get(tag, [])) or None}

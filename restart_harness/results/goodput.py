@@ -151,9 +151,8 @@ def at_scales(save: float | None, restart: float | None, step: float | None, key
 def from_phases(phases: dict, keys: dict, own_gpus: int) -> list[dict]:
     """The optimum from a prediction's phases (`predict`): a save's blocking seconds as its training lost, start-up
     to the first step as the restart, the first step as the step."""
-    save, restart, step = ((phases.get(n) or {}).get("seconds") for n in (
-        "save_blocking_seconds", "restart_total_with_launch_seconds", "restart_first_step_seconds"))
-    return at_scales(save, restart, step, keys, own_gpus)
+    return at_scales(*((phases.get(n) or {}).get("seconds") for n in (
+        "save_blocking_seconds", "restart_total_with_launch_seconds", "restart_first_step_seconds")), keys, own_gpus)
 
 
 def from_summary(summary: dict) -> list[dict]:
@@ -178,12 +177,10 @@ def line(o: dict) -> str:
 def _boundaries(events: list[dict]) -> list[float | None]:
     """The ends of start-up, training preparation and checkpoint restore on rank 0's clock (None: not reached)."""
     marks = ev.marks(events)
-    dist = marks.get("dist_init_done")
     loaded = next((e["outer_start"] for e in events if e["event"] == "loaded"), None)
     verified = next((e["t"] for e in events if e["event"] == "verify"), None)
     prepared = marks.get("engine_initialized", loaded)
-    restored = verified if loaded is not None else prepared
-    return [dist, prepared, restored]
+    return [marks.get("dist_init_done"), prepared, verified if loaded is not None else prepared]
 
 
 def segment(run_dir, record: str, launch: dict, lost_after: int | None, step_median: float | None) -> dict:

@@ -123,11 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no readable summary.json in {args[0]}: {exc}", file=sys.stderr)
         return 2
     record = args[1] if len(args) == 2 else None
-    if record == "checkpoint":
-        io = (summary.get("checkpoint") or {}).get("io_sources")
-    else:
-        io = next((r.io_sources for r in reversed(SummaryView.of(summary).restarts) if record in (None, r.record)),
-                  None)
+    io = ((summary.get("checkpoint") or {}).get("io_sources") if record == "checkpoint" else
+          next((r.io_sources for r in reversed(SummaryView.of(summary).restarts) if record in (None, r.record)), None))
     if not io:
         print(f"error: {args[0]} has no I/O by source for {record or 'its latest restart'} (recorded from 2026-11-26 "
               "with anatomy=true or trace=true)", file=sys.stderr)

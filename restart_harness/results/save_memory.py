@@ -42,11 +42,10 @@ def growth(per_rank: dict[int, list[dict]]) -> dict:
     if best is None:
         return {"saves": n, "bytes_per_save": None, "growing": None, "note": "no rank recorded its memory"}
     b, se, rank, points = best
-    total = b * (len(points) - 1)
     t = math.inf if not se and b > 0 else (b / se if se else 0.0)
     return {"saves": n, "fitted_saves": len(points), "rank": rank, "bytes_per_save": round(b),
             "standard_error_bytes": round(se) if se is not None else None,
-            "growth_bytes": round(total), "first_fitted_rss_bytes": points[0][1],
+            "growth_bytes": round(b * (len(points) - 1)), "first_fitted_rss_bytes": points[0][1],
             "growing": bool(b >= GROWTH_FLOOR_BYTES and t >= GROWTH_T), "note": None}
 
 

@@ -88,9 +88,8 @@ def _run_rows(s: SummaryView) -> list[tuple[str, str]]:
 
 def _training_rows(tr: TrainingView) -> list[tuple[str, str]]:
     """The training steps' median, and with a flush in flight against without."""
-    rows = []
-    if tr.step_seconds_median is not None:
-        rows.append(("train step", f"median {_s(tr.step_seconds_median)} over {tr.steps} steps"))
+    rows = ([("train step", f"median {_s(tr.step_seconds_median)} over {tr.steps} steps")]
+            if tr.step_seconds_median is not None else [])
     if tr.steps_in_flight:
         rows.append(("overlap", (f"median step {_s(tr.step_seconds_median_in_flight)} with a flush in flight "
                                 f"({tr.steps_in_flight} steps), {_s(tr.step_seconds_median_no_flush)} without")))
@@ -104,8 +103,7 @@ def _checkpoint_rows(ck: CheckpointView, steps: dict | None, records) -> list[tu
     if b := ck.bytes_per_rank:
         rows.append(("per rank", (f"max {b['max'] / MIB:,.2f} / min {b['min'] / MIB:,.2f} / "
                                  f"mean {b['mean'] / MIB:,.2f} MiB written")))
-    rows += [_save_row(save) for save in ck.saves]
-    rows += [*_lost_rows(ck), *_memory_rows(ck, steps, records)]
+    rows += [*map(_save_row, ck.saves), *_lost_rows(ck), *_memory_rows(ck, steps, records)]
     last = ck.saves[-1] if ck.saves else SaveView()
     if last.breakdown:
         rows.append(("save anatomy", (f"{_anatomy(last.breakdown, SAVE_CATEGORIES)}  (s, {last.tag}, "

@@ -77,9 +77,6 @@ def save_record(run_dir: Path, info: dict) -> None:
 
 def find_run_dirs(root: Path) -> list[Path]:
     """Run directories (those holding spec.json) at or below root; a run's own subfolders are not searched."""
-    root = Path(root)
-    if (root / SPEC_FILE).is_file():
-        return [root]
     found = []
     for here, dirs, files in os.walk(root):
         if SPEC_FILE in files:

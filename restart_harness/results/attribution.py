@@ -1,7 +1,6 @@
-"""Where each phase's seconds went (attribution=): the sampler's trace of a launch (results/samples.py) cut at the
-ranks' marks, every sample named by its cause (results/causes.py), into summary.json's `attribution` of the record
-and one flame graph per rank and phase (speedscope's JSON). The method (clocks, phases, the launcher's phase, how the
-causes add up): docs/attribution.md#what-it-does."""
+"""Where each phase's seconds went (attribution=): the sampler's trace (results/samples.py) cut at the ranks' marks, each
+sample named by its cause (results/causes.py), into summary.json's `attribution`, flame graphs and the terminal's rows.
+The method: docs/attribution.md#what-it-does."""
 
 from __future__ import annotations
 
@@ -205,19 +204,13 @@ def _launcher_phase(trace, ranks, events, launch, offset: float, folder: Path, r
         return None
     lo, hi = launch["start"] - offset, max(starts) - offset
     rank_pids = {thread.pid for thread, _ in ranks.values()}
-    threads = []
-    for thread in trace.threads.values():
-        if thread.pid in rank_pids or not thread.spans or trace.of_pid(thread.pid) is not thread:
-            continue
-        if set(_chain(trace, thread)) & rank_pids:
-            continue
-        threads.append(thread)
-    threads.sort(key=lambda t: -t.first)  # the latest started first
+    threads = sorted((t for t in trace.threads.values() if t.pid not in rank_pids and t.spans
+                      and trace.of_pid(t.pid) is t and not set(_chain(trace, t)) & rank_pids),
+                     key=lambda t: -t.first)  # the latest started first
     cause = functools.cache(lambda stack: causes.classify([trace.frames[f] for f in stack], launcher=True))
     clipped = [_clip(t.spans, lo, hi) for t in threads]
     edges = sorted({x for spans in clipped for s, e, _ in spans for x in (s, e)})
-    chosen = []
-    cursor = [0] * len(clipped)
+    chosen, cursor = [], [0] * len(clipped)
     for a, b in itertools.pairwise(edges):
         best = None
         for i, spans in enumerate(clipped):
@@ -249,8 +242,7 @@ def speedscope(trace: samples.Trace, spans, name: str) -> dict:
     """speedscope's file format (https://github.com/jlfwong/speedscope/wiki/Importing-from-custom-sources): one
     sampled profile, a sample per stretch of one stack weighted by its seconds, in time order."""
     index: dict[int, int] = {}
-    frames = []
-    stacks, weights = [], []
+    frames, stacks, weights = [], [], []
     for s, e, stack in spans:
         row = []
         for f in stack:
@@ -262,11 +254,10 @@ def speedscope(trace: samples.Trace, spans, name: str) -> dict:
             row.append(index[f])
         stacks.append(row)
         weights.append(_round(e - s))
-    total = sum(weights)
     return {"$schema": "https://www.speedscope.app/file-format-schema.json", "exporter": "restart-harness",
             "name": name, "activeProfileIndex": 0, "shared": {"frames": frames},
             "profiles": [{"type": "sampled", "name": name, "unit": "seconds", "startValue": 0,
-                          "endValue": _round(total), "samples": stacks, "weights": weights}]}
+                          "endValue": _round(sum(weights)), "samples": stacks, "weights": weights}]}
 
 
 def attribution_rows(att: dict | None, record: str) -> list[tuple[str, str]]:

@@ -29,15 +29,13 @@ def _files(per_rank: dict[int, dict], cls: str, root: str | None) -> list[dict]:
     """Per file and rank: bytes, calls, seconds inside the calls, request sizes (for one I/O class); paths relative
     to the checkpoint root."""
     out = []
-    prefix = root.rstrip("/") + "/" if root else None
+    prefix = root.rstrip("/") + "/" if root else ""
     for rank, record in sorted(per_rank.items()):
         for path, f in sorted((record.get("files") or {}).items()):
             part = f[cls]
             if not part["calls"]:
                 continue
-            if prefix and path.startswith(prefix):
-                path = path[len(prefix):]
-            out.append({"path": path, "rank": rank, f"{cls}_bytes": part["bytes"], f"{cls}_calls": part["calls"],
+            out.append({"path": path.removeprefix(prefix), "rank": rank, f"{cls}_bytes": part["bytes"], f"{cls}_calls": part["calls"],
                         f"{cls}_seconds": _round(part["seconds"]),
                         "request_sizes": {iocount.bucket_label(b): n for b, n in enumerate(part["sizes"]) if n}})
     return out

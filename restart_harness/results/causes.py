@@ -158,14 +158,11 @@ def _import(frames):
     if first is None:
         return None
     bodies = [f for f in frames[first:] if f.name == "<module>"]
-    inner = bodies[-1] if bodies else None
-    if inner is None:  # still finding the module: the importing module's own import statement
-        inner = next((f for f in reversed(frames[:first]) if f.name == "<module>"), None)
+    # none: still finding the module, charged to the importing module's own import statement
+    inner = bodies[-1] if bodies else next((f for f in reversed(frames[:first]) if f.name == "<module>"), None)
     if inner is None:  # no module body on the stack at all: the search for the first one (runpy's -m)
         return Cause("import", "import (finding modules on sys.path)")
-    package = package_of(inner.file)
-    asked = next((f for f in frames[first:] if f.name == "<module>"), inner)
-    module = module_of(asked.file) if asked is not None else "?"
+    package, module = package_of(inner.file), module_of((bodies[0] if bodies else inner).file)
     # who asked: the frame before the import machinery (importlib.import_module's own frame is machinery too)
     at = first - 1
     while at >= 0 and frames[at].file.endswith("importlib/__init__.py"):

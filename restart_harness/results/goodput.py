@@ -11,8 +11,7 @@ import statistics
 from restart_harness.results import events as ev
 from restart_harness.schema import BADPUT_BUCKETS, GOODPUT_FIELDS
 
-# Meta, "The Llama 3 Herd of Models" (2024), section 3.3.4: 419 unexpected interruptions in 54 days of pre-training
-# on 16,384 H100 GPUs (about one every 3 hours)
+# Meta, "The Llama 3 Herd of Models" (2024), section 3.3.4, on 16,384 H100 GPUs (docs/goodput.md)
 LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
 DEFAULT_MTBF_PER_GPU_SECONDS = LLAMA3_DAYS * 86_400 * LLAMA3_GPUS / LLAMA3_INTERRUPTIONS
 DEFAULT_MTBF_SOURCE = (f"Llama 3's published rate ({LLAMA3_INTERRUPTIONS} interruptions in {LLAMA3_DAYS} days on "
@@ -160,9 +159,9 @@ def from_summary(summary: dict) -> list[dict]:
     (median), its restart's total (process start to the first step), its step without a save."""
     lost = (summary.get("checkpoint") or {}).get("training_lost") or {}
     spec = summary.get("spec") or {}
-    ranks = (spec.get("derived") or {}).get("world_size") or 1
     return at_scales(lost.get("per_save_seconds_median"), (summary.get("restart") or {}).get("total_seconds"),
-                     (lost.get("baseline_step") or {}).get("seconds"), spec, ranks)
+                     (lost.get("baseline_step") or {}).get("seconds"), spec,
+                     (spec.get("derived") or {}).get("world_size") or 1)
 
 
 def line(o: dict) -> str:
@@ -206,8 +205,7 @@ def segment(run_dir, record: str, launch: dict, lost_after: int | None, step_med
         out["wasted_progress_seconds" if lost else "productive_seconds"] += kept
     loop_end = max((s["t"] for s in steps), default=at)
     out["checkpoint_save_seconds"] += max(0.0, loop_end - at - sum(s["seconds"] for s in steps))
-    tail = max(0.0, end - max(loop_end, at))
-    out["wasted_progress_seconds" if lost_after is not None else "other_seconds"] += tail
+    out["wasted_progress_seconds" if lost_after is not None else "other_seconds"] += max(0.0, end - max(loop_end, at))
     return out
 
 
@@ -237,11 +235,9 @@ def totals(segments: list[dict], wall_seconds: float) -> dict:
 
 
 def campaign_model(doc: dict, save_interval: int) -> dict | None:
-    """The model's goodput at the campaign's measured costs beside the measured one: at the MTBF given, and with the
-    two measured terms by which one finite campaign departs from the model's steady state: the failures' realized
-    rate (wall time over failures) and the first launch's start-up (paid once, not after a failure); and the spread
-    of campaigns of this length (simulated), of which one measurement is one draw; `not_comparable` (_slowed) where
-    launches stepped far slower than the rest, outside the model's one step time."""
+    """The model's goodput at the campaign's measured costs beside the measured one: at the MTBF given, at the
+    failures' realized rate less the first start-up, and simulated campaigns of this length; `not_comparable` where
+    launches stepped far slower than the rest (docs/goodput.md, the model against measurement)."""
     g, step, saves, launches = doc["goodput"], doc["step_seconds_median"], doc["saves_committed"], doc["launches"]
     if not step or not saves:
         return None

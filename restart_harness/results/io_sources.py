@@ -1,7 +1,5 @@
-"""A phase's I/O by source, from the ranks' marks into summary.json: per phase, per source (the Python environment,
-the extension cache, the checkpoint, ...), opens, metadata calls, listings, reads, writes and the files the dynamic
-loader mapped, and the kernel's own per-process figures (what the storage delivered, major faults); summed over the
-ranks. worker/io_marks.py measures them; docs/measurements.md#io-by-source defines each."""
+"""A phase's I/O by source (the environment, the extension cache, the checkpoint, ...), summed over the ranks' marks
+into summary.json, and its terminal rows. worker/io_marks.py measures it; docs/measurements.md#io-by-source."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""What each save costs in host memory (peak_added, held, retained, cost, engine_buffers; device on CUDA), and whether
-the resident set grows save after save (a least-squares slope from the second save). The ranks record it
-(worker/memory.py, worker/manager.py); this folds their records into summary.json. Every figure is defined in
-docs/measurements.md, "Memory per save"."""
+"""What each save costs in host memory, and whether the resident set grows save after save (a least-squares slope from
+the second save), from the ranks' records (worker/memory.py) into summary.json: docs/measurements.md, "Memory per
+save"."""
 
 from __future__ import annotations
 

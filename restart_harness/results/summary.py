@@ -67,10 +67,8 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str |
 
 
 def _load_figures(record, load_bytes, load_s, phases, launch) -> dict:
-    """load_seconds and load_throughput_mib_s. A restart of the checkpoint itself: the checkpoint's bytes over the
-    slowest rank's seconds inside the engine's load calls. A restart that reads a converted copy (DeepSpeed's
-    universal checkpoint, read outside the engine: DeepSpeed torch.loads it in the optimizer): bytes read (the I/O
-    counters, all ranks) over the checkpoint_load phase."""
+    """load_seconds and load_throughput_mib_s: the checkpoint's bytes over the slowest rank's seconds in the engine's
+    load calls, or for a converted copy (universal checkpoint, read outside the engine) bytes read over checkpoint_load."""
     if launch.get("conversion"):
         read = sum(e["io"]["read"]["bytes"] for evs in record.values() for e in evs
                    if e["event"] == "load_anatomy" and e.get("io"))
@@ -118,14 +116,13 @@ def loss_continuity(restarts: list[dict]) -> None:
 
 def training(record: dict[int, list[dict]], emulated: bool = False) -> dict:
     steps = ev.of_kind(record, "step").get(0, [])
-    seconds = [s["seconds"] for s in steps]
     busy = [s["seconds"] for s in steps if s.get("in_flight")]
     rss = [e["max_rss_bytes"] for evs in ev.of_kind(record, "done").values() for e in evs if "max_rss_bytes" in e]
     return {
         "max_rss_bytes_per_rank": max(rss) if rss else None,
         "memory": breakdown.memory(record, MEMORY_PHASES_EMULATED if emulated else MEMORY_PHASES_CHECKPOINT),
         "steps": len(steps),
-        "step_seconds_median": _median(seconds),
+        "step_seconds_median": _median([s["seconds"] for s in steps]),
         "losses": [round(s["loss"], 6) for s in steps],
         "rss_growth": save_memory.training_growth(record),  # results/save_memory.py: the resident set step by step
         # rank 0's steps in order, for the step timeline (analysis: step_timeline_seconds.png)

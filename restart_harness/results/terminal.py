@@ -211,8 +211,7 @@ def _ceiling_from(c: dict, way: str) -> str:
     return f"{'O_DIRECT' if d.get('o_direct') else 'buffered'}, {shape}"
 
 
-# the words of this summary a newcomer would stop at, each said once at its end where the summary used it
-# (docs/measurements.md defines every figure)
+# the words a newcomer would stop at, said once at the end where used (docs/measurements.md defines every figure)
 TERMS = (
     ("blocking", ("the time training waited for a save; durable: until every file of it survives a crash (fsync, or "
                  "an upload complete)")),

@@ -33,10 +33,9 @@ def source_prefixes(run_dir: Path, ckpt_root: Path | None, staged=None) -> dict[
     copy's."""
     base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix,
                                      "installed_base": sys.base_prefix, "installed_platbase": sys.base_exec_prefix})
-    user = getpass.getuser()
     caches = [staged.extensions if staged else extensions_dir(),
               os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton",
-              os.environ.get("TORCHINDUCTOR_CACHE_DIR") or f"/tmp/torchinductor_{user}"]
+              os.environ.get("TORCHINDUCTOR_CACHE_DIR") or f"/tmp/torchinductor_{getpass.getuser()}"]
     prefix = [staged.prefix] if staged else [sys.prefix, sys.exec_prefix]
     interpreter = [staged.python if staged else sys.executable]
     libpython = Path(sysconfig.get_config_var("LIBDIR") or "/nonexistent") / (sysconfig.get_config_var("LDLIBRARY") or "")

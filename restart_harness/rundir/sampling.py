@@ -54,9 +54,7 @@ def unavailable(spec, launcher) -> str | None:
     if environment.read().RH_STRACE:
         return f"{strace.ENV}=1 traces the launch with strace, and a process has one tracer"
     path, why = tool()
-    if path is None:
-        return why
-    return _probe(path, spec.attribution == "native")
+    return why if path is None else _probe(path, spec.attribution == "native")
 
 
 @functools.cache

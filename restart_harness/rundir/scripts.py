@@ -1,10 +1,6 @@
-"""Launch scripts: the exact commands that start the ranks of one phase, written into the run directory, and a
-batch scheduler's job script.
-
-The command and the lines before it are the launcher's (restart_harness/launchers/, one module per `launcher=`);
-this module adds what every rank gets whatever started it (threads, the JIT cache, the I/O instrumentation, the
-env hook, the storage client's request log) and writes a script that re-runs the launch by hand.
-"""
+"""Launch scripts: the exact commands that start the ranks of one phase (the launcher's, restart_harness/launchers/,
+with what every rank gets whatever started it), written into the run directory to be re-run by hand, and a batch
+scheduler's job script."""
 
 from __future__ import annotations
 

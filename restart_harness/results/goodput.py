@@ -225,8 +225,7 @@ def totals(segments: list[dict], wall_seconds: float) -> dict:
     summed = {k: sum(s[k] for s in segments) for k in (*BADPUT_BUCKETS, "productive_seconds")}
     measured = sum(summed.values())
     summed["other_seconds"] += wall_seconds - measured
-    shares = {k.replace("_seconds", "_share"): (v / wall_seconds if wall_seconds else None)
-              for k, v in summed.items()}
+    shares = {k.replace("_seconds", "_share"): v / wall_seconds if wall_seconds else None for k, v in summed.items()}
     return {"wall_seconds": wall_seconds, "goodput": shares.pop("productive_share"),
             "productive_seconds": summed.pop("productive_seconds"), "badput_seconds": summed, "badput_share": shares,
             "launches_measured_seconds": measured,

@@ -4,6 +4,8 @@ never a guessed one."""
 
 from __future__ import annotations
 
+import itertools
+
 from restart_harness.results import events as ev
 
 
@@ -36,12 +38,8 @@ def placement(record: dict[int, list[dict]]) -> list[dict] | None:
 
 def _most_at_once(windows: list[tuple[float, float]]) -> int:
     """The most intervals that overlap at one instant."""
-    edges = sorted([(a, 1) for a, _ in windows] + [(b, -1) for _, b in windows], key=lambda x: (x[0], x[1]))
-    most = now = 0
-    for _, step in edges:
-        now += step
-        most = max(most, now)
-    return most
+    edges = sorted([(a, 1) for a, _ in windows] + [(b, -1) for _, b in windows])  # an end before a start at once
+    return max(itertools.accumulate(step for _, step in edges), default=0)
 
 
 def save_per_node(per_rank: list[dict], where: dict[int, str], order: list[dict]) -> list[dict]:

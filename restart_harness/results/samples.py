@@ -49,7 +49,6 @@ class Trace:
 def read(path: Path) -> Trace:
     """The trace, its samples replayed per thread id as py-spy wrote them (third_party/py_spy_chrometrace.py: forked
     processes share thread ids, which py-spy 0.4.3's writer does not tell apart)."""
-    events = json.loads(path.read_text())
     frames: list[Frame] = []
     index: dict[tuple[str, str, int], int] = {}
 
@@ -63,7 +62,7 @@ def read(path: Path) -> Trace:
 
     threads: dict[tuple[int, int], Thread] = {}
     last: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {}
-    for pid, tid, ts, stack in py_spy_chrometrace.samples(events, intern):
+    for pid, tid, ts, stack in py_spy_chrometrace.samples(json.loads(path.read_text()), intern):
         key = (pid, tid)
         thread = threads.setdefault(key, Thread(pid, tid))
         if key in last:

@@ -129,8 +129,7 @@ def _anatomy(bd: dict, categories: tuple[str, ...]) -> str:
 
 def _relaunch_rows(rs: RestartView, spec: SpecView, restarts: tuple) -> list[tuple[str, str]]:
     """The latest restart: where it ran against where the checkpoint was saved, how long it took, its phases."""
-    rows = []
-    layout, loaded = rs.layout or {}, rs.loaded or {}
+    rows, layout, loaded = [], rs.layout or {}, rs.loaded or {}
     if layout and not rs.at_own_layout():
         read = (f": {loaded['files']} files, {loaded['bytes'] / MIB:,.2f} MiB" if loaded.get("files") else "")
         rows.append(("restarted at", (f"{layout['loaded']} ({rs.ranks} ranks), from {layout['saved']}; it loaded "
@@ -144,14 +143,13 @@ def _relaunch_rows(rs: RestartView, spec: SpecView, restarts: tuple) -> list[tup
                                f"{staged['filesystem']['type']}" if staged else "")
                             + f"); cache {(rs.cache or {}).get('observed', '-')}"
                             + (f", environment {env}" if env else "")))
-    rows.append(("phases", "  ".join(f"{k} {v:.2f}" for k, v in rs.phases.items())))
-    return rows + attribution.attribution_rows(rs.attribution, rs.record) + io_sources.io_rows(rs.io_sources)
+    return [*rows, ("phases", "  ".join(f"{k} {v:.2f}" for k, v in rs.phases.items())),
+            *attribution.attribution_rows(rs.attribution, rs.record), *io_sources.io_rows(rs.io_sources)]
 
 
 def _load_rows(rs: RestartView, records) -> list[tuple[str, str]]:
     """The latest restart's checkpoint load: its throughput, the engine's own account, its anatomy."""
-    rows = []
-    lb = rs.load_breakdown
+    rows, lb = [], rs.load_breakdown
     if rs.load_throughput_mib_s:
         sr = (lb or {}).get("storage_read")
         rows.append(("load", f"{_s(rs.load_seconds)} waited for ({rs.load_throughput_mib_s:,.1f} MiB/s)"
@@ -254,8 +252,8 @@ def _lost_rows(ck: CheckpointView) -> list[tuple[str, str]]:
 def _harness_row(ck: CheckpointView) -> list[tuple[str, str]]:
     """The harness's own seconds beside the saves': its verification digest before each save (rank 0), which no
     figure above counts."""
-    pairs = [((s.training_lost or {}).get("digest_seconds"), s.blocking_seconds) for s in ck.saves]
-    pairs = [(d, b) for d, b in pairs if d and b]
+    pairs = [(d, s.blocking_seconds) for s in ck.saves
+             if (d := (s.training_lost or {}).get("digest_seconds")) and s.blocking_seconds]
     if not pairs:
         return []
     digest, blocking = sorted(d for d, _ in pairs)[len(pairs) // 2], sorted(b for _, b in pairs)[len(pairs) // 2]

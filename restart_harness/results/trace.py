@@ -100,9 +100,7 @@ def summarize(folder: Path, record: dict[int, list[dict]], phases: list[tuple[st
         windows[rank] += [(f"save {e['tag']}", e["start"], e["start"] + e["commit_seconds"]) for e in evs
                           if e["event"] == "save"]
         windows[rank] += [(name, marks[a], marks[b]) for name, a, b in phases if a in marks and b in marks]
-    by_phase: dict[str, dict] = defaultdict(_empty)
-    by_rank: dict[int, dict] = defaultdict(_empty)
-    unplaced = _empty()
+    by_phase, by_rank, unplaced = defaultdict(_empty), defaultdict(_empty), _empty()
     events = read_events(folder)
     for e in events:
         rank = pid_rank.get(e.get("pid"))

@@ -198,8 +198,8 @@ def _rank_restart(rank: int, evs: list[dict]) -> dict:
     loaded = next((e for e in evs if e["event"] == "loaded"), None)
     done = next((e for e in evs if e["event"] == "done"), {})
     return {"rank": rank, "phases": phases, "marks": m, "max_rss_bytes": done.get("max_rss_bytes"),
-            "total_seconds": total, "verify": verify, "process_start": m.get("process_start"),
-            "tag": loaded["tag"] if loaded else None,
+            "total_seconds": total, "verify": verify,
+            "process_start": m.get("process_start"), "tag": loaded["tag"] if loaded else None,
             "load_seconds": sum(f["seconds"] for f in loaded["files"]) if loaded else None}
 
 

@@ -244,7 +244,7 @@ def test_streamed_files_are_torch_saves_to_the_byte(tokens, tmp_path, monkeypatc
     (torch.load with mmap, the data read in chunks) to the same digests."""
     from restart_harness.model import digest
     from restart_harness.plan import checkpoint
-    from restart_harness.rundir.ds_config import build_ds_config
+    from restart_harness.rundir.create import build_ds_config
     from restart_harness.stacks import _streamed
     from restart_harness.stacks._deepspeed_files import Filler, build_state, tensors_of
     from restart_harness.stacks.deepspeed import client_state

@@ -26,7 +26,7 @@ from restart_harness import resolve
 from restart_harness.command import parse_args
 from restart_harness.errors import UsageError
 from restart_harness.files.cache_dir import extensions_dir
-from restart_harness.rundir.ds_config import build_ds_config
+from restart_harness.rundir.create import build_ds_config
 from third_party.deepspeed_fastpersist_cpu import replica_name
 
 CLOSE_CALL_SECONDS = 0.005  # step start is reconstructed from the event's wall time minus its seconds

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from restart_harness.results import inventory
+from restart_harness.results.finalize import build_inventory
+from restart_harness.schema import classify
 from restart_harness.targets.filesystem import FileSystemStored, FileSystemTarget
 
 
 def test_classify_deepspeed_names():
-    assert inventory.classify("layer_03-model_01-model_states.pt") == "layer_states"
-    assert inventory.classify("mp_rank_07_model_states.pt") == "model_states"
-    assert inventory.classify("zero_pp_rank_1_mp_rank_00_optim_states.pt") == "optimizer_states"
-    assert inventory.classify("bf16_zero_pp_rank_12_mp_rank_03_optim_states.pt") == "optimizer_states"
-    assert inventory.classify("mp_rank_00_model_states.pt/0/module/weight_0") == "model_states"  # shard dir
-    assert inventory.classify("zero_to_fp32.py") == "other"
+    assert classify("layer_03-model_01-model_states.pt") == "layer_states"
+    assert classify("mp_rank_07_model_states.pt") == "model_states"
+    assert classify("zero_pp_rank_1_mp_rank_00_optim_states.pt") == "optimizer_states"
+    assert classify("bf16_zero_pp_rank_12_mp_rank_03_optim_states.pt") == "optimizer_states"
+    assert classify("mp_rank_00_model_states.pt/0/module/weight_0") == "model_states"  # shard dir
+    assert classify("zero_to_fp32.py") == "other"
 
 
 def test_build_totals_kinds_and_ranks(tmp_path):
@@ -31,7 +32,7 @@ def test_build_totals_kinds_and_ranks(tmp_path):
     writers = {"mp_rank_00_model_states.pt": 0, "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt": 0,
                "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt": 1, "shards.pt": 1}
     entries = FileSystemStored(FileSystemTarget(None, root=tmp_path)).listing()["global_step2"]  # what the file system stores
-    inv = inventory.build(str(tag), writers, entries)
+    inv = build_inventory(str(tag), writers, entries)
     assert inv["total_files"] == 6 and inv["total_bytes"] == sum(files.values())
     assert inv["total_entries"] == 5  # shards.pt/ is one DeepSpeed file written as a directory
     assert inv["by_kind"]["optimizer_states"] == {"files": 2, "bytes": 600}

@@ -16,7 +16,7 @@ from conftest import REPO
 
 from restart_harness import rank_env, resolve
 from restart_harness.command.parse import parse_sweep
-from restart_harness.rundir.records import allocate_record
+from restart_harness.rundir.status import allocate_record
 
 
 def cli(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:

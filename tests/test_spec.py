@@ -11,7 +11,7 @@ import pytest
 from restart_harness import resolve
 from restart_harness.command import parse_args
 from restart_harness.errors import UsageError
-from restart_harness.rundir.ds_config import build_ds_config
+from restart_harness.rundir.create import build_ds_config
 from restart_harness.rundir.scripts import launch_script, worker_args
 from restart_harness.spec.model_shape import load_model, preset_names
 

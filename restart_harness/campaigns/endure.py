@@ -29,9 +29,8 @@ from restart_harness.results import events as ev
 from restart_harness.results import finalize, goodput
 from restart_harness.results.prediction import other_work
 from restart_harness.rundir.create import port_of, prepare
-from restart_harness.rundir.records import allocate_record, save_record
 from restart_harness.rundir.scripts import write_launch
-from restart_harness.rundir.status import set_status
+from restart_harness.rundir.status import allocate_record, save_record, set_status
 from restart_harness.schema import BADPUT_BUCKETS, ENDURE_SCHEMA_VERSION, PREDICTED_RESTART, PREDICTED_TOTAL
 from restart_harness.spec.keys import keys_of
 

@@ -18,10 +18,9 @@ from restart_harness.phases.processes import launch_of
 from restart_harness.resolve import Run
 from restart_harness.results import events as ev
 from restart_harness.rundir import observe
-from restart_harness.rundir.create import port_of
-from restart_harness.rundir.ds_config import build_ds_config, deep_merge
-from restart_harness.rundir.records import allocate_record, save_record
+from restart_harness.rundir.create import build_ds_config, deep_merge, port_of
 from restart_harness.rundir.scripts import write_launch
+from restart_harness.rundir.status import allocate_record, save_record
 from restart_harness.schema import count
 
 

@@ -15,8 +15,7 @@ from restart_harness.phases.restart import abort_incomplete_uploads, restarts, w
 from restart_harness.results import finalize
 from restart_harness.rundir import scripts
 from restart_harness.rundir.create import port_of, prepare, write_scripts
-from restart_harness.rundir.records import save_record
-from restart_harness.rundir.status import set_status
+from restart_harness.rundir.status import save_record, set_status
 from restart_harness.schema import count
 from restart_harness.spec import record as records
 

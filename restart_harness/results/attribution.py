@@ -1,7 +1,6 @@
-"""Where each phase's seconds went (attribution=): the sampler's trace of a launch (results/samples.py) cut at the
-ranks' marks, every sample named by its cause (results/causes.py), into summary.json's `attribution` of the record
-and one flame graph per rank and phase (speedscope's JSON). The method (clocks, phases, the launcher's phase, how the
-causes add up): docs/attribution.md#what-it-does."""
+"""Where each phase's seconds went (attribution=): the sampler's trace (results/samples.py) cut at the ranks' marks, each
+sample named by its cause (results/causes.py), into summary.json's `attribution`, flame graphs and the terminal's rows.
+The method: docs/attribution.md#what-it-does."""
 
 from __future__ import annotations
 
@@ -57,25 +56,17 @@ def of_record(run_dir: Path, record: str, events: dict[int, list[dict]], phases,
     else:  # no sample fell inside a pause (a sampler lagging far behind): its clock starts with the launch
         clock = {"source": "launch start", "estimates": 0, "spread_seconds": None}
         shared = launch["start"]
-    rate = asked.get("rate_hz") or ATTRIBUTION_RATE_HZ
-    folder = trace_path.parent
+    carry, folder = CARRIED_INTERVALS / (asked.get("rate_hz") or ATTRIBUTION_RATE_HZ), trace_path.parent
     per_rank: dict[int, dict] = {}
     for rank, (thread, evs) in ranks.items():
-        marks = ev.marks(evs)
+        marks, spans = ev.marks(evs), _with_parent(trace, thread)
         verify = next((e["seconds"] for e in evs if e["event"] == "verify"), 0.0)
-        per_rank[rank] = {}
-        for name, a, b in phases:
-            if a not in marks or b not in marks:
-                continue
-            seconds = marks[b] - marks[a] - (verify if name == "first_step" else 0.0)
-            window = (marks[a] - shared, marks[b] - shared)
-            spans = _clip(_with_parent(trace, thread), *window, carry=CARRIED_INTERVALS / rate)
-            per_rank[rank][name] = _phase(trace, spans, seconds, folder / f"rank-{rank:05d}" / f"{name}.speedscope.json",
-                                          run_dir)
-    out_phases = {}
+        per_rank[rank] = {name: _phase(trace, _clip(spans, marks[a] - shared, marks[b] - shared, carry),
+                                       marks[b] - marks[a] - (verify if name == "first_step" else 0.0),
+                                       folder / f"rank-{rank:05d}" / f"{name}.speedscope.json", run_dir)
+                          for name, a, b in phases if a in marks and b in marks}
     launcher = _launcher_phase(trace, ranks, events, launch, shared, folder, run_dir)
-    if launcher is not None:
-        out_phases[LAUNCHER] = launcher
+    out_phases = {LAUNCHER: launcher} if launcher is not None else {}
     for name, _, _ in phases:
         have = {rank: p[name] for rank, p in per_rank.items() if name in p}
         if have:
@@ -213,19 +204,13 @@ def _launcher_phase(trace, ranks, events, launch, offset: float, folder: Path, r
         return None
     lo, hi = launch["start"] - offset, max(starts) - offset
     rank_pids = {thread.pid for thread, _ in ranks.values()}
-    threads = []
-    for thread in trace.threads.values():
-        if thread.pid in rank_pids or not thread.spans or trace.of_pid(thread.pid) is not thread:
-            continue
-        if set(_chain(trace, thread)) & rank_pids:
-            continue
-        threads.append(thread)
-    threads.sort(key=lambda t: -t.first)  # the latest started first
+    threads = sorted((t for t in trace.threads.values() if t.pid not in rank_pids and t.spans
+                      and trace.of_pid(t.pid) is t and not set(_chain(trace, t)) & rank_pids),
+                     key=lambda t: -t.first)  # the latest started first
     cause = functools.cache(lambda stack: causes.classify([trace.frames[f] for f in stack], launcher=True))
     clipped = [_clip(t.spans, lo, hi) for t in threads]
     edges = sorted({x for spans in clipped for s, e, _ in spans for x in (s, e)})
-    chosen = []
-    cursor = [0] * len(clipped)
+    chosen, cursor = [], [0] * len(clipped)
     for a, b in itertools.pairwise(edges):
         best = None
         for i, spans in enumerate(clipped):
@@ -257,8 +242,7 @@ def speedscope(trace: samples.Trace, spans, name: str) -> dict:
     """speedscope's file format (https://github.com/jlfwong/speedscope/wiki/Importing-from-custom-sources): one
     sampled profile, a sample per stretch of one stack weighted by its seconds, in time order."""
     index: dict[int, int] = {}
-    frames = []
-    stacks, weights = [], []
+    frames, stacks, weights = [], [], []
     for s, e, stack in spans:
         row = []
         for f in stack:
@@ -270,8 +254,40 @@ def speedscope(trace: samples.Trace, spans, name: str) -> dict:
             row.append(index[f])
         stacks.append(row)
         weights.append(_round(e - s))
-    total = sum(weights)
     return {"$schema": "https://www.speedscope.app/file-format-schema.json", "exporter": "restart-harness",
             "name": name, "activeProfileIndex": 0, "shared": {"frames": frames},
             "profiles": [{"type": "sampled", "name": name, "unit": "seconds", "startValue": 0,
-                          "endValue": _round(total), "samples": stacks, "weights": weights}]}
+                          "endValue": _round(sum(weights)), "samples": stacks, "weights": weights}]}
+
+
+def attribution_rows(att: dict | None, record: str) -> list[tuple[str, str]]:
+    """"where the restart went": each phase's largest causes (results/attribution.py), its slowest rank's."""
+    title = "where the restart went"
+    if not att:
+        return []
+    if not att.get("sampled"):
+        return [(title, f"not sampled (attribution={att['mode']}): {att['reason']}; phase timings only")]
+    rows = [(title, (f"each phase's causes on its slowest rank, s ({att['tool']}, {att['rate_hz']} Hz samples; "
+                    f"flame graphs in profiles/{record}/)"))]
+    for phase, p in att["phases"].items():
+        if not p["seconds"]:
+            continue
+        shown = [c for c in p["causes"] if c["seconds"] >= 0.05 * p["seconds"]][:3] or p["causes"][:1]
+        rest = sum(c["seconds"] for c in p["causes"]) - sum(c["seconds"] for c in shown)
+        parts = [f"{c['cause']} {c['seconds']:.2f}" + (_detail(c) if i == 0 else "") for i, c in enumerate(shown)]
+        if rest >= 0.005:
+            parts.append(f"{len(p['causes']) - len(shown)} more {rest:.2f}")
+        parts.append(f"remainder {p['remainder_seconds']:.2f}")
+        if p.get("reads"):
+            f = p["reads"][0]
+            parts.append(f"longest read {f['file']} {f['read_seconds']:.3f} s ({f['read_bytes'] / 2**20:,.2f} MiB)")
+        rows.append((f"  {phase}", f"{p['seconds']:.2f}: " + ", ".join(parts)))
+    return rows
+
+
+def _detail(cause: dict) -> str:
+    """An import's largest packages and who imported it."""
+    said = [f"{k} {v:.2f}" for k, v in list((cause.get("parts") or {}).items())[:2]]
+    if cause.get("via"):
+        said.append(f"by {cause['via']}")
+    return f" ({'; '.join(said)})" if said else ""

@@ -1,9 +1,5 @@
-"""The anatomy of loads and saves, and memory per phase, from the ranks' events into summary.json.
-
-A breakdown names its slowest rank (the one whose window took longest) and gives that rank's seconds per category,
-so the categories add up to the figure they split (restart.phases.checkpoint_load, a save's commit seconds); every
-rank's own breakdown is kept beside it. Definitions: restart_harness/worker/anatomy.py and docs/anatomy.md.
-"""
+"""The anatomy of loads and saves (the slowest rank's seconds per category, every rank's beside it), and memory per
+phase, from the ranks' events into summary.json. Definitions: restart_harness/worker/anatomy.py and docs/anatomy.md."""
 
 from __future__ import annotations
 
@@ -22,10 +18,8 @@ def _io_summary(io: dict | None, classes: tuple[str, ...], stream: dict | None =
     (object storage, which the counters cannot see)."""
     out = {}
     for cls in classes:
-        part = (io or {}).get(cls) or {}
-        over_network = (stream or {}).get(cls)
-        counted = part.get("bytes")
-        out[f"{cls}_bytes"] = counted if not over_network else (counted or 0) + over_network
+        part, over_network = (io or {}).get(cls) or {}, (stream or {}).get(cls)
+        out[f"{cls}_bytes"] = (part.get("bytes") or 0) + over_network if over_network else part.get("bytes")
         out[f"{cls}_calls"] = part.get("calls")
         out[f"{cls}_busy_seconds"] = _round(part.get("busy_seconds"))
     return out
@@ -35,15 +29,13 @@ def _files(per_rank: dict[int, dict], cls: str, root: str | None) -> list[dict]:
     """Per file and rank: bytes, calls, seconds inside the calls, request sizes (for one I/O class); paths relative
     to the checkpoint root."""
     out = []
-    prefix = root.rstrip("/") + "/" if root else None
+    prefix = root.rstrip("/") + "/" if root else ""
     for rank, record in sorted(per_rank.items()):
         for path, f in sorted((record.get("files") or {}).items()):
             part = f[cls]
             if not part["calls"]:
                 continue
-            if prefix and path.startswith(prefix):
-                path = path[len(prefix):]
-            out.append({"path": path, "rank": rank, f"{cls}_bytes": part["bytes"], f"{cls}_calls": part["calls"],
+            out.append({"path": path.removeprefix(prefix), "rank": rank, f"{cls}_bytes": part["bytes"], f"{cls}_calls": part["calls"],
                         f"{cls}_seconds": _round(part["seconds"]),
                         "request_sizes": {iocount.bucket_label(b): n for b, n in enumerate(part["sizes"]) if n}})
     return out
@@ -63,14 +55,9 @@ def _breakdown(per_rank: dict[int, dict], categories: tuple[str, ...], io_classe
         ranks.append(row)
     slowest = max(ranks, key=lambda r: r["window_seconds"])
     sums = [sum(r[f"{c}_seconds"] or 0.0 for c in categories) for r in ranks]
-    return {
-        "slowest_rank": slowest["rank"],
-        **{f"{c}_seconds": slowest[f"{c}_seconds"] for c in categories},
-        "window_seconds": slowest["window_seconds"],
-        "method": next(iter(per_rank.values())).get("method"),
-        "sum_of_categories_seconds": _round(sums[ranks.index(slowest)]),
-        "per_rank": ranks,
-    }
+    return {"slowest_rank": slowest["rank"], **{f"{c}_seconds": slowest[f"{c}_seconds"] for c in categories},
+            "window_seconds": slowest["window_seconds"], "method": next(iter(per_rank.values())).get("method"),
+            "sum_of_categories_seconds": _round(sums[ranks.index(slowest)]), "per_rank": ranks}
 
 
 def load(record: dict[int, list[dict]], checkpoint_load: dict[int, float], root: str | None = None) -> dict | None:

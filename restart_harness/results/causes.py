@@ -69,9 +69,7 @@ def module_of(file: str) -> str:
         path = "stdlib/" + path[m.end():]
     elif path.startswith("<frozen "):
         path = "stdlib/" + path[len("<frozen "):].rstrip(">")
-    path = re.sub(r"\.py$", "", path)
-    path = re.sub(r"/__init__$", "", path)
-    return path.replace("/", ".")
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
 def package_of(file: str) -> str:
@@ -110,15 +108,13 @@ def _innermost_named(frames) -> str:
 
 
 def _anchor(frames):
-    if any(f.name.startswith(ANCHOR_PREFIX) for f in frames):
-        return Cause("harness", "the sampler's clock anchors (attribution=)")
-    return None
+    hit = any(f.name.startswith(ANCHOR_PREFIX) for f in frames)
+    return Cause("harness", "the sampler's clock anchors (attribution=)") if hit else None
 
 
 def _verification(frames):
-    if any(_short(f.name) == "verify" and "/stacks/" in f.file for f in frames):
-        return Cause(EXCLUDED, "the harness's verification digest (timed apart)")
-    return None
+    hit = any(_short(f.name) == "verify" and "/stacks/" in f.file for f in frames)
+    return Cause(EXCLUDED, "the harness's verification digest (timed apart)") if hit else None
 
 
 def _op(frames):
@@ -162,14 +158,11 @@ def _import(frames):
     if first is None:
         return None
     bodies = [f for f in frames[first:] if f.name == "<module>"]
-    inner = bodies[-1] if bodies else None
-    if inner is None:  # still finding the module: the importing module's own import statement
-        inner = next((f for f in reversed(frames[:first]) if f.name == "<module>"), None)
+    # none: still finding the module, charged to the importing module's own import statement
+    inner = bodies[-1] if bodies else next((f for f in reversed(frames[:first]) if f.name == "<module>"), None)
     if inner is None:  # no module body on the stack at all: the search for the first one (runpy's -m)
         return Cause("import", "import (finding modules on sys.path)")
-    package = package_of(inner.file)
-    asked = next((f for f in frames[first:] if f.name == "<module>"), inner)
-    module = module_of(asked.file) if asked is not None else "?"
+    package, module = package_of(inner.file), module_of((bodies[0] if bodies else inner).file)
     # who asked: the frame before the import machinery (importlib.import_module's own frame is machinery too)
     at = first - 1
     while at >= 0 and frames[at].file.endswith("importlib/__init__.py"):
@@ -282,15 +275,13 @@ def _launcher(frames):
 def _prefork(frames):
     """launcher=prefork's forking process, seen from a rank's phase that began in it (its imports)."""
     inner = next((f for f in reversed(frames) if f.file and not f.file.startswith("<")), None)
-    if inner is not None and inner.file.endswith("/worker/forker.py"):
-        return Cause("launcher", "prefork: forking the ranks")
-    return None
+    hit = inner is not None and inner.file.endswith("/worker/forker.py")
+    return Cause("launcher", "prefork: forking the ranks") if hit else None
 
 
 def _harness(frames):
-    if any(re.search(r"/worker/(eventlog|memory|io_marks|anatomy)\.py", f.file) for f in frames):
-        return Cause("harness", "the harness's event log and probes")
-    return None
+    hit = any(re.search(r"/worker/(eventlog|memory|io_marks|anatomy)\.py", f.file) for f in frames)
+    return Cause("harness", "the harness's event log and probes") if hit else None
 
 
 def _config(frames):

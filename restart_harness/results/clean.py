@@ -1,8 +1,6 @@
-"""`./submit-job.sh clean`: delete the checkpoints of finished runs, keep their results. A dry run unless
-apply=true: it lists what would be deleted (each run's checkpoint, where its storage target keeps it, with its
-files and bytes) and the total. Runs in progress are never touched; a run whose checkpoint is deleted keeps
-spec.json, summary.json, events and logs (its report stays whole) and says so in status.json (checkpoint_deleted),
-as keep=false does, so a restart-only re-run of it is refused in one line."""
+"""`./submit-job.sh clean`: delete the checkpoints of finished runs, keep their results (docs/keys.md, clean). A dry run
+unless apply=true; runs in progress are never touched; a run whose checkpoint is deleted says so in status.json
+(checkpoint_deleted), as keep=false does, so a restart-only re-run of it is refused in one line."""
 
 from __future__ import annotations
 

@@ -9,16 +9,14 @@ from pathlib import Path
 def read_record(run_dir: Path, record: str) -> dict[int, list[dict]]:
     """rank -> its events in order. A torn last line (a killed rank) is skipped."""
     out: dict[int, list[dict]] = {}
-    folder = run_dir / "events" / record
-    for path in sorted(folder.glob("rank-*.jsonl")):
-        rank = int(path.stem.split("-")[1])
+    for path in sorted((run_dir / "events" / record).glob("rank-*.jsonl")):
         events = []
         for line in path.read_text().splitlines():
             try:
                 events.append(json.loads(line))
             except json.JSONDecodeError:
                 continue
-        out[rank] = events
+        out[int(path.stem.split("-")[1])] = events
     return out
 
 

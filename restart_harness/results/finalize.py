@@ -6,15 +6,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections import defaultdict
 from pathlib import Path
 
 from restart_harness import resolve
 from restart_harness.files.atomic import read_json, write_json_atomic
 from restart_harness.results import attribution, io_sources, prediction
 from restart_harness.results import events as ev
-from restart_harness.results import inventory as inv
 from restart_harness.results import summary as sm
-from restart_harness.schema import RESTART_PHASES, count
+from restart_harness.schema import KINDS, RESTART_PHASES, classify, count
 from restart_harness.spec import record as records
 from restart_harness.spec.runspec import RunSpec
 
@@ -44,6 +44,28 @@ def _stored(run) -> dict[str, list[tuple[str, int]]]:
         return {}
 
 
+def build_inventory(where: str, writers: dict[str, int] | None, entries: list[tuple[str, int]]) -> dict:
+    """The inventory of one tag stored at `where` (a folder or a URL): entries are (path relative to the tag, bytes)
+    of every stored file or object; writers maps a DeepSpeed path to the rank whose engine save wrote it."""
+    writers = writers or {}
+    files = [{"path": rel, "bytes": nbytes, "kind": classify(rel),
+              "rank": writers.get(rel, writers.get(rel.split("/")[0]))} for rel, nbytes in sorted(entries)]
+    by_kind = {k: {"files": 0, "bytes": 0} for k in KINDS}
+    by_rank: dict = defaultdict(lambda: {"files": 0, "bytes": 0})
+    for f in files:
+        for tally in (by_kind[f["kind"]], by_rank["unknown" if f["rank"] is None else str(f["rank"])]):
+            tally["files"] += 1
+            tally["bytes"] += f["bytes"]
+    return {
+        "dir": where, "files": files, "total_files": len(files),
+        # DeepSpeed files: one per engine.save() path, whether a file or a directory of shards (torchsnapshot, dcp)
+        "total_entries": len({f["path"].split("/", 1)[0] for f in files}),
+        "total_bytes": sum(f["bytes"] for f in files),
+        "by_kind": by_kind,
+        "by_rank": dict(sorted(by_rank.items(), key=lambda kv: (kv[0] == "unknown", int(kv[0]) if kv[0].isdigit() else 0))),
+    }
+
+
 def rerun(info: dict, phase: str) -> bool:
     """A restart-only re-run's record, not the run's own restart (records before the harness said so: the run's own
     is restart-01 of a phase=all run)."""
@@ -58,8 +80,7 @@ def finalize(run: resolve.Run | Path, state: str, reason: str | None = None, as_
     run = resolve.read(run) if isinstance(run, Path) else run
     made = run.made if as_made is None else dataclasses.replace(run.made, spec=as_made)
     run_dir, target = made.run_dir, run.target
-    writers = _writers(run_dir)
-    stored = _stored(run)
+    writers, stored = _writers(run_dir), _stored(run)
     committed = {tag: {"files": len(stored[tag]), "bytes": sum(n for _, n in stored[tag])}
                  for tag in writers if stored.get(tag)}
     restarts = [_restart(made, run, info, committed, stored) for info in _records(run_dir)]
@@ -70,7 +91,7 @@ def finalize(run: resolve.Run | Path, state: str, reason: str | None = None, as_
     tag = (restarts[-1]["saved_tag"] if restarts else None) or run.stored.latest()
     inventory = None
     if tag and stored.get(tag):
-        inventory = inv.build(f"{target.describe()}/{tag}", writers.get(tag), stored[tag])
+        inventory = build_inventory(f"{target.describe()}/{tag}", writers.get(tag), stored[tag])
         inventory["tag"] = tag
         write_json_atomic(run_dir / "inventory.json", inventory)
     status = _status(state, reason, restarts)
@@ -80,9 +101,8 @@ def finalize(run: resolve.Run | Path, state: str, reason: str | None = None, as_
     _efficiency(summary, run_dir)
     summary["prediction"] = prediction.compare(prediction.read(run_dir), summary)
     if summary["prediction"] is not None:  # measured on a busy machine, a prediction's error is not the model's
-        busy = [r for r in [summary["checkpoint"], *(summary["restarts"][:1])] if (r.get("machine_load") or {})
-                .get("busy")]
-        summary["prediction"]["machine_busy"] = bool(busy)
+        summary["prediction"]["machine_busy"] = any((r.get("machine_load") or {}).get("busy")
+                                                    for r in [summary["checkpoint"], *summary["restarts"][:1]])
     write_json_atomic(run_dir / "summary.json", summary)
     write_json_atomic(run_dir / "status.json", status)
     return summary
@@ -90,7 +110,6 @@ def finalize(run: resolve.Run | Path, state: str, reason: str | None = None, as_
 
 def _restart(made: records.RunRecord, run, info: dict, committed: dict, stored: dict) -> dict:
     """One restart's summary from its record and its launch record (info), with what it read from the target."""
-    target = run.target
     run_dir = made.run_dir
     record = ev.read_record(run_dir, info["record"])
     tag = next((e["tag"] for evs in record.values() for e in evs if e["event"] == "loaded"), None)
@@ -101,7 +120,7 @@ def _restart(made: records.RunRecord, run, info: dict, committed: dict, stored: 
                if records.record_spec_path(run_dir, info["record"]).is_file() else made.spec)
         info["layout"] = {"saved": made.spec.layout, "loaded": own.layout}
     r = sm.restart(record, info["record"], info, info.get("cache"), committed.get(tag, {}).get("bytes"),
-                   str(target.root), run_dir)
+                   str(run.target.root), run_dir)
     r["saved_tag"] = (info.get("conversion") or {}).get("tag") or tag
     r["loaded"] = {"tag": tag, "files": len(stored.get(tag, [])) or None,
                    "bytes": sum(n for _, n in stored.get(tag, [])) or None}
@@ -137,27 +156,18 @@ def _status(state: str, reason: str | None, restarts: list[dict]) -> dict:
     return status
 
 
-def _ratio(value: float | None, base: float | None) -> float | None:
-    return round(value / base, 4) if value and base else None
-
-
 def _efficiency(summary: dict, run_dir: Path) -> None:
     """summary['baseline'] from run_dir/baseline.json (null when baseline=false; files/baseline.py) and
     checkpoint.efficiency: the save's durable and the load's throughput over the baseline's (`save`, `load`) and over
     the ceiling's (`save_of_ceiling`, `load_of_ceiling`; null where the storage has none, or the record predates it)."""
     path = run_dir / "baseline.json"
-    base = read_json(path) if path.is_file() else None
-    summary["baseline"] = base
+    base = summary["baseline"] = read_json(path) if path.is_file() else None
     ckpt = summary.get("checkpoint") or {}
-    durable = (ckpt.get("throughput_mib_s") or {}).get("durable")
-    load = (summary.get("restart") or {}).get("load_throughput_mib_s")
-    ceiling = (base or {}).get("ceiling") or {}
-    ckpt["efficiency"] = {
-        "save": _ratio(durable, (base or {}).get("write_mib_s")),
-        "load": _ratio(load, (base or {}).get("read_mib_s")),
-        "save_of_ceiling": _ratio(durable, ceiling.get("write_mib_s")),
-        "load_of_ceiling": _ratio(load, ceiling.get("read_mib_s")),
-    }
+    got = {"save": (ckpt.get("throughput_mib_s") or {}).get("durable"),
+           "load": (summary.get("restart") or {}).get("load_throughput_mib_s")}
+    ckpt["efficiency"] = {f"{way}{of}": round(got[way] / ref[key], 4) if got[way] and ref.get(key) else None
+                          for of, ref in (("", base or {}), ("_of_ceiling", (base or {}).get("ceiling") or {}))
+                          for way, key in (("save", "write_mib_s"), ("load", "read_mib_s"))}
 
 
 def _not_restored(r: dict) -> str:
@@ -169,8 +179,8 @@ def _checkpoint_phase(summary: dict, run_dir: Path, stored) -> None:
     its start-up attributed as a restart's (the phases up to engine_init)."""
     path = run_dir / "records" / "checkpoint.json"
     launch = json.loads(path.read_text()) if path.is_file() else {}
-    summary["checkpoint"]["storage_requests"] = stored.requests(run_dir / "logs" / "client" / "checkpoint")
-    summary["checkpoint"]["incomplete_uploads"] = launch.get("incomplete_uploads")
-    summary["checkpoint"]["machine_load"] = launch.get("machine_load")
+    summary["checkpoint"].update(storage_requests=stored.requests(run_dir / "logs" / "client" / "checkpoint"),
+                                 incomplete_uploads=launch.get("incomplete_uploads"),
+                                 machine_load=launch.get("machine_load"))
     summary["checkpoint"]["attribution"] = attribution.of_record(
         run_dir, "checkpoint", ev.read_record(run_dir, "checkpoint"), RESTART_PHASES[:4], launch)

@@ -1,29 +1,6 @@
-"""What failures and checkpoints cost a job: the model of its goodput, the checkpoint interval that maximizes it,
-and a failure campaign's measured wall time split by category (no torch).
-
-The model. Failures arrive as a Poisson process (exponential times between them) whose rate grows with the job's
-size: a job of G GPUs whose GPUs each fail once every M_gpu seconds fails once every M_gpu / G. A job that trains
-`interval` seconds, then pays `save` seconds of training lost to a checkpoint, and after each failure pays `restart`
-seconds (process start to its first step) and loses the work since its last commit, spends on each committed interval
-on average (Daly 2006, eq. 13, the exact expectation for exponential failures):
-
-    M * exp(restart / M) * (exp((interval + save) / M) - 1)
-
-Goodput is the interval over that time. Young's (1974) and Daly's first-order optimum is sqrt(2 * save * M); the
-optimum here is computed numerically (a bounded golden-section search on log(interval)), so it holds where the
-first-order one does not (a save or restart not small against M). The job's MTBF comes from the run's keys
-(mtbf=, mtbf_per_node=, mtbf_per_gpu=; default Llama 3's published rate) at its own GPUs and at at_gpus=.
-
-The campaign's split (campaigns/endure.py): productive step time, and badput by category, named after
-ml-goodput-measurement's buckets (schema BADPUT_BUCKETS; docs/goodput.md defines each). Each launch (segment) is read
-from rank 0's events on one clock (wall time): start-up from the launch to dist_init_done, training preparation to
-the engine's set-up (a fresh start) or to the load (a restart), checkpoint restore from the load to its verification,
-then the step loop. In the loop, a step's median time is productive unless the step was lost (after the last commit
-when a failure ended the launch: wasted progress, recomputed by the next launch); the first step's excess over the
-median is first steps; the loop's time outside steps is checkpoint save (the training lost to saves: their blocking
-parts, digests, the commit's wait). A launch cut by a failure puts the time from its last event to its end with the
-phase that was running (wasted progress in the step loop). Other is the rest of the wall time: the harness between
-launches and each launch's teardown."""
+"""What failures and checkpoints cost a job: the model of its goodput (Daly 2006's exact expectation), the checkpoint
+interval that maximizes it, and a failure campaign's measured wall time split by badput category (no torch). The
+model, its inputs and each category: docs/goodput.md."""
 
 from __future__ import annotations
 
@@ -34,8 +11,7 @@ import statistics
 from restart_harness.results import events as ev
 from restart_harness.schema import BADPUT_BUCKETS, GOODPUT_FIELDS
 
-# Meta, "The Llama 3 Herd of Models" (2024), section 3.3.4: 419 unexpected interruptions in 54 days of pre-training
-# on 16,384 H100 GPUs (about one every 3 hours)
+# Meta, "The Llama 3 Herd of Models" (2024), section 3.3.4, on 16,384 H100 GPUs (docs/goodput.md)
 LLAMA3_INTERRUPTIONS, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16_384
 DEFAULT_MTBF_PER_GPU_SECONDS = LLAMA3_DAYS * 86_400 * LLAMA3_GPUS / LLAMA3_INTERRUPTIONS
 DEFAULT_MTBF_SOURCE = (f"Llama 3's published rate ({LLAMA3_INTERRUPTIONS} interruptions in {LLAMA3_DAYS} days on "
@@ -71,11 +47,6 @@ def expected_goodput(interval_seconds: float, save_seconds: float, restart_secon
     return interval_seconds / (m * math.exp(restart_seconds / m) * math.expm1((interval_seconds + save_seconds) / m))
 
 
-def young_daly_seconds(save_seconds: float, job_mtbf_seconds: float) -> float:
-    """The first-order optimum interval: sqrt(2 * save * MTBF)."""
-    return math.sqrt(2 * save_seconds * job_mtbf_seconds)
-
-
 def _golden_max(f, low: float, high: float, tolerance: float = 1e-9) -> float:
     """The argument in [low, high] that maximizes a unimodal f (golden-section search)."""
     a, b = low, high
@@ -109,7 +80,7 @@ def optimum(save_seconds: float, restart_seconds: float, step_seconds: float, jo
     best = math.exp(_golden_max(lambda x: goodput(math.exp(x)), math.log(low), math.log(high)))
     steps = max(1, max((math.floor(best / step_seconds), math.ceil(best / step_seconds)),
                        key=lambda k: goodput(max(1, k) * step_seconds)))
-    first_order = young_daly_seconds(save_seconds, job_mtbf_seconds)
+    first_order = math.sqrt(2 * save_seconds * job_mtbf_seconds)  # Young's and Daly's first-order optimum
     return {"job_mtbf_seconds": job_mtbf_seconds, "save_seconds": save_seconds, "restart_seconds": restart_seconds,
             "step_seconds": step_seconds, "best_interval_seconds": best, "best_interval_steps": steps,
             "goodput_at_best": goodput(best), "goodput_at_best_steps": goodput(steps * step_seconds),
@@ -122,22 +93,17 @@ def simulate(wall: float, first: float, interval: float, save: float, restart: f
     """One finite campaign of the model's process (the goodput it measures): a start-up of `first` seconds, then
     intervals of training and a save until a failure (exponential times, each drawn from the one before), a restart,
     and so on until `wall`; work since the last commit is lost at a failure, kept at the end."""
-    clock, productive, setup = 0.0, 0.0, first
+    clock, productive, setup = 0.0, 0.0, first  # setup: the start-up still to pay, None once training
     failure = rng.expovariate(1 / mtbf)
     while clock < wall:
-        if failure < min(clock + setup, wall):  # failed while starting
+        end = clock + interval + save if setup is None else clock + setup
+        if failure < min(end, wall):  # failed while starting or training: restart, the interval's work lost
             clock, setup = failure, restart
             failure = clock + rng.expovariate(1 / mtbf)
             continue
-        clock += setup
-        while clock < wall:
-            end = clock + interval + save
-            if failure < min(end, wall):
-                clock, setup = failure, restart
-                failure = clock + rng.expovariate(1 / mtbf)
-                break
+        if setup is None:
             productive += min(interval, max(0.0, wall - clock))
-            clock = end
+        clock, setup = end, None
     return productive / wall
 
 
@@ -184,9 +150,8 @@ def at_scales(save: float | None, restart: float | None, step: float | None, key
 def from_phases(phases: dict, keys: dict, own_gpus: int) -> list[dict]:
     """The optimum from a prediction's phases (`predict`): a save's blocking seconds as its training lost, start-up
     to the first step as the restart, the first step as the step."""
-    save, restart, step = ((phases.get(n) or {}).get("seconds") for n in (
-        "save_blocking_seconds", "restart_total_with_launch_seconds", "restart_first_step_seconds"))
-    return at_scales(save, restart, step, keys, own_gpus)
+    return at_scales(*((phases.get(n) or {}).get("seconds") for n in (
+        "save_blocking_seconds", "restart_total_with_launch_seconds", "restart_first_step_seconds")), keys, own_gpus)
 
 
 def from_summary(summary: dict) -> list[dict]:
@@ -194,9 +159,9 @@ def from_summary(summary: dict) -> list[dict]:
     (median), its restart's total (process start to the first step), its step without a save."""
     lost = (summary.get("checkpoint") or {}).get("training_lost") or {}
     spec = summary.get("spec") or {}
-    ranks = (spec.get("derived") or {}).get("world_size") or 1
     return at_scales(lost.get("per_save_seconds_median"), (summary.get("restart") or {}).get("total_seconds"),
-                     (lost.get("baseline_step") or {}).get("seconds"), spec, ranks)
+                     (lost.get("baseline_step") or {}).get("seconds"), spec,
+                     (spec.get("derived") or {}).get("world_size") or 1)
 
 
 def line(o: dict) -> str:
@@ -208,16 +173,13 @@ def line(o: dict) -> str:
             f"{o['goodput_at_best']:.4f}; Young/Daly {o['young_daly_interval_seconds']:,.1f} s")
 
 
-
-def _boundaries(events: list[dict], start: float) -> list[float | None]:
+def _boundaries(events: list[dict]) -> list[float | None]:
     """The ends of start-up, training preparation and checkpoint restore on rank 0's clock (None: not reached)."""
     marks = ev.marks(events)
-    dist = marks.get("dist_init_done")
     loaded = next((e["outer_start"] for e in events if e["event"] == "loaded"), None)
     verified = next((e["t"] for e in events if e["event"] == "verify"), None)
     prepared = marks.get("engine_initialized", loaded)
-    restored = verified if loaded is not None else prepared
-    return [dist, prepared, restored]
+    return [marks.get("dist_init_done"), prepared, verified if loaded is not None else prepared]
 
 
 def segment(run_dir, record: str, launch: dict, lost_after: int | None, step_median: float | None) -> dict:
@@ -226,7 +188,7 @@ def segment(run_dir, record: str, launch: dict, lost_after: int | None, step_med
     events = sorted(ev.read_record(run_dir, record).get(0, []), key=lambda e: e["t"])
     start, end = launch["start"], launch["start"] + launch["wall_seconds"]
     out = dict.fromkeys(BADPUT_BUCKETS, 0.0) | {"productive_seconds": 0.0}
-    edges, names = _boundaries(events, start), BADPUT_BUCKETS[:2] + ("checkpoint_restore_seconds",)
+    edges, names = _boundaries(events), BADPUT_BUCKETS[:2] + ("checkpoint_restore_seconds",)
     at = start
     for name, edge in zip(names, edges):
         if edge is None:  # the launch ended in this phase
@@ -243,8 +205,7 @@ def segment(run_dir, record: str, launch: dict, lost_after: int | None, step_med
         out["wasted_progress_seconds" if lost else "productive_seconds"] += kept
     loop_end = max((s["t"] for s in steps), default=at)
     out["checkpoint_save_seconds"] += max(0.0, loop_end - at - sum(s["seconds"] for s in steps))
-    tail = max(0.0, end - max(loop_end, at))
-    out["wasted_progress_seconds" if lost_after is not None else "other_seconds"] += tail
+    out["wasted_progress_seconds" if lost_after is not None else "other_seconds"] += max(0.0, end - max(loop_end, at))
     return out
 
 
@@ -264,8 +225,7 @@ def totals(segments: list[dict], wall_seconds: float) -> dict:
     summed = {k: sum(s[k] for s in segments) for k in (*BADPUT_BUCKETS, "productive_seconds")}
     measured = sum(summed.values())
     summed["other_seconds"] += wall_seconds - measured
-    shares = {k.replace("_seconds", "_share"): (v / wall_seconds if wall_seconds else None)
-              for k, v in summed.items()}
+    shares = {k.replace("_seconds", "_share"): v / wall_seconds if wall_seconds else None for k, v in summed.items()}
     return {"wall_seconds": wall_seconds, "goodput": shares.pop("productive_share"),
             "productive_seconds": summed.pop("productive_seconds"), "badput_seconds": summed, "badput_share": shares,
             "launches_measured_seconds": measured,
@@ -274,11 +234,9 @@ def totals(segments: list[dict], wall_seconds: float) -> dict:
 
 
 def campaign_model(doc: dict, save_interval: int) -> dict | None:
-    """The model's goodput at the campaign's measured costs beside the measured one: at the MTBF given, and with the
-    two measured terms by which one finite campaign departs from the model's steady state: the failures' realized
-    rate (wall time over failures) and the first launch's start-up (paid once, not after a failure); and the spread
-    of campaigns of this length (simulated), of which one measurement is one draw; `not_comparable` (_slowed) where
-    launches stepped far slower than the rest, outside the model's one step time."""
+    """The model's goodput at the campaign's measured costs beside the measured one: at the MTBF given, at the
+    failures' realized rate less the first start-up, and simulated campaigns of this length; `not_comparable` where
+    launches stepped far slower than the rest (docs/goodput.md, the model against measurement)."""
     g, step, saves, launches = doc["goodput"], doc["step_seconds_median"], doc["saves_committed"], doc["launches"]
     if not step or not saves:
         return None

@@ -1,12 +1,10 @@
-"""A phase's I/O by source, from the ranks' marks into summary.json: per phase, per source (the Python environment,
-the extension cache, the checkpoint, ...), opens, metadata calls, listings, reads, writes and the files the dynamic
-loader mapped, and the kernel's own per-process figures (what the storage delivered, major faults); summed over the
-ranks. worker/io_marks.py measures them; docs/measurements.md#io-by-source defines each."""
+"""A phase's I/O by source (the environment, the extension cache, the checkpoint, ...), summed over the ranks' marks
+into summary.json, and its terminal rows. worker/io_marks.py measures it; docs/measurements.md#io-by-source."""
 
 from __future__ import annotations
 
 from restart_harness.results.views import SummaryView
-from restart_harness.schema import IO_KERNEL_FIELDS, IO_SOURCE_FIELDS, IO_SOURCES
+from restart_harness.schema import IO_KERNEL_FIELDS, IO_SOURCE_FIELDS, IO_SOURCES, MIB, io_metadata_ops
 
 
 def _add(into: dict[str, int], counts: dict) -> None:
@@ -54,14 +52,9 @@ def by_phase(record: dict[int, list[dict]], phases: tuple, facts: dict | None) -
         return None
     filesystems = {source: f"{fs.get('type')} on {fs.get('mount')}" for source, fact in (facts or {}).items()
                    if isinstance(fact, dict) and (fs := fact.get("filesystem"))}
-    return {
-        "ranks": len(ranks),
-        # false without the preloaded counters (anatomy=false, trace=false): the kernel's figures only
-        "by_source": by_source,
-        "phases": {name: _shaped(phase) for name, phase in out.items()},
-        "total": _shaped(total),
-        "filesystems": filesystems,
-    }
+    return {"ranks": len(ranks), "by_source": by_source,
+            "phases": {name: _shaped(phase) for name, phase in out.items()}, "total": _shaped(total),
+            "filesystems": filesystems}
 
 
 def table(io: dict) -> str:
@@ -83,6 +76,34 @@ def table(io: dict) -> str:
     return "\n".join(lines)
 
 
+def io_rows(io: dict | None) -> list[tuple[str, str]]:
+    """The restart's I/O besides the checkpoint's, per rank (results/io_sources.py), and where imports' comes from."""
+    if not io or not io.get("ranks"):
+        return []
+    n, total, kernel = io["ranks"], io["total"]["sources"], io["total"].get("kernel") or {}
+    delivered = (f"storage delivered {kernel['storage_read_bytes'] / n / MIB:,.1f} MiB, "
+                 f"{kernel.get('major_faults', 0) / n:,.0f} major faults" if "storage_read_bytes" in kernel else "")
+    if not io.get("by_source", True):
+        return [("restart I/O", f"per rank {delivered or 'not measured'}; by source not counted (anatomy=false)")]
+    rest = [c for name, c in total.items() if name != "checkpoint"]
+    libraries = [c for name, c in total.items() if name not in ("checkpoint", "pseudo")]  # not /dev/shm segments
+    ops = sum(io_metadata_ops(c) for c in rest) / n
+    read = sum(c.get("read_bytes", 0) for c in rest) / n
+    mapped = sum(c.get("mapped_bytes", 0) for c in libraries) / n
+    ckpt = total.get("checkpoint", {})
+    text = (f"per rank {ops:,.0f} metadata ops ({sum(c.get('opens', 0) for c in rest) / n:,.0f} opens), "
+            f"{read / MIB:,.1f} MiB read and {mapped / MIB:,.0f} MiB of libraries mapped besides the checkpoint's "
+            f"{io_metadata_ops(ckpt) / n:,.0f} ops and {ckpt.get('read_bytes', 0) / n / MIB:,.2f} MiB")
+    imports = (io["phases"].get("imports") or {}).get("sources") or {}
+    if imports:
+        ops_by = {name: io_metadata_ops(c) for name, c in imports.items()}
+        top = max(ops_by, key=ops_by.get)
+        fs = io.get("filesystems", {}).get(top)
+        text += (f"; imports {sum(ops_by.values()) / n:,.0f} ops, {ops_by[top] / max(1, sum(ops_by.values())):.0%} "
+                 f"in {top}" + (f" ({fs})" if fs else ""))
+    return [("restart I/O", text + (f"; {delivered}" if delivered else ""))]
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m restart_harness.results.io_sources RUN_DIR [RECORD]`: a restart's I/O by phase and source (the
     latest restart; RECORD: restart-NN, or `checkpoint`)."""
@@ -100,11 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no readable summary.json in {args[0]}: {exc}", file=sys.stderr)
         return 2
     record = args[1] if len(args) == 2 else None
-    if record == "checkpoint":
-        io = (summary.get("checkpoint") or {}).get("io_sources")
-    else:
-        io = next((r.io_sources for r in reversed(SummaryView.of(summary).restarts) if record in (None, r.record)),
-                  None)
+    io = ((summary.get("checkpoint") or {}).get("io_sources") if record == "checkpoint" else
+          next((r.io_sources for r in reversed(SummaryView.of(summary).restarts) if record in (None, r.record)), None))
     if not io:
         print(f"error: {args[0]} has no I/O by source for {record or 'its latest restart'} (recorded from 2026-11-26 "
               "with anatomy=true or trace=true)", file=sys.stderr)

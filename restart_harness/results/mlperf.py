@@ -23,11 +23,9 @@ def run_metrics(summary: dict) -> dict:
     """One harness run (its saves and restarts) as one MLPerf run."""
     s = SummaryView.of(summary)
     saves = s.checkpoint.saves if s.checkpoint else ()
-    writes = []
-    for save in saves:
-        if seconds := max((r["durable_seconds"] for r in save.per_rank or []), default=None):
-            writes.append({"tag": save.tag, "bytes": save.bytes, "duration_seconds": round(seconds, 6),
-                           "throughput_gib_s": round(save.bytes / GIB / seconds, 6)})
+    writes = [{"tag": save.tag, "bytes": save.bytes, "duration_seconds": round(seconds, 6),
+               "throughput_gib_s": round(save.bytes / GIB / seconds, 6)} for save in saves
+              if (seconds := max((r["durable_seconds"] for r in save.per_rank or []), default=None))]
     restarts = [r for r in s.restarts if r.verified]
     reads = [{"record": r.record, "tag": r.tag, "bytes": r.load_bytes, "duration_seconds": round(r.load_seconds, 6),
               "cache": (r.cache or {}).get("observed"), "throughput_gib_s": round(r.load_bytes / GIB / r.load_seconds, 6)}

@@ -4,6 +4,8 @@ never a guessed one."""
 
 from __future__ import annotations
 
+import itertools
+
 from restart_harness.results import events as ev
 
 
@@ -36,12 +38,8 @@ def placement(record: dict[int, list[dict]]) -> list[dict] | None:
 
 def _most_at_once(windows: list[tuple[float, float]]) -> int:
     """The most intervals that overlap at one instant."""
-    edges = sorted([(a, 1) for a, _ in windows] + [(b, -1) for _, b in windows], key=lambda x: (x[0], x[1]))
-    most = now = 0
-    for _, step in edges:
-        now += step
-        most = max(most, now)
-    return most
+    edges = sorted([(a, 1) for a, _ in windows] + [(b, -1) for _, b in windows])  # an end before a start at once
+    return max(itertools.accumulate(step for _, step in edges), default=0)
 
 
 def save_per_node(per_rank: list[dict], where: dict[int, str], order: list[dict]) -> list[dict]:
@@ -49,8 +47,7 @@ def save_per_node(per_rank: list[dict], where: dict[int, str], order: list[dict]
     slowest rank's blocking and durable seconds, and the most of its ranks writing at once."""
     out = []
     for node in order:
-        mine = [r for r in per_rank if where.get(r["rank"]) == node["host"]]
-        if not mine:
+        if not (mine := [r for r in per_rank if where.get(r["rank"]) == node["host"]]):
             continue
         writers = [r for r in mine if r["files"]]
         slowest = max(mine, key=lambda r: r["durable_seconds"])
@@ -79,8 +76,7 @@ def restart_per_node(record: dict[int, list[dict]], per_rank: list[dict], order:
     loaded = ev.of_kind(record, "load_anatomy")
     out = []
     for node in order:
-        mine = [r for r in per_rank if where.get(r["rank"]) == node["host"]]
-        if not mine:
+        if not (mine := [r for r in per_rank if where.get(r["rank"]) == node["host"]]):
             continue
         read = [e["io"]["read"]["bytes"] for r in mine for e in loaded.get(r["rank"], []) if e.get("io")]
         totals = [r for r in mine if r["total_seconds"] is not None]
@@ -116,7 +112,6 @@ def lost(record: dict[int, list[dict]], ranks: int, verdicts: dict[int, str] | N
     (srun's "Killed", "Terminated", "Exited with exit code 1"); None when there are no silent ranks."""
     verdicts = verdicts or {}
     where = hosts(record)
-
     silent = [r for r in range(ranks) if not any(e["event"] in ("error", "done") or (
         e["event"] == "mark" and e.get("name") == "finished") for e in record.get(r, []))]
     if not silent:
@@ -129,7 +124,7 @@ def lost(record: dict[int, list[dict]], ranks: int, verdicts: dict[int, str] | N
         elif verdict == COLLATERAL:
             key = (1, where.get(r, "?"), "ended by the launcher after the others failed")
         else:
-            key = (0, where.get(r, "?"), f"{verdict or 'ended without a word'}")
+            key = (0, where.get(r, "?"), verdict or "ended without a word")
         groups.setdefault(key, []).append(r)
     parts = []
     for (_, host, how), mine in sorted(groups.items()):

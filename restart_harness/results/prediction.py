@@ -99,8 +99,7 @@ def compare(prediction: dict | None, summary: dict) -> dict | None:
     contention = (prediction.get("features") or {}).get("contention")
     phases = {}
     for name, p in (prediction.get("phases") or {}).items():
-        m = seen.get(name)
-        value = p.get("seconds")
+        m, value = seen.get(name), p.get("seconds")
         row = {"predicted": value, "low": p.get("low"), "high": p.get("high"), "bound": p.get("bound"),
                "measured": None if m is None else round(m, 6), "rel_error": None, "within_range": None}
         why = not_comparable(name, p, contention, summary) if value is not None and m else None

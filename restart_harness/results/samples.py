@@ -36,7 +36,6 @@ class Thread:
 class Trace:
     frames: list[Frame]
     threads: dict[tuple[int, int], Thread]
-    commands: dict[int, str]  # pid -> its command line, as py-spy names the process
 
     def of_pid(self, pid: int, tid: int | None = None) -> Thread | None:
         """A process's thread: `tid` (pthread_t) where known, else the one seen first (a process's first thread is
@@ -50,19 +49,12 @@ class Trace:
 def read(path: Path) -> Trace:
     """The trace, its samples replayed per thread id as py-spy wrote them (third_party/py_spy_chrometrace.py: forked
     processes share thread ids, which py-spy 0.4.3's writer does not tell apart)."""
-    events = json.loads(path.read_text())
     frames: list[Frame] = []
     index: dict[tuple[str, str, int], int] = {}
-    commands: dict[int, str] = {}
 
     def intern(e: dict) -> int:
         args = e.get("args") or {}
-        name = e["name"]
-        if name.startswith("process ") and not args.get("filename"):
-            pid, _, command = name[len("process "):].partition(":")
-            if pid.isdigit():
-                commands.setdefault(int(pid), command.strip('"'))
-        frame = (name, args.get("filename") or "", int(args.get("line") or 0))
+        frame = (e["name"], args.get("filename") or "", int(args.get("line") or 0))
         if frame not in index:
             index[frame] = len(frames)
             frames.append(Frame(*frame))
@@ -70,14 +62,12 @@ def read(path: Path) -> Trace:
 
     threads: dict[tuple[int, int], Thread] = {}
     last: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {}
-    for pid, tid, ts, stack in py_spy_chrometrace.samples(events, intern):
+    for pid, tid, ts, stack in py_spy_chrometrace.samples(json.loads(path.read_text()), intern):
         key = (pid, tid)
-        thread = threads.get(key)
-        if thread is None:
-            thread = threads[key] = Thread(pid, tid)
+        thread = threads.setdefault(key, Thread(pid, tid))
         if key in last:
             start, previous = last[key]
             if previous and ts > start:
                 thread.spans.append((start, ts, previous))
         last[key] = (ts, stack)
-    return Trace(frames, threads, commands)
+    return Trace(frames, threads)

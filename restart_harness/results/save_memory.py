@@ -1,7 +1,6 @@
-"""What each save costs in host memory (peak_added, held, retained, cost, engine_buffers; device on CUDA), and whether
-the resident set grows save after save (a least-squares slope from the second save). The ranks record it
-(worker/memory.py, worker/manager.py); this folds their records into summary.json. Every figure is defined in
-docs/measurements.md, "Memory per save"."""
+"""What each save costs in host memory, and whether the resident set grows save after save (a least-squares slope from
+the second save), from the ranks' records (worker/memory.py) into summary.json: docs/measurements.md, "Memory per
+save"."""
 
 from __future__ import annotations
 
@@ -14,15 +13,6 @@ MIN_SAVES = 5  # four fitted points after the first save: two degrees of freedom
 GROWTH_T = 3.0
 GROWTH_FLOOR_BYTES = 1 << 20  # per save
 FIGURES = ("peak_added_bytes", "held_bytes", "retained_bytes")
-
-
-def step_peak_added(steps: list[dict]) -> int | None:
-    """The training's own transient host memory: the median of its steps' peak-over-start with no flush in flight,
-    the first step (warm-up) left out."""
-    first = min((s["step"] for s in steps), default=None)
-    clean = [s["rss_peak_added_bytes"] for s in steps
-             if not s.get("in_flight") and s["step"] != first and s.get("rss_peak_added_bytes") is not None]
-    return int(statistics.median(clean)) if clean else None
 
 
 def slope(points: list[tuple[float, float]]) -> tuple[float, float | None]:
@@ -51,11 +41,10 @@ def growth(per_rank: dict[int, list[dict]]) -> dict:
     if best is None:
         return {"saves": n, "bytes_per_save": None, "growing": None, "note": "no rank recorded its memory"}
     b, se, rank, points = best
-    total = b * (len(points) - 1)
     t = math.inf if not se and b > 0 else (b / se if se else 0.0)
     return {"saves": n, "fitted_saves": len(points), "rank": rank, "bytes_per_save": round(b),
             "standard_error_bytes": round(se) if se is not None else None,
-            "growth_bytes": round(total), "first_fitted_rss_bytes": points[0][1],
+            "growth_bytes": round(b * (len(points) - 1)), "first_fitted_rss_bytes": points[0][1],
             "growing": bool(b >= GROWTH_FLOOR_BYTES and t >= GROWTH_T), "note": None}
 
 
@@ -84,7 +73,13 @@ def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict | Non
     saves = ev.of_kind(record, "save")
     if not any(e.get("memory") for evs in saves.values() for e in evs):
         return None
-    step_added = step_peak_added(sorted(ev.of_kind(record, "step").get(0, []), key=lambda s: s["step"]))
+    # the training's own transient host memory: the median of its steps' peak over start with no flush in flight,
+    # the first step (warm-up) left out
+    steps = ev.of_kind(record, "step").get(0, [])
+    first = min((s["step"] for s in steps), default=None)
+    clean = [s["rss_peak_added_bytes"] for s in steps
+             if not s.get("in_flight") and s["step"] != first and s.get("rss_peak_added_bytes") is not None]
+    step_added = int(statistics.median(clean)) if clean else None
     by_tag: dict[str, list[tuple[int, dict]]] = {}
     for rank, evs in saves.items():
         for e in evs:
@@ -116,10 +111,7 @@ def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict | Non
     made = [s["memory"] for s in save_list if s.get("memory")]
     costs = [m["cost_bytes"] for m in made if m["cost_bytes"] is not None]
     return {
-        "saves": len(costs),
-        "peak_added_rank": top[1],
-        "peak_added_tag": top[2],
-        "step_peak_added_bytes": step_added,
+        "saves": len(costs), "peak_added_rank": top[1], "peak_added_tag": top[2], "step_peak_added_bytes": step_added,
         **{f"{f}_max": max((m[f] for m in made if m[f] is not None), default=None) for f in FIGURES},
         "cost_bytes_median": int(statistics.median(costs)) if costs else None,
         "engine_buffers_bytes_max": max(((s.get("memory") or {}).get("engine_buffers") or {}).get("host_bytes", 0)

@@ -42,14 +42,10 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str |
         blocking, durable, commit = (max(r[k] for r in per_rank) for k in ("blocking_seconds", "durable_seconds",
                                                                            "commit_seconds"))
         out.append({
-            "tag": tag,
-            "step": per_rank[0]["step"],
-            "files": whole.get("files", sum(len(r["files"]) for r in per_rank)),
-            "bytes": nbytes,
-            "blocking_seconds": round(blocking, 6),
-            "durable_seconds": round(durable, 6),
-            "commit_seconds": round(commit, 6),
-            "async": any(r.get("async", False) for r in per_rank),
+            "tag": tag, "step": per_rank[0]["step"],
+            "files": whole.get("files", sum(len(r["files"]) for r in per_rank)), "bytes": nbytes,
+            "blocking_seconds": round(blocking, 6), "durable_seconds": round(durable, 6),
+            "commit_seconds": round(commit, 6), "async": any(r.get("async", False) for r in per_rank),
             "in_flight_steps": max(r.get("in_flight_steps", 0) for r in per_rank),
             # checksums=: the slowest rank's read-back for its files' sha256, after the commit (None: not taken)
             "checksum_seconds": max((r["checksum_seconds"] for r in per_rank if r.get("checksum_seconds") is not None),
@@ -61,23 +57,18 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str |
                                          if r.get("durability")), default=None),
             "throughput_mib_s": {"blocking": mib_s(nbytes, blocking), "durable": mib_s(nbytes, durable),
                                  "commit": mib_s(nbytes, commit)},
-            "per_rank": [
-                {"rank": r["rank"], "blocking_seconds": round(r["blocking_seconds"], 6),
-                 "durable_seconds": round(r["durable_seconds"], 6), "files": len(r["files"]), "bytes": r["bytes"]}
-                for r in per_rank
-            ],
-            "breakdown": breakdown.save(per_rank, root),
-            "per_node": nodes,
+            "per_rank": [{"rank": r["rank"], "blocking_seconds": round(r["blocking_seconds"], 6),
+                          "durable_seconds": round(r["durable_seconds"], 6), "files": len(r["files"]),
+                          "bytes": r["bytes"]} for r in per_rank],
+            "breakdown": breakdown.save(per_rank, root), "per_node": nodes,
             "slowest_node": placement.slowest(nodes, "durable_seconds") if order else None,
         })
     return out
 
 
 def _load_figures(record, load_bytes, load_s, phases, launch) -> dict:
-    """load_seconds and load_throughput_mib_s. A restart of the checkpoint itself: the checkpoint's bytes over the
-    slowest rank's seconds inside the engine's load calls. A restart that reads a converted copy (DeepSpeed's
-    universal checkpoint, read outside the engine: DeepSpeed torch.loads it in the optimizer): bytes read (the I/O
-    counters, all ranks) over the checkpoint_load phase."""
+    """load_seconds and load_throughput_mib_s: the checkpoint's bytes over the slowest rank's seconds in the engine's
+    load calls, or for a converted copy (universal checkpoint, read outside the engine) bytes read over checkpoint_load."""
     if launch.get("conversion"):
         read = sum(e["io"]["read"]["bytes"] for evs in record.values() for e in evs
                    if e["event"] == "load_anatomy" and e.get("io"))
@@ -92,10 +83,7 @@ def _load_figures(record, load_bytes, load_s, phases, launch) -> dict:
     return {**figures, "layout": launch.get("layout"), "conversion": launch.get("conversion")}
 
 
-# The first loss after a restart at another layout may differ from the original layout's by the order of
-# floating-point sums (tensor-parallel splits of bf16 matrix products, data-parallel means): measured differences
-# here were 0 for data-parallel changes and 6e-5 relative for tensor-parallel ones.
-LOSS_CONTINUITY_REL = 1e-3
+LOSS_CONTINUITY_REL = 1e-3  # the order of floating-point sums changes with the layout (docs/reshard.md)
 
 
 def loss_continuity(restarts: list[dict]) -> None:
@@ -128,29 +116,24 @@ def loss_continuity(restarts: list[dict]) -> None:
 
 def training(record: dict[int, list[dict]], emulated: bool = False) -> dict:
     steps = ev.of_kind(record, "step").get(0, [])
-    seconds = [s["seconds"] for s in steps]
+    busy = [s["seconds"] for s in steps if s.get("in_flight")]
     rss = [e["max_rss_bytes"] for evs in ev.of_kind(record, "done").values() for e in evs if "max_rss_bytes" in e]
     return {
         "max_rss_bytes_per_rank": max(rss) if rss else None,
         "memory": breakdown.memory(record, MEMORY_PHASES_EMULATED if emulated else MEMORY_PHASES_CHECKPOINT),
         "steps": len(steps),
-        "step_seconds_median": _median(seconds),
+        "step_seconds_median": _median([s["seconds"] for s in steps]),
         "losses": [round(s["loss"], 6) for s in steps],
         "rss_growth": save_memory.training_growth(record),  # results/save_memory.py: the resident set step by step
         # rank 0's steps in order, for the step timeline (analysis: step_timeline_seconds.png)
         "step_numbers": [s["step"] for s in steps],
         "step_seconds": [round(s["seconds"], 6) for s in steps],
         "step_in_flight": [bool(s.get("in_flight")) for s in steps],
-        **_overlap(steps),
+        # median step seconds with and without an async flush in flight: the overlap cost
+        "steps_in_flight": len(busy),
+        "step_seconds_median_in_flight": _median(busy),
+        "step_seconds_median_no_flush": _median([s["seconds"] for s in steps if not s.get("in_flight")]),
     }
-
-
-def _overlap(steps: list[dict]) -> dict:
-    """Median step seconds with and without an async flush in flight (rank 0's steps): the overlap cost."""
-    busy = [s["seconds"] for s in steps if s.get("in_flight")]
-    idle = [s["seconds"] for s in steps if not s.get("in_flight")]
-    return {"steps_in_flight": len(busy), "step_seconds_median_in_flight": _median(busy),
-            "step_seconds_median_no_flush": _median(idle)}
 
 
 def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict | None,
@@ -170,35 +153,27 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
     order = placement.placement(record)
     nodes = placement.restart_per_node(record, per_rank, order) if order else None
     return {
-        "record": name,
-        "tag": next((r["tag"] for r in per_rank if r["tag"]), None),
-        "ranks": len(per_rank),
+        "record": name, "tag": next((r["tag"] for r in per_rank if r["tag"]), None), "ranks": len(per_rank),
         "max_rss_bytes_per_rank": max((r["max_rss_bytes"] for r in per_rank if r["max_rss_bytes"]), default=None),
         "phases": phases,
         "total_seconds": round(max(totals), 6) if totals and len(totals) == len(per_rank) else None,
         "launch_seconds": round(max(starts) - launch["start"], 6) if starts and launch.get("start") else None,
         "wall_seconds": launch.get("wall_seconds"),
         "verify_seconds": round(max((v["seconds"] for v in verifies if v), default=0.0), 6),
-        "verified": verified,
-        "verified_tensors": sum(v["tensors"] for v in verifies if v),
+        "verified": verified, "verified_tensors": sum(v["tensors"] for v in verifies if v),
         "differing": differing[:100],
         "launcher": launch.get("launcher"),  # what started this restart's ranks (a re-run may name another)
         "cache": cache,
         "environment_cache": launch.get("environment_cache"),  # env_cache= (files/pagecache.py environment())
         "staging": launch.get("staging"),  # env_stage=: the environment's copy (envstage.py), before the launch
         **_load_figures(record, load_bytes, load_s, phases, launch),
-        "exit_code": launch.get("exit_code"),
-        "machine_load": launch.get("machine_load"),
-        "errors": ev.errors(record),
-        "first_step": first["step"] if first else None,
-        "first_step_loss": first["loss"] if first else None,
+        "exit_code": launch.get("exit_code"), "machine_load": launch.get("machine_load"), "errors": ev.errors(record),
+        "first_step": first["step"] if first else None, "first_step_loss": first["loss"] if first else None,
         "engine_load_statistics": _engine_load_statistics(record),
         "load_breakdown": (load_breakdown := breakdown.load(record, measured, root)),
         "storage_read_throughput_mib_s": ((load_breakdown or {}).get("storage_read") or {}).get("throughput_mib_s"),
         "memory": breakdown.memory(record, MEMORY_PHASES_RESTART),
-        "stragglers": breakdown.stragglers(per_rank, PHASE_NAMES),
-        "placement": order,
-        "per_node": nodes,
+        "stragglers": breakdown.stragglers(per_rank, PHASE_NAMES), "placement": order, "per_node": nodes,
         "slowest_node": placement.slowest(nodes, "total_seconds") if nodes else None,
         "trace": trace.summarize(run_dir / "traces" / name, record, list(MEMORY_PHASES_RESTART)) if run_dir else None,
         "per_rank": [{"rank": r["rank"], "marks": r["marks"], "verify_seconds": round(r["verify"]["seconds"], 6)
@@ -256,18 +231,12 @@ def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict |
     loaded = next((s for s in save_list if s["tag"] == loaded_tag), last)
     by_rank = [v["bytes"] for k, v in (inventory or {}).get("by_rank", {}).items() if k != "unknown"]
     checkpoint = {
-        "root": ckpt.get("root"),
-        "dir": inventory["dir"] if inventory else None,
-        "tag": loaded_tag,
-        "files": inventory["total_files"] if inventory else 0,
-        "bytes": inventory["total_bytes"] if inventory else 0,
+        "root": ckpt.get("root"), "dir": inventory["dir"] if inventory else None, "tag": loaded_tag,
+        "files": inventory["total_files"] if inventory else 0, "bytes": inventory["total_bytes"] if inventory else 0,
         "by_kind": inventory["by_kind"] if inventory else {},
-        "bytes_per_rank": {
-            "max": max(by_rank), "min": min(by_rank), "mean": round(statistics.mean(by_rank), 1),
-        } if by_rank else None,
-        "saves": save_list,
-        "training_lost": lost,
-        "memory": memory,
+        "bytes_per_rank": {"max": max(by_rank), "min": min(by_rank), "mean": round(statistics.mean(by_rank), 1)}
+        if by_rank else None,
+        "saves": save_list, "training_lost": lost, "memory": memory,
         "engine_staging": resolve.engine_class(spec["engine"]).records.staging(checkpoint_record),
         "throughput_mib_s": loaded["throughput_mib_s"] if loaded else None,
         "placement": placement.placement(checkpoint_record),
@@ -276,16 +245,9 @@ def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict |
         "io_sources": io_sources.by_phase(checkpoint_record, MEMORY_PHASES_EMULATED if spec.get("emulate")
                                           else MEMORY_PHASES_CHECKPOINT, spec.get("io_sources")),
     }
-    summary = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": run_dir.name,
-        "status": status,
-        "spec": spec,
-        "checkpoint": checkpoint,
-        "training": training(checkpoint_record, bool(spec.get("emulate"))),
-        "restart": restarts[-1] if restarts else None,
-        "restarts": restarts,
-    }
+    summary = {"schema_version": SCHEMA_VERSION, "run_id": run_dir.name, "status": status, "spec": spec,
+               "checkpoint": checkpoint, "training": training(checkpoint_record, bool(spec.get("emulate"))),
+               "restart": restarts[-1] if restarts else None, "restarts": restarts}
     # the best checkpoint interval for what the run measured, at its failure rate (its MTBF keys, docs/goodput.md)
     summary["goodput"] = goodput.from_summary(summary)
     return summary

@@ -5,8 +5,7 @@ from __future__ import annotations
 import statistics
 
 from restart_harness import resolve
-from restart_harness.results import placement, save_memory
-from restart_harness.results.causes_rows import attribution_rows, io_rows
+from restart_harness.results import attribution, io_sources, placement, save_memory
 from restart_harness.results.views import (
     BaselineView,
     CheckpointView,
@@ -89,9 +88,8 @@ def _run_rows(s: SummaryView) -> list[tuple[str, str]]:
 
 def _training_rows(tr: TrainingView) -> list[tuple[str, str]]:
     """The training steps' median, and with a flush in flight against without."""
-    rows = []
-    if tr.step_seconds_median is not None:
-        rows.append(("train step", f"median {_s(tr.step_seconds_median)} over {tr.steps} steps"))
+    rows = ([("train step", f"median {_s(tr.step_seconds_median)} over {tr.steps} steps")]
+            if tr.step_seconds_median is not None else [])
     if tr.steps_in_flight:
         rows.append(("overlap", (f"median step {_s(tr.step_seconds_median_in_flight)} with a flush in flight "
                                 f"({tr.steps_in_flight} steps), {_s(tr.step_seconds_median_no_flush)} without")))
@@ -105,8 +103,7 @@ def _checkpoint_rows(ck: CheckpointView, steps: dict | None, records) -> list[tu
     if b := ck.bytes_per_rank:
         rows.append(("per rank", (f"max {b['max'] / MIB:,.2f} / min {b['min'] / MIB:,.2f} / "
                                  f"mean {b['mean'] / MIB:,.2f} MiB written")))
-    rows += [_save_row(save) for save in ck.saves]
-    rows += [*_lost_rows(ck), *_memory_rows(ck, steps, records)]
+    rows += [*map(_save_row, ck.saves), *_lost_rows(ck), *_memory_rows(ck, steps, records)]
     last = ck.saves[-1] if ck.saves else SaveView()
     if last.breakdown:
         rows.append(("save anatomy", (f"{_anatomy(last.breakdown, SAVE_CATEGORIES)}  (s, {last.tag}, "
@@ -132,8 +129,7 @@ def _anatomy(bd: dict, categories: tuple[str, ...]) -> str:
 
 def _relaunch_rows(rs: RestartView, spec: SpecView, restarts: tuple) -> list[tuple[str, str]]:
     """The latest restart: where it ran against where the checkpoint was saved, how long it took, its phases."""
-    rows = []
-    layout, loaded = rs.layout or {}, rs.loaded or {}
+    rows, layout, loaded = [], rs.layout or {}, rs.loaded or {}
     if layout and not rs.at_own_layout():
         read = (f": {loaded['files']} files, {loaded['bytes'] / MIB:,.2f} MiB" if loaded.get("files") else "")
         rows.append(("restarted at", (f"{layout['loaded']} ({rs.ranks} ranks), from {layout['saved']}; it loaded "
@@ -147,14 +143,13 @@ def _relaunch_rows(rs: RestartView, spec: SpecView, restarts: tuple) -> list[tup
                                f"{staged['filesystem']['type']}" if staged else "")
                             + f"); cache {(rs.cache or {}).get('observed', '-')}"
                             + (f", environment {env}" if env else "")))
-    rows.append(("phases", "  ".join(f"{k} {v:.2f}" for k, v in rs.phases.items())))
-    return rows + attribution_rows(rs.attribution, rs.record) + io_rows(rs.io_sources)
+    return [*rows, ("phases", "  ".join(f"{k} {v:.2f}" for k, v in rs.phases.items())),
+            *attribution.attribution_rows(rs.attribution, rs.record), *io_sources.io_rows(rs.io_sources)]
 
 
 def _load_rows(rs: RestartView, records) -> list[tuple[str, str]]:
     """The latest restart's checkpoint load: its throughput, the engine's own account, its anatomy."""
-    rows = []
-    lb = rs.load_breakdown
+    rows, lb = [], rs.load_breakdown
     if rs.load_throughput_mib_s:
         sr = (lb or {}).get("storage_read")
         rows.append(("load", f"{_s(rs.load_seconds)} waited for ({rs.load_throughput_mib_s:,.1f} MiB/s)"
@@ -214,8 +209,7 @@ def _ceiling_from(c: dict, way: str) -> str:
     return f"{'O_DIRECT' if d.get('o_direct') else 'buffered'}, {shape}"
 
 
-# the words of this summary a newcomer would stop at, each said once at its end where the summary used it
-# (docs/measurements.md defines every figure)
+# the words a newcomer would stop at, said once at the end where used (docs/measurements.md defines every figure)
 TERMS = (
     ("blocking", ("the time training waited for a save; durable: until every file of it survives a crash (fsync, or "
                  "an upload complete)")),
@@ -258,8 +252,8 @@ def _lost_rows(ck: CheckpointView) -> list[tuple[str, str]]:
 def _harness_row(ck: CheckpointView) -> list[tuple[str, str]]:
     """The harness's own seconds beside the saves': its verification digest before each save (rank 0), which no
     figure above counts."""
-    pairs = [((s.training_lost or {}).get("digest_seconds"), s.blocking_seconds) for s in ck.saves]
-    pairs = [(d, b) for d, b in pairs if d and b]
+    pairs = [(d, s.blocking_seconds) for s in ck.saves
+             if (d := (s.training_lost or {}).get("digest_seconds")) and s.blocking_seconds]
     if not pairs:
         return []
     digest, blocking = sorted(d for d, _ in pairs)[len(pairs) // 2], sorted(b for _, b in pairs)[len(pairs) // 2]

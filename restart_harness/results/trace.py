@@ -68,13 +68,11 @@ def _add(acc: dict, e: dict) -> None:
     acc["operations"][name] += 1
     acc["io_seconds"] += e.get("dur", 0) / 1e6
     size = args.get("ret")  # bytes the call moved: the histogram, like the anatomy's, is of completed sizes
-    if name in READS and isinstance(size, int) and size >= 0:
-        acc["read_bytes"] += size
-        acc["sizes"][("read", _bucket(size))] += 1
-    elif name in WRITES and isinstance(size, int) and size >= 0:
-        acc["write_bytes"] += size
-        acc["sizes"][("write", _bucket(size))] += 1
-    elif name not in READS | WRITES | SYNCS:
+    way = "read" if name in READS else "write" if name in WRITES else None
+    if way and isinstance(size, int) and size >= 0:
+        acc[f"{way}_bytes"] += size
+        acc["sizes"][(way, _bucket(size))] += 1
+    elif not way and name not in SYNCS:
         acc["metadata_operations"] += 1
     if name in OPENS and args.get("fhash"):
         acc["files"].add(args["fhash"])
@@ -99,15 +97,10 @@ def summarize(folder: Path, record: dict[int, list[dict]], phases: list[tuple[st
     windows: dict[int, list[tuple[str, float, float]]] = defaultdict(list)
     for rank, evs in record.items():
         marks = {e["name"]: e["t"] for e in evs if e["event"] == "mark"}
-        for e in evs:
-            if e["event"] == "save":
-                windows[rank].append((f"save {e['tag']}", e["start"], e["start"] + e["commit_seconds"]))
-        for name, a, b in phases:
-            if a in marks and b in marks:
-                windows[rank].append((name, marks[a], marks[b]))
-    by_phase: dict[str, dict] = defaultdict(_empty)
-    by_rank: dict[int, dict] = defaultdict(_empty)
-    unplaced = _empty()
+        windows[rank] += [(f"save {e['tag']}", e["start"], e["start"] + e["commit_seconds"]) for e in evs
+                          if e["event"] == "save"]
+        windows[rank] += [(name, marks[a], marks[b]) for name, a, b in phases if a in marks and b in marks]
+    by_phase, by_rank, unplaced = defaultdict(_empty), defaultdict(_empty), _empty()
     events = read_events(folder)
     for e in events:
         rank = pid_rank.get(e.get("pid"))
@@ -118,9 +111,7 @@ def summarize(folder: Path, record: dict[int, list[dict]], phases: list[tuple[st
             _add(by_rank[rank], e)
     order = [n for n, _, _ in phases]
     return {
-        "tool": "dftracer",
-        "events": len(events),
-        "raw": str(folder),
+        "tool": "dftracer", "events": len(events), "raw": str(folder),
         "phases": {name: _render(acc) for name, acc in sorted(
             by_phase.items(), key=lambda kv: (kv[0] not in order, order.index(kv[0]) if kv[0] in order else 0, kv[0]))},
         "outside_phases": _render(unplaced),

@@ -12,8 +12,6 @@ from restart_harness.results import events as ev
 NO_BASELINE = ("no step without a save in flight besides the first (warm-up): nothing to measure a save's cost "
                "against; give the run more iters between saves, or compare with engine=none (benchmarks/"
                "compare_engines.py)")
-
-
 NOISE_MADS = 3.0  # 2 standard deviations of a sum of step deviations, in MADs (about 0.67 sigma each)
 
 
@@ -65,18 +63,12 @@ def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict:
         seconds = window - len(between) * b
         overlapped = sum(s["seconds"] - b for s in between if s.get("in_flight"))
         noise = NOISE_MADS * (base["mad_seconds"] or 0.0) * math.sqrt(max(1, len(between)))
-        entry = {
-            "seconds": _r(seconds),
-            "noise_seconds": _r(noise),
-            "within_noise": abs(seconds) < noise,
-            "blocking_seconds": save["blocking_seconds"],
-            "overlapped_steps": sum(1 for s in between if s.get("in_flight")),
-            "overlapped_extra_seconds": _r(overlapped),
-            "other_seconds": _r(seconds - save["blocking_seconds"] - overlapped),
-            "window_seconds": _r(window),
-            "steps_in_window": len(between),
-            "digest_seconds": _r(digests.get(save["tag"], 0.0)),
-        }
+        entry = {"seconds": _r(seconds), "noise_seconds": _r(noise), "within_noise": abs(seconds) < noise,
+                 "blocking_seconds": save["blocking_seconds"],
+                 "overlapped_steps": sum(1 for s in between if s.get("in_flight")),
+                 "overlapped_extra_seconds": _r(overlapped),
+                 "other_seconds": _r(seconds - save["blocking_seconds"] - overlapped), "window_seconds": _r(window),
+                 "steps_in_window": len(between), "digest_seconds": _r(digests.get(save["tag"], 0.0))}
         if not nxt:  # the flush of the last save, waited for once training had ended: the job's, not training's
             entry["after_training_wait_seconds"] = _r(max(0.0, own["t"] - end))
         save["training_lost"] = entry

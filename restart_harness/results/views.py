@@ -41,8 +41,8 @@ def _view(name: str, fields: str, nested: dict | None = None, renamed: dict | No
                                       namespace={"NESTED": nested or {}, "RENAMED": renamed or {}, **methods})
 
 
-LostView = _view("LostView", "saves note per_save_seconds_median per_save_noise_seconds within_noise baseline_step "
-                  "total_seconds")
+LostView = _view("LostView", "saves note per_save_seconds_median per_save_noise_seconds within_noise "
+                  "baseline_step total_seconds")
 GrowthView = _view("GrowthView", "bytes_per_save note growing standard_error_bytes saves rank")
 SaveMemoryView = _view("SaveMemoryView", "saves peak_added_bytes_max peak_added_rank peak_added_tag held_bytes_max "
                        "retained_bytes_max cost_bytes_median step_peak_added_bytes engine_buffers_bytes_max growth",
@@ -50,8 +50,8 @@ SaveMemoryView = _view("SaveMemoryView", "saves peak_added_bytes_max peak_added_
 CrossoverView = _view("CrossoverView", "status crossover_checkpoint_bytes run_largest_phase measured")
 PredictionView = _view("PredictionView", "phases machine_busy calibration crossover",
                        nested={"crossover": CrossoverView})
-SpecView = _view("SpecView", "model engine precision device seq_len tp pp dp shrink emulate subset derived zero nodes "
-                  "cache")
+SpecView = _view("SpecView", "model engine precision device seq_len tp pp dp shrink emulate subset derived zero "
+                  "nodes cache")
 SaveView = _view("SaveView", "tag step files bytes blocking_seconds durable_seconds commit_seconds checksum_seconds is_async "
                   "throughput_mib_s breakdown training_lost per_node slowest_node memory per_rank",
                  renamed={"async": "is_async"})

@@ -1,8 +1,9 @@
-"""A new run directory: claimed exclusively, then spec.json (the resolved run), ds_config.json and the launch scripts
-written into it before anything launches."""
+"""A new run directory: claimed exclusively, then spec.json (the resolved run), ds_config.json (its ZeRO stage, torch
+AdamW, bf16 or fp32, plus the engine's block) and the launch scripts written into it before anything launches."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 import socket
@@ -15,7 +16,6 @@ from restart_harness.files.atomic import write_json_atomic
 from restart_harness.files.exclusive import claim_dir
 from restart_harness.resolve import Plugins, Run, placed
 from restart_harness.rundir import observe
-from restart_harness.rundir.ds_config import build_ds_config
 from restart_harness.rundir.scripts import write_launch
 from restart_harness.rundir.status import set_status
 from restart_harness.schema import stack_engine
@@ -54,6 +54,38 @@ def free_port() -> int:
 def port_of(run: Plugins) -> int:
     """The rendezvous port of a launch: master_port=, or a free one."""
     return run.spec.master_port or free_port()
+
+
+def deep_merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def build_ds_config(plugins: Plugins) -> dict:
+    """ds_config.json contents; the engine plug-in may add its own block (datastates_ckpt, checkpoint.writer)."""
+    spec = plugins.spec
+    config = {
+        "train_batch_size": spec.global_batch,
+        "train_micro_batch_size_per_gpu": spec.micro_batch,
+        "gradient_accumulation_steps": spec.grad_accum,
+        "zero_optimization": {"stage": spec.zero},
+        "optimizer": {
+            "type": "AdamW",
+            # torch_adam: FusedAdam needs CUDA; torch's AdamW is the same math on every device.
+            "params": {"lr": spec.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,
+                       "torch_adam": True},
+        },
+        "gradient_clipping": 1.0,
+        "bf16": {"enabled": spec.precision == "bf16"},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    return deep_merge(config, plugins.engine.ds_config())
 
 
 def prepare(plugins: Plugins, prefix: str = "") -> Run:

@@ -1,10 +1,7 @@
 """The process py-spy starts for a sampled launch (rundir/sampling.py): it runs the launch and writes its exit code to
-$RH_LAUNCH_EXIT_FILE before it exits itself, since py-spy exits 0 whatever its command did.
-
-It is Python so that py-spy keeps sampling until the code is written: py-spy stops once no Python process of its tree
-runs, then kills the process it started, and a `sh` wrapper could be killed between its child's exit and its own
-write (seen on a loaded machine). Run as `python -I -S keep_exit.py LAUNCH...`: only os, signal and sys.
-"""
+$RH_LAUNCH_EXIT_FILE, since py-spy exits 0 whatever its command did. Python, not `sh`: py-spy stops once no Python
+process of its tree runs and kills its child, which a `sh` wrapper could be between its child's exit and its own write
+(seen on a loaded machine). Run as `python -I -S keep_exit.py LAUNCH...`: only os, signal and sys."""
 
 import os
 import signal

@@ -27,23 +27,15 @@ def _spellings(paths) -> list[str]:
 
 
 def source_prefixes(run_dir: Path, ckpt_root: Path | None, staged=None) -> dict[str, list[str]]:
-    """The prefixes of each I/O source (restart_harness/schema.py IO_SOURCES), for ranks started with this interpreter: the
-    longest prefix matching a path decides its source, so the checkpoint inside the run folder, the run folder inside
-    the checkout and the environment inside the cache folder each keep their own.
-
-    - environment: what Python imports from: the environment (sys.prefix), the interpreter (its executable, its
-      shared library) and its standard library, the harness's own checkout; and the folders above them (path
-      resolution stats each: /, /home, /home/user, ...);
-    - extension_cache: DeepSpeed's JIT-built ops (TORCH_EXTENSIONS_DIR), Triton's and Inductor's caches;
-    - checkpoint: the checkpoint folder (a file-system target); run_dir: the run folder (spec, events, logs);
-    - system: the system's libraries and configuration; pseudo: /proc, /sys, /dev, /run; other: the rest.
-    `staged` (envstage.py Staged, env_stage=): the ranks' environment and extension cache are the copy's."""
+    """The prefixes of each I/O source (restart_harness/schema.py IO_SOURCES, each defined in
+    docs/measurements.md#io-by-source), for ranks started with this interpreter: the longest prefix matching a path
+    decides its source. `staged` (envstage.py Staged, env_stage=): the ranks' environment and extension cache are the
+    copy's."""
     base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix,
                                      "installed_base": sys.base_prefix, "installed_platbase": sys.base_exec_prefix})
-    user = getpass.getuser()
     caches = [staged.extensions if staged else extensions_dir(),
               os.environ.get("TRITON_CACHE_DIR") or Path.home() / ".triton",
-              os.environ.get("TORCHINDUCTOR_CACHE_DIR") or f"/tmp/torchinductor_{user}"]
+              os.environ.get("TORCHINDUCTOR_CACHE_DIR") or f"/tmp/torchinductor_{getpass.getuser()}"]
     prefix = [staged.prefix] if staged else [sys.prefix, sys.exec_prefix]
     interpreter = [staged.python if staged else sys.executable]
     libpython = Path(sysconfig.get_config_var("LIBDIR") or "/nonexistent") / (sysconfig.get_config_var("LDLIBRARY") or "")

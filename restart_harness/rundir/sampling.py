@@ -1,11 +1,6 @@
 """attribution=: py-spy (PyPI) started with a launch, sampling the launcher and every rank it starts on this node, into
-profiles/<record>/samples.json (Chrome's trace-event format: Perfetto and chrome://tracing open it). What the samples
-say is read by results/attribution.py; docs/attribution.md has the method.
-
-Whether the sampler can see the ranks is decided once per launch, before it starts (`unavailable`): asked for
-where it cannot work (a launcher whose ranks a scheduler starts, ranks on other nodes, no py-spy, no permission to
-trace), the run goes on with phase timings only, and the launch record and the terminal say why.
-"""
+profiles/<record>/samples.json (Chrome's trace-event format), read by results/attribution.py. Where it cannot see the
+ranks (`unavailable`, decided before the launch), the run goes on with phase timings only: docs/attribution.md."""
 
 from __future__ import annotations
 
@@ -59,9 +54,7 @@ def unavailable(spec, launcher) -> str | None:
     if environment.read().RH_STRACE:
         return f"{strace.ENV}=1 traces the launch with strace, and a process has one tracer"
     path, why = tool()
-    if path is None:
-        return why
-    return _probe(path, spec.attribution == "native")
+    return why if path is None else _probe(path, spec.attribution == "native")
 
 
 @functools.cache

@@ -1,10 +1,6 @@
-"""Launch scripts: the exact commands that start the ranks of one phase, written into the run directory, and a
-batch scheduler's job script.
-
-The command and the lines before it are the launcher's (restart_harness/launchers/, one module per `launcher=`);
-this module adds what every rank gets whatever started it (threads, the JIT cache, the I/O instrumentation, the
-env hook, the storage client's request log) and writes a script that re-runs the launch by hand.
-"""
+"""Launch scripts: the exact commands that start the ranks of one phase (the launcher's, restart_harness/launchers/,
+with what every rank gets whatever started it), written into the run directory to be re-run by hand, and a batch
+scheduler's job script."""
 
 from __future__ import annotations
 
@@ -20,23 +16,6 @@ from restart_harness.resolve import Plugins, Run
 from restart_harness.rundir import observe
 
 
-def rank_environment(plugins: Plugins) -> dict[str, str]:
-    """Environment every rank gets. DeepSpeed's JIT-built ops are cached in the user cache directory."""
-    spec = plugins.spec
-    env = {
-        # threads is resolved on the node that starts the ranks (machine.py); a script written before that (a batch
-        # job's, at submission) is written again inside the job
-        "OMP_NUM_THREADS": str(spec.threads or 1),
-        "PYTHONUNBUFFERED": "1",
-        "TORCH_EXTENSIONS_DIR": str(extensions_dir()),
-    }
-    if plugins.launcher.rank_variables:  # where the ranks find their rank variables (rank_env.py)
-        env[rank_env.VARIABLE] = rank_env.encode(plugins.launcher.rank_variables)
-    if spec.device == "cpu":
-        env["DS_ACCELERATOR"] = "cpu"
-    return env
-
-
 def worker_args(run_dir: Path, phase: str, record: str) -> list[str]:
     return ["--run-dir", str(run_dir), "--phase", phase, "--record", record]
 
@@ -44,12 +23,18 @@ def worker_args(run_dir: Path, phase: str, record: str) -> list[str]:
 def launch_script(plugins: Plugins, phase: str, launch: tuple[list[str], list[str]],
                   observed: dict[str, str] | None = None) -> str:
     """A self-contained bash script: re-running it by hand (inside the job, for slurm/pbs) repeats the launch.
-    `launch`: the launcher's lines and command (Launcher.launch); `observed`: the I/O instrumentation's environment (rundir/observe.py);
-    its LD_PRELOAD keeps any existing one."""
+    `launch`: the launcher's lines and command (Launcher.launch); `observed`: the I/O instrumentation's environment
+    (rundir/observe.py); its LD_PRELOAD keeps any existing one. Every rank's threads (resolved on the node that starts the ranks,
+    machine.py: a batch job's script is written again inside the job), its JIT-built ops' cache and rank variables."""
     spec, launcher = plugins.spec, plugins.launcher
-    env = rank_environment(plugins)
     observed = dict(observed or {})
     preload = observed.pop("LD_PRELOAD", None)
+    env = {"OMP_NUM_THREADS": str(spec.threads or 1), "PYTHONUNBUFFERED": "1",
+           "TORCH_EXTENSIONS_DIR": str(extensions_dir())}
+    if launcher.rank_variables:  # where the ranks find their rank variables (rank_env.py)
+        env[rank_env.VARIABLE] = rank_env.encode(launcher.rank_variables)
+    if spec.device == "cpu":
+        env["DS_ACCELERATOR"] = "cpu"
     env.update(observed)
     lines = [
         "#!/usr/bin/env bash",

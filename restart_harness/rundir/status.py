@@ -1,9 +1,7 @@
-"""status.json, written and read: `running` is only true while the harness process that wrote it is alive.
-
-A harness killed outright (SIGKILL, a node lost) cannot write `failed`; its run directory keeps `running` with the
-pid and host that wrote it, and everything learned so far. Readers (a later restart, the report) call observed(),
-which reports such a run as `failed` with the reason "harness ended". find_run_dirs is the one finder of run
-directories. analysis/ reads it (no torch, no plug-ins)."""
+"""status.json, written and read: `running` is only true while the harness process that wrote it is alive (a harness
+killed outright leaves it: readers call observed(), docs/results.md). The records a run's phases claim: each restart's
+event folder, each launch's records/<record>.json (its wall time, exit code, page-cache state and what it was started
+with). find_run_dirs is the one finder of run directories. analysis/ reads it (no torch, no plug-ins)."""
 
 from __future__ import annotations
 
@@ -13,6 +11,7 @@ import socket
 import time
 from pathlib import Path
 
+from restart_harness.errors import RunFailed
 from restart_harness.files.atomic import write_json_atomic
 from restart_harness.schema import SPEC as SPEC_FILE
 
@@ -55,11 +54,29 @@ def observed(run_dir: Path) -> dict:
     return status
 
 
+def allocate_record(run_dir: Path) -> str:
+    """The next free restart record name (restart-01, restart-02, ...), claimed by creating its event folder:
+    mkdir is atomic, so two concurrent restart-only re-runs never get the same record."""
+    events = run_dir / "events"
+    events.mkdir(exist_ok=True)
+    for n in range(1, 10000):
+        record = f"restart-{n:02d}"
+        try:
+            (events / record).mkdir()
+            return record
+        except FileExistsError:
+            continue
+    raise RunFailed(f"no free restart record name under {events}")
+
+
+def save_record(run_dir: Path, info: dict) -> None:
+    """records/<record>.json: one launch as it went."""
+    (run_dir / "records").mkdir(exist_ok=True)
+    write_json_atomic(run_dir / "records" / f"{info['record']}.json", info)
+
+
 def find_run_dirs(root: Path) -> list[Path]:
     """Run directories (those holding spec.json) at or below root; a run's own subfolders are not searched."""
-    root = Path(root)
-    if (root / SPEC_FILE).is_file():
-        return [root]
     found = []
     for here, dirs, files in os.walk(root):
         if SPEC_FILE in files:

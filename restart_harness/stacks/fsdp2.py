@@ -14,7 +14,7 @@ from restart_harness.errors import UsageError
 from restart_harness.rank_env import cuda_device, sync
 from restart_harness.stacks.base import Rank, Stack, Verification, compare, write_digests
 
-# The optimizer of the DeepSpeed runs (rundir/ds_config.py): the same AdamW hyper-parameters and clipping.
+# The optimizer of the DeepSpeed runs (rundir/create.py build_ds_config): the same AdamW hyper-parameters and clipping.
 BETAS, EPS, WEIGHT_DECAY, CLIP = (0.9, 0.95), 1e-8, 0.1, 1.0
 
 

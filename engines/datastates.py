@@ -9,8 +9,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines import _datastates_api
 from engines.base import CheckpointIO, Engine, EngineContext, NativeIO
 from restart_harness.errors import UsageError
+from restart_harness.plan.checkpoint import rank_saves
 from restart_harness.plugins import NodeCheck
 from restart_harness.spec.keys import GIB, key
 from third_party.datastates_exit import explained
@@ -67,8 +69,6 @@ class DataStatesEngine(Engine):
         with each tensor's alignment and some slack, in whole MiB."""
         if self.options.host_cache_size is not None:
             return int(self.options.host_cache_size * GIB)
-        from restart_harness.plan.checkpoint import rank_saves
-
         need = max((b + t * ALIGNMENT for b, t in rank_saves(self.spec, self.files()).values()), default=0) + CACHE_SLACK_BYTES
         return math.ceil(need / 2**20) * 2**20
 
@@ -86,8 +86,6 @@ def installed_shortfall() -> str | None:
     """Why this node's DataStates-LLM cannot serve DeepSpeed 0.19.8: not installed, installed without its compiled
     core, or an API DeepSpeed does not call (the repository's 2024 sources; ebc6762's load); None when it can. Read
     from the installed package's sources (importing it needs CUDA's libraries): engines/_datastates_api.py."""
-    from engines import _datastates_api
-
     spec = importlib.util.find_spec("datastates")
     if spec is None:
         return f"Python module 'datastates' is not installed; {INSTALL}"

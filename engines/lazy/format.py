@@ -14,8 +14,7 @@ from pathlib import Path
 import torch
 
 from engines._state_tree import relocate
-from engines.lazy.buffers import ALIGNMENT, aligned, aligned_empty
-from engines.lazy.reads import Reads
+from engines.lazy.buffers import ALIGNMENT, Reads, aligned, aligned_empty
 
 FORMAT = "restart-harness-lazy"
 VERSION = 1
@@ -88,9 +87,11 @@ def plan(tensors: list[torch.Tensor], shares: int) -> tuple[dict, list[tuple[int
 
 
 def read_header(path: Path) -> dict:
+    """The directory's header, once every part file is checked to hold its bytes (check_parts)."""
     header = json.loads((path / HEADER).read_text())
     if header.get("format") != FORMAT or header.get("version") != VERSION:
         raise ValueError(f"{path}: not a {FORMAT} v{VERSION} directory")
+    check_parts(path, header)
     return header
 
 
@@ -105,7 +106,6 @@ def check_parts(path: Path, header: dict) -> None:
 def read(path: Path, threads: int = 4) -> tuple[dict, bytes, list[torch.Tensor]]:
     """The directory's header, its pickled remainder and every part in a buffer of its own, read here."""
     header = read_header(path)
-    check_parts(path, header)
     buffers = [aligned_empty(part["bytes"]) for part in header["parts"]]
     with ThreadPoolExecutor(threads) as pool:  # every part's requests queued at once: `threads` in flight
         reads = [Reads(path / part["file"], buf, pool) for part, buf in zip(header["parts"], buffers, strict=True)]

@@ -156,8 +156,7 @@ class Counters:
         self._lib.rh_io_totals(ctypes.byref(t))
         out = {c: {"calls": t.calls[i], "bytes": t.bytes[i], "seconds": t.ns[i] / 1e9, "busy_seconds": t.busy_ns[i] / 1e9}
                for i, c in enumerate(CLASSES)}
-        out.update(opens=t.opens, files=t.files)
-        return out
+        return {**out, "opens": t.opens, "files": t.files}
 
     def sources(self) -> dict[str, dict[str, int]] | None:
         """Per source (RH_IO_SOURCES's names, `other` first): SOURCE_COUNTERS since the process started."""
@@ -180,37 +179,30 @@ class Counters:
         for i in range(self._lib.rh_io_nfiles()):
             if self._lib.rh_io_file(i, ctypes.byref(f)) != 0:
                 continue
-            record = {c: {"calls": f.calls[k], "bytes": f.bytes[k], "seconds": f.ns[k] / 1e9}
-                      for k, c in enumerate(CLASSES)}
-            record["opens"] = f.opens
-            record["read"]["sizes"] = list(f.hist[0])
-            record["write"]["sizes"] = list(f.hist[1])
-            out[f.path.decode()] = record
+            record = {c: {"calls": f.calls[k], "bytes": f.bytes[k], "seconds": f.ns[k] / 1e9,
+                          **({"sizes": list(f.hist[k])} if k < 2 else {})} for k, c in enumerate(CLASSES)}  # read, write
+            out[f.path.decode()] = {**record, "opens": f.opens}
         return out
+
+
+def _minus(now, then):
+    """now - then, key by key of now (counts, histograms of request sizes, dicts of them); then None: now."""
+    if isinstance(now, dict):
+        return {k: _minus(v, then[k] if then else None) for k, v in now.items()}
+    if isinstance(now, list):
+        return [a - b for a, b in zip(now, then, strict=True)] if then else now
+    return now - then if then else now
 
 
 def delta(after: dict | None, before: dict | None) -> dict | None:
     """totals() difference (after - before), class by class."""
-    if after is None or before is None:
-        return None
-    out = {c: {k: after[c][k] - before[c][k] for k in after[c]} for c in CLASSES}
-    out.update(opens=after["opens"] - before["opens"], files=after["files"] - before["files"])
-    return out
+    return None if after is None or before is None else _minus(after, before)
 
 
 def file_delta(after: dict[str, dict], before: dict[str, dict]) -> dict[str, dict]:
     """files() difference, keeping only files with I/O in between."""
-    def minus(now, then):  # a count, or a histogram of request sizes
-        return [a - b for a, b in zip(now, then, strict=True)] if isinstance(now, list) else now - then
-
-    out = {}
-    for path, rec in after.items():
-        prev = before.get(path)
-        d = {c: {k: minus(v, prev[c][k]) if prev else v for k, v in rec[c].items()} for c in CLASSES}
-        d["opens"] = rec["opens"] - (prev["opens"] if prev else 0)
-        if d["opens"] or any(d[c]["calls"] for c in CLASSES):
-            out[path] = d
-    return out
+    out = {path: _minus(rec, before.get(path)) for path, rec in after.items()}
+    return {path: d for path, d in out.items() if d["opens"] or any(d[c]["calls"] for c in CLASSES)}
 
 
 def read_shared(path: Path) -> dict | None:

@@ -1,8 +1,6 @@
-"""engine=fastpersist: DeepSpeed's FastPersist writer (`checkpoint.writer` type `fast`, decoupled=false), built by
-DeepSpeed from ds_config.json; on a CPU node with the work-arounds of third_party/deepspeed_fastpersist_cpu.py. Its
-files (`X.pt-R.N`), its data_parallel units and what is refused: docs/engines.md#enginefastpersist-on-a-cpu-node.
-And engine=decoupled: the same writer in a decoupled process per node (decoupled=true), which DeepSpeed commits in
-the next engine.step(); CUDA only in DeepSpeed 0.19.8."""
+"""engine=fastpersist: DeepSpeed's FastPersist writer (`checkpoint.writer` type `fast`), built by DeepSpeed from
+ds_config.json, and engine=decoupled: the same writer in a decoupled process per node, committed by DeepSpeed in the
+next engine.step(), CUDA only. Their files and what is refused: docs/engines.md#enginefastpersist-on-a-cpu-node."""
 
 from __future__ import annotations
 

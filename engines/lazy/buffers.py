@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import functools
 import os
 import threading
 import weakref
@@ -18,6 +17,7 @@ import torch
 ALIGNMENT = 4096
 HUGE_PAGE = 2 << 20  # a transparent huge page on x86-64 and most aarch64 kernels
 MADV_HUGEPAGE = 14
+LIBC = ctypes.CDLL(None, use_errno=True)
 
 
 def aligned(n: int, alignment: int = ALIGNMENT) -> int:
@@ -39,23 +39,17 @@ def aligned_empty(size: int, pinned: bool = False, zeroed: bool = False) -> torc
     buf = raw[shift:shift + size]
     if huge:  # transparent huge pages over buf's whole 2 MiB pages before anything touches it: its first touch
         # faults 2 MiB pages, not 4 KiB ones (docs/benchmarks.md); where they are off, or madvise fails, nothing changes
-        libc().madvise(ctypes.c_void_p(buf.data_ptr()), ctypes.c_size_t(size - size % HUGE_PAGE), MADV_HUGEPAGE)
+        LIBC.madvise(ctypes.c_void_p(buf.data_ptr()), ctypes.c_size_t(size - size % HUGE_PAGE), MADV_HUGEPAGE)
     if zeroed:
         raw[shift:shift + aligned(size)].zero_()  # the buffer and its padding: its pages, and no others, touched
     if pinned:  # the buffer and its padding page-locked for CUDA, unregistered when raw is collected
         cudart = torch.cuda.cudart()
         err = cudart.cudaHostRegister(buf.data_ptr(), aligned(size), 0)
-        if int(getattr(err, "value", err)) != 0:
-            raise RuntimeError(f"cudaHostRegister of {aligned(size)} bytes failed: CUDA error "
-                               f"{int(getattr(err, 'value', err))}")
+        if (code := int(getattr(err, "value", err))) != 0:
+            raise RuntimeError(f"cudaHostRegister of {aligned(size)} bytes failed: CUDA error {code}")
         weakref.finalize(raw, cudart.cudaHostUnregister, buf.data_ptr())
         buf._rh_registered = raw  # the registration lasts as long as the buffer handed out
     return buf
-
-
-@functools.cache
-def libc():
-    return ctypes.CDLL(None, use_errno=True)
 
 
 def padded_view(buf: torch.Tensor) -> memoryview:
@@ -98,7 +92,6 @@ class Reads:
 
     def _populate(self, address: int, length: int) -> None:
         """Fault in the pages of every request no read has begun, in order."""
-        lib = libc()
         for i, event in enumerate(self.ready):
             with self.lock:
                 if self.claims[i] is not None:
@@ -108,7 +101,7 @@ class Reads:
             try:
                 off = i * READ_CHUNK_BYTES
                 n = min(READ_CHUNK_BYTES, length - off)
-                works = lib.madvise(ctypes.c_void_p(address + off), ctypes.c_size_t(n), MADV_POPULATE_WRITE) == 0
+                works = LIBC.madvise(ctypes.c_void_p(address + off), ctypes.c_size_t(n), MADV_POPULATE_WRITE) == 0
                 self.populated += works  # counted before the read it releases can finish
             finally:
                 event.set()

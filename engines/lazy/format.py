@@ -156,18 +156,16 @@ def to_torch_save(src: str | Path, dst: str | Path) -> list[Path]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] != "to-torch-save":
-        print("usage: python -m engines.lazy.format to-torch-save SRC_TAG_DIR DST_TAG_DIR", file=sys.stderr)
-        return 2
-    src, dst = Path(argv[1]), Path(argv[2])
-    if not src.is_dir():
-        print(f"error: {src}: no such checkpoint directory", file=sys.stderr)
-        return 2
-    if dst.exists() and any(dst.iterdir()):
-        print(f"error: {dst}: exists and is not empty", file=sys.stderr)
-        return 2
-    files = to_torch_save(src, dst)
-    print(f"{len(files)} files written under {dst}")
-    return 0
+        error = "usage: python -m engines.lazy.format to-torch-save SRC_TAG_DIR DST_TAG_DIR"
+    elif not (src := Path(argv[1])).is_dir():
+        error = f"error: {src}: no such checkpoint directory"
+    elif (dst := Path(argv[2])).exists() and any(dst.iterdir()):
+        error = f"error: {dst}: exists and is not empty"
+    else:
+        print(f"{len(to_torch_save(src, dst))} files written under {dst}")
+        return 0
+    print(error, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -94,23 +94,18 @@ class Loader:
                 r.wait()
         return reads
 
-    def _own_zero_file(self, tag_dir: Path) -> Path | None:
-        """This rank's own ZeRO file of the tag, named by DeepSpeed's own function (the one its load reads)."""
-        engine = self.ds_engine
-        try:
-            if engine is None or not engine.zero_optimization() or engine.zero_elastic_checkpoint():
-                return None
-            return Path(engine._get_zero_ckpt_name(str(tag_dir.parent), tag_dir.name))
-        except (AttributeError, TypeError, ValueError):
-            return None
-
     def read_ahead(self, path: Path) -> None:
         """Once per tag, once the first file's own requests are queued: this rank's own ZeRO file, queued behind them
         (docs/engines.md#enginelazy)."""
         if path.parent in self.prefetch_tags:
             return
         self.prefetch_tags.add(path.parent)
-        own = self._own_zero_file(path.parent)
+        engine, tag = self.ds_engine, path.parent
+        try:  # this rank's own ZeRO file, named by DeepSpeed's own function (the one its load reads)
+            own = (None if engine is None or not engine.zero_optimization() or engine.zero_elastic_checkpoint()
+                   else Path(engine._get_zero_ckpt_name(str(tag.parent), tag.name)))
+        except (AttributeError, TypeError, ValueError):
+            return
         if own is None or own == path or not is_lazy(own):
             return
         try:

@@ -60,15 +60,15 @@ class Saver:
         part = self._part(d, mine, header["parts"][mine]["bytes"], tensors, placements)
         written.append(str(part.path))
         flush = Flush(part, getattr(self.ds_engine, "global_steps", None), self.options.direct_io,
-                       self.options.write_chunk_mib * MIB, self.writers.hand_out)
-        event = None
-        if any(t.is_cuda for t in tensors) and not part.ring:
+                       self.options.write_chunk_mib * MIB, self.writers)
+        event, cuda = None, any(t.is_cuda for t in tensors)
+        if cuda and self.side_stream is None:  # here, on the rank's device (the copy thread's current device is 0)
+            self.side_stream = torch.cuda.Stream()
+        if cuda and not part.ring:
             marks = self._copy_on_side_stream(part, tensors, flush.chunk)
             copy = self.copier.submit(self._after_events, flush, marks)
             event = marks[-1][0] if marks else None
-        elif any(t.is_cuda for t in tensors):  # a ring's copies wait for slots: queued by the copy thread
-            if self.side_stream is None:  # here, on the rank's device (the copy thread's current device is 0)
-                self.side_stream = torch.cuda.Stream()
+        elif cuda:  # a ring's copies wait for slots: queued by the copy thread
             made = torch.cuda.Event()
             made.record()
             copy = self.copier.submit(self._copy, flush, tensors, made)
@@ -143,8 +143,6 @@ class Saver:
 
     def _copy_on_side_stream(self, part: Part, tensors, chunk: int) -> list:
         """The device->host copies queued on a side stream, an event after every request's worth of bytes."""
-        if self.side_stream is None:
-            self.side_stream = torch.cuda.Stream()
         self.side_stream.wait_stream(torch.cuda.current_stream())
         marks, since = [], 0
         with torch.cuda.stream(self.side_stream):

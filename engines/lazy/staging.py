@@ -60,12 +60,12 @@ class Flush:
     """One part's save in flight: each write request handed to the writers once the copy has passed its end
     (ready()); the last to finish fsyncs the file and completes `done` (docs/engines.md#enginelazy)."""
 
-    def __init__(self, part: Part, step: int | None, direct: bool, chunk: int, submit):
+    def __init__(self, part: Part, step: int | None, direct: bool, chunk: int, writers: Writers):
         self.part, self.step, self.direct = part, step, direct
         self.view = padded_view(part.buffer) if direct else byte_view(part.buffer)
         self.length = aligned(part.size) if direct else part.size
         self.offsets = list(range(0, self.length, chunk)) or [0]
-        self.chunk, self.submit = chunk, submit
+        self.chunk, self.writers = chunk, writers
         self.handed = 0  # requests handed to the writers so far, in offset order
         self.lock = threading.Lock()
         self.left = len(self.offsets)
@@ -124,7 +124,7 @@ class Flush:
         upto = self.length if upto is None else upto
         last = min(len(self.offsets), self.claimed + 1)
         while self.handed < last and min(self.offsets[self.handed] + self.chunk, self.length) <= upto:
-            self.submit(self, self.offsets[self.handed])
+            self.writers.pool.submit(self.writers.write_request, self, self.offsets[self.handed])
             self.handed += 1
 
     def failed(self, error: BaseException) -> None:
@@ -139,9 +139,6 @@ class Writers:
     def __init__(self, threads: int, stats: SaveStats):
         self.pool, self.stats = ThreadPoolExecutor(threads, thread_name_prefix="lazy-write"), stats
 
-    def hand_out(self, flush: Flush, off: int) -> None:
-        self.pool.submit(self.write_request, flush, off)
-
     def write_request(self, flush: Flush, off: int) -> None:
         """One write request of the part (handed out once the copy has passed its end); the last one to finish
         completes the part (finish)."""
@@ -153,8 +150,7 @@ class Writers:
                     if flush.started is None:
                         flush.started = time.perf_counter()
                 fd = self.descriptor(flush)
-                pos = off
-                data = flush.data(off, end)
+                pos, data = off, flush.data(off, end)
                 while pos < end:
                     try:
                         pos += os.pwrite(fd, data[pos - off:], pos)

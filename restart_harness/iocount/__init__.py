@@ -130,10 +130,9 @@ class Counters:
     """This process's counters, when rhio is preloaded into it (else `available` is False)."""
 
     def __init__(self):
-        lib = ctypes.CDLL(None)
+        self._lib = lib = ctypes.CDLL(None)
         self.available = hasattr(lib, "rh_io_version")
         if self.available:
-            self._lib = lib
             lib.rh_io_totals.argtypes = [ctypes.POINTER(_Totals)]
             lib.rh_io_file.argtypes = [ctypes.c_int, ctypes.POINTER(_File)]
             lib.rh_io_add_prefix.argtypes = [ctypes.c_char_p]

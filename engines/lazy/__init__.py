@@ -19,8 +19,7 @@ REPLICATED = re.compile(r"(?:^|/)mp_rank_\d+_model_states\.pt$")
 
 @dataclass
 class Options:
-    # the defaults are the storage ceiling's shape (files/baseline.py): its queue depth and request size; why each
-    # default is what it is: docs/engines.md#enginelazy
+    # the defaults are the storage ceiling's shape (files/baseline.py); why: docs/engines.md#enginelazy
     writers: int = key(CEILING_QUEUE_DEPTH, "writer threads per rank: write requests in flight", group="checkpoint",
                        minimum=1, maximum=256)
     readers: int = key(CEILING_QUEUE_DEPTH, "reader threads per rank at restart: read requests in flight",
@@ -59,9 +58,7 @@ class LazyFiles(FileLayout):
     """DeepSpeed's files; with broadcast_load a replicated model file is read once per data-parallel group."""
 
     def restart_read_bytes(self, path: str, nbytes: int, dp_rank: int) -> int:
-        """With broadcast_load (auto planned as the broadcast: the restart decides), a replicated model file is read
-        once per data-parallel group: in shares (part k by replica k) where it was written in shares, else by
-        replica 0 (load.py)."""
+        """With broadcast_load (auto planned as the broadcast), a replicated model file is read once per group."""
         dp, o = self.spec.dp, self.options
         if not (o.broadcast_load != "false" and dp > 1 and REPLICATED.search(path)):
             return nbytes
@@ -73,9 +70,8 @@ class LazyFiles(FileLayout):
 class LazyRecords(EngineRecords):
     @staticmethod
     def staging(record: dict[int, list[dict]]) -> dict | None:
-        """How the saves were staged in host buffers (engine_statistics.staging_bytes and staging,
-        docs/engines.md#staging), at the last save, on the rank with the most buffer bytes: its parts' bytes and
-        buffers, how many of the parts listed are rings, and why its largest part was staged so."""
+        """How the last save was staged in host buffers on the rank with the most buffer bytes
+        (docs/engines.md#staging)."""
         best = None
         for rank, evs in sorted(record.items()):
             stats = [e["engine_statistics"] for e in evs

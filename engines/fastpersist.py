@@ -4,6 +4,7 @@ next engine.step(), CUDA only. Their files and what is refused: docs/engines.md#
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from engines import _async_io
@@ -112,7 +113,7 @@ class WriterIO(NativeIO):
 
     def __init__(self, native, target):
         super().__init__(native, target)
-        self._stats: dict[str, float] = {}  # the writers' own counters, summed since the last statistics()
+        self._stats: Counter = Counter()  # the writers' own counters, summed since the last statistics()
         self._writers: list = []  # those of the save in progress
         factory = getattr(native, "_writer", None)  # DeepSpeed's CheckpointWriterFactory; None without a writer
         if factory is not None:
@@ -133,15 +134,13 @@ class WriterIO(NativeIO):
         self._writers = []
         self.native.save(state, path)  # FastCheckpointEngine writes to a path of its own naming
         for writer in self._writers:  # released: its counters are final
-            for k, v in writer._stats.items():
-                if isinstance(v, (int, float)):
-                    self._stats[k] = self._stats.get(k, 0) + v
+            self._stats.update({k: v for k, v in writer._stats.items() if isinstance(v, (int, float))})
         return [writer._file_path for writer in self._writers]
 
     def statistics(self) -> dict | None:
         """DeepNVMe's FastFileWriter counters (its libaio writes, buffer fills, unaligned tail), summed over the files
         of the save; its speeds are left out (a sum of speeds means nothing), the seconds and bytes give them."""
-        stats, self._stats = self._stats, {}
+        stats, self._stats = self._stats, Counter()
         return {k: round(v, 6) for k, v in sorted(stats.items()) if not k.endswith("/s") and k != "rank"} or None
 
     def read_path(self, path: str) -> str:

@@ -39,7 +39,7 @@ class _Pickler(pickle.Pickler):
         if isinstance(obj, torch.Tensor):
             if id(obj) not in self.index:
                 self.index[id(obj)] = len(self.tensors)
-                self.tensors.append(obj)
+                self.tensors.append(obj.detach())  # writers read the data; autograd history is not state
             return ("t", self.index[id(obj)])
         return None
 
@@ -56,7 +56,7 @@ class _Unpickler(pickle.Unpickler):
 
 
 def split(state: object) -> tuple[list[torch.Tensor], bytes]:
-    """(the state's tensors in pickling order, the remainder pickled with persistent ids in their place)."""
+    """(the state's tensors, detached, in pickling order, the remainder pickled with persistent ids in their place)."""
     tensors: list[torch.Tensor] = []
     buf = io.BytesIO()
     _Pickler(buf, tensors).dump(state)

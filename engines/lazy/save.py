@@ -41,7 +41,6 @@ class Saver:
 
     def save(self, state, path: str) -> list[str]:
         tensors, remainder = split(state)
-        tensors = [t.detach() for t in tensors]
         replicated = bool(REPLICATED.search(path)) and self.options.balance and self.dp_size > 1
         total = sum(t.numel() * t.element_size() for t in tensors)
         shares = self.dp_size if replicated and total >= self.dp_size * self.options.balance_min_mib * 2**20 else 1

@@ -88,11 +88,9 @@ class _File(ctypes.Structure):
 
 def bucket_label(b: int) -> str:
     """Request sizes counted in bucket b, e.g. `4M-8M`."""
-    def size(n: int) -> str:
-        for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-            if n >= scale:
-                return f"{n // scale}{unit}"
-        return str(n)
+    def size(n: int) -> str:  # n: 1 KiB or more
+        unit, scale = next((u, s) for u, s in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)) if n >= s)
+        return f"{n // scale}{unit}"
 
     if b == 0:
         return "<1K"
@@ -161,8 +159,7 @@ class Counters:
         """Per source (RH_IO_SOURCES's names, `other` first): SOURCE_COUNTERS since the process started."""
         if not self.sources_available:
             return None
-        out = {}
-        values = (ctypes.c_uint64 * len(SOURCE_COUNTERS))()
+        out, values = {}, (ctypes.c_uint64 * len(SOURCE_COUNTERS))()
         for i in range(self._lib.rh_io_nsources()):
             if self._lib.rh_io_source(i, values) != len(SOURCE_COUNTERS):
                 continue
@@ -173,13 +170,12 @@ class Counters:
         """path -> per class calls, bytes, seconds, and the read and write request-size histograms."""
         if not self.available:
             return {}
-        out = {}
-        f = _File()
+        out, f = {}, _File()
         for i in range(self._lib.rh_io_nfiles()):
             if self._lib.rh_io_file(i, ctypes.byref(f)) != 0:
                 continue
-            record = {c: {"calls": f.calls[k], "bytes": f.bytes[k], "seconds": f.ns[k] / 1e9,
-                          **({"sizes": list(f.hist[k])} if k < 2 else {})} for k, c in enumerate(CLASSES)}  # read, write
+            record = {c: {"calls": f.calls[k], "bytes": f.bytes[k], "seconds": f.ns[k] / 1e9,  # sizes: read, write
+                          **({"sizes": list(f.hist[k])} if k < 2 else {})} for k, c in enumerate(CLASSES)}
             out[f.path.decode()] = {**record, "opens": f.opens}
         return out
 

@@ -47,8 +47,7 @@ def split(state: object) -> tuple[dict[str, Any], bytes]:
             return TensorSlot(key)
         return obj  # any other object is pickled whole (no tensors hide in DeepSpeed's)
 
-    skeleton = _walk(state, slot)
-    return tensors, pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+    return tensors, pickle.dumps(_walk(state, slot), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def merge(tensors: Mapping[str, Any], skeleton: bytes) -> object:

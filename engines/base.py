@@ -26,23 +26,19 @@ class EngineContext:
 
     spec: RunSpec
     target: Store  # the placed storage target's rank-side view (restart_harness/targets/): streams, DCP, paths
-    # the training stack saves its whole sharded state with one collective call per checkpoint (FSDP2 + DCP),
-    # instead of one call per file of the rank's own state (DeepSpeed)
+    # one collective save of the whole sharded state per checkpoint (FSDP2 + DCP), not one per file (DeepSpeed)
     collective: bool = False
-    # the checkpoint engine DeepSpeed itself would use on this rank: the one it built from ds_config.json, or its
-    # TorchCheckpointEngine for an emulated rank; None where the stack is not DeepSpeed's
+    # the checkpoint engine DeepSpeed built from ds_config.json (an emulated rank: its TorchCheckpointEngine), or None
     native: Any = None
     training: Any = None  # the DeepSpeed engine, where the stack is DeepSpeed's (engine=lazy hooks its step)
-    # the run's storage probe (run_dir/baseline.json: the baseline and the ceiling, files/baseline.py), or None
-    # (baseline=false, or no probe could run): what the storage reads and writes, for an engine that decides by it
+    # the run's storage probe (run_dir/baseline.json, files/baseline.py), or None (baseline=false, or no probe ran)
     storage: dict | None = None
 
 
 class CheckpointIO(ABC):
     """One rank's reads and writes of checkpoint files for one engine."""
 
-    # the DeepSpeed checkpoint engine this one delegates to: DeepSpeed then keeps its own create / commit /
-    # decoupled lifecycle for it (engines DeepSpeed builds from ds_config.json); None for the harness's own
+    # the DeepSpeed-built engine it delegates to (DeepSpeed keeps its create/commit lifecycle); None for ours
     native: Any = None
 
     @abstractmethod
@@ -72,8 +68,7 @@ class CheckpointIO(ABC):
         return None
 
     def statistics(self) -> dict | None:
-        """The engine's own account of the save since the last call (and its flush: copy, wait and write seconds,
-        buffers), or None; asked once per save, after it is durable."""
+        """The engine's account of the save since the last call (and its flush), or None; asked once it is durable."""
         return None
 
     # DeepSpeed's questions to its checkpoint engine, with DeepSpeed's own answers by default

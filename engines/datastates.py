@@ -9,8 +9,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from engines import _datastates_api
 from engines.base import CheckpointIO, Engine, EngineContext, NativeIO
 from restart_harness.errors import UsageError
+from restart_harness.plan.checkpoint import rank_saves
 from restart_harness.plugins import NodeCheck
 from restart_harness.spec.keys import GIB, key
 from third_party.datastates_exit import explained
@@ -18,9 +20,7 @@ from third_party.datastates_exit import explained
 INSTALL = ("build DataStates-LLM at the commit of scripts/bundle/datastates-llm.pin (not on PyPI; CMake, nanobind, "
            "the CUDA toolkit, liburing): scripts/bundle/install.sh does on a CUDA node, or "
            "scripts/bundle/build-datastates.sh SRC PYTHON")
-# DataStates' engine: `state_engine` (its default, io_uring) is the only one of 1b84990's three that DeepSpeed 0.19.8
-# can use: `simple_engine`'s load hands DeepSpeed's callable map_location to Tensor.to (and exits), and
-# `state_aggregated_engine` writes only in commit(tag), which DeepSpeed never calls
+# the only one of DataStates 1b84990's three engines DeepSpeed 0.19.8 can use (why: the docs named above)
 ENGINE_TYPE = "state_engine"
 ALIGNMENT = 4096  # DataStates places every tensor of its host cache at a file-system block boundary
 CACHE_SLACK_BYTES = 64 << 20  # the pickled remainder's region and the pool's own rounding
@@ -42,11 +42,9 @@ class DataStatesEngine(Engine):
                    "flushed in the background (CUDA only)")
     Options = Options
     emulates = False  # DeepSpeed builds the engine from its config inside deepspeed.initialize
-    # DataStates writes each file's regions from its flush threads after save() returned, and DeepSpeed 0.19.8
-    # never commits this engine: the harness commits it, and takes each file's checksum to check before a restart
+    # written region by region after save() returned, never committed by DeepSpeed 0.19.8: checksums (docs above)
     checksums_by_default = True
-    # its wait(persist=True) returns once io_uring's writes completed, without an fsync (1b84990: io_uring_handler_t's
-    # fsync() waits for completions; the files are fsync'd only when its file handler is destroyed at shutdown)
+    # its wait(persist=True) returns once io_uring's writes completed, without an fsync (the docs named above)
     durable_on_wait = False
 
     def asynchronous(self) -> bool:
@@ -67,8 +65,6 @@ class DataStatesEngine(Engine):
         with each tensor's alignment and some slack, in whole MiB."""
         if self.options.host_cache_size is not None:
             return int(self.options.host_cache_size * GIB)
-        from restart_harness.plan.checkpoint import rank_saves
-
         need = max((b + t * ALIGNMENT for b, t in rank_saves(self.spec, self.files()).values()), default=0) + CACHE_SLACK_BYTES
         return math.ceil(need / 2**20) * 2**20
 
@@ -86,8 +82,6 @@ def installed_shortfall() -> str | None:
     """Why this node's DataStates-LLM cannot serve DeepSpeed 0.19.8: not installed, installed without its compiled
     core, or an API DeepSpeed does not call (the repository's 2024 sources; ebc6762's load); None when it can. Read
     from the installed package's sources (importing it needs CUDA's libraries): engines/_datastates_api.py."""
-    from engines import _datastates_api
-
     spec = importlib.util.find_spec("datastates")
     if spec is None:
         return f"Python module 'datastates' is not installed; {INSTALL}"
@@ -126,10 +120,8 @@ class DataStatesIO(NativeIO):
     def __init__(self, native, target, host_cache_bytes: int):
         super().__init__(native, target)
         self.host_cache_bytes = host_cache_bytes
-        # DataStates 1b84990's restore reads each tensor into a buffer it allocates and never frees
-        # (state_io_engine_impl_t::restore keeps persistent_allocs; load() returns views of them): every load keeps a
-        # host copy of what it read, for the life of the engine. Counted until DataStates frees them (a load's
-        # tensors then own their memory: a restart's peak RSS drops by the checkpoint's share, the way to tell).
+        # DataStates 1b84990's restore keeps a host copy of every tensor it read, for the life of the engine (docs
+        # named above: restore copies); counted until DataStates frees them (a restart's peak RSS then drops)
         self.restored_bytes = 0
 
     def save(self, state, path):

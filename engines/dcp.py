@@ -1,14 +1,6 @@
-"""engine=dcp: PyTorch Distributed Checkpoint.
-
-stack=deepspeed: DCP writes each DeepSpeed state dict at DeepSpeed's path (a folder with .metadata and .distcp
-shards). Every rank saves its own distinct state, so DCP runs with no_dist=True: no collectives, no cross-rank
-planning (DCPFiles).
-stack=fsdp2: one collective dcp.save of the whole sharded state (get_state_dict of model and optimizer) per
-checkpoint, DCP's own way: every rank writes __<rank>_0.distcp, rank 0 the global .metadata; loading reshards to
-any number of ranks (DCPCollective).
-async_save=true returns once DCP has staged the state in memory; the files are written in a background thread.
-The storage layer is the target's (its DCP StorageWriter and StorageReader): DCP's file system writer and reader, or
-s3torchconnector's for objects, with the same file names."""
+"""engine=dcp: PyTorch Distributed Checkpoint, per DeepSpeed file without collectives (DCPFiles) or, with stack=fsdp2,
+one collective save of the whole sharded state (DCPCollective), through the target's DCP storage layer; async_save
+and what each writes: docs/engines.md#the-engines."""
 
 from __future__ import annotations
 

@@ -1,17 +1,21 @@
-"""engine=fastpersist: DeepSpeed's FastPersist writer (`checkpoint.writer` type `fast`, decoupled=false), built by
-DeepSpeed from ds_config.json; on a CPU node with the work-arounds of third_party/deepspeed_fastpersist_cpu.py. Its
-files (`X.pt-R.N`), its data_parallel units and what is refused: docs/engines.md#enginefastpersist-on-a-cpu-node.
-And engine=decoupled: the same writer in a decoupled process per node (decoupled=true), which DeepSpeed commits in
-the next engine.step(); CUDA only in DeepSpeed 0.19.8."""
+"""engine=fastpersist: DeepSpeed's FastPersist writer (`checkpoint.writer` type `fast`), built by DeepSpeed from
+ds_config.json, and engine=decoupled: the same writer in a decoupled process per node, committed by DeepSpeed in the
+next engine.step(), CUDA only. Their files and what is refused: docs/engines.md#enginefastpersist-on-a-cpu-node."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
+from engines import _async_io
 from engines.base import CheckpointIO, Engine, EngineContext, FileLayout, NativeIO
 from restart_harness.errors import UsageError
 from restart_harness.plugins import NodeCheck
 from restart_harness.spec.keys import key
+from third_party import deepspeed_arch_list, deepspeed_decoupled_cause
+from third_party import deepspeed_fastpersist_cpu as cpu_writer
+from third_party.deepspeed_decoupled_grad import detached
+from third_party.deepspeed_writer_load import load as writer_load
 
 
 @dataclass
@@ -32,15 +36,13 @@ class WriterFiles(FileLayout):
         the nodes with machine, two per node with socket; times io_multiplier). Every data-parallel rank writes its
         own replica of a model-states file; a ZeRO shard is its own rank's; a pipeline layer file is written by
         data-parallel rank 0 alone."""
-        from third_party.deepspeed_fastpersist_cpu import replica_name
-
         spec, o = self.spec, self.options
         units = {"replica": spec.dp, "machine": spec.nodes, "socket": 2 * spec.nodes}[o.data_parallel]
         writers = units * o.io_multiplier
         if recipe.kind == "model_states":
-            return [(replica_name(recipe.path, d, writers), rank_of(d)) for d in range(spec.dp)]
+            return [(cpu_writer.replica_name(recipe.path, d, writers), rank_of(d)) for d in range(spec.dp)]
         own = recipe.dp_rank if recipe.dp_rank is not None else 0
-        return [(replica_name(recipe.path, own, writers), recipe.writer)]
+        return [(cpu_writer.replica_name(recipe.path, own, writers), recipe.writer)]
 
 
 class FastPersistEngine(Engine):
@@ -62,23 +64,19 @@ class FastPersistEngine(Engine):
     def node_checks(self) -> list[NodeCheck]:
         """DeepSpeed's async_io op can be loaded or built here (libaio: engines/_async_io.py), on any device; on a CPU
         node also the locked memory its writer's buffers take (a CUDA node's DeepSpeed pins through CUDA)."""
-        from engines import _async_io
-
         def async_io() -> str | None:
             why = _async_io.shortfall()
             return f"{why}; or use engine=default, lazy, torchsnapshot or dcp" if why else None
-
-        def locked_memory() -> str | None:
-            from third_party.deepspeed_fastpersist_cpu import locked_memory_shortfall
-
-            return locked_memory_shortfall(self.options.io_buffer_mib * 2**20)
 
         checks = [NodeCheck(f"engine={self.name}", "DeepSpeed's async_io op prebuilt, or libaio's header and "
                                                    "library to build it, and its runtime library", async_io)]
         if self.spec.device != "cuda":
             checks.append(NodeCheck(f"engine={self.name}", f"{self.options.io_buffer_mib} MiB of locked memory per "
-                                                           "rank (ulimit -l)", locked_memory))
+                                                           "rank (ulimit -l)", self.locked_memory))
         return checks
+
+    def locked_memory(self) -> str | None:
+        return cpu_writer.locked_memory_shortfall(self.options.io_buffer_mib * 2**20)
 
     def check(self) -> None:
         spec, o = self.spec, self.options
@@ -99,13 +97,10 @@ class FastPersistEngine(Engine):
             "data_parallel": o.data_parallel, "show_statistics": o.show_statistics}}}
 
     def prepare(self) -> None:
-        from third_party import deepspeed_arch_list
-        from third_party.deepspeed_fastpersist_cpu import locked_memory_shortfall, prepare
-
-        if self.spec.device != "cuda" and (why := locked_memory_shortfall(self.options.io_buffer_mib * 2**20)):
+        if self.spec.device != "cuda" and (why := self.locked_memory()):
             raise RuntimeError(f"engine={self.name}: {why}")  # instead of DeepSpeed aborting the rank
         deepspeed_arch_list.prepare()  # before DeepSpeed JIT-builds the writer's ops on CUDA
-        prepare(self.spec.device)
+        cpu_writer.prepare(self.spec.device)
 
     def open(self, ctx: EngineContext) -> CheckpointIO:
         return WriterIO(ctx.native, ctx.target)
@@ -118,7 +113,7 @@ class WriterIO(NativeIO):
 
     def __init__(self, native, target):
         super().__init__(native, target)
-        self._stats: dict[str, float] = {}  # the writers' own counters, summed since the last statistics()
+        self._stats: Counter = Counter()  # the writers' own counters, summed since the last statistics()
         self._writers: list = []  # those of the save in progress
         factory = getattr(native, "_writer", None)  # DeepSpeed's CheckpointWriterFactory; None without a writer
         if factory is not None:
@@ -139,26 +134,20 @@ class WriterIO(NativeIO):
         self._writers = []
         self.native.save(state, path)  # FastCheckpointEngine writes to a path of its own naming
         for writer in self._writers:  # released: its counters are final
-            for k, v in writer._stats.items():
-                if isinstance(v, (int, float)):
-                    self._stats[k] = self._stats.get(k, 0) + v
+            self._stats.update({k: v for k, v in writer._stats.items() if isinstance(v, (int, float))})
         return [writer._file_path for writer in self._writers]
 
     def statistics(self) -> dict | None:
         """DeepNVMe's FastFileWriter counters (its libaio writes, buffer fills, unaligned tail), summed over the files
         of the save; its speeds are left out (a sum of speeds means nothing), the seconds and bytes give them."""
-        stats, self._stats = self._stats, {}
+        stats, self._stats = self._stats, Counter()
         return {k: round(v, 6) for k, v in sorted(stats.items()) if not k.endswith("/s") and k != "rank"} or None
 
     def read_path(self, path: str) -> str:
-        from third_party.deepspeed_fastpersist_cpu import replica
-
-        return replica(path)
+        return cpu_writer.replica(path)
 
     def load(self, path, map_location=None, into=None):
-        from third_party.deepspeed_writer_load import load
-
-        return load(self.read_path(path), map_location)
+        return writer_load(self.read_path(path), map_location)
 
 
 class DecoupledEngine(FastPersistEngine):
@@ -177,8 +166,6 @@ class DecoupledEngine(FastPersistEngine):
                              "async_take=true or engine=dcp async_save=true on CPU")
 
     def prepare(self) -> None:
-        from third_party import deepspeed_decoupled_cause
-
         super().prepare()
         deepspeed_decoupled_cause.install()  # a dead writer process's error reaches the rank's
 
@@ -195,11 +182,8 @@ class DecoupledIO(WriterIO):
         self.io_multiplier = io_multiplier
 
     def save(self, state, path):
-        from third_party.deepspeed_decoupled_cause import died
-        from third_party.deepspeed_decoupled_grad import detached
-        from third_party.deepspeed_fastpersist_cpu import replica_name
-
-        if why := died(self.native):  # DeepSpeed's save would return as if written (its writer is gone)
+        # DeepSpeed's save would return as if written (its writer is gone)
+        if why := deepspeed_decoupled_cause.died(self.native):
             raise RuntimeError(why)
         self.native.save(detached(state), path)
         config = self.native.dp_writer_config
@@ -207,4 +191,4 @@ class DecoupledIO(WriterIO):
             return []
         if not self.native.optimize_dp_state:
             return [path]
-        return [replica_name(path, config.rank, config.world_size * self.io_multiplier)]
+        return [cpu_writer.replica_name(path, config.rank, config.world_size * self.io_multiplier)]

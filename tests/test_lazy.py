@@ -20,10 +20,9 @@ from conftest import REPO, copy_run, events, load_summary, restart, run_cli
 
 from engines.lazy import Options, buffers
 from engines.lazy import format as fmt
-from engines.lazy import reads as lazy_reads
-from engines.lazy import writers as lazy_writers
-from engines.lazy.checkpoint_io import LazyIO
-from engines.lazy.stats import Decision
+from engines.lazy import staging as lazy_writers
+from engines.lazy.policy import Decision
+from engines.lazy.save import LazyIO
 
 
 def _engine(**options):
@@ -88,7 +87,7 @@ def test_a_fresh_buffers_pages_are_populated_ahead_and_the_bytes_are_the_files(t
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    size = 3 * lazy_reads.READ_CHUNK_BYTES + 4096 + 7
+    size = 3 * buffers.READ_CHUNK_BYTES + 4096 + 7
     data = torch.randint(0, 256, (size,), dtype=torch.uint8)
     path = tmp_path / "part-0.bin"
     path.write_bytes(buffers.byte_view(data).tobytes() + bytes(buffers.aligned(size) - size))
@@ -97,7 +96,7 @@ def test_a_fresh_buffers_pages_are_populated_ahead_and_the_bytes_are_the_files(t
             held = threading.Event()
             pool.submit(held.wait, 30)  # the reads start late: the thread gets to every request first
             buf = buffers.aligned_empty(size)
-            reads = lazy_reads.Reads(path, buf, pool, direct, populate=populate)
+            reads = buffers.Reads(path, buf, pool, direct, populate=populate)
             deadline = time.monotonic() + 30
             while populate and reads.populated < 4 and time.monotonic() < deadline:
                 time.sleep(0.01)

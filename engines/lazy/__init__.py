@@ -7,21 +7,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engines.base import CheckpointIO, Engine, EngineContext, FileLayout
-from engines.lazy.stats import LazyRecords
+from engines.base import CheckpointIO, Engine, EngineContext, EngineRecords, FileLayout
 from restart_harness.files.baseline import CEILING_QUEUE_DEPTH, CEILING_REQUEST_BYTES
+from restart_harness.schema import MIB
 from restart_harness.spec.keys import key
 
 # the files DeepSpeed has data-parallel replica 0 write (not ZeRO-3's zero_pp_rank_N_mp_rank_NN_model_states.pt: a
 # data-parallel rank's own)
 REPLICATED = re.compile(r"(?:^|/)mp_rank_\d+_model_states\.pt$")
-MIB = 1 << 20
 
 
 @dataclass
 class Options:
-    # the defaults are the storage ceiling's shape (files/baseline.py): its queue depth and request size; why each
-    # default is what it is: docs/engines.md#enginelazy
+    # the defaults are the storage ceiling's shape (files/baseline.py); why: docs/engines.md#enginelazy
     writers: int = key(CEILING_QUEUE_DEPTH, "writer threads per rank: write requests in flight", group="checkpoint",
                        minimum=1, maximum=256)
     readers: int = key(CEILING_QUEUE_DEPTH, "reader threads per rank at restart: read requests in flight",
@@ -60,15 +58,51 @@ class LazyFiles(FileLayout):
     """DeepSpeed's files; with broadcast_load a replicated model file is read once per data-parallel group."""
 
     def restart_read_bytes(self, path: str, nbytes: int, dp_rank: int) -> int:
-        """With broadcast_load (auto planned as the broadcast: the restart decides), a replicated model file is read
-        once per data-parallel group: in shares (part k by replica k) where it was written in shares, else by
-        replica 0 (replicated.py)."""
+        """With broadcast_load (auto planned as the broadcast), a replicated model file is read once per group."""
         dp, o = self.spec.dp, self.options
         if not (o.broadcast_load != "false" and dp > 1 and REPLICATED.search(path)):
             return nbytes
         if o.balance and nbytes >= dp * o.balance_min_mib * 2**20:
             return nbytes // dp + (nbytes % dp if dp_rank == 0 else 0)
         return nbytes if dp_rank == 0 else 0
+
+
+class LazyRecords(EngineRecords):
+    @staticmethod
+    def staging(record: dict[int, list[dict]]) -> dict | None:
+        """How the last save was staged in host buffers on the rank with the most buffer bytes
+        (docs/engines.md#staging)."""
+        best = None
+        for rank, evs in sorted(record.items()):
+            stats = [e["engine_statistics"] for e in evs
+                     if e["event"] == "save" and (e.get("engine_statistics") or {}).get("staging_bytes")]
+            if not stats:
+                continue
+            parts = stats[-1].get("staging") or []
+            totals = stats[-1]["staging_bytes"]
+            if best is None or totals["buffer_bytes"] > best["buffer_bytes"]:
+                largest = max(parts, key=lambda p: p["part_bytes"], default={})
+                best = {"rank": rank, **totals, "listed": len(parts),
+                        "rings": sum(p["buffer_bytes"] < p["part_bytes"] for p in parts), "why": largest.get("why")}
+        return best
+
+    @staticmethod
+    def memory_rows(st: dict) -> list[tuple[str, str]]:
+        listed = f"{st['rings']} of {st['listed']} parts in rings" + (
+            "" if st["listed"] == st["parts"] else f" (of the first {st['listed']} of {st['parts']})")
+        return [("  staging", (f"{st['buffer_bytes'] / MIB:,.1f} MiB of buffers for {st['part_bytes'] / MIB:,.1f} "
+                               f"MiB of parts on rank {st['rank']}, {listed}; the largest part: {st['why']}"))]
+
+    @staticmethod
+    def restart_rows(stats: dict) -> list[tuple[str, str]]:
+        rows = []
+        if stats.get("read_io"):
+            way, requests = stats["read_io"], stats.get("read_requests")
+            rows.append(("reads", f"{'O_DIRECT' if way['way'] == 'direct' else 'buffered'}: {way['why']}"
+                                  + (f"; fresh pages faulted in ahead of {stats.get('populated_requests', 0):,} of "
+                                     f"{requests:,} requests (all ranks)" if requests else "")))
+        return rows + [("replicated", f"{r['file']}: {r['way']} in {r['seconds']:.3f} s ({r['why']})")
+                       for r in stats.get("replicated") or []]
 
 
 class LazyEngine(Engine):
@@ -91,6 +125,6 @@ class LazyEngine(Engine):
         return {"checkpoint": {"parallel_write": {"pipeline_stage": True}}} if self.spec.pp > 1 else {}
 
     def open(self, ctx: EngineContext) -> CheckpointIO:
-        from engines.lazy.checkpoint_io import LazyIO
+        from engines.lazy.save import LazyIO
 
         return LazyIO(self.options, ctx.training, storage=ctx.storage)

@@ -14,8 +14,7 @@ from pathlib import Path
 import torch
 
 from engines._state_tree import relocate
-from engines.lazy.buffers import ALIGNMENT, aligned, aligned_empty
-from engines.lazy.reads import Reads
+from engines.lazy.buffers import ALIGNMENT, Reads, aligned, aligned_empty
 
 FORMAT = "restart-harness-lazy"
 VERSION = 1
@@ -40,7 +39,7 @@ class _Pickler(pickle.Pickler):
         if isinstance(obj, torch.Tensor):
             if id(obj) not in self.index:
                 self.index[id(obj)] = len(self.tensors)
-                self.tensors.append(obj)
+                self.tensors.append(obj.detach())  # writers read the data; autograd history is not state
             return ("t", self.index[id(obj)])
         return None
 
@@ -57,7 +56,7 @@ class _Unpickler(pickle.Unpickler):
 
 
 def split(state: object) -> tuple[list[torch.Tensor], bytes]:
-    """(the state's tensors in pickling order, the remainder pickled with persistent ids in their place)."""
+    """(the state's tensors, detached, in pickling order, the remainder pickled with persistent ids in their place)."""
     tensors: list[torch.Tensor] = []
     buf = io.BytesIO()
     _Pickler(buf, tensors).dump(state)
@@ -88,9 +87,11 @@ def plan(tensors: list[torch.Tensor], shares: int) -> tuple[dict, list[tuple[int
 
 
 def read_header(path: Path) -> dict:
+    """The directory's header, once every part file is checked to hold its bytes (check_parts)."""
     header = json.loads((path / HEADER).read_text())
     if header.get("format") != FORMAT or header.get("version") != VERSION:
         raise ValueError(f"{path}: not a {FORMAT} v{VERSION} directory")
+    check_parts(path, header)
     return header
 
 
@@ -105,7 +106,6 @@ def check_parts(path: Path, header: dict) -> None:
 def read(path: Path, threads: int = 4) -> tuple[dict, bytes, list[torch.Tensor]]:
     """The directory's header, its pickled remainder and every part in a buffer of its own, read here."""
     header = read_header(path)
-    check_parts(path, header)
     buffers = [aligned_empty(part["bytes"]) for part in header["parts"]]
     with ThreadPoolExecutor(threads) as pool:  # every part's requests queued at once: `threads` in flight
         reads = [Reads(path / part["file"], buf, pool) for part, buf in zip(header["parts"], buffers, strict=True)]
@@ -156,18 +156,16 @@ def to_torch_save(src: str | Path, dst: str | Path) -> list[Path]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3 or argv[0] != "to-torch-save":
-        print("usage: python -m engines.lazy.format to-torch-save SRC_TAG_DIR DST_TAG_DIR", file=sys.stderr)
-        return 2
-    src, dst = Path(argv[1]), Path(argv[2])
-    if not src.is_dir():
-        print(f"error: {src}: no such checkpoint directory", file=sys.stderr)
-        return 2
-    if dst.exists() and any(dst.iterdir()):
-        print(f"error: {dst}: exists and is not empty", file=sys.stderr)
-        return 2
-    files = to_torch_save(src, dst)
-    print(f"{len(files)} files written under {dst}")
-    return 0
+        error = "usage: python -m engines.lazy.format to-torch-save SRC_TAG_DIR DST_TAG_DIR"
+    elif not (src := Path(argv[1])).is_dir():
+        error = f"error: {src}: no such checkpoint directory"
+    elif (dst := Path(argv[2])).exists() and any(dst.iterdir()):
+        error = f"error: {dst}: exists and is not empty"
+    else:
+        print(f"{len(to_torch_save(src, dst))} files written under {dst}")
+        return 0
+    print(error, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -1,24 +1,96 @@
 """engine=lazy's policies: how each part of a save is staged, which way the part files are read at restart, and
-which way a replicated file reaches every replica. Each answers with its reason (docs/engines.md#enginelazy)."""
+which way a replicated file reaches every replica, each answering with its reason (docs/engines.md#enginelazy); and
+its statistics and decision records, typed, each rendering the dict a result file holds (engine_statistics of a save
+or of a restart's load: docs/results.md)."""
 
 from __future__ import annotations
 
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from engines.lazy import MIB, Options
-from engines.lazy.stats import Decision
+
+# parts whose staging (bytes, buffer, why) every save's engine_statistics lists; all of them are in staging_bytes
+STAGING_RECORDS = 16
+SECONDS = ("copy_seconds", "step_wait_seconds", "write_seconds", "staging_wait_seconds")  # since the last call
+
+
+@dataclass
+class Decision:
+    """A choice and why it was made (the read way, a replicated file's way); figures: what it was computed from."""
+
+    way: str
+    why: str
+    figures: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"way": self.way, "why": self.why, **self.figures}
+
+
+@dataclass
+class SaveStats:
+    """A rank's saves since statistics() was last asked (seconds; the fallback), and its buffers (counted over the
+    run, as kept for later saves)."""
+
+    copy_seconds: float = 0.0  # copying, its waits for a ring's slots apart
+    step_wait_seconds: float = 0.0  # the optimizer steps' waits for copies not yet done
+    write_seconds: float = 0.0  # from a part's first write request to its fsync, summed over parts
+    staging_wait_seconds: float = 0.0  # the copy's waits for a ring's slots
+    buffers_reused: int = 0
+    buffers_allocated: int = 0
+    staging: list[dict] = field(default_factory=list)  # how a part's buffer was sized (policy.Staging), the first
+    direct_io_fallback: str | None = None  # why the file system refused O_DIRECT
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, name: str, seconds: float) -> None:
+        with self.lock:
+            setattr(self, name, getattr(self, name) + seconds)
+
+    def take(self, parts: list) -> dict:
+        """The record of the saves since the last call (then reset), with staging_bytes: the parts kept for later
+        saves, their bytes and their buffers' (docs/engines.md#staging)."""
+        with self.lock:
+            out = {**{k: round(getattr(self, k), 6) for k in SECONDS}, "buffers_reused": self.buffers_reused,
+                   "buffers_allocated": self.buffers_allocated}
+            if self.staging:
+                out["staging"] = list(self.staging)
+            if self.direct_io_fallback:
+                out["direct_io_fallback"] = self.direct_io_fallback
+            for k in SECONDS:
+                setattr(self, k, 0.0)
+            self.direct_io_fallback = None
+        if parts:
+            out["staging_bytes"] = {"parts": len(parts), "part_bytes": sum(p.size for p in parts),
+                                    "buffer_bytes": sum(p.nbytes for p in parts)}
+        return out
+
+
+@dataclass
+class LoadStats:
+    """What a rank's restart loads did (summed over ranks in the summary)."""
+
+    read_bytes: int = 0  # read from storage by this rank
+    broadcast_bytes: int = 0  # received from another replica
+    broadcast_loads: int = 0
+    prefetched_bytes: int = 0  # the rank's own ZeRO file read ahead
+    read_io: Decision | None = None  # the restart's read way (policy.read_way)
+    shared_bytes: int | None = None  # built on another replica's reads into shared memory
+    replicated: list[dict] = field(default_factory=list)  # how each replicated file was loaded
+
+    def as_dict(self, reads: list) -> dict:
+        """read_requests and populated_requests: the requests read, and those whose fresh pages a thread faulted in
+        ahead of them (buffers.Reads)."""
+        out = {k: v for k, v in vars(self).items() if v is not None and v != []}  # in the order declared
+        return {**out, "read_io": self.read_io.as_dict(), "read_requests": sum(r.requests for r in reads),
+                "populated_requests": sum(r.populated for r in reads)}
 
 
 def replicated_way(file_bytes: int, replicas: int, broadcast_mib_s: float | None,
                    read_mib_s_per_reader: float | None) -> Decision:
-    """Once every replica has read its own share of a replicated file (both ways read it): broadcast the shares over
-    the data-parallel group, or have every replica read the others' shares too, whichever is sooner (seconds; F the
-    file, d the replicas, r the storage's read bandwidth per reader, B the broadcast's bandwidth):
-      every replica reads the other shares:  F (d-1)/d / r
-      broadcast every share in turn:         F / B
-    so the broadcast when B > r d/(d-1) (not counting on it hiding behind the reads: docs/engines.md). Without r or
-    B (no probe, shares too small to time) the broadcast, which reads the fewest bytes."""
+    """Broadcast the other replicas' shares of a replicated file, F / B seconds, or have every replica read them,
+    F (d-1)/d / r, whichever is sooner; without r or B the broadcast (docs/engines.md#enginelazy)."""
     if not read_mib_s_per_reader or not broadcast_mib_s:
         return Decision("broadcast", "no storage read bandwidth (no probe: baseline=false, or it failed, and the "
                                      "shares too small to time): the broadcast, which reads the fewest bytes")
@@ -38,9 +110,7 @@ HOLD_REQUESTS = 4  # requests a reader thread of the probe must move before its 
 
 
 def read_way(options: Options, storage: dict | None) -> Decision:
-    """How the part files are read at restart: read_io's way, or (auto) the faster of the storage probe's O_DIRECT
-    and buffered reads in this engine's shape (files/baseline.py); where the probe has no buffered read, the way its
-    read ceiling came from; without a probe with a ceiling, direct_io's."""
+    """How the part files are read at restart: read_io's way, or auto's (docs/engines.md#enginelazy)."""
     if options.read_io != "auto":
         return Decision(options.read_io, f"read_io={options.read_io}")
     ceiling = (storage or {}).get("ceiling") if storage and not storage.get("error") else None
@@ -76,8 +146,7 @@ def per_rank(storage: dict | None, figure: str) -> float | None:
 
 
 class Staging:
-    """staging_mib's choice for each new part's buffer; auto goes by the storage probe's write ceiling and the
-    interval between the optimizer steps before the first save (mark_step)."""
+    """staging_mib's choice for each new part's buffer (docs/engines.md#staging)."""
 
     def __init__(self, options: Options, storage: dict | None):
         self.options = options
@@ -89,9 +158,8 @@ class Staging:
         self.step_marks = [*self.step_marks[-3:], time.perf_counter()]
 
     def choose(self, d: Path, length: int, chunk: int, pinned: bool) -> tuple[int | None, str]:
-        """How many write requests' worth a new part's buffer stages (None: the whole part), and why. auto: a ring
-        of the part less L = W T / 2 bytes (W the probe's write ceiling a rank, T the shortest interval between the
-        optimizer steps before the first save), L shared by a checkpoint's parts (docs/engines.md#staging)."""
+        """How many write requests' worth a new part's buffer stages (None: the whole part), and why
+        (docs/engines.md#staging)."""
         chunks = -(-length // chunk)
         least = self.options.writers + 1  # a slot for every request in flight and one being copied
         if self.options.staging_mib:

@@ -1,6 +1,7 @@
-"""engine=lazy's save pipeline: save() plans where every tensor goes and returns; a copy thread copies the tensors
-into kept host buffers while the next step runs (on CUDA, on a side stream), handing each write request to the
-writers once it has passed it; the next optimizer step waits only for copies not yet done."""
+"""engine=lazy's CheckpointIO (LazyIO: its saves, its loads (load.py) and the DeepSpeed internals it patches, each
+named where it is patched) and its save pipeline: save() plans where every tensor goes and returns; a copy thread
+copies the tensors into kept host buffers while the next step runs (on CUDA, on a side stream), handing each write
+request to the writers once it has passed it; the next optimizer step waits only for copies not yet done."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
+from engines.base import CheckpointIO
 from engines.lazy import MIB, REPLICATED, Options
 from engines.lazy.buffers import aligned
 from engines.lazy.format import HEADER, REMAINDER, part_name, plan, split
-from engines.lazy.policy import Staging
-from engines.lazy.staging import Flush, Part
-from engines.lazy.stats import STAGING_RECORDS, SaveStats
-from engines.lazy.writers import Writers, write_small
+from engines.lazy.load import Loader
+from engines.lazy.policy import STAGING_RECORDS, SaveStats, Staging
+from engines.lazy.staging import Flush, Part, Writers, write_small
 
 
 class Saver:
@@ -37,7 +41,6 @@ class Saver:
 
     def save(self, state, path: str) -> list[str]:
         tensors, remainder = split(state)
-        tensors = [t.detach() for t in tensors]
         replicated = bool(REPLICATED.search(path)) and self.options.balance and self.dp_size > 1
         total = sum(t.numel() * t.element_size() for t in tensors)
         shares = self.dp_size if replicated and total >= self.dp_size * self.options.balance_min_mib * 2**20 else 1
@@ -56,17 +59,15 @@ class Saver:
         part = self._part(d, mine, header["parts"][mine]["bytes"], tensors, placements)
         written.append(str(part.path))
         flush = Flush(part, getattr(self.ds_engine, "global_steps", None), self.options.direct_io,
-                       self.options.write_chunk_mib * MIB, self.writers.hand_out)
-        event = None
-        if any(t.is_cuda for t in tensors) and not part.ring:
+                       self.options.write_chunk_mib * MIB, self.writers)
+        event, cuda = None, any(t.is_cuda for t in tensors)
+        if cuda and self.side_stream is None:  # here, on the rank's device (the copy thread's current device is 0)
+            self.side_stream = torch.cuda.Stream()
+        if cuda and not part.ring:
             marks = self._copy_on_side_stream(part, tensors, flush.chunk)
             copy = self.copier.submit(self._after_events, flush, marks)
             event = marks[-1][0] if marks else None
-        elif any(t.is_cuda for t in tensors):  # a ring's copies wait for slots: queued by the copy thread
-            import torch
-
-            if self.side_stream is None:  # here, on the rank's device (the copy thread's current device is 0)
-                self.side_stream = torch.cuda.Stream()
+        elif cuda:  # a ring's copies wait for slots: queued by the copy thread
             made = torch.cuda.Event()
             made.record()
             copy = self.copier.submit(self._copy, flush, tensors, made)
@@ -78,8 +79,6 @@ class Saver:
         return written
 
     def _part(self, d: Path, k: int, size: int, tensors, placements) -> Part:
-        import torch
-
         signature = (d.name, k, size, tuple((str(t.dtype), tuple(t.shape), t.device.type) for t in tensors))
         part = self.plans.get(signature)
         if part is not None and not part.busy:
@@ -99,13 +98,8 @@ class Saver:
         return part
 
     def _copy(self, flush: Flush, tensors, after=None) -> None:
-        """The tensors into the part's buffer in offset order, a tensor that spans write requests a request's bytes
-        at a time; after each, the requests it completed go to the writers (the gap to the next tensor is padding,
-        zero already). In a ring, each request's slot is taken first (Flush.claim_upto). after: a CUDA event on
-        the stream that made the tensors: the copies go on the side stream behind it (a ring's device->host copies,
-        which must wait for slots, so they cannot all be queued at save())."""
-        import torch
-
+        """The tensors into the part's buffer in offset order, at most a request's bytes at a time, each request's
+        slot taken first in a ring; after: a CUDA event the copies on the side stream wait for (a ring's)."""
         start = time.perf_counter()
         part, chunk = flush.part, flush.chunk
         try:
@@ -147,13 +141,7 @@ class Saver:
             self.stats.add("staging_wait_seconds", flush.waited)
 
     def _copy_on_side_stream(self, part: Part, tensors, chunk: int) -> list:
-        """The device->host copies queued on a side stream, after the work the current stream has queued so far; an
-        event after every request's worth of bytes, so the writes follow the copy; the last event also goes to the
-        next optimizer step (wait_copied)."""
-        import torch
-
-        if self.side_stream is None:
-            self.side_stream = torch.cuda.Stream()
+        """The device->host copies queued on a side stream, an event after every request's worth of bytes."""
         self.side_stream.wait_stream(torch.cuda.current_stream())
         marks, since = [], 0
         with torch.cuda.stream(self.side_stream):
@@ -195,8 +183,6 @@ class Saver:
         start = time.perf_counter()
         for copy, event in copies:
             if event is not None:  # queued on the side stream at save(): the step's stream waits on the GPU
-                import torch
-
                 torch.cuda.current_stream().wait_event(event)
             else:
                 copy.result()
@@ -216,5 +202,52 @@ class Saver:
                 "pinned_bytes": sum(p.nbytes for p in parts if p.buffer.is_pinned())}
 
     def statistics(self) -> dict:
-        """The saves since the last call; staging_bytes: the parts kept for later saves (stats.SaveStats)."""
+        """The saves since the last call; staging_bytes: the parts kept for later saves (policy.SaveStats)."""
         return self.stats.take(list(self.plans.values()))
+
+
+class LazyIO(CheckpointIO):
+    def __init__(self, options: Options, ds_engine, storage: dict | None = None):
+        """ds_engine: DeepSpeed's engine (None: the format alone, as in tests: no step to wait in); storage: the
+        run's storage probe (files/baseline.py), which the policies go by."""
+        self.options, self.ds_engine = options, ds_engine
+        # this rank's data-parallel index, the group's size, the group (DeepSpeed's optimizer's; None alone)
+        group = getattr(getattr(ds_engine, "optimizer", None), "dp_process_group", None)
+        alone = group is None or not dist.is_initialized()
+        data_parallel = (0, 1, group) if alone else (dist.get_rank(group=group), dist.get_world_size(group=group), group)
+        self.dp_rank, self.dp_size, self.dp_group = data_parallel
+        self.saver = Saver(options, storage, ds_engine, self.dp_rank, self.dp_size)
+        self.loader = Loader(options, storage, ds_engine, data_parallel)
+        # the save's (statistics: since the last call, policy.SaveStats) and the load's, as they are
+        self.wait_copied, self.wait, self.buffers = self.saver.wait_copied, self.saver.wait, self.saver.buffers
+        self.statistics, self.load_statistics = self.saver.statistics, self.loader.statistics
+        if ds_engine is not None:
+            self.patch_deepspeed(ds_engine)
+
+    def patch_deepspeed(self, ds_engine) -> None:
+        """DeepSpeed's engine, patched: save_non_zero_checkpoint (every replica writes its share of the replicated
+        files), and _take_model_step, wrapped (the step waits for the copies; until the first save, marks its time)."""
+        if self.options.balance and self.dp_size > 1:
+            ds_engine.save_non_zero_checkpoint = True
+        step = ds_engine._take_model_step
+
+        def take_model_step(*args, **kwargs):
+            if not self.saver.plans:  # the optimizer step's interval, until the first save
+                self.saver.staging.mark_step()
+            self.saver.wait_copied()  # nothing may change the state while it is being copied
+            return step(*args, **kwargs)
+
+        ds_engine._take_model_step = take_model_step
+
+    def save(self, state, path):
+        self.loader.last_read.clear()
+        return self.saver.save(state, path)
+
+    def load(self, path, map_location=None, into=None):
+        return self.loader.load(path, map_location)
+
+    def preserves_storage_sharing(self):
+        return False  # each view's own elements are copied: no defensive clone needed
+
+    def is_data_parallel_writer(self, dp_rank):
+        return dp_rank == 0 or (self.options.balance and self.dp_size > 1)

@@ -1,21 +1,25 @@
 """engine=lazy's staging: a part file's host buffer (the whole part, or a ring of write requests the copy reuses once
-they are written; docs/engines.md#staging) and its save in flight, which hands each request to the writers once the
-copy has passed it."""
+they are written; docs/engines.md#staging), its save in flight, which hands each request to the writers once the copy
+has passed it, and the writer pool: O_DIRECT where the file system takes it, buffered where it refuses (said in the
+save's direct_io_fallback); the last request of a part fsyncs it."""
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from engines.lazy.buffers import aligned, aligned_empty, byte_view, padded_view
+from engines.lazy.policy import SaveStats
+from restart_harness import faults
 
 
 class Part:
-    """One part file this rank writes: its buffer (aligned, zeroed once), and which tensors go where in it. The
-    buffer holds the whole part, or a ring of `slots` write requests: request c in slot c % slots, taken once the
-    request before it there is written (Flush.claim_upto), its gaps zeroed where the slot held another request."""
+    """One part file this rank writes: its buffer (the whole part, or a ring of `slots` write requests: request c in
+    slot c % slots; docs/engines.md#staging), and which tensors go where in it."""
 
     def __init__(self, path: Path, size: int, pinned: bool, copies: list[tuple[int, int, int]], chunk: int,
                  slots: int | None = None):
@@ -53,18 +57,15 @@ def gaps(copies: list[tuple[int, int, int]], length: int, chunk: int) -> dict[in
 
 
 class Flush:
-    """One part's save in flight: the copy fills its buffer in offset order, and the copy thread hands each write
-    request to the writers the moment the copy has passed the request's end (ready()): no thread waits on another,
-    so the training step beside it is interrupted only by requests that have work. The last request to finish
-    truncates the padding away, fsyncs and closes the file and completes `done`. A ring buffer (Part) is the one
-    exception: the copy waits to take a slot until the request staged there before is written (claim_upto)."""
+    """One part's save in flight: each write request handed to the writers once the copy has passed its end
+    (ready()); the last to finish fsyncs the file and completes `done` (docs/engines.md#enginelazy)."""
 
-    def __init__(self, part: Part, step: int | None, direct: bool, chunk: int, submit):
+    def __init__(self, part: Part, step: int | None, direct: bool, chunk: int, writers: Writers):
         self.part, self.step, self.direct = part, step, direct
         self.view = padded_view(part.buffer) if direct else byte_view(part.buffer)
         self.length = aligned(part.size) if direct else part.size
         self.offsets = list(range(0, self.length, chunk)) or [0]
-        self.chunk, self.submit = chunk, submit
+        self.chunk, self.writers = chunk, writers
         self.handed = 0  # requests handed to the writers so far, in offset order
         self.lock = threading.Lock()
         self.left = len(self.offsets)
@@ -123,7 +124,7 @@ class Flush:
         upto = self.length if upto is None else upto
         last = min(len(self.offsets), self.claimed + 1)
         while self.handed < last and min(self.offsets[self.handed] + self.chunk, self.length) <= upto:
-            self.submit(self, self.offsets[self.handed])
+            self.writers.pool.submit(self.writers.write_request, self, self.offsets[self.handed])
             self.handed += 1
 
     def failed(self, error: BaseException) -> None:
@@ -133,3 +134,95 @@ class Flush:
         self.claimed = len(self.offsets) - 1  # the requests left only count down, none is written
         self.ready()
 
+
+class Writers:
+    def __init__(self, threads: int, stats: SaveStats):
+        self.pool, self.stats = ThreadPoolExecutor(threads, thread_name_prefix="lazy-write"), stats
+
+    def write_request(self, flush: Flush, off: int) -> None:
+        """One write request of the part (handed out once the copy has passed its end); the last one to finish
+        completes the part (finish)."""
+        end = min(off + flush.chunk, flush.length)
+        error = None
+        try:
+            if flush.error is None:
+                with flush.lock:
+                    if flush.started is None:
+                        flush.started = time.perf_counter()
+                fd = self.descriptor(flush)
+                pos, data = off, flush.data(off, end)
+                while pos < end:
+                    try:
+                        pos += os.pwrite(fd, data[pos - off:], pos)
+                    except OSError as exc:  # a file system that takes the O_DIRECT open and refuses the request
+                        if exc.errno != errno.EINVAL:
+                            raise
+                        why = f"{flush.part.path.parent.parent}: {exc.strerror} (EINVAL)"
+                        buffered = self.descriptor(flush, refused=why)
+                        if buffered == fd:
+                            raise  # refused buffered too: not O_DIRECT's doing
+                        fd = buffered
+                faults.hit("flush", int(os.environ.get("RANK", "0")), flush.step)  # tests: killed mid-flush
+        except BaseException as exc:  # noqa: BLE001 - handed to flush.done by finish, raised by wait()
+            error = exc
+        with flush.lock:
+            flush.left -= 1
+            last = flush.left == 0
+            if error is not None and flush.error is None:
+                flush.error = error
+        flush.release(off)
+        if last:
+            self.finish(flush)
+
+    def finish(self, flush: Flush) -> None:
+        part = flush.part
+        try:
+            if flush.error is None:
+                fd = self.descriptor(flush)
+                if flush.length != part.size:
+                    os.ftruncate(fd, part.size)
+                os.fsync(fd)
+        except OSError as exc:
+            flush.error = exc
+        finally:
+            for fd in flush.fds:
+                os.close(fd)
+            part.busy = False
+            if flush.fallback:  # the file system refuses O_DIRECT: buffered, and said so in the save's record
+                with self.stats.lock:
+                    self.stats.direct_io_fallback = flush.fallback
+            if flush.started is not None:
+                self.stats.add("write_seconds", time.perf_counter() - flush.started)
+        if flush.error is not None:
+            flush.done.set_exception(flush.error)
+        else:
+            flush.done.set_result(None)
+
+    def descriptor(self, flush: Flush, refused: str | None = None) -> int:
+        """The part's file, opened once (O_DIRECT unless the file system refuses it: then a buffered descriptor beside
+        it, for every request from then on; `refused`: why, when a request was refused)."""
+        with flush.lock:
+            if refused and flush.direct:
+                flush.direct, flush.fd, flush.fallback = False, None, refused
+            if flush.fd is None:
+                flags = os.O_WRONLY | os.O_CREAT | (0 if flush.fds else os.O_TRUNC)
+                if flush.direct:
+                    try:
+                        flush.fd = os.open(flush.part.path, flags | os.O_DIRECT, 0o644)
+                    except OSError as exc:
+                        if exc.errno != errno.EINVAL:
+                            raise
+                        flush.direct = False
+                        flush.fallback = f"{flush.part.path.parent.parent}: {exc.strerror} (EINVAL)"
+                if flush.fd is None:
+                    flush.fd = os.open(flush.part.path, flags, 0o644)
+                flush.fds.append(flush.fd)
+            return flush.fd
+
+
+def write_small(path: Path, data: bytes) -> None:
+    """A small file (the header, the remainder) written and fsync'd (by the writers' pool too)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())

@@ -88,11 +88,9 @@ class _File(ctypes.Structure):
 
 def bucket_label(b: int) -> str:
     """Request sizes counted in bucket b, e.g. `4M-8M`."""
-    def size(n: int) -> str:
-        for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-            if n >= scale:
-                return f"{n // scale}{unit}"
-        return str(n)
+    def size(n: int) -> str:  # n: 1 KiB or more
+        unit, scale = next((u, s) for u, s in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)) if n >= s)
+        return f"{n // scale}{unit}"
 
     if b == 0:
         return "<1K"
@@ -130,10 +128,9 @@ class Counters:
     """This process's counters, when rhio is preloaded into it (else `available` is False)."""
 
     def __init__(self):
-        lib = ctypes.CDLL(None)
+        self._lib = lib = ctypes.CDLL(None)
         self.available = hasattr(lib, "rh_io_version")
         if self.available:
-            self._lib = lib
             lib.rh_io_totals.argtypes = [ctypes.POINTER(_Totals)]
             lib.rh_io_file.argtypes = [ctypes.c_int, ctypes.POINTER(_File)]
             lib.rh_io_add_prefix.argtypes = [ctypes.c_char_p]
@@ -156,15 +153,13 @@ class Counters:
         self._lib.rh_io_totals(ctypes.byref(t))
         out = {c: {"calls": t.calls[i], "bytes": t.bytes[i], "seconds": t.ns[i] / 1e9, "busy_seconds": t.busy_ns[i] / 1e9}
                for i, c in enumerate(CLASSES)}
-        out.update(opens=t.opens, files=t.files)
-        return out
+        return {**out, "opens": t.opens, "files": t.files}
 
     def sources(self) -> dict[str, dict[str, int]] | None:
         """Per source (RH_IO_SOURCES's names, `other` first): SOURCE_COUNTERS since the process started."""
         if not self.sources_available:
             return None
-        out = {}
-        values = (ctypes.c_uint64 * len(SOURCE_COUNTERS))()
+        out, values = {}, (ctypes.c_uint64 * len(SOURCE_COUNTERS))()
         for i in range(self._lib.rh_io_nsources()):
             if self._lib.rh_io_source(i, values) != len(SOURCE_COUNTERS):
                 continue
@@ -175,42 +170,34 @@ class Counters:
         """path -> per class calls, bytes, seconds, and the read and write request-size histograms."""
         if not self.available:
             return {}
-        out = {}
-        f = _File()
+        out, f = {}, _File()
         for i in range(self._lib.rh_io_nfiles()):
             if self._lib.rh_io_file(i, ctypes.byref(f)) != 0:
                 continue
-            record = {c: {"calls": f.calls[k], "bytes": f.bytes[k], "seconds": f.ns[k] / 1e9}
-                      for k, c in enumerate(CLASSES)}
-            record["opens"] = f.opens
-            record["read"]["sizes"] = list(f.hist[0])
-            record["write"]["sizes"] = list(f.hist[1])
-            out[f.path.decode()] = record
+            record = {c: {"calls": f.calls[k], "bytes": f.bytes[k], "seconds": f.ns[k] / 1e9,  # sizes: read, write
+                          **({"sizes": list(f.hist[k])} if k < 2 else {})} for k, c in enumerate(CLASSES)}
+            out[f.path.decode()] = {**record, "opens": f.opens}
         return out
+
+
+def _minus(now, then):
+    """now - then, key by key of now (counts, histograms of request sizes, dicts of them); then None: now."""
+    if isinstance(now, dict):
+        return {k: _minus(v, then[k] if then else None) for k, v in now.items()}
+    if isinstance(now, list):
+        return [a - b for a, b in zip(now, then, strict=True)] if then else now
+    return now - then if then else now
 
 
 def delta(after: dict | None, before: dict | None) -> dict | None:
     """totals() difference (after - before), class by class."""
-    if after is None or before is None:
-        return None
-    out = {c: {k: after[c][k] - before[c][k] for k in after[c]} for c in CLASSES}
-    out.update(opens=after["opens"] - before["opens"], files=after["files"] - before["files"])
-    return out
+    return None if after is None or before is None else _minus(after, before)
 
 
 def file_delta(after: dict[str, dict], before: dict[str, dict]) -> dict[str, dict]:
     """files() difference, keeping only files with I/O in between."""
-    def minus(now, then):  # a count, or a histogram of request sizes
-        return [a - b for a, b in zip(now, then, strict=True)] if isinstance(now, list) else now - then
-
-    out = {}
-    for path, rec in after.items():
-        prev = before.get(path)
-        d = {c: {k: minus(v, prev[c][k]) if prev else v for k, v in rec[c].items()} for c in CLASSES}
-        d["opens"] = rec["opens"] - (prev["opens"] if prev else 0)
-        if d["opens"] or any(d[c]["calls"] for c in CLASSES):
-            out[path] = d
-    return out
+    out = {path: _minus(rec, before.get(path)) for path, rec in after.items()}
+    return {path: d for path, d in out.items() if d["opens"] or any(d[c]["calls"] for c in CLASSES)}
 
 
 def read_shared(path: Path) -> dict | None:

@@ -79,16 +79,14 @@ def compare(run_dir: Path, record: str) -> list[dict]:
         if pid is None or not trace.is_file():
             continue
         seen, ours = count(trace), counters(events)
-        kernel_opens = seen["opens"] + seen["open_failures"]
+        row = {"rank": int(path.stem.split("-")[1]), "pid": pid}
         counted_opens = ours["opens"] + ours["open_failures"] + ours["listings"] + ours["mapped_files"]
-        rows.append({
-            "rank": int(path.stem.split("-")[1]), "pid": pid,
-            "strace_opens": kernel_opens, "counted_opens": counted_opens,
-            "opens_seen_ratio": round(counted_opens / kernel_opens, 4) if kernel_opens else None,
-            "strace_metadata_calls": seen["metadata_calls"], "counted_metadata_calls": ours["metadata_calls"],
-            "metadata_seen_ratio": (round(ours["metadata_calls"] / seen["metadata_calls"], 4)
-                                    if seen["metadata_calls"] else None),
-        })
+        for k, ratio, kernel, counted in (("opens", "opens_seen_ratio", seen["opens"] + seen["open_failures"],
+                                           counted_opens), ("metadata_calls", "metadata_seen_ratio",
+                                                            seen["metadata_calls"], ours["metadata_calls"])):
+            row.update({f"strace_{k}": kernel, f"counted_{k}": counted,
+                        ratio: round(counted / kernel, 4) if kernel else None})
+        rows.append(row)
     return rows
 
 

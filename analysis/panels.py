@@ -8,8 +8,7 @@ import textwrap
 
 from matplotlib.figure import Figure
 
-from analysis.charts import CATEGORY_COLORS, PHASE_PALETTE
-from analysis.layout import caption, paged
+from analysis.layout import CATEGORY_COLORS, PHASE_PALETTE, caption, paged
 from analysis.table import Group, common_label
 from restart_harness.results.views import CheckpointView, LostView
 from restart_harness.schema import RESTART_PHASES, io_metadata_ops

@@ -11,18 +11,10 @@ from itertools import product
 from matplotlib.figure import Figure
 
 from analysis import crossover, panels
-from analysis.charts import (
-    CATEGORY_COLORS,
-    LOG_SPAN,
-    PHASE_PALETTE,
-    byte_unit,
-    grouped_bars,
-    measured_vs_predicted,
-    stacked_bars,
-)
-from analysis.layout import TICK_CHARS, bar_figure, caption, fit, legend, named, ticks, title, wrap
-from analysis.table import KINDS, LOAD_CATEGORIES, PREDICTED_PHASES, SAVE_CATEGORIES, Group, Stat, get, num, stat
-from restart_harness.schema import PREDICTED_TOTAL
+from analysis.layout import (CATEGORY_COLORS, LOG_SPAN, PHASE_PALETTE, TICK_CHARS, bar_figure, byte_unit, caption, fit,
+                             grouped_bars, legend, measured_vs_predicted, named, stacked_bars, ticks, title, wrap)
+from analysis.table import Group, Stat, get, num, stat
+from restart_harness.schema import KINDS, LOAD_CATEGORIES, PREDICTED_PHASES, PREDICTED_TOTAL, SAVE_CATEGORIES
 
 PHASE_COLORS = {"launch": "#bbbbbb"}
 CAPTION = "bars: median over repeats; whiskers: min to max where n > 1"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 
-from analysis.charts import byte_unit
+from analysis.layout import byte_unit
 from restart_harness.results import goodput
 from restart_harness.schema import PREDICTED_RESTART, PREDICTED_TOTAL
 from restart_harness.spec.keys import parse_seconds

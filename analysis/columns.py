@@ -6,10 +6,27 @@ from __future__ import annotations
 import math
 
 from analysis.load import Run
-from restart_harness.results.views import (BaselineView, CheckpointView, GrowthView, LostView, RestartView,
-                                           SaveMemoryView, SaveView, SummaryView, TrainingView)
-from restart_harness.schema import (CONFIG_DEFAULTS, KINDS, LOAD_CATEGORIES, PREDICTED_PHASES, SAVE_CATEGORIES,
-                                    engine_label, io_metadata_ops, restart_conditions)
+from restart_harness.results.views import (
+    BaselineView,
+    CheckpointView,
+    GrowthView,
+    LostView,
+    RestartView,
+    SaveMemoryView,
+    SaveView,
+    SummaryView,
+    TrainingView,
+)
+from restart_harness.schema import (
+    CONFIG_DEFAULTS,
+    KINDS,
+    LOAD_CATEGORIES,
+    PREDICTED_PHASES,
+    SAVE_CATEGORIES,
+    engine_label,
+    io_metadata_ops,
+    restart_conditions,
+)
 
 # runs.csv's column of each of schema.restart_conditions: how a restart started
 RESTART_CONDITIONS = {"launcher": "restart_launcher", "cache": "restart_cache_requested",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -154,11 +155,9 @@ def sweep_failures(roots: list[Path], runs: list[Run]) -> list[SweepFailure]:
     out = []
     for root in roots:
         for path in sorted(root.rglob("sweep.json")) if root.is_dir() else []:
-            data, problem = _read_json(path)
-            # a list of entries, or an object holding one (the sweep writer's exact layout is its own)
-            entries = next((data[k] for k in ("runs", "combinations", "entries") if isinstance(data.get(k), list)),
-                           None) if isinstance(data, dict) else data
-            if problem or not isinstance(entries, list):
+            data = _read_json(path)[0]
+            entries = data.get("runs") if isinstance(data, dict) else None  # campaigns/sweep.py writes them
+            if not isinstance(entries, list):
                 continue
             for entry in entries:
                 if not isinstance(entry, dict) or entry.get("state") == "complete":
@@ -166,7 +165,7 @@ def sweep_failures(roots: list[Path], runs: list[Run]) -> list[SweepFailure]:
                 run_dir = entry.get("run_dir")
                 if run_dir and (path.parent / run_dir).resolve() in read:
                     continue
-                combo = entry.get("combination") or entry.get("args") or entry.get("index")
+                combo = entry.get("combination") or entry.get("index")
                 out.append(SweepFailure(path.parent.name, json.dumps(combo) if not isinstance(combo, str) else combo,
                                         str(entry.get("state")), str(entry.get("reason") or "")))
     return out
@@ -206,19 +205,16 @@ def load(paths: list[str | Path], include: tuple[str, ...] = INCLUDE, match: str
     path below the folder given, matches this glob."""
     runs: list[Run] = []
     skipped: list[Skipped] = []
-    left_out: dict[str, int] = {}
+    left_out: Counter = Counter()
     seen: set[Path] = set()
     for given in paths:
         root = Path(given)
-        if not root.exists():
-            skipped.append(Skipped(root, "no such file or directory"))
-            continue
-        if not root.is_dir():
-            skipped.append(Skipped(root, "not a directory (give run directories or folders containing runs)"))
-            continue
-        dirs = find_run_dirs(root)
+        dirs = find_run_dirs(root) if root.is_dir() else []
         if not dirs:
-            skipped.append(Skipped(root, "no run directories found (none holds a spec.json)"))
+            why = ("no run directories found (none holds a spec.json)" if root.is_dir() else
+                   "not a directory (give run directories or folders containing runs)" if root.exists() else
+                   "no such file or directory")
+            skipped.append(Skipped(root, why))
             continue
         for run_dir in dirs:
             key = run_dir.resolve()
@@ -227,12 +223,12 @@ def load(paths: list[str | Path], include: tuple[str, ...] = INCLUDE, match: str
             seen.add(key)
             rel = run_dir.relative_to(root).as_posix() if run_dir != root else run_dir.name
             if match and not (fnmatch.fnmatch(run_dir.name, match) or fnmatch.fnmatch(rel, match)):
-                left_out["not matching"] = left_out.get("not matching", 0) + 1
+                left_out["not matching"] += 1
                 continue
             result = read_run(run_dir, root)
             kind = _left_out_as(result, run_dir)
             if kind is not None and kind not in include:
-                left_out[kind] = left_out.get(kind, 0) + 1
+                left_out[kind] += 1
                 continue
             (skipped if isinstance(result, Skipped) else runs).append(result)
-    return Loaded(runs, skipped, left_out)
+    return Loaded(runs, skipped, dict(left_out))

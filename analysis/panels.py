@@ -1,6 +1,7 @@
 """Figures of one panel per configuration, MAX_TIMELINES configurations to a page: each rank's restart timeline, the
 training steps over the checkpoint phase, a restart's I/O by phase and source, and where its phases' seconds went
-(attribution=). Each function returns the pages (an empty list when no run has the data)."""
+(attribution=); and of one panel per family of runs, the crossover (docs/prediction.md#the-crossover, from
+summary.json's prediction.crossover). Each function returns the pages (an empty list when no run has the data)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,18 @@ import textwrap
 
 from matplotlib.figure import Figure
 
-from analysis.layout import CATEGORY_COLORS, PHASE_PALETTE, caption, paged
-from analysis.table import Group, common_label
+from analysis.layout import CATEGORY_COLORS, PHASE_PALETTE, caption, paged, wrap
+from analysis.table import Group, common_label, get, num
 from restart_harness.results.views import CheckpointView, LostView
-from restart_harness.schema import RESTART_PHASES, io_metadata_ops
+from restart_harness.schema import (
+    CROSSOVER_LOAD,
+    GIB,
+    PHASE_NAMES,
+    RESTART_PHASES,
+    engine_label,
+    io_metadata_ops,
+    layout_label,
+)
 
 XSMALL_CHAR_IN = 0.06  # width of an x-small character, inches
 BESIDE_IN = 3.6  # of a page's width, what its y labels and legend take
@@ -241,3 +250,115 @@ def _causes_page(shown: list, page: tuple[int, int]) -> Figure:
                   "and time the sampler did not see; text: the largest cause (docs/attribution.md)")
     return fig
 
+
+CURVE_COLORS = {"restart_launch_seconds": "#bbbbbb",
+                **{f"restart_{p}_seconds": f"C{i}" for i, p in enumerate(PHASE_NAMES)}}
+CROSSOVERS = 3  # families on one page of the crossover figure
+
+
+def _short(phase: str) -> str:
+    return phase.removeprefix("restart_").removesuffix("_seconds").replace("_", " ")
+
+
+def _crossover(run) -> dict | None:
+    c = get(run.summary, "prediction", "crossover")
+    return c if isinstance(c, dict) and c.get("curve") else None
+
+
+def families(groups: list[Group]) -> list[tuple[str, list]]:
+    """Runs that carry a crossover, by what their family keeps (everything but the model's size), first-seen order."""
+    out: dict[str, list] = {}
+    for g in groups:
+        for run in g.runs:
+            if _crossover(run) is None:
+                continue
+            s = run.spec
+            key = ", ".join(x for x in (layout_label(s), engine_label(s), "emulated" if s.get("emulate") else "",
+                                        f"launcher {s.get('launcher')}", f"cache {s.get('cache')}",
+                                        str(s.get("device") or "")) if x)
+            out.setdefault(key, []).append(run)
+    return list(out.items())
+
+
+def _bytes(run) -> float | None:
+    return num(get(run.summary, "checkpoint", "bytes")) or num(_crossover(run).get("run_checkpoint_bytes"))
+
+
+def _crossover_panel(ax, name: str, runs: list) -> None:
+    shown = max(runs, key=lambda r: (_bytes(r) or 0, r.dir.name))  # the largest checkpoint: nearest the crossover
+    c = _crossover(shown)
+    xs = [b / GIB for b in c["curve"]["checkpoint_bytes"]]
+    sizes = [b for b in (_bytes(r) for r in runs) if b]
+    marks = [b for b in (c.get("crossover_checkpoint_bytes"), c.get("load_largest_until_bytes")) if b]
+    lo = max(xs[0], min([*sizes, *marks]) / GIB / 100)
+    hi = min(xs[-1], max([*sizes, *marks]) / GIB * 100)
+    for phase, ys in c["curve"]["seconds"].items():
+        ax.plot(xs, ys, color=CURVE_COLORS.get(phase, "black"), linewidth=2.2 if phase == CROSSOVER_LOAD else 1.3,
+                label=_short(phase))
+    for phase in c["curve"]["seconds"]:
+        pts = [(_bytes(r) / GIB, num(get(r.summary, "prediction", "phases", phase, "measured"))) for r in runs
+               if _bytes(r)]
+        pts = [(x, y) for x, y in pts if y and y > 0]
+        if pts:
+            ax.scatter([x for x, _ in pts], [y for _, y in pts], color=CURVE_COLORS.get(phase, "black"), s=26,
+                       zorder=4, edgecolors="black", linewidths=0.5, marker="D" if phase == CROSSOVER_LOAD else "o",
+                       label=f"measured {_short(phase)}")
+    cross, until = c.get("crossover_checkpoint_bytes"), c.get("load_largest_until_bytes")
+    if cross:
+        ax.axvline(cross / GIB, color="black", linestyle="--", linewidth=1,
+                   label=f"crossover {cross / GIB:,.2f} GiB (load largest from here)")
+    if until:
+        ax.axvline(until / GIB, color="black", linestyle=":", linewidth=1, label=f"until {until / GIB:,.2f} GiB")
+    seen = [y for ys in c["curve"]["seconds"].values() for x, y in zip(xs, ys) if lo <= x <= hi and y and y > 0]
+    seen += [y for col in ax.collections for _, y in col.get_offsets()]
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    if seen:
+        ax.set_ylim(min(seen) / 2, max(seen) * 2)
+    ax.set_xlabel("checkpoint size (GiB, all ranks' files)")
+    ax.set_ylabel("seconds")
+    ax.grid(alpha=0.3, which="both")
+    where = (f"crossover {cross / GIB:,.2f} GiB, overtaking {_short(c['overtakes'])}" if cross else
+             f"no crossover in range: {c['status'].replace('_', ' ')}")
+    title = f"{name}: {where}\n(curves: {shown.summary.get('run_id') or shown.dir.name})"
+    ax.set_title(wrap(title, 95), loc="left", fontsize="medium")
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def crossover_figures(groups: list[Group]) -> list[Figure]:
+    """crossover_seconds: a panel per family, CROSSOVERS panels a page; [] where no run carries a crossover."""
+    return paged(families(groups), CROSSOVERS, lambda page, _: _crossover_page(page))
+
+
+def _crossover_page(page: list) -> Figure:
+    fig = Figure(figsize=(10.5, 1.2 + 4.2 * len(page)), layout="constrained")
+    for i, (name, runs) in enumerate(page):
+        _crossover_panel(fig.add_subplot(len(page), 1, i + 1), name, runs)
+    fig.supxlabel(textwrap.fill(
+        "lines: each restart phase predicted before launch along the family of the run named in the title (its model's "
+        "size changed: parameters and checkpoint bytes in proportion; layout, files, tokens per step and storage "
+        "kept); points: every run's measured phases at its own checkpoint size; dashed: the crossover, from which the "
+        "predicted load is the largest phase (docs/prediction.md#the-crossover)", 150), fontsize="x-small", color="0.4")
+    return fig
+
+
+def crossover_rows(groups: list[Group]) -> list[list[str]]:
+    """Per configuration: its checkpoint, the crossover its latest run predicted, and each run's side, predicted and
+    measured."""
+    out = []
+    for g in groups:
+        checked = [(r, _crossover(r)) for r in g.runs if _crossover(r)]
+        if not checked:
+            continue
+        run, c = checked[-1]
+        cross = c.get("crossover_checkpoint_bytes")
+        agree = [m.get("side_agrees") for _, x in checked if (m := x.get("measured") or {}).get("side_agrees")
+                 is not None]
+        measured = [(x.get("measured") or {}).get("largest_phase") for _, x in checked]
+        out.append([g.label, f"{(_bytes(run) or 0) / GIB:,.3f}",
+                    f"{cross / GIB:,.2f}" if cross else c["status"].replace("_", " "),
+                    _short(c["overtakes"]) if cross else "-", _short(c.get("run_largest_phase") or "-"),
+                    ", ".join(sorted({_short(m) for m in measured if m})) or "-",
+                    f"{sum(agree)}/{len(agree)}" if agree else "-"])
+    return out

@@ -10,9 +10,25 @@ from itertools import product
 
 from matplotlib.figure import Figure
 
-from analysis import crossover, panels
-from analysis.layout import (CATEGORY_COLORS, LOG_SPAN, PHASE_PALETTE, TICK_CHARS, bar_figure, byte_unit, caption, fit,
-                             grouped_bars, legend, measured_vs_predicted, named, stacked_bars, ticks, title, wrap)
+from analysis import panels
+from analysis.layout import (
+    CATEGORY_COLORS,
+    LOG_SPAN,
+    PHASE_PALETTE,
+    TICK_CHARS,
+    bar_figure,
+    byte_unit,
+    caption,
+    fit,
+    grouped_bars,
+    legend,
+    measured_vs_predicted,
+    named,
+    stacked_bars,
+    ticks,
+    title,
+    wrap,
+)
 from analysis.table import Group, Stat, get, num, stat
 from restart_harness.schema import KINDS, LOAD_CATEGORIES, PREDICTED_PHASES, PREDICTED_TOTAL, SAVE_CATEGORIES
 
@@ -309,6 +325,6 @@ def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | No
         **_pages("restart_causes_seconds", panels.restart_causes(groups)),
         "reshard_seconds": reshard_seconds(groups, phases),
         "prediction_seconds": prediction(groups),
-        **_pages("crossover_seconds", crossover.figures(groups)),
+        **_pages("crossover_seconds", panels.crossover_figures(groups)),
     }
     return {name: fig if fig is None else fit(fig) for name, fig in figures.items()}

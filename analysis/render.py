@@ -7,7 +7,7 @@ import base64
 import html
 from dataclasses import dataclass
 
-from analysis import crossover
+from analysis import panels
 from analysis.load import Run, Skipped, SweepFailure
 from analysis.table import Group, Stat, common_label, get, num
 from restart_harness.results.placement import ranks_text
@@ -222,7 +222,7 @@ def crossover_table(groups: list[Group]) -> Table | None:
     its runs were on, predicted and measured (docs/prediction.md#the-crossover)."""
     return _table("Crossover: the checkpoint size from which the load is the largest restart phase",
                   ["configuration", "checkpoint GiB", "crossover GiB (predicted)", "overtaking",
-                   "largest phase predicted", "largest phase measured", "side agrees"], crossover.rows(groups),
+                   "largest phase predicted", "largest phase measured", "side agrees"], panels.crossover_rows(groups),
                   "crossover: the smallest checkpoint of the configuration's family (its model's size changed) at "
                   "which the predicted checkpoint load exceeds every other restart phase, launch included, as its "
                   "latest run predicted before launch; largest phase: at the run's own checkpoint size; side agrees: "

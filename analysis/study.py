@@ -331,7 +331,7 @@ def load(folder: Path) -> tuple[dict, dict[int, dict], list[dict]]:
 
 def section(folder: Path) -> tuple[list[Table], dict[str, bytes], list[str]]:
     """The study's tables and figures (PNG bytes), and the figures without data: what a report adds."""
-    study, runs, table = load(folder)
+    study, _, table = load(folder)
     return tables(study, table), *pngs(figures(table, study))
 
 

@@ -12,8 +12,16 @@ from dataclasses import dataclass, field
 
 from analysis.columns import RESTART_CONDITIONS, get, num, restart_columns, restart_records, run_columns
 from analysis.load import Run
-from restart_harness.schema import (CONFIG_DEFAULTS, PHASE_NAMES, PLACE_FIELDS, SAVE_CATEGORIES, config_fields,
-                                    engine_label, layout_label, model_label)
+from restart_harness.schema import (
+    CONFIG_DEFAULTS,
+    PHASE_NAMES,
+    PLACE_FIELDS,
+    SAVE_CATEGORIES,
+    config_fields,
+    engine_label,
+    layout_label,
+    model_label,
+)
 
 # Restart phases in the schema's order; phases a newer harness adds follow, in first-seen order.
 KNOWN_PHASES = PHASE_NAMES

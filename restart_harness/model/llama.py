@@ -10,8 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from restart_harness.model.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, TPGroup,
-                                                   VocabParallelEmbedding, copy_to_tp, gather_last_dim)
+from restart_harness.model.tensor_parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TPGroup,
+    VocabParallelEmbedding,
+    copy_to_tp,
+    gather_last_dim,
+)
 from restart_harness.spec import parameters as table
 from restart_harness.spec.model_shape import ModelShape
 from restart_harness.spec.parameters import Param

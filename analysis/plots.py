@@ -37,6 +37,16 @@ CAPTION = "bars: median over repeats; whiskers: min to max where n > 1"
 SAVES_CAPTION = "bars: median over every save of the configuration's runs; whiskers: min to max where n > 1"
 
 
+def _labelled(fig: Figure, ax, ylabel: str, heading: str, note: str, gs: list[Group] | None = None,
+              **legend_kw) -> Figure:
+    """fig with the y label, title and legend of its axes, and its caption."""
+    ax.set_ylabel(ylabel)
+    title(ax, heading)
+    legend(ax, **legend_kw)
+    caption(fig, note, gs)
+    return fig
+
+
 def checkpoint_by_layout(groups: list[Group], column: str, ylabel: str, heading: str) -> Figure | None:
     """Bars per layout (x) and model/engine (series) of a per-run checkpoint figure."""
     gs = [g for g in groups if (g.run_stat("checkpoint_bytes") or Stat(0, 0, 0, 0)).median > 0]  # none: engine none
@@ -56,11 +66,8 @@ def checkpoint_by_layout(groups: list[Group], column: str, ylabel: str, heading:
     spans_decades = largest > LOG_SPAN * smallest  # on a linear axis the small bars would vanish
     if spans_decades:
         ax.set_yscale("log")
-    ax.set_ylabel(ylabel.format(unit=unit) + (", log scale" if spans_decades else ""))
-    title(ax, heading)
-    legend(ax, title="model, engine")
-    caption(fig, CAPTION)
-    return fig
+    return _labelled(fig, ax, ylabel.format(unit=unit) + (", log scale" if spans_decades else ""), heading, CAPTION,
+                     title="model, engine")
 
 
 def checkpoint_bytes(groups: list[Group]) -> Figure | None:
@@ -88,15 +95,12 @@ def save_seconds(groups: list[Group]) -> Figure | None:
     if any(g.save_stat("training_lost_seconds") for g in gs):  # docs/measurements.md#training-lost
         series["training lost (blocking + slowed steps + waits)"] = [g.save_stat("training_lost_seconds") for g in gs]
     grouped_bars(ax, ticks(fig, gs), series)
-    ax.set_ylabel("save time (s)")
-    title(ax, "Save time per engine: blocking, durable and training time lost\n"
-              "(every save; slowest rank; training lost on the ranks' common timeline)")
-    legend(ax)
     noise = [g for g in gs if g.save_stat("training_lost_seconds") and all(
         r.get("training_lost_within_noise") for r in g.saves if r.get("training_lost_seconds") is not None)]
-    caption(fig, SAVES_CAPTION + ("\ntraining lost within the steps' own noise, no measurable cost: "
-                                  + named(fig, noise) if noise else ""), gs)
-    return fig
+    return _labelled(fig, ax, "save time (s)", "Save time per engine: blocking, durable and training time lost\n"
+                     "(every save; slowest rank; training lost on the ranks' common timeline)", SAVES_CAPTION + (
+                         "\ntraining lost within the steps' own noise, no measurable cost: " + named(fig, noise)
+                         if noise else ""), gs)
 
 
 def throughput(groups: list[Group]) -> Figure | None:
@@ -119,14 +123,13 @@ def throughput(groups: list[Group]) -> Figure | None:
         for k, (j, s) in enumerate((j, s) for j, g in enumerate(gs) if (s := g.run_stat(f"{kind}_{way}_mib_s"))):
             ax.hlines(s.median, j - 0.45, j + 0.45, colors=colour, linestyles=style, linewidth=1.6,
                       label=None if k else f"storage {kind}, {way}")  # one legend entry
-    ax.set_ylabel("throughput (MiB/s)")
-    title(ax, "Checkpoint throughput per engine\n(bytes / slowest rank's seconds)")
-    legend(ax)
     above = [g for g in gs if (r := g.stat("restart_storage_read_throughput_mib_s")) and (b := g.run_stat(
         "baseline_read_mib_s")) and r.median > b.median]
-    caption(fig, CAPTION + ("\nabove the baseline's read: " + named(fig, above) + " - the baseline (one sequential cold read per rank at one file size) is not this "
-                             "storage's limit for these reads (docs/measurements.md)" if above else ""), gs)
-    return fig
+    return _labelled(fig, ax, "throughput (MiB/s)",
+                     "Checkpoint throughput per engine\n(bytes / slowest rank's seconds)", CAPTION + (
+                         "\nabove the baseline's read: " + named(fig, above) + " - the baseline (one sequential cold "
+                         "read per rank at one file size) is not this storage's limit for these reads "
+                         "(docs/measurements.md)" if above else ""), gs)
 
 
 def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
@@ -146,12 +149,9 @@ def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
         if sums and sums.n > 1:
             ax.errorbar([j + 0.34], [sums.median], yerr=[[sums.median - sums.min], [sums.max - sums.median]],
                         fmt="o", color="black", markersize=3, capsize=4, elinewidth=1.2)
-    ax.set_ylabel("restart time (s)")
-    title(ax, "Restart time by phase (slowest rank per phase)")
-    legend(ax, title="phase")
-    caption(fig, "stacks: median of each phase; dot and whisker: median and min-max of the total over "
-             "restarts, where n > 1", gs)
-    return fig
+    return _labelled(fig, ax, "restart time (s)", "Restart time by phase (slowest rank per phase)", "stacks: median of "
+                     "each phase; dot and whisker: median and min-max of the total over restarts, where n > 1", gs,
+                     title="phase")
 
 
 def file_sizes(groups: list[Group]) -> Figure | None:
@@ -198,11 +198,8 @@ def step_seconds(groups: list[Group]) -> Figure | None:
         series["steps with a save in flight"] = [g.run_stat("step_in_flight_median_seconds") for g in gs]
     fig, ax = bar_figure(len(gs))
     grouped_bars(ax, ticks(fig, gs), series)
-    ax.set_ylabel("training step time, median per run (s)")
-    title(ax, "Training step time per engine")
-    legend(ax)
-    caption(fig, CAPTION + " (over runs)", gs)
-    return fig
+    return _labelled(fig, ax, "training step time, median per run (s)", "Training step time per engine",
+                     CAPTION + " (over runs)", gs)
 
 
 def _stacked(groups: list[Group], columns: list[tuple[str, str]], ylabel: str, heading: str, note: str,
@@ -216,11 +213,7 @@ def _stacked(groups: list[Group], columns: list[tuple[str, str]], ylabel: str, h
     segments = [(name, [(stat_of(g, column) or Stat(0, 0, 0, 0)).median for g in gs],
                  CATEGORY_COLORS.get(name, f"C{i}")) for i, (column, name) in enumerate(columns)]
     stacked_bars(ax, ticks(fig, gs), [s for s in segments if any(s[1])])
-    ax.set_ylabel(ylabel)
-    title(ax, heading)
-    legend(ax, title="where the time goes")
-    caption(fig, note, gs)
-    return fig
+    return _labelled(fig, ax, ylabel, heading, note, gs, title="where the time goes")
 
 
 def load_breakdown(groups: list[Group]) -> Figure | None:
@@ -253,12 +246,9 @@ def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
         color = "#444444" if name == "conversion" else PHASE_PALETTE[(i - 1) % len(PHASE_PALETTE)]
         segments += [(name.replace("_", " "), heights, color)] if any(heights) else []
     stacked_bars(ax, [label for label, _ in bars], segments)
-    ax.set_ylabel("seconds")
-    title(ax, "Restart at another layout:\nconversion and restart phases (slowest rank)")
-    legend(ax)
-    caption(fig, "first bar of each run: its restart at the layout that wrote the checkpoint; conversion is "
-                  "paid once per checkpoint and reused by later restarts (shown where it ran)")
-    return fig
+    return _labelled(fig, ax, "seconds", "Restart at another layout:\nconversion and restart phases (slowest rank)",
+                     "first bar of each run: its restart at the layout that wrote the checkpoint; conversion is paid "
+                     "once per checkpoint and reused by later restarts (shown where it ran)")
 
 
 def prediction(groups: list[Group]) -> Figure | None:

@@ -52,9 +52,7 @@ def num(value: object) -> float | None:
 def restart_records(summary: dict) -> list[dict]:
     """Every restart record, oldest first; a summary with only `restart` gives that one."""
     records = [r for r in summary.get("restarts") or [] if isinstance(r, dict)]
-    if not records and isinstance(summary.get("restart"), dict):
-        records = [summary["restart"]]
-    return records
+    return records or ([summary["restart"]] if isinstance(summary.get("restart"), dict) else [])
 
 
 def loaded_save(s: SummaryView, tag: str | None) -> SaveView:
@@ -147,13 +145,11 @@ def prediction_columns(summary: dict) -> dict:
     return row
 
 
-REQUEST_COLUMNS = ("requests", "failed_requests", "throttled_requests", "retried_requests", "failed_operations")
-
-
 def request_columns(prefix: str, phase: CheckpointView | RestartView) -> dict:
     """What an object store's client went through in a phase (summary storage_requests; empty on a file system)."""
     counts, uploads = phase.storage_requests, phase.incomplete_uploads
-    return {**{f"{prefix}_{name}_count": num(get(counts, name)) for name in REQUEST_COLUMNS},
+    return {**{f"{prefix}_{name}_count": num(get(counts, name)) for name in (
+        "requests", "failed_requests", "throttled_requests", "retried_requests", "failed_operations")},
             f"{prefix}_incomplete_uploads_aborted_count": len(get(uploads, "aborted") or [])
             if isinstance(uploads, dict) else None}
 

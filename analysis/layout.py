@@ -127,10 +127,7 @@ def pngs(figures: dict[str, Figure | None]) -> tuple[dict[str, bytes], list[str]
 
 def byte_unit(largest: float) -> tuple[str, float]:
     """The binary unit that keeps the largest value readable (at least 1 of it)."""
-    for name, size in UNITS:
-        if largest >= size:
-            return name, size
-    return "bytes", 1
+    return next(((name, size) for name, size in UNITS if largest >= size), ("bytes", 1))
 
 
 def _slots(ax, labels: list[str]) -> None:

@@ -43,12 +43,9 @@ def campaigns(paths: list[str]) -> list[dict]:
             except (OSError, ValueError):
                 continue
             if doc.get("state") == "complete" and doc.get("model"):
-                found.append({**doc, "engine": _engine(doc)})
+                engine = next((t.split("=", 1)[1] for t in doc["command"] if t.startswith("engine=")), "default")
+                found.append({**doc, "engine": engine})
     return found
-
-
-def _engine(doc: dict) -> str:
-    return next((t.split("=", 1)[1] for t in doc["command"] if t.startswith("engine=")), "default")
 
 
 def _grid(low: float, high: float, n: int = 80) -> list[float]:

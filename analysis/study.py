@@ -133,8 +133,7 @@ def summary_table(study: dict, table: list[dict]) -> Table:
              ["time", f"{elapsed / 60:.1f} min of time_limit {study['time_limit_seconds'] / 60:g} min"],
              ["machine", (f"{study['machine'].get('host')}: {load.get('cpus')} CPUs, load {load.get('loadavg_1min')} "
                          f"at the start; run wall seconds / estimate: {study['factor'].get('ratios') or 'no run'}")],
-             ["storage of the predictions", str(study.get("storage"))]]
-    rows_ += [["legend", LEGEND]]
+             ["storage of the predictions", str(study.get("storage"))], ["legend", LEGEND]]
     rows_ += [["not placed", n] for n in study.get("not_placed") or []]
     return Table(f"Study {study['study_id']}", ["", ""], rows_)
 

@@ -65,16 +65,11 @@ def save_rows(runs: list[Run]) -> list[dict]:
     } for run in runs for s in (run.view.checkpoint.saves if run.view.checkpoint else ())]
 
 
-def columns_of(table: list[dict]) -> list[str]:
-    """Column names in first-seen order over all rows."""
-    return list(dict.fromkeys(k for row in table for k in row))
-
-
 def to_csv(table: list[dict], lower_bools: bool = True) -> str:
-    """CSV text of every column any row has; empty cells for missing values, booleans as true/false (lower_bools,
-    runs.csv) or as Python writes them (study.csv)."""
+    """CSV text of every column any row has (first-seen order); empty cells for missing values, booleans as true/false
+    (lower_bools, runs.csv) or as Python writes them (study.csv)."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns_of(table), lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for row in table for k in row)), lineterminator="\n")
     writer.writeheader()
     for row in table:
         writer.writerow({k: ("" if v is None else str(v).lower() if lower_bools and isinstance(v, bool) else v)
@@ -213,10 +208,8 @@ def _resharded(row: dict) -> bool:
 
 def common_label(groups: list[Group]) -> str:
     """What every configuration shown shares (for a caption): e.g. `tiny, tp1 pp1 dp2`."""
-    if not groups:
-        return ""
-    g = groups[0]
-    return ", ".join(getattr(g, name) for name in ("model", "layout", "engine") if name in g.common)
+    shared = groups[0].common if groups else ()
+    return ", ".join(getattr(groups[0], name) for name in ("model", "layout", "engine") if name in shared)
 
 
 def _extra(spec: dict, config: dict, varying: list[str], configs: list[dict]) -> str:

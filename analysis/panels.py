@@ -344,8 +344,7 @@ def _crossover_page(page: list) -> Figure:
 
 
 def crossover_rows(groups: list[Group]) -> list[list[str]]:
-    """Per configuration: its checkpoint, the crossover its latest run predicted, and each run's side, predicted and
-    measured."""
+    """Per configuration: its checkpoint, its latest run's crossover, and each run's side, predicted and measured."""
     out = []
     for g in groups:
         checked = [(r, _crossover(r)) for r in g.runs if _crossover(r)]

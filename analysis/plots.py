@@ -104,8 +104,7 @@ def save_seconds(groups: list[Group]) -> Figure | None:
 
 
 def throughput(groups: list[Group]) -> Figure | None:
-    """Save (blocking, durable) and restart load throughput per configuration; storage baseline and ceiling where
-    measured."""
+    """Save and restart load throughput per configuration; storage baseline and ceiling where measured."""
     gs = [g for g in groups if g.save_stat("throughput_durable_mib_s") or g.stat("restart_load_throughput_mib_s")]
     if not gs:
         return None
@@ -133,8 +132,7 @@ def throughput(groups: list[Group]) -> Figure | None:
 
 
 def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
-    """Restart seconds as stacked phases per configuration: launcher, then each phase (medians); the whisker
-    spans min-max of the stacked sum over restart records."""
+    """Restart seconds as stacked phases (medians) per configuration; the whisker: min-max of their sum."""
     gs = [g for g in groups if g.restarts]
     if not gs:
         return None
@@ -252,8 +250,7 @@ def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
 
 
 def prediction(groups: list[Group]) -> Figure | None:
-    """Predicted against measured seconds, every phase of every run that carries a prediction (log-log): on the
-    diagonal a prediction is exact; the band is +-15%."""
+    """Predicted against measured seconds, every phase of every run that carries a prediction."""
     points: dict[str, list[tuple[float, float]]] = {}
     calibrations = set()
     for g in groups:
@@ -297,8 +294,7 @@ def _pages(name: str, figures: list[Figure]) -> dict[str, Figure | None]:
 
 
 def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | None]:
-    """Every figure by file name (unit in the name), its words fitted inside it (layout.fit); None where no run has
-    its data."""
+    """Every figure by file name (unit in the name), fitted (layout.fit); None where no run has its data."""
     figures = {
         **_per_model("checkpoint_bytes", checkpoint_bytes, groups),
         **_per_model("checkpoint_files", checkpoint_files, groups),

@@ -123,8 +123,7 @@ def goodput_figure(found: list[dict], groups: list[tb.Group]) -> Figure | None:
 
 
 def parse(argv: list[str]) -> tuple[list[str], Path | None, tuple[str, ...], str | None]:
-    """(paths, report folder, include, match) through the harness's one parser (command/report.py parse_report);
-    UsageError on a mistake."""
+    """(paths, report folder, include, match) through command/report.py's parser; UsageError on a mistake."""
     request = parse_report(argv)
     out = request.options.out_dir
     for key, value in [("out_dir", out), *(("RUN_OR_SWEEP_DIR", p) for p in request.paths)]:
@@ -158,8 +157,7 @@ def report_dir(requested: Path | None) -> Path:
 
 def build(runs: list[ld.Run], skipped: list[ld.Skipped], failures: list[ld.SweepFailure],
           campaigns: list[dict] | None = None) -> dict:
-    """Everything the report holds: rows, groups, tables and figures (nothing written yet); campaigns: the failure
-    campaigns (endure.json) found, on the goodput figure."""
+    """Everything the report holds (nothing written yet); campaigns: endure.json's, on the goodput figure."""
     rows = tb.rows(runs)
     phases = [p for p in tb.phase_names(runs) if any(r.get(f"phase_{p}_seconds") is not None for r in rows)]
     groups = tb.groups(runs, rows)

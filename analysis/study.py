@@ -272,8 +272,7 @@ def _seconds_panel(ax, rs: list[dict], keys: list, engines: list[str], column: s
 
 
 def check_figure(table: list[dict]) -> Figure | None:
-    """Every run: what it measured against what was predicted for it before it started (colour: the figure;
-    marker: the engine)."""
+    """Every run's measurements against its predictions (colour: the figure; marker: the engine)."""
     points: dict[tuple[str, str], list[tuple[float, float]]] = {}
     busy = 0
     for r in table:

@@ -1,10 +1,7 @@
-"""The LLaMA architecture (RMSNorm, SwiGLU, rotary, grouped-query attention, untied embedding and head),
-tensor-parallel (Megatron-style over one process group: the four communication functions and the column / row /
-vocabulary-parallel layers built from them), as one module for pp=1 or as DeepSpeed PipelineModule layers for pp>1;
-and the synthetic token batches it trains on.
-Decoder-layer parameter names follow transformers' LlamaForCausalLM; shapes and counts are the real models'.
-Every module takes its parameters' names and local shapes from restart_harness.spec.parameters, the table the
-checkpoint planner sizes files from."""
+"""The LLaMA architecture (RMSNorm, SwiGLU, rotary, grouped-query attention, untied embedding and head), Megatron-style
+tensor-parallel, as one module for pp=1 or as DeepSpeed PipelineModule layers for pp>1; and the synthetic token
+batches it trains on. Parameter names follow transformers' LlamaForCausalLM, names and local shapes come from
+restart_harness.spec.parameters, the table the checkpoint planner sizes files from (docs/planner.md)."""
 
 from __future__ import annotations
 

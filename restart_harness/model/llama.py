@@ -24,33 +24,24 @@ class TPGroup:
         self.group, self.rank, self.size = group, rank, size
 
 
-class _CopyToTP(torch.autograd.Function):
-    """Identity forward; all-reduce of the gradient backward (input of column-parallel layers)."""
+def _all_reduce(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    x = x.contiguous()
+    dist.all_reduce(x, group=tp.group)
+    return x
+
+
+class _AllReduce(torch.autograd.Function):
+    """All-reduce forward and identity backward (output of row-parallel layers), or with in_backward the other way
+    round: identity forward, all-reduce of the gradient backward (input of column-parallel layers)."""
 
     @staticmethod
-    def forward(ctx, x, tp):
-        ctx.tp = tp
-        return x
-
-    @staticmethod
-    def backward(ctx, grad):
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.tp.group)
-        return grad, None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    """All-reduce forward; identity backward (output of row-parallel layers)."""
-
-    @staticmethod
-    def forward(ctx, x, tp):
-        x = x.contiguous()
-        dist.all_reduce(x, group=tp.group)
-        return x
+    def forward(ctx, x, tp, in_backward):
+        ctx.tp, ctx.in_backward = tp, in_backward
+        return x if in_backward else _all_reduce(x, tp)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None
+        return (_all_reduce(grad, ctx.tp) if ctx.in_backward else grad), None, None
 
 
 class _GatherLastDim(torch.autograd.Function):
@@ -69,11 +60,11 @@ class _GatherLastDim(torch.autograd.Function):
 
 
 def copy_to_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
-    return x if tp.size == 1 else _CopyToTP.apply(x, tp)
+    return x if tp.size == 1 else _AllReduce.apply(x, tp, True)
 
 
 def reduce_from_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
-    return x if tp.size == 1 else _ReduceFromTP.apply(x, tp)
+    return x if tp.size == 1 else _AllReduce.apply(x, tp, False)
 
 
 def gather_last_dim(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:

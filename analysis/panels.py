@@ -26,14 +26,14 @@ XSMALL_CHAR_IN = 0.06  # width of an x-small character, inches
 BESIDE_IN = 3.6  # of a page's width, what its y labels and legend take
 
 
-def _of(page: tuple[int, int]) -> str:
-    return f", page {page[0]} of {page[1]}" if page[1] > 1 else ""
-
-
-def _legend(fig: Figure, used: dict[str, object], **kwargs) -> None:
-    """The page's legend beside its panels: an entry per name used."""
+def _page(fig: Figure, used: dict[str, object], heading: str, page: tuple[int, int], note: str, after: str = "",
+          **kwargs) -> Figure:
+    """fig with its legend beside its panels (an entry per name used), its title and page number, its caption."""
     fig.legend(list(used.values()), [n.replace("_", " ") for n in used], loc="outside right upper", fontsize="small",
                **kwargs)
+    fig.suptitle(heading + (f", page {page[0]} of {page[1]}" if page[1] > 1 else "") + after)
+    caption(fig, note)
+    return fig
 
 
 MAX_TIMELINES = 6  # configurations on one page of the restart timeline; more make more pages
@@ -86,11 +86,9 @@ def _timeline_page(shown: list, phases: list[str], page: tuple[int, int] = (1, 1
         ax.set_title(f"{g.full_label}: {rec.record}{rec.where()}", fontsize="medium", loc="left")
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel("seconds since the first rank's process start")
-    _legend(fig, used)
-    fig.suptitle("Restart timeline per rank (one restart per configuration)" + _of(page))
-    caption(fig, "wide bars: each rank's phases between its own marks; thin bars: inside the checkpoint load, what "
-                  "the main thread did (docs/anatomy.md)")
-    return fig
+    return _page(fig, used, "Restart timeline per rank (one restart per configuration)", page, "wide bars: each "
+                 "rank's phases between its own marks; thin bars: inside the checkpoint load, what the main thread did "
+                 "(docs/anatomy.md)")
 
 
 def step_timelines(groups: list[Group]) -> list[Figure]:
@@ -127,10 +125,8 @@ def _step_page(shown: list, page: tuple[int, int]) -> Figure:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("training step (rank 0)")
-    _legend(fig, used)
-    fig.suptitle("Training step time over the checkpoint phase (one run per configuration)" + _of(page))
-    caption(fig, "the first step is warm-up; docs/measurements.md#training-lost")
-    return fig
+    return _page(fig, used, "Training step time over the checkpoint phase (one run per configuration)", page,
+                 "the first step is warm-up; docs/measurements.md#training-lost")
 
 
 SOURCE_COLORS = {"environment": "#1f77b4", "extension_cache": "#ff7f0e", "checkpoint": "#2ca02c",
@@ -173,13 +169,12 @@ def _io_page(shown: list, phases: list[str], page: tuple[int, int]) -> Figure:
             if row == 0:
                 ax.set_title(textwrap.fill(g.label, 30), fontsize="medium", loc="left")  # what it differs in
     order = [s for s in SOURCE_COLORS if s in used] + [s for s in used if s not in SOURCE_COLORS]
-    _legend(fig, {s: used[s] for s in order}, title="source")
     common = common_label([g for g, _ in shown]) if len(shown) > 1 else ""
-    fig.suptitle("Restart I/O by phase and source\n(latest restart of each configuration, per rank)"
-                 + _of(page) + (f"\nevery configuration: {common}" if common else ""))
-    caption(fig, "metadata operations: opens (failed ones too), stat-family calls, listings; reads: through read "
-             "calls (mapped libraries not included); docs/measurements.md#io-by-source")
-    return fig
+    return _page(fig, {s: used[s] for s in order}, "Restart I/O by phase and source\n(latest restart of each "
+                 "configuration, per rank)", page, "metadata operations: opens (failed ones too), stat-family calls, "
+                 "listings; reads: through read calls (mapped libraries not included); "
+                 "docs/measurements.md#io-by-source",
+                 f"\nevery configuration: {common}" if common else "", title="source")
 
 
 KIND_COLORS = {"import": "#1f77b4", "jit_op": "#ff7f0e", "process_group": "#2ca02c", "collective": "#98df8a",
@@ -244,11 +239,10 @@ def _causes_page(shown: list, page: tuple[int, int]) -> Figure:
         ax.set_title(label, fontsize="medium", loc="left")  # wrapped to the axes by layout.fit
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel("seconds (each phase on its slowest rank; the launcher before any rank starts)")
-    _legend(fig, {k: used[k] for k in KIND_COLORS if k in used}, title="cause")
-    fig.suptitle("Where each restart phase went (attribution=, sampled restarts)" + _of(page))
-    caption(fig, "each bar: a phase's measured seconds split by the kind of its causes; remainder: unnamed samples "
-                  "and time the sampler did not see; text: the largest cause (docs/attribution.md)")
-    return fig
+    return _page(fig, {k: used[k] for k in KIND_COLORS if k in used}, "Where each restart phase went (attribution=, "
+                 "sampled restarts)", page, "each bar: a phase's measured seconds split by the kind of its causes; "
+                 "remainder: unnamed samples and time the sampler did not see; text: the largest cause "
+                 "(docs/attribution.md)", title="cause")
 
 
 CURVE_COLORS = {"restart_launch_seconds": "#bbbbbb",

@@ -153,15 +153,12 @@ def io_table(groups: list[Group]) -> Table | None:
 
 def reshard_table(groups: list[Group]) -> Table | None:
     """Restarts at another layout beside their run's same-layout restarts: conversion, phases, continuity."""
-    rows = []
-    for g in groups:
-        for own, r in g.reshards:
-            rows.append([g.label, r["restart_record"], f"{r.get('restart_layout_saved') or '-'} (own)" if own else
-                         f"{r['restart_layout_saved']} -> {r['restart_layout_loaded']}", "-" if own else
-                         _v(r.get("conversion_seconds")) + (" (reused)" if r.get("conversion_reused") else ""),
-                         *(_v(r.get(c)) for c in ("phase_checkpoint_load_seconds", "restart_total_seconds")),
-                         _v(r.get("first_step_loss"), 6), "-" if own else _v(r.get("first_loss_diff_ratio"), 6),
-                         _v(r.get("restart_verified"))])
+    rows = [[g.label, r["restart_record"], f"{r.get('restart_layout_saved') or '-'} (own)" if own else
+             f"{r['restart_layout_saved']} -> {r['restart_layout_loaded']}", "-" if own else
+             _v(r.get("conversion_seconds")) + (" (reused)" if r.get("conversion_reused") else ""),
+             *(_v(r.get(c)) for c in ("phase_checkpoint_load_seconds", "restart_total_seconds")),
+             _v(r.get("first_step_loss"), 6), "-" if own else _v(r.get("first_loss_diff_ratio"), 6),
+             _v(r.get("restart_verified"))] for g in groups for own, r in g.reshards]
     return _table("Restarts at another layout", ["configuration", "restart", "layout", "conversion s",
                                                  "checkpoint load s", "restart total s", "first loss",
                                                  "first loss difference", "verified"], rows,
@@ -231,17 +228,13 @@ def crossover_table(groups: list[Group]) -> Table | None:
 
 def runs_table(table: list[dict]) -> Table:
     """One row per run and restart record."""
-    rows = []
-    for r in table:
-        layout = f"tp{r['tp']} pp{r['pp']} dp{r['dp']}"
-        if r.get("restart_layout_loaded") and r.get("restart_layout_loaded") != r.get("restart_layout_saved"):
-            layout += f" -> {r['restart_layout_loaded'].replace('-', ' ')}"
-        rows.append([r["run_id"], r.get("restart_record") or "-", r["state"], f"{r['model']}",
-                     layout, str(r.get("engine_label") or r["engine"]),
-                     _v(r.get("checkpoint_files")),
-                     _v(r.get("checkpoint_bytes"), 2, MIB), _v(r.get("save_blocking_seconds")),
-                     _v(r.get("save_durable_seconds")), _v(r.get("restart_total_seconds")),
-                     _v(r.get("restart_cache_observed")), _v(r.get("restart_verified"))])
+    rows = [[r["run_id"], r.get("restart_record") or "-", r["state"], f"{r['model']}",
+             f"tp{r['tp']} pp{r['pp']} dp{r['dp']}" + (f" -> {r['restart_layout_loaded'].replace('-', ' ')}" if r.get(
+                 "restart_layout_loaded") not in (None, "", r.get("restart_layout_saved")) else ""),
+             str(r.get("engine_label") or r["engine"]),
+             _v(r.get("checkpoint_files")), _v(r.get("checkpoint_bytes"), 2, MIB), _v(r.get("save_blocking_seconds")),
+             _v(r.get("save_durable_seconds")), _v(r.get("restart_total_seconds")),
+             _v(r.get("restart_cache_observed")), _v(r.get("restart_verified"))] for r in table]
     return Table("Runs and restart records", ["run", "restart", "state", "model", "layout", "engine", "files", "MiB",
                                               "save blocking s", "save durable s", "restart total s", "cache",
                                               "verified"], rows,

@@ -1,7 +1,6 @@
 """What keeps a figure's words inside it (axes as wide as their slots need, legends beside the axes, titles and
-captions wrapped, configuration keys where labels would overlap, a figure as tall as its legend), and the kinds of
-chart the report and the study draw: bars grouped per category with whiskers, stacked bars, measured against
-predicted on log-log axes; and the binary unit that keeps a byte axis readable."""
+captions wrapped, configuration keys where labels would overlap, a figure as tall as its legend), and the charts
+the report and the study draw with it: grouped and stacked bars, measured against predicted, a byte axis's unit."""
 
 from __future__ import annotations
 

@@ -15,7 +15,6 @@ from restart_harness import schema
 from restart_harness.results.views import SummaryView
 from restart_harness.rundir.status import find_run_dirs, observed
 
-KNOWN_SCHEMA_VERSIONS = schema.READABLE_VERSIONS
 # spec fields that must be present for a run to be placed on any table or plot.
 REQUIRED_SPEC = ("model", "tp", "pp", "dp", "engine")
 
@@ -100,12 +99,12 @@ def _check_summary(summary: object) -> tuple[str | None, list[str]]:
     notes = []
     if not isinstance(version, int) or isinstance(version, bool):
         return ("summary.json has no integer schema_version, so it is not a restart-harness summary this analysis "
-                f"can read (it reads schema_version {', '.join(map(str, KNOWN_SCHEMA_VERSIONS))})"), []
-    if version < min(KNOWN_SCHEMA_VERSIONS):
+                f"can read (it reads schema_version {', '.join(map(str, schema.READABLE_VERSIONS))})"), []
+    if version < min(schema.READABLE_VERSIONS):
         return f"summary.json schema_version {version} is older than any this analysis reads", []
-    if version > max(KNOWN_SCHEMA_VERSIONS):
+    if version > max(schema.READABLE_VERSIONS):
         notes.append(f"schema_version {version} is newer than this analysis knows "
-                     f"({max(KNOWN_SCHEMA_VERSIONS)}); only the fields it knows are used")
+                     f"({max(schema.READABLE_VERSIONS)}); only the fields it knows are used")
     spec = summary.get("spec")
     if not isinstance(spec, dict):
         return "summary.json has no spec object", notes

@@ -1,7 +1,6 @@
-"""Figures of one panel per configuration, MAX_TIMELINES configurations to a page: each rank's restart timeline, the
-training steps over the checkpoint phase, a restart's I/O by phase and source, and where its phases' seconds went
-(attribution=); and of one panel per family of runs, the crossover (docs/prediction.md#the-crossover, from
-summary.json's prediction.crossover). Each function returns the pages (an empty list when no run has the data)."""
+"""Figures of one panel per configuration, MAX_TIMELINES configurations to a page (restart timelines, steps, I/O by
+source, causes), or per family of runs (the crossover, docs/prediction.md#the-crossover); each function returns
+the pages (an empty list when no run has the data)."""
 
 from __future__ import annotations
 

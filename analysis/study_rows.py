@@ -1,7 +1,5 @@
 """The study's table, row by row (analysis/study.py writes it): each cell of study.json, with its run's summary and
-inventory where it has one, becomes one row; each figure beside its source (`<figure>_source`: measured, emulated,
-planned, predicted), and where a run measured what was predicted before it started, `<figure>_predicted` and
-`<figure>_error`."""
+inventory where it has one, becomes one row, each figure beside its source (docs/study.md "study.csv")."""
 
 from __future__ import annotations
 

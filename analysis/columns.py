@@ -58,11 +58,9 @@ def restart_records(summary: dict) -> list[dict]:
 def loaded_save(s: SummaryView, tag: str | None) -> SaveView:
     """The save a restart loaded (by tag), else the checkpoint's tag, else the last save; an empty view if none."""
     saves = s.checkpoint.saves if s.checkpoint else ()
-    for want in (tag, s.checkpoint.tag if s.checkpoint else None):
-        for save in saves:
-            if want and save.tag == want:
-                return save
-    return saves[-1] if saves else SaveView()
+    wanted = (save for want in (tag, s.checkpoint.tag if s.checkpoint else None) if want for save in saves
+              if save.tag == want)
+    return next(wanted, saves[-1] if saves else SaveView())
 
 
 def run_columns(run: Run) -> dict:

@@ -45,16 +45,12 @@ def _sec(row: dict, name: str) -> str:
 
 def _total(n: float | None) -> str:
     """A checkpoint's size, binary, and in GB (10^9 bytes, the reference study's unit) from 1 GB up."""
-    if n is None:
-        return "-"
-    return f"{size_text(n)} ({n / 1e9:,.2f} GB)" if n >= 1e9 else size_text(n)
+    return f"{size_text(n)} ({n / 1e9:,.2f} GB)" if n is not None and n >= 1e9 else size_text(n)
 
 
 def _count(n: float) -> str:
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if n >= scale:
-            return f"{n / scale:,.2f} {unit}"
-    return f"{n:,.0f}"
+    unit, scale = next(((u, s) for u, s in (("B", 1e9), ("M", 1e6), ("k", 1e3)) if n >= s), ("", 1))
+    return f"{n / scale:,.2f} {unit}" if unit else f"{n:,.0f}"
 
 
 def _interval(row: dict) -> str:

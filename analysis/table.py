@@ -191,7 +191,6 @@ def groups(runs: list[Run], table: list[dict] | None = None, states: tuple[str, 
             g.runs.append(run)
             g.saves.extend(s for s in saves if s["run_dir"] == str(run.dir))
         if row is not None:
-            # a restart at another layout is another configuration of restart: kept apart, not pooled with these
             (g.resharded if _resharded(row) else g.rows).append(row)
     found = list(out.values())
     common = frozenset(name for name in ("model", "layout", "engine")

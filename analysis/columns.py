@@ -112,8 +112,7 @@ def training_columns(s: SummaryView) -> dict:
 
 
 def storage_columns(s: SummaryView) -> dict:
-    """What the storage delivered to the baseline probes, its ceiling (files/baseline.py ceiling()), and the
-    checkpoint's efficiencies against both."""
+    """The storage's baseline probes and ceiling (files/baseline.py), and the checkpoint's efficiencies against both."""
     base, ck = s.baseline or BaselineView(), s.checkpoint or CheckpointView()
     row = {"baseline_write_mib_s": num(base.write_mib_s), "baseline_read_mib_s": num(base.read_mib_s),
            "baseline_method": base.method, "baseline_probes_count": num(get(base.spread, "repeats"))}
@@ -131,8 +130,7 @@ def storage_columns(s: SummaryView) -> dict:
 
 
 def prediction_columns(summary: dict) -> dict:
-    """What the run predicted for itself before launch, and how far off it was (results/prediction.py); empty
-    for runs without a prediction (older runs, stack=fsdp2)."""
+    """What the run predicted for itself before launch, and how far off it was (results/prediction.py), if it did."""
     phases = get(summary, "prediction", "phases") or {}
     row = {}
     for phase in PREDICTED_PHASES:
@@ -153,8 +151,7 @@ def request_columns(prefix: str, phase: CheckpointView | RestartView) -> dict:
 
 
 def node_columns(prefix: str, phase: SaveView | RestartView) -> dict:
-    """How many nodes a save or restart ran on and its slowest node (results/placement.py; empty where the ranks
-    recorded no hosts, as before harness 0.4)."""
+    """How many nodes a save or restart ran on and its slowest node (results/placement.py), where ranks named hosts."""
     nodes = phase.per_node
     return {f"{prefix}_nodes_count": len(nodes) if nodes else None, f"{prefix}_slowest_node": get(phase.slowest_node, "host"),
             f"{prefix}_slowest_node_rank": num(get(phase.slowest_node, "rank"))}
@@ -225,9 +222,8 @@ def outcome_columns(r: RestartView) -> dict:
 
 
 def io_columns(io: dict | None) -> dict:
-    """A restart's I/O by source, per rank (results/io_sources.py; empty for runs without it): metadata operations
-    (opens, failed opens, stat-family calls, listings), opens and bytes read outside the checkpoint, those of its
-    imports and of the Python environment, and what the kernel says the storage delivered."""
+    """A restart's I/O by source, per rank (results/io_sources.py; empty for runs without it): metadata operations,
+    opens and bytes read outside the checkpoint, by its imports and the environment, and what the storage delivered."""
     n, total = num(get(io, "ranks")), get(io, "total", "sources", default={}) or {}
     if not n or not isinstance(total, dict):  # none recorded: every column empty
         io, total = {}, {}

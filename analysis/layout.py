@@ -42,8 +42,7 @@ def paged(items: list, per_page: int, draw) -> list[Figure]:
 
 
 def bar_figure(n_categories: int, height: float = 4.2) -> tuple[Figure, object]:
-    """A figure and its axes for n categories of bars: wide enough for multi-line tick labels, but capped so a big
-    sweep still fits a screen (smaller ticks then)."""
+    """A figure and its axes for n categories of bars, wide enough for their tick labels up to a screen's width."""
     fig = Figure(figsize=(min(MAX_WIDTH_IN, max(6.0, 1.6 + 1.5 * n_categories)), height), layout="constrained")
     ax = fig.add_subplot()
     if 1.6 + 1.5 * n_categories > MAX_WIDTH_IN:
@@ -64,8 +63,7 @@ def caption(fig: Figure, text: str, groups: list | None = None) -> None:
 
 
 def ticks(fig: Figure, gs: list) -> list[str]:
-    """Each configuration's label under its slot, or its key (C1, ...) where the labels would overlap: the report's
-    configurations table names every key (the caption says so)."""
+    """Each configuration's label under its slot, or its key (C1, ...) where the labels would overlap (see caption)."""
     slot = fig.get_size_inches()[0] * 0.7 / max(1, len(gs))
     widest = max((len(line) for g in gs for line in g.tick.splitlines()), default=0) * CHAR_IN
     if widest <= slot:

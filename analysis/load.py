@@ -199,9 +199,8 @@ def _left_out_as(result: Run | Skipped, run_dir: Path) -> str | None:
 
 
 def load(paths: list[str | Path], include: tuple[str, ...] = INCLUDE, match: str | None = None) -> Loaded:
-    """Every run found under the paths (each read once), and every path or run that was skipped. `include`: which
-    of failed and dry runs to take in (the others are counted in left_out); `match`: only runs whose folder name, or
-    path below the folder given, matches this glob."""
+    """Every run found under the paths (each read once), every path or run skipped, and how many runs `include` (of
+    failed and dry runs) and `match` (a glob on the folder name or path below the folder given) left out."""
     runs: list[Run] = []
     skipped: list[Skipped] = []
     left_out: Counter = Counter()

@@ -133,8 +133,7 @@ SOURCE_COLORS = {"environment": "#1f77b4", "extension_cache": "#ff7f0e", "checkp
 
 
 def restart_io(groups: list[Group], phases: list[str]) -> list[Figure]:
-    """Each configuration's restart I/O per phase, stacked by source (its latest restart, per rank): metadata
-    operations above, MiB read through read calls below (docs/measurements.md#io-by-source)."""
+    """Each configuration's latest restart's I/O per phase and rank, stacked by source (operations above, MiB below)."""
     shown = [(g, io) for g in groups if (io := next((x for run in reversed(g.runs) for r in reversed(run.view.restarts)
                                                      if (x := r.io_by_source())), None))]
     return paged(shown, MAX_TIMELINES, lambda page, n: _io_page(page, phases, n))

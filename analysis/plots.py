@@ -153,8 +153,7 @@ def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
 
 
 def file_sizes(groups: list[Group]) -> Figure | None:
-    """Every checkpoint file's size (log scale), one row per configuration (its latest run's inventory),
-    coloured by kind (model states, optimizer states, layer states, other)."""
+    """Every checkpoint file's size (log scale), a row per configuration (its latest run's inventory), by kind."""
     rows = []
     for g in groups:
         inv = next((r.inventory for r in reversed(g.runs) if r.inventory), None)

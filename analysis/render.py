@@ -52,8 +52,7 @@ def _v(value: object, digits: int = 3, scale: float = 1.0) -> str:
 
 
 def configurations(groups: list[Group]) -> Table:
-    """One row per configuration: the headline figures, median [min-max] over its repeats. Labels name what tells
-    configurations apart; what they all share is in the note."""
+    """One row per configuration: the headline figures, median [min-max] over its repeats."""
     rows = []
     for g in groups:
         restarts = g.restarts
@@ -124,8 +123,7 @@ def memory_table(groups: list[Group]) -> Table | None:
 
 
 def io_table(groups: list[Group]) -> Table | None:
-    """The restart's I/O besides the checkpoint, per phase and rank (the latest restart of each configuration):
-    metadata operations and MiB read, and the share of the imports' operations in the Python environment."""
+    """The latest restart's I/O besides the checkpoint per phase and rank, and the imports' share in the environment."""
     found, phases = _latest(groups, RestartView.io_by_source, lambda io: io["phases"])
 
     def cell(io: dict, phase: str) -> str:
@@ -146,9 +144,9 @@ def io_table(groups: list[Group]) -> Table | None:
             for g, _, io in found]
     return _table("Restart I/O besides the checkpoint (per rank: metadata operations / MiB read)",
                   ["configuration", *phases, "imports in environment", "storage delivered MiB"], rows,
-                  "metadata operations: opens (failed ones too), stat-family calls and listings outside the checkpoint's "
-                  "folder; MiB read through read calls; storage delivered: the kernel's count of bytes read from "
-                  "storage, whole restart, mapped libraries included (docs/measurements.md#io-by-source)")
+                  "metadata operations: opens (failed ones too), stat-family calls and listings outside the "
+                  "checkpoint's folder; MiB read through read calls; storage delivered: the kernel's count of bytes "
+                  "read from storage, whole restart, mapped libraries included (docs/measurements.md#io-by-source)")
 
 
 def reshard_table(groups: list[Group]) -> Table | None:
@@ -168,8 +166,7 @@ def reshard_table(groups: list[Group]) -> Table | None:
 
 
 def nodes_table(runs: list[Run]) -> Table | None:
-    """Runs on more than one node: per node, which ranks ran there and, for the last save and each restart, its
-    bytes and its slowest rank's seconds (results/placement.py)."""
+    """Runs on more than one node: per node, its ranks, and the last save's and each restart's bytes and seconds."""
     rows = []
     for run in runs:
         saves = run.view.checkpoint.saves if run.view.checkpoint else ()
@@ -194,8 +191,7 @@ def nodes_table(runs: list[Run]) -> Table | None:
 
 
 def prediction_table(groups: list[Group]) -> Table | None:
-    """Each configuration's prediction (made before launch) against its measurement, for the durable save and the
-    restart with its launcher: medians over its runs, and the median relative error."""
+    """Each configuration's durable save and restart predicted before launch against measured (medians over runs)."""
     rows = []
     for g in groups:
         cells = []
@@ -215,8 +211,7 @@ def prediction_table(groups: list[Group]) -> Table | None:
 
 
 def crossover_table(groups: list[Group]) -> Table | None:
-    """Where each configuration's family is predicted to have the load as its largest restart phase, and which side
-    its runs were on, predicted and measured (docs/prediction.md#the-crossover)."""
+    """Each configuration's predicted crossover and its runs' sides (docs/prediction.md#the-crossover)."""
     return _table("Crossover: the checkpoint size from which the load is the largest restart phase",
                   ["configuration", "checkpoint GiB", "crossover GiB (predicted)", "overtaking",
                    "largest phase predicted", "largest phase measured", "side agrees"], panels.crossover_rows(groups),

@@ -26,8 +26,7 @@ def size_text(n: float | None) -> str:
 
 
 def size_groups(sizes: list[int], limit: int = 4) -> str:
-    """The files' sizes as `count x size`, largest first: "4 x 10.08 GiB, 4 x 1.68 GiB" (every size is in
-    study-files.csv)."""
+    """The files' sizes as `count x size`, largest first: "4 x 10.08 GiB, 4 x 1.68 GiB"."""
     counts = Counter(size_text(n) for n in sorted(sizes, reverse=True))
     parts = [f"{c} x {s}" for s, c in counts.items()]
     return ", ".join(parts[:limit]) + (f", and {len(parts) - limit} more sizes" if len(parts) > limit else "")
@@ -96,9 +95,8 @@ def cell_row(cell: dict, run: dict | None) -> dict:
 
 
 def _goodput(row: dict, cell: dict, mtbf: dict) -> dict:
-    """The best checkpoint interval and its expected goodput at the cell's GPUs (results/goodput.py), from the row's
-    save (blocking), restart (with launch) and first step, measured where the cell ran, at the study's failure rate
-    (its MTBF keys; else Llama 3's)."""
+    """The best checkpoint interval and its expected goodput at the cell's GPUs (results/goodput.py) from the row's
+    save (blocking), restart (with launch) and first step, at the study's failure rate (else Llama 3's)."""
     job_mtbf, _ = goodput.job_mtbf_at({**mtbf, "ranks_per_node": cell["gpus_per_node"]}, cell["gpus"], cell["gpus"])
     save, restart, step = (row.get(n) for n in ("save_blocking_seconds", PREDICTED_TOTAL, "restart_first_step_seconds"))
     if save is None or restart is None or not step:

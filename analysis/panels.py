@@ -189,10 +189,8 @@ def _attributed(groups: list[Group]) -> list[tuple[str, dict]]:
         mine = {(r.get("run_dir"), r.get("restart_record")) for r in g.rows}  # re-runs may be other configurations
         for run in g.runs:
             for rec in run.view.restarts:
-                if (str(run.dir), rec.record) not in mine:
-                    continue
                 att = rec.attribution
-                if att and att.get("sampled") and att.get("phases"):
+                if (str(run.dir), rec.record) in mine and att and att.get("sampled") and att.get("phases"):
                     env = (rec.environment_cache or {}).get("observed")
                     how = ", ".join(x for x in (f"launcher {rec.launcher}" if rec.launcher else "",
                                                 f"environment {env}" if env else "", "staged" if rec.staging else "")
@@ -260,15 +258,12 @@ def _crossover(run) -> dict | None:
 def families(groups: list[Group]) -> list[tuple[str, list]]:
     """Runs that carry a crossover, by what their family keeps (everything but the model's size), first-seen order."""
     out: dict[str, list] = {}
-    for g in groups:
-        for run in g.runs:
-            if _crossover(run) is None:
-                continue
-            s = run.spec
-            key = ", ".join(x for x in (layout_label(s), engine_label(s), "emulated" if s.get("emulate") else "",
-                                        f"launcher {s.get('launcher')}", f"cache {s.get('cache')}",
-                                        str(s.get("device") or "")) if x)
-            out.setdefault(key, []).append(run)
+    for run in (run for g in groups for run in g.runs if _crossover(run)):
+        s = run.spec
+        key = ", ".join(x for x in (layout_label(s), engine_label(s), "emulated" if s.get("emulate") else "",
+                                    f"launcher {s.get('launcher')}", f"cache {s.get('cache')}",
+                                    str(s.get("device") or "")) if x)
+        out.setdefault(key, []).append(run)
     return list(out.items())
 
 

@@ -1,6 +1,5 @@
-"""Figures from groups of runs. Each function returns a matplotlib Figure (object API, no pyplot state, so it
-works headless and in a notebook alike), or None when no run has the data it plots. Bars are medians over
-repeats; a black whisker spans min to max where a bar has more than one repeat."""
+"""Figures of one bar or dot per configuration from groups of runs. Each function returns a matplotlib Figure (object
+API, no pyplot state: headless and in a notebook alike), or None when no run has the data it plots."""
 
 from __future__ import annotations
 

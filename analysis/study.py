@@ -1,6 +1,5 @@
 """A study's table (`./submit-job.sh study`, docs/study.md) from study.json and its cells' runs: study.csv
-(study_rows.py), study-files.csv, study.md and study.html (its tables) and the figures (files and file sizes per
-strategy, save and restart seconds per strategy and engine, the runs' measurements against their predictions)."""
+(study_rows.py), study-files.csv, study.md and study.html (its tables, here) and its figures (here too)."""
 
 from __future__ import annotations
 

@@ -251,17 +251,16 @@ def prediction(groups: list[Group]) -> Figure | None:
     """Predicted against measured seconds, every phase of every run that carries a prediction."""
     points: dict[str, list[tuple[float, float]]] = {}
     calibrations = set()
-    for g in groups:
-        for run in g.runs:
-            phases = get(run.summary, "prediction", "phases") or {}
-            made = get(run.summary, "prediction", "calibration") or {}
-            if made.get("name"):
-                calibrations.add(f"{made['name']} (fitted {str(made.get('fitted_at'))[:16]})")
-            for name in PREDICTED_PHASES:
-                p = phases.get(name) or {}
-                m, v = num(p.get("measured")), num(p.get("predicted"))
-                if m and v and m > 0 and v > 0:
-                    points.setdefault(name, []).append((m, v))
+    for run in (run for g in groups for run in g.runs):
+        phases = get(run.summary, "prediction", "phases") or {}
+        made = get(run.summary, "prediction", "calibration") or {}
+        if made.get("name"):
+            calibrations.add(f"{made['name']} (fitted {str(made.get('fitted_at'))[:16]})")
+        for name in PREDICTED_PHASES:
+            p = phases.get(name) or {}
+            m, v = num(p.get("measured")), num(p.get("predicted"))
+            if m and v and m > 0 and v > 0:
+                points.setdefault(name, []).append((m, v))
     if not points:
         return None
     markers = "osD^v<>Pp*hX"
@@ -286,9 +285,7 @@ def _per_model(name: str, draw, groups: list[Group]) -> dict[str, Figure | None]
 
 def _pages(name: str, figures: list[Figure]) -> dict[str, Figure | None]:
     """name, name_2, name_3, ... for the pages of one figure (None: no data)."""
-    if not figures:
-        return {name: None}
-    return {name if n == 1 else f"{name}_{n}": fig for n, fig in enumerate(figures, 1)}
+    return {name if n == 1 else f"{name}_{n}": fig for n, fig in enumerate(figures, 1)} if figures else {name: None}
 
 
 def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | None]:

@@ -138,24 +138,16 @@ def grouped_bars(ax, categories: list[str], series: dict[str, list[Stat | None]]
     category the bars present share its width, so a category with one series gets one centred bar."""
     present = [[name for name, stats in series.items() if stats[j] is not None] for j in range(len(categories))]
     for i, (name, stats) in enumerate(series.items()):
-        xs, hs, lo, hi, ns = [], [], [], [], []
-        for j, s in enumerate(stats):
-            if s is None:
-                continue
-            width = 0.8 / len(present[j])
-            xs.append(j - 0.4 + width * (present[j].index(name) + 0.5))
-            hs.append(s.median / scale)
-            lo.append((s.median - s.min) / scale)
-            hi.append((s.max - s.median) / scale)
-            ns.append(s.n)
-        widths = [0.8 / len(present[round(x)]) * 0.95 for x in xs]
-        bars = ax.bar(xs, hs, width=widths, label=name, color=f"C{i}")
+        pts = [(j - 0.4 + 0.8 / len(present[j]) * (present[j].index(name) + 0.5), s)
+               for j, s in enumerate(stats) if s is not None]
+        bars = ax.bar([x for x, _ in pts], [s.median / scale for _, s in pts], label=name, color=f"C{i}",
+                      width=[0.8 / len(present[round(x)]) * 0.95 for x, _ in pts])
         if value_format:
             ax.bar_label(bars, fmt=value_format, fontsize="small", padding=2)
-        reps = [k for k, n in enumerate(ns) if n > 1]
-        if reps:
-            ax.errorbar([xs[k] for k in reps], [hs[k] for k in reps], yerr=[[lo[k] for k in reps],
-                        [hi[k] for k in reps]], fmt="none", ecolor="black", capsize=4, elinewidth=1.2)
+        if reps := [(x, s) for x, s in pts if s.n > 1]:
+            ax.errorbar([x for x, _ in reps], [s.median / scale for _, s in reps], yerr=[
+                [(s.median - s.min) / scale for _, s in reps], [(s.max - s.median) / scale for _, s in reps]],
+                fmt="none", ecolor="black", capsize=4, elinewidth=1.2)
     _slots(ax, categories)
 
 

@@ -79,10 +79,9 @@ def cell_row(cell: dict, run: dict | None) -> dict:
         row["check_mode"], row["check_shrink"] = mode, cell["option"]["shrink"]
         for name in CHECKED:
             m = measured.get(name) or {}
-            row[f"check_{name}_measured"] = m.get("measured")
-            row[f"check_{name}_predicted"] = m.get("predicted")
-            row[f"check_{name}_error"] = m.get("rel_error")
-            row[f"check_{name}_not_comparable"] = m.get("not_comparable")
+            row.update({f"check_{name}_{k}": m.get(field) for k, field in (
+                ("measured", "measured"), ("predicted", "predicted"), ("error", "rel_error"),
+                ("not_comparable", "not_comparable"))})
         row["check_files"] = _files_check(cell, run)
         row["check_machine_busy"] = (run["summary"].get("restart", {}).get("machine_load") or {}).get("busy")
     if ref := cell.get("reference"):

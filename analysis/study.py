@@ -269,9 +269,8 @@ def _seconds_panel(ax, rs: list[dict], keys: list, engines: list[str], column: s
 def check_figure(table: list[dict]) -> Figure | None:
     """Every run's measurements against its predictions (colour: the figure; marker: the engine)."""
     points: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    busy = 0
+    busy = sum(bool(r.get("check_machine_busy")) for r in table)
     for r in table:
-        busy += bool(r.get("check_machine_busy"))
         for name in CHECKED:
             m, p = r.get(f"check_{name}_measured"), r.get(f"check_{name}_predicted")
             if m and p and m > 0 and p > 0:

@@ -34,9 +34,7 @@ def size_groups(sizes: list[int], limit: int = 4) -> str:
 
 def _run_mode(cell: dict, run: dict | None) -> str | None:
     """The mode of the cell's finished run: real, emulated, shrunk (None: no finished run)."""
-    if run is None or cell["state"] != "complete" or not run.get("summary"):
-        return None
-    return cell["option"]["mode"]
+    return None if run is None or cell["state"] != "complete" or not run.get("summary") else cell["option"]["mode"]
 
 
 def _files(cell: dict, run: dict | None, mode: str | None) -> tuple[list[list], str]:

@@ -10,16 +10,9 @@ from matplotlib.figure import Figure
 
 from analysis.layout import CATEGORY_COLORS, PHASE_PALETTE, caption, paged, wrap
 from analysis.table import Group, common_label, get, num
+from restart_harness import schema
 from restart_harness.results.views import CheckpointView, LostView
-from restart_harness.schema import (
-    CROSSOVER_LOAD,
-    GIB,
-    PHASE_NAMES,
-    RESTART_PHASES,
-    engine_label,
-    io_metadata_ops,
-    layout_label,
-)
+from restart_harness.schema import CROSSOVER_LOAD, GIB, PHASE_NAMES, RESTART_PHASES, io_metadata_ops
 
 XSMALL_CHAR_IN = 0.06  # width of an x-small character, inches
 BESIDE_IN = 3.6  # of a page's width, what its y labels and legend take
@@ -260,9 +253,9 @@ def families(groups: list[Group]) -> list[tuple[str, list]]:
     out: dict[str, list] = {}
     for run in (run for g in groups for run in g.runs if _crossover(run)):
         s = run.spec
-        key = ", ".join(x for x in (layout_label(s), engine_label(s), "emulated" if s.get("emulate") else "",
-                                    f"launcher {s.get('launcher')}", f"cache {s.get('cache')}",
-                                    str(s.get("device") or "")) if x)
+        key = ", ".join(x for x in (schema.layout_label(s), schema.engine_label(s),
+                                    "emulated" if s.get("emulate") else "", f"launcher {s.get('launcher')}",
+                                    f"cache {s.get('cache')}", str(s.get("device") or "")) if x)
         out.setdefault(key, []).append(run)
     return list(out.items())
 

@@ -12,16 +12,8 @@ from dataclasses import dataclass, field
 
 from analysis.columns import RESTART_CONDITIONS, get, num, restart_columns, restart_records, run_columns
 from analysis.load import Run
-from restart_harness.schema import (
-    CONFIG_DEFAULTS,
-    PHASE_NAMES,
-    PLACE_FIELDS,
-    SAVE_CATEGORIES,
-    config_fields,
-    engine_label,
-    layout_label,
-    model_label,
-)
+from restart_harness import schema
+from restart_harness.schema import PHASE_NAMES, SAVE_CATEGORIES
 
 # Restart phases in the schema's order; phases a newer harness adds follow, in first-seen order.
 KNOWN_PHASES = PHASE_NAMES
@@ -159,9 +151,9 @@ def _config(run: Run, row: dict | None = None) -> dict:
     for name, column in RESTART_CONDITIONS.items():
         if row is not None and row.get(column) is not None:
             spec[name] = row[column]
-    out = {k: json.dumps(spec.get(k, CONFIG_DEFAULTS.get(k)), sort_keys=True)
-           for k in (*config_fields(run.spec), "staged")}
-    for a, b in PLACE_FIELDS:
+    out = {k: json.dumps(spec.get(k, schema.CONFIG_DEFAULTS.get(k)), sort_keys=True)
+           for k in (*schema.config_fields(run.spec), "staged")}
+    for a, b in schema.PLACE_FIELDS:
         out[f"{a}.{b}"] = json.dumps(get(spec, a, b))
     return out
 
@@ -184,8 +176,8 @@ def groups(runs: list[Run], table: list[dict] | None = None, states: tuple[str, 
     for run, row, config in parts:
         key = tuple(sorted(config.items()))
         if key not in out:
-            out[key] = Group(model_label(run.spec), layout_label(run.spec), engine_label(run.spec),
-                             _extra(run.spec, config, varying, configs))
+            out[key] = Group(schema.model_label(run.spec), schema.layout_label(run.spec),
+                             schema.engine_label(run.spec), _extra(run.spec, config, varying, configs))
         g = out[key]
         if run not in g.runs:
             g.runs.append(run)

@@ -9,25 +9,8 @@ from itertools import product
 
 from matplotlib.figure import Figure
 
-from analysis import panels
-from analysis.layout import (
-    CATEGORY_COLORS,
-    LOG_SPAN,
-    PHASE_PALETTE,
-    TICK_CHARS,
-    bar_figure,
-    byte_unit,
-    caption,
-    fit,
-    grouped_bars,
-    legend,
-    measured_vs_predicted,
-    named,
-    stacked_bars,
-    ticks,
-    title,
-    wrap,
-)
+from analysis import layout, panels
+from analysis.layout import bar_figure, caption, fit, grouped_bars, legend, named, stacked_bars, ticks, title
 from analysis.table import Group, Stat, get, num, stat
 from restart_harness.schema import KINDS, LOAD_CATEGORIES, PREDICTED_PHASES, PREDICTED_TOTAL, SAVE_CATEGORIES
 
@@ -58,11 +41,11 @@ def checkpoint_by_layout(groups: list[Group], column: str, ylabel: str, heading:
         series.setdefault(name, [None] * len(layouts))[layouts.index(g.layout)] = g.run_stat(column)
     largest = max(s.max for ss in series.values() for s in ss if s)
     smallest = min((s.median for ss in series.values() for s in ss if s and s.median > 0), default=largest)
-    unit, scale = byte_unit(largest) if column.endswith("_bytes") else ("", 1)
+    unit, scale = layout.byte_unit(largest) if column.endswith("_bytes") else ("", 1)
     fig, ax = bar_figure(len(layouts) * max(1, len(series)) / 2 + 1)
     grouped_bars(ax, layouts, series, scale, "{:,.0f}" if scale == 1 else "{:,.2f}")
     ax.set_xlabel("layout (tensor, pipeline, data parallel degrees)")
-    spans_decades = largest > LOG_SPAN * smallest  # on a linear axis the small bars would vanish
+    spans_decades = largest > layout.LOG_SPAN * smallest  # on a linear axis the small bars would vanish
     if spans_decades:
         ax.set_yscale("log")
     return _labelled(fig, ax, ylabel.format(unit=unit) + (", log scale" if spans_decades else ""), heading, CAPTION,
@@ -161,7 +144,7 @@ def file_sizes(groups: list[Group]) -> Figure | None:
             rows.append((g, files))
     if not rows:
         return None
-    labels = [f"{wrap(g.label, TICK_CHARS)}\n({len(fs)} files)" for g, fs in rows]
+    labels = [f"{layout.wrap(g.label, layout.TICK_CHARS)}\n({len(fs)} files)" for g, fs in rows]
     fig = Figure(figsize=(9.0, 1.6 + sum(max(0.55, 0.13 * t.count("\n") + 0.2) for t in labels)), layout="constrained")
     ax = fig.add_subplot()
     kinds = list(dict.fromkeys([*KINDS, *(str(f.get("kind")) for _, fs in rows for f in fs)]))
@@ -207,7 +190,7 @@ def _stacked(groups: list[Group], columns: list[tuple[str, str]], ylabel: str, h
         return None
     fig, ax = bar_figure(len(gs), height=4.6)
     segments = [(name, [(stat_of(g, column) or Stat(0, 0, 0, 0)).median for g in gs],
-                 CATEGORY_COLORS.get(name, f"C{i}")) for i, (column, name) in enumerate(columns)]
+                 layout.CATEGORY_COLORS.get(name, f"C{i}")) for i, (column, name) in enumerate(columns)]
     stacked_bars(ax, ticks(fig, gs), [s for s in segments if any(s[1])])
     return _labelled(fig, ax, ylabel, heading, note, gs, title="where the time goes")
 
@@ -239,7 +222,7 @@ def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
         # a reused conversion was paid by an earlier restart: drawn only where it ran
         heights = [0.0 if name == "conversion" and r.get("conversion_reused") in (True, "true") else
                    num(r.get(column)) or 0.0 for _, r in bars]
-        color = "#444444" if name == "conversion" else PHASE_PALETTE[(i - 1) % len(PHASE_PALETTE)]
+        color = "#444444" if name == "conversion" else layout.PHASE_PALETTE[(i - 1) % len(layout.PHASE_PALETTE)]
         segments += [(name.replace("_", " "), heights, color)] if any(heights) else []
     stacked_bars(ax, [label for label, _ in bars], segments)
     return _labelled(fig, ax, "seconds", "Restart at another layout:\nconversion and restart phases (slowest rank)",
@@ -267,8 +250,8 @@ def prediction(groups: list[Group]) -> Figure | None:
     series = [(pts, {"s": 40, "marker": "X", "color": "black", "zorder": 4} if name == PREDICTED_TOTAL else
                {"s": 22, "marker": markers[i % len(markers)], "color": f"C{i % 10}", "zorder": 3},
                name.removesuffix("_seconds").replace("_", " ")) for i, (name, pts) in enumerate(points.items())]
-    fig = measured_vs_predicted(series, "Predicted vs measured seconds, per phase and run", "measured (s)",
-                                "predicted before launch (s)")
+    fig = layout.measured_vs_predicted(series, "Predicted vs measured seconds, per phase and run", "measured (s)",
+                                       "predicted before launch (s)")
     names = ", ".join(sorted(calibrations)) or "?"
     caption(fig, "each point: one phase of one run, predicted before launch (docs/prediction.md); calibration "
                   f"{textwrap.shorten(names, 150)}")

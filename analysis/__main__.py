@@ -1,7 +1,5 @@
 """`python -m analysis RUN_OR_SWEEP_DIR... [-o REPORT_DIR]`."""
 
-import sys
-
 from analysis.report import main
 
-sys.exit(main())
+raise SystemExit(main())

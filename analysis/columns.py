@@ -6,27 +6,10 @@ from __future__ import annotations
 import math
 
 from analysis.load import Run
-from restart_harness.results.views import (
-    BaselineView,
-    CheckpointView,
-    GrowthView,
-    LostView,
-    RestartView,
-    SaveMemoryView,
-    SaveView,
-    SummaryView,
-    TrainingView,
-)
-from restart_harness.schema import (
-    CONFIG_DEFAULTS,
-    KINDS,
-    LOAD_CATEGORIES,
-    PREDICTED_PHASES,
-    SAVE_CATEGORIES,
-    engine_label,
-    io_metadata_ops,
-    restart_conditions,
-)
+from restart_harness import schema
+from restart_harness.results import views
+from restart_harness.results.views import CheckpointView, RestartView, SaveView, SummaryView
+from restart_harness.schema import CONFIG_DEFAULTS, io_metadata_ops, restart_conditions
 
 # runs.csv's column of each of schema.restart_conditions: how a restart started
 RESTART_CONDITIONS = {"launcher": "restart_launcher", "cache": "restart_cache_requested",
@@ -52,19 +35,15 @@ def num(value: object) -> float | None:
 def restart_records(summary: dict) -> list[dict]:
     """Every restart record, oldest first; a summary with only `restart` gives that one."""
     records = [r for r in summary.get("restarts") or [] if isinstance(r, dict)]
-    if not records and isinstance(summary.get("restart"), dict):
-        records = [summary["restart"]]
-    return records
+    return records or ([summary["restart"]] if isinstance(summary.get("restart"), dict) else [])
 
 
 def loaded_save(s: SummaryView, tag: str | None) -> SaveView:
     """The save a restart loaded (by tag), else the checkpoint's tag, else the last save; an empty view if none."""
     saves = s.checkpoint.saves if s.checkpoint else ()
-    for want in (tag, s.checkpoint.tag if s.checkpoint else None):
-        for save in saves:
-            if want and save.tag == want:
-                return save
-    return saves[-1] if saves else SaveView()
+    wanted = (save for want in (tag, s.checkpoint.tag if s.checkpoint else None) if want for save in saves
+              if save.tag == want)
+    return next(wanted, saves[-1] if saves else SaveView())
 
 
 def run_columns(run: Run) -> dict:
@@ -78,11 +57,11 @@ def run_columns(run: Run) -> dict:
         "nodes": sv.nodes, "world_size": get(sv.derived, "world_size"),
         "launched_ranks": get(sv.derived, "launched_ranks") or get(sv.derived, "world_size"),
         "emulate": bool(spec.get("emulate", CONFIG_DEFAULTS["emulate"])),
-        "engine": sv.engine, "engine_label": engine_label(spec), "device": sv.device,
+        "engine": sv.engine, "engine_label": schema.engine_label(spec), "device": sv.device,
         "cache_requested": sv.cache, "num_parameters": get(sv.derived, "num_parameters"),
         "checkpoint_tag": ck.tag, "checkpoint_files": num(ck.files), "checkpoint_bytes": num(ck.bytes),
     }
-    row.update({f"{kind}_{n}": num(get(ck.by_kind, kind, n)) for kind in KINDS for n in ("files", "bytes")})
+    row.update({f"{kind}_{n}": num(get(ck.by_kind, kind, n)) for kind in schema.KINDS for n in ("files", "bytes")})
     row.update({f"checkpoint_rank_{m}_bytes": num(get(ck.bytes_per_rank, m)) for m in ("max", "min")})
     row["saves_count"] = len(ck.saves or ())
     return {**row, **training_columns(s), **storage_columns(s), **request_columns("save", ck),
@@ -91,9 +70,9 @@ def run_columns(run: Run) -> dict:
 
 def training_columns(s: SummaryView) -> dict:
     """How training went, and what the saves cost it in time and in host memory."""
-    tr, ck = s.training or TrainingView(), s.checkpoint or CheckpointView()
-    lost, memory = ck.training_lost or LostView(), ck.memory or SaveMemoryView()
-    growth = memory.growth or GrowthView()
+    tr, ck = s.training or views.TrainingView(), s.checkpoint or CheckpointView()
+    lost, memory = ck.training_lost or views.LostView(), ck.memory or views.SaveMemoryView()
+    growth = memory.growth or views.GrowthView()
     losses = [x for x in tr.losses or [] if num(x) is not None]
     return {
         "training_steps": num(tr.steps),
@@ -116,9 +95,8 @@ def training_columns(s: SummaryView) -> dict:
 
 
 def storage_columns(s: SummaryView) -> dict:
-    """What the storage delivered to the baseline probes, its ceiling (files/baseline.py ceiling()), and the
-    checkpoint's efficiencies against both."""
-    base, ck = s.baseline or BaselineView(), s.checkpoint or CheckpointView()
+    """The storage's baseline probes and ceiling (files/baseline.py), and the checkpoint's efficiencies against both."""
+    base, ck = s.baseline or views.BaselineView(), s.checkpoint or CheckpointView()
     row = {"baseline_write_mib_s": num(base.write_mib_s), "baseline_read_mib_s": num(base.read_mib_s),
            "baseline_method": base.method, "baseline_probes_count": num(get(base.spread, "repeats"))}
     for way in ("write", "read"):  # the spread's slowest and fastest probe
@@ -135,11 +113,10 @@ def storage_columns(s: SummaryView) -> dict:
 
 
 def prediction_columns(summary: dict) -> dict:
-    """What the run predicted for itself before launch, and how far off it was (results/prediction.py); empty
-    for runs without a prediction (older runs, stack=fsdp2)."""
+    """What the run predicted for itself before launch, and how far off it was (results/prediction.py), if it did."""
     phases = get(summary, "prediction", "phases") or {}
     row = {}
-    for phase in PREDICTED_PHASES:
+    for phase in schema.PREDICTED_PHASES:
         p = phases.get(phase) or {}
         row[f"predicted_{phase}"] = num(p.get("predicted"))
         row[f"measured_{phase}"] = num(p.get("measured"))  # as the prediction defines it (results/prediction.py)
@@ -147,20 +124,17 @@ def prediction_columns(summary: dict) -> dict:
     return row
 
 
-REQUEST_COLUMNS = ("requests", "failed_requests", "throttled_requests", "retried_requests", "failed_operations")
-
-
 def request_columns(prefix: str, phase: CheckpointView | RestartView) -> dict:
     """What an object store's client went through in a phase (summary storage_requests; empty on a file system)."""
     counts, uploads = phase.storage_requests, phase.incomplete_uploads
-    return {**{f"{prefix}_{name}_count": num(get(counts, name)) for name in REQUEST_COLUMNS},
+    return {**{f"{prefix}_{name}_count": num(get(counts, name)) for name in (
+        "requests", "failed_requests", "throttled_requests", "retried_requests", "failed_operations")},
             f"{prefix}_incomplete_uploads_aborted_count": len(get(uploads, "aborted") or [])
             if isinstance(uploads, dict) else None}
 
 
 def node_columns(prefix: str, phase: SaveView | RestartView) -> dict:
-    """How many nodes a save or restart ran on and its slowest node (results/placement.py; empty where the ranks
-    recorded no hosts, as before harness 0.4)."""
+    """How many nodes a save or restart ran on and its slowest node (results/placement.py), where ranks named hosts."""
     nodes = phase.per_node
     return {f"{prefix}_nodes_count": len(nodes) if nodes else None, f"{prefix}_slowest_node": get(phase.slowest_node, "host"),
             f"{prefix}_slowest_node_rank": num(get(phase.slowest_node, "rank"))}
@@ -197,13 +171,14 @@ def breakdown_columns(r: RestartView, save: SaveView, phases: list[str]) -> dict
     """Where a restart's time went (its phases and its load's categories) and the loaded save's."""
     lb = r.load_breakdown if isinstance(r.load_breakdown, dict) else {}
     row = {**{f"phase_{p}_seconds": num(get(r.phases, p)) for p in phases},
-           **{f"load_{c}_seconds": num(get(lb, f"{c}_seconds")) for c in LOAD_CATEGORIES}}
+           **{f"load_{c}_seconds": num(get(lb, f"{c}_seconds")) for c in schema.LOAD_CATEGORIES}}
     row["load_slowest_rank"] = get(lb, "slowest_rank")
     row["load_read_bytes"] = sum(num(get(x, "read_bytes")) or 0 for x in get(lb, "per_rank") or []) or None
     memory = r.memory if isinstance(r.memory, dict) else {}
     peaks = [num(get(v, "peak_rss_bytes_max")) for v in memory.values()]
     row["restart_peak_rss_bytes"] = max((p for p in peaks if p is not None), default=None)
-    return {**row, **{f"save_{c}_seconds": num(get(save.breakdown, f"{c}_seconds")) for c in SAVE_CATEGORIES}}
+    return {**row, **{f"save_{c}_seconds": num(get(save.breakdown, f"{c}_seconds"))
+                      for c in schema.SAVE_CATEGORIES}}
 
 
 def outcome_columns(r: RestartView) -> dict:
@@ -231,9 +206,8 @@ def outcome_columns(r: RestartView) -> dict:
 
 
 def io_columns(io: dict | None) -> dict:
-    """A restart's I/O by source, per rank (results/io_sources.py; empty for runs without it): metadata operations
-    (opens, failed opens, stat-family calls, listings), opens and bytes read outside the checkpoint, those of its
-    imports and of the Python environment, and what the kernel says the storage delivered."""
+    """A restart's I/O by source, per rank (results/io_sources.py; empty for runs without it): metadata operations,
+    opens and bytes read outside the checkpoint, by its imports and the environment, and what the storage delivered."""
     n, total = num(get(io, "ranks")), get(io, "total", "sources", default={}) or {}
     if not n or not isinstance(total, dict):  # none recorded: every column empty
         io, total = {}, {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -14,7 +15,6 @@ from restart_harness import schema
 from restart_harness.results.views import SummaryView
 from restart_harness.rundir.status import find_run_dirs, observed
 
-KNOWN_SCHEMA_VERSIONS = schema.READABLE_VERSIONS
 # spec fields that must be present for a run to be placed on any table or plot.
 REQUIRED_SPEC = ("model", "tp", "pp", "dp", "engine")
 
@@ -99,12 +99,12 @@ def _check_summary(summary: object) -> tuple[str | None, list[str]]:
     notes = []
     if not isinstance(version, int) or isinstance(version, bool):
         return ("summary.json has no integer schema_version, so it is not a restart-harness summary this analysis "
-                f"can read (it reads schema_version {', '.join(map(str, KNOWN_SCHEMA_VERSIONS))})"), []
-    if version < min(KNOWN_SCHEMA_VERSIONS):
+                f"can read (it reads schema_version {', '.join(map(str, schema.READABLE_VERSIONS))})"), []
+    if version < min(schema.READABLE_VERSIONS):
         return f"summary.json schema_version {version} is older than any this analysis reads", []
-    if version > max(KNOWN_SCHEMA_VERSIONS):
+    if version > max(schema.READABLE_VERSIONS):
         notes.append(f"schema_version {version} is newer than this analysis knows "
-                     f"({max(KNOWN_SCHEMA_VERSIONS)}); only the fields it knows are used")
+                     f"({max(schema.READABLE_VERSIONS)}); only the fields it knows are used")
     spec = summary.get("spec")
     if not isinstance(spec, dict):
         return "summary.json has no spec object", notes
@@ -154,11 +154,9 @@ def sweep_failures(roots: list[Path], runs: list[Run]) -> list[SweepFailure]:
     out = []
     for root in roots:
         for path in sorted(root.rglob("sweep.json")) if root.is_dir() else []:
-            data, problem = _read_json(path)
-            # a list of entries, or an object holding one (the sweep writer's exact layout is its own)
-            entries = next((data[k] for k in ("runs", "combinations", "entries") if isinstance(data.get(k), list)),
-                           None) if isinstance(data, dict) else data
-            if problem or not isinstance(entries, list):
+            data = _read_json(path)[0]
+            entries = data.get("runs") if isinstance(data, dict) else None  # campaigns/sweep.py writes them
+            if not isinstance(entries, list):
                 continue
             for entry in entries:
                 if not isinstance(entry, dict) or entry.get("state") == "complete":
@@ -166,7 +164,7 @@ def sweep_failures(roots: list[Path], runs: list[Run]) -> list[SweepFailure]:
                 run_dir = entry.get("run_dir")
                 if run_dir and (path.parent / run_dir).resolve() in read:
                     continue
-                combo = entry.get("combination") or entry.get("args") or entry.get("index")
+                combo = entry.get("combination") or entry.get("index")
                 out.append(SweepFailure(path.parent.name, json.dumps(combo) if not isinstance(combo, str) else combo,
                                         str(entry.get("state")), str(entry.get("reason") or "")))
     return out
@@ -201,24 +199,20 @@ def _left_out_as(result: Run | Skipped, run_dir: Path) -> str | None:
 
 
 def load(paths: list[str | Path], include: tuple[str, ...] = INCLUDE, match: str | None = None) -> Loaded:
-    """Every run found under the paths (each read once), and every path or run that was skipped. `include`: which
-    of failed and dry runs to take in (the others are counted in left_out); `match`: only runs whose folder name, or
-    path below the folder given, matches this glob."""
+    """Every run found under the paths (each read once), every path or run skipped, and how many runs `include` (of
+    failed and dry runs) and `match` (a glob on the folder name or path below the folder given) left out."""
     runs: list[Run] = []
     skipped: list[Skipped] = []
-    left_out: dict[str, int] = {}
+    left_out: Counter = Counter()
     seen: set[Path] = set()
     for given in paths:
         root = Path(given)
-        if not root.exists():
-            skipped.append(Skipped(root, "no such file or directory"))
-            continue
-        if not root.is_dir():
-            skipped.append(Skipped(root, "not a directory (give run directories or folders containing runs)"))
-            continue
-        dirs = find_run_dirs(root)
+        dirs = find_run_dirs(root) if root.is_dir() else []
         if not dirs:
-            skipped.append(Skipped(root, "no run directories found (none holds a spec.json)"))
+            why = ("no run directories found (none holds a spec.json)" if root.is_dir() else
+                   "not a directory (give run directories or folders containing runs)" if root.exists() else
+                   "no such file or directory")
+            skipped.append(Skipped(root, why))
             continue
         for run_dir in dirs:
             key = run_dir.resolve()
@@ -227,12 +221,12 @@ def load(paths: list[str | Path], include: tuple[str, ...] = INCLUDE, match: str
             seen.add(key)
             rel = run_dir.relative_to(root).as_posix() if run_dir != root else run_dir.name
             if match and not (fnmatch.fnmatch(run_dir.name, match) or fnmatch.fnmatch(rel, match)):
-                left_out["not matching"] = left_out.get("not matching", 0) + 1
+                left_out["not matching"] += 1
                 continue
             result = read_run(run_dir, root)
             kind = _left_out_as(result, run_dir)
             if kind is not None and kind not in include:
-                left_out[kind] = left_out.get(kind, 0) + 1
+                left_out[kind] += 1
                 continue
             (skipped if isinstance(result, Skipped) else runs).append(result)
-    return Loaded(runs, skipped, left_out)
+    return Loaded(runs, skipped, dict(left_out))

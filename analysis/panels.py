@@ -1,6 +1,6 @@
-"""Figures of one panel per configuration, MAX_TIMELINES configurations to a page: each rank's restart timeline, the
-training steps over the checkpoint phase, a restart's I/O by phase and source, and where its phases' seconds went
-(attribution=). Each function returns the pages (an empty list when no run has the data)."""
+"""Figures of one panel per configuration, MAX_TIMELINES configurations to a page (restart timelines, steps, I/O by
+source, causes), or per family of runs (the crossover, docs/prediction.md#the-crossover); each function returns
+the pages (an empty list when no run has the data)."""
 
 from __future__ import annotations
 
@@ -8,24 +8,24 @@ import textwrap
 
 from matplotlib.figure import Figure
 
-from analysis.charts import CATEGORY_COLORS, PHASE_PALETTE
-from analysis.layout import caption, paged
-from analysis.table import Group, common_label
+from analysis.layout import CATEGORY_COLORS, PHASE_PALETTE, caption, paged, wrap
+from analysis.table import Group, common_label, get, num
+from restart_harness import schema
 from restart_harness.results.views import CheckpointView, LostView
-from restart_harness.schema import RESTART_PHASES, io_metadata_ops
+from restart_harness.schema import CROSSOVER_LOAD, GIB, PHASE_NAMES, RESTART_PHASES, io_metadata_ops
 
 XSMALL_CHAR_IN = 0.06  # width of an x-small character, inches
 BESIDE_IN = 3.6  # of a page's width, what its y labels and legend take
 
 
-def _of(page: tuple[int, int]) -> str:
-    return f", page {page[0]} of {page[1]}" if page[1] > 1 else ""
-
-
-def _legend(fig: Figure, used: dict[str, object], **kwargs) -> None:
-    """The page's legend beside its panels: an entry per name used."""
+def _page(fig: Figure, used: dict[str, object], heading: str, page: tuple[int, int], note: str, after: str = "",
+          **kwargs) -> Figure:
+    """fig with its legend beside its panels (an entry per name used), its title and page number, its caption."""
     fig.legend(list(used.values()), [n.replace("_", " ") for n in used], loc="outside right upper", fontsize="small",
                **kwargs)
+    fig.suptitle(heading + (f", page {page[0]} of {page[1]}" if page[1] > 1 else "") + after)
+    caption(fig, note)
+    return fig
 
 
 MAX_TIMELINES = 6  # configurations on one page of the restart timeline; more make more pages
@@ -78,11 +78,9 @@ def _timeline_page(shown: list, phases: list[str], page: tuple[int, int] = (1, 1
         ax.set_title(f"{g.full_label}: {rec.record}{rec.where()}", fontsize="medium", loc="left")
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel("seconds since the first rank's process start")
-    _legend(fig, used)
-    fig.suptitle("Restart timeline per rank (one restart per configuration)" + _of(page))
-    caption(fig, "wide bars: each rank's phases between its own marks; thin bars: inside the checkpoint load, what "
-                  "the main thread did (docs/anatomy.md)")
-    return fig
+    return _page(fig, used, "Restart timeline per rank (one restart per configuration)", page, "wide bars: each "
+                 "rank's phases between its own marks; thin bars: inside the checkpoint load, what the main thread did "
+                 "(docs/anatomy.md)")
 
 
 def step_timelines(groups: list[Group]) -> list[Figure]:
@@ -119,10 +117,8 @@ def _step_page(shown: list, page: tuple[int, int]) -> Figure:
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("training step (rank 0)")
-    _legend(fig, used)
-    fig.suptitle("Training step time over the checkpoint phase (one run per configuration)" + _of(page))
-    caption(fig, "the first step is warm-up; docs/measurements.md#training-lost")
-    return fig
+    return _page(fig, used, "Training step time over the checkpoint phase (one run per configuration)", page,
+                 "the first step is warm-up; docs/measurements.md#training-lost")
 
 
 SOURCE_COLORS = {"environment": "#1f77b4", "extension_cache": "#ff7f0e", "checkpoint": "#2ca02c",
@@ -130,8 +126,7 @@ SOURCE_COLORS = {"environment": "#1f77b4", "extension_cache": "#ff7f0e", "checkp
 
 
 def restart_io(groups: list[Group], phases: list[str]) -> list[Figure]:
-    """Each configuration's restart I/O per phase, stacked by source (its latest restart, per rank): metadata
-    operations above, MiB read through read calls below (docs/measurements.md#io-by-source)."""
+    """Each configuration's latest restart's I/O per phase and rank, stacked by source (operations above, MiB below)."""
     shown = [(g, io) for g in groups if (io := next((x for run in reversed(g.runs) for r in reversed(run.view.restarts)
                                                      if (x := r.io_by_source())), None))]
     return paged(shown, MAX_TIMELINES, lambda page, n: _io_page(page, phases, n))
@@ -165,13 +160,12 @@ def _io_page(shown: list, phases: list[str], page: tuple[int, int]) -> Figure:
             if row == 0:
                 ax.set_title(textwrap.fill(g.label, 30), fontsize="medium", loc="left")  # what it differs in
     order = [s for s in SOURCE_COLORS if s in used] + [s for s in used if s not in SOURCE_COLORS]
-    _legend(fig, {s: used[s] for s in order}, title="source")
     common = common_label([g for g, _ in shown]) if len(shown) > 1 else ""
-    fig.suptitle("Restart I/O by phase and source\n(latest restart of each configuration, per rank)"
-                 + _of(page) + (f"\nevery configuration: {common}" if common else ""))
-    caption(fig, "metadata operations: opens (failed ones too), stat-family calls, listings; reads: through read "
-             "calls (mapped libraries not included); docs/measurements.md#io-by-source")
-    return fig
+    return _page(fig, {s: used[s] for s in order}, "Restart I/O by phase and source\n(latest restart of each "
+                 "configuration, per rank)", page, "metadata operations: opens (failed ones too), stat-family calls, "
+                 "listings; reads: through read calls (mapped libraries not included); "
+                 "docs/measurements.md#io-by-source",
+                 f"\nevery configuration: {common}" if common else "", title="source")
 
 
 KIND_COLORS = {"import": "#1f77b4", "jit_op": "#ff7f0e", "process_group": "#2ca02c", "collective": "#98df8a",
@@ -188,10 +182,8 @@ def _attributed(groups: list[Group]) -> list[tuple[str, dict]]:
         mine = {(r.get("run_dir"), r.get("restart_record")) for r in g.rows}  # re-runs may be other configurations
         for run in g.runs:
             for rec in run.view.restarts:
-                if (str(run.dir), rec.record) not in mine:
-                    continue
                 att = rec.attribution
-                if att and att.get("sampled") and att.get("phases"):
+                if (str(run.dir), rec.record) in mine and att and att.get("sampled") and att.get("phases"):
                     env = (rec.environment_cache or {}).get("observed")
                     how = ", ".join(x for x in (f"launcher {rec.launcher}" if rec.launcher else "",
                                                 f"environment {env}" if env else "", "staged" if rec.staging else "")
@@ -236,9 +228,116 @@ def _causes_page(shown: list, page: tuple[int, int]) -> Figure:
         ax.set_title(label, fontsize="medium", loc="left")  # wrapped to the axes by layout.fit
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlabel("seconds (each phase on its slowest rank; the launcher before any rank starts)")
-    _legend(fig, {k: used[k] for k in KIND_COLORS if k in used}, title="cause")
-    fig.suptitle("Where each restart phase went (attribution=, sampled restarts)" + _of(page))
-    caption(fig, "each bar: a phase's measured seconds split by the kind of its causes; remainder: unnamed samples "
-                  "and time the sampler did not see; text: the largest cause (docs/attribution.md)")
+    return _page(fig, {k: used[k] for k in KIND_COLORS if k in used}, "Where each restart phase went (attribution=, "
+                 "sampled restarts)", page, "each bar: a phase's measured seconds split by the kind of its causes; "
+                 "remainder: unnamed samples and time the sampler did not see; text: the largest cause "
+                 "(docs/attribution.md)", title="cause")
+
+
+CURVE_COLORS = {"restart_launch_seconds": "#bbbbbb",
+                **{f"restart_{p}_seconds": f"C{i}" for i, p in enumerate(PHASE_NAMES)}}
+CROSSOVERS = 3  # families on one page of the crossover figure
+
+
+def _short(phase: str) -> str:
+    return phase.removeprefix("restart_").removesuffix("_seconds").replace("_", " ")
+
+
+def _crossover(run) -> dict | None:
+    c = get(run.summary, "prediction", "crossover")
+    return c if isinstance(c, dict) and c.get("curve") else None
+
+
+def families(groups: list[Group]) -> list[tuple[str, list]]:
+    """Runs that carry a crossover, by what their family keeps (everything but the model's size), first-seen order."""
+    out: dict[str, list] = {}
+    for run in (run for g in groups for run in g.runs if _crossover(run)):
+        s = run.spec
+        key = ", ".join(x for x in (schema.layout_label(s), schema.engine_label(s),
+                                    "emulated" if s.get("emulate") else "", f"launcher {s.get('launcher')}",
+                                    f"cache {s.get('cache')}", str(s.get("device") or "")) if x)
+        out.setdefault(key, []).append(run)
+    return list(out.items())
+
+
+def _bytes(run) -> float | None:
+    return num(get(run.summary, "checkpoint", "bytes")) or num(_crossover(run).get("run_checkpoint_bytes"))
+
+
+def _crossover_panel(ax, name: str, runs: list) -> None:
+    shown = max(runs, key=lambda r: (_bytes(r) or 0, r.dir.name))  # the largest checkpoint: nearest the crossover
+    c = _crossover(shown)
+    xs = [b / GIB for b in c["curve"]["checkpoint_bytes"]]
+    sizes = [b for b in (_bytes(r) for r in runs) if b]
+    marks = [b for b in (c.get("crossover_checkpoint_bytes"), c.get("load_largest_until_bytes")) if b]
+    lo = max(xs[0], min([*sizes, *marks]) / GIB / 100)
+    hi = min(xs[-1], max([*sizes, *marks]) / GIB * 100)
+    for phase, ys in c["curve"]["seconds"].items():
+        ax.plot(xs, ys, color=CURVE_COLORS.get(phase, "black"), linewidth=2.2 if phase == CROSSOVER_LOAD else 1.3,
+                label=_short(phase))
+    for phase in c["curve"]["seconds"]:
+        pts = [(_bytes(r) / GIB, num(get(r.summary, "prediction", "phases", phase, "measured"))) for r in runs
+               if _bytes(r)]
+        pts = [(x, y) for x, y in pts if y and y > 0]
+        if pts:
+            ax.scatter([x for x, _ in pts], [y for _, y in pts], color=CURVE_COLORS.get(phase, "black"), s=26,
+                       zorder=4, edgecolors="black", linewidths=0.5, marker="D" if phase == CROSSOVER_LOAD else "o",
+                       label=f"measured {_short(phase)}")
+    cross, until = c.get("crossover_checkpoint_bytes"), c.get("load_largest_until_bytes")
+    if cross:
+        ax.axvline(cross / GIB, color="black", linestyle="--", linewidth=1,
+                   label=f"crossover {cross / GIB:,.2f} GiB (load largest from here)")
+    if until:
+        ax.axvline(until / GIB, color="black", linestyle=":", linewidth=1, label=f"until {until / GIB:,.2f} GiB")
+    seen = [y for ys in c["curve"]["seconds"].values() for x, y in zip(xs, ys) if lo <= x <= hi and y and y > 0]
+    seen += [y for col in ax.collections for _, y in col.get_offsets()]
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    if seen:
+        ax.set_ylim(min(seen) / 2, max(seen) * 2)
+    ax.set_xlabel("checkpoint size (GiB, all ranks' files)")
+    ax.set_ylabel("seconds")
+    ax.grid(alpha=0.3, which="both")
+    where = (f"crossover {cross / GIB:,.2f} GiB, overtaking {_short(c['overtakes'])}" if cross else
+             f"no crossover in range: {c['status'].replace('_', ' ')}")
+    title = f"{name}: {where}\n(curves: {shown.summary.get('run_id') or shown.dir.name})"
+    ax.set_title(wrap(title, 95), loc="left", fontsize="medium")
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def crossover_figures(groups: list[Group]) -> list[Figure]:
+    """crossover_seconds: a panel per family, CROSSOVERS panels a page; [] where no run carries a crossover."""
+    return paged(families(groups), CROSSOVERS, lambda page, _: _crossover_page(page))
+
+
+def _crossover_page(page: list) -> Figure:
+    fig = Figure(figsize=(10.5, 1.2 + 4.2 * len(page)), layout="constrained")
+    for i, (name, runs) in enumerate(page):
+        _crossover_panel(fig.add_subplot(len(page), 1, i + 1), name, runs)
+    fig.supxlabel(textwrap.fill(
+        "lines: each restart phase predicted before launch along the family of the run named in the title (its model's "
+        "size changed: parameters and checkpoint bytes in proportion; layout, files, tokens per step and storage "
+        "kept); points: every run's measured phases at its own checkpoint size; dashed: the crossover, from which the "
+        "predicted load is the largest phase (docs/prediction.md#the-crossover)", 150), fontsize="x-small", color="0.4")
     return fig
 
+
+def crossover_rows(groups: list[Group]) -> list[list[str]]:
+    """Per configuration: its checkpoint, its latest run's crossover, and each run's side, predicted and measured."""
+    out = []
+    for g in groups:
+        checked = [(r, _crossover(r)) for r in g.runs if _crossover(r)]
+        if not checked:
+            continue
+        run, c = checked[-1]
+        cross = c.get("crossover_checkpoint_bytes")
+        agree = [m.get("side_agrees") for _, x in checked if (m := x.get("measured") or {}).get("side_agrees")
+                 is not None]
+        measured = [(x.get("measured") or {}).get("largest_phase") for _, x in checked]
+        out.append([g.label, f"{(_bytes(run) or 0) / GIB:,.3f}",
+                    f"{cross / GIB:,.2f}" if cross else c["status"].replace("_", " "),
+                    _short(c["overtakes"]) if cross else "-", _short(c.get("run_largest_phase") or "-"),
+                    ", ".join(sorted({_short(m) for m in measured if m})) or "-",
+                    f"{sum(agree)}/{len(agree)}" if agree else "-"])
+    return out

@@ -1,6 +1,5 @@
-"""Figures from groups of runs. Each function returns a matplotlib Figure (object API, no pyplot state, so it
-works headless and in a notebook alike), or None when no run has the data it plots. Bars are medians over
-repeats; a black whisker spans min to max where a bar has more than one repeat."""
+"""Figures of one bar or dot per configuration from groups of runs. Each function returns a matplotlib Figure (object
+API, no pyplot state: headless and in a notebook alike), or None when no run has the data it plots."""
 
 from __future__ import annotations
 
@@ -10,23 +9,24 @@ from itertools import product
 
 from matplotlib.figure import Figure
 
-from analysis import crossover, panels
-from analysis.charts import (
-    CATEGORY_COLORS,
-    LOG_SPAN,
-    PHASE_PALETTE,
-    byte_unit,
-    grouped_bars,
-    measured_vs_predicted,
-    stacked_bars,
-)
-from analysis.layout import TICK_CHARS, bar_figure, caption, fit, legend, named, ticks, title, wrap
-from analysis.table import KINDS, LOAD_CATEGORIES, PREDICTED_PHASES, SAVE_CATEGORIES, Group, Stat, get, num, stat
-from restart_harness.schema import PREDICTED_TOTAL
+from analysis import layout, panels
+from analysis.layout import bar_figure, caption, fit, grouped_bars, legend, named, stacked_bars, ticks, title
+from analysis.table import Group, Stat, get, num, stat
+from restart_harness.schema import KINDS, LOAD_CATEGORIES, PREDICTED_PHASES, PREDICTED_TOTAL, SAVE_CATEGORIES
 
 PHASE_COLORS = {"launch": "#bbbbbb"}
 CAPTION = "bars: median over repeats; whiskers: min to max where n > 1"
 SAVES_CAPTION = "bars: median over every save of the configuration's runs; whiskers: min to max where n > 1"
+
+
+def _labelled(fig: Figure, ax, ylabel: str, heading: str, note: str, gs: list[Group] | None = None,
+              **legend_kw) -> Figure:
+    """fig with the y label, title and legend of its axes, and its caption."""
+    ax.set_ylabel(ylabel)
+    title(ax, heading)
+    legend(ax, **legend_kw)
+    caption(fig, note, gs)
+    return fig
 
 
 def checkpoint_by_layout(groups: list[Group], column: str, ylabel: str, heading: str) -> Figure | None:
@@ -41,18 +41,15 @@ def checkpoint_by_layout(groups: list[Group], column: str, ylabel: str, heading:
         series.setdefault(name, [None] * len(layouts))[layouts.index(g.layout)] = g.run_stat(column)
     largest = max(s.max for ss in series.values() for s in ss if s)
     smallest = min((s.median for ss in series.values() for s in ss if s and s.median > 0), default=largest)
-    unit, scale = byte_unit(largest) if column.endswith("_bytes") else ("", 1)
+    unit, scale = layout.byte_unit(largest) if column.endswith("_bytes") else ("", 1)
     fig, ax = bar_figure(len(layouts) * max(1, len(series)) / 2 + 1)
     grouped_bars(ax, layouts, series, scale, "{:,.0f}" if scale == 1 else "{:,.2f}")
     ax.set_xlabel("layout (tensor, pipeline, data parallel degrees)")
-    spans_decades = largest > LOG_SPAN * smallest  # on a linear axis the small bars would vanish
+    spans_decades = largest > layout.LOG_SPAN * smallest  # on a linear axis the small bars would vanish
     if spans_decades:
         ax.set_yscale("log")
-    ax.set_ylabel(ylabel.format(unit=unit) + (", log scale" if spans_decades else ""))
-    title(ax, heading)
-    legend(ax, title="model, engine")
-    caption(fig, CAPTION)
-    return fig
+    return _labelled(fig, ax, ylabel.format(unit=unit) + (", log scale" if spans_decades else ""), heading, CAPTION,
+                     title="model, engine")
 
 
 def checkpoint_bytes(groups: list[Group]) -> Figure | None:
@@ -80,20 +77,16 @@ def save_seconds(groups: list[Group]) -> Figure | None:
     if any(g.save_stat("training_lost_seconds") for g in gs):  # docs/measurements.md#training-lost
         series["training lost (blocking + slowed steps + waits)"] = [g.save_stat("training_lost_seconds") for g in gs]
     grouped_bars(ax, ticks(fig, gs), series)
-    ax.set_ylabel("save time (s)")
-    title(ax, "Save time per engine: blocking, durable and training time lost\n"
-              "(every save; slowest rank; training lost on the ranks' common timeline)")
-    legend(ax)
     noise = [g for g in gs if g.save_stat("training_lost_seconds") and all(
         r.get("training_lost_within_noise") for r in g.saves if r.get("training_lost_seconds") is not None)]
-    caption(fig, SAVES_CAPTION + ("\ntraining lost within the steps' own noise, no measurable cost: "
-                                  + named(fig, noise) if noise else ""), gs)
-    return fig
+    return _labelled(fig, ax, "save time (s)", "Save time per engine: blocking, durable and training time lost\n"
+                     "(every save; slowest rank; training lost on the ranks' common timeline)", SAVES_CAPTION + (
+                         "\ntraining lost within the steps' own noise, no measurable cost: " + named(fig, noise)
+                         if noise else ""), gs)
 
 
 def throughput(groups: list[Group]) -> Figure | None:
-    """Save (blocking, durable) and restart load throughput per configuration; storage baseline and ceiling where
-    measured."""
+    """Save and restart load throughput per configuration; storage baseline and ceiling where measured."""
     gs = [g for g in groups if g.save_stat("throughput_durable_mib_s") or g.stat("restart_load_throughput_mib_s")]
     if not gs:
         return None
@@ -111,19 +104,17 @@ def throughput(groups: list[Group]) -> Figure | None:
         for k, (j, s) in enumerate((j, s) for j, g in enumerate(gs) if (s := g.run_stat(f"{kind}_{way}_mib_s"))):
             ax.hlines(s.median, j - 0.45, j + 0.45, colors=colour, linestyles=style, linewidth=1.6,
                       label=None if k else f"storage {kind}, {way}")  # one legend entry
-    ax.set_ylabel("throughput (MiB/s)")
-    title(ax, "Checkpoint throughput per engine\n(bytes / slowest rank's seconds)")
-    legend(ax)
     above = [g for g in gs if (r := g.stat("restart_storage_read_throughput_mib_s")) and (b := g.run_stat(
         "baseline_read_mib_s")) and r.median > b.median]
-    caption(fig, CAPTION + ("\nabove the baseline's read: " + named(fig, above) + " - the baseline (one sequential cold read per rank at one file size) is not this "
-                             "storage's limit for these reads (docs/measurements.md)" if above else ""), gs)
-    return fig
+    return _labelled(fig, ax, "throughput (MiB/s)",
+                     "Checkpoint throughput per engine\n(bytes / slowest rank's seconds)", CAPTION + (
+                         "\nabove the baseline's read: " + named(fig, above) + " - the baseline (one sequential cold "
+                         "read per rank at one file size) is not this storage's limit for these reads "
+                         "(docs/measurements.md)" if above else ""), gs)
 
 
 def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
-    """Restart seconds as stacked phases per configuration: launcher, then each phase (medians); the whisker
-    spans min-max of the stacked sum over restart records."""
+    """Restart seconds as stacked phases (medians) per configuration; the whisker: min-max of their sum."""
     gs = [g for g in groups if g.restarts]
     if not gs:
         return None
@@ -138,17 +129,13 @@ def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
         if sums and sums.n > 1:
             ax.errorbar([j + 0.34], [sums.median], yerr=[[sums.median - sums.min], [sums.max - sums.median]],
                         fmt="o", color="black", markersize=3, capsize=4, elinewidth=1.2)
-    ax.set_ylabel("restart time (s)")
-    title(ax, "Restart time by phase (slowest rank per phase)")
-    legend(ax, title="phase")
-    caption(fig, "stacks: median of each phase; dot and whisker: median and min-max of the total over "
-             "restarts, where n > 1", gs)
-    return fig
+    return _labelled(fig, ax, "restart time (s)", "Restart time by phase (slowest rank per phase)", "stacks: median of "
+                     "each phase; dot and whisker: median and min-max of the total over restarts, where n > 1", gs,
+                     title="phase")
 
 
 def file_sizes(groups: list[Group]) -> Figure | None:
-    """Every checkpoint file's size (log scale), one row per configuration (its latest run's inventory),
-    coloured by kind (model states, optimizer states, layer states, other)."""
+    """Every checkpoint file's size (log scale), a row per configuration (its latest run's inventory), by kind."""
     rows = []
     for g in groups:
         inv = next((r.inventory for r in reversed(g.runs) if r.inventory), None)
@@ -157,7 +144,7 @@ def file_sizes(groups: list[Group]) -> Figure | None:
             rows.append((g, files))
     if not rows:
         return None
-    labels = [f"{wrap(g.label, TICK_CHARS)}\n({len(fs)} files)" for g, fs in rows]
+    labels = [f"{layout.wrap(g.label, layout.TICK_CHARS)}\n({len(fs)} files)" for g, fs in rows]
     fig = Figure(figsize=(9.0, 1.6 + sum(max(0.55, 0.13 * t.count("\n") + 0.2) for t in labels)), layout="constrained")
     ax = fig.add_subplot()
     kinds = list(dict.fromkeys([*KINDS, *(str(f.get("kind")) for _, fs in rows for f in fs)]))
@@ -190,11 +177,8 @@ def step_seconds(groups: list[Group]) -> Figure | None:
         series["steps with a save in flight"] = [g.run_stat("step_in_flight_median_seconds") for g in gs]
     fig, ax = bar_figure(len(gs))
     grouped_bars(ax, ticks(fig, gs), series)
-    ax.set_ylabel("training step time, median per run (s)")
-    title(ax, "Training step time per engine")
-    legend(ax)
-    caption(fig, CAPTION + " (over runs)", gs)
-    return fig
+    return _labelled(fig, ax, "training step time, median per run (s)", "Training step time per engine",
+                     CAPTION + " (over runs)", gs)
 
 
 def _stacked(groups: list[Group], columns: list[tuple[str, str]], ylabel: str, heading: str, note: str,
@@ -206,13 +190,9 @@ def _stacked(groups: list[Group], columns: list[tuple[str, str]], ylabel: str, h
         return None
     fig, ax = bar_figure(len(gs), height=4.6)
     segments = [(name, [(stat_of(g, column) or Stat(0, 0, 0, 0)).median for g in gs],
-                 CATEGORY_COLORS.get(name, f"C{i}")) for i, (column, name) in enumerate(columns)]
+                 layout.CATEGORY_COLORS.get(name, f"C{i}")) for i, (column, name) in enumerate(columns)]
     stacked_bars(ax, ticks(fig, gs), [s for s in segments if any(s[1])])
-    ax.set_ylabel(ylabel)
-    title(ax, heading)
-    legend(ax, title="where the time goes")
-    caption(fig, note, gs)
-    return fig
+    return _labelled(fig, ax, ylabel, heading, note, gs, title="where the time goes")
 
 
 def load_breakdown(groups: list[Group]) -> Figure | None:
@@ -242,41 +222,36 @@ def reshard_seconds(groups: list[Group], phases: list[str]) -> Figure | None:
         # a reused conversion was paid by an earlier restart: drawn only where it ran
         heights = [0.0 if name == "conversion" and r.get("conversion_reused") in (True, "true") else
                    num(r.get(column)) or 0.0 for _, r in bars]
-        color = "#444444" if name == "conversion" else PHASE_PALETTE[(i - 1) % len(PHASE_PALETTE)]
+        color = "#444444" if name == "conversion" else layout.PHASE_PALETTE[(i - 1) % len(layout.PHASE_PALETTE)]
         segments += [(name.replace("_", " "), heights, color)] if any(heights) else []
     stacked_bars(ax, [label for label, _ in bars], segments)
-    ax.set_ylabel("seconds")
-    title(ax, "Restart at another layout:\nconversion and restart phases (slowest rank)")
-    legend(ax)
-    caption(fig, "first bar of each run: its restart at the layout that wrote the checkpoint; conversion is "
-                  "paid once per checkpoint and reused by later restarts (shown where it ran)")
-    return fig
+    return _labelled(fig, ax, "seconds", "Restart at another layout:\nconversion and restart phases (slowest rank)",
+                     "first bar of each run: its restart at the layout that wrote the checkpoint; conversion is paid "
+                     "once per checkpoint and reused by later restarts (shown where it ran)")
 
 
 def prediction(groups: list[Group]) -> Figure | None:
-    """Predicted against measured seconds, every phase of every run that carries a prediction (log-log): on the
-    diagonal a prediction is exact; the band is +-15%."""
+    """Predicted against measured seconds, every phase of every run that carries a prediction."""
     points: dict[str, list[tuple[float, float]]] = {}
     calibrations = set()
-    for g in groups:
-        for run in g.runs:
-            phases = get(run.summary, "prediction", "phases") or {}
-            made = get(run.summary, "prediction", "calibration") or {}
-            if made.get("name"):
-                calibrations.add(f"{made['name']} (fitted {str(made.get('fitted_at'))[:16]})")
-            for name in PREDICTED_PHASES:
-                p = phases.get(name) or {}
-                m, v = num(p.get("measured")), num(p.get("predicted"))
-                if m and v and m > 0 and v > 0:
-                    points.setdefault(name, []).append((m, v))
+    for run in (run for g in groups for run in g.runs):
+        phases = get(run.summary, "prediction", "phases") or {}
+        made = get(run.summary, "prediction", "calibration") or {}
+        if made.get("name"):
+            calibrations.add(f"{made['name']} (fitted {str(made.get('fitted_at'))[:16]})")
+        for name in PREDICTED_PHASES:
+            p = phases.get(name) or {}
+            m, v = num(p.get("measured")), num(p.get("predicted"))
+            if m and v and m > 0 and v > 0:
+                points.setdefault(name, []).append((m, v))
     if not points:
         return None
     markers = "osD^v<>Pp*hX"
     series = [(pts, {"s": 40, "marker": "X", "color": "black", "zorder": 4} if name == PREDICTED_TOTAL else
                {"s": 22, "marker": markers[i % len(markers)], "color": f"C{i % 10}", "zorder": 3},
                name.removesuffix("_seconds").replace("_", " ")) for i, (name, pts) in enumerate(points.items())]
-    fig = measured_vs_predicted(series, "Predicted vs measured seconds, per phase and run", "measured (s)",
-                                "predicted before launch (s)")
+    fig = layout.measured_vs_predicted(series, "Predicted vs measured seconds, per phase and run", "measured (s)",
+                                       "predicted before launch (s)")
     names = ", ".join(sorted(calibrations)) or "?"
     caption(fig, "each point: one phase of one run, predicted before launch (docs/prediction.md); calibration "
                   f"{textwrap.shorten(names, 150)}")
@@ -293,14 +268,11 @@ def _per_model(name: str, draw, groups: list[Group]) -> dict[str, Figure | None]
 
 def _pages(name: str, figures: list[Figure]) -> dict[str, Figure | None]:
     """name, name_2, name_3, ... for the pages of one figure (None: no data)."""
-    if not figures:
-        return {name: None}
-    return {name if n == 1 else f"{name}_{n}": fig for n, fig in enumerate(figures, 1)}
+    return {name if n == 1 else f"{name}_{n}": fig for n, fig in enumerate(figures, 1)} if figures else {name: None}
 
 
 def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | None]:
-    """Every figure by file name (unit in the name), its words fitted inside it (layout.fit); None where no run has
-    its data."""
+    """Every figure by file name (unit in the name), fitted (layout.fit); None where no run has its data."""
     figures = {
         **_per_model("checkpoint_bytes", checkpoint_bytes, groups),
         **_per_model("checkpoint_files", checkpoint_files, groups),
@@ -317,6 +289,6 @@ def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | No
         **_pages("restart_causes_seconds", panels.restart_causes(groups)),
         "reshard_seconds": reshard_seconds(groups, phases),
         "prediction_seconds": prediction(groups),
-        **_pages("crossover_seconds", crossover.figures(groups)),
+        **_pages("crossover_seconds", panels.crossover_figures(groups)),
     }
     return {name: fig if fig is None else fit(fig) for name, fig in figures.items()}

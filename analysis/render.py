@@ -7,20 +7,12 @@ import base64
 import html
 from dataclasses import dataclass
 
-from analysis import crossover
+from analysis import panels
 from analysis.load import Run, Skipped, SweepFailure
-from analysis.table import (
-    LOAD_CATEGORIES,
-    SAVE_CATEGORIES,
-    Group,
-    Stat,
-    common_label,
-    get,
-    num,
-)
+from analysis.table import Group, Stat, common_label, get, num
 from restart_harness.results.placement import ranks_text
 from restart_harness.results.views import RestartView, SaveView
-from restart_harness.schema import PREDICTED_TOTAL, io_metadata_ops, span
+from restart_harness.schema import LOAD_CATEGORIES, PREDICTED_TOTAL, SAVE_CATEGORIES, io_metadata_ops, span
 
 MIB = 2**20
 
@@ -33,6 +25,11 @@ class Table:
     header: list[str]
     rows: list[list[str]]
     note: str = ""
+
+
+def _table(title: str, header: list[str], rows: list[list[str]], note: str = "") -> Table | None:
+    """A table of the rows, None without any (the report leaves it out)."""
+    return Table(title, header, rows, note) if rows else None
 
 
 def fmt(s: Stat | None, digits: int = 3, scale: float = 1.0) -> str:
@@ -55,8 +52,7 @@ def _v(value: object, digits: int = 3, scale: float = 1.0) -> str:
 
 
 def configurations(groups: list[Group]) -> Table:
-    """One row per configuration: the headline figures, median [min-max] over its repeats. Labels name what tells
-    configurations apart; what they all share is in the note."""
+    """One row per configuration: the headline figures, median [min-max] over its repeats."""
     rows = []
     for g in groups:
         restarts = g.restarts
@@ -100,44 +96,35 @@ def anatomy_table(groups: list[Group]) -> Table | None:
         save = [fmt(g.save_stat(f"{c}_seconds")) for c in SAVE_CATEGORIES]
         if set(load) | set(save) != {"-"}:
             rows.append([g.label, fmt(g.stat("phase_checkpoint_load_seconds")), *load, *save])
-    if not rows:
-        return None
-    return Table("Where the time goes (slowest rank, seconds)",
-                 ["configuration", "checkpoint load", *(f"load {c}" for c in LOAD_CATEGORIES),
-                  *(f"save {c}" for c in SAVE_CATEGORIES)], rows,
-                 "load: the restart's checkpoint_load phase split by what the slowest rank's main thread did; save: "
-                 "each save split the same way (async engines: the blocking part); definitions in docs/anatomy.md")
+    return _table("Where the time goes (slowest rank, seconds)",
+                  ["configuration", "checkpoint load", *(f"load {c}" for c in LOAD_CATEGORIES),
+                   *(f"save {c}" for c in SAVE_CATEGORIES)], rows,
+                  "load: the restart's checkpoint_load phase split by what the slowest rank's main thread did; save: "
+                  "each save split the same way (async engines: the blocking part); definitions in docs/anatomy.md")
 
 
 def stragglers_table(groups: list[Group]) -> Table | None:
     """Per configuration (its latest restart) and phase: the slowest rank and its excess over the median rank."""
     found, phases = _latest(groups, lambda r: r.stragglers)
-    if not found:
-        return None
     rows = [[g.label, f"{rec.record}{rec.where()}", *(f"rank {st[p]['rank']} +{st[p]['excess_over_median_seconds']:.3f}"
                                                  if p in st else "-" for p in phases)] for g, rec, st in found]
-    return Table("Slowest rank per restart phase", ["configuration", "restart", *phases], rows,
-                 "rank r +x: rank r took longest, x seconds more than the median rank (the latest restart of each "
-                 "configuration)")
+    return _table("Slowest rank per restart phase", ["configuration", "restart", *phases], rows,
+                  "rank r +x: rank r took longest, x seconds more than the median rank (the latest restart of each "
+                  "configuration)")
 
 
 def memory_table(groups: list[Group]) -> Table | None:
     """Host memory high-water mark per restart phase (largest over ranks), the latest restart of each."""
     found, phases = _latest(groups, lambda r: r.memory)
-    if not found:
-        return None
     rows = [[g.label, *(f"{mem[p]['peak_rss_bytes_max'] / MIB:,.0f}" if p in mem else "-" for p in phases)]
             for g, _, mem in found]
-    return Table("Restart memory per phase (MiB, peak RSS of the largest rank)", ["configuration", *phases], rows,
-                 "each rank's resident-memory high-water mark within the phase (VmHWM, reset at each phase)")
+    return _table("Restart memory per phase (MiB, peak RSS of the largest rank)", ["configuration", *phases], rows,
+                  "each rank's resident-memory high-water mark within the phase (VmHWM, reset at each phase)")
 
 
 def io_table(groups: list[Group]) -> Table | None:
-    """The restart's I/O besides the checkpoint, per phase and rank (the latest restart of each configuration):
-    metadata operations and MiB read, and the share of the imports' operations in the Python environment."""
+    """The latest restart's I/O besides the checkpoint per phase and rank, and the imports' share in the environment."""
     found, phases = _latest(groups, RestartView.io_by_source, lambda io: io["phases"])
-    if not found:
-        return None
 
     def cell(io: dict, phase: str) -> str:
         sources = ((io["phases"].get(phase) or {}).get("sources") or {})
@@ -155,37 +142,31 @@ def io_table(groups: list[Group]) -> Table | None:
     rows = [[g.label, *(cell(io, p) for p in phases), environment_share(io),
              f"{(io['total'].get('kernel') or {}).get('storage_read_bytes', 0) / io['ranks'] / MIB:,.1f}"]
             for g, _, io in found]
-    return Table("Restart I/O besides the checkpoint (per rank: metadata operations / MiB read)",
-                 ["configuration", *phases, "imports in environment", "storage delivered MiB"], rows,
-                 "metadata operations: opens (failed ones too), stat-family calls and listings outside the checkpoint's "
-                 "folder; MiB read through read calls; storage delivered: the kernel's count of bytes read from "
-                 "storage, whole restart, mapped libraries included (docs/measurements.md#io-by-source)")
+    return _table("Restart I/O besides the checkpoint (per rank: metadata operations / MiB read)",
+                  ["configuration", *phases, "imports in environment", "storage delivered MiB"], rows,
+                  "metadata operations: opens (failed ones too), stat-family calls and listings outside the "
+                  "checkpoint's folder; MiB read through read calls; storage delivered: the kernel's count of bytes "
+                  "read from storage, whole restart, mapped libraries included (docs/measurements.md#io-by-source)")
 
 
 def reshard_table(groups: list[Group]) -> Table | None:
     """Restarts at another layout beside their run's same-layout restarts: conversion, phases, continuity."""
-    rows = []
-    for g in groups:
-        for own, r in g.reshards:
-            rows.append([g.label, r["restart_record"], f"{r.get('restart_layout_saved') or '-'} (own)" if own else
-                         f"{r['restart_layout_saved']} -> {r['restart_layout_loaded']}", "-" if own else
-                         _v(r.get("conversion_seconds")) + (" (reused)" if r.get("conversion_reused") else ""),
-                         *(_v(r.get(c)) for c in ("phase_checkpoint_load_seconds", "restart_total_seconds")),
-                         _v(r.get("first_step_loss"), 6), "-" if own else _v(r.get("first_loss_diff_ratio"), 6),
-                         _v(r.get("restart_verified"))])
-    if not rows:
-        return None
-    return Table("Restarts at another layout", ["configuration", "restart", "layout", "conversion s",
-                                                "checkpoint load s", "restart total s", "first loss",
-                                                "first loss difference", "verified"], rows,
-                 "conversion: DeepSpeed's ds_to_universal, once per checkpoint (later restarts reuse it); first loss "
-                 "difference: relative to the same-layout restart's first loss on the same global batch; verified: "
-                 "every parameter's full fp32 weights and Adam moments equal the saved ones, and the loss continues")
+    rows = [[g.label, r["restart_record"], f"{r.get('restart_layout_saved') or '-'} (own)" if own else
+             f"{r['restart_layout_saved']} -> {r['restart_layout_loaded']}", "-" if own else
+             _v(r.get("conversion_seconds")) + (" (reused)" if r.get("conversion_reused") else ""),
+             *(_v(r.get(c)) for c in ("phase_checkpoint_load_seconds", "restart_total_seconds")),
+             _v(r.get("first_step_loss"), 6), "-" if own else _v(r.get("first_loss_diff_ratio"), 6),
+             _v(r.get("restart_verified"))] for g in groups for own, r in g.reshards]
+    return _table("Restarts at another layout", ["configuration", "restart", "layout", "conversion s",
+                                                 "checkpoint load s", "restart total s", "first loss",
+                                                 "first loss difference", "verified"], rows,
+                  "conversion: DeepSpeed's ds_to_universal, once per checkpoint (later restarts reuse it); first loss "
+                  "difference: relative to the same-layout restart's first loss on the same global batch; verified: "
+                  "every parameter's full fp32 weights and Adam moments equal the saved ones, and the loss continues")
 
 
 def nodes_table(runs: list[Run]) -> Table | None:
-    """Runs on more than one node: per node, which ranks ran there and, for the last save and each restart, its
-    bytes and its slowest rank's seconds (results/placement.py)."""
+    """Runs on more than one node: per node, its ranks, and the last save's and each restart's bytes and seconds."""
     rows = []
     for run in runs:
         saves = run.view.checkpoint.saves if run.view.checkpoint else ()
@@ -201,19 +182,16 @@ def nodes_table(runs: list[Run]) -> Table | None:
                 rows.append([run.run_id, name, n["host"] + (" (slowest)" if n["host"] == worst else ""),
                              ranks_text(n["ranks"], label=False), _v(n.get(nbytes), 2, MIB), _v(n.get(seconds)),
                              str(n["slowest_rank"]), str(n.get("concurrent_writers_max", "-"))])
-    if not rows:
-        return None
-    return Table("Placement and per-node figures (runs on more than one node)",
-                 ["run", "phase", "node", "ranks", "MiB", "seconds (slowest rank)", "slowest rank",
-                  "writers at once"], rows,
-                 "node: the host name each rank recorded; save: bytes its ranks wrote and its slowest rank's durable "
-                 "seconds; restart: bytes its ranks' loads read (with the I/O counters) and its slowest rank's "
-                 "process start to first step; writers at once: the most of its ranks inside a save at one instant")
+    return _table("Placement and per-node figures (runs on more than one node)",
+                  ["run", "phase", "node", "ranks", "MiB", "seconds (slowest rank)", "slowest rank",
+                   "writers at once"], rows,
+                  "node: the host name each rank recorded; save: bytes its ranks wrote and its slowest rank's durable "
+                  "seconds; restart: bytes its ranks' loads read (with the I/O counters) and its slowest rank's "
+                  "process start to first step; writers at once: the most of its ranks inside a save at one instant")
 
 
 def prediction_table(groups: list[Group]) -> Table | None:
-    """Each configuration's prediction (made before launch) against its measurement, for the durable save and the
-    restart with its launcher: medians over its runs, and the median relative error."""
+    """Each configuration's durable save and restart predicted before launch against measured (medians over runs)."""
     rows = []
     for g in groups:
         cells = []
@@ -224,44 +202,34 @@ def prediction_table(groups: list[Group]) -> Table | None:
                       "-" if errors is None else f"{errors.median:+.0%}"]
         if any(c != "-" for c in cells):
             rows.append([g.label, *cells])
-    if not rows:
-        return None
-    return Table("Predicted before launch vs measured", ["configuration", "durable save predicted s", "measured s",
-                                                         "error", "restart with launcher predicted s", "measured s",
-                                                         "error"], rows,
-                 "median over the configuration's runs; durable save: the median of a run's saves; restart with "
-                 "launcher: launch + process start to first step; error: (predicted - measured) / measured; every "
-                 "phase is in runs.csv (predicted_*, measured_*, *_prediction_error_ratio); docs/prediction.md")
+    return _table("Predicted before launch vs measured", ["configuration", "durable save predicted s", "measured s",
+                                                          "error", "restart with launcher predicted s", "measured s",
+                                                          "error"], rows,
+                  "median over the configuration's runs; durable save: the median of a run's saves; restart with "
+                  "launcher: launch + process start to first step; error: (predicted - measured) / measured; every "
+                  "phase is in runs.csv (predicted_*, measured_*, *_prediction_error_ratio); docs/prediction.md")
 
 
 def crossover_table(groups: list[Group]) -> Table | None:
-    """Where each configuration's family is predicted to have the load as its largest restart phase, and which side
-    its runs were on, predicted and measured (docs/prediction.md#the-crossover)."""
-    rows = crossover.rows(groups)
-    if not rows:
-        return None
-    return Table("Crossover: the checkpoint size from which the load is the largest restart phase",
-                 ["configuration", "checkpoint GiB", "crossover GiB (predicted)", "overtaking",
-                  "largest phase predicted", "largest phase measured", "side agrees"], rows,
-                 "crossover: the smallest checkpoint of the configuration's family (its model's size changed) at "
-                 "which the predicted checkpoint load exceeds every other restart phase, launch included, as its "
-                 "latest run predicted before launch; largest phase: at the run's own checkpoint size; side agrees: "
-                 "runs whose measured largest phase is the load exactly where the prediction said so")
+    """Each configuration's predicted crossover and its runs' sides (docs/prediction.md#the-crossover)."""
+    return _table("Crossover: the checkpoint size from which the load is the largest restart phase",
+                  ["configuration", "checkpoint GiB", "crossover GiB (predicted)", "overtaking",
+                   "largest phase predicted", "largest phase measured", "side agrees"], panels.crossover_rows(groups),
+                  "crossover: the smallest checkpoint of the configuration's family (its model's size changed) at "
+                  "which the predicted checkpoint load exceeds every other restart phase, launch included, as its "
+                  "latest run predicted before launch; largest phase: at the run's own checkpoint size; side agrees: "
+                  "runs whose measured largest phase is the load exactly where the prediction said so")
 
 
 def runs_table(table: list[dict]) -> Table:
     """One row per run and restart record."""
-    rows = []
-    for r in table:
-        layout = f"tp{r['tp']} pp{r['pp']} dp{r['dp']}"
-        if r.get("restart_layout_loaded") and r.get("restart_layout_loaded") != r.get("restart_layout_saved"):
-            layout += f" -> {r['restart_layout_loaded'].replace('-', ' ')}"
-        rows.append([r["run_id"], r.get("restart_record") or "-", r["state"], f"{r['model']}",
-                     layout, str(r.get("engine_label") or r["engine"]),
-                     _v(r.get("checkpoint_files")),
-                     _v(r.get("checkpoint_bytes"), 2, MIB), _v(r.get("save_blocking_seconds")),
-                     _v(r.get("save_durable_seconds")), _v(r.get("restart_total_seconds")),
-                     _v(r.get("restart_cache_observed")), _v(r.get("restart_verified"))])
+    rows = [[r["run_id"], r.get("restart_record") or "-", r["state"], f"{r['model']}",
+             f"tp{r['tp']} pp{r['pp']} dp{r['dp']}" + (f" -> {r['restart_layout_loaded'].replace('-', ' ')}" if r.get(
+                 "restart_layout_loaded") not in (None, "", r.get("restart_layout_saved")) else ""),
+             str(r.get("engine_label") or r["engine"]),
+             _v(r.get("checkpoint_files")), _v(r.get("checkpoint_bytes"), 2, MIB), _v(r.get("save_blocking_seconds")),
+             _v(r.get("save_durable_seconds")), _v(r.get("restart_total_seconds")),
+             _v(r.get("restart_cache_observed")), _v(r.get("restart_verified"))] for r in table]
     return Table("Runs and restart records", ["run", "restart", "state", "model", "layout", "engine", "files", "MiB",
                                               "save blocking s", "save durable s", "restart total s", "cache",
                                               "verified"], rows,
@@ -288,17 +256,15 @@ def baseline_table(table: list[dict]) -> Table | None:
              ceiling(r, "read"), _v(r.get("efficiency_save_of_ceiling_ratio")),
              _v(r.get("efficiency_load_of_ceiling_ratio")),
              {True: "yes", False: "no"}.get(r.get("machine_busy_at_launch"), "-")] for r in first.values()]
-    if not rows:
-        return None
-    return Table("Storage baseline and ceiling", ["run", "method", "write MiB/s", "write min-max", "read MiB/s",
-                                                  "read min-max", "probes", "save efficiency", "load efficiency",
-                                                  "ceiling write MiB/s", "ceiling read MiB/s", "save of ceiling",
-                                                  "load of ceiling", "machine busy"], rows,
-                 "write/read: the median probe; min-max: over the probes (how far the baseline, and each efficiency "
-                 "derived from it, can be trusted); efficiency: durable save (load) throughput / baseline write "
-                 "(read) throughput; ceiling: the storage at its best, per direction the better of a direct-I/O probe "
-                 "(engine=lazy's requests and queue depth) and the baseline (which one in brackets), and the same "
-                 "throughputs over it; machine busy: other work on the machine before the checkpoint launch")
+    return _table("Storage baseline and ceiling", ["run", "method", "write MiB/s", "write min-max", "read MiB/s",
+                                                   "read min-max", "probes", "save efficiency", "load efficiency",
+                                                   "ceiling write MiB/s", "ceiling read MiB/s", "save of ceiling",
+                                                   "load of ceiling", "machine busy"], rows,
+                  "write/read: the median probe; min-max: over the probes (how far the baseline, and each efficiency "
+                  "derived from it, can be trusted); efficiency: durable save (load) throughput / baseline write "
+                  "(read) throughput; ceiling: the storage at its best, per direction the better of a direct-I/O probe "
+                  "(engine=lazy's requests and queue depth) and the baseline (which one in brackets), and the same "
+                  "throughputs over it; machine busy: other work on the machine before the checkpoint launch")
 
 
 def problems_table(skipped: list[Skipped], runs: list[Run], failures: list[SweepFailure]) -> Table | None:
@@ -310,7 +276,7 @@ def problems_table(skipped: list[Skipped], runs: list[Run], failures: list[Sweep
             rows.append([r.state, str(r.dir), f"in runs.csv, left out of the plots: {reason}"])
         rows.extend(["note", str(r.dir), n] for n in r.notes)
     rows.extend(["sweep " + f.state, f"{f.sweep}: {f.combination}", f.reason] for f in failures)
-    return Table("Skipped and incomplete", ["what", "where", "why"], rows) if rows else None
+    return _table("Skipped and incomplete", ["what", "where", "why"], rows)
 
 
 def markdown(title: str, tables: list[Table], figures: list[str], missing: list[str]) -> str:

@@ -1,14 +1,12 @@
 """The study's table, row by row (analysis/study.py writes it): each cell of study.json, with its run's summary and
-inventory where it has one, becomes one row; each figure beside its source (`<figure>_source`: measured, emulated,
-planned, predicted), and where a run measured what was predicted before it started, `<figure>_predicted` and
-`<figure>_error`."""
+inventory where it has one, becomes one row, each figure beside its source (docs/study.md "study.csv")."""
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter
 
-from analysis.charts import byte_unit
+from analysis.layout import byte_unit
 from restart_harness.results import goodput
 from restart_harness.schema import PREDICTED_RESTART, PREDICTED_TOTAL
 from restart_harness.spec.keys import parse_seconds
@@ -28,8 +26,7 @@ def size_text(n: float | None) -> str:
 
 
 def size_groups(sizes: list[int], limit: int = 4) -> str:
-    """The files' sizes as `count x size`, largest first: "4 x 10.08 GiB, 4 x 1.68 GiB" (every size is in
-    study-files.csv)."""
+    """The files' sizes as `count x size`, largest first: "4 x 10.08 GiB, 4 x 1.68 GiB"."""
     counts = Counter(size_text(n) for n in sorted(sizes, reverse=True))
     parts = [f"{c} x {s}" for s, c in counts.items()]
     return ", ".join(parts[:limit]) + (f", and {len(parts) - limit} more sizes" if len(parts) > limit else "")
@@ -37,9 +34,7 @@ def size_groups(sizes: list[int], limit: int = 4) -> str:
 
 def _run_mode(cell: dict, run: dict | None) -> str | None:
     """The mode of the cell's finished run: real, emulated, shrunk (None: no finished run)."""
-    if run is None or cell["state"] != "complete" or not run.get("summary"):
-        return None
-    return cell["option"]["mode"]
+    return None if run is None or cell["state"] != "complete" or not run.get("summary") else cell["option"]["mode"]
 
 
 def _files(cell: dict, run: dict | None, mode: str | None) -> tuple[list[list], str]:
@@ -82,10 +77,9 @@ def cell_row(cell: dict, run: dict | None) -> dict:
         row["check_mode"], row["check_shrink"] = mode, cell["option"]["shrink"]
         for name in CHECKED:
             m = measured.get(name) or {}
-            row[f"check_{name}_measured"] = m.get("measured")
-            row[f"check_{name}_predicted"] = m.get("predicted")
-            row[f"check_{name}_error"] = m.get("rel_error")
-            row[f"check_{name}_not_comparable"] = m.get("not_comparable")
+            row.update({f"check_{name}_{k}": m.get(field) for k, field in (
+                ("measured", "measured"), ("predicted", "predicted"), ("error", "rel_error"),
+                ("not_comparable", "not_comparable"))})
         row["check_files"] = _files_check(cell, run)
         row["check_machine_busy"] = (run["summary"].get("restart", {}).get("machine_load") or {}).get("busy")
     if ref := cell.get("reference"):
@@ -98,9 +92,8 @@ def cell_row(cell: dict, run: dict | None) -> dict:
 
 
 def _goodput(row: dict, cell: dict, mtbf: dict) -> dict:
-    """The best checkpoint interval and its expected goodput at the cell's GPUs (results/goodput.py), from the row's
-    save (blocking), restart (with launch) and first step, measured where the cell ran, at the study's failure rate
-    (its MTBF keys; else Llama 3's)."""
+    """The best checkpoint interval and its expected goodput at the cell's GPUs (results/goodput.py) from the row's
+    save (blocking), restart (with launch) and first step, at the study's failure rate (else Llama 3's)."""
     job_mtbf, _ = goodput.job_mtbf_at({**mtbf, "ranks_per_node": cell["gpus_per_node"]}, cell["gpus"], cell["gpus"])
     save, restart, step = (row.get(n) for n in ("save_blocking_seconds", PREDICTED_TOTAL, "restart_first_step_seconds"))
     if save is None or restart is None or not step:

@@ -12,19 +12,8 @@ from dataclasses import dataclass, field
 
 from analysis.columns import RESTART_CONDITIONS, get, num, restart_columns, restart_records, run_columns
 from analysis.load import Run
-from restart_harness.schema import (  # KINDS, LOAD_CATEGORIES and PREDICTED_PHASES: for plots.py and render.py
-    CONFIG_DEFAULTS,
-    KINDS,  # noqa: F401
-    LOAD_CATEGORIES,  # noqa: F401
-    PHASE_NAMES,
-    PLACE_FIELDS,
-    PREDICTED_PHASES,  # noqa: F401
-    SAVE_CATEGORIES,
-    config_fields,
-    engine_label,
-    layout_label,
-    model_label,
-)
+from restart_harness import schema
+from restart_harness.schema import PHASE_NAMES, SAVE_CATEGORIES
 
 # Restart phases in the schema's order; phases a newer harness adds follow, in first-seen order.
 KNOWN_PHASES = PHASE_NAMES
@@ -68,16 +57,11 @@ def save_rows(runs: list[Run]) -> list[dict]:
     } for run in runs for s in (run.view.checkpoint.saves if run.view.checkpoint else ())]
 
 
-def columns_of(table: list[dict]) -> list[str]:
-    """Column names in first-seen order over all rows."""
-    return list(dict.fromkeys(k for row in table for k in row))
-
-
 def to_csv(table: list[dict], lower_bools: bool = True) -> str:
-    """CSV text of every column any row has; empty cells for missing values, booleans as true/false (lower_bools,
-    runs.csv) or as Python writes them (study.csv)."""
+    """CSV text of every column any row has (first-seen order); empty cells for missing values, booleans as true/false
+    (lower_bools, runs.csv) or as Python writes them (study.csv)."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns_of(table), lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=list(dict.fromkeys(k for row in table for k in row)), lineterminator="\n")
     writer.writeheader()
     for row in table:
         writer.writerow({k: ("" if v is None else str(v).lower() if lower_bools and isinstance(v, bool) else v)
@@ -167,9 +151,9 @@ def _config(run: Run, row: dict | None = None) -> dict:
     for name, column in RESTART_CONDITIONS.items():
         if row is not None and row.get(column) is not None:
             spec[name] = row[column]
-    out = {k: json.dumps(spec.get(k, CONFIG_DEFAULTS.get(k)), sort_keys=True)
-           for k in (*config_fields(run.spec), "staged")}
-    for a, b in PLACE_FIELDS:
+    out = {k: json.dumps(spec.get(k, schema.CONFIG_DEFAULTS.get(k)), sort_keys=True)
+           for k in (*schema.config_fields(run.spec), "staged")}
+    for a, b in schema.PLACE_FIELDS:
         out[f"{a}.{b}"] = json.dumps(get(spec, a, b))
     return out
 
@@ -192,14 +176,13 @@ def groups(runs: list[Run], table: list[dict] | None = None, states: tuple[str, 
     for run, row, config in parts:
         key = tuple(sorted(config.items()))
         if key not in out:
-            out[key] = Group(model_label(run.spec), layout_label(run.spec), engine_label(run.spec),
-                             _extra(run.spec, config, varying, configs))
+            out[key] = Group(schema.model_label(run.spec), schema.layout_label(run.spec),
+                             schema.engine_label(run.spec), _extra(run.spec, config, varying, configs))
         g = out[key]
         if run not in g.runs:
             g.runs.append(run)
             g.saves.extend(s for s in saves if s["run_dir"] == str(run.dir))
         if row is not None:
-            # a restart at another layout is another configuration of restart: kept apart, not pooled with these
             (g.resharded if _resharded(row) else g.rows).append(row)
     found = list(out.values())
     common = frozenset(name for name in ("model", "layout", "engine")
@@ -216,10 +199,8 @@ def _resharded(row: dict) -> bool:
 
 def common_label(groups: list[Group]) -> str:
     """What every configuration shown shares (for a caption): e.g. `tiny, tp1 pp1 dp2`."""
-    if not groups:
-        return ""
-    g = groups[0]
-    return ", ".join(getattr(g, name) for name in ("model", "layout", "engine") if name in g.common)
+    shared = groups[0].common if groups else ()
+    return ", ".join(getattr(groups[0], name) for name in ("model", "layout", "engine") if name in shared)
 
 
 def _extra(spec: dict, config: dict, varying: list[str], configs: list[dict]) -> str:

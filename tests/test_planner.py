@@ -148,8 +148,7 @@ def test_plan_bad_input(tokens, named, tmp_path):
 def test_model_layers_are_built_from_the_table(model, tp):
     import torch
 
-    from restart_harness.model.llama import DecoderLayer, Embedding, FinalNorm, LMHead
-    from restart_harness.model.tensor_parallel import TPGroup
+    from restart_harness.model.llama import DecoderLayer, Embedding, FinalNorm, LMHead, TPGroup
 
     shape = parse_args([model, f"tp={tp}"] + (["shrink=64"] if model == "70B" else [])).shape
     group = TPGroup(None, tp - 1, tp)  # construction needs no communication

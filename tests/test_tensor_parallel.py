@@ -11,9 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from restart_harness.model.data import sample
-from restart_harness.model.llama import LlamaForCausalLM
-from restart_harness.model.tensor_parallel import TPGroup
+from restart_harness.model.llama import LlamaForCausalLM, TPGroup, sample
 from restart_harness.spec.model_shape import ModelShape
 
 SHAPE = ModelShape(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -60,5 +60,4 @@ def combined(digests: dict[str, str]) -> str:
 
 
 def differences(saved: dict[str, str], restored: dict[str, str]) -> list[str]:
-    names = sorted(set(saved) | set(restored))
-    return [n for n in names if saved.get(n) != restored.get(n)]
+    return [n for n in sorted(set(saved) | set(restored)) if saved.get(n) != restored.get(n)]

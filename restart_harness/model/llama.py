@@ -1,26 +1,123 @@
-"""The LLaMA architecture (RMSNorm, SwiGLU, rotary, grouped-query attention, untied embedding and head),
-tensor-parallel, as one module for pp=1 or as DeepSpeed PipelineModule layers for pp>1.
-Decoder-layer parameter names follow transformers' LlamaForCausalLM; shapes and counts are the real models'.
-Every module takes its parameters' names and local shapes from restart_harness.spec.parameters, the table the
-checkpoint planner sizes files from."""
+"""The LLaMA architecture (RMSNorm, SwiGLU, rotary, grouped-query attention, untied embedding and head), Megatron-style
+tensor-parallel, as one module for pp=1 or as DeepSpeed PipelineModule layers for pp>1; and the synthetic token
+batches it trains on. Parameter names follow transformers' LlamaForCausalLM, names and local shapes come from
+restart_harness.spec.parameters, the table the checkpoint planner sizes files from (docs/planner.md)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from restart_harness.model.tensor_parallel import (
-    ColumnParallelLinear,
-    RowParallelLinear,
-    TPGroup,
-    VocabParallelEmbedding,
-    copy_to_tp,
-    gather_last_dim,
-)
 from restart_harness.spec import parameters as table
 from restart_harness.spec.model_shape import ModelShape
 from restart_harness.spec.parameters import Param
+
+
+class TPGroup:
+    """The tensor-parallel group of this rank (size 1: no communication at all)."""
+
+    def __init__(self, group=None, rank: int = 0, size: int = 1):
+        self.group, self.rank, self.size = group, rank, size
+
+
+def _all_reduce(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    x = x.contiguous()
+    dist.all_reduce(x, group=tp.group)
+    return x
+
+
+class _AllReduce(torch.autograd.Function):
+    """All-reduce forward and identity backward (output of row-parallel layers), or with in_backward the other way
+    round: identity forward, all-reduce of the gradient backward (input of column-parallel layers)."""
+
+    @staticmethod
+    def forward(ctx, x, tp, in_backward):
+        ctx.tp, ctx.in_backward = tp, in_backward
+        return x if in_backward else _all_reduce(x, tp)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (_all_reduce(grad, ctx.tp) if ctx.in_backward else grad), None, None
+
+
+class _GatherLastDim(torch.autograd.Function):
+    """All-gather along the last dimension forward; keep the local slice backward."""
+
+    @staticmethod
+    def forward(ctx, x, tp):
+        ctx.tp = tp
+        parts = [torch.empty_like(x) for _ in range(tp.size)]
+        dist.all_gather(parts, x.contiguous(), group=tp.group)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.chunk(ctx.tp.size, dim=-1)[ctx.tp.rank].contiguous(), None
+
+
+def copy_to_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    return x if tp.size == 1 else _AllReduce.apply(x, tp, True)
+
+
+def reduce_from_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    return x if tp.size == 1 else _AllReduce.apply(x, tp, False)
+
+
+def gather_last_dim(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
+    return x if tp.size == 1 else _GatherLastDim.apply(x, tp)
+
+
+def _mark_sharded(weight: torch.Tensor) -> None:
+    # DeepSpeed's gradient norm counts a parameter on every TP rank only when it is marked model-parallel;
+    # unmarked (replicated) parameters are counted on TP rank 0 alone.
+    weight.tensor_model_parallel = True
+
+
+class ColumnParallelLinear(nn.Module):
+    """y = x W^T with W split by output rows; the caller applies copy_to_tp to x once for all siblings."""
+
+    def __init__(self, param: Param, tp: TPGroup):
+        super().__init__()
+        self.tp = tp
+        self.weight = nn.Parameter(torch.empty(param.shape))  # (out_features / tp, in_features); row: (out, in / tp)
+        nn.init.normal_(self.weight, mean=0.0, std=1.0 / math.sqrt(param.fan_in))
+        _mark_sharded(self.weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class RowParallelLinear(ColumnParallelLinear):
+    """y = sum over TP ranks of x_local W_local^T, W split by input columns."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return reduce_from_tp(super().forward(x), self.tp)
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Embedding table split by vocabulary rows; ids outside this rank's range contribute zeros."""
+
+    def __init__(self, param: Param, tp: TPGroup):
+        super().__init__()
+        self.tp = tp
+        self.per_rank = param.shape[0]  # vocabulary rows of this rank
+        self.start = tp.rank * self.per_rank
+        self.weight = nn.Parameter(torch.empty(param.shape))
+        nn.init.normal_(self.weight, mean=0.0, std=0.02)
+        _mark_sharded(self.weight)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.per_rank)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tp(out, self.tp)
 
 
 class RMSNorm(nn.Module):
@@ -187,3 +284,19 @@ def pipeline_module(shape: ModelShape, tp: TPGroup, seed: int, topology):
                                                        for i, kind in enumerate(table.pipeline_layers(shape)))]
     return PipelineModule(layers=layers, loss_fn=lm_loss, topology=topology,
                           partition_method="type:DecoderLayer", activation_checkpoint_interval=0)
+
+
+def sample(seed: int, step: int, index: int, seq_len: int, vocab: int) -> torch.Tensor:
+    """Sample `index` of a step's global batch: a pure function of (seed, step, index), so a restarted run, at any
+    layout, trains on the batches a continuous run would (docs/reshard.md)."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 10_007 + index * 101)
+    return torch.randint(0, vocab, (seq_len + 1,), generator=gen)
+
+
+def step_batches(spec, step: int, dp_rank: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(inputs, labels) of each gradient-accumulation micro-batch of one optimizer step, for one DP rank: in
+    micro-batch m, data-parallel rank d takes the samples (m x dp + d) x micro_batch + j."""
+    batches = [torch.stack([sample(spec.seed, step, (m * spec.dp + dp_rank) * spec.micro_batch + j, spec.seq_len,
+                                   spec.shape.vocab_size) for j in range(spec.micro_batch)])
+               for m in range(spec.grad_accum)]
+    return [(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()) for tokens in batches]

@@ -72,8 +72,7 @@ class DeepSpeedRank(Rank):
         import deepspeed
         from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
-        from restart_harness.model.llama import LlamaForCausalLM, pipeline_module
-        from restart_harness.model.tensor_parallel import TPGroup
+        from restart_harness.model.llama import LlamaForCausalLM, TPGroup, pipeline_module
 
         spec = self.spec
         self.grid = grid = PipelineParallelGrid(topology=PipeModelDataParallelTopology(spec.pp, spec.tp, spec.dp))
@@ -124,7 +123,7 @@ class DeepSpeedRank(Rank):
         import torch
         import torch.distributed as dist
 
-        from restart_harness.model.data import step_batches
+        from restart_harness.model.llama import step_batches
 
         spec, device = self.spec, self.device
         batches = step_batches(spec, step, self.grid.get_data_parallel_rank())

@@ -49,8 +49,7 @@ class FSDP2Rank(Rank):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        from restart_harness.model.llama import LlamaForCausalLM
-        from restart_harness.model.tensor_parallel import TPGroup
+        from restart_harness.model.llama import LlamaForCausalLM, TPGroup
 
         spec, world, n = self.spec, dist.get_world_size(), replicas(self.spec)
         # HSDP (n > 1): shard within each replica group, replicate (all-reduce gradients) across them
@@ -112,7 +111,7 @@ class FSDP2Rank(Rank):
         import torch
         import torch.distributed as dist
 
-        from restart_harness.model.data import step_batches
+        from restart_harness.model.llama import step_batches
 
         spec, model, device = self.spec, self.model, self.device
         batches = step_batches(spec, step, self.rank)

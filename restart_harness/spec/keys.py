@@ -112,6 +112,15 @@ class Key:
                 Glob: "glob", Seconds: "time"}[self.type]
         return name + (" | none" if self.optional else "")
 
+    @property
+    def default_text(self) -> object:
+        """The default as --help and docs/keys.md write it (a model's shape key: from MODEL)."""
+        if self.required:
+            return "from MODEL" if self.group == "model" else "required"
+        if isinstance(self.default, bool):
+            return str(self.default).lower()
+        return "none" if self.default is None else self.default
+
     def accepted(self) -> str:
         """What the key accepts, in words (for error lines and --help)."""
         if self.choices:
@@ -271,10 +280,8 @@ def check(k: Key, value: object, text: str | None = None) -> object:
     return value
 
 
-def describe(k: Key, required_text: str = "required") -> str:
+def describe(k: Key) -> str:
     """One --help line: name=<type> (default), unit, meaning, accepted values."""
-    default = required_text if k.required else ("none" if k.default is None else
-                                                   str(k.default).lower() if isinstance(k.default, bool) else k.default)
     unit = f" [{k.unit}]" if k.unit else ""
     choices = f" ({' | '.join(k.choices)})" if k.choices else ""
-    return f"{k.name}={k.type_name}{choices}  default {default}{unit}: {k.help}"
+    return f"{k.name}={k.type_name}{choices}  default {k.default_text}{unit}: {k.help}"

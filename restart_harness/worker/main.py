@@ -22,9 +22,8 @@ from restart_harness import faults, resolve
 from restart_harness.rank_env import barrier
 from restart_harness.schema import Done, Error, Layout, Process, Step, Verify
 from restart_harness.targets.base import PER_RANK_DIRS
-from restart_harness.worker import anchor
 from restart_harness.worker.anatomy import Anatomy
-from restart_harness.worker.eventlog import EventLog
+from restart_harness.worker.eventlog import Anchors, EventLog
 from restart_harness.worker.io_marks import IOProbe
 from restart_harness.worker.manager import CheckpointManager
 from restart_harness.worker.memory import MemoryProbe, added
@@ -64,7 +63,7 @@ def main(process_start: float, argv=None, forked: bool = False) -> int:
     memory = MemoryProbe()
     log = EventLog(job.run_dir / "events" / job.record / f"rank-{rank:05d}.jsonl", rank,
                    (memory.phase_peaks, IOProbe(forked, owns=os.environ.get("LOCAL_RANK") == "0").phase),
-                   anchor.of_launch())
+                   Anchors.of_launch())
     node = os.environ.get("CROSS_RANK")
     log.emit(Process(os.getpid(), socket.gethostname(), int(node) if node and node.isdigit() else None,
                      threading.main_thread().ident))

@@ -10,8 +10,7 @@ from restart_harness.errors import RunFailed
 from restart_harness.phases import say
 from restart_harness.phases.nodes import check_nodes
 from restart_harness.phases.restart import abort_incomplete_uploads, integrity_line, restarts
-from restart_harness.phases.run import discard_checkpoint
-from restart_harness.phases.submit import submit_restart_job
+from restart_harness.phases.run import discard_checkpoint, submit_restart_job
 from restart_harness.results import finalize
 from restart_harness.rundir.status import observed
 

@@ -111,8 +111,7 @@ def parse_mlperf(tokens: list[str]) -> MlperfRequest:
         raise refused(fixed[0], pairs[fixed[0]], f"fixed by the MLPerf workload {workload.name} ({workload.preset}, "
                       f"TPxPPxDP {workload.tp}x{workload.pp}x{workload.dp}, ZeRO-{workload.zero}, emulated, every "
                       "checkpoint fsync'd, cold reads); scale it down with shrink=K")
-    values: dict = {}
-    fill(values, keys_of(MlperfOptions), dict(pairs))
+    values = fill(keys_of(MlperfOptions), pairs)[0]
     checkpoints = values.get("checkpoints", MlperfOptions.checkpoints)
     declared = run_keys()
     if "subset" in pairs and coerce(declared["subset"], pairs["subset"]):  # MLPerf's subset: one host of 8 GPUs
@@ -191,8 +190,7 @@ def parse_restart(tokens: list[str], complete: Callable[[RunSpec], RunSpec]) -> 
                          "usage: ./submit-job.sh restart run=RUN_DIR [cache=warm] [repeats=N]")
     pairs = pairs_of(tokens)
     pairs.pop("phase", None)  # `phase=restart` spelled as a key
-    options: dict = {}
-    pairs = fill(options, keys_of(RestartOptions), pairs)
+    options, pairs = fill(keys_of(RestartOptions), pairs)
     required(keys_of(RestartOptions), options, "restart")
     if why := why_unresolvable(options["run"]):
         raise refused("run", options["run"], why, "the run directory an earlier run printed")

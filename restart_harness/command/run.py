@@ -51,20 +51,15 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
         raise UsageError(f"{model!r}: the first argument must be a MODEL (preset name or config.json path)")
     shape, source = _model(model)
     model = preset_named(model) or model  # a preset by its own spelling: results name it one way
-    pairs = pairs_of(rest)
-    values: dict = {}
-    pairs = fill(values, run_keys(), pairs)
+    values, pairs = fill(run_keys(), pairs_of(rest))
     if "launcher" in values:  # an alias (launcher=deepspeed) is recorded as the launcher's name
         values["launcher"] = resolve.launcher_class(values["launcher"]).name
     stack = resolve.stack_named(values.get("stack", run_keys()["stack"].default))
     values.setdefault("engine", stack.default_engine)  # each stack's own: DeepSpeed's torch.save, DCP for FSDP2
     engine = resolve.engine_class(values["engine"])
-    options: dict = {}
-    pairs = fill(options, keys_of(engine.Options), pairs)
-    shape_values: dict = {}
-    pairs = fill(shape_values, shape_keys(), pairs)
-    extra_values: dict = {}
-    pairs = fill(extra_values, extra or {}, pairs)
+    options, pairs = fill(keys_of(engine.Options), pairs)
+    shape_values, pairs = fill(shape_keys(), pairs)
+    extra_values, pairs = fill(extra or {}, pairs)
     if pairs:
         name = next(iter(pairs))
         accepted = [*run_keys(), *shape_keys(), *keys_of(engine.Options), *(extra or {})]

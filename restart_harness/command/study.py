@@ -59,10 +59,8 @@ def parse_study(tokens: list[str]) -> StudyRequest:
         raise UsageError(f"{fixed[0]}=: set by the study for each cell (its layout, engine and option: a real run, "
                          "emulation, shrunk, predicted); accepted: the study keys (./submit-job.sh study --help) and "
                          "the other run keys")
-    values: dict = {}
-    rest = fill(values, keys_of(StudyOptions), pairs)
-    predict_values: dict = {}
-    rest = fill(predict_values, {k: v for k, v in keys_of(PredictOptions).items() if k != "predict"}, rest)
+    values, rest = fill(keys_of(StudyOptions), pairs)
+    predict_values, rest = fill({k: v for k, v in keys_of(PredictOptions).items() if k != "predict"}, rest)
     declared = run_keys()
     for name, text in rest.items():
         if name not in declared:

@@ -160,7 +160,7 @@ def environment(prefixes: list[str], requested: str, checkpoint: dict, per_file:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m restart_harness.files.pagecache drop|warm DIR [--per-file]`: the cache step on this node, its
-    record as one JSON line with the node's host name (a multi-node job runs it on every node: phases/nodes.py);
+    record as one JSON line with the node's host name (a multi-node job runs it on every node: phases/processes.py);
     --per-file evicts DIR's files alone, never drop_caches (env_cache=warm or keep)."""
     args = argv if argv is not None else sys.argv[1:]
     requested, where = args[:2]

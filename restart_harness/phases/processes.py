@@ -1,5 +1,7 @@
 """One launch of a phase's ranks: the launch script run in a session of its own, its output logged, rank 0's
-progress shown, a watchdog that ends it if the harness dies, a time limit, and every wait after a signal bounded."""
+progress shown, a watchdog that ends it if the harness dies, a time limit, and every wait after a signal bounded;
+why a launch failed, in one line; and the work done once on every node of a launch (the node checks, the page-cache
+step before a restart)."""
 
 from __future__ import annotations
 
@@ -11,11 +13,15 @@ import sys
 import time
 from pathlib import Path
 
-from restart_harness import SOURCE_ROOT, machine
+from restart_harness import SOURCE_ROOT, launchers, machine, nodecheck, resolve
+from restart_harness.errors import RunFailed
+from restart_harness.files.atomic import write_json_atomic
 from restart_harness.files.cache_dir import extensions_dir
 from restart_harness.files.kernel_memory import OomWatch
 from restart_harness.iocount import strace
 from restart_harness.phases import say, session
+from restart_harness.results import events as ev
+from restart_harness.results import placement
 from restart_harness.rundir import sampling
 from restart_harness.spec import environment
 from third_party.py_spy_stuck_tracee import VERSION as VERSION_STUCK
@@ -50,7 +56,7 @@ def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None 
         say(f"  [{record}] machine busy before the launch: {load['cpu_busy_fraction']:.0%} of its {load['cpus']} "
             "CPUs in use by other work; timings and the prediction are suspect")
     start, mark = time.time(), machine.load_mark()
-    oom = OomWatch()  # a rank the kernel kills for memory is named as the cause of a failure (phases/diagnose.py)
+    oom = OomWatch()  # a rank the kernel kills for memory is named as the cause of a failure (failure())
     with open(log_path, "wb") as log:
         traced = strace.wrapper(run_dir, record, environment.read().RH_STRACE)
         command = [*traced, "bash", str(run_dir / f"launch-{record}.sh")]
@@ -205,3 +211,129 @@ def one_record_a_node(command: list[str], timeout: int) -> tuple[subprocess.Comp
         except json.JSONDecodeError:
             continue
     return proc, nodes
+
+
+# ---- why a launch failed: a time limit, a rank the kernel's OOM killer ended (its peers' lost connections follow
+# from it), ranks the launcher says were killed (a lost node), or the first error a rank recorded, else the exit code
+OOM_KILLED = "killed by the kernel's OOM killer"
+
+
+def failure(run: resolve.Run, info: dict) -> str:
+    """One line for a launch (records/<record>.json's info) that did not end with exit code 0."""
+    run_dir = run.run_dir
+    record = ev.read_record(run_dir, info["record"])
+    errors = ev.errors(record)
+    if info["timed_out"]:
+        return f"{info['record']} phase timed out after {info['wall_seconds']:.0f} s (timeout=); process group killed"
+    log = run_dir / info["log"]
+    verdicts = run.launcher.task_verdicts(log.read_text(errors="replace")) if log.is_file() else {}
+    killed = out_of_memory(record, info.get("oom"), verdicts)  # the OOM killer's ranks' verdicts: OOM_KILLED
+    lost = placement.lost(record, run.spec.launched_ranks, verdicts)
+    if killed:
+        after = "; ".join(x for x in (errors[:1] + [lost or ""]) if x)
+        return (f"{info['record']} phase failed: {killed}" + (f"; what the others did after it: {after}" if after
+                                                                else "") + f" (exit code {info['exit_code']}; see {log})")
+    if lost and (not errors or any(v != placement.COLLATERAL for v in verdicts.values())):
+        # the launcher says ranks were killed (a node lost): they came first, the others' errors (a peer gone) after
+        also = f"; the others' first error: {errors[0]}" if errors else ""
+        return f"{info['record']} phase failed: {lost}{also} (exit code {info['exit_code']}; see {log})"
+    if errors:
+        return f"{info['record']} phase failed: {errors[0]}" + (f"; {lost}" if lost else "")
+    return f"{info['record']} phase exited with code {info['exit_code']}; see {run_dir / info['log']}"
+
+
+def out_of_memory(record: dict[int, list[dict]], oom: dict | None, verdicts: dict[int, str]) -> str | None:
+    """The ranks the kernel's OOM killer ended during the launch (`oom`: phases/processes.py's OomWatch result), with
+    their memory then and the limit they met; those ranks' verdicts become OOM_KILLED. None where no rank was."""
+    if not oom:
+        return None
+    pids = {e["pid"]: rank for rank, evs in record.items() for e in evs if e["event"] == "process"}
+    group, total = oom.get("cgroup") or {}, oom.get("machine_memory_bytes")
+    parts, others = [], []
+    for kill in oom.get("kills") or []:
+        rank = pids.get(kill["pid"])
+        if kill["cgroup_limit_bytes"] is not None:
+            limit = (f"its cgroup {kill['cgroup']} at {_gib(kill['cgroup_usage_bytes'])} of its "
+                     f"{_gib(kill['cgroup_limit_bytes'])} limit")
+        else:
+            limit = f"the machine's {_gib(total)} of memory exhausted" if total else "the machine's memory exhausted"
+        if rank is None:  # another process (the machine's OOM killer may end anything): said where ours were
+            others.append(f"{kill['process']} (pid {kill['pid']}, {_gib(kill['rss_bytes'])} resident, {limit})")
+            continue
+        verdicts[rank] = OOM_KILLED
+        parts.append(f"rank {rank} (pid {kill['pid']}) {OOM_KILLED} (SIGKILL): {_gib(kill['rss_bytes'])} resident, "
+                     f"{limit}")
+    if parts:
+        return "; ".join(parts)
+    before, after = group.get("oom_kills_before"), group.get("oom_kills")
+    if before is None or after is None or after <= before:
+        return None
+    limit = group.get("limit_bytes")
+    named = (f"the kernel log names {', '.join(others)}" if others else "the kernel log, which names them, cannot be "
+             "read here" if oom.get("kills") is None else "the kernel log names none of them")
+    return (f"the kernel's OOM killer ended {after - before} process(es) of this cgroup ({group.get('path')}) during "
+            f"the launch (oom_kill {before} -> {after}; {named}): peak {_gib(group.get('peak_bytes'))} of "
+            + (f"its {_gib(limit)} limit" if limit else f"the machine's {_gib(total)}"))
+
+
+def _gib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**30:,.2f} GiB"
+
+
+# ---- once on every node: the node checks inside a submitted job or across an allocation's nodes (nodecheck.py), and
+# the page-cache step before a restart (each node's page cache is its own) ----------------------------------------
+def show_node_checks(plugins: resolve.Plugins) -> None:
+    """dry_run=true: what the node that runs the ranks is checked for, and where."""
+    checks = nodecheck.checks(plugins)
+    where = ("on every node of the job, before any rank starts" if plugins.launcher.scheduler else
+             "on this machine, before anything is created, when the run is launched")
+    print(f"==> checks of the node that runs the ranks ({where}) <==")
+    for check in checks:
+        print(f"{check.name}: {check.what}")
+    if not checks:
+        print("(none for this engine and device)")
+
+
+def check_nodes(run: resolve.Run) -> None:
+    """Inside a submitted job, or across the nodes of an allocation: the node checks once on every node before
+    anything starts; RunFailed naming the first node that fails. A launch that starts its ranks on the machine the
+    command was typed on was checked there (preflight)."""
+    spec, run_dir = run.spec, run.run_dir
+    if not (launchers.job_id() or spec.across_nodes) or not nodecheck.checks(run):
+        return
+    argv = [sys.executable, "-m", "restart_harness.nodecheck", str(run_dir)]
+    command = run.launcher.per_node_command(argv) or argv
+    proc, nodes = one_record_a_node(command, timeout=600)
+    (run_dir / "records").mkdir(exist_ok=True)
+    write_json_atomic(run_dir / "records" / "nodecheck.json", {"command": command, "exit_code": proc.returncode,
+                                                               "nodes": nodes})
+    if failed := nodecheck.line(nodes):
+        raise RunFailed(failed)
+    expected = spec.nodes if spec.across_nodes else 1
+    if proc.returncode != 0 or len(nodes) != expected:
+        said = " ".join((proc.stderr or proc.stdout).split())[-300:]
+        raise RunFailed(f"the node checks did not run on every node ({len(nodes)} of {expected} answered; "
+                        f"{command[0]} exit {proc.returncode}: {said})")
+    say(f"  [nodes] {', '.join(n['host'] for n in nodes)}: {', '.join(nodes[0]['checks'])} checked, every one passed")
+
+
+def cache_on_every_node(run: resolve.Run, load_dir: Path, per_file: bool = False) -> dict:
+    """The cache step on each node of a multi-node job (one task per node): {"per_node": [its record with its
+    host], "observed": the worst node's}, or an error saying why it could not run (observed then stays this
+    node's, and says so). `per_file`: each node evicts the checkpoint's files alone, as this node did."""
+    spec = run.spec
+    argv = [sys.executable, "-m", "restart_harness.files.pagecache", spec.cache, str(load_dir),
+            *(["--per-file"] if per_file else [])]
+    command = run.launcher.per_node_command(argv)
+    if command is None:
+        return {}
+    proc, nodes = one_record_a_node(command, timeout=300)
+    if proc.returncode != 0 or len(nodes) != spec.nodes:
+        said = " ".join((proc.stderr or proc.stdout).split())[-300:]
+        return {"per_node": nodes or None,
+                "error": f"the cache step on every node failed ({command[0]} exit {proc.returncode}: {said}); "
+                         "observed is the first node's only"}
+    nodes.sort(key=lambda n: n["host"])
+    wanted = "warm" if spec.cache == "warm" else "cold"
+    observed = "; ".join(f"{n['host']} {n['observed']}" for n in nodes if n["observed"] != wanted) or wanted
+    return {"per_node": nodes, "observed": observed}

@@ -12,9 +12,7 @@ from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files import pagecache
 from restart_harness.files.atomic import read_json, write_json_atomic
 from restart_harness.phases import say
-from restart_harness.phases.diagnose import failure
-from restart_harness.phases.nodes import cache_on_every_node
-from restart_harness.phases.processes import launch_of
+from restart_harness.phases.processes import cache_on_every_node, failure, launch_of
 from restart_harness.resolve import Run
 from restart_harness.results import events as ev
 from restart_harness.rundir import observe

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from restart_harness.errors import RunFailed
 from restart_harness.phases import say
-from restart_harness.phases.nodes import check_nodes
+from restart_harness.phases.processes import check_nodes
 from restart_harness.phases.restart import abort_incomplete_uploads, integrity_line, restarts
 from restart_harness.phases.run import discard_checkpoint, submit_restart_job
 from restart_harness.results import finalize

@@ -13,9 +13,8 @@ from restart_harness import launchers, machine, resolve
 from restart_harness.errors import RunFailed
 from restart_harness.files import baseline
 from restart_harness.files.atomic import read_json, write_json_atomic
-from restart_harness.phases import nodes, say
-from restart_harness.phases.diagnose import failure
-from restart_harness.phases.processes import launch_of, new_lines, progress_line
+from restart_harness.phases import say
+from restart_harness.phases.processes import check_nodes, failure, launch_of, new_lines, progress_line, show_node_checks
 from restart_harness.phases.restart import abort_incomplete_uploads, restarts, whole_checkpoint
 from restart_harness.plan import checkpoint, estimate
 from restart_harness.results import finalize
@@ -40,7 +39,7 @@ def run(plugins: resolve.Plugins, prefix: str = "") -> Path:
         set_status(made.run_dir, "dry_run", "dry_run=true: written, nothing launched")
         job = scripts.write_job_script(made) if made.launcher.scheduler else None
         scripts.show_generated(made.run_dir)
-        nodes.show_node_checks(made)
+        show_node_checks(made)
         print("==> nothing was launched <==\nto run it: the same command without dry_run=true"
               + (f" (it submits {job.name} to {made.scheduler.name})" if job else
                  f"; or by hand, phase by phase: bash {made.run_dir / 'launch-checkpoint.sh'}, then the restart's "
@@ -87,7 +86,7 @@ def execute(the_run: resolve.Run) -> Path:
     say(f"run {run_dir.name}: {spec.model_label}, {spec.layout} ({count(spec.world_size, 'rank')}{subset}, {spec.device}), "
         f"engine {spec.engine}, {spec.precision}, launcher {spec.launcher}")
     try:
-        nodes.check_nodes(the_run)
+        check_nodes(the_run)
         probe = record_baseline(the_run)
         if probe:
             say(f"  [baseline] {probe.get('error') or baseline_line(probe)}")

@@ -100,8 +100,7 @@ def describe(request) -> dict:
 def run(request) -> Path:
     """Every run, then its reads; mlperf.json rewritten after each. Returns the folder."""
     from restart_harness.command.parse import RestartRequest
-    from restart_harness.phases.restart_only import restart_only
-    from restart_harness.phases.run import discard_checkpoint
+    from restart_harness.phases.run import discard_checkpoint, restart_only
     from restart_harness.phases.run import run as run_one
 
     spec, options, w = request.spec, request.options, request.workload

@@ -23,8 +23,7 @@ def _phases(run_dir: Path, tokens: list[str]) -> int:
     from restart_harness import machine, preflight
     from restart_harness.command.parse import parse_restart
     from restart_harness.files.atomic import read_json
-    from restart_harness.phases.restart_only import restart_only
-    from restart_harness.phases.run import execute, in_job
+    from restart_harness.phases.run import execute, in_job, restart_only
     from restart_harness.results import terminal
 
     if tokens:  # a restart-only job: checked again here, then launched directly (we are in the allocation)

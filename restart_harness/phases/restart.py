@@ -1,7 +1,7 @@
 """The restart phase: restarts of a run's committed checkpoint, each a launch of fresh ranks with a record of its
 own, after the page cache (the checkpoint's, the environment's) was put in the state asked for; every rank's
 restored state verified against what was saved. A run's own restart (phase=all) and the restart-only re-runs of an
-existing run (phases/restart_only.py) are this phase."""
+existing run (phases/run.py restart_only) are this phase."""
 
 from __future__ import annotations
 

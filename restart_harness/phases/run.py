@@ -1,5 +1,5 @@
 """One run: the run directory prepared (rundir/), then, by what was asked and where: written only (dry_run=true),
-submitted as a batch job (a scheduler's launcher from outside its jobs; its restart-only re-runs too), or executed
+submitted as a batch job (a scheduler's launcher from outside its jobs; restart-only re-runs too), or executed
 here - the storage baseline and the prediction, the checkpoint phase, the restart phase in fresh processes, and the
 summary. Inside a batch job, phases/job.py runs the phases."""
 
@@ -15,7 +15,7 @@ from restart_harness.files import baseline
 from restart_harness.files.atomic import read_json, write_json_atomic
 from restart_harness.phases import say
 from restart_harness.phases.processes import check_nodes, failure, launch_of, new_lines, progress_line, show_node_checks
-from restart_harness.phases.restart import abort_incomplete_uploads, restarts, whole_checkpoint
+from restart_harness.phases.restart import abort_incomplete_uploads, integrity_line, restarts, whole_checkpoint
 from restart_harness.plan import checkpoint, estimate
 from restart_harness.results import finalize
 from restart_harness.rundir import scripts
@@ -246,3 +246,46 @@ def submit_restart_job(run: resolve.Run, repeats: int, tokens: list[str]) -> Pat
                                       name=run.scheduler.script_name.replace("job.", f"job-restart-{n}."))
     _submit(run, script, claim, f" ({repeats} restart(s))", phase="restart", args=tokens)
     return run.run_dir
+
+
+# ---- restart-only re-runs (`./submit-job.sh restart run=DIR`): the restart phase of an existing run again, `repeats`
+# times, at its own layout or another (the stack's conversion first); then the run is summarized again ------------
+def restart_only(request) -> Path:
+    """`request` (command/parse.py RestartRequest): the run with the restarts' spec, the spec as made, how many.
+
+    The run's state stays what its own phases made it (a run whose checkpoint phase failed stays failed, a crashed
+    one becomes failed with that reason): a re-run that fails, is interrupted or does not verify is that re-run's
+    outcome (records/<record>.json, the summary's restarts), never the run's, so what was verified stays visible."""
+    at = request.run  # with the restarts' own spec, completed on this node (command/parse.py parse_restart)
+    if at.launcher.submits():
+        return submit_restart_job(at, request.repeats, request.tokens)
+    spec, run_dir = at.spec, at.run_dir
+    prior = observed(run_dir)
+    state, reason = ("complete", None) if prior["state"] == "complete" else ("failed", prior.get("reason"))
+    tag = at.stored.latest()
+    layouts = {"saved": request.original.layout, "loaded": spec.layout}
+    say(f"run {run_dir.name}: {request.repeats} restart(s) of {spec.model_label} from {tag}, saved at "
+        f"{layouts['saved']}, loaded at {spec.layout}; launcher {spec.launcher}, cache={spec.cache}")
+    launched: list[str] = []
+    try:
+        check_nodes(at)  # inside a restart job: its nodes, with the run's engine and device
+        relayout, facts = None, {"layout": layouts}
+        if request.integrity:
+            facts["integrity"] = request.integrity
+            say(f"  {integrity_line(tag, request.integrity)}")
+        if (uploads := abort_incomplete_uploads(at, "setup")) is not None:
+            facts["incomplete_uploads"] = uploads
+        if request.relayout:
+            relayout = at.stack.relayout(at, request.original, tag, say)
+            if relayout.conversion:
+                facts["conversion"] = relayout.conversion
+        launched = restarts(at, request.repeats, relayout, facts, own_spec=True)
+    finally:
+        summary = finalize.finalize(at, state=state, reason=reason, as_made=request.original)
+    failed = [r for r in summary["restarts"] if r["record"] in launched and not r["verified"]]
+    if failed:  # each verified on every rank, but a first loss at another layout did not continue the run's
+        raise RunFailed(f"{failed[-1]['record']}: restart did not restore the saved state: "
+                        + ", ".join(failed[-1]["differing"][:5]))
+    if not spec.keep:
+        discard_checkpoint(at)
+    return run_dir

@@ -158,17 +158,13 @@ def parse_predict(tokens: list[str]) -> PredictRequest:
     if not resolve.stack_class(spec).planned:
         raise UsageError(f"stack={spec.stack}: the prediction model builds on the planner, which predicts DeepSpeed's "
                          f"checkpoint files; accepted: {_planned_stacks()}")
-    options = PredictOptions(**values)
+    options, typed = PredictOptions(**values), pairs_of(tokens[1:])
     if (options.write_gbps is None) != (options.read_gbps is None):
         given = "write_gbps" if options.write_gbps is not None else "read_gbps"
-        typed = next(t.split("=", 1)[1] for t in tokens if t.startswith(f"{given}="))
-        raise refused(given, typed, "give write_gbps= and read_gbps= together", "both, or neither (the cached "
+        raise refused(given, typed[given], "give write_gbps= and read_gbps= together", "both, or neither (the cached "
                       "baseline)")
     if options.crossover_min_bytes >= options.crossover_max_bytes:  # the key typed is the one named
-        typed = {k: t.split("=", 1)[1] for t in tokens for k in ("crossover_min_bytes", "crossover_max_bytes")
-                 if t.startswith(f"{k}=")}
-        name = "crossover_min_bytes" if "crossover_min_bytes" in typed else "crossover_max_bytes"
-        other = "crossover_max_bytes" if name == "crossover_min_bytes" else "crossover_min_bytes"
+        name, other = ("crossover_min_bytes", "crossover_max_bytes")[::1 if "crossover_min_bytes" in typed else -1]
         raise refused(name, typed[name], f"{'not below' if name.endswith('min_bytes') else 'not above'} "
                       f"{other}={getattr(options, other):,}", "crossover_min_bytes below crossover_max_bytes (the "
                       "checkpoint sizes the crossover looks at)")

@@ -5,6 +5,7 @@ the watchdog that does it when the harness dies, and then removes the folders (a
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -43,19 +44,15 @@ def gone(sid: int, seconds: float) -> bool:
 
 def kill(sid: int) -> None:
     """SIGKILL every process of session sid (its leader's group first, then any group made inside it)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(sid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     for _ in range(5):  # a process forking while we kill: look again
         pids = [p for p in members(sid) if p != os.getpid()]
         if not pids:
             return
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def watch(sid: int, parent: int, cleanup: list[str] | None = None) -> None:

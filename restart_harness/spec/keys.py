@@ -1,18 +1,6 @@
 """Every key of every command is declared once, as a dataclass field made with key(): its type (the annotation),
-default, unit, one-line help, accepted values, range, group in --help, and whether a sweep list or a restart-only
-re-run may set it. coerce() is the one way text becomes a value, for every command and every engine option;
-check() is the one way a value (from text, YAML or JSON) is checked. Nothing here touches the machine.
-
-    @dataclass
-    class Example:
-        tp: int = key(1, "tensor-parallel degree", group="layout", minimum=1, restart=True)
-
-Types: int, float (always finite), bool, str, Path (text naming a file or folder), Size (bytes: 4096, 64M, 1G),
-Seconds (a time: 90, 90s, 10m, 2h, 3d), and `X | None` (None written as `none` or `auto`).
-
-Units (UNITS, one rule for every size, bandwidth and memory key, in --help and docs/keys.md): GB is 10^9 bytes and
-GiB 2^30, as GB/s is 10^9 bytes a second; a letter alone is binary (64M = 64 MiB, as dd and truncate read it).
-"""
+default, unit, help, accepted values, range, --help group, and whether a sweep list or a restart may set it. coerce()
+is the one way text becomes a value, check() the one way a value of any origin is checked (docs/keys.md: every key, its type)."""
 
 from __future__ import annotations
 
@@ -231,13 +219,10 @@ def coerce(k: Key, text: str) -> object:
             value = float(text)
         except ValueError:
             raise UsageError(f"{k.name}={text}: not a number") from None
-    elif k.type is Glob:
-        if not _SAFE_GLOB.match(text):
-            raise UsageError(f"{k.name}={text}: contains characters outside [A-Za-z0-9_.,/:+@%=~-] and * ? [ ] !")
-        value = text
     else:
-        if not _SAFE_TEXT.match(text):
-            raise UsageError(f"{k.name}={text}: contains characters outside [A-Za-z0-9_.,/:+@%=~-]")
+        if not (_SAFE_GLOB if k.type is Glob else _SAFE_TEXT).match(text):
+            glob = " and * ? [ ] !" if k.type is Glob else ""
+            raise UsageError(f"{k.name}={text}: contains characters outside [A-Za-z0-9_.,/:+@%=~-]{glob}")
         if k.type is Path and "://" not in text and (why := why_too_long(text)):  # an object store's own rules
             raise UsageError(f"{k.name}={text}: {why}")
         value = text

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from restart_harness.errors import UsageError
+from restart_harness.files.atomic import write_json_atomic
 from restart_harness.schema import SPEC as SPEC_FILE
 from restart_harness.spec.runspec import RunSpec
 
@@ -55,14 +56,10 @@ class RunRecord:
         return {**self.spec.to_json(), **self.facts, **self.target_record}
 
     def write(self) -> None:
-        from restart_harness.files.atomic import write_json_atomic
-
         write_json_atomic(self.run_dir / SPEC_FILE, self.to_json())
 
     def write_record_spec(self, record: str, spec: RunSpec) -> Path:
         """records/spec-<record>.json: this run at another layout, for one restart record."""
-        from restart_harness.files.atomic import write_json_atomic
-
         path = record_spec_path(self.run_dir, record)
         path.parent.mkdir(exist_ok=True)
         write_json_atomic(path, dataclasses.replace(self, spec=spec).to_json())

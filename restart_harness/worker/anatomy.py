@@ -114,9 +114,6 @@ class Anatomy:
 
             self._sync = torch.cuda.synchronize
 
-    def add_prefix(self, path) -> None:
-        self.counters.add_prefix(path)
-
     @contextlib.contextmanager
     def measure(self, categories: tuple[str, ...], excluded: tuple[str, ...] = (),
                 start: tuple[float, float] | None = None):

@@ -14,20 +14,13 @@ import time
 import traceback
 
 
-def _rank(rank: int, ranks: int, start: float, argv: list[str]) -> int:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_SIZE=str(ranks),
-                      CROSS_RANK="0", CROSS_SIZE="1")
-    from restart_harness.worker.main import main as worker_main
-
-    return worker_main(start, argv, forked=True)  # rank 0's imports phase counts this process's I/O
-
-
 def main(argv: list[str]) -> int:
     """`python -m restart_harness.worker.forker N WORKER_ARGS...`: import, fork N ranks, wait for them."""
     start = time.time()  # every rank's process start: before the imports they share
     ranks, worker_args = int(argv[0]), argv[1:]
     from restart_harness import resolve
-    from restart_harness.worker.main import RankJob
+    from restart_harness.worker.main import RankJob, end_process
+    from restart_harness.worker.main import main as worker_main
 
     job = RankJob.parse(worker_args)
     stack = resolve.read(job.run_dir, job.record).stack
@@ -40,14 +33,14 @@ def main(argv: list[str]) -> int:
         if pid == 0:
             code = 1
             try:
-                code = _rank(rank, ranks, start, worker_args)
+                os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_SIZE=str(ranks),
+                                  CROSS_RANK="0", CROSS_SIZE="1")
+                code = worker_main(start, worker_args, forked=True)  # rank 0's imports phase counts this process's I/O
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:  # noqa: BLE001 - a forked child never returns into the loop; its log has the error
                 traceback.print_exc()
             finally:
-                from restart_harness.worker.main import end_process
-
                 end_process(code)
         children[pid] = rank
 

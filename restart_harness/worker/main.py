@@ -84,11 +84,8 @@ def main(process_start: float, argv=None, forked: bool = False) -> int:
 
 
 def end_process(code: int):
-    """Exit now, without the interpreter's teardown: after a rank's last record (or, in prefork's forking process,
-    after every rank has exited) all that is left is freeing torch's and DeepSpeed's modules object by object, 1.2-1.5
-    CPU-seconds a process here (docs/testing.md) that no figure and no file needs. Every save is durable and the
-    trace finalized before `main` returns; the exit code is the rank's. Output still buffered is written first,
-    Python's and the C library's (torch's and DeepSpeed's native code print through stdio)."""
+    """Exit now, without the interpreter's teardown (freeing torch's and DeepSpeed's modules: 1.2-1.5 CPU-seconds a
+    process, docs/testing.md); every save is durable before `main` returns. Python's and C's buffered output first."""
     sys.stdout.flush()
     sys.stderr.flush()
     ctypes.CDLL(None).fflush(None)
@@ -104,7 +101,7 @@ def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: Me
     layout = stack.build()
     anatomy = Anatomy(stack.device.type, enabled=spec.anatomy)
     target = the_run.store(anatomy)
-    anatomy.add_prefix(target.root)
+    anatomy.counters.add_prefix(target.root)
     stack.hook(anatomy)
     manager = None
     if engine.saves:

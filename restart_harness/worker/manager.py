@@ -254,14 +254,12 @@ class CheckpointManager:
 
     # ---- loading --------------------------------------------------------------------------------------------------
     def load(self, tag: str | None = None) -> tuple[str, dict]:
-        """The restart's checkpoint_load phase: the stack's load (and the device work it queued) inside the anatomy
-        window, whose own start and end the phase's marks carry; the ranks open it after one barrier (waiting for the
-        slowest rank's initialization is engine_init's); the memory and I/O of engine_init are read before the
-        barrier. With anatomy=false (no window record) the start is taken here: a mark stamped afterwards would put
-        the whole load into engine_init. Loads `tag`, else the one `latest` names (none is an error,
-        never a silent no-op); returns it and the client state saved with it."""
+        """The restart's checkpoint_load phase: the stack's load of `tag` (else the one `latest` names; none is an
+        error) inside the anatomy window, whose start and end the phase's marks carry, opened after one barrier (the
+        wait for the slowest rank is engine_init's); returns the tag and the client state saved with it."""
         engine_init = self.log.phase_fields()  # memory and I/O of engine_init, read before the load's barrier
         barrier()  # every rank starts the load clock together: one rank's slower start is not load time
+        # anatomy=false: load_start is the mark's time, else the whole load would be engine_init's
         load_start, untimed = time.time(), self.recorder.untimed
         with self.anatomy.measure(LOAD_CATEGORIES, excluded=self.stack.untimed["load"]) as window:
             tag = tag or self.target.latest()

@@ -1,8 +1,6 @@
-"""Storage baseline: what the checkpoint storage does for plain sequential I/O (`ranks` writers each write and make
-durable one file of `file_bytes`, evicted, read back), and its ceiling (the same files the way the storage does best),
-so a save or a load can be read as a fraction of either. A target's StorageProbe probes; this module times, caches
-(per storage, size and rank count, per checkout unless RH_BASELINE_CACHE=shared) and renders. docs/measurements.md
-(storage baseline and ceiling) and docs/planner.md (the cache). Imports nothing above files/: a probe is passed in."""
+"""Storage baseline and ceiling (docs/measurements.md; the cache: docs/planner.md): a target's StorageProbe probes;
+this module times, caches (per storage, size and rank count, per checkout unless RH_BASELINE_CACHE=shared) and
+renders. Imports nothing above files/: a probe is passed in."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ MIB = 1 << 20
 BLOCK_BYTES = 4 * MIB
 TOOLS = ("auto", "fio", "builtin")
 # The automatic probe before a run: bounded so it costs about a second, never minutes; a large checkpoint's probe
-# writes a sixteenth of it, up to 2 GiB: a 128 MiB write and fsync measured this disk at 666 to 2,246 MiB/s (median
-# 723) where the 43.8 GB save it was to predict ran at 1,520 (docs/planner.md)
+# writes a sixteenth of it, up to 2 GiB (small probes swing: docs/planner.md)
 AUTO_MIN_FILE_BYTES = 16 * MIB  # fio reports whole milliseconds: smaller files would round to noise
 AUTO_MAX_TOTAL_BYTES = 128 * MIB
 AUTO_CHECKPOINT_SHARE = 16  # a large checkpoint's probe writes at most 1/16 of it
@@ -194,10 +191,8 @@ def _grid(direct_probes: list[dict]) -> list[dict] | None:
 
 def measure(probe, file_bytes: int, ranks: int, tool: str = "auto", repeats: int | None = None) -> dict:
     """Probe the storage now, `repeats` times (probe.measure(), then probe.measure_ceiling(): interleaved, so the
-    disk's drift reaches both alike); the record holds the median write and read throughput and their spread (min,
-    max over the repeats), and the ceiling (ceiling()), is cached and returned. A small probe on a shared or virtual
-    disk moves run to run: the spread says how far the baseline, and every efficiency derived from it, can be
-    trusted."""
+    disk's drift reaches both alike); the record (the median write and read, their spread over the repeats, and the
+    ceiling()) is cached and returned."""
     started = time.perf_counter()
     probes, directs = [], []
     for _ in range(repeats or PROBE_REPEATS):
@@ -246,9 +241,7 @@ def age_seconds(record: dict) -> float | None:
 
 def bandwidths_mib_s(record: dict | None) -> tuple[float | None, float | None, str]:
     """(write, read) the prediction's storage terms take from a baseline record, MiB/s, and which they are: the
-    ceiling's where it was measured, else the baseline's. The storage's own time is a lower bound the fit adds to
-    (docs/prediction.md), so it must be the storage's best: a 512 MiB x 4 write and fsync measured 733 to 761 MiB/s
-    here where the direct probe gave 1,496 to 1,559 and a 43.8 GB save ran at 1,520 (2026-11-28)."""
+    ceiling's where it was measured (the storage's best: docs/prediction.md), else the baseline's."""
     record = record or {}
     best = record.get("ceiling") or {}
     if best.get("write_mib_s") and best.get("read_mib_s"):

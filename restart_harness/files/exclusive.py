@@ -1,9 +1,6 @@
-"""The one rule for everything the harness makes: nothing that exists is ever replaced or shared.
-
-A file is created exclusively (refused before the work if it exists; its final write a hard link of a whole
-temporary file, which fails rather than replace a file that appeared meanwhile). A folder is claimed by mkdir
-(a fresh name on collision). Work that continues an existing folder holds a lock on it (flock: the kernel frees it
-when the holder dies), and a second one is refused with the holder's pid, host and start time."""
+"""Nothing that exists is ever replaced or shared: a file is created exclusively (a hard link of a whole temporary
+file), a folder claimed by mkdir (a fresh name on collision), and work that continues an existing folder holds its
+lock (flock; a second one is refused naming the holder)."""
 
 from __future__ import annotations
 

@@ -100,11 +100,9 @@ class KernelLog:
         while self.fd is not None:
             try:
                 record = os.read(self.fd, 8192)
-            except BlockingIOError:
-                break
             except BrokenPipeError:  # records overwritten before they were read: go on with the next
                 continue
-            except OSError:
+            except OSError:  # BlockingIOError: nothing more to read
                 break
             if not record:
                 break

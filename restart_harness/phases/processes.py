@@ -64,7 +64,11 @@ def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None 
         if sampler is not None:
             command, env = sampler.command(command), {**os.environ, **sampler.environment()}
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        watchdog = _watchdog(proc.pid, cleanup or [])
+        # a harness killed outright (SIGKILL, OOM killer) cannot end its launch; this small process does (launchers
+        # do not reliably pass a SIGTERM on: DeepSpeed's runner leaves its ranks)
+        watchdog = subprocess.Popen([sys.executable, "-m", "restart_harness.phases.session", str(proc.pid),
+                                     str(os.getpid()), *map(str, cleanup or [])], start_new_session=True,
+                                    cwd=SOURCE_ROOT)
         try:
             timed_out = _follow(proc, events, record, start, timeout, sampler)
         except BaseException:
@@ -107,14 +111,6 @@ def _orphaned_locks(proc: subprocess.Popen, record: str, since: float) -> None:
         say(f"  [{record}] removed {lock}: the lock of a JIT build this launch's ranks left unfinished")
 
 
-def _watchdog(sid: int, cleanup: list[Path]) -> subprocess.Popen:
-    """A harness killed outright (SIGKILL, OOM killer) cannot end its launch; this small process does, so no rank
-    outlives the harness. Launchers do not reliably pass a SIGTERM on (DeepSpeed's runner leaves its ranks)."""
-    return subprocess.Popen([sys.executable, "-m", "restart_harness.phases.session", str(sid), str(os.getpid()),
-                             *map(str, cleanup)],
-                            start_new_session=True, cwd=SOURCE_ROOT)
-
-
 def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, timeout: int, sampler=None) -> bool:
     """Show rank 0's progress until the launch ends (and any op the launch builds first); SIGKILL its process group
     after `timeout` s (-> True). A sampler that holds a rank traced after it exited is ended, and the launch waited
@@ -138,7 +134,6 @@ def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, tim
             sampler.lost = (f"py-spy {VERSION_STUCK} held rank process {pid} traced after it exited (its launcher "
                             "could not reap it); the sampler was ended and this launch's samples are lost")
             say(f"  [{record}] {sampler.lost}")
-            watch = None
             os.kill(proc.pid, signal.SIGKILL)  # its tracees are released as it exits
             _bounded_wait(proc)
             session.gone(proc.pid, max(1, timeout - (time.time() - start)))  # the launch ends by itself

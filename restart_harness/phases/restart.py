@@ -51,14 +51,12 @@ def restart(run: Run, record: str, relayout=None, extra: dict | None = None) -> 
     """One restart launch of a prepared record, its outcome recorded in records/<record>.json whatever it is
     (verified, failed with the reason, interrupted)."""
     try:
-        info = _restart(run, record, relayout, extra)
-    except RunFailed as exc:
-        _outcome(run, record, extra, "failed", str(exc))
+        return _restart(run, record, relayout, extra)
+    except (RunFailed, KeyboardInterrupt) as exc:
+        failed = isinstance(exc, RunFailed)
+        _outcome(run, record, extra, "failed" if failed else "interrupted",
+                 str(exc) if failed else "interrupted (Ctrl-C or SIGTERM) during the restart")
         raise
-    except KeyboardInterrupt:
-        _outcome(run, record, extra, "interrupted", "interrupted (Ctrl-C or SIGTERM) during the restart")
-        raise
-    return info
 
 
 def _outcome(run: Run, record: str, extra: dict | None, state: str, reason: str) -> None:

@@ -92,34 +92,24 @@ def execute(the_run: resolve.Run) -> Path:
             say(f"  [baseline] {probe.get('error') or baseline_line(probe)}")
         if line := record_prediction(the_run, probe):
             say(f"  [predict] {line}")
-        checkpoint_phase(the_run)
+        say(f"  [checkpoint] launching {count(spec.launched_ranks, 'rank')} (log: {run_dir / 'logs' / 'checkpoint.log'})")
+        info = launch_of(the_run, "checkpoint")  # the ranks train and checkpoint (launch-checkpoint.sh)
+        info["incomplete_uploads"] = abort_incomplete_uploads(the_run, "checkpoint")
+        save_record(run_dir, info)
+        if info["exit_code"] != 0:
+            raise RunFailed(failure(the_run, info))
         if spec.phase == "all" and the_run.engine.saves:
             integrity = whole_checkpoint(the_run)
             restarts(the_run, 1, facts={"integrity": integrity} if integrity else None)
         summary = finalize.finalize(the_run, state="complete")
-    except RunFailed as exc:
-        finalize.finalize(the_run, state="failed", reason=str(exc))
-        raise
-    except KeyboardInterrupt:
-        finalize.finalize(the_run, state="failed", reason="interrupted")
+    except (RunFailed, KeyboardInterrupt) as exc:
+        finalize.finalize(the_run, state="failed", reason=str(exc) if isinstance(exc, RunFailed) else "interrupted")
         raise
     if summary["status"]["state"] != "complete":  # a restart that verified on every rank, but not its first loss
         raise RunFailed(summary["status"]["reason"])
     if not spec.keep:
         discard_checkpoint(the_run)
     return run_dir
-
-
-def checkpoint_phase(run: resolve.Run) -> dict:
-    """The ranks train and checkpoint (launch-checkpoint.sh); RunFailed with the reason when the launch fails."""
-    spec = run.spec
-    say(f"  [checkpoint] launching {count(spec.launched_ranks, 'rank')} (log: {run.run_dir / 'logs' / 'checkpoint.log'})")
-    info = launch_of(run, "checkpoint")
-    info["incomplete_uploads"] = abort_incomplete_uploads(run, "checkpoint")
-    save_record(run.run_dir, info)
-    if info["exit_code"] != 0:
-        raise RunFailed(failure(run, info))
-    return info
 
 
 def discard_checkpoint(run: resolve.Run) -> None:

@@ -1,7 +1,6 @@
-"""RunRecord: one run as it was made, frozen: the RunSpec (completed against the machine), the run directory, where
-its checkpoints are (the storage target's record), and the host and software facts. Written once as spec.json when the
-run directory is created and read back by read(), the one reader of spec.json, wherever a run is continued; a restart
-at another layout has its own (records/spec-<record>.json), which read(run_dir, record) returns."""
+"""RunRecord: one run as it was made: its RunSpec, run directory, where its checkpoints are (the storage target's
+record), and host and software facts. Written once as spec.json; read() is its one reader (a restart at another
+layout has its own: records/spec-<record>.json)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""RunSpec: every setting of one run. Each field is a declared key (restart_harness/spec/keys.py): its help, default,
-unit, accepted values and range live here and nowhere else. Frozen: parsed and validated once (restart_harness/command/),
-completed against the machine once (restart_harness/machine.py), then passed around as one object and written to
-spec.json (spec/record.py). resolve() and with_layout() are pure and return new specs; the checks that depend on the
-training stack, the engine or the storage target are theirs (stacks/, engines/, targets/)."""
+"""RunSpec: every setting of one run, each field a declared key (spec/keys.py). Frozen: parsed and validated once
+(command/), completed against the machine once (machine.py), written to spec.json (spec/record.py). The checks that
+depend on the stack, the engine or the storage target are theirs."""
 
 from __future__ import annotations
 

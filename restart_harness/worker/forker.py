@@ -1,8 +1,6 @@
-"""launcher=prefork's forking process (restart_harness/launchers/prefork.py is the launcher): one Python process
-imports the training stack's libraries, then forks the ranks on this node, sets each one's rank variables as
-DeepSpeed's launcher would, runs the rank (worker/main.py) in it, and waits. A rank that ends with an error ends the
-others (as srun --kill-on-bad-exit does), and the launch exits with its code. The forking process never builds a
-model, opens a checkpoint or joins a process group."""
+"""launcher=prefork's forking process (launchers/prefork.py): it imports the training stack's libraries, then forks
+this node's ranks (worker/main.py), each with its rank variables, and waits; a rank that ends with an error ends the
+others (as srun --kill-on-bad-exit does), and the launch exits with its code."""
 
 from __future__ import annotations
 

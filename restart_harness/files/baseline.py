@@ -220,9 +220,8 @@ def measure(probe, file_bytes: int, ranks: int, tool: str = "auto", repeats: int
 
 
 def auto_size(typical_file_bytes: int, ranks: int, free_bytes: int, checkpoint_bytes: int = 0) -> tuple[int, int] | None:
-    """(file_bytes, ranks) for the automatic probe: the checkpoint's typical file and rank count, bounded so the
-    probe stays around a second, or a sixteenth of a large checkpoint; None when the file system has too little free
-    space to probe at all."""
+    """(file_bytes, ranks) for the automatic probe: the checkpoint's typical file and rank count, bounded (AUTO_*);
+    None when the file system has too little free space to probe at all."""
     ranks = max(1, min(ranks, AUTO_MAX_RANKS))
     total = max(AUTO_MAX_TOTAL_BYTES, min(checkpoint_bytes // AUTO_CHECKPOINT_SHARE, AUTO_LARGE_TOTAL_BYTES))
     budget = min(total, int(free_bytes * AUTO_MAX_FREE_FRACTION))
@@ -267,9 +266,8 @@ def summary_record(record: dict | None, cached_flag: bool) -> dict | None:
 
 def for_run(probe, typical_file_bytes: int, ranks: int, max_age_seconds: float | None = None,
             checkpoint_bytes: int = 0) -> dict:
-    """The baseline a run records: the cached one for this storage, size and rank count when it is at most
-    max_age_seconds old, else a bounded measurement now. Never fails the run: a probe that cannot run is recorded
-    with its error."""
+    """The baseline a run records: the cached one for this storage, size and rank count when at most max_age_seconds
+    old, else a bounded measurement now; a probe that cannot run is recorded with its error, never fails the run."""
     try:
         free = probe.free_bytes()
     except OSError as exc:

@@ -124,10 +124,8 @@ ENVIRONMENT_MARGIN = 0.01
 
 def environment(prefixes: list[str], requested: str, checkpoint: dict, per_file: bool = False) -> dict:
     """The page-cache step of the Python environment and the extension cache (env_cache=): drop evicts their files
-    (with drop_caches unless `per_file`: cache=warm keeps the checkpoint's pages), warm reads them all into the
-    cache, keep and auto do nothing of their own (keep: the checkpoint's step went file by file) and say what the
-    checkpoint's step did to them. Observed on their shared libraries (most of their bytes: torch's among them),
-    with mincore; `checkpoint`: that step's record."""
+    (drop_caches unless `per_file`), warm reads them all, keep and auto say what the checkpoint's step (`checkpoint`:
+    its record) did to them. Observed with mincore on their shared libraries (most of their bytes)."""
     if requested == "keep":
         return not_applicable("keep", "env_cache=keep: not observed; the environment's pages were left as they were "
                               "(the checkpoint's were evicted file by file)", None)

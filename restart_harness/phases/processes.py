@@ -46,8 +46,7 @@ def launch_of(run, record: str, cleanup: list[Path] | None = None) -> dict:
 
 def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None = None, sampler=None) -> dict:
     """Run launch-<record>.sh, logging its output and showing rank 0's progress; kill it on timeout. `cleanup`:
-    folders the watchdog removes if the harness dies while the ranks run (a staged environment); `sampler`: the
-    launch runs under it (attribution=, rundir/sampling.py)."""
+    folders the watchdog removes if the harness dies; `sampler`: the launch runs under it (attribution=)."""
     log_path = run_dir / "logs" / f"{record}.log"
     log_path.parent.mkdir(exist_ok=True)
     events = run_dir / "events" / record / "rank-00000.jsonl"
@@ -153,9 +152,8 @@ def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, tim
 
 
 def _building(record: str, said: set, since: float) -> None:
-    """Say each op torch starts building in this environment while the launch runs (once): its JIT builder holds a
-    lock in the op's folder of the extension cache while it compiles (minutes on a few cores, once per environment;
-    ranks that need the op wait for it), when the terminal would otherwise show nothing after "launching"."""
+    """Say once each op torch starts building while the launch runs (its JIT builder holds a lock in the op's folder
+    of the extension cache while it compiles: minutes on a few cores), when the terminal would otherwise be silent."""
     for lock in extensions_dir().glob("*/lock"):
         try:
             fresh = lock.stat().st_mtime >= since - 1
@@ -291,8 +289,7 @@ def show_node_checks(plugins: resolve.Plugins) -> None:
 
 def check_nodes(run: resolve.Run) -> None:
     """Inside a submitted job, or across the nodes of an allocation: the node checks once on every node before
-    anything starts; RunFailed naming the first node that fails. A launch that starts its ranks on the machine the
-    command was typed on was checked there (preflight)."""
+    anything starts (a launch on this machine was checked in preflight); RunFailed naming the first that fails."""
     spec, run_dir = run.spec, run.run_dir
     if not (launchers.job_id() or spec.across_nodes) or not nodecheck.checks(run):
         return

@@ -1,7 +1,5 @@
-"""The restart phase: restarts of a run's committed checkpoint, each a launch of fresh ranks with a record of its
-own, after the page cache (the checkpoint's, the environment's) was put in the state asked for; every rank's
-restored state verified against what was saved. A run's own restart (phase=all) and the restart-only re-runs of an
-existing run (phases/run.py restart_only) are this phase."""
+"""The restart phase (a run's own, and restart-only re-runs): each restart fresh ranks with a record of their own,
+after the page-cache steps asked for, every rank's restored state verified against what was saved."""
 
 from __future__ import annotations
 
@@ -25,9 +23,8 @@ from restart_harness.schema import count
 
 def restarts(run: Run, repeats: int, relayout=None, facts: dict | None = None, own_spec: bool = False) -> list[str]:
     """`repeats` restarts of run's committed checkpoint, one after another; the records launched. `relayout`: how a
-    restart at another layout reads it (stacks/: what it loads, whose pages the cache step acts on); `facts`: for
-    each record (the layouts, the conversion, the checksum check); `own_spec`: each record keeps run's spec as its own
-    (records/spec-<record>.json: a restart-only re-run's layout, launcher, anatomy, ...)."""
+    restart at another layout reads it (stacks/); `facts`: for each record; `own_spec`: each record keeps run's spec
+    as its own (records/spec-<record>.json)."""
     launched = []
     facts = {**(facts or {}), "rerun": own_spec}  # a restart-only re-run's outcome is its own, never the run's
     for n in range(repeats):

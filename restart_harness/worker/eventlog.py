@@ -71,9 +71,8 @@ class EventLog:
         return out
 
     def mark(self, name: str, t: float | None = None, fields: dict | None = None) -> None:
-        """A milestone (process_start, imports_done, dist_init_done, ...), with the memory high-water marks and the
-        I/O of the phase it ends (since the previous mark; `fields`: phase_fields() read earlier, for a mark
-        recorded after the fact). process_start carries none: the first phase's figures start at exec."""
+        """A milestone (process_start, imports_done, ...) with the probes' figures of the phase it ends (`fields`:
+        phase_fields() read earlier, for a mark recorded after the fact; none for process_start)."""
         if fields is None:
             fields = self.phase_fields() if name != "process_start" else {}
         self.emit(Mark(name, extra=fields), t=t)

@@ -141,7 +141,6 @@ class CheckpointManager:
             p.thread.start()
             self.pending = p
         else:
-            self._close_memory(p)
             self._emit(p)
 
     def _wait(self, p: _Pending) -> None:
@@ -195,13 +194,9 @@ class CheckpointManager:
         p.commit_seconds = (slowest + p.committed_at - after if self.stack.untimed["save"]
                             else p.committed_at - p.start)
 
-    def _close_memory(self, p: _Pending) -> None:
-        """The save's memory window, closed once its anatomy window is: reading the memory counters is the harness's
-        doing, in neither the save's commit_seconds nor its anatomy (it once sat between the two clocks)."""
-        if self.memory and p.memory:
-            self.memory.close(p.memory)
-
     def _emit(self, p: _Pending) -> None:
+        if p.memory:  # closed once its anatomy window is: reading the memory counters is in no timed figure
+            self.memory.close(p.memory)
         tag_dir = self.target.root / p.tag
         files = [{"path": str(Path(path).relative_to(tag_dir)), "bytes": self.target.size(path), "seconds": seconds}
                  for path, seconds in p.saved]
@@ -249,7 +244,6 @@ class CheckpointManager:
     def _finish_pending(self) -> None:
         p, self.pending = self.pending, None
         self._commit(p)
-        self._close_memory(p)
         self._emit(p)
 
     # ---- loading --------------------------------------------------------------------------------------------------
@@ -280,9 +274,7 @@ class CheckpointManager:
 
 
 def _memory(p: _Pending) -> dict | None:
-    """The save's memory (docs/measurements.md#memory-per-save), host bytes against the resident set at its start:
-    peak_added (highest from its start to its commit, the steps its flush overlapped included), held (when the
-    stack's save returned: what training runs beside while the flush goes on) and retained (at its commit)."""
+    """The save's memory against the resident set at its start (each figure: docs/measurements.md#memory-per-save)."""
     w = p.memory
     if w is None or w.start_rss is None:
         return None

@@ -118,16 +118,12 @@ def usage() -> str:
 TOPICS = ("run", "sweep", *_COMMAND_KEYS)  # what `CMD --help` and `help CMD` explain
 
 
-def _synopsis(name: str) -> list[str]:
-    """The command's lines of USAGE: `run` is `[run] MODEL`, a sweep `MODEL key=a,b`."""
-    word = {"run": "[run]", "sweep": "MODEL"}.get(name, name)
-    return [line.replace("usage: ", "").strip() for line in USAGE.splitlines()
-            if line.partition("./submit-job.sh ")[2].startswith(word + " ")]
-
-
 def command_usage(name: str) -> str:
     """`./submit-job.sh CMD --help` (or `help CMD`): the command's usage line and the keys it takes."""
-    lines = ["usage: " + "\n       ".join(_synopsis(name)), ""]
+    word = {"run": "[run]", "sweep": "MODEL"}.get(name, name)  # its lines of USAGE: `run` is `[run] MODEL`
+    synopsis = [line.replace("usage: ", "").strip() for line in USAGE.splitlines()
+                if line.partition("./submit-job.sh ")[2].startswith(word + " ")]
+    lines = ["usage: " + "\n       ".join(synopsis), ""]
     if name in ("run", "sweep"):
         lines += [USAGE.splitlines()[-1].format(presets=", ".join(preset_names())), f"units: {UNITS}", ""]
     if name == "sweep":

@@ -89,18 +89,27 @@ def _observed(after: int, total: int, margin: float = 0.0) -> str:
     return "cold" if share <= margin else "warm" if share >= 1 - margin else f"partial ({share:.1%} resident)"
 
 
-def prepare(files: list[Path], requested: str, per_file: bool = False) -> dict:
+def prepare(files: list[Path], requested: str, per_file: bool = False, libraries: list[Path] | None = None) -> dict:
     """Make the cache state `requested` (drop | warm) for files; report what was tried and observed. `per_file`:
-    evict these files only, never the whole cache (env_cache=warm keeps the environment's pages)."""
-    total = sum(f.stat().st_size for f in files)
-    before = resident_total(files)
-    record = {"requested": requested, "method": None, "error": None, "bytes": total,
-              "resident_bytes_before": before}
+    evict these files only, never the whole cache (env_cache=warm keeps the environment's pages). `libraries`
+    (environment()): observed on these instead, and warm reads every file."""
+    seen = files if libraries is None else libraries
+    total = sum(f.stat().st_size for f in seen)
+    counts = {} if libraries is None else {"files": len(files), "libraries": len(libraries)}
+    record = {"requested": requested, "method": None, "error": None, **counts, "bytes": total,
+              "resident_bytes_before": resident_total(seen)}
     if requested == "drop":
         _evict(files, record, per_file)
-    after = resident_total(files)
+    elif libraries is not None:
+        buf = bytearray(4 << 20)
+        for path in files:
+            with contextlib.suppress(OSError), open(path, "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+        record["method"] = "read"
+    after = resident_total(seen)
     record["resident_bytes_after"] = after
-    record["observed"] = _observed(after, total)
+    record["observed"] = _observed(after, total, 0.0 if libraries is None else ENVIRONMENT_MARGIN)
     return record
 
 
@@ -119,6 +128,7 @@ def _files(prefixes: list[str]) -> list[Path]:
     return out
 
 
+# other processes of the machine keep resident what they map, and a page or two of a file may come and go
 ENVIRONMENT_MARGIN = 0.01
 
 
@@ -136,24 +146,7 @@ def environment(prefixes: list[str], requested: str, checkpoint: dict, per_file:
             else "the environment's pages were left as they were"), None,
             "drop_caches (the checkpoint's cache step)" if evicted else None)
     files = _files(prefixes)
-    libraries = [f for f in files if f.name.endswith(".so") or ".so." in f.name]
-    total = sum(f.stat().st_size for f in libraries)
-    record = {"requested": requested, "method": None, "error": None, "files": len(files), "libraries": len(libraries),
-              "bytes": total, "resident_bytes_before": resident_total(libraries)}
-    if requested == "drop":
-        _evict(files, record, per_file)
-    else:
-        buf = bytearray(4 << 20)
-        for path in files:
-            with contextlib.suppress(OSError), open(path, "rb", buffering=0) as f:
-                while f.readinto(buf):
-                    pass
-        record["method"] = "read"
-    after = resident_total(libraries)
-    record["resident_bytes_after"] = after
-    # other processes of the machine keep resident what they map, and a page or two of a file may come and go
-    record["observed"] = _observed(after, total, ENVIRONMENT_MARGIN)
-    return record
+    return prepare(files, requested, per_file, [f for f in files if f.name.endswith(".so") or ".so." in f.name])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -234,8 +234,14 @@ class RunSpec:
     def resolve(self) -> RunSpec:
         """The spec as given -> the spec a run uses: the model shrunk, the layout derived and checked, the sequence
         length filled in; raises UsageError naming the numbers. Call once, on a spec as parsed."""
-        _check_model_size(self.shape.shrunk(self.shrink))
-        spec = dataclasses.replace(self, shape=self.shape.shrunk(self.shrink)).with_layout()
+        s = self.shape.shrunk(self.shrink)
+        if (state := state_bytes(s)) > SIZE_MAX:  # every shape key is bounded alone, and so is their checkpoint
+            raise UsageError(f"hidden_size={s.hidden_size} intermediate_size={s.intermediate_size} num_hidden_layers="
+                             f"{s.num_hidden_layers} vocab_size={s.vocab_size}: a model of {s.num_parameters():.3g} "
+                             f"parameters, whose checkpoint would hold at least {state / 2**50:,.0f} PiB "
+                             f"({STATE_BYTES_PER_PARAMETER} bytes a parameter); accepted: a model whose checkpoint is "
+                             f"at most {SIZE_MAX / 2**50:,.0f} PiB")
+        spec = dataclasses.replace(self, shape=s).with_layout()
         # Sequence length shapes activations only, never the checkpoint: shrink divides it too.
         seq_len = spec.seq_len or min(spec.shape.max_position_embeddings, max(16, 2048 // spec.shrink))
         if seq_len > spec.shape.max_position_embeddings:
@@ -281,15 +287,13 @@ def _ranks(spec: RunSpec) -> tuple[int, int]:
     """(dp, ranks_per_node), derived where not given and checked against each other."""
     per_replica = spec.tp * spec.pp
     dp = spec.dp
-    if dp is None:
-        if spec.ranks_per_node is None:
-            dp = 1
-        else:
-            ranks = spec.nodes * spec.ranks_per_node
-            if ranks % per_replica:
-                raise UsageError(f"nodes x ranks_per_node = {spec.nodes} x {spec.ranks_per_node} = {ranks} ranks is "
-                                 f"not a multiple of tp x pp = {spec.tp} x {spec.pp} = {per_replica}")
-            dp = ranks // per_replica
+    if dp is None and spec.ranks_per_node is not None:
+        ranks = spec.nodes * spec.ranks_per_node
+        if ranks % per_replica:
+            raise UsageError(f"nodes x ranks_per_node = {spec.nodes} x {spec.ranks_per_node} = {ranks} ranks is "
+                             f"not a multiple of tp x pp = {spec.tp} x {spec.pp} = {per_replica}")
+        dp = ranks // per_replica
+    dp = dp or 1
     world = per_replica * dp
     if world > MAX_WORLD:
         raise UsageError(f"tp x pp x dp = {spec.tp} x {spec.pp} x {dp} = {world:,} ranks; accepted: at most "
@@ -320,17 +324,6 @@ def plausible_rates(shape: ModelShape, ranks: int, rates: dict) -> None:
             plausible_rate(name, value, state_bytes(shape), f"the checkpoint's {state_bytes(shape):,} bytes", scale=1e9)
         elif value is not None and name.endswith("ops_s"):
             plausible_rate(name, value, ranks, f"one operation for each of the {ranks} ranks")
-
-
-def _check_model_size(s: ModelShape) -> None:
-    """Every shape key is bounded alone; the checkpoint they lead to is bounded too (at most SIZE_MAX)."""
-    state = state_bytes(s)
-    if state > SIZE_MAX:
-        raise UsageError(f"hidden_size={s.hidden_size} intermediate_size={s.intermediate_size} num_hidden_layers="
-                         f"{s.num_hidden_layers} vocab_size={s.vocab_size}: a model of {s.num_parameters():.3g} "
-                         f"parameters, whose checkpoint would hold at least {state / 2**50:,.0f} PiB "
-                         f"({STATE_BYTES_PER_PARAMETER} bytes a parameter); accepted: a model whose checkpoint is "
-                         f"at most {SIZE_MAX / 2**50:,.0f} PiB")
 
 
 def _check_model_split(spec: RunSpec) -> None:

@@ -10,9 +10,7 @@ import time
 from collections import defaultdict
 
 from restart_harness import iocount
-from restart_harness.schema import LOAD_CATEGORIES, SAVE_CATEGORIES
 
-__all__ = ["LOAD_CATEGORIES", "SAVE_CATEGORIES", "Anatomy"]
 MAX_INTERVALS = 2000  # for the timeline figure; a window with more regions keeps the first ones
 # DeepSpeed's comm functions that block until the other ranks take part.
 COLLECTIVES = ("barrier", "monitored_barrier", "broadcast", "broadcast_object_list", "all_reduce", "all_gather",

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import sys
 
-__all__ = ["MemoryProbe", "Window", "added"]
-
 
 def added(now: int | None, before: int | None) -> int | None:
     """Bytes added since `before` (None where either is unknown)."""

@@ -25,8 +25,7 @@ from restart_harness.rundir.status import observed, set_status
 from restart_harness.schema import count
 from restart_harness.spec import record as records
 
-# parameters a rank from which a bf16 step on a CPU without AVX-512 takes seconds (`small`, 56 M a rank at dp=2: 70 s;
-# `tiny`, 0.25 M: 0.13 s) and the run is told so
+# parameters a rank from which a bf16 step on a CPU without AVX-512 takes seconds (docs/measurements.md#bf16-on-cpu)
 SLOW_BF16_PARAMETERS = 10_000_000
 
 

@@ -31,10 +31,8 @@ class RunSpec:
     # their defaults, so that results name only the options a run changed (restart_harness/schema.py engine_label)
     engine_option_defaults: dict = field(default_factory=dict)
 
-    # model
     shrink: int = key(1, "divide head dimension, FFN and vocabulary (and the default seq_len) by K; layers and "
                          "heads stay, so file names and counts are the real model's", group="model", minimum=1)
-    # layout
     tp: int = key(1, "tensor-parallel degree (Megatron-style split)", group="layout", minimum=1, restart=True)
     pp: int = key(1, "pipeline-parallel degree (DeepSpeed PipelineModule when > 1)", group="layout", minimum=1,
                   restart=True)
@@ -50,7 +48,6 @@ class RunSpec:
                                       "replicas that each shard the whole state over dp / replicate ranks; default "
                                       "nodes (shard within a node, replicate across nodes)", group="layout",
                                 minimum=1, restart=True)
-    # training
     stack: str = key("deepspeed", "training stack (restart_harness/stacks/; list below): deepspeed = DeepSpeed "
                                   "ZeRO-1 with TP/PP; fsdp2 = torch FSDP2 (fully_shard over the data-parallel ranks) "
                                   "checkpointed with Distributed Checkpoint: engine=dcp, tp=1, pp=1 (docs/fsdp2.md)",
@@ -66,7 +63,6 @@ class RunSpec:
                               group="training", minimum=1)
     lr: float = key(1e-4, "AdamW learning rate", config=False, group="training", above=0)
     seed: int = key(1234, "seed of weights and synthetic data", config=False, group="training", minimum=0)
-    # checkpoint
     engine: str = key("default", "checkpoint engine (engines/; list below); its options are keys too; when not "
                                  "given, the stack's own: default (stack=deepspeed), dcp (stack=fsdp2)",
                       group="checkpoint")
@@ -109,7 +105,6 @@ class RunSpec:
     emulate_memory_gib: float | None = key(None, "emulate: file state a node may hold at once (ranks work in waves "
                                                  "within it); default 60% of the memory available at launch",
                                            config=False, group="checkpoint", unit="GiB", above=0)
-    # observe
     anatomy: bool = key(True, "split each load and save into read/write, (de)serialization, copies, waiting (I/O "
                               "counters preloaded into every rank; docs/anatomy.md)", group="observe", restart=True)
     trace: bool = key(False, "record every POSIX I/O call on the checkpoint with dftracer; raw traces in "
@@ -124,7 +119,6 @@ class RunSpec:
                                       "of a file ./submit-job.sh calibrate wrote; every run's summary sets the "
                                       "prediction made with it before launch beside what was measured "
                                       "(docs/prediction.md)", config=False, group="observe", sweep=False)
-    # launch
     device: str = key("auto", "auto = cuda when NVIDIA devices are present, else cpu (DeepSpeed over gloo)",
                        group="launch", choices=("auto", "cpu", "cuda"))
     launcher: str = key("local", "what starts the ranks (restart_harness/launchers/; list below): local = DeepSpeed's "
@@ -151,7 +145,6 @@ class RunSpec:
                                "every path is checked as a run's is (results_dir, ckpt_dir, env_stage, env_hook), "
                                "not what a run would use of this node (free space, memory, the port, its modules)",
                         config=False, group="launch", sweep=False)
-    # cluster
     wait: bool = key(False, "launcher=slurm|pbs from a login node: return when the job ends, showing its progress, "
                             "with the run's summary (exit 0) or its one-line failure (exit 1)", config=False, group="cluster",
                      sweep=False)
@@ -175,7 +168,6 @@ class RunSpec:
     at_gpus: int = key(16_384, "the best checkpoint interval and its goodput are also given at this many GPUs "
                                "(default Llama 3's 16,384)", group="goodput", minimum=1, maximum=MAX_WORLD,
                        config=False, restart=True)
-    # output
     results_dir: Path = key("results", "where run directories go", config=False, group="output", sweep=False)
 
     # ---- derived values -------------------------------------------------------------

@@ -58,15 +58,12 @@ class IOProbe:
         self.counters = iocount.Counters()
         self.table = iocount.SourceTable.parse(os.environ.get(iocount.ENV_SOURCES, ""))
         self.by_source = self.counters.sources_available and bool(self.table)
-        self._sources: dict[str, dict[str, int]] = {}
+        inherited = forked and self.by_source
+        self._sources: dict[str, dict[str, int]] = (self.counters.sources() if inherited else None) or {}
+        self._mapped: dict[str, int] = _mapped() if inherited else {}
         self._kernel: dict[str, int] = {}
-        self._mapped: dict[str, int] = {}
-        self._carried: dict | None = None
-        if forked:
-            self._sources = (self.counters.sources() if self.by_source else None) or {}
-            self._mapped = _mapped() if self.by_source else {}
-            if owns:
-                self._carried = {"sources": self._sources, "mapped": self._mapped, "kernel": _kernel(str(os.getppid()))}
+        self._carried: dict | None = ({"sources": self._sources, "mapped": self._mapped,
+                                        "kernel": _kernel(str(os.getppid()))} if forked and owns else None)
 
     def phase(self) -> dict:
         kernel, sources = _kernel(), self.counters.sources() if self.by_source else None

@@ -281,10 +281,7 @@ def show_node_checks(plugins: resolve.Plugins) -> None:
     where = ("on every node of the job, before any rank starts" if plugins.launcher.scheduler else
              "on this machine, before anything is created, when the run is launched")
     print(f"==> checks of the node that runs the ranks ({where}) <==")
-    for check in checks:
-        print(f"{check.name}: {check.what}")
-    if not checks:
-        print("(none for this engine and device)")
+    print("\n".join(f"{check.name}: {check.what}" for check in checks) or "(none for this engine and device)")
 
 
 def check_nodes(run: resolve.Run) -> None:

@@ -86,8 +86,12 @@ def execute(the_run: resolve.Run) -> Path:
         f"engine {spec.engine}, {spec.precision}, launcher {spec.launcher}")
     try:
         check_nodes(the_run)
-        probe = record_baseline(the_run)
-        if probe:
+        probe = None
+        if spec.baseline and the_run.engine.saves:  # cached, or a bounded probe at the checkpoint's typical file
+            files = checkpoint.files(spec)
+            probe = baseline.for_run(the_run.target.storage_probe(), estimate.typical_file_bytes(files),
+                                     spec.launched_ranks, spec.baseline_max_age_hours * 3600, sum(f.bytes for f in files))
+            write_json_atomic(run_dir / "baseline.json", probe)
             say(f"  [baseline] {probe.get('error') or baseline_line(probe)}")
         if line := record_prediction(the_run, probe):
             say(f"  [predict] {line}")
@@ -118,20 +122,7 @@ def discard_checkpoint(run: resolve.Run) -> None:
     write_json_atomic(run.run_dir / "status.json", {**status, "checkpoint_deleted": True})
 
 
-# ---- before the checkpoint phase: the storage baseline and the prediction --------------------------------------
-def record_baseline(run: resolve.Run) -> dict | None:
-    """The baseline of the checkpoint storage (cached, or a bounded probe at the planned checkpoint's typical file
-    size and rank count) into run_dir/baseline.json; None with baseline=false."""
-    spec = run.spec
-    if not spec.baseline or not run.engine.saves:
-        return None
-    files = checkpoint.files(spec)
-    record = baseline.for_run(run.target.storage_probe(), estimate.typical_file_bytes(files), spec.launched_ranks,
-                              spec.baseline_max_age_hours * 3600, sum(f.bytes for f in files))
-    write_json_atomic(run.run_dir / "baseline.json", record)
-    return record
-
-
+# ---- before the checkpoint phase: the prediction, and the storage baseline's line -------------------------------
 def record_prediction(run: resolve.Run, probe: dict | None) -> str | None:
     """What the calibration in force predicts for this run, into prediction.json (the summary sets it beside what is
     measured); one line for the terminal. None where the planner cannot plan it."""

@@ -91,8 +91,6 @@ class MemoryProbe:
         """The memory high-water marks of the phase ending now (since the previous call), and a new phase's window:
         {"peak_rss_bytes": ..., "peak_device_bytes": ... (CUDA only)}."""
         w = self.close(self._phase)
-        out = {"peak_rss_bytes": w.peak_rss}
-        if w.peak_device is not None:
-            out["peak_device_bytes"] = w.peak_device
+        out = {"peak_rss_bytes": w.peak_rss} | ({} if w.peak_device is None else {"peak_device_bytes": w.peak_device})
         self._phase = self._opened(Window(None, None, None, None))
         return out

@@ -226,8 +226,8 @@ LAYOUT_KEYS = frozenset({"tp", "pp", "dp", "nodes", "ranks_per_node"})
 
 
 def _restart_layout(spec: RunSpec, original: RunSpec, given: Collection[str]) -> RunSpec:
-    """A restart at another layout: keys not given keep the run's values (ranks per node follows); the model must fit
-    the new layout, and so must the stack (its refusals); the global batch stays the run's (micro-batch and accumulation adjusted), so the
+    """A restart at another layout: keys not given keep the run's values (ranks per node follows); the model and the
+    stack must take the new layout; the global batch stays the run's (micro-batch and accumulation adjusted), so the
     first step after the restart trains on the same samples as at the original layout."""
     layout = {}
     if "ranks_per_node" not in given:

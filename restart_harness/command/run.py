@@ -114,9 +114,8 @@ _WRITES = {"posix": "to a file system", "object": "to object storage"}
 
 def is_sweep(tokens: list[str]) -> bool:
     """A comma list in MODEL or any value, or repeats > 1."""
-    if any("," in t for t in tokens):
-        return True
-    return any(t.startswith("repeats=") and t.split("=", 1)[1] not in ("1", "+1") for t in tokens[1:])
+    return any("," in t for t in tokens) or any(t.startswith("repeats=") and t.split("=", 1)[1] not in ("1", "+1")
+                                                for t in tokens[1:])
 
 
 def parse_sweep(tokens: list[str]) -> SweepRequest:

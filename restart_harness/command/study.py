@@ -80,8 +80,8 @@ def parse_study(tokens: list[str]) -> StudyRequest:
     strategies = (None if options.strategies == "auto" else
                   [parse_strategy(t) for t in _study_list("strategies", options.strategies, "strategies")])
     pairs_run = {**rest, "keep": rest.get("keep", "false")}  # each cell's checkpoint deleted once its records are
-    return StudyRequest(options, predict, [f"{k}={v}" for k, v in pairs_run.items()], models, [int(t) for t in gpus], engines,
-                        strategies, list(tokens))
+    return StudyRequest(options, predict, [f"{k}={v}" for k, v in pairs_run.items()], models, [int(t) for t in gpus],
+                        engines, strategies, list(tokens))
 
 
 def _models(options: StudyOptions, predict: PredictOptions) -> list[str]:

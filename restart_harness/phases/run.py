@@ -89,13 +89,13 @@ def execute(the_run: resolve.Run) -> Path:
         probe = None
         if spec.baseline and the_run.engine.saves:  # cached, or a bounded probe at the checkpoint's typical file
             files = checkpoint.files(spec)
-            probe = baseline.for_run(the_run.target.storage_probe(), estimate.typical_file_bytes(files),
-                                     spec.launched_ranks, spec.baseline_max_age_hours * 3600, sum(f.bytes for f in files))
+            probe = baseline.for_run(the_run.target.storage_probe(), estimate.typical_file_bytes(files), spec.launched_ranks,
+                                     spec.baseline_max_age_hours * 3600, sum(f.bytes for f in files))
             write_json_atomic(run_dir / "baseline.json", probe)
             say(f"  [baseline] {probe.get('error') or baseline_line(probe)}")
         if line := record_prediction(the_run, probe):
             say(f"  [predict] {line}")
-        say(f"  [checkpoint] launching {count(spec.launched_ranks, 'rank')} (log: {run_dir / 'logs' / 'checkpoint.log'})")
+        say(f"  [checkpoint] launching {count(spec.launched_ranks, 'rank')} (log: {run_dir / 'logs/checkpoint.log'})")
         info = launch_of(the_run, "checkpoint")  # the ranks train and checkpoint (launch-checkpoint.sh)
         info["incomplete_uploads"] = abort_incomplete_uploads(the_run, "checkpoint")
         save_record(run_dir, info)

@@ -28,11 +28,7 @@ def read(environ: dict | None = None) -> Environment:
     """The declared variables of `environ` (default os.environ), each coerced as its key; raises UsageError naming
     the first bad one (NAME=value: why; accepted: ...)."""
     environ = os.environ if environ is None else environ
-    values: dict = {}
-    for name, k in keys_of(Environment).items():
-        text = environ.get(name)
-        if text:
-            values[name] = coerce(k, text)
+    values = {name: coerce(k, environ[name]) for name, k in keys_of(Environment).items() if environ.get(name)}
     if values.get("RH_FAULT"):
         try:
             faults.parse(values["RH_FAULT"])

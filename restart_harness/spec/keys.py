@@ -1,6 +1,6 @@
 """Every key of every command is declared once, as a dataclass field made with key(): its type (the annotation),
 default, unit, help, accepted values, range, --help group, and whether a sweep list or a restart may set it. coerce()
-is the one way text becomes a value, check() the one way a value of any origin is checked (docs/keys.md: every key, its type)."""
+is the one way text becomes a value, check() the one way a value of any origin is checked (docs/keys.md: the keys)."""
 
 from __future__ import annotations
 

@@ -65,10 +65,7 @@ class EventLog:
 
     def phase_fields(self) -> dict:
         """The probes' figures for the phase since the previous call (or mark)."""
-        out: dict = {}
-        for probe in self.probes:
-            out.update(probe())
-        return out
+        return {k: v for probe in self.probes for k, v in probe().items()}
 
     def mark(self, name: str, t: float | None = None, fields: dict | None = None) -> None:
         """A milestone (process_start, imports_done, ...) with the probes' figures of the phase it ends (`fields`:

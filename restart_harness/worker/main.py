@@ -155,9 +155,8 @@ def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: Me
 
 def _storage(the_run: resolve.Run) -> dict | None:
     """The run's storage probe (baseline.json, written before the checkpoint phase), or None without one."""
-    path = the_run.run_dir / "baseline.json"
     try:
-        record = json.loads(path.read_text())
+        record = json.loads((the_run.run_dir / "baseline.json").read_text())
     except (OSError, ValueError):
         return None
     return None if not isinstance(record, dict) or record.get("error") else record

@@ -1,6 +1,5 @@
-"""`./submit-job.sh --help`: the commands, then every key grouped, each with its type, default, unit and meaning,
-generated from the declarations (spec/keys.py) that the parser uses; then presets, training stacks, storage targets
-and engines."""
+"""`./submit-job.sh --help`: the commands, every key grouped with its type, default, unit and meaning (from the
+declarations the parser uses), then presets, training stacks, storage targets and engines."""
 
 from __future__ import annotations
 

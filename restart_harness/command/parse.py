@@ -1,7 +1,6 @@
-"""The command line -> one validated request (command/requests.py): which command the words name (the older
-spellings `phase=restart run=DIR` and `MODEL ... plan=true|json` too), and the parsers of the commands that have no
-module of their own: plan, predict, restart (at its own layout or another), matrix, mlperf and the options-only ones.
-Pure: reads only the files the command names, never checks or changes the machine (restart_harness/preflight.py)."""
+"""The command line -> one validated request (command/requests.py): which command the words name (older spellings
+too), and the parsers of plan, predict, restart (at its own layout or another), matrix, mlperf and the options-only
+commands. Pure: reads only the files the command names, never checks or changes the machine (preflight.py)."""
 
 from __future__ import annotations
 
@@ -194,8 +193,7 @@ def parse_restart(tokens: list[str], complete: Callable[[RunSpec], RunSpec]) -> 
     allowed = restart_keys()
     # the engine's options that act only at restart (how it reads: engine=lazy's read_io, readers, broadcast_load)
     engine_allowed = {k: v for k, v in keys_of(resolve.engine_class(run.spec.engine).Options).items() if v.restart}
-    overrides: dict = {}
-    engine_overrides: dict = {}
+    overrides, engine_overrides = {}, {}
     for name, text in pairs.items():
         if name in engine_allowed and name not in allowed:
             engine_overrides[name] = coerce(engine_allowed[name], text)

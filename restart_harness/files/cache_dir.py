@@ -1,6 +1,5 @@
-"""Where the harness keeps what it can rebuild (DeepSpeed's JIT-built ops, storage baselines, the I/O counter
-library): RH_CACHE_DIR, else $XDG_CACHE_HOME/restart-harness, else ~/.cache/restart-harness. Never inside the
-checkout, so a read-only install works."""
+"""Where the harness keeps what it can rebuild (JIT-built ops, storage baselines, the I/O counter library): RH_CACHE_DIR,
+else $XDG_CACHE_HOME/restart-harness, else ~/.cache/restart-harness; never inside the checkout."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Content checksums of checkpoint files (key checksums=, docs/measurements.md#checksums): the writing rank's sha256 of
-each committed file, compared before a restart loads it. A folder of shards has one checksum over every file under
-it: each file's path relative to the folder, then its content, in path order."""
+"""Content checksums of checkpoint files (checksums=, docs/measurements.md#checksums): the writing rank's sha256 of
+each committed file (a folder of shards: its files' relative paths and contents, in path order), checked before a
+restart loads it."""
 
 from __future__ import annotations
 

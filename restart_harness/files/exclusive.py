@@ -4,6 +4,7 @@ lock (flock; a second one is refused naming the holder)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -45,11 +46,9 @@ def claim_dir(root: Path, base: str) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
         path = root / (base if n == 1 else f"{base}-{n}")
-        try:
+        with contextlib.suppress(FileExistsError):
             path.mkdir()
             return path.resolve()
-        except FileExistsError:
-            continue
     raise FileExistsError(f"could not create a fresh directory {base} under {root}: 999 taken")
 
 

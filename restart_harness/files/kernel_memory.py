@@ -1,8 +1,6 @@
-"""What the kernel says of memory: this process's memory cgroup (its limit, what it uses, how many of its processes
-the OOM killer ended: cgroup v2's memory.events, v1's memory.oom_control) and the OOM killer's kills in the kernel
-log (/dev/kmsg, where readable). A launch reads the counters before and after (phases/processes.py): a rank the
-kernel killed for memory is then named as the cause of a failure (phases/processes.py), not its peers' lost
-connections."""
+"""What the kernel says of memory: this process's memory cgroup (limit, usage, OOM kills) and the OOM killer's kills in
+the kernel log (/dev/kmsg, where readable), read around each launch so a rank killed for memory is named as the cause
+of a failure, not its peers' lost connections (phases/processes.py)."""
 
 from __future__ import annotations
 

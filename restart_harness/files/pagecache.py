@@ -1,6 +1,5 @@
-"""Evict checkpoint files from the page cache before a restart, and check what actually happened by
-reading back page residency with mincore(2); the same for the Python environment and the extension cache
-(`env_cache=`: environment())."""
+"""Evict checkpoint files from the page cache before a restart and read back their residency with mincore(2); the
+same for the Python environment and the extension cache (`env_cache=`: environment())."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Inside a Slurm or PBS job: `python -m restart_harness.phases.job RUN_DIR` runs the phases of a run that
-rundir/create.py prepare() wrote at submission (checkpoint launch, page cache, restart launch, finalize), into that directory;
-`... RUN_DIR phase=restart key=value ...` runs restart-only re-runs of it (submitted by phase=restart)."""
+"""Inside a Slurm or PBS job: `python -m restart_harness.phases.job RUN_DIR` runs the phases of the run prepare() wrote
+at submission; `... RUN_DIR phase=restart key=value ...` runs restart-only re-runs of it."""
 
 from __future__ import annotations
 

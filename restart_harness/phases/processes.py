@@ -5,6 +5,7 @@ step before a restart)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -94,10 +95,8 @@ def end(proc: subprocess.Popen) -> None:
 
 
 def _bounded_wait(proc: subprocess.Popen) -> None:
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):  # a zombie is reaped when the harness exits
         proc.wait(timeout=KILLED_WAIT_SECONDS)
-    except subprocess.TimeoutExpired:
-        pass  # a zombie's parent is this process: it is reaped when the harness exits
 
 
 def _orphaned_locks(proc: subprocess.Popen, record: str, since: float) -> None:

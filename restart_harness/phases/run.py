@@ -5,6 +5,7 @@ summary. Inside a batch job, phases/job.py runs the phases."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -217,11 +218,9 @@ def submit_restart_job(run: resolve.Run, repeats: int, tokens: list[str]) -> Pat
     are claimed inside the job, when each restart starts). Writes job-restart-N.<ext> and its .json."""
     for n in range(1, 10000):
         claim = run.run_dir / f"job-restart-{n}.json"
-        try:
+        with contextlib.suppress(FileExistsError):
             os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))  # exclusive: concurrent submissions
             break
-        except FileExistsError:
-            continue
     script = scripts.write_job_script(run, ["phase=restart", *tokens],
                                       name=run.scheduler.script_name.replace("job.", f"job-restart-{n}."))
     _submit(run, script, claim, f" ({repeats} restart(s))", phase="restart", args=tokens)

@@ -1,7 +1,6 @@
-"""Ending a launch whole. A launch runs in a session of its own (start_new_session); its launcher may put ranks in
-process groups of their own inside it (Open MPI's mpiexec gives each rank its own), so a process-group kill is not
-enough: every process of the session is killed. `python -m restart_harness.phases.session SID PARENT [FOLDER...]` is
-the watchdog that does it when the harness dies, and then removes the folders (a staged environment)."""
+"""Ending a launch whole: every process of the launch's session is killed (a launcher may put ranks in process groups
+of their own: Open MPI's mpiexec does). `python -m restart_harness.phases.session SID PARENT [FOLDER...]` is the
+watchdog that does it when the harness dies, then removes the folders (a staged environment)."""
 
 from __future__ import annotations
 

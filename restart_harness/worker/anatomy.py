@@ -1,6 +1,5 @@
-"""Where a load's (or a save's) wall time goes, on one rank: every second of the window is attributed to exactly one
-category (read, deserialize, serialize, write, fsync, copy, wait, other), by what this rank's main thread was doing;
-regions nest, and "in flight" comes from the preloaded I/O counters (restart_harness/iocount). docs/anatomy.md."""
+"""Where a load's (or a save's) wall time goes on one rank: every second attributed to exactly one category by what the
+main thread was doing, "in flight" from the preloaded I/O counters (restart_harness/iocount). docs/anatomy.md."""
 
 from __future__ import annotations
 

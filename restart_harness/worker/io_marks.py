@@ -1,6 +1,5 @@
-"""A rank's I/O by source, phase by phase: at each mark, what the phase it ends opened, stat-ed, listed, read and
-wrote in each source (rhio.c's counters), what the dynamic loader mapped (/proc/self/maps), and what the kernel says
-the storage delivered (/proc/self/io). docs/measurements.md#io-by-source defines every figure."""
+"""A rank's I/O by source, phase by phase (rhio.c's counters, /proc/self/maps, /proc/self/io);
+docs/measurements.md#io-by-source defines every figure."""
 
 from __future__ import annotations
 

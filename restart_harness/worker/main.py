@@ -1,7 +1,5 @@
-"""One rank of one phase, whatever the training stack: join the process group, build, then either train and
-checkpoint (phase checkpoint) or load the committed checkpoint, verify it and train on (phase restart). The stack
-(restart_harness/stacks/) does the training, the checkpoint manager (worker/manager.py) every save and load; every
-fact goes to the rank's event log (events/<record>/rank-N.jsonl)."""
+"""One rank of one phase, whatever the training stack: join the process group, build, then train and checkpoint (phase
+checkpoint) or load the committed checkpoint, verify it and train on (phase restart); every fact to its event log."""
 
 from __future__ import annotations
 

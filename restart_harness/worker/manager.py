@@ -1,7 +1,5 @@
-"""One rank's checkpoint manager: the only code that saves, waits for durability, commits `latest` and loads. The
-stack decides what a checkpoint holds; every file goes through the Recorder to the engine's CheckpointIO (engines/),
-and the storage target (targets/) makes it durable and commits it. What blocking_seconds, durable_seconds and
-commit_seconds mean, and the asynchronous protocol: docs/measurements.md."""
+"""One rank's checkpoint manager: the only code that saves, waits for durability, commits `latest` and loads; every file
+through the Recorder to the engine's CheckpointIO. Each figure and the asynchronous protocol: docs/measurements.md."""
 
 from __future__ import annotations
 

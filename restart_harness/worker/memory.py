@@ -1,6 +1,5 @@
-"""One rank's memory: the high-water mark of each phase, training step and save, from VmRSS and VmHWM (reset through
-/proc/self/clear_refs; nested windows fold every peak before a reset) and, on CUDA, torch's allocated bytes. Only the
-main thread uses it. docs/measurements.md#memory-per-save."""
+"""One rank's memory: the high-water mark of each phase, step and save, from VmRSS and VmHWM (reset through
+/proc/self/clear_refs) and, on CUDA, torch's allocated bytes; main thread only. docs/measurements.md#memory-per-save."""
 
 from __future__ import annotations
 

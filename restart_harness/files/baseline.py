@@ -74,8 +74,6 @@ def cached(probe, file_bytes: int | None = None, ranks: int | None = None) -> di
     folder = cache_root() / probe.key()
     if file_bytes is not None and ranks is not None and (exact := folder / f"{file_bytes}x{ranks}.json").is_file():
         return _read(exact)
-    if not folder.is_dir():
-        return None
     entries = [e for e in (_read(p) for p in folder.glob("*.json")) if e]
     return max(entries, key=lambda e: e.get("measured_at", ""), default=None)
 
@@ -254,14 +252,11 @@ def summary_record(record: dict | None, cached_flag: bool) -> dict | None:
         return None
     keys = ("write_mib_s", "read_mib_s", "method", "file_bytes", "ranks", "dir", "measured_at", "spread", "ceiling",
             "cache_scope")
-    out = {k: record.get(k) for k in keys}
-    out["cached"] = cached_flag
     age = age_seconds(record)
-    out["age_seconds"] = round(age, 1) if age is not None else None
-    out["read_cache_observed"] = (record.get("read_cache") or {}).get("observed")
-    if record.get("error"):
-        out["error"] = record["error"]
-    return out
+    return {**{k: record.get(k) for k in keys}, "cached": cached_flag,
+            "age_seconds": round(age, 1) if age is not None else None,
+            "read_cache_observed": (record.get("read_cache") or {}).get("observed"),
+            **({"error": record["error"]} if record.get("error") else {})}
 
 
 def for_run(probe, typical_file_bytes: int, ranks: int, max_age_seconds: float | None = None,

@@ -107,9 +107,8 @@ def prepare(files: list[Path], requested: str, per_file: bool = False, libraries
                     pass
         record["method"] = "read"
     after = resident_total(seen)
-    record["resident_bytes_after"] = after
-    record["observed"] = _observed(after, total, 0.0 if libraries is None else ENVIRONMENT_MARGIN)
-    return record
+    return {**record, "resident_bytes_after": after,
+            "observed": _observed(after, total, 0.0 if libraries is None else ENVIRONMENT_MARGIN)}
 
 
 def _files(prefixes: list[str]) -> list[Path]:

@@ -77,8 +77,7 @@ def _plugin_sections() -> list[str]:
     return lines
 
 
-# the options of each command other than a run: (its options, whether it takes a run's keys too, the words after
-# the command in its usage)
+# each command other than a run: (its options, whether it takes a run's keys too, the words after it in its usage)
 _COMMAND_KEYS = {"plan": (PlanOptions, True, ""), "predict": (PredictOptions, True, ""),
                  "calibrate": (CalibrateOptions, False, ""), "baseline": (BaselineOptions, False, ""),
                  "matrix": (MatrixOptions, False, ""), "report": (ReportOptions, False, " RUN_OR_SWEEP_DIR..."),

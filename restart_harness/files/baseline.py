@@ -32,8 +32,7 @@ DEFAULT_FILE_BYTES = 64 * MIB
 # the ceiling's shape: a request's bytes and the requests in flight a rank (an engine's defaults may take it)
 CEILING_REQUEST_BYTES = 16 * MIB
 CEILING_QUEUE_DEPTH = 4
-# what a cached record holds: 1 the ceiling (2026-11-27), 2 its probe's buffered read too (an engine may
-# choose its read way by it). A run re-measures an entry of another version instead of deciding on figures it lacks.
+# what a cached record holds (1 the ceiling, 2 its buffered read too): an entry of another version is measured again
 RECORD_VERSION = 2
 
 

@@ -84,8 +84,7 @@ def why_not_a_directory(path: Path) -> str | None:
     says yes to root on /proc, where mkdir then fails)."""
     if why := why_unresolvable(path):
         return why
-    # the path as it will be used: `..` and symlinks resolved (a run's folders are made under Path.resolve()), so
-    # relative/ckpt/../../../../proc/x is checked as /proc/x, not as a folder under relative/
+    # the path as it will be used, `..` and symlinks resolved: relative/ckpt/../../../../proc/x is /proc/x
     path = Path(os.path.realpath(Path(path).expanduser()))
     existing = next(p for p in [path, *path.parents] if p.exists())  # "/" at the latest
     if not existing.is_dir():

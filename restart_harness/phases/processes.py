@@ -29,8 +29,7 @@ from third_party.py_spy_stuck_tracee import VERSION as VERSION_STUCK
 
 # after a signal, how long the harness waits for its launch's session to end once killed
 KILLED_WAIT_SECONDS = 10
-# attribution=: how long the sampler may take to write its trace and exit once the launch it wraps has ended; then it
-# is killed and the launch's samples are lost (under load py-spy once held a finished run 5.5 minutes)
+# attribution=: how long the sampler may take to exit once the launch it wraps has ended, before it is killed
 SAMPLER_GRACE_SECONDS = 60
 
 

@@ -90,8 +90,7 @@ def _restart(run: Run, record: str, relayout=None, extra: dict | None = None) ->
 def _launch(run: Run, record: str, load_dir: Path, staged, extra: dict | None) -> dict:
     """The cache steps (the checkpoint's, the environment's), the launch, its record and its verification."""
     spec = run.spec
-    # env_cache=warm or keep leaves the environment's pages: the checkpoint's are then evicted file by file;
-    # env_cache=drop with cache=warm keeps the checkpoint's: the environment's likewise
+    # env_cache=warm or keep: the checkpoint's pages evicted file by file; cache=warm: the environment's likewise
     per_file = spec.env_cache in ("warm", "keep")
     state = run.stored.prepare_cache(load_dir, spec.cache, per_file=per_file)
     if spec.across_nodes and state.get("method") is not None:  # a node's page cache is its own: every node's

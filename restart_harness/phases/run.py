@@ -237,13 +237,13 @@ def restart_only(request) -> Path:
     outcome (records/<record>.json, the summary's restarts), never the run's, so what was verified stays visible."""
     at = request.run  # with the restarts' own spec, completed on this node (command/parse.py parse_restart)
     if at.launcher.submits():
-        return submit_restart_job(at, request.repeats, request.tokens)
+        return submit_restart_job(at, at.spec.repeats, request.tokens)
     spec, run_dir = at.spec, at.run_dir
     prior = observed(run_dir)
     state, reason = ("complete", None) if prior["state"] == "complete" else ("failed", prior.get("reason"))
     tag = at.stored.latest()
     layouts = {"saved": request.original.layout, "loaded": spec.layout}
-    say(f"run {run_dir.name}: {request.repeats} restart(s) of {spec.model_label} from {tag}, saved at "
+    say(f"run {run_dir.name}: {spec.repeats} restart(s) of {spec.model_label} from {tag}, saved at "
         f"{layouts['saved']}, loaded at {spec.layout}; launcher {spec.launcher}, cache={spec.cache}")
     launched: list[str] = []
     try:
@@ -258,7 +258,7 @@ def restart_only(request) -> Path:
             relayout = at.stack.relayout(at, request.original, tag, say)
             if relayout.conversion:
                 facts["conversion"] = relayout.conversion
-        launched = restarts(at, request.repeats, relayout, facts, own_spec=True)
+        launched = restarts(at, spec.repeats, relayout, facts, own_spec=True)
     finally:
         summary = finalize.finalize(at, state=state, reason=reason, as_made=request.original)
     failed = [r for r in summary["restarts"] if r["record"] in launched and not r["verified"]]

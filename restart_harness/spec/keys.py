@@ -32,13 +32,11 @@ SIZE_EXAMPLES = "4096, 64M or 64MiB = 64 x 2^20, 10GB = 10 x 10^9"
 _SECONDS = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd]?)$", re.IGNORECASE)
 _SECONDS_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 SECONDS_EXAMPLES = "seconds, or a number with s, m, h or d: 90, 90s, 10m, 2h, 3d"
-# Every number a user gives is bounded: an integer key without a maximum of its own takes this one, a size this one
-# (what they size is then counted by arithmetic, never by building it: RunSpec.save_count)
+# Every number a user gives is bounded: an integer or size key without a maximum of its own takes one of these
 INT_MAX = 2**31 - 1
 SIZE_MAX = 1 << 50  # 1 PiB
 MAX_VALUE_CHARS = 1024  # a value longer than this is refused by its length, never echoed whole
-# What the keys lead to is bounded too (issue 68): a time a rate predicts at most a year, and a checkpoint at most
-# SIZE_MAX; a valid but absurd value is refused with the figure it would lead to
+# What the keys lead to is bounded too (issue 68): a time a rate predicts at most a year, a checkpoint SIZE_MAX
 SECONDS_MAX = 366 * 86400
 
 

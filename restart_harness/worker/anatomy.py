@@ -23,8 +23,7 @@ class Window:
 
     def __init__(self, counters: iocount.Counters, categories: tuple[str, ...], sync=None,
                  excluded: tuple[str, ...] = (), start: tuple[float, float] | None = None):
-        # excluded: regions that are not part of what is measured (an emulated save's data generation, waiting
-        # for another wave of ranks, verification between loads): taken out of the window altogether
+        # excluded: regions not part of what is measured (an emulated save's data generation), out of the window
         self.counters, self.categories, self.excluded = counters, categories, excluded
         self.sync = sync or (lambda: None)  # CUDA: torch.cuda.synchronize
         self.seconds: dict[str, float] = defaultdict(float)
@@ -90,8 +89,7 @@ class Window:
             "excluded_seconds": {c: round(self.seconds.get(c, 0.0), 6) for c in self.excluded},
             "io": io,
             "files": files,
-            # bytes a storage target moved over the network inside the window's read / write regions (object
-            # storage: the I/O counters see no files there)
+            # bytes a storage target's network streams moved in its read / write regions (unseen by the I/O counters)
             "stream": dict(self.stream_bytes),
             "intervals": [(c, round(a, 6), round(b, 6)) for c, a, b in self.intervals],
             "method": "preloaded I/O counters" if io_known else "no I/O counters (no C compiler when launched)",

@@ -53,8 +53,7 @@ class EventLog:
     def __init__(self, path: Path, rank: int, probes=(), anchors=None):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.rank = rank
-        # () -> {field: value}: what a phase did since the previous call (worker/memory.py's high-water marks,
-        # worker/io_marks.py's I/O), merged into the mark that ends it
+        # () -> {field: value}: what a phase did (memory high-water marks, I/O), merged into the mark that ends it
         self.probes = tuple(probes)
         self.anchors = anchors  # mark -> Anchor | None (Anchors, attribution=)
         # Kept open for the life of the rank, line-buffered: the launcher follows progress live.

@@ -115,8 +115,7 @@ class CheckpointManager:
         rec.committed.clear()
         rec.step, untimed = step, rec.untimed
         p = _Pending(tag, step, self.memory.open() if self.memory else None)
-        # the anatomy window shares the save's clock: it starts at p.start and ends where commit_seconds (a
-        # synchronous save) or blocking (an asynchronous one) stops
+        # the anatomy window shares the save's clock: from p.start to where commit_seconds (or blocking) stops
         with self.anatomy.measure(SAVE_CATEGORIES, excluded=self.stack.untimed["save"],
                                   start=(p.wall_start, p.start)) as window:
             try:

@@ -51,8 +51,7 @@ def split_command(argv: list[str]) -> tuple[str, list[str]]:
         return argv[0], argv[1:]
     if "phase=restart" in argv:
         return "restart", [t for t in argv if t != "phase=restart"]
-    if any(t.startswith("plan=") for t in argv):
-        plan = next(t for t in argv if t.startswith("plan="))
+    if plan := next((t for t in argv if t.startswith("plan=")), None):
         value = plan.split("=", 1)[1].lower()
         if value == "json":
             return "plan", [t if t != plan else "plan=json" for t in argv]
@@ -67,8 +66,8 @@ def split_command(argv: list[str]) -> tuple[str, list[str]]:
 
 def parse_options(command: str, tokens: list[str]):
     """calibrate, clean, baseline: the command's own keys only."""
-    cls = {"calibrate": CalibrateOptions, "clean": CleanOptions, "baseline": BaselineOptions}[command]
-    return options_of(cls, tokens, command)
+    return options_of({"calibrate": CalibrateOptions, "clean": CleanOptions, "baseline": BaselineOptions}[command],
+                      tokens, command)
 
 
 def parse_matrix(tokens: list[str]) -> MatrixOptions:

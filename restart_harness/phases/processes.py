@@ -197,10 +197,8 @@ def one_record_a_node(command: list[str], timeout: int) -> tuple[subprocess.Comp
     proc = subprocess.run(command, capture_output=True, text=True, check=False, timeout=timeout, cwd=SOURCE_ROOT)
     nodes = []
     for line in proc.stdout.splitlines():
-        try:
+        with contextlib.suppress(json.JSONDecodeError):
             nodes.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
     return proc, nodes
 
 

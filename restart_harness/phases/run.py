@@ -146,8 +146,7 @@ def record_prediction(run: resolve.Run, probe: dict | None) -> str | None:
     parts = [f"{label} {p[name]['seconds']:.2f} s" + (f" ({p[name]['borrowed'].split(':')[0]})"
                                                       if p[name].get("borrowed") else "")
              for label, name in shown if p[name].get("seconds") is not None]
-    whole = forecast.run_wall_seconds(run, made)
-    if whole is not None:
+    if (whole := forecast.run_wall_seconds(run, made)) is not None:
         parts.append(f"the whole run about {estimate.duration(whole)}")
     other = " - calibrated on ANOTHER DEVICE, its rates, not this one's" if made.get("other_device") else ""
     return f"calibration {spec.calibration}: " + (", ".join(parts) or "nothing predicted (see prediction.json)") + other

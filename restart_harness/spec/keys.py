@@ -88,9 +88,7 @@ class Key:
     @property
     def upper(self) -> float | None:
         """The largest value accepted: the declared maximum, else the bound every integer and size has."""
-        if self.maximum is not None:
-            return self.maximum
-        return {int: INT_MAX, Size: SIZE_MAX}.get(self.type)
+        return self.maximum if self.maximum is not None else {int: INT_MAX, Size: SIZE_MAX}.get(self.type)
 
     @property
     def type_name(self) -> str:

@@ -32,8 +32,7 @@ class RunRecord:
         """The local folder DeepSpeed and DCP are handed: the checkpoints themselves, or (object storage) the index
         of their names. Inside the run directory it is found relative to it, so a moved or copied run folder uses
         its own checkpoint, never the original's."""
-        inside = self.target_record.get("checkpoint_root_in_run")
-        if inside:
+        if inside := self.target_record.get("checkpoint_root_in_run"):
             return self.run_dir / inside
         root = Path(self.target_record["checkpoint_root"])
         if root.name == "checkpoint" and root.parent.name == self.run_dir.name:  # runs of harness 0.2.0

@@ -141,10 +141,9 @@ class Anatomy:
         if not self.enabled:
             return
         inner = getattr(owner, name)
-        anatomy = self
 
         def wrapped(*args, **kwargs):
-            with anatomy.region(category, io):
+            with self.region(category, io):
                 return inner(*args, **kwargs)
 
         wrapped.__wrapped__ = inner

@@ -105,8 +105,7 @@ def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: Me
     if engine.saves:
         from engines.base import EngineContext
 
-        io = engine.open(EngineContext(spec, target, storage=_storage(the_run),
-                                       **stack.engine_context()))
+        io = engine.open(EngineContext(spec, target, storage=_storage(the_run), **stack.engine_context()))
         manager = CheckpointManager(stack, engine, io, target, anatomy, log, memory)
     import torch  # its intra-op threads: OMP_NUM_THREADS from the launch script (the spec's `threads`)
 

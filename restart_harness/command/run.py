@@ -64,8 +64,7 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
         name = next(iter(pairs))
         accepted = [*run_keys(), *shape_keys(), *keys_of(engine.Options), *(extra or {})]
         raise unknown(name, pairs[name], accepted, engine.name)
-    if shape_values:
-        shape = dataclasses.replace(shape, **shape_values)
+    shape = dataclasses.replace(shape, **shape_values)
     defaults = dataclasses.asdict(engine.Options())
     spec = RunSpec(model=model, shape=shape, model_source=source, engine_options={**defaults, **options},
                    engine_option_defaults=defaults, **values).resolve()

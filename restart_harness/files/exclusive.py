@@ -19,9 +19,8 @@ LOCK = ".lock"
 
 def taken(path: Path | str) -> str | None:
     """Why an output file the command will create cannot be (anything is there now), or None."""
-    if os.path.lexists(Path(path).expanduser()):
-        return "already exists (nothing is overwritten); accepted: a new file's path"
-    return None
+    exists = os.path.lexists(Path(path).expanduser())
+    return "already exists (nothing is overwritten); accepted: a new file's path" if exists else None
 
 
 def create_file(path: Path, data: bytes, mode: int = 0o644) -> Path:

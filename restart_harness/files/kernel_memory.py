@@ -21,16 +21,15 @@ def _read(path: Path) -> str | None:
 
 def _cgroup() -> tuple[Path, int] | None:
     """(folder, version) of this process's memory cgroup: v2's (a memory.events beside it) or v1's memory controller."""
-    root = CGROUP_ROOT
     for line in (_read(PROC_CGROUP) or "").splitlines():
         hierarchy, controllers, path = line.split(":", 2)
         rel = path.lstrip("/")
         if hierarchy == "0":
-            for base in (root, root / "unified"):
+            for base in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
                 if (base / rel / "memory.events").is_file():
                     return base / rel, 2
-        elif "memory" in controllers.split(",") and (root / "memory" / rel / "memory.oom_control").is_file():
-            return root / "memory" / rel, 1
+        elif "memory" in controllers.split(",") and (CGROUP_ROOT / "memory" / rel / "memory.oom_control").is_file():
+            return CGROUP_ROOT / "memory" / rel, 1
     return None
 
 

@@ -58,9 +58,8 @@ def not_applicable(requested: str, why: str, observed: str | None = "not applica
 
 
 def _evict(files: list[Path], record: dict, per_file: bool) -> None:
-    """drop_caches (every clean page and the dentry and inode caches: as on a node that just booted) where allowed
-    and not `per_file`, else posix_fadvise(DONTNEED) on each file (its pages only); the method and errors go in
-    record."""
+    """drop_caches (every clean page, dentry and inode: a node just booted) where allowed and not `per_file`, else
+    posix_fadvise(DONTNEED) on each file; the method and errors go in record."""
     if not per_file:
         try:
             os.sync()
@@ -148,9 +147,8 @@ def environment(prefixes: list[str], requested: str, checkpoint: dict, per_file:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m restart_harness.files.pagecache drop|warm DIR [--per-file]`: the cache step on this node, its
-    record as one JSON line with the node's host name (a multi-node job runs it on every node: phases/processes.py);
-    --per-file evicts DIR's files alone, never drop_caches (env_cache=warm or keep)."""
+    """`python -m restart_harness.files.pagecache drop|warm DIR [--per-file]`: the cache step on this node (a multi-node
+    job's every node), its record one JSON line with the host name; --per-file: DIR's files alone, never drop_caches."""
     args = argv if argv is not None else sys.argv[1:]
     requested, where = args[:2]
     record = prepare(files_under(Path(where)), requested, per_file="--per-file" in args[2:])

@@ -49,7 +49,6 @@ def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None 
     folders the watchdog removes if the harness dies; `sampler`: the launch runs under it (attribution=)."""
     log_path = run_dir / "logs" / f"{record}.log"
     log_path.parent.mkdir(exist_ok=True)
-    events = run_dir / "events" / record / "rank-00000.jsonl"
     load = machine.load_now()  # before the ranks start: other work on the machine, not ours
     if load["busy"]:
         say(f"  [{record}] machine busy before the launch: {load['cpu_busy_fraction']:.0%} of its {load['cpus']} "
@@ -69,7 +68,7 @@ def launch(run_dir: Path, record: str, timeout: int, cleanup: list[Path] | None 
                                      str(os.getpid()), *map(str, cleanup or [])], start_new_session=True,
                                     cwd=SOURCE_ROOT)
         try:
-            timed_out = _follow(proc, events, record, start, timeout, sampler)
+            timed_out = _follow(proc, run_dir / "events" / record / "rank-00000.jsonl", record, start, timeout, sampler)
         except BaseException:
             # the harness is going away (Ctrl-C, SIGTERM, an exception): take the ranks with it
             end(proc)
@@ -109,19 +108,16 @@ def _orphaned_locks(proc: subprocess.Popen, record: str, since: float) -> None:
 
 
 def _follow(proc: subprocess.Popen, events: Path, record: str, start: float, timeout: int, sampler=None) -> bool:
-    """Show rank 0's progress until the launch ends (and any op the launch builds first); SIGKILL its process group
-    after `timeout` s (-> True). A sampler that holds a rank traced after it exited is ended, and the launch waited
-    for without it (third_party/py_spy_stuck_tracee.py); one still running SAMPLER_GRACE_SECONDS after the launch
-    it wraps ended is killed: every wait on the sampler is bounded."""
+    """Show rank 0's progress until the launch ends; SIGKILL its process group after `timeout` s (-> True). A sampler
+    that holds an exited rank traced (third_party/py_spy_stuck_tracee.py), or that outlives the launch it wraps by
+    SAMPLER_GRACE_SECONDS, is ended: every wait on the sampler is bounded."""
     offset, built = 0, set()
     watch = sampler.watch(proc.pid) if sampler is not None else None
     ended = None  # when the launch the sampler wraps ended (its exit code written)
     while True:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=0.5)
-            done = True
-        except subprocess.TimeoutExpired:
-            done = False
+        done = proc.returncode is not None
         lines, offset = new_lines(events, offset)
         for e in lines:
             if msg := progress_line(record, e):
@@ -303,9 +299,8 @@ def check_nodes(run: resolve.Run) -> None:
 
 
 def cache_on_every_node(run: resolve.Run, load_dir: Path, per_file: bool = False) -> dict:
-    """The cache step on each node of a multi-node job (one task per node): {"per_node": [its record with its
-    host], "observed": the worst node's}, or an error saying why it could not run (observed then stays this
-    node's, and says so). `per_file`: each node evicts the checkpoint's files alone, as this node did."""
+    """The cache step on each node of a multi-node job (one task per node): {"per_node": [records], "observed": the
+    nodes not as asked}, or an error saying why it could not run. `per_file`: as this node did."""
     spec = run.spec
     argv = [sys.executable, "-m", "restart_harness.files.pagecache", spec.cache, str(load_dir),
             *(["--per-file"] if per_file else [])]

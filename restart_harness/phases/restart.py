@@ -23,8 +23,7 @@ from restart_harness.schema import count
 
 def restarts(run: Run, repeats: int, relayout=None, facts: dict | None = None, own_spec: bool = False) -> list[str]:
     """`repeats` restarts of run's committed checkpoint, one after another; the records launched. `relayout`: how a
-    restart at another layout reads it (stacks/); `facts`: for each record; `own_spec`: each record keeps run's spec
-    as its own (records/spec-<record>.json)."""
+    restart at another layout reads it; `facts`: each record's; `own_spec`: records/spec-<record>.json is run's."""
     launched = []
     facts = {**(facts or {}), "rerun": own_spec}  # a restart-only re-run's outcome is its own, never the run's
     for n in range(repeats):

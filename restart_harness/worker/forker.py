@@ -21,8 +21,7 @@ def main(argv: list[str]) -> int:
     from restart_harness.worker.main import main as worker_main
 
     job = RankJob.parse(worker_args)
-    stack = resolve.read(job.run_dir, job.record).stack
-    stack.imports(later=True)
+    resolve.read(job.run_dir, job.record).stack.imports(later=True)
     sys.stdout.flush()
     sys.stderr.flush()
     children: dict[int, int] = {}

@@ -46,12 +46,9 @@ def _mapped() -> dict[str, int]:
 
 
 class IOProbe:
-    """phase(): the `io` field of a mark, the difference since the previous call (since exec for the first).
-
-    A rank forked from a process that imported for it (launcher=prefork: `forked`) inherits that process's counters
-    and mappings, while the kernel's counters of a new process start at zero: what it holds when the probe starts is
-    its baseline, and the rank that `owns` the forking process's figures (its local rank 0) adds them, and that
-    process's kernel figures, to its first phase, so that summed over the ranks the node's one import counts once."""
+    """phase(): the `io` field of a mark, the difference since the previous call (since exec for the first). A rank
+    forked from a process that imported for it (launcher=prefork: `forked`) starts from what it inherits; the rank that
+    `owns` the forking process's figures (local rank 0) adds them to its first phase: the node's import counts once."""
 
     def __init__(self, forked: bool = False, owns: bool = False):
         self.counters = iocount.Counters()

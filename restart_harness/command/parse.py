@@ -109,8 +109,7 @@ def parse_mlperf(tokens: list[str]) -> MlperfRequest:
         raise refused(fixed[0], pairs[fixed[0]], f"fixed by the MLPerf workload {workload.name} ({workload.preset}, "
                       f"TPxPPxDP {workload.tp}x{workload.pp}x{workload.dp}, ZeRO-{workload.zero}, emulated, every "
                       "checkpoint fsync'd, cold reads); scale it down with shrink=K")
-    values = fill(keys_of(MlperfOptions), pairs)[0]
-    checkpoints = values.get("checkpoints", MlperfOptions.checkpoints)
+    checkpoints = fill(keys_of(MlperfOptions), pairs)[0].get("checkpoints", MlperfOptions.checkpoints)
     declared = run_keys()
     if "subset" in pairs and coerce(declared["subset"], pairs["subset"]):  # MLPerf's subset: one host of 8 GPUs
         per_node = coerce(declared["ranks_per_node"], pairs.setdefault("ranks_per_node", "8"))

@@ -250,8 +250,7 @@ class CheckpointManager:
         wait for the slowest rank is engine_init's); returns the tag and the client state saved with it."""
         engine_init = self.log.phase_fields()  # memory and I/O of engine_init, read before the load's barrier
         barrier()  # every rank starts the load clock together: one rank's slower start is not load time
-        # anatomy=false: load_start is the mark's time, else the whole load would be engine_init's
-        load_start, untimed = time.time(), self.recorder.untimed
+        load_start, untimed = time.time(), self.recorder.untimed  # anatomy=false: the mark's time (else engine_init's)
         with self.anatomy.measure(LOAD_CATEGORIES, excluded=self.stack.untimed["load"]) as window:
             tag = tag or self.target.latest()
             if tag is None:

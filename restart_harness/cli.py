@@ -136,7 +136,7 @@ def _run(plugins) -> int:
 
 
 def _restart(request) -> int:
-    from restart_harness.phases.restart_only import restart_only
+    from restart_harness.phases.run import restart_only
 
     return _print_run(restart_only(request), submitted=request.run.launcher.submits())
 

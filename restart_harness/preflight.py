@@ -164,7 +164,7 @@ def resources(plugins: Plugins) -> None:
 def nodes(plugins: Plugins) -> None:
     """What the node that runs the ranks must have (an engine's module, CUDA and the GPUs, locked memory:
     nodecheck.py), checked here where the ranks start here. A submitted run's nodes, or a dry run's, may not
-    be this machine: its job checks every node before the checkpoint phase (phases/nodes.py)."""
+    be this machine: its job checks every node before the checkpoint phase (phases/processes.py)."""
     if plugins.launcher.submits() or plugins.spec.dry_run:
         return
     nodecheck.here(plugins)

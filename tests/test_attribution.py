@@ -18,7 +18,7 @@ from restart_harness.results.causes import KINDS
 from restart_harness.results.terminal import render
 from restart_harness.rundir import sampling
 from restart_harness.schema import ANCHOR_PREFIX, PHASE_NAMES
-from restart_harness.worker.anchor import Anchors
+from restart_harness.worker.eventlog import Anchors
 
 SAMPLED = cases("attribution-dp2", "lazy-dp2", "fsdp2-dp2")
 SUM_TOLERANCE = 0.05  # the causes and the remainder against the phase's measured seconds
@@ -145,7 +145,7 @@ def test_a_sampler_that_cannot_run_leaves_phase_timings_and_says_why(harness):
 ANCHORED = f"""
 import time, sys
 sys.path.insert(0, {str(REPO)!r})
-from restart_harness.worker.anchor import Anchors
+from restart_harness.worker.eventlog import Anchors
 anchors = Anchors(100)
 busy = time.time() + 0.3
 while time.time() < busy:

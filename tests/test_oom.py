@@ -15,7 +15,7 @@ import pytest
 from conftest import REPO, case_launcher
 
 from restart_harness.files import kernel_memory
-from restart_harness.phases import diagnose
+from restart_harness.phases import processes as diagnose
 
 LIMIT_BYTES = 2560 << 20  # a tiny dp=2 run (the harness, the launcher, two ranks) takes ~1.2 GiB of it
 LEAK_MIB = 3072  # what rank 1 holds at its first save: more than the limit, so the kernel kills it

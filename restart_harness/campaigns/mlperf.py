@@ -15,8 +15,7 @@ from restart_harness.command import parse
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
 from restart_harness.phases import say
-from restart_harness.phases.restart_only import restart_only
-from restart_harness.phases.run import discard_checkpoint
+from restart_harness.phases.run import discard_checkpoint, restart_only
 from restart_harness.phases.run import run as run_one
 from restart_harness.plan import checkpoint
 from restart_harness.plan import mlperf as workloads

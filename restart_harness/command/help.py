@@ -1,6 +1,5 @@
-"""`./submit-job.sh --help`: the commands, then every key grouped, each with its type, default, unit and meaning,
-generated from the declarations (spec/keys.py) that the parser uses; then presets, training stacks, storage targets
-and engines."""
+"""`./submit-job.sh --help`: the commands, every key grouped with its type, default, unit and meaning (from the
+declarations the parser uses), then presets, training stacks, storage targets and engines."""
 
 from __future__ import annotations
 
@@ -47,19 +46,20 @@ MODEL: {presets} (configs/models/), a .yaml preset, or a local HF config.json (o
 
 
 def _section(title: str, keys: list) -> list[str]:
-    return [f"{title}:", *(f"  {describe(k, 'from MODEL' if k.group == 'model' else 'required')}" for k in keys), ""]
+    return [f"{title}:", *(f"  {describe(k)}" for k in keys), ""]
+
+
+def _groups():
+    """(group, its run keys, the model's shape keys with `model`), for the groups that have keys."""
+    run = run_keys()
+    for group in GROUPS:
+        keys = [k for k in run.values() if k.group == group] + (list(shape_keys().values()) if group == "model" else [])
+        if keys:
+            yield group, keys
 
 
 def _run_sections() -> list[str]:
-    lines = []
-    run = run_keys()
-    for group in GROUPS:
-        keys = [k for k in run.values() if k.group == group]
-        if group == "model":
-            keys += list(shape_keys().values())
-        if keys:
-            lines += _section(f"{group} keys", keys)
-    return lines
+    return [line for group, keys in _groups() for line in _section(f"{group} keys", keys)]
 
 
 def _plugin_sections() -> list[str]:
@@ -77,8 +77,7 @@ def _plugin_sections() -> list[str]:
     return lines
 
 
-# the options of each command other than a run: (its options, whether it takes a run's keys too, the words after
-# the command in its usage)
+# each command other than a run: (its options, whether it takes a run's keys too, the words after it in its usage)
 _COMMAND_KEYS = {"plan": (PlanOptions, True, ""), "predict": (PredictOptions, True, ""),
                  "calibrate": (CalibrateOptions, False, ""), "baseline": (BaselineOptions, False, ""),
                  "matrix": (MatrixOptions, False, ""), "report": (ReportOptions, False, " RUN_OR_SWEEP_DIR..."),
@@ -87,35 +86,42 @@ _COMMAND_KEYS = {"plan": (PlanOptions, True, ""), "predict": (PredictOptions, Tr
                  "endure": (EndureOptions, True, " MODEL")}
 
 
+def _run_keys_tail(name: str, run: str, full: bool) -> str | None:
+    """What the command takes of the run keys (`run`: how they are named); `full`: the longer words of CMD --help."""
+    except_shape = "except {} and the model's shape"
+    if name == "restart":
+        return f"and of {run}: {', '.join(restart_keys())}"
+    if name == "mlperf":
+        return f"and {run} {except_shape.format(', '.join(MLPERF_FIXED))}" + ("" if full else " (the workload's)")
+    if name == "study":
+        return ("and the predict keys but predict=" + (" (write_gbps=, read_gbps=, ...: the storage the predictions "
+                "assume)" if full else "") + f", and {run} {except_shape.format(', '.join(STUDY_FIXED))}"
+                + ("" if full else " (each cell's)"))
+    if name == "endure" and not full:
+        return f"and {run} except phase= and keep="
+    return "and every run key: ./submit-job.sh run --help" if full and _COMMAND_KEYS[name][1] else None
+
+
 def usage() -> str:
-    tails = {"restart": f"  and of the run keys above: {', '.join(restart_keys())}",
-             "mlperf": f"  and the run keys above except {', '.join(MLPERF_FIXED)} and the model's shape (the "
-                       "workload's)",
-             "study": f"  and the predict keys but predict=, and the run keys above except {', '.join(STUDY_FIXED)} "
-                      "and the model's shape (each cell's)",
-             "endure": "  and the run keys above except phase= and keep="}
     lines = [USAGE.format(presets=", ".join(preset_names())), f"units: {UNITS}", "", *_run_sections()]
     for name in ("plan", "predict", "calibrate", "baseline", "matrix", "report", "restart", "clean", "mlperf",
                  "study", "endure"):
         options, _, words = _COMMAND_KEYS[name]
         section = _section(f"{name} keys (with `{name}{words}`)", list(keys_of(options).values()))
-        lines += [*section[:-1], tails[name], ""] if name in tails else section
+        tail = _run_keys_tail(name, "the run keys above", full=False)
+        lines += [*section[:-1], f"  {tail}", ""] if tail else section
     return "\n".join(lines + _plugin_sections())
 
 
 TOPICS = ("run", "sweep", *_COMMAND_KEYS)  # what `CMD --help` and `help CMD` explain
 
 
-def _synopsis(name: str) -> list[str]:
-    """The command's lines of USAGE: `run` is `[run] MODEL`, a sweep `MODEL key=a,b`."""
-    word = {"run": "[run]", "sweep": "MODEL"}.get(name, name)
-    return [line.replace("usage: ", "").strip() for line in USAGE.splitlines()
-            if line.partition("./submit-job.sh ")[2].startswith(word + " ")]
-
-
 def command_usage(name: str) -> str:
     """`./submit-job.sh CMD --help` (or `help CMD`): the command's usage line and the keys it takes."""
-    lines = ["usage: " + "\n       ".join(_synopsis(name)), ""]
+    word = {"run": "[run]", "sweep": "MODEL"}.get(name, name)  # its lines of USAGE: `run` is `[run] MODEL`
+    synopsis = [line.replace("usage: ", "").strip() for line in USAGE.splitlines()
+                if line.partition("./submit-job.sh ")[2].startswith(word + " ")]
+    lines = ["usage: " + "\n       ".join(synopsis), ""]
     if name in ("run", "sweep"):
         lines += [USAGE.splitlines()[-1].format(presets=", ".join(preset_names())), f"units: {UNITS}", ""]
     if name == "sweep":
@@ -126,21 +132,9 @@ def command_usage(name: str) -> str:
             "the run keys: ./submit-job.sh run --help", ""])
     if name == "run":
         return "\n".join(lines + _run_sections() + _plugin_sections()) + "\n"
-    options, with_run_keys, _ = _COMMAND_KEYS[name]
-    lines += _section(f"{name} keys", list(keys_of(options).values()))
-    if name == "restart":
-        lines += [f"and of the run keys (./submit-job.sh run --help): {', '.join(restart_keys())}"]
-    elif name == "mlperf":
-        lines += [(f"and the run keys (./submit-job.sh run --help) except {', '.join(MLPERF_FIXED)} and the model's "
-                  "shape")]
-    elif name == "study":
-        lines += [("and the predict keys but predict= (write_gbps=, read_gbps=, ...: the storage the predictions "
-                   "assume), "
-                  f"and the run keys (./submit-job.sh run --help) except {', '.join(STUDY_FIXED)} and the model's "
-                   "shape")]
-    elif with_run_keys:
-        lines += ["and every run key: ./submit-job.sh run --help"]
-    return "\n".join(lines).rstrip() + "\n"
+    lines += _section(f"{name} keys", list(keys_of(_COMMAND_KEYS[name][0]).values()))
+    tail = _run_keys_tail(name, "the run keys (./submit-job.sh run --help)", full=True)
+    return "\n".join(lines + ([tail] if tail else [])).rstrip() + "\n"
 
 
 def markdown() -> str:
@@ -149,8 +143,7 @@ def markdown() -> str:
     def table(keys: list) -> list[str]:
         rows = ["| key | type | default | unit | meaning |", "|---|---|---|---|---|"]
         for k in keys:
-            default = ("from MODEL" if k.group == "model" else "required") if k.required else (
-                "none" if k.default is None else str(k.default).lower() if isinstance(k.default, bool) else k.default)
+            default = k.default_text
             kind = k.type_name.replace("|", r"\|") + (" (" + r" \| ".join(k.choices) + ")" if k.choices else "")
             flags = [f for f, on in (("restart", k.restart), ("no sweep list", not k.sweep)) if on]
             extra = f" *[{', '.join(flags)}]*" if flags else ""
@@ -161,11 +154,8 @@ def markdown() -> str:
              ("Generated from the declarations (`python -m restart_harness.command.help > docs/keys.md`); the parser, "
              "`--help` and this page read the same ones. *restart*: a restart-only re-run may set it; *no sweep "
              "list*: one value per sweep."), "", f"Units: {UNITS}.", ""]
-    run = run_keys()
-    for group in GROUPS:
-        keys = [k for k in run.values() if k.group == group] + (list(shape_keys().values()) if group == "model" else [])
-        if keys:
-            lines += [f"## {group}", "", *table(keys)]
+    for group, keys in _groups():
+        lines += [f"## {group}", "", *table(keys)]
     for name, (options, _, words) in _COMMAND_KEYS.items():
         lines += [f"## {name} (`./submit-job.sh {name}{words} ...`)", "", *table(list(keys_of(options).values()))]
     lines += ["## launchers", "", "| launcher= | what starts the ranks |", "|---|---|"]

@@ -1,6 +1,4 @@
-"""The options of the commands other than a run (plan, predict, calibrate, baseline, matrix, report, restart,
-mlperf, clean): each a dataclass of declared keys
-(restart_harness/spec/keys.py), parsed by command/parse.py, listed by --help."""
+"""The options of the commands other than a run, each a dataclass of declared keys (spec/keys.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""`report RUN_OR_SWEEP_DIR... [out_dir=DIR] [include=failed,dry] [match=GLOB]`: the report command's words, for
-analysis/report.py (which reads result files without torch, DeepSpeed or YAML: this module imports the key
-declarations only)."""
+"""`report RUN_OR_SWEEP_DIR... [key=value]`: the report command's words, for analysis/report.py (which reads result
+files without torch, DeepSpeed or YAML: this module imports the key declarations only)."""
 
 from __future__ import annotations
 

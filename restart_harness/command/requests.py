@@ -31,8 +31,7 @@ class RestartRequest:
     run: resolve.Run  # the run with the restarts' spec (completed on the node that launches them)
     original: RunSpec  # the run's spec as it was made (the layout that wrote the checkpoint)
     tokens: list[str]  # the overrides as given (key=value), handed on to a submitted restart-only job
-    # what the check of the committed checkpoint's content read before anything launched (preflight.restart;
-    # files/checksum.py), or None where its save recorded no checksums
+    # what preflight's check of the committed checkpoint's content read, or None where its save recorded no checksums
     integrity: dict | None = None
 
     @property
@@ -42,10 +41,6 @@ class RestartRequest:
     @property
     def spec(self) -> RunSpec:  # the restarts'
         return self.run.spec
-
-    @property
-    def repeats(self) -> int:
-        return self.spec.repeats
 
     @property
     def relayout(self) -> bool:

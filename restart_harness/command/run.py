@@ -51,26 +51,20 @@ def parse_run(tokens: list[str], extra: dict[str, Key] | None = None) -> tuple[R
         raise UsageError(f"{model!r}: the first argument must be a MODEL (preset name or config.json path)")
     shape, source = _model(model)
     model = preset_named(model) or model  # a preset by its own spelling: results name it one way
-    pairs = pairs_of(rest)
-    values: dict = {}
-    pairs = fill(values, run_keys(), pairs)
+    values, pairs = fill(run_keys(), pairs_of(rest))
     if "launcher" in values:  # an alias (launcher=deepspeed) is recorded as the launcher's name
         values["launcher"] = resolve.launcher_class(values["launcher"]).name
     stack = resolve.stack_named(values.get("stack", run_keys()["stack"].default))
     values.setdefault("engine", stack.default_engine)  # each stack's own: DeepSpeed's torch.save, DCP for FSDP2
     engine = resolve.engine_class(values["engine"])
-    options: dict = {}
-    pairs = fill(options, keys_of(engine.Options), pairs)
-    shape_values: dict = {}
-    pairs = fill(shape_values, shape_keys(), pairs)
-    extra_values: dict = {}
-    pairs = fill(extra_values, extra or {}, pairs)
+    options, pairs = fill(keys_of(engine.Options), pairs)
+    shape_values, pairs = fill(shape_keys(), pairs)
+    extra_values, pairs = fill(extra or {}, pairs)
     if pairs:
         name = next(iter(pairs))
         accepted = [*run_keys(), *shape_keys(), *keys_of(engine.Options), *(extra or {})]
         raise unknown(name, pairs[name], accepted, engine.name)
-    if shape_values:
-        shape = dataclasses.replace(shape, **shape_values)
+    shape = dataclasses.replace(shape, **shape_values)
     defaults = dataclasses.asdict(engine.Options())
     spec = RunSpec(model=model, shape=shape, model_source=source, engine_options={**defaults, **options},
                    engine_option_defaults=defaults, **values).resolve()
@@ -119,9 +113,8 @@ _WRITES = {"posix": "to a file system", "object": "to object storage"}
 
 def is_sweep(tokens: list[str]) -> bool:
     """A comma list in MODEL or any value, or repeats > 1."""
-    if any("," in t for t in tokens):
-        return True
-    return any(t.startswith("repeats=") and t.split("=", 1)[1] not in ("1", "+1") for t in tokens[1:])
+    return any("," in t for t in tokens) or any(t.startswith("repeats=") and t.split("=", 1)[1] not in ("1", "+1")
+                                                for t in tokens[1:])
 
 
 def parse_sweep(tokens: list[str]) -> SweepRequest:

@@ -59,10 +59,8 @@ def parse_study(tokens: list[str]) -> StudyRequest:
         raise UsageError(f"{fixed[0]}=: set by the study for each cell (its layout, engine and option: a real run, "
                          "emulation, shrunk, predicted); accepted: the study keys (./submit-job.sh study --help) and "
                          "the other run keys")
-    values: dict = {}
-    rest = fill(values, keys_of(StudyOptions), pairs)
-    predict_values: dict = {}
-    rest = fill(predict_values, {k: v for k, v in keys_of(PredictOptions).items() if k != "predict"}, rest)
+    values, rest = fill(keys_of(StudyOptions), pairs)
+    predict_values, rest = fill({k: v for k, v in keys_of(PredictOptions).items() if k != "predict"}, rest)
     declared = run_keys()
     for name, text in rest.items():
         if name not in declared:
@@ -73,13 +71,17 @@ def parse_study(tokens: list[str]) -> StudyRequest:
     if (predict.write_gbps is None) != (predict.read_gbps is None):
         given = "write_gbps" if predict.write_gbps is not None else "read_gbps"
         raise UsageError(f"{given}=: give write_gbps= and read_gbps= together (or neither: the cached baseline)")
-    models, gpu_counts = _models(options, predict), _gpu_counts(options.gpus)
+    models, gpus = _models(options, predict), _study_list("gpus", options.gpus, "GPU counts")
+    for text in gpus:
+        if not (text.isascii() and text.isdigit()) or int(text) < 1 or int(text) > MAX_WORLD:
+            raise UsageError(f"gpus={options.gpus}: {text!r} is not a GPU count; accepted: positive integers up to "
+                             f"{MAX_WORLD:,}, comma-separated, e.g. gpus=8,16")
     engines = _study_engines(options.engines, resolve.stack_named(declared["stack"].default))  # stack= is fixed
     strategies = (None if options.strategies == "auto" else
                   [parse_strategy(t) for t in _study_list("strategies", options.strategies, "strategies")])
     pairs_run = {**rest, "keep": rest.get("keep", "false")}  # each cell's checkpoint deleted once its records are
-    return StudyRequest(options, predict, [f"{k}={v}" for k, v in pairs_run.items()], models, gpu_counts, engines,
-                        strategies, list(tokens))
+    return StudyRequest(options, predict, [f"{k}={v}" for k, v in pairs_run.items()], models, [int(t) for t in gpus],
+                        engines, strategies, list(tokens))
 
 
 def _models(options: StudyOptions, predict: PredictOptions) -> list[str]:
@@ -93,14 +95,6 @@ def _models(options: StudyOptions, predict: PredictOptions) -> list[str]:
                                   f"{', '.join(preset_names())}, a .yaml preset or an HF config.json") from None
         plausible_rates(shape, 1, dataclasses.asdict(predict))
     return models
-
-
-def _gpu_counts(gpus: str) -> list[int]:
-    for text in (texts := _study_list("gpus", gpus, "GPU counts")):
-        if not (text.isascii() and text.isdigit()) or int(text) < 1 or int(text) > MAX_WORLD:
-            raise UsageError(f"gpus={gpus}: {text!r} is not a GPU count; accepted: positive integers up to "
-                             f"{MAX_WORLD:,}, comma-separated, e.g. gpus=8,16")
-    return [int(t) for t in texts]
 
 
 def _study_engines(text: str, stack: type[stacks.Stack]) -> list[str]:

@@ -25,15 +25,10 @@ def pairs_of(tokens: list[str]) -> dict[str, str]:
     return pairs
 
 
-def fill(target: dict, declared: dict[str, Key], pairs: dict[str, str]) -> dict[str, str]:
-    """Coerce the pairs declared in `declared` into target; returns the pairs left over."""
-    rest = {}
-    for name, text in pairs.items():
-        if name in declared:
-            target[name] = coerce(declared[name], text)
-        else:
-            rest[name] = text
-    return rest
+def fill(declared: dict[str, Key], pairs: dict[str, str]) -> tuple[dict, dict[str, str]]:
+    """(the pairs declared in `declared`, coerced; the pairs left over)."""
+    values = {name: coerce(declared[name], text) for name, text in pairs.items() if name in declared}
+    return values, {name: text for name, text in pairs.items() if name not in declared}
 
 
 def required(declared: dict[str, Key], values: dict, command: str) -> None:
@@ -46,8 +41,7 @@ def options_of(cls: type, tokens: list[str], command: str):
     """A command's own options (a dataclass of key() fields) from its tokens: unknown keys and missing required
     ones refused with one line naming what the command accepts."""
     declared = keys_of(cls)
-    values: dict = {}
-    rest = fill(values, declared, pairs_of(tokens))
+    values, rest = fill(declared, pairs_of(tokens))
     if rest:
         name = next(iter(rest))
         raise UsageError(f"{name}={rest[name]}: not a {command} key; {command} accepts "

@@ -1,8 +1,6 @@
-"""Storage baseline: what the checkpoint storage does for plain sequential I/O (`ranks` writers each write and make
-durable one file of `file_bytes`, evicted, read back), and its ceiling (the same files the way the storage does best),
-so a save or a load can be read as a fraction of either. A target's StorageProbe probes; this module times, caches
-(per storage, size and rank count, per checkout unless RH_BASELINE_CACHE=shared) and renders. docs/measurements.md
-(storage baseline and ceiling) and docs/planner.md (the cache). Imports nothing above files/: a probe is passed in."""
+"""Storage baseline and ceiling (docs/measurements.md; the cache: docs/planner.md): a target's StorageProbe probes;
+this module times, caches (per storage, size and rank count, per checkout unless RH_BASELINE_CACHE=shared) and
+renders. Imports nothing above files/: a probe is passed in."""
 
 from __future__ import annotations
 
@@ -23,8 +21,7 @@ MIB = 1 << 20
 BLOCK_BYTES = 4 * MIB
 TOOLS = ("auto", "fio", "builtin")
 # The automatic probe before a run: bounded so it costs about a second, never minutes; a large checkpoint's probe
-# writes a sixteenth of it, up to 2 GiB: a 128 MiB write and fsync measured this disk at 666 to 2,246 MiB/s (median
-# 723) where the 43.8 GB save it was to predict ran at 1,520 (docs/planner.md)
+# writes a sixteenth of it, up to 2 GiB (small probes swing: docs/planner.md)
 AUTO_MIN_FILE_BYTES = 16 * MIB  # fio reports whole milliseconds: smaller files would round to noise
 AUTO_MAX_TOTAL_BYTES = 128 * MIB
 AUTO_CHECKPOINT_SHARE = 16  # a large checkpoint's probe writes at most 1/16 of it
@@ -35,8 +32,7 @@ DEFAULT_FILE_BYTES = 64 * MIB
 # the ceiling's shape: a request's bytes and the requests in flight a rank (an engine's defaults may take it)
 CEILING_REQUEST_BYTES = 16 * MIB
 CEILING_QUEUE_DEPTH = 4
-# what a cached record holds: 1 the ceiling (2026-11-27), 2 its probe's buffered read too (an engine may
-# choose its read way by it). A run re-measures an entry of another version instead of deciding on figures it lacks.
+# what a cached record holds (1 the ceiling, 2 its buffered read too): an entry of another version is measured again
 RECORD_VERSION = 2
 
 
@@ -77,8 +73,6 @@ def cached(probe, file_bytes: int | None = None, ranks: int | None = None) -> di
     folder = cache_root() / probe.key()
     if file_bytes is not None and ranks is not None and (exact := folder / f"{file_bytes}x{ranks}.json").is_file():
         return _read(exact)
-    if not folder.is_dir():
-        return None
     entries = [e for e in (_read(p) for p in folder.glob("*.json")) if e]
     return max(entries, key=lambda e: e.get("measured_at", ""), default=None)
 
@@ -194,10 +188,8 @@ def _grid(direct_probes: list[dict]) -> list[dict] | None:
 
 def measure(probe, file_bytes: int, ranks: int, tool: str = "auto", repeats: int | None = None) -> dict:
     """Probe the storage now, `repeats` times (probe.measure(), then probe.measure_ceiling(): interleaved, so the
-    disk's drift reaches both alike); the record holds the median write and read throughput and their spread (min,
-    max over the repeats), and the ceiling (ceiling()), is cached and returned. A small probe on a shared or virtual
-    disk moves run to run: the spread says how far the baseline, and every efficiency derived from it, can be
-    trusted."""
+    disk's drift reaches both alike); the record (the median write and read, their spread over the repeats, and the
+    ceiling()) is cached and returned."""
     started = time.perf_counter()
     probes, directs = [], []
     for _ in range(repeats or PROBE_REPEATS):
@@ -225,9 +217,8 @@ def measure(probe, file_bytes: int, ranks: int, tool: str = "auto", repeats: int
 
 
 def auto_size(typical_file_bytes: int, ranks: int, free_bytes: int, checkpoint_bytes: int = 0) -> tuple[int, int] | None:
-    """(file_bytes, ranks) for the automatic probe: the checkpoint's typical file and rank count, bounded so the
-    probe stays around a second, or a sixteenth of a large checkpoint; None when the file system has too little free
-    space to probe at all."""
+    """(file_bytes, ranks) for the automatic probe: the checkpoint's typical file and rank count, bounded (AUTO_*);
+    None when the file system has too little free space to probe at all."""
     ranks = max(1, min(ranks, AUTO_MAX_RANKS))
     total = max(AUTO_MAX_TOTAL_BYTES, min(checkpoint_bytes // AUTO_CHECKPOINT_SHARE, AUTO_LARGE_TOTAL_BYTES))
     budget = min(total, int(free_bytes * AUTO_MAX_FREE_FRACTION))
@@ -246,9 +237,7 @@ def age_seconds(record: dict) -> float | None:
 
 def bandwidths_mib_s(record: dict | None) -> tuple[float | None, float | None, str]:
     """(write, read) the prediction's storage terms take from a baseline record, MiB/s, and which they are: the
-    ceiling's where it was measured, else the baseline's. The storage's own time is a lower bound the fit adds to
-    (docs/prediction.md), so it must be the storage's best: a 512 MiB x 4 write and fsync measured 733 to 761 MiB/s
-    here where the direct probe gave 1,496 to 1,559 and a 43.8 GB save ran at 1,520 (2026-11-28)."""
+    ceiling's where it was measured (the storage's best: docs/prediction.md), else the baseline's."""
     record = record or {}
     best = record.get("ceiling") or {}
     if best.get("write_mib_s") and best.get("read_mib_s"):
@@ -262,21 +251,17 @@ def summary_record(record: dict | None, cached_flag: bool) -> dict | None:
         return None
     keys = ("write_mib_s", "read_mib_s", "method", "file_bytes", "ranks", "dir", "measured_at", "spread", "ceiling",
             "cache_scope")
-    out = {k: record.get(k) for k in keys}
-    out["cached"] = cached_flag
     age = age_seconds(record)
-    out["age_seconds"] = round(age, 1) if age is not None else None
-    out["read_cache_observed"] = (record.get("read_cache") or {}).get("observed")
-    if record.get("error"):
-        out["error"] = record["error"]
-    return out
+    return {**{k: record.get(k) for k in keys}, "cached": cached_flag,
+            "age_seconds": round(age, 1) if age is not None else None,
+            "read_cache_observed": (record.get("read_cache") or {}).get("observed"),
+            **({"error": record["error"]} if record.get("error") else {})}
 
 
 def for_run(probe, typical_file_bytes: int, ranks: int, max_age_seconds: float | None = None,
             checkpoint_bytes: int = 0) -> dict:
-    """The baseline a run records: the cached one for this storage, size and rank count when it is at most
-    max_age_seconds old, else a bounded measurement now. Never fails the run: a probe that cannot run is recorded
-    with its error."""
+    """The baseline a run records: the cached one for this storage, size and rank count when at most max_age_seconds
+    old, else a bounded measurement now; a probe that cannot run is recorded with its error, never fails the run."""
     try:
         free = probe.free_bytes()
     except OSError as exc:

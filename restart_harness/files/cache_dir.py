@@ -1,6 +1,5 @@
-"""Where the harness keeps what it can rebuild (DeepSpeed's JIT-built ops, storage baselines, the I/O counter
-library): RH_CACHE_DIR, else $XDG_CACHE_HOME/restart-harness, else ~/.cache/restart-harness. Never inside the
-checkout, so a read-only install works."""
+"""Where the harness keeps what it can rebuild (JIT-built ops, storage baselines, the I/O counter library): RH_CACHE_DIR,
+else $XDG_CACHE_HOME/restart-harness, else ~/.cache/restart-harness; never inside the checkout."""
 
 from __future__ import annotations
 
@@ -30,8 +29,6 @@ def problem() -> str | None:
 
 
 def extensions_dir() -> Path:
-    """TORCH_EXTENSIONS_DIR for DeepSpeed's JIT-built ops: one folder per Python environment. torch rebuilds an op
-    whose build flags changed, and the flags name the environment's paths (its DeepSpeed sources, torch's headers),
-    so two environments sharing one folder (two checkouts, a bundle install beside a development one) rebuilt each
-    other's ops at every alternation: measured, the async_io op's 3 minutes on 2 cores each time."""
+    """TORCH_EXTENSIONS_DIR for DeepSpeed's JIT-built ops: one folder per Python environment (an op's build flags
+    name its environment's paths: two environments sharing a folder rebuild each other's ops, minutes each time)."""
     return cache_dir("torch_extensions", hashlib.sha256(os.path.realpath(sys.prefix).encode()).hexdigest()[:12])

@@ -1,6 +1,6 @@
-"""Content checksums of checkpoint files (key checksums=, docs/measurements.md#checksums): the writing rank's sha256 of
-each committed file, compared before a restart loads it. A folder of shards has one checksum over every file under
-it: each file's path relative to the folder, then its content, in path order."""
+"""Content checksums of checkpoint files (checksums=, docs/measurements.md#checksums): the writing rank's sha256 of
+each committed file (a folder of shards: its files' relative paths and contents, in path order), checked before a
+restart loads it."""
 
 from __future__ import annotations
 
@@ -40,9 +40,8 @@ def _feed(digest, path: Path) -> None:
 
 
 def compare(tag_dir: Path, recorded: dict[str, dict]) -> dict | None:
-    """Check every recorded file of one checkpoint (relative path -> {bytes, sha256}) against its content under
-    tag_dir; raises Mismatch naming the first that differs. Returns what was checked ({algorithm, files, bytes,
-    seconds}), or None when the save recorded no checksums (checksums=off)."""
+    """Check every recorded file of one checkpoint (relative path -> {bytes, sha256}) under tag_dir; Mismatch names the
+    first that differs. What was checked ({algorithm, files, bytes, seconds}), or None: no checksums recorded."""
     checked = {rel: r for rel, r in sorted(recorded.items()) if r.get(ALGORITHM)}
     if not checked:
         return None

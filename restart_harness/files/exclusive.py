@@ -1,12 +1,10 @@
-"""The one rule for everything the harness makes: nothing that exists is ever replaced or shared.
-
-A file is created exclusively (refused before the work if it exists; its final write a hard link of a whole
-temporary file, which fails rather than replace a file that appeared meanwhile). A folder is claimed by mkdir
-(a fresh name on collision). Work that continues an existing folder holds a lock on it (flock: the kernel frees it
-when the holder dies), and a second one is refused with the holder's pid, host and start time."""
+"""Nothing that exists is ever replaced or shared: a file is created exclusively (a hard link of a whole temporary
+file), a folder claimed by mkdir (a fresh name on collision), and work that continues an existing folder holds its
+lock (flock; a second one is refused naming the holder)."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -21,9 +19,8 @@ LOCK = ".lock"
 
 def taken(path: Path | str) -> str | None:
     """Why an output file the command will create cannot be (anything is there now), or None."""
-    if os.path.lexists(Path(path).expanduser()):
-        return "already exists (nothing is overwritten); accepted: a new file's path"
-    return None
+    exists = os.path.lexists(Path(path).expanduser())
+    return "already exists (nothing is overwritten); accepted: a new file's path" if exists else None
 
 
 def create_file(path: Path, data: bytes, mode: int = 0o644) -> Path:
@@ -48,11 +45,9 @@ def claim_dir(root: Path, base: str) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     for n in range(1, 1000):
         path = root / (base if n == 1 else f"{base}-{n}")
-        try:
+        with contextlib.suppress(FileExistsError):
             path.mkdir()
             return path.resolve()
-        except FileExistsError:
-            continue
     raise FileExistsError(f"could not create a fresh directory {base} under {root}: 999 taken")
 
 

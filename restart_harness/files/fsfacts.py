@@ -79,18 +79,14 @@ def free_bytes(path: Path) -> int:
 
 def why_not_a_directory(path: Path) -> str | None:
     """None when path is a directory that can be written, or one that can be created; else the reason, one line.
-
-    Proven, not guessed: a temporary directory is created and removed in the nearest existing ancestor (os.access
-    says yes to root on /proc, where mkdir then fails)."""
+    Proven: a temporary directory is made in the nearest existing ancestor (os.access says yes to root on /proc)."""
     if why := why_unresolvable(path):
         return why
-    # the path as it will be used: `..` and symlinks resolved (a run's folders are made under Path.resolve()), so
-    # relative/ckpt/../../../../proc/x is checked as /proc/x, not as a folder under relative/
+    # the path as it will be used, `..` and symlinks resolved: relative/ckpt/../../../../proc/x is /proc/x
     path = Path(os.path.realpath(Path(path).expanduser()))
-    existing = next(p for p in [path, *path.parents] if p.exists())  # "/" at the latest
-    if not existing.is_dir():
-        return f"{existing} exists and is not a directory"
-    base = nearest_existing(path)
+    base = nearest_existing(path)  # "/" at the latest
+    if not base.is_dir():
+        return f"{base} exists and is not a directory"
     fs = filesystem(base)
     if fs["type"] in PSEUDO_FILESYSTEMS:
         return f"{base} is on a {fs['type']} file system (mounted at {fs['mount']}), which holds no files"

@@ -1,8 +1,6 @@
-"""What the kernel says of memory: this process's memory cgroup (its limit, what it uses, how many of its processes
-the OOM killer ended: cgroup v2's memory.events, v1's memory.oom_control) and the OOM killer's kills in the kernel
-log (/dev/kmsg, where readable). A launch reads the counters before and after (phases/processes.py): a rank the
-kernel killed for memory is then named as the cause of a failure (phases/diagnose.py), not its peers' lost
-connections."""
+"""What the kernel says of memory: this process's memory cgroup (limit, usage, OOM kills) and the OOM killer's kills in
+the kernel log (/dev/kmsg, where readable), read around each launch so a rank killed for memory is named as the cause
+of a failure, not its peers' lost connections (phases/processes.py)."""
 
 from __future__ import annotations
 
@@ -23,16 +21,15 @@ def _read(path: Path) -> str | None:
 
 def _cgroup() -> tuple[Path, int] | None:
     """(folder, version) of this process's memory cgroup: v2's (a memory.events beside it) or v1's memory controller."""
-    root = CGROUP_ROOT
     for line in (_read(PROC_CGROUP) or "").splitlines():
         hierarchy, controllers, path = line.split(":", 2)
         rel = path.lstrip("/")
         if hierarchy == "0":
-            for base in (root, root / "unified"):
+            for base in (CGROUP_ROOT, CGROUP_ROOT / "unified"):
                 if (base / rel / "memory.events").is_file():
                     return base / rel, 2
-        elif "memory" in controllers.split(",") and (root / "memory" / rel / "memory.oom_control").is_file():
-            return root / "memory" / rel, 1
+        elif "memory" in controllers.split(",") and (CGROUP_ROOT / "memory" / rel / "memory.oom_control").is_file():
+            return CGROUP_ROOT / "memory" / rel, 1
     return None
 
 
@@ -100,11 +97,9 @@ class KernelLog:
         while self.fd is not None:
             try:
                 record = os.read(self.fd, 8192)
-            except BlockingIOError:
-                break
             except BrokenPipeError:  # records overwritten before they were read: go on with the next
                 continue
-            except OSError:
+            except OSError:  # BlockingIOError: nothing more to read
                 break
             if not record:
                 break

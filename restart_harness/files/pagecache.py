@@ -1,6 +1,5 @@
-"""Evict checkpoint files from the page cache before a restart, and check what actually happened by
-reading back page residency with mincore(2); the same for the Python environment and the extension cache
-(`env_cache=`: environment())."""
+"""Evict checkpoint files from the page cache before a restart and read back their residency with mincore(2); the
+same for the Python environment and the extension cache (`env_cache=`: environment())."""
 
 from __future__ import annotations
 
@@ -59,9 +58,8 @@ def not_applicable(requested: str, why: str, observed: str | None = "not applica
 
 
 def _evict(files: list[Path], record: dict, per_file: bool) -> None:
-    """drop_caches (every clean page and the dentry and inode caches: as on a node that just booted) where allowed
-    and not `per_file`, else posix_fadvise(DONTNEED) on each file (its pages only); the method and errors go in
-    record."""
+    """drop_caches (every clean page, dentry and inode: a node just booted) where allowed and not `per_file`, else
+    posix_fadvise(DONTNEED) on each file; the method and errors go in record."""
     if not per_file:
         try:
             os.sync()
@@ -89,19 +87,27 @@ def _observed(after: int, total: int, margin: float = 0.0) -> str:
     return "cold" if share <= margin else "warm" if share >= 1 - margin else f"partial ({share:.1%} resident)"
 
 
-def prepare(files: list[Path], requested: str, per_file: bool = False) -> dict:
+def prepare(files: list[Path], requested: str, per_file: bool = False, libraries: list[Path] | None = None) -> dict:
     """Make the cache state `requested` (drop | warm) for files; report what was tried and observed. `per_file`:
-    evict these files only, never the whole cache (env_cache=warm keeps the environment's pages)."""
-    total = sum(f.stat().st_size for f in files)
-    before = resident_total(files)
-    record = {"requested": requested, "method": None, "error": None, "bytes": total,
-              "resident_bytes_before": before}
+    evict these files only, never the whole cache (env_cache=warm keeps the environment's pages). `libraries`
+    (environment()): observed on these instead, and warm reads every file."""
+    seen = files if libraries is None else libraries
+    total = sum(f.stat().st_size for f in seen)
+    counts = {} if libraries is None else {"files": len(files), "libraries": len(libraries)}
+    record = {"requested": requested, "method": None, "error": None, **counts, "bytes": total,
+              "resident_bytes_before": resident_total(seen)}
     if requested == "drop":
         _evict(files, record, per_file)
-    after = resident_total(files)
-    record["resident_bytes_after"] = after
-    record["observed"] = _observed(after, total)
-    return record
+    elif libraries is not None:
+        buf = bytearray(4 << 20)
+        for path in files:
+            with contextlib.suppress(OSError), open(path, "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+        record["method"] = "read"
+    after = resident_total(seen)
+    return {**record, "resident_bytes_after": after,
+            "observed": _observed(after, total, 0.0 if libraries is None else ENVIRONMENT_MARGIN)}
 
 
 def _files(prefixes: list[str]) -> list[Path]:
@@ -119,15 +125,14 @@ def _files(prefixes: list[str]) -> list[Path]:
     return out
 
 
+# other processes of the machine keep resident what they map, and a page or two of a file may come and go
 ENVIRONMENT_MARGIN = 0.01
 
 
 def environment(prefixes: list[str], requested: str, checkpoint: dict, per_file: bool = False) -> dict:
     """The page-cache step of the Python environment and the extension cache (env_cache=): drop evicts their files
-    (with drop_caches unless `per_file`: cache=warm keeps the checkpoint's pages), warm reads them all into the
-    cache, keep and auto do nothing of their own (keep: the checkpoint's step went file by file) and say what the
-    checkpoint's step did to them. Observed on their shared libraries (most of their bytes: torch's among them),
-    with mincore; `checkpoint`: that step's record."""
+    (drop_caches unless `per_file`), warm reads them all, keep and auto say what the checkpoint's step (`checkpoint`:
+    its record) did to them. Observed with mincore on their shared libraries (most of their bytes)."""
     if requested == "keep":
         return not_applicable("keep", "env_cache=keep: not observed; the environment's pages were left as they were "
                               "(the checkpoint's were evicted file by file)", None)
@@ -138,30 +143,12 @@ def environment(prefixes: list[str], requested: str, checkpoint: dict, per_file:
             else "the environment's pages were left as they were"), None,
             "drop_caches (the checkpoint's cache step)" if evicted else None)
     files = _files(prefixes)
-    libraries = [f for f in files if f.name.endswith(".so") or ".so." in f.name]
-    total = sum(f.stat().st_size for f in libraries)
-    record = {"requested": requested, "method": None, "error": None, "files": len(files), "libraries": len(libraries),
-              "bytes": total, "resident_bytes_before": resident_total(libraries)}
-    if requested == "drop":
-        _evict(files, record, per_file)
-    else:
-        buf = bytearray(4 << 20)
-        for path in files:
-            with contextlib.suppress(OSError), open(path, "rb", buffering=0) as f:
-                while f.readinto(buf):
-                    pass
-        record["method"] = "read"
-    after = resident_total(libraries)
-    record["resident_bytes_after"] = after
-    # other processes of the machine keep resident what they map, and a page or two of a file may come and go
-    record["observed"] = _observed(after, total, ENVIRONMENT_MARGIN)
-    return record
+    return prepare(files, requested, per_file, [f for f in files if f.name.endswith(".so") or ".so." in f.name])
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m restart_harness.files.pagecache drop|warm DIR [--per-file]`: the cache step on this node, its
-    record as one JSON line with the node's host name (a multi-node job runs it on every node: phases/nodes.py);
-    --per-file evicts DIR's files alone, never drop_caches (env_cache=warm or keep)."""
+    """`python -m restart_harness.files.pagecache drop|warm DIR [--per-file]`: the cache step on this node (a multi-node
+    job's every node), its record one JSON line with the host name; --per-file: DIR's files alone, never drop_caches."""
     args = argv if argv is not None else sys.argv[1:]
     requested, where = args[:2]
     record = prepare(files_under(Path(where)), requested, per_file="--per-file" in args[2:])

@@ -1,6 +1,5 @@
-"""One run's phases, launched and followed: the checkpoint phase, the restart phase (of the run, or re-run later on
-an existing run), each launch supervised (its progress, its watchdog, its failure said in one line), and a batch
-scheduler's job that runs them inside the allocation."""
+"""One run's phases, launched and followed (checkpoint, restart, restart-only re-runs), each launch supervised, and a
+batch scheduler's job that runs them inside the allocation."""
 
 from __future__ import annotations
 

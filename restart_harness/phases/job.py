@@ -1,6 +1,5 @@
-"""Inside a Slurm or PBS job: `python -m restart_harness.phases.job RUN_DIR` runs the phases of a run that
-rundir/create.py prepare() wrote at submission (checkpoint launch, page cache, restart launch, finalize), into that directory;
-`... RUN_DIR phase=restart key=value ...` runs restart-only re-runs of it (submitted by phase=restart)."""
+"""Inside a Slurm or PBS job: `python -m restart_harness.phases.job RUN_DIR` runs the phases of the run prepare() wrote
+at submission; `... RUN_DIR phase=restart key=value ...` runs restart-only re-runs of it."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ def _phases(run_dir: Path, tokens: list[str]) -> int:
     from restart_harness import machine, preflight
     from restart_harness.command.parse import parse_restart
     from restart_harness.files.atomic import read_json
-    from restart_harness.phases.restart_only import restart_only
-    from restart_harness.phases.run import execute, in_job
+    from restart_harness.phases.run import execute, in_job, restart_only
     from restart_harness.results import terminal
 
     if tokens:  # a restart-only job: checked again here, then launched directly (we are in the allocation)

@@ -1,7 +1,5 @@
-"""The restart phase: restarts of a run's committed checkpoint, each a launch of fresh ranks with a record of its
-own, after the page cache (the checkpoint's, the environment's) was put in the state asked for; every rank's
-restored state verified against what was saved. A run's own restart (phase=all) and the restart-only re-runs of an
-existing run (phases/restart_only.py) are this phase."""
+"""The restart phase (a run's own, and restart-only re-runs): each restart fresh ranks with a record of their own,
+after the page-cache steps asked for, every rank's restored state verified against what was saved."""
 
 from __future__ import annotations
 
@@ -12,9 +10,7 @@ from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files import pagecache
 from restart_harness.files.atomic import read_json, write_json_atomic
 from restart_harness.phases import say
-from restart_harness.phases.diagnose import failure
-from restart_harness.phases.nodes import cache_on_every_node
-from restart_harness.phases.processes import launch_of
+from restart_harness.phases.processes import cache_on_every_node, failure, launch_of
 from restart_harness.resolve import Run
 from restart_harness.results import events as ev
 from restart_harness.rundir import observe
@@ -26,9 +22,7 @@ from restart_harness.schema import count
 
 def restarts(run: Run, repeats: int, relayout=None, facts: dict | None = None, own_spec: bool = False) -> list[str]:
     """`repeats` restarts of run's committed checkpoint, one after another; the records launched. `relayout`: how a
-    restart at another layout reads it (stacks/: what it loads, whose pages the cache step acts on); `facts`: for
-    each record (the layouts, the conversion, the checksum check); `own_spec`: each record keeps run's spec as its own
-    (records/spec-<record>.json: a restart-only re-run's layout, launcher, anatomy, ...)."""
+    restart at another layout reads it; `facts`: each record's; `own_spec`: records/spec-<record>.json is run's."""
     launched = []
     facts = {**(facts or {}), "rerun": own_spec}  # a restart-only re-run's outcome is its own, never the run's
     for n in range(repeats):
@@ -52,14 +46,12 @@ def restart(run: Run, record: str, relayout=None, extra: dict | None = None) -> 
     """One restart launch of a prepared record, its outcome recorded in records/<record>.json whatever it is
     (verified, failed with the reason, interrupted)."""
     try:
-        info = _restart(run, record, relayout, extra)
-    except RunFailed as exc:
-        _outcome(run, record, extra, "failed", str(exc))
+        return _restart(run, record, relayout, extra)
+    except (RunFailed, KeyboardInterrupt) as exc:
+        failed = isinstance(exc, RunFailed)
+        _outcome(run, record, extra, "failed" if failed else "interrupted",
+                 str(exc) if failed else "interrupted (Ctrl-C or SIGTERM) during the restart")
         raise
-    except KeyboardInterrupt:
-        _outcome(run, record, extra, "interrupted", "interrupted (Ctrl-C or SIGTERM) during the restart")
-        raise
-    return info
 
 
 def _outcome(run: Run, record: str, extra: dict | None, state: str, reason: str) -> None:
@@ -96,8 +88,7 @@ def _restart(run: Run, record: str, relayout=None, extra: dict | None = None) ->
 def _launch(run: Run, record: str, load_dir: Path, staged, extra: dict | None) -> dict:
     """The cache steps (the checkpoint's, the environment's), the launch, its record and its verification."""
     spec = run.spec
-    # env_cache=warm or keep leaves the environment's pages: the checkpoint's are then evicted file by file;
-    # env_cache=drop with cache=warm keeps the checkpoint's: the environment's likewise
+    # env_cache=warm or keep: the checkpoint's pages evicted file by file; cache=warm: the environment's likewise
     per_file = spec.env_cache in ("warm", "keep")
     state = run.stored.prepare_cache(load_dir, spec.cache, per_file=per_file)
     if spec.across_nodes and state.get("method") is not None:  # a node's page cache is its own: every node's

@@ -1,10 +1,10 @@
-"""Ending a launch whole. A launch runs in a session of its own (start_new_session); its launcher may put ranks in
-process groups of their own inside it (Open MPI's mpiexec gives each rank its own), so a process-group kill is not
-enough: every process of the session is killed. `python -m restart_harness.phases.session SID PARENT [FOLDER...]` is
-the watchdog that does it when the harness dies, and then removes the folders (a staged environment)."""
+"""Ending a launch whole: every process of the launch's session is killed (a launcher may put ranks in process groups
+of their own: Open MPI's mpiexec does). `python -m restart_harness.phases.session SID PARENT [FOLDER...]` is the
+watchdog that does it when the harness dies, then removes the folders (a staged environment)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import shutil
@@ -43,19 +43,15 @@ def gone(sid: int, seconds: float) -> bool:
 
 def kill(sid: int) -> None:
     """SIGKILL every process of session sid (its leader's group first, then any group made inside it)."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(sid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     for _ in range(5):  # a process forking while we kill: look again
         pids = [p for p in members(sid) if p != os.getpid()]
         if not pids:
             return
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def watch(sid: int, parent: int, cleanup: list[str] | None = None) -> None:

@@ -1,8 +1,6 @@
-"""The environment variables a user sets for the harness, declared once as keys (spec/keys.py) and parsed the one way
-keys are (coerce): the same messages and bounds, checked by every command before anything else (cli.py), so that a bad
-value is one line and exit code 2, never a crash of a later import nor a value silently ignored. Unset or empty: the
-default. (The launcher script's own, RH_PYTHON, RH_VENV and RH_VENV_DIR, are checked by scripts/env.sh before Python
-starts.)"""
+"""The environment variables a user sets for the harness, declared as keys and coerced as keys are, checked by every
+command before anything else (cli.py); unset or empty: the default. (RH_PYTHON, RH_VENV and RH_VENV_DIR: scripts/env.sh
+checks them before Python starts.)"""
 
 from __future__ import annotations
 
@@ -30,11 +28,7 @@ def read(environ: dict | None = None) -> Environment:
     """The declared variables of `environ` (default os.environ), each coerced as its key; raises UsageError naming
     the first bad one (NAME=value: why; accepted: ...)."""
     environ = os.environ if environ is None else environ
-    values: dict = {}
-    for name, k in keys_of(Environment).items():
-        text = environ.get(name)
-        if text:
-            values[name] = coerce(k, text)
+    values = {name: coerce(k, environ[name]) for name, k in keys_of(Environment).items() if environ.get(name)}
     if values.get("RH_FAULT"):
         try:
             faults.parse(values["RH_FAULT"])

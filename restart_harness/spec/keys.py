@@ -1,18 +1,6 @@
 """Every key of every command is declared once, as a dataclass field made with key(): its type (the annotation),
-default, unit, one-line help, accepted values, range, group in --help, and whether a sweep list or a restart-only
-re-run may set it. coerce() is the one way text becomes a value, for every command and every engine option;
-check() is the one way a value (from text, YAML or JSON) is checked. Nothing here touches the machine.
-
-    @dataclass
-    class Example:
-        tp: int = key(1, "tensor-parallel degree", group="layout", minimum=1, restart=True)
-
-Types: int, float (always finite), bool, str, Path (text naming a file or folder), Size (bytes: 4096, 64M, 1G),
-Seconds (a time: 90, 90s, 10m, 2h, 3d), and `X | None` (None written as `none` or `auto`).
-
-Units (UNITS, one rule for every size, bandwidth and memory key, in --help and docs/keys.md): GB is 10^9 bytes and
-GiB 2^30, as GB/s is 10^9 bytes a second; a letter alone is binary (64M = 64 MiB, as dd and truncate read it).
-"""
+default, unit, help, accepted values, range, --help group, and whether a sweep list or a restart may set it. coerce()
+is the one way text becomes a value, check() the one way a value of any origin is checked (docs/keys.md: the keys)."""
 
 from __future__ import annotations
 
@@ -44,13 +32,11 @@ SIZE_EXAMPLES = "4096, 64M or 64MiB = 64 x 2^20, 10GB = 10 x 10^9"
 _SECONDS = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd]?)$", re.IGNORECASE)
 _SECONDS_UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 SECONDS_EXAMPLES = "seconds, or a number with s, m, h or d: 90, 90s, 10m, 2h, 3d"
-# Every number a user gives is bounded: an integer key without a maximum of its own takes this one, a size this one
-# (what they size is then counted by arithmetic, never by building it: RunSpec.save_count)
+# Every number a user gives is bounded: an integer or size key without a maximum of its own takes one of these
 INT_MAX = 2**31 - 1
 SIZE_MAX = 1 << 50  # 1 PiB
 MAX_VALUE_CHARS = 1024  # a value longer than this is refused by its length, never echoed whole
-# What the keys lead to is bounded too (issue 68): a time a rate predicts at most a year, and a checkpoint at most
-# SIZE_MAX; a valid but absurd value is refused with the figure it would lead to
+# What the keys lead to is bounded too (issue 68): a time a rate predicts at most a year, a checkpoint SIZE_MAX
 SECONDS_MAX = 366 * 86400
 
 
@@ -102,15 +88,22 @@ class Key:
     @property
     def upper(self) -> float | None:
         """The largest value accepted: the declared maximum, else the bound every integer and size has."""
-        if self.maximum is not None:
-            return self.maximum
-        return {int: INT_MAX, Size: SIZE_MAX}.get(self.type)
+        return self.maximum if self.maximum is not None else {int: INT_MAX, Size: SIZE_MAX}.get(self.type)
 
     @property
     def type_name(self) -> str:
         name = {int: "int", float: "float", bool: "bool", str: "text", Path: "path", Size: "bytes",
                 Glob: "glob", Seconds: "time"}[self.type]
         return name + (" | none" if self.optional else "")
+
+    @property
+    def default_text(self) -> object:
+        """The default as --help and docs/keys.md write it (a model's shape key: from MODEL)."""
+        if self.required:
+            return "from MODEL" if self.group == "model" else "required"
+        if isinstance(self.default, bool):
+            return str(self.default).lower()
+        return "none" if self.default is None else self.default
 
     def accepted(self) -> str:
         """What the key accepts, in words (for error lines and --help)."""
@@ -222,13 +215,10 @@ def coerce(k: Key, text: str) -> object:
             value = float(text)
         except ValueError:
             raise UsageError(f"{k.name}={text}: not a number") from None
-    elif k.type is Glob:
-        if not _SAFE_GLOB.match(text):
-            raise UsageError(f"{k.name}={text}: contains characters outside [A-Za-z0-9_.,/:+@%=~-] and * ? [ ] !")
-        value = text
     else:
-        if not _SAFE_TEXT.match(text):
-            raise UsageError(f"{k.name}={text}: contains characters outside [A-Za-z0-9_.,/:+@%=~-]")
+        if not (_SAFE_GLOB if k.type is Glob else _SAFE_TEXT).match(text):
+            glob = " and * ? [ ] !" if k.type is Glob else ""
+            raise UsageError(f"{k.name}={text}: contains characters outside [A-Za-z0-9_.,/:+@%=~-]{glob}")
         if k.type is Path and "://" not in text and (why := why_too_long(text)):  # an object store's own rules
             raise UsageError(f"{k.name}={text}: {why}")
         value = text
@@ -271,10 +261,8 @@ def check(k: Key, value: object, text: str | None = None) -> object:
     return value
 
 
-def describe(k: Key, required_text: str = "required") -> str:
+def describe(k: Key) -> str:
     """One --help line: name=<type> (default), unit, meaning, accepted values."""
-    default = required_text if k.required else ("none" if k.default is None else
-                                                   str(k.default).lower() if isinstance(k.default, bool) else k.default)
     unit = f" [{k.unit}]" if k.unit else ""
     choices = f" ({' | '.join(k.choices)})" if k.choices else ""
-    return f"{k.name}={k.type_name}{choices}  default {default}{unit}: {k.help}"
+    return f"{k.name}={k.type_name}{choices}  default {k.default_text}{unit}: {k.help}"

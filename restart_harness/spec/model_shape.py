@@ -1,6 +1,5 @@
-"""Model shapes: YAML presets under configs/models/ or a local HF config.json, with transformers' LlamaConfig field
-names. Each field is a declared key (group `model`): a preset's values and command-line overrides are checked by
-the same declaration."""
+"""Model shapes: YAML presets under configs/models/ or a local HF config.json, LlamaConfig's field names, each field a
+declared key (group `model`)."""
 
 from __future__ import annotations
 

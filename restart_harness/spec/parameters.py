@@ -1,6 +1,5 @@
-"""The model's parameters, pipeline layer by pipeline layer, as one TP rank holds them: names, local shapes and how
-each is split. The worker builds its modules from this table and the planner sizes checkpoint files from it, so the
-two cannot drift apart. No torch here: the planner must answer in well under a second."""
+"""The model's parameters, pipeline layer by pipeline layer, as one TP rank holds them: names, local shapes, splits. The
+worker builds from this table and the planner sizes files from it (no torch here: the planner must be fast)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""RunRecord: one run as it was made, frozen: the RunSpec (completed against the machine), the run directory, where
-its checkpoints are (the storage target's record), and the host and software facts. Written once as spec.json when the
-run directory is created and read back by read(), the one reader of spec.json, wherever a run is continued; a restart
-at another layout has its own (records/spec-<record>.json), which read(run_dir, record) returns."""
+"""RunRecord: one run as it was made: its RunSpec, run directory, where its checkpoints are (the storage target's
+record), and host and software facts. Written once as spec.json; read() is its one reader (a restart at another
+layout has its own: records/spec-<record>.json)."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from restart_harness.errors import UsageError
+from restart_harness.files.atomic import write_json_atomic
 from restart_harness.schema import SPEC as SPEC_FILE
 from restart_harness.spec.runspec import RunSpec
 
@@ -32,8 +32,7 @@ class RunRecord:
         """The local folder DeepSpeed and DCP are handed: the checkpoints themselves, or (object storage) the index
         of their names. Inside the run directory it is found relative to it, so a moved or copied run folder uses
         its own checkpoint, never the original's."""
-        inside = self.target_record.get("checkpoint_root_in_run")
-        if inside:
+        if inside := self.target_record.get("checkpoint_root_in_run"):
             return self.run_dir / inside
         root = Path(self.target_record["checkpoint_root"])
         if root.name == "checkpoint" and root.parent.name == self.run_dir.name:  # runs of harness 0.2.0
@@ -55,14 +54,10 @@ class RunRecord:
         return {**self.spec.to_json(), **self.facts, **self.target_record}
 
     def write(self) -> None:
-        from restart_harness.files.atomic import write_json_atomic
-
         write_json_atomic(self.run_dir / SPEC_FILE, self.to_json())
 
     def write_record_spec(self, record: str, spec: RunSpec) -> Path:
         """records/spec-<record>.json: this run at another layout, for one restart record."""
-        from restart_harness.files.atomic import write_json_atomic
-
         path = record_spec_path(self.run_dir, record)
         path.parent.mkdir(exist_ok=True)
         write_json_atomic(path, dataclasses.replace(self, spec=spec).to_json())

@@ -1,8 +1,6 @@
-"""RunSpec: every setting of one run. Each field is a declared key (restart_harness/spec/keys.py): its help, default,
-unit, accepted values and range live here and nowhere else. Frozen: parsed and validated once (restart_harness/command/),
-completed against the machine once (restart_harness/machine.py), then passed around as one object and written to
-spec.json (spec/record.py). resolve() and with_layout() are pure and return new specs; the checks that depend on the
-training stack, the engine or the storage target are theirs (stacks/, engines/, targets/)."""
+"""RunSpec: every setting of one run, each field a declared key (spec/keys.py). Frozen: parsed and validated once
+(command/), completed against the machine once (machine.py), written to spec.json (spec/record.py). The checks that
+depend on the stack, the engine or the storage target are theirs."""
 
 from __future__ import annotations
 
@@ -33,10 +31,8 @@ class RunSpec:
     # their defaults, so that results name only the options a run changed (restart_harness/schema.py engine_label)
     engine_option_defaults: dict = field(default_factory=dict)
 
-    # model
     shrink: int = key(1, "divide head dimension, FFN and vocabulary (and the default seq_len) by K; layers and "
                          "heads stay, so file names and counts are the real model's", group="model", minimum=1)
-    # layout
     tp: int = key(1, "tensor-parallel degree (Megatron-style split)", group="layout", minimum=1, restart=True)
     pp: int = key(1, "pipeline-parallel degree (DeepSpeed PipelineModule when > 1)", group="layout", minimum=1,
                   restart=True)
@@ -52,7 +48,6 @@ class RunSpec:
                                       "replicas that each shard the whole state over dp / replicate ranks; default "
                                       "nodes (shard within a node, replicate across nodes)", group="layout",
                                 minimum=1, restart=True)
-    # training
     stack: str = key("deepspeed", "training stack (restart_harness/stacks/; list below): deepspeed = DeepSpeed "
                                   "ZeRO-1 with TP/PP; fsdp2 = torch FSDP2 (fully_shard over the data-parallel ranks) "
                                   "checkpointed with Distributed Checkpoint: engine=dcp, tp=1, pp=1 (docs/fsdp2.md)",
@@ -68,7 +63,6 @@ class RunSpec:
                               group="training", minimum=1)
     lr: float = key(1e-4, "AdamW learning rate", config=False, group="training", above=0)
     seed: int = key(1234, "seed of weights and synthetic data", config=False, group="training", minimum=0)
-    # checkpoint
     engine: str = key("default", "checkpoint engine (engines/; list below); its options are keys too; when not "
                                  "given, the stack's own: default (stack=deepspeed), dcp (stack=fsdp2)",
                       group="checkpoint")
@@ -111,7 +105,6 @@ class RunSpec:
     emulate_memory_gib: float | None = key(None, "emulate: file state a node may hold at once (ranks work in waves "
                                                  "within it); default 60% of the memory available at launch",
                                            config=False, group="checkpoint", unit="GiB", above=0)
-    # observe
     anatomy: bool = key(True, "split each load and save into read/write, (de)serialization, copies, waiting (I/O "
                               "counters preloaded into every rank; docs/anatomy.md)", group="observe", restart=True)
     trace: bool = key(False, "record every POSIX I/O call on the checkpoint with dftracer; raw traces in "
@@ -126,7 +119,6 @@ class RunSpec:
                                       "of a file ./submit-job.sh calibrate wrote; every run's summary sets the "
                                       "prediction made with it before launch beside what was measured "
                                       "(docs/prediction.md)", config=False, group="observe", sweep=False)
-    # launch
     device: str = key("auto", "auto = cuda when NVIDIA devices are present, else cpu (DeepSpeed over gloo)",
                        group="launch", choices=("auto", "cpu", "cuda"))
     launcher: str = key("local", "what starts the ranks (restart_harness/launchers/; list below): local = DeepSpeed's "
@@ -153,7 +145,6 @@ class RunSpec:
                                "every path is checked as a run's is (results_dir, ckpt_dir, env_stage, env_hook), "
                                "not what a run would use of this node (free space, memory, the port, its modules)",
                         config=False, group="launch", sweep=False)
-    # cluster
     wait: bool = key(False, "launcher=slurm|pbs from a login node: return when the job ends, showing its progress, "
                             "with the run's summary (exit 0) or its one-line failure (exit 1)", config=False, group="cluster",
                      sweep=False)
@@ -177,7 +168,6 @@ class RunSpec:
     at_gpus: int = key(16_384, "the best checkpoint interval and its goodput are also given at this many GPUs "
                                "(default Llama 3's 16,384)", group="goodput", minimum=1, maximum=MAX_WORLD,
                        config=False, restart=True)
-    # output
     results_dir: Path = key("results", "where run directories go", config=False, group="output", sweep=False)
 
     # ---- derived values -------------------------------------------------------------
@@ -236,8 +226,14 @@ class RunSpec:
     def resolve(self) -> RunSpec:
         """The spec as given -> the spec a run uses: the model shrunk, the layout derived and checked, the sequence
         length filled in; raises UsageError naming the numbers. Call once, on a spec as parsed."""
-        _check_model_size(self.shape.shrunk(self.shrink))
-        spec = dataclasses.replace(self, shape=self.shape.shrunk(self.shrink)).with_layout()
+        s = self.shape.shrunk(self.shrink)
+        if (state := state_bytes(s)) > SIZE_MAX:  # every shape key is bounded alone, and so is their checkpoint
+            raise UsageError(f"hidden_size={s.hidden_size} intermediate_size={s.intermediate_size} num_hidden_layers="
+                             f"{s.num_hidden_layers} vocab_size={s.vocab_size}: a model of {s.num_parameters():.3g} "
+                             f"parameters, whose checkpoint would hold at least {state / 2**50:,.0f} PiB "
+                             f"({STATE_BYTES_PER_PARAMETER} bytes a parameter); accepted: a model whose checkpoint is "
+                             f"at most {SIZE_MAX / 2**50:,.0f} PiB")
+        spec = dataclasses.replace(self, shape=s).with_layout()
         # Sequence length shapes activations only, never the checkpoint: shrink divides it too.
         seq_len = spec.seq_len or min(spec.shape.max_position_embeddings, max(16, 2048 // spec.shrink))
         if seq_len > spec.shape.max_position_embeddings:
@@ -283,15 +279,13 @@ def _ranks(spec: RunSpec) -> tuple[int, int]:
     """(dp, ranks_per_node), derived where not given and checked against each other."""
     per_replica = spec.tp * spec.pp
     dp = spec.dp
-    if dp is None:
-        if spec.ranks_per_node is None:
-            dp = 1
-        else:
-            ranks = spec.nodes * spec.ranks_per_node
-            if ranks % per_replica:
-                raise UsageError(f"nodes x ranks_per_node = {spec.nodes} x {spec.ranks_per_node} = {ranks} ranks is "
-                                 f"not a multiple of tp x pp = {spec.tp} x {spec.pp} = {per_replica}")
-            dp = ranks // per_replica
+    if dp is None and spec.ranks_per_node is not None:
+        ranks = spec.nodes * spec.ranks_per_node
+        if ranks % per_replica:
+            raise UsageError(f"nodes x ranks_per_node = {spec.nodes} x {spec.ranks_per_node} = {ranks} ranks is "
+                             f"not a multiple of tp x pp = {spec.tp} x {spec.pp} = {per_replica}")
+        dp = ranks // per_replica
+    dp = dp or 1
     world = per_replica * dp
     if world > MAX_WORLD:
         raise UsageError(f"tp x pp x dp = {spec.tp} x {spec.pp} x {dp} = {world:,} ranks; accepted: at most "
@@ -322,17 +316,6 @@ def plausible_rates(shape: ModelShape, ranks: int, rates: dict) -> None:
             plausible_rate(name, value, state_bytes(shape), f"the checkpoint's {state_bytes(shape):,} bytes", scale=1e9)
         elif value is not None and name.endswith("ops_s"):
             plausible_rate(name, value, ranks, f"one operation for each of the {ranks} ranks")
-
-
-def _check_model_size(s: ModelShape) -> None:
-    """Every shape key is bounded alone; the checkpoint they lead to is bounded too (at most SIZE_MAX)."""
-    state = state_bytes(s)
-    if state > SIZE_MAX:
-        raise UsageError(f"hidden_size={s.hidden_size} intermediate_size={s.intermediate_size} num_hidden_layers="
-                         f"{s.num_hidden_layers} vocab_size={s.vocab_size}: a model of {s.num_parameters():.3g} "
-                         f"parameters, whose checkpoint would hold at least {state / 2**50:,.0f} PiB "
-                         f"({STATE_BYTES_PER_PARAMETER} bytes a parameter); accepted: a model whose checkpoint is "
-                         f"at most {SIZE_MAX / 2**50:,.0f} PiB")
 
 
 def _check_model_split(spec: RunSpec) -> None:

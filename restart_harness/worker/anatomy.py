@@ -1,6 +1,5 @@
-"""Where a load's (or a save's) wall time goes, on one rank: every second of the window is attributed to exactly one
-category (read, deserialize, serialize, write, fsync, copy, wait, other), by what this rank's main thread was doing;
-regions nest, and "in flight" comes from the preloaded I/O counters (restart_harness/iocount). docs/anatomy.md."""
+"""Where a load's (or a save's) wall time goes on one rank: every second attributed to exactly one category by what the
+main thread was doing, "in flight" from the preloaded I/O counters (restart_harness/iocount). docs/anatomy.md."""
 
 from __future__ import annotations
 
@@ -10,9 +9,7 @@ import time
 from collections import defaultdict
 
 from restart_harness import iocount
-from restart_harness.schema import LOAD_CATEGORIES, SAVE_CATEGORIES
 
-__all__ = ["LOAD_CATEGORIES", "SAVE_CATEGORIES", "Anatomy"]
 MAX_INTERVALS = 2000  # for the timeline figure; a window with more regions keeps the first ones
 # DeepSpeed's comm functions that block until the other ranks take part.
 COLLECTIVES = ("barrier", "monitored_barrier", "broadcast", "broadcast_object_list", "all_reduce", "all_gather",
@@ -26,8 +23,7 @@ class Window:
 
     def __init__(self, counters: iocount.Counters, categories: tuple[str, ...], sync=None,
                  excluded: tuple[str, ...] = (), start: tuple[float, float] | None = None):
-        # excluded: regions that are not part of what is measured (an emulated save's data generation, waiting
-        # for another wave of ranks, verification between loads): taken out of the window altogether
+        # excluded: regions not part of what is measured (an emulated save's data generation), out of the window
         self.counters, self.categories, self.excluded = counters, categories, excluded
         self.sync = sync or (lambda: None)  # CUDA: torch.cuda.synchronize
         self.seconds: dict[str, float] = defaultdict(float)
@@ -93,8 +89,7 @@ class Window:
             "excluded_seconds": {c: round(self.seconds.get(c, 0.0), 6) for c in self.excluded},
             "io": io,
             "files": files,
-            # bytes a storage target moved over the network inside the window's read / write regions (object
-            # storage: the I/O counters see no files there)
+            # bytes a storage target's network streams moved in its read / write regions (unseen by the I/O counters)
             "stream": dict(self.stream_bytes),
             "intervals": [(c, round(a, 6), round(b, 6)) for c, a, b in self.intervals],
             "method": "preloaded I/O counters" if io_known else "no I/O counters (no C compiler when launched)",
@@ -113,9 +108,6 @@ class Anatomy:
             import torch
 
             self._sync = torch.cuda.synchronize
-
-    def add_prefix(self, path) -> None:
-        self.counters.add_prefix(path)
 
     @contextlib.contextmanager
     def measure(self, categories: tuple[str, ...], excluded: tuple[str, ...] = (),
@@ -149,10 +141,9 @@ class Anatomy:
         if not self.enabled:
             return
         inner = getattr(owner, name)
-        anatomy = self
 
         def wrapped(*args, **kwargs):
-            with anatomy.region(category, io):
+            with self.region(category, io):
                 return inner(*args, **kwargs)
 
         wrapped.__wrapped__ = inner

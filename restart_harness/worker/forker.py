@@ -1,8 +1,6 @@
-"""launcher=prefork's forking process (restart_harness/launchers/prefork.py is the launcher): one Python process
-imports the training stack's libraries, then forks the ranks on this node, sets each one's rank variables as
-DeepSpeed's launcher would, runs the rank (worker/main.py) in it, and waits. A rank that ends with an error ends the
-others (as srun --kill-on-bad-exit does), and the launch exits with its code. The forking process never builds a
-model, opens a checkpoint or joins a process group."""
+"""launcher=prefork's forking process (launchers/prefork.py): it imports the training stack's libraries, then forks
+this node's ranks (worker/main.py), each with its rank variables, and waits; a rank that ends with an error ends the
+others (as srun --kill-on-bad-exit does), and the launch exits with its code."""
 
 from __future__ import annotations
 
@@ -14,24 +12,16 @@ import time
 import traceback
 
 
-def _rank(rank: int, ranks: int, start: float, argv: list[str]) -> int:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_SIZE=str(ranks),
-                      CROSS_RANK="0", CROSS_SIZE="1")
-    from restart_harness.worker.main import main as worker_main
-
-    return worker_main(start, argv, forked=True)  # rank 0's imports phase counts this process's I/O
-
-
 def main(argv: list[str]) -> int:
     """`python -m restart_harness.worker.forker N WORKER_ARGS...`: import, fork N ranks, wait for them."""
     start = time.time()  # every rank's process start: before the imports they share
     ranks, worker_args = int(argv[0]), argv[1:]
     from restart_harness import resolve
-    from restart_harness.worker.main import RankJob
+    from restart_harness.worker.main import RankJob, end_process
+    from restart_harness.worker.main import main as worker_main
 
     job = RankJob.parse(worker_args)
-    stack = resolve.read(job.run_dir, job.record).stack
-    stack.imports(later=True)
+    resolve.read(job.run_dir, job.record).stack.imports(later=True)
     sys.stdout.flush()
     sys.stderr.flush()
     children: dict[int, int] = {}
@@ -40,14 +30,14 @@ def main(argv: list[str]) -> int:
         if pid == 0:
             code = 1
             try:
-                code = _rank(rank, ranks, start, worker_args)
+                os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_SIZE=str(ranks),
+                                  CROSS_RANK="0", CROSS_SIZE="1")
+                code = worker_main(start, worker_args, forked=True)  # rank 0's imports phase counts this process's I/O
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:  # noqa: BLE001 - a forked child never returns into the loop; its log has the error
                 traceback.print_exc()
             finally:
-                from restart_harness.worker.main import end_process
-
                 end_process(code)
         children[pid] = rank
 

@@ -1,6 +1,5 @@
-"""A rank's I/O by source, phase by phase: at each mark, what the phase it ends opened, stat-ed, listed, read and
-wrote in each source (rhio.c's counters), what the dynamic loader mapped (/proc/self/maps), and what the kernel says
-the storage delivered (/proc/self/io). docs/measurements.md#io-by-source defines every figure."""
+"""A rank's I/O by source, phase by phase (rhio.c's counters, /proc/self/maps, /proc/self/io);
+docs/measurements.md#io-by-source defines every figure."""
 
 from __future__ import annotations
 
@@ -47,26 +46,20 @@ def _mapped() -> dict[str, int]:
 
 
 class IOProbe:
-    """phase(): the `io` field of a mark, the difference since the previous call (since exec for the first).
-
-    A rank forked from a process that imported for it (launcher=prefork: `forked`) inherits that process's counters
-    and mappings, while the kernel's counters of a new process start at zero: what it holds when the probe starts is
-    its baseline, and the rank that `owns` the forking process's figures (its local rank 0) adds them, and that
-    process's kernel figures, to its first phase, so that summed over the ranks the node's one import counts once."""
+    """phase(): the `io` field of a mark, the difference since the previous call (since exec for the first). A rank
+    forked from a process that imported for it (launcher=prefork: `forked`) starts from what it inherits; the rank that
+    `owns` the forking process's figures (local rank 0) adds them to its first phase: the node's import counts once."""
 
     def __init__(self, forked: bool = False, owns: bool = False):
         self.counters = iocount.Counters()
         self.table = iocount.SourceTable.parse(os.environ.get(iocount.ENV_SOURCES, ""))
         self.by_source = self.counters.sources_available and bool(self.table)
-        self._sources: dict[str, dict[str, int]] = {}
+        inherited = forked and self.by_source
+        self._sources: dict[str, dict[str, int]] = (self.counters.sources() if inherited else None) or {}
+        self._mapped: dict[str, int] = _mapped() if inherited else {}
         self._kernel: dict[str, int] = {}
-        self._mapped: dict[str, int] = {}
-        self._carried: dict | None = None
-        if forked:
-            self._sources = (self.counters.sources() if self.by_source else None) or {}
-            self._mapped = _mapped() if self.by_source else {}
-            if owns:
-                self._carried = {"sources": self._sources, "mapped": self._mapped, "kernel": _kernel(str(os.getppid()))}
+        self._carried: dict | None = ({"sources": self._sources, "mapped": self._mapped,
+                                        "kernel": _kernel(str(os.getppid()))} if forked and owns else None)
 
     def phase(self) -> dict:
         kernel, sources = _kernel(), self.counters.sources() if self.by_source else None

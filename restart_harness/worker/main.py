@@ -1,7 +1,5 @@
-"""One rank of one phase, whatever the training stack: join the process group, build, then either train and
-checkpoint (phase checkpoint) or load the committed checkpoint, verify it and train on (phase restart). The stack
-(restart_harness/stacks/) does the training, the checkpoint manager (worker/manager.py) every save and load; every
-fact goes to the rank's event log (events/<record>/rank-N.jsonl)."""
+"""One rank of one phase, whatever the training stack: join the process group, build, then train and checkpoint (phase
+checkpoint) or load the committed checkpoint, verify it and train on (phase restart); every fact to its event log."""
 
 from __future__ import annotations
 
@@ -22,9 +20,8 @@ from restart_harness import faults, resolve
 from restart_harness.rank_env import barrier
 from restart_harness.schema import Done, Error, Layout, Process, Step, Verify
 from restart_harness.targets.base import PER_RANK_DIRS
-from restart_harness.worker import anchor
 from restart_harness.worker.anatomy import Anatomy
-from restart_harness.worker.eventlog import EventLog
+from restart_harness.worker.eventlog import Anchors, EventLog
 from restart_harness.worker.io_marks import IOProbe
 from restart_harness.worker.manager import CheckpointManager
 from restart_harness.worker.memory import MemoryProbe, added
@@ -64,7 +61,7 @@ def main(process_start: float, argv=None, forked: bool = False) -> int:
     memory = MemoryProbe()
     log = EventLog(job.run_dir / "events" / job.record / f"rank-{rank:05d}.jsonl", rank,
                    (memory.phase_peaks, IOProbe(forked, owns=os.environ.get("LOCAL_RANK") == "0").phase),
-                   anchor.of_launch())
+                   Anchors.of_launch())
     node = os.environ.get("CROSS_RANK")
     log.emit(Process(os.getpid(), socket.gethostname(), int(node) if node and node.isdigit() else None,
                      threading.main_thread().ident))
@@ -85,11 +82,8 @@ def main(process_start: float, argv=None, forked: bool = False) -> int:
 
 
 def end_process(code: int):
-    """Exit now, without the interpreter's teardown: after a rank's last record (or, in prefork's forking process,
-    after every rank has exited) all that is left is freeing torch's and DeepSpeed's modules object by object, 1.2-1.5
-    CPU-seconds a process here (docs/testing.md) that no figure and no file needs. Every save is durable and the
-    trace finalized before `main` returns; the exit code is the rank's. Output still buffered is written first,
-    Python's and the C library's (torch's and DeepSpeed's native code print through stdio)."""
+    """Exit now, without the interpreter's teardown (freeing torch's and DeepSpeed's modules: 1.2-1.5 CPU-seconds a
+    process, docs/testing.md); every save is durable before `main` returns. Python's and C's buffered output first."""
     sys.stdout.flush()
     sys.stderr.flush()
     ctypes.CDLL(None).fflush(None)
@@ -105,14 +99,13 @@ def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: Me
     layout = stack.build()
     anatomy = Anatomy(stack.device.type, enabled=spec.anatomy)
     target = the_run.store(anatomy)
-    anatomy.add_prefix(target.root)
+    anatomy.counters.add_prefix(target.root)
     stack.hook(anatomy)
     manager = None
     if engine.saves:
         from engines.base import EngineContext
 
-        io = engine.open(EngineContext(spec, target, storage=_storage(the_run),
-                                       **stack.engine_context()))
+        io = engine.open(EngineContext(spec, target, storage=_storage(the_run), **stack.engine_context()))
         manager = CheckpointManager(stack, engine, io, target, anatomy, log, memory)
     import torch  # its intra-op threads: OMP_NUM_THREADS from the launch script (the spec's `threads`)
 
@@ -159,9 +152,8 @@ def run(job: RankJob, the_run: resolve.Run, log: EventLog, rank: int, memory: Me
 
 def _storage(the_run: resolve.Run) -> dict | None:
     """The run's storage probe (baseline.json, written before the checkpoint phase), or None without one."""
-    path = the_run.run_dir / "baseline.json"
     try:
-        record = json.loads(path.read_text())
+        record = json.loads((the_run.run_dir / "baseline.json").read_text())
     except (OSError, ValueError):
         return None
     return None if not isinstance(record, dict) or record.get("error") else record

@@ -1,7 +1,5 @@
-"""One rank's checkpoint manager: the only code that saves, waits for durability, commits `latest` and loads. The
-stack decides what a checkpoint holds; every file goes through the Recorder to the engine's CheckpointIO (engines/),
-and the storage target (targets/) makes it durable and commits it. What blocking_seconds, durable_seconds and
-commit_seconds mean, and the asynchronous protocol: docs/measurements.md."""
+"""One rank's checkpoint manager: the only code that saves, waits for durability, commits `latest` and loads; every file
+through the Recorder to the engine's CheckpointIO. Each figure and the asynchronous protocol: docs/measurements.md."""
 
 from __future__ import annotations
 
@@ -117,8 +115,7 @@ class CheckpointManager:
         rec.committed.clear()
         rec.step, untimed = step, rec.untimed
         p = _Pending(tag, step, self.memory.open() if self.memory else None)
-        # the anatomy window shares the save's clock: it starts at p.start and ends where commit_seconds (a
-        # synchronous save) or blocking (an asynchronous one) stops
+        # the anatomy window shares the save's clock: from p.start to where commit_seconds (or blocking) stops
         with self.anatomy.measure(SAVE_CATEGORIES, excluded=self.stack.untimed["save"],
                                   start=(p.wall_start, p.start)) as window:
             try:
@@ -141,7 +138,6 @@ class CheckpointManager:
             p.thread.start()
             self.pending = p
         else:
-            self._close_memory(p)
             self._emit(p)
 
     def _wait(self, p: _Pending) -> None:
@@ -195,13 +191,9 @@ class CheckpointManager:
         p.commit_seconds = (slowest + p.committed_at - after if self.stack.untimed["save"]
                             else p.committed_at - p.start)
 
-    def _close_memory(self, p: _Pending) -> None:
-        """The save's memory window, closed once its anatomy window is: reading the memory counters is the harness's
-        doing, in neither the save's commit_seconds nor its anatomy (it once sat between the two clocks)."""
-        if self.memory and p.memory:
-            self.memory.close(p.memory)
-
     def _emit(self, p: _Pending) -> None:
+        if p.memory:  # closed once its anatomy window is: reading the memory counters is in no timed figure
+            self.memory.close(p.memory)
         tag_dir = self.target.root / p.tag
         files = [{"path": str(Path(path).relative_to(tag_dir)), "bytes": self.target.size(path), "seconds": seconds}
                  for path, seconds in p.saved]
@@ -249,20 +241,16 @@ class CheckpointManager:
     def _finish_pending(self) -> None:
         p, self.pending = self.pending, None
         self._commit(p)
-        self._close_memory(p)
         self._emit(p)
 
     # ---- loading --------------------------------------------------------------------------------------------------
     def load(self, tag: str | None = None) -> tuple[str, dict]:
-        """The restart's checkpoint_load phase: the stack's load (and the device work it queued) inside the anatomy
-        window, whose own start and end the phase's marks carry; the ranks open it after one barrier (waiting for the
-        slowest rank's initialization is engine_init's); the memory and I/O of engine_init are read before the
-        barrier. With anatomy=false (no window record) the start is taken here: a mark stamped afterwards would put
-        the whole load into engine_init. Loads `tag`, else the one `latest` names (none is an error,
-        never a silent no-op); returns it and the client state saved with it."""
+        """The restart's checkpoint_load phase: the stack's load of `tag` (else the one `latest` names; none is an
+        error) inside the anatomy window, whose start and end the phase's marks carry, opened after one barrier (the
+        wait for the slowest rank is engine_init's); returns the tag and the client state saved with it."""
         engine_init = self.log.phase_fields()  # memory and I/O of engine_init, read before the load's barrier
         barrier()  # every rank starts the load clock together: one rank's slower start is not load time
-        load_start, untimed = time.time(), self.recorder.untimed
+        load_start, untimed = time.time(), self.recorder.untimed  # anatomy=false: the mark's time (else engine_init's)
         with self.anatomy.measure(LOAD_CATEGORIES, excluded=self.stack.untimed["load"]) as window:
             tag = tag or self.target.latest()
             if tag is None:
@@ -282,9 +270,7 @@ class CheckpointManager:
 
 
 def _memory(p: _Pending) -> dict | None:
-    """The save's memory (docs/measurements.md#memory-per-save), host bytes against the resident set at its start:
-    peak_added (highest from its start to its commit, the steps its flush overlapped included), held (when the
-    stack's save returned: what training runs beside while the flush goes on) and retained (at its commit)."""
+    """The save's memory against the resident set at its start (each figure: docs/measurements.md#memory-per-save)."""
     w = p.memory
     if w is None or w.start_rss is None:
         return None

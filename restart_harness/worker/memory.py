@@ -1,12 +1,9 @@
-"""One rank's memory: the high-water mark of each phase, training step and save, from VmRSS and VmHWM (reset through
-/proc/self/clear_refs; nested windows fold every peak before a reset) and, on CUDA, torch's allocated bytes. Only the
-main thread uses it. docs/measurements.md#memory-per-save."""
+"""One rank's memory: the high-water mark of each phase, step and save, from VmRSS and VmHWM (reset through
+/proc/self/clear_refs) and, on CUDA, torch's allocated bytes; main thread only. docs/measurements.md#memory-per-save."""
 
 from __future__ import annotations
 
 import sys
-
-__all__ = ["MemoryProbe", "Window", "added"]
 
 
 def added(now: int | None, before: int | None) -> int | None:
@@ -93,8 +90,6 @@ class MemoryProbe:
         """The memory high-water marks of the phase ending now (since the previous call), and a new phase's window:
         {"peak_rss_bytes": ..., "peak_device_bytes": ... (CUDA only)}."""
         w = self.close(self._phase)
-        out = {"peak_rss_bytes": w.peak_rss}
-        if w.peak_device is not None:
-            out["peak_device_bytes"] = w.peak_device
+        out = {"peak_rss_bytes": w.peak_rss} | ({} if w.peak_device is None else {"peak_device_bytes": w.peak_device})
         self._phase = self._opened(Window(None, None, None, None))
         return out

@@ -28,7 +28,7 @@ class Features:
     save_files: int  # files (objects) one checkpoint creates, all launched ranks
     save_bytes_at_once: int  # the most that the ranks saving at once write (save_bytes unless emulated in waves)
     read_bytes: int  # a restart's reads from storage, all ranks (planner: plan/checkpoint.py stored_read_bytes)
-    read_bytes_at_once: int
+    read_bytes_at_once: int  # the most that the ranks loading at once read
     read_bytes_max_rank: int
     read_files_max_rank: int
     read_files: int  # file opens (object GETs) of a restart, summed over ranks
@@ -106,7 +106,8 @@ def of(plugins: Plugins, cpus_per_node: int, write_bytes_per_s: float | None,
         save_bytes=sum(save_bytes.values()), save_bytes_max_rank=max(save_bytes.values(), default=0),
         save_files_max_rank=max(save_files.values(), default=0), save_files=sum(save_files.values()),
         save_bytes_at_once=_busiest_wave(save_bytes, per_node, io_per_node),
-        read_bytes=sum(read_bytes.values()), read_bytes_at_once=_busiest_wave(read_bytes, per_node, io_per_node), read_bytes_max_rank=max(read_bytes.values(), default=0),
+        read_bytes=sum(read_bytes.values()), read_bytes_max_rank=max(read_bytes.values(), default=0),
+        read_bytes_at_once=_busiest_wave(read_bytes, per_node, io_per_node),
         read_files_max_rank=max((len(p) for p in reads.values()), default=0),
         read_files=sum(len(p) for p in reads.values()),
         cold_reads=spec.cache == "drop" or plugins.target.kind != POSIX,

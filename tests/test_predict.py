@@ -290,3 +290,16 @@ def test_an_emulation_in_waves_is_predicted_one_wave_at_a_time(tmp_path):
                                  ("restart_checkpoint_load_seconds", "storage_read", "read_bytes_at_once")):
         assert waves["phases"][phase]["terms_seconds"][term] == pytest.approx(f[at_once] / 1e9, abs=1e-6)
         assert waves["phases"][phase]["seconds"] < whole["phases"][phase]["seconds"]
+
+
+def test_ranks_still_saving_share_the_cores_and_the_last_works_on_alone(tmp_path):
+    """tiny dp=8 ZeRO-1 on 2 cores: rank 0 writes the model file and its optimizer shard (B bytes), the seven others a
+    shard each (b). The eight share the cores at a quarter of one each until the seven finish (4b), and rank 0 writes
+    its last B - b alone at one core's pace: B + 3b, not the busiest rank's bytes times four."""
+    p = json.loads(cli(["predict", "tiny", "dp=8", "cpus_per_node=2", "write_gbps=1", "read_gbps=1",
+                        "predict=json"], tmp_path).stdout)
+    f = p["features"]
+    big, small = f["save_bytes_max_rank"], (f["save_bytes"] - f["save_bytes_max_rank"]) / 7
+    assert big > 2 * small and f["contention"] == 4
+    assert f["save_core_bytes"] == pytest.approx(big + 3 * small)
+    assert big < f["save_core_bytes"] < big * f["contention"]

@@ -212,6 +212,19 @@ def emulation_streams(spec: RunSpec, streamable: bool) -> bool:
     return streamable and emulated_file_state_bytes(spec) > EMULATED_STREAM_BYTES
 
 
+def waves(spec: RunSpec, streamable: bool) -> tuple[int, int]:
+    """(ranks of a node working at once, number of waves) of an emulated save or load: at most emulate_memory_gib of
+    file state per node (docs/emulation.md)."""
+    largest = emulated_file_state_bytes(spec, streamable)
+    at_once = max(1, min(spec.ranks_per_node, int(spec.emulate_memory_gib * 2**30) // max(largest, 1)))
+    return at_once, math.ceil(spec.ranks_per_node / at_once)
+
+
+def wave_of(rank: int, ranks_per_node: int, at_once: int) -> int:
+    """The wave a rank saves and loads in: a node's ranks in order, at_once of them a wave."""
+    return (rank % ranks_per_node) // at_once
+
+
 def files(spec: RunSpec) -> list[PlannedFile]:
     """Every file DeepSpeed's TorchCheckpointEngine writes into the tag directory, sorted by path."""
     saved = [(r, _saved_file(spec, r)) for r in recipes(spec)]

@@ -18,8 +18,8 @@ MIN_BYTES, MAX_BYTES = CROSSOVER_RANGE_BYTES  # 1 MiB - 1 PiB (the largest Size 
 GRID_PER_DECADE = 24  # where the load is largest is one interval when every phase is linear in B: finer is not needed
 CURVE_PER_DECADE = 4  # points kept for the report's figure
 BISECTIONS = 100  # far more than a relative 1e-9 needs: the loop stops there
-_SCALED = ("save_bytes", "save_bytes_max_rank", "save_bytes_at_once", "read_bytes", "read_bytes_max_rank",
-           "read_bytes_at_once")
+_SCALED = ("save_bytes", "save_bytes_max_rank", "save_bytes_at_once", "save_core_bytes", "read_bytes",
+           "read_bytes_max_rank", "read_bytes_at_once", "read_core_bytes")
 
 
 def scaled(f: Features, checkpoint_bytes: float) -> Features:

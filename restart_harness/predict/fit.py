@@ -3,7 +3,7 @@ calibration file they are kept in (configs/calibration/*.json, docs/prediction.m
 
 Each phase and group is fitted by non-negative least squares on relative errors: minimise
 sum_runs ((predicted - measured) / measured)^2 over coefficients >= 0, by solving the least squares of every subset
-of the phase's terms and keeping the best whose coefficients are all non-negative (a phase has at most four terms).
+of the phase's terms and keeping the best whose coefficients are all non-negative (at most eight terms: 255 subsets).
 A run contributes to the phases it measured; a run without its storage's bandwidth (baseline=false) contributes to
 the phases whose terms do not need it."""
 

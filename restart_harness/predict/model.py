@@ -34,8 +34,14 @@ def _per(n: float | None, d: float | None) -> float | None:
 FIXED = Term("fixed", "fixed costs (the phase says which)", "s", lambda f: 1.0)
 STORAGE_WRITE = Term("storage_write", "storage bandwidth", "x (bytes / aggregate write bandwidth)",
                      lambda f: _per(f.save_bytes_at_once, f.write_bytes_per_s))
-SERIALIZE = Term("serialize", "host CPU: serialization and copies", "s per byte of the busiest rank x contention",
-                 lambda f: f.save_bytes_max_rank * f.io_contention)
+SERIALIZE = Term("serialize", "host CPU: serialization and copies",
+                 "s per byte of the last rank to finish, at one core's pace (ranks still saving share the cores)",
+                 lambda f: f.save_core_bytes)
+# ranks crowding shared cores slow each other more than their share of the cores (threads of their own, caches,
+# memory bandwidth): measured 2026-11-28, torchsnapshot's serialization per byte grew with contention squared
+CROWDED = "host CPU: ranks crowding the shared cores (their threads, caches, memory bandwidth)"
+SERIALIZE_CROWDED = Term("serialize_crowded", CROWDED, "s per byte of the last rank to finish x contention",
+                         lambda f: f.save_core_bytes * f.io_contention)
 FILES = Term("files", "storage metadata and requests", "s per file of the busiest rank",
              lambda f: f.save_files_max_rank)
 STORAGE_READ = Term("storage_read", "storage bandwidth", "x (bytes / aggregate read bandwidth)",
@@ -47,7 +53,8 @@ METADATA_READ = Term("metadata_read", "storage metadata rate (opens or GET reque
                      "x (file opens / the storage's stated operations per second)",
                      lambda f: _per(f.read_files, f.metadata_ops_per_s) or 0.0)
 DESERIALIZE = Term("deserialize", "host CPU: deserialization and copies",
-                   "s per byte the busiest rank reads x contention", lambda f: f.read_bytes_max_rank * f.io_contention)
+                   "s per byte the last rank to finish reads, at one core's pace (ranks still loading share the cores)",
+                   lambda f: f.read_core_bytes)
 READ_FILES = Term("read_files", "storage metadata and requests", "s per file the busiest rank reads",
                   lambda f: f.read_files_max_rank)
 SPAWN = Term("spawn", "launcher: processes started per node", "s per rank on a node", lambda f: f.ranks_per_node)
@@ -105,7 +112,7 @@ def _launcher(plugins: Plugins) -> str:
     return plugins.launcher.name
 
 
-_SAVE = (FIXED, IO_CPU, STORAGE_WRITE, METADATA_WRITE, SERIALIZE, FILES, RANKS_SHARING)
+_SAVE = (FIXED, IO_CPU, STORAGE_WRITE, METADATA_WRITE, SERIALIZE, SERIALIZE_CROWDED, FILES, RANKS_SHARING)
 _SAVE_FIXED = "fixed per save: barriers, collectives, the engine's bookkeeping"
 PHASES: dict[str, Phase] = {p.name: p for p in (
     # an asynchronous save's blocking part writes nothing; a synchronous one writes everything before it returns

@@ -1,7 +1,7 @@
 """DeepSpeed 0.19.8's checkpoint files rebuilt without a model (helpers of stacks/emulated.py): each file's state dict
 as DeepSpeed assembles it (engine._save_checkpoint, _save_zero_checkpoint, PipelineModule.save_state_dict, the ZeRO
 optimizers' state_dict, with torch's AdamW) from the planner's recipe (plan/checkpoint.py), its tensors' bytes from a
-Filler; waves(): how many ranks of a node hold file state at once. docs/emulation.md."""
+Filler. docs/emulation.md."""
 
 from __future__ import annotations
 
@@ -203,9 +203,3 @@ def tensors_of(state: object, prefix: str = "") -> dict[str, torch.Tensor]:
 
 
 # ---- the waves that bound memory --------------------------------------------------------------------------------
-def waves(spec, streamable: bool) -> tuple[int, int]:
-    """(ranks of a node working at once, number of waves): at most emulate_memory_gib of file state per node."""
-    largest = checkpoint.emulated_file_state_bytes(spec, streamable)
-    budget = int(spec.emulate_memory_gib * 2**30)
-    at_once = max(1, min(spec.ranks_per_node, budget // max(largest, 1)))
-    return at_once, math.ceil(spec.ranks_per_node / at_once)

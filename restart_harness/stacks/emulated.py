@@ -65,10 +65,8 @@ class EmulatedRank(Rank):
         """Run work() in this rank's wave; every rank takes part in every wave's barrier."""
         import torch.distributed as dist
 
-        from restart_harness.stacks._deepspeed_files import waves
-
-        at_once, self.waves = waves(self.spec, self.streamable)
-        mine = (self.rank % self.spec.ranks_per_node) // at_once
+        at_once, self.waves = checkpoint.waves(self.spec, self.streamable)
+        mine = checkpoint.wave_of(self.rank, self.spec.ranks_per_node, at_once)
         for wave in range(self.waves):
             if wave == mine:
                 self.wave_start = time.time()  # this rank's wave: its files written (made durable after all waves)

@@ -61,8 +61,11 @@ def test_an_efficiency_above_one_says_why_or_flags_the_ceiling():
     shared = compare_engines.efficiency([0.9, 1.2, 1.1], "shared memory")
     assert shared.startswith("1.10 (0.90-1.20)") and "above 1: shared memory" in shared
     assert "CEILING NOT MEASURED RIGHT" in compare_engines.efficiency([1.05], None)
-    row = {"shared": [False], "read_io": ["direct"]}
+    row = {"shared": [False], "read_io": ["direct"], "x_write": [1.08], "durable_mib_s": [2697],
+           "x_storage_read": [1.2], "storage_read_mib_s": [1200], "ceiling_fastest": [{"write": 2600, "read": 1100}]}
     assert compare_engines._why_above(row, "x_write") is None  # nothing lifts a durable write over the disk
+    row["ceiling_fastest"] = [{"write": 2800, "read": 1100}]  # but the disk's own fastest run in that repeat did
+    assert "fastest write reached 2,800 MiB/s" in compare_engines._why_above(row, "x_write")
     assert compare_engines._why_above(row, "x_storage_read") is None  # nor an O_DIRECT reader's storage read
     assert "read-ahead" in compare_engines._why_above({"shared": [False], "read_io": [None]}, "x_storage_read")
     assert "shared memory" in compare_engines._why_above({"shared": [True], "read_io": ["direct"]}, "x_load")

@@ -109,6 +109,35 @@ def test_a_fresh_buffers_pages_are_populated_ahead_and_the_bytes_are_the_files(t
                 assert reads.claims is None and reads.populated == 0
 
 
+def _vm_flags(address: int) -> set[str]:
+    """The kernel's VmFlags of this process's mapping that holds address (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "VmFlags:":
+            return set(line.split()[1:])
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="no /proc/self/smaps (not Linux)")
+def test_a_saves_staging_asks_for_huge_pages_and_a_loads_buffers_do_not(tmp_path):
+    """A staging buffer, kept and reused save after save, is in transparent huge pages (the mapping flagged `hg`,
+    MADV_HUGEPAGE); the buffers a load reads a part into once are not: fresh huge pages fault in slower than 4 KiB
+    pages on this project's virtual machine (docs/engines.md#enginelazy)."""
+    size = 3 * buffers.HUGE_PAGE + 4096
+    part = lazy_writers.Part(tmp_path / "part-0.bin", size, False, [], buffers.READ_CHUNK_BYTES)
+    assert "hg" in _vm_flags(part.buffer.data_ptr())
+    fmt_dir = tmp_path / "state"
+    engine = _engine()
+    engine.save({"w": torch.randn(size // 4)}, str(fmt_dir))
+    engine.wait()
+    _, _, loaded = fmt.read(fmt_dir)
+    assert loaded and all("hg" not in _vm_flags(b.data_ptr()) for b in loaded if b.numel() >= buffers.HUGE_PAGE)
+
+
 def test_a_file_system_refusing_direct_io_gets_buffered_io_and_the_run_says_so(tmp_path, monkeypatch):
     """Where O_DIRECT is refused (EINVAL at open or at the first request; tmpfs before Linux 6.6, some FUSE and
     network file systems), the engine writes and reads buffered, and the save's engine_statistics name the file

@@ -1,6 +1,6 @@
-"""engine=lazy's host buffers: aligned for O_DIRECT, in transparent huge pages where the kernel gives them, page-locked
-for CUDA by registering the allocation itself; and its parallel reads into them, a request at a time, fresh pages
-faulted in ahead of the reads by a thread of their own (docs/engines.md#enginelazy)."""
+"""engine=lazy's host buffers: aligned for O_DIRECT, a save's in transparent huge pages where the kernel gives them,
+page-locked for CUDA by registering the allocation itself; and its parallel reads into them, a request at a time,
+fresh pages faulted in ahead of the reads by a thread of their own (docs/engines.md#enginelazy)."""
 
 from __future__ import annotations
 
@@ -30,15 +30,17 @@ def byte_view(t: torch.Tensor, n: int | None = None) -> memoryview:
     return memoryview((ctypes.c_ubyte * n).from_address(t.data_ptr())).cast("B") if n else memoryview(b"")
 
 
-def aligned_empty(size: int, pinned: bool = False, zeroed: bool = False) -> torch.Tensor:
+def aligned_empty(size: int, pinned: bool = False, zeroed: bool = False, huge_pages: bool = False) -> torch.Tensor:
     """`size` bytes starting at an ALIGNMENT boundary, with room after them up to a multiple of it (O_DIRECT's rule);
-    zeroed: padding included; pinned: registered with cudaHostRegister (docs/engines.md#enginelazy)."""
-    huge = size >= HUGE_PAGE
+    zeroed: padding included; pinned: registered with cudaHostRegister; huge_pages: in transparent huge pages, for a
+    buffer kept and reused (a save's staging), not for one filled once (a load's: fresh huge pages fault in slower
+    here; docs/engines.md#enginelazy)."""
+    huge = huge_pages and size >= HUGE_PAGE
     raw = torch.empty(aligned(size) + (HUGE_PAGE if huge else ALIGNMENT), dtype=torch.uint8)
     shift = -raw.data_ptr() % (HUGE_PAGE if huge else ALIGNMENT)
     buf = raw[shift:shift + size]
-    if huge:  # transparent huge pages over buf's whole 2 MiB pages before anything touches it: its first touch
-        # faults 2 MiB pages, not 4 KiB ones (docs/benchmarks.md); where they are off, or madvise fails, nothing changes
+    if huge:  # transparent huge pages over buf's whole 2 MiB pages before anything touches it; where they are off,
+        # or madvise fails, nothing changes
         LIBC.madvise(ctypes.c_void_p(buf.data_ptr()), ctypes.c_size_t(size - size % HUGE_PAGE), MADV_HUGEPAGE)
     if zeroed:
         raw[shift:shift + aligned(size)].zero_()  # the buffer and its padding: its pages, and no others, touched

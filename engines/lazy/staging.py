@@ -29,7 +29,7 @@ class Part:
         self.slots = min(slots or self.chunks, self.chunks)
         self.ring = self.slots < self.chunks
         self.nbytes = self.slots * chunk if self.ring else size  # the buffer's bytes (its padding aside)
-        self.buffer = aligned_empty(self.nbytes, pinned=pinned, zeroed=True)
+        self.buffer = aligned_empty(self.nbytes, pinned=pinned, zeroed=True, huge_pages=True)
         self.holds: list = [None] * self.slots  # the request each slot holds the bytes of (None: zeros)
         self.gaps = gaps(copies, aligned(size), chunk) if self.ring else {}
         self.busy = False

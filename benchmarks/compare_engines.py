@@ -214,7 +214,7 @@ def _run(summary: dict, ceiling: dict, none_step: float | None) -> dict:
     f["x_write"] = _ratio(f["durable_mib_s"], ceiling.get("write_mib_s"))
     f["x_load"] = _ratio(f["load_mib_s"], ceiling.get("read_mib_s"))
     f["x_storage_read"] = _ratio(f["storage_read_mib_s"], ceiling.get("read_mib_s"))
-    runs = (ceiling.get("spread") or {})
+    runs = ceiling.get("spread") or {}
     f["ceiling_fastest"] = {w: (runs.get(f"{w}_mib_s") or [None, None])[1] for w in ("write", "read")}
     stats = restart.get("engine_load_statistics") or {}
     f["shared"] = any(x.get("way") != "read" for x in stats.get("replicated") or [])

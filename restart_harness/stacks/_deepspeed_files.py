@@ -201,5 +201,3 @@ def tensors_of(state: object, prefix: str = "") -> dict[str, torch.Tensor]:
         out.update(tensors_of(v, f"{prefix}/{k}" if prefix else str(k)))
     return out
 
-
-# ---- the waves that bound memory --------------------------------------------------------------------------------

@@ -7,10 +7,15 @@ Method
 - ROUNDS rounds (default 5); each round one restart-only re-run per way (the engine's restart-time keys: read_io,
   readers, broadcast_load), in an order rotated every round so that no way always follows another; every restart
   `cache=drop` (the checkpoint read cold; the environment as the run left it).
+- Each round, where fio is installed and the checkpoint is a local folder, fio also reads the files the restarts
+  read, cold (drop_caches before each), a rank's files one after another (a chain of fio jobs a rank, the ranks at
+  once): in the storage baseline's shape (buffered, psync, BLOCK_BYTES requests) and in its ceiling's (O_DIRECT,
+  libaio, CEILING_REQUEST_BYTES x CEILING_QUEUE_DEPTH in flight); all bytes over the slowest rank's runtime.
 - Per way: the median over the rounds of `load_seconds` (what the restart waited for: the checkpoint's bytes over
   the slowest rank's seconds inside the engine's loads) and of the storage read (bytes over the slowest rank's time
-  with a read in flight), and how often the way was the round's fastest; the disk here moves 2-5x within minutes, so
-  only the paired rounds say which way is sooner, not a single figure.
+  with a read in flight), its load against the faster fio read of the same round (the median of the rounds'
+  ratios), and how often the way was the round's fastest; the disk here moves 2-5x within minutes, so only the
+  paired rounds say which way is sooner, not a single figure.
 
 Usage: <python> -m benchmarks.restart_reads [ROUNDS] [RUN=DIR | MODEL key=value ...] [ways=LABEL:k=v+k=v,...]
        (default ways: direct+broadcast, direct+shared, buffered+shared; prints a Markdown table)
@@ -18,12 +23,20 @@ Usage: <python> -m benchmarks.restart_reads [ROUNDS] [RUN=DIR | MODEL key=value 
 
 from __future__ import annotations
 
+import json
+import shutil
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 
 from benchmarks.common import restarted, rotated, spread, submitted, summary, words
+from restart_harness.files import pagecache
+from restart_harness.files.baseline import BLOCK_BYTES, CEILING_QUEUE_DEPTH, CEILING_REQUEST_BYTES
 
+FIO = {"fio buffered, the baseline's shape": (BLOCK_BYTES, ("--ioengine=psync", "--direct=0")),
+       "fio O_DIRECT, the ceiling's shape": (CEILING_REQUEST_BYTES, ("--ioengine=libaio", "--direct=1",
+                                                                    f"--iodepth={CEILING_QUEUE_DEPTH}"))}
 WAYS = {
     "O_DIRECT, broadcast": ["read_io=direct", "broadcast_load=true"],
     "O_DIRECT, shared": ["read_io=direct", "broadcast_load=auto"],
@@ -40,28 +53,74 @@ def main(argv: list[str]) -> int:
         tokens = rest or ["small", "dp=2", "iters=4", "save_interval=2", "precision=fp32"]
         run = submitted([*tokens, "engine=lazy", "phase=checkpoint"], python=sys.executable)
         print(f"checkpoint run: {run}", file=sys.stderr)
-    labels = list(ways)
-    seen: dict[str, list[dict]] = {w: [] for w in labels}
+    labels, files = list(ways), None
+    seen: dict[str, list[dict]] = {w: [] for w in [*labels, *FIO]}
     for r in range(rounds):
-        for label in rotated(labels, r):
+        for label in rotated([*labels, *FIO] if files else labels, r):
             print(f"round {r + 1}/{rounds}: {label}", file=sys.stderr)
+            if label in FIO:
+                seen[label].append({"read_mib_s": fio_read(files, FIO[label])[1]})
+                continue
             latest = restarted(run, ["cache=drop", *ways[label]], python=sys.executable)
             sr = (latest.get("load_breakdown") or {}).get("storage_read") or {}
             seen[label].append({"load": latest["load_seconds"], "read_mib_s": sr.get("throughput_mib_s"),
                                 "verified": latest["verified"]})
+        if r == 0 and (files := read_files(run, latest)):
+            print(f"fio reads the restart's {sum(map(len, files.values()))} files from round 2 on", file=sys.stderr)
     fastest = [min(labels, key=lambda w: seen[w][r]["load"]) for r in range(rounds)]
     mib = summary(run)["checkpoint"]["bytes"] / 2**20
     print(f"`{run.name}`: {mib:,.1f} MiB a checkpoint, {rounds} rounds, each way once a round (rotated), "
           "`cache=drop`; medians over the rounds (min-max)\n")
-    print("| way | keys | load s | load MiB/s | storage read MiB/s | fastest in | verified |")
-    print("|---|---|---:|---:|---:|---:|---|")
+    fio = [max(seen[f][k]["read_mib_s"] for f in FIO) for k in range(len(seen[next(iter(FIO))]))]
+    print("| way | keys | load s | load MiB/s | storage read MiB/s | load x fio's faster read | fastest in | verified |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
     for w in labels:
         loads = [s["load"] for s in seen[w]]
         reads = [s["read_mib_s"] for s in seen[w] if s["read_mib_s"]]
+        x = [mib / s["load"] / f for s, f in zip(seen[w][rounds - len(fio):], fio, strict=True)]
         print(f"| {w} | {' '.join(ways[w])} | {spread(loads, '.3f')} | {mib / statistics.median(loads):,.0f} "
-              f"| {statistics.median(reads):,.0f} | {fastest.count(w)} of {rounds} "
+              f"| {statistics.median(reads):,.0f} | {spread(x, '.2f') if x else '-'} | {fastest.count(w)} of {rounds} "
               f"| {all(s['verified'] for s in seen[w])} |")
+    for f, shape in FIO.items():
+        if seen[f]:
+            reads = spread([s["read_mib_s"] for s in seen[f]], ",.0f")
+            print(f"| {f} | {shape[0] >> 20} MiB {' '.join(shape[1])} | - | - | {reads} | - | - | - |")
+    if not fio:
+        print("\nfio did not read the files (not installed, a checkpoint outside a local folder, or one round).")
     return 0
+
+
+def read_files(run: Path, latest: dict) -> dict[int, list[Path]] | None:
+    """The files of 1 MiB or more each rank read in the restart `latest`, by rank; None without fio or a local
+    checkpoint folder."""
+    root = Path(summary(run)["checkpoint"].get("root") or "")
+    if shutil.which("fio") is None or not root.is_dir():
+        return None
+    out: dict[int, list[Path]] = {}
+    for f in (latest.get("load_breakdown") or {}).get("files") or []:
+        if f["read_bytes"] >= 1 << 20 and (root / f["path"]).is_file():
+            out.setdefault(f["rank"], []).append(root / f["path"])
+    return out or None
+
+
+def fio_read(files: dict[int, list[Path]], shape: tuple[int, tuple[str, ...]]) -> tuple[int, float]:
+    """fio's cold read of files (read-only), a chain of jobs a rank, one a file, each waiting for the one before:
+    (all jobs' bytes, MiB/s: those bytes over the slowest rank's runtime). fio reads whole requests, so a file's tail
+    short of one is left out (a request is at most the file)."""
+    request, options = shape
+    pagecache.prepare([p for ps in files.values() for p in ps], "drop")
+    jobs = []
+    for rank, paths in files.items():
+        for k, p in enumerate(paths):
+            jobs += [f"--name=r{rank}f{k}", f"--filename={str(p).replace(':', chr(92) + ':')}",
+                     f"--bs={min(request, p.stat().st_size // 4096 * 4096)}",
+                     *([f"--wait_for=r{rank}f{k - 1}"] if k else [])]
+    proc = subprocess.run(["fio", "--readonly", "--rw=read", "--output-format=json", *options, *jobs],
+                          capture_output=True, text=True, check=True, timeout=600)
+    done = json.loads(proc.stdout[proc.stdout.index("{"):])["jobs"]
+    seconds = {r: sum(j["job_runtime"] for j in done if j["jobname"].startswith(f"r{r}f")) / 1000 for r in files}
+    total = sum(j["read"]["io_bytes"] for j in done)
+    return total, total / max(seconds.values()) / (1 << 20)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """benchmarks/compare_engines.py's input and its ceiling (issue 67): bad input is one line and exit 2 with nothing
 created; a fio that cannot do direct I/O is said and the built-in probe takes over; an efficiency above 1.0 is never a
-plain figure."""
+plain figure; benchmarks/restart_reads.py's fio reads the files a restart read."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -69,3 +71,26 @@ def test_an_efficiency_above_one_says_why_or_flags_the_ceiling():
     assert compare_engines._why_above(row, "x_storage_read") is None  # nor an O_DIRECT reader's storage read
     assert "read-ahead" in compare_engines._why_above({"shared": [False], "read_io": [None]}, "x_storage_read")
     assert "shared memory" in compare_engines._why_above({"shared": [True], "read_io": ["direct"]}, "x_load")
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
+def test_restart_reads_has_fio_read_what_each_rank_read_cold_once(tmp_path):
+    """The reference of benchmarks/restart_reads.py: the files of 1 MiB or more each rank read in the restart (its
+    header left out), a chain of fio jobs a rank, one a file, in both shapes: every whole request of each file read
+    once (fio leaves out a tail short of a request: 4 MiB of c.bin at 16 MiB requests)."""
+    from benchmarks import restart_reads
+
+    root = tmp_path / "run" / "checkpoint"
+    (root / "t").mkdir(parents=True)
+    (tmp_path / "run" / "summary.json").write_text(json.dumps({"checkpoint": {"root": str(root)}}))
+    sizes = {"a.bin": 8 << 20, "b.bin": 4 << 20, "c.bin": 20 << 20, "h.json": 100}
+    for name, n in sizes.items():
+        (root / "t" / name).write_bytes(os.urandom(n))
+    ranks = {"a.bin": 0, "h.json": 0, "c.bin": 0, "b.bin": 1}
+    latest = {"load_breakdown": {"files": [{"path": f"t/{n}", "rank": r, "read_bytes": sizes[n]}
+                                           for n, r in ranks.items()]}}
+    files = restart_reads.read_files(tmp_path / "run", latest)
+    assert files == {0: [root / "t" / "a.bin", root / "t" / "c.bin"], 1: [root / "t" / "b.bin"]}
+    for (request, _), expected in zip(restart_reads.FIO.values(), (32 << 20, 28 << 20), strict=True):
+        total, mib_s = restart_reads.fio_read(files, (request, _))
+        assert total == expected and mib_s > 0, (request, total, mib_s)

@@ -107,6 +107,10 @@ def test_a_fresh_buffers_pages_are_populated_ahead_and_the_bytes_are_the_files(t
                 assert reads.populated == 4 and reads.claims == ["read"] * 4, (reads.populated, reads.claims)
             else:
                 assert reads.claims is None and reads.populated == 0
+        buf = buffers.aligned_empty(size)  # read_chunk_mib's request size: the same bytes in more requests
+        reads = buffers.Reads(path, buf, pool, direct, chunk=1 << 20)
+        reads.wait()
+        assert torch.equal(buf, data) and reads.requests == -(-size // (1 << 20)) == 49
 
 
 def _vm_flags(address: int) -> set[str]:

@@ -26,6 +26,8 @@ class Options:
                        group="checkpoint", minimum=1, maximum=256, restart=True)
     write_chunk_mib: int = key(CEILING_REQUEST_BYTES // MIB, "bytes per write request", group="checkpoint",
                                unit="MiB", minimum=1)
+    read_chunk_mib: int = key(CEILING_REQUEST_BYTES // MIB, "bytes per read request at restart", group="checkpoint",
+                              unit="MiB", minimum=1, restart=True)
     staging_mib: int = key(0, "host staging buffer of each part file a rank writes: a ring of write requests that "
                               "the copy reuses once their writes are done (at least writers + 1 requests); 0 (auto): "
                               "the part less what the writers are expected to write within half the optimizer step's "

@@ -59,17 +59,17 @@ def padded_view(buf: torch.Tensor) -> memoryview:
     return byte_view(buf, aligned(buf.numel()))
 
 
-READ_CHUNK_BYTES = 16 << 20
+READ_CHUNK_BYTES = 16 << 20  # a request's bytes where the engine's read_chunk_mib does not say
 MADV_POPULATE_WRITE = 23  # Linux 5.14 and later; EINVAL before
 
 
 class Reads:
-    """One file being read into a buffer by a pool's threads, READ_CHUNK_BYTES a request, its pages faulted in ahead
-    by a thread of its own (docs/engines.md#enginelazy): wait() for it."""
+    """One file being read into a buffer by a pool's threads, `chunk` bytes a request (a multiple of ALIGNMENT), its
+    pages faulted in ahead by a thread of its own (docs/engines.md#enginelazy): wait() for it."""
 
     def __init__(self, path: Path, buf: torch.Tensor, pool: ThreadPoolExecutor, direct: bool = False,
-                 populate: bool = True):
-        self.path, self.size = path, buf.numel()
+                 populate: bool = True, chunk: int = READ_CHUNK_BYTES):
+        self.path, self.size, self.chunk = path, buf.numel(), chunk
         self.fd, self.view = None, padded_view(buf) if direct else byte_view(buf)
         if direct:
             try:
@@ -81,7 +81,7 @@ class Reads:
             self.view = byte_view(buf)
             self.fd = os.open(path, os.O_RDONLY)
         self.buffered_fd = None
-        offsets = range(0, len(self.view), READ_CHUNK_BYTES)
+        offsets = range(0, len(self.view), chunk)
         # per request: None (untouched), "populating" (the thread is at it: ready[i] is set when done) or "read"
         self.claims: list | None = [None] * len(offsets) if populate and len(offsets) > 1 else None
         self.ready = [threading.Event() for _ in offsets] if self.claims else None
@@ -101,8 +101,8 @@ class Reads:
                 self.claims[i] = "populating"
             works = False
             try:
-                off = i * READ_CHUNK_BYTES
-                n = min(READ_CHUNK_BYTES, length - off)
+                off = i * self.chunk
+                n = min(self.chunk, length - off)
                 works = LIBC.madvise(ctypes.c_void_p(address + off), ctypes.c_size_t(n), MADV_POPULATE_WRITE) == 0
                 self.populated += works  # counted before the read it releases can finish
             finally:
@@ -112,13 +112,13 @@ class Reads:
 
     def _chunk(self, off: int) -> None:
         if self.claims:
-            i = off // READ_CHUNK_BYTES
+            i = off // self.chunk
             with self.lock:
                 populating = self.claims[i] == "populating"
                 self.claims[i] = "read"
             if populating:
                 self.ready[i].wait()
-        end = min(off + READ_CHUNK_BYTES, len(self.view))
+        end = min(off + self.chunk, len(self.view))
         fd = self.fd
         while off < min(end, self.size):
             try:

@@ -85,7 +85,8 @@ class Loader:
     def submit(self, path: Path, header: dict, buffers: list, parts, ahead: bool = False, wait: bool = False) -> list:
         """The parts' reads queued (buffers.Reads); ahead: the rank's own ZeRO file queued behind them (read_ahead);
         wait: until they are done."""
-        reads = [Reads(path / header["parts"][k]["file"], buffers[k], self.pool, self.read_direct) for k in parts]
+        reads = [Reads(path / header["parts"][k]["file"], buffers[k], self.pool, self.read_direct,
+                       chunk=self.options.read_chunk_mib * MIB) for k in parts]
         self.submitted += reads
         if ahead:
             self.read_ahead(path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -13,8 +14,14 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from restart_harness.files.baseline import BLOCK_BYTES, CEILING_QUEUE_DEPTH, CEILING_REQUEST_BYTES
+
 REPO = Path(__file__).resolve().parents[1]
 MIB, GIB = 1 << 20, 1 << 30
+# fio's cold reads of the files a restart read (fio_read): the storage baseline's shape and its ceiling's
+FIO = {"fio buffered, the baseline's shape": (BLOCK_BYTES, ("--ioengine=psync", "--direct=0")),
+       "fio O_DIRECT, the ceiling's shape": (CEILING_REQUEST_BYTES, ("--ioengine=libaio", "--direct=1",
+                                                                    f"--iodepth={CEILING_QUEUE_DEPTH}"))}
 
 
 def words(default: int, *names: str, argv: list[str] | None = None) -> tuple[int, dict[str, str], list[str]]:
@@ -126,3 +133,38 @@ def measure_then_evaluate(measure: Callable[[Path, int], None], evaluate: Callab
     if named.get("reuse") != "true":
         measure(folder, repeats)
     evaluate(folder)
+
+
+def read_files(run: Path, latest: dict) -> dict[int, list[Path]] | None:
+    """The files of 1 MiB or more each rank read in the restart `latest`, by rank; None without fio or a local
+    checkpoint folder."""
+    root = Path(summary(run)["checkpoint"].get("root") or "")
+    if shutil.which("fio") is None or not root.is_dir():
+        return None
+    out: dict[int, list[Path]] = {}
+    for f in (latest.get("load_breakdown") or {}).get("files") or []:
+        if f["read_bytes"] >= 1 << 20 and (root / f["path"]).is_file():
+            out.setdefault(f["rank"], []).append(root / f["path"])
+    return out or None
+
+
+def fio_read(files: dict[int, list[Path]], shape: tuple[int, tuple[str, ...]]) -> tuple[int, float, int]:
+    """fio's cold read of files (read-only), a chain of jobs a rank, one a file, each waiting for the one before, the
+    ranks at once: (all jobs' bytes, the slowest rank's runtime in seconds, the files' bytes). fio reads whole
+    requests, so a file's tail short of one is left out (a request is at most the file)."""
+    from restart_harness.files import pagecache
+
+    request, options = shape
+    pagecache.prepare([p for ps in files.values() for p in ps], "drop")
+    jobs = []
+    for rank, paths in files.items():
+        for k, p in enumerate(paths):
+            jobs += [f"--name=r{rank}f{k}", f"--filename={str(p).replace(':', chr(92) + ':')}",
+                     f"--bs={min(request, p.stat().st_size // 4096 * 4096)}",
+                     *([f"--wait_for=r{rank}f{k - 1}"] if k else [])]
+    proc = subprocess.run(["fio", "--readonly", "--rw=read", "--output-format=json", *options, *jobs],
+                          capture_output=True, text=True, check=True, timeout=600)
+    done = json.loads(proc.stdout[proc.stdout.index("{"):])["jobs"]
+    seconds = {r: sum(j["job_runtime"] for j in done if j["jobname"].startswith(f"r{r}f")) / 1000 for r in files}
+    return (sum(j["read"]["io_bytes"] for j in done), max(seconds.values()),
+            sum(p.stat().st_size for ps in files.values() for p in ps))

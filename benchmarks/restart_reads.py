@@ -13,8 +13,9 @@ Method
   libaio, CEILING_REQUEST_BYTES x CEILING_QUEUE_DEPTH in flight); all bytes over the slowest rank's runtime.
 - Per way: the median over the rounds of `load_seconds` (what the restart waited for: the checkpoint's bytes over
   the slowest rank's seconds inside the engine's loads) and of the storage read (bytes over the slowest rank's time
-  with a read in flight), its load against the faster fio read of the same round (the median of the rounds'
-  ratios), and how often the way was the round's fastest; the disk here moves 2-5x within minutes, so only the
+  with a read in flight), the seconds fio's faster shape took to read the same files in the same round (scaled to
+  their whole bytes) over the load's seconds (the median of the rounds' ratios; above 1: the load was faster than
+  fio), and how often the way was the round's fastest; the disk here moves 2-5x within minutes, so only the
   paired rounds say which way is sooner, not a single figure.
 
 Usage: <python> -m benchmarks.restart_reads [ROUNDS] [RUN=DIR | MODEL key=value ...] [ways=LABEL:k=v+k=v,...]
@@ -23,20 +24,12 @@ Usage: <python> -m benchmarks.restart_reads [ROUNDS] [RUN=DIR | MODEL key=value 
 
 from __future__ import annotations
 
-import json
-import shutil
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.common import restarted, rotated, spread, submitted, summary, words
-from restart_harness.files import pagecache
-from restart_harness.files.baseline import BLOCK_BYTES, CEILING_QUEUE_DEPTH, CEILING_REQUEST_BYTES
+from benchmarks.common import FIO, MIB, fio_read, read_files, restarted, rotated, spread, submitted, summary, words
 
-FIO = {"fio buffered, the baseline's shape": (BLOCK_BYTES, ("--ioengine=psync", "--direct=0")),
-       "fio O_DIRECT, the ceiling's shape": (CEILING_REQUEST_BYTES, ("--ioengine=libaio", "--direct=1",
-                                                                    f"--iodepth={CEILING_QUEUE_DEPTH}"))}
 WAYS = {
     "O_DIRECT, broadcast": ["read_io=direct", "broadcast_load=true"],
     "O_DIRECT, shared": ["read_io=direct", "broadcast_load=auto"],
@@ -59,7 +52,8 @@ def main(argv: list[str]) -> int:
         for label in rotated([*labels, *FIO] if files else labels, r):
             print(f"round {r + 1}/{rounds}: {label}", file=sys.stderr)
             if label in FIO:
-                seen[label].append({"read_mib_s": fio_read(files, FIO[label])[1]})
+                done, seconds, whole = fio_read(files, FIO[label])
+                seen[label].append({"read_mib_s": done / MIB / seconds, "seconds": seconds * whole / done})
                 continue
             latest = restarted(run, ["cache=drop", *ways[label]], python=sys.executable)
             sr = (latest.get("load_breakdown") or {}).get("storage_read") or {}
@@ -71,13 +65,14 @@ def main(argv: list[str]) -> int:
     mib = summary(run)["checkpoint"]["bytes"] / 2**20
     print(f"`{run.name}`: {mib:,.1f} MiB a checkpoint, {rounds} rounds, each way once a round (rotated), "
           "`cache=drop`; medians over the rounds (min-max)\n")
-    fio = [max(seen[f][k]["read_mib_s"] for f in FIO) for k in range(len(seen[next(iter(FIO))]))]
-    print("| way | keys | load s | load MiB/s | storage read MiB/s | load x fio's faster read | fastest in | verified |")
+    fio = [min(seen[f][k]["seconds"] for f in FIO) for k in range(len(seen[next(iter(FIO))]))]
+    print("| way | keys | load s | load MiB/s | storage read MiB/s | fio's faster read s / load s | fastest in "
+          "| verified |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
     for w in labels:
         loads = [s["load"] for s in seen[w]]
         reads = [s["read_mib_s"] for s in seen[w] if s["read_mib_s"]]
-        x = [mib / s["load"] / f for s, f in zip(seen[w][rounds - len(fio):], fio, strict=True)]
+        x = [f / s["load"] for s, f in zip(seen[w][rounds - len(fio):], fio, strict=True)]
         print(f"| {w} | {' '.join(ways[w])} | {spread(loads, '.3f')} | {mib / statistics.median(loads):,.0f} "
               f"| {statistics.median(reads):,.0f} | {spread(x, '.2f') if x else '-'} | {fastest.count(w)} of {rounds} "
               f"| {all(s['verified'] for s in seen[w])} |")
@@ -88,39 +83,6 @@ def main(argv: list[str]) -> int:
     if not fio:
         print("\nfio did not read the files (not installed, a checkpoint outside a local folder, or one round).")
     return 0
-
-
-def read_files(run: Path, latest: dict) -> dict[int, list[Path]] | None:
-    """The files of 1 MiB or more each rank read in the restart `latest`, by rank; None without fio or a local
-    checkpoint folder."""
-    root = Path(summary(run)["checkpoint"].get("root") or "")
-    if shutil.which("fio") is None or not root.is_dir():
-        return None
-    out: dict[int, list[Path]] = {}
-    for f in (latest.get("load_breakdown") or {}).get("files") or []:
-        if f["read_bytes"] >= 1 << 20 and (root / f["path"]).is_file():
-            out.setdefault(f["rank"], []).append(root / f["path"])
-    return out or None
-
-
-def fio_read(files: dict[int, list[Path]], shape: tuple[int, tuple[str, ...]]) -> tuple[int, float]:
-    """fio's cold read of files (read-only), a chain of jobs a rank, one a file, each waiting for the one before:
-    (all jobs' bytes, MiB/s: those bytes over the slowest rank's runtime). fio reads whole requests, so a file's tail
-    short of one is left out (a request is at most the file)."""
-    request, options = shape
-    pagecache.prepare([p for ps in files.values() for p in ps], "drop")
-    jobs = []
-    for rank, paths in files.items():
-        for k, p in enumerate(paths):
-            jobs += [f"--name=r{rank}f{k}", f"--filename={str(p).replace(':', chr(92) + ':')}",
-                     f"--bs={min(request, p.stat().st_size // 4096 * 4096)}",
-                     *([f"--wait_for=r{rank}f{k - 1}"] if k else [])]
-    proc = subprocess.run(["fio", "--readonly", "--rw=read", "--output-format=json", *options, *jobs],
-                          capture_output=True, text=True, check=True, timeout=600)
-    done = json.loads(proc.stdout[proc.stdout.index("{"):])["jobs"]
-    seconds = {r: sum(j["job_runtime"] for j in done if j["jobname"].startswith(f"r{r}f")) / 1000 for r in files}
-    total = sum(j["read"]["io_bytes"] for j in done)
-    return total, total / max(seconds.values()) / (1 << 20)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """benchmarks/compare_engines.py's input and its ceiling (issue 67): bad input is one line and exit 2 with nothing
 created; a fio that cannot do direct I/O is said and the built-in probe takes over; an efficiency above 1.0 is never a
-plain figure; benchmarks/restart_reads.py's fio reads the files a restart read."""
+plain figure; fio reads the files a restart read (benchmarks/common.py)."""
 
 from __future__ import annotations
 
@@ -74,11 +74,11 @@ def test_an_efficiency_above_one_says_why_or_flags_the_ceiling():
 
 
 @pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
-def test_restart_reads_has_fio_read_what_each_rank_read_cold_once(tmp_path):
-    """The reference of benchmarks/restart_reads.py: the files of 1 MiB or more each rank read in the restart (its
+def test_fio_reads_what_each_rank_read_at_restart_cold_once(tmp_path):
+    """The reference of benchmarks/restart_reads.py and compare_engines.py: the files of 1 MiB or more each rank read in the restart (its
     header left out), a chain of fio jobs a rank, one a file, in both shapes: every whole request of each file read
     once (fio leaves out a tail short of a request: 4 MiB of c.bin at 16 MiB requests)."""
-    from benchmarks import restart_reads
+    from benchmarks import common
 
     root = tmp_path / "run" / "checkpoint"
     (root / "t").mkdir(parents=True)
@@ -89,8 +89,8 @@ def test_restart_reads_has_fio_read_what_each_rank_read_cold_once(tmp_path):
     ranks = {"a.bin": 0, "h.json": 0, "c.bin": 0, "b.bin": 1}
     latest = {"load_breakdown": {"files": [{"path": f"t/{n}", "rank": r, "read_bytes": sizes[n]}
                                            for n, r in ranks.items()]}}
-    files = restart_reads.read_files(tmp_path / "run", latest)
+    files = common.read_files(tmp_path / "run", latest)
     assert files == {0: [root / "t" / "a.bin", root / "t" / "c.bin"], 1: [root / "t" / "b.bin"]}
-    for (request, _), expected in zip(restart_reads.FIO.values(), (32 << 20, 28 << 20), strict=True):
-        total, mib_s = restart_reads.fio_read(files, (request, _))
-        assert total == expected and mib_s > 0, (request, total, mib_s)
+    for shape, expected in zip(common.FIO.values(), (32 << 20, 28 << 20), strict=True):
+        done, seconds, whole = common.fio_read(files, shape)
+        assert done == expected and whole == 32 << 20 and seconds > 0, (shape, done, whole, seconds)

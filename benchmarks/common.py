@@ -148,13 +148,17 @@ def read_files(run: Path, latest: dict) -> dict[int, list[Path]] | None:
     return out or None
 
 
-def fio_read(files: dict[int, list[Path]], shape: tuple[int, tuple[str, ...]]) -> tuple[int, float, int]:
+def fio_read(files: dict[int, list[Path]], shape: tuple[int, tuple[str, ...]], hold_bytes: int = 0
+             ) -> tuple[int, float, int]:
     """fio's cold read of files (read-only), a chain of jobs a rank, one a file, each waiting for the one before, the
-    ranks at once: (all jobs' bytes, the slowest rank's runtime in seconds, the files' bytes). fio reads whole
-    requests, so a file's tail short of one is left out (a request is at most the file)."""
+    ranks at once, each job holding hold_bytes of memory locked as a rank holds its own (fio's lockmem: on a virtual
+    machine that hands freed memory back to its host, a small process's fresh buffers read about half as fast as a
+    rank's; docs/benchmarks.md): (all jobs' bytes, the slowest rank's runtime in seconds, the files' bytes). fio
+    reads whole requests, so a file's tail short of one is left out (a request is at most the file)."""
     from restart_harness.files import pagecache
 
     request, options = shape
+    options = (*options, f"--lockmem={hold_bytes // MIB}M") if hold_bytes >= MIB else options
     pagecache.prepare([p for ps in files.values() for p in ps], "drop")
     jobs = []
     for rank, paths in files.items():

@@ -174,14 +174,15 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
 
 def read_by_fio(run: Path, results: str) -> dict:
     """The run's summary, with `fio_files_seconds` where fio can read its checkpoint: the seconds fio's faster shape
-    (FIO) took to read, cold, the files of 1 MiB or more each rank read at restart (scaled to their whole bytes);
+    (FIO) took to read, cold, the files of 1 MiB or more each rank read at restart (scaled to their whole bytes),
+    each fio job holding as much memory as the restart's largest rank (common.fio_read);
     then the checkpoint, which the benchmark kept for this, is deleted (a folder under its own results only)."""
     from benchmarks.common import FIO, fio_read, read_files
 
     s = summary(run)
     root = Path(s["checkpoint"].get("root") or "")
     if s.get("restart") and (files := read_files(run, s["restart"])):
-        reads = [fio_read(files, shape) for shape in FIO.values()]
+        reads = [fio_read(files, shape, s["restart"].get("max_rss_bytes_per_rank") or 0) for shape in FIO.values()]
         s["fio_files_seconds"] = min(seconds * whole / done for done, seconds, whole in reads)
     if root.is_dir() and root.resolve().is_relative_to(Path(results).resolve()):
         shutil.rmtree(root)

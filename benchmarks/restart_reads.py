@@ -10,7 +10,8 @@ Method
 - Each round, where fio is installed and the checkpoint is a local folder, fio also reads the files the restarts
   read, cold (drop_caches before each), a rank's files one after another (a chain of fio jobs a rank, the ranks at
   once): in the storage baseline's shape (buffered, psync, BLOCK_BYTES requests) and in its ceiling's (O_DIRECT,
-  libaio, CEILING_REQUEST_BYTES x CEILING_QUEUE_DEPTH in flight); all bytes over the slowest rank's runtime.
+  libaio, CEILING_REQUEST_BYTES x CEILING_QUEUE_DEPTH in flight), each fio job holding as much memory as the
+  restart's largest rank (fio's lockmem; common.fio_read says why); all bytes over the slowest rank's runtime.
 - Per way: the median over the rounds of `load_seconds` (what the restart waited for: the checkpoint's bytes over
   the slowest rank's seconds inside the engine's loads) and of the storage read (bytes over the slowest rank's time
   with a read in flight), the seconds fio's faster shape took to read the same files in the same round (scaled to
@@ -46,13 +47,13 @@ def main(argv: list[str]) -> int:
         tokens = rest or ["small", "dp=2", "iters=4", "save_interval=2", "precision=fp32"]
         run = submitted([*tokens, "engine=lazy", "phase=checkpoint"], python=sys.executable)
         print(f"checkpoint run: {run}", file=sys.stderr)
-    labels, files = list(ways), None
+    labels, files, hold = list(ways), None, 0
     seen: dict[str, list[dict]] = {w: [] for w in [*labels, *FIO]}
     for r in range(rounds):
         for label in rotated([*labels, *FIO] if files else labels, r):
             print(f"round {r + 1}/{rounds}: {label}", file=sys.stderr)
             if label in FIO:
-                done, seconds, whole = fio_read(files, FIO[label])
+                done, seconds, whole = fio_read(files, FIO[label], hold)
                 seen[label].append({"read_mib_s": done / MIB / seconds, "seconds": seconds * whole / done})
                 continue
             latest = restarted(run, ["cache=drop", *ways[label]], python=sys.executable)
@@ -60,7 +61,9 @@ def main(argv: list[str]) -> int:
             seen[label].append({"load": latest["load_seconds"], "read_mib_s": sr.get("throughput_mib_s"),
                                 "verified": latest["verified"]})
         if r == 0 and (files := read_files(run, latest)):
-            print(f"fio reads the restart's {sum(map(len, files.values()))} files from round 2 on", file=sys.stderr)
+            hold = latest.get("max_rss_bytes_per_rank") or 0
+            print(f"fio reads the restart's {sum(map(len, files.values()))} files from round 2 on, each job holding "
+                  f"{hold / MIB:,.0f} MiB", file=sys.stderr)
     fastest = [min(labels, key=lambda w: seen[w][r]["load"]) for r in range(rounds)]
     mib = summary(run)["checkpoint"]["bytes"] / 2**20
     print(f"`{run.name}`: {mib:,.1f} MiB a checkpoint, {rounds} rounds, each way once a round (rotated), "

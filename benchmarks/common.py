@@ -151,21 +151,25 @@ def read_files(run: Path, latest: dict) -> dict[int, list[Path]] | None:
 def fio_read(files: dict[int, list[Path]], shape: tuple[int, tuple[str, ...]], hold_bytes: int = 0
              ) -> tuple[int, float, int]:
     """fio's cold read of files (read-only), a chain of jobs a rank, one a file, each waiting for the one before, the
-    ranks at once, each job holding hold_bytes of memory locked as a rank holds its own (fio's lockmem: on a virtual
-    machine that hands freed memory back to its host, a small process's fresh buffers read about half as fast as a
-    rank's; docs/benchmarks.md): (all jobs' bytes, the slowest rank's runtime in seconds, the files' bytes). fio
-    reads whole requests, so a file's tail short of one is left out (a request is at most the file)."""
+    ranks at once, each job holding hold_bytes of memory locked (at most half the free memory over the jobs), as a
+    rank holds its own (fio's lockmem: on a virtual machine that hands freed memory back to its host, a small
+    process's fresh buffers read about half as fast as a rank's; docs/benchmarks.md): (all jobs' bytes, the slowest
+    rank's runtime in seconds, the files' bytes). fio reads whole requests, so a file's tail short of one is left
+    out (a request is at most the file)."""
     from restart_harness.files import pagecache
 
     request, options = shape
-    options = (*options, f"--lockmem={hold_bytes // MIB}M") if hold_bytes >= MIB else options
-    pagecache.prepare([p for ps in files.values() for p in ps], "drop")
     jobs = []
     for rank, paths in files.items():
         for k, p in enumerate(paths):
             jobs += [f"--name=r{rank}f{k}", f"--filename={str(p).replace(':', chr(92) + ':')}",
                      f"--bs={min(request, p.stat().st_size // 4096 * 4096)}",
                      *([f"--wait_for=r{rank}f{k - 1}"] if k else [])]
+    # at most half the free memory, over the jobs (each locks its own)
+    free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    hold = min(hold_bytes, free // 2 // sum(map(len, files.values())))
+    options = (*options, f"--lockmem={hold // MIB}M") if hold >= MIB else options
+    pagecache.prepare([p for ps in files.values() for p in ps], "drop")
     proc = subprocess.run(["fio", "--readonly", "--rw=read", "--output-format=json", *options, *jobs],
                           capture_output=True, text=True, check=True, timeout=600)
     done = json.loads(proc.stdout[proc.stdout.index("{"):])["jobs"]

@@ -32,8 +32,9 @@ DEFAULT_FILE_BYTES = 64 * MIB
 # the ceiling's shape: a request's bytes and the requests in flight a rank (an engine's defaults may take it)
 CEILING_REQUEST_BYTES = 16 * MIB
 CEILING_QUEUE_DEPTH = 4
-# what a cached record holds (1 the ceiling, 2 its buffered read too): an entry of another version is measured again
-RECORD_VERSION = 2
+# what a cached record holds (1 the ceiling, 2 its buffered read too, 3 the direct probe in huge pages): an entry of
+# another version is measured again
+RECORD_VERSION = 3
 
 
 SCOPE_ENV = "RH_BASELINE_CACHE"

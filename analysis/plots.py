@@ -72,8 +72,7 @@ def save_seconds(groups: list[Group]) -> Figure | None:
     fig, ax = bar_figure(len(gs))
     series = {
         "blocking (training waits)": [g.save_stat("blocking_seconds") for g in gs],
-        "durable (on stable storage)": [g.save_stat("durable_seconds") for g in gs],
-    }
+        "durable (on stable storage)": [g.save_stat("durable_seconds") for g in gs]}
     if any(g.save_stat("training_lost_seconds") for g in gs):  # docs/measurements.md#training-lost
         series["training lost (blocking + slowed steps + waits)"] = [g.save_stat("training_lost_seconds") for g in gs]
     grouped_bars(ax, ticks(fig, gs), series)
@@ -96,8 +95,7 @@ def throughput(groups: list[Group]) -> Figure | None:
         "save, durable": [g.save_stat("throughput_durable_mib_s") for g in gs],
         "restart load": [g.stat("restart_load_throughput_mib_s") for g in gs],
         # bytes read over the time inside the reads (runs of harness >= 0.3: docs/measurements.md)
-        "restart, storage read": [g.stat("restart_storage_read_throughput_mib_s") for g in gs],
-    }
+        "restart, storage read": [g.stat("restart_storage_read_throughput_mib_s") for g in gs]}
     grouped_bars(ax, ticks(fig, gs), {k: v for k, v in series.items() if any(v)})
     for (kind, colour), (way, style) in product((("baseline", "black"), ("ceiling", "firebrick")),
                                                 (("write", "--"), ("read", ":"))):
@@ -289,6 +287,5 @@ def all_figures(groups: list[Group], phases: list[str]) -> dict[str, Figure | No
         **_pages("restart_causes_seconds", panels.restart_causes(groups)),
         "reshard_seconds": reshard_seconds(groups, phases),
         "prediction_seconds": prediction(groups),
-        **_pages("crossover_seconds", panels.crossover_figures(groups)),
-    }
+        **_pages("crossover_seconds", panels.crossover_figures(groups))}
     return {name: fig if fig is None else fit(fig) for name, fig in figures.items()}

@@ -300,8 +300,7 @@ def figures(table: list[dict], study: dict) -> dict[str, Figure | None]:
                                                       "save until every file is durable"),
         "study_restart_seconds": _seconds_figure(table, PREDICTED_TOTAL, "restart, launch to first step done",
                                                  inner=LOAD),
-        "study_prediction_check_seconds": check_figure(table),
-    }
+        "study_prediction_check_seconds": check_figure(table)}
 
 
 

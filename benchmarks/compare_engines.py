@@ -41,8 +41,7 @@ CASES = [
     # the PyTorch-native stack: the same model and data, FSDP2 sharding, one collective DCP save per checkpoint
     ("fsdp2 none", ["stack=fsdp2", "engine=none"]),
     ("fsdp2 dcp", ["stack=fsdp2", "engine=dcp"]),
-    ("fsdp2 dcp async_save", ["stack=fsdp2", "engine=dcp", "async_save=true"]),
-]
+    ("fsdp2 dcp async_save", ["stack=fsdp2", "engine=dcp", "async_save=true"])]
 # every engine, one case each (dcp on FSDP2, the stack it is made for, with that stack's own baseline step)
 EVERY_ENGINE = ("none", "default", "torchsnapshot", "fsdp2 none", "fsdp2 dcp", "fastpersist", "decoupled",
                 "datastates", "lazy")

@@ -23,8 +23,7 @@ TOKENS = ["seq_len=16", "micro_batch=1", "grad_accum=1"]
 FAMILIES = {
     "real": [("tiny", ["tiny", *TOKENS]), ("small", ["small", *TOKENS]), ("1B/2", ["1B", "shrink=2", *TOKENS])],
     "emulated": [("1B/8", ["1B", "shrink=8", "emulate=true"]), ("1B/4", ["1B", "shrink=4", "emulate=true"]),
-                 ("3B/4", ["3B", "shrink=4", "emulate=true"]), ("70B/16", ["70B", "shrink=16", "emulate=true"])],
-}
+                 ("3B/4", ["3B", "shrink=4", "emulate=true"]), ("70B/16", ["70B", "shrink=16", "emulate=true"])]}
 
 
 def measure(out: Path, repeats: int) -> None:

@@ -17,22 +17,16 @@ from benchmarks.common import REPO, measure_then_evaluate, median, object_store,
 
 BASE = ["iters=6", "save_interval=2", "after=1", "cache=drop"]
 CALIBRATE = [
-    ("tiny 1 rank", ["tiny"]),
-    ("tiny dp=2", ["tiny", "dp=2"]),
-    ("tiny tp=2", ["tiny", "tp=2"]),
-    ("tiny dp=4", ["tiny", "dp=4"]),
-    ("small dp=2", ["small", "dp=2"]),
-    ("small tp=2 pp=2", ["small", "tp=2", "pp=2"]),
+    ("tiny 1 rank", ["tiny"]), ("tiny dp=2", ["tiny", "dp=2"]), ("tiny tp=2", ["tiny", "tp=2"]),
+    ("tiny dp=4", ["tiny", "dp=4"]), ("small dp=2", ["small", "dp=2"]), ("small tp=2 pp=2", ["small", "tp=2", "pp=2"]),
     ("emulated 1B/8 dp=2", ["1B", "shrink=8", "dp=2", "emulate=true", "keep=false"]),
-    ("emulated 1B/4 dp=2", ["1B", "shrink=4", "dp=2", "emulate=true", "keep=false"]),
-]
+    ("emulated 1B/4 dp=2", ["1B", "shrink=4", "dp=2", "emulate=true", "keep=false"])]
 S3 = "ckpt_dir=s3://bench/predict"
 HELD_OUT = [
     ("larger: emulated 3B/4 dp=2", ["3B", "shrink=4", "dp=2", "emulate=true", "keep=false"]),
     ("more ranks: tiny tp=2 pp=2 dp=2", ["tiny", "tp=2", "pp=2", "dp=2"]),
     ("another engine: small dp=2 dcp", ["small", "dp=2", "engine=dcp"]),
-    ("another target: small dp=2 on S3", ["small", "dp=2", S3, "keep=false"]),
-]
+    ("another target: small dp=2 on S3", ["small", "dp=2", S3, "keep=false"])]
 FOCUS = ("save_durable_seconds", "restart_total_with_launch_seconds")
 
 

@@ -27,8 +27,7 @@ def figures(restart: dict) -> dict:
         "ops": sum(io_metadata_ops(c) for c in rest) / n, "read_mib": sum(c.get("read_bytes", 0) for c in rest) / n / MIB,
         "delivered_mib": kernel.get("storage_read_bytes", 0) / n / MIB, "faults": kernel.get("major_faults", 0) / n,
         "imports_delivered_mib": io["phases"]["imports"]["kernel"].get("storage_read_bytes", 0) / n / MIB,
-        "observed": (restart.get("environment_cache") or {}).get("observed"),
-    }
+        "observed": (restart.get("environment_cache") or {}).get("observed")}
 
 
 def main() -> None:

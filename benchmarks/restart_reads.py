@@ -34,8 +34,7 @@ from benchmarks.common import FIO, MIB, fio_read, read_files, restarted, rotated
 WAYS = {
     "O_DIRECT, broadcast": ["read_io=direct", "broadcast_load=true"],
     "O_DIRECT, shared": ["read_io=direct", "broadcast_load=auto"],
-    "buffered, shared": ["read_io=buffered", "broadcast_load=auto"],
-}
+    "buffered, shared": ["read_io=buffered", "broadcast_load=auto"]}
 
 
 def main(argv: list[str]) -> int:

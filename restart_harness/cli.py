@@ -333,5 +333,4 @@ COMMANDS: dict[str, Command] = {
     "matrix": Command(_check_matrix, _matrix, launches=True),
     "mlperf": Command(_check_mlperf, _campaign, launches=True),
     "study": Command(_check_study, _campaign, launches=True),
-    "endure": Command(_check_endure, _campaign, launches=True),
-}
+    "endure": Command(_check_endure, _campaign, launches=True)}

@@ -211,5 +211,4 @@ def facts(checkpoint_path: Path) -> dict:
                  "cpus": os.cpu_count(), "memory_bytes": kernel_memory.meminfo("MemTotal:"),
                  "cpu_avx512": "avx512f" in cpu_flags(), "cpu_model": cpu_model(), "gpu_model": gpu_model(),
                  "gpus": nvidia_devices(), "user_is_root": os.geteuid() == 0},
-        "checkpoint_filesystem": filesystem(checkpoint_path),
-    }
+        "checkpoint_filesystem": filesystem(checkpoint_path)}

@@ -48,8 +48,7 @@ _KIND_PATTERNS = (
     ("dcp_metadata", re.compile(r"^\.metadata$")),
     ("layer_states", re.compile(r"^layer_\d+-model_\d+-model_states\.pt" + _REPLICA)),
     ("model_states", re.compile(r"^(zero_pp_rank_\d+_)?mp_rank_\d+_model_states\.pt" + _REPLICA)),
-    ("optimizer_states", re.compile(r"^(bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt" + _REPLICA)),
-)
+    ("optimizer_states", re.compile(r"^(bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt" + _REPLICA)))
 
 
 def classify(relpath: str) -> str:
@@ -66,8 +65,7 @@ RESTART_PHASES = (
     ("model_build", "dist_init_done", "model_built"),
     ("engine_init", "model_built", "engine_initialized"),
     ("checkpoint_load", "engine_initialized", "checkpoint_loaded"),
-    ("first_step", "checkpoint_loaded", "first_step_done"),
-)
+    ("first_step", "checkpoint_loaded", "first_step_done"))
 PHASE_NAMES = tuple(name for name, _, _ in RESTART_PHASES)
 # What the prediction model predicts and every summary's `prediction` compares (results/prediction.py defines each)
 PREDICTED_SAVE = ("save_blocking_seconds", "save_durable_seconds", "save_commit_seconds")

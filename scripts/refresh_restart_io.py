@@ -46,8 +46,7 @@ def main() -> int:
                  "listings), opens and bytes read through calls outside the checkpoint; docs/restart-io.md",
         "measured": {"date": time.strftime("%Y-%m-%d"), "command": "python3 scripts/refresh_restart_io.py",
                      "python": sys.version.split()[0], **versions},
-        "stacks": stacks,
-    })
+        "stacks": stacks})
     print(json.dumps(stacks, indent=1))
     return 0
 

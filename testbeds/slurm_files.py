@@ -31,8 +31,7 @@ def slurm_conf(c, ctl_port: int, d_port: int) -> str:
         *(["GresTypes=gpu"] if c.gpus else []),
         *(f"NodeName={n} NodeAddr={c.address(i)} CPUs={c.cpus}" + (f" Gres=gpu:{c.gpus}" if c.gpus else "")
           + " State=UNKNOWN" for i, n in enumerate(c.nodes)),
-        f"PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP",
-    ]
+        f"PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP"]
     return "\n".join(lines) + "\n"
 
 

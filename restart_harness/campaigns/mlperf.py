@@ -88,8 +88,7 @@ def run(request) -> Path:
         "checkpoints": options.checkpoints, "reads": options.reads, "emulated": True, "engine": spec.engine,
         "fsync": "every file, before the checkpoint counts as written",
         "cache": "dropped before every read (each read a restart in fresh processes)",
-        "rules": RULES, "run_dirs": [], "per_run": [], "overall": None,
-    }
+        "rules": RULES, "run_dirs": [], "per_run": [], "overall": None}
     write_json_atomic(folder / MLPERF, record)
     scaled = f", SCALED DOWN shrink={spec.shrink}" if spec.shrink > 1 else ""
     subset = f" (subset: the first {spec.launched_ranks} here)" if spec.subset else ""

@@ -207,8 +207,7 @@ def measure(probe, file_bytes: int, ranks: int, tool: str = "auto", repeats: int
     record = {
         "write_mib_s": write["mib_s"], "read_mib_s": read["mib_s"], **facts, "file_bytes": file_bytes, "ranks": ranks,
         "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "write": write, "read": read, "spread": spread, "record_version": RECORD_VERSION, "cache_scope": scope(),
-    }
+        "write": write, "read": read, "spread": spread, "record_version": RECORD_VERSION, "cache_scope": scope()}
     record["ceiling"] = ceiling(record, directs)
     record["probe_seconds"] = round(time.perf_counter() - started, 3)
     path = cache_path(probe, file_bytes, ranks)
@@ -305,8 +304,7 @@ def render(record: dict, cached_at: Path) -> str:
             f"{m['open_per_s']:,.0f}, remove {m['remove_per_s']:,.0f} operations/s ({m['ranks']} ranks x "
             f"{m['files_per_rank']} files, mdtest's shape; median of the probes)")] if m else []),
         *_ceiling_lines(record.get("ceiling")),
-        f"  measured_at   {record['measured_at']}; cached in {cached_at} ({scope_words(record)})",
-    ])
+        f"  measured_at   {record['measured_at']}; cached in {cached_at} ({scope_words(record)})"])
 
 
 def _ceiling_lines(c: dict | None) -> list[str]:

@@ -14,13 +14,9 @@ from restart_harness.launchers.base import Launcher, require
 JOB_VARIABLE = "SLURM_JOB_ID"
 # the rank variables of an srun task (rank_env.py)
 RANK_VARIABLES = {
-    "RANK": ("SLURM_PROCID",),
-    "WORLD_SIZE": ("SLURM_NTASKS",),
-    "LOCAL_RANK": ("SLURM_LOCALID",),
-    "CROSS_RANK": ("SLURM_NODEID",),
-    "CROSS_SIZE": ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"),
-    "LOCAL_SIZE": ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
-}
+    "RANK": ("SLURM_PROCID",), "WORLD_SIZE": ("SLURM_NTASKS",), "LOCAL_RANK": ("SLURM_LOCALID",),
+    "CROSS_RANK": ("SLURM_NODEID",), "CROSS_SIZE": ("SLURM_NNODES", "SLURM_JOB_NUM_NODES"),
+    "LOCAL_SIZE": ("SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE")}
 PROGRAMS = ["srun", "scontrol"]
 # the allocation's first host is the rendezvous
 RENDEZVOUS = ['MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"']

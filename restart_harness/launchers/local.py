@@ -49,8 +49,7 @@ class DeepSpeedLauncher(_slurm.SpansAllocation):
                 sys.executable, "-m", "deepspeed.launcher.runner", "--hostfile", Raw('"$RH_HOSTFILE"'),
                 "--launcher", "slurm", "--no_ssh_check", "--num_nodes", str(spec.nodes),
                 "--master_addr", Raw('"$MASTER_ADDR"'), "--master_port", str(port),
-                str(SOURCE_ROOT / "restart_harness" / "worker" / "__main__.py"), *args,
-            ]
+                str(SOURCE_ROOT / "restart_harness" / "worker" / "__main__.py"), *args]
         return [], [sys.executable, "-m", "deepspeed.launcher.runner", "--num_nodes", "1", "--num_gpus",
                     str(spec.ranks_per_node), "--master_port", str(port), "--no_local_rank", "--module", WORKER_MODULE,
                     *args]

@@ -18,17 +18,13 @@ RANK_VARIABLES = {
     "LOCAL_SIZE": ("PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE", "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE"),
     # Open MPI has no node index (its OMPI_COMM_WORLD_NODE_RANK is the rank within the node): rank_env.py
     # derives it as RANK // LOCAL_SIZE, true of mpiexec's default placement (by slot: a node's ranks are consecutive)
-    "CROSS_RANK": ("PALS_NODEID",),
-}
+    "CROSS_RANK": ("PALS_NODEID",)}
 
 # Open MPI refuses root without both, refuses more processes than cores without oversubscription, and binds each
 # process to one core when it starts two or fewer (a rank's threads would share it); MPICH ignores these variables
 OPEN_MPI_SETTINGS = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "OMPI_MCA_rmaps_base_oversubscribe": "1",
-    "OMPI_MCA_hwloc_base_binding_policy": "none",
-}
+    "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "OMPI_MCA_hwloc_base_binding_policy": "none"}
 
 
 class MpiexecLauncher(Launcher):

@@ -50,8 +50,7 @@ class PbsLauncher(Launcher):
         spec = self.spec
         return ['MASTER_ADDR="$(head -n 1 "$PBS_NODEFILE")"', f"export MASTER_ADDR MASTER_PORT={port}"], [
             "mpiexec", "-n", str(spec.world_size), "--ppn", str(spec.ranks_per_node),
-            "--hostfile", Raw('"$PBS_NODEFILE"'), sys.executable, "-m", WORKER_MODULE, *args,
-        ]
+            "--hostfile", Raw('"$PBS_NODEFILE"'), sys.executable, "-m", WORKER_MODULE, *args]
 
     def per_node_command(self, argv: list[str]) -> list[str] | None:
         return ["mpiexec", "-n", str(self.spec.nodes), "--ppn", "1", "--hostfile",

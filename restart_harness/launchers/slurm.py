@@ -90,8 +90,7 @@ class SlurmLauncher(Launcher):
         spec = self.spec
         return [*_slurm.RENDEZVOUS, f"export MASTER_ADDR MASTER_PORT={port}"], [
             "srun", f"--nodes={spec.nodes}", f"--ntasks={spec.world_size}", f"--ntasks-per-node={spec.ranks_per_node}",
-            "--kill-on-bad-exit=1", sys.executable, "-m", WORKER_MODULE, *args,
-        ]
+            "--kill-on-bad-exit=1", sys.executable, "-m", WORKER_MODULE, *args]
 
     def per_node_command(self, argv: list[str]) -> list[str] | None:
         return _slurm.per_node(self.spec.nodes, argv)

@@ -52,8 +52,7 @@ def _estimate(plugins, files: list, total: int, read_total: int, bandwidth_gbps:
         "save_seconds": round(total / (write * GB), 6), "restart_read_seconds": round(read_total / (read * GB), 6),
         "definition": "save_seconds = total_bytes / write bandwidth; restart_read_seconds = restart_read_bytes / "
                       "read bandwidth; the bandwidth is an aggregate shared by all ranks",
-        "ignores": ESTIMATE_IGNORES,
-    }
+        "ignores": ESTIMATE_IGNORES}
 
 
 def build(plugins, bandwidth_gbps: float | None = None, target: RunSpec | None = None) -> dict:
@@ -94,8 +93,7 @@ def build(plugins, bandwidth_gbps: float | None = None, target: RunSpec | None =
         "bytes_per_rank": _stats([v["bytes"] for v in by_rank.values()]) if files else None,
         "by_rank": {str(r): v for r, v in by_rank.items()}, "restart_read_bytes": read_total,
         "restart_read_bytes_per_rank": _stats(list(read_per_rank.values())),
-        "restart_reads": {str(r): paths for r, paths in reads.items()},
-    }
+        "restart_reads": {str(r): paths for r, paths in reads.items()}}
     plan["estimate"] = _estimate(plugins, files, total, read_total, bandwidth_gbps) if files else None
     if target is not None:
         plan["reshard"] = universal.plan(spec, target)

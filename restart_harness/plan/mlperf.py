@@ -33,8 +33,7 @@ WORKLOADS = {w.name: w for w in (
     Workload("llama3-8b", "llama3-8B", 1, 1, 8, 3, "105 GB", 105e9),
     Workload("llama3-70b", "llama3-70B", 8, 1, 8, 3, "912 GB", 912e9),
     Workload("llama3-405b", "llama3-405B", 8, 32, 2, 1, "5.29 TB", 5.29e12),
-    Workload("llama3-1t", "llama3-1T", 8, 64, 2, 1, "18 TB", 18e12),
-)}
+    Workload("llama3-1t", "llama3-1T", 8, 64, 2, 1, "18 TB", 18e12))}
 
 # MLPerf's 10 checkpoints written, then 10 read (Table 3: not changeable), and five runs averaged.
 CHECKPOINTS, READS, RUNS = 10, 10, 5
@@ -44,8 +43,7 @@ WHY = {
     3: "ZeRO-3's model files hold empty placeholders: the bf16 weights (2 of the 14 bytes per parameter) are not "
        "written; the fp32 master weights in the optimizer files stand for them",
     1: "ZeRO-1 writes the bf16 weights (model and layer files) and the fp32 optimizer state: 14 bytes per parameter, "
-       "plus DeepSpeed's pickle and zip framing",
-}
+       "plus DeepSpeed's pickle and zip framing"}
 
 
 def get(name: str) -> Workload:

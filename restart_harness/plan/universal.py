@@ -107,5 +107,4 @@ def plan(saved: RunSpec, target: RunSpec) -> dict:
         "total_files": len(fs), "total_bytes": sum(f.bytes for f in fs),
         "restart_reads": {str(r): list(dict.fromkeys(p)) for r, p in reads.items()},
         "restart_read_bytes": sum(per_rank.values()),
-        "restart_read_bytes_per_rank": {"max": max(per_rank.values()), "min": min(per_rank.values())},
-    }
+        "restart_read_bytes_per_rank": {"max": max(per_rank.values()), "min": min(per_rank.values())}}

@@ -181,8 +181,7 @@ def _fit_phase(phase: Phase, observations: list[dict]) -> dict:
             "ratio_range": [round(_quantile(ratios, 0.1), 4), round(_quantile(ratios, 0.9), 4)],
             "runs": len(rows), "given": [t for t in given_names if t in {term.name for term in phase.terms}],
             "median_abs_rel_error": round(statistics.median(errors), 4),
-            "conditions": _span_of([r[4] for r in rows]),
-        }
+            "conditions": _span_of([r[4] for r in rows])}
     return fitted
 
 
@@ -224,8 +223,7 @@ def calibrate(paths: list[Path], device: str = "all", base: dict | None = None) 
                       "measured / fitted over these runs (min and max under 5 runs); conditions: the ranks per core "
                       "and the share of the CPUs other work used while its runs ran; docs/prediction.md",
         "runs": [o["run"] for o in used], "skipped": {o["run"]: o["skipped"] for o in seen if "skipped" in o},
-        "phases": {name: _fit_phase(phase, used) for name, phase in PHASES.items()},
-    }
+        "phases": {name: _fit_phase(phase, used) for name, phase in PHASES.items()}}
     return made if base is None else _onto(base, made)
 
 

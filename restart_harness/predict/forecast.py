@@ -94,8 +94,7 @@ def build(plugins: Plugins, cpus_per_node: int, store: dict, calibration: dict |
         "crossover": crossover.compute(plugins, f, calibration, *crossover_range), "ignores": IGNORES,
         # the best checkpoint interval at the run's failure rate (its MTBF keys): at its ranks (as GPUs), at_gpus=
         "goodput": goodput.from_phases(made["phases"], vars(spec), spec.world_size),
-        "predict_seconds": round(time.perf_counter() - start, 6),
-    }
+        "predict_seconds": round(time.perf_counter() - start, 6)}
 
 
 def _storm_notes(plugins: Plugins, f: feats.Features) -> list[str]:

@@ -133,8 +133,7 @@ PHASES: dict[str, Phase] = {p.name: p for p in (
                                               RANKS_SHARING),
           _engine, "fixed per load: finding the tag, collectives, the engine's bookkeeping",
           given=("storage_read", "metadata_read")),
-    Phase("restart_first_step_seconds", (FIXED, COMPUTE), _stack_device, "a step's fixed part"),
-)}
+    Phase("restart_first_step_seconds", (FIXED, COMPUTE), _stack_device, "a step's fixed part"))}
 assert tuple(PHASES) == (*SAVE_PHASES, *RESTART_PHASES)
 
 

@@ -93,8 +93,7 @@ LOAD_CAUSES = {
     "deserialize": ("checkpoint", "deserialization (the engine's load, reads inside it excluded)"),
     "copy": ("checkpoint", "copies into the model and the optimizer"),
     "wait": ("collective", "waiting for the other ranks (collectives inside the load)"),
-    "other": ("other", "the load's other work (the engine's Python between those calls)"),
-}
+    "other": ("other", "the load's other work (the engine's Python between those calls)")}
 
 
 def with_load_anatomy(att: dict | None, load_breakdown: dict | None) -> None:
@@ -186,8 +185,7 @@ def _phase(trace: samples.Trace, spans, seconds: float, flame: Path | None, run_
         "remainder_seconds": _round(remainder),
         "remainder": {"unsampled_seconds": _round(unsampled),
                       "unnamed": [{"cause": c.name, "seconds": _round(t * scale)}
-                                  for c, t in unnamed[:REMAINDER_SHOWN]]},
-    }
+                                  for c, t in unnamed[:REMAINDER_SHOWN]]}}
     if flame is not None and kept:
         flame.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(flame, json.dumps(speedscope(trace, kept, f"{flame.parent.name} {flame.name.split('.')[0]}"),

@@ -23,8 +23,7 @@ KINDS = {
     "launcher": "the launcher's own work (starting processes, its set-up)",
     "harness": "the harness's own work (event log, probes, the sampler's anchors)",
     "other": "named work of no kind above (DeepSpeed's config, ...)",
-    "remainder": "samples no rule names, and time the sampler did not see",
-}
+    "remainder": "samples no rule names, and time the sampler did not see"}
 EXCLUDED = "excluded"  # the verification digest: timed apart, outside every phase
 
 

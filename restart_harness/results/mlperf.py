@@ -42,9 +42,7 @@ def run_metrics(summary: dict) -> dict:
             "save_commit_seconds_median": _median([x.commit_seconds for x in saves]),
             "restart_total_seconds_median": _median([r.total_seconds for r in restarts]),
             "restart_launch_seconds_median": _median([r.launch_seconds for r in restarts]),
-            "cache_observed": sorted({(r.cache or {}).get("observed") for r in restarts} - {None}),
-        },
-    }
+            "cache_observed": sorted({(r.cache or {}).get("observed") for r in restarts} - {None})}}
 
 
 METRICS = ("save_duration_seconds", "save_throughput_gib_s", "load_duration_seconds", "load_throughput_gib_s")

@@ -56,8 +56,7 @@ def save_per_node(per_rank: list[dict], where: dict[int, str], order: list[dict]
             "files": sum(len(r["files"]) for r in mine), "bytes": sum(r["bytes"] for r in mine),
             "blocking_seconds": round(max(r["blocking_seconds"] for r in mine), 6),
             "durable_seconds": round(slowest["durable_seconds"], 6), "slowest_rank": slowest["rank"],
-            "concurrent_writers_max": _most_at_once([_writing(r) for r in writers]),
-        })
+            "concurrent_writers_max": _most_at_once([_writing(r) for r in writers])})
     return out
 
 
@@ -87,8 +86,7 @@ def restart_per_node(record: dict[int, list[dict]], per_rank: list[dict], order:
             "read_bytes": sum(read) if read else None,
             "load_seconds": round(max(loads), 6) if loads else None,
             "total_seconds": round(slowest["total_seconds"], 6) if slowest else None,
-            "slowest_rank": slowest["rank"] if slowest else None,
-        })
+            "slowest_rank": slowest["rank"] if slowest else None})
     return out
 
 

@@ -116,5 +116,4 @@ def per_save(record: dict[int, list[dict]], save_list: list[dict]) -> dict | Non
         "cost_bytes_median": int(statistics.median(costs)) if costs else None,
         "engine_buffers_bytes_max": max(((s.get("memory") or {}).get("engine_buffers") or {}).get("host_bytes", 0)
                                         for s in save_list) or None,
-        "growth": growth({r: [e for e in evs if e.get("memory")] for r, evs in saves.items()}),
-    }
+        "growth": growth({r: [e for e in evs if e.get("memory")] for r, evs in saves.items()})}

@@ -61,8 +61,7 @@ def saves(record: dict[int, list[dict]], committed: dict[str, dict], root: str |
                           "durable_seconds": round(r["durable_seconds"], 6), "files": len(r["files"]),
                           "bytes": r["bytes"]} for r in per_rank],
             "breakdown": breakdown.save(per_rank, root), "per_node": nodes,
-            "slowest_node": placement.slowest(nodes, "durable_seconds") if order else None,
-        })
+            "slowest_node": placement.slowest(nodes, "durable_seconds") if order else None})
     return out
 
 
@@ -132,8 +131,7 @@ def training(record: dict[int, list[dict]], emulated: bool = False) -> dict:
         # median step seconds with and without an async flush in flight: the overlap cost
         "steps_in_flight": len(busy),
         "step_seconds_median_in_flight": _median(busy),
-        "step_seconds_median_no_flush": _median([s["seconds"] for s in steps if not s.get("in_flight")]),
-    }
+        "step_seconds_median_no_flush": _median([s["seconds"] for s in steps if not s.get("in_flight")])}
 
 
 def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict | None,
@@ -179,8 +177,7 @@ def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict 
         "per_rank": [{"rank": r["rank"], "marks": r["marks"], "verify_seconds": round(r["verify"]["seconds"], 6)
                       if r["verify"] else None, "phases": {k: round(v, 6) for k, v in r["phases"].items()}}
                      for r in per_rank],
-        "launch_start": launch.get("start"),
-    }
+        "launch_start": launch.get("start")}
 
 
 def _rank_restart(rank: int, evs: list[dict]) -> dict:
@@ -243,8 +240,7 @@ def build(run_dir: Path, spec: dict, status: dict, ckpt: dict, inventory: dict |
         "trace": trace.summarize(run_dir / "traces" / "checkpoint", checkpoint_record, list(MEMORY_PHASES_CHECKPOINT)),
         # the phase's I/O by source, start-up and training with its saves (results/io_sources.py)
         "io_sources": io_sources.by_phase(checkpoint_record, MEMORY_PHASES_EMULATED if spec.get("emulate")
-                                          else MEMORY_PHASES_CHECKPOINT, spec.get("io_sources")),
-    }
+                                          else MEMORY_PHASES_CHECKPOINT, spec.get("io_sources"))}
     summary = {"schema_version": SCHEMA_VERSION, "run_id": run_dir.name, "status": status, "spec": spec,
                "checkpoint": checkpoint, "training": training(checkpoint_record, bool(spec.get("emulate"))),
                "restart": restarts[-1] if restarts else None, "restarts": restarts}

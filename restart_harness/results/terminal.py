@@ -82,8 +82,7 @@ def _run_rows(s: SummaryView) -> list[tuple[str, str]]:
         ("layout", f"tp={spec.tp} pp={spec.pp} dp={spec.dp} ({count(d['world_size'], 'rank')} on {spec.device}), "
                    f"engine {spec.engine}" + (f"; SUBSET: ranks 0-{d['launched_ranks'] - 1} ran, their files only"
                                               if spec.subset else "")),
-        ("status", s.status["state"] + (f": {s.status['reason']}" if s.status["reason"] else "")),
-    ]
+        ("status", s.status["state"] + (f": {s.status['reason']}" if s.status["reason"] else ""))]
 
 
 def _training_rows(tr: TrainingView) -> list[tuple[str, str]]:
@@ -220,8 +219,7 @@ TERMS = (
     ("efficiency", "a save's durable throughput (a load's) over the storage baseline's write (read) throughput"),
     ("ceiling", ("the storage's best throughput in its probes: the baseline's, or a probe's at the ceiling's "
                 "request size and queue depth (O_DIRECT, or for reads also buffered) where that was faster")),
-    ("remainder", "a phase's seconds no cause names: samples of unnamed work, and time the sampler did not see"),
-)
+    ("remainder", "a phase's seconds no cause names: samples of unnamed work, and time the sampler did not see"))
 
 
 def _terms(text: str) -> list[tuple[str, str]]:

@@ -115,5 +115,4 @@ def summarize(folder: Path, record: dict[int, list[dict]], phases: list[tuple[st
         "phases": {name: _render(acc) for name, acc in sorted(
             by_phase.items(), key=lambda kv: (kv[0] not in order, order.index(kv[0]) if kv[0] in order else 0, kv[0]))},
         "outside_phases": _render(unplaced),
-        "per_rank": {str(rank): _render(acc) for rank, acc in sorted(by_rank.items())},
-    }
+        "per_rank": {str(rank): _render(acc) for rank, acc in sorted(by_rank.items())}}

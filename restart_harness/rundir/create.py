@@ -78,13 +78,11 @@ def build_ds_config(plugins: Plugins) -> dict:
             "type": "AdamW",
             # torch_adam: FusedAdam needs CUDA; torch's AdamW is the same math on every device.
             "params": {"lr": spec.lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1,
-                       "torch_adam": True},
-        },
+                       "torch_adam": True}},
         "gradient_clipping": 1.0,
         "bf16": {"enabled": spec.precision == "bf16"},
         "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
+        "wall_clock_breakdown": False}
     return deep_merge(config, plugins.engine.ds_config())
 
 

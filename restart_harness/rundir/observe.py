@@ -43,12 +43,8 @@ def source_prefixes(run_dir: Path, ckpt_root: Path | None, staged=None) -> dict[
         interpreter.append(str(libpython))
     return {
         "environment": _spellings([*prefix, base["stdlib"], base["platstdlib"], *interpreter, SOURCE_ROOT]),
-        "extension_cache": _spellings(caches),
-        "checkpoint": _spellings([ckpt_root] if ckpt_root else []),
-        "run_dir": _spellings([run_dir]),
-        "system": list(SYSTEM),
-        "pseudo": list(PSEUDO),
-    }
+        "extension_cache": _spellings(caches), "checkpoint": _spellings([ckpt_root] if ckpt_root else []),
+        "run_dir": _spellings([run_dir]), "system": list(SYSTEM), "pseudo": list(PSEUDO)}
 
 
 CODE_FOLDERS = ("restart_harness", "engines", "third_party")  # what a rank imports from the checkout

@@ -52,16 +52,11 @@ def layer_params(shape: ModelShape, tp: int, kind: str) -> list[Param]:
         return [Param("embed_tokens.weight", (v // tp, h), "vocab", h)]
     if kind == DECODER:
         return [
-            _norm("input_layernorm.weight", h),
-            _column("self_attn.q_proj.weight", h, q, tp),
-            _column("self_attn.k_proj.weight", h, kv, tp),
-            _column("self_attn.v_proj.weight", h, kv, tp),
-            _row("self_attn.o_proj.weight", q, h, tp),
-            _norm("post_attention_layernorm.weight", h),
-            _column("mlp.gate_proj.weight", h, f, tp),
-            _column("mlp.up_proj.weight", h, f, tp),
-            _row("mlp.down_proj.weight", f, h, tp),
-        ]
+            _norm("input_layernorm.weight", h), _column("self_attn.q_proj.weight", h, q, tp),
+            _column("self_attn.k_proj.weight", h, kv, tp), _column("self_attn.v_proj.weight", h, kv, tp),
+            _row("self_attn.o_proj.weight", q, h, tp), _norm("post_attention_layernorm.weight", h),
+            _column("mlp.gate_proj.weight", h, f, tp), _column("mlp.up_proj.weight", h, f, tp),
+            _row("mlp.down_proj.weight", f, h, tp)]
     if kind == FINAL_NORM:
         return [_norm("norm.weight", h)]
     if kind == LM_HEAD:
@@ -92,5 +87,4 @@ def universal_checkpoint_patterns(shape: ModelShape) -> dict:
         "tp_replicated_parameter_patterns": patterns("replicated"),
         "parameter_with_row_parallelism_patterns": patterns("row"),
         "vocabulary_parameter_patterns": patterns("vocab"),
-        "original_vocab_size": shape.vocab_size,
-    }
+        "original_vocab_size": shape.vocab_size}

@@ -210,8 +210,7 @@ class RunSpec:
         data["derived"] = {
             "configuration_fields": configuration_fields(), "world_size": self.world_size,
             "launched_ranks": self.launched_ranks, "global_batch": self.global_batch,
-            "num_parameters": self.shape.num_parameters(), "pipeline_module": self.pp > 1, "shrunk": self.shrink > 1,
-        }
+            "num_parameters": self.shape.num_parameters(), "pipeline_module": self.pp > 1, "shrunk": self.shrink > 1}
         return data
 
     @classmethod

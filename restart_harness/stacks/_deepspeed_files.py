@@ -135,14 +135,9 @@ def _zero3_optimizer_state(spec, recipe, filler: Filler, ds_config: dict, step: 
     param_groups = _adam_param_groups(spec, ds_config)
     param_groups[0]["params"] = list(range(len(groups)))
     optimizer_state = {
-        "zero_stage": ZeroStageEnum.weights,
-        "loss_scaler": LossScaler(scale=1.0),
-        "dynamic_loss_scale": False,
-        "overflow": False,
-        "partition_count": spec.dp,
-        "optimizer_state_dict": {"state": state, "param_groups": param_groups},
-        "fp32_flat_groups": flats,
-    }
+        "zero_stage": ZeroStageEnum.weights, "loss_scaler": LossScaler(scale=1.0), "dynamic_loss_scale": False,
+        "overflow": False, "partition_count": spec.dp,
+        "optimizer_state_dict": {"state": state, "param_groups": param_groups}, "fp32_flat_groups": flats}
     return {"optimizer_state_dict": optimizer_state, "ds_config": ds_config, "ds_version": version}
 
 
@@ -164,20 +159,13 @@ def _optimizer_state(spec, recipe, filler: Filler, ds_config: dict, step: int) -
         offset += n
     groups = _adam_param_groups(spec, ds_config)
     optimizer_state = {
-        "loss_scaler": LossScaler(scale=1.0),
-        "dynamic_loss_scale": False,
-        "overflow": False,
+        "loss_scaler": LossScaler(scale=1.0), "dynamic_loss_scale": False, "overflow": False,
         "clip_grad": float(ds_config.get("gradient_clipping", 0.0)),
         "base_optimizer_state": {"state": {0: {"step": torch.tensor(float(step)), "exp_avg": exp_avg,
                                                "exp_avg_sq": exp_avg_sq}}, "param_groups": groups},
-        "single_partition_of_fp32_groups": [master[: part - padding]],
-        "zero_stage": ZeroStageEnum(spec.zero),
-        "group_paddings": [padding],
-        "param_alignment_paddings": [[0] * len(recipe.params)],
-        "partition_count": [spec.dp],
-        "ds_version": version,
-        "param_slice_mappings": [mappings],
-    }
+        "single_partition_of_fp32_groups": [master[: part - padding]], "zero_stage": ZeroStageEnum(spec.zero),
+        "group_paddings": [padding], "param_alignment_paddings": [[0] * len(recipe.params)],
+        "partition_count": [spec.dp], "ds_version": version, "param_slice_mappings": [mappings]}
     return {"optimizer_state_dict": optimizer_state, "ds_config": ds_config, "ds_version": version}
 
 

@@ -135,8 +135,7 @@ def convert(run_dir: Path, ckpt_root: Path, tag: str, say=print) -> dict:
         "read_calls": io["read"]["calls"] if io else None, "write_calls": io["write"]["calls"] if io else None,
         "input_bytes": sum(p.stat().st_size for p in files_under(ckpt_root / tag)),
         "input_files": len(files_under(ckpt_root / tag)),
-        "log": str(log_path.relative_to(run_dir)), "reused": False,
-    }
+        "log": str(log_path.relative_to(run_dir)), "reused": False}
     write_json_atomic(out / MARKER, record)
     (run_dir / "records").mkdir(exist_ok=True)
     write_json_atomic(run_dir / "records" / f"convert-{tag}.json", record)

@@ -92,8 +92,7 @@ class Window:
             # bytes a storage target's network streams moved in its read / write regions (unseen by the I/O counters)
             "stream": dict(self.stream_bytes),
             "intervals": [(c, round(a, 6), round(b, 6)) for c, a, b in self.intervals],
-            "method": "preloaded I/O counters" if io_known else "no I/O counters (no C compiler when launched)",
-        }
+            "method": "preloaded I/O counters" if io_known else "no I/O counters (no C compiler when launched)"}
 
 
 class Anatomy:

@@ -227,8 +227,7 @@ def record(study: Study) -> dict:
         "disk_bytes": study.sizing.disk, "storage": store.get("label"), "storage_source": store.get("source"),
         "storage_write_bytes_per_s": store.get("write_bytes_per_s"),
         "storage_read_bytes_per_s": store.get("read_bytes_per_s"),
-        "not_placed": study.notes, "cells": [c.to_json() for c in study.cells],
-    }
+        "not_placed": study.notes, "cells": [c.to_json() for c in study.cells]}
 
 
 def write(study: Study) -> None:

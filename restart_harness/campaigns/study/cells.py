@@ -228,8 +228,7 @@ class Cell:
             "reference": dataclasses.asdict(self.reference) if self.reference else None,
             "plan": self.plan, "prediction": self.prediction, "runs_here": self.runs_here,
             "option": self.option.to_json(), "state": self.state, "run_dir": self.run_dir, "reason": self.reason,
-            "wall_seconds": self.wall_seconds, "attempts": self.attempts,
-        }
+            "wall_seconds": self.wall_seconds, "attempts": self.attempts}
 
 
 def plan_record(plugins) -> dict:

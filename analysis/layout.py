@@ -174,12 +174,7 @@ def measured_vs_predicted(series: list[tuple[list[tuple[float, float]], dict, st
                     label=f"+-{PREDICTION_BAND:.0%}")
     for pts, style, label in series:
         ax.scatter([m for m, _ in pts], [p for _, p in pts], label=label, **style)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel=xlabel, ylabel=ylabel)
     ax.grid(alpha=0.3, which="both")
     title(ax, text)
     legend(ax)

@@ -291,13 +291,10 @@ def _crossover_panel(ax, name: str, runs: list) -> None:
         ax.axvline(until / GIB, color="black", linestyle=":", linewidth=1, label=f"until {until / GIB:,.2f} GiB")
     seen = [y for ys in c["curve"]["seconds"].values() for x, y in zip(xs, ys) if lo <= x <= hi and y and y > 0]
     seen += [y for col in ax.collections for _, y in col.get_offsets()]
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi))
     if seen:
         ax.set_ylim(min(seen) / 2, max(seen) * 2)
-    ax.set_xlabel("checkpoint size (GiB, all ranks' files)")
-    ax.set_ylabel("seconds")
+    ax.set(xlabel="checkpoint size (GiB, all ranks' files)", ylabel="seconds")
     ax.grid(alpha=0.3, which="both")
     where = (f"crossover {cross / GIB:,.2f} GiB, overtaking {_short(c['overtakes'])}" if cross else
              f"no crossover in range: {c['status'].replace('_', ' ')}")

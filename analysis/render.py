@@ -39,9 +39,7 @@ def fmt(s: Stat | None, digits: int = 3, scale: float = 1.0) -> str:
     m = f"{s.median / scale:.{digits}f}"
     if s.n == 1:
         return m
-    if s.min == s.max:
-        return f"{m} (n={s.n})"
-    return f"{m} ({span(s.min / scale, s.max / scale, f'.{digits}f')}, n={s.n})"
+    return f"{m} (n={s.n})" if s.min == s.max else f"{m} ({span(s.min / scale, s.max / scale, f'.{digits}f')}, n={s.n})"
 
 
 def _v(value: object, digits: int = 3, scale: float = 1.0) -> str:

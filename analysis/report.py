@@ -100,9 +100,7 @@ def _scale_panel(ax, groups: list[tb.Group]) -> None:
 
 
 def _axes(ax, ylabel: str, heading: str, legend_title: str) -> None:
-    ax.set_xscale("log")
-    ax.set_xlabel("checkpoint interval (seconds, log scale)")
-    ax.set_ylabel(ylabel)
+    ax.set(xscale="log", xlabel="checkpoint interval (seconds, log scale)", ylabel=ylabel)
     title(ax, heading)
     legend(ax, title=legend_title)
 

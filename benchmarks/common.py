@@ -105,9 +105,7 @@ def median(values: list[float | None]) -> float | None:
 def spread(values: list[float | None], form: str = ".2f", to: str = "-") -> str:
     """median (min-max) of the repeats' values, each in form."""
     values = [v for v in values if v is not None]
-    if not values:
-        return "-"
-    return f"{statistics.median(values):{form}} ({min(values):{form}}{to}{max(values):{form}})"
+    return f"{statistics.median(values):{form}} ({min(values):{form}}{to}{max(values):{form}})" if values else "-"
 
 
 def table(head: list[str], rows, align: str = "") -> None:

@@ -47,9 +47,7 @@ def cuda_shortfall(gpus: int) -> str | None:
     if torch.version.cuda is None:
         return f"this Python's torch ({torch.__version__}) is a CPU build"
     seen = torch.cuda.device_count()
-    if seen < gpus:
-        return f"{seen} CUDA devices visible to the job, {gpus} ranks on this node need one each"
-    return None
+    return f"{seen} CUDA devices visible to the job, {gpus} ranks on this node need one each" if seen < gpus else None
 
 
 def line(node_failures: list[dict]) -> str | None:

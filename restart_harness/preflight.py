@@ -26,8 +26,6 @@ from restart_harness.schema import PREDICTED_TOTAL
 from restart_harness.spec import environment
 from restart_harness.spec.runspec import RunSpec
 
-MIB = 1 << 20
-
 
 def directory(key: str, path: str) -> None:
     reason = why_not_a_directory(Path(path))

@@ -26,17 +26,10 @@ GIB = 1 << 30  # every *_gib_s figure is 2^30 bytes per second (MLPerf's tool pr
 MIB = 1 << 20  # every *_mib_s figure is 2^20 bytes per second
 
 # Files of a run directory.
-SPEC, DS_CONFIG, STATUS, SUMMARY, INVENTORY, BASELINE = (
-    "spec.json", "ds_config.json", "status.json", "summary.json", "inventory.json", "baseline.json")
-MLPERF = "mlperf.json"
-STUDY = "study.json"
+SPEC, MLPERF, STUDY = "spec.json", "mlperf.json", "study.json"
 # Where a study's figure comes from (docs/study.md): a run at the real size, real-size files written and read without
 # training, the planner (exact), or the calibrated prediction model. A cell's figures each name one of these.
 SOURCES = ("measured", "emulated", "planned", "predicted")
-
-# status.json `state`. A `running` whose harness process is gone is read as `failed` ("harness ended") by
-# rundir/status.py observed(), which every reader uses.
-STATES = ("running", "submitted", "dry_run", "complete", "failed")
 
 # Kinds of checkpoint files, by the DeepSpeed name of the file (or of the directory a sharded engine writes); a
 # stack=fsdp2 checkpoint is DCP's own: a shard file per rank and one global metadata file.

@@ -91,9 +91,7 @@ def _estimate(plugins) -> dict | None:
            (("startup", PREDICTED_TOTAL), ("step", "restart_first_step_seconds"), ("save", "save_durable_seconds"))}
     if low["startup"] is None:
         low["startup"] = sum((phases.get(k) or {}).get("low") or 0.0 for k in PREDICTED_RESTART) or None
-    if low["startup"] is None or not low["step"]:
-        return None
-    return {**low, "save": low["save"] or 0.0}
+    return None if low["startup"] is None or not low["step"] else {**low, "save": low["save"] or 0.0}
 
 
 def refuse_hopeless(save_interval: int, duration: float, mtbf: float, e: dict) -> None:
@@ -166,9 +164,7 @@ def _launch_once(run, record: str, failure: dict | None, deadline: float, pace: 
         return info, False
     if failure["kind"] == "job":
         return info, info["timed_out"] and failure["at"] < deadline
-    if failure["kind"] == "rank":
-        return info, bool(fired)
-    return info, not info["timed_out"]
+    return info, bool(fired) if failure["kind"] == "rank" else not info["timed_out"]
 
 
 def _campaign(run, request: EndureRequest, doc: dict, folder: Path) -> list[dict]:

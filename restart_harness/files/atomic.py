@@ -31,9 +31,7 @@ def files_under(path: Path) -> list[Path]:
     path = Path(path)
     if path.is_file():
         return [path]
-    if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.is_file())
-    return []
+    return sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else []
 
 
 def whole_temporary(path: Path, data: bytes, mode: int = 0o644) -> str:

@@ -94,9 +94,7 @@ def bucket_label(b: int) -> str:
 
     if b == 0:
         return "<1K"
-    if b == HIST_BUCKETS - 1:
-        return f">={size(1 << (b + 9))}"
-    return f"{size(1 << (b + 9))}-{size(1 << (b + 10))}"
+    return f">={size(1 << (b + 9))}" if b == HIST_BUCKETS - 1 else f"{size(1 << (b + 9))}-{size(1 << (b + 10))}"
 
 
 def build() -> Path | None:

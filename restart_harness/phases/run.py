@@ -45,9 +45,7 @@ def run(plugins: resolve.Plugins, prefix: str = "") -> Path:
                  "script once the checkpoint is committed (the harness's own run also measures, verifies and "
                  "summarizes)"))
         return made.run_dir
-    if made.launcher.submits():
-        return submit(made)
-    return execute(made)
+    return submit(made) if made.launcher.submits() else execute(made)
 
 
 def warn(run: resolve.Run) -> None:

@@ -82,9 +82,7 @@ def _with_parent(trace: samples.Trace, thread: samples.Thread):
     that imported for it (launcher=prefork) counts from that process's start, and its imports are the parent's."""
     chain = _chain(trace, thread)
     parent = trace.of_pid(chain[-2]) if len(chain) >= 2 and chain[-1] == thread.pid else None
-    if parent is None:
-        return thread.spans
-    return [s for s in parent.spans if s[1] <= thread.first] + thread.spans
+    return thread.spans if parent is None else [s for s in parent.spans if s[1] <= thread.first] + thread.spans
 
 
 # the load anatomy's categories (restart_harness/worker/anatomy.py, docs/anatomy.md) as causes of checkpoint_load

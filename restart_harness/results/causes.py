@@ -55,9 +55,7 @@ def relative(file: str) -> str:
     """A frame's file as a reader knows it: under site-packages, or under the harness's checkout."""
     if m := _SITE.search(file):
         return file[m.end():]
-    if m := _HARNESS.search(file):
-        return file[m.start() + 1:]
-    return file
+    return file[m.start() + 1:] if (m := _HARNESS.search(file)) else file
 
 
 def module_of(file: str) -> str:

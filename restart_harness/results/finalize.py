@@ -69,9 +69,7 @@ def build_inventory(where: str, writers: dict[str, int] | None, entries: list[tu
 def rerun(info: dict, phase: str) -> bool:
     """A restart-only re-run's record, not the run's own restart (records before the harness said so: the run's own
     is restart-01 of a phase=all run)."""
-    if "rerun" in info:
-        return bool(info["rerun"])
-    return not (info["record"] == "restart-01" and phase == "all")
+    return bool(info["rerun"]) if "rerun" in info else not (info["record"] == "restart-01" and phase == "all")
 
 
 def finalize(run: resolve.Run | Path, state: str, reason: str | None = None, as_made: RunSpec | None = None) -> dict:

@@ -8,20 +8,15 @@ import json
 import statistics
 from pathlib import Path
 
+from restart_harness import schema
 from restart_harness.machine import BUSY_FRACTION
-from restart_harness.schema import (
-    CROSSOVER_LOAD,
-    PHASE_NAMES,
-    PREDICTED_PHASES,
-    PREDICTED_RESTART,
-    PREDICTED_SAVE,
-    PREDICTED_TOTAL,
-)
+from restart_harness.schema import CROSSOVER_LOAD, PHASE_NAMES
 
 LOAD_TOLERANCE = 0.15  # other work's share of the CPUs a check may differ by from its calibration's runs
 FILE = "prediction.json"  # in the run directory: written before the checkpoint phase launches
 
-SAVE_PHASES, RESTART_PHASES, TOTAL, PHASES = PREDICTED_SAVE, PREDICTED_RESTART, PREDICTED_TOTAL, PREDICTED_PHASES
+SAVE_PHASES, RESTART_PHASES, TOTAL, PHASES = (schema.PREDICTED_SAVE, schema.PREDICTED_RESTART, schema.PREDICTED_TOTAL,
+                                              schema.PREDICTED_PHASES)
 RESTART_STEPS = ("launch", *PHASE_NAMES)
 
 

@@ -5,20 +5,7 @@ from __future__ import annotations
 import statistics
 
 from restart_harness import resolve
-from restart_harness.results import attribution, io_sources, placement, save_memory
-from restart_harness.results.views import (
-    BaselineView,
-    CheckpointView,
-    CrossoverView,
-    GrowthView,
-    LostView,
-    PredictionView,
-    RestartView,
-    SaveView,
-    SpecView,
-    SummaryView,
-    TrainingView,
-)
+from restart_harness.results import attribution, io_sources, placement, save_memory, views
 from restart_harness.schema import GIB, LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES, count, span
 
 
@@ -26,7 +13,7 @@ def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f} s"
 
 
-def _when(base: BaselineView) -> str:
+def _when(base: views.BaselineView) -> str:
     """Which measurement an efficiency is against: when it was taken, and whether this run took it."""
     if not base.cached:
         return ", measured for this run"
@@ -53,7 +40,7 @@ def _storage_rows(name: str, req: dict | None, uploads: dict | None) -> list[tup
 def render(summary: dict) -> str:
     """The screen, block by block, each block's rows in order; then the terms its words used. It reads the summary
     through its typed views (results/views.py), which take summaries of every version."""
-    s = SummaryView.of(summary)
+    s = views.SummaryView.of(summary)
     ck, rs, restarts = s.checkpoint, s.restart, s.restarts
     records = resolve.engine_class(s.spec.engine).records  # the engine's own rows
     rows = [*_run_rows(s), *_training_rows(s.training)]
@@ -69,7 +56,7 @@ def render(summary: dict) -> str:
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
-def _run_rows(s: SummaryView) -> list[tuple[str, str]]:
+def _run_rows(s: views.SummaryView) -> list[tuple[str, str]]:
     """Which run, what it trained, on what layout, and how it ended."""
     spec, d = s.spec, s.spec.derived
     shrunk = f" (shrunk /{spec.shrink})" if d["shrunk"] else ""
@@ -85,7 +72,7 @@ def _run_rows(s: SummaryView) -> list[tuple[str, str]]:
         ("status", s.status["state"] + (f": {s.status['reason']}" if s.status["reason"] else ""))]
 
 
-def _training_rows(tr: TrainingView) -> list[tuple[str, str]]:
+def _training_rows(tr: views.TrainingView) -> list[tuple[str, str]]:
     """The training steps' median, and with a flush in flight against without."""
     rows = ([("train step", f"median {_s(tr.step_seconds_median)} over {tr.steps} steps")]
             if tr.step_seconds_median is not None else [])
@@ -95,7 +82,7 @@ def _training_rows(tr: TrainingView) -> list[tuple[str, str]]:
     return rows
 
 
-def _checkpoint_rows(ck: CheckpointView, steps: dict | None, records) -> list[tuple[str, str]]:
+def _checkpoint_rows(ck: views.CheckpointView, steps: dict | None, records) -> list[tuple[str, str]]:
     """The checkpoint: its files, per rank, each save, what the saves cost, the last save's anatomy and nodes."""
     kinds = ", ".join(f"{k} {v['files']}" for k, v in ck.by_kind.items() if v["files"])
     rows = [("checkpoint", f"{ck.tag}: {ck.files} files, {ck.bytes / MIB:,.2f} MiB ({kinds})")]
@@ -103,14 +90,14 @@ def _checkpoint_rows(ck: CheckpointView, steps: dict | None, records) -> list[tu
         rows.append(("per rank", (f"max {b['max'] / MIB:,.2f} / min {b['min'] / MIB:,.2f} / "
                                  f"mean {b['mean'] / MIB:,.2f} MiB written")))
     rows += [*map(_save_row, ck.saves), *_lost_rows(ck), *_memory_rows(ck, steps, records)]
-    last = ck.saves[-1] if ck.saves else SaveView()
+    last = ck.saves[-1] if ck.saves else views.SaveView()
     if last.breakdown:
         rows.append(("save anatomy", (f"{_anatomy(last.breakdown, SAVE_CATEGORIES)}  (s, {last.tag}, "
                                      f"slowest rank {last.breakdown['slowest_rank']})")))
     return rows + _node_rows("save by node", last.per_node, last.slowest_node, "durable_seconds", "bytes", "written")
 
 
-def _save_row(save: SaveView) -> tuple[str, str]:
+def _save_row(save: views.SaveView) -> tuple[str, str]:
     t = save.throughput_mib_s
     return (f"save {save.tag}",
             f"blocking {_s(save.blocking_seconds)} ({t['blocking'] or 0:,.1f} MiB/s), "
@@ -126,7 +113,7 @@ def _anatomy(bd: dict, categories: tuple[str, ...]) -> str:
                      for c in categories)
 
 
-def _relaunch_rows(rs: RestartView, spec: SpecView, restarts: tuple) -> list[tuple[str, str]]:
+def _relaunch_rows(rs: views.RestartView, spec: views.SpecView, restarts: tuple) -> list[tuple[str, str]]:
     """The latest restart: where it ran against where the checkpoint was saved, how long it took, its phases."""
     rows, layout, loaded = [], rs.layout or {}, rs.loaded or {}
     if layout and not rs.at_own_layout():
@@ -146,7 +133,7 @@ def _relaunch_rows(rs: RestartView, spec: SpecView, restarts: tuple) -> list[tup
             *attribution.attribution_rows(rs.attribution, rs.record), *io_sources.io_rows(rs.io_sources)]
 
 
-def _load_rows(rs: RestartView, records) -> list[tuple[str, str]]:
+def _load_rows(rs: views.RestartView, records) -> list[tuple[str, str]]:
     """The latest restart's checkpoint load: its throughput, the engine's own account, its anatomy."""
     rows, lb = [], rs.load_breakdown
     if rs.load_throughput_mib_s:
@@ -162,7 +149,7 @@ def _load_rows(rs: RestartView, records) -> list[tuple[str, str]]:
     return rows
 
 
-def _restart_end_rows(rs: RestartView) -> list[tuple[str, str]]:
+def _restart_end_rows(rs: views.RestartView) -> list[tuple[str, str]]:
     """The latest restart's nodes, memory peak, storage requests, and whether it restored the saved state."""
     rows = _node_rows("restart by node", rs.per_node, rs.slowest_node, "total_seconds", "read_bytes", "read")
     peak = max(((v["peak_rss_bytes_max"], k) for k, v in (rs.memory or {}).items()), default=None)
@@ -176,7 +163,7 @@ def _restart_end_rows(rs: RestartView) -> list[tuple[str, str]]:
     return rows
 
 
-def _baseline_rows(base: BaselineView | None, eff: dict) -> list[tuple[str, str]]:
+def _baseline_rows(base: views.BaselineView | None, eff: dict) -> list[tuple[str, str]]:
     """The storage baseline the efficiencies are against, and the storage's ceiling where one was probed."""
     if not base or not base.write_mib_s:
         return []
@@ -227,9 +214,9 @@ def _terms(text: str) -> list[tuple[str, str]]:
     return [("terms" if i == 0 else "", f"{word}: {meaning}") for i, (word, meaning) in enumerate(used)]
 
 
-def _lost_rows(ck: CheckpointView) -> list[tuple[str, str]]:
+def _lost_rows(ck: views.CheckpointView) -> list[tuple[str, str]]:
     """What the saves cost training (results/training_cost.py): per save, against the run's own steps."""
-    run = ck.training_lost or LostView()
+    run = ck.training_lost or views.LostView()
     if not run.saves and not run.note:
         return []
     if run.per_save_seconds_median is None:
@@ -247,7 +234,7 @@ def _lost_rows(ck: CheckpointView) -> list[tuple[str, str]]:
                               f"waits and other {lost['other_seconds']:+.3f} s")), *_harness_row(ck)]
 
 
-def _harness_row(ck: CheckpointView) -> list[tuple[str, str]]:
+def _harness_row(ck: views.CheckpointView) -> list[tuple[str, str]]:
     """The harness's own seconds beside the saves': its verification digest before each save (rank 0), which no
     figure above counts."""
     pairs = [(d, s.blocking_seconds) for s in ck.saves
@@ -259,7 +246,7 @@ def _harness_row(ck: CheckpointView) -> list[tuple[str, str]]:
                               f"the median blocking save {_s(blocking)}; rank 0), outside every figure above"))]
 
 
-def _memory_rows(ck: CheckpointView, steps: dict | None, records) -> list[tuple[str, str]]:
+def _memory_rows(ck: views.CheckpointView, steps: dict | None, records) -> list[tuple[str, str]]:
     """What the saves cost in host memory (results/save_memory.py), and whether it grew save after save."""
     m = ck.memory
     if not m or not m.saves:
@@ -278,7 +265,7 @@ def _memory_rows(ck: CheckpointView, steps: dict | None, records) -> list[tuple[
                                f"training step's own {mib(m.step_peak_added_bytes)} where its flush overlapped steps"))]
     if ck.engine_staging:  # how the engine sized its host buffers (its own rows)
         rows += records.memory_rows(ck.engine_staging)
-    g = m.growth or GrowthView()
+    g = m.growth or views.GrowthView()
     if g.bytes_per_save is None:
         rows.append(("memory growth", f"not measured: {g.note}"))
     else:
@@ -307,14 +294,14 @@ def _node_rows(name: str, nodes: list | None, worst: dict | None, seconds: str, 
     return [(name, " | ".join(parts) + tail)]
 
 
-def _restart_conditions(r: RestartView) -> str:
+def _restart_conditions(r: views.RestartView) -> str:
     """schema.restart_conditions as text: `prefork, cache drop, env_cache keep` (`, staged`)."""
     c = r.conditions()
     return ", ".join([c["launcher"] or "launcher -", f"cache {c['cache'] or '-'}",
                       *([f"env_cache {c['env_cache']}"] if c["env_cache"] else []), *(["staged"] if c["staged"] else [])])
 
 
-def _restart_rows(restarts: tuple[RestartView, ...]) -> list[tuple[str, str]]:
+def _restart_rows(restarts: tuple[views.RestartView, ...]) -> list[tuple[str, str]]:
     """Every restart of the checkpoint side by side (the point of repeating them: restart-only re-runs), with the
     median of those at the run's own layout that verified, one median a set of conditions (schema.restart_conditions):
     restarts that started otherwise are never pooled into one figure."""
@@ -337,7 +324,7 @@ def _restart_rows(restarts: tuple[RestartView, ...]) -> list[tuple[str, str]]:
     return [("restarts", head), *rows]
 
 
-def _prediction_rows(checked: PredictionView | None) -> list[tuple[str, str]]:
+def _prediction_rows(checked: views.PredictionView | None) -> list[tuple[str, str]]:
     """What the run predicted for itself before launch beside what it measured (docs/prediction.md)."""
     phases = (checked.phases if checked else None) or {}
     parts = []
@@ -356,7 +343,7 @@ def _prediction_rows(checked: PredictionView | None) -> list[tuple[str, str]]:
             *_crossover_rows(checked.crossover)]
 
 
-def _crossover_rows(c: CrossoverView | None) -> list[tuple[str, str]]:
+def _crossover_rows(c: views.CrossoverView | None) -> list[tuple[str, str]]:
     """The checkpoint size from which the load is predicted the largest restart phase, and this run's side of it,
     predicted and measured (docs/prediction.md#the-crossover)."""
     if not c or not c.status:

@@ -40,9 +40,7 @@ def unsampled(spec, launcher) -> str | None:
     if launcher.scheduler is not None:
         return (f"launcher={spec.launcher}: {launcher.scheduler.name} starts the ranks (its own daemons), outside the "
                 "launch command's processes")
-    if spec.across_nodes:
-        return f"nodes={spec.nodes}: the other nodes' ranks are not processes of this node"
-    return None
+    return f"nodes={spec.nodes}: the other nodes' ranks are not processes of this node" if spec.across_nodes else None
 
 
 def unavailable(spec, launcher) -> str | None:

@@ -41,9 +41,7 @@ def split_of(shape, name: str) -> str:
 
 def merge_tp(shards: list[torch.Tensor], split: str) -> torch.Tensor:
     """One parameter's full tensor from its TP shards (replicated: the first, which all must equal)."""
-    if split == "replicated" or len(shards) == 1:
-        return shards[0]
-    return torch.cat(shards, dim=CAT_DIM[split])
+    return shards[0] if split == "replicated" or len(shards) == 1 else torch.cat(shards, dim=CAT_DIM[split])
 
 
 def state_digests(engine) -> dict[str, str]:

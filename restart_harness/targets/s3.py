@@ -15,18 +15,8 @@ from pathlib import Path
 from restart_harness.errors import UsageError
 from restart_harness.files import baseline, pagecache
 from restart_harness.files.atomic import write_text_atomic
-from restart_harness.targets._s3_bucket import (
-    CLIENT_LOG_FILTER,
-    S3Settings,
-    S3Url,
-    _explain,
-    check_writable,
-    client_errors,
-    client_requests,
-    delete_all,
-    is_s3,
-    listing,
-)
+from restart_harness.targets import _s3_bucket
+from restart_harness.targets._s3_bucket import S3Settings, S3Url, _explain, client_errors, delete_all, listing
 from restart_harness.targets.base import LATEST, NO_OBSERVER, OBJECT, PER_RANK_DIRS, StorageProbe, Store, Stored, Target
 
 
@@ -215,11 +205,11 @@ class S3Stored(Stored):
 
     def launch_environment(self, log_dir: Path) -> dict[str, str]:
         """The client's request log, one folder per rank (every request and its outcome: requests() counts them)."""
-        return {"S3_TORCH_CONNECTOR_DEBUG_LOGS": CLIENT_LOG_FILTER, "S3_TORCH_CONNECTOR_LOGS_DIR_PATH": str(log_dir),
-                PER_RANK_DIRS: "S3_TORCH_CONNECTOR_LOGS_DIR_PATH"}
+        return {"S3_TORCH_CONNECTOR_DEBUG_LOGS": _s3_bucket.CLIENT_LOG_FILTER,
+                "S3_TORCH_CONNECTOR_LOGS_DIR_PATH": str(log_dir), PER_RANK_DIRS: "S3_TORCH_CONNECTOR_LOGS_DIR_PATH"}
 
     def requests(self, log_dir: Path) -> dict | None:
-        return client_requests(log_dir)
+        return _s3_bucket.client_requests(log_dir)
 
     def abort_incomplete_uploads(self) -> dict:
         """Multipart uploads under the run's prefix that were started and never completed (a save that failed while
@@ -263,7 +253,7 @@ class S3Target(Target):
 
     @classmethod
     def claims(cls, location) -> bool:
-        if not is_s3(location):
+        if not _s3_bucket.is_s3(location):
             return False
         try:
             S3Url.parse(location)
@@ -282,7 +272,7 @@ class S3Target(Target):
         except ImportError:
             raise UsageError(f"{where}: object storage needs s3torchconnector, which this Python lacks: "
                              "pip install 'restart-harness[s3]'") from None
-        if problem := check_writable(self.url, self.settings):
+        if problem := _s3_bucket.check_writable(self.url, self.settings):
             raise UsageError(f"{where}: {problem}")
 
     def placed(self, run_dir: Path) -> S3Target:

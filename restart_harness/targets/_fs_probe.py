@@ -234,8 +234,8 @@ def _builtin(files: list[Path], file_bytes: int, request: int, depth: int,
              write_too: bool = True, direct: bool = True) -> tuple[dict | None, dict, dict, str | None]:
     """Each rank `depth` threads, each reusing one page-aligned buffer of `request` bytes (filled, so faulted in,
     before any clock starts: a fresh huge page can wait for compaction, no part of the storage's pace), taking every
-    depth-th request of its file (O_DIRECT: whole 4 KiB blocks, the padding cut off by ftruncate): pwrite, one fsync a file;
-    evict; preadv the same way (all release the GIL). write_too=False: only read them (evicted first);
+    depth-th request of its file (O_DIRECT: whole 4 KiB blocks, the padding cut off by ftruncate): pwrite, one fsync
+    a file; evict; preadv the same way (all release the GIL). write_too=False: only read them (evicted first);
     direct=False: through the page cache (the baseline: one thread a rank, 4 MiB requests)."""
     padded = -(-file_bytes // 4096) * 4096 if direct else file_bytes
     payload = os.urandom(request)  # random: no file system can compress it away

@@ -210,5 +210,6 @@ def facts(checkpoint_path: Path) -> dict:
         "host": {"hostname": socket.gethostname(), "kernel": platform.release(), "machine": platform.machine(),
                  "cpus": os.cpu_count(), "memory_bytes": kernel_memory.meminfo("MemTotal:"),
                  "cpu_avx512": "avx512f" in cpu_flags(), "cpu_model": cpu_model(), "gpu_model": gpu_model(),
-                 "gpus": nvidia_devices(), "user_is_root": os.geteuid() == 0},
+                 "gpus": nvidia_devices(), "user_is_root": os.geteuid() == 0,
+                 "free_page_reporting_order": kernel_memory.free_page_reporting_order()},
         "checkpoint_filesystem": filesystem(checkpoint_path)}

@@ -127,19 +127,49 @@ def _vm_flags(address: int) -> set[str]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="no /proc/self/smaps (not Linux)")
-def test_a_saves_staging_asks_for_huge_pages_and_a_loads_buffers_do_not(tmp_path):
+@pytest.mark.parametrize("reporting_order", [None, 9])
+def test_staging_is_in_huge_pages_and_a_loads_buffers_are_where_the_hypervisor_does_not_take_free_memory_back(
+        tmp_path, monkeypatch, reporting_order):
     """A staging buffer, kept and reused save after save, is in transparent huge pages (the mapping flagged `hg`,
-    MADV_HUGEPAGE); the buffers a load reads a part into once are not: fresh huge pages fault in slower than 4 KiB
-    pages on this project's virtual machine (docs/engines.md#enginelazy)."""
+    MADV_HUGEPAGE). A load's O_DIRECT buffers are too, unless the kernel hands free 2 MiB blocks back to its
+    hypervisor (free page reporting, order 9 here): then each fresh huge page costs the host's fault, and the load
+    says so (docs/engines.md#enginelazy)."""
+    monkeypatch.setattr("engines.lazy.load.free_page_reporting_order", lambda: reporting_order)
     size = 3 * buffers.HUGE_PAGE + 4096
     part = lazy_writers.Part(tmp_path / "part-0.bin", size, False, [], buffers.READ_CHUNK_BYTES)
     assert "hg" in _vm_flags(part.buffer.data_ptr())
     fmt_dir = tmp_path / "state"
-    engine = _engine()
-    engine.save({"w": torch.randn(size // 4)}, str(fmt_dir))
+    engine = _engine(read_io="direct")
+    state = {"w": torch.randn(size // 4)}
+    engine.save(state, str(fmt_dir))
     engine.wait()
-    _, _, loaded = fmt.read(fmt_dir)
-    assert loaded and all("hg" not in _vm_flags(b.data_ptr()) for b in loaded if b.numel() >= buffers.HUGE_PAGE)
+    _, _, loaded = engine.loader.read(fmt_dir)
+    assert torch.equal(engine.load(str(fmt_dir))["w"], state["w"])
+    huge = [b for b in loaded if b.numel() >= buffers.HUGE_PAGE]
+    assert huge and all(("hg" in _vm_flags(b.data_ptr())) == (reporting_order is None) for b in huge)
+    pages = engine.load_statistics()["pages"]
+    assert pages["way"] == ("huge" if reporting_order is None else "4k"), pages
+    assert pages.get("free_page_reporting_order") == reporting_order, pages
+
+
+def test_free_page_reporting_is_read_from_the_balloons_features_and_the_reporting_order(tmp_path, monkeypatch):
+    """A virtio balloon whose features have bit 5 (free page reporting) set, with the kernel's reporting order at
+    most its largest block, reports; bit 5 clear, an order above 10 (reporting turned off) or no balloon: None."""
+    from restart_harness.files import kernel_memory
+
+    balloon, order = tmp_path / "virtio_balloon", tmp_path / "page_reporting_order"
+    monkeypatch.setattr(kernel_memory, "BALLOONS", balloon)
+    monkeypatch.setattr(kernel_memory, "REPORTING_ORDER", order)
+    assert kernel_memory.free_page_reporting_order() is None  # neither file
+    (balloon / "virtio0").mkdir(parents=True)
+    (balloon / "virtio0" / "features").write_text("0110010" + "0" * 57 + "\n")
+    order.write_text("9\n")
+    assert kernel_memory.free_page_reporting_order() == 9
+    order.write_text("11\n")
+    assert kernel_memory.free_page_reporting_order() is None
+    order.write_text("9\n")
+    (balloon / "virtio0" / "features").write_text("0110000" + "0" * 57 + "\n")
+    assert kernel_memory.free_page_reporting_order() is None
 
 
 def test_a_file_system_refusing_direct_io_gets_buffered_io_and_the_run_says_so(tmp_path, monkeypatch):

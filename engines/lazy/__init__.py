@@ -100,7 +100,8 @@ class LazyRecords(EngineRecords):
         rows = []
         if stats.get("read_io"):
             way, requests = stats["read_io"], stats.get("read_requests")
-            rows.append(("reads", f"{'O_DIRECT' if way['way'] == 'direct' else 'buffered'}: {way['why']}"
+            pages = f"; into {stats['pages']['why']}" if stats.get("pages") else ""
+            rows.append(("reads", f"{'O_DIRECT' if way['way'] == 'direct' else 'buffered'}: {way['why']}{pages}"
                                   + (f"; fresh pages faulted in ahead of {stats.get('populated_requests', 0):,} of "
                                      f"{requests:,} requests (all ranks)" if requests else "")))
         return rows + [("replicated", f"{r['file']}: {r['way']} in {r['seconds']:.3f} s ({r['why']})")

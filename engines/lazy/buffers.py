@@ -1,4 +1,4 @@
-"""engine=lazy's host buffers: aligned for O_DIRECT, a save's in transparent huge pages where the kernel gives them,
+"""engine=lazy's host buffers: aligned for O_DIRECT, in transparent huge pages where the kernel gives them and they pay,
 page-locked for CUDA by registering the allocation itself; and its parallel reads into them, a request at a time,
 fresh pages faulted in ahead of the reads by a thread of their own (docs/engines.md#enginelazy)."""
 
@@ -32,9 +32,8 @@ def byte_view(t: torch.Tensor, n: int | None = None) -> memoryview:
 
 def aligned_empty(size: int, pinned: bool = False, zeroed: bool = False, huge_pages: bool = False) -> torch.Tensor:
     """`size` bytes starting at an ALIGNMENT boundary, with room after them up to a multiple of it (O_DIRECT's rule);
-    zeroed: padding included; pinned: registered with cudaHostRegister; huge_pages: in transparent huge pages, for a
-    buffer kept and reused (a save's staging), not for one filled once (a load's: fresh huge pages fault in slower
-    here; docs/engines.md#enginelazy)."""
+    zeroed: padding included; pinned: registered with cudaHostRegister; huge_pages: in transparent huge pages (a
+    save's staging; a load's where policy.load_pages says: docs/engines.md#enginelazy)."""
     huge = huge_pages and size >= HUGE_PAGE
     raw = torch.empty(aligned(size) + (HUGE_PAGE if huge else ALIGNMENT), dtype=torch.uint8)
     shift = -raw.data_ptr() % (HUGE_PAGE if huge else ALIGNMENT)

@@ -24,8 +24,9 @@ from engines.lazy import MIB, REPLICATED, Options
 from engines.lazy.buffers import ALIGNMENT, HUGE_PAGE, Reads, aligned, aligned_empty
 from engines.lazy.format import check_parts, is_lazy, read_header
 from engines.lazy.format import load as load_file
-from engines.lazy.policy import Decision, LoadStats, per_rank, read_way, replicated_way
+from engines.lazy.policy import Decision, LoadStats, load_pages, per_rank, read_way, replicated_way
 from restart_harness.files.baseline import CEILING_REQUEST_BYTES
+from restart_harness.files.kernel_memory import free_page_reporting_order
 from restart_harness.rank_env import all_reduce
 
 # the broadcast's bandwidth is measured with one broadcast of this many bytes (or the file's share, if smaller)
@@ -45,6 +46,8 @@ class Loader:
         self.pool = ThreadPoolExecutor(options.readers, thread_name_prefix="lazy-read")
         self.stats = LoadStats(read_io=read_way(options, storage))
         self.read_direct = self.stats.read_io.way == "direct"
+        self.stats.pages = load_pages(self.read_direct, free_page_reporting_order())
+        self.huge_pages = self.stats.pages.way == "huge"
         self.submitted: list = []  # every file read (buffers.Reads): its requests and those populated ahead
         self.last_read: dict = {}  # the buffers of the last file loaded: a second load of it reads nothing
         self.prefetch: dict = {}  # path -> (header, buffers, reads) of a file read ahead
@@ -55,6 +58,10 @@ class Loader:
 
     def statistics(self) -> dict:
         return self.stats.as_dict(self.submitted)
+
+    def buffer(self, nbytes: int):
+        """A part's load buffer, in the pages policy.load_pages chose."""
+        return aligned_empty(nbytes, huge_pages=self.huge_pages)
 
     def load(self, path: str, map_location=None):
         if is_lazy(path):
@@ -74,7 +81,7 @@ class Loader:
             check_parts(path, header)
         else:
             header = read_header(path)
-            buffers = [aligned_empty(p["bytes"]) for p in header["parts"]]
+            buffers = [self.buffer(p["bytes"]) for p in header["parts"]]
             first = first or []
             self.submit(path, header, buffers, [*first, *(k for k in range(len(buffers)) if k not in first)],
                         ahead=True, wait=True)
@@ -113,7 +120,7 @@ class Loader:
             header = read_header(own)
         except (OSError, ValueError):
             return  # its own load will say what is wrong with it
-        buffers = [aligned_empty(p["bytes"]) for p in header["parts"]]
+        buffers = [self.buffer(p["bytes"]) for p in header["parts"]]
         self.prefetch[str(own)] = (header, buffers, self.submit(own, header, buffers, range(len(buffers))))
         self.stats.prefetched_bytes += sum(b.numel() for b in buffers)
 
@@ -132,7 +139,7 @@ class Loader:
         if out is None and choice == "false":
             decision, out = Decision("read", "broadcast_load=false"), self.read(path, first=mine)
         elif out is None:
-            buffers = [aligned_empty(p["bytes"]) for p in header["parts"]]
+            buffers = [self.buffer(p["bytes"]) for p in header["parts"]]
             reader_mib_s = self._read_share(path, header, buffers, mine)
             if choice == "true":
                 decision = Decision("broadcast", "broadcast_load=true")

@@ -76,6 +76,7 @@ class LoadStats:
     broadcast_loads: int = 0
     prefetched_bytes: int = 0  # the rank's own ZeRO file read ahead
     read_io: Decision | None = None  # the restart's read way (policy.read_way)
+    pages: Decision | None = None  # the load buffers' pages (policy.load_pages)
     shared_bytes: int | None = None  # built on another replica's reads into shared memory
     replicated: list[dict] = field(default_factory=list)  # how each replicated file was loaded
 
@@ -83,8 +84,24 @@ class LoadStats:
         """read_requests and populated_requests: the requests read, and those whose fresh pages a thread faulted in
         ahead of them (buffers.Reads)."""
         out = {k: v for k, v in vars(self).items() if v is not None and v != []}  # in the order declared
-        return {**out, "read_io": self.read_io.as_dict(), "read_requests": sum(r.requests for r in reads),
+        return {**out, "read_io": self.read_io.as_dict(), **({"pages": self.pages.as_dict()} if self.pages else {}),
+                "read_requests": sum(r.requests for r in reads),
                 "populated_requests": sum(r.populated for r in reads)}
+
+
+def load_pages(direct: bool, reporting_order: int | None) -> Decision:
+    """The pages of a load's buffers: transparent huge pages where the reads are O_DIRECT, so each request's memory is
+    physically contiguous and reaches the device whole (a scatter list of 4 KiB pages cut it to about 1 MiB here);
+    4 KiB pages where reads go through the page cache, or where the kernel hands free blocks of a huge page's size
+    back to its hypervisor (kernel_memory.free_page_reporting_order), since every fresh huge page then costs the
+    host's fault (docs/engines.md#enginelazy)."""
+    if not direct:
+        return Decision("4k", "4 KiB pages: reads through the page cache, whose requests these pages do not shape")
+    if reporting_order is not None:
+        return Decision("4k", f"4 KiB pages: this kernel hands free blocks of {4 << reporting_order:,} KiB and up back "
+                              "to its hypervisor (virtio-balloon free page reporting), so a fresh huge page costs the "
+                              "host's fault", {"free_page_reporting_order": reporting_order})
+    return Decision("huge", "transparent huge pages: an O_DIRECT request's memory physically contiguous")
 
 
 def replicated_way(file_bytes: int, replicas: int, broadcast_mib_s: float | None,

@@ -1,6 +1,7 @@
 """What the kernel says of memory: this process's memory cgroup (limit, usage, OOM kills) and the OOM killer's kills in
 the kernel log (/dev/kmsg, where readable), read around each launch so a rank killed for memory is named as the cause
-of a failure, not its peers' lost connections (phases/processes.py)."""
+of a failure, not its peers' lost connections (phases/processes.py); and whether it hands free memory back to a
+hypervisor (free_page_reporting_order)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ from pathlib import Path
 
 # where the kernel says it (a test points them at a stand-in)
 CGROUP_ROOT, PROC_CGROUP, KMSG = Path("/sys/fs/cgroup"), Path("/proc/self/cgroup"), "/dev/kmsg"
+BALLOONS = Path("/sys/bus/virtio/drivers/virtio_balloon")  # the virtio balloon devices, each with its features
+REPORTING_ORDER = Path("/sys/module/page_reporting/parameters/page_reporting_order")
+VIRTIO_BALLOON_F_REPORTING = 5  # the feature bit of free page reporting (virtio 1.2, 5.1.3)
+MAX_PAGE_ORDER = 10  # the largest free block Linux keeps, 2**10 pages (x86-64; arm64 with 4 KiB pages)
 
 
 def _read(path: Path) -> str | None:
@@ -71,6 +76,23 @@ def available_bytes() -> int | None:
         room = max(0, group["limit_bytes"] - group["usage_bytes"])
         free = room if free is None else min(free, room)
     return free
+
+
+def free_page_reporting_order() -> int | None:
+    """The order of the free blocks (2**order pages and larger) this kernel hands back to its hypervisor, which drops
+    their memory: a virtio balloon with free page reporting (Firecracker, QEMU with free-page-reporting=on), about 2 s
+    after a block is freed. Touching such memory again costs the host's fault too: on this project's virtual machine
+    about 400 MiB/s, against about 3,400 for memory freed within the guest and 8,000-11,000 in huge pages
+    (docs/benchmarks.md, twentieth session). A transparent huge page is such a block. None where nothing is reported
+    (no such balloon, or an order above MAX_PAGE_ORDER set to turn it off)."""
+    order = _number(REPORTING_ORDER)
+    if order is None or order > MAX_PAGE_ORDER:
+        return None
+    for features in sorted(BALLOONS.glob("virtio*/features")):  # one '0' or '1' per feature bit, bit 0 first
+        bits = (_read(features) or "").strip()
+        if len(bits) > VIRTIO_BALLOON_F_REPORTING and bits[VIRTIO_BALLOON_F_REPORTING] == "1":
+            return order
+    return None
 
 
 # ---- the kernel log ----------------------------------------------------------------------------------------------

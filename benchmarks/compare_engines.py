@@ -201,10 +201,21 @@ def _header(base: list[str], repeats: int, world: int, how: tuple[str, str, dict
               for way in ("write", "read") for v in [[x[f"{way}_mib_s"] for x in c]]) for t, c in ceilings.items())
           + f". Machine: 1-minute load average {min(loads):.1f}-{max(loads):.1f} over the repeats"
           + (f", other work on the CPUs before a launch {median(busy):.0%} (median; {min(busy):.0%}-{max(busy):.0%})"
-             if busy else "") + ".")
+             if busy else "") + "; " + _memory() + ".")
     for name, why in how[2].items():
         print(f"- not run here: {name} ({why})")
     print()
+
+
+def _memory() -> str:
+    """Whether the kernel hands free memory back to a hypervisor: then fresh memory (a load's buffers, a save's first
+    staging, a torch.save's page cache) costs a host fault when first touched, and every engine's figures say so."""
+    from restart_harness.files.kernel_memory import free_page_reporting_order
+
+    order = free_page_reporting_order()
+    return ("no free page reporting (fresh memory faults in as on a node)" if order is None else
+            f"FREE PAGE REPORTING ON (order {order}: free blocks of {4 << order:,} KiB go back to the hypervisor, and "
+            "fresh memory costs a host fault when first touched)")
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:
@@ -341,7 +352,8 @@ def _reads(rows: dict[str, dict], collected: dict[str, list[dict]]) -> None:
     stats = {n: [(s.get("restart") or {}).get("engine_load_statistics") or {} for s in collected[n] if s] for n in rows}
     print("\nHow the restarts read (restart.engine_load_statistics):\n")
     for name, st in stats.items():
-        if said := sorted({f"{w['way']}: {w['why']}" for x in st if (w := x.get("read_io"))}):
+        if said := sorted({f"{w['way']}: {w['why']}" + (f"; into {x['pages']['why']}" if x.get("pages") else "")
+                           for x in st if (w := x.get("read_io"))}):
             print(f"- {name}: {'; '.join(said)}")
     for name, st in stats.items():
         for x in (r for stat in st for r in stat.get("replicated") or []):

@@ -49,8 +49,8 @@ def render(summary: dict) -> str:
     rows += _storage_rows("save requests", ck.storage_requests, ck.incomplete_uploads)
     if rs:
         rows += [*_relaunch_rows(rs, s.spec, restarts), *_load_rows(rs, records), *_restart_end_rows(rs)]
-    rows += [*_baseline_rows(s.baseline, ck.efficiency or {}), *_restart_rows(restarts),
-             *_prediction_rows(s.prediction)]
+    rows += [*_baseline_rows(s.baseline, ck.efficiency or {}), *_fresh_memory_rows(s.spec.host or {}),
+             *_restart_rows(restarts), *_prediction_rows(s.prediction)]
     rows += _terms(" ".join(f"{k} {v}" for k, v in rows))  # a row's name may be the term (ceiling)
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -182,6 +182,16 @@ def _baseline_rows(base: views.BaselineView | None, eff: dict) -> list[tuple[str
                                 f"{span(*csp['read_mib_s'], ',.0f')}); efficiency save "
                                 f"{pct.get('save_of_ceiling', '-')}, load {pct.get('load_of_ceiling', '-')}")))
     return rows
+
+
+def _fresh_memory_rows(host: dict) -> list[tuple[str, str]]:
+    """Where the kernel hands free memory back to its hypervisor, why loads into fresh memory trail the ceiling."""
+    if (order := host.get("free_page_reporting_order")) is None:
+        return []
+    why = (f"free page reporting on (order {order}): free blocks of {4 << order:,} KiB go back to the hypervisor, so "
+           "memory first touched (a load's buffers, a first save's staging, the page cache) costs a host fault, which "
+           "the ceiling's probes do not (docs/measurements.md#storage-ceiling)")
+    return [("fresh memory", why)]
 
 
 def _ceiling_from(c: dict, way: str) -> str:

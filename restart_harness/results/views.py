@@ -51,7 +51,7 @@ CrossoverView = _view("CrossoverView", "status crossover_checkpoint_bytes run_la
 PredictionView = _view("PredictionView", "phases machine_busy calibration crossover",
                        nested={"crossover": CrossoverView})
 SpecView = _view("SpecView", "model engine precision device seq_len tp pp dp shrink emulate subset derived zero "
-                  "nodes cache")
+                  "nodes cache host")
 SaveView = _view("SaveView", "tag step files bytes blocking_seconds durable_seconds commit_seconds checksum_seconds is_async "
                   "throughput_mib_s breakdown training_lost per_node slowest_node memory per_rank",
                  renamed={"async": "is_async"})

@@ -37,7 +37,7 @@ def test_a_key_an_older_summary_lacks_reads_as_none_and_views_are_frozen():
 def test_a_host_that_hands_free_memory_back_to_its_hypervisor_is_said_beside_the_ceiling():
     """spec.json's host.free_page_reporting_order (kernel_memory.free_page_reporting_order) explains why a load into
     fresh memory trails the ceiling: the terminal says it where it is set, and nothing where it is None."""
-    summary = json.loads(sorted(DATA.rglob("summary.json"))[0].read_text())
+    summary = json.loads(min(DATA.rglob("summary.json")).read_text())
     host = summary["spec"].setdefault("host", {})
     host["free_page_reporting_order"] = None
     assert "fresh memory" not in terminal.render(summary)

@@ -208,14 +208,10 @@ def _header(base: list[str], repeats: int, world: int, how: tuple[str, str, dict
 
 
 def _memory() -> str:
-    """Whether the kernel hands free memory back to a hypervisor: then fresh memory (a load's buffers, a save's first
-    staging, a torch.save's page cache) costs a host fault when first touched, and every engine's figures say so."""
-    from restart_harness.files.kernel_memory import free_page_reporting_order
+    """Whether the kernel hands free memory back to a hypervisor, which every engine's figures depend on."""
+    from restart_harness.files.kernel_memory import free_page_reporting_order, reporting_said
 
-    order = free_page_reporting_order()
-    return ("no free page reporting (fresh memory faults in as on a node)" if order is None else
-            f"FREE PAGE REPORTING ON (order {order}: free blocks of {4 << order:,} KiB go back to the hypervisor, and "
-            "fresh memory costs a host fault when first touched)")
+    return reporting_said(free_page_reporting_order()) or "no free page reporting (fresh memory faults in as on a node)"
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:

@@ -95,6 +95,16 @@ def free_page_reporting_order() -> int | None:
     return None
 
 
+def reporting_said(order: int | None) -> str | None:
+    """What free page reporting at `order` (free_page_reporting_order's, or a run's recorded one) means for the
+    figures: the terminal's `fresh memory` line and compare_engines' header; None where nothing is reported."""
+    if order is None:
+        return None
+    return (f"free page reporting on (order {order}): free blocks of {4 << order:,} KiB go back to the hypervisor, so "
+            "memory first touched (a load's buffers, a first save's staging, the page cache) costs a host fault, which "
+            "the ceiling's probes do not (docs/measurements.md#storage-ceiling)")
+
+
 # ---- the kernel log ----------------------------------------------------------------------------------------------
 KILLED = re.compile(r"Killed process (\d+) \(([^)]*)\) total-vm:(\d+)kB, anon-rss:(\d+)kB, file-rss:(\d+)kB, "
                     r"shmem-rss:(\d+)kB")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 
 from restart_harness import resolve
+from restart_harness.files import kernel_memory
 from restart_harness.results import attribution, io_sources, placement, save_memory, views
 from restart_harness.schema import GIB, LOAD_CATEGORIES, MIB, PREDICTED_TOTAL, SAVE_CATEGORIES, count, span
 
@@ -186,12 +187,8 @@ def _baseline_rows(base: views.BaselineView | None, eff: dict) -> list[tuple[str
 
 def _fresh_memory_rows(host: dict) -> list[tuple[str, str]]:
     """Where the kernel hands free memory back to its hypervisor, why loads into fresh memory trail the ceiling."""
-    if (order := host.get("free_page_reporting_order")) is None:
-        return []
-    why = (f"free page reporting on (order {order}): free blocks of {4 << order:,} KiB go back to the hypervisor, so "
-           "memory first touched (a load's buffers, a first save's staging, the page cache) costs a host fault, which "
-           "the ceiling's probes do not (docs/measurements.md#storage-ceiling)")
-    return [("fresh memory", why)]
+    said = kernel_memory.reporting_said(host.get("free_page_reporting_order"))
+    return [("fresh memory", said)] if said else []
 
 
 def _ceiling_from(c: dict, way: str) -> str:

@@ -116,6 +116,8 @@ def main() -> None:
         die(f"targets={','.join(targets)}: accepted fs, s3 (comma list)")
     given = {a.split("=", 1)[0] for a in args}
     base = [model, *(b for b in BASE if b.split("=", 1)[0] not in given), *args]
+    if why := why_not(base):  # the model or a key=value every case shares
+        die(why)
     cases, refused = choose(only, base)
     tool, how = ceiling_tool(Path(tempfile.gettempdir()))
     cases = cases if "fs" in targets else []

@@ -27,6 +27,8 @@ def bench(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
     (["1", "tiny", "only=default,decoupled"], "decoupled cannot run here"),
     (["1", "tiny", "only=default,nosuch"], "unknown case(s) nosuch"),
     (["1", "tiny", "targets=fs,nfs"], "targets=fs,nfs"),
+    (["1", "nosuchmodel"], "unknown model 'nosuchmodel'"),  # every case's spec: refused before any case
+    (["1", "tiny", "iters=zz"], "iters=zz"),
 ])
 def test_bad_input_is_one_line_exit_2_and_nothing_created(args, named, tmp_path):
     proc = bench(args, tmp_path)

@@ -31,7 +31,7 @@ KEYS = ("blocking", "durable", "load", "step")
 
 
 def main() -> None:
-    repeats, _, args = words(3)
+    repeats, _, args = words(3, runs=True)
     base = BASE + args
     figures: dict[str, dict[str, list]] = {name: {k: [] for k in KEYS} for name, _ in CASES}
     digests: list[float] = []

@@ -34,7 +34,7 @@ def figures(restart: dict) -> dict[str, float]:
 
 
 def main() -> None:
-    rounds, _, model = words(5)
+    rounds, _, model = words(5, runs=True)
     model = model or ["tiny", "dp=2"]
     results = Path(tempfile.mkdtemp(prefix="rh-attribution-"))
     run_dir = submitted([*model, "launcher=local", "phase=checkpoint", f"results_dir={results}"],

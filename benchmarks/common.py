@@ -24,13 +24,35 @@ FIO = {"fio buffered, the baseline's shape": (BLOCK_BYTES, ("--ioengine=psync", 
                                                                     f"--iodepth={CEILING_QUEUE_DEPTH}"))}
 
 
-def words(default: int, *names: str, argv: list[str] | None = None) -> tuple[int, dict[str, str], list[str]]:
-    """`[N] [NAME=value ...] [word ...]`: N (a leading whole number, else default), the NAME=value words of names,
-    and the other words in order."""
+def die(message: str) -> None:
+    """Bad input: one line, exit 2, before anything is created or launched."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def words(default: int, *names: str, runs: bool = False,
+          argv: list[str] | None = None) -> tuple[int, dict[str, str], list[str]]:
+    """`[N] [NAME=value ...] [word ...]`: N (a leading whole number, else default; 1 or more), the NAME=value words
+    of names, and the other words in order: a run's model and key=value words where `runs` (checked as a run spec
+    would be), else none. Bad input dies (one line, exit 2) before the benchmark makes anything."""
     args = list(sys.argv[1:] if argv is None else argv)
     n = int(args.pop(0)) if args and args[0].isdigit() else default
+    if n < 1:
+        die(f"REPEATS {n}: accepted: a whole number of repeats, 1 or more")
     named = {k: v for k, eq, v in (a.partition("=") for a in args) if eq and k in names}
-    return n, named, [a for a in args if a.partition("=")[0] not in named]
+    rest = [a for a in args if a.partition("=")[0] not in named]
+    accepted = f"accepted: [REPEATS]{''.join(f' [{k}=...]' for k in names)}{' [MODEL] [key=value ...]' if runs else ''}"
+    if rest and not runs:
+        die(f"{' '.join(rest)}: {accepted}")
+    if rest:
+        from restart_harness.command import parse_args
+        from restart_harness.errors import UsageError
+
+        try:
+            parse_args(rest if "=" not in rest[0] else ["tiny", *rest])
+        except UsageError as exc:
+            die(f"{exc} ({accepted})")
+    return n, named, rest
 
 
 def submitted(tokens: list[str], check: bool = True, python: str | None = None, env: dict | None = None) -> Path | None:

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import MIB, median, object_store, scratch, spread, submitted, summary, table, words
+from benchmarks.common import MIB, die, median, object_store, scratch, spread, submitted, summary, table, words
 
 CASES = [
     ("none", ["engine=none"]),
@@ -50,12 +50,6 @@ EVERY_ENGINE = ("none", "default", "torchsnapshot", "fsdp2 none", "fsdp2 dcp", "
 BASE = ["dp=2", "iters=6", "save_interval=2", "after=1", "cache=drop", "keep=true"]
 BASELINE_FILE_MIB = 256
 S3_TARGET = "ckpt_dir=s3://bench/runs"
-
-
-def die(message: str) -> None:
-    """Bad input: one line, exit 2, before anything is created or launched."""
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
 
 
 def why_not(tokens: list[str]) -> str | None:
@@ -106,7 +100,7 @@ def ceiling_tool(where: Path) -> tuple[str, str]:
 
 
 def main() -> None:
-    repeats, named, args = words(3, "only", "targets")
+    repeats, named, args = words(3, "only", "targets", runs=True)
     if repeats < 1:
         die(f"REPEATS {repeats}: accepted: a whole number of repeats, 1 or more")
     model = args.pop(0) if args and "=" not in args[0] else "small"

@@ -21,7 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.common import MIB, scratch, submitted, summary
+from benchmarks.common import MIB, die, scratch, submitted, summary, words
 
 CASES = {"tiny dp=2": ["tiny", "dp=2"], "tiny tp=2 pp=2": ["tiny", "tp=2", "pp=2"],
          "small dp=2": ["small", "dp=2"], "small tp=2 pp=2": ["small", "tp=2", "pp=2"]}
@@ -86,14 +86,15 @@ def large(tokens: list[str], results: Path) -> None:
 
 
 def main() -> None:
-    args = sys.argv[1:]
-    large_ = bool(args) and args[0] == "large"
-    with scratch("rh-bench-emulation-large-" if large_ else "rh-bench-emulation-") as results:
-        if large_:
-            large(args[1:], results)
+    mode = (sys.argv[1:2] or ["compare"])[0]
+    if mode not in ("compare", "large"):
+        die(f"{mode}: accepted: [compare [REPEATS]] | large MODEL key=value ...")
+    repeats, _, args = words(3, runs=mode == "large", argv=sys.argv[2:])
+    with scratch(f"rh-bench-emulation-{'large-' if mode == 'large' else ''}") as results:
+        if mode == "large":
+            large(args, results)
         else:
-            compare(int(args[1]) if len(args) > 1 else 3, results)
-
+            compare(repeats, results)
 
 if __name__ == "__main__":
     main()

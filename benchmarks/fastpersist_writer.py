@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
-from benchmarks.common import REPO, table
+from benchmarks.common import REPO, die, table
 from restart_harness.files.cache_dir import extensions_dir
 
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))  # the harness's built ops
@@ -110,4 +110,6 @@ def main(repeats: int = 5, size_mib: int = 512) -> None:
 
 
 if __name__ == "__main__":
+    if not all(a.isdigit() and int(a) > 0 for a in sys.argv[1:]) or len(sys.argv) > 3:
+        die(f"{' '.join(sys.argv[1:])}: accepted: [REPEATS] [SIZE_MIB], whole numbers above 0")
     main(*(int(a) for a in sys.argv[1:3]))

@@ -123,4 +123,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "plain":
         plain(sys.argv[2], sys.argv[3])
     else:
-        main(int(sys.argv[1]) if len(sys.argv) > 1 else 3, sys.argv[2] if len(sys.argv) > 2 else "small")
+        from benchmarks.common import words
+
+        repeats, _, model = words(3, runs=True)
+        main(repeats, (model or ["small"])[0])

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO
+from benchmarks.common import REPO, words
 
 
 def _run(args: list[str], env: dict) -> tuple[float, str]:
@@ -35,7 +35,7 @@ def _run(args: list[str], env: dict) -> tuple[float, str]:
 
 def main() -> None:
     target = Path(sys.argv[1] if len(sys.argv) > 1 else REPO / "results")
-    repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    repeats = words(5, argv=sys.argv[2:])[0]
     target.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "RH_CACHE_DIR": cache}  # a private cache: every probe measures

@@ -62,7 +62,7 @@ def f(v, d=2):
 
 
 def main() -> None:
-    repeats, _, rest = words(2)
+    repeats, _, rest = words(2, runs=True)
     model = rest[0] if rest else "small"
     results = Path(tempfile.mkdtemp(prefix="rh-bench-reshard-"))
     rows = [row for source, targets in PLAN.items() for row in rows_of(model, source, targets, repeats, results)]

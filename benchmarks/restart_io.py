@@ -31,7 +31,7 @@ def figures(restart: dict) -> dict:
 
 
 def main() -> None:
-    repeats, named, args = words(3, "launcher")
+    repeats, named, args = words(3, "launcher", runs=True)
     rows = []
     with scratch("rh-restart-io-") as results:
         for launcher in named.get("launcher", "deepspeed,mpiexec").split(","):

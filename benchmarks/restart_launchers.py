@@ -23,7 +23,7 @@ from benchmarks.common import scratch, spread, submitted, summary, words
 
 
 def main() -> None:
-    repeats, _, model = words(5)
+    repeats, _, model = words(5, runs=True)
     model = model or ["tiny", "dp=2"]
     print(f"{' '.join(model)}; {repeats} restarts per case; median (min-max) seconds")
     print("| launcher | cache | observed | launch_seconds | total_seconds | checkpoint_load | wall_seconds |")

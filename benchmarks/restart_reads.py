@@ -38,7 +38,7 @@ WAYS = {
 
 
 def main(argv: list[str]) -> int:
-    rounds, named, rest = words(5, "RUN", "ways", argv=argv)
+    rounds, named, rest = words(5, "RUN", "ways", runs=True, argv=argv)
     ways = {w.split(":", 1)[0]: w.split(":", 1)[1].split("+") for w in named["ways"].split(",")} \
         if "ways" in named else dict(WAYS)
     run = Path(named["RUN"]) if "RUN" in named else None

@@ -97,7 +97,7 @@ def evaluate(record: Path) -> None:
 
 
 def main() -> None:
-    rounds, named, args = words(3, "reuse")
+    rounds, named, args = words(3, "reuse", runs=True)
     evaluate(Path(named["reuse"]) if "reuse" in named else measure(args or ["tiny", "dp=2"], rounds))
 
 

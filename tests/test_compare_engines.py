@@ -1,5 +1,5 @@
-"""benchmarks/compare_engines.py's input and its ceiling (issue 67): bad input is one line and exit 2 with nothing
-created; a fio that cannot do direct I/O is said and the built-in probe takes over; an efficiency above 1.0 is never a
+"""benchmarks/compare_engines.py's input and its ceiling (issue 67): bad input (its and every benchmark's) is one line
+and exit 2 with nothing created; a fio that cannot do direct I/O is said and the built-in probe takes over; an efficiency above 1.0 is never a
 plain figure; fio reads the files a restart read (benchmarks/common.py)."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from conftest import REPO
 from benchmarks import compare_engines
 
 
-def bench(args: list[str], tmp: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "benchmarks.compare_engines", *args], cwd=REPO, check=False,
+def bench(args: list[str], tmp: Path, module: str = "compare_engines") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", f"benchmarks.{module}", *args], cwd=REPO, check=False,
                           capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp)})
 
 
@@ -37,6 +37,23 @@ def test_bad_input_is_one_line_exit_2_and_nothing_created(args, named, tmp_path)
     assert named in lines[0], lines
     if "decoupled" in named:  # why, and which engines can
         assert "device=cpu" in lines[0] and "engines that can: none, default" in lines[0] and "lazy" in lines[0]
+    assert list(tmp_path.iterdir()) == [] and proc.stdout == ""
+
+
+@pytest.mark.parametrize("module, args, named", [
+    ("anatomy", ["1", "iters=x"], "iters=x: not an integer"),
+    ("reshard", ["2", "nosuchmodel"], "unknown model 'nosuchmodel'"),
+    ("restart_io", ["1", "launcher=local", "nosuch=1"], "unknown key 'nosuch'"),
+    ("spine_cold_warm", ["0"], "REPEATS 0"),
+    ("crossover", ["1", "extra"], "extra: accepted: [REPEATS] [out=...] [reuse=...]"),
+    ("emulation", ["bogus"], "bogus: accepted: [compare [REPEATS]]"),
+    ("fastpersist_writer", ["x"], "x: accepted: [REPEATS] [SIZE_MIB]"),
+    ("load_figures", ["1", "nosuchmodel"], "unknown model 'nosuchmodel'"),
+])
+def test_every_benchmarks_bad_input_is_one_line_and_exit_2(module, args, named, tmp_path):
+    """benchmarks.common.words: the other benchmarks' command lines, refused before they make a scratch folder."""
+    proc = bench(args, tmp_path, module)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and named in proc.stderr, proc.stderr
     assert list(tmp_path.iterdir()) == [] and proc.stdout == ""
 
 

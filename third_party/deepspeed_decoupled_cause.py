@@ -17,9 +17,11 @@ tests/test_engines.py::test_deepspeed_decoupled_cause_shim_still_needed fails (D
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import functools
 import os
+import shutil
 import signal
 import tempfile
 import traceback
@@ -76,7 +78,9 @@ def install() -> None:
     that finds it dead says why."""
     from deepspeed.runtime.checkpoint_engine import decoupled_checkpoint_engine as dce
 
-    os.environ.setdefault(CAUSE_DIR, tempfile.mkdtemp(prefix="rh-decoupled-writer-"))
+    if CAUSE_DIR not in os.environ:  # this rank's folder, gone when the rank exits (the writer's files with it)
+        os.environ[CAUSE_DIR] = tempfile.mkdtemp(prefix="rh-decoupled-writer-")
+        atexit.register(shutil.rmtree, os.environ[CAUSE_DIR], True)
     engine = dce.DecoupledCheckpointEngine
     if getattr(engine.commit, "_rh_explained", False):
         return

@@ -163,7 +163,7 @@ def measure(cases: list[tuple[str, list[str]]], base: list[str], repeats: int, t
               f"above: median {digest:.4f} s a save, {digest / blocking:.1%} of default's median blocking save "
               f"({blocking:.3f} s).")
     _ranking(rows)
-    _grid_table(ceilings.get("fs") or [])
+    _grid_table(ceilings.get("fs") or [], rows)
     _reads(rows, collected)
 
 
@@ -236,6 +236,9 @@ def _run(summary: dict, ceiling: dict, none_step: float | None) -> dict:
     f["x_write"] = _ratio(f["durable_mib_s"], ceiling.get("write_mib_s"))
     f["x_load"] = _ratio(f["load_mib_s"], ceiling.get("read_mib_s"))
     f["x_storage_read"] = _ratio(f["storage_read_mib_s"], ceiling.get("read_mib_s"))
+    grid = (ceiling.get("direct") or {}).get("grid") or []  # fio's shapes: the issue's ceiling is their best
+    for way, figure in (("write", "durable_mib_s"), ("read", "load_mib_s")):
+        f[f"x_fio_{way}"] = _ratio(f[figure], max((g[f"{way}_mib_s"] or 0 for g in grid), default=None))
     runs = ceiling.get("spread") or {}
     f["ceiling_fastest"] = {w: (runs.get(f"{w}_mib_s") or [None, None])[1] for w in ("write", "read")}
     stats = restart.get("engine_load_statistics") or {}
@@ -318,9 +321,9 @@ def _ranking(rows: dict[str, dict]) -> None:
             print(f"- {label}: " + (" > " if higher else " < ").join(f"{n} {v:,.3g}" for v, n in known))
 
 
-def _grid_table(ceilings: list[dict]) -> None:
+def _grid_table(ceilings: list[dict], rows: dict[str, dict]) -> None:
     """The ceiling's probes: each fio shape's and the built-in probe's write and cold read (medians of 3 a repeat;
-    here the median over the repeats)."""
+    here the median over the repeats); then each engine against fio's best shape alone."""
     grids = [(c.get("direct") or {}).get("grid") for c in ceilings]
     if not any(grids):
         refused = next(((c.get("direct") or {}).get("grid_refused") for c in ceilings if c.get("direct")), None)
@@ -337,6 +340,11 @@ def _grid_table(ceilings: list[dict]) -> None:
     print(f"| built-in threads 16 MiB x 4 a rank | {cell([d['write_mib_s'] for d in direct], 0)} "
           f"| {cell([d['read_mib_s'] for d in direct], 0)} |")
     print(f"| the same read buffered | - | {cell([d.get('buffered_read_mib_s') for d in direct], 0)} |")
+    print("\nAgainst fio's best shape alone (each repeat's; fio's buffers are malloc'ed 4 KiB pages, so its requests "
+          "reach the device cut smaller than from the huge pages of the built-in probe and of engine=lazy: "
+          "docs/benchmarks.md, nineteenth session): "
+          + "; ".join(f"{n} durable {cell(r['x_fio_write'], 2)}, load {cell(r['x_fio_read'], 2)}"
+                      for n, r in rows.items() if r and not n.endswith("none")) + ".")
 
 
 def _reads(rows: dict[str, dict], collected: dict[str, list[dict]]) -> None:

@@ -92,6 +92,23 @@ def test_an_efficiency_above_one_says_why_or_flags_the_ceiling():
     assert "shared memory" in compare_engines._why_above({"shared": [True], "read_io": ["direct"]}, "x_load")
 
 
+def test_each_engine_is_also_set_against_fios_best_shape_alone(capsys):
+    """The issue's ceiling is fio's best shape; the table's is the faster of it and the built-in probe, so each
+    engine's ratio to fio's best alone is printed beside the probes, per repeat against that repeat's best."""
+    grid = [{"request_bytes": 16 << 20, "queue_depth": 32, "jobs_per_rank": 2, "write_mib_s": w, "read_mib_s": r}
+            for w, r in ((1000.0, 500.0), (2000.0, 800.0))]
+    summary = {"checkpoint": {"saves": [{"bytes": 1000 << 20, "durable_seconds": 0.5, "blocking_seconds": 0.1}]},
+               "restart": {"load_throughput_mib_s": 1200.0}}
+    ceiling = {"write_mib_s": 2500.0, "read_mib_s": 2000.0, "direct": {"grid": grid, "write_mib_s": 2500.0,
+                                                                       "read_mib_s": 2000.0}}
+    row = compare_engines._row([summary], [ceiling], [None])
+    assert row["x_fio_write"] == [1.0] and row["x_fio_read"] == [1.5] and row["x_write"] == [0.8]
+    compare_engines._grid_table([ceiling], {"lazy": row, "none": row})
+    out = capsys.readouterr().out
+    assert "| fio libaio 16 MiB x 32 in flight x 2 job(s) a rank | 2,000 | 800 |" in out
+    assert "Against fio's best shape alone" in out and "lazy durable 1.00, load 1.50." in out and "none dur" not in out
+
+
 @pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
 def test_fio_reads_what_each_rank_read_at_restart_cold_once(tmp_path):
     """The reference of benchmarks/restart_reads.py and compare_engines.py: the files of 1 MiB or more each rank read in the restart (its

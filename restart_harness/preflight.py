@@ -103,11 +103,22 @@ def emulation(plugins: Plugins, fixed_layout: str | None = None) -> None:
 
 def launcher(plugins: Plugins) -> None:
     """The launcher can run from here (its own checks: launchers/); nothing has been written yet."""
-    spec = plugins.spec
+    env_hook(plugins.spec)
+    plugins.launcher.preflight()
+
+
+def env_hook(spec: RunSpec) -> None:
     if spec.env_hook and not Path(spec.env_hook).is_file():
         raise refused("env_hook", spec.env_hook, "a directory" if Path(spec.env_hook).is_dir() else "no such file",
                       "a bash file sourced before the ranks start")
-    plugins.launcher.preflight()
+
+
+def paths(plugins: Plugins) -> None:
+    """The folders and files a campaign's runs will use (results_dir, ckpt_dir, env_hook), checked before it
+    creates its own folder, as a run's are (study: whatever its fidelity)."""
+    directory("results_dir", plugins.spec.results_dir)
+    plugins.target.preflight("ckpt_dir", None, reach=False)
+    env_hook(plugins.spec)
 
 
 # What one rank holds, measured here (docs/faults.md): a process with torch and DeepSpeed imported peaks at ~410 MiB
@@ -340,7 +351,7 @@ def restart(request: RestartRequest) -> dict | None:
 
 def baseline(options: BaselineOptions) -> None:
     cache()
-    probe = resolve.target_at(options.dir).storage_probe()
+    probe = resolve.target_at(options.dir, key="dir").storage_probe()
     probe.check("dir")
     if options.tool == "fio" and shutil.which("fio") is None:
         raise UsageError("tool=fio: fio is not installed (apt-get install fio); use tool=builtin")

@@ -12,7 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from restart_harness import machine, resolve
+from restart_harness import machine, preflight, resolve
 from restart_harness.campaigns import outcome
 from restart_harness.campaigns.study import sizing as sizes
 from restart_harness.campaigns.study.cells import Cell, Option, build_cells, study_device
@@ -70,6 +70,7 @@ def check(request: StudyRequest) -> Study:
     cells, notes = build_cells(request)
     previous = _previous(request, cells)
     sample = resolve.plugins(cells[0].spec)
+    preflight.paths(sample)
     local = not sample.launcher.submits()
     cpus = request.predict.cpus_per_node or os.cpu_count() or 1
     store = sizes.storage(request, cells, measure=False)

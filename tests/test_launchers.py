@@ -330,6 +330,8 @@ def test_restart_refuses_keys_that_change_the_run(tmp_path):
     run_dir = dry_run(tmp_path, "tiny", "dp=2")
     proc = cli(["phase=restart", f"run={run_dir}", "precision=fp32"], tmp_path)
     assert proc.returncode == 2 and "precision=" in proc.stderr and "cache" in proc.stderr
+    proc = cli(["phase=restart", f"run={run_dir}", "replicate=2"], tmp_path)  # checked by its stack, as a run's is
+    assert proc.returncode == 2 and "replicate=2: hybrid sharding is stack=fsdp2's" in proc.stderr, proc.stderr
     before = sorted(p.name for p in run_dir.rglob("*"))
     proc = cli(["phase=restart", f"run={run_dir}", "cache=warm"], tmp_path)
     assert proc.returncode == 2 and "not a finished run (dry_run" in proc.stderr  # a dry run launched nothing

@@ -18,7 +18,7 @@ from pathlib import Path
 from restart_harness import machine, preflight, resolve
 from restart_harness.campaigns.sweep import new_dir
 from restart_harness.command import parse
-from restart_harness.command.options import EndureOptions
+from restart_harness.command.options import ENDURE_FIXED, EndureOptions
 from restart_harness.command.tokens import required
 from restart_harness.errors import RunFailed, UsageError
 from restart_harness.files.atomic import read_json, write_json_atomic
@@ -51,7 +51,13 @@ class EndureRequest:
 def check(tokens: list[str]) -> EndureRequest:
     """Every refusal before anything is created: the run keys, the budget and the failure rate, and (from the
     harness's prediction, its low end) a budget or an MTBF in which no checkpoint could commit."""
-    given = {t.split("=", 1)[0] for t in tokens if "=" in t}
+    if not tokens or "=" in tokens[0]:
+        raise UsageError("endure needs a MODEL first; usage: ./submit-job.sh endure MODEL duration=TIME mtbf=TIME "
+                         "[key=value ...]")
+    given = dict(t.split("=", 1) for t in tokens if "=" in t)
+    if own := [k for k in ENDURE_FIXED if k in given]:
+        raise UsageError(f"{own[0]}={given[own[0]]}: the campaign's own (it trains once, for real, restarts and keeps "
+                         f"its checkpoints); accepted: none of {', '.join(f'{k}=' for k in ENDURE_FIXED)}")
     extra = [] if "iters" in given else [f"iters={UNBOUNDED_ITERS}"]
     spec, values = parse.parse_run([*tokens, *extra], keys_of(EndureOptions))
     required(keys_of(EndureOptions), values, "endure")
@@ -59,11 +65,8 @@ def check(tokens: list[str]) -> EndureRequest:
     if mtbf is None:
         raise UsageError("endure needs mtbf=: the job's mean time between failures (a time: 90s, 10m, 2h)")
     kinds = tuple(values.get("failures", EndureOptions.failures).split(","))
-    if not kinds or any(k not in KINDS for k in kinds):
-        raise UsageError(f"failures={values['failures']}: accepted: a comma list of {', '.join(KINDS)}")
-    if "phase" in given or "keep" in given:
-        raise UsageError("phase= and keep= are the campaign's own (it trains, restarts and keeps its checkpoints); "
-                         "accepted: neither")
+    if not kinds or any(k not in KINDS for k in kinds) or len(set(kinds)) != len(kinds):
+        raise UsageError(f"failures={values['failures']}: accepted: a comma list of {', '.join(KINDS)}, each once")
     spec = dataclasses.replace(spec, phase="checkpoint", keep=True)
     plugins = resolve.plugins(dataclasses.replace(spec, device="cpu") if spec.device == "auto" else spec)
     if not plugins.engine.saves or not plugins.stack.trains:

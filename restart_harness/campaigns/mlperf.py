@@ -68,6 +68,9 @@ RULES = ("MLPerf Storage v2.0 (Submission_guidelines.md 2.2): duration = max ove
 
 def check(request) -> None:
     """What the mlperf command cannot do, before anything is created."""
+    if request.options.runs > request.spec.max_runs:  # each run is a harness run, as a sweep's combinations are
+        raise UsageError(f"runs={request.options.runs}: more runs than max_runs={request.spec.max_runs}; accepted: "
+                         "runs up to max_runs (raise max_runs= for more)")
     if request.plugins.launcher.submits():
         raise UsageError(f"launcher={request.spec.launcher}: mlperf runs its runs and reads one after another "
                          "where it is started; accepted: inside an allocation (salloc / qsub -I), or "

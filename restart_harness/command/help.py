@@ -6,6 +6,7 @@ from __future__ import annotations
 from engines import registry
 from restart_harness import launchers, stacks, targets
 from restart_harness.command.options import (
+    ENDURE_FIXED,
     MLPERF_FIXED,
     STUDY_FIXED,
     BaselineOptions,
@@ -98,7 +99,7 @@ def _run_keys_tail(name: str, run: str, full: bool) -> str | None:
                 "assume)" if full else "") + f", and {run} {except_shape.format(', '.join(STUDY_FIXED))}"
                 + ("" if full else " (each cell's)"))
     if name == "endure" and not full:
-        return f"and {run} except phase= and keep="
+        return f"and {run} except {', '.join(f'{k}=' for k in ENDURE_FIXED)}"
     return "and every run key: ./submit-job.sh run --help" if full and _COMMAND_KEYS[name][1] else None
 
 

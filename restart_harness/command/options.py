@@ -178,6 +178,10 @@ STUDY_FIXED = ("tp", "pp", "dp", "nodes", "ranks_per_node", "shrink", "emulate",
                "save_interval", "after", "phase", "repeats", "max_runs", "dry_run", "replicate")
 
 
+# Run keys the failure campaign fixes (it trains once, for real, restarts and keeps its checkpoints): refused.
+ENDURE_FIXED = ("phase", "keep", "dry_run", "repeats")
+
+
 @dataclass
 class EndureOptions:
     duration: Seconds = key(MISSING, "the failure campaign's wall-clock budget (failures arrive at mtbf=, a run key: "

@@ -72,6 +72,10 @@ def parse_options(command: str, tokens: list[str]):
 
 def parse_matrix(tokens: list[str]) -> MatrixOptions:
     options = options_of(MatrixOptions, tokens, "matrix")
+    for name in ("engines", "layouts"):
+        values = getattr(options, name).split(",")
+        if twice := next((v for i, v in enumerate(values) if v in values[:i]), None):
+            raise UsageError(f"{name}={getattr(options, name)}: {twice!r} given twice; accepted: each once")
     if options.model is not None:
         load_model(options.model)  # an unknown preset: one line naming the accepted ones
     for layout in ([] if options.layouts == "auto" else options.layouts.split(",")):
@@ -218,7 +222,7 @@ def parse_restart(tokens: list[str], complete: Callable[[RunSpec], RunSpec]) -> 
     return RestartRequest(resolve.of_record(run, spec=spec), run.spec, [f"{k}={v}" for k, v in pairs.items()])
 
 
-LAYOUT_KEYS = frozenset({"tp", "pp", "dp", "nodes", "ranks_per_node"})
+LAYOUT_KEYS = frozenset({"tp", "pp", "dp", "nodes", "ranks_per_node", "replicate"})
 
 
 def _restart_layout(spec: RunSpec, original: RunSpec, given: Collection[str]) -> RunSpec:

@@ -127,6 +127,9 @@ def parse(argv: list[str]) -> tuple[list[str], Path | None, tuple[str, ...], str
     for key, value in [("out_dir", out), *(("RUN_OR_SWEEP_DIR", p) for p in request.paths)]:
         if value is not None and (why := why_unresolvable(value)):
             raise UsageError(f"{key}={value}: {why}")
+    for path in request.paths:  # a mistyped one is refused, not skipped (a folder without runs is said and skipped)
+        if not Path(path).expanduser().exists():
+            raise refused("RUN_OR_SWEEP_DIR", path, "no such file or directory", "run directories or folders of them")
     include = tuple(w for w in request.options.include.split(",") if w)
     if unknown := [w for w in include if w not in ld.INCLUDE]:
         raise UsageError(f"include={unknown[0]}: accepted: {', '.join(ld.INCLUDE)} (comma-separated)")
@@ -214,8 +217,14 @@ def say(lines: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The report; a mistake is one line on stderr and exit code 2, before anything is written."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv in (["--help"], ["-h"]):
+        from restart_harness.command.report import usage
+
+        print(usage("python -m analysis"))
+        return 0
     try:
-        paths, output, include, match = parse(sys.argv[1:] if argv is None else argv)
+        paths, output, include, match = parse(argv)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -197,7 +197,7 @@ def _check_calibrate(tokens: list[str]):
 
     options = machine.paths(parse.parse_options("calibrate", tokens))
     for folder in options.runs.split(","):
-        if why := why_unresolvable(folder):
+        if why := why_unresolvable(folder) or (None if Path(folder).expanduser().exists() else "no such directory"):
             raise refused("runs", options.runs, f"{folder}: {why}", "finished run directories, or folders of them")
     preflight.output_file("out", options.out)
     from restart_harness.predict import fit
@@ -230,7 +230,7 @@ def _baseline(options) -> int:
     from restart_harness.files import baseline
 
     ranks = options.ranks or min(os.cpu_count() or 1, baseline.AUTO_MAX_RANKS)
-    probe = resolve.target_at(options.dir).storage_probe()
+    probe = resolve.target_at(options.dir, key="dir").storage_probe()
     try:
         record = baseline.measure(probe, options.file_bytes, ranks, options.tool)
     except Exception as exc:  # noqa: BLE001 - a probe failing on the storage (OSError, the S3 client's errors)

@@ -386,12 +386,18 @@ def test_nothing_readable_is_exit_2(tmp_path: Path):
     (broken / "spec.json").write_text("{}")
     (broken / "summary.json").write_text("[1, 2")
     out = tmp_path / "out"
-    proc = report_cmd(str(empty), str(tmp_path / "broken"), str(tmp_path / "missing"), "-o", str(out))
+    proc = report_cmd(str(empty), str(tmp_path / "broken"), "-o", str(out))
     assert proc.returncode == 2 and proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: no readable run")  # one line, saying what was found
-    assert "no run directories" in lines[0] and "corrupt summary.json" in lines[0] and "no such file" in lines[0]
+    assert "no run directories" in lines[0] and "corrupt summary.json" in lines[0]
     assert not out.exists()
+    missing = report_cmd(str(empty), str(tmp_path / "missing"), "-o", str(out))  # a typo: refused, not skipped
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1, missing.stderr
+    assert f"RUN_OR_SWEEP_DIR={tmp_path / 'missing'}: no such file or directory" in missing.stderr
+    assert not out.exists()
+    helped = report_cmd("--help", cwd=tmp_path)  # the report's keys, as ./submit-job.sh report --help has them
+    assert helped.returncode == 0 and "out_dir=path" in helped.stdout and not (tmp_path / "reports").exists()
     usage = report_cmd(cwd=tmp_path)
     assert usage.returncode == 2 and len(usage.stderr.strip().splitlines()) == 1 and not (tmp_path / "reports").exists()
 

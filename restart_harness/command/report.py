@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from restart_harness.command.tokens import TOKEN, options_of
 from restart_harness.errors import UsageError
-from restart_harness.spec.keys import Glob, Path, key, keys_of
+from restart_harness.spec.keys import Glob, Path, describe, key, keys_of
 
 
 @dataclass
@@ -26,6 +26,13 @@ class ReportOptions:
 class ReportRequest:
     paths: list[str]  # run directories, sweep folders or whole results folders
     options: ReportOptions
+
+
+def usage(program: str = "./submit-job.sh report") -> str:
+    """`python -m analysis --help`: the usage line and every key, as `./submit-job.sh report --help` (command/help.py)
+    renders them."""
+    return (f"usage: {program} RUN_OR_SWEEP_DIR... [key=value]   runs.csv, report.md/.html and plots (analysis/)\n\n"
+            "report keys:\n" + "\n".join(f"  {describe(k)}" for k in keys_of(ReportOptions).values()))
 
 
 def parse_report(tokens: list[str]) -> ReportRequest:

@@ -45,9 +45,9 @@ def target_class(location: str | None) -> type[Target]:
     return targets.select(location)
 
 
-def target_at(location: str | None, results_dir: str | Path = ".") -> Target:
-    """The storage target at ckpt_dir=location (or dir= of the baseline command), before any run."""
-    return targets.for_location(location, results_dir)
+def target_at(location: str | None, results_dir: str | Path = ".", key: str = "ckpt_dir") -> Target:
+    """The storage target at ckpt_dir=location (or key=location: dir= of the baseline command), before any run."""
+    return targets.for_location(location, results_dir, key)
 
 
 @dataclass(frozen=True)

@@ -147,7 +147,7 @@ def _from_hf_config(path: Path) -> ModelShape:
     try:
         cfg = LlamaConfig.from_dict({k: v for k, v in raw.items() if k in keys or k == "rope_scaling"})
     except Exception as exc:  # noqa: BLE001 - transformers raises many types for bad configs
-        raise UsageError(f"model config {path}: rejected by LlamaConfig ({exc})") from None
+        raise UsageError(f"model config {path}: rejected by LlamaConfig ({' '.join(str(exc).split())})") from None
     data = {k: getattr(cfg, k) for k in keys if getattr(cfg, k, None) is not None}
     if "rope_theta" not in raw and isinstance(getattr(cfg, "rope_parameters", None), dict):
         data["rope_theta"] = cfg.rope_parameters.get("rope_theta", 10000.0)

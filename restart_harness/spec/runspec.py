@@ -242,6 +242,9 @@ class RunSpec:
         if spec.subset and not spec.emulate:
             raise UsageError("subset=true: only an emulated checkpoint can be written by part of its ranks (training "
                              "needs them all); accepted with emulate=true")
+        if spec.emulate_memory_gib is not None and not spec.emulate:
+            raise UsageError(f"emulate_memory_gib={spec.emulate_memory_gib:g}: the file state an emulated node holds at "
+                             "once; a real run's ranks hold their model; accepted with emulate=true")
         if spec.subset and spec.nodes == 1:
             raise UsageError("subset=true with nodes=1: the whole layout runs on this node already; accepted: "
                              "nodes > 1 (this node runs the first node's ranks_per_node ranks)")

@@ -175,7 +175,8 @@ class EmulatedStack(Stack):
                              f"own config inside deepspeed.initialize; accepted with emulate=true: {takers}")
         if target.kind != POSIX:
             raise UsageError(f"ckpt_dir={spec.ckpt_dir}: emulate=true writes to a file system, not to object storage; "
-                             "accepted with this ckpt_dir: emulate=false")
+                             "accepted: a file-system ckpt_dir, or emulate=false with this one (a run; mlperf "
+                             "always emulates)")
         if spec.stack != DeepSpeedStack.name:
             raise UsageError(f"emulate=true: emulation writes {DeepSpeedStack.name}'s files; accepted with "
                              f"stack={DeepSpeedStack.name} only")

@@ -17,18 +17,21 @@ def all_targets() -> dict[str, type[Target]]:
     return discover(__name__, __path__, Target)
 
 
-def select(location: str | None) -> type[Target]:
-    """The target class whose scheme `ckpt_dir=location` uses; UsageError when none claims it, or when it is malformed."""
-    claimed = [cls for cls in all_targets().values() if cls.claims(location)]
+def select(location: str | None, key: str = "ckpt_dir") -> type[Target]:
+    """The target class whose scheme `key=location` uses; UsageError when none claims it, or when it is malformed."""
+    try:
+        claimed = [cls for cls in all_targets().values() if cls.claims(location)]
+    except ValueError as exc:  # a scheme claimed, the rest of the location malformed
+        raise UsageError(f"{key}={location}: {exc}") from None
     if len(claimed) != 1:
         names = ", ".join(all_targets())
-        raise UsageError(f"ckpt_dir={location}: no storage target takes this location (targets: {names})")
+        raise UsageError(f"{key}={location}: no storage target takes this location (targets: {names})")
     return claimed[0]
 
 
-def for_location(location: str | None, results_dir: str | Path) -> Target:
-    """The target of `ckpt_dir=location` before any run (results_dir: where runs go when location is None)."""
-    return select(location)(location, results_dir=results_dir)
+def for_location(location: str | None, results_dir: str | Path, key: str = "ckpt_dir") -> Target:
+    """The target of `key=location` before any run (results_dir: where runs go when location is None)."""
+    return select(location, key)(location, results_dir=results_dir)
 
 
 def recorded(record: dict, run_dir: Path) -> type[Target]:

@@ -56,9 +56,9 @@ def parse_study(tokens: list[str]) -> StudyRequest:
         pairs = _resumed(pairs)
     fixed = [k for k in pairs if k in STUDY_FIXED or k in shape_keys()]
     if fixed:
-        raise UsageError(f"{fixed[0]}={pairs[fixed[0]]}: set by the study for each cell (its layout, engine and option: a real run, "
-                         "emulation, shrunk, predicted); accepted: the study keys (./submit-job.sh study --help) and "
-                         "the other run keys")
+        raise UsageError(f"{fixed[0]}={pairs[fixed[0]]}: set by the study for each cell (its layout, engine and "
+                         "option: a real run, emulation, shrunk, predicted); accepted: the study keys "
+                         "(./submit-job.sh study --help) and the other run keys")
     values, rest = fill(keys_of(StudyOptions), pairs)
     predict_values, rest = fill({k: v for k, v in keys_of(PredictOptions).items() if k != "predict"}, rest)
     declared = run_keys()
@@ -70,7 +70,8 @@ def parse_study(tokens: list[str]) -> StudyRequest:
     predict = PredictOptions(**predict_values)
     if (predict.write_gbps is None) != (predict.read_gbps is None):
         given = "write_gbps" if predict.write_gbps is not None else "read_gbps"
-        raise UsageError(f"{given}={pairs[given]}: give write_gbps= and read_gbps= together (or neither: the cached baseline)")
+        raise UsageError(f"{given}={pairs[given]}: give write_gbps= and read_gbps= together (or neither: the cached "
+                         "baseline)")
     models, gpus = _models(options, predict), _study_list("gpus", options.gpus, "GPU counts")
     for text in gpus:
         if not (text.isascii() and text.isdigit()) or int(text) < 1 or int(text) > MAX_WORLD:

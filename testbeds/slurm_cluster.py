@@ -279,15 +279,21 @@ def down(root: Path) -> None:
         return
     if c.conf.exists():
         _run("scontrol", "shutdown", env=c.env(), check=False)
-    for node in c.nodes:  # a node's processes (slurmd, steps, ranks) end with it
-        if c.netns(node) in c.created["netns"]:
-            c.kill_node(node)
+    nodes = [n for n in c.nodes if c.netns(n) in c.created["netns"]]
+    deadline = time.time() + 10
+    while nodes and time.time() < deadline:  # a node's processes (slurmd, steps, ranks) end with it; killed again
+        nodes = [n for n in nodes if c.kill_node(n)]  # until none is left, as slurmd may fork one meanwhile
+        time.sleep(0.1 if nodes else 0)
     terminate([p for p in c.created["pids"].values() if p], 10)
     for ns in c.created["netns"]:
         _run("ip", "netns", "del", ns, check=False)
     for link in reversed(c.created["links"]):  # veth ends went with their namespaces; the bridge last
         _run("ip", "link", "del", link, check=False)
-    shutil.rmtree(c.root, ignore_errors=True)
+    for _ in range(50):  # a process that was exiting may still have added a file while the tree was removed
+        shutil.rmtree(c.root, ignore_errors=True)
+        if not c.root.exists():
+            break
+        time.sleep(0.1)
 
 
 def leftovers(ident: str) -> list[str]:

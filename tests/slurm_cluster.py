@@ -37,7 +37,8 @@ def slurm_cluster(root: Path, nodes: int, gpus: int = 0):
         cluster_bed.down(root)
         left = cluster_bed.leftovers(cluster.ident)
         alive = [p for p in pids if testbeds.alive(p)]
-        assert not left and not alive and not root.exists(), (left, alive)
+        files = sorted(str(f.relative_to(root)) for f in root.rglob("*")) if root.exists() else []
+        assert not left and not alive and not root.exists(), (left, alive, files[:20])
 
 
 def cli(cluster: Cluster, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:

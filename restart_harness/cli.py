@@ -8,6 +8,7 @@ what it does with it."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -87,10 +88,6 @@ class Command:
 
 
 # ---- run, sweep, restart -----------------------------------------------------------------------------------------
-def _check_run(tokens: list[str]):
-    return preflight.run(machine.resolve(parse.parse_run(tokens)[0]))
-
-
 def _check_sweep(tokens: list[str]):
     request = parse.parse_sweep(tokens)
     request.combos = [dataclasses.replace(c, spec=machine.resolve(c.spec)) for c in request.combos]
@@ -109,24 +106,18 @@ def _check_restart(tokens: list[str]):
 
 def _print_run(run_dir: Path, submitted: bool) -> int:
     from restart_harness.files.atomic import read_json
-    from restart_harness.results import terminal
+    from restart_harness.results import goodput, terminal
 
     if not submitted and (run_dir / "summary.json").is_file():  # a submitted job's results come when it has run
         summary = read_json(run_dir / "summary.json")
         print(terminal.render(summary))
-        _print_goodput(summary)
+        # the checkpoint interval this run's measured save and restart costs call for (summary.json's `goodput`)
+        for i, o in enumerate(summary.get("goodput") or []):
+            if not i:
+                print(f"{'goodput':<19}failures at {o['mtbf_source']}, docs/goodput.md")
+            print(f"{'':<19}{goodput.line(o)}")
     print(run_dir)
     return 0
-
-
-def _print_goodput(summary: dict) -> None:
-    """The checkpoint interval this run's measured save and restart costs call for (summary.json's `goodput`)."""
-    from restart_harness.results import goodput
-
-    for i, o in enumerate(summary.get("goodput") or []):
-        if not i:
-            print(f"{'goodput':<19}failures at {o['mtbf_source']}, docs/goodput.md")
-        print(f"{'':<19}{goodput.line(o)}")
 
 
 def _run(plugins) -> int:
@@ -159,8 +150,6 @@ def _check_plan(tokens: list[str]):
 
 
 def _plan(checked) -> int:
-    import json
-
     from restart_harness.plan import estimate
 
     request, plugins = checked
@@ -179,8 +168,6 @@ def _check_predict(tokens: list[str]):
 
 
 def _predict(checked) -> int:
-    import json
-
     from restart_harness.predict import forecast
 
     plugins, options = checked
@@ -321,7 +308,7 @@ def _campaign(checked) -> int:
 
 
 COMMANDS: dict[str, Command] = {
-    "run": Command(_check_run, _run, launches=True),
+    "run": Command(lambda tokens: preflight.run(machine.resolve(parse.parse_run(tokens)[0])), _run, launches=True),
     "sweep": Command(_check_sweep, _sweep, launches=True),
     "restart": Command(_check_restart, _restart, launches=True),
     "plan": Command(_check_plan, _plan),

@@ -30,12 +30,9 @@ def exit_code(work: Callable[[], int], interrupted: tuple[int, str] = (130, "int
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         return work()
-    except UsageError as exc:
+    except (UsageError, RunFailed) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except RunFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, UsageError) else 1
     except KeyboardInterrupt:
         print(interrupted[1], file=sys.stderr)
         return interrupted[0]

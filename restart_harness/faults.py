@@ -57,9 +57,8 @@ def hit(point: str, rank: int, step: int | None = None, where: str | None = None
     f = fault()
     if not f or f["point"] != point or f.get("rank", rank) != rank:
         return
-    if "node" in f and f["node"] != int(os.environ.get("CROSS_RANK") or 0):
-        return
-    if step is not None and f.get("step", step) != step:
+    if ("node" in f and f["node"] != int(os.environ.get("CROSS_RANK") or 0)) or (
+            step is not None and f.get("step", step) != step):
         return
     if f["action"] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)

@@ -50,9 +50,8 @@ def load_now() -> dict:
     first = _cpu_ticks()
     time.sleep(LOAD_WINDOW_SECONDS)
     second = _cpu_ticks()
-    share = None
-    if first and second and second[1] > first[1]:
-        share = round((second[0] - first[0]) / (second[1] - first[1]), 3)
+    share = round((second[0] - first[0]) / (second[1] - first[1]), 3) if first and second and second[1] > first[1] \
+        else None
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"cpu_busy_fraction": share, "loadavg_1min": round(os.getloadavg()[0], 2), "cpus": cpus,
             "window_seconds": LOAD_WINDOW_SECONDS, "busy": share is not None and share > BUSY_FRACTION}

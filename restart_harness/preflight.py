@@ -28,8 +28,7 @@ from restart_harness.spec.runspec import RunSpec
 
 
 def directory(key: str, path: str) -> None:
-    reason = why_not_a_directory(Path(path))
-    if reason:
+    if reason := why_not_a_directory(Path(path)):
         raise UsageError(f"{key}={path}: {reason}")
 
 
@@ -39,9 +38,7 @@ def output_file(key: str, path: str) -> None:
     where = Path(path).expanduser()
     if where.is_dir():
         raise UsageError(f"{key}={path}: a directory; accepted: the path of a file to write")
-    if reason := why_not_a_directory(where.parent):
-        raise UsageError(f"{key}={path}: {reason}")
-    if reason := exclusive.taken(path):
+    if reason := why_not_a_directory(where.parent) or exclusive.taken(path):
         raise UsageError(f"{key}={path}: {reason}")
 
 
@@ -51,10 +48,8 @@ def planned_bytes(plugins: Plugins, saves: int | None = None) -> int:
     from restart_harness.plan import checkpoint
 
     spec = plugins.spec
-    if saves is None:
-        saves = spec.save_count
-    return saves * sum(f.bytes for f in checkpoint.stored_files(spec, plugins.engine.files())
-                       if f.rank < spec.launched_ranks)
+    files = checkpoint.stored_files(spec, plugins.engine.files())
+    return (spec.save_count if saves is None else saves) * sum(f.bytes for f in files if f.rank < spec.launched_ranks)
 
 
 def tracer(spec: RunSpec) -> None:
@@ -99,12 +94,6 @@ def emulation(plugins: Plugins, fixed_layout: str | None = None) -> None:
                      + (f"give more memory (emulate_memory_gib=), or a smaller model (shrink=; {fixed_layout} "
                         "fixes tp, pp and dp)" if fixed_layout else
                         "give more memory, or a layout with more ranks (tp, pp, dp) so that files are smaller"))
-
-
-def launcher(plugins: Plugins) -> None:
-    """The launcher can run from here (its own checks: launchers/); nothing has been written yet."""
-    env_hook(plugins.spec)
-    plugins.launcher.preflight()
 
 
 def env_hook(spec: RunSpec) -> None:
@@ -170,15 +159,6 @@ def resources(plugins: Plugins) -> None:
                          "accepted: fewer ranks per node, or launcher=slurm|pbs over several nodes")
 
 
-def nodes(plugins: Plugins) -> None:
-    """What the node that runs the ranks must have (an engine's module, CUDA and the GPUs, locked memory:
-    nodecheck.py), checked here where the ranks start here. A submitted run's nodes, or a dry run's, may not
-    be this machine: its job checks every node before the checkpoint phase (phases/processes.py)."""
-    if plugins.launcher.submits() or plugins.spec.dry_run:
-        return
-    nodecheck.here(plugins)
-
-
 def port(plugins: Plugins) -> None:
     """A rendezvous port given for ranks started on this node must be free here."""
     import socket
@@ -198,12 +178,14 @@ def run(spec: RunSpec, fixed_layout: str | None = None) -> Plugins:
     """A run (or one combination of a sweep): everything that can be checked before the run directory exists
     (`fixed_layout`: who fixes its layout, if not the user); its plug-ins, resolved once (resolve.py), to run it
     with."""
+    from restart_harness.predict import fit
+
     plugins = resolve.plugins(spec)
     here(plugins)
     emulation(plugins, fixed_layout)
     if plugins.scheduler:  # what the scheduler says of the job (Slurm: sbatch --test-only)
         plugins.scheduler.preflight()
-    calibration(spec)
+    fit.load(spec.calibration)  # the calibration file is one: its phases are used before the checkpoint phase
     directory("results_dir", spec.results_dir)
     need = planned_bytes(plugins) if plugins.engine.saves and not spec.dry_run else None
     plugins.target.preflight("ckpt_dir", need, reach=not spec.dry_run)
@@ -219,10 +201,15 @@ def here(plugins) -> None:
     the port, the nodes, the tracer and the sampler."""
     cache()
     plugins.engine.check()
-    launcher(plugins)
+    env_hook(plugins.spec)
+    plugins.launcher.preflight()  # the launcher can run from here (its own checks: launchers/)
     stage(plugins)
     port(plugins)
-    nodes(plugins)
+    # what the node that runs the ranks must have (an engine's module, CUDA and the GPUs, locked memory: nodecheck.py),
+    # checked here where the ranks start here; a submitted run's nodes, or a dry run's, may not be this machine: its
+    # job checks every node before the checkpoint phase (phases/processes.py)
+    if not (plugins.launcher.submits() or plugins.spec.dry_run):
+        nodecheck.here(plugins)
     tracer(plugins.spec)
     attribution(plugins)
 
@@ -301,13 +288,6 @@ def stage(plugins: Plugins) -> None:
         from restart_harness import envstage
 
         envstage.check(spec.env_stage, spec.nodes, plugins.launcher.submits(), room=not spec.dry_run)
-
-
-def calibration(spec: RunSpec) -> None:
-    """The prediction's calibration file exists and is one (its phases are used before the checkpoint phase)."""
-    from restart_harness.predict import fit
-
-    fit.load(spec.calibration)
 
 
 def extension_locks() -> None:

@@ -153,8 +153,7 @@ def render(record: dict) -> str:
         if c["refused"]:
             lines.append(f"{c['name']:<34} refused    {c['refused']}")
             continue
-        result = _result(c)
-        lines.append(f"{c['name']:<34} {result:<10} {fixed(c.get('blocking_seconds')):>10} "
+        lines.append(f"{c['name']:<34} {_result(c):<10} {fixed(c.get('blocking_seconds')):>10} "
                      f"{fixed(c.get('durable_seconds')):>10} {fixed(c.get('load_seconds')):>8} "
                      f"{fixed(c.get('load_mib_s'), 1):>10} {fixed(c.get('restart_seconds'), 2):>9}"
                      + (f"  {c['error']}" if c.get("error") else ""))

@@ -127,10 +127,9 @@ def _run_entry(sweep_dir: Path, sweep: dict, entry: dict, combo, times) -> None:
     try:
         entry["run_dir"] = str(run_one(plugins, prefix=f"{index:03d}-"))
         entry["state"] = observed(Path(entry["run_dir"]))["state"]
-    except RunFailed as exc:
-        entry["state"], entry["reason"] = "failed", str(exc)
     except Exception as exc:  # noqa: BLE001 - one broken combination must not end the sweep
-        entry["state"], entry["reason"] = "failed", f"{type(exc).__name__}: {exc}"
+        why = str(exc) if isinstance(exc, RunFailed) else f"{type(exc).__name__}: {exc}"
+        entry["state"], entry["reason"] = "failed", why
     entry["run_dir"] = entry["run_dir"] or made_run_dir(sweep_dir, index)
     write_json_atomic(sweep_dir / "sweep.json", sweep)
     say(f"[sweep {index}/{total} {_bar(index, total)}] {entry['state']}"

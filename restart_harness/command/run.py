@@ -152,5 +152,3 @@ def parse_sweep(tokens: list[str]) -> SweepRequest:
             raise UsageError(f"{exc} (in the sweep combination {where})" if where else str(exc)) from None
         combos.append(Combination(chosen, combo_tokens, spec))
     return SweepRequest(tokens, lists, combos)
-
-

@@ -133,5 +133,3 @@ def _resumed(pairs: dict[str, str]) -> dict[str, str]:
     resumed = pairs_of([w for w in words if not w.startswith(("resume=", "time_limit="))])
     return {**resumed, "resume": pairs["resume"], **({"time_limit": pairs["time_limit"]} if "time_limit" in pairs
                                                       else {})}
-
-

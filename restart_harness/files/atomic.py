@@ -70,4 +70,3 @@ def write_json_atomic(path: Path, data: object) -> None:
 
 def read_json(path: Path) -> object:
     return json.loads(Path(path).read_text())
-

@@ -195,8 +195,7 @@ def measure(probe, file_bytes: int, ranks: int, tool: str = "auto", repeats: int
     probes, directs = [], []
     for _ in range(repeats or PROBE_REPEATS):
         probes.append(probe.measure(file_bytes, ranks, tool))
-        direct = probe.measure_ceiling(file_bytes, ranks, tool)
-        if direct is not None:
+        if (direct := probe.measure_ceiling(file_bytes, ranks, tool)) is not None:
             directs.append(direct)
     write, read, spread = _medians(probes)
     facts = {k: v for k, v in probes[-1].items() if k not in ("write", "read", "metadata")}

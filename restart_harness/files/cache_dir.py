@@ -13,10 +13,7 @@ ENV = "RH_CACHE_DIR"
 
 def cache_dir(*parts: str) -> Path:
     """The cache folder (or a subfolder of it); not created here."""
-    root = os.environ.get(ENV)
-    if not root:
-        xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-        root = str(Path(xdg) / "restart-harness")
+    root = os.environ.get(ENV) or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "restart-harness"
     return Path(root).expanduser().joinpath(*parts)
 
 

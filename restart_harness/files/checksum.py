@@ -47,8 +47,7 @@ def compare(tag_dir: Path, recorded: dict[str, dict]) -> dict | None:
         return None
     start = time.perf_counter()
     for rel, r in checked.items():
-        actual = of(tag_dir / rel)
-        if actual != r[ALGORITHM]:
+        if of(tag_dir / rel) != r[ALGORITHM]:
             raise Mismatch(f"{tag_dir / rel}: content differs from the {ALGORITHM} recorded when {tag_dir.name} was "
                            f"committed ({r['bytes']} bytes either way: torn, a region never written or overwritten)")
     return {"algorithm": ALGORITHM, "files": len(checked), "bytes": sum(r["bytes"] for r in checked.values()),

@@ -145,8 +145,7 @@ def exports(variables: dict[str, str]) -> list[str]:
 
 def job_name(run_dir: Path, limit: int) -> str:
     """A scheduler's job name for a run (PBS: at most 15 characters, starting with a letter)."""
-    name = "rh-" + re.sub(r"[^A-Za-z0-9_.-]", "_", run_dir.name)
-    return name[:limit]
+    return ("rh-" + re.sub(r"[^A-Za-z0-9_.-]", "_", run_dir.name))[:limit]
 
 
 def job_script(spec, run_dir: Path, job_args: list[str] | None, directives: list[tuple[str, object]]) -> str:

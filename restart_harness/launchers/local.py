@@ -53,4 +53,3 @@ class DeepSpeedLauncher(_slurm.SpansAllocation):
         return [], [sys.executable, "-m", "deepspeed.launcher.runner", "--num_nodes", "1", "--num_gpus",
                     str(spec.ranks_per_node), "--master_port", str(port), "--no_local_rank", "--module", WORKER_MODULE,
                     *args]
-

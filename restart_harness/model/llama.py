@@ -67,10 +67,6 @@ def reduce_from_tp(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
     return x if tp.size == 1 else _AllReduce.apply(x, tp, False)
 
 
-def gather_last_dim(x: torch.Tensor, tp: TPGroup) -> torch.Tensor:
-    return x if tp.size == 1 else _GatherLastDim.apply(x, tp)
-
-
 def _mark_sharded(weight: torch.Tensor) -> None:
     # DeepSpeed's gradient norm counts a parameter on every TP rank only when it is marked model-parallel;
     # unmarked (replicated) parameters are counted on TP rank 0 alone.
@@ -242,7 +238,8 @@ class LMHead(nn.Module):
         self.lm_head = ColumnParallelLinear(param, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gather_last_dim(self.lm_head(copy_to_tp(x, self.tp)), self.tp)
+        logits = self.lm_head(copy_to_tp(x, self.tp))
+        return logits if self.tp.size == 1 else _GatherLastDim.apply(logits, self.tp)
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

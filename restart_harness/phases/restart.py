@@ -48,17 +48,13 @@ def restart(run: Run, record: str, relayout=None, extra: dict | None = None) -> 
     try:
         return _restart(run, record, relayout, extra)
     except (RunFailed, KeyboardInterrupt) as exc:
-        failed = isinstance(exc, RunFailed)
-        _outcome(run, record, extra, "failed" if failed else "interrupted",
-                 str(exc) if failed else "interrupted (Ctrl-C or SIGTERM) during the restart")
+        # the outcome beside what its launch recorded (nothing, where it never launched)
+        outcome = {"state": "failed", "reason": str(exc)} if isinstance(exc, RunFailed) else \
+            {"state": "interrupted", "reason": "interrupted (Ctrl-C or SIGTERM) during the restart"}
+        path = run.run_dir / "records" / f"{record}.json"
+        info = read_json(path) if path.is_file() else {"record": record, "launcher": run.spec.launcher, **(extra or {})}
+        save_record(run.run_dir, {**info, "outcome": outcome})
         raise
-
-
-def _outcome(run: Run, record: str, extra: dict | None, state: str, reason: str) -> None:
-    """A restart record's outcome, beside what its launch recorded (nothing, where it never launched)."""
-    path = run.run_dir / "records" / f"{record}.json"
-    info = read_json(path) if path.is_file() else {"record": record, "launcher": run.spec.launcher, **(extra or {})}
-    save_record(run.run_dir, {**info, "outcome": {"state": state, "reason": reason}})
 
 
 def _restart(run: Run, record: str, relayout=None, extra: dict | None = None) -> dict:

@@ -68,4 +68,3 @@ def lookup(stack: str, engine: str, default_engine: str, path: Path = TABLE) -> 
         if key in entries:
             return entries[key]["phases"], key
     return None, None
-

@@ -34,16 +34,6 @@ def _records(run_dir: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in paths]  # in record order: restart-100 after restart-99
 
 
-def _stored(run) -> dict[str, list[tuple[str, int]]]:
-    """tag -> (path, bytes) of what the target stores now ({} when it cannot be listed now: no inventory rather
-    than a wrong one)."""
-    try:
-        return run.stored.listing()
-    except Exception as exc:  # noqa: BLE001 - a storage's client errors have no common base; say why and go on
-        print(f"[finalize] cannot list {run.target.describe()}: {exc}; no inventory", flush=True)
-        return {}
-
-
 def build_inventory(where: str, writers: dict[str, int] | None, entries: list[tuple[str, int]]) -> dict:
     """The inventory of one tag stored at `where` (a folder or a URL): entries are (path relative to the tag, bytes)
     of every stored file or object; writers maps a DeepSpeed path to the rank whose engine save wrote it."""
@@ -78,7 +68,12 @@ def finalize(run: resolve.Run | Path, state: str, reason: str | None = None, as_
     run = resolve.read(run) if isinstance(run, Path) else run
     made = run.made if as_made is None else dataclasses.replace(run.made, spec=as_made)
     run_dir, target = made.run_dir, run.target
-    writers, stored = _writers(run_dir), _stored(run)
+    writers = _writers(run_dir)
+    try:  # tag -> (path, bytes) of what the target stores now ({} when it cannot: no inventory rather than a wrong one)
+        stored = run.stored.listing()
+    except Exception as exc:  # noqa: BLE001 - a storage's client errors have no common base; say why and go on
+        print(f"[finalize] cannot list {run.target.describe()}: {exc}; no inventory", flush=True)
+        stored = {}
     committed = {tag: {"files": len(stored[tag]), "bytes": sum(n for _, n in stored[tag])}
                  for tag in writers if stored.get(tag)}
     restarts = [_restart(made, run, info, committed, stored) for info in _records(run_dir)]

@@ -13,16 +13,13 @@ def _add(into: dict[str, int], counts: dict) -> None:
             into[k] = into.get(k, 0) + v
 
 
-def _ordered(per_source: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
-    names = [*(n for n in IO_SOURCES if n in per_source), *(n for n in per_source if n not in IO_SOURCES)]
-    return {n: {k: per_source[n][k] for k in IO_SOURCE_FIELDS if per_source[n].get(k)} for n in names
-            if any(per_source[n].values())}
-
-
 def _shaped(acc: dict) -> dict:
     """A phase's (or the total's) sums: the sources in their order, the kernel's fields in theirs."""
-    return {"sources": _ordered(acc["sources"]), "kernel": {k: acc["kernel"][k] for k in IO_KERNEL_FIELDS
-                                                            if k in acc["kernel"]}}
+    per_source = acc["sources"]
+    names = [*(n for n in IO_SOURCES if n in per_source), *(n for n in per_source if n not in IO_SOURCES)]
+    return {"sources": {n: {k: per_source[n][k] for k in IO_SOURCE_FIELDS if per_source[n].get(k)} for n in names
+                        if any(per_source[n].values())},
+            "kernel": {k: acc["kernel"][k] for k in IO_KERNEL_FIELDS if k in acc["kernel"]}}
 
 
 def by_phase(record: dict[int, list[dict]], phases: tuple, facts: dict | None) -> dict | None:

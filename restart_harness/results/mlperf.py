@@ -5,18 +5,13 @@ from __future__ import annotations
 
 import statistics
 
+from restart_harness.results.summary import median
 from restart_harness.results.views import SummaryView
 from restart_harness.schema import GIB
 
 
 def _mean(values: list[float]) -> float | None:
     return round(statistics.fmean(values), 6) if values else None
-
-
-def _median(values: list) -> float | None:
-    """The median of the values that are there (None: not measured)."""
-    values = [v for v in values if v is not None]
-    return round(statistics.median(values), 6) if values else None
 
 
 def run_metrics(summary: dict) -> dict:
@@ -37,11 +32,11 @@ def run_metrics(summary: dict) -> dict:
         "load_duration_seconds": _mean([r["duration_seconds"] for r in reads]),
         "load_throughput_gib_s": _mean([r["throughput_gib_s"] for r in reads]),
         "harness": {
-            "save_blocking_seconds_median": _median([x.blocking_seconds for x in saves]),
-            "save_durable_seconds_median": _median([x.durable_seconds for x in saves]),
-            "save_commit_seconds_median": _median([x.commit_seconds for x in saves]),
-            "restart_total_seconds_median": _median([r.total_seconds for r in restarts]),
-            "restart_launch_seconds_median": _median([r.launch_seconds for r in restarts]),
+            "save_blocking_seconds_median": median([x.blocking_seconds for x in saves]),
+            "save_durable_seconds_median": median([x.durable_seconds for x in saves]),
+            "save_commit_seconds_median": median([x.commit_seconds for x in saves]),
+            "restart_total_seconds_median": median([r.total_seconds for r in restarts]),
+            "restart_launch_seconds_median": median([r.launch_seconds for r in restarts]),
             "cache_observed": sorted({(r.cache or {}).get("observed") for r in restarts} - {None})}}
 
 

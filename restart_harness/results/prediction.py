@@ -20,11 +20,6 @@ SAVE_PHASES, RESTART_PHASES, TOTAL, PHASES = (schema.PREDICTED_SAVE, schema.PRED
 RESTART_STEPS = ("launch", *PHASE_NAMES)
 
 
-def _median(values: list) -> float | None:
-    values = [v for v in values if isinstance(v, (int, float))]
-    return statistics.median(values) if values else None
-
-
 def first_restart(summary: dict) -> dict | None:
     """The run's own restart (restart-01, at the layout it saved with), or None."""
     for r in summary.get("restarts") or []:
@@ -39,7 +34,8 @@ def measured(summary: dict) -> dict[str, float | None]:
     out: dict[str, float | None] = dict.fromkeys(PHASES)
     saves = (summary.get("checkpoint") or {}).get("saves") or []
     for phase in SAVE_PHASES:
-        out[phase] = _median([s.get(phase.removeprefix("save_")) for s in saves])
+        values = [v for s in saves if isinstance(v := s.get(phase.removeprefix("save_")), (int, float))]
+        out[phase] = statistics.median(values) if values else None
     restart = first_restart(summary)
     if restart and restart.get("exit_code") == 0:
         steps = restart.get("phases") or {}

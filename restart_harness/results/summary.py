@@ -19,7 +19,8 @@ from restart_harness.schema import (
 )
 
 
-def _median(values: list[float]) -> float | None:
+def median(values: list) -> float | None:
+    values = [v for v in values if v is not None]  # None: not measured
     return round(statistics.median(values), 6) if values else None
 
 
@@ -121,7 +122,7 @@ def training(record: dict[int, list[dict]], emulated: bool = False) -> dict:
         "max_rss_bytes_per_rank": max(rss) if rss else None,
         "memory": breakdown.memory(record, MEMORY_PHASES_EMULATED if emulated else MEMORY_PHASES_CHECKPOINT),
         "steps": len(steps),
-        "step_seconds_median": _median([s["seconds"] for s in steps]),
+        "step_seconds_median": median([s["seconds"] for s in steps]),
         "losses": [round(s["loss"], 6) for s in steps],
         "rss_growth": save_memory.training_growth(record),  # results/save_memory.py: the resident set step by step
         # rank 0's steps in order, for the step timeline (analysis: step_timeline_seconds.png)
@@ -130,8 +131,8 @@ def training(record: dict[int, list[dict]], emulated: bool = False) -> dict:
         "step_in_flight": [bool(s.get("in_flight")) for s in steps],
         # median step seconds with and without an async flush in flight: the overlap cost
         "steps_in_flight": len(busy),
-        "step_seconds_median_in_flight": _median(busy),
-        "step_seconds_median_no_flush": _median([s["seconds"] for s in steps if not s.get("in_flight")])}
+        "step_seconds_median_in_flight": median(busy),
+        "step_seconds_median_no_flush": median([s["seconds"] for s in steps if not s.get("in_flight")])}
 
 
 def restart(record: dict[int, list[dict]], name: str, launch: dict, cache: dict | None,

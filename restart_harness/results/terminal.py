@@ -50,9 +50,13 @@ def render(summary: dict) -> str:
     rows += _storage_rows("save requests", ck.storage_requests, ck.incomplete_uploads)
     if rs:
         rows += [*_relaunch_rows(rs, s.spec, restarts), *_load_rows(rs, records), *_restart_end_rows(rs)]
-    rows += [*_baseline_rows(s.baseline, ck.efficiency or {}), *_fresh_memory_rows(s.spec.host or {}),
+    # where the kernel hands free memory back to its hypervisor, why loads into fresh memory trail the ceiling
+    fresh = kernel_memory.reporting_said((s.spec.host or {}).get("free_page_reporting_order"))
+    rows += [*_baseline_rows(s.baseline, ck.efficiency or {}), *([("fresh memory", fresh)] if fresh else []),
              *_restart_rows(restarts), *_prediction_rows(s.prediction)]
-    rows += _terms(" ".join(f"{k} {v}" for k, v in rows))  # a row's name may be the term (ceiling)
+    text = " ".join(f"{k} {v}" for k, v in rows)  # a row's name may be the term (ceiling)
+    used = [(word, meaning) for word, meaning in TERMS if word in text]
+    rows += [("terms" if i == 0 else "", f"{word}: {meaning}") for i, (word, meaning) in enumerate(used)]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -185,12 +189,6 @@ def _baseline_rows(base: views.BaselineView | None, eff: dict) -> list[tuple[str
     return rows
 
 
-def _fresh_memory_rows(host: dict) -> list[tuple[str, str]]:
-    """Where the kernel hands free memory back to its hypervisor, why loads into fresh memory trail the ceiling."""
-    said = kernel_memory.reporting_said(host.get("free_page_reporting_order"))
-    return [("fresh memory", said)] if said else []
-
-
 def _ceiling_from(c: dict, way: str) -> str:
     """Where a direction's ceiling came from: the direct probe (its shape), or the baseline where that was faster."""
     d, source = c["direct"], c[f"{way}_from"]
@@ -214,11 +212,6 @@ TERMS = (
     ("ceiling", ("the storage's best throughput in its probes: the baseline's, or a probe's at the ceiling's "
                 "request size and queue depth (O_DIRECT, or for reads also buffered) where that was faster")),
     ("remainder", "a phase's seconds no cause names: samples of unnamed work, and time the sampler did not see"))
-
-
-def _terms(text: str) -> list[tuple[str, str]]:
-    used = [(word, meaning) for word, meaning in TERMS if word in text]
-    return [("terms" if i == 0 else "", f"{word}: {meaning}") for i, (word, meaning) in enumerate(used)]
 
 
 def _lost_rows(ck: views.CheckpointView) -> list[tuple[str, str]]:

@@ -54,10 +54,6 @@ def read_events(folder: Path) -> list[dict]:
     return out
 
 
-def _bucket(n: int) -> int:
-    return min((n >> 10).bit_length(), iocount.HIST_BUCKETS - 1)  # iocount's buckets: < 1 KiB, then powers of two
-
-
 def _empty() -> dict:
     return {"operations": Counter(), "read_bytes": 0, "write_bytes": 0, "io_seconds": 0.0, "files": set(),
             "metadata_operations": 0, "sizes": Counter()}
@@ -71,7 +67,8 @@ def _add(acc: dict, e: dict) -> None:
     way = "read" if name in READS else "write" if name in WRITES else None
     if way and isinstance(size, int) and size >= 0:
         acc[f"{way}_bytes"] += size
-        acc["sizes"][(way, _bucket(size))] += 1
+        # iocount's buckets: < 1 KiB, then powers of two
+        acc["sizes"][(way, min((size >> 10).bit_length(), iocount.HIST_BUCKETS - 1))] += 1
     elif not way and name not in SYNCS:
         acc["metadata_operations"] += 1
     if name in OPENS and args.get("fhash"):

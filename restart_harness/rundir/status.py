@@ -5,6 +5,7 @@ with). find_run_dirs is the one finder of run directories. analysis/ reads it (n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -61,11 +62,9 @@ def allocate_record(run_dir: Path) -> str:
     events.mkdir(exist_ok=True)
     for n in range(1, 10000):
         record = f"restart-{n:02d}"
-        try:
+        with contextlib.suppress(FileExistsError):
             (events / record).mkdir()
             return record
-        except FileExistsError:
-            continue
     raise RunFailed(f"no free restart record name under {events}")
 
 

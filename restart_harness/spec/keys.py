@@ -162,11 +162,8 @@ def keys_of(cls: type) -> dict[str, Key]:
 
 
 def parse_bool(name: str, text: str) -> bool:
-    lowered = text.lower()
-    if lowered in TRUE:
-        return True
-    if lowered in FALSE:
-        return False
+    if text.lower() in (*TRUE, *FALSE):
+        return text.lower() in TRUE
     raise UsageError(f"{name}={text}: accepted values are {BOOL_WORDS}")
 
 

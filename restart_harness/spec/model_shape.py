@@ -46,8 +46,7 @@ class ModelShape:
     def num_parameters(self) -> int:
         """Parameter count of the untied LLaMA model built by the worker."""
         h, f, v, d = self.hidden_size, self.intermediate_size, self.vocab_size, self.dim_per_head
-        q = self.num_attention_heads * d
-        kv = self.num_key_value_heads * d
+        q, kv = self.num_attention_heads * d, self.num_key_value_heads * d
         layer = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h
         return self.num_hidden_layers * layer + 2 * v * h + h
 

@@ -188,4 +188,3 @@ def tensors_of(state: object, prefix: str = "") -> dict[str, torch.Tensor]:
     for k, v in items:
         out.update(tensors_of(v, f"{prefix}/{k}" if prefix else str(k)))
     return out
-

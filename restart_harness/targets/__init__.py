@@ -42,4 +42,3 @@ def recorded(record: dict, run_dir: Path) -> type[Target]:
     except KeyError:
         raise UsageError(f"run={run_dir}: its checkpoints are on storage target {name!r}, which this harness "
                          f"does not know (targets: {', '.join(all_targets())})") from None
-

@@ -99,8 +99,7 @@ class FileSystemTarget(Target):
             raise UsageError(f"{key}={self.location}: {reason}")
         if need_bytes:
             where = nearest_existing(self._base())
-            free = free_bytes(where)
-            if need_bytes > free:
+            if need_bytes > (free := free_bytes(where)):
                 raise UsageError(f"the checkpoints need {need_bytes / MIB:,.1f} MiB (planned) but the file system "
                                  f"holding {where} has {free / MIB:,.1f} MiB free; give ckpt_dir= on a larger one, or "
                                  "fewer saves (iters, save_interval)")

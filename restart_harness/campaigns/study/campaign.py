@@ -77,8 +77,11 @@ def check(request: StudyRequest) -> Study:
     device = study_device(request)
     target = target_of(request, device)
     sizes.predict_cells(cells, store, target)
-    for cell in cells:
-        cell.runs_here = _runs_here(cell, device)
+    for cell in cells:  # runs_here: None where the cell's engine can run on this machine's device, else why not
+        try:
+            resolve.plugins(dataclasses.replace(cell.spec, device=device)).engine.check()
+        except UsageError as exc:
+            cell.runs_here = str(exc)
     free = sample.target.storage_probe().free_bytes() or 0
     disk = o.disk or max(1, free // 2, free - KEEP_FREE_BYTES)
     load = machine.load_now()
@@ -117,16 +120,6 @@ def target_of(request: StudyRequest, here: str) -> dict:
     else:
         cpus, source = per_node, "one a rank: cpus_per_node= not given"
     return {"device": device, "gpus_per_node": per_node, "cpus_per_node": cpus, "cpus_source": source}
-
-
-def _runs_here(cell: Cell, device: str) -> str | None:
-    """None where the cell's engine can run on this machine's device (its own check); else why not."""
-    spec = dataclasses.replace(cell.spec, device=device)
-    try:
-        resolve.plugins(spec).engine.check()
-    except UsageError as exc:
-        return str(exc)
-    return None
 
 
 def _previous(request: StudyRequest, cells: list[Cell]) -> dict | None:

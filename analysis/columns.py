@@ -27,9 +27,7 @@ def get(d: object, *keys: str, default: object = None) -> object:
 
 def num(value: object) -> float | None:
     """A finite number or None (strings, booleans and nested objects are not figures)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return value if math.isfinite(value) else None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) else None
 
 
 def restart_records(summary: dict) -> list[dict]:
@@ -170,11 +168,9 @@ def breakdown_columns(r: RestartView, save: SaveView, phases: list[str]) -> dict
            **{f"load_{c}_seconds": num(get(lb, f"{c}_seconds")) for c in schema.LOAD_CATEGORIES}}
     row["load_slowest_rank"] = get(lb, "slowest_rank")
     row["load_read_bytes"] = sum(num(get(x, "read_bytes")) or 0 for x in get(lb, "per_rank") or []) or None
-    memory = r.memory if isinstance(r.memory, dict) else {}
-    peaks = [num(get(v, "peak_rss_bytes_max")) for v in memory.values()]
+    peaks = [num(get(v, "peak_rss_bytes_max")) for v in (r.memory if isinstance(r.memory, dict) else {}).values()]
     row["restart_peak_rss_bytes"] = max((p for p in peaks if p is not None), default=None)
-    return {**row, **{f"save_{c}_seconds": num(get(save.breakdown, f"{c}_seconds"))
-                      for c in schema.SAVE_CATEGORIES}}
+    return {**row, **{f"save_{c}_seconds": num(get(save.breakdown, f"{c}_seconds")) for c in schema.SAVE_CATEGORIES}}
 
 
 def outcome_columns(r: RestartView) -> dict:

@@ -44,11 +44,10 @@ def paged(items: list, per_page: int, draw) -> list[Figure]:
 def bar_figure(n_categories: int, height: float = 4.2) -> tuple[Figure, object]:
     """A figure and its axes for n categories of bars, wide enough for their tick labels up to a screen's width."""
     fig = Figure(figsize=(min(MAX_WIDTH_IN, max(6.0, 1.6 + 1.5 * n_categories)), height), layout="constrained")
-    ax = fig.add_subplot()
+    ax = fig.add_subplot(axisbelow=True)
     if 1.6 + 1.5 * n_categories > MAX_WIDTH_IN:
         ax.tick_params(axis="x", labelsize="x-small")
     ax.grid(axis="y", alpha=0.3)
-    ax.set_axisbelow(True)
     return fig, ax
 
 
@@ -106,8 +105,7 @@ def fit(fig: Figure) -> Figure:
     legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend() is not None)]
     height = max((lg.get_window_extent().height for lg in legends), default=0) / fig.dpi + TITLE_IN
     width, now = fig.get_size_inches()
-    now += added * LINE_IN
-    fig.set_size_inches(width, max(now, height))
+    fig.set_size_inches(width, max(now + added * LINE_IN, height))
     return fig
 
 

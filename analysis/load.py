@@ -105,11 +105,9 @@ def _check_summary(summary: object) -> tuple[str | None, list[str]]:
     if version > max(schema.READABLE_VERSIONS):
         notes.append(f"schema_version {version} is newer than this analysis knows "
                      f"({max(schema.READABLE_VERSIONS)}); only the fields it knows are used")
-    spec = summary.get("spec")
-    if not isinstance(spec, dict):
+    if not isinstance(spec := summary.get("spec"), dict):
         return "summary.json has no spec object", notes
-    missing = [k for k in REQUIRED_SPEC if k not in spec]
-    if missing:
+    if missing := [k for k in REQUIRED_SPEC if k not in spec]:
         return f"summary.json spec lacks {', '.join(missing)}", notes
     for key, kind in (("checkpoint", dict), ("restart", dict), ("restarts", list), ("training", dict)):
         value = summary.get(key)
@@ -193,9 +191,7 @@ def _left_out_as(result: Run | Skipped, run_dir: Path) -> str | None:
     if isinstance(result, Run):
         return None if result.state == "complete" else "failed"
     state = observed(run_dir)["state"]
-    if state == "dry_run":
-        return "dry"
-    return "failed" if state in ("failed", "unreadable") else None
+    return "dry" if state == "dry_run" else "failed" if state in ("failed", "unreadable") else None
 
 
 def load(paths: list[str | Path], include: tuple[str, ...] = INCLUDE, match: str | None = None) -> Loaded:
@@ -215,8 +211,7 @@ def load(paths: list[str | Path], include: tuple[str, ...] = INCLUDE, match: str
             skipped.append(Skipped(root, why))
             continue
         for run_dir in dirs:
-            key = run_dir.resolve()
-            if key in seen:
+            if (key := run_dir.resolve()) in seen:
                 continue
             seen.add(key)
             rel = run_dir.relative_to(root).as_posix() if run_dir != root else run_dir.name
@@ -224,8 +219,7 @@ def load(paths: list[str | Path], include: tuple[str, ...] = INCLUDE, match: str
                 left_out["not matching"] += 1
                 continue
             result = read_run(run_dir, root)
-            kind = _left_out_as(result, run_dir)
-            if kind is not None and kind not in include:
+            if (kind := _left_out_as(result, run_dir)) is not None and kind not in include:
                 left_out[kind] += 1
                 continue
             (skipped if isinstance(result, Skipped) else runs).append(result)

@@ -100,8 +100,7 @@ def _step_page(shown: list, page: tuple[int, int]) -> Figure:
         tr, ck = summary.training, summary.checkpoint or CheckpointView()
         steps, seconds, busy = tr.step_numbers, tr.step_seconds, tr.step_in_flight or []
         used["step"] = ax.plot(steps, seconds, color="C0", marker="o", markersize=3, linewidth=1)[0]
-        flushed = [(x, y) for x, y, b in zip(steps, seconds, busy, strict=False) if b]
-        if flushed:
+        if flushed := [(x, y) for x, y, b in zip(steps, seconds, busy, strict=False) if b]:
             used["step with a flush in flight"] = ax.scatter(*zip(*flushed, strict=True), color="C1", zorder=3, s=18)
         for i, save in enumerate(ck.saves or ()):
             line = ax.axvline(save.step + 0.5, color="C3", linestyle="--", linewidth=0.8)
@@ -113,8 +112,7 @@ def _step_page(shown: list, page: tuple[int, int]) -> Figure:
         lost = lost.per_save_seconds_median
         ax.set_title(f"{g.full_label}" + (f": training lost per save, median {lost:.3f} s" if lost is not None
                                           else ""), fontsize="medium", loc="left")
-        ax.set_ylabel("step (s)")
-        ax.set_ylim(bottom=0)
+        ax.set(ylabel="step (s)", ylim=(0, None))
         ax.grid(alpha=0.3)
     axes[-1].set_xlabel("training step (rank 0)")
     return _page(fig, used, "Training step time over the checkpoint phase (one run per configuration)", page,

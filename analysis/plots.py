@@ -66,8 +66,7 @@ def checkpoint_files(groups: list[Group]) -> Figure | None:
 
 def save_seconds(groups: list[Group]) -> Figure | None:
     """Blocking vs durable save seconds per configuration, over every save of its runs."""
-    gs = [g for g in groups if g.save_stat("blocking_seconds")]
-    if not gs:
+    if not (gs := [g for g in groups if g.save_stat("blocking_seconds")]):
         return None
     fig, ax = bar_figure(len(gs))
     series = {
@@ -113,12 +112,10 @@ def throughput(groups: list[Group]) -> Figure | None:
 
 def restart_phases(groups: list[Group], phases: list[str]) -> Figure | None:
     """Restart seconds as stacked phases (medians) per configuration; the whisker: min-max of their sum."""
-    gs = [g for g in groups if g.restarts]
-    if not gs:
+    if not (gs := [g for g in groups if g.restarts]):
         return None
     cols = ["restart_launch_seconds"] + [f"phase_{p}_seconds" for p in phases]
-    names = ["launch"] + phases
-    used = [(c, n) for c, n in zip(cols, names, strict=True) if any(g.stat(c) for g in gs)]
+    used = [(c, n) for c, n in zip(cols, ["launch"] + phases, strict=True) if any(g.stat(c) for g in gs)]
     fig, ax = bar_figure(len(gs), height=4.8)
     stacked_bars(ax, ticks(fig, gs), [(name.replace("_", " "), [(g.stat(col) or Stat(0, 0, 0, 0)).median for g in gs],
                                        PHASE_COLORS.get(name, f"C{i - 1}")) for i, (col, name) in enumerate(used)])
@@ -155,10 +152,8 @@ def file_sizes(groups: list[Group]) -> Figure | None:
             ys += [j + 0.3 * ((k * 0.618) % 1 - 0.5) for k in range(len(mine))]
         if xs:
             ax.scatter(xs, ys, s=22, alpha=0.8, color=f"C{i}", label=kind.replace("_", " "))
-    ax.set_xscale("log")
+    ax.set(xscale="log", ylim=(len(rows) - 0.5, -0.5), xlabel="file size (bytes, log scale)")
     ax.set_yticks(range(len(rows)), labels, fontsize="small")
-    ax.set_ylim(len(rows) - 0.5, -0.5)
-    ax.set_xlabel("file size (bytes, log scale)")
     title(ax, "Checkpoint file sizes (each dot one file)")
     ax.grid(axis="x", which="both", alpha=0.3)
     legend(ax, title="kind")
@@ -167,8 +162,7 @@ def file_sizes(groups: list[Group]) -> Figure | None:
 
 def step_seconds(groups: list[Group]) -> Figure | None:
     """Median training step seconds per configuration (engine none is the no-checkpoint baseline)."""
-    gs = [g for g in groups if g.run_stat("step_median_seconds")]
-    if not gs:
+    if not (gs := [g for g in groups if g.run_stat("step_median_seconds")]):
         return None
     series = {"all steps": [g.run_stat("step_median_seconds") for g in gs]}
     if any(g.run_stat("step_in_flight_median_seconds") for g in gs):
@@ -183,8 +177,7 @@ def _stacked(groups: list[Group], columns: list[tuple[str, str]], ylabel: str, h
              source=None) -> Figure | None:
     """One stacked bar per configuration: each (column, name) a segment, its median over the group's rows."""
     stat_of = source or (lambda g, c: g.stat(c))
-    gs = [g for g in groups if any(stat_of(g, c) for c, _ in columns)]
-    if not gs:
+    if not (gs := [g for g in groups if any(stat_of(g, c) for c, _ in columns)]):
         return None
     fig, ax = bar_figure(len(gs), height=4.6)
     segments = [(name, [(stat_of(g, column) or Stat(0, 0, 0, 0)).median for g in gs],

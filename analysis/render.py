@@ -125,8 +125,7 @@ def io_table(groups: list[Group]) -> Table | None:
     found, phases = _latest(groups, RestartView.io_by_source, lambda io: io["phases"])
 
     def cell(io: dict, phase: str) -> str:
-        sources = ((io["phases"].get(phase) or {}).get("sources") or {})
-        rest = [c for name, c in sources.items() if name != "checkpoint"]
+        rest = [c for name, c in ((io["phases"].get(phase) or {}).get("sources") or {}).items() if name != "checkpoint"]
         if not rest:
             return "-"
         n = io["ranks"]
@@ -281,20 +280,15 @@ def markdown(title: str, tables: list[Table], figures: list[str], missing: list[
     """The report as Markdown: tables, then the figures as image links."""
     out = [f"# {title}", ""]
     for t in tables:
-        out += [f"## {t.title}", ""]
-        out.append("| " + " | ".join(_md(h) for h in t.header) + " |")
-        out.append("|" + "---|" * len(t.header))
-        out += ["| " + " | ".join(_md(c) for c in row) + " |" for row in t.rows]
+        rows = ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in row) + " |"
+                for row in [t.header, *t.rows]]
+        out += [f"## {t.title}", "", rows[0], "|" + "---|" * len(t.header), *rows[1:]]
         out += ["", f"_{t.note}_", ""] if t.note else [""]
     out += ["## Figures", ""]
     out += [f"![{name}]({name}.png)\n" for name in figures]
     if missing:
         out += [f"No data in these runs for: {', '.join(missing)}.", ""]
     return "\n".join(out)
-
-
-def _md(cell: str) -> str:
-    return cell.replace("|", "\\|").replace("\n", " ")
 
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0}

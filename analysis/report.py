@@ -19,7 +19,7 @@ try:
     from analysis import study as st
     from analysis import table as tb
     from analysis.layout import caption, fit, legend, png_bytes, pngs, title  # noqa: F401  png_bytes: for the notebook
-    from restart_harness.command.report import parse_report
+    from restart_harness.command.report import parse_report, usage
     from restart_harness.errors import UsageError, refused
     from restart_harness.files.exclusive import claim_dir, create_file
     from restart_harness.files.fsfacts import why_not_a_directory, why_unresolvable
@@ -219,8 +219,6 @@ def main(argv: list[str] | None = None) -> int:
     """The report; a mistake is one line on stderr and exit code 2, before anything is written."""
     argv = sys.argv[1:] if argv is None else argv
     if argv in (["--help"], ["-h"]):
-        from restart_harness.command.report import usage
-
         print(usage("python -m analysis"))
         return 0
     try:

@@ -53,9 +53,8 @@ def _count(n: float) -> str:
 
 
 def _interval(row: dict) -> str:
-    if row.get("best_interval_seconds") is None:
-        return "-"
-    return f"{row['best_interval_seconds']:,.0f} ({row['goodput_at_best']:.3f})"
+    best = row.get("best_interval_seconds")
+    return "-" if best is None else f"{best:,.0f} ({row['goodput_at_best']:.3f})"
 
 
 def model_table(model: str, table: list[dict]) -> Table:
@@ -81,8 +80,7 @@ def model_table(model: str, table: list[dict]) -> Table:
 
 
 def checks_table(table: list[dict]) -> Table | None:
-    rs = [r for r in table if r.get("check_mode")]
-    if not rs:
+    if not (rs := [r for r in table if r.get("check_mode")]):
         return None
     out = []
     for r in rs:
@@ -105,8 +103,7 @@ def checks_table(table: list[dict]) -> Table | None:
 
 
 def reference_table(table: list[dict]) -> Table | None:
-    rs = [r for r in table if r.get("reference_checkpoint_gb") is not None]
-    if not rs:
+    if not (rs := [r for r in table if r.get("reference_checkpoint_gb") is not None]):
         return None
     out = [[r["id"], f"{r['reference_checkpoint_gb']:.2f} GB, {r['reference_files']} files",
             (f"{r['checkpoint_bytes'] / 1e9:.2f} GB ({r['checkpoint_bytes']:,} bytes), {r['files']} files "
@@ -183,9 +180,8 @@ def files_figure(table: list[dict], plans: dict) -> Figure | None:
             bars = ax.bar([x - 0.27 + 0.27 * i for x in range(len(keys))], [plans[(model, *k)][field] for k in keys],
                           width=0.26, label=label, color=f"C{i}")
             ax.bar_label(bars, fontsize="x-small", padding=1)
-        ax.set_yscale("log")
+        ax.set(yscale="log", ylabel="files (log scale)")
         ax.margins(y=0.15)
-        ax.set_ylabel("files (log scale)")
 
     return _per_model(table, list(dict.fromkeys(r["model"] for r in table)), "files of one checkpoint",
                       "planned (exact): DeepSpeed's files; an engine with its own layout (torchsnapshot) stores each "
@@ -207,13 +203,12 @@ def sizes_figure(table: list[dict], plans: dict) -> Figure | None:
                         ha="center", fontsize="x-small")
             ax.annotate(size_text(p["max"]), (x, p["max"]), textcoords="offset points", xytext=(6, -3),
                         fontsize="xx-small", color="C0")
-        ax.set_yscale("log")
+        ax.set(yscale="log", ylabel="bytes (log scale)")
         ax.yaxis.set_major_locator(LogLocator(base=1024))
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: size_text(v).replace(".00 ", " ")))
         ax.yaxis.set_minor_locator(LogLocator(base=1024, subs=(32.0,)))
         ax.yaxis.set_minor_formatter(NullFormatter())
         ax.margins(y=0.2)
-        ax.set_ylabel("bytes (log scale)")
 
     return _per_model(table, list(dict.fromkeys(r["model"] for r in table)), "file sizes and the whole checkpoint",
                       "planned: tensor bytes exact, torch.save's pickle and zip estimated (docs/planner.md)", draw)
@@ -301,7 +296,6 @@ def figures(table: list[dict], study: dict) -> dict[str, Figure | None]:
         "study_restart_seconds": _seconds_figure(table, PREDICTED_TOTAL, "restart, launch to first step done",
                                                  inner=LOAD),
         "study_prediction_check_seconds": check_figure(table)}
-
 
 
 def load(folder: Path) -> tuple[dict, dict[int, dict], list[dict]]:

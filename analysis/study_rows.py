@@ -27,8 +27,7 @@ def size_text(n: float | None) -> str:
 
 def size_groups(sizes: list[int], limit: int = 4) -> str:
     """The files' sizes as `count x size`, largest first: "4 x 10.08 GiB, 4 x 1.68 GiB"."""
-    counts = Counter(size_text(n) for n in sorted(sizes, reverse=True))
-    parts = [f"{c} x {s}" for s, c in counts.items()]
+    parts = [f"{c} x {s}" for s, c in Counter(size_text(n) for n in sorted(sizes, reverse=True)).items()]
     return ", ".join(parts[:limit]) + (f", and {len(parts) - limit} more sizes" if len(parts) > limit else "")
 
 
@@ -47,8 +46,7 @@ def _files(cell: dict, run: dict | None, mode: str | None) -> tuple[list[list], 
 
 def per_writer(files: list[list], of) -> tuple[int, int, int]:
     """(most files, fewest files, most bytes) of any group (a rank, a node) of the files' writers."""
-    counts: Counter = Counter()
-    sizes: Counter = Counter()
+    counts, sizes = Counter(), Counter()
     for _, nbytes, rank, _ in files:
         if rank is not None:
             counts[of(rank)] += 1
@@ -190,8 +188,7 @@ def file_rows(study: dict, runs: dict[int, dict]) -> list[dict]:
     for cell in study["cells"]:
         run = runs.get(cell["index"])
         files, source = _files(cell, run, _run_mode(cell, run))
-        for path, nbytes, rank, kind in files:
-            out.append({"id": cell["id"], "path": path, "bytes": nbytes, "rank": rank,
-                        "node": None if rank is None else rank // cell["gpus_per_node"], "kind": kind,
-                        "source": source})
+        out += [{"id": cell["id"], "path": path, "bytes": nbytes, "rank": rank,
+                 "node": None if rank is None else rank // cell["gpus_per_node"], "kind": kind, "source": source}
+                for path, nbytes, rank, kind in files]
     return out

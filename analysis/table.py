@@ -137,8 +137,7 @@ class Group:
 
     def run_stat(self, column: str) -> Stat | None:
         """Over runs, not restart records: one value per run (checkpoint bytes, files...)."""
-        firsts = {r["run_dir"]: r.get(column) for r in reversed(self.rows)}
-        return stat(list(firsts.values()))
+        return stat(list({r["run_dir"]: r.get(column) for r in reversed(self.rows)}.values()))
 
     def save_stat(self, column: str) -> Stat | None:
         return stat([s.get(column) for s in self.saves])

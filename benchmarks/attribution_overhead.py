@@ -37,8 +37,7 @@ def main() -> None:
     rounds, _, model = words(5, runs=True)
     model = model or ["tiny", "dp=2"]
     results = Path(tempfile.mkdtemp(prefix="rh-attribution-"))
-    run_dir = submitted([*model, "launcher=local", "phase=checkpoint", f"results_dir={results}"],
-                        python=sys.executable)
+    run_dir = submitted([*model, "launcher=local", "phase=checkpoint", f"results_dir={results}"], python=sys.executable)
     by_round: list[dict[str, dict[str, float]]] = [{} for _ in range(rounds)]
     restarts = []
     for n in range(rounds):

@@ -171,12 +171,11 @@ def read_files(run: Path, latest: dict) -> dict[int, list[Path]] | None:
 def fio_read(files: dict[int, list[Path]], shape: tuple[int, tuple[str, ...]], hold_bytes: int = 0
              ) -> tuple[int, float, int]:
     """fio's cold read of files (read-only), a chain of jobs a rank, one a file, each waiting for the one before, the
-    ranks at once, each job holding hold_bytes of memory locked (at most half the free memory over the jobs), as a
-    rank holds its own (fio's lockmem: a small process's fresh buffers land on scattered 4 KiB pages, which cut each
-    O_DIRECT request short on a virtio disk, half the pace on this project's machine; docs/benchmarks.md,
-    nineteenth session): (all jobs' bytes, the slowest
-    rank's runtime in seconds, the files' bytes). fio reads whole requests, so a file's tail short of one is left
-    out (a request is at most the file)."""
+    ranks at once, each job holding hold_bytes of memory locked (at most half the free memory over the jobs), as a rank
+    holds its own (fio's lockmem: a small process's fresh buffers land on scattered 4 KiB pages, which cut each O_DIRECT
+    request short on a virtio disk, half the pace on this project's machine; docs/benchmarks.md, nineteenth session):
+    (all jobs' bytes, the slowest rank's runtime in seconds, the files' bytes). fio reads whole requests, so a file's
+    tail short of one is left out (a request is at most the file)."""
     from restart_harness.files import pagecache
 
     request, options = shape

@@ -68,8 +68,7 @@ def why_not(tokens: list[str]) -> str | None:
 def choose(only: list[str] | None, base: list[str]) -> tuple[list[tuple[str, list[str]]], dict[str, str]]:
     """The cases to run and those left out with why; a case named in only= that cannot run here is bad input."""
     labels = [n for n, _ in CASES]
-    unknown = sorted(set(only or ()) - set(labels))
-    if unknown:
+    if unknown := sorted(set(only or ()) - set(labels)):
         die(f"only=: unknown case(s) {', '.join(unknown)}; cases: {', '.join(labels)}")
     chosen = [(n, base + extra) for n, extra in CASES if n in (only or EVERY_ENGINE)]
     refused = {n: why for n, tokens in chosen if (why := why_not(tokens))}
@@ -101,8 +100,6 @@ def ceiling_tool(where: Path) -> tuple[str, str]:
 
 def main() -> None:
     repeats, named, args = words(3, "only", "targets", runs=True)
-    if repeats < 1:
-        die(f"REPEATS {repeats}: accepted: a whole number of repeats, 1 or more")
     model = args.pop(0) if args and "=" not in args[0] else "small"
     only = named["only"].split(",") if "only" in named else None
     targets = named.get("targets", "fs").split(",")
@@ -233,9 +230,7 @@ def _run(summary: dict, ceiling: dict, none_step: float | None) -> dict:
          "reads_x": _ratio(storage_read.get("bytes"), nbytes),
          "x_fio_files": _ratio(summary.get("fio_files_seconds"), restart.get("load_seconds")),
          "digest": median([(s.get("training_lost") or {}).get("digest_seconds") for s in saves])}
-    f["x_write"] = _ratio(f["durable_mib_s"], ceiling.get("write_mib_s"))
-    f["x_load"] = _ratio(f["load_mib_s"], ceiling.get("read_mib_s"))
-    f["x_storage_read"] = _ratio(f["storage_read_mib_s"], ceiling.get("read_mib_s"))
+    f.update({x: _ratio(f[figure], ceiling.get(f"{way}_mib_s")) for x, (figure, way) in _MIB_S.items()})
     grid = (ceiling.get("direct") or {}).get("grid") or []  # fio's shapes: the issue's ceiling is their best
     for way, figure in (("write", "durable_mib_s"), ("read", "load_mib_s")):
         f[f"x_fio_{way}"] = _ratio(f[figure], max((g[f"{way}_mib_s"] or 0 for g in grid), default=None))

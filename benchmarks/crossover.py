@@ -104,8 +104,7 @@ def evaluate(out: Path) -> None:
     by_fam = {fam: _medians([(name, o) for f, name, o in runs if f == fam]) for fam in FAMILIES}
     print("\n| family | runs | predicted crossover GiB (median; range over runs) | overtaking (predicted) | "
           "estimated from measurements GiB | overtaking (measured) | crossover error | measured load bandwidth "
-          "MiB/s (baseline read MiB/s) | sides agreeing |")
-    print("|---|---:|---|---|---:|---|---:|---|---:|")
+          "MiB/s (baseline read MiB/s) | sides agreeing |\n|---|---:|---|---|---:|---|---:|---|---:|")
     for fam, by_case in by_fam.items():
         mine = [o for f, _, o in runs if f == fam]
         if not mine:

@@ -54,12 +54,10 @@ def compare(repeats: int, results: Path) -> None:
         m = {k: statistics.median(v) for k, v in figures.items()}
         rows.append(f"| {name} | {'yes' if same_names else 'NO'} | {worst_bytes} ({worst_pct:.3f}%) | {m['rl']:.3f} | "
                     f"{m['el']:.3f} | {m['rm']:,.0f} | {m['em']:,.0f} | {m['em'] / m['rm']:.2f} |")
-    print(f"{repeats} repeats per case, real and emulated interleaved; medians; default engine, "
-          f"{' '.join(COMMON)}\n")
+    print(f"{repeats} repeats per case, real and emulated interleaved; medians; default engine, {' '.join(COMMON)}\n")
     print("| case | names, kinds, writers equal | largest size difference, bytes (%) | real checkpoint_load s | "
           "emulated checkpoint_load s | real load MiB/s | emulated load MiB/s | emulated / real |")
-    print("|---|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    print("|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
 
 
 def large(tokens: list[str], results: Path) -> None:

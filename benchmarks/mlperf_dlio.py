@@ -84,8 +84,7 @@ def repeat(python: str, shrink: int, checkpoints: int, results: Path) -> dict:
                            "keep=true"], capture_output=True, text=True, timeout=3600, check=True)
     folder = Path(proc.stdout.strip().splitlines()[-1])
     record = json.loads((folder / "mlperf.json").read_text())
-    run_dir = Path(record["run_dirs"][0])
-    inventory = json.loads((run_dir / "inventory.json").read_text())
+    inventory = json.loads((Path(record["run_dirs"][0]) / "inventory.json").read_text())
     run = record["per_run"][0]
     h = {"save": {"duration_seconds": run["save_duration_seconds"], "throughput_gib_s": run["save_throughput_gib_s"]},
          "load": {"duration_seconds": run["load_duration_seconds"], "throughput_gib_s": run["load_throughput_gib_s"]},

@@ -49,8 +49,7 @@ def evaluate(out: Path) -> None:
         calibrate(out / "calibrate", cal)
     calibration = json.loads(cal.read_text())
     print(f"| engine | held-out run | {' | '.join(p.removesuffix('_seconds') for p in SHOWN)} | other work's CPU share "
-          "(save / restart launch) |")
-    print("|---" * (len(SHOWN) + 3) + "|")
+          "(save / restart launch) |\n" + "|---" * (len(SHOWN) + 3) + "|")
     errors: dict[str, list[float]] = {}
     for run_dir, (name, engine) in sorted(held.items(), key=lambda i: (i[1][1], i[1][0])):
         c = predicted_vs_measured(Path(run_dir), calibration)

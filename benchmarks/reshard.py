@@ -20,8 +20,7 @@ COMMON = ["iters=2", "save_interval=2", "after=1", "cache=drop"]
 # combined change)
 PLAN = {
     "dp=2": ["dp=1", "dp=4", "tp=2 dp=2", "pp=2 dp=2", "tp=2 pp=2 dp=1"],
-    "tp=2 pp=2 dp=1": ["tp=1 pp=2 dp=2", "tp=2 pp=1 dp=2", "tp=1 pp=1 dp=2"],
-    "dp=1": ["dp=2"]}
+    "tp=2 pp=2 dp=1": ["tp=1 pp=2 dp=2", "tp=2 pp=1 dp=2", "tp=1 pp=1 dp=2"], "dp=1": ["dp=2"]}
 PHASES = ("checkpoint_load", "engine_init", "total")
 
 

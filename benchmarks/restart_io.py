@@ -48,8 +48,7 @@ def main() -> None:
 
     print(f"| launcher | env_cache (observed) | imports s | engine_init s | start -> first step s | metadata ops / rank "
           f"| MiB read / rank | storage delivered MiB / rank (imports) | major faults / rank |  ({repeats} restarts each, "
-          "median (min-max))")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+          "median (min-max))\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for launcher, env_cache, runs in rows:
         observed = ", ".join(sorted({str(r["observed"]) for r in runs}))
         seconds = " | ".join(spread([r[k] for r in runs]) for k in ("imports_s", "engine_init_s", "total_s"))

@@ -69,8 +69,7 @@ def main(argv: list[str]) -> int:
           "`cache=drop`; medians over the rounds (min-max)\n")
     fio = [min(seen[f][k]["seconds"] for f in FIO) for k in range(len(seen[next(iter(FIO))]))]
     print("| way | keys | load s | load MiB/s | storage read MiB/s | fio's faster read s / load s | fastest in "
-          "| verified |")
-    print("|---|---|---:|---:|---:|---:|---:|---|")
+          "| verified |\n|---|---|---:|---:|---:|---:|---:|---|")
     for w in labels:
         loads = [s["load"] for s in seen[w]]
         reads = [s["read_mib_s"] for s in seen[w] if s["read_mib_s"]]

@@ -48,8 +48,7 @@ def measure(model: list[str], rounds: int) -> Path:
     """Run the checkpoint and every round's restarts; the record of what ran in which order (what-if.json)."""
     results = Path(tempfile.mkdtemp(prefix="rh-what-if-"))
     Path(STAGE).mkdir(exist_ok=True)
-    run_dir = submitted([*model, "launcher=local", "phase=checkpoint", f"results_dir={results}"],
-                        python=sys.executable)
+    run_dir = submitted([*model, "launcher=local", "phase=checkpoint", f"results_dir={results}"], python=sys.executable)
     order: list[str] = []
     plan = arms()
     for n in range(rounds):

@@ -92,8 +92,7 @@ def check(src: Path, engine_type: str = "state_engine") -> Path:
     else:
         name = aliases.get("CheckpointEngine", "CheckpointEngine")
     methods = _methods(classes, name)
-    missing = [m for m in ("save", "load", "wait") if m not in methods]
-    if missing:
+    if missing := [m for m in ("save", "load", "wait") if m not in methods]:
         raise ValueError(f"{rel} binds CheckpointEngine, but its engine class {name} has no {', '.join(missing)}; "
                          f"DeepSpeed needs {NEED}")
     arguments = {m: [a.arg for a in f.args.args + f.args.kwonlyargs] for m, f in methods.items()}

@@ -82,8 +82,7 @@ def installed_shortfall() -> str | None:
     """Why this node's DataStates-LLM cannot serve DeepSpeed 0.19.8: not installed, installed without its compiled
     core, or an API DeepSpeed does not call (the repository's 2024 sources; ebc6762's load); None when it can. Read
     from the installed package's sources (importing it needs CUDA's libraries): engines/_datastates_api.py."""
-    spec = importlib.util.find_spec("datastates")
-    if spec is None:
+    if (spec := importlib.util.find_spec("datastates")) is None:
         return f"Python module 'datastates' is not installed; {INSTALL}"
     locations = list(spec.submodule_search_locations or [])
     package = Path(locations[0]) if locations else Path(spec.origin or ".").parent

@@ -198,8 +198,7 @@ def main(argv=None) -> int:
     s.add_argument("dir", type=Path)
     s.add_argument("--bucket", action="append", default=[], help="create this bucket (repeatable)")
     s.add_argument("--memory-mib", type=int, default=2048, help="object memory of the OSD (default 2048)")
-    t = sub.add_parser("stop", help="stop the server in DIR and delete DIR")
-    t.add_argument("dir", type=Path)
+    sub.add_parser("stop", help="stop the server in DIR and delete DIR").add_argument("dir", type=Path)
     args = p.parse_args(argv)
     try:
         if args.command == "stop":

@@ -129,8 +129,7 @@ class Cluster:
     @classmethod
     def load(cls, root: Path) -> Cluster:
         data = json.loads((root / "cluster.json").read_text())
-        data["root"] = Path(data["root"])
-        return cls(**data)
+        return cls(**{**data, "root": Path(data["root"])})
 
     # -- nodes -------------------------------------------------------------------------------------------------
     def slurmd_pid(self, node: str) -> int | None:

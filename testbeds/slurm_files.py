@@ -7,7 +7,6 @@ PARTITION = "debug"
 
 
 def slurm_conf(c, ctl_port: int, d_port: int) -> str:
-    nodes = ",".join(c.nodes)
     lines = [
         "# a local cluster of network namespaces (testbeds/slurm_cluster.py), generated",
         "ClusterName=rhlocal",
@@ -31,16 +30,15 @@ def slurm_conf(c, ctl_port: int, d_port: int) -> str:
         *(["GresTypes=gpu"] if c.gpus else []),
         *(f"NodeName={n} NodeAddr={c.address(i)} CPUs={c.cpus}" + (f" Gres=gpu:{c.gpus}" if c.gpus else "")
           + " State=UNKNOWN" for i, n in enumerate(c.nodes)),
-        f"PartitionName={PARTITION} Nodes={nodes} Default=YES MaxTime=INFINITE State=UP"]
+        f"PartitionName={PARTITION} Nodes={','.join(c.nodes)} Default=YES MaxTime=INFINITE State=UP"]
     return "\n".join(lines) + "\n"
 
 
 def gres_conf(c) -> str:
     """Each node's GPUs: stand-in device files, declared by hand (no NVML autodetection: there is no driver)."""
-    last = c.gpus - 1
+    devices = f"nvidia[0-{c.gpus - 1}]" if c.gpus != 1 else "nvidia0"
     lines = ["# stand-in GPUs of a local cluster (testbeds/slurm_cluster.py), generated", "AutoDetect=off"]
-    lines += [f"NodeName={n} Name=gpu File={c.root}/dev/{n}/nvidia[0-{last}]" if last else
-              f"NodeName={n} Name=gpu File={c.root}/dev/{n}/nvidia0" for n in c.nodes]
+    lines += [f"NodeName={n} Name=gpu File={c.root}/dev/{n}/{devices}" for n in c.nodes]
     return "\n".join(lines) + "\n"
 
 

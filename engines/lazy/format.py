@@ -127,10 +127,8 @@ def load(path: str | Path, threads: int = 4, map_location=None, reuse: dict | No
         header, remainder, buffers = reader(path) if reader else read(path, threads)
         if reuse is not None:
             reuse.update(path=str(path), read=(header, remainder, buffers))
-    tensors = []
-    for t in header["tensors"]:
-        flat = buffers[t["part"]][t["offset"]:t["offset"] + t["nbytes"]]
-        tensors.append(flat.view(getattr(torch, t["dtype"])).view(t["shape"]))
+    flats = [(buffers[t["part"]][t["offset"]:t["offset"] + t["nbytes"]], t) for t in header["tensors"]]
+    tensors = [flat.view(getattr(torch, t["dtype"])).view(t["shape"]) for flat, t in flats]
     tensors = list(relocate(dict(enumerate(tensors)), map_location).values())
     return _Unpickler(io.BytesIO(remainder), tensors).load()
 

@@ -181,8 +181,7 @@ class Loader:
             self.stats.broadcast_bytes += self._count(buffers, remainder, mine)
             self.stats.broadcast_loads += 1
             return
-        self.submit(path, header, buffers, [k for k in range(len(buffers)) if k not in mine], ahead=True,
-                           wait=True)
+        self.submit(path, header, buffers, [k for k in range(len(buffers)) if k not in mine], ahead=True, wait=True)
         self.stats.broadcast_bytes += self._count(buffers, remainder, range(len(buffers)))  # the remainder
 
     @functools.cached_property
@@ -262,8 +261,7 @@ class Loader:
         dist.barrier(group=group)
         start = time.perf_counter()
         self._group_broadcast(buf, dist.get_global_rank(group, 0))
-        seconds = all_reduce([time.perf_counter() - start], "max", group)[0]
-        self.broadcast_mib_s = nbytes / MIB / max(seconds, 1e-9)
+        self.broadcast_mib_s = nbytes / MIB / max(all_reduce([time.perf_counter() - start], "max", group)[0], 1e-9)
 
     def _group_broadcast(self, buf, src: int) -> None:
         """A host buffer broadcast over the data-parallel group: directly where its backend takes host tensors

@@ -196,9 +196,8 @@ class Staging:
         w = self.write_mib_s
         intervals = [b - a for a, b in zip(self.step_marks, self.step_marks[1:], strict=False)]
         if not w or not intervals:
-            return None, ("auto: the whole part (" + ("no storage probe with a write figure"
-                                                      if not w else "fewer than two optimizer steps before the save")
-                          + ")")
+            return None, ("auto: the whole part (" + ("no storage probe with a write figure" if not w else
+                                                      "fewer than two optimizer steps before the save") + ")")
         tag = str(d.parent)
         if self.lag.get("tag") != tag:
             self.lag = {"tag": tag, "left": int(w * MIB * min(intervals) / 2)}

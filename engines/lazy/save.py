@@ -155,8 +155,7 @@ class Saver:
                     # blocking: the copy thread sleeps on it instead of spinning a core beside the training step
                     event = torch.cuda.Event(blocking=True)
                     event.record(self.side_stream)
-                    nxt = part.copies[j + 1][1] if j + 1 < len(part.copies) else None
-                    marks.append((event, nxt))
+                    marks.append((event, part.copies[j + 1][1] if j + 1 < len(part.copies) else None))
                     since = 0
         return marks
 

@@ -71,8 +71,7 @@ class Flush:
         self.left = len(self.offsets)
         self.fds: list[int] = []  # every descriptor opened (closed at the end, never while a request may use one)
         # the first error; the open descriptor; why O_DIRECT was refused; when the first write began
-        self.error: BaseException | None = None
-        self.fd = self.fallback = self.started = None
+        self.error = self.fd = self.fallback = self.started = None
         self.done: Future = Future()
         # a ring: the requests the copy has taken slots for, and per slot the last request written from it
         self.claimed = -1 if part.ring else len(self.offsets) - 1

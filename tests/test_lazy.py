@@ -127,6 +127,19 @@ def _vm_flags(address: int) -> set[str]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="no /proc/self/smaps (not Linux)")
+def test_a_buffer_asked_in_4k_pages_is_not_in_huge_pages_where_a_freed_huge_one_stood():
+    """The allocator hands a freed buffer's memory out again with its mapping's flags: a load's buffer in 4 KiB pages
+    (policy.load_pages) landed in memory flagged for huge pages about half of the time, and the load's `pages` said
+    4k where it was not. Asked for 4 KiB pages, it is flagged against huge pages (`nh`), whatever stood there."""
+    size = 3 * buffers.HUGE_PAGE + 4096
+    for _ in range(20):
+        freed = [buffers.aligned_empty(size, huge_pages=True) for _ in range(3)]
+        del freed
+        flags = _vm_flags(buffers.aligned_empty(size, huge_pages=False).data_ptr())
+        assert "hg" not in flags and "nh" in flags, flags
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").is_file(), reason="no /proc/self/smaps (not Linux)")
 @pytest.mark.parametrize("reporting_order", [None, 9])
 def test_staging_is_in_huge_pages_and_a_loads_buffers_are_where_the_hypervisor_does_not_take_free_memory_back(
         tmp_path, monkeypatch, reporting_order):

@@ -16,7 +16,7 @@ import torch
 
 ALIGNMENT = 4096
 HUGE_PAGE = 2 << 20  # a transparent huge page on x86-64 and most aarch64 kernels
-MADV_HUGEPAGE = 14
+MADV_HUGEPAGE, MADV_NOHUGEPAGE = 14, 15
 LIBC = ctypes.CDLL(None, use_errno=True)
 
 
@@ -30,17 +30,20 @@ def byte_view(t: torch.Tensor, n: int | None = None) -> memoryview:
     return memoryview((ctypes.c_ubyte * n).from_address(t.data_ptr())).cast("B") if n else memoryview(b"")
 
 
-def aligned_empty(size: int, pinned: bool = False, zeroed: bool = False, huge_pages: bool = False) -> torch.Tensor:
+def aligned_empty(size: int, pinned: bool = False, zeroed: bool = False, huge_pages: bool | None = None) -> torch.Tensor:
     """`size` bytes starting at an ALIGNMENT boundary, with room after them up to a multiple of it (O_DIRECT's rule);
-    zeroed: padding included; pinned: registered with cudaHostRegister; huge_pages: in transparent huge pages (a
-    save's staging; a load's where policy.load_pages says: docs/engines.md#enginelazy)."""
+    zeroed: padding included; pinned: registered with cudaHostRegister; huge_pages: True, in transparent huge pages (a
+    save's staging; a load's where policy.load_pages says: docs/engines.md#enginelazy); False, in 4 KiB pages even
+    where the allocator hands back memory an earlier buffer had flagged for huge pages (half of the time in a test);
+    None: as the allocator gives it."""
     huge = huge_pages and size >= HUGE_PAGE
     raw = torch.empty(aligned(size) + (HUGE_PAGE if huge else ALIGNMENT), dtype=torch.uint8)
     shift = -raw.data_ptr() % (HUGE_PAGE if huge else ALIGNMENT)
     buf = raw[shift:shift + size]
-    if huge:  # transparent huge pages over buf's whole 2 MiB pages before anything touches it; where they are off,
-        # or madvise fails, nothing changes
-        LIBC.madvise(ctypes.c_void_p(buf.data_ptr()), ctypes.c_size_t(size - size % HUGE_PAGE), MADV_HUGEPAGE)
+    if huge_pages is not None and size >= HUGE_PAGE:  # before anything touches buf; where transparent huge pages
+        # are off, or madvise fails, nothing changes
+        LIBC.madvise(ctypes.c_void_p(buf.data_ptr()), ctypes.c_size_t(size - size % HUGE_PAGE),
+                     MADV_HUGEPAGE if huge else MADV_NOHUGEPAGE)
     if zeroed:
         raw[shift:shift + aligned(size)].zero_()  # the buffer and its padding: its pages, and no others, touched
     if pinned:  # the buffer and its padding page-locked for CUDA, unregistered when raw is collected
